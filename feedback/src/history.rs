@@ -1,0 +1,1 @@
+//! rf history of past runs (written by the learned-schedule work; see issue on adaptive rf).

@@ -1,0 +1,14 @@
+//! The decision side of metfs: when does the view move on to the next mini-epoch?
+//!
+//! * [`protocol`]: the control-socket protocol types shared by the daemon and every client
+//!   (newline-delimited JSON, one request and one response per line, versioned).
+//! * [`policy`]: the [`policy::RfPolicy`] seam and its policies (fixed, score, Bollinger band,
+//!   learned), with `rf_min` / `rf_max` enforced for all of them by [`policy::Bounded`].
+//! * [`history`]: the rf history of past runs, keyed by dataset and job, that `learned` replays.
+//!
+//! This crate does no I/O except reading and writing the history file, and never depends on
+//! `metfs` or `prefetcher`.
+
+pub mod history;
+pub mod policy;
+pub mod protocol;

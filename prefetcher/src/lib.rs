@@ -1,0 +1,23 @@
+//! The data side of metfs: where samples come from and how they reach the cache.
+//!
+//! * [`tier`]: the [`tier::CapacityTier`] seam and its POSIX implementation; S3 lives in
+//!   [`s3`]. A tier lists, and fetches one sample into a file the stager owns.
+//! * [`catalog`]: every sample of the dataset, stored compactly (interned directories, one
+//!   string arena, integer sample ids) so that ten million samples stay small.
+//! * [`manifest`]: CSV / JSON-lines manifests that replace a listing of the tier.
+//! * [`planner`]: a pure function from (catalog, seed, epoch, node rank, node count, budget,
+//!   strategy) to that epoch's mini-epochs.
+//! * [`stager`]: copies one mini-epoch into its slot with bounded concurrency, verifies, fsyncs,
+//!   renames, and journals progress so that a restart resumes.
+//! * [`size`]: `512MiB`-style byte sizes and `SIZE/s` rates.
+//!
+//! This crate never depends on `metfs` or `feedback`.
+
+pub mod catalog;
+
+pub mod pacer;
+pub mod planner;
+
+pub mod size;
+pub mod stager;
+pub mod tier;

@@ -1,0 +1,1 @@
+//! Stager (being written).

@@ -1,0 +1,480 @@
+//! Capacity tiers: where the dataset lives.
+//!
+//! [`CapacityTier`] is the seam between the stager and a storage system. A tier lists its
+//! samples and copies one sample into a file the stager owns, checking that the bytes it copies
+//! are the bytes the catalog describes (size, and version: mtime for POSIX, ETag for S3).
+//!
+//! [`PosixTier`] reads a directory (Lustre, GPFS, NFS, local) with plain file I/O and
+//! `copy_file_range`, which lets the kernel move the bytes without a round trip through user
+//! space and beats `object_store`'s `LocalFileSystem` (which streams through buffers) for this
+//! workload; see `docs/BENCHMARKS.md` for the staging-vs-`cp` numbers.
+//!
+//! Invariants:
+//! * the source is never written (files are opened read-only, directories only listed);
+//! * a symlink is followed only when its target, fully resolved, lies inside the source root;
+//!   others are skipped at listing and refused at fetch, so a view never shows data from
+//!   outside the source;
+//! * a sample whose size or version differs from the catalog at fetch time, or changes while it
+//!   is copied, is an error ([`TierError::Changed`]); the stager never renames such a copy into
+//!   a slot.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use thiserror::Error;
+
+use crate::catalog::{validate_rel_path, Catalog, CatalogEntry, DirStamp};
+use crate::pacer::Pacer;
+
+/// Errors of capacity tiers.
+#[derive(Debug, Error)]
+pub enum TierError {
+    /// The source itself is missing or not usable.
+    #[error("source {url}: {reason}")]
+    BadSource { url: String, reason: String },
+    /// A sample is gone.
+    #[error("{url}: sample `{path}` no longer exists")]
+    NotFound { url: String, path: String },
+    /// A sample changed since the catalog was made, or while it was copied.
+    #[error("{url}: sample `{path}` changed since it was catalogued (expected {expected}, found {found}); remount to re-catalogue")]
+    Changed {
+        url: String,
+        path: String,
+        expected: String,
+        found: String,
+    },
+    /// A sample resolves to somewhere outside the source.
+    #[error("{url}: sample `{path}` resolves outside the source and is not served")]
+    Escapes { url: String, path: String },
+    /// Credentials were refused.
+    #[error("{url}: access denied: {reason}")]
+    Auth { url: String, reason: String },
+    /// The tier could not be reached (after retries).
+    #[error("{url}: unreachable: {reason}")]
+    Unreachable { url: String, reason: String },
+    /// Any other I/O failure on one sample.
+    #[error("{url}: `{path}`: {source}")]
+    Io {
+        url: String,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing the local copy failed (cache full, disk error).
+    #[error("writing the cache copy of `{path}`: {source}")]
+    Local {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A listing of a tier.
+#[derive(Debug, Default)]
+pub struct Listing {
+    /// Every servable sample.
+    pub entries: Vec<CatalogEntry>,
+    /// Directory modification times (POSIX), to decide later whether a saved catalog is current.
+    pub dir_stamps: Vec<DirStamp>,
+    /// Entries that were left out, with why (symlinks out of the source, special files, ...).
+    pub skipped: Vec<(String, String)>,
+}
+
+/// What the stager asks a tier to fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleRef {
+    /// Relative path (validated).
+    pub path: String,
+    /// Expected size in bytes.
+    pub size: u64,
+    /// Expected version (mtime ns or ETag); empty to skip the check.
+    pub version: String,
+}
+
+/// The seam between the stager and a storage system.
+#[async_trait]
+pub trait CapacityTier: Send + Sync + 'static {
+    /// The source URL, safe to log (never holds secrets).
+    fn url(&self) -> &str;
+
+    /// Lists every sample.
+    async fn list(&self) -> Result<Listing, TierError>;
+
+    /// Whether `catalog` (made earlier from this source) still describes it, cheaply.
+    async fn catalog_is_current(&self, catalog: &Catalog) -> Result<bool, TierError>;
+
+    /// Copies `sample` into `dest` (an empty, writable file), pacing with `pacer`; returns the
+    /// number of bytes written. Fails with [`TierError::Changed`] when the bytes are not the
+    /// catalogued ones.
+    async fn fetch(
+        &self,
+        sample: &SampleRef,
+        dest: Arc<std::fs::File>,
+        pacer: &Pacer,
+    ) -> Result<u64, TierError>;
+}
+
+/// A POSIX directory as a capacity tier.
+#[derive(Debug, Clone)]
+pub struct PosixTier {
+    root: PathBuf,
+    url: String,
+}
+
+fn mtime_ns(md: &std::fs::Metadata) -> i128 {
+    md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128
+}
+
+/// The version string of a POSIX file: its modification time in nanoseconds.
+pub fn posix_version(md: &std::fs::Metadata) -> String {
+    mtime_ns(md).to_string()
+}
+
+impl PosixTier {
+    /// Opens a source directory. The path is resolved once; the resolved root is what symlinks
+    /// are checked against.
+    pub fn new(root: &Path) -> Result<Self, TierError> {
+        let url = root.display().to_string();
+        let canon = std::fs::canonicalize(root).map_err(|e| TierError::BadSource {
+            url: url.clone(),
+            reason: format!("cannot open the source directory: {e}"),
+        })?;
+        if !canon.is_dir() {
+            return Err(TierError::BadSource {
+                url,
+                reason: "not a directory".into(),
+            });
+        }
+        Ok(Self { root: canon, url })
+    }
+
+    /// The resolved source root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Resolves a relative sample path to a real path inside the root, or refuses it.
+    fn resolve(&self, rel: &str) -> Result<PathBuf, TierError> {
+        validate_rel_path(rel).map_err(|_| TierError::Escapes {
+            url: self.url.clone(),
+            path: rel.to_string(),
+        })?;
+        let p = self.root.join(rel);
+        let canon = std::fs::canonicalize(&p).map_err(|e| self.io_err(rel, e))?;
+        if !canon.starts_with(&self.root) {
+            return Err(TierError::Escapes {
+                url: self.url.clone(),
+                path: rel.to_string(),
+            });
+        }
+        Ok(canon)
+    }
+
+    fn io_err(&self, rel: &str, e: std::io::Error) -> TierError {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            TierError::NotFound {
+                url: self.url.clone(),
+                path: rel.to_string(),
+            }
+        } else {
+            TierError::Io {
+                url: self.url.clone(),
+                path: rel.to_string(),
+                source: e,
+            }
+        }
+    }
+
+    fn list_blocking(&self) -> Result<Listing, TierError> {
+        let mut out = Listing::default();
+        let mut stack: Vec<(PathBuf, String)> = vec![(self.root.clone(), String::new())];
+        while let Some((dir, rel)) = stack.pop() {
+            let md = std::fs::metadata(&dir).map_err(|e| self.io_err(&rel, e))?;
+            out.dir_stamps.push(DirStamp {
+                dir: rel.clone(),
+                mtime_ns: mtime_ns(&md),
+            });
+            let rd = std::fs::read_dir(&dir).map_err(|e| self.io_err(&rel, e))?;
+            for ent in rd {
+                let ent = ent.map_err(|e| self.io_err(&rel, e))?;
+                let name = ent.file_name();
+                let Some(name) = name.to_str() else {
+                    out.skipped.push((
+                        format!("{rel}/{}", name.to_string_lossy()),
+                        "name is not UTF-8".into(),
+                    ));
+                    continue;
+                };
+                let child_rel = if rel.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{rel}/{name}")
+                };
+                let path = ent.path();
+                let lmd = ent.metadata().map_err(|e| self.io_err(&child_rel, e))?;
+                let ft = lmd.file_type();
+                if ft.is_dir() {
+                    stack.push((path, child_rel));
+                } else if ft.is_file() {
+                    out.entries.push(CatalogEntry {
+                        path: child_rel,
+                        size: lmd.len(),
+                        version: posix_version(&lmd),
+                        label: None,
+                        cluster: None,
+                    });
+                } else if ft.is_symlink() {
+                    match std::fs::canonicalize(&path) {
+                        Ok(target) if target.starts_with(&self.root) => {
+                            match std::fs::metadata(&target) {
+                                Ok(md) if md.is_file() => out.entries.push(CatalogEntry {
+                                    path: child_rel,
+                                    size: md.len(),
+                                    version: posix_version(&md),
+                                    label: None,
+                                    cluster: None,
+                                }),
+                                Ok(_) => out.skipped.push((
+                                    child_rel,
+                                    "symlink to a directory is not followed (cycles)".into(),
+                                )),
+                                Err(e) => out.skipped.push((child_rel, format!("symlink: {e}"))),
+                            }
+                        }
+                        Ok(target) => out.skipped.push((
+                            child_rel,
+                            format!("symlink leads outside the source (to {})", target.display()),
+                        )),
+                        Err(e) => out
+                            .skipped
+                            .push((child_rel, format!("dangling symlink: {e}"))),
+                    }
+                } else {
+                    out.skipped
+                        .push((child_rel, "not a regular file".to_string()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn fetch_blocking(
+        &self,
+        sample: &SampleRef,
+        dest: &std::fs::File,
+        pacer: &Pacer,
+    ) -> Result<u64, TierError> {
+        use std::os::fd::AsRawFd;
+        let real = self.resolve(&sample.path)?;
+        let src = std::fs::File::open(&real).map_err(|e| self.io_err(&sample.path, e))?;
+        let check = |md: &std::fs::Metadata| -> Result<(), TierError> {
+            let found_v = posix_version(md);
+            if md.len() != sample.size || (!sample.version.is_empty() && found_v != sample.version)
+            {
+                return Err(TierError::Changed {
+                    url: self.url.clone(),
+                    path: sample.path.clone(),
+                    expected: format!("{} bytes, mtime {}", sample.size, sample.version),
+                    found: format!("{} bytes, mtime {}", md.len(), found_v),
+                });
+            }
+            Ok(())
+        };
+        check(&src.metadata().map_err(|e| self.io_err(&sample.path, e))?)?;
+        let local = |e: std::io::Error| TierError::Local {
+            path: sample.path.clone(),
+            source: e,
+        };
+        let chunk = pacer.chunk_bytes();
+        let (mut off_in, mut off_out): (i64, i64) = (0, 0);
+        let mut use_cfr = true;
+        let mut buf: Vec<u8> = Vec::new();
+        while (off_out as u64) < sample.size {
+            let want = (sample.size - off_out as u64).min(chunk);
+            pacer.consume_blocking(want);
+            let n = if use_cfr {
+                // SAFETY: both fds are open for the duration of the call; offsets are ours.
+                let r = unsafe {
+                    libc::copy_file_range(
+                        src.as_raw_fd(),
+                        &mut off_in,
+                        dest.as_raw_fd(),
+                        &mut off_out,
+                        want as usize,
+                        0,
+                    )
+                };
+                if r < 0 {
+                    let e = std::io::Error::last_os_error();
+                    match e.raw_os_error() {
+                        Some(libc::EXDEV)
+                        | Some(libc::ENOSYS)
+                        | Some(libc::EINVAL)
+                        | Some(libc::EOPNOTSUPP) => {
+                            use_cfr = false;
+                            continue;
+                        }
+                        _ => return Err(local(e)),
+                    }
+                }
+                r as u64
+            } else {
+                use std::os::unix::fs::FileExt;
+                buf.resize(want.min(1 << 20) as usize, 0);
+                let r = src
+                    .read_at(&mut buf, off_in as u64)
+                    .map_err(|e| self.io_err(&sample.path, e))?;
+                dest.write_all_at(&buf[..r], off_out as u64)
+                    .map_err(local)?;
+                off_in += r as i64;
+                off_out += r as i64;
+                r as u64
+            };
+            if n == 0 {
+                break; // source shrank; the check below reports it
+            }
+        }
+        check(&src.metadata().map_err(|e| self.io_err(&sample.path, e))?)?;
+        if off_out as u64 != sample.size {
+            return Err(TierError::Changed {
+                url: self.url.clone(),
+                path: sample.path.clone(),
+                expected: format!("{} bytes", sample.size),
+                found: format!("{off_out} bytes read"),
+            });
+        }
+        Ok(off_out as u64)
+    }
+}
+
+#[async_trait]
+impl CapacityTier for PosixTier {
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    async fn list(&self) -> Result<Listing, TierError> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.list_blocking())
+            .await
+            .expect("listing task panicked")
+    }
+
+    async fn catalog_is_current(&self, catalog: &Catalog) -> Result<bool, TierError> {
+        // A directory's mtime changes whenever an entry is added, removed or renamed in it, so
+        // equal directory mtimes mean the same set of names. Content changes of existing files
+        // are caught per file at fetch time (size + mtime), so one stat per directory suffices.
+        let stamps = catalog.dir_stamps().to_vec();
+        if stamps.is_empty() {
+            return Ok(false);
+        }
+        let root = self.root.clone();
+        Ok(tokio::task::spawn_blocking(move || {
+            stamps.iter().all(|s| {
+                std::fs::metadata(root.join(&s.dir))
+                    .map(|md| mtime_ns(&md) == s.mtime_ns)
+                    .unwrap_or(false)
+            })
+        })
+        .await
+        .expect("stat task panicked"))
+    }
+
+    async fn fetch(
+        &self,
+        sample: &SampleRef,
+        dest: Arc<std::fs::File>,
+        pacer: &Pacer,
+    ) -> Result<u64, TierError> {
+        let me = self.clone();
+        let sample = sample.clone();
+        let pacer = pacer.clone();
+        tokio::task::spawn_blocking(move || me.fetch_blocking(&sample, &dest, &pacer))
+            .await
+            .expect("fetch task panicked")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup() -> (tempfile::TempDir, PosixTier) {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        std::fs::create_dir_all(src.join("a/b")).unwrap();
+        std::fs::write(src.join("a/b/x.bin"), vec![7u8; 10_000]).unwrap();
+        std::fs::write(src.join("top file é"), b"hello").unwrap();
+        std::fs::write(src.join("empty"), b"").unwrap();
+        std::fs::write(d.path().join("secret"), b"outside").unwrap();
+        std::os::unix::fs::symlink(d.path().join("secret"), src.join("leak")).unwrap();
+        std::os::unix::fs::symlink(src.join("top file é"), src.join("alias")).unwrap();
+        let t = PosixTier::new(&src).unwrap();
+        (d, t)
+    }
+
+    #[tokio::test]
+    async fn lists_and_skips_escaping_symlinks() {
+        let (_d, t) = setup();
+        let l = t.list().await.unwrap();
+        let mut paths: Vec<_> = l.entries.iter().map(|e| e.path.as_str()).collect();
+        paths.sort();
+        assert_eq!(paths, vec!["a/b/x.bin", "alias", "empty", "top file é"]);
+        assert!(l
+            .skipped
+            .iter()
+            .any(|(p, why)| p == "leak" && why.contains("outside")));
+    }
+
+    #[tokio::test]
+    async fn fetch_copies_and_verifies() {
+        let (d, t) = setup();
+        let l = t.list().await.unwrap();
+        let e = l.entries.iter().find(|e| e.path == "a/b/x.bin").unwrap();
+        let dst = d.path().join("out");
+        let f = Arc::new(std::fs::File::create(&dst).unwrap());
+        let s = SampleRef {
+            path: e.path.clone(),
+            size: e.size,
+            version: e.version.clone(),
+        };
+        assert_eq!(t.fetch(&s, f, &Pacer::unlimited()).await.unwrap(), 10_000);
+        assert_eq!(std::fs::read(&dst).unwrap(), vec![7u8; 10_000]);
+        // Changed file.
+        std::fs::write(t.root().join("a/b/x.bin"), vec![1u8; 10]).unwrap();
+        let f = Arc::new(std::fs::File::create(&dst).unwrap());
+        let err = t.fetch(&s, f, &Pacer::unlimited()).await.unwrap_err();
+        assert!(matches!(err, TierError::Changed { .. }), "{err}");
+        // Escaping symlink refused at fetch too.
+        let f = Arc::new(std::fs::File::create(&dst).unwrap());
+        let s = SampleRef {
+            path: "leak".into(),
+            size: 7,
+            version: String::new(),
+        };
+        assert!(matches!(
+            t.fetch(&s, f, &Pacer::unlimited()).await,
+            Err(TierError::Escapes { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn catalog_currency_follows_directory_changes() {
+        let (_d, t) = setup();
+        let l = t.list().await.unwrap();
+        let mut cat = Catalog::from_entries(t.url(), l.entries).unwrap();
+        cat.set_dir_stamps(l.dir_stamps);
+        assert!(t.catalog_is_current(&cat).await.unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(t.root().join("a/new"), b"x").unwrap();
+        assert!(!t.catalog_is_current(&cat).await.unwrap());
+    }
+
+    #[test]
+    fn missing_source() {
+        let err = PosixTier::new(Path::new("/nonexistent/metfs")).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/metfs"));
+    }
+}
