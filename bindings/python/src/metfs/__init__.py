@@ -1,0 +1,56 @@
+"""metfs: mini-epoch training (MET) over a FUSE mount, from Python.
+
+The daemon (``metfs mount``) shows the current mini-epoch of a dataset under a read-only mount
+and stages the next one meanwhile; after each pass over the current mini-epoch the training job
+reports its metrics over the control socket and the daemon answers ``repeat``, ``advance`` or
+``wait``. This package is the reference client of that socket:
+
+- :class:`Client`: the socket client (``hello``, ``status``, ``files``, ``pass_end``,
+  ``advance``, ``apply``); errors raise :class:`MetfsError`.
+- :func:`passes`: a loop of :class:`Pass` objects, one per pass, until N MET epochs are done.
+- :mod:`metfs.keras`, :mod:`metfs.torch`, :mod:`metfs.lightning`: framework integrations
+  (imported on demand; the core needs only the standard library).
+- :mod:`metfs.coordinator`: agreement across the ranks of a multi-node job.
+"""
+
+from .client import (
+    PROTOCOL_VERSION,
+    Client,
+    Decision,
+    FilesView,
+    Hello,
+    MetfsConnectionError,
+    MetfsError,
+    Status,
+    metrics_to_floats,
+)
+from .coordinator import (
+    Coordinator,
+    LocalCoordinator,
+    TorchDistributedCoordinator,
+    default_coordinator,
+)
+from .loop import Pass, Passes, PassRecord, passes
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Client",
+    "Coordinator",
+    "Decision",
+    "FilesView",
+    "Hello",
+    "LocalCoordinator",
+    "MetfsConnectionError",
+    "MetfsError",
+    "Pass",
+    "PassRecord",
+    "Passes",
+    "Status",
+    "TorchDistributedCoordinator",
+    "default_coordinator",
+    "metrics_to_floats",
+    "passes",
+    "__version__",
+]

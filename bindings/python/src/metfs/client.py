@@ -1,0 +1,673 @@
+"""Client of the metfs control socket.
+
+The daemon speaks newline-delimited JSON over a Unix socket: one request object per line with an
+``"op"`` field, one response object per line with an ``"ok"`` field. Failures carry
+``{"error": {"code": ..., "message": ...}}`` and are raised here as :class:`MetfsError`.
+
+This module uses the standard library only.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import numbers
+import os
+import socket as _socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "MetfsError",
+    "MetfsConnectionError",
+    "Hello",
+    "Status",
+    "FilesView",
+    "Decision",
+    "Client",
+    "metrics_to_floats",
+]
+
+#: Protocol version spoken by this client.
+PROTOCOL_VERSION = 1
+
+#: Environment variable naming the control socket when no path is given.
+SOCKET_ENV = "METFS_SOCKET"
+
+#: Environment variable naming the job when no job is given.
+JOB_ENV = "METFS_JOB"
+
+#: Longest response line accepted from the daemon (a ``files`` answer for a large view is long).
+MAX_RESPONSE_BYTES = 1 << 30
+
+#: Ops whose repetition has no further effect; they are retried once after a dropped connection
+#: even when the request may already have reached the daemon.
+_IDEMPOTENT_OPS = frozenset({"hello", "status", "files", "apply"})
+
+#: Decisions the daemon may answer to ``pass_end``, ``advance`` and ``apply``.
+DECISIONS = ("repeat", "advance", "wait")
+
+
+class MetfsError(Exception):
+    """A request failed.
+
+    ``code`` is the daemon's machine-readable error code (``bad_json``, ``line_too_long``,
+    ``unknown_op``, ``bad_request``, ``bad_metrics``, ``unsupported_version``,
+    ``staging_failed``, ``shutting_down``, ``internal``) or one of the client's own:
+    ``no_socket``, ``connection_failed``, ``connection_lost``, ``timeout``, ``bad_response``,
+    ``bad_metrics`` (a metric rejected before sending), ``peer_failed`` (another rank's daemon
+    failed in a multi-node job).
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"[{code}] {message}")
+        self.code = code
+        self.message = message
+
+
+class MetfsConnectionError(MetfsError, ConnectionError):
+    """The daemon cannot be reached, or the connection to it was lost."""
+
+
+# --------------------------------------------------------------------------------------------
+# Response types
+# --------------------------------------------------------------------------------------------
+
+
+def _req_int(obj: Mapping[str, Any], name: str, op: str) -> int:
+    value = obj.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MetfsError(
+            "bad_response",
+            f"`{op}` response has no integer field `{name}`: {json.dumps(obj)[:500]}",
+        )
+    return value
+
+
+def _opt_int(obj: Mapping[str, Any], name: str) -> Optional[int]:
+    value = obj.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def _opt_str(obj: Mapping[str, Any], name: str) -> Optional[str]:
+    value = obj.get(name)
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Answer to ``hello``: the daemon's protocol and identity."""
+
+    protocol: int
+    version: Optional[str]
+    mountpoint: Optional[str]
+    job: Optional[str]
+    raw: Dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_response(cls, obj: Dict[str, Any]) -> "Hello":
+        """Builds the answer from a response object."""
+        return cls(
+            protocol=_req_int(obj, "protocol", "hello"),
+            version=_opt_str(obj, "version"),
+            mountpoint=_opt_str(obj, "mountpoint"),
+            job=_opt_str(obj, "job"),
+            raw=obj,
+        )
+
+
+@dataclass(frozen=True)
+class Status:
+    """Answer to ``status``: where the daemon is and what it holds.
+
+    ``passes_done`` is the protocol's ``pass``: passes completed over the current mini-epoch.
+    Fields the daemon may leave out are ``None``; every field it sent is in ``raw``.
+    """
+
+    epoch: int
+    mini_epoch: int
+    mini_epochs: int
+    passes_done: int
+    rf: int
+    generation: int
+    next_ready: bool
+    cache_bytes: Optional[int]
+    budget_bytes: Optional[int]
+    tier_bytes_read: Optional[int]
+    view_files: Optional[int]
+    mountpoint: Optional[str]
+    policy: Optional[str]
+    raw: Dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_response(cls, obj: Dict[str, Any]) -> "Status":
+        """Builds the answer from a response object."""
+        next_ready = obj.get("next_ready")
+        if not isinstance(next_ready, bool):
+            raise MetfsError(
+                "bad_response",
+                f"`status` response has no boolean field `next_ready`: {json.dumps(obj)[:500]}",
+            )
+        return cls(
+            epoch=_req_int(obj, "epoch", "status"),
+            mini_epoch=_req_int(obj, "mini_epoch", "status"),
+            mini_epochs=_req_int(obj, "mini_epochs", "status"),
+            passes_done=_req_int(obj, "pass", "status"),
+            rf=_req_int(obj, "rf", "status"),
+            generation=_req_int(obj, "generation", "status"),
+            next_ready=next_ready,
+            cache_bytes=_opt_int(obj, "cache_bytes"),
+            budget_bytes=_opt_int(obj, "budget_bytes"),
+            tier_bytes_read=_opt_int(obj, "tier_bytes_read"),
+            view_files=_opt_int(obj, "view_files"),
+            mountpoint=_opt_str(obj, "mountpoint"),
+            policy=_opt_str(obj, "policy"),
+            raw=obj,
+        )
+
+    def __getitem__(self, name: str) -> Any:
+        """Any field of the raw response, e.g. ``status["stage_bytes"]``."""
+        return self.raw[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """Any field of the raw response, or ``default``."""
+        return self.raw.get(name, default)
+
+
+@dataclass(frozen=True)
+class FilesView:
+    """The current view: its position, generation and files.
+
+    ``files`` are paths relative to the mount, as the daemon sends them; ``paths`` are the same
+    files as absolute paths under ``mountpoint``. Iterating yields the absolute paths.
+    """
+
+    generation: int
+    epoch: int
+    mini_epoch: int
+    mountpoint: str
+    files: List[str]
+    paths: List[str] = field(repr=False)
+
+    @classmethod
+    def from_response(cls, obj: Dict[str, Any]) -> "FilesView":
+        """Builds the view from a response object."""
+        files = obj.get("files")
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            raise MetfsError(
+                "bad_response", "`files` response has no list of strings `files`"
+            )
+        mountpoint = obj.get("mountpoint")
+        if not isinstance(mountpoint, str) or not mountpoint:
+            raise MetfsError("bad_response", "`files` response has no string `mountpoint`")
+        paths = [os.path.join(mountpoint, f.lstrip("/")) for f in files]
+        return cls(
+            generation=_req_int(obj, "generation", "files"),
+            epoch=_req_int(obj, "epoch", "files"),
+            mini_epoch=_req_int(obj, "mini_epoch", "files"),
+            mountpoint=mountpoint,
+            files=list(files),
+            paths=paths,
+        )
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.paths)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Answer to ``pass_end``, ``advance`` and ``apply``.
+
+    ``decision`` is ``"repeat"`` (train another pass over the same view), ``"advance"`` (the view
+    now shows the next mini-epoch) or ``"wait"`` (the policy wants to advance but the next
+    mini-epoch is not staged yet: train another pass over the same view). The position fields
+    are those *after* the decision; ``passes_done`` is the protocol's ``pass``.
+    """
+
+    decision: str
+    generation: int
+    epoch: int
+    mini_epoch: int
+    passes_done: int
+    rf: Optional[int]
+    reason: Dict[str, Any]
+    raw: Dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_response(cls, obj: Dict[str, Any], op: str) -> "Decision":
+        """Builds the decision from a response object to ``op``."""
+        decision = obj.get("decision")
+        if decision not in DECISIONS:
+            raise MetfsError(
+                "bad_response",
+                f"`{op}` response has no decision among {DECISIONS}: {json.dumps(obj)[:500]}",
+            )
+        reason = obj.get("reason")
+        return cls(
+            decision=decision,
+            generation=_req_int(obj, "generation", op),
+            epoch=_req_int(obj, "epoch", op),
+            mini_epoch=_req_int(obj, "mini_epoch", op),
+            passes_done=_opt_int(obj, "pass") or 0,
+            rf=_opt_int(obj, "rf"),
+            reason=reason if isinstance(reason, dict) else {},
+            raw=obj,
+        )
+
+    @property
+    def advanced(self) -> bool:
+        """Whether the view moved to the next mini-epoch."""
+        return self.decision == "advance"
+
+    @property
+    def position(self) -> "tuple[int, int]":
+        """``(epoch, mini_epoch)`` after the decision."""
+        return (self.epoch, self.mini_epoch)
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------------
+
+
+def _metric_to_float(name: str, value: Any) -> float:
+    """Converts one metric value to a finite float or raises ``MetfsError("bad_metrics")``."""
+    if isinstance(value, bool):
+        raise MetfsError("bad_metrics", f"metric `{name}` must be a number, got a bool ({value})")
+    if isinstance(value, numbers.Real):
+        out = float(value)
+    else:
+        item = getattr(value, "item", None)  # numpy scalars and arrays, torch tensors
+        size = getattr(value, "numel", None) or getattr(value, "size", None)
+        if callable(size):
+            size = size()
+        if item is None or not callable(item):
+            raise MetfsError(
+                "bad_metrics",
+                f"metric `{name}` must be a number, got {type(value).__name__} ({value!r:.80})",
+            )
+        if isinstance(size, int) and size != 1:
+            raise MetfsError(
+                "bad_metrics",
+                f"metric `{name}` must be a single number, got {type(value).__name__} "
+                f"with {size} elements",
+            )
+        try:
+            scalar = item()
+        except (ValueError, RuntimeError, TypeError) as e:
+            raise MetfsError(
+                "bad_metrics", f"metric `{name}` must be a single number: {e}"
+            ) from None
+        if isinstance(scalar, bool) or not isinstance(scalar, numbers.Real):
+            raise MetfsError(
+                "bad_metrics",
+                f"metric `{name}` must be a number, got {type(scalar).__name__} ({scalar!r:.80})",
+            )
+        out = float(scalar)
+    if not math.isfinite(out):
+        raise MetfsError("bad_metrics", f"metric `{name}` must be finite, got {out}")
+    return out
+
+
+def metrics_to_floats(metrics: Optional[Mapping[str, Any]]) -> Dict[str, float]:
+    """Converts a mapping of metric name to number into plain floats.
+
+    Accepts Python numbers, numpy scalars and one-element arrays, and one-element torch tensors
+    (via ``.item()``). Rejects anything else, and NaN or infinite values, with
+    ``MetfsError("bad_metrics")`` naming the metric.
+    """
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise MetfsError(
+            "bad_metrics",
+            f"metrics must be a mapping of name to number, got {type(metrics).__name__}",
+        )
+    out: Dict[str, float] = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str) or not name:
+            raise MetfsError("bad_metrics", f"metric names must be non-empty strings, got {name!r}")
+        out[name] = _metric_to_float(name, value)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Client
+# --------------------------------------------------------------------------------------------
+
+
+class Client:
+    """A persistent connection to one metfs daemon's control socket.
+
+    ``socket`` is the socket path; without it, the environment variable ``METFS_SOCKET``.
+    ``job`` names the training job (for rf history and per-job state); without it,
+    ``METFS_JOB`` if set. ``timeout`` bounds each request that does not wait for staging
+    (``None``: no bound); ``wait_timeout`` bounds requests that wait for staging
+    (``pass_end(block=True)``, ``advance(wait=True)``, ``apply(wait=True)``; ``None``: no bound).
+
+    The client connects and sends ``hello`` at construction (``connect=False`` defers that to
+    the first request), so a dead daemon is reported at once with ``MetfsConnectionError``.
+    A connection the daemon dropped is re-established once per request: a request that cannot
+    have reached the daemon is resent; one that may have reached it is resent only if repeating
+    it is harmless (``hello``, ``status``, ``files``, ``apply``), otherwise
+    ``MetfsConnectionError("connection_lost")`` is raised.
+
+    The client is safe to share between threads (requests are serialised) and is a context
+    manager that closes the connection.
+    """
+
+    def __init__(
+        self,
+        socket: Optional[str] = None,
+        job: Optional[str] = None,
+        timeout: Optional[float] = None,
+        *,
+        wait_timeout: Optional[float] = None,
+        connect: bool = True,
+    ) -> None:
+        path = socket if socket is not None else os.environ.get(SOCKET_ENV)
+        if not path:
+            raise MetfsError(
+                "no_socket",
+                f"no control socket given: pass socket=... or set {SOCKET_ENV} "
+                "(the daemon's default is CACHE_DIR/metfs.sock)",
+            )
+        self.socket_path: str = os.fspath(path)
+        self.job: Optional[str] = job if job is not None else (os.environ.get(JOB_ENV) or None)
+        self.timeout = timeout
+        self.wait_timeout = wait_timeout
+        self._sock: Optional[_socket.socket] = None
+        self._buf = bytearray()
+        self._lock = threading.RLock()
+        self._hello: Optional[Hello] = None
+        if connect:
+            self.connect()
+
+    # -- connection -----------------------------------------------------------------------
+
+    def connect(self) -> Hello:
+        """Opens the connection (if closed) and performs the ``hello`` handshake."""
+        with self._lock:
+            if self._sock is None:
+                self._open()
+            assert self._hello is not None
+            return self._hello
+
+    def _open(self) -> None:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except FileNotFoundError:
+            sock.close()
+            raise MetfsConnectionError(
+                "connection_failed",
+                f"metfs control socket {self.socket_path} does not exist: is the daemon "
+                "running (`metfs mount ...`) and is this the socket it was given?",
+            ) from None
+        except ConnectionRefusedError:
+            sock.close()
+            raise MetfsConnectionError(
+                "connection_failed",
+                f"nothing listens on metfs control socket {self.socket_path}: "
+                "the daemon has exited (see its log) or the mount was unmounted",
+            ) from None
+        except _socket.timeout:
+            sock.close()
+            raise MetfsConnectionError(
+                "timeout",
+                f"connecting to metfs control socket {self.socket_path} timed out",
+            ) from None
+        except OSError as e:
+            sock.close()
+            raise MetfsConnectionError(
+                "connection_failed",
+                f"cannot connect to metfs control socket {self.socket_path}: {e}",
+            ) from None
+        self._sock = sock
+        self._buf.clear()
+        request: Dict[str, Any] = {"op": "hello", "version": PROTOCOL_VERSION}
+        if self.job:
+            request["job"] = self.job
+        try:
+            self._send(request)
+            resp = self._recv(self.timeout, "hello")
+        except (OSError, ConnectionError) as e:
+            self._close_socket()
+            raise MetfsConnectionError(
+                "connection_failed",
+                f"the metfs daemon at {self.socket_path} closed the connection during the "
+                f"handshake ({e}): is it shutting down?",
+            ) from None
+        except BaseException:
+            self._close_socket()
+            raise
+        if not resp.get("ok"):
+            self._close_socket()
+            raise _error_from(resp)
+        self._hello = Hello.from_response(resp)
+
+    def _close_socket(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+                self._buf.clear()
+
+    def close(self) -> None:
+        """Closes the connection. A later request reconnects."""
+        with self._lock:
+            self._close_socket()
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is open."""
+        return self._sock is not None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self._close_socket()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"Client(socket={self.socket_path!r}, job={self.job!r})"
+
+    # -- wire -------------------------------------------------------------------------------
+
+    def _peer_closed(self) -> bool:
+        """Whether the daemon closed its end while we were idle (a pending EOF or error)."""
+        assert self._sock is not None
+        if self._buf:
+            return False
+        try:
+            data = self._sock.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+        return data == b""
+
+    def _send(self, request: Mapping[str, Any]) -> None:
+        assert self._sock is not None
+        try:
+            line = json.dumps(request, allow_nan=False, separators=(",", ":")) + "\n"
+        except (TypeError, ValueError) as e:
+            raise MetfsError("bad_request", f"request cannot be encoded as JSON: {e}") from None
+        self._sock.settimeout(self.timeout)
+        self._sock.sendall(line.encode("utf-8"))
+
+    def _recv(self, timeout: Optional[float], op: str) -> Dict[str, Any]:
+        assert self._sock is not None
+        self._sock.settimeout(timeout)
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line = bytes(self._buf[:nl])
+                del self._buf[: nl + 1]
+                break
+            if len(self._buf) > MAX_RESPONSE_BYTES:
+                raise MetfsError(
+                    "bad_response", f"`{op}` response is longer than {MAX_RESPONSE_BYTES} bytes"
+                )
+            try:
+                chunk = self._sock.recv(1 << 16)
+            except _socket.timeout:
+                raise MetfsError(
+                    "timeout", f"no answer to `{op}` from {self.socket_path} within {timeout} s"
+                ) from None
+            if not chunk:
+                raise ConnectionResetError(errno.ECONNRESET, "daemon closed the connection")
+            self._buf.extend(chunk)
+        try:
+            obj = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise MetfsError(
+                "bad_response", f"`{op}` response is not JSON ({e}): {line[:200]!r}"
+            ) from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
+            raise MetfsError(
+                "bad_response", f"`{op}` response is not an object with `ok`: {line[:200]!r}"
+            )
+        return obj
+
+    def request(self, request: Mapping[str, Any], *, wait: bool = False) -> Dict[str, Any]:
+        """Sends one request object and returns the successful response object.
+
+        Raises ``MetfsError`` with the daemon's code when the response has ``"ok": false``.
+        ``wait`` marks a request that may wait for staging (``wait_timeout`` applies to it).
+        """
+        op = str(request.get("op", "?"))
+        timeout = self.wait_timeout if wait else self.timeout
+        with self._lock:
+            for attempt in (0, 1):
+                if self._sock is None:
+                    self._open()
+                elif self._peer_closed():
+                    self._close_socket()
+                    self._open()
+                sent = False
+                try:
+                    self._send(request)
+                    sent = True
+                    resp = self._recv(timeout, op)
+                except MetfsError as e:
+                    if e.code == "timeout":
+                        # The answer may still come; the stream is out of step, start afresh.
+                        self._close_socket()
+                    raise
+                except (OSError, ConnectionError) as e:
+                    self._close_socket()
+                    if attempt == 0 and (not sent or op in _IDEMPOTENT_OPS):
+                        continue
+                    if sent:
+                        raise MetfsConnectionError(
+                            "connection_lost",
+                            f"the metfs daemon at {self.socket_path} closed the connection "
+                            f"before answering `{op}` ({e}); the request may or may not have "
+                            "been carried out. Is the daemon still running?",
+                        ) from None
+                    raise MetfsConnectionError(
+                        "connection_lost",
+                        f"cannot send `{op}` to the metfs daemon at {self.socket_path}: {e}",
+                    ) from None
+                if not resp["ok"]:
+                    raise _error_from(resp)
+                return resp
+        raise AssertionError("unreachable")
+
+    # -- ops --------------------------------------------------------------------------------
+
+    def hello(self) -> Hello:
+        """Performs the handshake again and returns the daemon's identity."""
+        request: Dict[str, Any] = {"op": "hello", "version": PROTOCOL_VERSION}
+        if self.job:
+            request["job"] = self.job
+        self._hello = Hello.from_response(self.request(request))
+        return self._hello
+
+    @property
+    def info(self) -> Optional[Hello]:
+        """The last ``hello`` answer (``None`` before the first connection)."""
+        return self._hello
+
+    def status(self) -> Status:
+        """The daemon's state: position, generation, staging readiness, bytes."""
+        return Status.from_response(self.request({"op": "status"}))
+
+    def files(self) -> FilesView:
+        """The current view's files (relative and absolute) with its generation and position."""
+        return FilesView.from_response(self.request({"op": "files"}))
+
+    def pass_end(
+        self, metrics: Optional[Mapping[str, Any]] = None, block: bool = False
+    ) -> Decision:
+        """Reports the end of one pass over the current mini-epoch and returns the decision.
+
+        ``metrics`` maps names to numbers (Python, numpy or one-element torch values); they are
+        converted to floats here and anything else is rejected with ``bad_metrics`` before
+        sending. With ``block=True``, when the policy wants to advance the daemon waits for the
+        next mini-epoch to be staged and answers ``advance`` instead of ``wait``.
+        """
+        request: Dict[str, Any] = {
+            "op": "pass_end",
+            "metrics": metrics_to_floats(metrics),
+            "block": bool(block),
+        }
+        if self.job:
+            request["job"] = self.job
+        return Decision.from_response(self.request(request, wait=block), "pass_end")
+
+    def advance(self, wait: bool = False) -> Decision:
+        """Forces an advance to the next mini-epoch.
+
+        Without ``wait`` the answer is ``wait`` when the next mini-epoch is not staged yet; with
+        ``wait=True`` the daemon blocks until it is staged and the view has switched.
+        """
+        return Decision.from_response(
+            self.request({"op": "advance", "wait": bool(wait)}, wait=wait), "advance"
+        )
+
+    def apply(self, epoch: int, mini_epoch: int, wait: bool = True) -> Decision:
+        """Moves the view to exactly ``mini_epoch`` of ``epoch`` (a decision made elsewhere).
+
+        Used by followers in multi-node jobs; with ``wait=True`` blocks until that mini-epoch is
+        staged and shown.
+        """
+        for name, value in (("epoch", epoch), ("mini_epoch", mini_epoch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise MetfsError("bad_request", f"`{name}` must be a non-negative int, got {value!r}")
+        return Decision.from_response(
+            self.request(
+                {"op": "apply", "epoch": epoch, "mini_epoch": mini_epoch, "wait": bool(wait)},
+                wait=wait,
+            ),
+            "apply",
+        )
+
+
+def _error_from(resp: Mapping[str, Any]) -> MetfsError:
+    err = resp.get("error")
+    if isinstance(err, dict):
+        code = str(err.get("code") or "internal")
+        message = str(err.get("message") or "(no message)")
+    else:
+        code, message = "bad_response", f"failed response without an error object: {resp}"
+    if code == "shutting_down":
+        return MetfsConnectionError(code, message)
+    return MetfsError(code, message)

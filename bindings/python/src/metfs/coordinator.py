@@ -1,0 +1,241 @@
+"""Who decides when the view advances: the seam for agreement across ranks.
+
+A :class:`Coordinator` turns "this rank finished a pass" into the decision every rank follows.
+The default, :class:`LocalCoordinator`, lets the local daemon decide (one process, or ranks that
+share one daemon and one job). :class:`TorchDistributedCoordinator` makes ranks of a
+``torch.distributed`` job agree: rank 0's daemon decides, every node advances to the same
+mini-epoch, and a dead daemon on any node makes every rank fail fast instead of hanging.
+
+:func:`default_coordinator` picks the distributed one only when ``torch.distributed`` is already
+imported and initialised with more than one rank; otherwise nothing changes. The core never
+imports torch.
+"""
+
+from __future__ import annotations
+
+import abc
+import socket as _socket
+import sys
+from typing import Any, Dict, List, Mapping, Optional
+
+from .client import Client, Decision, MetfsError, Status
+
+__all__ = [
+    "Coordinator",
+    "LocalCoordinator",
+    "TorchDistributedCoordinator",
+    "default_coordinator",
+]
+
+
+class Coordinator(abc.ABC):
+    """Decides, for every rank of a job, what follows each pass."""
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this process makes the decisions (and should, e.g., print progress)."""
+        return True
+
+    def start(self, client: Client) -> Status:
+        """Called once before the first pass: brings this rank's view to the job's position.
+
+        Returns this rank's status after that.
+        """
+        return client.status()
+
+    @abc.abstractmethod
+    def pass_end(
+        self, client: Client, metrics: Optional[Mapping[str, Any]], block: bool
+    ) -> Decision:
+        """Reports the end of one pass and returns the decision this rank must follow.
+
+        When the decision is ``advance``, this rank's view already shows the new mini-epoch.
+        """
+
+
+class LocalCoordinator(Coordinator):
+    """The local daemon decides: ``pass_end`` goes straight to it."""
+
+    def pass_end(
+        self, client: Client, metrics: Optional[Mapping[str, Any]], block: bool
+    ) -> Decision:
+        return client.pass_end(metrics, block=block)
+
+
+def default_coordinator() -> Coordinator:
+    """The coordinator for this process.
+
+    A :class:`TorchDistributedCoordinator` when ``torch.distributed`` has been imported and
+    initialised with a world size above one; a :class:`LocalCoordinator` otherwise.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if (
+        dist is not None
+        and dist.is_available()
+        and dist.is_initialized()
+        and dist.get_world_size() > 1
+    ):
+        return TorchDistributedCoordinator()
+    return LocalCoordinator()
+
+
+class TorchDistributedCoordinator(Coordinator):
+    """Agreement across the ranks of an initialised ``torch.distributed`` process group.
+
+    At every pass end:
+
+    1. every rank asks its own daemon for ``status`` and all ranks exchange (all-gather) whether
+       their next mini-epoch is staged, and whether their daemon answered at all; a rank whose
+       daemon failed makes every rank raise ``MetfsError("peer_failed")`` naming it;
+    2. the leader (rank 0) sends ``pass_end`` with its metrics to its daemon and broadcasts the
+       decision and the target position ``(epoch, mini_epoch)``;
+    3. on ``advance`` every other rank calls ``apply(epoch, mini_epoch, wait=True)`` on its own
+       daemon, and all ranks check (all-gather) that every apply succeeded.
+
+    So no rank ever trains on a different mini-epoch index than another. The readiness of all
+    ranks (step 1) is known before the leader decides; but ``pass_end`` has no way to tell the
+    leader's daemon "do not advance", so when the leader's next mini-epoch is staged and another
+    node's is not, the leader advances and that node's ``apply`` waits for its staging.
+
+    Several ranks may share one node's daemon: ``apply`` to the position the daemon already
+    shows is expected to be a no-op.
+    """
+
+    def __init__(self, group: Any = None, leader: int = 0) -> None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise MetfsError(
+                "bad_request",
+                "TorchDistributedCoordinator needs an initialised torch.distributed process group",
+            )
+        self._dist = dist
+        self.group = group
+        self.leader = leader
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size(group)
+        self.host = _socket.gethostname()
+        self._pending_error: Optional[str] = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == self.leader
+
+    # -- collectives --------------------------------------------------------------------------
+
+    def _gather(self, obj: Dict[str, Any]) -> List[Dict[str, Any]]:
+        out: List[Any] = [None] * self.world_size
+        self._dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def _broadcast(self, obj: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=self.leader, group=self.group)
+        assert box[0] is not None
+        return box[0]
+
+    def _check(self, infos: List[Dict[str, Any]], what: str) -> None:
+        failed = [(i, info) for i, info in enumerate(infos) if info.get("error")]
+        if not failed:
+            return
+        parts = [
+            f"rank {info.get('rank', i)} on {info.get('host', '?')}: {info['error']}"
+            for i, info in failed
+        ]
+        mine = next((info for info in infos if info.get("rank") == self.rank), None)
+        if mine is not None and mine.get("error"):
+            code = mine.get("code") or "peer_failed"
+        else:
+            code = "peer_failed"
+        raise MetfsError(code, f"metfs failed during {what}: " + "; ".join(parts))
+
+    def _local_status(self, client: Client) -> "tuple[Optional[Status], Dict[str, Any]]":
+        info: Dict[str, Any] = {"rank": self.rank, "host": self.host}
+        if self._pending_error:
+            info["error"], self._pending_error = self._pending_error, None
+            info["code"] = "connection_lost"
+            return None, info
+        try:
+            st = client.status()
+        except MetfsError as e:
+            info["error"] = f"{e} (socket {client.socket_path})"
+            info["code"] = e.code
+            return None, info
+        info.update(ready=st.next_ready, position=(st.epoch, st.mini_epoch))
+        return st, info
+
+    def _apply(self, client: Client, position: "tuple[int, int]") -> Dict[str, Any]:
+        info: Dict[str, Any] = {"rank": self.rank, "host": self.host}
+        try:
+            d = client.apply(position[0], position[1], wait=True)
+            info["generation"] = d.generation
+            if (d.epoch, d.mini_epoch) != tuple(position):
+                info["error"] = (
+                    f"apply({position[0]}, {position[1]}) left the view at "
+                    f"({d.epoch}, {d.mini_epoch})"
+                )
+        except MetfsError as e:
+            info["error"] = f"{e} (socket {client.socket_path})"
+            info["code"] = e.code
+        return info
+
+    # -- Coordinator --------------------------------------------------------------------------
+
+    def start(self, client: Client) -> Status:
+        st, info = self._local_status(client)
+        infos = self._gather(info)
+        self._check(infos, "start")
+        assert st is not None
+        target = tuple(infos[self.leader]["position"])
+        outcome: Dict[str, Any] = {"rank": self.rank, "host": self.host}
+        if (st.epoch, st.mini_epoch) != target:
+            outcome = self._apply(client, target)  # type: ignore[arg-type]
+        self._check(self._gather(outcome), "start (moving to the leader's mini-epoch)")
+        return client.status() if (st.epoch, st.mini_epoch) != target else st
+
+    def pass_end(
+        self, client: Client, metrics: Optional[Mapping[str, Any]], block: bool
+    ) -> Decision:
+        st, info = self._local_status(client)
+        infos = self._gather(info)
+        self._check(infos, "pass end (readiness check)")
+        assert st is not None
+        payload: Optional[Dict[str, Any]] = None
+        if self.is_leader:
+            try:
+                d = client.pass_end(metrics, block=block)
+                payload = {"raw": d.raw}
+            except MetfsError as e:
+                payload = {
+                    "error": f"rank {self.rank} on {self.host}: {e} (socket {client.socket_path})",
+                    "code": e.code,
+                }
+        payload = self._broadcast(payload)
+        if "error" in payload:
+            code = payload["code"] if self.is_leader else "peer_failed"
+            raise MetfsError(code, f"metfs failed during pass end: {payload['error']}")
+        decided = Decision.from_response(payload["raw"], "pass_end")
+        outcome: Dict[str, Any] = {"rank": self.rank, "host": self.host}
+        mine = decided
+        if not self.is_leader:
+            generation = st.generation
+            if decided.advanced or (st.epoch, st.mini_epoch) != decided.position:
+                outcome = self._apply(client, decided.position)
+                generation = outcome.get("generation", generation)
+            mine = Decision(
+                decision=decided.decision,
+                generation=generation,
+                epoch=decided.epoch,
+                mini_epoch=decided.mini_epoch,
+                passes_done=decided.passes_done,
+                rf=decided.rf,
+                reason=dict(decided.reason, leader_generation=decided.generation),
+                raw=decided.raw,
+            )
+        if decided.advanced:
+            # Every rank knows the decision, so every rank joins this check.
+            self._check(self._gather(outcome), "advance (followers applying the leader's decision)")
+        elif outcome.get("error"):
+            # Reported to every rank at the next pass end's readiness exchange.
+            self._pending_error = outcome["error"]
+        return mine

@@ -1,0 +1,212 @@
+"""The pass loop: one :class:`Pass` per iteration over the current mini-epoch.
+
+Typical use::
+
+    import metfs
+
+    with metfs.Client() as client:
+        run = metfs.passes(client, epochs=2)
+        for p in run:
+            for path in p.paths:          # the files of the current view
+                ...                       # train on them
+            p.report(loss=loss, accuracy=acc)
+        print(run.rf_per_mini_epoch())
+
+After the body of the loop finishes a pass, the loop sends ``pass_end`` with the pass's metrics
+and follows the daemon's decision: another pass over the same view (``repeat`` or ``wait``) or
+the next mini-epoch (``advance``). It stops once the requested number of MET epochs is done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from .client import Client, Decision, FilesView, metrics_to_floats
+from .coordinator import Coordinator, default_coordinator
+
+__all__ = ["Pass", "PassRecord", "Passes", "passes"]
+
+
+@dataclass
+class Pass:
+    """One pass over the current view.
+
+    ``index`` counts the passes of this loop from 0; ``pass_in_mini_epoch`` counts the passes
+    already completed over this mini-epoch before this one. ``files`` are relative to the mount,
+    ``paths`` absolute. Set ``metrics`` (or call :meth:`report`) before the next iteration; the
+    loop sends them with ``pass_end``. ``decision`` holds the daemon's answer once it is known.
+    """
+
+    index: int
+    generation: int
+    epoch: int
+    mini_epoch: int
+    pass_in_mini_epoch: int
+    mountpoint: str
+    files: List[str] = field(repr=False)
+    paths: List[str] = field(repr=False)
+    metrics: Dict[str, Any] = field(default_factory=dict)
+    decision: Optional[Decision] = None
+
+    def report(self, metrics: Optional[Mapping[str, Any]] = None, **named: Any) -> None:
+        """Adds metrics of this pass, e.g. ``p.report(loss=0.3, accuracy=0.9)``.
+
+        Values are checked at once (numbers only, finite), so a bad metric fails here, in the
+        training code, rather than at the next iteration.
+        """
+        merged: Dict[str, Any] = dict(metrics or {})
+        merged.update(named)
+        metrics_to_floats(merged)
+        self.metrics.update(merged)
+
+    @property
+    def position(self) -> Tuple[int, int]:
+        """``(epoch, mini_epoch)`` of this pass."""
+        return (self.epoch, self.mini_epoch)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """What one pass was and what followed it (kept for every pass; no file lists)."""
+
+    index: int
+    generation: int
+    epoch: int
+    mini_epoch: int
+    files: int
+    metrics: Dict[str, float]
+    decision: Decision
+
+
+class Passes:
+    """An iterable of passes over the current view until ``epochs`` MET epochs are done.
+
+    Created by :func:`passes`. Iterate it once; afterwards (or during) ``records`` and
+    ``decisions`` tell what happened. ``start_epoch`` is the daemon's epoch when iteration
+    began and ``target_epoch = start_epoch + epochs``: the loop ends after the pass whose
+    decision reaches it. ``max_passes`` caps the number of passes (``None``: no cap).
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        epochs: int = 1,
+        *,
+        block: bool = False,
+        coordinator: Optional[Coordinator] = None,
+        max_passes: Optional[int] = None,
+    ) -> None:
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+            raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
+        if max_passes is not None and max_passes < 0:
+            raise ValueError(f"max_passes must be non-negative, got {max_passes!r}")
+        self.client = client
+        self.epochs = epochs
+        self.block = block
+        self.coordinator = coordinator if coordinator is not None else default_coordinator()
+        self.max_passes = max_passes
+        self.records: List[PassRecord] = []
+        self.start_epoch: Optional[int] = None
+        self.target_epoch: Optional[int] = None
+        self.done = False
+        self._started = False
+
+    @property
+    def decisions(self) -> List[Decision]:
+        """The decision after each pass, in order."""
+        return [r.decision for r in self.records]
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this rank decides (single process: always)."""
+        return self.coordinator.is_leader
+
+    def rf_per_mini_epoch(self) -> List[Tuple[int, int, int]]:
+        """``(epoch, mini_epoch, passes)`` for every mini-epoch trained over, in order."""
+        out: List[Tuple[int, int, int]] = []
+        for r in self.records:
+            if out and out[-1][:2] == (r.epoch, r.mini_epoch):
+                out[-1] = (r.epoch, r.mini_epoch, out[-1][2] + 1)
+            else:
+                out.append((r.epoch, r.mini_epoch, 1))
+        return out
+
+    def _view(self) -> FilesView:
+        return self.client.files()
+
+    def __iter__(self) -> Iterator[Pass]:
+        if self._started:
+            raise RuntimeError("a Passes loop can be iterated only once; call metfs.passes() again")
+        self._started = True
+        return self._run()
+
+    def _run(self) -> Iterator[Pass]:
+        status = self.coordinator.start(self.client)
+        self.start_epoch = status.epoch
+        self.target_epoch = status.epoch + self.epochs
+        passes_done = status.passes_done
+        if self.epochs == 0:
+            self.done = True
+            return
+        index = 0
+        while self.max_passes is None or index < self.max_passes:
+            view = self._view()
+            p = Pass(
+                index=index,
+                generation=view.generation,
+                epoch=view.epoch,
+                mini_epoch=view.mini_epoch,
+                pass_in_mini_epoch=passes_done,
+                mountpoint=view.mountpoint,
+                files=view.files,
+                paths=view.paths,
+            )
+            yield p
+            metrics = metrics_to_floats(p.metrics)
+            decision = self.coordinator.pass_end(self.client, metrics, self.block)
+            p.decision = decision
+            self.records.append(
+                PassRecord(
+                    index=index,
+                    generation=p.generation,
+                    epoch=p.epoch,
+                    mini_epoch=p.mini_epoch,
+                    files=len(p.paths),
+                    metrics=metrics,
+                    decision=decision,
+                )
+            )
+            passes_done = decision.passes_done
+            index += 1
+            if decision.epoch >= self.target_epoch:
+                self.done = True
+                return
+
+
+def passes(
+    client: Client,
+    epochs: int = 1,
+    *,
+    block: bool = False,
+    coordinator: Optional[Coordinator] = None,
+    max_passes: Optional[int] = None,
+) -> Passes:
+    """Passes over the current view until ``epochs`` full MET epochs have completed.
+
+    Yields one :class:`Pass` per pass with the view's files (re-read from the daemon for every
+    pass), generation and position. Set ``p.metrics`` or call ``p.report(...)`` in the loop
+    body; before yielding the next pass, the loop reports them with ``pass_end`` (``block``:
+    wait for staging instead of answering ``wait``). The returned object also keeps the
+    decision history (``.decisions``, ``.records``, ``.rf_per_mini_epoch()``).
+
+    ``coordinator`` decides across ranks; by default the local daemon decides, or rank 0's when
+    ``torch.distributed`` is initialised (see :mod:`metfs.coordinator`).
+    """
+    return Passes(
+        client, epochs, block=block, coordinator=coordinator, max_passes=max_passes
+    )
+

@@ -1,0 +1,60 @@
+"""Fixtures: a fake control socket for unit tests, a real metfs mount for integration tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import Callable, Iterator, List
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "src"))
+sys.path.insert(0, HERE)
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+
+from fake_daemon import FakeDaemon  # noqa: E402
+from realmount import RealMount  # noqa: E402
+
+
+@pytest.fixture
+def fake(tmp_path) -> Iterator[FakeDaemon]:  # type: ignore[no-untyped-def]
+    """A fake daemon (3 mini-epochs, rf 2, 4 files each) on a fresh socket."""
+    d = tempfile.mkdtemp(prefix="metfs-fake")
+    daemon = FakeDaemon(os.path.join(d, "s.sock"))
+    try:
+        yield daemon
+    finally:
+        daemon.close()
+        os.rmdir(d)
+
+
+@pytest.fixture
+def real_mount(tmp_path) -> Iterator[Callable[..., RealMount]]:  # type: ignore[no-untyped-def]
+    """Factory of real mounts: ``real_mount(mini_epochs=3, rf=2, ...)`` mounts and returns one.
+
+    Every mount made is unmounted at teardown, also when the test failed; teardown then fails
+    the test if ``metfs umount`` did not exit 0 or left a mount or daemon behind.
+    """
+    mounts: List[RealMount] = []
+
+    def make(**kwargs) -> RealMount:  # type: ignore[no-untyped-def]
+        root = tempfile.mkdtemp(prefix="metfs-it", dir=str(tmp_path))
+        m = RealMount(root, **kwargs)
+        mounts.append(m)
+        m.mount()
+        return m
+
+    try:
+        yield make
+    finally:
+        problems = []
+        for m in mounts:
+            m.close()
+            if m.mount_ok and m.umount_result is not None and m.umount_result[0] != 0:
+                problems.append(f"metfs umount {m.mountpoint} failed: {m.umount_result}")
+            problems.extend(m.leftovers)
+        if problems:
+            pytest.fail("cleanup: " + "; ".join(problems), pytrace=False)

@@ -1,0 +1,256 @@
+"""An in-process stand-in for the metfs control socket, for unit tests of the client.
+
+It speaks the protocol of DESIGN.md (newline-delimited JSON) with a fixed-rf policy over a
+made-up dataset, and lets tests inject faults: dropped connections, staging that is not ready,
+error responses. The real daemon is tested in ``test_daemon_*.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import threading
+from typing import Any, Dict, List, Optional, Set
+
+
+class FakeDaemon:
+    """A fixed-rf MET daemon over ``mini_epochs`` made-up mini-epochs of ``files_per`` files."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        mini_epochs: int = 3,
+        rf: int = 2,
+        files_per: int = 4,
+        mountpoint: str = "/fake/mnt",
+    ) -> None:
+        self.path = path
+        self.mini_epochs = mini_epochs
+        self.rf = rf
+        self.files_per = files_per
+        self.mountpoint = mountpoint
+        self.epoch = 0
+        self.mini_epoch = 0
+        self.passes = 0
+        self.generation = 1
+        self.next_ready = True
+        self.requests: List[Dict[str, Any]] = []
+        self.metrics: List[Dict[str, float]] = []
+        #: Close the connection after reading the next N requests, without answering.
+        self.drop_after_read = 0
+        #: Ops to refuse with this error code.
+        self.fail_ops: Dict[str, str] = {}
+        self.hello_count = 0
+        self._conns: Set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._srv.bind(path)
+        self._srv.listen(16)
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    # -- control ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stops listening and closes every connection (a dead daemon)."""
+        self._stop.set()
+        try:
+            self._srv.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._srv.close()
+        self.drop_connections()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def drop_connections(self) -> None:
+        """Closes every open connection but keeps listening (a daemon that drops idle clients)."""
+        with self._lock:
+            conns = list(self._conns)
+            self._conns.clear()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def ops(self) -> List[str]:
+        """The ops received so far, in order."""
+        return [r.get("op", "?") for r in self.requests]
+
+    def files_at(self, epoch: int, mini_epoch: int) -> List[str]:
+        """The relative files of a mini-epoch."""
+        return [f"c{i % 2}/e{epoch}m{mini_epoch}_{i}.npy" for i in range(self.files_per)]
+
+    # -- server -----------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        f = conn.makefile("rb")
+        try:
+            for raw in f:
+                try:
+                    req = json.loads(raw)
+                except ValueError:
+                    self._send(conn, _err("bad_json", "request is not valid JSON"))
+                    continue
+                with self._lock:
+                    self.requests.append(req)
+                    drop = self.drop_after_read > 0
+                    if drop:
+                        self.drop_after_read -= 1
+                if drop:
+                    conn.shutdown(socket.SHUT_RDWR)
+                    conn.close()
+                    return
+                with self._lock:
+                    resp = self._handle(req)
+                self._send(conn, resp)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    @staticmethod
+    def _send(conn: socket.socket, resp: Dict[str, Any]) -> None:
+        conn.sendall((json.dumps(resp) + "\n").encode())
+
+    # -- protocol ---------------------------------------------------------------------------
+
+    def _position(self, decision: str) -> Dict[str, Any]:
+        return {
+            "ok": True,
+            "decision": decision,
+            "generation": self.generation,
+            "epoch": self.epoch,
+            "mini_epoch": self.mini_epoch,
+            "pass": self.passes,
+            "rf": self.rf,
+            "reason": {"policy": "fixed", "rf": self.rf},
+        }
+
+    def _advance(self) -> None:
+        self.mini_epoch += 1
+        if self.mini_epoch == self.mini_epochs:
+            self.mini_epoch = 0
+            self.epoch += 1
+        self.passes = 0
+        self.generation += 1
+
+    def _handle(self, req: Dict[str, Any]) -> Dict[str, Any]:
+        op = req.get("op")
+        if op in self.fail_ops:
+            return _err(self.fail_ops[op], f"injected failure of {op}")
+        if op == "hello":
+            self.hello_count += 1
+            if req.get("version", 1) > 1:
+                return _err("unsupported_version", "client is newer")
+            return {
+                "ok": True,
+                "protocol": 1,
+                "version": "0.1.0",
+                "mountpoint": self.mountpoint,
+                "job": req.get("job"),
+            }
+        if op == "status":
+            return {
+                "ok": True,
+                "epoch": self.epoch,
+                "mini_epoch": self.mini_epoch,
+                "mini_epochs": self.mini_epochs,
+                "pass": self.passes,
+                "rf": self.rf,
+                "generation": self.generation,
+                "next_ready": self.next_ready,
+                "cache_bytes": 100,
+                "budget_bytes": 1000,
+                "tier_bytes_read": 10 * self.generation,
+                "view_files": self.files_per,
+                "mountpoint": self.mountpoint,
+                "policy": "fixed",
+            }
+        if op == "files":
+            return {
+                "ok": True,
+                "generation": self.generation,
+                "epoch": self.epoch,
+                "mini_epoch": self.mini_epoch,
+                "mountpoint": self.mountpoint,
+                "files": self.files_at(self.epoch, self.mini_epoch),
+            }
+        if op == "pass_end":
+            metrics = req.get("metrics") or {}
+            if not isinstance(metrics, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                for v in metrics.values()
+            ):
+                return _err("bad_metrics", "metrics must be finite numbers")
+            self.metrics.append(metrics)
+            self.passes += 1
+            if self.passes < self.rf:
+                return self._position("repeat")
+            if self.next_ready or req.get("block"):
+                self._advance()
+                return self._position("advance")
+            return self._position("wait")
+        if op == "advance":
+            if self.next_ready or req.get("wait"):
+                self._advance()
+                return self._position("advance")
+            return self._position("wait")
+        if op == "apply":
+            target = (req["epoch"], req["mini_epoch"])
+            if target != (self.epoch, self.mini_epoch):
+                self.epoch, self.mini_epoch = target
+                self.passes = 0
+                self.generation += 1
+                return self._position("advance")
+            return self._position("repeat")
+        return _err("unknown_op", f"unknown op `{op}`")
+
+
+def _err(code: str, message: str) -> Dict[str, Any]:
+    return {"ok": False, "error": {"code": code, "message": message}}
+
+
+def short_socket_path(tmp_path: Any, name: str = "s.sock") -> str:
+    """A socket path short enough for AF_UNIX (108 bytes) even under a deep tmp dir."""
+    path = os.path.join(str(tmp_path), name)
+    if len(path) < 100:
+        return path
+    import tempfile
+
+    return os.path.join(tempfile.mkdtemp(prefix="metfs"), name)
+
+
+def wait_for(pred: Any, timeout: float = 5.0) -> Optional[bool]:
+    """Polls ``pred`` until it is true or ``timeout`` seconds pass."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return None
