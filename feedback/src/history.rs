@@ -1,1 +1,558 @@
-//! rf history of past runs (written by the learned-schedule work; see issue on adaptive rf).
+//! rf history: what rf each mini-epoch of each run used, kept so a later run can replay it.
+//!
+//! The paper asks to "remember the optimal strategy for given dataset and model, so this gets
+//! automatically reflected in subsequent training runs". [`HistoryStore`] is that memory: one
+//! JSON file holding runs, each keyed by a dataset key and a job key, each a list of
+//! [`MiniEpochRecord`]s (sequence index, epoch, mini-epoch index, rf, the score of every pass,
+//! the decision and reason at the last pass, timestamps). [`HistoryStore::schedule`] turns the
+//! best-suited earlier run into the rf sequence that `learned` replays.
+//!
+//! Keys are opaque strings chosen by the daemon. The dataset key should change whenever the
+//! sequence of mini-epochs would (source, catalog identity, budget, planning strategy, node
+//! count), because a schedule is indexed by mini-epoch sequence; the job key is what the client
+//! says in `hello` (e.g. the model name). A file whose runs are all for other keys is valid and
+//! simply has no schedule for this one.
+//!
+//! Invariants:
+//!
+//! * **Writes are atomic**: [`HistoryStore::save`] writes a temporary file in the same
+//!   directory, fsyncs it, renames it over the old file and fsyncs the directory. A crash leaves
+//!   the old file or the new one, never a mix, and no temporary file survives a failed save.
+//! * **Nothing is lost, nothing crashes**: a file that cannot be parsed (corrupt, truncated,
+//!   another format, a newer format version) is renamed aside to `<name>.corrupt-<unix ms>`
+//!   and [`HistoryStore::open`] returns an empty store plus a warning naming both files. Only
+//!   an I/O failure (permission denied, renaming aside impossible) is an error, because then
+//!   the old file could not be kept.
+//! * **Restarts**: the store holds no state outside the file. A restarted daemon opens the file
+//!   again and either continues its run ([`HistoryStore::resume_or_start`] with the run id it
+//!   kept, e.g. in its staging journal) or starts a new one. Recording a mini-epoch whose
+//!   sequence the run already has replaces that record, so re-recording after a restart does
+//!   not duplicate it.
+//! * **Bounded size**: at most [`MAX_RUNS_PER_KEY`] runs are kept per (dataset, job); starting
+//!   another drops the oldest, never the one [`HistoryStore::schedule`] would replay.
+//! * **One writer per file**: the store rewrites the whole file; two daemons sharing one
+//!   history file would overwrite each other's runs (give each its own file, or let only the
+//!   deciding rank record).
+//!
+//! File format (compact JSON, one object):
+//!
+//! ```json
+//! {"format":"metfs-rf-history","version":1,"next_run_id":2,"runs":[
+//!   {"id":1,"dataset":"…","job":"resnet50","started_unix_ms":…,"updated_unix_ms":…,
+//!    "finished":true,"mini_epochs":[
+//!      {"sequence":0,"epoch":0,"mini_epoch":0,"rf":5,"wanted_rf":4,
+//!       "scores":[1.2,1.1,1.1,1.15,1.1],"verdict":"advance",
+//!       "reason":{"policy":"score",…},"started_unix_ms":…,"ended_unix_ms":…}]}]}
+//! ```
+
+use std::collections::HashSet;
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::policy::{PolicyDecision, Verdict};
+
+/// The `format` field of a history file.
+pub const FORMAT: &str = "metfs-rf-history";
+/// The format version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Runs kept per (dataset key, job key): enough to compare a few recent runs, few enough that
+/// the whole-file rewrite at every mini-epoch stays cheap (a run of 1000 mini-epochs at rf 128
+/// is a few MB of scores).
+pub const MAX_RUNS_PER_KEY: usize = 8;
+
+/// Errors of the history module.
+#[derive(Debug, Error)]
+pub enum HistoryError {
+    /// Reading, renaming or writing a history file failed.
+    #[error("rf history {path}: cannot {op}: {source}")]
+    Io {
+        /// The file concerned.
+        path: PathBuf,
+        /// What was being done (`read`, `keep aside`, `write`, ...).
+        op: &'static str,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The store could not be encoded as JSON.
+    #[error("rf history {path}: cannot encode: {source}")]
+    Encode {
+        /// The file being written.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A run id that the store does not hold.
+    #[error("rf history has no run {0}")]
+    UnknownRun(RunId),
+}
+
+/// Identifies a run within one history file (ids grow and are never reused in that file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RunId(pub u64);
+
+impl std::fmt::Display for RunId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// What happened in one mini-epoch of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MiniEpochRecord {
+    /// Position of the mini-epoch in the run (0, 1, 2, ... across epochs); the index a
+    /// replayed schedule uses.
+    pub sequence: u64,
+    /// The epoch it belongs to.
+    pub epoch: u64,
+    /// Its index within the epoch.
+    pub mini_epoch: u32,
+    /// Passes actually run over it (the policy's wish, plus any passes spent waiting for the
+    /// next mini-epoch to be staged).
+    pub rf: u32,
+    /// The pass at which the (bounded) policy first said advance; `None` if it never did (a
+    /// forced advance). What `learned` replays, since passes spent waiting for staging are a
+    /// property of that run's storage, not of the training.
+    #[serde(default)]
+    pub wanted_rf: Option<u32>,
+    /// The score of each pass, in order (`null` for policies without a score).
+    pub scores: Vec<Option<f64>>,
+    /// The policy's verdict at the last pass.
+    pub verdict: Option<Verdict>,
+    /// The policy's reason at the last pass.
+    #[serde(default)]
+    pub reason: Value,
+    /// When the first pass began to be counted (the record was begun), Unix milliseconds.
+    pub started_unix_ms: u64,
+    /// When the last pass was added, Unix milliseconds.
+    pub ended_unix_ms: u64,
+}
+
+impl MiniEpochRecord {
+    /// Begins the record of a mini-epoch the view has just switched to.
+    pub fn begin(sequence: u64, epoch: u64, mini_epoch: u32) -> Self {
+        let now = now_unix_ms();
+        Self {
+            sequence,
+            epoch,
+            mini_epoch,
+            rf: 0,
+            wanted_rf: None,
+            scores: Vec::new(),
+            verdict: None,
+            reason: Value::Null,
+            started_unix_ms: now,
+            ended_unix_ms: now,
+        }
+    }
+
+    /// Adds a pass with the decision the (bounded) policy made for it.
+    pub fn add_pass(&mut self, decision: &PolicyDecision) {
+        // A non-finite score cannot be written as JSON; policies never produce one, but a
+        // record must stay encodable whatever it is fed.
+        self.scores.push(decision.score.filter(|s| s.is_finite()));
+        self.rf = u32::try_from(self.scores.len()).unwrap_or(u32::MAX);
+        if decision.verdict == Verdict::Advance && self.wanted_rf.is_none() {
+            self.wanted_rf = Some(self.rf);
+        }
+        self.verdict = Some(decision.verdict);
+        self.reason = decision.reason.clone();
+        self.ended_unix_ms = now_unix_ms();
+    }
+
+    /// The rf a replay uses for this mini-epoch: `wanted_rf`, else `rf`.
+    pub fn replay_rf(&self) -> u32 {
+        self.wanted_rf.unwrap_or(self.rf)
+    }
+}
+
+/// One run: a daemon's training job over one dataset, from its first mini-epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The run's id.
+    pub id: RunId,
+    /// Dataset key.
+    pub dataset: String,
+    /// Job key.
+    pub job: String,
+    /// When the run started, Unix milliseconds.
+    pub started_unix_ms: u64,
+    /// When the run was last recorded to, Unix milliseconds.
+    pub updated_unix_ms: u64,
+    /// Whether the run ended normally ([`HistoryStore::finish_run`]).
+    #[serde(default)]
+    pub finished: bool,
+    /// Its mini-epochs, sorted by sequence, one per sequence.
+    pub mini_epochs: Vec<MiniEpochRecord>,
+}
+
+impl RunRecord {
+    /// The replayable schedule: `replay_rf` of mini-epochs 0, 1, 2, ... up to the first gap in
+    /// the sequence (a schedule is indexed by sequence, so nothing after a gap can be placed)
+    /// or the first record with rf 0.
+    pub fn schedule(&self) -> Vec<u32> {
+        self.mini_epochs
+            .iter()
+            .enumerate()
+            .take_while(|(i, r)| r.sequence == *i as u64 && r.replay_rf() > 0)
+            .map(|(_, r)| r.replay_rf())
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct HistoryFile {
+    format: String,
+    version: u32,
+    next_run_id: u64,
+    runs: Vec<RunRecord>,
+}
+
+impl HistoryFile {
+    fn empty() -> Self {
+        Self {
+            format: FORMAT.into(),
+            version: FORMAT_VERSION,
+            next_run_id: 1,
+            runs: Vec::new(),
+        }
+    }
+}
+
+/// The rf history file, loaded in memory; [`HistoryStore::save`] writes it back.
+#[derive(Debug)]
+pub struct HistoryStore {
+    path: PathBuf,
+    file: HistoryFile,
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Parses a history file, or says why it cannot be used.
+fn parse(bytes: &[u8]) -> Result<HistoryFile, String> {
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON ({e})"))?;
+    let format = value.get("format").and_then(Value::as_str);
+    if format != Some(FORMAT) {
+        return Err(format!(
+            "not an rf history file (`format` is {}, expected \"{FORMAT}\")",
+            value
+                .get("format")
+                .map_or("missing".into(), |v| v.to_string())
+        ));
+    }
+    match value.get("version").and_then(Value::as_u64) {
+        Some(v) if v == u64::from(FORMAT_VERSION) => {}
+        Some(v) => {
+            return Err(format!(
+                "format version {v}, this build reads version {FORMAT_VERSION}"
+            ))
+        }
+        None => return Err("`version` is missing or not a number".into()),
+    }
+    let mut file: HistoryFile =
+        serde_json::from_value(value).map_err(|e| format!("malformed ({e})"))?;
+    let mut ids = HashSet::new();
+    for run in &mut file.runs {
+        if !ids.insert(run.id) {
+            return Err(format!("run id {} appears twice", run.id));
+        }
+        // Keep the sorted-by-sequence invariant even for a hand-edited file.
+        run.mini_epochs.sort_by_key(|r| r.sequence);
+        run.mini_epochs.dedup_by_key(|r| r.sequence);
+    }
+    // A hand-edited `next_run_id` must not make a new run reuse an id.
+    let max_id = file.runs.iter().map(|r| r.id.0).max().unwrap_or(0);
+    file.next_run_id = file.next_run_id.max(max_id + 1);
+    Ok(file)
+}
+
+/// A name next to `path` that does not exist yet: `<name>.corrupt-<ms>[-n]`.
+fn aside_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "history".into());
+    let ts = now_unix_ms();
+    let mut n = 0u32;
+    loop {
+        let candidate = if n == 0 {
+            format!("{name}.corrupt-{ts}")
+        } else {
+            format!("{name}.corrupt-{ts}-{n}")
+        };
+        let p = path.with_file_name(candidate);
+        if !p.exists() {
+            return p;
+        }
+        n += 1;
+    }
+}
+
+impl HistoryStore {
+    /// Opens the history at `path`; a missing file is an empty history.
+    ///
+    /// A file that cannot be parsed is renamed aside (see the module docs) and the store starts
+    /// empty; the returned warnings say so, naming both files. Only I/O failures are errors.
+    pub fn open(path: impl AsRef<Path>) -> Result<(Self, Vec<String>), HistoryError> {
+        let path = path.as_ref().to_path_buf();
+        let mut warnings = Vec::new();
+        let file = match fs::read(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => HistoryFile::empty(),
+            Err(source) => {
+                return Err(HistoryError::Io {
+                    path,
+                    op: "read",
+                    source,
+                })
+            }
+            Ok(bytes) => match parse(&bytes) {
+                Ok(file) => file,
+                Err(why) => {
+                    let aside = aside_path(&path);
+                    fs::rename(&path, &aside).map_err(|source| HistoryError::Io {
+                        path: path.clone(),
+                        op: "keep aside the unreadable file",
+                        source,
+                    })?;
+                    warnings.push(format!(
+                        "rf history {}: {why}; kept it aside as {} and started an empty history \
+                         (learned schedules start over)",
+                        path.display(),
+                        aside.display()
+                    ));
+                    HistoryFile::empty()
+                }
+            },
+        };
+        Ok((Self { path, file }, warnings))
+    }
+
+    /// The file this store reads and writes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Every run, oldest first.
+    pub fn all_runs(&self) -> &[RunRecord] {
+        &self.file.runs
+    }
+
+    /// The runs for (dataset, job), oldest first.
+    pub fn runs<'a>(
+        &'a self,
+        dataset_key: &'a str,
+        job_key: &'a str,
+    ) -> impl Iterator<Item = &'a RunRecord> + 'a {
+        self.file
+            .runs
+            .iter()
+            .filter(move |r| r.dataset == dataset_key && r.job == job_key)
+    }
+
+    /// A run by id.
+    pub fn run(&self, id: RunId) -> Option<&RunRecord> {
+        self.file.runs.iter().find(|r| r.id == id)
+    }
+
+    fn run_mut(&mut self, id: RunId) -> Result<&mut RunRecord, HistoryError> {
+        self.file
+            .runs
+            .iter_mut()
+            .find(|r| r.id == id)
+            .ok_or(HistoryError::UnknownRun(id))
+    }
+
+    /// Starts a new, empty run for (dataset, job) and returns its id. If the key then has more
+    /// than [`MAX_RUNS_PER_KEY`] runs, the oldest are dropped, except the one
+    /// [`HistoryStore::schedule`] currently selects. Not saved until [`HistoryStore::save`].
+    pub fn start_run(&mut self, dataset_key: &str, job_key: &str) -> RunId {
+        let keep = self.chosen_run(dataset_key, job_key, None).map(|r| r.id);
+        let id = RunId(self.file.next_run_id);
+        self.file.next_run_id += 1;
+        let now = now_unix_ms();
+        self.file.runs.push(RunRecord {
+            id,
+            dataset: dataset_key.into(),
+            job: job_key.into(),
+            started_unix_ms: now,
+            updated_unix_ms: now,
+            finished: false,
+            mini_epochs: Vec::new(),
+        });
+        let mut excess = self.runs(dataset_key, job_key).count();
+        // Runs are in id order, oldest first, so dropping from the front drops the oldest.
+        self.file.runs.retain(|r| {
+            let drop = excess > MAX_RUNS_PER_KEY
+                && r.dataset == dataset_key
+                && r.job == job_key
+                && Some(r.id) != keep
+                && r.id != id;
+            if drop {
+                excess -= 1;
+            }
+            !drop
+        });
+        id
+    }
+
+    /// Continues run `previous` if the store has it for the same (dataset, job), else starts a
+    /// new run. Returns the run id and whether it was resumed.
+    pub fn resume_or_start(
+        &mut self,
+        dataset_key: &str,
+        job_key: &str,
+        previous: Option<RunId>,
+    ) -> (RunId, bool) {
+        if let Some(id) = previous {
+            if self
+                .run(id)
+                .is_some_and(|r| r.dataset == dataset_key && r.job == job_key)
+            {
+                return (id, true);
+            }
+        }
+        (self.start_run(dataset_key, job_key), false)
+    }
+
+    /// Records a mini-epoch of `run`, replacing any record with the same sequence. Not saved
+    /// until [`HistoryStore::save`].
+    pub fn record_mini_epoch(
+        &mut self,
+        run: RunId,
+        record: MiniEpochRecord,
+    ) -> Result<(), HistoryError> {
+        let r = self.run_mut(run)?;
+        match r
+            .mini_epochs
+            .binary_search_by_key(&record.sequence, |m| m.sequence)
+        {
+            Ok(i) => r.mini_epochs[i] = record,
+            Err(i) => r.mini_epochs.insert(i, record),
+        }
+        r.updated_unix_ms = now_unix_ms();
+        Ok(())
+    }
+
+    /// Marks `run` as ended normally (preferred by [`HistoryStore::schedule`]).
+    pub fn finish_run(&mut self, run: RunId) -> Result<(), HistoryError> {
+        let r = self.run_mut(run)?;
+        r.finished = true;
+        r.updated_unix_ms = now_unix_ms();
+        Ok(())
+    }
+
+    /// The (dataset, job) pairs the store has runs for.
+    pub fn keys(&self) -> Vec<(String, String)> {
+        let mut keys: Vec<_> = self
+            .file
+            .runs
+            .iter()
+            .map(|r| (r.dataset.clone(), r.job.clone()))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    fn chosen_run(
+        &self,
+        dataset_key: &str,
+        job_key: &str,
+        exclude: Option<RunId>,
+    ) -> Option<&RunRecord> {
+        let eligible = || {
+            self.file.runs.iter().filter(|r| {
+                r.dataset == dataset_key
+                    && r.job == job_key
+                    && Some(r.id) != exclude
+                    && !r.schedule().is_empty()
+            })
+        };
+        eligible()
+            .filter(|r| r.finished)
+            .max_by_key(|r| r.id)
+            .or_else(|| eligible().max_by_key(|r| (r.schedule().len(), r.id)))
+    }
+
+    /// The rf sequence to replay for (dataset, job), from the most recent *finished* run; if no
+    /// run finished (a job killed at its time limit never finishes), from the run that got
+    /// furthest (ties: the most recent). A finished run is a whole training whose schedule
+    /// held up end to end; without one, the longest run covers the most mini-epochs. `None` if
+    /// the store has no usable run for this key (e.g. only runs of other datasets).
+    pub fn schedule(&self, dataset_key: &str, job_key: &str) -> Option<Vec<u32>> {
+        self.schedule_excluding(dataset_key, job_key, None)
+    }
+
+    /// As [`HistoryStore::schedule`], ignoring run `exclude` (the current run, when a restarted
+    /// daemon resumes it and must not replay its own partial record).
+    pub fn schedule_excluding(
+        &self,
+        dataset_key: &str,
+        job_key: &str,
+        exclude: Option<RunId>,
+    ) -> Option<Vec<u32>> {
+        self.chosen_run(dataset_key, job_key, exclude)
+            .map(RunRecord::schedule)
+    }
+
+    /// Writes the store to its file atomically (temporary file in the same directory, fsync,
+    /// rename, fsync of the directory).
+    pub fn save(&self) -> Result<(), HistoryError> {
+        let io_err = |op: &'static str| {
+            let path = self.path.clone();
+            move |source: io::Error| HistoryError::Io { path, op, source }
+        };
+        let dir = match self.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "history".into());
+        // `tempfile` gives a unique name and deletes the file if anything below fails, so a
+        // failed save leaves no temporary file behind.
+        let mut tmp = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".tmp")
+            .tempfile_in(&dir)
+            .map_err(io_err("create a temporary file in its directory"))?;
+        {
+            let mut w = BufWriter::new(tmp.as_file_mut());
+            serde_json::to_writer(&mut w, &self.file).map_err(|source| HistoryError::Encode {
+                path: self.path.clone(),
+                source,
+            })?;
+            w.write_all(b"\n").map_err(io_err("write"))?;
+            w.flush().map_err(io_err("write"))?;
+        }
+        tmp.as_file().sync_all().map_err(io_err("fsync"))?;
+        tmp.persist(&self.path)
+            .map_err(|e| io_err("rename the temporary file over")(e.error))?;
+        // The rename is durable only once the directory is synced. Some file systems refuse
+        // fsync on a directory; the data is already in place then, so say so and go on.
+        if let Err(e) = File::open(&dir).and_then(|d| d.sync_all()) {
+            tracing::warn!(
+                "rf history {}: saved, but cannot fsync directory {}: {e}",
+                self.path.display(),
+                dir.display()
+            );
+        }
+        Ok(())
+    }
+}

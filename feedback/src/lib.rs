@@ -4,11 +4,14 @@
 //!   (newline-delimited JSON, one request and one response per line, versioned).
 //! * [`policy`]: the [`policy::RfPolicy`] seam and its policies (fixed, score, Bollinger band,
 //!   learned), with `rf_min` / `rf_max` enforced for all of them by [`policy::Bounded`].
+//! * [`config`]: [`config::PolicyConfig`], the documented knobs of every policy, and
+//!   [`config::build_policy`], which validates them and builds the bounded policy.
 //! * [`history`]: the rf history of past runs, keyed by dataset and job, that `learned` replays.
 //!
 //! This crate does no I/O except reading and writing the history file, and never depends on
 //! `metfs` or `prefetcher`.
 
+pub mod config;
 pub mod history;
 pub mod policy;
 pub mod protocol;

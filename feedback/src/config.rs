@@ -1,0 +1,758 @@
+//! The rf policy configuration: which policy decides when the view advances, and its knobs.
+//!
+//! [`PolicyConfig`] is the `serde` form shared by the config file and the command line
+//! (`--rf-policy`, `--rf-min`, `--rf-max`, `--score-metrics`, `--score-weights`, `--score-wait`,
+//! `--bollinger-window`, `--bollinger-k` map onto the fields of the same name). Every field has
+//! a default, so an empty table is a valid config (the paper's baseline, fixed rf 4). Unknown
+//! keys are an error rather than silently ignored, because a misspelt knob would otherwise run
+//! an experiment with a default nobody asked for.
+//!
+//! [`PolicyConfig::validate`] checks every field and names the offending key;
+//! [`build_policy`] validates and returns the policy already wrapped in
+//! [`Bounded`], so `rf_min <= rf <= rf_max` holds for every policy the daemon runs.
+//!
+//! Metric terms (`loss`, `1 - accuracy`) are parsed when the config is read, so a malformed
+//! term fails at mount time, not at the first `pass_end`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::policy::{
+    default_terms, Bollinger, Bounded, Fixed, Learned, MetricTerm, PolicyError, RfPolicy, Scope,
+    Score, WeightedScore,
+};
+
+/// Errors of the config module: a key whose value cannot be used.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum ConfigError {
+    /// The value of `key` is invalid.
+    #[error("rf policy config `{key}`: {reason}")]
+    Invalid {
+        /// The config key (the command-line flag is the same with dashes).
+        key: &'static str,
+        /// What is wrong and, where it helps, what would be right.
+        reason: String,
+    },
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+/// Which policy decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Exactly `rf` passes per mini-epoch.
+    #[default]
+    Fixed,
+    /// Score-based adaptive rf (paper Fig. 6).
+    Score,
+    /// Bollinger-band adaptive rf (paper III.C.2).
+    Bollinger,
+    /// Replay of a recorded rf schedule, then `learned_fallback`.
+    Learned,
+}
+
+/// The policies `learned` may fall back to (not `learned` itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FallbackKind {
+    /// Exactly `rf` passes per mini-epoch.
+    Fixed,
+    /// Score-based adaptive rf.
+    #[default]
+    Score,
+    /// Bollinger-band adaptive rf.
+    Bollinger,
+}
+
+impl PolicyKind {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::Fixed => "fixed",
+            PolicyKind::Score => "score",
+            PolicyKind::Bollinger => "bollinger",
+            PolicyKind::Learned => "learned",
+        }
+    }
+}
+
+impl FallbackKind {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FallbackKind::Fixed => "fixed",
+            FallbackKind::Score => "score",
+            FallbackKind::Bollinger => "bollinger",
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for FallbackKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "fixed" => Ok(PolicyKind::Fixed),
+            "score" => Ok(PolicyKind::Score),
+            "bollinger" => Ok(PolicyKind::Bollinger),
+            "learned" => Ok(PolicyKind::Learned),
+            other => Err(invalid(
+                "kind",
+                format!("unknown policy `{other}`; expected fixed, score, bollinger or learned"),
+            )),
+        }
+    }
+}
+
+impl FromStr for FallbackKind {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "fixed" => Ok(FallbackKind::Fixed),
+            "score" => Ok(FallbackKind::Score),
+            "bollinger" => Ok(FallbackKind::Bollinger),
+            other => Err(invalid(
+                "learned_fallback",
+                format!("unknown policy `{other}`; expected fixed, score or bollinger"),
+            )),
+        }
+    }
+}
+
+/// The rf policy configuration. Every field is optional in the file; defaults below.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Which policy decides: `fixed`, `score`, `bollinger` or `learned` (also accepted as
+    /// `rf_policy`, the command-line name).
+    ///
+    /// Default `fixed`: the paper's baseline, and the only policy that needs no metrics from
+    /// the job, so a job without a metrics callback still trains.
+    #[serde(alias = "rf_policy")]
+    pub kind: PolicyKind,
+
+    /// Passes per mini-epoch for `fixed` (and for `learned` falling back to `fixed`).
+    ///
+    /// Default 4: a modest fixed rf the paper finds safe for most models (ResNet-50 and
+    /// EfficientNet-B0 stay within 1 % of the baseline up to rf 32), while already cutting
+    /// capacity-tier reads fourfold.
+    pub rf: u32,
+
+    /// Fewest passes per mini-epoch, whatever the policy says.
+    ///
+    /// Default 1: the paper's policies may leave a mini-epoch after any pass, so no floor is
+    /// imposed. Raise it to guarantee an I/O saving of at least `rf_min`x.
+    pub rf_min: u32,
+
+    /// Most passes per mini-epoch, whatever the policy says.
+    ///
+    /// Default 128: the largest rf the paper evaluates ((nm, rf) = (128, 128)), where Fig. 11
+    /// shows adaptive policies occasionally reaching it; it also exceeds B1/B2 = 26 TB/s /
+    /// 400 GB/s = 65 of the paper's Summit example, so the cap never forces an I/O stall there.
+    /// A policy that never advances (a score that keeps improving) stops here.
+    pub rf_max: u32,
+
+    /// Terms of the score for `score` and `bollinger`: each `NAME` or `1 - NAME` (`1-NAME`),
+    /// naming metrics the job sends in `pass_end`; lower score is better.
+    ///
+    /// Default `["loss", "1 - accuracy", "1 - val_accuracy"]`: the paper's Fig. 6 (the metric
+    /// names Keras reports). A job that validates only every few passes must leave
+    /// `val_accuracy` out: a missing metric is an error, never a silent zero.
+    pub score_metrics: Vec<MetricTerm>,
+
+    /// One weight per term of `score_metrics`; `score = Σ weight · term`.
+    ///
+    /// Default: 1.0 for every term (omitted from the file), the plain sum the paper uses as its
+    /// example, which also fits a custom `score_metrics` without listing weights.
+    pub score_weights: Option<Vec<f64>>,
+
+    /// `score`: consecutive passes without a strictly better score before advancing
+    /// (`wait_th` of Fig. 6).
+    ///
+    /// Default 3: one noisy pass (validation accuracy jitters by a few tenths of a percent
+    /// between passes) must not end a mini-epoch, while a mini-epoch that has stopped helping
+    /// costs at most three extra passes. It is also the patience range (2 to 5) commonly
+    /// used for early stopping, which Fig. 6 mirrors.
+    pub score_wait: u32,
+
+    /// `score`: whether the best score is kept for the whole run (`run`) or restarts at every
+    /// mini-epoch (`per_mini_epoch`).
+    ///
+    /// Default `run`: Fig. 6 keeps `self.score` in the callback for the whole training, so a
+    /// mini-epoch is repeated only while it still brings the model to a new best. With
+    /// `per_mini_epoch` the first pass of every mini-epoch counts as an improvement, so every
+    /// mini-epoch runs at least `score_wait + 1` passes.
+    pub best_scope: Scope,
+
+    /// `bollinger`: N, the number of previous scores the moving average and standard deviation
+    /// are taken over (at least 2).
+    ///
+    /// Default 5: the band must follow a loss curve that changes scale within a few
+    /// mini-epochs, and must exist early (the policy repeats until N scores exist); 5 scores
+    /// are the fewest that still give a usable spread estimate (4 degrees of freedom).
+    pub bollinger_window: u32,
+
+    /// `bollinger`: K, the band half-width in standard deviations (> 0).
+    ///
+    /// Default 2.0: the classic Bollinger width, the paper's "normal range". For a score that
+    /// only jitters, a pass then falls below the band with probability about 7 % (Student t
+    /// with 4 degrees of freedom), so a flat mini-epoch is left after about 14 passes; a
+    /// sudden drop leaves at once. 1.0 would leave after about 5 passes of noise.
+    pub bollinger_k: f64,
+
+    /// `bollinger`: whether the window spans the run (`run`) or is emptied at every advance
+    /// (`per_mini_epoch`).
+    ///
+    /// Default `run`: the band is the score's recent range of fluctuation whatever mini-epoch
+    /// produced it, so a new mini-epoch can be judged from its first pass; `per_mini_epoch`
+    /// forces at least `bollinger_window + 1` passes on every mini-epoch.
+    pub bollinger_scope: Scope,
+
+    /// `learned`: the policy deciding where the recorded schedule runs out (or when there is
+    /// none yet): `fixed`, `score` or `bollinger`, with the knobs above.
+    ///
+    /// Default `score`: the first `learned` run has no history and is itself recorded, so an
+    /// adaptive fallback is what makes the recorded schedule worth replaying; `score` is the
+    /// policy the paper pairs with remembering the strategy.
+    pub learned_fallback: FallbackKind,
+}
+
+/// Default of [`PolicyConfig::rf`].
+pub const DEFAULT_RF: u32 = 4;
+/// Default of [`PolicyConfig::rf_min`].
+pub const DEFAULT_RF_MIN: u32 = 1;
+/// Default of [`PolicyConfig::rf_max`].
+pub const DEFAULT_RF_MAX: u32 = 128;
+/// Default of [`PolicyConfig::score_wait`].
+pub const DEFAULT_SCORE_WAIT: u32 = 3;
+/// Default of [`PolicyConfig::bollinger_window`].
+pub const DEFAULT_BOLLINGER_WINDOW: u32 = 5;
+/// Default of [`PolicyConfig::bollinger_k`].
+pub const DEFAULT_BOLLINGER_K: f64 = 2.0;
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            kind: PolicyKind::Fixed,
+            rf: DEFAULT_RF,
+            rf_min: DEFAULT_RF_MIN,
+            rf_max: DEFAULT_RF_MAX,
+            score_metrics: default_terms(),
+            score_weights: None,
+            score_wait: DEFAULT_SCORE_WAIT,
+            best_scope: Scope::Run,
+            bollinger_window: DEFAULT_BOLLINGER_WINDOW,
+            bollinger_k: DEFAULT_BOLLINGER_K,
+            bollinger_scope: Scope::Run,
+            learned_fallback: FallbackKind::Score,
+        }
+    }
+}
+
+/// The policy a config actually runs (after resolving `learned`'s fallback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Base {
+    Fixed,
+    Score,
+    Bollinger,
+}
+
+impl From<FallbackKind> for Base {
+    fn from(k: FallbackKind) -> Self {
+        match k {
+            FallbackKind::Fixed => Base::Fixed,
+            FallbackKind::Score => Base::Score,
+            FallbackKind::Bollinger => Base::Bollinger,
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// The weights in effect: `score_weights`, or 1.0 per term.
+    pub fn weights(&self) -> Vec<f64> {
+        self.score_weights
+            .clone()
+            .unwrap_or_else(|| vec![1.0; self.score_metrics.len()])
+    }
+
+    /// The deciding policy: `kind`, or `learned_fallback` for `learned`.
+    fn base(&self) -> Base {
+        match self.kind {
+            PolicyKind::Fixed => Base::Fixed,
+            PolicyKind::Score => Base::Score,
+            PolicyKind::Bollinger => Base::Bollinger,
+            PolicyKind::Learned => self.learned_fallback.into(),
+        }
+    }
+
+    /// The score, built from `score_metrics` and the weights.
+    pub fn weighted_score(&self) -> Result<WeightedScore, ConfigError> {
+        WeightedScore::new(self.score_metrics.clone(), self.weights()).map_err(|e| match e {
+            PolicyError::BadParameter { name, reason } => invalid(name, reason),
+            other => invalid("score_metrics", other.to_string()),
+        })
+    }
+
+    /// Checks every field; the error names the key.
+    ///
+    /// Fields of a policy that is not in use are checked too (a bad value is a mistake
+    /// wherever it is), except the checks that relate them to `rf_min` / `rf_max`, which only
+    /// matter for the policy that runs.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.rf == 0 {
+            return Err(invalid("rf", "must be at least 1"));
+        }
+        if self.rf_min == 0 {
+            return Err(invalid("rf_min", "must be at least 1"));
+        }
+        if self.rf_max < self.rf_min {
+            return Err(invalid(
+                "rf_max",
+                format!(
+                    "must be at least rf_min ({}), got {}",
+                    self.rf_min, self.rf_max
+                ),
+            ));
+        }
+        for (i, a) in self.score_metrics.iter().enumerate() {
+            if self.score_metrics[..i].contains(a) {
+                return Err(invalid(
+                    "score_metrics",
+                    format!("`{a}` is listed twice; weight it in score_weights instead"),
+                ));
+            }
+        }
+        self.weighted_score()?;
+        if self.score_wait == 0 {
+            return Err(invalid(
+                "score_wait",
+                "must be at least 1 (1 advances on the first pass without improvement)",
+            ));
+        }
+        if self.bollinger_window < 2 {
+            return Err(invalid(
+                "bollinger_window",
+                format!(
+                    "must be at least 2 (a standard deviation needs two scores), got {}",
+                    self.bollinger_window
+                ),
+            ));
+        }
+        if !(self.bollinger_k.is_finite() && self.bollinger_k > 0.0) {
+            return Err(invalid(
+                "bollinger_k",
+                format!(
+                    "must be a finite number greater than 0, got {}",
+                    self.bollinger_k
+                ),
+            ));
+        }
+        match self.base() {
+            Base::Fixed if self.rf < self.rf_min || self.rf > self.rf_max => Err(invalid(
+                "rf",
+                format!(
+                    "{} is outside [rf_min, rf_max] = [{}, {}]; adjust rf or the bound",
+                    self.rf, self.rf_min, self.rf_max
+                ),
+            )),
+            Base::Bollinger
+                if self.bollinger_scope == Scope::PerMiniEpoch
+                    && self.bollinger_window >= self.rf_max =>
+            {
+                Err(invalid(
+                    "bollinger_window",
+                    format!(
+                        "{} with bollinger_scope = per_mini_epoch: the band would never fill \
+                         before rf_max ({}) ends the mini-epoch; use a smaller window, a larger \
+                         rf_max or bollinger_scope = run",
+                        self.bollinger_window, self.rf_max
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Parses a comma-separated list of metric terms (`--score-metrics loss,1-accuracy`).
+pub fn parse_metric_list(s: &str) -> Result<Vec<MetricTerm>, ConfigError> {
+    s.split(',')
+        .map(|t| {
+            t.parse::<MetricTerm>()
+                .map_err(|e| invalid("score_metrics", e.to_string()))
+        })
+        .collect()
+}
+
+/// Parses a comma-separated list of weights (`--score-weights 1,0.5,0.5`).
+pub fn parse_weight_list(s: &str) -> Result<Vec<f64>, ConfigError> {
+    s.split(',')
+        .map(|w| {
+            let w = w.trim();
+            w.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite())
+                .ok_or_else(|| {
+                    invalid(
+                        "score_weights",
+                        format!("`{w}` is not a finite number; expected e.g. 1,0.5,0.5"),
+                    )
+                })
+        })
+        .collect()
+}
+
+fn build_base(cfg: &PolicyConfig, base: Base) -> Result<Box<dyn RfPolicy>, PolicyError> {
+    Ok(match base {
+        Base::Fixed => Box::new(Fixed::new(cfg.rf)?),
+        Base::Score => Box::new(Score::new(
+            cfg.weighted_score()?,
+            cfg.score_wait,
+            cfg.best_scope,
+        )?),
+        Base::Bollinger => Box::new(Bollinger::new(
+            cfg.weighted_score()?,
+            cfg.bollinger_window as usize,
+            cfg.bollinger_k,
+            cfg.bollinger_scope,
+        )?),
+    })
+}
+
+/// Validates `cfg` and builds its policy, wrapped in [`Bounded`] (`rf_min`, `rf_max`).
+///
+/// `learned_schedule` is the rf sequence to replay for `kind = learned` (from
+/// `HistoryStore::schedule`); `None` or empty means no history yet, so the fallback decides
+/// every mini-epoch (and that run becomes the history). Other kinds ignore it.
+pub fn build_policy(
+    cfg: &PolicyConfig,
+    learned_schedule: Option<Vec<u32>>,
+) -> Result<Box<dyn RfPolicy>, PolicyError> {
+    cfg.validate()?;
+    let inner: Box<dyn RfPolicy> = match cfg.kind {
+        PolicyKind::Learned => Box::new(Learned::new(
+            learned_schedule.unwrap_or_default(),
+            build_base(cfg, cfg.base())?,
+        )?),
+        _ => build_base(cfg, cfg.base())?,
+    };
+    Ok(Box::new(Bounded::new(inner, cfg.rf_min, cfg.rf_max)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{PassState, Verdict};
+    use crate::protocol::Metrics;
+
+    fn key_of(e: ConfigError) -> &'static str {
+        match e {
+            ConfigError::Invalid { key, .. } => key,
+        }
+    }
+
+    fn with(f: impl FnOnce(&mut PolicyConfig)) -> PolicyConfig {
+        let mut c = PolicyConfig::default();
+        f(&mut c);
+        c
+    }
+
+    fn metrics(loss: f64, acc: f64, val: f64) -> Metrics {
+        [("loss", loss), ("accuracy", acc), ("val_accuracy", val)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+
+    fn at(sequence: u64, passes: u32) -> PassState {
+        PassState { passes, sequence }
+    }
+
+    #[test]
+    fn defaults_are_documented_values_and_valid() {
+        let c = PolicyConfig::default();
+        assert_eq!(c.kind, PolicyKind::Fixed);
+        assert_eq!((c.rf, c.rf_min, c.rf_max), (4, 1, 128));
+        let terms: Vec<String> = c.score_metrics.iter().map(|t| t.to_string()).collect();
+        assert_eq!(terms, ["loss", "1 - accuracy", "1 - val_accuracy"]);
+        assert_eq!(c.weights(), [1.0, 1.0, 1.0]);
+        assert_eq!((c.score_wait, c.best_scope), (3, Scope::Run));
+        assert_eq!((c.bollinger_window, c.bollinger_k), (5, 2.0));
+        assert_eq!(c.bollinger_scope, Scope::Run);
+        assert_eq!(c.learned_fallback, FallbackKind::Score);
+        c.validate().unwrap();
+        // An empty table is the default config.
+        assert_eq!(toml::from_str::<PolicyConfig>("").unwrap(), c);
+    }
+
+    #[test]
+    fn parses_toml_with_every_key() {
+        let c: PolicyConfig = toml::from_str(
+            r#"
+            rf_policy = "bollinger"
+            rf = 8
+            rf_min = 2
+            rf_max = 64
+            score_metrics = ["loss", "1-val_accuracy"]
+            score_weights = [1, 0.5]
+            score_wait = 4
+            best_scope = "per_mini_epoch"
+            bollinger_window = 10
+            bollinger_k = 1.5
+            bollinger_scope = "per_mini_epoch"
+            learned_fallback = "bollinger"
+            "#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.kind, PolicyKind::Bollinger);
+        assert_eq!(c.score_metrics[1].to_string(), "1 - val_accuracy");
+        assert_eq!(c.score_weights, Some(vec![1.0, 0.5]));
+        assert_eq!(
+            (c.best_scope, c.bollinger_scope),
+            (Scope::PerMiniEpoch, Scope::PerMiniEpoch)
+        );
+        // Round trip through TOML.
+        let back: PolicyConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        let kind: PolicyConfig = toml::from_str("kind = \"learned\"").unwrap();
+        assert_eq!(kind.kind, PolicyKind::Learned);
+    }
+
+    #[test]
+    fn bad_files_name_the_key() {
+        for (text, needle) in [
+            ("rf_polcy = \"score\"", "rf_polcy"),
+            ("kind = \"adaptive\"", "adaptive"),
+            ("score_metrics = [\"1 - \"]", "score_metrics"),
+            ("best_scope = \"epoch\"", "epoch"),
+            ("learned_fallback = \"learned\"", "learned"),
+        ] {
+            let e = toml::from_str::<PolicyConfig>(text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let cases: Vec<(PolicyConfig, &str, &str)> = vec![
+            (with(|c| c.rf = 0), "rf", "at least 1"),
+            (with(|c| c.rf_min = 0), "rf_min", "at least 1"),
+            (with(|c| (c.rf_min, c.rf_max) = (5, 4)), "rf_max", "rf_min"),
+            (with(|c| c.rf = 200), "rf", "outside"),
+            (with(|c| (c.rf, c.rf_min) = (2, 3)), "rf", "outside"),
+            (
+                with(|c| c.score_weights = Some(vec![1.0, 1.0])),
+                "score_weights",
+                "2 weights for 3 metrics",
+            ),
+            (
+                with(|c| c.score_weights = Some(vec![0.0; 3])),
+                "score_weights",
+                "zero",
+            ),
+            (
+                with(|c| c.score_weights = Some(vec![1.0, f64::INFINITY, 1.0])),
+                "score_weights",
+                "finite",
+            ),
+            (
+                with(|c| c.score_metrics.clear()),
+                "score_metrics",
+                "at least one",
+            ),
+            (
+                with(|c| c.score_metrics.push("loss".parse().unwrap())),
+                "score_metrics",
+                "twice",
+            ),
+            (with(|c| c.score_wait = 0), "score_wait", "at least 1"),
+            (
+                with(|c| c.bollinger_window = 1),
+                "bollinger_window",
+                "at least 2",
+            ),
+            (
+                with(|c| c.bollinger_k = 0.0),
+                "bollinger_k",
+                "greater than 0",
+            ),
+            (
+                with(|c| c.bollinger_k = -1.0),
+                "bollinger_k",
+                "greater than 0",
+            ),
+            (with(|c| c.bollinger_k = f64::NAN), "bollinger_k", "finite"),
+            (
+                with(|c| {
+                    c.kind = PolicyKind::Bollinger;
+                    c.bollinger_scope = Scope::PerMiniEpoch;
+                    c.rf_max = 5;
+                }),
+                "bollinger_window",
+                "never fill",
+            ),
+            (
+                with(|c| {
+                    c.kind = PolicyKind::Learned;
+                    c.learned_fallback = FallbackKind::Fixed;
+                    c.rf = 300;
+                }),
+                "rf",
+                "outside",
+            ),
+        ];
+        for (cfg, key, needle) in cases {
+            let e = cfg.validate().unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains(&format!("`{key}`")), "{msg}");
+            assert!(msg.contains(needle), "{key}: {msg}");
+            assert_eq!(key_of(e.clone()), key);
+            // build_policy refuses the same config with the same message.
+            let be = build_policy(&cfg, None).err().unwrap();
+            assert_eq!(be, PolicyError::Config(e));
+        }
+        // rf out of bounds does not matter when fixed is not used.
+        with(|c| {
+            c.kind = PolicyKind::Score;
+            c.rf = 200;
+        })
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn command_line_lists() {
+        let t = parse_metric_list("loss,1-accuracy, 1 - val_accuracy").unwrap();
+        assert_eq!(t, default_terms());
+        let e = parse_metric_list("loss,,accuracy").unwrap_err();
+        assert_eq!(key_of(e), "score_metrics");
+        assert_eq!(parse_weight_list("1, 0.5,2").unwrap(), [1.0, 0.5, 2.0]);
+        let e = parse_weight_list("1,x").unwrap_err();
+        assert!(e.to_string().contains("`x`"), "{e}");
+        assert!(parse_weight_list("1,inf").is_err());
+        assert_eq!(
+            "learned".parse::<PolicyKind>().unwrap(),
+            PolicyKind::Learned
+        );
+        assert_eq!(key_of("lstm".parse::<PolicyKind>().unwrap_err()), "kind");
+        assert_eq!(
+            "fixed".parse::<FallbackKind>().unwrap(),
+            FallbackKind::Fixed
+        );
+        assert_eq!(
+            "per-mini-epoch".parse::<Scope>().unwrap(),
+            Scope::PerMiniEpoch
+        );
+    }
+
+    #[test]
+    fn builds_bounded_policies() {
+        let p = build_policy(&PolicyConfig::default(), None).unwrap();
+        assert_eq!((p.name(), p.expected_rf()), ("fixed", 4.0));
+
+        let mut p = build_policy(
+            &with(|c| {
+                c.kind = PolicyKind::Score;
+                c.rf_min = 2;
+                c.score_wait = 1;
+            }),
+            None,
+        )
+        .unwrap();
+        assert_eq!(p.name(), "score");
+        let m = metrics(1.0, 0.5, 0.5);
+        assert_eq!(
+            p.on_pass_end(&m, &at(0, 1)).unwrap().verdict,
+            Verdict::Repeat
+        );
+        // wait_th 1 wants out at pass 2 (no improvement); rf_min 2 allows it.
+        let d = p.on_pass_end(&m, &at(0, 2)).unwrap();
+        assert_eq!((d.verdict, d.score), (Verdict::Advance, Some(2.0)));
+        p.on_advance();
+        // First pass of the next mini-epoch: no improvement, wait 1, but rf_min holds.
+        let d = p.on_pass_end(&m, &at(1, 1)).unwrap();
+        assert_eq!(d.verdict, Verdict::Repeat);
+        assert_eq!(d.reason["bound"], "rf_min");
+
+        let p = build_policy(&with(|c| c.kind = PolicyKind::Bollinger), None).unwrap();
+        assert_eq!((p.name(), p.expected_rf()), ("bollinger", 6.0));
+        // The bounds apply to the expectation too: the band needs 6 passes, rf_max is 4.
+        let p = build_policy(
+            &with(|c| {
+                c.kind = PolicyKind::Bollinger;
+                c.rf_max = 4;
+            }),
+            None,
+        )
+        .unwrap();
+        assert_eq!(p.expected_rf(), 4.0);
+    }
+
+    #[test]
+    fn learned_uses_the_schedule_then_the_named_fallback() {
+        let cfg = with(|c| {
+            c.kind = PolicyKind::Learned;
+            c.learned_fallback = FallbackKind::Fixed;
+            c.rf = 3;
+        });
+        let mut p = build_policy(&cfg, Some(vec![1, 2])).unwrap();
+        assert_eq!(p.name(), "learned");
+        let m = Metrics::new();
+        assert_eq!(
+            p.on_pass_end(&m, &at(0, 1)).unwrap().verdict,
+            Verdict::Advance
+        );
+        p.on_advance();
+        assert_eq!(
+            p.on_pass_end(&m, &at(1, 1)).unwrap().verdict,
+            Verdict::Repeat
+        );
+        assert_eq!(
+            p.on_pass_end(&m, &at(1, 2)).unwrap().verdict,
+            Verdict::Advance
+        );
+        p.on_advance();
+        for passes in 1..3 {
+            assert_eq!(
+                p.on_pass_end(&m, &at(2, passes)).unwrap().verdict,
+                Verdict::Repeat
+            );
+        }
+        let d = p.on_pass_end(&m, &at(2, 3)).unwrap();
+        assert_eq!(
+            (d.verdict, d.reason["source"].clone()),
+            (Verdict::Advance, "fallback".into())
+        );
+
+        // No history yet: the default fallback (score) decides from the first mini-epoch.
+        let mut p = build_policy(&with(|c| c.kind = PolicyKind::Learned), None).unwrap();
+        let d = p.on_pass_end(&metrics(1.0, 0.5, 0.5), &at(0, 1)).unwrap();
+        assert_eq!(d.reason["fallback"]["policy"], "score");
+        // A schedule is ignored by other kinds.
+        let p = build_policy(&PolicyConfig::default(), Some(vec![9])).unwrap();
+        assert_eq!(p.expected_rf(), 4.0);
+    }
+}
