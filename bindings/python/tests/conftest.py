@@ -58,3 +58,36 @@ def real_mount(tmp_path) -> Iterator[Callable[..., RealMount]]:  # type: ignore[
             problems.extend(m.leftovers)
         if problems:
             pytest.fail("cleanup: " + "; ".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def fake_view(tmp_path) -> Iterator[FakeDaemon]:  # type: ignore[no-untyped-def]
+    """A fake daemon whose views are real files under a directory (no FUSE).
+
+    3 mini-epochs of 24, 31 and 17 digit samples (classes 0 and 1), rf 2; the files of epochs
+    0-2 exist.
+    """
+    import numpy as np
+
+    from realmount import dataset_module
+
+    ds = dataset_module()
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    root = tmp_path / "view"
+    d = tempfile.mkdtemp(prefix="metfs-fakeview")
+    daemon = FakeDaemon(os.path.join(d, "s.sock"), files_per=[24, 31, 17], mountpoint=str(root))
+    for epoch in range(3):
+        for mini in range(daemon.mini_epochs):
+            for i, rel in enumerate(daemon.files_at(epoch, mini)):
+                path = root / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                cls = ds.label_of(str(path))
+                img = digits.images[digits.target == cls][(epoch * 7 + mini * 3 + i) % 50]
+                np.save(path, img.astype(np.float32))
+    try:
+        yield daemon
+    finally:
+        daemon.close()
+        os.rmdir(d)

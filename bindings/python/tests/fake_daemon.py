@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Optional, Set
 
 
 class FakeDaemon:
-    """A fixed-rf MET daemon over ``mini_epochs`` made-up mini-epochs of ``files_per`` files."""
+    """A fixed-rf MET daemon over ``mini_epochs`` made-up mini-epochs of ``files_per`` files
+    (one count for all, or one per mini-epoch index)."""
 
     def __init__(
         self,
@@ -24,7 +25,7 @@ class FakeDaemon:
         *,
         mini_epochs: int = 3,
         rf: int = 2,
-        files_per: int = 4,
+        files_per: "int | List[int]" = 4,
         mountpoint: str = "/fake/mnt",
     ) -> None:
         self.path = path
@@ -87,7 +88,8 @@ class FakeDaemon:
 
     def files_at(self, epoch: int, mini_epoch: int) -> List[str]:
         """The relative files of a mini-epoch."""
-        return [f"c{i % 2}/e{epoch}m{mini_epoch}_{i}.npy" for i in range(self.files_per)]
+        n = self.files_per if isinstance(self.files_per, int) else self.files_per[mini_epoch]
+        return [f"{i % 2}/e{epoch}m{mini_epoch}_{i}.npy" for i in range(n)]
 
     # -- server -----------------------------------------------------------------------------
 
@@ -186,7 +188,7 @@ class FakeDaemon:
                 "cache_bytes": 100,
                 "budget_bytes": 1000,
                 "tier_bytes_read": 10 * self.generation,
-                "view_files": self.files_per,
+                "view_files": len(self.files_at(self.epoch, self.mini_epoch)),
                 "mountpoint": self.mountpoint,
                 "policy": "fixed",
             }

@@ -1,0 +1,108 @@
+"""Lightning integration: one Lightning training epoch is one pass over the current mini-epoch.
+
+::
+
+    import lightning as L, metfs
+    from metfs.lightning import MetCallback
+    from metfs.torch import MetDataset, met_loader
+
+    client = metfs.Client(job="digits")
+    ds = MetDataset(client, load_sample)
+
+    class Model(L.LightningModule):
+        ...
+        def train_dataloader(self):
+            return met_loader(ds, batch_size=32)     # rebuilt every epoch: follows the view
+
+    trainer = L.Trainer(max_epochs=-1, callbacks=[MetCallback(client, epochs=2)])
+    trainer.fit(Model())
+
+:class:`MetCallback` reports ``trainer.callback_metrics`` with ``pass_end`` at the end of every
+training epoch and sets ``trainer.should_stop`` once ``epochs`` MET epochs are done. It sets the
+trainer's ``reload_dataloaders_every_n_epochs`` to 1, so that ``train_dataloader()`` is called
+again, and counts the files of the new view, after every pass. Give the trainer a ``max_epochs``
+larger than any run needs (``-1``: unbounded).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # pragma: no cover - the older package name
+    import pytorch_lightning as pl  # type: ignore[no-redef]
+
+from .client import Client, Decision, metrics_to_floats
+from .coordinator import Coordinator, default_coordinator
+
+__all__ = ["MetCallback"]
+
+
+class MetCallback(pl.Callback):
+    """Reports each Lightning training epoch (one pass) to metfs; stops after ``epochs``.
+
+    ``metrics`` selects which ``trainer.callback_metrics`` to send (default: all). ``block``
+    asks the daemon to wait for staging instead of answering ``wait``. ``coordinator`` decides
+    across ranks (default: the local daemon, or rank 0 under ``torch.distributed``, which
+    Lightning's DDP strategies initialise).
+
+    After training, ``decisions`` holds the decision after each pass, ``generations`` the
+    generation after each pass, and ``done`` whether the requested MET epochs were completed.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        epochs: int = 1,
+        *,
+        metrics: Optional[Sequence[str]] = None,
+        block: bool = False,
+        coordinator: Optional[Coordinator] = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+        self.client = client
+        self.epochs = epochs
+        self.metrics = list(metrics) if metrics is not None else None
+        self.block = block
+        self.coordinator = coordinator
+        self.decisions: List[Decision] = []
+        self.generations: List[int] = []
+        self.start_epoch: Optional[int] = None
+        self.target_epoch: Optional[int] = None
+        self.done = False
+
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        if stage == "fit" and trainer.reload_dataloaders_every_n_epochs != 1:
+            trainer.reload_dataloaders_every_n_epochs = 1
+
+    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self.coordinator is None:
+            self.coordinator = default_coordinator()
+        status = self.coordinator.start(self.client)
+        self.start_epoch = status.epoch
+        self.target_epoch = status.epoch + self.epochs
+        self.done = False
+
+    def _select(self, trainer: "pl.Trainer") -> Dict[str, float]:
+        logged: Dict[str, Any] = dict(trainer.callback_metrics)
+        if self.metrics is not None:
+            missing = [m for m in self.metrics if m not in logged]
+            if missing:
+                raise KeyError(
+                    f"metrics {missing} were not logged this epoch (have {sorted(logged)}); "
+                    "log them with self.log(..., on_epoch=True)"
+                )
+            logged = {m: logged[m] for m in self.metrics}
+        return metrics_to_floats(logged)
+
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        assert self.coordinator is not None and self.target_epoch is not None
+        decision = self.coordinator.pass_end(self.client, self._select(trainer), self.block)
+        self.decisions.append(decision)
+        self.generations.append(decision.generation)
+        if decision.epoch >= self.target_epoch:
+            self.done = True
+            trainer.should_stop = True
