@@ -17,6 +17,7 @@ pub mod catalog;
 
 pub mod pacer;
 pub mod planner;
+pub mod s3;
 
 pub mod size;
 pub mod stager;

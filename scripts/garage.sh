@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# A single-node Garage S3 server on loopback, for metfs tests and benchmarks.
+#
+#   scripts/garage.sh install              install Garage 2.5.0 once per machine (~16 min on 2 cores)
+#   scripts/garage.sh start DIR [PORT [RPC_PORT]]
+#                                          start a server with its state in DIR; S3 on
+#                                          127.0.0.1:PORT (default 3900), RPC on RPC_PORT
+#                                          (default PORT+1); prints the S3 endpoint when ready
+#   scripts/garage.sh env DIR              print `export AWS_...` lines for the server in DIR
+#   scripts/garage.sh stop DIR             stop the server started in DIR
+#
+# `start` makes a random access key, secret and rpc secret, writes DIR/garage.toml and
+# DIR/credentials (mode 0600), and starts `garage server --single-node --default-bucket`, which
+# creates the key and the bucket (`metfs` unless GARAGE_BUCKET is set) on first start. Starting
+# again on the same DIR reuses its data and credentials, so a test can kill and restart a server
+# without losing objects. Everything binds to 127.0.0.1 only.
+set -euo pipefail
+
+GARAGE_VERSION=2.5.0
+BUILD_LOG=/tmp/setup/garage.log
+
+die() {
+    echo "garage.sh: $*" >&2
+    exit 1
+}
+
+have_garage() {
+    command -v garage >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/garage" ]
+}
+
+garage_bin() {
+    command -v garage 2>/dev/null || echo "$HOME/.cargo/bin/garage"
+}
+
+cmd_install() {
+    if have_garage; then
+        echo "garage: $(garage_bin)"
+        return 0
+    fi
+    # A machine image may already be building Garage in the background; a second build would
+    # double the 16 minutes on 2 cores, so wait for that one instead.
+    if pgrep -f "cargo install garage" >/dev/null 2>&1; then
+        echo "garage.sh: a Garage build is already running; waiting for it (log: $BUILD_LOG)" >&2
+        local waited=0
+        while pgrep -f "cargo install garage" >/dev/null 2>&1; do
+            sleep 10
+            waited=$((waited + 10))
+            [ "$waited" -lt 3600 ] || die "the running Garage build did not finish within an hour"
+        done
+        have_garage && {
+            echo "garage: $(garage_bin)"
+            return 0
+        }
+        echo "garage.sh: the background build ended without a garage binary; building it" >&2
+    fi
+    command -v cargo >/dev/null 2>&1 || die "cargo is needed to install Garage (https://rustup.rs)"
+    cargo install garage --version "$GARAGE_VERSION" --locked
+    have_garage || die "cargo install finished but no garage binary is on PATH"
+    echo "garage: $(garage_bin)"
+}
+
+rand_hex() { # bytes
+    od -An -tx1 -N"$1" /dev/urandom | tr -d ' \n'
+}
+
+port_answers() { # port
+    # Any HTTP answer (Garage says 403 to an unsigned request) means the S3 API is up.
+    curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$1/" 2>/dev/null
+}
+
+cmd_start() {
+    local dir=${1:?usage: garage.sh start DIR [PORT [RPC_PORT]]}
+    local port=${2:-3900}
+    local rpc_port=${3:-$((port + 1))}
+    have_garage || die "garage is not installed: run scripts/garage.sh install (about 16 minutes on 2 cores)"
+    mkdir -p "$dir/meta" "$dir/data"
+    dir=$(cd "$dir" && pwd)
+    if [ -f "$dir/garage.pid" ] && kill -0 "$(cat "$dir/garage.pid")" 2>/dev/null; then
+        die "a server is already running from $dir (pid $(cat "$dir/garage.pid")); stop it first"
+    fi
+    if [ ! -f "$dir/credentials" ]; then
+        # Garage access key ids look like GK + 24 hex digits; the secret is 64 hex digits.
+        umask 077
+        {
+            echo "GARAGE_DEFAULT_ACCESS_KEY=GK$(rand_hex 12)"
+            echo "GARAGE_DEFAULT_SECRET_KEY=$(rand_hex 32)"
+            echo "GARAGE_DEFAULT_BUCKET=${GARAGE_BUCKET:-metfs}"
+            echo "RPC_SECRET=$(rand_hex 32)"
+        } >"$dir/credentials"
+        umask 022
+    fi
+    # shellcheck disable=SC1091
+    . "$dir/credentials"
+    # The ports may change between starts (a test may restart on the same ones or not).
+    cat >"$dir/garage.toml" <<EOF
+metadata_dir = "$dir/meta"
+data_dir = "$dir/data"
+db_engine = "sqlite"
+replication_factor = 1
+rpc_bind_addr = "127.0.0.1:$rpc_port"
+rpc_public_addr = "127.0.0.1:$rpc_port"
+rpc_secret = "$RPC_SECRET"
+
+[s3_api]
+s3_region = "garage"
+api_bind_addr = "127.0.0.1:$port"
+root_domain = ".s3.garage.localhost"
+EOF
+    echo "$port" >"$dir/port"
+    if port_answers "$port"; then
+        die "port $port already answers HTTP: another server is using it"
+    fi
+    GARAGE_DEFAULT_ACCESS_KEY=$GARAGE_DEFAULT_ACCESS_KEY \
+        GARAGE_DEFAULT_SECRET_KEY=$GARAGE_DEFAULT_SECRET_KEY \
+        GARAGE_DEFAULT_BUCKET=$GARAGE_DEFAULT_BUCKET \
+        RUST_LOG=${RUST_LOG:-garage=warn} \
+        "$(garage_bin)" -c "$dir/garage.toml" server --single-node --default-bucket \
+        >>"$dir/garage.log" 2>&1 </dev/null &
+    local pid=$!
+    echo "$pid" >"$dir/garage.pid"
+    local i
+    for i in $(seq 1 300); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            tail -n 20 "$dir/garage.log" >&2
+            rm -f "$dir/garage.pid"
+            die "garage exited during start (log: $dir/garage.log)"
+        fi
+        if port_answers "$port"; then
+            echo "http://127.0.0.1:$port"
+            return 0
+        fi
+        sleep 0.1
+    done
+    kill "$pid" 2>/dev/null || true
+    rm -f "$dir/garage.pid"
+    die "garage did not answer on 127.0.0.1:$port within 30 s (log: $dir/garage.log)"
+}
+
+cmd_env() {
+    local dir=${1:?usage: garage.sh env DIR}
+    [ -f "$dir/credentials" ] || die "no server state in $dir: run garage.sh start $dir first"
+    # shellcheck disable=SC1091
+    . "$dir/credentials"
+    local port
+    port=$(cat "$dir/port")
+    cat <<EOF
+export AWS_ENDPOINT_URL=http://127.0.0.1:$port
+export AWS_REGION=garage
+export AWS_DEFAULT_REGION=garage
+export AWS_ALLOW_HTTP=true
+export AWS_ACCESS_KEY_ID=$GARAGE_DEFAULT_ACCESS_KEY
+export AWS_SECRET_ACCESS_KEY=$GARAGE_DEFAULT_SECRET_KEY
+export METFS_S3_BUCKET=$GARAGE_DEFAULT_BUCKET
+EOF
+}
+
+cmd_stop() {
+    local dir=${1:?usage: garage.sh stop DIR}
+    [ -f "$dir/garage.pid" ] || return 0
+    local pid
+    pid=$(cat "$dir/garage.pid")
+    if kill -0 "$pid" 2>/dev/null; then
+        kill "$pid" 2>/dev/null || true
+        local i
+        for i in $(seq 1 100); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            kill -9 "$pid" 2>/dev/null || true
+        fi
+    fi
+    rm -f "$dir/garage.pid"
+}
+
+case "${1:-}" in
+install) cmd_install ;;
+start)
+    shift
+    cmd_start "$@"
+    ;;
+env)
+    shift
+    cmd_env "$@"
+    ;;
+stop)
+    shift
+    cmd_stop "$@"
+    ;;
+*)
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac
