@@ -556,3 +556,414 @@ impl HistoryStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn decision(verdict: Verdict, score: Option<f64>) -> PolicyDecision {
+        PolicyDecision {
+            verdict,
+            reason: json!({"policy": "score", "current": score}),
+            score,
+        }
+    }
+
+    /// A mini-epoch of `rf` passes whose policy wanted out at pass `wanted` (if any).
+    fn mini_epoch(sequence: u64, rf: u32, wanted: Option<u32>) -> MiniEpochRecord {
+        let mut r = MiniEpochRecord::begin(sequence, sequence / 4, (sequence % 4) as u32);
+        for p in 1..=rf {
+            let v = if wanted.is_some_and(|w| p >= w) {
+                Verdict::Advance
+            } else {
+                Verdict::Repeat
+            };
+            r.add_pass(&decision(v, Some(10.0 - p as f64)));
+        }
+        r
+    }
+
+    /// Files in `dir`, by name.
+    fn listing(dir: &Path) -> Vec<String> {
+        let mut v: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn record_counts_passes_and_the_wish() {
+        let r = mini_epoch(5, 6, Some(4));
+        assert_eq!((r.rf, r.wanted_rf, r.replay_rf()), (6, Some(4), 4));
+        assert_eq!((r.epoch, r.mini_epoch), (1, 1));
+        assert_eq!(r.scores, [9.0, 8.0, 7.0, 6.0, 5.0, 4.0].map(Some));
+        assert_eq!(r.verdict, Some(Verdict::Advance));
+        assert_eq!(r.reason["current"], 4.0);
+        assert!(r.started_unix_ms <= r.ended_unix_ms);
+        let forced = mini_epoch(0, 3, None);
+        assert_eq!((forced.wanted_rf, forced.replay_rf()), (None, 3));
+        let mut r = MiniEpochRecord::begin(0, 0, 0);
+        r.add_pass(&decision(Verdict::Repeat, None));
+        r.add_pass(&decision(Verdict::Repeat, Some(f64::NAN)));
+        assert_eq!(r.scores, [None, None]);
+    }
+
+    #[test]
+    fn round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("history.json");
+        let (mut h, warnings) = HistoryStore::open(&path).unwrap();
+        assert!(warnings.is_empty());
+        assert!(h.all_runs().is_empty());
+        assert_eq!(h.schedule("ds", "job"), None);
+        let run = h.start_run("ds", "job");
+        h.record_mini_epoch(run, mini_epoch(0, 5, Some(3))).unwrap();
+        h.record_mini_epoch(run, mini_epoch(1, 2, Some(2))).unwrap();
+        h.finish_run(run).unwrap();
+        h.save().unwrap();
+
+        let (h2, warnings) = HistoryStore::open(&path).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(h2.all_runs(), h.all_runs());
+        assert_eq!(h2.schedule("ds", "job"), Some(vec![3, 2]));
+        let r = h2.run(run).unwrap();
+        assert!(r.finished);
+        assert_eq!(r.mini_epochs[0].scores.len(), 5);
+        assert_eq!(h2.keys(), [("ds".to_string(), "job".to_string())]);
+        // The file is the documented format.
+        let v: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        assert_eq!(
+            (v["format"].as_str(), v["version"].as_u64()),
+            (Some(FORMAT), Some(1))
+        );
+        assert_eq!(v["runs"][0]["mini_epochs"][0]["wanted_rf"], 3);
+        assert!(matches!(
+            h.record_mini_epoch(RunId(99), mini_epoch(0, 1, None)),
+            Err(HistoryError::UnknownRun(RunId(99)))
+        ));
+        assert!(matches!(
+            h.finish_run(RunId(99)),
+            Err(HistoryError::UnknownRun(_))
+        ));
+    }
+
+    #[test]
+    fn save_is_atomic_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("history.json");
+        let (mut h, _) = HistoryStore::open(&path).unwrap();
+        let run = h.start_run("ds", "job");
+        for seq in 0..5 {
+            h.record_mini_epoch(run, mini_epoch(seq, 3, Some(3)))
+                .unwrap();
+            h.save().unwrap();
+            assert_eq!(listing(dir.path()), ["history.json"]);
+            // Every save is a complete, parseable file.
+            let (again, w) = HistoryStore::open(&path).unwrap();
+            assert!(w.is_empty());
+            assert_eq!(again.schedule("ds", "job").unwrap().len() as u64, seq + 1);
+        }
+        // A save into a missing directory fails cleanly, naming the file.
+        let (h, _) = HistoryStore::open(dir.path().join("no/such/dir/h.json")).unwrap();
+        let e = h.save().unwrap_err();
+        assert!(e.to_string().contains("no/such/dir/h.json"), "{e}");
+        assert_eq!(listing(dir.path()), ["history.json"]);
+    }
+
+    #[test]
+    fn corrupt_file_is_kept_aside_with_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("history.json");
+        // A good file, then the same file cut in half (a torn copy, a full disk...).
+        let (mut h, _) = HistoryStore::open(&path).unwrap();
+        let run = h.start_run("ds", "job");
+        h.record_mini_epoch(run, mini_epoch(0, 4, Some(4))).unwrap();
+        h.save().unwrap();
+        let good = fs::read(&path).unwrap();
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (b"{not json".to_vec(), "not valid JSON"),
+            (good[..good.len() / 2].to_vec(), "not valid JSON"),
+            (Vec::new(), "not valid JSON"),
+            (b"{\"runs\": []}".to_vec(), "not an rf history file"),
+            (
+                format!("{{\"format\":\"{FORMAT}\",\"version\":7}}").into_bytes(),
+                "format version 7",
+            ),
+            (
+                format!("{{\"format\":\"{FORMAT}\",\"version\":1,\"runs\":3}}").into_bytes(),
+                "malformed",
+            ),
+            (
+                String::from_utf8(good.clone())
+                    .unwrap()
+                    .replace("\"runs\":[", "\"runs\":[{\"id\":1,\"dataset\":\"x\",\"job\":\"y\",\"started_unix_ms\":0,\"updated_unix_ms\":0,\"mini_epochs\":[]},")
+                    .into_bytes(),
+                "appears twice",
+            ),
+        ];
+        for (bytes, why) in cases {
+            for f in listing(dir.path()) {
+                fs::remove_file(dir.path().join(f)).unwrap();
+            }
+            fs::write(&path, &bytes).unwrap();
+            let (mut h, warnings) = HistoryStore::open(&path).unwrap();
+            assert_eq!(warnings.len(), 1, "{why}");
+            let w = &warnings[0];
+            assert!(w.contains(why), "{w}");
+            assert!(w.contains(&path.display().to_string()), "{w}");
+            let names = listing(dir.path());
+            assert_eq!(names.len(), 1, "{names:?}");
+            assert!(names[0].starts_with("history.json.corrupt-"), "{names:?}");
+            assert!(w.contains(&names[0]), "{w}");
+            // Nothing is lost: the old bytes are intact under the new name.
+            assert_eq!(fs::read(dir.path().join(&names[0])).unwrap(), bytes);
+            // And the store works.
+            assert!(h.all_runs().is_empty());
+            let run = h.start_run("ds", "job");
+            h.record_mini_epoch(run, mini_epoch(0, 2, Some(2))).unwrap();
+            h.save().unwrap();
+            let (h, w) = HistoryStore::open(&path).unwrap();
+            assert!(w.is_empty());
+            assert_eq!(h.schedule("ds", "job"), Some(vec![2]));
+        }
+    }
+
+    #[test]
+    fn two_corrupt_files_in_the_same_millisecond_do_not_collide() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.json");
+        let first = aside_path(&path);
+        fs::write(&first, b"x").unwrap();
+        let second = aside_path(&path);
+        assert_ne!(first, second);
+    }
+
+    #[test]
+    fn unreadable_path_is_an_error_and_is_not_moved() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("history.json");
+        fs::create_dir(&path).unwrap();
+        let e = HistoryStore::open(&path).unwrap_err();
+        assert!(matches!(e, HistoryError::Io { op: "read", .. }), "{e}");
+        assert!(e.to_string().contains("history.json"), "{e}");
+        assert_eq!(listing(dir.path()), ["history.json"]);
+    }
+
+    #[test]
+    fn other_datasets_and_jobs_have_no_schedule() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("history.json");
+        let (mut h, _) = HistoryStore::open(&path).unwrap();
+        let run = h.start_run("imagenet@abc", "resnet50");
+        h.record_mini_epoch(run, mini_epoch(0, 7, Some(7))).unwrap();
+        h.save().unwrap();
+        let (h, warnings) = HistoryStore::open(&path).unwrap();
+        assert!(warnings.is_empty());
+        assert_eq!(h.schedule("cifar@def", "resnet50"), None);
+        assert_eq!(h.schedule("imagenet@abc", "efficientnet"), None);
+        assert_eq!(h.schedule("imagenet@abc", "resnet50"), Some(vec![7]));
+        // An empty run (started, nothing recorded) has nothing to replay.
+        let (mut h, _) = HistoryStore::open(&path).unwrap();
+        h.start_run("cifar@def", "resnet50");
+        assert_eq!(h.schedule("cifar@def", "resnet50"), None);
+    }
+
+    #[test]
+    fn restart_resumes_the_same_run_or_starts_a_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("history.json");
+        let run = {
+            let (mut h, _) = HistoryStore::open(&path).unwrap();
+            let (run, resumed) = h.resume_or_start("ds", "job", None);
+            assert!(!resumed);
+            h.record_mini_epoch(run, mini_epoch(0, 4, Some(4))).unwrap();
+            h.record_mini_epoch(run, mini_epoch(1, 9, None)).unwrap();
+            h.save().unwrap();
+            run
+        };
+        // The daemon restarts and continues its run: mini-epoch 1 is recorded again (it was
+        // cut short) and replaces the old record; mini-epoch 2 is appended.
+        {
+            let (mut h, _) = HistoryStore::open(&path).unwrap();
+            assert_eq!(h.resume_or_start("ds", "job", Some(run)), (run, true));
+            h.record_mini_epoch(run, mini_epoch(2, 3, Some(3))).unwrap();
+            h.record_mini_epoch(run, mini_epoch(1, 5, Some(5))).unwrap();
+            h.save().unwrap();
+        }
+        let (mut h, _) = HistoryStore::open(&path).unwrap();
+        assert_eq!(h.all_runs().len(), 1);
+        let seqs: Vec<_> = h
+            .run(run)
+            .unwrap()
+            .mini_epochs
+            .iter()
+            .map(|m| m.sequence)
+            .collect();
+        assert_eq!(seqs, [0, 1, 2]);
+        assert_eq!(h.schedule("ds", "job"), Some(vec![4, 5, 3]));
+        // A resumed run does not replay itself.
+        assert_eq!(h.schedule_excluding("ds", "job", Some(run)), None);
+        // An unknown id, or one of another key, starts a new run.
+        let (other, resumed) = h.resume_or_start("ds", "job", Some(RunId(42)));
+        assert!(!resumed && other != run);
+        let (third, resumed) = h.resume_or_start("ds2", "job", Some(run));
+        assert!(!resumed && third != run && third != other);
+    }
+
+    #[test]
+    fn schedule_prefers_the_latest_finished_run_then_the_longest() {
+        let mut h = HistoryStore {
+            path: PathBuf::from("unused.json"),
+            file: HistoryFile::empty(),
+        };
+        let long = h.start_run("ds", "job");
+        for seq in 0..4 {
+            h.record_mini_epoch(long, mini_epoch(seq, 2, Some(2)))
+                .unwrap();
+        }
+        let short = h.start_run("ds", "job");
+        h.record_mini_epoch(short, mini_epoch(0, 7, Some(7)))
+            .unwrap();
+        // No run finished: the one that got furthest.
+        assert_eq!(h.schedule("ds", "job"), Some(vec![2; 4]));
+        // Equal length: the most recent.
+        let tie = h.start_run("ds", "job");
+        for seq in 0..4 {
+            h.record_mini_epoch(tie, mini_epoch(seq, 3, Some(3)))
+                .unwrap();
+        }
+        assert_eq!(h.schedule("ds", "job"), Some(vec![3; 4]));
+        // A finished run wins over longer unfinished ones; the latest finished one among them.
+        h.finish_run(short).unwrap();
+        assert_eq!(h.schedule("ds", "job"), Some(vec![7]));
+        h.finish_run(long).unwrap();
+        assert_eq!(h.schedule("ds", "job"), Some(vec![7]));
+        assert_eq!(
+            h.schedule_excluding("ds", "job", Some(short)),
+            Some(vec![2; 4])
+        );
+    }
+
+    #[test]
+    fn schedule_stops_at_a_gap_and_replays_the_wish() {
+        let mut h = HistoryStore {
+            path: PathBuf::from("unused.json"),
+            file: HistoryFile::empty(),
+        };
+        let run = h.start_run("ds", "job");
+        // Mini-epoch 0: the policy wanted out at 3 but staging took until pass 8.
+        h.record_mini_epoch(run, mini_epoch(0, 8, Some(3))).unwrap();
+        h.record_mini_epoch(run, mini_epoch(1, 4, None)).unwrap();
+        h.record_mini_epoch(run, mini_epoch(3, 6, Some(6))).unwrap();
+        assert_eq!(h.schedule("ds", "job"), Some(vec![3, 4]));
+        // A run that starts mid-way (no sequence 0) has nothing to replay.
+        let late = h.start_run("ds2", "job");
+        h.record_mini_epoch(late, mini_epoch(5, 2, Some(2)))
+            .unwrap();
+        assert_eq!(h.schedule("ds2", "job"), None);
+    }
+
+    #[test]
+    fn runs_per_key_are_bounded_and_the_replayed_run_is_kept() {
+        let mut h = HistoryStore {
+            path: PathBuf::from("unused.json"),
+            file: HistoryFile::empty(),
+        };
+        let first = h.start_run("ds", "job");
+        h.record_mini_epoch(first, mini_epoch(0, 5, Some(5)))
+            .unwrap();
+        h.finish_run(first).unwrap();
+        let other = h.start_run("ds", "other");
+        let mut last = first;
+        for _ in 0..20 {
+            last = h.start_run("ds", "job");
+        }
+        assert_eq!(h.runs("ds", "job").count(), MAX_RUNS_PER_KEY);
+        assert!(h.run(first).is_some(), "the run schedule() replays is kept");
+        assert!(h.run(last).is_some());
+        assert!(h.run(other).is_some(), "other keys are untouched");
+        assert_eq!(h.schedule("ds", "job"), Some(vec![5]));
+        // Ids keep growing across keys and pruning.
+        assert!(last.0 > other.0);
+    }
+
+    #[test]
+    fn next_run_id_is_repaired_from_the_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.json");
+        let (mut h, _) = HistoryStore::open(&path).unwrap();
+        let a = h.start_run("ds", "job");
+        h.save().unwrap();
+        let text = fs::read_to_string(&path)
+            .unwrap()
+            .replace("\"next_run_id\":2", "\"next_run_id\":0");
+        fs::write(&path, text).unwrap();
+        let (mut h, w) = HistoryStore::open(&path).unwrap();
+        assert!(w.is_empty());
+        assert!(h.start_run("ds", "job") > a);
+    }
+
+    proptest! {
+        /// Scores read back bit for bit (serde_json's `float_roundtrip`).
+        #[test]
+        fn scores_round_trip_exactly(
+            scores in proptest::collection::vec(proptest::num::f64::NORMAL | proptest::num::f64::SUBNORMAL | proptest::num::f64::ZERO, 1..20),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("h.json");
+            let (mut h, _) = HistoryStore::open(&path).unwrap();
+            let run = h.start_run("ds", "job");
+            let mut rec = MiniEpochRecord::begin(0, 0, 0);
+            for &s in &scores {
+                rec.add_pass(&decision(Verdict::Repeat, Some(s)));
+            }
+            h.record_mini_epoch(run, rec).unwrap();
+            h.save().unwrap();
+            let (h2, _) = HistoryStore::open(&path).unwrap();
+            let back: Vec<u64> = h2.run(run).unwrap().mini_epochs[0]
+                .scores
+                .iter()
+                .map(|s| s.unwrap().to_bits())
+                .collect();
+            let want: Vec<u64> = scores.iter().map(|s| s.to_bits()).collect();
+            prop_assert_eq!(back, want);
+        }
+    }
+
+    proptest! {
+        /// Any recorded history survives save and open unchanged, and its schedule is the
+        /// replay rf of every mini-epoch.
+        #[test]
+        fn save_open_round_trip(
+            rfs in proptest::collection::vec((1u32..50, proptest::option::of(1u32..50)), 0..30),
+            dataset in "[a-z0-9@/:._-]{1,30}",
+            job in "\\PC{1,20}",
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("h.json");
+            let (mut h, _) = HistoryStore::open(&path).unwrap();
+            let run = h.start_run(&dataset, &job);
+            for (seq, &(rf, wanted)) in rfs.iter().enumerate() {
+                let wanted = wanted.filter(|w| *w <= rf);
+                h.record_mini_epoch(run, mini_epoch(seq as u64, rf, wanted)).unwrap();
+            }
+            h.save().unwrap();
+            let (h2, w) = HistoryStore::open(&path).unwrap();
+            prop_assert!(w.is_empty());
+            prop_assert_eq!(h2.all_runs(), h.all_runs());
+            let expected: Vec<u32> = rfs
+                .iter()
+                .map(|&(rf, wanted)| wanted.filter(|w| *w <= rf).unwrap_or(rf))
+                .collect();
+            prop_assert_eq!(
+                h2.schedule(&dataset, &job),
+                (!expected.is_empty()).then_some(expected)
+            );
+            prop_assert_eq!(listing(dir.path()), vec!["h.json".to_string()]);
+        }
+    }
+}

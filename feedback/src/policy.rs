@@ -1247,8 +1247,8 @@ mod tests {
 
     #[test]
     fn bollinger_current_score_is_not_in_its_own_band() {
-        // Window [1, 1, 1, 1, 0.5]... built so that including the current score would hide the
-        // breakout: the previous five are [1, 1, 1, 1, 1] (std 0), the current is 0.99.
+        // The previous five scores are [1, 1, 1, 1, 1] (std 0) and the current is 0.99: a
+        // breakout that including the current score in the window would hide.
         let mut p = Bollinger::new(loss_score(), 5, 2.0, Scope::Run).unwrap();
         feed(&mut p, 0, &[1.0; 5]);
         let d = p.on_pass_end(&loss(1.0), &st(6)).unwrap();
