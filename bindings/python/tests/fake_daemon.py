@@ -124,6 +124,9 @@ class FakeDaemon:
                 with self._lock:
                     resp = self._handle(req)
                 self._send(conn, resp)
+                if req.get("op") == "_die":
+                    self.close()
+                    return
         except OSError:
             pass
         finally:
@@ -164,6 +167,8 @@ class FakeDaemon:
         op = req.get("op")
         if op in self.fail_ops:
             return _err(self.fail_ops[op], f"injected failure of {op}")
+        if op == "_die":  # test-only: the daemon exits right after answering (see _serve)
+            return {"ok": True}
         if op == "hello":
             self.hello_count += 1
             if req.get("version", 1) > 1:

@@ -18,7 +18,7 @@ import socket as _socket
 import sys
 from typing import Any, Dict, List, Mapping, Optional
 
-from .client import Client, Decision, MetfsError, Status
+from .client import Client, Decision, FilesView, MetfsError, Status
 
 __all__ = [
     "Coordinator",
@@ -42,6 +42,10 @@ class Coordinator(abc.ABC):
         Returns this rank's status after that.
         """
         return client.status()
+
+    def files(self, client: Client) -> FilesView:
+        """The view this rank trains on in the coming pass (this rank's own daemon's)."""
+        return client.files()
 
     @abc.abstractmethod
     def pass_end(
@@ -93,9 +97,11 @@ class TorchDistributedCoordinator(Coordinator):
        daemon, and all ranks check (all-gather) that every apply succeeded.
 
     So no rank ever trains on a different mini-epoch index than another. The readiness of all
-    ranks (step 1) is known before the leader decides; but ``pass_end`` has no way to tell the
-    leader's daemon "do not advance", so when the leader's next mini-epoch is staged and another
-    node's is not, the leader advances and that node's ``apply`` waits for its staging.
+    ranks (step 1) is known before the leader decides and is reported in every decision's
+    ``reason`` (``all_ready``, ``not_ready_ranks``); but protocol 1's ``pass_end`` has no way to
+    tell the leader's daemon "do not advance", so when the leader's next mini-epoch is staged
+    and another node's is not, the leader advances and that node's ``apply`` waits for its
+    staging (a stall on that node only, never a disagreement).
 
     Several ranks may share one node's daemon: ``apply`` to the position the daemon already
     shows is expected to be a no-op.
@@ -193,6 +199,28 @@ class TorchDistributedCoordinator(Coordinator):
         self._check(self._gather(outcome), "start (moving to the leader's mini-epoch)")
         return client.status() if (st.epoch, st.mini_epoch) != target else st
 
+    def files(self, client: Client) -> FilesView:
+        # Collective, so that a daemon failing here fails every rank, not just this one.
+        info: Dict[str, Any] = {"rank": self.rank, "host": self.host}
+        view: Optional[FilesView] = None
+        try:
+            view = client.files()
+            info["position"] = (view.epoch, view.mini_epoch)
+        except MetfsError as e:
+            info["error"] = f"{e} (socket {client.socket_path})"
+            info["code"] = e.code
+        infos = self._gather(info)
+        self._check(infos, "reading the view's files")
+        positions = {tuple(i["position"]) for i in infos}
+        if len(positions) != 1:
+            raise MetfsError(
+                "peer_failed",
+                "ranks show different mini-epochs: "
+                + ", ".join(f"rank {i['rank']} on {i['host']}: {tuple(i['position'])}" for i in infos),
+            )
+        assert view is not None
+        return view
+
     def pass_end(
         self, client: Client, metrics: Optional[Mapping[str, Any]], block: bool
     ) -> Decision:
@@ -215,8 +243,19 @@ class TorchDistributedCoordinator(Coordinator):
             code = payload["code"] if self.is_leader else "peer_failed"
             raise MetfsError(code, f"metfs failed during pass end: {payload['error']}")
         decided = Decision.from_response(payload["raw"], "pass_end")
+        not_ready = [i["rank"] for i in infos if not i.get("ready")]
+        reason = dict(decided.reason, all_ready=not not_ready, not_ready_ranks=not_ready)
         outcome: Dict[str, Any] = {"rank": self.rank, "host": self.host}
-        mine = decided
+        mine = Decision(
+            decision=decided.decision,
+            generation=decided.generation,
+            epoch=decided.epoch,
+            mini_epoch=decided.mini_epoch,
+            passes_done=decided.passes_done,
+            rf=decided.rf,
+            reason=reason,
+            raw=decided.raw,
+        )
         if not self.is_leader:
             generation = st.generation
             if decided.advanced or (st.epoch, st.mini_epoch) != decided.position:
@@ -229,7 +268,7 @@ class TorchDistributedCoordinator(Coordinator):
                 mini_epoch=decided.mini_epoch,
                 passes_done=decided.passes_done,
                 rf=decided.rf,
-                reason=dict(decided.reason, leader_generation=decided.generation),
+                reason=dict(reason, leader_generation=decided.generation),
                 raw=decided.raw,
             )
         if decided.advanced:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
-from .client import Client, Decision, FilesView, metrics_to_floats
+from .client import Client, Decision, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
 
 __all__ = ["Pass", "PassRecord", "Passes", "passes"]
@@ -135,9 +135,6 @@ class Passes:
                 out.append((r.epoch, r.mini_epoch, 1))
         return out
 
-    def _view(self) -> FilesView:
-        return self.client.files()
-
     def __iter__(self) -> Iterator[Pass]:
         if self._started:
             raise RuntimeError("a Passes loop can be iterated only once; call metfs.passes() again")
@@ -154,7 +151,7 @@ class Passes:
             return
         index = 0
         while self.max_passes is None or index < self.max_passes:
-            view = self._view()
+            view = self.coordinator.files(self.client)
             p = Pass(
                 index=index,
                 generation=view.generation,
