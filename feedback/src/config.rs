@@ -1,8 +1,9 @@
 //! The rf policy configuration: which policy decides when the view advances, and its knobs.
 //!
 //! [`PolicyConfig`] is the `serde` form shared by the config file and the command line
-//! (`--rf-policy`, `--rf-min`, `--rf-max`, `--score-metrics`, `--score-weights`, `--score-wait`,
-//! `--bollinger-window`, `--bollinger-k` map onto the fields of the same name). Every field has
+//! (`--rf-policy` maps onto `kind`, which also accepts the key `rf_policy`; `--rf-min`,
+//! `--rf-max`, `--score-metrics`, `--score-weights`, `--score-wait`, `--bollinger-window`,
+//! `--bollinger-k` onto the fields of the same name). Every field has
 //! a default, so an empty table is a valid config (the paper's baseline, fixed rf 4). Unknown
 //! keys are an error rather than silently ignored, because a misspelt knob would otherwise run
 //! an experiment with a default nobody asked for.
@@ -153,9 +154,9 @@ pub struct PolicyConfig {
 
     /// Passes per mini-epoch for `fixed` (and for `learned` falling back to `fixed`).
     ///
-    /// Default 4: a modest fixed rf the paper finds safe for most models (ResNet-50 and
-    /// EfficientNet-B0 stay within 1 % of the baseline up to rf 32), while already cutting
-    /// capacity-tier reads fourfold.
+    /// Default 4: a modest fixed rf the paper finds safe for most models (EfficientNet-B0
+    /// stays within 1 % of the baseline up to (nm, rf) = (32, 32), ResNet-50 loses about 1 %
+    /// at (64, 64)), while already cutting capacity-tier reads fourfold.
     pub rf: u32,
 
     /// Fewest passes per mini-epoch, whatever the policy says.
