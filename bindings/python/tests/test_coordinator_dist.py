@@ -72,6 +72,7 @@ def test_ranks_agree_on_every_mini_epoch(two_fakes) -> None:  # type: ignore[no-
     # hold it) and the follower applied; both did exactly 2 epochs x 3 mini-epochs.
     assert sorted(set(pos[0])) == [(e, m) for e in range(2) for m in range(3)]
     assert reports[0]["decisions"] == reports[1]["decisions"]
+    assert reports[0]["not_ready"] == reports[1]["not_ready"] == [[1]] * 12
     # Only the leader's daemon decided; the follower's was moved with apply.
     assert "pass_end" in leader.ops() and "apply" not in leader.ops()
     assert "pass_end" not in follower.ops() and follower.ops().count("apply") == 6
