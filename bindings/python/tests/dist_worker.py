@@ -4,7 +4,7 @@
 runs :func:`metfs.passes` against its own daemon's socket, reading every file of each pass,
 and writes a JSON report to OUT: the position, generation and files of every pass, and the
 error if one was raised. With KILL_AFTER, this rank tells its (fake) daemon to die after that
-many passes.
+many passes (``shutdown`` op).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def main() -> int:
             p.report(loss=1.0 / (p.index + 1), rank=rank)
             if kill_after is not None and p.index + 1 == kill_after:
                 try:
-                    client.request({"op": "_die"})
+                    client.request({"op": "shutdown"})
                 except metfs.MetfsError:
                     pass
         report["decisions"] = [d.decision for d in run.decisions]

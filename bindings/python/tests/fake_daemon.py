@@ -124,7 +124,7 @@ class FakeDaemon:
                 with self._lock:
                     resp = self._handle(req)
                 self._send(conn, resp)
-                if req.get("op") == "_die":
+                if req.get("op") == "shutdown":
                     self.close()
                     return
         except OSError:
@@ -167,7 +167,7 @@ class FakeDaemon:
         op = req.get("op")
         if op in self.fail_ops:
             return _err(self.fail_ops[op], f"injected failure of {op}")
-        if op == "_die":  # test-only: the daemon exits right after answering (see _serve)
+        if op == "shutdown":  # the daemon exits right after answering (see _serve)
             return {"ok": True}
         if op == "hello":
             self.hello_count += 1

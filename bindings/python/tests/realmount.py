@@ -186,6 +186,8 @@ class RealMount:
         if not self._mounted:
             return
         self._mounted = False
+        if not is_mounted(self.mountpoint) and not _daemon_pids(self.mountpoint):
+            return  # already gone (e.g. the test shut the daemon down)
         try:
             proc = subprocess.run(
                 [self.bin, "umount", self.mountpoint],

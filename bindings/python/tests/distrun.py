@@ -1,0 +1,44 @@
+"""Runs the ranks of a torch.distributed (gloo) job over metfs, one subprocess each."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import List, Optional
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_ranks(
+    sockets: List[str], epochs: int, workdir: str, kill_after: Optional[List[Optional[int]]] = None
+) -> List[dict]:
+    """Runs one dist_worker.py per socket; returns their reports."""
+    store = os.path.join(workdir, "store")
+    procs = []
+    outs = []
+    for rank, sock in enumerate(sockets):
+        out = os.path.join(workdir, f"rank{rank}.json")
+        outs.append(out)
+        args = [sys.executable, os.path.join(HERE, "dist_worker.py"), str(rank),
+                str(len(sockets)), store, sock, out, str(epochs)]
+        if kill_after and kill_after[rank] is not None:
+            args.append(str(kill_after[rank]))
+        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=120)[0].decode(errors="replace"))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a rank hung")
+    reports = []
+    for out, log in zip(outs, logs):
+        assert os.path.exists(out), f"rank wrote no report:\n{log[-3000:]}"
+        with open(out) as f:
+            reports.append(json.load(f))
+    return reports

@@ -1,0 +1,173 @@
+"""The client and the pass loop against a real metfs daemon on a real FUSE mount."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from typing import Callable, Dict, List
+
+import pytest
+
+import metfs
+from realmount import REPO, RealMount, is_mounted
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_hello_status_files(real_mount: Callable[..., RealMount]) -> None:
+    m = real_mount(per_class=10, mini_epochs=3, rf=2)
+    with metfs.Client(m.socket, job="probe") as c:
+        assert c.info is not None and c.info.protocol == 1
+        assert os.path.realpath(c.info.mountpoint or "") == os.path.realpath(m.mountpoint)
+        assert c.info.job == "probe"
+        st = c.status()
+        assert (st.epoch, st.mini_epoch, st.passes_done) == (0, 0, 0)
+        assert st.mini_epochs == 3 and st.rf == 2 and st.generation >= 1
+        assert isinstance(st.next_ready, bool)
+        for name in ("cache_bytes", "budget_bytes", "tier_bytes_read", "view_files"):
+            assert isinstance(getattr(st, name), int), (name, st.raw)
+        assert st.cache_bytes <= st.budget_bytes  # type: ignore[operator]
+        v = c.files()
+        assert v.generation == st.generation and (v.epoch, v.mini_epoch) == (0, 0)
+        assert len(v) == st.view_files and len(v) > 0
+        assert sorted(v.files) == m.view_files()
+        for rel, path in zip(v.files, v.paths):
+            assert not os.path.isabs(rel) and path == os.path.join(v.mountpoint, rel)
+            assert _read(path) == _read(os.path.join(m.source, rel))
+
+
+def test_passes_cover_each_epoch_and_advance_the_view(real_mount: Callable[..., RealMount]) -> None:
+    m = real_mount(per_class=12, mini_epochs=3, rf=2)
+    source = set(m.source_files)
+    with metfs.Client(m.socket, job="loop") as c:
+        run = metfs.passes(c, epochs=2, block=True)
+        per_epoch: Dict[int, Counter] = {}
+        views: Dict[tuple, List[str]] = {}
+        generations: List[int] = []
+        for p in run:
+            # What the mount lists is exactly what the daemon says the view is.
+            assert sorted(p.files) == m.view_files(), p
+            for rel, path in zip(p.files, p.paths):
+                assert _read(path) == _read(os.path.join(m.source, rel))
+            if p.position not in views:
+                views[p.position] = sorted(p.files)
+                per_epoch.setdefault(p.epoch, Counter()).update(p.files)
+            else:
+                assert views[p.position] == sorted(p.files)
+            generations.append(p.generation)
+            p.report(loss=1.0 / (1 + p.index), accuracy=min(1.0, 0.1 * p.index))
+    assert run.done and (run.start_epoch, run.target_epoch) == (0, 2)
+    # Every source file in exactly one mini-epoch of each epoch.
+    assert set(per_epoch) == {0, 1}
+    for counts in per_epoch.values():
+        assert set(counts) == source and set(counts.values()) == {1}
+    # rf=2 with blocking: exactly two passes per mini-epoch, six mini-epochs.
+    assert run.rf_per_mini_epoch() == [(e, mi, 2) for e in range(2) for mi in range(3)]
+    assert [d.decision for d in run.decisions] == ["repeat", "advance"] * 6
+    # The generation grows by one at every switch and the files change with it.
+    assert generations == [g for g in range(generations[0], generations[0] + 6) for _ in range(2)]
+    assert views[(0, 0)] != views[(0, 1)] != views[(0, 2)]
+    assert run.decisions[-1].position == (2, 0)
+
+
+def test_pass_end_without_block_repeats_or_waits(real_mount: Callable[..., RealMount]) -> None:
+    m = real_mount(per_class=10, mini_epochs=3, rf=2)
+    with metfs.Client(m.socket) as c:
+        d = c.pass_end({"loss": 0.5})
+        assert d.decision == "repeat" and d.passes_done == 1 and d.position == (0, 0)
+        assert d.reason.get("policy") == "fixed", d.raw
+        g = c.status().generation
+        d = c.pass_end({"loss": 0.4})
+        assert d.decision in ("advance", "wait"), d.raw
+        if d.decision == "advance":
+            assert d.position == (0, 1) and d.passes_done == 0 and d.generation == g + 1
+        else:
+            assert d.position == (0, 0) and d.generation == g
+        st = c.status()
+        assert (st.epoch, st.mini_epoch, st.generation) == (d.epoch, d.mini_epoch, d.generation)
+
+
+def test_advance_wait_switches_the_mount(real_mount: Callable[..., RealMount]) -> None:
+    m = real_mount(per_class=10, mini_epochs=3, rf=4)
+    with metfs.Client(m.socket) as c:
+        before = c.files()
+        assert sorted(before.files) == m.view_files()
+        d = c.advance(wait=True)
+        assert d.advanced and d.position == (0, 1) and d.generation == before.generation + 1
+        after = c.files()
+        assert after.generation == d.generation and set(after.files).isdisjoint(before.files)
+        assert sorted(after.files) == m.view_files()
+
+
+def test_apply_moves_to_a_given_position(real_mount: Callable[..., RealMount]) -> None:
+    m = real_mount(per_class=10, mini_epochs=3, rf=4)
+    with metfs.Client(m.socket) as c:
+        g = c.status().generation
+        d = c.apply(0, 1, wait=True)
+        assert d.position == (0, 1) and d.generation == g + 1, d.raw
+        assert c.files().mini_epoch == 1 and sorted(c.files().files) == m.view_files()
+        # Applying the position already shown changes nothing.
+        d = c.apply(0, 1, wait=True)
+        assert d.position == (0, 1) and d.generation == g + 1, d.raw
+
+
+def test_daemon_rejects_bad_requests_and_keeps_the_connection(
+    real_mount: Callable[..., RealMount],
+) -> None:
+    m = real_mount(per_class=10, mini_epochs=3, rf=2)
+    with metfs.Client(m.socket) as c:
+        with pytest.raises(metfs.MetfsError) as e:
+            c.request({"op": "format_disk"})
+        assert e.value.code == "unknown_op"
+        with pytest.raises(metfs.MetfsError) as e:
+            c.request({"op": "pass_end", "metrics": {"loss": "low"}})
+        assert e.value.code == "bad_metrics" and "loss" in e.value.message
+        with pytest.raises(metfs.MetfsError) as e:
+            c.request({"op": "advance", "wait": "yes"})
+        assert e.value.code == "bad_request"
+        # Rejected before sending: the daemon never counts the pass.
+        with pytest.raises(metfs.MetfsError) as e:
+            c.pass_end({"loss": float("nan")})
+        assert e.value.code == "bad_metrics"
+        st = c.status()
+        assert st.passes_done == 0 and st.generation >= 1
+
+
+def test_unmounted_daemon_is_a_fast_clear_error(real_mount: Callable[..., RealMount]) -> None:
+    m = real_mount(per_class=10, mini_epochs=3, rf=2)
+    c = metfs.Client(m.socket)
+    assert c.status().epoch == 0
+    m.close()
+    assert not is_mounted(m.mountpoint)
+    t0 = time.monotonic()
+    with pytest.raises(metfs.MetfsConnectionError) as e:
+        c.status()
+    assert time.monotonic() - t0 < 2.0
+    assert e.value.code in ("connection_failed", "connection_lost", "shutting_down")
+    assert m.socket in e.value.message or e.value.code == "shutting_down"
+
+
+def test_example_over_real_mount(real_mount: Callable[..., RealMount], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    m = real_mount(per_class=20, mini_epochs=3, rf=2, val=True)
+    out = tmp_path / "summary.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "examples", "met_sklearn.py"), "--mount",
+         m.mountpoint, "--socket", m.socket, "--val", str(m.val), "--epochs", "2",
+         "--block", "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout
+    s = json.loads(out.read_text())
+    assert s["passes"] == 12 and len(s["mini_epochs"]) == 6
+    assert s["mount_bytes"] == 2 * 2 * m.stats["train_bytes"]  # 2 epochs x rf 2
+    # The tier was read about once per epoch (plus what was staged ahead), not once per pass.
+    assert m.stats["train_bytes"] * 2 <= s["tier_bytes"] <= m.stats["train_bytes"] * 3
+    assert s["final_val_accuracy"] > 0.5
+    assert "reading every pass from the tier would have cost" in proc.stdout
