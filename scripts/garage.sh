@@ -59,6 +59,11 @@ cmd_install() {
     echo "garage: $(garage_bin)"
 }
 
+running() { # pid: alive and not a zombie
+    kill -0 "$1" 2>/dev/null || return 1
+    [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]
+}
+
 rand_hex() { # bytes
     od -An -tx1 -N"$1" /dev/urandom | tr -d ' \n'
 }
@@ -75,7 +80,7 @@ cmd_start() {
     have_garage || die "garage is not installed: run scripts/garage.sh install (about 16 minutes on 2 cores)"
     mkdir -p "$dir/meta" "$dir/data"
     dir=$(cd "$dir" && pwd)
-    if [ -f "$dir/garage.pid" ] && kill -0 "$(cat "$dir/garage.pid")" 2>/dev/null; then
+    if [ -f "$dir/garage.pid" ] && running "$(cat "$dir/garage.pid")"; then
         die "a server is already running from $dir (pid $(cat "$dir/garage.pid")); stop it first"
     fi
     if [ ! -f "$dir/credentials" ]; then
@@ -120,7 +125,7 @@ EOF
     echo "$pid" >"$dir/garage.pid"
     local i
     for i in $(seq 1 300); do
-        if ! kill -0 "$pid" 2>/dev/null; then
+        if ! running "$pid"; then
             tail -n 20 "$dir/garage.log" >&2
             rm -f "$dir/garage.pid"
             die "garage exited during start (log: $dir/garage.log)"
@@ -159,14 +164,14 @@ cmd_stop() {
     [ -f "$dir/garage.pid" ] || return 0
     local pid
     pid=$(cat "$dir/garage.pid")
-    if kill -0 "$pid" 2>/dev/null; then
+    if running "$pid"; then
         kill "$pid" 2>/dev/null || true
         local i
         for i in $(seq 1 100); do
-            kill -0 "$pid" 2>/dev/null || break
+            running "$pid" || break
             sleep 0.1
         done
-        if kill -0 "$pid" 2>/dev/null; then
+        if running "$pid"; then
             kill -9 "$pid" 2>/dev/null || true
         fi
     fi

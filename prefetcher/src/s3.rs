@@ -114,26 +114,27 @@ impl std::fmt::Debug for Secret {
 /// and dropped connections, including a response body cut off midway (resumed from where it
 /// stopped, on the same ETag).
 ///
-/// The defaults ride out a server restart or a burst of throttling of up to about ten seconds
-/// per request, and give up on a tier that stays down after `retry_timeout_ms` so that the
-/// daemon can report it while the current view keeps serving. `object_store`'s own defaults
-/// (100 ms start, 15 s cap, 3 minutes) are tuned for interactive WAN clients; staging runs in
-/// the background with many requests in flight, where a short first wait and a bounded total
-/// matter more.
+/// The waits follow `object_store`'s "decorrelated jitter": each wait is drawn uniformly between
+/// the first wait and `backoff_base` times the previous one, capped at `max_backoff_ms`. With
+/// base 2 that grows only linearly on average (8 retries from 50 ms wait ~1 s in total, too
+/// little to outlast a server restart), hence base 3. The defaults wait a median ~25 s and at
+/// least ~4 s in 99 of 100 cases before a request fails, which outlasts a restart of a server
+/// or a burst of throttling, and `retry_timeout_ms` stops a request on a tier that stays down
+/// after 30 s, so that the daemon can report it while the current view keeps serving.
+/// `object_store`'s own defaults (10 retries, 3 minutes) would hold a staging slot for minutes
+/// on a dead endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct S3RetryConfig {
-    /// Retries per request before it fails. Default 8: with the backoff below that is about
-    /// 10 s of waiting, enough for a restart of a single-node server or a throttling burst.
+    /// Retries per request before it fails. Default 15 (see above for the resulting waits).
     pub max_retries: usize,
-    /// First wait in milliseconds. Default 50: loopback and data-centre round trips are well
-    /// under a millisecond, so a short first wait loses little when the trouble is momentary.
+    /// First wait, and the least any wait can be, in milliseconds. Default 100: long enough
+    /// that a throttling server sees the load drop, short enough for momentary trouble.
     pub init_backoff_ms: u64,
     /// Longest single wait in milliseconds. Default 5000, so a recovered server is noticed
     /// within seconds.
     pub max_backoff_ms: u64,
-    /// Growth factor of the wait. Default 2 (exponential backoff; a random jitter is added so
-    /// that many requests failing together do not retry together).
+    /// Growth factor of the wait. Default 3 (see above).
     pub backoff_base: f64,
     /// No retry starts after this many milliseconds since the first attempt. Default 30000.
     /// Also bounds how long a request's signature must stay valid.
@@ -143,10 +144,10 @@ pub struct S3RetryConfig {
 impl Default for S3RetryConfig {
     fn default() -> Self {
         Self {
-            max_retries: 8,
-            init_backoff_ms: 50,
+            max_retries: 15,
+            init_backoff_ms: 100,
             max_backoff_ms: 5_000,
-            backoff_base: 2.0,
+            backoff_base: 3.0,
             retry_timeout_ms: 30_000,
         }
     }
@@ -355,13 +356,22 @@ fn truthy(v: &str) -> bool {
     )
 }
 
-/// Text between `<tag>` and `</tag>` in an S3 XML error body (or error text quoting one).
-fn xml_field<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
+/// Text between `<tag>` and `</tag>` in an S3 XML error body (or error text quoting one), with
+/// XML's predefined entities resolved.
+fn xml_field(text: &str, tag: &str) -> Option<String> {
     let open = format!("<{tag}>");
     let close = format!("</{tag}>");
     let start = text.find(&open)? + open.len();
     let end = text[start..].find(&close)? + start;
-    Some(text[start..end].trim())
+    Some(
+        text[start..end]
+            .trim()
+            .replace("&apos;", "'")
+            .replace("&quot;", "\"")
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&amp;", "&"),
+    )
 }
 
 /// The HTTP status quoted in `object_store`'s error text ("... status code: 403 Forbidden ...").
@@ -657,16 +667,20 @@ impl S3Tier {
                 path: key.unwrap_or_default().to_string(),
             },
             (401 | 403, _) => {
-                let hint = match code {
-                    "InvalidAccessKeyId" => "the access key id is not known to the server",
-                    "SignatureDoesNotMatch" => {
-                        "the secret key does not match the access key id (or the region is wrong)"
-                    }
-                    "ExpiredToken" | "TokenRefreshRequired" => "the session token has expired",
-                    "AccessDenied" => {
-                        "the credentials were accepted but may not read this bucket or prefix"
-                    }
-                    _ => "the server refused the credentials",
+                // Servers differ in codes: AWS says InvalidAccessKeyId / SignatureDoesNotMatch,
+                // Garage says AccessDenied with the cause in the message.
+                let msg = message.to_ascii_lowercase();
+                let hint = if code == "InvalidAccessKeyId" || msg.contains("no such key") {
+                    "the access key id is not known to the server"
+                } else if code == "SignatureDoesNotMatch" || msg.contains("signature") {
+                    "the secret key does not match the access key id"
+                } else if matches!(code, "ExpiredToken" | "TokenRefreshRequired")
+                    || msg.contains("expired")
+                {
+                    "the credentials have expired"
+                } else {
+                    "the server refused access: wrong credentials, or a key that may not read \
+                     this bucket or prefix"
                 };
                 TierError::Auth {
                     url,
@@ -706,8 +720,8 @@ impl S3Tier {
     /// read from its error text.
     fn store_error(&self, key: Option<&str>, e: object_store::Error) -> TierError {
         let text = self.scrub(&chain_text(&e));
-        let code = xml_field(&text, "Code").unwrap_or_default().to_string();
-        let message = xml_field(&text, "Message").unwrap_or_default().to_string();
+        let code = xml_field(&text, "Code").unwrap_or_default();
+        let message = xml_field(&text, "Message").unwrap_or_default();
         let url = self.url.clone();
         match &e {
             object_store::Error::NotFound { .. } => self.status_error(key, 404, &code, &message),
@@ -879,7 +893,7 @@ impl S3Tier {
             }
             let code = xml_field(&text, "Code").unwrap_or_default();
             let message = xml_field(&text, "Message").unwrap_or_default();
-            return Attempt::Fatal(self.status_error(None, status, code, message));
+            return Attempt::Fatal(self.status_error(None, status, &code, &message));
         }
         // Some servers answer throttling with 200 and an error document.
         if text.contains("<Error>") && !text.contains("<ListBucketResult") {
@@ -935,7 +949,8 @@ impl S3Tier {
     async fn list_page(&self, token: Option<&str>) -> Result<Page, TierError> {
         let policy = &self.cfg.retry;
         let start = Instant::now();
-        let mut wait = Duration::from_millis(policy.init_backoff_ms);
+        let init = policy.init_backoff_ms as f64 / 1000.0;
+        let mut wait = init;
         let mut retries = 0;
         loop {
             match self.list_attempt(token).await {
@@ -954,13 +969,13 @@ impl S3Tier {
                         });
                     }
                     retries += 1;
-                    // Equal jitter: between half and all of the nominal wait.
-                    let sleep = wait.mul_f64(0.5 + rand::random::<f64>() * 0.5);
+                    // The same decorrelated jitter as object_store's requests.
+                    let sleep = Duration::from_secs_f64(wait);
                     tracing::debug!(tier = %self.url, %reason, retries, ?sleep, "retrying listing page");
                     tokio::time::sleep(sleep).await;
-                    wait = wait
-                        .mul_f64(policy.backoff_base.max(1.0))
-                        .min(Duration::from_millis(policy.max_backoff_ms));
+                    let high = (wait * policy.backoff_base).max(init);
+                    wait = (init + rand::random::<f64>() * (high - init))
+                        .min(policy.max_backoff_ms as f64 / 1000.0);
                 }
             }
         }
