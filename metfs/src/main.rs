@@ -1,1 +1,486 @@
-fn main() {}
+//! `metfs`: mini-epoch training over FUSE.
+//!
+//! The binary is a thin CLI (clap) over the daemon modules; `anyhow` is used only here, to add
+//! context to the modules' typed errors on their way to the user.
+
+mod client;
+mod config;
+mod control;
+mod daemon;
+mod fs;
+mod fuse;
+mod logging;
+mod mount;
+mod view;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use prefetcher::planner::Strategy;
+use serde_json::{json, Value};
+
+use crate::config::{FileConfig, MountConfig, PassthroughMode, SizeValue};
+
+#[derive(Parser)]
+#[command(
+    name = "metfs",
+    version,
+    about = "Mini-epoch training over FUSE: serve the current mini-epoch from node-local storage while the next one is staged",
+    long_about = None
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Mount a MET view of a dataset (returns once the first mini-epoch is staged).
+    Mount(MountArgs),
+    /// Unmount, stop the daemon, and keep the cache so that a later mount resumes.
+    Umount {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        /// Seconds to wait for the daemon to stop.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
+    /// Show the daemon's state.
+    Status {
+        #[command(flatten)]
+        sock: SocketArg,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Report the end of one pass over the current mini-epoch; prints the decision as JSON.
+    PassEnd {
+        #[command(flatten)]
+        sock: SocketArg,
+        /// A metric of the pass, NAME=VALUE (repeatable).
+        #[arg(long = "metric", value_name = "NAME=VALUE")]
+        metrics: Vec<String>,
+        /// Block until the next mini-epoch is staged when the policy wants to advance.
+        #[arg(long)]
+        block: bool,
+        /// Job identity (e.g. the model name).
+        #[arg(long)]
+        job: Option<String>,
+    },
+    /// Force an advance to the next mini-epoch.
+    Advance {
+        #[command(flatten)]
+        sock: SocketArg,
+        /// Block until the next mini-epoch is staged and the view has switched.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// List the current view's files (relative paths), one per line.
+    Files {
+        #[command(flatten)]
+        sock: SocketArg,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct SocketArg {
+    /// Control socket of the daemon.
+    #[arg(long, env = "METFS_SOCKET")]
+    socket: PathBuf,
+}
+
+#[derive(Args, Clone)]
+struct MountArgs {
+    /// Where to mount.
+    mountpoint: PathBuf,
+    /// TOML file with any of the keys below (flags win).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Capacity tier: a directory (Lustre, GPFS, NFS, local) or s3://bucket/prefix.
+    #[arg(long)]
+    source: Option<String>,
+    /// Cache directory on node-local storage (must exist).
+    #[arg(long)]
+    cache: Option<PathBuf>,
+    /// Most bytes metfs may keep in the cache directory: 512MiB, 20GiB, or bytes.
+    #[arg(long)]
+    budget: Option<String>,
+    /// Mini-epochs per epoch [default: the smallest whose every mini-epoch fits in budget/2].
+    #[arg(long)]
+    mini_epochs: Option<u32>,
+    /// Repeating factor of the fixed policy: passes per mini-epoch [default: 4].
+    #[arg(long)]
+    rf: Option<u32>,
+    /// rf policy: fixed, score, bollinger or learned [default: fixed].
+    #[arg(long)]
+    rf_policy: Option<String>,
+    /// Fewest passes per mini-epoch, whatever the policy says [default: 1].
+    #[arg(long)]
+    rf_min: Option<u32>,
+    /// Most passes per mini-epoch, whatever the policy says [default: 128].
+    #[arg(long)]
+    rf_max: Option<u32>,
+    /// Score terms, comma-separated, each NAME or `1 - NAME` [default: loss,1-accuracy,1-val_accuracy].
+    #[arg(long)]
+    score_metrics: Option<String>,
+    /// One weight per score term, comma-separated [default: 1 each].
+    #[arg(long)]
+    score_weights: Option<String>,
+    /// score policy: passes without improvement before advancing [default: 3].
+    #[arg(long)]
+    score_wait: Option<u32>,
+    /// score policy: keep the best score per `run` or `per_mini_epoch` [default: run].
+    #[arg(long)]
+    best_scope: Option<String>,
+    /// bollinger policy: moving window N [default: 5].
+    #[arg(long)]
+    bollinger_window: Option<u32>,
+    /// bollinger policy: band width K in standard deviations [default: 2].
+    #[arg(long)]
+    bollinger_k: Option<f64>,
+    /// bollinger policy: window over the `run` or `per_mini_epoch` [default: run].
+    #[arg(long)]
+    bollinger_scope: Option<String>,
+    /// learned policy: fallback where the history runs out [default: score].
+    #[arg(long)]
+    learned_fallback: Option<String>,
+    /// rf history file [default: ~/.local/share/metfs/rf-history.json].
+    #[arg(long)]
+    history: Option<PathBuf>,
+    /// Job key of the rf history when the client gives none [default: default].
+    #[arg(long)]
+    job: Option<String>,
+    /// How mini-epochs are composed [default: random].
+    #[arg(long, value_enum)]
+    compose: Option<ComposeArg>,
+    /// Seed of the composition [default: 0].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Control socket [default: CACHE/metfs.sock].
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// This node's rank [default: $SLURM_NODEID or 0].
+    #[arg(long)]
+    node_rank: Option<u32>,
+    /// Number of nodes [default: $SLURM_NNODES or 1].
+    #[arg(long)]
+    nodes: Option<u32>,
+    /// Label samples by their first directory level (ImageFolder layout).
+    #[arg(long)]
+    label_from_dirs: bool,
+    /// Read path: auto (passthrough when allowed) or off (pread) [default: auto].
+    #[arg(long, value_enum)]
+    passthrough: Option<PassthroughMode>,
+    /// FUSE worker threads [default: 4].
+    #[arg(long)]
+    fuse_threads: Option<usize>,
+    /// Let other users read the mount.
+    #[arg(long)]
+    allow_other: bool,
+    /// Cap on staging bandwidth, e.g. 200MiB/s [default: unlimited].
+    #[arg(long)]
+    prefetch_rate: Option<String>,
+    /// Log file of the background daemon [default: CACHE/metfs.log].
+    #[arg(long)]
+    log_file: Option<PathBuf>,
+    /// Stay in the foreground (logs to stderr).
+    #[arg(long)]
+    foreground: bool,
+    /// Internal: pipe on which to report readiness to the parent.
+    #[arg(long, hide = true)]
+    ready_fd: Option<i32>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ComposeArg {
+    Sequential,
+    Random,
+    Stratified,
+    Clustered,
+}
+
+impl From<ComposeArg> for Strategy {
+    fn from(c: ComposeArg) -> Self {
+        match c {
+            ComposeArg::Sequential => Strategy::Sequential,
+            ComposeArg::Random => Strategy::Random,
+            ComposeArg::Stratified => Strategy::Stratified,
+            ComposeArg::Clustered => Strategy::Clustered,
+        }
+    }
+}
+
+impl MountArgs {
+    fn resolve(&self) -> Result<MountConfig> {
+        let file = match &self.config {
+            Some(p) => FileConfig::load(p)?,
+            None => FileConfig::default(),
+        };
+        let flags = FileConfig {
+            source: self.source.clone(),
+            cache: self.cache.clone(),
+            budget: self.budget.clone().map(SizeValue::Text),
+            mini_epochs: self.mini_epochs,
+            rf: self.rf,
+            compose: self.compose.map(Into::into),
+            seed: self.seed,
+            socket: self.socket.clone(),
+            node_rank: self.node_rank,
+            nodes: self.nodes,
+            label_from_dirs: self.label_from_dirs.then_some(true),
+            passthrough: self.passthrough,
+            fuse_threads: self.fuse_threads,
+            allow_other: self.allow_other.then_some(true),
+            prefetch_rate: self.prefetch_rate.clone(),
+            log_file: self.log_file.clone(),
+            rf_policy: self.rf_policy.clone(),
+            rf_min: self.rf_min,
+            rf_max: self.rf_max,
+            score_metrics: self.score_metrics.clone().map(config::ListValue::Text),
+            score_weights: self.score_weights.clone().map(config::NumbersValue::Text),
+            score_wait: self.score_wait,
+            best_scope: self.best_scope.clone(),
+            bollinger_window: self.bollinger_window,
+            bollinger_k: self.bollinger_k,
+            bollinger_scope: self.bollinger_scope.clone(),
+            learned_fallback: self.learned_fallback.clone(),
+            history: self.history.clone(),
+            job: self.job.clone(),
+            ..Default::default()
+        };
+        Ok(MountConfig::resolve(file, flags)?)
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match run(cli) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("metfs: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Mount(args) => mount_cmd(args),
+        Cmd::Umount {
+            mountpoint,
+            timeout,
+        } => {
+            mount::umount(&mountpoint, Duration::from_secs(timeout))?;
+            Ok(())
+        }
+        Cmd::Status { sock, json } => {
+            let v = client::request(&sock.socket, &json!({"op": "status"}))?;
+            if json {
+                println!("{v}");
+            } else {
+                print_status(&v);
+            }
+            Ok(())
+        }
+        Cmd::PassEnd {
+            sock,
+            metrics,
+            block,
+            job,
+        } => {
+            let mut m = serde_json::Map::new();
+            for kv in &metrics {
+                let (k, v) = kv
+                    .split_once('=')
+                    .ok_or_else(|| anyhow!("--metric `{kv}`: expected NAME=VALUE"))?;
+                let x: f64 = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| anyhow!("--metric `{kv}`: `{v}` is not a number"))?;
+                m.insert(k.trim().to_string(), json!(x));
+            }
+            let v = client::request(
+                &sock.socket,
+                &json!({"op": "pass_end", "metrics": m, "block": block, "job": job}),
+            )?;
+            println!("{v}");
+            Ok(())
+        }
+        Cmd::Advance { sock, wait } => {
+            let v = client::request(&sock.socket, &json!({"op": "advance", "wait": wait}))?;
+            println!("{v}");
+            Ok(())
+        }
+        Cmd::Files { sock, json } => {
+            let v = client::request(&sock.socket, &json!({"op": "files"}))?;
+            if json {
+                println!("{v}");
+            } else {
+                for f in v["files"].as_array().into_iter().flatten() {
+                    println!("{}", f.as_str().unwrap_or_default());
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn print_status(v: &Value) {
+    let b = |k: &str| prefetcher::size::format_bytes(v[k].as_u64().unwrap_or(0));
+    println!(
+        "epoch {} mini-epoch {}/{}  pass {} (rf {} {})  generation {}",
+        v["epoch"],
+        v["mini_epoch"],
+        v["mini_epochs"],
+        v["pass"],
+        v["rf"],
+        v["rf_policy"],
+        v["generation"]
+    );
+    println!(
+        "view: {} files, {}   next: {}{}",
+        v["view_files"],
+        b("view_bytes"),
+        v["staging"]["state"].as_str().unwrap_or("?"),
+        if v["next_ready"].as_bool() == Some(true) {
+            " (ready)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "cache: {} of {}   tier read: {}   passthrough: {}",
+        b("cache_bytes"),
+        b("budget_bytes"),
+        b("tier_bytes_read"),
+        v["passthrough"]
+    );
+    if let Some(e) = v["last_error"].as_str() {
+        println!("last error: {e}");
+    }
+}
+
+fn mount_cmd(args: MountArgs) -> Result<()> {
+    let cfg = args.resolve()?;
+    let mountpoint = mount::absolute(&args.mountpoint);
+    if !args.foreground {
+        // Check what can be checked before forking so that errors come back directly.
+        mount::check_mountpoint(&mountpoint)?;
+        let mut child_args: Vec<OsString> = std::env::args_os().skip(1).collect();
+        child_args.retain(|a| a != "--foreground");
+        logging::rotate(&cfg.log_file);
+        let pid = mount::spawn_background(&child_args, &cfg.log_file)?;
+        eprintln!(
+            "metfs: mounted {} (daemon pid {pid}, socket {}, log {})",
+            mountpoint.display(),
+            cfg.socket.display(),
+            cfg.log_file.display()
+        );
+        return Ok(());
+    }
+    logging::init(args.ready_fd.is_some().then_some(&cfg.log_file));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(run_daemon(cfg, mountpoint, args.ready_fd))
+}
+
+async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>) -> Result<()> {
+    let setup = async {
+        mount::check_mountpoint(&mountpoint)?;
+        let (daemon, lock) = daemon::Daemon::prepare(cfg)
+            .await
+            .context("preparing the mount")?;
+        let listener = control::bind(&daemon.cfg.socket)
+            .with_context(|| format!("control socket {}", daemon.cfg.socket.display()))?;
+        let fs = daemon.fs();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        fs.set_drained_sender(tx);
+        let adapter = fuse::FuseAdapter::new(fs, daemon.passthrough_flag());
+        let mut fcfg = fuser::Config::default();
+        fcfg.mount_options = vec![
+            fuser::MountOption::FSName("metfs".into()),
+            fuser::MountOption::Subtype("metfs".into()),
+            fuser::MountOption::RO,
+            fuser::MountOption::NoSuid,
+            fuser::MountOption::NoDev,
+        ];
+        if daemon.cfg.allow_other {
+            fcfg.acl = fuser::SessionACL::All;
+        }
+        fcfg.n_threads = Some(daemon.cfg.fuse_threads);
+        fcfg.clone_fd = true;
+        let mp = mountpoint.clone();
+        let session = tokio::task::spawn_blocking(move || {
+            fuser::Session::new(adapter, &mp, &fcfg).and_then(|s| s.spawn())
+        })
+        .await?
+        .with_context(|| format!("mounting FUSE on {}", mountpoint.display()))?;
+        daemon.mounted(&mountpoint, session.notifier());
+        mount::register(&mount::Registered {
+            mountpoint: mountpoint.clone(),
+            socket: daemon.cfg.socket.clone(),
+            pid: std::process::id(),
+            cache: daemon.cfg.cache.clone(),
+        })
+        .context("writing the mount registry")?;
+        tokio::spawn(control::serve(listener, daemon.clone()));
+        tokio::spawn(daemon.clone().stager_loop());
+        tokio::spawn(daemon.clone().drain_loop(rx));
+        anyhow::Ok((daemon, session, lock))
+    };
+    let (daemon, session, _lock) = match setup.await {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            mount::signal_ready(ready_fd, Err(format!("{e:#}")));
+            return Err(e);
+        }
+    };
+    tracing::info!(
+        mountpoint = %mountpoint.display(),
+        socket = %daemon.cfg.socket.display(),
+        read_path = if daemon.passthrough_flag().load(std::sync::atomic::Ordering::Relaxed) { "passthrough (falls back to pread if the kernel refuses)" } else { "pread" },
+        "mounted"
+    );
+    mount::signal_ready(ready_fd, Ok(()));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = daemon.shutdown.notified() => {}
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+    }
+    shutdown(daemon, session, &mountpoint).await;
+    Ok(())
+}
+
+async fn shutdown(
+    daemon: Arc<daemon::Daemon>,
+    session: fuser::BackgroundSession,
+    mp: &std::path::Path,
+) {
+    tracing::info!("shutting down; the cache is kept for a later mount");
+    daemon.begin_shutdown();
+    daemon.persist();
+    let _ = std::fs::remove_file(&daemon.cfg.socket);
+    mount::unregister(mp);
+    let mp2 = mp.to_path_buf();
+    // An unmount with files still open fails with EBUSY; then detach lazily: the kernel
+    // finishes the unmount when the last file closes, and our exit closes /dev/fuse.
+    let joined = tokio::task::spawn_blocking(move || session.umount_and_join()).await;
+    if !matches!(joined, Ok(Ok(()))) {
+        let c = std::ffi::CString::new(mp2.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: valid C string.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+    tracing::info!("unmounted");
+}

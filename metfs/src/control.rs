@@ -1,0 +1,219 @@
+//! The control socket: newline-delimited JSON requests, one response line each.
+//!
+//! The socket is created with mode 0600 (umask set around `bind`), so only the mounting user
+//! can steer the mount. Each connection is served by its own task; a request that blocks
+//! (`pass_end` with `block`, `advance` with `wait`) blocks only its connection.
+//!
+//! Lines are read with a hand-rolled bounded reader rather than `tokio_util`'s `LinesCodec`:
+//! a framed codec ends the stream after its first error, and the protocol requires that an
+//! oversized or non-UTF-8 line gets an error response while the connection stays open. An
+//! oversized line is answered once and then skipped up to its newline without buffering it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use feedback::protocol::{
+    ok_response, parse_request, ErrorCode, ProtocolError, Request, MAX_LINE_BYTES, PROTOCOL_VERSION,
+};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::daemon::Daemon;
+
+/// Binds the control socket with mode 0600, replacing a stale socket file.
+pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    if let Ok(md) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if md.file_type().is_socket() {
+            // A live daemon holds the cache lock, so a socket here is a dead daemon's.
+            std::fs::remove_file(path)?;
+        } else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+    }
+    // SAFETY: umask is process-wide; the daemon binds before it starts other threads that
+    // create files, and restores the previous mask right after.
+    let old = unsafe { libc::umask(0o177) };
+    let l = std::os::unix::net::UnixListener::bind(path);
+    unsafe { libc::umask(old) };
+    let l = l?;
+    l.set_nonblocking(true)?;
+    UnixListener::from_std(l)
+}
+
+/// Serves connections until the daemon shuts down.
+pub async fn serve(listener: UnixListener, daemon: Arc<Daemon>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let d = daemon.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = connection(stream, d).await {
+                        tracing::debug!(error = %e, "control connection ended");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+enum Line {
+    Text(String),
+    TooLong,
+    NotUtf8,
+}
+
+/// Reads newline-terminated lines of at most `max` bytes.
+struct LineReader {
+    buf: Vec<u8>,
+    discarding: bool,
+    max: usize,
+}
+
+impl LineReader {
+    async fn next(&mut self, s: &mut (impl AsyncReadExt + Unpin)) -> std::io::Result<Option<Line>> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                let mut line: Vec<u8> = self.buf.drain(..=i).collect();
+                line.pop();
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+                if self.discarding {
+                    self.discarding = false;
+                    continue;
+                }
+                return Ok(Some(match String::from_utf8(line) {
+                    Ok(t) => Line::Text(t),
+                    Err(_) => Line::NotUtf8,
+                }));
+            }
+            if self.buf.len() > self.max {
+                self.buf.clear();
+                if !self.discarding {
+                    self.discarding = true;
+                    return Ok(Some(Line::TooLong));
+                }
+            }
+            let mut chunk = [0u8; 8192];
+            let n = s.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(None);
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+async fn connection(stream: UnixStream, daemon: Arc<Daemon>) -> std::io::Result<()> {
+    let (mut rd, mut wr) = stream.into_split();
+    let mut reader = LineReader {
+        buf: Vec::new(),
+        discarding: false,
+        max: MAX_LINE_BYTES,
+    };
+    while let Some(line) = reader.next(&mut rd).await? {
+        let response = match line {
+            Line::TooLong => ProtocolError::new(
+                ErrorCode::LineTooLong,
+                format!("request line longer than {MAX_LINE_BYTES} bytes; it was skipped"),
+            )
+            .to_response(),
+            Line::NotUtf8 => {
+                ProtocolError::new(ErrorCode::BadJson, "request is not UTF-8").to_response()
+            }
+            Line::Text(t) if t.trim().is_empty() => continue,
+            Line::Text(t) => match parse_request(&t) {
+                Err(e) => e.to_response(),
+                Ok(req) => {
+                    let shutdown = matches!(req, Request::Shutdown);
+                    let r = handle(&daemon, req).await;
+                    let out = match r {
+                        Ok(v) => ok_response(v),
+                        Err(e) => e.to_response(),
+                    };
+                    if shutdown {
+                        let mut bytes = serde_json::to_vec(&out).unwrap();
+                        bytes.push(b'\n');
+                        wr.write_all(&bytes).await?;
+                        daemon.begin_shutdown();
+                        return Ok(());
+                    }
+                    out
+                }
+            },
+        };
+        let mut bytes = serde_json::to_vec(&response).unwrap();
+        bytes.push(b'\n');
+        wr.write_all(&bytes).await?;
+    }
+    Ok(())
+}
+
+async fn handle(daemon: &Daemon, req: Request) -> Result<Value, ProtocolError> {
+    match req {
+        Request::Hello { version, job } => {
+            if let Some(v) = version {
+                if v > PROTOCOL_VERSION {
+                    return Err(ProtocolError::new(
+                        ErrorCode::UnsupportedVersion,
+                        format!(
+                            "client speaks protocol {v}, this daemon speaks {PROTOCOL_VERSION}"
+                        ),
+                    ));
+                }
+            }
+            Ok(daemon.hello(job))
+        }
+        Request::Status => Ok(daemon.status()),
+        Request::Files => Ok(daemon.files()),
+        Request::PassEnd {
+            job,
+            metrics,
+            block,
+        } => daemon.pass_end(job, metrics, block).await,
+        Request::Advance { wait } => daemon.advance(wait).await,
+        Request::Apply {
+            epoch,
+            mini_epoch,
+            wait,
+        } => daemon.apply(epoch, mini_epoch, wait).await,
+        Request::Shutdown => Ok(serde_json::json!({"shutting_down": true})),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn line_reader_bounds_and_recovers() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let long = vec![b'x'; 300];
+        tokio::spawn(async move {
+            a.write_all(b"{\"op\":\"status\"}\n").await.unwrap();
+            a.write_all(&long).await.unwrap();
+            a.write_all(b"\n\xff\xfe\nnext\r\n").await.unwrap();
+        });
+        let mut r = LineReader {
+            buf: Vec::new(),
+            discarding: false,
+            max: 100,
+        };
+        assert!(
+            matches!(r.next(&mut b).await.unwrap(), Some(Line::Text(t)) if t.contains("status"))
+        );
+        assert!(matches!(r.next(&mut b).await.unwrap(), Some(Line::TooLong)));
+        assert!(matches!(r.next(&mut b).await.unwrap(), Some(Line::NotUtf8)));
+        assert!(matches!(r.next(&mut b).await.unwrap(), Some(Line::Text(t)) if t == "next"));
+        assert!(r.next(&mut b).await.unwrap().is_none());
+    }
+}

@@ -1,0 +1,1275 @@
+//! The daemon: position in the run, slots, policy, and the view switch.
+//!
+//! State machine. The daemon is at (epoch, mini-epoch) with `passes` completed over it. The
+//! *successor* is the next mini-epoch of the same epoch, or mini-epoch 0 of the next epoch. A
+//! background task stages the successor into its slot as soon as the budget allows; a
+//! `pass_end` asks the policy, and when the policy wants to advance and the successor is fully
+//! staged, the view switches. If it is not staged yet the answer is `wait`: the job repeats the
+//! current mini-epoch (a "bonus" pass, no stall) unless it asked to block.
+//!
+//! Budget. The cache holds at most two slots plus metadata: the current slot and either the
+//! successor (staging or staged) or a *draining* slot (the previous view, still held by open
+//! handles). Staging of the successor starts only once no slot is draining, so the third slot
+//! never exists. Each slot holds at most `slot_bytes = (budget - reserve) / 2` bytes of file
+//! footprint (sizes rounded up to the block size); `reserve` covers the catalog, journals,
+//! state, log and slot directories. See [`Budget`].
+//!
+//! Switch. Under the state lock: build the new [`View`], swap it into the [`FsCore`], bump the
+//! generation, persist the position. Then, before answering the caller, invalidate the kernel's
+//! cached entries under the root, so that when `pass_end` returns `advance` every new lookup
+//! already resolves in the new view. The old view is retired and its slot evicted when its last
+//! handle closes.
+//!
+//! Resume. The position is saved in `state.json` with a fingerprint of everything the plan
+//! depends on; a later mount with the same fingerprint resumes at the same position and reuses
+//! every slot the journal shows as staged.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use feedback::config::PolicyKind;
+use feedback::history::{HistoryStore, MiniEpochRecord, RunId};
+use feedback::policy::{PassState, RfPolicy, Verdict};
+use feedback::protocol::{ErrorCode, Metrics, ProtocolError};
+use prefetcher::catalog::Catalog;
+use prefetcher::pacer::Pacer;
+use prefetcher::planner::{self, EpochPlan, PlanConfig, PlanError, SampleSet, Strategy};
+use prefetcher::size::format_bytes;
+use prefetcher::stager::{journal_failures, Progress, SlotSpec, StageReport, Stager};
+use prefetcher::tier::{CapacityTier, PosixTier, TierError};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use thiserror::Error;
+use tokio::sync::watch;
+
+use crate::config::{MountConfig, PrefetchRate};
+use crate::fs::{FsCore, FsSettings};
+use crate::view::View;
+
+/// Errors that stop a mount.
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    /// The cache directory is missing or unusable.
+    #[error("cache directory {path}: {reason}")]
+    Cache { path: String, reason: String },
+    /// Another daemon uses the cache directory.
+    #[error("cache directory {0} is in use by another metfs daemon (pid {1})")]
+    CacheBusy(String, String),
+    /// The tier failed.
+    #[error(transparent)]
+    Tier(#[from] TierError),
+    /// The catalog could not be built or saved.
+    #[error(transparent)]
+    Catalog(#[from] prefetcher::catalog::CatalogError),
+    /// The budget cannot hold the dataset's largest sample twice.
+    #[error("budget {budget} is too small: `{path}` takes {size}, so the budget must be at least {needed} (two slots of at least that file, plus {reserve} of metadata)")]
+    BudgetTooSmall {
+        budget: String,
+        path: String,
+        size: String,
+        needed: String,
+        reserve: String,
+    },
+    /// The budget does not even cover the metadata.
+    #[error("budget {budget} is too small: metadata alone needs {reserve}")]
+    BudgetBelowReserve { budget: String, reserve: String },
+    /// The planner refused the settings.
+    #[error("planning: {0}")]
+    Plan(#[from] PlanError),
+    /// The first mini-epoch could not be staged.
+    #[error(transparent)]
+    Stage(#[from] prefetcher::stager::StageError),
+    /// The dataset has no samples.
+    #[error("source {0} has no files to serve")]
+    Empty(String),
+    /// Anything else about the setup.
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Files metfs keeps in the cache directory.
+#[derive(Debug, Clone)]
+pub struct CachePaths {
+    /// The cache directory.
+    pub root: PathBuf,
+    /// Slots and their journals.
+    pub slots: PathBuf,
+    /// Temporary files being staged.
+    pub tmp: PathBuf,
+    /// Saved catalog.
+    pub catalog: PathBuf,
+    /// Saved position.
+    pub state: PathBuf,
+    /// Lock file (holds the daemon's pid).
+    pub lock: PathBuf,
+}
+
+impl CachePaths {
+    /// Paths under `root`.
+    pub fn new(root: &Path) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            slots: root.join("slots"),
+            tmp: root.join("tmp"),
+            catalog: root.join("catalog.bin"),
+            state: root.join("state.json"),
+            lock: root.join("metfs.lock"),
+        }
+    }
+}
+
+/// How the budget splits into slots and metadata.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Budget {
+    /// The whole budget.
+    pub budget: u64,
+    /// Bytes set aside for metadata (catalog, journals, state, log, directories).
+    pub reserve: u64,
+    /// Most footprint bytes one slot may hold.
+    pub slot_bytes: u64,
+    /// Accounting granularity: file sizes are rounded up to this.
+    pub block: u64,
+}
+
+/// Bytes the log may take (it rotates at half of this).
+pub const LOG_RESERVE: u64 = 2 << 20;
+const BLOCK: u64 = 4096;
+
+impl Budget {
+    /// Splits `budget` for `catalog` whose saved form takes `catalog_bytes`.
+    pub fn new(budget: u64, catalog: &Catalog, catalog_bytes: u64) -> Result<Self, DaemonError> {
+        // Journals: every sample id at most once per slot (<= 11 bytes a line), two slots.
+        let journals = 2 * (11 * catalog.len() as u64 + BLOCK);
+        // Two slots of directories (+ the slot roots), and the slots/ and tmp/ directories.
+        let dirs = 2 * (catalog.dir_count() as u64 + 1) * BLOCK + 2 * BLOCK;
+        let state = BLOCK;
+        let reserve = round_up(catalog_bytes) + journals + dirs + state + LOG_RESERVE;
+        if budget <= reserve {
+            return Err(DaemonError::BudgetBelowReserve {
+                budget: format_bytes(budget),
+                reserve: format_bytes(reserve),
+            });
+        }
+        Ok(Self {
+            budget,
+            reserve,
+            slot_bytes: (budget - reserve) / 2,
+            block: BLOCK,
+        })
+    }
+}
+
+/// A file's footprint in the cache: its size rounded up to the block size.
+pub fn round_up(size: u64) -> u64 {
+    size.div_ceil(BLOCK) * BLOCK
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct SavedState {
+    fingerprint: String,
+    epoch: u64,
+    mini_epoch: u32,
+    generation: u64,
+    sequence: u64,
+    #[serde(default)]
+    run: Option<RunId>,
+    #[serde(default)]
+    job: Option<String>,
+}
+
+#[derive(Debug)]
+enum Next {
+    Idle,
+    Staging {
+        target: (u64, u32),
+        slot: String,
+        progress: Arc<Progress>,
+        started: Instant,
+    },
+    Ready {
+        target: (u64, u32),
+        slot: String,
+        report: StageReport,
+    },
+    Failed {
+        target: (u64, u32),
+        error: String,
+        at: Instant,
+    },
+}
+
+struct State {
+    epoch: u64,
+    mini_epoch: u32,
+    passes: u32,
+    generation: u64,
+    sequence: u64,
+    advance_wanted: bool,
+    bonus_passes: u64,
+    next: Next,
+    plans: BTreeMap<u64, Arc<EpochPlan>>,
+    policy: Box<dyn RfPolicy>,
+    draining: BTreeMap<u64, String>,
+    last_error: Option<String>,
+    failed_samples: Vec<String>,
+    slot_footprints: BTreeMap<String, u64>,
+    shutting_down: bool,
+    record: MiniEpochRecord,
+    history: Option<History>,
+    job: String,
+}
+
+/// A running daemon's shared core.
+pub struct Daemon {
+    /// The resolved configuration.
+    pub cfg: MountConfig,
+    /// Where metfs keeps its files.
+    pub paths: CachePaths,
+    catalog: Arc<Catalog>,
+    footprints: Vec<u64>,
+    plan_cfg: PlanConfig,
+    nm: u32,
+    budget: Budget,
+    stager: Stager,
+    fs: Arc<FsCore>,
+    passthrough: Arc<AtomicBool>,
+    state: Mutex<State>,
+    changed: watch::Sender<u64>,
+    notifier: Mutex<Option<fuser::Notifier>>,
+    fingerprint: String,
+    mountpoint: Mutex<PathBuf>,
+    tier_url: String,
+    started: Instant,
+    /// Fired when the daemon should unmount and exit.
+    pub shutdown: tokio::sync::Notify,
+}
+
+fn slot_name(target: (u64, u32)) -> String {
+    format!("e{:06}-m{:05}", target.0, target.1)
+}
+
+fn fnv(hash: &mut u64, bytes: &[u8]) {
+    for b in bytes {
+        *hash ^= *b as u64;
+        *hash = hash.wrapping_mul(0x100000001b3);
+    }
+}
+
+/// The rf history of this mount: the store, the dataset key, and the run being recorded.
+struct History {
+    store: HistoryStore,
+    dataset: String,
+    run: RunId,
+}
+
+fn open_history(
+    cfg: &MountConfig,
+    dataset: &str,
+    job: &str,
+    previous: Option<RunId>,
+) -> (Option<History>, Option<Vec<u32>>) {
+    match HistoryStore::open(&cfg.history) {
+        Ok((mut store, warnings)) => {
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
+            let schedule = store.schedule_excluding(dataset, job, previous);
+            let (run, resumed) = store.resume_or_start(dataset, job, previous);
+            tracing::info!(history = %cfg.history.display(), run = %run, resumed, job, "recording rf history");
+            (
+                Some(History {
+                    store,
+                    dataset: dataset.to_string(),
+                    run,
+                }),
+                schedule,
+            )
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "rf history unavailable; this run is not recorded");
+            (None, None)
+        }
+    }
+}
+
+fn build_policy(
+    cfg: &MountConfig,
+    schedule: Option<Vec<u32>>,
+) -> Result<Box<dyn RfPolicy>, DaemonError> {
+    if cfg.policy.kind == PolicyKind::Learned {
+        tracing::info!(
+            mini_epochs = schedule.as_ref().map_or(0, Vec::len),
+            "learned rf schedule"
+        );
+    }
+    feedback::config::build_policy(&cfg.policy, schedule)
+        .map_err(|e| DaemonError::Setup(format!("rf policy: {e}")))
+}
+
+fn lock_cache(paths: &CachePaths) -> Result<std::fs::File, DaemonError> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&paths.lock)
+        .map_err(|e| DaemonError::Cache {
+            path: paths.root.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut pid = String::new();
+        let _ = f.read_to_string(&mut pid);
+        return Err(DaemonError::CacheBusy(
+            paths.root.display().to_string(),
+            pid.trim().to_string(),
+        ));
+    }
+    let _ = f.set_len(0);
+    let _ = f.seek(std::io::SeekFrom::Start(0));
+    let _ = write!(f, "{}", std::process::id());
+    Ok(f)
+}
+
+/// Opens the capacity tier named by a source URL.
+pub fn open_tier(source: &str) -> Result<Arc<dyn CapacityTier>, DaemonError> {
+    if source.starts_with("s3://") {
+        return Err(DaemonError::Setup(format!(
+            "source {source}: this build has no S3 tier yet"
+        )));
+    }
+    Ok(Arc::new(PosixTier::new(Path::new(source))?))
+}
+
+/// Builds (or reuses) the catalog of `tier`, saved at `path`.
+pub async fn load_catalog(
+    tier: &dyn CapacityTier,
+    path: &Path,
+    cfg: &MountConfig,
+) -> Result<(Catalog, bool), DaemonError> {
+    if let Ok(saved) = Catalog::load(path) {
+        if saved.source() == tier.url() && tier.catalog_is_current(&saved).await? {
+            tracing::info!(samples = saved.len(), "reusing the saved catalog");
+            return Ok((saved, true));
+        }
+    }
+    let t = Instant::now();
+    let listing = tier.list().await?;
+    for (p, why) in &listing.skipped {
+        tracing::warn!(path = %p, reason = %why, "not served");
+    }
+    let mut cat = Catalog::from_entries(tier.url(), listing.entries)?;
+    cat.set_dir_stamps(listing.dir_stamps);
+    if cfg.label_from_dirs || (cfg.compose == Strategy::Stratified && cat.labels().is_none()) {
+        cat.label_by_first_dir();
+    }
+    tracing::info!(
+        samples = cat.len(),
+        bytes = %format_bytes(cat.total_bytes()),
+        secs = t.elapsed().as_secs_f64(),
+        "catalogued the source"
+    );
+    Ok((cat, false))
+}
+
+impl Daemon {
+    /// Prepares a mount: locks the cache, catalogues, plans, and stages the current mini-epoch.
+    /// Returns the daemon and the lock file (hold it for the daemon's life).
+    pub async fn prepare(cfg: MountConfig) -> Result<(Arc<Daemon>, std::fs::File), DaemonError> {
+        let paths = CachePaths::new(&cfg.cache);
+        match std::fs::metadata(&paths.root) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(DaemonError::Cache {
+                    path: paths.root.display().to_string(),
+                    reason: "not a directory".into(),
+                })
+            }
+            Err(e) => {
+                return Err(DaemonError::Cache {
+                    path: paths.root.display().to_string(),
+                    reason: format!("{e} (create it on node-local storage first)"),
+                })
+            }
+        }
+        let lock = lock_cache(&paths)?;
+        for d in [&paths.slots, &paths.tmp] {
+            std::fs::create_dir_all(d).map_err(|e| DaemonError::Cache {
+                path: d.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        }
+        let tier = open_tier(&cfg.source)?;
+        let (mut catalog, reused) = load_catalog(&*tier, &paths.catalog, &cfg).await?;
+        if catalog.is_empty() {
+            return Err(DaemonError::Empty(cfg.source.clone()));
+        }
+        if cfg.compose == Strategy::Stratified && catalog.labels().is_none() {
+            catalog.label_by_first_dir();
+        }
+        let catalog_bytes = if reused {
+            std::fs::metadata(&paths.catalog)
+                .map(|m| m.len())
+                .unwrap_or(0)
+        } else {
+            catalog.save(&paths.catalog)?
+        };
+        let budget = Budget::new(cfg.budget, &catalog, catalog_bytes)?;
+        let footprints: Vec<u64> = catalog.sizes().iter().map(|&s| round_up(s)).collect();
+        let plan_cfg = PlanConfig {
+            strategy: cfg.compose,
+            seed: cfg.seed,
+            slot_bytes: budget.slot_bytes,
+            mini_epochs: cfg.mini_epochs,
+            node_rank: cfg.node_rank,
+            nodes: cfg.nodes,
+        };
+        let set = SampleSet {
+            sizes: &footprints,
+            labels: catalog.labels(),
+            clusters: catalog.clusters(),
+        };
+        let nm = match planner::mini_epoch_count(&set, &plan_cfg) {
+            Ok(n) => n,
+            Err(PlanError::SampleTooLarge { sample, size, .. }) => {
+                return Err(DaemonError::BudgetTooSmall {
+                    budget: format_bytes(cfg.budget),
+                    path: catalog.path(sample),
+                    size: format_bytes(size),
+                    needed: format_bytes(2 * size + budget.reserve),
+                    reserve: format_bytes(budget.reserve),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let fingerprint = {
+            let mut h: u64 = 0xcbf29ce484222325;
+            for id in 0..catalog.len() as u32 {
+                let (d, n) = catalog.dir_and_name(id);
+                fnv(&mut h, d.as_bytes());
+                fnv(&mut h, b"/");
+                fnv(&mut h, n.as_bytes());
+                fnv(&mut h, &catalog.size(id).to_le_bytes());
+                fnv(&mut h, catalog.version(id).as_bytes());
+            }
+            format!(
+                "{}|{}|{}|{:?}|{}|{}|{}|{h:016x}",
+                cfg.source, budget.slot_bytes, nm, cfg.compose, cfg.seed, cfg.node_rank, cfg.nodes
+            )
+        };
+        let saved: Option<SavedState> = std::fs::read(&paths.state)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .filter(|s: &SavedState| s.fingerprint == fingerprint && s.mini_epoch < nm);
+        let pacer = Pacer::with_rate(match cfg.prefetch_rate {
+            PrefetchRate::Fixed(r) => Some(r),
+            _ => None,
+        });
+        let catalog = Arc::new(catalog);
+        let stager = Stager::new(
+            tier.clone(),
+            catalog.clone(),
+            paths.slots.clone(),
+            paths.tmp.clone(),
+            cfg.stager.clone(),
+            pacer,
+        );
+        stager.clean_tmp()?;
+        let (epoch, mini_epoch, generation, sequence) = match &saved {
+            Some(s) => {
+                tracing::info!(
+                    epoch = s.epoch,
+                    mini_epoch = s.mini_epoch,
+                    "resuming where the last mount stopped"
+                );
+                (s.epoch, s.mini_epoch, s.generation, s.sequence)
+            }
+            None => (0, 0, 1, 0),
+        };
+        let cur = (epoch, mini_epoch);
+        let succ = successor(cur, nm);
+        // Slots that belong to neither the current nor the successor mini-epoch are stale.
+        for name in stager.present_slots() {
+            if saved.is_none() || (name != slot_name(cur) && name != slot_name(succ)) {
+                stager.evict(&name)?;
+            }
+        }
+        if saved.is_none() {
+            // Journals without slot directories, from a different plan.
+            if let Ok(rd) = std::fs::read_dir(&paths.slots) {
+                for e in rd.flatten() {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        let dataset_key = fingerprint
+            .split('|')
+            .enumerate()
+            .filter(|(i, _)| *i != 5)
+            .map(|(_, p)| p)
+            .collect::<Vec<_>>()
+            .join("|");
+        let job = saved
+            .as_ref()
+            .and_then(|s| s.job.clone())
+            .unwrap_or_else(|| cfg.job.clone());
+        let (history, schedule) =
+            open_history(&cfg, &dataset_key, &job, saved.as_ref().and_then(|s| s.run));
+        let policy = build_policy(&cfg, schedule)?;
+        let set = SampleSet {
+            sizes: &footprints,
+            labels: catalog.labels(),
+            clusters: catalog.clusters(),
+        };
+        let plan = Arc::new(planner::plan_epoch(&set, &plan_cfg, epoch)?);
+        let me = &plan.mini_epochs[mini_epoch as usize];
+        let spec = SlotSpec {
+            name: slot_name(cur),
+            samples: me.samples.clone(),
+        };
+        tracing::info!(
+            mini_epochs = nm,
+            slot_bytes = %format_bytes(budget.slot_bytes),
+            reserve = %format_bytes(budget.reserve),
+            epoch, mini_epoch,
+            files = me.samples.len(),
+            bytes = %format_bytes(me.bytes),
+            "staging the first mini-epoch"
+        );
+        let t = Instant::now();
+        let report = stager.stage(&spec, Arc::default()).await?;
+        tracing::info!(
+            fetched = report.fetched,
+            resumed = report.resumed,
+            failed = report.failed.len(),
+            secs = t.elapsed().as_secs_f64(),
+            "mini-epoch staged"
+        );
+        let failed: Vec<String> = report
+            .failed
+            .iter()
+            .map(|(id, why)| format!("{}: {why}", catalog.path(*id)))
+            .collect();
+        let view = Arc::new(Self::view_for(
+            &catalog, &stager, &plan, cur, generation, &paths,
+        ));
+        let fs = Arc::new(FsCore::new(
+            view,
+            FsSettings {
+                max_open_files: cfg.max_open_files,
+                max_backing_ids: cfg.max_backing_ids,
+            },
+        ));
+        let mut plans = BTreeMap::new();
+        plans.insert(epoch, plan.clone());
+        let mut slot_footprints = BTreeMap::new();
+        slot_footprints.insert(
+            slot_name(cur),
+            me.samples.iter().map(|&s| footprints[s as usize]).sum(),
+        );
+        let (changed, _) = watch::channel(0u64);
+        let passthrough = Arc::new(AtomicBool::new(
+            cfg.passthrough == crate::config::PassthroughMode::Auto,
+        ));
+        let daemon = Arc::new(Daemon {
+            tier_url: tier.url().to_string(),
+            paths,
+            catalog,
+            footprints,
+            plan_cfg,
+            nm,
+            budget,
+            stager,
+            fs,
+            passthrough,
+            state: Mutex::new(State {
+                epoch,
+                mini_epoch,
+                passes: 0,
+                generation,
+                sequence,
+                advance_wanted: false,
+                bonus_passes: 0,
+                next: Next::Idle,
+                plans,
+                policy,
+                draining: BTreeMap::new(),
+                last_error: None,
+                failed_samples: failed,
+                slot_footprints,
+                shutting_down: false,
+                record: MiniEpochRecord::begin(sequence, epoch, mini_epoch),
+                history,
+                job,
+            }),
+            changed,
+            notifier: Mutex::new(None),
+            fingerprint,
+            mountpoint: Mutex::new(PathBuf::new()),
+            started: Instant::now(),
+            shutdown: tokio::sync::Notify::new(),
+            cfg,
+        });
+        daemon.save_state();
+        Ok((daemon, lock))
+    }
+
+    fn view_for(
+        catalog: &Catalog,
+        stager: &Stager,
+        plan: &EpochPlan,
+        target: (u64, u32),
+        generation: u64,
+        paths: &CachePaths,
+    ) -> View {
+        let name = slot_name(target);
+        let failed = journal_failures(&paths.slots, &name);
+        let samples: Vec<u32> = plan.mini_epochs[target.1 as usize]
+            .samples
+            .iter()
+            .copied()
+            .filter(|s| !failed.contains(s))
+            .collect();
+        View::build(
+            catalog,
+            &samples,
+            generation,
+            target.0,
+            target.1,
+            &name,
+            &stager.slot_path(&name),
+        )
+    }
+
+    /// The filesystem core, for the FUSE adapter.
+    pub fn fs(&self) -> Arc<FsCore> {
+        self.fs.clone()
+    }
+
+    /// Whether reads may use passthrough (cleared by the adapter if the kernel refuses).
+    pub fn passthrough_flag(&self) -> Arc<AtomicBool> {
+        self.passthrough.clone()
+    }
+
+    /// Records the mountpoint and the kernel notifier once mounted.
+    pub fn mounted(&self, mountpoint: &Path, notifier: fuser::Notifier) {
+        *self.mountpoint.lock().unwrap() = mountpoint.to_path_buf();
+        *self.notifier.lock().unwrap() = Some(notifier);
+    }
+
+    /// The mountpoint.
+    pub fn mountpoint(&self) -> PathBuf {
+        self.mountpoint.lock().unwrap().clone()
+    }
+
+    fn plan_of(&self, s: &mut State, epoch: u64) -> Arc<EpochPlan> {
+        if let Some(p) = s.plans.get(&epoch) {
+            return p.clone();
+        }
+        let set = SampleSet {
+            sizes: &self.footprints,
+            labels: self.catalog.labels(),
+            clusters: self.catalog.clusters(),
+        };
+        // The plan was validated for this catalog and config at startup; the planner is a pure
+        // function, so a later epoch cannot fail where epoch 0 succeeded.
+        let p = Arc::new(
+            planner::plan_epoch(&set, &self.plan_cfg, epoch)
+                .expect("the planner accepted these inputs at startup"),
+        );
+        s.plans.insert(epoch, p.clone());
+        while s.plans.len() > 3 {
+            let first = *s.plans.keys().next().unwrap();
+            s.plans.remove(&first);
+        }
+        p
+    }
+
+    fn save_state(&self) {
+        let s = self.state.lock().unwrap();
+        let saved = SavedState {
+            fingerprint: self.fingerprint.clone(),
+            epoch: s.epoch,
+            mini_epoch: s.mini_epoch,
+            generation: s.generation,
+            sequence: s.sequence,
+            run: s.history.as_ref().map(|h| h.run),
+            job: Some(s.job.clone()),
+        };
+        drop(s);
+        let tmp = self.paths.state.with_extension("tmp");
+        let res = std::fs::write(&tmp, serde_json::to_vec(&saved).unwrap())
+            .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
+            .and_then(|_| std::fs::rename(&tmp, &self.paths.state));
+        if let Err(e) = res {
+            tracing::error!(error = %e, path = %self.paths.state.display(), "cannot save the position");
+        }
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Stages successors forever; run as a task.
+    pub async fn stager_loop(self: Arc<Self>) {
+        let mut rx = self.changed.subscribe();
+        loop {
+            let job = {
+                let mut s = self.state.lock().unwrap();
+                if s.shutting_down {
+                    return;
+                }
+                let target = successor((s.epoch, s.mini_epoch), self.nm);
+                let busy = match &s.next {
+                    Next::Ready { target: t, .. } => *t == target,
+                    Next::Staging { .. } => true,
+                    Next::Failed { target: t, at, .. } => {
+                        *t == target && at.elapsed() < Duration::from_secs(5)
+                    }
+                    Next::Idle => false,
+                };
+                if busy || !s.draining.is_empty() {
+                    None
+                } else {
+                    let plan = self.plan_of(&mut s, target.0);
+                    let me = &plan.mini_epochs[target.1 as usize];
+                    let slot = slot_name(target);
+                    let progress: Arc<Progress> = Arc::default();
+                    s.next = Next::Staging {
+                        target,
+                        slot: slot.clone(),
+                        progress: progress.clone(),
+                        started: Instant::now(),
+                    };
+                    s.slot_footprints.insert(
+                        slot.clone(),
+                        me.samples
+                            .iter()
+                            .map(|&x| self.footprints[x as usize])
+                            .sum(),
+                    );
+                    Some((
+                        target,
+                        SlotSpec {
+                            name: slot,
+                            samples: me.samples.clone(),
+                        },
+                        progress,
+                        me.bytes,
+                    ))
+                }
+            };
+            let Some((target, spec, progress, bytes)) = job else {
+                // A failed slot is retried after a pause even if nothing else changes.
+                let _ = tokio::time::timeout(Duration::from_secs(5), rx.changed()).await;
+                continue;
+            };
+            tracing::info!(
+                epoch = target.0,
+                mini_epoch = target.1,
+                files = spec.samples.len(),
+                bytes = %format_bytes(bytes),
+                "staging the next mini-epoch"
+            );
+            let result = self.stager.stage(&spec, progress).await;
+            {
+                let mut s = self.state.lock().unwrap();
+                match result {
+                    Ok(report) => {
+                        tracing::info!(
+                            epoch = target.0,
+                            mini_epoch = target.1,
+                            fetched = report.fetched,
+                            resumed = report.resumed,
+                            failed = report.failed.len(),
+                            secs = report.elapsed.as_secs_f64(),
+                            "next mini-epoch staged"
+                        );
+                        for (id, why) in &report.failed {
+                            s.failed_samples
+                                .push(format!("{}: {why}", self.catalog.path(*id)));
+                            s.last_error = Some(why.clone());
+                        }
+                        if s.failed_samples.len() > 100 {
+                            let cut = s.failed_samples.len() - 100;
+                            s.failed_samples.drain(..cut);
+                        }
+                        s.next = Next::Ready {
+                            target,
+                            slot: spec.name.clone(),
+                            report,
+                        };
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "staging failed; the current view keeps serving and staging is retried");
+                        s.last_error = Some(e.to_string());
+                        s.next = Next::Failed {
+                            target,
+                            error: e.to_string(),
+                            at: Instant::now(),
+                        };
+                    }
+                }
+            }
+            self.bump();
+        }
+    }
+
+    /// Evicts retired views whose last handle closed; run as a task.
+    pub async fn drain_loop(self: Arc<Self>, mut rx: tokio::sync::mpsc::UnboundedReceiver<u64>) {
+        while let Some(gen) = rx.recv().await {
+            self.evict_view(gen).await;
+        }
+    }
+
+    async fn evict_view(&self, gen: u64) {
+        let slot = {
+            let mut s = self.state.lock().unwrap();
+            let Some(slot) = s.draining.remove(&gen) else {
+                return;
+            };
+            s.slot_footprints.remove(&slot);
+            slot
+        };
+        self.fs.retire(gen);
+        let stager = self.stager.clone();
+        let name = slot.clone();
+        match tokio::task::spawn_blocking(move || stager.evict(&name)).await {
+            Ok(Ok(())) => tracing::info!(slot = %slot, "evicted"),
+            Ok(Err(e)) => tracing::error!(slot = %slot, error = %e, "eviction failed"),
+            Err(e) => tracing::error!(slot = %slot, error = %e, "eviction task failed"),
+        }
+        self.bump();
+    }
+
+    /// Switches the view to the successor if it is staged. Returns whether it switched.
+    async fn try_switch(&self) -> bool {
+        let (old, new) = {
+            let mut s = self.state.lock().unwrap();
+            let succ = successor((s.epoch, s.mini_epoch), self.nm);
+            let Next::Ready { target, slot, .. } = &s.next else {
+                return false;
+            };
+            if *target != succ {
+                return false;
+            }
+            let slot = slot.clone();
+            let plan = self.plan_of(&mut s, succ.0);
+            s.generation += 1;
+            let view = Arc::new(Self::view_for(
+                &self.catalog,
+                &self.stager,
+                &plan,
+                succ,
+                s.generation,
+                &self.paths,
+            ));
+            debug_assert_eq!(view.slot, slot);
+            let old = self.fs.switch(view.clone());
+            s.draining.insert(old.generation, old.slot.clone());
+            s.epoch = succ.0;
+            s.mini_epoch = succ.1;
+            s.passes = 0;
+            s.advance_wanted = false;
+            s.sequence += 1;
+            let rec = std::mem::replace(
+                &mut s.record,
+                MiniEpochRecord::begin(s.sequence, succ.0, succ.1),
+            );
+            if let Some(h) = s.history.as_mut() {
+                let saved = h
+                    .store
+                    .record_mini_epoch(h.run, rec)
+                    .and_then(|_| h.store.save());
+                if let Err(e) = saved {
+                    tracing::warn!(error = %e, "cannot record the rf history");
+                }
+            }
+            s.next = Next::Idle;
+            s.policy.on_advance();
+            (old, view)
+        };
+        self.save_state();
+        tracing::info!(
+            epoch = new.epoch,
+            mini_epoch = new.mini_epoch,
+            generation = new.generation,
+            files = new.file_count(),
+            "mini-epoch is now current"
+        );
+        // Drop the kernel's cached entries of the old view before anyone hears of the switch.
+        let notifier = self.notifier.lock().unwrap().clone();
+        if let Some(n) = notifier {
+            let names = old.root_names();
+            let _ = tokio::task::spawn_blocking(move || {
+                for name in names {
+                    let _ = n.inval_entry(fuser::INodeNo(crate::view::ROOT_INO), name.as_ref());
+                }
+                let _ = n.inval_inode(fuser::INodeNo(crate::view::ROOT_INO), 0, 0);
+            })
+            .await;
+        }
+        if old.open_handles() == 0 {
+            self.evict_view(old.generation).await;
+        }
+        self.bump();
+        true
+    }
+
+    fn position(&self, s: &State, decision: &str) -> Value {
+        json!({
+            "decision": decision,
+            "generation": s.generation,
+            "epoch": s.epoch,
+            "mini_epoch": s.mini_epoch,
+            "mini_epochs": self.nm,
+            "pass": s.passes,
+            "rf": s.policy.expected_rf(),
+            "next_ready": self.next_ready(s),
+        })
+    }
+
+    fn next_ready(&self, s: &State) -> bool {
+        matches!(&s.next, Next::Ready { target, .. } if *target == successor((s.epoch, s.mini_epoch), self.nm))
+    }
+
+    /// Waits until the successor is staged (or the daemon shuts down) and switches.
+    async fn switch_blocking(&self) -> Result<(), ProtocolError> {
+        loop {
+            let mut rx = self.changed.subscribe();
+            if self.try_switch().await {
+                return Ok(());
+            }
+            if self.state.lock().unwrap().shutting_down {
+                return Err(ProtocolError::new(
+                    ErrorCode::ShuttingDown,
+                    "the daemon is shutting down",
+                ));
+            }
+            let _ = rx.changed().await;
+        }
+    }
+
+    /// Handles `pass_end`.
+    pub async fn pass_end(
+        &self,
+        job: Option<String>,
+        metrics: Metrics,
+        block: bool,
+    ) -> Result<Value, ProtocolError> {
+        let (reason, want) = {
+            let mut s = self.state.lock().unwrap();
+            if let Some(j) = job {
+                self.adopt_job(&mut s, j)?;
+            }
+            let state = PassState {
+                passes: s.passes + 1,
+                sequence: s.sequence,
+            };
+            let d = s
+                .policy
+                .on_pass_end(&metrics, &state)
+                .map_err(|e| ProtocolError::new(ErrorCode::BadMetrics, e.to_string()))?;
+            s.passes = state.passes;
+            s.record.add_pass(&d);
+            if d.verdict == Verdict::Advance {
+                s.advance_wanted = true;
+            }
+            (d.reason, s.advance_wanted)
+        };
+        let decision = if !want {
+            "repeat"
+        } else if self.try_switch().await {
+            "advance"
+        } else if block {
+            self.switch_blocking().await?;
+            "advance"
+        } else {
+            self.state.lock().unwrap().bonus_passes += 1;
+            "wait"
+        };
+        let s = self.state.lock().unwrap();
+        let mut out = self.position(&s, decision);
+        out["reason"] = reason;
+        Ok(out)
+    }
+
+    /// Takes the client's job key for the rf history. Before anything is recorded the run is
+    /// re-keyed (and a learned policy reloads that job's schedule); later a different key is
+    /// an error, since one run has one key.
+    fn adopt_job(&self, s: &mut State, job: String) -> Result<(), ProtocolError> {
+        if job == s.job {
+            return Ok(());
+        }
+        let fresh = s.passes == 0 && s.record.scores.is_empty();
+        let untouched = fresh
+            && s.history
+                .as_ref()
+                .is_none_or(|h| h.store.run(h.run).is_none_or(|r| r.mini_epochs.is_empty()));
+        if !untouched {
+            return Err(ProtocolError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "job `{job}`: this mount already records job `{}`; one mount serves one job key",
+                    s.job
+                ),
+            ));
+        }
+        let mut schedule = None;
+        if let Some(h) = s.history.as_mut() {
+            schedule = h.store.schedule(&h.dataset, &job);
+            h.run = h.store.start_run(&h.dataset, &job);
+        }
+        if self.cfg.policy.kind == PolicyKind::Learned {
+            s.policy = build_policy(&self.cfg, schedule)
+                .map_err(|e| ProtocolError::new(ErrorCode::Internal, e.to_string()))?;
+        }
+        tracing::info!(job = %job, "job key for the rf history");
+        s.job = job;
+        Ok(())
+    }
+
+    /// Handles `advance`: switches now if the successor is staged; otherwise blocks (`wait`)
+    /// or answers `wait` and advances at the next pass end that finds it staged.
+    pub async fn advance(&self, wait: bool) -> Result<Value, ProtocolError> {
+        self.state.lock().unwrap().advance_wanted = true;
+        let decision = if self.try_switch().await {
+            "advance"
+        } else if wait {
+            self.switch_blocking().await?;
+            "advance"
+        } else {
+            "wait"
+        };
+        let s = self.state.lock().unwrap();
+        Ok(self.position(&s, decision))
+    }
+
+    /// Handles `apply`: a follower moves to exactly (epoch, mini_epoch).
+    pub async fn apply(
+        &self,
+        epoch: u64,
+        mini_epoch: u32,
+        wait: bool,
+    ) -> Result<Value, ProtocolError> {
+        let (cur, succ) = {
+            let s = self.state.lock().unwrap();
+            let cur = (s.epoch, s.mini_epoch);
+            (cur, successor(cur, self.nm))
+        };
+        if (epoch, mini_epoch) == cur {
+            let mut s = self.state.lock().unwrap();
+            s.passes += 1;
+            return Ok(self.position(&s, "repeat"));
+        }
+        if (epoch, mini_epoch) != succ {
+            return Err(ProtocolError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "cannot apply epoch {epoch} mini-epoch {mini_epoch}: this node is at epoch {} mini-epoch {} and can only move to epoch {} mini-epoch {}",
+                    cur.0, cur.1, succ.0, succ.1
+                ),
+            ));
+        }
+        self.advance(wait).await
+    }
+
+    /// The `status` object.
+    pub fn status(&self) -> Value {
+        let s = self.state.lock().unwrap();
+        let view = self.fs.current();
+        let (staging, staging_bytes_done) = match &s.next {
+            Next::Idle => (
+                json!({"state": if s.draining.is_empty() {"idle"} else {"draining"}}),
+                0,
+            ),
+            Next::Staging {
+                target,
+                slot,
+                progress,
+                started,
+            } => {
+                let done = progress.bytes_done.load(Ordering::Relaxed);
+                let total = progress.bytes_total.load(Ordering::Relaxed);
+                let secs = started.elapsed().as_secs_f64();
+                let fetched = progress.bytes_fetched.load(Ordering::Relaxed);
+                let rate = if secs > 0.0 {
+                    fetched as f64 / secs
+                } else {
+                    0.0
+                };
+                let eta = if rate > 0.0 {
+                    Some((total.saturating_sub(done)) as f64 / rate)
+                } else {
+                    None
+                };
+                (
+                    json!({
+                        "state": "staging", "slot": slot, "epoch": target.0, "mini_epoch": target.1,
+                        "files_done": progress.files_done.load(Ordering::Relaxed),
+                        "files_total": progress.files_total.load(Ordering::Relaxed),
+                        "bytes_done": done, "bytes_total": total,
+                        "bytes_per_s": rate, "eta_s": eta,
+                    }),
+                    done,
+                )
+            }
+            Next::Ready {
+                target,
+                slot,
+                report,
+            } => (
+                json!({
+                    "state": "ready", "slot": slot, "epoch": target.0, "mini_epoch": target.1,
+                    "fetched": report.fetched, "resumed": report.resumed,
+                    "failed": report.failed.len(), "secs": report.elapsed.as_secs_f64(),
+                }),
+                0,
+            ),
+            Next::Failed { target, error, .. } => (
+                json!({"state": "failed", "epoch": target.0, "mini_epoch": target.1, "error": error}),
+                0,
+            ),
+        };
+        let staged_slots: u64 = s
+            .slot_footprints
+            .iter()
+            .filter(|(name, _)| match &s.next {
+                Next::Staging { slot, .. } => *name != slot,
+                _ => true,
+            })
+            .map(|(_, b)| *b)
+            .sum();
+        let meta: u64 = [&self.paths.catalog, &self.paths.state, &self.cfg.log_file]
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| round_up(m.len()))
+            .sum();
+        json!({
+            "epoch": s.epoch,
+            "mini_epoch": s.mini_epoch,
+            "mini_epochs": self.nm,
+            "pass": s.passes,
+            "rf": s.policy.expected_rf(),
+            "rf_policy": s.policy.name(),
+            "job": s.job,
+            "advance_wanted": s.advance_wanted,
+            "generation": s.generation,
+            "next_ready": self.next_ready(&s),
+            "cache_bytes": staged_slots + round_up(staging_bytes_done) + meta,
+            "budget_bytes": self.budget.budget,
+            "slot_bytes": self.budget.slot_bytes,
+            "reserve_bytes": self.budget.reserve,
+            "tier_bytes_read": self.stager.tier_bytes_read(),
+            "view_files": view.file_count(),
+            "view_bytes": view.bytes(),
+            "dataset_files": self.catalog.len(),
+            "dataset_bytes": self.catalog.total_bytes(),
+            "bonus_passes": s.bonus_passes,
+            "staging": staging,
+            "draining_slots": s.draining.len(),
+            "open_handles": self.fs.open_handles(),
+            "passthrough": self.passthrough.load(Ordering::Relaxed),
+            "last_error": s.last_error,
+            "failed_samples": s.failed_samples,
+            "source": self.tier_url,
+            "mountpoint": self.mountpoint().display().to_string(),
+            "socket": self.cfg.socket.display().to_string(),
+            "node_rank": self.cfg.node_rank,
+            "nodes": self.cfg.nodes,
+            "compose": self.cfg.compose,
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "pid": std::process::id(),
+        })
+    }
+
+    /// The `files` object.
+    pub fn files(&self) -> Value {
+        let view = self.fs.current();
+        json!({
+            "generation": view.generation,
+            "epoch": view.epoch,
+            "mini_epoch": view.mini_epoch,
+            "mountpoint": self.mountpoint().display().to_string(),
+            "files": view.file_paths(),
+        })
+    }
+
+    /// The `hello` object.
+    pub fn hello(&self, job: Option<String>) -> Value {
+        json!({
+            "protocol": feedback::protocol::PROTOCOL_VERSION,
+            "version": env!("CARGO_PKG_VERSION"),
+            "mountpoint": self.mountpoint().display().to_string(),
+            "job": job,
+        })
+    }
+
+    /// Starts shutting down: blocked callers are released with `shutting_down`.
+    pub fn begin_shutdown(&self) {
+        self.state.lock().unwrap().shutting_down = true;
+        self.bump();
+        self.shutdown.notify_waiters();
+        self.shutdown.notify_one();
+    }
+
+    /// Saves the position and the rf history (at shutdown).
+    pub fn persist(&self) {
+        self.save_state();
+        let mut s = self.state.lock().unwrap();
+        let rec = s.record.clone();
+        if let Some(h) = s.history.as_mut() {
+            let mut r = Ok(());
+            if !rec.scores.is_empty() {
+                r = h.store.record_mini_epoch(h.run, rec);
+            }
+            if let Err(e) = r.and_then(|_| h.store.save()) {
+                tracing::warn!(error = %e, "cannot save the rf history");
+            }
+        }
+    }
+}
+
+/// The mini-epoch after `cur` in a run with `nm` mini-epochs per epoch.
+pub fn successor(cur: (u64, u32), nm: u32) -> (u64, u32) {
+    if cur.1 + 1 < nm {
+        (cur.0, cur.1 + 1)
+    } else {
+        (cur.0 + 1, 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefetcher::catalog::CatalogEntry;
+
+    #[test]
+    fn successor_wraps_epochs() {
+        assert_eq!(successor((0, 0), 3), (0, 1));
+        assert_eq!(successor((0, 2), 3), (1, 0));
+        assert_eq!(successor((5, 0), 1), (6, 0));
+    }
+
+    #[test]
+    fn budget_reserve_and_slots() {
+        let cat = Catalog::from_entries(
+            "s",
+            (0..100).map(|i| CatalogEntry::new(format!("d{}/f{i}", i % 4), 1000)),
+        )
+        .unwrap();
+        let b = Budget::new(64 << 20, &cat, 5000).unwrap();
+        assert!(b.reserve > LOG_RESERVE);
+        assert_eq!(b.slot_bytes, (b.budget - b.reserve) / 2);
+        assert!(Budget::new(1 << 20, &cat, 5000).is_err());
+        assert_eq!(round_up(0), 0);
+        assert_eq!(round_up(1), 4096);
+        assert_eq!(round_up(4096), 4096);
+    }
+}

@@ -1,0 +1,545 @@
+//! The filesystem core: lookup, getattr, readdir, open, read and release over the views,
+//! independent of FUSE so that tests can drive it directly.
+//!
+//! Invariants:
+//! * the root (inode 1) always resolves in the current view; any other inode resolves only in
+//!   the view of its generation, and only while that view is retained;
+//! * a view switch ([`FsCore::switch`]) is one pointer swap under a write lock: a lookup sees
+//!   the old view or the new one, never a mix;
+//! * a handle pins its view: the view (and so its slot) is retained until the last handle on it
+//!   is released, and the daemon is told (through the `drained` channel) when a retired view's
+//!   last handle goes, so it can evict the slot;
+//! * backing files are opened read-only and kept in a bounded cache (`moka`); evicting an entry
+//!   drops the last reference and closes the descriptor, so millions of files never exhaust
+//!   descriptors. Passthrough backing ids (opaque to the core) are cached the same way, per
+//!   view, and dropped when the view is retired, so a deleted slot's blocks are really freed.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::SystemTime;
+
+use thiserror::Error;
+
+use crate::view::{Miss, NodeKind, View, ROOT_INO};
+
+/// Errors at the filesystem boundary; each maps to one errno.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum FsError {
+    /// No such file or directory.
+    #[error("no such file or directory")]
+    NotFound,
+    /// The inode belongs to a view that has been retired.
+    #[error("stale file handle")]
+    Stale,
+    /// Not a directory.
+    #[error("not a directory")]
+    NotDir,
+    /// Is a directory.
+    #[error("is a directory")]
+    IsDir,
+    /// Unknown file handle.
+    #[error("bad file handle")]
+    BadHandle,
+    /// I/O error on the backing file.
+    #[error("I/O error on a backing file")]
+    Io(i32),
+}
+
+impl FsError {
+    /// The errno the kernel gets.
+    pub fn errno(self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::Stale => libc::ESTALE,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::BadHandle => libc::EBADF,
+            FsError::Io(e) => e,
+        }
+    }
+}
+
+impl From<Miss> for FsError {
+    fn from(m: Miss) -> Self {
+        match m {
+            Miss::NotFound => FsError::NotFound,
+            Miss::Stale => FsError::Stale,
+            Miss::NotDir => FsError::NotDir,
+        }
+    }
+}
+
+/// Attributes of a node, as the adapter reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: u64,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+    /// Directory or regular file.
+    pub is_dir: bool,
+    /// Generation of the view the node belongs to.
+    pub generation: u64,
+}
+
+/// One directory entry returned by [`FsCore::readdir`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Inode number.
+    pub ino: u64,
+    /// Offset of the *next* entry (what readdir resumes from).
+    pub next_offset: u64,
+    /// Directory or regular file.
+    pub is_dir: bool,
+    /// Name.
+    pub name: String,
+}
+
+/// A file opened through the core.
+#[derive(Debug, Clone)]
+pub struct Opened {
+    /// File handle to give the kernel.
+    pub fh: u64,
+    /// The backing file (read-only).
+    pub file: Arc<File>,
+    /// Cache key of the file: (generation, node).
+    pub key: (u64, u32),
+}
+
+struct Handle {
+    view: Arc<View>,
+    file: Option<Arc<File>>,
+    /// Passthrough backing id (or anything the adapter wants pinned while the handle lives).
+    pinned: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+struct Views {
+    current: Arc<View>,
+    retained: HashMap<u64, Arc<View>>,
+}
+
+/// Settings of the core.
+#[derive(Debug, Clone)]
+pub struct FsSettings {
+    /// Most backing files kept open for the pread path.
+    pub max_open_files: u64,
+    /// Most passthrough backing ids kept.
+    pub max_backing_ids: u64,
+}
+
+/// The filesystem core. See the module docs.
+pub struct FsCore {
+    views: RwLock<Views>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    files: moka::sync::Cache<(u64, u32), Arc<File>>,
+    backing: moka::sync::Cache<(u64, u32), Arc<dyn Any + Send + Sync>>,
+    drained: Mutex<Option<tokio::sync::mpsc::UnboundedSender<u64>>>,
+    /// Bytes served by the pread path.
+    pub bytes_read: AtomicU64,
+    /// Files opened through the mount.
+    pub opens: AtomicU64,
+    /// Time used as mtime/ctime of every node.
+    pub mtime: SystemTime,
+}
+
+impl FsCore {
+    /// A core showing `initial`.
+    pub fn new(initial: Arc<View>, settings: FsSettings) -> Self {
+        Self {
+            views: RwLock::new(Views {
+                current: initial,
+                retained: HashMap::new(),
+            }),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            files: moka::sync::Cache::builder()
+                .max_capacity(settings.max_open_files)
+                .support_invalidation_closures()
+                .build(),
+            backing: moka::sync::Cache::builder()
+                .max_capacity(settings.max_backing_ids)
+                .support_invalidation_closures()
+                .build(),
+            drained: Mutex::new(None),
+            bytes_read: AtomicU64::new(0),
+            opens: AtomicU64::new(0),
+            mtime: SystemTime::now(),
+        }
+    }
+
+    /// Where to report the generation of a retired view whose last handle was released.
+    pub fn set_drained_sender(&self, tx: tokio::sync::mpsc::UnboundedSender<u64>) {
+        *self.drained.lock().unwrap() = Some(tx);
+    }
+
+    /// The current view.
+    pub fn current(&self) -> Arc<View> {
+        self.views.read().unwrap().current.clone()
+    }
+
+    /// Makes `next` current and retains the old view; returns the old view.
+    pub fn switch(&self, next: Arc<View>) -> Arc<View> {
+        let mut v = self.views.write().unwrap();
+        let old = std::mem::replace(&mut v.current, next);
+        v.retained.insert(old.generation, old.clone());
+        old
+    }
+
+    /// Forgets a retired view: its inodes go stale and its cached files and backing ids are
+    /// dropped. Call only when no handle is open on it.
+    pub fn retire(&self, generation: u64) {
+        self.views.write().unwrap().retained.remove(&generation);
+        self.files
+            .invalidate_entries_if(move |k, _| k.0 == generation)
+            .expect("invalidation closures are enabled");
+        self.backing
+            .invalidate_entries_if(move |k, _| k.0 == generation)
+            .expect("invalidation closures are enabled");
+        self.files.run_pending_tasks();
+        self.backing.run_pending_tasks();
+    }
+
+    /// Generations of retained (retired but not yet forgotten) views.
+    pub fn retained(&self) -> Vec<u64> {
+        self.views
+            .read()
+            .unwrap()
+            .retained
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    fn view_of(&self, ino: u64) -> Result<(Arc<View>, u32), FsError> {
+        let v = self.views.read().unwrap();
+        if ino == ROOT_INO {
+            return Ok((v.current.clone(), 0));
+        }
+        let gen = ino >> 32;
+        let view = if gen == v.current.generation {
+            v.current.clone()
+        } else {
+            v.retained.get(&gen).cloned().ok_or(FsError::Stale)?
+        };
+        let idx = view.index_of(ino).ok_or(FsError::NotFound)?;
+        Ok((view, idx))
+    }
+
+    fn attr(&self, view: &View, idx: u32) -> Attr {
+        let (size, is_dir) = match view.node(idx).kind {
+            NodeKind::Dir { .. } => (0, true),
+            NodeKind::File { size, .. } => (size, false),
+        };
+        Attr {
+            ino: view.ino(idx),
+            size,
+            is_dir,
+            generation: view.generation,
+        }
+    }
+
+    /// Resolves `name` in directory `parent`.
+    pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
+        let (view, idx) = self.view_of(parent)?;
+        let child = view.lookup(idx, name)?;
+        Ok(self.attr(&view, child))
+    }
+
+    /// Attributes of `ino`.
+    pub fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
+        let (view, idx) = self.view_of(ino)?;
+        Ok(self.attr(&view, idx))
+    }
+
+    /// Pins the view of directory `ino` for a listing; returns a handle for [`FsCore::readdir`].
+    pub fn opendir(&self, ino: u64) -> Result<u64, FsError> {
+        let (view, idx) = self.view_of(ino)?;
+        view.children(idx)?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        view.handle_opened();
+        self.handles.lock().unwrap().insert(
+            fh,
+            Handle {
+                view,
+                file: None,
+                pinned: None,
+            },
+        );
+        Ok(fh)
+    }
+
+    /// Entries of directory `ino` from `offset`, in the view pinned by `fh` (so one listing
+    /// never mixes two views), including `.` and `..`.
+    pub fn readdir(&self, ino: u64, fh: u64, offset: u64) -> Result<Vec<DirEntry>, FsError> {
+        let view = self
+            .handles
+            .lock()
+            .unwrap()
+            .get(&fh)
+            .map(|h| h.view.clone())
+            .ok_or(FsError::BadHandle)?;
+        let idx = if ino == ROOT_INO {
+            0
+        } else {
+            view.index_of(ino).ok_or(FsError::Stale)?
+        };
+        let children = view.children(idx)?;
+        let parent = view.node(idx).parent;
+        let mut out = Vec::new();
+        let total = children.len() as u64 + 2;
+        for off in offset..total {
+            let (ino, is_dir, name) = match off {
+                0 => (view.ino(idx), true, ".".to_string()),
+                1 => (view.ino(parent), true, "..".to_string()),
+                _ => {
+                    let c = children[(off - 2) as usize];
+                    let n = view.node(c);
+                    (
+                        view.ino(c),
+                        matches!(n.kind, NodeKind::Dir { .. }),
+                        n.name.to_string(),
+                    )
+                }
+            };
+            out.push(DirEntry {
+                ino,
+                next_offset: off + 1,
+                is_dir,
+                name,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Opens file `ino` read-only; the handle pins its view.
+    pub fn open(&self, ino: u64) -> Result<Opened, FsError> {
+        let (view, idx) = self.view_of(ino)?;
+        if matches!(view.node(idx).kind, NodeKind::Dir { .. }) {
+            return Err(FsError::IsDir);
+        }
+        let key = (view.generation, idx);
+        let file = match self.files.get(&key) {
+            Some(f) => f,
+            None => {
+                let f = Arc::new(
+                    File::open(view.backing_path(idx))
+                        .map_err(|e| FsError::Io(e.raw_os_error().unwrap_or(libc::EIO)))?,
+                );
+                self.files.insert(key, f.clone());
+                f
+            }
+        };
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        view.handle_opened();
+        self.opens.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().unwrap().insert(
+            fh,
+            Handle {
+                view,
+                file: Some(file.clone()),
+                pinned: None,
+            },
+        );
+        Ok(Opened { fh, file, key })
+    }
+
+    /// The cached passthrough backing id of `key`, if any.
+    pub fn backing(&self, key: (u64, u32)) -> Option<Arc<dyn Any + Send + Sync>> {
+        self.backing.get(&key)
+    }
+
+    /// Caches a passthrough backing id for `key` (kept while its view lives) and pins it to `fh`.
+    pub fn set_backing(&self, key: (u64, u32), fh: u64, id: Arc<dyn Any + Send + Sync>) {
+        self.backing.insert(key, id.clone());
+        if let Some(h) = self.handles.lock().unwrap().get_mut(&fh) {
+            h.pinned = Some(id);
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset` through handle `fh` (the pread path).
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        let file = self
+            .handles
+            .lock()
+            .unwrap()
+            .get(&fh)
+            .and_then(|h| h.file.clone())
+            .ok_or(FsError::BadHandle)?;
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            match file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(FsError::Io(e.raw_os_error().unwrap_or(libc::EIO))),
+            }
+        }
+        buf.truncate(done);
+        self.bytes_read.fetch_add(done as u64, Ordering::Relaxed);
+        Ok(buf)
+    }
+
+    /// Releases a file or directory handle.
+    pub fn release(&self, fh: u64) {
+        let Some(h) = self.handles.lock().unwrap().remove(&fh) else {
+            return;
+        };
+        let left = h.view.handle_closed();
+        if left == 0 {
+            let is_current = self.views.read().unwrap().current.generation == h.view.generation;
+            if !is_current {
+                if let Some(tx) = self.drained.lock().unwrap().as_ref() {
+                    let _ = tx.send(h.view.generation);
+                }
+            }
+        }
+    }
+
+    /// Open handles in total.
+    pub fn open_handles(&self) -> usize {
+        self.handles.lock().unwrap().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefetcher::catalog::{Catalog, CatalogEntry};
+
+    fn setup() -> (tempfile::TempDir, Catalog) {
+        let d = tempfile::tempdir().unwrap();
+        for (slot, byte) in [("s1", 1u8), ("s2", 2u8)] {
+            std::fs::create_dir_all(d.path().join(slot).join("d")).unwrap();
+            std::fs::write(d.path().join(slot).join("d/f"), vec![byte; 100]).unwrap();
+            std::fs::write(d.path().join(slot).join("g"), vec![byte; 10]).unwrap();
+        }
+        let c = Catalog::from_entries(
+            "t",
+            vec![CatalogEntry::new("d/f", 100), CatalogEntry::new("g", 10)],
+        )
+        .unwrap();
+        (d, c)
+    }
+
+    fn settings() -> FsSettings {
+        FsSettings {
+            max_open_files: 16,
+            max_backing_ids: 16,
+        }
+    }
+
+    #[test]
+    fn open_handle_keeps_old_bytes_across_switch() {
+        let (d, c) = setup();
+        let v1 = Arc::new(View::build(
+            &c,
+            &[0, 1],
+            1,
+            0,
+            0,
+            "s1",
+            &d.path().join("s1"),
+        ));
+        let core = FsCore::new(v1, settings());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        core.set_drained_sender(tx);
+        let dir = core.lookup(ROOT_INO, "d").unwrap();
+        assert!(dir.is_dir);
+        let f = core.lookup(dir.ino, "f").unwrap();
+        assert_eq!(f.size, 100);
+        let h = core.open(f.ino).unwrap();
+        let v2 = Arc::new(View::build(
+            &c,
+            &[0, 1],
+            2,
+            0,
+            1,
+            "s2",
+            &d.path().join("s2"),
+        ));
+        core.switch(v2);
+        // New lookups see the new view ...
+        let dir2 = core.lookup(ROOT_INO, "d").unwrap();
+        assert_eq!(dir2.generation, 2);
+        let f2 = core.lookup(dir2.ino, "f").unwrap();
+        let h2 = core.open(f2.ino).unwrap();
+        assert_eq!(core.read(h2.fh, 0, 4096).unwrap(), vec![2u8; 100]);
+        // ... while the old handle reads the old bytes, and old inodes still resolve.
+        assert_eq!(core.read(h.fh, 0, 4096).unwrap(), vec![1u8; 100]);
+        assert_eq!(core.lookup(dir.ino, "f").unwrap().generation, 1);
+        assert!(rx.try_recv().is_err());
+        core.release(h.fh);
+        assert_eq!(rx.try_recv().unwrap(), 1);
+        core.retire(1);
+        assert_eq!(core.lookup(dir.ino, "f"), Err(FsError::Stale));
+        core.release(h2.fh);
+        assert!(rx.try_recv().is_err(), "current view never drains");
+    }
+
+    #[test]
+    fn readdir_is_pinned_and_complete() {
+        let (d, c) = setup();
+        let v1 = Arc::new(View::build(
+            &c,
+            &[0, 1],
+            1,
+            0,
+            0,
+            "s1",
+            &d.path().join("s1"),
+        ));
+        let core = FsCore::new(v1, settings());
+        let fh = core.opendir(ROOT_INO).unwrap();
+        let first = core.readdir(ROOT_INO, fh, 0).unwrap();
+        let names: Vec<_> = first.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, vec![".", "..", "d", "g"]);
+        let v2 = Arc::new(View::build(&c, &[1], 2, 0, 1, "s2", &d.path().join("s2")));
+        core.switch(v2);
+        // Resuming the listing after a switch still lists the pinned view.
+        let rest = core.readdir(ROOT_INO, fh, 2).unwrap();
+        assert_eq!(rest.len(), 2);
+        core.release(fh);
+        let fh = core.opendir(ROOT_INO).unwrap();
+        let names: Vec<_> = core
+            .readdir(ROOT_INO, fh, 0)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(names, vec![".", "..", "g"]);
+    }
+
+    #[test]
+    fn errors_map_to_errno() {
+        let (d, c) = setup();
+        let v1 = Arc::new(View::build(
+            &c,
+            &[0, 1],
+            1,
+            0,
+            0,
+            "s1",
+            &d.path().join("s1"),
+        ));
+        let core = FsCore::new(v1, settings());
+        assert_eq!(
+            core.lookup(ROOT_INO, "zz").unwrap_err().errno(),
+            libc::ENOENT
+        );
+        let g = core.lookup(ROOT_INO, "g").unwrap();
+        assert_eq!(core.lookup(g.ino, "x").unwrap_err().errno(), libc::ENOTDIR);
+        let d_ino = core.lookup(ROOT_INO, "d").unwrap().ino;
+        assert_eq!(core.open(d_ino).unwrap_err().errno(), libc::EISDIR);
+        assert_eq!(core.read(999, 0, 1).unwrap_err().errno(), libc::EBADF);
+        assert_eq!(
+            core.getattr(99 << 32 | 1).unwrap_err().errno(),
+            libc::ESTALE
+        );
+    }
+}

@@ -1,0 +1,350 @@
+//! Mounting and unmounting: mountpoint checks, the mount registry, the background daemon and
+//! `metfs umount`.
+//!
+//! Registry. A running daemon records `{mountpoint, socket, pid, cache}` in a small JSON file
+//! named after its mountpoint, under `/run/metfs` (root) or `$TMPDIR/metfs-<uid>`. `metfs
+//! umount MOUNTPOINT` finds the socket there, asks the daemon to shut down (which saves the
+//! position and keeps the cache), and waits for it to exit. If the daemon is gone (killed), the
+//! stale FUSE mount is detached directly.
+//!
+//! Background start. `metfs mount` without `--foreground` re-executes itself with
+//! `--foreground --ready-fd N` in a new session, stdio detached, and waits on the pipe: the
+//! child writes `ready` once the mount is live and the first mini-epoch is staged, or the
+//! error that stopped it. So the parent's exit status is the mount's outcome, which is what a
+//! Slurm script needs.
+
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Errors of mounting and unmounting.
+#[derive(Debug, Error)]
+pub enum MountError {
+    /// The mountpoint is unusable.
+    #[error("mountpoint {path}: {reason}")]
+    Mountpoint { path: String, reason: String },
+    /// Not a metfs mount.
+    #[error("{0} is not a metfs mount")]
+    NotMounted(String),
+    /// The background daemon failed.
+    #[error("{0}")]
+    Daemon(String),
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A registry entry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Registered {
+    /// Absolute mountpoint.
+    pub mountpoint: PathBuf,
+    /// Control socket.
+    pub socket: PathBuf,
+    /// Daemon pid.
+    pub pid: u32,
+    /// Cache directory.
+    pub cache: PathBuf,
+}
+
+fn registry_dir() -> PathBuf {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if uid == 0 && Path::new("/run").is_dir() {
+        PathBuf::from("/run/metfs")
+    } else {
+        std::env::temp_dir().join(format!("metfs-{uid}"))
+    }
+}
+
+fn registry_file(mountpoint: &Path) -> PathBuf {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in mountpoint.as_os_str().as_encoded_bytes() {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    registry_dir().join(format!("{h:016x}.json"))
+}
+
+/// Makes a path absolute without touching it (a dead FUSE mount cannot be stat'ed).
+pub fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// Records a running daemon.
+pub fn register(r: &Registered) -> std::io::Result<()> {
+    let dir = registry_dir();
+    std::fs::create_dir_all(&dir)?;
+    let f = registry_file(&r.mountpoint);
+    let tmp = f.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(r).unwrap())?;
+    std::fs::rename(tmp, f)
+}
+
+/// Removes a registry entry.
+pub fn unregister(mountpoint: &Path) {
+    let _ = std::fs::remove_file(registry_file(mountpoint));
+}
+
+/// Looks a mountpoint up in the registry.
+pub fn lookup(mountpoint: &Path) -> Option<Registered> {
+    std::fs::read(registry_file(mountpoint))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The filesystem type mounted at `mountpoint`, from /proc/self/mountinfo.
+pub fn mounted_fstype(mountpoint: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mountpoint.to_string_lossy();
+    let mut found = None;
+    for line in info.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if fields.len() < 5 {
+            continue;
+        }
+        if unescape_mountinfo(fields[4]) == want {
+            if let Some(dash) = fields.iter().position(|f| *f == "-") {
+                found = fields.get(dash + 1).map(|s| s.to_string());
+            }
+        }
+    }
+    found
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks existence.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+fn detach(mountpoint: &Path) -> Result<(), MountError> {
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes()).map_err(|_| {
+        MountError::Mountpoint {
+            path: mountpoint.display().to_string(),
+            reason: "contains a NUL byte".into(),
+        }
+    })?;
+    // SAFETY: valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    // Unprivileged users go through fusermount3.
+    let st = std::process::Command::new("fusermount3")
+        .args(["-u", "-z"])
+        .arg(mountpoint)
+        .status();
+    match st {
+        Ok(s) if s.success() => Ok(()),
+        _ => Err(MountError::Io {
+            what: format!("unmounting {}", mountpoint.display()),
+            source: err,
+        }),
+    }
+}
+
+/// Checks that `mountpoint` can be mounted on: an existing empty directory. A stale metfs
+/// mount (its daemon dead) is detached first.
+pub fn check_mountpoint(mountpoint: &Path) -> Result<(), MountError> {
+    let bad = |reason: String| MountError::Mountpoint {
+        path: mountpoint.display().to_string(),
+        reason,
+    };
+    if mounted_fstype(mountpoint).as_deref() == Some("fuse.metfs") {
+        let alive = lookup(mountpoint).is_some_and(|r| pid_alive(r.pid));
+        if alive {
+            return Err(bad(
+                "metfs is already mounted here; `metfs umount` it first".into(),
+            ));
+        }
+        tracing::warn!(mountpoint = %mountpoint.display(), "detaching a stale metfs mount whose daemon is gone");
+        detach(mountpoint)?;
+        unregister(mountpoint);
+    }
+    let md = std::fs::metadata(mountpoint).map_err(|e| bad(e.to_string()))?;
+    if !md.is_dir() {
+        return Err(bad("not a directory".into()));
+    }
+    let mut rd = std::fs::read_dir(mountpoint).map_err(|e| bad(e.to_string()))?;
+    if rd.next().is_some() {
+        return Err(bad(
+            "not empty; metfs mounts only on an empty directory so that nothing is hidden".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Unmounts `mountpoint`: asks the daemon to shut down (keeping the cache) and waits for it.
+pub fn umount(mountpoint: &Path, timeout: Duration) -> Result<(), MountError> {
+    let mp = absolute(mountpoint);
+    let reg = lookup(&mp);
+    let is_metfs = mounted_fstype(&mp).as_deref() == Some("fuse.metfs");
+    if reg.is_none() && !is_metfs {
+        return Err(MountError::NotMounted(mp.display().to_string()));
+    }
+    if let Some(r) = &reg {
+        if pid_alive(r.pid) {
+            let _ = crate::client::request(&r.socket, &serde_json::json!({"op": "shutdown"}));
+            let t = Instant::now();
+            while pid_alive(r.pid) && t.elapsed() < timeout {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if pid_alive(r.pid) {
+                // SAFETY: plain signal to the daemon's pid.
+                unsafe { libc::kill(r.pid as i32, libc::SIGTERM) };
+                let t = Instant::now();
+                while pid_alive(r.pid) && t.elapsed() < Duration::from_secs(5) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+    }
+    if mounted_fstype(&mp).as_deref() == Some("fuse.metfs") {
+        detach(&mp)?;
+    }
+    unregister(&mp);
+    Ok(())
+}
+
+/// Runs `metfs` again in the background with `--foreground --ready-fd`, and waits until it
+/// reports ready or fails.
+pub fn spawn_background(args: &[std::ffi::OsString], log: &Path) -> Result<u32, MountError> {
+    use std::os::unix::process::CommandExt;
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 fills two fds.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(MountError::Io {
+            what: "pipe".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let (rfd, wfd) = (fds[0], fds[1]);
+    if let Some(parent) = log.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    let logf = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| MountError::Io {
+            what: format!("opening log {}", log.display()),
+            source: e,
+        })?;
+    let exe = std::env::current_exe().map_err(|e| MountError::Io {
+        what: "finding the metfs executable".into(),
+        source: e,
+    })?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(args)
+        .arg("--foreground")
+        .arg("--ready-fd")
+        .arg(wfd.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(logf);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setsid();
+            let flags = libc::fcntl(wfd, libc::F_GETFD);
+            libc::fcntl(wfd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|e| MountError::Io {
+        what: "starting the daemon".into(),
+        source: e,
+    })?;
+    // SAFETY: we own both fds; the parent keeps only the read end.
+    unsafe { libc::close(wfd) };
+    let mut r = unsafe { std::fs::File::from_raw_fd(rfd) };
+    let mut msg = String::new();
+    let _ = r.read_to_string(&mut msg);
+    let msg = msg.trim();
+    if msg == "ready" {
+        return Ok(child.id());
+    }
+    if msg.is_empty() {
+        let tail = std::fs::read_to_string(log)
+            .map(|t| {
+                t.lines()
+                    .rev()
+                    .take(5)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default();
+        return Err(MountError::Daemon(format!(
+            "the daemon exited before the mount was ready; log {}:\n{tail}",
+            log.display()
+        )));
+    }
+    Err(MountError::Daemon(
+        msg.strip_prefix("error: ").unwrap_or(msg).to_string(),
+    ))
+}
+
+/// Tells the waiting parent the outcome (no-op without a ready fd).
+pub fn signal_ready(fd: Option<RawFd>, outcome: Result<(), String>) {
+    let Some(fd) = fd else { return };
+    // SAFETY: the fd was handed to us by the parent for exactly this.
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    let _ = match outcome {
+        Ok(()) => writeln!(f, "ready"),
+        Err(e) => writeln!(f, "error: {e}"),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+    }
+
+    #[test]
+    fn mountpoint_checks() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(check_mountpoint(d.path()).is_ok());
+        std::fs::write(d.path().join("x"), b"").unwrap();
+        let e = check_mountpoint(d.path()).unwrap_err().to_string();
+        assert!(e.contains("not empty"), "{e}");
+        let e = check_mountpoint(&d.path().join("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a directory"), "{e}");
+        assert!(check_mountpoint(&d.path().join("missing")).is_err());
+    }
+}

@@ -1,0 +1,325 @@
+//! The view index: what the mount shows for one generation.
+//!
+//! A [`View`] is an immutable in-memory tree of one slot: directories and files under the
+//! samples' original relative paths, each node with an inode number that encodes the view's
+//! generation (`generation << 32 | node`), so an inode handed to the kernel before a switch can
+//! never be confused with one of the new view. The root is always inode 1 and always means the
+//! *current* view.
+//!
+//! Lookup is a binary search over a directory's children (sorted by name) and readdir is a slice
+//! walk: both answered from memory with no I/O. A view is built once per switch in
+//! O(files · depth), then shared read-only by every FUSE thread.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use prefetcher::catalog::Catalog;
+
+/// Inode number of the root directory.
+pub const ROOT_INO: u64 = 1;
+
+/// What a node is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeKind {
+    /// A directory with children sorted by name.
+    Dir { children: Vec<u32> },
+    /// A file backed by a staged sample.
+    File { sample: u32, size: u64 },
+}
+
+/// One directory or file of a view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    /// Index of the parent node (the root is its own parent).
+    pub parent: u32,
+    /// Name within the parent (`""` for the root).
+    pub name: Box<str>,
+    /// Directory or file.
+    pub kind: NodeKind,
+}
+
+/// The current mini-epoch's files as a tree. Immutable once built.
+#[derive(Debug)]
+pub struct View {
+    /// Generation of this view (>= 1).
+    pub generation: u64,
+    /// Epoch of the mini-epoch shown.
+    pub epoch: u64,
+    /// Index of the mini-epoch within its epoch.
+    pub mini_epoch: u32,
+    /// Slot directory holding the files.
+    pub slot_dir: PathBuf,
+    /// Slot name.
+    pub slot: String,
+    nodes: Vec<Node>,
+    files: usize,
+    bytes: u64,
+    open_handles: AtomicUsize,
+}
+
+/// Errors of view lookups, mapped to errno by the FUSE adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    /// No such name.
+    NotFound,
+    /// The inode belongs to a view that no longer exists.
+    Stale,
+    /// A directory operation on a file or vice versa.
+    NotDir,
+}
+
+impl View {
+    /// Builds the view of `samples` staged in `slot_dir`. `samples` need not be sorted.
+    pub fn build(
+        catalog: &Catalog,
+        samples: &[u32],
+        generation: u64,
+        epoch: u64,
+        mini_epoch: u32,
+        slot: &str,
+        slot_dir: &Path,
+    ) -> Self {
+        let mut sorted: Vec<u32> = samples.to_vec();
+        // Catalog ids are in path order, so sorting ids sorts paths.
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut nodes = vec![Node {
+            parent: 0,
+            name: "".into(),
+            kind: NodeKind::Dir {
+                children: Vec::new(),
+            },
+        }];
+        let mut dirs: HashMap<String, u32> = HashMap::new();
+        let mut bytes = 0;
+        for &id in &sorted {
+            let (dir, name) = catalog.dir_and_name(id);
+            let parent = ensure_dir(&mut nodes, &mut dirs, dir);
+            let idx = nodes.len() as u32;
+            let size = catalog.size(id);
+            bytes += size;
+            nodes.push(Node {
+                parent,
+                name: name.into(),
+                kind: NodeKind::File { sample: id, size },
+            });
+            if let NodeKind::Dir { children } = &mut nodes[parent as usize].kind {
+                children.push(idx);
+            }
+        }
+        // Children were appended in path order, which is not name order within a directory
+        // ("a b/x" sorts before "a/x"), so sort each directory's children by name.
+        let names: Vec<Box<str>> = nodes.iter().map(|n| n.name.clone()).collect();
+        for n in &mut nodes {
+            if let NodeKind::Dir { children } = &mut n.kind {
+                children.sort_unstable_by(|a, b| names[*a as usize].cmp(&names[*b as usize]));
+            }
+        }
+        View {
+            generation,
+            epoch,
+            mini_epoch,
+            slot_dir: slot_dir.to_path_buf(),
+            slot: slot.to_string(),
+            nodes,
+            files: sorted.len(),
+            bytes,
+            open_handles: AtomicUsize::new(0),
+        }
+    }
+
+    /// Number of files in the view.
+    pub fn file_count(&self) -> usize {
+        self.files
+    }
+    /// Bytes of the files in the view.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+    /// Inode number of node `idx`.
+    pub fn ino(&self, idx: u32) -> u64 {
+        if idx == 0 {
+            ROOT_INO
+        } else {
+            (self.generation << 32) | idx as u64
+        }
+    }
+    /// Node index of `ino` if it belongs to this view (the root belongs to every view).
+    pub fn index_of(&self, ino: u64) -> Option<u32> {
+        if ino == ROOT_INO {
+            return Some(0);
+        }
+        let idx = (ino & 0xffff_ffff) as u32;
+        (ino >> 32 == self.generation && (idx as usize) < self.nodes.len() && idx != 0)
+            .then_some(idx)
+    }
+    /// The node at `idx`.
+    pub fn node(&self, idx: u32) -> &Node {
+        &self.nodes[idx as usize]
+    }
+    /// Looks `name` up in directory `dir`.
+    pub fn lookup(&self, dir: u32, name: &str) -> Result<u32, Miss> {
+        match &self.nodes[dir as usize].kind {
+            NodeKind::Dir { children } => children
+                .binary_search_by(|c| (*self.nodes[*c as usize].name).cmp(name))
+                .map(|i| children[i])
+                .map_err(|_| Miss::NotFound),
+            NodeKind::File { .. } => Err(Miss::NotDir),
+        }
+    }
+    /// Children of directory `dir`, sorted by name.
+    pub fn children(&self, dir: u32) -> Result<&[u32], Miss> {
+        match &self.nodes[dir as usize].kind {
+            NodeKind::Dir { children } => Ok(children),
+            NodeKind::File { .. } => Err(Miss::NotDir),
+        }
+    }
+    /// Relative path of node `idx`.
+    pub fn rel_path(&self, idx: u32) -> String {
+        let mut parts = Vec::new();
+        let mut i = idx;
+        while i != 0 {
+            parts.push(&*self.nodes[i as usize].name);
+            i = self.nodes[i as usize].parent;
+        }
+        parts.reverse();
+        parts.join("/")
+    }
+    /// Backing file path of node `idx` in the slot.
+    pub fn backing_path(&self, idx: u32) -> PathBuf {
+        self.slot_dir.join(self.rel_path(idx))
+    }
+    /// Relative paths of every file, in path order.
+    pub fn file_paths(&self) -> Vec<String> {
+        let mut out = Vec::with_capacity(self.files);
+        self.walk(0, &mut String::new(), &mut out);
+        out
+    }
+    fn walk(&self, dir: u32, prefix: &mut String, out: &mut Vec<String>) {
+        if let NodeKind::Dir { children } = &self.nodes[dir as usize].kind {
+            for &c in children {
+                let n = &self.nodes[c as usize];
+                let len = prefix.len();
+                if !prefix.is_empty() {
+                    prefix.push('/');
+                }
+                prefix.push_str(&n.name);
+                match n.kind {
+                    NodeKind::Dir { .. } => self.walk(c, prefix, out),
+                    NodeKind::File { .. } => out.push(prefix.clone()),
+                }
+                prefix.truncate(len);
+            }
+        }
+    }
+    /// Names of the root's children (what the kernel may have cached under the root).
+    pub fn root_names(&self) -> Vec<String> {
+        self.children(0)
+            .map(|c| {
+                c.iter()
+                    .map(|&i| self.nodes[i as usize].name.to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    /// Records an open handle on this view.
+    pub fn handle_opened(&self) {
+        self.open_handles.fetch_add(1, Ordering::AcqRel);
+    }
+    /// Records a closed handle; returns the number still open.
+    pub fn handle_closed(&self) -> usize {
+        self.open_handles.fetch_sub(1, Ordering::AcqRel) - 1
+    }
+    /// Handles open on this view.
+    pub fn open_handles(&self) -> usize {
+        self.open_handles.load(Ordering::Acquire)
+    }
+}
+
+fn ensure_dir(nodes: &mut Vec<Node>, dirs: &mut HashMap<String, u32>, dir: &str) -> u32 {
+    if dir.is_empty() {
+        return 0;
+    }
+    if let Some(&i) = dirs.get(dir) {
+        return i;
+    }
+    let (parent_path, name) = match dir.rfind('/') {
+        Some(i) => (&dir[..i], &dir[i + 1..]),
+        None => ("", dir),
+    };
+    let parent = ensure_dir(nodes, dirs, parent_path);
+    let idx = nodes.len() as u32;
+    nodes.push(Node {
+        parent,
+        name: name.into(),
+        kind: NodeKind::Dir {
+            children: Vec::new(),
+        },
+    });
+    if let NodeKind::Dir { children } = &mut nodes[parent as usize].kind {
+        children.push(idx);
+    }
+    dirs.insert(dir.to_string(), idx);
+    idx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefetcher::catalog::CatalogEntry;
+
+    fn cat() -> Catalog {
+        Catalog::from_entries(
+            "t",
+            ["a/x", "a b/y", "a/c/z", "top", "é/ü"]
+                .iter()
+                .enumerate()
+                .map(|(i, p)| CatalogEntry::new(*p, i as u64 * 10)),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn builds_tree_and_looks_up() {
+        let c = cat();
+        let all: Vec<u32> = (0..c.len() as u32).collect();
+        let v = View::build(&c, &all, 3, 0, 0, "s", Path::new("/slot"));
+        assert_eq!(v.file_count(), 5);
+        let a = v.lookup(0, "a").unwrap();
+        let x = v.lookup(a, "x").unwrap();
+        assert_eq!(v.rel_path(x), "a/x");
+        assert_eq!(v.backing_path(x), Path::new("/slot/a/x"));
+        let cdir = v.lookup(a, "c").unwrap();
+        assert_eq!(v.rel_path(v.lookup(cdir, "z").unwrap()), "a/c/z");
+        assert_eq!(v.lookup(0, "nope"), Err(Miss::NotFound));
+        assert_eq!(v.lookup(x, "y"), Err(Miss::NotDir));
+        assert_eq!(v.root_names(), vec!["a", "a b", "top", "é"]);
+        let mut paths = v.file_paths();
+        let mut expect: Vec<String> = (0..c.len() as u32).map(|i| c.path(i)).collect();
+        paths.sort();
+        expect.sort();
+        assert_eq!(paths, expect);
+    }
+
+    #[test]
+    fn inodes_carry_the_generation() {
+        let c = cat();
+        let v1 = View::build(&c, &[0, 1], 1, 0, 0, "s1", Path::new("/1"));
+        let v2 = View::build(&c, &[0, 1], 2, 0, 1, "s2", Path::new("/2"));
+        let i1 = v1.ino(2);
+        assert_eq!(v1.index_of(i1), Some(2));
+        assert_eq!(v2.index_of(i1), None);
+        assert_eq!(v1.index_of(ROOT_INO), Some(0));
+        assert_eq!(v2.index_of(ROOT_INO), Some(0));
+        assert_ne!(v1.ino(2), v2.ino(2));
+    }
+
+    #[test]
+    fn subset_only() {
+        let c = cat();
+        let v = View::build(&c, &[3], 1, 0, 0, "s", Path::new("/s"));
+        assert_eq!(v.file_paths(), vec!["top"]);
+        assert_eq!(v.lookup(0, "a"), Err(Miss::NotFound));
+    }
+}

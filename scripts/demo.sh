@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The main job on an embedded default: builds metfs, makes a small labelled dataset in a local
+# "capacity tier" directory, mounts a MET view of it, trains a real model through the mount
+# (scikit-learn SGDClassifier, one partial_fit per pass), and reports what MET did.
+#
+#   scripts/demo.sh            # everything under /tmp/metfs-demo
+#   METFS_DEMO_DIR=... RF=4 EPOCHS=3 BUDGET=6MiB scripts/demo.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DIR=${METFS_DEMO_DIR:-/tmp/metfs-demo}
+RF=${RF:-3}
+EPOCHS=${EPOCHS:-3}
+BUDGET=${BUDGET:-6MiB}
+PER_CLASS=${PER_CLASS:-150}
+
+# What the demo needs: FUSE tools, numpy and scikit-learn.
+dpkg -s fuse3 >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 >/dev/null; }
+python3 -c "import numpy, sklearn" 2>/dev/null || python3 -m pip install -q numpy scikit-learn
+python3 -m pip install -q --no-deps -e bindings/python >/dev/null 2>&1 || true
+
+cargo build --release -q -p metfs
+METFS=$ROOT/target/release/metfs
+
+mnt=$DIR/mnt
+if grep -q " $mnt " /proc/mounts 2>/dev/null; then "$METFS" umount "$mnt" || umount -l "$mnt"; fi
+rm -rf "$DIR"
+mkdir -p "$DIR/cache" "$mnt"
+echo "== making a dataset in $DIR/tier (the capacity tier)"
+python3 scripts/make_dataset.py "$DIR/tier" --per-class "$PER_CLASS" --val-out "$DIR/val"
+
+echo "== mounting a MET view: budget $BUDGET, rf $RF"
+"$METFS" mount --source "$DIR/tier" --cache "$DIR/cache" --budget "$BUDGET" --rf "$RF" "$mnt"
+trap '"$METFS" umount "$mnt" >/dev/null 2>&1 || true' EXIT
+"$METFS" status --socket "$DIR/cache/metfs.sock"
+
+echo "== training through the mount"
+PYTHONPATH=bindings/python/src python3 examples/met_sklearn.py \
+  --mount "$mnt" --socket "$DIR/cache/metfs.sock" --val "$DIR/val" --epochs "$EPOCHS"
+
+"$METFS" umount "$mnt"
+trap - EXIT
+echo "== unmounted; the cache in $DIR/cache is kept for a later mount"

@@ -1,0 +1,208 @@
+"""Shared fixtures of the end-to-end tests: the metfs binary, datasets, and real mounts.
+
+Every mount made through the ``mounts`` fixture is unmounted at teardown, also when the test
+fails, first with ``metfs umount`` and, if that fails, with a lazy ``umount -l``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def metfs_bin() -> str:
+    env = os.environ.get("METFS_BIN")
+    if env:
+        return env
+    exe = ROOT / "target" / "debug" / "metfs"
+    return str(exe)
+
+
+@pytest.fixture(scope="session")
+def metfs() -> str:
+    if not os.environ.get("METFS_BIN"):
+        subprocess.run(["cargo", "build", "-q", "-p", "metfs"], cwd=ROOT, check=True)
+    return metfs_bin()
+
+
+def make_tree(root: Path, n: int = 300, seed: int = 7, max_size: int = 48 * 1024) -> dict[str, bytes]:
+    """A labelled dataset in nested class directories with varied sizes, empty files, and
+    names with spaces and non-ASCII characters. Returns {relative path: bytes}."""
+    rng = random.Random(seed)
+    classes = ["cat", "dog", "bird house", "élan"]
+    files: dict[str, bytes] = {}
+    for i in range(n):
+        cls = classes[i % len(classes)]
+        sub = f"part {i % 3}" if i % 5 == 0 else ""
+        name = f"sample {i:04d}" + ("-ü" if i % 7 == 0 else "") + ".bin"
+        rel = "/".join(p for p in (cls, sub, name) if p)
+        size = 0 if i % 50 == 0 else rng.randint(1, max_size)
+        data = rng.randbytes(size)
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        files[rel] = data
+    return files
+
+
+def footprint(path: Path) -> int:
+    """Bytes a directory tree takes on disk: allocated blocks of every file and directory."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue
+            total += st.st_blocks * 512
+    return total
+
+
+def rpc(sock: str, req: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(sock)
+        s.sendall((json.dumps(req) + "\n").encode())
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    return json.loads(buf)
+
+
+@dataclass
+class Mount:
+    bin: str
+    mountpoint: Path
+    cache: Path
+    source: str
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def socket(self) -> str:
+        return str(self.cache / "metfs.sock")
+
+    def rpc(self, req: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
+        return rpc(self.socket, req, timeout)
+
+    def status(self) -> dict[str, Any]:
+        r = self.rpc({"op": "status"})
+        assert r["ok"], r
+        return r
+
+    def files(self) -> dict[str, Any]:
+        r = self.rpc({"op": "files"})
+        assert r["ok"], r
+        return r
+
+    def pass_end(self, **kw: Any) -> dict[str, Any]:
+        r = self.rpc({"op": "pass_end", **kw})
+        assert r["ok"], r
+        return r
+
+    def wait_next_ready(self, timeout: float = 60) -> None:
+        t = time.time()
+        while time.time() - t < timeout:
+            if self.status()["next_ready"]:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"next mini-epoch not staged after {timeout}s: {self.status()}")
+
+    def mount(self, check: bool = True) -> subprocess.CompletedProcess[str]:
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        cmd = [self.bin, "mount", "--source", self.source, "--cache", str(self.cache), *self.args, str(self.mountpoint)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if check:
+            assert r.returncode == 0, f"mount failed: {r.stderr}\nlog:\n{self.log()}"
+        return r
+
+    def umount(self) -> None:
+        r = subprocess.run([self.bin, "umount", str(self.mountpoint)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+
+    def log(self) -> str:
+        p = self.cache / "metfs.log"
+        return p.read_text(errors="replace")[-4000:] if p.exists() else ""
+
+    def pid(self) -> int:
+        return int((self.cache / "metfs.lock").read_text().strip())
+
+
+def is_mounted(path: Path) -> bool:
+    want = str(path)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split(" ")
+            if fields[4].replace("\\040", " ") == want:
+                return True
+    return False
+
+
+@pytest.fixture
+def mounts(metfs: str, tmp_path: Path) -> Iterator[Callable[..., Mount]]:
+    made: list[Mount] = []
+
+    def make(source: str | Path, budget: str, *extra: str, name: str = "m", cache: Path | None = None) -> Mount:
+        cache = cache or tmp_path / f"cache-{name}"
+        cache.mkdir(parents=True, exist_ok=True)
+        m = Mount(metfs, tmp_path / f"mnt-{name}", cache, str(source), ["--budget", budget, *extra])
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        if is_mounted(m.mountpoint):
+            r = subprocess.run([metfs, "umount", str(m.mountpoint)], capture_output=True, text=True, timeout=120)
+            if r.returncode != 0 or is_mounted(m.mountpoint):
+                subprocess.run(["umount", "-l", str(m.mountpoint)], capture_output=True)
+        # A daemon that outlived its mount (e.g. after a failed test) must not linger.
+        lock = m.cache / "metfs.lock"
+        if lock.exists():
+            try:
+                pid = int(lock.read_text().strip() or 0)
+                if pid:
+                    os.kill(pid, 9)
+            except (ValueError, ProcessLookupError, PermissionError):
+                pass
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    src = tmp_path / "tier"
+    files = make_tree(src)
+    return src, files
+
+
+def read_view(mnt: Path) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for dirpath, _, filenames in os.walk(mnt):
+        for n in filenames:
+            p = Path(dirpath) / n
+            out[str(p.relative_to(mnt))] = p.read_bytes()
+    return out
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 30, what: str = "condition") -> None:
+    t = time.time()
+    while time.time() - t < timeout:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+__all__ = ["make_tree", "footprint", "rpc", "Mount", "read_view", "wait_for", "is_mounted", "shutil"]

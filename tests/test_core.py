@@ -1,0 +1,296 @@
+"""End-to-end tests of the core: a POSIX capacity tier, a real FUSE mount, double-buffered
+staging, fixed rf through the control socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import footprint, is_mounted, make_tree, read_view, wait_for
+
+
+def parse_size(s: str) -> int:
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    for u, m in units.items():
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * m)
+    return int(s)
+
+
+class Sampler(threading.Thread):
+    """Samples the cache directory's on-disk footprint while a test runs."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.max = 0
+        self.samples = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.max = max(self.max, footprint(self.path))
+            self.samples += 1
+            time.sleep(0.01)
+
+
+def run_epochs(m, files: dict[str, bytes], rf: int, until: tuple[int, int]) -> tuple[dict, Counter]:
+    """Reads every file of the view each pass (checking bytes) until the view reaches `until`."""
+    seen: dict[tuple[int, int], set[str]] = {}
+    passes: Counter = Counter()
+    while True:
+        f = m.files()
+        key = (f["epoch"], f["mini_epoch"])
+        if key >= until:
+            return seen, passes
+        view = read_view(m.mountpoint)
+        assert set(view) == set(f["files"]), "listing differs from the view's file list"
+        for rel, data in view.items():
+            assert data == files[rel], f"bytes of {rel} differ from the tier"
+        seen.setdefault(key, set()).update(view)
+        passes[key] += 1
+        r = m.pass_end(metrics={"loss": 1.0 / (1 + sum(passes.values()))})
+        assert r["decision"] in ("repeat", "advance", "wait")
+
+
+def test_epoch_through_the_mount(mounts, dataset):
+    src, files = dataset
+    budget = "6MiB"
+    m = mounts(src, budget, "--rf", "2")
+    sampler = Sampler(m.cache)
+    sampler.start()
+    try:
+        m.mount()
+        st = m.status()
+        nm = st["mini_epochs"]
+        assert nm >= 3, st
+        for key in ("epoch", "mini_epoch", "mini_epochs", "pass", "rf", "generation", "next_ready",
+                    "cache_bytes", "budget_bytes", "tier_bytes_read", "view_files"):
+            assert key in st, key
+        seen, passes = run_epochs(m, files, rf=2, until=(1, 1))
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    epoch0 = [seen[(0, k)] for k in range(nm)]
+    union = set().union(*epoch0)
+    assert union == set(files), "an epoch must cover every file"
+    assert sum(len(s) for s in epoch0) == len(files), "every file in exactly one mini-epoch"
+    for k in range(nm):
+        assert passes[(0, k)] >= 2, f"mini-epoch {k} got {passes[(0, k)]} passes, rf is 2"
+    assert (1, 0) in seen, "the run continues into the next epoch"
+    assert sampler.samples > 10
+    assert sampler.max <= parse_size(budget), f"cache held {sampler.max} bytes, budget {budget}"
+    st = m.status()
+    assert st["tier_bytes_read"] <= 2 * sum(len(v) for v in files.values())
+
+
+def test_handle_opened_before_a_switch_reads_old_bytes(mounts, dataset):
+    src, files = dataset
+    m = mounts(src, "6MiB", "--rf", "1", "--compose", "sequential")
+    m.mount()
+    rel = next(r for r in m.files()["files"] if len(files[r]) > 100)
+    fh = open(m.mountpoint / rel, "rb")
+    head = fh.read(50)
+    m.wait_next_ready()
+    r = m.pass_end()
+    assert r["decision"] == "advance", r
+    assert r["generation"] == 2
+    assert rel not in m.files()["files"]
+    assert not (m.mountpoint / rel).exists(), "a lookup after the switch sees the new view"
+    assert head + fh.read() == files[rel], "the old handle keeps reading the old bytes"
+    assert m.status()["draining_slots"] == 1
+    fh.close()
+    wait_for(lambda: m.status()["draining_slots"] == 0, what="the old slot to be evicted")
+
+
+def test_umount_and_mount_resume_without_refetching(mounts, dataset):
+    src, files = dataset
+    m = mounts(src, "6MiB", "--rf", "1")
+    m.mount()
+    for _ in range(2):
+        m.wait_next_ready()
+        assert m.pass_end()["decision"] == "advance"
+    m.wait_next_ready()
+    before = m.status()
+    pid = m.pid()
+    m.umount()
+    assert not is_mounted(m.mountpoint)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), what="the daemon to exit")
+    m.mount()
+    after = m.status()
+    assert (after["epoch"], after["mini_epoch"]) == (before["epoch"], before["mini_epoch"])
+    assert after["tier_bytes_read"] == 0, "the current slot is reused, not refetched"
+    m.wait_next_ready()
+    assert m.status()["tier_bytes_read"] == 0, "the staged successor is reused too"
+    view = read_view(m.mountpoint)
+    assert view and all(files[k] == v for k, v in view.items())
+
+
+def test_kill9_during_staging_then_mount_resumes(mounts, tmp_path):
+    src = tmp_path / "tier"
+    files = make_tree(src, n=120, max_size=64 * 1024)
+    # A slow tier (paced staging) so that the kill lands in the middle of a slot.
+    m = mounts(src, "6MiB", "--rf", "1", "--compose", "sequential", "--prefetch-rate", "1MiB/s")
+    m.mount()
+    wait_for(lambda: m.status()["staging"].get("files_done", 0) >= 3, what="staging to start")
+    st = m.status()["staging"]
+    assert st["state"] == "staging", st
+    slot_dir = m.cache / "slots" / st["slot"]
+    os.kill(m.pid(), signal.SIGKILL)
+    time.sleep(0.3)
+    # Nothing partial is in the slot: every file there is complete and equal to the tier's.
+    staged = {str(p.relative_to(slot_dir)): p.read_bytes() for p in slot_dir.rglob("*") if p.is_file()}
+    assert staged, "some files were staged before the kill"
+    assert len(staged) < st["files_total"], "the kill interrupted staging"
+    for rel, data in staged.items():
+        assert data == files[rel], f"{rel} is partial or wrong"
+    # Mount again over the dead mount: the stale mount is detached, staging resumes.
+    m.mount()
+    view = read_view(m.mountpoint)
+    assert view and all(files[k] == v for k, v in view.items())
+    m.wait_next_ready(timeout=120)
+    refetched = m.status()["tier_bytes_read"]
+    slot_bytes = st["bytes_total"]
+    assert refetched < slot_bytes, f"resumed staging refetched {refetched} of {slot_bytes} bytes"
+    assert m.pass_end()["decision"] == "advance"
+    view = read_view(m.mountpoint)
+    assert view and all(files[k] == v for k, v in view.items())
+
+
+def test_cli_status_pass_end_advance(mounts, dataset, metfs):
+    src, files = dataset
+    m = mounts(src, "6MiB", "--rf", "2")
+    m.mount()
+    out = subprocess.run([metfs, "status", "--json", "--socket", m.socket], capture_output=True, text=True, check=True)
+    st = json.loads(out.stdout)
+    assert st["generation"] == 1 and st["rf"] == 2
+    out = subprocess.run([metfs, "pass-end", "--socket", m.socket, "--metric", "loss=0.5"], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["decision"] == "repeat"
+    out = subprocess.run([metfs, "advance", "--wait", "--socket", m.socket], capture_output=True, text=True, check=True)
+    d = json.loads(out.stdout)
+    assert d["decision"] == "advance" and d["generation"] == 2
+    out = subprocess.run([metfs, "pass-end", "--socket", m.socket, "--metric", "loss=abc"], capture_output=True, text=True)
+    assert out.returncode != 0 and "abc" in out.stderr
+    out = subprocess.run([metfs, "status"], capture_output=True, text=True, env={**os.environ, "METFS_SOCKET": m.socket})
+    assert out.returncode == 0 and "generation 2" in out.stdout
+    for sub in ("mount", "umount", "status", "pass-end", "advance", "files"):
+        h = subprocess.run([metfs, sub, "--help"], capture_output=True, text=True)
+        assert h.returncode == 0 and "Usage" in h.stdout
+
+
+def test_mount_is_read_only(mounts, dataset):
+    src, files = dataset
+    m = mounts(src, "6MiB")
+    m.mount()
+    rel = m.files()["files"][0]
+    with pytest.raises(OSError):
+        open(m.mountpoint / rel, "r+b")
+    with pytest.raises(OSError):
+        (m.mountpoint / "new").write_bytes(b"x")
+    with pytest.raises(OSError):
+        os.unlink(m.mountpoint / rel)
+    assert (src / rel).read_bytes() == files[rel], "the source is never written"
+    mode = os.stat(m.socket).st_mode & 0o777
+    assert mode == 0o600, oct(mode)
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+def test_budget_too_small_names_the_file(mounts, tmp_path):
+    src = tmp_path / "tier"
+    make_tree(src, n=20, max_size=1024)
+    (src / "huge file.bin").write_bytes(os.urandom(3 << 20))
+    m = mounts(src, "4MiB")
+    r = m.mount(check=False)
+    assert r.returncode != 0
+    assert "huge file.bin" in r.stderr and "at least" in r.stderr, r.stderr
+    assert not is_mounted(m.mountpoint)
+
+
+def test_missing_source(mounts, tmp_path):
+    m = mounts(tmp_path / "no-such-dir", "4MiB")
+    r = m.mount(check=False)
+    assert r.returncode != 0 and "no-such-dir" in r.stderr, r.stderr
+
+
+def test_missing_cache_dir(metfs, tmp_path, dataset):
+    src, _ = dataset
+    (tmp_path / "mnt").mkdir()
+    r = subprocess.run([metfs, "mount", "--source", str(src), "--cache", str(tmp_path / "nocache"), "--budget", "4MiB",
+                        str(tmp_path / "mnt")], capture_output=True, text=True)
+    assert r.returncode != 0 and "nocache" in r.stderr, r.stderr
+
+
+def test_mountpoint_not_empty(mounts, dataset):
+    src, _ = dataset
+    m = mounts(src, "6MiB")
+    m.mountpoint.mkdir(parents=True)
+    (m.mountpoint / "precious").write_text("keep me")
+    r = m.mount(check=False)
+    assert r.returncode != 0 and "not empty" in r.stderr, r.stderr
+    assert (m.mountpoint / "precious").read_text() == "keep me"
+
+
+def test_bad_config_value_names_the_key(mounts, dataset, tmp_path):
+    src, _ = dataset
+    m = mounts(src, "lots-of-bytes")
+    r = m.mount(check=False)
+    assert r.returncode != 0 and "budget" in r.stderr, r.stderr
+    cfg = tmp_path / "metfs.toml"
+    cfg.write_text('budgte = "1GiB"\n')
+    m = mounts(src, "6MiB", "--config", str(cfg), name="cfg")
+    r = m.mount(check=False)
+    assert r.returncode != 0 and "budgte" in r.stderr, r.stderr
+
+
+def test_symlink_out_of_the_source_is_not_served(mounts, tmp_path):
+    src = tmp_path / "tier"
+    files = make_tree(src, n=30, max_size=1024)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not part of the dataset")
+    (src / "cat" / "leak.bin").symlink_to(secret)
+    (src / "cat" / "alias.bin").symlink_to(src / "dog" / sorted(p.name for p in (src / "dog").iterdir())[0])
+    m = mounts(src, "6MiB", "--mini-epochs", "1")
+    m.mount()
+    view = m.files()["files"]
+    assert "cat/leak.bin" not in view
+    assert "cat/alias.bin" in view, "a symlink inside the source is served"
+    assert set(view) == set(files) | {"cat/alias.bin"}
+    assert not (m.mountpoint / "cat" / "leak.bin").exists()
+    assert "leak.bin" in m.log() and "outside" in m.log()
+
+
+def test_socket_rejects_bad_lines_and_stays_up(mounts, dataset):
+    src, _ = dataset
+    m = mounts(src, "6MiB")
+    m.mount()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(m.socket)
+        f = s.makefile("rwb")
+
+        def ask(line: bytes) -> dict:
+            f.write(line + b"\n")
+            f.flush()
+            return json.loads(f.readline())
+
+        assert ask(b"{not json")["error"]["code"] == "bad_json"
+        assert ask(b'{"op": "format_disk"}')["error"]["code"] == "unknown_op"
+        assert ask(b'{"no_op": 1}')["error"]["code"] == "unknown_op"
+        assert ask(b'{"op": "pass_end", "metrics": {"loss": "low"}}')["error"]["code"] == "bad_metrics"
+        assert ask(b'{"op": "advance", "wait": "soon"}')["error"]["code"] == "bad_request"
+        assert ask(b"x" * (2 << 20))["error"]["code"] == "line_too_long"
+        assert ask(b'\xff\xfe')["error"]["code"] == "bad_json"
+        r = ask(b'{"op": "hello", "version": 1}')
+        assert r["ok"] and r["protocol"] == 1
+        assert ask(b'{"op": "hello", "version": 99}')["error"]["code"] == "unsupported_version"
+        assert ask(b'{"op": "status"}')["ok"], "the connection is still usable"
+    assert m.status()["pass"] == 0, "bad requests changed nothing"
