@@ -1,0 +1,270 @@
+#!/usr/bin/env bash
+# metfs on one node of a Slurm job. A job script runs it once per node:
+#
+#   srun --ntasks-per-node=1 deploy/slurm/metfs-node.sh mount
+#   srun --ntasks-per-node=1 --overlap deploy/slurm/metfs-node.sh guard &
+#   ... training ...
+#   srun --ntasks-per-node=1 --overlap deploy/slurm/metfs-node.sh umount
+#
+# Commands:
+#   mount    Mount metfs on this node. Returns 0 once the node's first mini-epoch is staged
+#            and the mount is live; otherwise prints "metfs-node: NODE: ..." with the reason
+#            on stderr and exits non-zero, which fails the job step. Does nothing but report
+#            when this node's mount is already up.
+#   umount   Stop this node's daemon and remove its mount, also when the daemon died or hangs
+#            (SIGTERM, then SIGKILL, then a lazy unmount). Succeeds when nothing was mounted.
+#            The cache directory is kept, so a later mount resumes from it.
+#   status   Print this node's daemon state (`metfs status`); extra arguments such as --json
+#            are passed on. Fails when the daemon does not answer.
+#   guard    Stay in the background for the whole job and unmount this node when signalled
+#            (SIGTERM/SIGINT/SIGHUP). Slurm signals every running step when a job is cancelled
+#            (`scancel`) or hits its time limit, at a moment when a new `srun ... umount` step
+#            can no longer start; the guard step is already running, so it cleans up within
+#            KillWait. If the node's daemon is not running when the guard starts (on sites
+#            with proctrack/cgroup, processes left behind by a finished step are killed), the
+#            guard mounts again; the remount resumes from the cache.
+#   paths    Print this node's expanded settings as shell assignments (for scripts).
+#
+# Settings (environment; `%n` in a path stands for the node name, `%j` for the job id, so that
+# several nodes emulated on one host, or several jobs on one node, do not collide):
+#   METFS_SOURCE       capacity tier: a directory (Lustre, GPFS, NFS) or s3://bucket/prefix.
+#                      Required for mount.
+#   METFS_CACHE_ROOT   cache directory on node-local storage (NVMe, /dev/shm). Created if its
+#                      parent exists; a missing parent fails the mount (node-local storage not
+#                      there). Required.
+#   METFS_BUDGET       most bytes metfs may keep in the cache (e.g. 200GiB): two mini-epoch
+#                      slots plus metadata, see README.md. Required for mount.
+#   METFS_MOUNTPOINT   where the job reads the current mini-epoch; created if missing, must be
+#                      empty. Required.
+#   METFS_SOCKET       control socket (default: METFS_CACHE_ROOT/metfs.sock).
+#   METFS_ARGS         further `metfs mount` flags, word-split, e.g. "--rf 4 --compose random
+#                      --seed 1". Every node of a job must use the same seed and composition.
+#   METFS_BIN          the metfs executable (default: `metfs` on PATH).
+#   METFS_MOUNT_TIMEOUT  seconds to wait for the first mini-epoch (default 1800).
+#   METFS_UMOUNT_TIMEOUT seconds to wait for the daemon to stop before killing it (default 30).
+# Rank and node count come from SLURM_NODEID and SLURM_NNODES (override with --node-rank and
+# --nodes in METFS_ARGS); the node name from SLURMD_NODENAME, else `hostname -s`.
+set -euo pipefail
+
+NODE=${SLURMD_NODENAME:-$(hostname -s)}
+PROG="metfs-node: $NODE"
+
+say() { printf '%s: %s\n' "$PROG" "$*" >&2; }
+fail() { say "$*"; exit 1; }
+
+# Expands %n (node name), %j (job id) and %% in a path.
+expand() {
+  local s=$1 out="" c
+  while [ -n "$s" ]; do
+    c=${s:0:1}
+    if [ "$c" = "%" ] && [ ${#s} -ge 2 ]; then
+      case "${s:1:1}" in
+        n) out+=$NODE; s=${s:2}; continue ;;
+        j) out+=${SLURM_JOB_ID:-nojob}; s=${s:2}; continue ;;
+        %) out+=%; s=${s:2}; continue ;;
+      esac
+    fi
+    out+=$c
+    s=${s:1}
+  done
+  printf '%s' "$out"
+}
+
+METFS_BIN=${METFS_BIN:-metfs}
+MOUNT_TIMEOUT=${METFS_MOUNT_TIMEOUT:-1800}
+UMOUNT_TIMEOUT=${METFS_UMOUNT_TIMEOUT:-30}
+
+need() {
+  local name=$1
+  [ -n "${!name:-}" ] || fail "$name is not set (see the header of $0)"
+}
+
+setup_paths() {
+  need METFS_CACHE_ROOT
+  need METFS_MOUNTPOINT
+  CACHE=$(expand "$METFS_CACHE_ROOT")
+  MNT=$(expand "$METFS_MOUNTPOINT")
+  SOCK=$(expand "${METFS_SOCKET:-$CACHE/metfs.sock}")
+  # metfs takes absolute paths apart from `metfs umount`; keep them absolute throughout.
+  case "$CACHE" in /*) ;; *) CACHE=$PWD/$CACHE ;; esac
+  case "$MNT" in /*) ;; *) MNT=$PWD/$MNT ;; esac
+  case "$SOCK" in /*) ;; *) SOCK=$PWD/$SOCK ;; esac
+}
+
+# Whether MNT is a metfs mount now (/proc/mounts escapes spaces as \040). A root mount made
+# by the daemon itself shows type "fuse" with source "metfs"; one made through fusermount3
+# shows type "fuse.metfs".
+is_mounted() {
+  local want=${MNT// /\\040}
+  awk -v m="$want" '$2 == m && ($3 == "fuse.metfs" || ($3 == "fuse" && $1 == "metfs")) { found = 1 }
+                    END { exit !found }' /proc/mounts
+}
+
+# The pid of this cache's daemon, if it is alive (from CACHE/metfs.lock, checked against the
+# process's command line so that a recycled pid is never signalled).
+daemon_pid() {
+  local pid
+  [ -r "$CACHE/metfs.lock" ] || return 1
+  pid=$(tr -dc '0-9' < "$CACHE/metfs.lock")
+  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
+  tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | grep -qxF -- "$CACHE" || return 1
+  printf '%s' "$pid"
+}
+
+daemon_answers() {
+  "$METFS_BIN" status --socket "$SOCK" --json >/dev/null 2>&1
+}
+
+log_tail() {
+  if [ -r "$CACHE/metfs.log" ]; then
+    say "last lines of $CACHE/metfs.log:"
+    tail -n 5 "$CACHE/metfs.log" | sed "s/^/  /" >&2
+  fi
+}
+
+cmd_mount() {
+  need METFS_SOURCE
+  need METFS_BUDGET
+  setup_paths
+  command -v "$METFS_BIN" >/dev/null 2>&1 || fail "metfs executable '$METFS_BIN' not found (set METFS_BIN)"
+  [ -e /dev/fuse ] || fail "/dev/fuse is missing: FUSE is not available on this node"
+  if is_mounted && daemon_pid >/dev/null && daemon_answers; then
+    say "already mounted at $MNT (daemon pid $(daemon_pid))"
+    return 0
+  fi
+  if is_mounted || daemon_pid >/dev/null; then
+    # A mount whose daemon died (or does not answer) cannot be mounted over: clear it first.
+    say "clearing a stale metfs mount or daemon at $MNT"
+    do_umount || fail "cannot clear the stale mount at $MNT"
+  fi
+  local parent
+  parent=$(dirname "$CACHE")
+  if [ ! -d "$CACHE" ]; then
+    [ -d "$parent" ] || fail "cache directory $CACHE: its parent $parent does not exist (is node-local storage mounted on this node? METFS_CACHE_ROOT=$METFS_CACHE_ROOT)"
+    mkdir -p "$CACHE" 2>/dev/null || fail "cache directory $CACHE: cannot create it in $parent"
+  fi
+  [ -w "$CACHE" ] || fail "cache directory $CACHE is not writable"
+  mkdir -p "$MNT" 2>/dev/null || fail "mountpoint $MNT: cannot create it"
+  # Node sharding: the same rank and count on every node's command line.
+  local rank=${SLURM_NODEID:-0} nodes=${SLURM_NNODES:-1}
+  local -a extra=()
+  if [ -n "${METFS_ARGS:-}" ]; then
+    # shellcheck disable=SC2206 # word splitting of the documented flag string is intended
+    extra=($METFS_ARGS)
+  fi
+  local -a cmd=("$METFS_BIN" mount --source "$METFS_SOURCE" --cache "$CACHE" --budget "$METFS_BUDGET"
+                --node-rank "$rank" --nodes "$nodes" --socket "$SOCK" "${extra[@]}" "$MNT")
+  say "mounting $MNT (node $rank of $nodes, cache $CACHE, budget $METFS_BUDGET)"
+  local out rc=0
+  out=$(timeout --kill-after=10 "$MOUNT_TIMEOUT" "${cmd[@]}" 2>&1) || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    local reason
+    reason=$(printf '%s' "$out" | sed -e 's/^metfs: //' | tr '\n' ' ')
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+      reason="the first mini-epoch was not staged within ${MOUNT_TIMEOUT}s (METFS_MOUNT_TIMEOUT)"
+    fi
+    # Leave nothing half-started behind.
+    do_umount >/dev/null 2>&1 || true
+    fail "mount failed: $reason"
+  fi
+  is_mounted || fail "metfs mount returned 0 but $MNT is not mounted"
+  say "mounted $MNT, first mini-epoch staged (daemon pid $(daemon_pid || echo '?'), socket $SOCK)"
+}
+
+# Unmounts MNT and stops the daemon; returns non-zero if something is left.
+do_umount() {
+  local pid="" _
+  pid=$(daemon_pid) || pid=""
+  if is_mounted || [ -n "$pid" ]; then
+    if command -v "$METFS_BIN" >/dev/null 2>&1; then
+      timeout --kill-after=5 $((UMOUNT_TIMEOUT + 5)) \
+        "$METFS_BIN" umount --timeout "$UMOUNT_TIMEOUT" "$MNT" >/dev/null 2>&1 || true
+    fi
+  fi
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    say "daemon $pid still running after metfs umount; SIGTERM"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      say "daemon $pid ignored SIGTERM; SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      sleep 0.2
+    fi
+  fi
+  if is_mounted; then
+    say "$MNT still mounted; detaching it"
+    umount -l "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" 2>/dev/null || true
+  fi
+  if is_mounted; then
+    say "cannot unmount $MNT"
+    return 1
+  fi
+  if pid=$(daemon_pid); then
+    say "daemon $pid is still running"
+    return 1
+  fi
+  return 0
+}
+
+cmd_umount() {
+  setup_paths
+  local was=no
+  if is_mounted || daemon_pid >/dev/null; then was=yes; fi
+  do_umount || fail "umount incomplete"
+  if [ "$was" = yes ]; then
+    say "unmounted $MNT"
+  fi
+}
+
+cmd_status() {
+  setup_paths
+  if ! is_mounted; then
+    fail "$MNT is not mounted"
+  fi
+  "$METFS_BIN" status --socket "$SOCK" "$@" || fail "the daemon does not answer on $SOCK"
+}
+
+GUARD_SLEEP=""
+guard_stop() {
+  trap '' TERM INT HUP
+  if [ -n "$GUARD_SLEEP" ]; then kill "$GUARD_SLEEP" 2>/dev/null || true; fi
+  setup_paths
+  if is_mounted || daemon_pid >/dev/null; then
+    say "job ending: unmounting $MNT"
+    do_umount || fail "umount incomplete"
+    say "unmounted $MNT"
+  fi
+  exit 0
+}
+
+cmd_guard() {
+  setup_paths
+  trap guard_stop TERM INT HUP
+  if ! { is_mounted && daemon_pid >/dev/null; }; then
+    say "no live metfs daemon for $MNT; mounting (again)"
+    cmd_mount
+  fi
+  # `wait` returns as soon as a trapped signal arrives; `sleep` alone would delay the trap.
+  while true; do
+    sleep 3600 &
+    GUARD_SLEEP=$!
+    wait "$GUARD_SLEEP" || true
+  done
+}
+
+cmd_paths() {
+  setup_paths
+  printf 'METFS_NODE=%q\nMETFS_CACHE=%q\nMETFS_MOUNT=%q\nMETFS_SOCKET=%q\n' "$NODE" "$CACHE" "$MNT" "$SOCK"
+}
+
+case "${1:-}" in
+  mount) cmd_mount ;;
+  umount) cmd_umount ;;
+  status) shift; cmd_status "$@" ;;
+  guard) cmd_guard ;;
+  paths) cmd_paths ;;
+  *) echo "usage: $0 mount|umount|status [--json]|guard|paths" >&2; exit 2 ;;
+esac

@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# A local two-node Slurm cluster on this host, for testing the job scripts in deploy/slurm.
+#
+#   scripts/slurm-local.sh start    # install if needed, start munge, slurmctld, slurmd n1 and n2
+#   scripts/slurm-local.sh stop     # cancel leftover jobs, stop the daemons (by pid)
+#   scripts/slurm-local.sh status   # sinfo and squeue
+#   scripts/slurm-local.sh env      # print the export line without starting anything
+#
+# `start` prints `export SLURM_CONF=...` on stdout, so `eval "$(scripts/slurm-local.sh start)"`
+# points srun, sbatch, squeue and scancel at this cluster. Everything else goes to stderr.
+# Both commands are idempotent: `start` starts only what is not running, `stop` stops only
+# what this script started (pid files under the cluster directory), munged included.
+#
+# Settings (environment):
+#   SLURM_LOCAL_DIR     directory for slurm.conf, state, spool, pid and log files
+#                       (default /tmp/metfs-slurm)
+#   SLURM_LOCAL_PORT    slurmctld port; the nodes use PORT+1 and PORT+2 (default 16817)
+#   SLURM_LOCAL_EPILOG  optional Epilog script (absolute path), e.g. deploy/slurm/epilog.sh
+#   SLURM_LOCAL_KILLWAIT  seconds between SIGTERM and SIGKILL when a job is cancelled or hits
+#                       its time limit (default 15)
+#
+# The two nodes n1 and n2 are two slurmd processes on this host (`slurmd -N n1`): they share
+# one hostname and one /tmp, so anything node-local must be keyed by $SLURMD_NODENAME.
+# Requires root (slurmd runs jobs as their users) and Debian 12's slurm-wlm 22.05.
+set -euo pipefail
+
+DIR=${SLURM_LOCAL_DIR:-/tmp/metfs-slurm}
+PORT=${SLURM_LOCAL_PORT:-16817}
+EPILOG=${SLURM_LOCAL_EPILOG:-}
+KILLWAIT=${SLURM_LOCAL_KILLWAIT:-15}
+CONF="$DIR/slurm.conf"
+NODES=(n1 n2)
+
+log() { printf 'slurm-local: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+pid_alive() {
+  local f=$1 pid
+  [ -s "$f" ] || return 1
+  pid=$(cat "$f")
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+}
+
+install_if_needed() {
+  local pkgs=(slurm-wlm slurmctld slurmd slurm-client munge) missing=() p
+  for p in "${pkgs[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "apt-get install ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null
+  fi
+}
+
+munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+
+start_munge() {
+  if munge_ok; then
+    return
+  fi
+  install -d -o munge -g munge -m 0755 /run/munge
+  if [ ! -s /etc/munge/munge.key ]; then
+    die "/etc/munge/munge.key is missing (the munge package creates it)"
+  fi
+  log "starting munged"
+  runuser -u munge -- /usr/sbin/munged
+  local i
+  for i in $(seq 1 50); do
+    munge_ok && break
+    sleep 0.1
+  done
+  munge_ok || die "munged did not come up"
+  # Remember that munged is ours, so that `stop` stops it and nothing else.
+  cp /run/munge/munged.pid "$DIR/munged.pid" 2>/dev/null \
+    || pgrep -u munge -x munged -n > "$DIR/munged.pid"
+}
+
+write_conf() {
+  local host epilog_line=""
+  host=$(hostname -s)
+  if [ -n "$EPILOG" ]; then
+    [ -x "$EPILOG" ] || die "SLURM_LOCAL_EPILOG=$EPILOG is not an executable file"
+    epilog_line="Epilog=$EPILOG"
+  fi
+  mkdir -p "$DIR/state" "$DIR/log"
+  for n in "${NODES[@]}"; do
+    mkdir -p "$DIR/spool/$n" "$DIR/tmp/$n"
+  done
+  cat > "$CONF.tmp" <<EOF
+# Written by scripts/slurm-local.sh: two emulated nodes on one host.
+ClusterName=metfslocal
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CryptoType=crypto/munge
+StateSaveLocation=$DIR/state
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdPidFile=$DIR/slurmd-%n.pid
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+SlurmdSpoolDir=$DIR/spool/%n
+TmpFS=$DIR/tmp/%n
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MailProg=/bin/true
+ReturnToService=2
+SlurmctldTimeout=60
+SlurmdTimeout=60
+InactiveLimit=0
+MinJobAge=600
+KillWait=$KILLWAIT
+MessageTimeout=10
+SlurmdParameters=config_overrides
+$epilog_line
+NodeName=n[1-2] NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + 1))-$((PORT + 2)) CPUs=2 RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
+EOF
+  mv "$CONF.tmp" "$CONF"
+}
+
+wait_nodes_idle() {
+  local i state
+  for i in $(seq 1 100); do
+    state=$(SLURM_CONF=$CONF sinfo -h -N -o '%N %T' 2>/dev/null | sort | tr '\n' ' ' || true)
+    case "$state" in
+      *"n1 idle"*"n2 idle"*|*"n1 mixed"*|*"n1 allocated"*) return 0 ;;
+    esac
+    # A node that registered before the controller knew it may be down; bring it back.
+    if [ "$i" = 30 ]; then
+      SLURM_CONF=$CONF scontrol update NodeName=n[1-2] State=RESUME >/dev/null 2>&1 || true
+    fi
+    sleep 0.2
+  done
+  die "nodes not idle after 20 s: $state (logs in $DIR/log)"
+}
+
+start() {
+  install_if_needed
+  mkdir -p "$DIR"
+  if pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd-n1.pid" \
+      && pid_alive "$DIR/slurmd-n2.pid"; then
+    log "already running ($DIR)"
+    echo "export SLURM_CONF=$CONF"
+    return
+  fi
+  start_munge
+  write_conf
+  export SLURM_CONF=$CONF
+  if ! pid_alive "$DIR/slurmctld.pid"; then
+    log "starting slurmctld on port $PORT"
+    # -i: ignore state files left by an earlier run with another configuration.
+    /usr/sbin/slurmctld -i
+  fi
+  local i n
+  for i in $(seq 1 50); do
+    scontrol ping 2>/dev/null | grep -q UP && break
+    sleep 0.2
+  done
+  scontrol ping 2>/dev/null | grep -q UP || die "slurmctld did not answer (log $DIR/log/slurmctld.log)"
+  for n in "${NODES[@]}"; do
+    if ! pid_alive "$DIR/slurmd-$n.pid"; then
+      log "starting slurmd -N $n"
+      /usr/sbin/slurmd -N "$n"
+    fi
+  done
+  wait_nodes_idle
+  log "cluster up: $(sinfo -h -o '%P %D %T' | tr '\n' ' ')"
+  echo "export SLURM_CONF=$CONF"
+}
+
+# Pids of job step daemons started by our slurmd (their environment names our slurm.conf).
+our_stepds() {
+  local p
+  for p in $(pgrep -x slurmstepd 2>/dev/null || true); do
+    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$CONF"; then
+      echo "$p"
+    fi
+  done
+}
+
+stop_pidfile() {
+  local f=$1 what=$2 pid i
+  pid_alive "$f" || { rm -f "$f"; return 0; }
+  pid=$(cat "$f")
+  log "stopping $what (pid $pid)"
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 1 100); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    log "$what did not stop in 10 s; SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$f"
+}
+
+stop() {
+  [ -d "$DIR" ] || { log "nothing to stop ($DIR missing)"; return 0; }
+  export SLURM_CONF=$CONF
+  local i n p
+  if pid_alive "$DIR/slurmctld.pid" && [ -n "$(squeue -h -o %i 2>/dev/null)" ]; then
+    log "cancelling leftover jobs: $(squeue -h -o %i | tr '\n' ' ')"
+    for p in $(squeue -h -o %i); do scancel --quiet "$p" 2>/dev/null || true; done
+    for i in $(seq 1 $(( (KILLWAIT + 15) * 5 ))); do
+      [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
+      sleep 0.2
+    done
+  fi
+  for n in "${NODES[@]}"; do
+    stop_pidfile "$DIR/slurmd-$n.pid" "slurmd $n"
+  done
+  stop_pidfile "$DIR/slurmctld.pid" "slurmctld"
+  for p in $(our_stepds); do
+    log "killing leftover slurmstepd $p"
+    kill -KILL "$p" 2>/dev/null || true
+  done
+  if [ -f "$DIR/munged.pid" ]; then
+    stop_pidfile "$DIR/munged.pid" "munged"
+  fi
+  log "stopped"
+}
+
+status() {
+  export SLURM_CONF=$CONF
+  sinfo
+  squeue
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  env) echo "export SLURM_CONF=$CONF" ;;
+  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+esac
