@@ -5,9 +5,15 @@
 //! integers around instead of strings. Each sample's relative path is split into an interned
 //! directory (`dirs`) and a file name stored in one shared string arena, so ten million samples
 //! cost about their names' bytes plus ~30 bytes each instead of a `String` (24 bytes of header
-//! plus an allocation) per path. Labels and clusters are interned to `u32` class ids.
+//! plus an allocation) per path. Labels and clusters are interned to `u32` class ids, numbered
+//! by first appearance in path order, so the same samples get the same class ids on every node
+//! whatever order the listing or manifest delivered them in (the planner depends on that).
 //!
-//! Invariants (checked by [`Catalog::from_entries`]):
+//! Building. [`CatalogBuilder`] takes samples one at a time straight into those arenas; a
+//! manifest of ten million lines is never held as ten million [`CatalogEntry`] values.
+//! [`Catalog::from_entries`] is a thin wrapper over it.
+//!
+//! Invariants (checked by [`CatalogBuilder::finish`]):
 //! * every path is a clean relative path (see [`validate_rel_path`]): no `..`, no `.`, no empty
 //!   segment, not absolute, valid UTF-8, no NUL;
 //! * paths are unique and sorted, so sample ids do not depend on listing order;
@@ -124,6 +130,17 @@ impl StrArena {
     fn len(&self) -> usize {
         self.ends.len()
     }
+    /// A new arena holding entry `order[i]` at position `i`.
+    fn permuted(&self, order: &[u32]) -> StrArena {
+        let mut out = StrArena {
+            buf: String::with_capacity(self.buf.len()),
+            ends: Vec::with_capacity(order.len()),
+        };
+        for &i in order {
+            out.push(self.get(i as usize));
+        }
+        out
+    }
 }
 
 /// Modification time of one source directory when the catalog was made.
@@ -163,44 +180,256 @@ fn intern(map: &mut HashMap<String, u32>, names: &mut Vec<String>, s: &str) -> u
     id
 }
 
-impl Catalog {
-    /// Builds a catalog from entries in any order. `origin` names where the entries came from
-    /// (the source URL or the manifest file) for error messages.
-    pub fn from_entries(
-        origin: &str,
-        entries: impl IntoIterator<Item = CatalogEntry>,
-    ) -> Result<Self, CatalogError> {
-        let mut entries: Vec<CatalogEntry> = entries.into_iter().collect();
-        if entries.len() > u32::MAX as usize {
-            return Err(CatalogError::TooMany {
-                origin: origin.to_string(),
-                count: entries.len(),
-            });
+/// Why [`CatalogBuilder::finish`] (or [`CatalogBuilder::push`]) refused the samples. Entries are
+/// named by their index in push order, so the caller can translate them to manifest lines or
+/// listing keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuildError {
+    /// Entry `index` has a path that is not a clean relative path.
+    BadPath {
+        /// Push index of the entry.
+        index: usize,
+        /// The offending path.
+        path: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Entries `first` and `second` (push order, `first < second`) have the same path.
+    Duplicate {
+        /// Push index of the earlier entry.
+        first: usize,
+        /// Push index of the later entry.
+        second: usize,
+        /// The shared path.
+        path: String,
+    },
+    /// Entry `file` is also a directory of entry `inside`.
+    FileDirConflict {
+        /// Push index of the sample whose path is also a directory.
+        file: usize,
+        /// Push index of a sample inside that directory.
+        inside: usize,
+        /// The path that is both.
+        path: String,
+    },
+    /// More entries than sample ids can address.
+    TooMany {
+        /// Number of entries pushed so far.
+        count: usize,
+    },
+}
+
+/// Builds a [`Catalog`] one sample at a time, without a `String` per sample: each path is split
+/// into an interned directory and a file name appended to one arena as it arrives, so a
+/// ten-million-line manifest never exists as ten million `CatalogEntry` values. [`finish`]
+/// sorts by path, rejects duplicates and file/directory conflicts, and renumbers labels and
+/// clusters in path order so that the same samples always get the same class ids, whatever
+/// order they were pushed in.
+///
+/// [`finish`]: CatalogBuilder::finish
+#[derive(Debug, Default)]
+pub struct CatalogBuilder {
+    dir_ids: HashMap<String, u32>,
+    dir_list: Vec<String>,
+    dir_of: Vec<u32>,
+    names: StrArena,
+    sizes: Vec<u64>,
+    versions: StrArena,
+    labels: Option<Vec<u32>>,
+    label_ids: HashMap<String, u32>,
+    label_names: Vec<String>,
+    clusters: Option<Vec<u32>>,
+    cluster_ids: HashMap<String, u32>,
+    cluster_names: Vec<String>,
+}
+
+/// Appends the class id of `value` (`""` when absent) to `column`, creating the column (filled
+/// with `""` for earlier entries) the first time a value appears.
+fn push_class(
+    column: &mut Option<Vec<u32>>,
+    ids: &mut HashMap<String, u32>,
+    names: &mut Vec<String>,
+    value: Option<&str>,
+    before: usize,
+) {
+    match (column.as_mut(), value) {
+        (Some(col), v) => col.push(intern(ids, names, v.unwrap_or(""))),
+        (None, Some(v)) => {
+            let mut col = Vec::with_capacity(before + 1);
+            if before > 0 {
+                let empty = intern(ids, names, "");
+                col.resize(before, empty);
+            }
+            col.push(intern(ids, names, v));
+            *column = Some(col);
         }
-        for e in &entries {
-            validate_rel_path(&e.path).map_err(|reason| CatalogError::BadPath {
-                origin: origin.to_string(),
-                path: e.path.clone(),
-                reason,
-            })?;
+        (None, None) => {}
+    }
+}
+
+/// Byte order of full paths `dir/name` (`name` alone at the root), without building them.
+fn cmp_full(a_dir: &str, a_name: &str, b_dir: &str, b_name: &str) -> std::cmp::Ordering {
+    fn bytes<'a>(dir: &'a str, name: &'a str) -> impl Iterator<Item = u8> + 'a {
+        let sep: &[u8] = if dir.is_empty() { b"" } else { b"/" };
+        dir.bytes().chain(sep.iter().copied()).chain(name.bytes())
+    }
+    if a_dir == b_dir {
+        return a_name.cmp(b_name);
+    }
+    bytes(a_dir, a_name).cmp(bytes(b_dir, b_name))
+}
+
+impl CatalogBuilder {
+    /// An empty builder with room for `n` samples.
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            dir_of: Vec::with_capacity(n),
+            sizes: Vec::with_capacity(n),
+            ..Self::default()
         }
-        entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
-        for w in entries.windows(2) {
-            if w[0].path == w[1].path {
-                return Err(CatalogError::Duplicate {
-                    origin: origin.to_string(),
-                    path: w[0].path.clone(),
+    }
+
+    /// Number of samples pushed so far.
+    pub fn len(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// True when nothing was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.sizes.is_empty()
+    }
+
+    /// Adds one sample. The path is checked here (see [`validate_rel_path`]); uniqueness is
+    /// checked by [`CatalogBuilder::finish`]. Returns the sample's push index.
+    pub fn push(
+        &mut self,
+        path: &str,
+        size: u64,
+        version: &str,
+        label: Option<&str>,
+        cluster: Option<&str>,
+    ) -> Result<usize, BuildError> {
+        let index = self.sizes.len();
+        if index >= u32::MAX as usize {
+            return Err(BuildError::TooMany { count: index + 1 });
+        }
+        validate_rel_path(path).map_err(|reason| BuildError::BadPath {
+            index,
+            path: path.to_string(),
+            reason,
+        })?;
+        let (dir, name) = match path.rfind('/') {
+            Some(i) => (&path[..i], &path[i + 1..]),
+            None => ("", path),
+        };
+        let d = intern(&mut self.dir_ids, &mut self.dir_list, dir);
+        self.dir_of.push(d);
+        self.names.push(name);
+        self.sizes.push(size);
+        self.versions.push(version);
+        push_class(
+            &mut self.labels,
+            &mut self.label_ids,
+            &mut self.label_names,
+            label,
+            index,
+        );
+        push_class(
+            &mut self.clusters,
+            &mut self.cluster_ids,
+            &mut self.cluster_names,
+            cluster,
+            index,
+        );
+        Ok(index)
+    }
+
+    /// Push indices in path order. Fast path: when no directory holding samples is an ancestor
+    /// of another (the usual ImageFolder layout), path order is directory order then name
+    /// order, so a counting sort by directory plus a sort of names inside each directory
+    /// replaces ten million full-path comparisons.
+    fn path_order(&self) -> Vec<u32> {
+        let n = self.len();
+        let mut dir_rank: Vec<u32> = (0..self.dir_list.len() as u32).collect();
+        // "d/" is the prefix every path under d starts with; "" for the root.
+        let key = |d: u32| -> String {
+            let s = &self.dir_list[d as usize];
+            if s.is_empty() {
+                String::new()
+            } else {
+                format!("{s}/")
+            }
+        };
+        let keys: Vec<String> = (0..self.dir_list.len() as u32).map(key).collect();
+        dir_rank.sort_unstable_by(|&a, &b| keys[a as usize].cmp(&keys[b as usize]));
+        let nested = dir_rank
+            .windows(2)
+            .any(|w| keys[w[1] as usize].starts_with(keys[w[0] as usize].as_str()));
+        let name = |i: u32| self.names.get(i as usize);
+        let dir = |i: u32| self.dir_list[self.dir_of[i as usize] as usize].as_str();
+        if nested {
+            let mut order: Vec<u32> = (0..n as u32).collect();
+            let sorted = order
+                .windows(2)
+                .all(|w| cmp_full(dir(w[0]), name(w[0]), dir(w[1]), name(w[1])).is_le());
+            if !sorted {
+                order.sort_unstable_by(|&a, &b| cmp_full(dir(a), name(a), dir(b), name(b)));
+            }
+            return order;
+        }
+        let mut pos_of_dir = vec![0u32; self.dir_list.len()];
+        for (rank, &d) in dir_rank.iter().enumerate() {
+            pos_of_dir[d as usize] = rank as u32;
+        }
+        let mut starts = vec![0usize; self.dir_list.len() + 1];
+        for &d in &self.dir_of {
+            starts[pos_of_dir[d as usize] as usize + 1] += 1;
+        }
+        for i in 1..starts.len() {
+            starts[i] += starts[i - 1];
+        }
+        let mut fill = starts.clone();
+        let mut order = vec![0u32; n];
+        for (i, &d) in self.dir_of.iter().enumerate() {
+            let slot = &mut fill[pos_of_dir[d as usize] as usize];
+            order[*slot] = i as u32;
+            *slot += 1;
+        }
+        for w in starts.windows(2) {
+            let group = &mut order[w[0]..w[1]];
+            if !group.windows(2).all(|p| name(p[0]) <= name(p[1])) {
+                group.sort_unstable_by(|&a, &b| name(a).cmp(name(b)));
+            }
+        }
+        order
+    }
+
+    /// Sorts, checks and packs the samples into a catalog. `origin` names the source for
+    /// [`Catalog::source`].
+    pub fn finish(self, origin: &str) -> Result<Catalog, BuildError> {
+        let n = self.len();
+        let order = self.path_order();
+        let name = |i: u32| self.names.get(i as usize);
+        for w in order.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            if self.dir_of[a as usize] == self.dir_of[b as usize] && name(a) == name(b) {
+                let (first, second) = (a.min(b) as usize, a.max(b) as usize);
+                return Err(BuildError::Duplicate {
+                    first,
+                    second,
+                    path: self.full_path(a),
                 });
             }
-            // Sorted order puts "a" right before "a/..." only if no sibling such as "a-b" sits in
-            // between, so check against every directory prefix below instead of neighbours only.
         }
+        self.check_file_dir_conflicts()?;
+
+        let identity = order.iter().enumerate().all(|(i, &o)| i as u32 == o);
         let mut cat = Catalog {
             source: origin.to_string(),
             dirs: StrArena::default(),
-            dir_of: Vec::with_capacity(entries.len()),
+            dir_of: Vec::new(),
             names: StrArena::default(),
-            sizes: Vec::with_capacity(entries.len()),
+            sizes: Vec::new(),
             versions: StrArena::default(),
             labels: None,
             label_names: Vec::new(),
@@ -208,67 +437,150 @@ impl Catalog {
             cluster_names: Vec::new(),
             dir_stamps: Vec::new(),
         };
-        let mut dir_ids: HashMap<String, u32> = HashMap::new();
-        let mut dir_list: Vec<String> = Vec::new();
-        let mut label_ids: HashMap<String, u32> = HashMap::new();
-        let mut cluster_ids: HashMap<String, u32> = HashMap::new();
-        let any_label = entries.iter().any(|e| e.label.is_some());
-        let any_cluster = entries.iter().any(|e| e.cluster.is_some());
-        let mut labels = Vec::new();
-        let mut clusters = Vec::new();
-        for e in &entries {
-            let (dir, name) = match e.path.rfind('/') {
-                Some(i) => (&e.path[..i], &e.path[i + 1..]),
-                None => ("", e.path.as_str()),
-            };
-            let d = intern(&mut dir_ids, &mut dir_list, dir);
-            cat.dir_of.push(d);
-            cat.names.push(name);
-            cat.sizes.push(e.size);
-            cat.versions.push(&e.version);
-            if any_label {
-                let l = e.label.as_deref().unwrap_or("");
-                labels.push(intern(&mut label_ids, &mut cat.label_names, l));
-            }
-            if any_cluster {
-                let c = e.cluster.as_deref().unwrap_or("");
-                clusters.push(intern(&mut cluster_ids, &mut cat.cluster_names, c));
+        for d in &self.dir_list {
+            cat.dirs.push(d);
+        }
+        if identity {
+            cat.dir_of = self.dir_of;
+            cat.names = self.names;
+            cat.sizes = self.sizes;
+            cat.versions = self.versions;
+        } else {
+            cat.dir_of = order.iter().map(|&i| self.dir_of[i as usize]).collect();
+            cat.sizes = order.iter().map(|&i| self.sizes[i as usize]).collect();
+            cat.names = self.names.permuted(&order);
+            cat.versions = self.versions.permuted(&order);
+        }
+        // Class ids in order of first appearance along the sorted paths: the planner keys its
+        // random choices on class ids, so every node must number classes the same way.
+        if let Some(col) = self.labels {
+            let (ids, names) = renumber(&col, &self.label_names, &order);
+            cat.labels = Some(ids);
+            cat.label_names = names;
+        }
+        if let Some(col) = self.clusters {
+            let (ids, names) = renumber(&col, &self.cluster_names, &order);
+            cat.clusters = Some(ids);
+            cat.cluster_names = names;
+        }
+        debug_assert_eq!(cat.sizes.len(), n);
+        Ok(cat)
+    }
+
+    fn full_path(&self, i: u32) -> String {
+        let d = &self.dir_list[self.dir_of[i as usize] as usize];
+        let n = self.names.get(i as usize);
+        if d.is_empty() {
+            n.to_string()
+        } else {
+            format!("{d}/{n}")
+        }
+    }
+
+    /// A sample path must not also be a directory (or an ancestor of one) of other samples.
+    fn check_file_dir_conflicts(&self) -> Result<(), BuildError> {
+        // Every directory path that holds samples or is an ancestor of one, with a sample
+        // found under it; and the set of their last segments, so that almost every sample is
+        // cleared by one lookup of its file name without building its full path.
+        let mut first_in_dir = vec![u32::MAX; self.dir_list.len()];
+        for (i, &d) in self.dir_of.iter().enumerate() {
+            if first_in_dir[d as usize] == u32::MAX {
+                first_in_dir[d as usize] = i as u32;
             }
         }
-        // A sample path must not also be a directory of other samples.
-        for e in &entries {
-            if dir_ids.contains_key(&e.path) {
-                return Err(CatalogError::FileDirConflict {
-                    origin: origin.to_string(),
-                    path: e.path.clone(),
+        let mut dirs: HashMap<&str, u32> = HashMap::new();
+        let mut last_segments: std::collections::HashSet<&str> = Default::default();
+        for (d, path) in self.dir_list.iter().enumerate() {
+            let mut p = path.as_str();
+            while !p.is_empty() {
+                dirs.entry(p).or_insert(first_in_dir[d]);
+                last_segments.insert(p.rsplit('/').next().unwrap_or(p));
+                p = match p.rfind('/') {
+                    Some(i) => &p[..i],
+                    None => "",
+                };
+            }
+        }
+        let mut buf = String::new();
+        for i in 0..self.len() {
+            let name = self.names.get(i);
+            if !last_segments.contains(name) {
+                continue;
+            }
+            let d = &self.dir_list[self.dir_of[i] as usize];
+            buf.clear();
+            if !d.is_empty() {
+                buf.push_str(d);
+                buf.push('/');
+            }
+            buf.push_str(name);
+            if let Some(&inside) = dirs.get(buf.as_str()) {
+                return Err(BuildError::FileDirConflict {
+                    file: i,
+                    inside: inside as usize,
+                    path: buf,
                 });
             }
         }
-        // Also every ancestor of a directory is a directory; check those against samples.
-        let sample_set: std::collections::HashSet<&str> =
-            entries.iter().map(|e| e.path.as_str()).collect();
-        for d in &dir_list {
-            let mut p = d.as_str();
-            while let Some(i) = p.rfind('/') {
-                p = &p[..i];
-                if sample_set.contains(p) {
-                    return Err(CatalogError::FileDirConflict {
-                        origin: origin.to_string(),
-                        path: p.to_string(),
-                    });
-                }
-            }
+        Ok(())
+    }
+}
+
+/// Class ids renumbered by first appearance along `order`, and their names in the new order.
+fn renumber(col: &[u32], names: &[String], order: &[u32]) -> (Vec<u32>, Vec<String>) {
+    let mut new_id = vec![u32::MAX; names.len()];
+    let mut new_names = Vec::with_capacity(names.len());
+    let mut ids = Vec::with_capacity(col.len());
+    for &i in order {
+        let old = col[i as usize] as usize;
+        if new_id[old] == u32::MAX {
+            new_id[old] = new_names.len() as u32;
+            new_names.push(names[old].clone());
         }
-        for d in &dir_list {
-            cat.dirs.push(d);
+        ids.push(new_id[old]);
+    }
+    (ids, new_names)
+}
+
+impl Catalog {
+    /// Builds a catalog from entries in any order. `origin` names where the entries came from
+    /// (the source URL or the manifest file) for error messages.
+    pub fn from_entries(
+        origin: &str,
+        entries: impl IntoIterator<Item = CatalogEntry>,
+    ) -> Result<Self, CatalogError> {
+        let entries = entries.into_iter();
+        let mut b = CatalogBuilder::with_capacity(entries.size_hint().0);
+        let to_err = |e: BuildError| match e {
+            BuildError::BadPath { path, reason, .. } => CatalogError::BadPath {
+                origin: origin.to_string(),
+                path,
+                reason,
+            },
+            BuildError::Duplicate { path, .. } => CatalogError::Duplicate {
+                origin: origin.to_string(),
+                path,
+            },
+            BuildError::FileDirConflict { path, .. } => CatalogError::FileDirConflict {
+                origin: origin.to_string(),
+                path,
+            },
+            BuildError::TooMany { count } => CatalogError::TooMany {
+                origin: origin.to_string(),
+                count,
+            },
+        };
+        for e in entries {
+            b.push(
+                &e.path,
+                e.size,
+                &e.version,
+                e.label.as_deref(),
+                e.cluster.as_deref(),
+            )
+            .map_err(to_err)?;
         }
-        if any_label {
-            cat.labels = Some(labels);
-        }
-        if any_cluster {
-            cat.clusters = Some(clusters);
-        }
-        Ok(cat)
+        b.finish(origin).map_err(to_err)
     }
 
     /// Where the catalog came from (source URL or manifest path).
@@ -324,6 +636,10 @@ impl Catalog {
     pub fn label_count(&self) -> usize {
         self.label_names.len()
     }
+    /// Names of all labels, indexed by class id.
+    pub fn label_names(&self) -> &[String] {
+        &self.label_names
+    }
     /// Cluster ids of all samples, when the catalog has clusters.
     pub fn clusters(&self) -> Option<&[u32]> {
         self.clusters.as_deref()
@@ -331,6 +647,10 @@ impl Catalog {
     /// Name of cluster id `cluster`.
     pub fn cluster_name(&self, cluster: u32) -> &str {
         &self.cluster_names[cluster as usize]
+    }
+    /// Names of all clusters, indexed by cluster id.
+    pub fn cluster_names(&self) -> &[String] {
+        &self.cluster_names
     }
     /// Total bytes of all samples.
     pub fn total_bytes(&self) -> u64 {

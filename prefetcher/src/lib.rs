@@ -14,6 +14,7 @@
 //! This crate never depends on `metfs` or `feedback`.
 
 pub mod catalog;
+pub mod manifest;
 
 pub mod pacer;
 pub mod planner;

@@ -1,0 +1,574 @@
+//! Manifests: a file that lists the samples of a dataset, used instead of listing the tier when
+//! listing millions of files would hurt a parallel file system's metadata server.
+//!
+//! Two formats, chosen by extension (`.jsonl` / `.ndjson` are JSON lines, `.csv` is CSV) or, for
+//! any other name, by the first non-blank character (`{` means JSON lines):
+//!
+//! * **CSV** with a header row, parsed by the `csv` crate, so quoted paths may hold commas,
+//!   quotes, spaces and any UTF-8. Columns are found by name (case-insensitive, any order,
+//!   unknown columns ignored): `path` and `size` are required; `label`, `cluster` and one of
+//!   `etag` / `mtime` / `version` (all three become [`CatalogEntry::version`]) are optional.
+//! * **JSON lines**: one object per line with the same keys; `size` is a number (or a string of
+//!   digits), `label` / `cluster` / `mtime` may be strings or numbers. Blank lines are skipped.
+//!
+//! Every error names the file and the line (for a duplicate, both lines), because the person
+//! who sees it has to find the line in a file of millions.
+//!
+//! Memory. [`load_catalog`] streams records straight into a [`CatalogBuilder`]: one reused
+//! record buffer, no `String` per sample, plus one `u32` per sample remembering its line for
+//! error messages. [`read_manifest`] returns plain [`CatalogEntry`] values and suits small
+//! manifests and tests.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::catalog::{BuildError, Catalog, CatalogBuilder, CatalogEntry};
+
+/// Errors of the manifest module. `file` is the manifest path as given; `line` is 1-based.
+#[derive(Debug, Error)]
+pub enum ManifestError {
+    /// The manifest could not be opened or read.
+    #[error("manifest {file}: {source}")]
+    Io {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The CSV reader rejected a record (bad quoting, a row with the wrong number of fields,
+    /// invalid UTF-8).
+    #[error("manifest {file} line {line}: {message}")]
+    Csv {
+        file: String,
+        line: u64,
+        message: String,
+    },
+    /// A JSON line is not a valid object of the expected shape.
+    #[error("manifest {file} line {line}: malformed JSON: {message}")]
+    Json {
+        file: String,
+        line: u64,
+        message: String,
+    },
+    /// A required column (CSV header) or key (JSON line) is missing.
+    #[error("manifest {file} line {line}: missing required {what} `{name}`{found}")]
+    Missing {
+        file: String,
+        line: u64,
+        /// `column` for CSV, `key` for JSON lines.
+        what: &'static str,
+        name: &'static str,
+        /// For CSV, the header that was found.
+        found: String,
+    },
+    /// A size that is not a whole number of bytes.
+    #[error("manifest {file} line {line}: size `{value}` is not a whole number of bytes")]
+    BadSize {
+        file: String,
+        line: u64,
+        value: String,
+    },
+    /// A path that would escape the source or is otherwise not a clean relative path.
+    #[error("manifest {file} line {line}: path `{path}` is not allowed: {reason}")]
+    BadPath {
+        file: String,
+        line: u64,
+        path: String,
+        reason: &'static str,
+    },
+    /// The same path on two lines.
+    #[error(
+        "manifest {file}: path `{path}` appears twice, on line {first_line} and line {second_line}"
+    )]
+    Duplicate {
+        file: String,
+        path: String,
+        first_line: u64,
+        second_line: u64,
+    },
+    /// A path that is both a sample and a directory of other samples.
+    #[error("manifest {file} line {line}: `{path}` is a file, but line {inside_line} puts a sample inside it")]
+    FileDirConflict {
+        file: String,
+        line: u64,
+        path: String,
+        inside_line: u64,
+    },
+    /// More samples than a catalog can hold.
+    #[error("manifest {file}: {count} samples is more than the 4,294,967,295 a catalog can hold")]
+    TooMany { file: String, count: usize },
+    /// Writing a manifest failed.
+    #[error("writing the manifest: {0}")]
+    Write(#[source] std::io::Error),
+}
+
+/// The two manifest formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ManifestFormat {
+    /// CSV with a header row.
+    Csv,
+    /// One JSON object per line.
+    Jsonl,
+}
+
+impl ManifestFormat {
+    /// The format an extension names: `.csv`, or `.jsonl` / `.ndjson`; `None` otherwise.
+    pub fn from_extension(path: &Path) -> Option<Self> {
+        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+        match ext.as_str() {
+            "csv" => Some(Self::Csv),
+            "jsonl" | "ndjson" => Some(Self::Jsonl),
+            _ => None,
+        }
+    }
+}
+
+impl std::str::FromStr for ManifestFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "csv" => Ok(Self::Csv),
+            "jsonl" | "ndjson" | "json" => Ok(Self::Jsonl),
+            other => Err(format!("unknown manifest format `{other}` (csv or jsonl)")),
+        }
+    }
+}
+
+/// One record as parsed, borrowing from the reader's buffer where it can.
+struct Record<'a> {
+    line: u64,
+    path: &'a str,
+    size: u64,
+    version: &'a str,
+    label: Option<&'a str>,
+    cluster: Option<&'a str>,
+}
+
+/// Reads every record of `path`, calling `sink` for each in file order.
+fn parse(
+    path: &Path,
+    mut sink: impl FnMut(Record<'_>) -> Result<(), ManifestError>,
+) -> Result<(), ManifestError> {
+    let file = path.display().to_string();
+    let io = |source| ManifestError::Io {
+        file: file.clone(),
+        source,
+    };
+    let mut reader = BufReader::with_capacity(1 << 20, File::open(path).map_err(io)?);
+    let format = match ManifestFormat::from_extension(path) {
+        Some(f) => f,
+        None => sniff(&mut reader).map_err(io)?,
+    };
+    match format {
+        ManifestFormat::Csv => parse_csv(&file, reader, &mut sink),
+        ManifestFormat::Jsonl => parse_jsonl(&file, reader, &mut sink),
+    }
+}
+
+/// JSON lines when the first non-blank byte is `{`, CSV otherwise. Looks only at what the
+/// reader has buffered (1 MiB), without consuming it.
+fn sniff(reader: &mut BufReader<File>) -> std::io::Result<ManifestFormat> {
+    let buf = reader.fill_buf()?;
+    // A UTF-8 byte-order mark is not content.
+    let buf = buf.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(buf);
+    Ok(match buf.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => ManifestFormat::Jsonl,
+        _ => ManifestFormat::Csv,
+    })
+}
+
+fn parse_size(file: &str, line: u64, value: &str) -> Result<u64, ManifestError> {
+    let v = value.trim();
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ManifestError::BadSize {
+            file: file.to_string(),
+            line,
+            value: value.to_string(),
+        });
+    }
+    v.parse().map_err(|_| ManifestError::BadSize {
+        file: file.to_string(),
+        line,
+        value: value.to_string(),
+    })
+}
+
+fn parse_csv(
+    file: &str,
+    reader: impl Read,
+    sink: &mut impl FnMut(Record<'_>) -> Result<(), ManifestError>,
+) -> Result<(), ManifestError> {
+    let mut csv = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(false)
+        .from_reader(reader);
+    let csv_err = |e: csv::Error| {
+        let line = e.position().map_or(0, |p| p.line());
+        let message = match e.kind() {
+            csv::ErrorKind::UnequalLengths {
+                expected_len, len, ..
+            } => format!("this row has {len} fields but the header has {expected_len}"),
+            csv::ErrorKind::Utf8 { err, .. } => format!("not valid UTF-8: {err}"),
+            _ => e.to_string(),
+        };
+        match e.into_kind() {
+            csv::ErrorKind::Io(source) => ManifestError::Io {
+                file: file.to_string(),
+                source,
+            },
+            _ => ManifestError::Csv {
+                file: file.to_string(),
+                line,
+                message,
+            },
+        }
+    };
+    let header = csv.headers().map_err(csv_err)?.clone();
+    let names: Vec<String> = header
+        .iter()
+        .map(|h| h.trim_start_matches('\u{feff}').trim().to_ascii_lowercase())
+        .collect();
+    let col = |name: &str| names.iter().position(|h| h == name);
+    let found = format!(" (the header has: {})", names.join(", "));
+    let missing = |name: &'static str| ManifestError::Missing {
+        file: file.to_string(),
+        line: 1,
+        what: "column",
+        name,
+        found: found.clone(),
+    };
+    let path_col = col("path").ok_or_else(|| missing("path"))?;
+    let size_col = col("size").ok_or_else(|| missing("size"))?;
+    let label_col = col("label");
+    let cluster_col = col("cluster");
+    let version_col = col("etag")
+        .or_else(|| col("version"))
+        .or_else(|| col("mtime"));
+
+    // One record buffer for the whole file: no allocation per row.
+    let mut rec = csv::StringRecord::new();
+    while csv.read_record(&mut rec).map_err(csv_err)? {
+        let line = rec.position().map_or(0, |p| p.line());
+        let size = parse_size(file, line, &rec[size_col])?;
+        let opt = |c: Option<usize>| c.map(|c| &rec[c]).filter(|v| !v.is_empty());
+        sink(Record {
+            line,
+            path: &rec[path_col],
+            size,
+            version: version_col.map_or("", |c| &rec[c]),
+            label: opt(label_col),
+            cluster: opt(cluster_col),
+        })?;
+    }
+    Ok(())
+}
+
+/// A JSON size: a number, or a string of digits (some exporters quote 64-bit integers).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum JsonSize<'a> {
+    Number(serde_json::Number),
+    Text(#[serde(borrow)] Cow<'a, str>),
+}
+
+/// A label, cluster or mtime: a string or a number.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum JsonScalar<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Number(serde_json::Number),
+}
+
+impl JsonScalar<'_> {
+    fn as_str_in<'b>(&'b self, scratch: &'b mut String) -> &'b str {
+        match self {
+            JsonScalar::Text(t) => t,
+            JsonScalar::Number(n) => {
+                scratch.clear();
+                use std::fmt::Write as _;
+                let _ = write!(scratch, "{n}");
+                scratch
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct JsonRecord<'a> {
+    #[serde(borrow, default)]
+    path: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    size: Option<JsonSize<'a>>,
+    #[serde(borrow, default)]
+    label: Option<JsonScalar<'a>>,
+    #[serde(borrow, default)]
+    cluster: Option<JsonScalar<'a>>,
+    #[serde(borrow, default)]
+    etag: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    version: Option<JsonScalar<'a>>,
+    #[serde(borrow, default)]
+    mtime: Option<JsonScalar<'a>>,
+}
+
+fn parse_jsonl(
+    file: &str,
+    mut reader: impl BufRead,
+    sink: &mut impl FnMut(Record<'_>) -> Result<(), ManifestError>,
+) -> Result<(), ManifestError> {
+    let mut buf = String::new();
+    let (mut label_s, mut cluster_s, mut version_s) = (String::new(), String::new(), String::new());
+    let mut line = 0u64;
+    loop {
+        buf.clear();
+        let n = reader
+            .read_line(&mut buf)
+            .map_err(|source| ManifestError::Io {
+                file: file.to_string(),
+                source,
+            })?;
+        if n == 0 {
+            return Ok(());
+        }
+        line += 1;
+        let text = buf.trim_start_matches('\u{feff}').trim();
+        if text.is_empty() {
+            continue;
+        }
+        let rec: JsonRecord<'_> = serde_json::from_str(text).map_err(|e| ManifestError::Json {
+            file: file.to_string(),
+            line,
+            message: format!("{} (column {})", strip_position(&e), e.column()),
+        })?;
+        let missing = |name| ManifestError::Missing {
+            file: file.to_string(),
+            line,
+            what: "key",
+            name,
+            found: String::new(),
+        };
+        let path = rec.path.as_deref().ok_or_else(|| missing("path"))?;
+        let size = match rec.size.as_ref().ok_or_else(|| missing("size"))? {
+            JsonSize::Number(n) => n.as_u64().ok_or_else(|| ManifestError::BadSize {
+                file: file.to_string(),
+                line,
+                value: n.to_string(),
+            })?,
+            JsonSize::Text(t) => parse_size(file, line, t)?,
+        };
+        let version = if let Some(e) = rec.etag.as_deref() {
+            e
+        } else if let Some(v) = rec.version.as_ref().or(rec.mtime.as_ref()) {
+            v.as_str_in(&mut version_s)
+        } else {
+            ""
+        };
+        let label = rec.label.as_ref().map(|l| l.as_str_in(&mut label_s));
+        let cluster = rec.cluster.as_ref().map(|c| c.as_str_in(&mut cluster_s));
+        sink(Record {
+            line,
+            path,
+            size,
+            version,
+            label: label.filter(|l| !l.is_empty()),
+            cluster: cluster.filter(|c| !c.is_empty()),
+        })?;
+    }
+}
+
+/// serde_json appends "at line L column C" about the line it was given; the manifest's own
+/// line number is more useful, so drop it.
+fn strip_position(e: &serde_json::Error) -> String {
+    let s = e.to_string();
+    match s.rfind(" at line ") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+/// Translates a builder error (entries named by push index) into one naming manifest lines.
+fn build_error(file: &str, lines: &[u32], e: BuildError) -> ManifestError {
+    let line = |i: usize| u64::from(lines.get(i).copied().unwrap_or(u32::MAX));
+    match e {
+        BuildError::BadPath {
+            index,
+            path,
+            reason,
+        } => ManifestError::BadPath {
+            file: file.to_string(),
+            line: line(index),
+            path,
+            reason,
+        },
+        BuildError::Duplicate {
+            first,
+            second,
+            path,
+        } => ManifestError::Duplicate {
+            file: file.to_string(),
+            path,
+            first_line: line(first),
+            second_line: line(second),
+        },
+        BuildError::FileDirConflict {
+            file: f,
+            inside,
+            path,
+        } => ManifestError::FileDirConflict {
+            file: file.to_string(),
+            line: line(f),
+            path,
+            inside_line: line(inside),
+        },
+        BuildError::TooMany { count } => ManifestError::TooMany {
+            file: file.to_string(),
+            count,
+        },
+    }
+}
+
+/// Reads a manifest into a catalog, streaming: see the module docs for formats and memory.
+/// [`Catalog::source`] is the manifest path.
+pub fn load_catalog(path: &Path) -> Result<Catalog, ManifestError> {
+    let file = path.display().to_string();
+    let mut builder = CatalogBuilder::default();
+    // Line of each record, for error messages only; saturates past u32::MAX lines.
+    let mut lines: Vec<u32> = Vec::new();
+    parse(path, |r| {
+        lines.push(u32::try_from(r.line).unwrap_or(u32::MAX));
+        builder
+            .push(r.path, r.size, r.version, r.label, r.cluster)
+            .map_err(|e| build_error(&file, &lines, e))?;
+        Ok(())
+    })?;
+    builder
+        .finish(&file)
+        .map_err(|e| build_error(&file, &lines, e))
+}
+
+/// Reads a manifest into entries in file order, with every check [`load_catalog`] makes
+/// (paths, duplicates, file/directory conflicts). For small manifests; large ones should use
+/// [`load_catalog`].
+pub fn read_manifest(path: &Path) -> Result<Vec<CatalogEntry>, ManifestError> {
+    let file = path.display().to_string();
+    let mut builder = CatalogBuilder::default();
+    let mut lines: Vec<u32> = Vec::new();
+    let mut entries = Vec::new();
+    parse(path, |r| {
+        lines.push(u32::try_from(r.line).unwrap_or(u32::MAX));
+        builder
+            .push(r.path, r.size, r.version, r.label, r.cluster)
+            .map_err(|e| build_error(&file, &lines, e))?;
+        entries.push(CatalogEntry {
+            path: r.path.to_string(),
+            size: r.size,
+            version: r.version.to_string(),
+            label: r.label.map(str::to_string),
+            cluster: r.cluster.map(str::to_string),
+        });
+        Ok(())
+    })?;
+    builder
+        .finish(&file)
+        .map_err(|e| build_error(&file, &lines, e))?;
+    Ok(entries)
+}
+
+#[derive(Serialize)]
+struct JsonOut<'a> {
+    path: &'a str,
+    size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    label: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<&'a str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    version: &'a str,
+}
+
+/// Writes `catalog` as a manifest that [`load_catalog`] reads back to an equal catalog (apart
+/// from [`Catalog::source`] and directory stamps): `path`, `size`, then `label` and `cluster`
+/// when the catalog has them and `version` when any sample has one.
+pub fn write_manifest(
+    catalog: &Catalog,
+    out: &mut impl Write,
+    format: ManifestFormat,
+) -> Result<(), ManifestError> {
+    let labels = catalog.labels();
+    let clusters = catalog.clusters();
+    let versions = (0..catalog.len() as u32).any(|i| !catalog.version(i).is_empty());
+    let mut path = String::new();
+    let fill_path = |id: u32, path: &mut String| {
+        let (d, n) = catalog.dir_and_name(id);
+        path.clear();
+        if !d.is_empty() {
+            path.push_str(d);
+            path.push('/');
+        }
+        path.push_str(n);
+    };
+    match format {
+        ManifestFormat::Csv => {
+            let mut w = csv::Writer::from_writer(out);
+            let mut header = vec!["path", "size"];
+            if labels.is_some() {
+                header.push("label");
+            }
+            if clusters.is_some() {
+                header.push("cluster");
+            }
+            if versions {
+                header.push("version");
+            }
+            let werr = |e: csv::Error| match e.into_kind() {
+                csv::ErrorKind::Io(e) => ManifestError::Write(e),
+                other => ManifestError::Write(std::io::Error::other(format!("{other:?}"))),
+            };
+            w.write_record(&header).map_err(werr)?;
+            let mut size = String::new();
+            for id in 0..catalog.len() as u32 {
+                fill_path(id, &mut path);
+                size.clear();
+                use std::fmt::Write as _;
+                let _ = write!(size, "{}", catalog.size(id));
+                w.write_field(&path).map_err(werr)?;
+                w.write_field(&size).map_err(werr)?;
+                if let Some(l) = labels {
+                    w.write_field(catalog.label_name(l[id as usize]))
+                        .map_err(werr)?;
+                }
+                if let Some(c) = clusters {
+                    w.write_field(catalog.cluster_name(c[id as usize]))
+                        .map_err(werr)?;
+                }
+                if versions {
+                    w.write_field(catalog.version(id)).map_err(werr)?;
+                }
+                w.write_record(None::<&[u8]>).map_err(werr)?;
+            }
+            w.flush().map_err(ManifestError::Write)?;
+        }
+        ManifestFormat::Jsonl => {
+            for id in 0..catalog.len() as u32 {
+                fill_path(id, &mut path);
+                let rec = JsonOut {
+                    path: &path,
+                    size: catalog.size(id),
+                    label: labels.map(|l| catalog.label_name(l[id as usize])),
+                    cluster: clusters.map(|c| catalog.cluster_name(c[id as usize])),
+                    version: catalog.version(id),
+                };
+                serde_json::to_writer(&mut *out, &rec)
+                    .map_err(|e| ManifestError::Write(std::io::Error::other(e)))?;
+                out.write_all(b"\n").map_err(ManifestError::Write)?;
+            }
+            out.flush().map_err(ManifestError::Write)?;
+        }
+    }
+    Ok(())
+}
