@@ -831,4 +831,68 @@ mod tests {
             Err(CatalogError::Corrupt { .. })
         ));
     }
+
+    #[test]
+    fn builder_sorts_nested_and_flat_layouts_like_full_paths() {
+        // Nested directories interleave with files: "a/b.txt" < "a/c/1" < "a/z" and
+        // "a-b/x" < "a/..." because '-' sorts before '/'.
+        let paths = ["a/z", "a-b/x", "a/c/1", "a/b.txt", "top", "a/c/0"];
+        let mut b = CatalogBuilder::default();
+        for p in paths {
+            b.push(p, 1, "", None, None).unwrap();
+        }
+        let cat = b.finish("s").unwrap();
+        let got: Vec<String> = (0..cat.len() as u32).map(|i| cat.path(i)).collect();
+        let mut want: Vec<String> = paths.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        assert_eq!(got, want);
+        for (i, p) in want.iter().enumerate() {
+            assert_eq!(cat.find(p), Some(i as u32));
+        }
+        // Flat layout, unsorted, with labels arriving late.
+        let mut b = CatalogBuilder::default();
+        b.push("d2/b", 1, "", None, None).unwrap();
+        b.push("d1/b", 2, "v", Some("x"), None).unwrap();
+        b.push("d1/a", 3, "", Some("y"), Some("c")).unwrap();
+        let cat = b.finish("s").unwrap();
+        assert_eq!(cat.path(0), "d1/a");
+        assert_eq!(cat.version(1), "v");
+        assert_eq!(cat.labels().unwrap(), &[0, 1, 2]);
+        assert_eq!(cat.label_names(), &["y", "x", ""]);
+        assert_eq!(cat.cluster_names(), &["c", ""]);
+    }
+
+    #[test]
+    fn builder_errors_name_push_indices() {
+        let mut b = CatalogBuilder::default();
+        b.push("x", 1, "", None, None).unwrap();
+        assert!(matches!(
+            b.push("../y", 1, "", None, None),
+            Err(BuildError::BadPath { index: 1, .. })
+        ));
+        let mut b = CatalogBuilder::default();
+        for p in ["q", "a/b", "r", "a/b"] {
+            b.push(p, 1, "", None, None).unwrap();
+        }
+        assert_eq!(
+            b.finish("s").unwrap_err(),
+            BuildError::Duplicate {
+                first: 1,
+                second: 3,
+                path: "a/b".into()
+            }
+        );
+        let mut b = CatalogBuilder::default();
+        for p in ["a/b/c", "q", "a"] {
+            b.push(p, 1, "", None, None).unwrap();
+        }
+        assert_eq!(
+            b.finish("s").unwrap_err(),
+            BuildError::FileDirConflict {
+                file: 2,
+                inside: 0,
+                path: "a".into()
+            }
+        );
+    }
 }

@@ -572,3 +572,203 @@ pub fn write_manifest(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &tempfile::TempDir, name: &str, body: &str) -> std::path::PathBuf {
+        let p = dir.path().join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    }
+
+    fn err(dir: &tempfile::TempDir, name: &str, body: &str) -> String {
+        let p = write(dir, name, body);
+        let e = load_catalog(&p).unwrap_err().to_string();
+        assert!(e.contains(&p.display().to_string()), "no file name in: {e}");
+        assert_eq!(
+            read_manifest(&p).unwrap_err().to_string(),
+            e,
+            "read_manifest and load_catalog disagree"
+        );
+        e
+    }
+
+    #[test]
+    fn csv_with_quotes_unicode_and_optional_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            &dir,
+            "m.csv",
+            "Size,path,label,etag,extra\n\
+             10,\"b/with, comma.jpg\",dog,e1,x\n\
+             20,\"a/x y \"\"q\"\" é.png\",cat,,y\n\
+             30,top,,e3,z\n",
+        );
+        let cat = load_catalog(&p).unwrap();
+        assert_eq!(cat.len(), 3);
+        assert_eq!(cat.path(0), "a/x y \"q\" é.png");
+        assert_eq!(cat.path(1), "b/with, comma.jpg");
+        assert_eq!(cat.size(1), 10);
+        assert_eq!(cat.version(1), "e1");
+        let l = cat.labels().unwrap();
+        assert_eq!(cat.label_name(l[0]), "cat");
+        assert_eq!(cat.label_name(l[2]), "");
+        let entries = read_manifest(&p).unwrap();
+        assert_eq!(entries[0].path, "b/with, comma.jpg");
+        assert_eq!(entries[2].label, None);
+        assert_eq!(cat.source(), p.display().to_string());
+    }
+
+    #[test]
+    fn jsonl_by_extension_and_by_sniffing() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = "\n{\"path\": \"a/1\", \"size\": 5, \"label\": 3, \"cluster\": \"k\", \"mtime\": 1700}\n\
+                    {\"path\": \"a/2\", \"size\": \"6\", \"etag\": \"\\\"abc\\\"\", \"other\": [1]}\n\n";
+        for name in ["m.jsonl", "m.ndjson", "manifest.txt"] {
+            let cat = load_catalog(&write(&dir, name, body)).unwrap();
+            assert_eq!(cat.len(), 2);
+            assert_eq!(cat.label_name(cat.labels().unwrap()[0]), "3");
+            assert_eq!(cat.label_name(cat.labels().unwrap()[1]), "");
+            assert_eq!(cat.cluster_name(cat.clusters().unwrap()[0]), "k");
+            assert_eq!(cat.version(0), "1700");
+            assert_eq!(cat.version(1), "\"abc\"");
+            assert_eq!(cat.size(1), 6);
+        }
+        // CSV without a telling extension is sniffed as CSV.
+        let cat = load_catalog(&write(&dir, "list", "path,size\nx,1\n")).unwrap();
+        assert_eq!(cat.path(0), "x");
+    }
+
+    #[test]
+    fn errors_name_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = err(&dir, "a.csv", "path,bytes\nx,1\n");
+        assert!(
+            e.contains("line 1") && e.contains("`size`") && e.contains("path, bytes"),
+            "{e}"
+        );
+        let e = err(&dir, "b.csv", "path,size\nx,1\ny,12k\n");
+        assert!(e.contains("line 3") && e.contains("`12k`"), "{e}");
+        let e = err(&dir, "c.csv", "path,size\nx,1\ny,-4\n");
+        assert!(e.contains("line 3"), "{e}");
+        let e = err(&dir, "d.csv", "path,size\na/x,1\nb,2\na/x,3\n");
+        assert!(
+            e.contains("line 2") && e.contains("line 4") && e.contains("a/x"),
+            "{e}"
+        );
+        for (i, bad) in ["../up", "/abs", "a//b", "a/./b", "a/../b", "a/", ""]
+            .iter()
+            .enumerate()
+        {
+            let body = format!("path,size\nok,1\n\"{bad}\",2\n");
+            let e = err(&dir, &format!("p{i}.csv"), &body);
+            assert!(
+                e.contains("line 3") && e.contains("not allowed"),
+                "{bad}: {e}"
+            );
+        }
+        let e = err(&dir, "e.csv", "path,size\na,1\nq,2\na/b/c,3\n");
+        assert!(e.contains("line 2") && e.contains("line 4"), "{e}");
+        let e = err(&dir, "f.csv", "path,size\nx,1,extra\n");
+        assert!(e.contains("line 2") && e.contains("fields"), "{e}");
+        let e = err(
+            &dir,
+            "g.jsonl",
+            "{\"path\":\"x\",\"size\":1}\n{\"path\": \"y\", size: 2}\n",
+        );
+        assert!(e.contains("line 2") && e.contains("malformed JSON"), "{e}");
+        let e = err(
+            &dir,
+            "h.jsonl",
+            "{\"path\":\"x\",\"size\":1}\n\n{\"size\": 2}\n",
+        );
+        assert!(e.contains("line 3") && e.contains("`path`"), "{e}");
+        let e = err(&dir, "i.jsonl", "{\"path\":\"x\",\"size\":1.5}\n");
+        assert!(e.contains("line 1") && e.contains("1.5"), "{e}");
+        let e = err(
+            &dir,
+            "j.jsonl",
+            "{\"path\":\"x\",\"size\":1}\n{\"path\":\"x\",\"size\":1}\n",
+        );
+        assert!(e.contains("line 1") && e.contains("line 2"), "{e}");
+        let missing = dir.path().join("nope.csv");
+        let e = load_catalog(&missing).unwrap_err().to_string();
+        assert!(e.contains("nope.csv"), "{e}");
+    }
+
+    #[test]
+    fn write_then_read_gives_the_same_catalog() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut entries = vec![
+            CatalogEntry::new("b/2", 2),
+            CatalogEntry::new("a/x, \"y\" é", 3),
+            CatalogEntry::new("top", 4),
+        ];
+        entries[0].label = Some("dog".into());
+        entries[1].label = Some("cat,1".into());
+        entries[2].cluster = Some("7".into());
+        entries[1].version = "etag-1".into();
+        let cat = Catalog::from_entries("src", entries).unwrap();
+        for (fmt, name) in [
+            (ManifestFormat::Csv, "o.csv"),
+            (ManifestFormat::Jsonl, "o.jsonl"),
+        ] {
+            let mut buf = Vec::new();
+            write_manifest(&cat, &mut buf, fmt).unwrap();
+            let p = write(&dir, name, std::str::from_utf8(&buf).unwrap());
+            let back = load_catalog(&p).unwrap();
+            assert_eq!(back.len(), cat.len());
+            for id in 0..cat.len() as u32 {
+                assert_eq!(back.path(id), cat.path(id));
+                assert_eq!(back.size(id), cat.size(id));
+                assert_eq!(back.version(id), cat.version(id));
+                let name = |c: &Catalog, id: u32| {
+                    c.labels().map(|l| c.label_name(l[id as usize]).to_string())
+                };
+                assert_eq!(name(&back, id), name(&cat, id));
+                let cl = |c: &Catalog, id: u32| {
+                    c.clusters()
+                        .map(|l| c.cluster_name(l[id as usize]).to_string())
+                };
+                assert_eq!(cl(&back, id), cl(&cat, id));
+            }
+        }
+        // No labels, clusters or versions: only the two required columns.
+        let plain = Catalog::from_entries("s", vec![CatalogEntry::new("x", 1)]).unwrap();
+        let mut buf = Vec::new();
+        write_manifest(&plain, &mut buf, ManifestFormat::Csv).unwrap();
+        assert_eq!(String::from_utf8(buf).unwrap(), "path,size\nx,1\n");
+    }
+
+    #[test]
+    fn unsorted_input_gets_sorted_ids_and_path_ordered_classes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            &dir,
+            "u.csv",
+            "path,size,label\nz/1,1,zz\na/2,2,aa\nm/3,3,mm\na/1,4,aa\n",
+        );
+        let cat = load_catalog(&p).unwrap();
+        let paths: Vec<String> = (0..4).map(|i| cat.path(i)).collect();
+        assert_eq!(paths, ["a/1", "a/2", "m/3", "z/1"]);
+        assert_eq!(cat.labels().unwrap(), &[0, 0, 1, 2]);
+        assert_eq!(cat.label_names(), &["aa", "mm", "zz"]);
+    }
+
+    #[test]
+    fn format_names() {
+        assert_eq!("CSV".parse::<ManifestFormat>(), Ok(ManifestFormat::Csv));
+        assert_eq!(
+            "ndjson".parse::<ManifestFormat>(),
+            Ok(ManifestFormat::Jsonl)
+        );
+        assert!("xml".parse::<ManifestFormat>().is_err());
+        assert_eq!(
+            ManifestFormat::from_extension(Path::new("x.JSONL")),
+            Some(ManifestFormat::Jsonl)
+        );
+        assert_eq!(ManifestFormat::from_extension(Path::new("x")), None);
+    }
+}
