@@ -100,13 +100,20 @@ is_mounted() {
                     END { exit !found }' /proc/mounts
 }
 
+# Whether a process runs (a zombie waiting to be reaped by init has exited already).
+alive() {
+  local state
+  state=$(sed -e 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+  [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
+}
+
 # The pid of this cache's daemon, if it is alive (from CACHE/metfs.lock, checked against the
 # process's command line so that a recycled pid is never signalled).
 daemon_pid() {
   local pid
   [ -r "$CACHE/metfs.lock" ] || return 1
   pid=$(tr -dc '0-9' < "$CACHE/metfs.lock")
-  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
+  [ -n "$pid" ] && alive "$pid" || return 1
   tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | grep -qxF -- "$CACHE" || return 1
   printf '%s' "$pid"
 }
@@ -181,14 +188,14 @@ do_umount() {
         "$METFS_BIN" umount --timeout "$UMOUNT_TIMEOUT" "$MNT" >/dev/null 2>&1 || true
     fi
   fi
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+  if [ -n "$pid" ] && alive "$pid"; then
     say "daemon $pid still running after metfs umount; SIGTERM"
     kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 1 50); do
-      kill -0 "$pid" 2>/dev/null || break
+      alive "$pid" || break
       sleep 0.1
     done
-    if kill -0 "$pid" 2>/dev/null; then
+    if alive "$pid"; then
       say "daemon $pid ignored SIGTERM; SIGKILL"
       kill -KILL "$pid" 2>/dev/null || true
       sleep 0.2
