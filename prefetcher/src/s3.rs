@@ -15,7 +15,7 @@
 //! `object_store` ([`Signer::signed_url_opts`], so endpoint, region, path style and credentials
 //! resolve exactly as for the reads), asks for `encoding-type=url` so that any key survives the
 //! XML, and is retried with the same [`S3RetryConfig`] policy as the reads (`object_store`'s retry
-//! machinery is crate-private, hence the small loop in [`S3Tier::list_page`]). Pages are turned
+//! machinery is crate-private, hence the small loop in `S3Tier::list_page`). Pages are turned
 //! into catalog entries one at a time; nothing but the entries is kept.
 //!
 //! # Fetching

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# S3 staging benchmark: metfs staging one mini-epoch from a Garage server on loopback, side by
+# side with `aws s3 cp --recursive` and with a raw object_store parallel download (the ceiling of
+# what the server gives), for (a) 2,000 objects of 128 KiB and (b) 16 objects of 64 MiB.
+#
+#   benches/s3_staging.sh [RUNS]        RUNS >= 3 (default 5); prints medians and ratios
+#
+# Tools, each timed as a whole process (listing included), in a rotating order per run:
+#   awscli         aws s3 cp --recursive --only-show-errors (default settings: 10 requests at once)
+#   ceiling        prefetcher/examples/s3_fetch.rs `ceiling`: object_store, 32 objects at once,
+#                  8 MiB ranges (8 per object, 64 requests in all), each chunk written as it
+#                  arrives, no checks, no fsync
+#   discard        the same without writing anything: what the server alone gives
+#   metfs          S3Tier + Stager, one slot holding every object, default settings (fsync on)
+#   metfs-nofsync  the same with `fsync = false` (what the ceiling and awscli do)
+#   metfs-mount    `metfs mount --source s3://...` until it returns (first mini-epoch staged),
+#                  when target/release/metfs exists and accepts the mount; else left out
+#
+# Goals (docs/BENCHMARKS.md): metfs >= 1.5x awscli and >= 0.9x the ceiling on both sets.
+# Environment: BENCH_DIR (work directory, default a new /tmp/metfs-s3-bench.*; removed unless
+# KEEP=1). Needs python3, awscli (pip install awscli) and Garage (scripts/garage.sh install).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+RUNS=${1:-${RUNS:-5}}
+[ "$RUNS" -ge 3 ] || {
+    echo "s3_staging.sh: RUNS must be at least 3" >&2
+    exit 2
+}
+
+scripts/garage.sh install >/dev/null
+command -v aws >/dev/null || python3 -m pip install --quiet awscli
+cargo build --release --quiet -p prefetcher --example s3_fetch
+FETCH=$ROOT/target/release/examples/s3_fetch
+METFS=$ROOT/target/release/metfs
+
+WORK=${BENCH_DIR:-$(mktemp -d /tmp/metfs-s3-bench.XXXXXX)}
+mkdir -p "$WORK"
+MNT=$WORK/mnt
+cleanup() {
+    if mountpoint -q "$MNT" 2>/dev/null; then
+        "$METFS" umount "$MNT" >/dev/null 2>&1 || umount -l "$MNT" 2>/dev/null || true
+    fi
+    scripts/garage.sh stop "$WORK/garage" || true
+    [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+scripts/garage.sh start "$WORK/garage" "$(free_port)" "$(free_port)" >/dev/null
+eval "$(scripts/garage.sh env "$WORK/garage")"
+B=$METFS_S3_BUCKET
+
+echo "# uploading test data to Garage (not timed)"
+"$FETCH" upload "s3://$B/small" 2000 131072
+"$FETCH" upload "s3://$B/large" 16 67108864
+
+# The mount is measured only when a metfs binary exists and takes S3 sources.
+TOOLS=(awscli ceiling discard metfs metfs-nofsync)
+if [ -x "$METFS" ] && "$METFS" mount --help 2>/dev/null | grep -q -- "--source"; then
+    TOOLS+=(metfs-mount)
+fi
+
+RESULTS=$WORK/results.tsv
+: >"$RESULTS"
+
+run_tool() { # tool dataset bytes
+    local tool=$1 ds=$2 bytes=$3 out=$WORK/out t0 t1
+    rm -rf "$out" "$WORK/cache"
+    mkdir -p "$out"
+    sync
+    t0=$(date +%s.%N)
+    case $tool in
+    awscli) aws s3 cp --recursive --only-show-errors "s3://$B/$ds/" "$out/" ;;
+    ceiling) "$FETCH" ceiling "s3://$B/$ds" "$out" >/dev/null ;;
+    discard) "$FETCH" ceiling-discard "s3://$B/$ds" >/dev/null ;;
+    metfs) "$FETCH" stage "s3://$B/$ds" "$out" >/dev/null 2>&1 ;;
+    metfs-nofsync) "$FETCH" stage "s3://$B/$ds" "$out" --no-fsync >/dev/null 2>&1 ;;
+    metfs-mount)
+        mkdir -p "$MNT" "$WORK/cache"
+        if ! "$METFS" mount "$MNT" --source "s3://$B/$ds" --cache "$WORK/cache" \
+            --budget "$((bytes * 3))" --mini-epochs 1 >"$WORK/mount.log" 2>&1; then
+            echo "# metfs mount failed (left out): $(tail -n 3 "$WORK/mount.log" | tr '\n' ' ')" >&2
+            return 0
+        fi
+        ;;
+    esac
+    t1=$(date +%s.%N)
+    if [ "$tool" = metfs-mount ]; then
+        "$METFS" umount "$MNT" >/dev/null 2>&1 || umount -l "$MNT" || true
+    fi
+    printf '%s\t%s\t%s\t%s\n' "$ds" "$tool" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')" "$bytes" >>"$RESULTS"
+}
+
+for ds in small large; do
+    case $ds in
+    small) bytes=$((2000 * 131072)) ;;
+    large) bytes=$((16 * 67108864)) ;;
+    esac
+    for run in $(seq 1 "$RUNS"); do
+        n=${#TOOLS[@]}
+        for i in $(seq 0 $((n - 1))); do
+            tool=${TOOLS[$(((i + run) % n))]}
+            run_tool "$tool" "$ds" "$bytes"
+        done
+        echo "# $ds run $run/$RUNS done"
+    done
+done
+rm -rf "$WORK/out"
+
+python3 - "$RESULTS" "$RUNS" <<'EOF'
+import collections, statistics, sys
+rows = [l.split("\t") for l in open(sys.argv[1]).read().splitlines() if l]
+t = collections.defaultdict(list)
+size = {}
+for ds, tool, s, b in rows:
+    t[ds, tool].append(float(s))
+    size[ds] = int(b)
+names = {"small": "2,000 x 128 KiB", "large": "16 x 64 MiB"}
+print(f"\nS3 staging from Garage on loopback, medians of {sys.argv[2]} runs\n")
+print(f"| objects | tool | median s | MiB/s | runs (s) |")
+print(f"|---|---|---:|---:|---|")
+for ds in ("small", "large"):
+    for tool in ("awscli", "discard", "ceiling", "metfs", "metfs-nofsync", "metfs-mount"):
+        if (ds, tool) not in t:
+            continue
+        v = t[ds, tool]
+        m = statistics.median(v)
+        runs = " ".join(f"{x:.2f}" for x in v)
+        print(f"| {names[ds]} | {tool} | {m:.2f} | {size[ds] / 2**20 / m:.0f} | {runs} |")
+print()
+print("| objects | metfs vs awscli (goal >= 1.5x) | metfs vs ceiling (goal >= 0.9x) | metfs-nofsync vs ceiling |")
+print("|---|---:|---:|---:|")
+for ds in ("small", "large"):
+    med = {k[1]: statistics.median(v) for k, v in t.items() if k[0] == ds}
+    r = lambda a, b: f"{med[a] / med[b]:.2f}x" if a in med and b in med else "n/a"
+    print(f"| {names[ds]} | {r('awscli', 'metfs')} | {r('ceiling', 'metfs')} | {r('ceiling', 'metfs-nofsync')} |")
+EOF
