@@ -123,7 +123,8 @@ class Mount:
         raise AssertionError(f"next mini-epoch not staged after {timeout}s: {self.status()}")
 
     def mount(self, check: bool = True) -> subprocess.CompletedProcess[str]:
-        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        if not is_mounted(self.mountpoint):  # a dead mount cannot even be stat'ed
+            self.mountpoint.mkdir(parents=True, exist_ok=True)
         cmd = [self.bin, "mount", "--source", self.source, "--cache", str(self.cache), *self.args, str(self.mountpoint)]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if check:

@@ -258,12 +258,15 @@ def test_symlink_out_of_the_source_is_not_served(mounts, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("not part of the dataset")
     (src / "cat" / "leak.bin").symlink_to(secret)
-    (src / "cat" / "alias.bin").symlink_to(src / "dog" / sorted(p.name for p in (src / "dog").iterdir())[0])
+    target = sorted(p for p in (src / "dog").iterdir() if p.is_file())[0]
+    (src / "cat" / "alias.bin").symlink_to(target)
+    (src / "cat" / "dirlink").symlink_to(src / "dog")
     m = mounts(src, "6MiB", "--mini-epochs", "1")
     m.mount()
     view = m.files()["files"]
     assert "cat/leak.bin" not in view
     assert "cat/alias.bin" in view, "a symlink inside the source is served"
+    assert (m.mountpoint / "cat" / "alias.bin").read_bytes() == target.read_bytes()
     assert set(view) == set(files) | {"cat/alias.bin"}
     assert not (m.mountpoint / "cat" / "leak.bin").exists()
     assert "leak.bin" in m.log() and "outside" in m.log()

@@ -145,6 +145,9 @@ pub struct FileConfig {
     pub learned_fallback: Option<String>,
     pub history: Option<PathBuf>,
     pub job: Option<String>,
+    pub run_dir: Option<PathBuf>,
+    pub prefetch_rate_max: Option<String>,
+    pub metrics_file: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -217,6 +220,15 @@ pub struct MountConfig {
     pub stager: StagerConfig,
     /// Log file of a background daemon. Default `CACHE/metfs.log`.
     pub log_file: PathBuf,
+    /// Run directory for `metfs report` (event log). Default `CACHE/run`; its files are
+    /// capped and counted in the budget's reserve.
+    pub run_dir: PathBuf,
+    /// Cap for `prefetch_rate = auto`, in bytes per second. Default none: just-in-time pacing
+    /// alone decides (and stages at full speed until the first pass has been timed).
+    pub prefetch_rate_max: Option<u64>,
+    /// Prometheus text-format file rewritten every few seconds (for node_exporter's textfile
+    /// collector). Default none.
+    pub metrics_file: Option<PathBuf>,
 }
 
 fn env_u32(name: &str) -> Option<u32> {
@@ -278,7 +290,17 @@ impl MountConfig {
                 .map(|p| p.display().to_string())
                 .unwrap_or(source)
         };
+        let prefetch_rate_max = match pick!(prefetch_rate_max) {
+            None => None,
+            Some(r) => Some(parse_rate(&r).map_err(|e| ConfigError::Invalid {
+                key: "prefetch_rate_max",
+                message: e.to_string(),
+            })?),
+        };
         Ok(MountConfig {
+            run_dir: pick!(run_dir).unwrap_or_else(|| cache.join("run")),
+            prefetch_rate_max,
+            metrics_file: pick!(metrics_file),
             socket: pick!(socket).unwrap_or_else(|| cache.join("metfs.sock")),
             log_file: pick!(log_file).unwrap_or_else(|| cache.join("metfs.log")),
             source,

@@ -91,6 +91,9 @@ impl LineReader {
                     self.discarding = false;
                     continue;
                 }
+                if line.len() > self.max {
+                    return Ok(Some(Line::TooLong));
+                }
                 return Ok(Some(match String::from_utf8(line) {
                     Ok(t) => Line::Text(t),
                     Err(_) => Line::NotUtf8,

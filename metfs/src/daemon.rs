@@ -134,8 +134,13 @@ pub struct Budget {
     pub block: u64,
 }
 
-/// Bytes the log may take (it rotates at half of this).
-pub const LOG_RESERVE: u64 = 2 << 20;
+/// Bytes the log and the run's event log may take: the log rotates at 256 KiB (two files),
+/// the event log at 512 KiB (two files).
+pub const LOG_RESERVE: u64 = 3 << 19;
+/// Fraction of the time left in the current mini-epoch that just-in-time pacing keeps as slack:
+/// staging aims to finish when 90% of that time has passed, so one slow pass does not turn into
+/// a `wait`.
+pub const PACING_MARGIN: f64 = 0.10;
 const BLOCK: u64 = 4096;
 
 impl Budget {
@@ -220,6 +225,46 @@ struct State {
     record: MiniEpochRecord,
     history: Option<History>,
     job: String,
+    meter: Meter,
+}
+
+/// Measurements of the run (issue: bandwidth-conscious MET).
+#[derive(Debug)]
+struct Meter {
+    /// When the pass now running began (the previous pass end, or the mount).
+    pass_started: Instant,
+    /// Durations of the last passes, seconds.
+    pass_secs: std::collections::VecDeque<f64>,
+    /// Bytes fetched and seconds spent by completed stagings.
+    staged_bytes: u64,
+    staged_secs: f64,
+    /// Throughput of the last completed staging.
+    last_b2: Option<f64>,
+    /// Time callers spent blocked waiting for staging.
+    blocked_secs: f64,
+    /// The stall-free rf last warned about.
+    warned_rf: Option<u32>,
+}
+
+impl Meter {
+    fn new() -> Self {
+        Self {
+            pass_started: Instant::now(),
+            pass_secs: Default::default(),
+            staged_bytes: 0,
+            staged_secs: 0.0,
+            last_b2: None,
+            blocked_secs: 0.0,
+            warned_rf: None,
+        }
+    }
+    fn mean_pass(&self) -> Option<f64> {
+        (!self.pass_secs.is_empty())
+            .then(|| self.pass_secs.iter().sum::<f64>() / self.pass_secs.len() as f64)
+    }
+    fn b2(&self) -> Option<f64> {
+        (self.staged_secs > 0.0).then(|| self.staged_bytes as f64 / self.staged_secs)
+    }
 }
 
 /// A running daemon's shared core.
@@ -243,6 +288,8 @@ pub struct Daemon {
     mountpoint: Mutex<PathBuf>,
     tier_url: String,
     started: Instant,
+    /// The run's event log.
+    pub events: crate::events::EventLog,
     /// Fired when the daemon should unmount and exit.
     pub shutdown: tokio::sync::Notify,
 }
@@ -347,12 +394,34 @@ pub fn open_tier(source: &str) -> Result<Arc<dyn CapacityTier>, DaemonError> {
     Ok(Arc::new(PosixTier::new(Path::new(source))?))
 }
 
+fn needs_labels(s: Strategy) -> bool {
+    s == Strategy::Stratified
+}
+
 /// Builds (or reuses) the catalog of `tier`, saved at `path`.
 pub async fn load_catalog(
     tier: &dyn CapacityTier,
     path: &Path,
     cfg: &MountConfig,
 ) -> Result<(Catalog, bool), DaemonError> {
+    if let Some(manifest) = &cfg.manifest {
+        // A manifest replaces the listing; reading it is cheap next to listing millions of
+        // files on a parallel file system's metadata server.
+        let t = Instant::now();
+        let mut cat = prefetcher::manifest::load_catalog(manifest)
+            .map_err(|e| DaemonError::Setup(e.to_string()))?;
+        if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
+            cat.label_by_first_dir();
+        }
+        tracing::info!(
+            manifest = %manifest.display(),
+            samples = cat.len(),
+            bytes = %format_bytes(cat.total_bytes()),
+            secs = t.elapsed().as_secs_f64(),
+            "catalogue read from the manifest"
+        );
+        return Ok((cat, false));
+    }
     if let Ok(saved) = Catalog::load(path) {
         if saved.source() == tier.url() && tier.catalog_is_current(&saved).await? {
             tracing::info!(samples = saved.len(), "reusing the saved catalog");
@@ -366,7 +435,7 @@ pub async fn load_catalog(
     }
     let mut cat = Catalog::from_entries(tier.url(), listing.entries)?;
     cat.set_dir_stamps(listing.dir_stamps);
-    if cfg.label_from_dirs || (cfg.compose == Strategy::Stratified && cat.labels().is_none()) {
+    if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
         cat.label_by_first_dir();
     }
     tracing::info!(
@@ -381,7 +450,10 @@ pub async fn load_catalog(
 impl Daemon {
     /// Prepares a mount: locks the cache, catalogues, plans, and stages the current mini-epoch.
     /// Returns the daemon and the lock file (hold it for the daemon's life).
-    pub async fn prepare(cfg: MountConfig) -> Result<(Arc<Daemon>, std::fs::File), DaemonError> {
+    pub async fn prepare(
+        cfg: MountConfig,
+        show_progress: bool,
+    ) -> Result<(Arc<Daemon>, std::fs::File), DaemonError> {
         let paths = CachePaths::new(&cfg.cache);
         match std::fs::metadata(&paths.root) {
             Ok(m) if m.is_dir() => {}
@@ -410,7 +482,7 @@ impl Daemon {
         if catalog.is_empty() {
             return Err(DaemonError::Empty(cfg.source.clone()));
         }
-        if cfg.compose == Strategy::Stratified && catalog.labels().is_none() {
+        if needs_labels(cfg.compose) && catalog.labels().is_none() {
             catalog.label_by_first_dir();
         }
         let catalog_bytes = if reused {
@@ -543,7 +615,14 @@ impl Daemon {
             "staging the first mini-epoch"
         );
         let t = Instant::now();
-        let report = stager.stage(&spec, Arc::default()).await?;
+        let progress: Arc<Progress> = Arc::default();
+        let bar = show_progress.then(|| progress_bar(progress.clone()));
+        let report = stager.stage(&spec, progress).await;
+        if let Some((bar, task)) = bar {
+            task.abort();
+            bar.finish_and_clear();
+        }
+        let report = report?;
         tracing::info!(
             fetched = report.fetched,
             resumed = report.resumed,
@@ -607,7 +686,9 @@ impl Daemon {
                 record: MiniEpochRecord::begin(sequence, epoch, mini_epoch),
                 history,
                 job,
+                meter: Meter::new(),
             }),
+            events: crate::events::EventLog::open(&cfg.run_dir),
             changed,
             notifier: Mutex::new(None),
             fingerprint,
@@ -617,6 +698,21 @@ impl Daemon {
             cfg,
         });
         daemon.save_state();
+        daemon.events.emit(
+            "start",
+            json!({
+                "dataset_bytes": daemon.catalog.total_bytes(),
+                "dataset_files": daemon.catalog.len(),
+                "mini_epochs": nm,
+                "view_bytes": daemon.fs.current().bytes(),
+                "rf_policy": daemon.cfg.policy.kind.to_string(),
+                "budget_bytes": daemon.budget.budget,
+                "node_rank": daemon.cfg.node_rank,
+                "nodes": daemon.cfg.nodes,
+                "epoch": epoch,
+                "mini_epoch": mini_epoch,
+            }),
+        );
         Ok((daemon, lock))
     }
 
@@ -800,6 +896,20 @@ impl Daemon {
                             let cut = s.failed_samples.len() - 100;
                             s.failed_samples.drain(..cut);
                         }
+                        s.meter.staged_bytes += report.bytes_fetched;
+                        s.meter.staged_secs += report.elapsed.as_secs_f64();
+                        if report.bytes_fetched > 0 && report.elapsed.as_secs_f64() > 0.0 {
+                            s.meter.last_b2 =
+                                Some(report.bytes_fetched as f64 / report.elapsed.as_secs_f64());
+                        }
+                        self.events.emit(
+                            "staged",
+                            json!({
+                                "epoch": target.0, "mini_epoch": target.1, "bytes": bytes,
+                                "bytes_fetched": report.bytes_fetched,
+                                "secs": report.elapsed.as_secs_f64(),
+                            }),
+                        );
                         s.next = Next::Ready {
                             target,
                             slot: spec.name.clone(),
@@ -878,9 +988,14 @@ impl Daemon {
             s.passes = 0;
             s.advance_wanted = false;
             s.sequence += 1;
-            let rec = std::mem::replace(
-                &mut s.record,
-                MiniEpochRecord::begin(s.sequence, succ.0, succ.1),
+            let fresh = MiniEpochRecord::begin(s.sequence, succ.0, succ.1);
+            let rec = std::mem::replace(&mut s.record, fresh);
+            self.events.emit(
+                "switch",
+                json!({
+                    "epoch": succ.0, "mini_epoch": succ.1, "generation": s.generation,
+                    "sequence": s.sequence, "prev_rf": rec.rf, "prev_wanted_rf": rec.wanted_rf,
+                }),
             );
             if let Some(h) = s.history.as_mut() {
                 let saved = h
@@ -941,6 +1056,13 @@ impl Daemon {
 
     /// Waits until the successor is staged (or the daemon shuts down) and switches.
     async fn switch_blocking(&self) -> Result<(), ProtocolError> {
+        let t = Instant::now();
+        let r = self.switch_blocking_inner().await;
+        self.state.lock().unwrap().meter.blocked_secs += t.elapsed().as_secs_f64();
+        r
+    }
+
+    async fn switch_blocking_inner(&self) -> Result<(), ProtocolError> {
         loop {
             let mut rx = self.changed.subscribe();
             if self.try_switch().await {
@@ -978,6 +1100,21 @@ impl Daemon {
                 .map_err(|e| ProtocolError::new(ErrorCode::BadMetrics, e.to_string()))?;
             s.passes = state.passes;
             s.record.add_pass(&d);
+            let secs = s.meter.pass_started.elapsed().as_secs_f64();
+            s.meter.pass_started = Instant::now();
+            s.meter.pass_secs.push_back(secs);
+            if s.meter.pass_secs.len() > 16 {
+                s.meter.pass_secs.pop_front();
+            }
+            self.events.emit(
+                "pass_end",
+                json!({
+                    "epoch": s.epoch, "mini_epoch": s.mini_epoch, "sequence": s.sequence,
+                    "pass": s.passes, "verdict": d.verdict, "score": d.score,
+                    "view_bytes": self.fs.current().bytes(), "secs": secs,
+                }),
+            );
+            self.check_stall_free(&mut s);
             if d.verdict == Verdict::Advance {
                 s.advance_wanted = true;
             }
@@ -994,10 +1131,108 @@ impl Daemon {
             self.state.lock().unwrap().bonus_passes += 1;
             "wait"
         };
+        self.events.emit("decision", json!({"decision": decision}));
         let s = self.state.lock().unwrap();
         let mut out = self.position(&s, decision);
         out["reason"] = reason;
         Ok(out)
+    }
+
+    /// EB1: bytes the job reads per second, from the view's size and the pass durations.
+    fn eb1(&self, s: &State) -> Option<f64> {
+        let mean = s.meter.mean_pass()?;
+        (mean > 0.0).then(|| self.fs.current().bytes() as f64 / mean)
+    }
+
+    /// The stall-free rf, ceil(EB1 / B2), once both are measured.
+    fn stall_free_rf(&self, s: &State) -> Option<u32> {
+        let b2 = s.meter.b2()?;
+        let eb1 = self.eb1(s)?;
+        (b2 > 0.0).then(|| (eb1 / b2).ceil().max(1.0) as u32)
+    }
+
+    fn check_stall_free(&self, s: &mut State) {
+        let Some(sf) = self.stall_free_rf(s) else {
+            return;
+        };
+        if self.cfg.policy.kind == PolicyKind::Fixed
+            && self.cfg.policy.rf < sf
+            && s.meter.warned_rf != Some(sf)
+        {
+            s.meter.warned_rf = Some(sf);
+            tracing::warn!(
+                rf = self.cfg.policy.rf,
+                stall_free_rf = sf,
+                "the fixed rf is below the stall-free rf ceil(EB1/B2): the job will wait for staging (bonus passes); raise --rf or the tier bandwidth"
+            );
+        }
+    }
+
+    /// Runs periodic work: just-in-time pacing, tier-bandwidth events, the metrics file.
+    pub async fn monitor_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let mut last_tier = u64::MAX;
+        let mut n: u64 = 0;
+        loop {
+            tick.tick().await;
+            n += 1;
+            if self.cfg.prefetch_rate == PrefetchRate::Auto {
+                let rate = self.auto_rate();
+                self.stager.pacer().set_rate(rate);
+            }
+            if n.is_multiple_of(4) {
+                let tier = self.stager.tier_bytes_read();
+                if tier != last_tier {
+                    last_tier = tier;
+                    self.events.emit("tier", json!({"tier_bytes_read": tier}));
+                }
+            }
+            if n.is_multiple_of(10) {
+                self.write_metrics();
+            }
+        }
+    }
+
+    fn write_metrics(&self) {
+        let Some(path) = &self.cfg.metrics_file else {
+            return;
+        };
+        let text = self.status().to_string(); // METRICS-PENDING
+        if let Err(e) = std::fs::write(path, &text) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the metrics file");
+        }
+    }
+
+    /// The just-in-time staging rate: what finishes the successor when `1 - PACING_MARGIN` of
+    /// the time left in the current mini-epoch has passed, capped by `prefetch_rate_max`.
+    /// `None` (unlimited, or the cap) until a pass has been timed, or when staging is late.
+    fn auto_rate(&self) -> Option<u64> {
+        let s = self.state.lock().unwrap();
+        let cap = self.cfg.prefetch_rate_max;
+        let Next::Staging { progress, .. } = &s.next else {
+            return cap;
+        };
+        let Some(pass) = s.meter.mean_pass() else {
+            return cap;
+        };
+        let left = progress
+            .bytes_total
+            .load(Ordering::Relaxed)
+            .saturating_sub(progress.bytes_done.load(Ordering::Relaxed));
+        let passes_left = (s.policy.expected_rf() - s.passes as f64).max(0.0);
+        let time_left = passes_left * pass - s.meter.pass_started.elapsed().as_secs_f64();
+        let budget = time_left * (1.0 - PACING_MARGIN);
+        if budget < 0.5 {
+            return cap;
+        }
+        let rate = (left as f64 / budget).ceil() as u64;
+        Some(
+            match cap {
+                Some(c) => rate.min(c),
+                None => rate,
+            }
+            .max(64 << 10),
+        )
     }
 
     /// Takes the client's job key for the rf history. Before anything is recorded the run is
@@ -1172,6 +1407,14 @@ impl Daemon {
             "dataset_files": self.catalog.len(),
             "dataset_bytes": self.catalog.total_bytes(),
             "bonus_passes": s.bonus_passes,
+            "blocked_seconds": s.meter.blocked_secs,
+            "pass_seconds": s.meter.pass_secs.back(),
+            "pass_seconds_mean": s.meter.mean_pass(),
+            "b2_bytes_per_s": s.meter.b2(),
+            "b2_recent_bytes_per_s": s.meter.last_b2,
+            "eb1_bytes_per_s": self.eb1(&s),
+            "stall_free_rf": self.stall_free_rf(&s),
+            "prefetch_rate": self.stager.pacer().rate(),
             "staging": staging,
             "draining_slots": s.draining.len(),
             "open_handles": self.fs.open_handles(),
@@ -1234,6 +1477,31 @@ impl Daemon {
             }
         }
     }
+}
+
+/// A terminal progress bar following a staging run.
+fn progress_bar(progress: Arc<Progress>) -> (indicatif::ProgressBar, tokio::task::JoinHandle<()>) {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "staging mini-epoch {bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} ({msg} files)",
+        )
+        .expect("static template"),
+    );
+    let b = bar.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            b.set_length(progress.bytes_total.load(Ordering::Relaxed));
+            b.set_position(progress.bytes_done.load(Ordering::Relaxed));
+            b.set_message(format!(
+                "{}/{}",
+                progress.files_done.load(Ordering::Relaxed),
+                progress.files_total.load(Ordering::Relaxed)
+            ));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    (bar, task)
 }
 
 /// The mini-epoch after `cur` in a run with `nm` mini-epochs per epoch.

@@ -67,7 +67,6 @@ impl From<Miss> for FsError {
     fn from(m: Miss) -> Self {
         match m {
             Miss::NotFound => FsError::NotFound,
-            Miss::Stale => FsError::Stale,
             Miss::NotDir => FsError::NotDir,
         }
     }
@@ -202,17 +201,6 @@ impl FsCore {
             .expect("invalidation closures are enabled");
         self.files.run_pending_tasks();
         self.backing.run_pending_tasks();
-    }
-
-    /// Generations of retained (retired but not yet forgotten) views.
-    pub fn retained(&self) -> Vec<u64> {
-        self.views
-            .read()
-            .unwrap()
-            .retained
-            .keys()
-            .copied()
-            .collect()
     }
 
     fn view_of(&self, ino: u64) -> Result<(Arc<View>, u32), FsError> {

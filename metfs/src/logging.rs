@@ -1,8 +1,8 @@
 //! Logging: `tracing` to stderr in the foreground, or to a size-capped file in the background.
 //!
 //! The log lives in the cache directory and so counts against the budget; the budget reserves
-//! [`crate::daemon::LOG_RESERVE`] for it. The writer rotates `metfs.log` to `metfs.log.1` when it
-//! passes half of that, so the two files never exceed the reserve. `tracing-appender` rotates by
+//! [`crate::daemon::LOG_RESERVE`] for it and the event log. The writer rotates `metfs.log` to
+//! `metfs.log.1` at [`LOG_ROTATE`], so the two files never exceed the reserve. `tracing-appender` rotates by
 //! time only, hence this small writer.
 
 use std::io::Write;
@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use tracing_subscriber::EnvFilter;
+
+/// Size at which `metfs.log` rotates to `metfs.log.1`.
+pub const LOG_ROTATE: u64 = 256 << 10;
 
 struct Capped {
     path: PathBuf,
@@ -53,7 +56,7 @@ impl Write for CappedWriter {
 
 /// Rotates an existing log that is already over the cap (before a background start appends).
 pub fn rotate(path: &Path) {
-    if std::fs::metadata(path).map(|m| m.len()).unwrap_or(0) > crate::daemon::LOG_RESERVE / 4 {
+    if std::fs::metadata(path).map(|m| m.len()).unwrap_or(0) > LOG_ROTATE {
         let _ = std::fs::rename(path, path.with_extension("log.1"));
     }
 }
@@ -71,7 +74,7 @@ pub fn init(file: Option<&PathBuf>) {
                 path: p.clone(),
                 file: None,
                 written: 0,
-                limit: crate::daemon::LOG_RESERVE / 4,
+                limit: LOG_ROTATE,
             };
             c.open();
             let w = CappedWriter(Arc::new(Mutex::new(c)));

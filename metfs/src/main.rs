@@ -1,3 +1,4 @@
+#![recursion_limit = "256"]
 //! `metfs`: mini-epoch training over FUSE.
 //!
 //! The binary is a thin CLI (clap) over the daemon modules; `anyhow` is used only here, to add
@@ -7,6 +8,7 @@ mod client;
 mod config;
 mod control;
 mod daemon;
+mod events;
 mod fs;
 mod fuse;
 mod logging;
@@ -40,7 +42,21 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Mount a MET view of a dataset (returns once the first mini-epoch is staged).
-    Mount(MountArgs),
+    Mount(Box<MountArgs>),
+    /// Write a manifest (CSV or JSON lines) of a source to stdout, for `--manifest`.
+    Manifest {
+        /// The source directory.
+        source: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "csv")]
+        format: FormatArg,
+        /// Add a `label` column from each file's first directory level (ImageFolder layout).
+        #[arg(long)]
+        label_from_dirs: bool,
+    },
+    /// Print a plan summary without mounting: mini-epochs, bytes per mini-epoch, per-class
+    /// counts, per-node bytes.
+    Plan(Box<PlanArgs>),
     /// Unmount, stop the daemon, and keep the cache so that a later mount resumes.
     Umount {
         /// The mountpoint.
@@ -184,9 +200,18 @@ struct MountArgs {
     /// Let other users read the mount.
     #[arg(long)]
     allow_other: bool,
-    /// Cap on staging bandwidth, e.g. 200MiB/s [default: unlimited].
+    /// Staging bandwidth: a cap such as 200MiB/s, or `auto` for just-in-time pacing [default: unlimited].
     #[arg(long)]
     prefetch_rate: Option<String>,
+    /// Cap for --prefetch-rate auto, e.g. 1GiB/s [default: none].
+    #[arg(long)]
+    prefetch_rate_max: Option<String>,
+    /// Run directory with the event log for `metfs report` [default: CACHE/run].
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+    /// Prometheus text-format file rewritten every 5 s (node_exporter textfile collector).
+    #[arg(long)]
+    metrics_file: Option<PathBuf>,
     /// Log file of the background daemon [default: CACHE/metfs.log].
     #[arg(long)]
     log_file: Option<PathBuf>,
@@ -196,6 +221,49 @@ struct MountArgs {
     /// Internal: pipe on which to report readiness to the parent.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum FormatArg {
+    Csv,
+    Jsonl,
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// Manifest to plan (instead of listing --source).
+    #[arg(long)]
+    manifest: Option<PathBuf>,
+    /// Source directory to list and plan.
+    #[arg(long)]
+    source: Option<PathBuf>,
+    /// Budget of each node's cache: 512MiB, 20GiB, or bytes.
+    #[arg(long)]
+    budget: String,
+    /// Composition strategy.
+    #[arg(long, alias = "strategy", value_enum, default_value = "random")]
+    compose: ComposeArg,
+    /// Mini-epochs per epoch [default: the smallest that fits].
+    #[arg(long)]
+    mini_epochs: Option<u32>,
+    /// Seed of the composition.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Number of nodes.
+    #[arg(long, default_value_t = 1)]
+    nodes: u32,
+    /// The node whose shares are listed (every node's bytes are summarized).
+    #[arg(long, default_value_t = 0)]
+    node_rank: u32,
+    /// The epoch to plan.
+    #[arg(long, default_value_t = 0)]
+    epoch: u64,
+    /// Label samples by their first directory level.
+    #[arg(long)]
+    label_from_dirs: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -253,6 +321,9 @@ impl MountArgs {
             learned_fallback: self.learned_fallback.clone(),
             history: self.history.clone(),
             job: self.job.clone(),
+            prefetch_rate_max: self.prefetch_rate_max.clone(),
+            run_dir: self.run_dir.clone(),
+            metrics_file: self.metrics_file.clone(),
             ..Default::default()
         };
         Ok(MountConfig::resolve(file, flags)?)
@@ -273,7 +344,13 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Mount(args) => mount_cmd(args),
+        Cmd::Mount(args) => mount_cmd(*args),
+        Cmd::Manifest {
+            source,
+            format,
+            label_from_dirs,
+        } => manifest_cmd(&source, format, label_from_dirs),
+        Cmd::Plan(args) => plan_cmd(*args),
         Cmd::Umount {
             mountpoint,
             timeout,
@@ -333,6 +410,102 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+fn manifest_cmd(source: &std::path::Path, format: FormatArg, labels: bool) -> Result<()> {
+    use prefetcher::tier::CapacityTier;
+    let tier = prefetcher::tier::PosixTier::new(source)?;
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    let listing = rt.block_on(tier.list())?;
+    for (p, why) in &listing.skipped {
+        eprintln!("metfs: not listed: {p}: {why}");
+    }
+    let mut cat = prefetcher::catalog::Catalog::from_entries(tier.url(), listing.entries)?;
+    if labels {
+        cat.label_by_first_dir();
+    }
+    let format = match format {
+        FormatArg::Csv => prefetcher::manifest::ManifestFormat::Csv,
+        FormatArg::Jsonl => prefetcher::manifest::ManifestFormat::Jsonl,
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    prefetcher::manifest::write_manifest(&cat, &mut out, format)?;
+    std::io::Write::flush(&mut out)?;
+    Ok(())
+}
+
+fn plan_cmd(a: PlanArgs) -> Result<()> {
+    use prefetcher::planner::{summarize, PlanConfig, SampleSet};
+    let budget = prefetcher::size::parse_size(&a.budget).context("--budget")?;
+    let mut cat = match (&a.manifest, &a.source) {
+        (Some(m), None) => prefetcher::manifest::load_catalog(m)?,
+        (None, Some(src)) => {
+            use prefetcher::tier::CapacityTier;
+            let tier = prefetcher::tier::PosixTier::new(src)?;
+            let rt = tokio::runtime::Builder::new_current_thread().build()?;
+            let l = rt.block_on(tier.list())?;
+            prefetcher::catalog::Catalog::from_entries(tier.url(), l.entries)?
+        }
+        _ => anyhow::bail!("give exactly one of --manifest FILE or --source DIR"),
+    };
+    let strategy: Strategy = a.compose.into();
+    if a.label_from_dirs || (strategy == Strategy::Stratified && cat.labels().is_none()) {
+        cat.label_by_first_dir();
+    }
+    // The daemon saves the catalog in the cache; its size is estimated here without writing it.
+    let names: u64 = (0..cat.len() as u32)
+        .map(|i| cat.dir_and_name(i).1.len() as u64)
+        .sum();
+    let catalog_bytes = names + 24 * cat.len() as u64;
+    let b = daemon::Budget::new(budget, &cat, catalog_bytes)?;
+    let footprints: Vec<u64> = cat.sizes().iter().map(|&s| daemon::round_up(s)).collect();
+    let set = SampleSet {
+        sizes: &footprints,
+        labels: cat.labels(),
+        clusters: cat.clusters(),
+    };
+    let cfg = PlanConfig {
+        strategy,
+        seed: a.seed,
+        slot_bytes: b.slot_bytes,
+        mini_epochs: a.mini_epochs,
+        node_rank: a.node_rank,
+        nodes: a.nodes,
+    };
+    let names: Option<Vec<String>> = match strategy {
+        Strategy::Clustered => cat.clusters().map(|c| {
+            let n = c.iter().copied().max().map_or(0, |m| m + 1);
+            (0..n).map(|i| cat.cluster_name(i).to_string()).collect()
+        }),
+        _ => cat.labels().map(|_| {
+            (0..cat.label_count() as u32)
+                .map(|i| cat.label_name(i).to_string())
+                .collect()
+        }),
+    };
+    let summary = summarize(&set, &cfg, a.epoch, names.as_deref()).map_err(|e| match e {
+        prefetcher::planner::PlanError::SampleTooLarge { sample, size, .. } => anyhow!(
+            "budget {} is too small: `{}` takes {}, so the budget must be at least {}",
+            prefetcher::size::format_bytes(budget),
+            cat.path(sample),
+            prefetcher::size::format_bytes(size),
+            prefetcher::size::format_bytes(2 * size + b.reserve)
+        ),
+        e => e.into(),
+    })?;
+    let mut v = serde_json::to_value(&summary)?;
+    v["budget_bytes"] = json!(budget);
+    v["slot_bytes"] = json!(b.slot_bytes);
+    v["reserve_bytes"] = json!(b.reserve);
+    v["dataset_files"] = json!(cat.len());
+    v["dataset_bytes"] = json!(cat.total_bytes());
+    if a.json {
+        println!("{v}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
+    Ok(())
+}
+
 fn print_status(v: &Value) {
     let b = |k: &str| prefetcher::size::format_bytes(v[k].as_u64().unwrap_or(0));
     println!(
@@ -374,6 +547,12 @@ fn mount_cmd(args: MountArgs) -> Result<()> {
     if !args.foreground {
         // Check what can be checked before forking so that errors come back directly.
         mount::check_mountpoint(&mountpoint)?;
+        if !cfg.cache.is_dir() {
+            anyhow::bail!(
+                "cache directory {} does not exist (create it on node-local storage first)",
+                cfg.cache.display()
+            );
+        }
         let mut child_args: Vec<OsString> = std::env::args_os().skip(1).collect();
         child_args.retain(|a| a != "--foreground");
         logging::rotate(&cfg.log_file);
@@ -397,7 +576,9 @@ fn mount_cmd(args: MountArgs) -> Result<()> {
 async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>) -> Result<()> {
     let setup = async {
         mount::check_mountpoint(&mountpoint)?;
-        let (daemon, lock) = daemon::Daemon::prepare(cfg)
+        let show_progress =
+            ready_fd.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let (daemon, lock) = daemon::Daemon::prepare(cfg, show_progress)
             .await
             .context("preparing the mount")?;
         let listener = control::bind(&daemon.cfg.socket)
@@ -436,6 +617,7 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
         tokio::spawn(control::serve(listener, daemon.clone()));
         tokio::spawn(daemon.clone().stager_loop());
         tokio::spawn(daemon.clone().drain_loop(rx));
+        tokio::spawn(daemon.clone().monitor_loop());
         anyhow::Ok((daemon, session, lock))
     };
     let (daemon, session, _lock) = match setup.await {

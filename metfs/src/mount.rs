@@ -119,8 +119,16 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The filesystem type mounted at `mountpoint`, from /proc/self/mountinfo.
-pub fn mounted_fstype(mountpoint: &Path) -> Option<String> {
+/// Whether a metfs FUSE mount sits at `mountpoint` (live or with a dead daemon).
+pub fn is_metfs_mount(mountpoint: &Path) -> bool {
+    // Mounted directly by root the type is `fuse` with source `metfs`; through fusermount3 it
+    // is `fuse.metfs`.
+    mounted_fstype(mountpoint)
+        .is_some_and(|(t, src)| t == "fuse.metfs" || (t.starts_with("fuse") && src == "metfs"))
+}
+
+/// The filesystem type and source mounted at `mountpoint`, from /proc/self/mountinfo.
+fn mounted_fstype(mountpoint: &Path) -> Option<(String, String)> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let want = mountpoint.to_string_lossy();
     let mut found = None;
@@ -131,16 +139,29 @@ pub fn mounted_fstype(mountpoint: &Path) -> Option<String> {
         }
         if unescape_mountinfo(fields[4]) == want {
             if let Some(dash) = fields.iter().position(|f| *f == "-") {
-                found = fields.get(dash + 1).map(|s| s.to_string());
+                found = Some((
+                    fields.get(dash + 1).unwrap_or(&"").to_string(),
+                    fields.get(dash + 2).unwrap_or(&"").to_string(),
+                ));
             }
         }
     }
     found
 }
 
-fn pid_alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks existence.
-    unsafe { libc::kill(pid as i32, 0) == 0 }
+/// Whether `pid` is a running process. A killed daemon whose parent has not reaped it yet is a
+/// zombie: it still has a pid but serves nothing, so it counts as dead.
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // The state follows the parenthesised command name, which may contain spaces.
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X") | None)
+        }
+        Err(_) => false,
+    }
 }
 
 fn detach(mountpoint: &Path) -> Result<(), MountError> {
@@ -176,7 +197,7 @@ pub fn check_mountpoint(mountpoint: &Path) -> Result<(), MountError> {
         path: mountpoint.display().to_string(),
         reason,
     };
-    if mounted_fstype(mountpoint).as_deref() == Some("fuse.metfs") {
+    if is_metfs_mount(mountpoint) {
         let alive = lookup(mountpoint).is_some_and(|r| pid_alive(r.pid));
         if alive {
             return Err(bad(
@@ -204,7 +225,7 @@ pub fn check_mountpoint(mountpoint: &Path) -> Result<(), MountError> {
 pub fn umount(mountpoint: &Path, timeout: Duration) -> Result<(), MountError> {
     let mp = absolute(mountpoint);
     let reg = lookup(&mp);
-    let is_metfs = mounted_fstype(&mp).as_deref() == Some("fuse.metfs");
+    let is_metfs = is_metfs_mount(&mp);
     if reg.is_none() && !is_metfs {
         return Err(MountError::NotMounted(mp.display().to_string()));
     }
@@ -225,7 +246,7 @@ pub fn umount(mountpoint: &Path, timeout: Duration) -> Result<(), MountError> {
             }
         }
     }
-    if mounted_fstype(&mp).as_deref() == Some("fuse.metfs") {
+    if is_metfs_mount(&mp) {
         detach(&mp)?;
     }
     unregister(&mp);
@@ -245,9 +266,6 @@ pub fn spawn_background(args: &[std::ffi::OsString], log: &Path) -> Result<u32, 
         });
     }
     let (rfd, wfd) = (fds[0], fds[1]);
-    if let Some(parent) = log.parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
     let logf = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

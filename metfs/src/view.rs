@@ -63,8 +63,6 @@ pub struct View {
 pub enum Miss {
     /// No such name.
     NotFound,
-    /// The inode belongs to a view that no longer exists.
-    Stale,
     /// A directory operation on a file or vice versa.
     NotDir,
 }

@@ -15,10 +15,13 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 /// Granularity of the token bucket: one token is this many bytes.
 const UNIT: u64 = 4096;
 
+/// The current cap and its limiter.
+type Limit = Option<(u64, Arc<DefaultDirectRateLimiter>)>;
+
 /// Shared staging bandwidth limiter. Cloning shares the same limit.
 #[derive(Clone, Default)]
 pub struct Pacer {
-    inner: Arc<Mutex<Option<(u64, Arc<DefaultDirectRateLimiter>)>>>,
+    inner: Arc<Mutex<Limit>>,
 }
 
 impl std::fmt::Debug for Pacer {

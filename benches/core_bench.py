@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""Core benchmarks of metfs, each side by side with its baseline in one run.
+
+    python3 benches/core_bench.py read     # mount vs native reads of the same slot files
+    python3 benches/core_bench.py stage    # staging a mini-epoch vs `cp -r` and 8 parallel `cp`
+    python3 benches/core_bench.py switch   # view switch latency, 20,000-file mini-epoch
+    python3 benches/core_bench.py all
+
+Runs are interleaved (baseline, metfs, baseline, metfs, ...) so that machine noise hits both
+sides alike, and medians are reported with the ratio metfs / baseline. "Cold" runs drop the page
+cache (`/proc/sys/vm/drop_caches`, root) before every run; "warm" runs read data just read.
+Readers use 4 threads and 128 KiB buffers (`metfs/examples/readbench.rs`, the same binary on both
+sides). Needs root (FUSE mount, drop_caches). Work directory: $METFS_BENCH_DIR or /tmp/metfs-bench.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = Path(os.environ.get("METFS_BENCH_DIR", "/tmp/metfs-bench"))
+REPS = int(os.environ.get("METFS_BENCH_REPS", "5"))
+METFS = ROOT / "target" / "release" / "metfs"
+READER = ROOT / "target" / "release" / "examples" / "readbench"
+
+
+def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
+
+
+def build() -> None:
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "metfs", "--example", "readbench", "--bin", "metfs"],
+                   cwd=ROOT, check=True)
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def make_files(root: Path, count: int, size: int, per_dir: int = 1000) -> None:
+    if root.exists() and len(list(root.rglob("*.bin"))) == count:
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    rng = random.Random(1)
+    block = rng.randbytes(1 << 20)
+    for i in range(count):
+        d = root / f"d{i // per_dir:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        with open(d / f"f{i:06d}.bin", "wb") as f:
+            left = size
+            off = (i * 4099) % (1 << 19)
+            while left > 0:
+                n = min(left, len(block) - off)
+                f.write(block[off:off + n])
+                left -= n
+                off = 0
+
+
+def rpc(sock: str, req: dict) -> dict:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(600)
+        s.connect(sock)
+        s.sendall((json.dumps(req) + "\n").encode())
+        buf = b""
+        while not buf.endswith(b"\n"):
+            c = s.recv(1 << 20)
+            if not c:
+                break
+            buf += c
+    return json.loads(buf)
+
+
+class Mount:
+    def __init__(self, name: str, source: Path, budget: str, *extra: str) -> None:
+        self.mnt = WORK / f"mnt-{name}"
+        self.cache = WORK / f"cache-{name}"
+        self.source = source
+        self.budget = budget
+        self.extra = list(extra)
+
+    def __enter__(self) -> "Mount":
+        self.close()
+        shutil.rmtree(self.cache, ignore_errors=True)
+        self.cache.mkdir(parents=True)
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        sh(str(METFS), "mount", "--source", str(self.source), "--cache", str(self.cache), "--budget", self.budget,
+           *self.extra, str(self.mnt))
+        return self
+
+    @property
+    def sock(self) -> str:
+        return str(self.cache / "metfs.sock")
+
+    def status(self) -> dict:
+        return rpc(self.sock, {"op": "status"})
+
+    def slot_dir(self) -> Path:
+        st = self.status()
+        return self.cache / "slots" / f"e{st['epoch']:06d}-m{st['mini_epoch']:05d}"
+
+    def close(self) -> None:
+        if self.mnt.exists() and subprocess.run(["mountpoint", "-q", str(self.mnt)]).returncode == 0:
+            subprocess.run([str(METFS), "umount", str(self.mnt)], capture_output=True)
+            subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+
+    def __exit__(self, *a) -> None:
+        self.close()
+
+
+def read(path: Path) -> dict:
+    return json.loads(sh(str(READER), str(path), "--threads", "4", "--buf", "131072").stdout)
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def bench_read() -> list[str]:
+    rows = []
+    sets = [("4MiB files", WORK / "src-4m", 64, 4 << 20), ("128KiB files", WORK / "src-128k", 2048, 128 << 10)]
+    for label, src, count, size in sets:
+        make_files(src, count, size)
+        budget = f"{(2 * count * size + (64 << 20)) >> 20}MiB"
+        for mode in ("auto", "off"):
+            with Mount(f"read-{mode}", src, budget, "--mini-epochs", "1", "--passthrough", mode) as m:
+                path_name = "passthrough" if m.status()["passthrough"] and mode == "auto" else "pread"
+                slot = m.slot_dir()
+                for cache in ("cold", "warm"):
+                    nat, met = [], []
+                    if cache == "warm":
+                        read(slot), read(m.mnt)
+                    for _ in range(REPS):
+                        for side, out in (("native", nat), ("metfs", met)):
+                            if cache == "cold":
+                                drop_caches()
+                            r = read(slot if side == "native" else m.mnt)
+                            assert r["files"] == count, r
+                            out.append(r)
+                    key = "bytes_per_s" if size >= (1 << 20) else "files_per_s"
+                    unit = "MiB/s" if key == "bytes_per_s" else "files/s"
+                    scale = (1 << 20) if key == "bytes_per_s" else 1
+                    n = med([r[key] for r in nat]) / scale
+                    x = med([r[key] for r in met]) / scale
+                    rows.append(f"| read {label}, {cache} | {path_name} | {n:,.0f} {unit} | {x:,.0f} {unit} | {x / n:.2f}x |")
+                    print(rows[-1], flush=True)
+    return rows
+
+
+def bench_stage() -> list[str]:
+    rows = []
+    sets = [("2,048 x 128 KiB", WORK / "src-128k", 2048, 128 << 10), ("64 x 4 MiB", WORK / "src-4m", 64, 4 << 20)]
+    for label, src, count, size in sets:
+        make_files(src, count, size)
+        budget = f"{(2 * count * size + (64 << 20)) >> 20}MiB"
+        cp1, cp8, met = [], [], []
+        dst = WORK / "cp-dst"
+        for _ in range(REPS):
+            shutil.rmtree(dst, ignore_errors=True)
+            drop_caches()
+            t = time.perf_counter()
+            sh("cp", "-r", str(src), str(dst))
+            os.sync()
+            cp1.append(time.perf_counter() - t)
+            shutil.rmtree(dst, ignore_errors=True)
+            drop_caches()
+            files = [str(p.relative_to(src)) for p in src.rglob("*.bin")]
+            for d in {str(Path(f).parent) for f in files}:
+                (dst / d).mkdir(parents=True, exist_ok=True)
+            t = time.perf_counter()
+            # 8 parallel cp processes over the file list.
+            script = "cd %s && xargs -P8 -n%d sh -c 'for f; do cp \"$f\" \"%s/$f\"; done' _" % (src, max(1, len(files) // 64), dst)
+            subprocess.run(["sh", "-c", script], input="\n".join(files), text=True, check=True)
+            os.sync()
+            cp8.append(time.perf_counter() - t)
+            shutil.rmtree(dst, ignore_errors=True)
+            drop_caches()
+            t = time.perf_counter()
+            with Mount("stage", src, budget, "--mini-epochs", "1") as m:
+                met.append(time.perf_counter() - t)
+        total = count * size / (1 << 20)
+        best = min(med(cp1), med(cp8))
+        rows.append(f"| stage {label} | cp -r {total / med(cp1):,.0f} MiB/s; 8x cp {total / med(cp8):,.0f} MiB/s | "
+                    f"{total / med(met):,.0f} MiB/s | {best / med(met):.2f}x the faster |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def bench_switch() -> list[str]:
+    src = WORK / "src-40k"
+    make_files(src, 40000, 1024, per_dir=2000)
+    # Two mini-epochs of 20,000 files each: footprint 4 KiB per file.
+    budget = f"{(2 * 20000 * 4096 + (24 << 20)) >> 20}MiB"
+    lat = []
+    with Mount("switch", src, budget, "--mini-epochs", "2", "--rf", "1", "--compose", "random") as m:
+        for _ in range(max(REPS, 5)):
+            while not m.status()["next_ready"]:
+                time.sleep(0.05)
+            files = rpc(m.sock, {"op": "files"})
+            t = time.perf_counter()
+            r = rpc(m.sock, {"op": "pass_end"})
+            assert r["decision"] == "advance", r
+            new = rpc(m.sock, {"op": "files"})["files"]
+            old = set(files["files"])
+            probe = next(f for f in new if f not in old)
+            while True:
+                try:
+                    os.stat(m.mnt / probe)
+                    break
+                except FileNotFoundError:
+                    pass
+            lat.append((time.perf_counter() - t) * 1000)
+    row = f"| view switch, 20,000-file mini-epoch | - | median {med(lat):.1f} ms, max {max(lat):.1f} ms | - |"
+    print(row, flush=True)
+    return [row]
+
+
+def main() -> None:
+    what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    WORK.mkdir(parents=True, exist_ok=True)
+    build()
+    print("| benchmark | baseline | metfs | ratio |\n|---|---|---|---|", flush=True)
+    rows = []
+    if what in ("read", "all"):
+        rows += bench_read()
+    if what in ("stage", "all"):
+        rows += bench_stage()
+    if what in ("switch", "all"):
+        rows += bench_switch()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+//! The run's event log: `RUN_DIR/events.jsonl`, one JSON object per line, read by
+//! `metfs report`.
+//!
+//! Events: `start`, `pass_end`, `staged`, `switch`, and `tier` (cumulative tier bytes, every few
+//! seconds while staging). Every event has `t` (Unix seconds) and `event`. The file rotates to
+//! `events.1.jsonl` at [`ROTATE_BYTES`], so the two files stay within their share of the
+//! budget's reserve (the run directory lives in the cache by default). Writing is best-effort:
+//! a full disk must not stop training, so failures are logged once and ignored.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+/// Size at which `events.jsonl` rotates.
+pub const ROTATE_BYTES: u64 = 512 << 10;
+
+/// Appends events to a run directory.
+pub struct EventLog {
+    path: PathBuf,
+    inner: Mutex<(Option<std::fs::File>, u64, bool)>,
+}
+
+/// Unix time in seconds.
+pub fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+impl EventLog {
+    /// An event log in `dir` (created if missing).
+    pub fn open(dir: &Path) -> Self {
+        let _ = std::fs::create_dir_all(dir);
+        let path = dir.join("events.jsonl");
+        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .ok();
+        Self {
+            path,
+            inner: Mutex::new((f, len, false)),
+        }
+    }
+
+    /// Appends one event; `fields` must be a JSON object.
+    pub fn emit(&self, event: &str, mut fields: Value) {
+        if let Value::Object(o) = &mut fields {
+            o.insert("t".into(), json!(now()));
+            o.insert("event".into(), json!(event));
+        }
+        let mut line = fields.to_string();
+        line.push('\n');
+        let mut g = self.inner.lock().unwrap();
+        if g.1 + line.len() as u64 > ROTATE_BYTES {
+            let _ = std::fs::rename(&self.path, self.path.with_file_name("events.1.jsonl"));
+            g.0 = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.path)
+                .ok();
+            g.1 = 0;
+        }
+        let ok =
+            g.0.as_mut()
+                .map(|f| f.write_all(line.as_bytes()).is_ok())
+                .unwrap_or(false);
+        if ok {
+            g.1 += line.len() as u64;
+        } else if !g.2 {
+            g.2 = true;
+            tracing::warn!(path = %self.path.display(), "cannot write the run's event log; report data is incomplete");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_and_rotates() {
+        let d = tempfile::tempdir().unwrap();
+        let log = EventLog::open(d.path());
+        log.emit("start", json!({"mini_epochs": 3}));
+        let text = std::fs::read_to_string(d.path().join("events.jsonl")).unwrap();
+        let v: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(v["event"], "start");
+        assert_eq!(v["mini_epochs"], 3);
+        let big = "x".repeat(4096);
+        for _ in 0..200 {
+            log.emit("pass_end", json!({"pad": big}));
+        }
+        assert!(d.path().join("events.1.jsonl").exists());
+        assert!(
+            std::fs::metadata(d.path().join("events.jsonl"))
+                .unwrap()
+                .len()
+                <= ROTATE_BYTES
+        );
+    }
+}
