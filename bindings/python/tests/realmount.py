@@ -98,7 +98,7 @@ class RealMount:
         rf: int = 2,
         budget: Optional[str] = None,
         seed: int = 1,
-        compose: str = "sequential",
+        compose: str = "random",
         extra_args: Optional[List[str]] = None,
         val: bool = False,
     ) -> None:
@@ -124,7 +124,7 @@ class RealMount:
             # Room for two mini-epochs of the largest plausible size (files differ in size, so
             # the planner's mini-epochs do not split bytes perfectly evenly), plus metadata.
             per_mini = self.stats["train_bytes"] // mini_epochs
-            budget = str(4 * per_mini + (1 << 20))
+            budget = str(4 * per_mini + (8 << 20))
         self.args = [
             self.bin,
             "mount",

@@ -155,7 +155,7 @@ def test_unmounted_daemon_is_a_fast_clear_error(real_mount: Callable[..., RealMo
 
 
 def test_example_over_real_mount(real_mount: Callable[..., RealMount], tmp_path) -> None:  # type: ignore[no-untyped-def]
-    m = real_mount(per_class=20, mini_epochs=3, rf=2, val=True)
+    m = real_mount(per_class=20, mini_epochs=3, rf=2, val=True, compose="random")
     out = tmp_path / "summary.json"
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "examples", "met_sklearn.py"), "--mount",
@@ -171,3 +171,4 @@ def test_example_over_real_mount(real_mount: Callable[..., RealMount], tmp_path)
     assert m.stats["train_bytes"] * 2 <= s["tier_bytes"] <= m.stats["train_bytes"] * 3
     assert s["final_val_accuracy"] > 0.5
     assert "reading every pass from the tier would have cost" in proc.stdout
+    print(proc.stdout)

@@ -87,6 +87,23 @@ def _req_int(obj: Mapping[str, Any], name: str, op: str) -> int:
     return value
 
 
+def _req_number(obj: Mapping[str, Any], name: str, op: str) -> float:
+    value = obj.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MetfsError(
+            "bad_response",
+            f"`{op}` response has no numeric field `{name}`: {json.dumps(obj)[:500]}",
+        )
+    return float(value)
+
+
+def _opt_number(obj: Mapping[str, Any], name: str) -> Optional[float]:
+    value = obj.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
 def _opt_int(obj: Mapping[str, Any], name: str) -> Optional[int]:
     value = obj.get(name)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -126,14 +143,16 @@ class Status:
     """Answer to ``status``: where the daemon is and what it holds.
 
     ``passes_done`` is the protocol's ``pass``: passes completed over the current mini-epoch.
-    Fields the daemon may leave out are ``None``; every field it sent is in ``raw``.
+    ``rf`` is the passes per mini-epoch the policy expects (a float: adaptive policies give a
+    fractional estimate). Fields the daemon may leave out are ``None``; every field it sent is
+    in ``raw``.
     """
 
     epoch: int
     mini_epoch: int
     mini_epochs: int
     passes_done: int
-    rf: int
+    rf: float
     generation: int
     next_ready: bool
     cache_bytes: Optional[int]
@@ -158,7 +177,7 @@ class Status:
             mini_epoch=_req_int(obj, "mini_epoch", "status"),
             mini_epochs=_req_int(obj, "mini_epochs", "status"),
             passes_done=_req_int(obj, "pass", "status"),
-            rf=_req_int(obj, "rf", "status"),
+            rf=_req_number(obj, "rf", "status"),
             generation=_req_int(obj, "generation", "status"),
             next_ready=next_ready,
             cache_bytes=_opt_int(obj, "cache_bytes"),
@@ -237,7 +256,7 @@ class Decision:
     epoch: int
     mini_epoch: int
     passes_done: int
-    rf: Optional[int]
+    rf: Optional[float]
     reason: Dict[str, Any]
     raw: Dict[str, Any] = field(repr=False, compare=False)
 
@@ -257,7 +276,7 @@ class Decision:
             epoch=_req_int(obj, "epoch", op),
             mini_epoch=_req_int(obj, "mini_epoch", op),
             passes_done=_opt_int(obj, "pass") or 0,
-            rf=_opt_int(obj, "rf"),
+            rf=_opt_number(obj, "rf"),
             reason=reason if isinstance(reason, dict) else {},
             raw=obj,
         )
