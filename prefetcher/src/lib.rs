@@ -15,6 +15,7 @@
 
 pub mod catalog;
 pub mod manifest;
+pub mod model;
 
 pub mod pacer;
 pub mod planner;
