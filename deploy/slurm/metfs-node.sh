@@ -23,6 +23,10 @@
 #            KillWait. If the node's daemon is not running when the guard starts (on sites
 #            with proctrack/cgroup, processes left behind by a finished step are killed), the
 #            guard mounts again; the remount resumes from the cache.
+#   ready    Wait (up to METFS_MOUNT_TIMEOUT) until this node's mount is up and its daemon
+#            answers; fails with the reason otherwise. Returns at once where the daemon of the
+#            mount step lives on; where it was killed with its step, this waits for the guard's
+#            remount.
 #   paths    Print this node's expanded settings as shell assignments (for scripts).
 #
 # Settings (environment; `%n` in a path stands for the node name, `%j` for the job id, so that
@@ -262,6 +266,18 @@ cmd_guard() {
   done
 }
 
+cmd_ready() {
+  setup_paths
+  local end=$((SECONDS + MOUNT_TIMEOUT))
+  while ! { is_mounted && daemon_pid >/dev/null && daemon_answers; }; do
+    if [ "$SECONDS" -ge "$end" ]; then
+      log_tail
+      fail "no live metfs mount at $MNT after ${MOUNT_TIMEOUT}s (METFS_MOUNT_TIMEOUT)"
+    fi
+    sleep 0.5
+  done
+}
+
 cmd_paths() {
   setup_paths
   printf 'METFS_NODE=%q\nMETFS_CACHE=%q\nMETFS_MOUNT=%q\nMETFS_SOCKET=%q\n' "$NODE" "$CACHE" "$MNT" "$SOCK"
@@ -272,6 +288,7 @@ case "${1:-}" in
   umount) cmd_umount ;;
   status) shift; cmd_status "$@" ;;
   guard) cmd_guard ;;
+  ready) cmd_ready ;;
   paths) cmd_paths ;;
-  *) echo "usage: $0 mount|umount|status [--json]|guard|paths" >&2; exit 2 ;;
+  *) echo "usage: $0 mount|umount|status [--json]|guard|ready|paths" >&2; exit 2 ;;
 esac
