@@ -9,7 +9,8 @@
 # `start` prints `export SLURM_CONF=...` on stdout, so `eval "$(scripts/slurm-local.sh start)"`
 # points srun, sbatch, squeue and scancel at this cluster. Everything else goes to stderr.
 # Both commands are idempotent: `start` starts only what is not running, `stop` stops only
-# what this script started (pid files under the cluster directory), munged included.
+# what this script started (pid files under the cluster directory), munged included unless
+# another Slurm daemon on this host still needs it.
 #
 # Settings (environment):
 #   SLURM_LOCAL_DIR     directory for slurm.conf, state, spool, pid and log files
@@ -226,7 +227,13 @@ stop() {
     kill -KILL "$p" 2>/dev/null || true
   done
   if [ -f "$DIR/munged.pid" ]; then
-    stop_pidfile "$DIR/munged.pid" "munged"
+    # munged serves the whole host: leave it to any other Slurm daemon still running here.
+    if pgrep -x slurmctld >/dev/null 2>&1 || pgrep -x slurmd >/dev/null 2>&1; then
+      log "leaving munged running: other Slurm daemons on this host use it"
+      rm -f "$DIR/munged.pid"
+    else
+      stop_pidfile "$DIR/munged.pid" "munged"
+    fi
   fi
   log "stopped"
 }
