@@ -24,8 +24,8 @@
 //! one piece each, up to [`S3Config::max_parallel_parts`] at once, each streamed into the
 //! destination file at its offset (`pwrite` on a blocking thread) in batches of at most
 //! [`WRITE_BATCH`] bytes, so no object is ever held whole in memory. A piece is
-//! [`S3Config::part_size`], or the pacer's chunk when a bandwidth cap is set: the pacer is asked
-//! for a piece's bytes before its request is sent, so a cap holds without stretching a request
+//! [`S3Config::part_size`], capped at the pacer's chunk (8 MiB without a bandwidth cap, 256 KiB
+//! with one): the pacer is asked for a piece's bytes before its request is sent, so a cap holds without stretching a request
 //! past its timeout. All requests of one tier share [`S3Config::max_requests`] permits, which
 //! bounds the connections (the HTTP pool keeps that many idle ones per host) and the memory in
 //! flight (permits × [`WRITE_BATCH`] × 2).
@@ -200,9 +200,10 @@ pub struct S3Config {
     /// comes from the environment too). Never serialized, never shown.
     #[serde(skip_serializing)]
     pub session_token: Option<Secret>,
-    /// Size of one ranged GET for objects larger than this (`8MiB` or a byte count). Default
-    /// 8 MiB: large enough that per-request latency is amortized (AWS recommends 8–16 MiB
-    /// ranges), small enough that a 64 MiB object is read by 8 requests in parallel.
+    /// Size of one ranged GET for objects larger than this (`8MiB` or a byte count), capped at
+    /// the pacer's chunk (8 MiB, or 256 KiB under a bandwidth cap). Default 8 MiB: large enough
+    /// that per-request latency is amortized (AWS recommends 8–16 MiB ranges), small enough
+    /// that a 64 MiB object is read by 8 requests in parallel.
     #[serde(deserialize_with = "de_size")]
     pub part_size: u64,
     /// Ranged GETs in flight for one object. Default 8: one TCP stream rarely fills a fast link,
