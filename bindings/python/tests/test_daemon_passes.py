@@ -172,3 +172,42 @@ def test_example_over_real_mount(real_mount: Callable[..., RealMount], tmp_path)
     assert s["final_val_accuracy"] > 0.5
     assert "reading every pass from the tier would have cost" in proc.stdout
     print(proc.stdout)
+
+
+def test_slow_staging_gives_wait_and_the_job_keeps_repeating(
+    real_mount: Callable[..., RealMount],
+) -> None:
+    # Each mini-epoch is ~70 KB; staged at 64 KiB/s the next one takes about a second, far
+    # longer than two passes over the current one.
+    m = real_mount(per_class=10, mini_epochs=3, rf=2, extra_args=["--prefetch-rate", "64KiB/s"])
+    with metfs.Client(m.socket, job="slow") as c:
+        run = metfs.passes(c, epochs=1)
+        by_position: Dict[tuple, set] = {}
+        for p in run:
+            by_position.setdefault(p.position, set()).add(p.generation)
+            for path in p.paths:
+                _read(path)
+            time.sleep(0.02)
+    decisions = [d.decision for d in run.decisions]
+    assert "wait" in decisions, decisions
+    # A wait keeps the view: one generation per mini-epoch, however many passes it got.
+    assert all(len(g) == 1 for g in by_position.values())
+    counts = run.rf_per_mini_epoch()
+    assert [(e, mi) for e, mi, _ in counts] == [(0, 0), (0, 1), (0, 2)]
+    assert all(n >= 2 for _, _, n in counts) and max(n for _, _, n in counts) > 2
+    # The passes after rf are answered with wait until the next mini-epoch is staged.
+    for (e, mi, n), start in zip(counts, (0, counts[0][2], counts[0][2] + counts[1][2])):
+        assert decisions[start:start + n] == ["repeat"] + ["wait"] * (n - 2) + ["advance"]
+
+
+def test_block_waits_for_staging_instead(real_mount: Callable[..., RealMount]) -> None:
+    m = real_mount(per_class=10, mini_epochs=3, rf=2, extra_args=["--prefetch-rate", "64KiB/s"])
+    with metfs.Client(m.socket, job="blocking") as c:
+        assert c.pass_end().decision == "repeat"
+        assert not c.status().next_ready
+        t0 = time.monotonic()
+        d = c.pass_end(block=True)
+        waited = time.monotonic() - t0
+        assert d.advanced and d.position == (0, 1) and d.passes_done == 0
+        assert waited > 0.2, waited
+        assert sorted(c.files().files) == m.view_files()
