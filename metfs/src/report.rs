@@ -1350,12 +1350,6 @@ fn load(run_dir: &Path, files: Vec<PathBuf>) -> Result<(Analysis, ReportSummary)
     Ok((analysis, summary))
 }
 
-/// Reads `run_dir`'s event log and returns the summary without writing anything (`files` is
-/// empty); for `metfs report --json`-style uses and tests.
-pub fn summarize(run_dir: &Path) -> Result<ReportSummary, ReportError> {
-    Ok(load(run_dir, Vec::new())?.1)
-}
-
 /// Reads `run_dir`'s event log and writes the plots and summaries into `out_dir` (created if
 /// missing; existing report files are replaced). Returns the summary, which lists the files.
 pub fn report(run_dir: &Path, out_dir: &Path) -> Result<ReportSummary, ReportError> {
@@ -1388,6 +1382,11 @@ mod tests {
     use serde_json::json;
 
     const MIB: u64 = 1 << 20;
+
+    /// The summary without plots or files.
+    fn summarize(run_dir: &Path) -> Result<ReportSummary, ReportError> {
+        Ok(load(run_dir, Vec::new())?.1)
+    }
 
     /// A synthetic run: 1 GiB dataset, 4 mini-epochs of 256 MiB per epoch, 2 epochs.
     /// Each pass takes 2 s (EB1 = 128 MiB/s); staging takes 8 s per mini-epoch
