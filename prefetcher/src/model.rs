@@ -34,8 +34,9 @@
 //!   outputs.
 //! * Units are whatever the caller's numbers are in; only ratios matter, except that EB_2 comes
 //!   out in the unit of EB_1 and B_2. The paper's 30.4 GB/s is reproduced exactly when its
-//!   "TB" and "GB" are read as binary units (3.8 · 2^40 / 128 = 30.4 · 2^30); with decimal
-//!   units the same inputs give 29.69 · 10^9, the paper's "≈ 30 GB/s" rounded differently.
+//!   "TB" and "GB" are read as binary units, EB_1 = 3.8 · 2^40 and B_2 = 400 · 2^30 bytes/s
+//!   (3.8 · 2^40 / 128 = 30.4 · 2^30; EB_1 / B_2 = 9.728). Read as decimal units the same
+//!   inputs give 29.69 · 10^9 (EB_1 / B_2 = 9.5). The stall-free rf is 10 either way.
 //! * t_i is the **wall time** of mini-epoch i, stalls included; that is what makes Eq. 1 the
 //!   tier bytes divided by the run's time. A schedule entry without t gets the model's own
 //!   wall time, `max(rf_i · M / EB_1, M / B_2)` with `M = D / nm`. A fixed rf needs no t: every
@@ -614,15 +615,19 @@ mod tests {
     const TIB: f64 = (1u64 << 40) as f64;
     const GIB: f64 = (1u64 << 30) as f64;
 
+    /// Units for the paper's "TB" and "GB": decimal (1e12, 1e9) or binary (2^40, 2^30).
+    const DECIMAL: (f64, f64) = (1e12, 1e9);
+    const BINARY: (f64, f64) = (TIB, GIB);
+
     /// The paper's DeepCAM-on-Summit setting (section IV.C): 20 TB, EB1 = 3.8 TB/s,
-    /// B2 = 400 GB/s, with `unit` bytes per TB.
-    fn summit(unit: f64, nm: Option<u32>, rf: RfSpec) -> ModelInputs {
+    /// B2 = 400 GB/s.
+    fn summit((tb, gb): (f64, f64), nm: Option<u32>, rf: RfSpec) -> ModelInputs {
         ModelInputs {
-            dataset_bytes: (20.0 * unit) as u64,
+            dataset_bytes: (20.0 * tb) as u64,
             // Summit has ~4600 nodes with 1.6 TB of NVMe; any budget that fits nm = 128 does.
-            budget_bytes: (1000.0 * unit) as u64,
-            required_bytes_per_s: 3.8 * unit,
-            tier_bytes_per_s: 0.4 * unit,
+            budget_bytes: (1000.0 * tb) as u64,
+            required_bytes_per_s: 3.8 * tb,
+            tier_bytes_per_s: 400.0 * gb,
             mini_epochs: nm,
             rf,
         }
@@ -630,64 +635,71 @@ mod tests {
 
     #[test]
     fn deepcam_eb2_at_nm_rf_128_binary_units_is_30_4() {
-        let out = model(&summit(TIB, Some(128), RfSpec::Fixed(128))).unwrap();
+        let out = model(&summit(BINARY, Some(128), RfSpec::Fixed(128))).unwrap();
         assert_eq!(out.mini_epochs, 128);
+        assert_eq!(out.mini_epoch_bytes, 160 << 30);
         let gib_s = out.eb2_bytes_per_s / GIB;
         assert!((gib_s - 30.4).abs() < 1e-9, "EB2 = {gib_s} GiB/s");
         assert_eq!(out.throughput_fraction, 1.0);
         assert_eq!(out.stalled_mini_epochs, 0);
         // "reduced from 400GB/s": the baseline reads every epoch at B2.
-        assert!((out.baseline_eb2_bytes_per_s / GIB - 409.6).abs() < 1e-9);
+        assert!((out.baseline_eb2_bytes_per_s / GIB - 400.0).abs() < 1e-9);
+        // 3.8 TiB / 400 GiB = 9.728.
+        assert!((out.stall_free_rf_exact - 9.728).abs() < 1e-12);
+        assert_eq!(out.stall_free_rf, 10);
     }
 
     #[test]
     fn deepcam_eb2_at_nm_rf_128_decimal_units_is_about_30() {
-        let out = model(&summit(1e12, Some(128), RfSpec::Fixed(128))).unwrap();
+        let out = model(&summit(DECIMAL, Some(128), RfSpec::Fixed(128))).unwrap();
         let gb_s = out.eb2_bytes_per_s / 1e9;
         assert!((gb_s - 29.6875).abs() < 1e-9, "EB2 = {gb_s} GB/s");
         assert!((out.baseline_eb2_bytes_per_s - 400e9).abs() < 1.0);
+        assert!((out.stall_free_rf_exact - 9.5).abs() < 1e-12);
         assert!((out.io_reduction - 128.0 / 9.5).abs() < 1e-9);
     }
 
     #[test]
     fn deepcam_throughput_peaks_from_rf_10() {
-        for unit in [1e12, TIB] {
+        for units in [DECIMAL, BINARY] {
             let at = |rf| {
-                model(&summit(unit, Some(128), RfSpec::Fixed(rf)))
+                model(&summit(units, Some(128), RfSpec::Fixed(rf)))
                     .unwrap()
                     .throughput_fraction
             };
-            let out = model(&summit(unit, Some(128), RfSpec::Fixed(1))).unwrap();
+            let out = model(&summit(units, Some(128), RfSpec::Fixed(1))).unwrap();
             assert_eq!(out.stall_free_rf, 10);
-            assert!((out.stall_free_rf_exact - 9.5).abs() < 1e-12);
-            // rf 1 runs at B2/EB1: 65,000 samples/s * 0.105 ≈ 6,842 samples/s.
-            assert!((at(1) - 0.4 / 3.8).abs() < 1e-12);
+            let ratio = out.stall_free_rf_exact;
+            // rf 1 runs at B2/EB1: 65,000 samples/s * 0.105 ≈ 6,842 samples/s (decimal).
+            assert!((at(1) - 1.0 / ratio).abs() < 1e-12);
             let mut prev = 0.0;
             for rf in 1..=9 {
                 let f = at(rf);
                 assert!(f < 1.0 && f > prev, "rf {rf}: {f}");
+                assert!((f - f64::from(rf) / ratio).abs() < 1e-12);
                 prev = f;
             }
-            assert!((at(9) - 9.0 * 0.4 / 3.8).abs() < 1e-12);
             for rf in [10, 11, 16, 64, 128] {
                 assert_eq!(at(rf), 1.0, "rf {rf}");
             }
         }
+        let dec = model(&summit(DECIMAL, Some(128), RfSpec::Fixed(9))).unwrap();
+        assert!((dec.throughput_fraction - 9.0 * 0.4 / 3.8).abs() < 1e-12);
     }
 
     #[test]
     fn eq1_uses_min_not_max() {
         // With MAX, EB2 could never drop below B2; with MIN, low rf draws B2 and high rf
         // draws EB1 / rf.
-        let out = model(&summit(1e12, Some(128), RfSpec::Fixed(4))).unwrap();
+        let out = model(&summit(DECIMAL, Some(128), RfSpec::Fixed(4))).unwrap();
         assert!((out.eb2_bytes_per_s - 400e9).abs() < 1.0);
-        let out = model(&summit(1e12, Some(128), RfSpec::Fixed(19))).unwrap();
+        let out = model(&summit(DECIMAL, Some(128), RfSpec::Fixed(19))).unwrap();
         assert!((out.eb2_bytes_per_s - 200e9).abs() < 1.0);
     }
 
     #[test]
     fn nm_defaults_to_halves_of_the_budget() {
-        let mut i = summit(1e12, None, RfSpec::Fixed(8));
+        let mut i = summit(DECIMAL, None, RfSpec::Fixed(8));
         i.dataset_bytes = 1000;
         i.budget_bytes = 100;
         assert_eq!(model(&i).unwrap().mini_epochs, 20);
@@ -703,7 +715,7 @@ mod tests {
 
     #[test]
     fn given_nm_must_fit_half_the_budget() {
-        let mut i = summit(1e12, Some(10), RfSpec::Fixed(8));
+        let mut i = summit(DECIMAL, Some(10), RfSpec::Fixed(8));
         i.dataset_bytes = 1000;
         i.budget_bytes = 100;
         let e = model(&i).unwrap_err();
@@ -728,7 +740,7 @@ mod tests {
                 t: Some(30.0),
             },
         ]);
-        let out = model(&summit(1e12, Some(128), sched)).unwrap();
+        let out = model(&summit(DECIMAL, Some(128), sched)).unwrap();
         let eb2 = (10.0 * 400e9 + 30.0 * 100e9) / 40.0;
         assert!((out.eb2_bytes_per_s - eb2).abs() < 1.0);
         let frac = (10.0 * (2.0 * 0.4 / 3.8) + 30.0) / 40.0;
@@ -744,7 +756,7 @@ mod tests {
     fn schedule_without_times_equals_tier_bytes_over_wall_time() {
         // Derived t_i are wall times, so EB2 is the tier bytes divided by the total time.
         let i = summit(
-            1e12,
+            DECIMAL,
             Some(128),
             RfSpec::Schedule(vec![
                 ScheduleEntry { rf: 1, t: None },
@@ -768,9 +780,9 @@ mod tests {
 
     #[test]
     fn fixed_rf_equals_a_uniform_schedule() {
-        let fixed = model(&summit(1e12, Some(128), RfSpec::Fixed(7))).unwrap();
+        let fixed = model(&summit(DECIMAL, Some(128), RfSpec::Fixed(7))).unwrap();
         let sched = model(&summit(
-            1e12,
+            DECIMAL,
             Some(128),
             RfSpec::Schedule(vec![
                 ScheduleEntry {
@@ -788,7 +800,7 @@ mod tests {
 
     #[test]
     fn bad_inputs_are_named() {
-        let mut i = summit(1e12, Some(128), RfSpec::Fixed(0));
+        let mut i = summit(DECIMAL, Some(128), RfSpec::Fixed(0));
         assert!(model(&i).unwrap_err().to_string().contains("rf"));
         i.rf = RfSpec::Fixed(1);
         i.tier_bytes_per_s = 0.0;
@@ -815,7 +827,7 @@ mod tests {
 
     #[test]
     fn output_serializes_with_the_documented_keys() {
-        let out = model(&summit(1e12, Some(128), RfSpec::Fixed(128))).unwrap();
+        let out = model(&summit(DECIMAL, Some(128), RfSpec::Fixed(128))).unwrap();
         let v = serde_json::to_value(&out).unwrap();
         for k in [
             "mini_epochs",
