@@ -252,7 +252,9 @@ def test_malformed_response_is_reported() -> None:
         os.rmdir(d)
 
 
-def test_unsupported_version_error_surfaces(fake: FakeDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unsupported_version_error_surfaces(
+    fake: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(metfs.client, "PROTOCOL_VERSION", 2)
     with pytest.raises(metfs.MetfsError) as e:
         metfs.Client(fake.path)

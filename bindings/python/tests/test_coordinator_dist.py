@@ -54,7 +54,9 @@ def test_follower_catches_up_at_start(two_fakes) -> None:  # type: ignore[no-unt
     assert follower.requests[2] == {"op": "apply", "epoch": 1, "mini_epoch": 2, "wait": True}
 
 
-def test_dead_daemon_on_follower_fails_every_rank_fast(two_fakes) -> None:  # type: ignore[no-untyped-def]
+def test_dead_daemon_on_follower_fails_every_rank_fast(  # type: ignore[no-untyped-def]
+    two_fakes
+) -> None:
     (leader, follower), d = two_fakes
     t0 = time.monotonic()
     reports = run_ranks([leader.path, follower.path], epochs=3, workdir=d, kill_after=[None, 3])
@@ -65,7 +67,9 @@ def test_dead_daemon_on_follower_fails_every_rank_fast(two_fakes) -> None:  # ty
     assert r0["code"] == "peer_failed" and "rank 1" in r0["error"] and follower.path in r0["error"]
 
 
-def test_dead_daemon_on_leader_fails_every_rank_fast(two_fakes) -> None:  # type: ignore[no-untyped-def]
+def test_dead_daemon_on_leader_fails_every_rank_fast(  # type: ignore[no-untyped-def]
+    two_fakes
+) -> None:
     (leader, follower), d = two_fakes
     reports = run_ranks([leader.path, follower.path], epochs=3, workdir=d, kill_after=[2, None])
     r0, r1 = reports

@@ -84,7 +84,9 @@ def test_torch_sampler_with_workers_follows_the_view(real_mount: Callable[..., R
     assert seen == [seen[0], seen[0] + 1, seen[0] + 2]
 
 
-def test_lightning_over_real_mount(real_mount: Callable[..., RealMount], tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_lightning_over_real_mount(  # type: ignore[no-untyped-def]
+    real_mount: Callable[..., RealMount], tmp_path
+) -> None:
     m = real_mount(per_class=12, mini_epochs=3, rf=2)
     with metfs.Client(m.socket, job="lightning") as c:
         g0 = c.status().generation

@@ -154,7 +154,9 @@ def test_unmounted_daemon_is_a_fast_clear_error(real_mount: Callable[..., RealMo
     assert m.socket in e.value.message or e.value.code == "shutting_down"
 
 
-def test_example_over_real_mount(real_mount: Callable[..., RealMount], tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_example_over_real_mount(  # type: ignore[no-untyped-def]
+    real_mount: Callable[..., RealMount], tmp_path
+) -> None:
     m = real_mount(per_class=20, mini_epochs=3, rf=2, val=True, compose="random")
     out = tmp_path / "summary.json"
     proc = subprocess.run(

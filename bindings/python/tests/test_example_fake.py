@@ -12,7 +12,9 @@ from fake_daemon import FakeDaemon
 from realmount import REPO, dataset_module
 
 
-def test_example_trains_and_reports(fake_view: FakeDaemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_example_trains_and_reports(  # type: ignore[no-untyped-def]
+    fake_view: FakeDaemon, tmp_path
+) -> None:
     val = tmp_path / "val"
     dataset_module().make_dataset(str(tmp_path / "unused"), 2, 1, 0, str(val), 10)
     out = tmp_path / "summary.json"

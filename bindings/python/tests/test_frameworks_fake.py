@@ -57,7 +57,9 @@ def test_torch_met_train_with_workers(fake_view: FakeDaemon) -> None:
     assert out["run"].done and len(out["run"].records) == 6
 
 
-def test_lightning_callback(fake_view: FakeDaemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_lightning_callback(  # type: ignore[no-untyped-def]
+    fake_view: FakeDaemon, tmp_path
+) -> None:
     with metfs.Client(fake_view.path, job="lightning") as c:
         out = lightning_training(c, epochs=1, tmpdir=str(tmp_path))
     met = out["callback"]

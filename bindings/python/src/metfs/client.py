@@ -670,7 +670,9 @@ class Client:
         """
         for name, value in (("epoch", epoch), ("mini_epoch", mini_epoch)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise MetfsError("bad_request", f"`{name}` must be a non-negative int, got {value!r}")
+                raise MetfsError(
+                    "bad_request", f"`{name}` must be a non-negative int, got {value!r}"
+                )
         return Decision.from_response(
             self.request(
                 {"op": "apply", "epoch": epoch, "mini_epoch": mini_epoch, "wait": bool(wait)},

@@ -216,7 +216,9 @@ class TorchDistributedCoordinator(Coordinator):
             raise MetfsError(
                 "peer_failed",
                 "ranks show different mini-epochs: "
-                + ", ".join(f"rank {i['rank']} on {i['host']}: {tuple(i['position'])}" for i in infos),
+                + ", ".join(
+                    f"rank {i['rank']} on {i['host']}: {tuple(i['position'])}" for i in infos
+                ),
             )
         assert view is not None
         return view

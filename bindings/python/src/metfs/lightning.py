@@ -75,8 +75,11 @@ class MetCallback(pl.Callback):
         self.done = False
 
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
-        if stage == "fit" and trainer.reload_dataloaders_every_n_epochs != 1:
-            trainer.reload_dataloaders_every_n_epochs = 1
+        # A plain attribute the Trainer's data connector sets in __init__; a new view (other
+        # files, another count) needs a new loader every pass.
+        every = getattr(trainer, "reload_dataloaders_every_n_epochs", 0)
+        if stage == "fit" and every != 1:
+            setattr(trainer, "reload_dataloaders_every_n_epochs", 1)
 
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if self.coordinator is None:

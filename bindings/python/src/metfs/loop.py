@@ -206,4 +206,3 @@ def passes(
     return Passes(
         client, epochs, block=block, coordinator=coordinator, max_passes=max_passes
     )
-
