@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from collections import Counter
 
+import pytest
+
 import metfs
 from fake_daemon import FakeDaemon
 from training import keras_training, lightning_training, torch_training
@@ -68,3 +70,10 @@ def test_lightning_callback(  # type: ignore[no-untyped-def]
     assert out["trainer"].current_epoch == 6
     _check_pass_files(fake_view, out["per_pass"], positions)
     assert [set(m) for m in fake_view.metrics] == [{"loss", "accuracy"}] * 6
+
+
+def test_keras_warns_when_fit_ends_before_the_met_epochs(fake_view: FakeDaemon) -> None:
+    with metfs.Client(fake_view.path, job="keras") as c:
+        with pytest.warns(RuntimeWarning, match="before the 1 requested MET epoch"):
+            out = keras_training(c, epochs=1, fit_epochs=3)
+    assert not out["callback"].done and len(out["callback"].decisions) == 3

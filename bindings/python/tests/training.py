@@ -51,7 +51,11 @@ def validation_arrays(val_dir: Optional[str]) -> Optional[Tuple[np.ndarray, np.n
 
 
 def keras_training(
-    client: metfs.Client, epochs: int, val_dir: Optional[str] = None, batch_size: int = 16
+    client: metfs.Client,
+    epochs: int,
+    val_dir: Optional[str] = None,
+    batch_size: int = 16,
+    fit_epochs: int = 1000,
 ) -> Dict[str, Any]:
     """Trains a small Keras MLP with MetSequence + MetCallback; returns what happened."""
     import keras
@@ -86,7 +90,7 @@ def keras_training(
     val = validation_arrays(val_dir)
     # PassFiles runs before MetCallback so that it sees the pass's reads before the switch.
     history = model.fit(
-        train, epochs=1000, validation_data=val, callbacks=[PassFiles(), met], verbose=0
+        train, epochs=fit_epochs, validation_data=val, callbacks=[PassFiles(), met], verbose=0
     )
     return {
         "callback": met,

@@ -24,6 +24,7 @@ exactly once per pass and batch sizes vary a little around ``batch_size``.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import keras
@@ -219,3 +220,12 @@ class MetCallback(keras.callbacks.Callback):
         if decision.epoch >= self.target_epoch:
             self.done = True
             self.model.stop_training = True
+
+    def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if not self.done:
+            warnings.warn(
+                f"metfs: training ended after {len(self.decisions)} passes, before the "
+                f"{self.epochs} requested MET epoch(s) were done; give fit() a larger epochs=",
+                RuntimeWarning,
+                stacklevel=2,
+            )

@@ -26,6 +26,7 @@ larger than any run needs (``-1``: unbounded).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 try:
@@ -109,3 +110,13 @@ class MetCallback(pl.Callback):
         if decision.epoch >= self.target_epoch:
             self.done = True
             trainer.should_stop = True
+
+    def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if not self.done:
+            warnings.warn(
+                f"metfs: training ended after {len(self.decisions)} passes, before the "
+                f"{self.epochs} requested MET epoch(s) were done; raise the Trainer's "
+                "max_epochs (-1: unbounded)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
