@@ -132,6 +132,10 @@ impl StrArena {
     }
     /// A new arena holding entry `order[i]` at position `i`.
     fn permuted(&self, order: &[u32]) -> StrArena {
+        if self.buf.is_empty() {
+            // All entries empty (no versions, say): every end is 0 whatever the order.
+            return self.clone();
+        }
         let mut out = StrArena {
             buf: String::with_capacity(self.buf.len()),
             ends: Vec::with_capacity(order.len()),
@@ -241,6 +245,9 @@ pub struct CatalogBuilder {
     clusters: Option<Vec<u32>>,
     cluster_ids: HashMap<String, u32>,
     cluster_names: Vec<String>,
+    /// Last directory interned: listings and manifests come directory by directory, so this
+    /// spares hashing the directory of almost every sample.
+    last_dir: Option<u32>,
 }
 
 /// Appends the class id of `value` (`""` when absent) to `column`, creating the column (filled
@@ -253,7 +260,15 @@ fn push_class(
     before: usize,
 ) {
     match (column.as_mut(), value) {
-        (Some(col), v) => col.push(intern(ids, names, v.unwrap_or(""))),
+        (Some(col), v) => {
+            // Consecutive samples usually share a class (ImageFolder order): skip the hash.
+            let v = v.unwrap_or("");
+            let id = match col.last() {
+                Some(&last) if names[last as usize] == v => last,
+                _ => intern(ids, names, v),
+            };
+            col.push(id);
+        }
         (None, Some(v)) => {
             let mut col = Vec::with_capacity(before + 1);
             if before > 0 {
@@ -322,7 +337,11 @@ impl CatalogBuilder {
             Some(i) => (&path[..i], &path[i + 1..]),
             None => ("", path),
         };
-        let d = intern(&mut self.dir_ids, &mut self.dir_list, dir);
+        let d = match self.last_dir {
+            Some(last) if self.dir_list[last as usize] == dir => last,
+            _ => intern(&mut self.dir_ids, &mut self.dir_list, dir),
+        };
+        self.last_dir = Some(d);
         self.dir_of.push(d);
         self.names.push(name);
         self.sizes.push(size);
@@ -348,7 +367,8 @@ impl CatalogBuilder {
     /// of another (the usual ImageFolder layout), path order is directory order then name
     /// order, so a counting sort by directory plus a sort of names inside each directory
     /// replaces ten million full-path comparisons.
-    fn path_order(&self) -> Vec<u32> {
+    /// Also finds duplicates, while the names being compared are still at hand.
+    fn path_order(&self) -> Result<Vec<u32>, BuildError> {
         let n = self.len();
         let mut dir_rank: Vec<u32> = (0..self.dir_list.len() as u32).collect();
         // "d/" is the prefix every path under d starts with; "" for the root.
@@ -375,7 +395,14 @@ impl CatalogBuilder {
             if !sorted {
                 order.sort_unstable_by(|&a, &b| cmp_full(dir(a), name(a), dir(b), name(b)));
             }
-            return order;
+            for w in order.windows(2) {
+                if self.dir_of[w[0] as usize] == self.dir_of[w[1] as usize]
+                    && name(w[0]) == name(w[1])
+                {
+                    return Err(self.duplicate(w[0], w[1]));
+                }
+            }
+            return Ok(order);
         }
         let mut pos_of_dir = vec![0u32; self.dir_list.len()];
         for (rank, &d) in dir_rank.iter().enumerate() {
@@ -395,32 +422,40 @@ impl CatalogBuilder {
             order[*slot] = i as u32;
             *slot += 1;
         }
+        // Names of one directory are copied next to each other before sorting: in a shuffled
+        // manifest they are scattered over the whole arena, and every comparison would miss
+        // the cache.
+        let mut local = String::new();
+        let mut spans: Vec<(u32, u32, u32)> = Vec::new();
         for w in starts.windows(2) {
             let group = &mut order[w[0]..w[1]];
-            if !group.windows(2).all(|p| name(p[0]) <= name(p[1])) {
-                group.sort_unstable_by(|&a, &b| name(a).cmp(name(b)));
+            if group.windows(2).all(|p| name(p[0]) < name(p[1])) {
+                continue;
+            }
+            local.clear();
+            spans.clear();
+            for &i in group.iter() {
+                let start = local.len() as u32;
+                local.push_str(name(i));
+                spans.push((start, local.len() as u32, i));
+            }
+            let text = |s: &(u32, u32, u32)| &local[s.0 as usize..s.1 as usize];
+            spans.sort_unstable_by(|a, b| text(a).cmp(text(b)));
+            if let Some(p) = spans.windows(2).find(|p| text(&p[0]) == text(&p[1])) {
+                return Err(self.duplicate(p[0].2, p[1].2));
+            }
+            for (dst, s) in group.iter_mut().zip(&spans) {
+                *dst = s.2;
             }
         }
-        order
+        Ok(order)
     }
 
     /// Sorts, checks and packs the samples into a catalog. `origin` names the source for
     /// [`Catalog::source`].
     pub fn finish(self, origin: &str) -> Result<Catalog, BuildError> {
         let n = self.len();
-        let order = self.path_order();
-        let name = |i: u32| self.names.get(i as usize);
-        for w in order.windows(2) {
-            let (a, b) = (w[0], w[1]);
-            if self.dir_of[a as usize] == self.dir_of[b as usize] && name(a) == name(b) {
-                let (first, second) = (a.min(b) as usize, a.max(b) as usize);
-                return Err(BuildError::Duplicate {
-                    first,
-                    second,
-                    path: self.full_path(a),
-                });
-            }
-        }
+        let order = self.path_order()?;
         self.check_file_dir_conflicts()?;
 
         let identity = order.iter().enumerate().all(|(i, &o)| i as u32 == o);
@@ -467,6 +502,14 @@ impl CatalogBuilder {
         Ok(cat)
     }
 
+    fn duplicate(&self, a: u32, b: u32) -> BuildError {
+        BuildError::Duplicate {
+            first: a.min(b) as usize,
+            second: a.max(b) as usize,
+            path: self.full_path(a),
+        }
+    }
+
     fn full_path(&self, i: u32) -> String {
         let d = &self.dir_list[self.dir_of[i as usize] as usize];
         let n = self.names.get(i as usize);
@@ -479,46 +522,41 @@ impl CatalogBuilder {
 
     /// A sample path must not also be a directory (or an ancestor of one) of other samples.
     fn check_file_dir_conflicts(&self) -> Result<(), BuildError> {
-        // Every directory path that holds samples or is an ancestor of one, with a sample
-        // found under it; and the set of their last segments, so that almost every sample is
-        // cleared by one lookup of its file name without building its full path.
         let mut first_in_dir = vec![u32::MAX; self.dir_list.len()];
         for (i, &d) in self.dir_of.iter().enumerate() {
             if first_in_dir[d as usize] == u32::MAX {
                 first_in_dir[d as usize] = i as u32;
             }
         }
-        let mut dirs: HashMap<&str, u32> = HashMap::new();
-        let mut last_segments: std::collections::HashSet<&str> = Default::default();
+        // Every directory that holds samples or is an ancestor of one, keyed by (the sample
+        // directory it sits in, its last segment). Only samples in a directory that has such
+        // a child need a lookup; in an ImageFolder tree none do, so ten million samples cost
+        // no hashing at all.
+        let mut children: HashMap<(u32, &str), u32> = HashMap::new();
+        let mut has_child = vec![false; self.dir_list.len()];
         for (d, path) in self.dir_list.iter().enumerate() {
             let mut p = path.as_str();
             while !p.is_empty() {
-                dirs.entry(p).or_insert(first_in_dir[d]);
-                last_segments.insert(p.rsplit('/').next().unwrap_or(p));
-                p = match p.rfind('/') {
-                    Some(i) => &p[..i],
-                    None => "",
+                let (parent, last) = match p.rfind('/') {
+                    Some(i) => (&p[..i], &p[i + 1..]),
+                    None => ("", p),
                 };
+                if let Some(&pd) = self.dir_ids.get(parent) {
+                    has_child[pd as usize] = true;
+                    children.entry((pd, last)).or_insert(first_in_dir[d]);
+                }
+                p = parent;
             }
         }
-        let mut buf = String::new();
-        for i in 0..self.len() {
-            let name = self.names.get(i);
-            if !last_segments.contains(name) {
+        for (i, &d) in self.dir_of.iter().enumerate() {
+            if !has_child[d as usize] {
                 continue;
             }
-            let d = &self.dir_list[self.dir_of[i] as usize];
-            buf.clear();
-            if !d.is_empty() {
-                buf.push_str(d);
-                buf.push('/');
-            }
-            buf.push_str(name);
-            if let Some(&inside) = dirs.get(buf.as_str()) {
+            if let Some(&inside) = children.get(&(d, self.names.get(i))) {
                 return Err(BuildError::FileDirConflict {
                     file: i,
                     inside: inside as usize,
-                    path: buf,
+                    path: self.full_path(i as u32),
                 });
             }
         }
