@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from typing import Callable, Iterator, List
@@ -28,7 +29,7 @@ def fake(tmp_path) -> Iterator[FakeDaemon]:  # type: ignore[no-untyped-def]
         yield daemon
     finally:
         daemon.close()
-        os.rmdir(d)
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
@@ -90,4 +91,4 @@ def fake_view(tmp_path) -> Iterator[FakeDaemon]:  # type: ignore[no-untyped-def]
         yield daemon
     finally:
         daemon.close()
-        os.rmdir(d)
+        shutil.rmtree(d, ignore_errors=True)

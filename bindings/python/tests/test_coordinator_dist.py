@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 
@@ -21,6 +22,7 @@ def two_fakes():  # type: ignore[no-untyped-def]
     finally:
         for f in fakes:
             f.close()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_ranks_agree_on_every_mini_epoch(two_fakes) -> None:  # type: ignore[no-untyped-def]
