@@ -14,6 +14,7 @@
 //! This crate never depends on `metfs` or `feedback`.
 
 pub mod catalog;
+pub mod hdf5;
 pub mod manifest;
 pub mod model;
 
