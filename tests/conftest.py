@@ -91,6 +91,7 @@ class Mount:
     cache: Path
     source: str
     args: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
 
     @property
     def socket(self) -> str:
@@ -126,7 +127,7 @@ class Mount:
         if not is_mounted(self.mountpoint):  # a dead mount cannot even be stat'ed
             self.mountpoint.mkdir(parents=True, exist_ok=True)
         cmd = [self.bin, "mount", "--source", self.source, "--cache", str(self.cache), *self.args, str(self.mountpoint)]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=self.env)
         if check:
             assert r.returncode == 0, f"mount failed: {r.stderr}\nlog:\n{self.log()}"
         return r
@@ -157,10 +158,17 @@ def is_mounted(path: Path) -> bool:
 def mounts(metfs: str, tmp_path: Path) -> Iterator[Callable[..., Mount]]:
     made: list[Mount] = []
 
-    def make(source: str | Path, budget: str, *extra: str, name: str = "m", cache: Path | None = None) -> Mount:
+    def make(source: "str | Path | Tier", budget: str, *extra: str, name: str = "m", cache: Path | None = None) -> Mount:
         cache = cache or tmp_path / f"cache-{name}"
         cache.mkdir(parents=True, exist_ok=True)
-        m = Mount(metfs, tmp_path / f"mnt-{name}", cache, str(source), ["--budget", budget, *extra])
+        env = None
+        if isinstance(source, Tier):
+            extra = (*source.args, *extra)
+            env = source.env
+            source = source.url
+        # A history file per test, so that no run's rf history steers another test's mount.
+        hist = ["--history", str(tmp_path / "rf-history.json")]
+        m = Mount(metfs, tmp_path / f"mnt-{name}", cache, str(source), ["--budget", budget, *hist, *extra], env)
         made.append(m)
         return m
 
@@ -179,6 +187,102 @@ def mounts(metfs: str, tmp_path: Path) -> Iterator[Callable[..., Mount]]:
                     os.kill(pid, 9)
             except (ValueError, ProcessLookupError, PermissionError):
                 pass
+
+
+@dataclass
+class Tier:
+    """A capacity tier holding a dataset: its source URL, extra mount flags and environment."""
+
+    kind: str
+    url: str
+    args: list[str]
+    env: dict[str, str] | None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Garage:
+    dir: Path
+    endpoint: str
+    env: dict[str, str]
+
+    def client(self):
+        import boto3
+        from botocore.config import Config
+
+        from botocore import handlers
+
+        c = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="garage",
+            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+            # Checksum trailers on every PUT make each request wait ~3 s on Garage.
+            config=Config(s3={"addressing_style": "path"}, request_checksum_calculation="when_required"),
+        )
+        # Garage answers small PUTs only after botocore's `Expect: 100-continue` wait times out.
+        c.meta.events.unregister("before-call.s3.PutObject", handlers.add_expect_header)
+        return c
+
+    def upload(self, local: Path, prefix: str) -> None:
+        c = self.client()
+        for p in sorted(local.rglob("*")):
+            if p.is_file() and not p.is_symlink():
+                c.put_object(Bucket="metfs", Key=f"{prefix}/{p.relative_to(local)}", Body=p.read_bytes())
+
+    def stop(self) -> None:
+        subprocess.run([str(ROOT / "scripts" / "garage.sh"), "stop", str(self.dir)], capture_output=True)
+
+    def start(self) -> None:
+        port = self.endpoint.rsplit(":", 1)[1]
+        r = subprocess.run([str(ROOT / "scripts" / "garage.sh"), "start", str(self.dir), port],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture(scope="session")
+def garage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Garage]:
+    """A real Garage S3 server on loopback for the whole session."""
+    d = tmp_path_factory.mktemp("garage")
+    port = free_port()
+    r = subprocess.run([str(ROOT / "scripts" / "garage.sh"), "start", str(d), str(port), str(free_port())],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"garage did not start: {r.stderr}"
+    out = subprocess.run([str(ROOT / "scripts" / "garage.sh"), "env", str(d)], capture_output=True, text=True, check=True)
+    env = dict(os.environ)
+    for line in out.stdout.splitlines():
+        if line.startswith("export "):
+            k, v = line[len("export "):].split("=", 1)
+            env[k] = v.strip("'\"")
+    g = Garage(d, f"http://127.0.0.1:{port}", env)
+    yield g
+    g.stop()
+
+
+@pytest.fixture(params=["posix", "s3"])
+def tier_kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def make_tier(request: pytest.FixtureRequest, tier_kind: str, tmp_path: Path) -> Callable[[Path], Tier]:
+    """Puts a local dataset directory on the tier under test and returns how to mount it."""
+
+    def make(local: Path) -> Tier:
+        if tier_kind == "posix":
+            return Tier("posix", str(local), [], None)
+        g: Garage = request.getfixturevalue("garage")
+        prefix = f"t{abs(hash(str(tmp_path))) % 10**8}"
+        g.upload(local, prefix)
+        return Tier("s3", f"s3://metfs/{prefix}", ["--endpoint", g.endpoint, "--region", "garage", "--allow-http"], g.env)
+
+    return make
 
 
 @pytest.fixture

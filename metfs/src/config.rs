@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use feedback::config::{parse_metric_list, parse_weight_list, PolicyConfig};
 use prefetcher::planner::Strategy;
+use prefetcher::s3::S3Config;
 use prefetcher::size::{parse_rate, parse_size};
 use prefetcher::stager::StagerConfig;
 use serde::{Deserialize, Serialize};
@@ -148,6 +149,7 @@ pub struct FileConfig {
     pub run_dir: Option<PathBuf>,
     pub prefetch_rate_max: Option<String>,
     pub metrics_file: Option<PathBuf>,
+    pub s3: Option<S3Config>,
 }
 
 impl FileConfig {
@@ -229,6 +231,10 @@ pub struct MountConfig {
     /// Prometheus text-format file rewritten every few seconds (for node_exporter's textfile
     /// collector). Default none.
     pub metrics_file: Option<PathBuf>,
+    /// S3 settings for `s3://` sources (the `[s3]` table; flags `--endpoint`, `--region`,
+    /// `--allow-http`, `--virtual-hosted-style` override its keys; the `AWS_*` environment
+    /// fills what neither sets). Defaults and reasons are documented on [`S3Config`].
+    pub s3: S3Config,
 }
 
 fn env_u32(name: &str) -> Option<u32> {
@@ -301,6 +307,16 @@ impl MountConfig {
             run_dir: pick!(run_dir).unwrap_or_else(|| cache.join("run")),
             prefetch_rate_max,
             metrics_file: pick!(metrics_file),
+            s3: {
+                let mut s3 = file.s3.clone().unwrap_or_default();
+                if let Some(f) = &flags.s3 {
+                    s3.endpoint = f.endpoint.clone().or(s3.endpoint);
+                    s3.region = f.region.clone().or(s3.region);
+                    s3.allow_http = f.allow_http.or(s3.allow_http);
+                    s3.virtual_hosted_style = f.virtual_hosted_style.or(s3.virtual_hosted_style);
+                }
+                s3
+            },
             socket: pick!(socket).unwrap_or_else(|| cache.join("metfs.sock")),
             log_file: pick!(log_file).unwrap_or_else(|| cache.join("metfs.log")),
             source,

@@ -318,6 +318,9 @@ fn open_history(
     job: &str,
     previous: Option<RunId>,
 ) -> (Option<History>, Option<Vec<u32>>) {
+    if let Some(dir) = cfg.history.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
     match HistoryStore::open(&cfg.history) {
         Ok((mut store, warnings)) => {
             for w in warnings {
@@ -385,10 +388,16 @@ fn lock_cache(paths: &CachePaths) -> Result<std::fs::File, DaemonError> {
 }
 
 /// Opens the capacity tier named by a source URL.
-pub fn open_tier(source: &str) -> Result<Arc<dyn CapacityTier>, DaemonError> {
+pub fn open_tier(
+    source: &str,
+    s3: &prefetcher::s3::S3Config,
+) -> Result<Arc<dyn CapacityTier>, DaemonError> {
     if source.starts_with("s3://") {
+        return Ok(Arc::new(prefetcher::s3::S3Tier::new(source, s3.clone())?));
+    }
+    if source.contains("://") {
         return Err(DaemonError::Setup(format!(
-            "source {source}: this build has no S3 tier yet"
+            "source {source}: unknown scheme; use a directory or s3://bucket/prefix"
         )));
     }
     Ok(Arc::new(PosixTier::new(Path::new(source))?))
@@ -477,7 +486,7 @@ impl Daemon {
                 reason: e.to_string(),
             })?;
         }
-        let tier = open_tier(&cfg.source)?;
+        let tier = open_tier(&cfg.source, &cfg.s3)?;
         let (mut catalog, reused) = load_catalog(&*tier, &paths.catalog, &cfg).await?;
         if catalog.is_empty() {
             return Err(DaemonError::Empty(cfg.source.clone()));
@@ -1197,8 +1206,8 @@ impl Daemon {
         let Some(path) = &self.cfg.metrics_file else {
             return;
         };
-        let text = self.status().to_string(); // METRICS-PENDING
-        if let Err(e) = std::fs::write(path, &text) {
+        let text = crate::metrics::render(&self.status());
+        if let Err(e) = crate::metrics::write_atomic(path, &text) {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the metrics file");
         }
     }

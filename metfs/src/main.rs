@@ -12,7 +12,9 @@ mod events;
 mod fs;
 mod fuse;
 mod logging;
+mod metrics;
 mod mount;
+mod report;
 mod view;
 
 use std::ffi::OsString;
@@ -54,9 +56,21 @@ enum Cmd {
         #[arg(long)]
         label_from_dirs: bool,
     },
-    /// Print a plan summary without mounting: mini-epochs, bytes per mini-epoch, per-class
-    /// counts, per-node bytes.
+    /// Print a plan without mounting: a dataset's mini-epochs, bytes per mini-epoch, per-class
+    /// counts and per-node bytes (--manifest / --source), or the paper's bandwidth model
+    /// (--dataset-size ... --required-bw ... --tier-bw ...).
     Plan(Box<PlanArgs>),
+    /// Write plots (rf per mini-epoch, rf histogram, tier bandwidth) and a summary of a run.
+    Report {
+        /// The run directory (default of a mount: CACHE/run).
+        run_dir: PathBuf,
+        /// Where to write the plots and summary [default: RUN_DIR/report].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Unmount, stop the daemon, and keep the cache so that a later mount resumes.
     Umount {
         /// The mountpoint.
@@ -188,6 +202,10 @@ struct MountArgs {
     /// Number of nodes [default: $SLURM_NNODES or 1].
     #[arg(long)]
     nodes: Option<u32>,
+    /// Manifest (CSV or JSON lines: path, size[, label, cluster, etag|mtime]) to use instead of
+    /// listing the source.
+    #[arg(long)]
+    manifest: Option<PathBuf>,
     /// Label samples by their first directory level (ImageFolder layout).
     #[arg(long)]
     label_from_dirs: bool,
@@ -212,6 +230,18 @@ struct MountArgs {
     /// Prometheus text-format file rewritten every 5 s (node_exporter textfile collector).
     #[arg(long)]
     metrics_file: Option<PathBuf>,
+    /// S3 endpoint URL, e.g. http://127.0.0.1:3900 [default: $AWS_ENDPOINT_URL, else AWS].
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// S3 signing region [default: $AWS_REGION, else us-east-1].
+    #[arg(long)]
+    region: Option<String>,
+    /// Allow plain-http S3 endpoints.
+    #[arg(long)]
+    allow_http: bool,
+    /// Virtual-hosted-style S3 requests instead of path style.
+    #[arg(long)]
+    virtual_hosted_style: bool,
     /// Log file of the background daemon [default: CACHE/metfs.log].
     #[arg(long)]
     log_file: Option<PathBuf>,
@@ -231,6 +261,21 @@ enum FormatArg {
 
 #[derive(Args)]
 struct PlanArgs {
+    /// Model mode: dataset size D, e.g. 8.8TiB.
+    #[arg(long)]
+    dataset_size: Option<String>,
+    /// Model mode: bandwidth the accelerators consume (EB1), e.g. 3.8TiB/s.
+    #[arg(long)]
+    required_bw: Option<String>,
+    /// Model mode: capacity-tier bandwidth (B2), e.g. 400GiB/s.
+    #[arg(long)]
+    tier_bw: Option<String>,
+    /// Model mode: a fixed rf.
+    #[arg(long)]
+    rf: Option<u32>,
+    /// Model mode: a file of per-mini-epoch `rf` and `t` (CSV or JSON lines).
+    #[arg(long)]
+    rf_schedule: Option<PathBuf>,
     /// Manifest to plan (instead of listing --source).
     #[arg(long)]
     manifest: Option<PathBuf>,
@@ -303,6 +348,7 @@ impl MountArgs {
             node_rank: self.node_rank,
             nodes: self.nodes,
             label_from_dirs: self.label_from_dirs.then_some(true),
+            manifest: self.manifest.clone(),
             passthrough: self.passthrough,
             fuse_threads: self.fuse_threads,
             allow_other: self.allow_other.then_some(true),
@@ -324,6 +370,13 @@ impl MountArgs {
             prefetch_rate_max: self.prefetch_rate_max.clone(),
             run_dir: self.run_dir.clone(),
             metrics_file: self.metrics_file.clone(),
+            s3: Some(prefetcher::s3::S3Config {
+                endpoint: self.endpoint.clone(),
+                region: self.region.clone(),
+                allow_http: self.allow_http.then_some(true),
+                virtual_hosted_style: self.virtual_hosted_style.then_some(true),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         Ok(MountConfig::resolve(file, flags)?)
@@ -351,6 +404,17 @@ fn run(cli: Cli) -> Result<()> {
             label_from_dirs,
         } => manifest_cmd(&source, format, label_from_dirs),
         Cmd::Plan(args) => plan_cmd(*args),
+        Cmd::Report { run_dir, out, json } => {
+            let out = out.unwrap_or_else(|| run_dir.join("report"));
+            let s = report::report(&run_dir, &out)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                print!("{}", report::summary_text(&s));
+                println!("plots and summary in {}", out.display());
+            }
+            Ok(())
+        }
         Cmd::Umount {
             mountpoint,
             timeout,
@@ -433,8 +497,40 @@ fn manifest_cmd(source: &std::path::Path, format: FormatArg, labels: bool) -> Re
     Ok(())
 }
 
+fn model_cmd(a: &PlanArgs, dataset: &str) -> Result<()> {
+    use prefetcher::model::{model, read_schedule, ModelInputs, RfSpec};
+    use prefetcher::size::{parse_rate, parse_size};
+    let need = |v: &Option<String>, flag: &str| {
+        v.clone()
+            .ok_or_else(|| anyhow!("model mode needs {flag} (with --dataset-size)"))
+    };
+    let inputs = ModelInputs {
+        dataset_bytes: parse_size(dataset).context("--dataset-size")?,
+        budget_bytes: parse_size(&a.budget).context("--budget")?,
+        required_bytes_per_s: parse_rate(&need(&a.required_bw, "--required-bw")?)
+            .context("--required-bw")? as f64,
+        tier_bytes_per_s: parse_rate(&need(&a.tier_bw, "--tier-bw")?).context("--tier-bw")? as f64,
+        mini_epochs: a.mini_epochs,
+        rf: match (a.rf, &a.rf_schedule) {
+            (Some(n), None) => RfSpec::Fixed(n),
+            (None, Some(p)) => RfSpec::Schedule(read_schedule(p)?),
+            _ => anyhow::bail!("model mode needs exactly one of --rf N or --rf-schedule FILE"),
+        },
+    };
+    let out = model(&inputs)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("{out}");
+    }
+    Ok(())
+}
+
 fn plan_cmd(a: PlanArgs) -> Result<()> {
     use prefetcher::planner::{summarize, PlanConfig, SampleSet};
+    if let Some(d) = a.dataset_size.clone() {
+        return model_cmd(&a, &d);
+    }
     let budget = prefetcher::size::parse_size(&a.budget).context("--budget")?;
     let mut cat = match (&a.manifest, &a.source) {
         (Some(m), None) => prefetcher::manifest::load_catalog(m)?,
