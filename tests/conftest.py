@@ -234,7 +234,13 @@ class Garage:
         c = self.client()
         for p in sorted(local.rglob("*")):
             if p.is_file() and not p.is_symlink():
-                c.put_object(Bucket="metfs", Key=f"{prefix}/{p.relative_to(local)}", Body=p.read_bytes())
+                body = p.read_bytes()
+                # After an empty PUT, Garage stalls the next request on the same kept-alive
+                # connection for seconds; empty objects go through a throwaway client.
+                client = c if body else self.client()
+                client.put_object(Bucket="metfs", Key=f"{prefix}/{p.relative_to(local)}", Body=body)
+                if not body:
+                    client.close()
 
     def stop(self) -> None:
         subprocess.run([str(ROOT / "scripts" / "garage.sh"), "stop", str(self.dir)], capture_output=True)

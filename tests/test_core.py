@@ -62,10 +62,10 @@ def run_epochs(m, files: dict[str, bytes], rf: int, until: tuple[int, int]) -> t
         assert r["decision"] in ("repeat", "advance", "wait")
 
 
-def test_epoch_through_the_mount(mounts, dataset):
+def test_epoch_through_the_mount(mounts, dataset, make_tier):
     src, files = dataset
     budget = "6MiB"
-    m = mounts(src, budget, "--rf", "2")
+    m = mounts(make_tier(src), budget, "--rf", "2")
     sampler = Sampler(m.cache)
     sampler.start()
     try:
@@ -93,9 +93,9 @@ def test_epoch_through_the_mount(mounts, dataset):
     assert st["tier_bytes_read"] <= 2 * sum(len(v) for v in files.values())
 
 
-def test_handle_opened_before_a_switch_reads_old_bytes(mounts, dataset):
+def test_handle_opened_before_a_switch_reads_old_bytes(mounts, dataset, make_tier):
     src, files = dataset
-    m = mounts(src, "6MiB", "--rf", "1", "--compose", "sequential")
+    m = mounts(make_tier(src), "6MiB", "--rf", "1", "--compose", "sequential")
     m.mount()
     rel = next(r for r in m.files()["files"] if len(files[r]) > 100)
     fh = open(m.mountpoint / rel, "rb")
@@ -112,9 +112,9 @@ def test_handle_opened_before_a_switch_reads_old_bytes(mounts, dataset):
     wait_for(lambda: m.status()["draining_slots"] == 0, what="the old slot to be evicted")
 
 
-def test_umount_and_mount_resume_without_refetching(mounts, dataset):
+def test_umount_and_mount_resume_without_refetching(mounts, dataset, make_tier):
     src, files = dataset
-    m = mounts(src, "6MiB", "--rf", "1")
+    m = mounts(make_tier(src), "6MiB", "--rf", "1")
     m.mount()
     for _ in range(2):
         m.wait_next_ready()
