@@ -150,6 +150,10 @@ pub struct FileConfig {
     pub prefetch_rate_max: Option<String>,
     pub metrics_file: Option<PathBuf>,
     pub s3: Option<S3Config>,
+    pub label_hdf5: Option<String>,
+    pub hdf5_container: Option<bool>,
+    pub hdf5_datasets: Option<ListValue>,
+    pub label_dataset: Option<String>,
 }
 
 impl FileConfig {
@@ -235,6 +239,15 @@ pub struct MountConfig {
     /// `--allow-http`, `--virtual-hosted-style` override its keys; the `AWS_*` environment
     /// fills what neither sets). Defaults and reasons are documented on [`S3Config`].
     pub s3: S3Config,
+    /// Per-sample HDF5 files: label each sample by this scalar dataset (or root attribute).
+    pub label_hdf5: Option<String>,
+    /// Container mode: samples are rows (axis 0) of the source's HDF5 files. Default off.
+    pub hdf5_container: bool,
+    /// Container mode: the row datasets. Default: every dataset whose first dimension is the
+    /// row count.
+    pub hdf5_datasets: Option<Vec<String>>,
+    /// Container mode: 1-D dataset holding each row's class label (for stratified composition).
+    pub label_dataset: Option<String>,
 }
 
 fn env_u32(name: &str) -> Option<u32> {
@@ -307,6 +320,16 @@ impl MountConfig {
             run_dir: pick!(run_dir).unwrap_or_else(|| cache.join("run")),
             prefetch_rate_max,
             metrics_file: pick!(metrics_file),
+            label_hdf5: pick!(label_hdf5),
+            hdf5_container: pick!(hdf5_container).unwrap_or(false),
+            hdf5_datasets: pick!(hdf5_datasets).map(|l| {
+                l.joined()
+                    .split(',')
+                    .map(|x| x.trim().to_string())
+                    .filter(|x| !x.is_empty())
+                    .collect()
+            }),
+            label_dataset: pick!(label_dataset),
             s3: {
                 let mut s3 = file.s3.clone().unwrap_or_default();
                 if let Some(f) = &flags.s3 {

@@ -35,6 +35,7 @@ use feedback::history::{HistoryStore, MiniEpochRecord, RunId};
 use feedback::policy::{PassState, RfPolicy, Verdict};
 use feedback::protocol::{ErrorCode, Metrics, ProtocolError};
 use prefetcher::catalog::Catalog;
+use prefetcher::hdf5::Containers;
 use prefetcher::pacer::Pacer;
 use prefetcher::planner::{self, EpochPlan, PlanConfig, PlanError, SampleSet, Strategy};
 use prefetcher::size::format_bytes;
@@ -146,12 +147,22 @@ const BLOCK: u64 = 4096;
 impl Budget {
     /// Splits `budget` for `catalog` whose saved form takes `catalog_bytes`.
     pub fn new(budget: u64, catalog: &Catalog, catalog_bytes: u64) -> Result<Self, DaemonError> {
+        Self::with_extra(budget, catalog, catalog_bytes, 0)
+    }
+
+    /// As [`Budget::new`], with `extra` more bytes of reserve (e.g. HDF5 file overhead).
+    pub fn with_extra(
+        budget: u64,
+        catalog: &Catalog,
+        catalog_bytes: u64,
+        extra: u64,
+    ) -> Result<Self, DaemonError> {
         // Journals: every sample id at most once per slot (<= 11 bytes a line), two slots.
         let journals = 2 * (11 * catalog.len() as u64 + BLOCK);
         // Two slots of directories (+ the slot roots), and the slots/ and tmp/ directories.
         let dirs = 2 * (catalog.dir_count() as u64 + 1) * BLOCK + 2 * BLOCK;
         let state = BLOCK;
-        let reserve = round_up(catalog_bytes) + journals + dirs + state + LOG_RESERVE;
+        let reserve = round_up(catalog_bytes) + journals + dirs + state + LOG_RESERVE + extra;
         if budget <= reserve {
             return Err(DaemonError::BudgetBelowReserve {
                 budget: format_bytes(budget),
@@ -288,6 +299,7 @@ pub struct Daemon {
     mountpoint: Mutex<PathBuf>,
     tier_url: String,
     started: Instant,
+    containers: Option<Arc<Containers>>,
     /// The run's event log.
     pub events: crate::events::EventLog,
     /// Fired when the daemon should unmount and exit.
@@ -412,6 +424,73 @@ pub async fn load_catalog(
     tier: &dyn CapacityTier,
     path: &Path,
     cfg: &MountConfig,
+) -> Result<(Catalog, bool, Option<Arc<Containers>>), DaemonError> {
+    if cfg.hdf5_container {
+        if cfg.source.contains("://") {
+            return Err(DaemonError::Setup(format!(
+                "source {}: HDF5 container mode needs a POSIX source (rows are read as hyperslabs)",
+                cfg.source
+            )));
+        }
+        let listing = tier.list().await?;
+        let files: Vec<String> = listing
+            .entries
+            .iter()
+            .map(|e| e.path.clone())
+            .filter(|p| {
+                let l = p.to_ascii_lowercase();
+                [".h5", ".hdf5", ".hdf", ".he5"]
+                    .iter()
+                    .any(|x| l.ends_with(x))
+            })
+            .collect();
+        if files.is_empty() {
+            return Err(DaemonError::Setup(format!(
+                "source {}: no HDF5 files (.h5, .hdf5, .hdf, .he5) for container mode",
+                cfg.source
+            )));
+        }
+        let root = PathBuf::from(&cfg.source);
+        let datasets = cfg.hdf5_datasets.clone();
+        let label = cfg.label_dataset.clone();
+        let c = tokio::task::spawn_blocking(move || {
+            prefetcher::hdf5::open_containers(&root, &files, datasets.as_deref(), label.as_deref())
+        })
+        .await
+        .expect("HDF5 inspection panicked")
+        .map_err(|e| DaemonError::Setup(e.to_string()))?;
+        let cat = c
+            .catalog(tier.url())
+            .map_err(|e| DaemonError::Setup(e.to_string()))?;
+        tracing::info!(
+            containers = c.files().len(),
+            rows = c.samples(),
+            "HDF5 container mode"
+        );
+        return Ok((cat, false, Some(Arc::new(c))));
+    }
+    let (mut cat, reused) = load_plain_catalog(tier, path, cfg).await?;
+    if let Some(name) = &cfg.label_hdf5 {
+        if !reused || cat.labels().is_none() {
+            let root = PathBuf::from(&cfg.source);
+            let paths: Vec<String> = (0..cat.len() as u32).map(|i| cat.path(i)).collect();
+            let name = name.clone();
+            let labels = tokio::task::spawn_blocking(move || {
+                prefetcher::hdf5::read_scalar_labels(&root, paths.into_iter(), &name)
+            })
+            .await
+            .expect("HDF5 label reading panicked")
+            .map_err(|e| DaemonError::Setup(e.to_string()))?;
+            cat.set_labels(labels);
+        }
+    }
+    Ok((cat, reused, None))
+}
+
+async fn load_plain_catalog(
+    tier: &dyn CapacityTier,
+    path: &Path,
+    cfg: &MountConfig,
 ) -> Result<(Catalog, bool), DaemonError> {
     if let Some(manifest) = &cfg.manifest {
         // A manifest replaces the listing; reading it is cheap next to listing millions of
@@ -487,7 +566,7 @@ impl Daemon {
             })?;
         }
         let tier = open_tier(&cfg.source, &cfg.s3)?;
-        let (mut catalog, reused) = load_catalog(&*tier, &paths.catalog, &cfg).await?;
+        let (mut catalog, reused, containers) = load_catalog(&*tier, &paths.catalog, &cfg).await?;
         if catalog.is_empty() {
             return Err(DaemonError::Empty(cfg.source.clone()));
         }
@@ -501,8 +580,17 @@ impl Daemon {
         } else {
             catalog.save(&paths.catalog)?
         };
-        let budget = Budget::new(cfg.budget, &catalog, catalog_bytes)?;
-        let footprints: Vec<u64> = catalog.sizes().iter().map(|&s| round_up(s)).collect();
+        // A container slot holds one HDF5 file per container: rows are packed, so they are not
+        // rounded to blocks, and each file carries headers and chunk indexes (1 MiB allowed).
+        let extra = containers
+            .as_ref()
+            .map_or(0, |c| 2 * c.files().len() as u64 * (1 << 20));
+        let budget = Budget::with_extra(cfg.budget, &catalog, catalog_bytes, extra)?;
+        let footprints: Vec<u64> = if containers.is_some() {
+            catalog.sizes().to_vec()
+        } else {
+            catalog.sizes().iter().map(|&s| round_up(s)).collect()
+        };
         let plan_cfg = PlanConfig {
             strategy: cfg.compose,
             seed: cfg.seed,
@@ -626,7 +714,10 @@ impl Daemon {
         let t = Instant::now();
         let progress: Arc<Progress> = Arc::default();
         let bar = show_progress.then(|| progress_bar(progress.clone()));
-        let report = stager.stage(&spec, progress).await;
+        let report = match &containers {
+            Some(c) => stager.stage_containers(&spec, c.clone(), progress).await,
+            None => stager.stage(&spec, progress).await,
+        };
         if let Some((bar, task)) = bar {
             task.abort();
             bar.finish_and_clear();
@@ -645,7 +736,13 @@ impl Daemon {
             .map(|(id, why)| format!("{}: {why}", catalog.path(*id)))
             .collect();
         let view = Arc::new(Self::view_for(
-            &catalog, &stager, &plan, cur, generation, &paths,
+            &catalog,
+            containers.as_deref(),
+            &stager,
+            &plan,
+            cur,
+            generation,
+            &paths,
         ));
         let fs = Arc::new(FsCore::new(
             view,
@@ -667,6 +764,7 @@ impl Daemon {
         ));
         let daemon = Arc::new(Daemon {
             tier_url: tier.url().to_string(),
+            containers,
             paths,
             catalog,
             footprints,
@@ -727,6 +825,7 @@ impl Daemon {
 
     fn view_for(
         catalog: &Catalog,
+        containers: Option<&Containers>,
         stager: &Stager,
         plan: &EpochPlan,
         target: (u64, u32),
@@ -734,6 +833,18 @@ impl Daemon {
         paths: &CachePaths,
     ) -> View {
         let name = slot_name(target);
+        if let Some(c) = containers {
+            let dir = stager.slot_path(&name);
+            let files: Vec<(String, u64)> = c
+                .rows_by_file(&plan.mini_epochs[target.1 as usize].samples)
+                .into_iter()
+                .filter_map(|(fi, _)| {
+                    let p = c.files()[fi].path.clone();
+                    std::fs::metadata(dir.join(&p)).ok().map(|m| (p, m.len()))
+                })
+                .collect();
+            return View::from_files(&files, generation, target.0, target.1, &name, &dir);
+        }
         let failed = journal_failures(&paths.slots, &name);
         let samples: Vec<u32> = plan.mini_epochs[target.1 as usize]
             .samples
@@ -882,7 +993,14 @@ impl Daemon {
                 bytes = %format_bytes(bytes),
                 "staging the next mini-epoch"
             );
-            let result = self.stager.stage(&spec, progress).await;
+            let result = match &self.containers {
+                Some(c) => {
+                    self.stager
+                        .stage_containers(&spec, c.clone(), progress)
+                        .await
+                }
+                None => self.stager.stage(&spec, progress).await,
+            };
             {
                 let mut s = self.state.lock().unwrap();
                 match result {
@@ -983,6 +1101,7 @@ impl Daemon {
             s.generation += 1;
             let view = Arc::new(Self::view_for(
                 &self.catalog,
+                self.containers.as_deref(),
                 &self.stager,
                 &plan,
                 succ,

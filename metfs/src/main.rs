@@ -209,6 +209,18 @@ struct MountArgs {
     /// Label samples by their first directory level (ImageFolder layout).
     #[arg(long)]
     label_from_dirs: bool,
+    /// Per-sample HDF5 files: label each by this scalar dataset or root attribute.
+    #[arg(long)]
+    label_hdf5: Option<String>,
+    /// HDF5 container mode: samples are rows (axis 0) of the source's HDF5 files.
+    #[arg(long)]
+    hdf5_container: bool,
+    /// Container mode: the row datasets, comma-separated [default: all of the row count].
+    #[arg(long)]
+    hdf5_datasets: Option<String>,
+    /// Container mode: 1-D dataset with each row's label (for stratified composition).
+    #[arg(long)]
+    label_dataset: Option<String>,
     /// Read path: auto (passthrough when allowed) or off (pread) [default: auto].
     #[arg(long, value_enum)]
     passthrough: Option<PassthroughMode>,
@@ -349,6 +361,10 @@ impl MountArgs {
             nodes: self.nodes,
             label_from_dirs: self.label_from_dirs.then_some(true),
             manifest: self.manifest.clone(),
+            label_hdf5: self.label_hdf5.clone(),
+            hdf5_container: self.hdf5_container.then_some(true),
+            hdf5_datasets: self.hdf5_datasets.clone().map(config::ListValue::Text),
+            label_dataset: self.label_dataset.clone(),
             passthrough: self.passthrough,
             fuse_threads: self.fuse_threads,
             allow_other: self.allow_other.then_some(true),

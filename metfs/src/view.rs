@@ -127,6 +127,39 @@ impl View {
         }
     }
 
+    /// Builds a view of explicit files (relative path, size) staged in `slot_dir`: used where
+    /// view files are not catalog samples (HDF5 container mode: one file per container).
+    pub fn from_files(
+        files: &[(String, u64)],
+        generation: u64,
+        epoch: u64,
+        mini_epoch: u32,
+        slot: &str,
+        slot_dir: &Path,
+    ) -> Self {
+        let entries: Vec<prefetcher::catalog::CatalogEntry> = files
+            .iter()
+            .map(|(p, n)| prefetcher::catalog::CatalogEntry::new(p.clone(), *n))
+            .collect();
+        match Catalog::from_entries(slot, entries) {
+            Ok(cat) => {
+                let all: Vec<u32> = (0..cat.len() as u32).collect();
+                Self::build(&cat, &all, generation, epoch, mini_epoch, slot, slot_dir)
+            }
+            // Container paths come from a validated listing; an invalid set yields an empty view
+            // rather than a panic in the serving path.
+            Err(_) => Self::build(
+                &Catalog::from_entries(slot, Vec::new()).expect("empty catalog"),
+                &[],
+                generation,
+                epoch,
+                mini_epoch,
+                slot,
+                slot_dir,
+            ),
+        }
+    }
+
     /// Number of files in the view.
     pub fn file_count(&self) -> usize {
         self.files

@@ -418,6 +418,106 @@ fn read_journal(path: &Path) -> (HashSet<u32>, bool) {
     (done, complete)
 }
 
+impl Stager {
+    /// Stages a container-mode slot: for each container file with rows in `slot`, one HDF5 file
+    /// with just those rows, written to a temporary file, fsynced and renamed into the slot under
+    /// the container's relative path. The journal records `file <index> <size>` per staged
+    /// container; a resumed run keeps files whose size matches. Containers are staged one at a
+    /// time (each is already a streaming, chunk-parallel copy) so that memory stays bounded.
+    pub async fn stage_containers(
+        &self,
+        slot: &SlotSpec,
+        containers: Arc<crate::hdf5::Containers>,
+        progress: Arc<Progress>,
+    ) -> Result<StageReport, StageError> {
+        let start = Instant::now();
+        let dir = self.slot_path(&slot.name);
+        std::fs::create_dir_all(&dir).map_err(cache_err(&dir))?;
+        std::fs::create_dir_all(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
+        let jpath = self.journal_path(&slot.name);
+        let mut done: std::collections::HashMap<usize, u64> = Default::default();
+        if let Ok(f) = std::fs::File::open(&jpath) {
+            for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
+                let mut it = line.split_whitespace();
+                if let (Some("file"), Some(i), Some(n)) = (it.next(), it.next(), it.next()) {
+                    if let (Ok(i), Ok(n)) = (i.parse(), n.parse()) {
+                        done.insert(i, n);
+                    }
+                }
+            }
+        }
+        let by_file = containers.rows_by_file(&slot.samples);
+        let total: u64 = slot.samples.iter().map(|&s| self.catalog.size(s)).sum();
+        progress
+            .files_total
+            .store(by_file.len() as u64, Ordering::Relaxed);
+        progress.bytes_total.store(total, Ordering::Relaxed);
+        progress.files_done.store(0, Ordering::Relaxed);
+        progress.bytes_done.store(0, Ordering::Relaxed);
+        let mut journal = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&jpath)
+            .map_err(cache_err(&jpath))?;
+        let mut report = StageReport::default();
+        for (fi, rows) in by_file {
+            let rel = containers.files()[fi].path.clone();
+            let dst = dir.join(&rel);
+            let planned: u64 = rows.len() as u64 * containers.sample_size(fi);
+            let have = std::fs::metadata(&dst).map(|m| m.len()).ok();
+            if have.is_some() && done.get(&fi).copied() == have {
+                report.resumed += 1;
+            } else {
+                if let Some(p) = dst.parent() {
+                    std::fs::create_dir_all(p).map_err(cache_err(p))?;
+                }
+                let tmp = self.tmp_dir.join(format!("{}-c{fi}", slot.name));
+                let c = containers.clone();
+                let pacer = self.pacer.clone();
+                let fsync = self.cfg.fsync;
+                let t2 = tmp.clone();
+                let r = tokio::task::spawn_blocking(move || -> Result<u64, String> {
+                    let n = crate::hdf5::stage_rows(&c, fi, &rows, &t2, &pacer)
+                        .map_err(|e| e.to_string())?;
+                    if fsync {
+                        std::fs::File::open(&t2)
+                            .and_then(|f| f.sync_all())
+                            .map_err(|e| format!("fsync {}: {e}", t2.display()))?;
+                    }
+                    Ok(n)
+                })
+                .await
+                .expect("container staging task panicked");
+                match r {
+                    Ok(n) => {
+                        std::fs::rename(&tmp, &dst).map_err(cache_err(&dst))?;
+                        writeln!(journal, "file {fi} {n}").map_err(cache_err(&jpath))?;
+                        self.tier_bytes.fetch_add(planned, Ordering::Relaxed);
+                        progress.bytes_fetched.fetch_add(planned, Ordering::Relaxed);
+                        report.fetched += 1;
+                        report.bytes_fetched += planned;
+                    }
+                    Err(msg) => {
+                        let _ = std::fs::remove_file(&tmp);
+                        tracing::warn!(container = %rel, error = %msg, "container left out of the slot");
+                        for &s in &slot.samples {
+                            if containers.locate(s).0 == fi {
+                                report.failed.push((s, msg.clone()));
+                            }
+                        }
+                    }
+                }
+            }
+            progress.files_done.fetch_add(1, Ordering::Relaxed);
+            progress.bytes_done.fetch_add(planned, Ordering::Relaxed);
+        }
+        writeln!(journal, "complete").map_err(cache_err(&jpath))?;
+        journal.sync_all().map_err(cache_err(&jpath))?;
+        report.elapsed = start.elapsed();
+        Ok(report)
+    }
+}
+
 /// Failed sample ids recorded in a complete slot's journal.
 pub fn journal_failures(slots_dir: &Path, name: &str) -> Vec<u32> {
     let mut out = Vec::new();
