@@ -300,6 +300,8 @@ pub struct Daemon {
     tier_url: String,
     started: Instant,
     containers: Option<Arc<Containers>>,
+    /// A weak handle on the daemon itself, for background tasks started from `&self`.
+    me: Mutex<std::sync::Weak<Daemon>>,
     /// The run's event log.
     pub events: crate::events::EventLog,
     /// Fired when the daemon should unmount and exit.
@@ -765,6 +767,7 @@ impl Daemon {
         let daemon = Arc::new(Daemon {
             tier_url: tier.url().to_string(),
             containers,
+            me: Mutex::new(std::sync::Weak::new()),
             paths,
             catalog,
             footprints,
@@ -804,6 +807,7 @@ impl Daemon {
             shutdown: tokio::sync::Notify::new(),
             cfg,
         });
+        *daemon.me.lock().unwrap() = Arc::downgrade(&daemon);
         daemon.save_state();
         daemon.events.emit(
             "start",
@@ -1159,7 +1163,15 @@ impl Daemon {
             .await;
         }
         if old.open_handles() == 0 {
-            self.evict_view(old.generation).await;
+            // Deleting a large slot takes a while; the caller must not wait for it. The stager
+            // waits (the slot stays in `draining` until it is gone), so the budget holds.
+            let me = self.me.lock().unwrap().upgrade();
+            if let Some(me) = me {
+                let gen = old.generation;
+                tokio::spawn(async move { me.evict_view(gen).await });
+            } else {
+                self.evict_view(old.generation).await;
+            }
         }
         self.bump();
         true

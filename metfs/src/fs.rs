@@ -304,6 +304,34 @@ impl FsCore {
         Ok(out)
     }
 
+    /// Opens file `ino` for passthrough when its backing id is already cached: no backing file
+    /// is touched, so a repeated open costs one hash lookup. `Ok(None)` when nothing is cached
+    /// (then use [`FsCore::open`]).
+    pub fn open_cached_backing(
+        &self,
+        ino: u64,
+    ) -> Result<Option<(u64, Arc<dyn Any + Send + Sync>)>, FsError> {
+        let (view, idx) = self.view_of(ino)?;
+        if matches!(view.node(idx).kind, NodeKind::Dir { .. }) {
+            return Err(FsError::IsDir);
+        }
+        let Some(id) = self.backing.get(&(view.generation, idx)) else {
+            return Ok(None);
+        };
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        view.handle_opened();
+        self.opens.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().unwrap().insert(
+            fh,
+            Handle {
+                view,
+                file: None,
+                pinned: Some(id.clone()),
+            },
+        );
+        Ok(Some((fh, id)))
+    }
+
     /// Opens file `ino` read-only; the handle pins its view.
     pub fn open(&self, ino: u64) -> Result<Opened, FsError> {
         let (view, idx) = self.view_of(ino)?;

@@ -115,6 +115,18 @@ impl Filesystem for FuseAdapter {
         if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
             return reply.error(Errno::from_i32(libc::EROFS));
         }
+        if self.passthrough.load(Ordering::Relaxed) {
+            match self.core.open_cached_backing(ino.0) {
+                Ok(Some((fh, id))) => {
+                    if let Ok(id) = id.downcast::<BackingId>() {
+                        return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+                    }
+                    self.core.release(fh);
+                }
+                Ok(None) => {}
+                Err(e) => return reply.error(errno(e)),
+            }
+        }
         let opened = match self.core.open(ino.0) {
             Ok(o) => o,
             Err(e) => return reply.error(errno(e)),
