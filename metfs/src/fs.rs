@@ -109,6 +109,9 @@ pub struct Opened {
     pub key: (u64, u32),
 }
 
+/// Something a handle keeps alive while it is open (a passthrough backing id).
+pub type Pinned = Arc<dyn Any + Send + Sync>;
+
 struct Handle {
     view: Arc<View>,
     file: Option<Arc<File>>,
@@ -310,7 +313,7 @@ impl FsCore {
     pub fn open_cached_backing(
         &self,
         ino: u64,
-    ) -> Result<Option<(u64, Arc<dyn Any + Send + Sync>)>, FsError> {
+    ) -> Result<Option<(u64, Pinned)>, FsError> {
         let (view, idx) = self.view_of(ino)?;
         if matches!(view.node(idx).kind, NodeKind::Dir { .. }) {
             return Err(FsError::IsDir);
