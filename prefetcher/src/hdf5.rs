@@ -80,6 +80,7 @@
 //! block; call them from a blocking thread.
 
 use std::ffi::{CStr, CString};
+use std::os::fd::AsRawFd;
 use std::os::raw::{c_char, c_uint, c_void};
 use std::path::{Path, PathBuf};
 
@@ -320,17 +321,41 @@ fn open_file(cx: Cx, path: &Path, fapl: hid_t) -> Result<Hid> {
             reason: "no HDF5 signature".into(),
         });
     }
-    cx.id(
-        || "open".into(),
-        || unsafe { h5f::H5Fopen(c.as_ptr(), h5f::H5F_ACC_RDONLY, fapl) },
-    )
-    .map_err(|e| match e {
-        Hdf5Error::Library { file, detail, .. } => Hdf5Error::NotHdf5 {
-            file,
-            reason: detail,
-        },
-        e => e,
-    })
+    let f = cx
+        .id(
+            || "open".into(),
+            || unsafe { h5f::H5Fopen(c.as_ptr(), h5f::H5F_ACC_RDONLY, fapl) },
+        )
+        .map_err(|e| match e {
+            Hdf5Error::Library { file, detail, .. } => Hdf5Error::NotHdf5 {
+                file,
+                reason: detail,
+            },
+            e => e,
+        })?;
+    close_on_exec(f.0);
+    Ok(f)
+}
+
+/// Marks the descriptor under an open HDF5 file close-on-exec. HDF5 opens files without
+/// `O_CLOEXEC` and holds an `flock` on them (1.10 and later), so a child process started by
+/// another thread meanwhile would inherit the descriptor and its lock, and every later open of
+/// that file elsewhere (h5py reading a staged file) would fail with "unable to lock file" for
+/// as long as the child lives. A fork between the open and this call can still leak it.
+fn close_on_exec(file: hid_t) {
+    let mut handle: *mut c_void = std::ptr::null_mut();
+    // Files here are opened with the default (sec2) driver, whose handle is a pointer to the
+    // descriptor.
+    let r = locked(|| unsafe { h5f::H5Fget_vfd_handle(file, H5P_DEFAULT, &mut handle) });
+    if r >= 0 && !handle.is_null() {
+        unsafe {
+            let fd = *(handle as *const i32);
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
 }
 
 /// True when the link `path` (possibly nested, `a/b/c`) exists under `loc`, checking each
@@ -1582,6 +1607,7 @@ fn write_rows(
         || "create".into(),
         || unsafe { h5f::H5Fcreate(cout.as_ptr(), h5f::H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT) },
     )?;
+    close_on_exec(dst.0);
     {
         // Attributes live on the root group, not on the file id.
         let root = c"/";
@@ -1611,11 +1637,21 @@ fn write_rows(
         )?;
         copy_attrs(cx, ocx, sg.0, dg.0)?;
     }
+    let fd = |p: &Path, shown: &str| {
+        std::fs::File::open(p).map_err(|source| Hdf5Error::Io {
+            file: shown.to_string(),
+            source,
+        })
+    };
+    let fds = Fds {
+        src: fd(&c.root.join(&cf.path), &cf.path)?,
+        out: fd(out, &ox.0)?,
+    };
     // One buffer for every block of every dataset; u64 elements keep it aligned for the
     // pointers variable-length reads put in it.
     let mut buf: Vec<u64> = Vec::new();
     for ds in &cf.datasets {
-        copy_dataset_rows(cx, ocx, src.0, dst.0, ds, rows, pacer, &mut buf)?;
+        copy_dataset_rows(cx, ocx, src.0, dst.0, ds, rows, pacer, &mut buf, &fds)?;
     }
     drop(buf);
     for s in &cf.side {
@@ -1744,6 +1780,7 @@ fn copy_dataset_rows(
     rows: &[u64],
     pacer: &Pacer,
     buf: &mut Vec<u64>,
+    fds: &Fds,
 ) -> Result<()> {
     let name = ds.name.as_str();
     let filtered = !ds.filters.is_empty();
@@ -1872,24 +1909,37 @@ fn copy_dataset_rows(
     let count = vec![1 as hsize_t; rank];
     let mut block = vec![0 as hsize_t; rank];
     block[1..].copy_from_slice(&ds.trailing);
+    let placement = placement(d.0, ds);
+    let blocks: Vec<&[u64]> = rows.chunks(block_rows.max(1)).collect();
+    if let Some(b) = blocks.first() {
+        hint_rows(d.0, ds, &placement, b, &fds.src);
+    }
     let mut out_row = 0u64;
-    for part in rows.chunks(block_rows.max(1)) {
+    for (bi, part) in blocks.iter().enumerate() {
         let len = part.len() as u64;
         pacer.consume_blocking(len * ds.row_bytes);
-        // File selection: one hyperslab per run of neighbouring rows.
-        cx.call(
-            || "select".into(),
-            || unsafe { h5s::H5Sselect_none(fspace.0) },
-        )?;
+        // The next block's rows are fetched by the kernel while this one is copied.
+        if let Some(next) = blocks.get(bi + 1) {
+            hint_rows(d.0, ds, &placement, next, &fds.src);
+        }
+        let mut mdims = vec![len];
+        mdims.extend_from_slice(&ds.trailing);
+        let mspace = simple_space(cx, &mdims, None)?;
+        // One read per run of neighbouring rows, each a single regular hyperslab. A union of
+        // runs in one read would be one call, but HDF5 1.10 maps an irregular selection onto
+        // chunks element by element, which costs more CPU than the copy itself.
+        let mut at = 0u64;
         for (r0, n) in runs(part) {
             start[0] = r0;
             block[0] = n;
+            let mut mstart = vec![0 as hsize_t; rank];
+            mstart[0] = at;
             cx.call(
                 || format!("select rows of `{name}`"),
                 || unsafe {
                     h5s::H5Sselect_hyperslab(
                         fspace.0,
-                        H5S_seloper_t::H5S_SELECT_OR,
+                        H5S_seloper_t::H5S_SELECT_SET,
                         start.as_ptr(),
                         std::ptr::null(),
                         count.as_ptr(),
@@ -1897,23 +1947,36 @@ fn copy_dataset_rows(
                     )
                 },
             )?;
+            cx.call(
+                || "select buffer rows".into(),
+                || unsafe {
+                    h5s::H5Sselect_hyperslab(
+                        mspace.0,
+                        H5S_seloper_t::H5S_SELECT_SET,
+                        mstart.as_ptr(),
+                        std::ptr::null(),
+                        count.as_ptr(),
+                        block.as_ptr(),
+                    )
+                },
+            )?;
+            cx.call(
+                || format!("read rows {r0}..{} of `{name}`", r0 + n),
+                || unsafe {
+                    h5d::H5Dread(
+                        d.0,
+                        t.0,
+                        mspace.0,
+                        fspace.0,
+                        H5P_DEFAULT,
+                        buf.as_mut_ptr().cast(),
+                    )
+                },
+            )?;
+            at += n;
         }
-        let mut mdims = vec![len];
-        mdims.extend_from_slice(&ds.trailing);
-        let mspace = simple_space(cx, &mdims, None)?;
-        cx.call(
-            || format!("read rows of `{name}`"),
-            || unsafe {
-                h5d::H5Dread(
-                    d.0,
-                    t.0,
-                    mspace.0,
-                    fspace.0,
-                    H5P_DEFAULT,
-                    buf.as_mut_ptr().cast(),
-                )
-            },
-        )?;
+        // The write takes the whole buffer.
+        locked(|| unsafe { h5s::H5Sselect_all(mspace.0) });
         start[0] = out_row;
         block[0] = len;
         ocx.call(
@@ -1950,8 +2013,153 @@ fn copy_dataset_rows(
         }
         w?;
         out_row += len;
+        // Start writing this block back now rather than all of it at the caller's fsync,
+        // so reads and writes overlap; this does not wait for the disk.
+        unsafe {
+            libc::sync_file_range(fds.out.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+        }
     }
     Ok(())
+}
+
+/// Plain descriptors of the source and output files, beside HDF5's own: for read-ahead hints
+/// on the source and early writeback of the output.
+struct Fds {
+    src: std::fs::File,
+    out: std::fs::File,
+}
+
+/// Where a row dataset's rows lie in the source file, for read-ahead hints.
+enum Placement {
+    /// Contiguous storage at this file offset: row `r` at `offset + r * row bytes`.
+    Contiguous(u64),
+    /// Uncompressed chunks spanning whole rows: a row's bytes are contiguous in its chunk.
+    RowChunks,
+    /// Other chunked storage: a row's bytes are spread over whole chunks.
+    Chunks,
+    /// Compact storage, unallocated storage or variable-length data (in the global heap):
+    /// nothing worth a hint.
+    None,
+}
+
+fn placement(d: hid_t, ds: &DatasetInfo) -> Placement {
+    if ds.vlen {
+        return Placement::None;
+    }
+    match &ds.chunk {
+        None => {
+            let off = locked(|| unsafe { h5d::H5Dget_offset(d) });
+            if off == hdf5_sys::h5::HADDR_UNDEF {
+                Placement::None
+            } else {
+                Placement::Contiguous(off)
+            }
+        }
+        Some(c) if ds.filters.is_empty() && c[1..] == ds.trailing[..] => Placement::RowChunks,
+        Some(_) => Placement::Chunks,
+    }
+}
+
+/// File range of the stored chunk whose first element is at `coord`, if it is allocated.
+fn chunk_range(d: hid_t, coord: &[u64]) -> Option<(u64, u64)> {
+    let (mut mask, mut addr, mut size) = (0 as c_uint, 0, 0 as hsize_t);
+    let r = locked(|| unsafe {
+        h5d::H5Dget_chunk_info_by_coord(d, coord.as_ptr(), &mut mask, &mut addr, &mut size)
+    });
+    (r >= 0 && addr != hdf5_sys::h5::HADDR_UNDEF && size > 0).then_some((addr, size))
+}
+
+/// Asks the kernel to start reading the source bytes of `rows` (ascending) now, so that many
+/// reads are in flight at once instead of HDF5's one at a time. Advisory: failures are
+/// ignored, and the reads that follow are correct either way.
+fn hint_rows(d: hid_t, ds: &DatasetInfo, placement: &Placement, rows: &[u64], fd: &std::fs::File) {
+    let row_bytes = ds.trailing.iter().product::<u64>() * ds.elem_size;
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    match placement {
+        Placement::None => return,
+        Placement::Contiguous(base) => {
+            for (r0, n) in runs(rows) {
+                ranges.push((base + r0 * row_bytes, n * row_bytes));
+            }
+        }
+        Placement::RowChunks => {
+            let c0 = ds.chunk.as_ref().map_or(1, |c| c[0]).max(1);
+            let mut coord = vec![0u64; ds.trailing.len() + 1];
+            let mut last: Option<(u64, Option<(u64, u64)>)> = None;
+            for (r0, n) in runs(rows) {
+                let mut r = r0;
+                while r < r0 + n {
+                    let ci = r / c0;
+                    let end = ((ci + 1) * c0).min(r0 + n);
+                    let chunk = match last {
+                        Some((i, c)) if i == ci => c,
+                        _ => {
+                            coord[0] = ci * c0;
+                            let c = chunk_range(d, &coord);
+                            last = Some((ci, c));
+                            c
+                        }
+                    };
+                    if let Some((addr, _)) = chunk {
+                        ranges.push((addr + (r - ci * c0) * row_bytes, (end - r) * row_bytes));
+                    }
+                    r = end;
+                }
+            }
+        }
+        Placement::Chunks => {
+            let Some(chunk) = ds.chunk.as_ref() else {
+                return;
+            };
+            let c0 = chunk[0].max(1);
+            // Chunk grid positions across the trailing dimensions.
+            let grid: Vec<u64> = ds
+                .trailing
+                .iter()
+                .zip(&chunk[1..])
+                .map(|(&t, &c)| t.div_ceil(c.max(1)))
+                .collect();
+            let per_row: u64 = grid.iter().product();
+            let mut last_ci = None;
+            for &r in rows {
+                let ci = r / c0;
+                if last_ci == Some(ci) {
+                    continue;
+                }
+                last_ci = Some(ci);
+                for k in 0..per_row {
+                    let mut coord = vec![ci * c0];
+                    let mut rest = k;
+                    for (g, c) in grid.iter().zip(&chunk[1..]).rev() {
+                        coord.push((rest % g) * c);
+                        rest /= g;
+                    }
+                    coord[1..].reverse();
+                    if let Some(rng) = chunk_range(d, &coord) {
+                        ranges.push(rng);
+                    }
+                }
+            }
+        }
+    }
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (o, l) in ranges {
+        match merged.last_mut() {
+            Some((mo, ml)) if *mo + *ml >= o => *ml = (*ml).max(o + l - *mo),
+            _ => merged.push((o, l)),
+        }
+    }
+    for (o, l) in merged {
+        unsafe {
+            libc::posix_fadvise(
+                fd.as_raw_fd(),
+                o as libc::off_t,
+                l as libc::off_t,
+                libc::POSIX_FADV_WILLNEED,
+            );
+        }
+    }
 }
 
 /// Writes `metfs_index`: the source row of each output row.
