@@ -234,6 +234,7 @@ class Result:
     samples: int
     passes: int
     rfs: List[int] = field(default_factory=list)  # passes of each completed mini-epoch
+    rf_starts: List[float] = field(default_factory=list)  # where each began, budget fraction
     last_partial: int = 0  # passes over the mini-epoch the budget ended in (0: none)
     tier_bytes: int = 0
     mount_bytes: int = 0
@@ -318,7 +319,12 @@ def run_met(
         run = metfs.passes(client, epochs=1_000_000)
         mount_bytes, metrics = 0, {"val_accuracy": float("nan")}
         read_s = 0.0
+        # [(epoch, mini_epoch), passes, samples seen before its first pass] per mini-epoch
+        mes: List[list] = []
         for p in run:
+            if not mes or mes[-1][0] != p.position:
+                mes.append([p.position, 0, trainer.seen])
+            mes[-1][1] += 1
             t = time.monotonic()
             x, y, nbytes = read_samples(p.paths)
             read_s += time.monotonic() - t
@@ -329,14 +335,6 @@ def run_met(
             p.report(metrics)
         end = client.status()
         client.close()
-        # Mini-epochs of the passes with a decision, plus the pass the loop broke out of.
-        per_me = [n for _, _, n in run.rf_per_mini_epoch()]
-        last_pos = (p.epoch, p.mini_epoch)
-        rec = run.rf_per_mini_epoch()
-        if rec and rec[-1][:2] == last_pos:
-            per_me[-1] += 1
-        else:
-            per_me.append(1)
         decisions: Dict[str, int] = {}
         for d in run.decisions:
             decisions[d.decision] = decisions.get(d.decision, 0) + 1
@@ -346,8 +344,9 @@ def run_met(
             val_accuracy=metrics["val_accuracy"],
             samples=trainer.seen,
             passes=len(run.records) + 1,
-            rfs=per_me[:-1],
-            last_partial=per_me[-1],
+            rfs=[n for _, n, _ in mes[:-1]],
+            rf_starts=[start / budget for _, _, start in mes[:-1]],
+            last_partial=mes[-1][1],
             tier_bytes=end.tier_bytes_read or 0,
             mount_bytes=mount_bytes,
             decisions=decisions,
@@ -405,26 +404,33 @@ def table(configs: List[Config], results: List[Result], dataset_bytes: int) -> s
     return "\n".join(rows)
 
 
-HIST_EDGES = [1, 2, 3, 5, 9, 17, 25, 33, 49, 65, 129]
-
-
-def histogram(name: str, rfs: List[int], width: int = 40) -> str:
-    """A text histogram of rf over mini-epochs (bins [lo, hi))."""
+def histogram(name: str, rfs: List[int], width: int = 40, bin_width: int = 4) -> str:
+    """A text histogram of rf over mini-epochs: bins 1-4, 5-8, ... up to the largest rf."""
     if not rfs:
         return f"{name}: no completed mini-epoch"
-    counts = []
-    for lo, hi in zip(HIST_EDGES[:-1], HIST_EDGES[1:]):
-        counts.append((lo, hi, sum(1 for r in rfs if lo <= r < hi)))
-    top = max(c for _, _, c in counts) or 1
     arr = np.array(rfs)
+    top_rf = max(int(arr.max()), RF_FIXED)
+    counts = []
+    for lo in range(1, top_rf + 1, bin_width):
+        hi = lo + bin_width - 1
+        counts.append((lo, hi, int(((arr >= lo) & (arr <= hi)).sum())))
+    top = max(c for _, _, c in counts) or 1
     lines = [
         f"{name}: {len(rfs)} mini-epochs, rf mean {arr.mean():.1f}, median "
         f"{np.median(arr):.0f}, min {arr.min()}, max {arr.max()}"
     ]
     for lo, hi, c in counts:
-        label = f"{lo}" if hi == lo + 1 else f"{lo}-{hi - 1}"
-        lines.append(f"  rf {label:>7} | {'#' * round(width * c / top):<{width}} {c}")
+        lines.append(f"  rf {lo:>3}-{hi:<3} | {'#' * round(width * c / top):<{width}} {c}")
     return "\n".join(lines)
+
+
+def by_quarter(starts_rfs: List[Tuple[float, int]]) -> str:
+    """Mean rf of the mini-epochs that began in each quarter of the sample budget."""
+    parts = []
+    for q in range(4):
+        rfs = [n for f, n in starts_rfs if q / 4 <= f < (q + 1) / 4]
+        parts.append(f"{np.mean(rfs):.1f} ({len(rfs)})" if rfs else "- (0)")
+    return "  mean rf (mini-epochs) by quarter of training: " + ", ".join(parts)
 
 
 def verdict(configs: List[Config], results: List[Result]) -> str:
@@ -563,11 +569,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"\n{len(results)} runs in {time.monotonic() - t_start:.0f} s\n")
     print(table(configs, results, dataset_bytes))
     print()
-    print("rf per mini-epoch, all seeds (completed mini-epochs; bins [lo, hi]):\n")
+    print("rf per mini-epoch, all seeds (completed mini-epochs):\n")
     print("```")
     for cfg in configs:
         if cfg.flags is not None:
-            print(histogram(cfg.name, [n for r in results if r.config == cfg.name for n in r.rfs]))
+            rs = [r for r in results if r.config == cfg.name]
+            print(histogram(cfg.name, [n for r in rs for n in r.rfs]))
+            print(by_quarter([(f, n) for r in rs for f, n in zip(r.rf_starts, r.rfs)]))
     print("```")
     v = verdict(configs, results)
     if v:
