@@ -10,6 +10,8 @@ Commands:
   check SRC OUT ROWS_JSON       OUT holds exactly rows ROWS_JSON (a JSON list file) of SRC
   bench-make PATH MIB           a ~MIB MiB chunked float32 container for the benchmark
   bench-h5py SRC ROWS_JSON OUT  the h5py way of staging: fancy indexing, then write
+  bench-rows N K SEED OUT       K random rows of N, ascending, as a JSON list
+  bench-verify SRC OUT ROWS_JSON  spot-check a staged benchmark file (metfs_index, 256 rows)
 """
 
 import json
@@ -197,6 +199,24 @@ def bench_h5py(src_path, rows_path, out_path):
         out["metfs_index"] = rows.astype("u8")
 
 
+def bench_rows(n, k, seed, out_path):
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(n, k, replace=False))
+    json.dump([int(r) for r in rows], open(out_path, "w"))
+
+
+def bench_verify(src_path, out_path, rows_path):
+    rows = np.asarray(json.load(open(rows_path)), dtype=np.int64)
+    with h5py.File(src_path, "r") as src, h5py.File(out_path, "r") as out:
+        assert np.array_equal(out["metfs_index"][:], rows), "metfs_index"
+        assert out["images"].shape == (len(rows),) + src["images"].shape[1:]
+        assert np.array_equal(out["labels"][:], src["labels"][:][rows]), "labels"
+        pick = np.sort(np.random.default_rng(0).choice(len(rows), min(256, len(rows)), replace=False))
+        for i in pick:
+            assert np.array_equal(out["images"][i], src["images"][rows[i]]), f"row {i}"
+    print("OK")
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     {
@@ -205,4 +225,6 @@ if __name__ == "__main__":
         "check": lambda: check(*args),
         "bench-make": lambda: bench_make(args[0], int(args[1])),
         "bench-h5py": lambda: bench_h5py(*args),
+        "bench-rows": lambda: bench_rows(int(args[0]), int(args[1]), int(args[2]), args[3]),
+        "bench-verify": lambda: bench_verify(*args),
     }[cmd]()
