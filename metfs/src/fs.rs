@@ -310,10 +310,7 @@ impl FsCore {
     /// Opens file `ino` for passthrough when its backing id is already cached: no backing file
     /// is touched, so a repeated open costs one hash lookup. `Ok(None)` when nothing is cached
     /// (then use [`FsCore::open`]).
-    pub fn open_cached_backing(
-        &self,
-        ino: u64,
-    ) -> Result<Option<(u64, Pinned)>, FsError> {
+    pub fn open_cached_backing(&self, ino: u64) -> Result<Option<(u64, Pinned)>, FsError> {
         let (view, idx) = self.view_of(ino)?;
         if matches!(view.node(idx).kind, NodeKind::Dir { .. }) {
             return Err(FsError::IsDir);
