@@ -49,15 +49,22 @@
 //! without conversion (the file's own datatype is the memory type), so every value, byte order
 //! and padding included, is the source's.
 //!
-//! Reading. Rows go through HDF5 hyperslab selections, one `H5Dread` per block of output rows
-//! with the runs of neighbouring rows coalesced into one hyperslab each. For compressed sources
-//! the dataset's chunk cache holds two chunks, so each source chunk is decompressed once even
-//! when its rows straddle two blocks; for uncompressed sources the cache is off, so that HDF5
-//! reads only the selected rows from each chunk instead of whole chunks.
+//! Reading. Rows are copied in blocks of output rows. Within a block, each run of neighbouring
+//! rows is one regular hyperslab read straight into its place in the block buffer (a single
+//! read of the union of the runs would be fewer calls, but HDF5 1.10 maps irregular selections
+//! onto chunks element by element, which cost 200 times the CPU). For compressed sources the
+//! dataset's chunk cache holds two chunks, so each source chunk is decompressed once even when
+//! several runs or two blocks share it; for uncompressed sources the cache is off, so that HDF5
+//! reads only the selected rows from each chunk instead of whole chunks. HDF5 reads one piece
+//! at a time, so before a block is copied the file ranges of the next block's rows (from the
+//! contiguous offset or each chunk's address) are handed to the kernel with
+//! `posix_fadvise(WILLNEED)`, which keeps many reads in flight.
 //!
 //! Writing. Blocks are whole output chunks (a multiple of the output chunk's first dimension),
 //! so every output chunk is written, and compressed, exactly once and never read back. The
-//! output chunk cache is off for the same reason.
+//! output chunk cache is off for the same reason. After each block the output's writeback is
+//! started (`sync_file_range`), so reads and writes overlap and the caller's `fsync` finds
+//! little left to do.
 //!
 //! Memory. One block buffer of at most [`BLOCK_BYTES`] (or one output chunk, or one row, when
 //! that is larger), reused for every block of every dataset, plus the source chunk cache (at
