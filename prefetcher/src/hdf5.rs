@@ -49,13 +49,15 @@
 //! without conversion (the file's own datatype is the memory type), so every value, byte order
 //! and padding included, is the source's.
 //!
-//! Reading. Rows are copied in blocks of output rows. Within a block, each run of neighbouring
-//! rows is one regular hyperslab read straight into its place in the block buffer (a single
-//! read of the union of the runs would be fewer calls, but HDF5 1.10 maps irregular selections
-//! onto chunks element by element, which cost 200 times the CPU). For compressed sources the
-//! dataset's chunk cache holds two chunks, so each source chunk is decompressed once even when
-//! several runs or two blocks share it; for uncompressed sources the cache is off, so that HDF5
-//! reads only the selected rows from each chunk instead of whole chunks. HDF5 reads one piece
+//! Reading. Rows are copied in blocks of output rows. For uncompressed sources, each run of
+//! neighbouring rows in a block is one regular hyperslab read straight into its place in the
+//! block buffer, so only the selected rows' bytes are read (a single read of the union of the
+//! runs would be fewer calls, but HDF5 1.10 maps irregular selections onto chunks element by
+//! element, which cost 200 times the CPU). For compressed sources, each span of neighbouring
+//! source chunks holding selected rows is read whole into a scratch buffer, so every chunk is
+//! decompressed once (twice at most for a chunk straddling two blocks), and the selected rows
+//! are copied out; chunks without selected rows are skipped. The source chunk cache is off:
+//! with one, libhdf5 1.10.8 held memory in proportion to the chunks read. HDF5 reads one piece
 //! at a time, so before a block is copied the file ranges of the next block's rows (from the
 //! contiguous offset or each chunk's address) are handed to the kernel with
 //! `posix_fadvise(WILLNEED)`, which keeps many reads in flight.
@@ -67,8 +69,9 @@
 //! little left to do.
 //!
 //! Memory. One block buffer of at most [`BLOCK_BYTES`] (or one output chunk, or one row, when
-//! that is larger), reused for every block of every dataset, plus the source chunk cache (at
-//! most [`BLOCK_BYTES`]). A mini-epoch of any size streams through that.
+//! that is larger) and, for compressed sources, one scratch buffer of at most [`BLOCK_BYTES`]
+//! (or one source chunk), both reused for every block of every dataset. A mini-epoch of any
+//! size streams through that.
 //!
 //! # What cannot be staged
 //!
@@ -103,9 +106,9 @@ use thiserror::Error;
 use crate::catalog::{BuildError, Catalog, CatalogBuilder};
 use crate::pacer::Pacer;
 
-/// Target size of one block of rows moved by one read and one write in [`stage_rows`], and the
-/// cap of a compressed source's chunk cache. Together they keep staging within ~64 MiB of row
-/// buffers however large the mini-epoch.
+/// Target size of one block of rows moved by one read and one write in [`stage_rows`], and of
+/// the scratch buffer compressed sources are read through. Together they keep staging within
+/// ~64 MiB of row buffers however large the mini-epoch.
 pub const BLOCK_BYTES: usize = 32 << 20;
 
 /// Side datasets (see the module docs) larger than this are left out of staged files: a copy of
@@ -1791,24 +1794,17 @@ fn copy_dataset_rows(
 ) -> Result<()> {
     let name = ds.name.as_str();
     let filtered = !ds.filters.is_empty();
-    // Source chunk cache: two chunks when compressed (each chunk decompressed once even if it
-    // straddles two blocks), none otherwise (HDF5 then reads only the selected rows).
-    let chunk_bytes = ds
-        .chunk
-        .as_ref()
-        .map_or(0, |c| c.iter().product::<u64>() * ds.elem_size) as usize;
     let dapl = cx.id(
         || "dataset access properties".into(),
         || unsafe { h5p::H5Pcreate(*h5p::H5P_CLS_DATASET_ACCESS) },
     )?;
-    let cache = if filtered {
-        (2 * chunk_bytes).clamp(1 << 20, BLOCK_BYTES)
-    } else {
-        0
-    };
+    // No source chunk cache. Uncompressed chunks are then read piecewise, only the selected
+    // rows' bytes; compressed ones are read in whole-chunk spans (below), so each chunk is
+    // decompressed once without a cache. With a cache, libhdf5 1.10.8 held memory in
+    // proportion to the chunks read (310 MiB for a 128 MiB mini-epoch), whatever its size.
     cx.call(
         || "chunk cache".into(),
-        || unsafe { h5p::H5Pset_chunk_cache(dapl.0, 521, cache, 1.0) },
+        || unsafe { h5p::H5Pset_chunk_cache(dapl.0, 521, 0, 1.0) },
     )?;
     let d = open_dataset(cx, src, name, dapl.0)?;
     let ft = cx.id(|| "datatype".into(), || unsafe { h5d::H5Dget_type(d.0) })?;
@@ -1912,6 +1908,11 @@ fn copy_dataset_rows(
     if buf.len() < need {
         buf.resize(need, 0);
     }
+    // Rows of compressed chunks read around the selected ones (see `Source::read_spans`).
+    let mut scratch: Vec<u64> = Vec::new();
+    let src_rows = space_dims(cx, fspace.0)?
+        .and_then(|d| d.first().copied())
+        .unwrap_or(0);
     let mut start = vec![0 as hsize_t; rank];
     let count = vec![1 as hsize_t; rank];
     let mut block = vec![0 as hsize_t; rank];
@@ -1932,55 +1933,18 @@ fn copy_dataset_rows(
         let mut mdims = vec![len];
         mdims.extend_from_slice(&ds.trailing);
         let mspace = simple_space(cx, &mdims, None)?;
-        // One read per run of neighbouring rows, each a single regular hyperslab. A union of
-        // runs in one read would be one call, but HDF5 1.10 maps an irregular selection onto
-        // chunks element by element, which costs more CPU than the copy itself.
-        let mut at = 0u64;
-        for (r0, n) in runs(part) {
-            start[0] = r0;
-            block[0] = n;
-            let mut mstart = vec![0 as hsize_t; rank];
-            mstart[0] = at;
-            cx.call(
-                || format!("select rows of `{name}`"),
-                || unsafe {
-                    h5s::H5Sselect_hyperslab(
-                        fspace.0,
-                        H5S_seloper_t::H5S_SELECT_SET,
-                        start.as_ptr(),
-                        std::ptr::null(),
-                        count.as_ptr(),
-                        block.as_ptr(),
-                    )
-                },
-            )?;
-            cx.call(
-                || "select buffer rows".into(),
-                || unsafe {
-                    h5s::H5Sselect_hyperslab(
-                        mspace.0,
-                        H5S_seloper_t::H5S_SELECT_SET,
-                        mstart.as_ptr(),
-                        std::ptr::null(),
-                        count.as_ptr(),
-                        block.as_ptr(),
-                    )
-                },
-            )?;
-            cx.call(
-                || format!("read rows {r0}..{} of `{name}`", r0 + n),
-                || unsafe {
-                    h5d::H5Dread(
-                        d.0,
-                        t.0,
-                        mspace.0,
-                        fspace.0,
-                        H5P_DEFAULT,
-                        buf.as_mut_ptr().cast(),
-                    )
-                },
-            )?;
-            at += n;
+        let src = Source {
+            cx,
+            d: d.0,
+            t: t.0,
+            fspace: fspace.0,
+            ds,
+            rows: src_rows,
+            mem_row,
+        };
+        match (filtered && !ds.vlen, &ds.chunk) {
+            (true, Some(c)) => src.read_spans(part, c[0].max(1), buf, &mut scratch)?,
+            _ => src.read_runs(part, mspace.0, buf)?,
         }
         // The write takes the whole buffer.
         locked(|| unsafe { h5s::H5Sselect_all(mspace.0) });
@@ -2027,6 +1991,131 @@ fn copy_dataset_rows(
         }
     }
     Ok(())
+}
+
+/// One source row dataset, open for reading rows into a block buffer.
+struct Source<'a> {
+    cx: Cx<'a>,
+    d: hid_t,
+    /// Memory type: a copy of the file type, so nothing is converted.
+    t: hid_t,
+    fspace: hid_t,
+    ds: &'a DatasetInfo,
+    /// Rows of the source dataset.
+    rows: u64,
+    /// Bytes of one row in memory.
+    mem_row: u64,
+}
+
+/// `v` as bytes (any bit pattern is a valid `u8`, and `u8` needs no alignment).
+fn as_bytes_mut(v: &mut [u64]) -> &mut [u8] {
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), v.len() * 8) }
+}
+
+impl Source<'_> {
+    /// Selects rows `[r0, r0 + n)` of `space` (rank of the dataset, whole trailing extent).
+    fn select(&self, space: hid_t, r0: u64, n: u64) -> Result<()> {
+        let rank = self.ds.trailing.len() + 1;
+        let mut start = vec![0 as hsize_t; rank];
+        let count = vec![1 as hsize_t; rank];
+        let mut block = vec![n; rank];
+        block[1..].copy_from_slice(&self.ds.trailing);
+        start[0] = r0;
+        self.cx
+            .call(
+                || format!("select rows of `{}`", self.ds.name),
+                || unsafe {
+                    h5s::H5Sselect_hyperslab(
+                        space,
+                        H5S_seloper_t::H5S_SELECT_SET,
+                        start.as_ptr(),
+                        std::ptr::null(),
+                        count.as_ptr(),
+                        block.as_ptr(),
+                    )
+                },
+            )
+            .map(|_| ())
+    }
+
+    fn read(&self, mspace: hid_t, buf: *mut c_void, what: impl FnOnce() -> String) -> Result<()> {
+        self.cx
+            .call(what, || unsafe {
+                h5d::H5Dread(self.d, self.t, mspace, self.fspace, H5P_DEFAULT, buf)
+            })
+            .map(|_| ())
+    }
+
+    /// Reads `part` into consecutive rows of `buf`, one read per run of neighbouring rows,
+    /// each a single regular hyperslab. A union of runs in one read would be one call, but
+    /// HDF5 1.10 maps an irregular selection onto chunks element by element, which costs 200
+    /// times the CPU of the copy. `mspace` is the buffer's dataspace (`part.len()` rows); it
+    /// is left with everything selected.
+    fn read_runs(&self, part: &[u64], mspace: hid_t, buf: &mut [u64]) -> Result<()> {
+        let mut at = 0u64;
+        for (r0, n) in runs(part) {
+            self.select(self.fspace, r0, n)?;
+            self.select(mspace, at, n)?;
+            self.read(mspace, buf.as_mut_ptr().cast(), || {
+                format!("read rows {r0}..{} of `{}`", r0 + n, self.ds.name)
+            })?;
+            at += n;
+        }
+        locked(|| unsafe { h5s::H5Sselect_all(mspace) });
+        Ok(())
+    }
+
+    /// Reads `part` into consecutive rows of `buf` for a compressed source with chunks of `c0`
+    /// rows: each span of neighbouring chunks holding selected rows is read whole (so every
+    /// chunk is decompressed once, with no chunk cache) into `scratch`, at most
+    /// [`BLOCK_BYTES`] (or one chunk) at a time, and the selected rows copied out. Chunks with
+    /// no selected row are not read.
+    fn read_spans(
+        &self,
+        part: &[u64],
+        c0: u64,
+        buf: &mut [u64],
+        scratch: &mut Vec<u64>,
+    ) -> Result<()> {
+        let row = self.mem_row as usize;
+        let piece = ((BLOCK_BYTES as u64 / self.mem_row.max(1)) / c0 * c0).max(c0);
+        let mut i = 0;
+        let mut at = 0usize;
+        while i < part.len() {
+            let first = part[i] / c0;
+            let s = first * c0;
+            let mut last = first;
+            let mut j = i;
+            while j < part.len() {
+                let ci = part[j] / c0;
+                if ci > last + 1 || (ci + 1) * c0 - s > piece {
+                    break;
+                }
+                last = ci;
+                j += 1;
+            }
+            let e = ((last + 1) * c0).min(self.rows);
+            let need = ((e - s) as usize * row).div_ceil(8);
+            if scratch.len() < need {
+                scratch.resize(need, 0);
+            }
+            let mut mdims = vec![e - s];
+            mdims.extend_from_slice(&self.ds.trailing);
+            let mspace = simple_space(self.cx, &mdims, None)?;
+            self.select(self.fspace, s, e - s)?;
+            self.read(mspace.0, scratch.as_mut_ptr().cast(), || {
+                format!("read rows {s}..{e} of `{}`", self.ds.name)
+            })?;
+            let (src, dst) = (as_bytes_mut(scratch), as_bytes_mut(buf));
+            for &r in &part[i..j] {
+                let from = (r - s) as usize * row;
+                dst[at * row..(at + 1) * row].copy_from_slice(&src[from..from + row]);
+                at += 1;
+            }
+            i = j;
+        }
+        Ok(())
+    }
 }
 
 /// Plain descriptors of the source and output files, beside HDF5's own: for read-ahead hints
