@@ -151,7 +151,17 @@ fn containers_choose_datasets_and_map_samples() {
     let names: Vec<&str> = f.datasets.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(
         names,
-        ["fixed", "grp/sub/feat", "images", "labels", "names", "rgb"]
+        [
+            "be",
+            "fixed",
+            "grp/sub/feat",
+            "images",
+            "labels",
+            "names",
+            "pairs",
+            "rgb",
+            "tiles"
+        ]
     );
     let images = f.datasets.iter().find(|d| d.name == "images").unwrap();
     assert_eq!(images.dtype, "float32");
@@ -164,7 +174,9 @@ fn containers_choose_datasets_and_map_samples() {
     assert_eq!(images.row_bytes, 256);
     let names_ds = f.datasets.iter().find(|d| d.name == "names").unwrap();
     assert!(names_ds.vlen && names_ds.row_bytes > 16, "{names_ds:?}");
-    let fixed: u64 = 256 + 8 + 3 + 40 + 8;
+    let be = f.datasets.iter().find(|d| d.name == "be").unwrap();
+    assert_eq!(be.dtype, "int32");
+    let fixed: u64 = 256 + 8 + 3 + 40 + 8 + 256 + 4 + 10;
     assert_eq!(f.row_bytes, fixed + names_ds.row_bytes);
     assert_eq!(f.side, ["class_names", "meta_scalar"]);
     assert_eq!(f.groups, ["grp", "grp/sub"]);

@@ -81,6 +81,12 @@ def write_container(path, n, seed):
             chunks=(128,),
         )
         f.create_dataset("fixed", data=np.array([b"r%05d" % i for i in range(n)], dtype="S8"))
+        # Chunked across the trailing dimensions too (a row spans 4 chunks), uncompressed.
+        f.create_dataset("tiles", data=rng.standard_normal((n, 8, 8), dtype="f4"), chunks=(32, 4, 4))
+        f.create_dataset("be", data=np.arange(n, dtype=">i4"))
+        pairs = np.zeros(n, dtype=[("a", "<i2"), ("b", "<f8")])
+        pairs["a"], pairs["b"] = np.arange(n), np.arange(n) / 3
+        f.create_dataset("pairs", data=pairs, chunks=(50,), compression="gzip", shuffle=True)
         f.create_dataset("class_names", data=[f"class{i}" for i in range(7)], dtype=h5py.string_dtype())
         f["meta_scalar"] = np.int64(42)
 
@@ -88,7 +94,8 @@ def write_container(path, n, seed):
 def containers(d):
     """multi.h5 (1003 rows) and second.h5 (257 rows): images float32 (N,8,8) gzip+shuffle
     chunked, labels int64 (N,) gzip, rgb uint8 (N,3) contiguous, grp/sub/feat float64 (N,5)
-    chunked with a fill value, names vlen str (N,), fixed |S8 (N,); side datasets class_names
+    chunked with a fill value, names vlen str (N,), fixed |S8 (N,), tiles float32 (N,8,8) in
+    (32,4,4) chunks, be big-endian int32 (N,), pairs compound (N,) gzip; side datasets class_names
     (7,) and meta_scalar (); attributes on the root, a group and datasets.
     Bad ones: mismatch.h5 (a: 10 rows, b: 11), refs.h5 (references with a row per sample),
     label2d.h5 (labels of shape (N, 2)), lzf.h5 (lzf filter), fake.h5 (not HDF5),
