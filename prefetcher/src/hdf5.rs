@@ -235,7 +235,8 @@ pub enum Hdf5Error {
     },
 }
 
-type Result<T> = std::result::Result<T, Hdf5Error>;
+/// Result of this module's functions.
+pub type Result<T> = std::result::Result<T, Hdf5Error>;
 
 // ---------------------------------------------------------------------------------------------
 // Thin layer over the raw library: owned ids and checked calls under the global lock.
