@@ -12,14 +12,14 @@ mkdir -p "$work"
 # A 4 GiB node budget (2 GiB per share) gives ~9 mini-epochs at 1.28M samples and ~66 at 10M.
 budget="${BUDGET:-4GiB}"
 
-cargo build --release -q -p prefetcher --example plan_scale
-bin=target/release/examples/plan_scale
+cargo build --release -q -p metfs
+bin=target/release/metfs
 [ -x /usr/bin/time ] || { echo "needs /usr/bin/time (GNU time: apt-get install time)" >&2; exit 1; }
 
 run() { # label samples goal_s goal_mb manifest
   local label=$1 n=$2 goal_s=$3 goal_mb=$4 manifest=$5 log
   log="$work/$label.log"
-  /usr/bin/time -v "$bin" --manifest "$manifest" --strategy stratified --nodes 8 \
+  /usr/bin/time -v "$bin" plan --manifest "$manifest" --compose stratified --nodes 8 \
     --node-rank 0 --budget "$budget" > "$work/$label.out" 2> "$log"
   local wall rss cpu
   wall=$(awk -F': ' '/Elapsed \(wall clock\)/ {print $2}' "$log" |

@@ -138,6 +138,8 @@ pub struct Budget {
 /// Bytes the log and the run's event log may take: the log rotates at 256 KiB (two files),
 /// the event log at 512 KiB (two files).
 pub const LOG_RESERVE: u64 = 3 << 19;
+/// Staging rate of `prefetch_rate = auto` before the first pass has been timed.
+pub const AUTO_TRICKLE: u64 = 256 << 10;
 /// Fraction of the time left in the current mini-epoch that just-in-time pacing keeps as slack:
 /// staging aims to finish when 90% of that time has passed, so one slow pass does not turn into
 /// a `wait`.
@@ -640,7 +642,9 @@ impl Daemon {
             .filter(|s: &SavedState| s.fingerprint == fingerprint && s.mini_epoch < nm);
         let pacer = Pacer::with_rate(match cfg.prefetch_rate {
             PrefetchRate::Fixed(r) => Some(r),
-            _ => None,
+            // The first mini-epoch is staged at full speed (the job is waiting for it); pacing
+            // starts after it (see below).
+            PrefetchRate::Auto | PrefetchRate::Unlimited => None,
         });
         let catalog = Arc::new(catalog);
         let stager = Stager::new(
@@ -725,6 +729,10 @@ impl Daemon {
             bar.finish_and_clear();
         }
         let report = report?;
+        if cfg.prefetch_rate == PrefetchRate::Auto {
+            // Just-in-time pacing starts as a trickle: the first pass end sets the real rate.
+            stager.pacer().set_rate(Some(AUTO_TRICKLE));
+        }
         tracing::info!(
             fetched = report.fetched,
             resumed = report.resumed,
@@ -1272,6 +1280,9 @@ impl Daemon {
             "wait"
         };
         self.events.emit("decision", json!({"decision": decision}));
+        // The next pass starts now: time spent blocked for staging is not part of a pass, or
+        // pacing would read its own stalls as slow passes and stage slower still.
+        self.state.lock().unwrap().meter.pass_started = Instant::now();
         let s = self.state.lock().unwrap();
         let mut out = self.position(&s, decision);
         out["reason"] = reason;
@@ -1345,7 +1356,7 @@ impl Daemon {
 
     /// The just-in-time staging rate: what finishes the successor when `1 - PACING_MARGIN` of
     /// the time left in the current mini-epoch has passed, capped by `prefetch_rate_max`.
-    /// `None` (unlimited, or the cap) until a pass has been timed, or when staging is late.
+    /// A trickle until a pass has been timed; the cap (or unlimited) when staging is late.
     fn auto_rate(&self) -> Option<u64> {
         let s = self.state.lock().unwrap();
         let cap = self.cfg.prefetch_rate_max;
@@ -1353,7 +1364,9 @@ impl Daemon {
             return cap;
         };
         let Some(pass) = s.meter.mean_pass() else {
-            return cap;
+            // Until a pass has been timed there is no deadline to pace to; trickle (the first
+            // pass end sets the real rate) rather than burst at the cap.
+            return Some(AUTO_TRICKLE);
         };
         let left = progress
             .bytes_total
