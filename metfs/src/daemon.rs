@@ -848,11 +848,12 @@ impl Daemon {
         if let Some(c) = containers {
             let dir = stager.slot_path(&name);
             let files: Vec<(String, u64)> = c
-                .rows_by_file(&plan.mini_epochs[target.1 as usize].samples)
-                .into_iter()
-                .filter_map(|(fi, _)| {
-                    let p = c.files()[fi].path.clone();
-                    std::fs::metadata(dir.join(&p)).ok().map(|m| (p, m.len()))
+                .files()
+                .iter()
+                .filter_map(|f| {
+                    std::fs::metadata(dir.join(&f.path))
+                        .ok()
+                        .map(|m| (f.path.clone(), m.len()))
                 })
                 .collect();
             return View::from_files(&files, generation, target.0, target.1, &name, &dir);

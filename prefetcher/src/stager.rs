@@ -506,7 +506,13 @@ impl Stager {
                 }
             }
         }
-        let by_file = containers.rows_by_file(&slot.samples);
+        // Every container appears in every view (with zero rows if the mini-epoch has none of
+        // its rows), so that user code opening a container by name always finds it.
+        let mut rows_of: Vec<Vec<u64>> = vec![Vec::new(); containers.files().len()];
+        for (fi, rows) in containers.rows_by_file(&slot.samples) {
+            rows_of[fi] = rows;
+        }
+        let by_file: Vec<(usize, Vec<u64>)> = rows_of.into_iter().enumerate().collect();
         let total: u64 = slot.samples.iter().map(|&s| self.catalog.size(s)).sum();
         progress
             .files_total
