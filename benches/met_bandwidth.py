@@ -115,7 +115,8 @@ def met(src: Path, rf: int | None) -> dict:
             files = rpc(sock, {"op": "files"})
             for rel in files["files"]:
                 consumer.read(mnt / rel)
-                windows.append((time.perf_counter(), rpc(sock, {"op": "status"})["tier_bytes_read"])) if consumer.samples % 25 == 0 else None
+                if consumer.samples % 8 == 0:
+                    windows.append((time.perf_counter(), rpc(sock, {"op": "status"})["tier_bytes_read"]))
             t = time.perf_counter()
             r = rpc(sock, {"op": "pass_end", "block": True})
             consumer.waited += time.perf_counter() - t
@@ -128,8 +129,13 @@ def met(src: Path, rf: int | None) -> dict:
                "tier_bytes_per_sample": tier / consumer.samples, "passes": consumer.samples / (FILES / NM)}
         if rf is None and len(windows) > 2:
             peaks = []
-            for (t1, b1), (t2, b2) in zip(windows, windows[1:]):
-                if t2 - t1 > 0.2:
+            # Windows of at least 1 s: the tier counter moves a whole file at a time.
+            for i, (t1, b1) in enumerate(windows):
+                j = next((j for j in range(i + 1, len(windows)) if windows[j][0] - t1 > 1.0), None)
+                if j is None:
+                    break
+                t2, b2 = windows[j]
+                if t2 - t1 > 1.0:
                     peaks.append((b2 - b1) / (t2 - t1))
             needed = (FILES * SIZE / NM) / (8 * (FILES / NM) * SIZE / EB1)
             out["peak_bw"] = max(peaks)
