@@ -409,6 +409,8 @@ def histogram(name: str, rfs: List[int], width: int = 40, bin_width: int = 4) ->
     if not rfs:
         return f"{name}: no completed mini-epoch"
     arr = np.array(rfs)
+    if arr.min() == arr.max():
+        return f"{name}: {len(rfs)} mini-epochs, rf {arr.min()} each"
     top_rf = max(int(arr.max()), RF_FIXED)
     counts = []
     for lo in range(1, top_rf + 1, bin_width):
