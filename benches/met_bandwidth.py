@@ -155,7 +155,10 @@ def main() -> None:
     print("|---|---|---|---|---|")
     print(f"| baseline (direct, tier capped at B2) | {b['samples_per_s']:.0f} | {b['samples_per_s'] / target:.2f} | "
           f"{b['waited']:.2f} | {b['tier_bytes_per_sample'] / 1024:.0f} KiB |")
+    only = os.environ.get("METFS_BW_ONLY")  # e.g. "auto" or "4"
     for rf in (1, 2, 4, 8, None):
+        if only and only != (str(rf) if rf else "auto"):
+            continue
         r = met(src, rf)
         name = f"metfs rf={rf}" if rf else "metfs rf=8, --prefetch-rate auto"
         extra = ""

@@ -3,7 +3,7 @@
 //! A [`Pacer`] is shared by every fetch of a slot; each fetch asks it for permission before it
 //! moves a chunk of bytes. Without a rate it admits everything at once. With a rate it is a
 //! token bucket (the `governor` crate's GCRA limiter) in units of 4 KiB, with a burst of a
-//! tenth of a second of traffic, so that a cap holds over any window longer than ~100 ms.
+//! twentieth of a second of traffic, so that a cap holds over any window longer than ~100 ms.
 //! The rate can be changed while staging runs (`--prefetch-rate auto` does so); a change swaps
 //! in a new limiter.
 
@@ -54,11 +54,17 @@ impl Pacer {
         match bytes_per_s.filter(|&r| r > 0) {
             None => *g = None,
             Some(r) => {
-                if g.as_ref().is_some_and(|(old, _)| *old == r) {
+                // A new limiter starts with a full burst, and fetches already waiting on the old
+                // one still pass at the old rate; swapping on every small change would let the
+                // sum exceed the cap. Changes within 20% are ignored.
+                if g.as_ref().is_some_and(|(old, _)| {
+                    let (a, b) = (*old as f64, r as f64);
+                    (a - b).abs() <= 0.2 * a.max(b)
+                }) {
                     return;
                 }
                 let per_s = (r / UNIT).clamp(1, u32::MAX as u64) as u32;
-                let burst = (per_s / 10).max(Self::max_chunk_units());
+                let burst = (per_s / 20).max(Self::max_chunk_units());
                 let quota = Quota::per_second(NonZeroU32::new(per_s).unwrap())
                     .allow_burst(NonZeroU32::new(burst).unwrap());
                 *g = Some((r, Arc::new(RateLimiter::direct(quota))));
@@ -84,12 +90,23 @@ impl Pacer {
     /// Waits until `bytes` may be moved.
     pub async fn consume(&self, bytes: u64) {
         let limiter = self.inner.lock().unwrap().as_ref().map(|(_, l)| l.clone());
-        let Some(limiter) = limiter else { return };
+        let Some(mut limiter) = limiter else { return };
         let mut units = bytes.div_ceil(UNIT);
         while units > 0 {
             let n = units.min(Self::max_chunk_units() as u64) as u32;
             // A request above the burst can never be satisfied; n <= burst by construction.
             let _ = limiter.until_n_ready(NonZeroU32::new(n).unwrap()).await;
+            // If the rate changed while this fetch waited, it also passes the new limiter, so
+            // that old and new limiters never add up to more than the new cap.
+            let current = self.inner.lock().unwrap().as_ref().map(|(_, l)| l.clone());
+            match current {
+                Some(c) if !Arc::ptr_eq(&c, &limiter) => {
+                    let _ = c.until_n_ready(NonZeroU32::new(n).unwrap()).await;
+                    limiter = c;
+                }
+                None => return,
+                _ => {}
+            }
             units -= n as u64;
         }
     }
