@@ -22,6 +22,8 @@ type Limit = Option<(u64, Arc<DefaultDirectRateLimiter>)>;
 #[derive(Clone, Default)]
 pub struct Pacer {
     inner: Arc<Mutex<Limit>>,
+    /// Wakes fetches waiting on a limiter that has just been replaced.
+    changed: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for Pacer {
@@ -54,9 +56,8 @@ impl Pacer {
         match bytes_per_s.filter(|&r| r > 0) {
             None => *g = None,
             Some(r) => {
-                // A new limiter starts with a full burst, and fetches already waiting on the old
-                // one still pass at the old rate; swapping on every small change would let the
-                // sum exceed the cap. Changes within 20% are ignored.
+                // A new limiter starts with a full burst; swapping on every small change would
+                // let those bursts add up past the cap. Changes within 20% are ignored.
                 if g.as_ref().is_some_and(|(old, _)| {
                     let (a, b) = (*old as f64, r as f64);
                     (a - b).abs() <= 0.2 * a.max(b)
@@ -70,6 +71,8 @@ impl Pacer {
                 *g = Some((r, Arc::new(RateLimiter::direct(quota))));
             }
         }
+        drop(g);
+        self.changed.notify_waiters();
     }
 
     /// The largest chunk a fetch should move between two calls to [`Pacer::consume`] when a rate
@@ -87,27 +90,25 @@ impl Pacer {
         64
     }
 
-    /// Waits until `bytes` may be moved.
+    /// Waits until `bytes` may be moved. A fetch waiting when the rate changes starts over on
+    /// the new limiter, so a change takes effect at once instead of after the queue formed
+    /// under the old rate has drained.
     pub async fn consume(&self, bytes: u64) {
-        let limiter = self.inner.lock().unwrap().as_ref().map(|(_, l)| l.clone());
-        let Some(mut limiter) = limiter else { return };
         let mut units = bytes.div_ceil(UNIT);
         while units > 0 {
             let n = units.min(Self::max_chunk_units() as u64) as u32;
+            let notified = self.changed.notified();
+            futures::pin_mut!(notified);
+            notified.as_mut().enable();
+            let limiter = self.inner.lock().unwrap().as_ref().map(|(_, l)| l.clone());
+            let Some(limiter) = limiter else { return };
             // A request above the burst can never be satisfied; n <= burst by construction.
-            let _ = limiter.until_n_ready(NonZeroU32::new(n).unwrap()).await;
-            // If the rate changed while this fetch waited, it also passes the new limiter, so
-            // that old and new limiters never add up to more than the new cap.
-            let current = self.inner.lock().unwrap().as_ref().map(|(_, l)| l.clone());
-            match current {
-                Some(c) if !Arc::ptr_eq(&c, &limiter) => {
-                    let _ = c.until_n_ready(NonZeroU32::new(n).unwrap()).await;
-                    limiter = c;
-                }
-                None => return,
-                _ => {}
+            let wait = limiter.until_n_ready(NonZeroU32::new(n).unwrap());
+            futures::pin_mut!(wait);
+            match futures::future::select(wait, notified).await {
+                futures::future::Either::Left(_) => units -= n as u64,
+                futures::future::Either::Right(_) => continue,
             }
-            units -= n as u64;
         }
     }
 
@@ -131,6 +132,20 @@ mod tests {
         let t = Instant::now();
         p.consume(1 << 30).await;
         assert!(t.elapsed().as_millis() < 50);
+    }
+
+    #[tokio::test]
+    async fn a_rate_change_releases_waiting_fetches() {
+        // 64 KiB/s: 1 MiB would take 16 s; raising the cap must release the waiter at once.
+        let p = Pacer::with_rate(Some(64 << 10));
+        p.consume(p.chunk_bytes()).await;
+        let q = p.clone();
+        let t = Instant::now();
+        let waiter = tokio::spawn(async move { q.consume(1 << 20).await });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        p.set_rate(Some(1 << 30));
+        waiter.await.unwrap();
+        assert!(t.elapsed().as_secs_f64() < 2.0, "took {:?}", t.elapsed());
     }
 
     #[tokio::test]
