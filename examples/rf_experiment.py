@@ -39,6 +39,7 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -489,6 +490,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--out", default=None, help="work directory (default a temporary one)")
     ap.add_argument("--json", default=None, help="write every run's result to this file")
     args = ap.parse_args(argv)
+
+    # SIGTERM (and SIGINT, which a background job ignores) unwind through the `finally` that
+    # unmounts.
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
 
     binary = args.metfs or os.path.join(ROOT, "target", "release", "metfs")
     if not os.access(binary, os.X_OK):
