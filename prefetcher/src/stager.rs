@@ -1,10 +1,14 @@
 //! The stager: copies one mini-epoch from the capacity tier into its slot.
 //!
 //! A slot is a directory `SLOTS/<name>/` holding the mini-epoch's samples under their relative
-//! paths. Each sample is fetched into a temporary file in `TMP/`, its size verified (the tier
-//! verifies its version too), `fsync`ed, and only then renamed into the slot. A file therefore
-//! appears in a slot only when it is complete and verified, and a crash at any point leaves at
-//! worst an orphan temporary file, which [`Stager::clean_tmp`] removes at start.
+//! paths. Each sample is fetched into a temporary file in `TMP/` and its size verified (the
+//! tier verifies its version too); its writeback starts at once. Fetched files are committed
+//! in batches (at most 512 files, 512 MiB or one second): one `syncfs` makes the batch durable,
+//! then its files are renamed into the slot. A file therefore appears in a slot only when it is
+//! complete, verified and on disk, and a crash at any point leaves at worst orphan temporary
+//! files, which [`Stager::clean_tmp`] removes at start. Batches are committed on a thread of
+//! their own while the next ones download, so durability costs the download no time unless
+//! the disk is slower than the tier.
 //!
 //! Progress is journaled in `SLOTS/<name>.journal`: one line per staged sample id, appended after
 //! its rename, and a final `complete` line. A restarted daemon reads the journal, checks that each
@@ -281,13 +285,27 @@ impl Stager {
             report.elapsed = start.elapsed();
             return Ok(report);
         }
-        let journal = Arc::new(Mutex::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&jpath)
-                .map_err(cache_err(&jpath))?,
-        ));
+        let journal = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&jpath)
+            .map_err(cache_err(&jpath))?;
+        // Fetched files wait in tmp/ until their batch is made durable with one syncfs, then
+        // are renamed into the slot and journaled: a file in a slot is always complete and on
+        // disk, at a fraction of the cost of one fsync per file. Batches are committed on
+        // their own thread while fetching goes on (two batches may wait), so the download
+        // never stops for the disk; each file's writeback starts as soon as it is fetched, so
+        // a batch's syncfs mostly waits for writes already under way.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Vec<Fetched>>(2);
+        let committer = {
+            let tmp_dir = self.tmp_dir.clone();
+            let fsync = self.cfg.fsync;
+            let progress = progress.clone();
+            let jpath = jpath.clone();
+            tokio::task::spawn_blocking(move || {
+                commit_batches(rx, journal, &jpath, &tmp_dir, fsync, &progress)
+            })
+        };
         let made_dirs = Arc::new(Mutex::new(HashSet::<String>::new()));
         let mut stream = futures::stream::iter(todo)
             .map(|id| {
@@ -303,12 +321,10 @@ impl Stager {
                 }
             })
             .buffer_unordered(self.cfg.concurrency.max(1));
-        // Fetched files wait in tmp/ until a batch is made durable with one syncfs, then are
-        // renamed into the slot and journaled: a file in a slot is always complete and on disk,
-        // at a fraction of the cost of one fsync per file.
         let mut batch: Vec<Fetched> = Vec::new();
         let mut batch_bytes = 0u64;
         let mut batch_start = Instant::now();
+        let mut committer_gone = false;
         while let Some((id, r)) = stream.next().await {
             match r {
                 Ok(f) => {
@@ -321,67 +337,34 @@ impl Stager {
                         || batch_bytes >= BATCH_BYTES
                         || batch_start.elapsed() >= BATCH_AGE
                     {
-                        self.commit(&mut batch, &journal, &progress, &mut report)
-                            .await?;
                         batch_bytes = 0;
+                        if tx.send(std::mem::take(&mut batch)).await.is_err() {
+                            // The committer failed; its error is reported below.
+                            committer_gone = true;
+                            break;
+                        }
                     }
                 }
                 Err(msg) => report.failed.push((id, msg)),
             }
         }
-        self.commit(&mut batch, &journal, &progress, &mut report)
-            .await?;
-        report.failed.sort();
-        {
-            let mut j = journal.lock().unwrap();
-            // Failed samples are recorded so a resumed run reports them without refetching.
-            for (id, _) in &report.failed {
-                writeln!(j, "failed {id}").map_err(cache_err(&jpath))?;
-            }
-            writeln!(j, "complete").map_err(cache_err(&jpath))?;
-            j.sync_all().map_err(cache_err(&jpath))?;
+        drop(stream);
+        if !committer_gone && !batch.is_empty() {
+            let _ = tx.send(batch).await;
         }
+        drop(tx);
+        let (fetched, bytes, mut journal) = committer.await.expect("commit task panicked")?;
+        report.fetched += fetched;
+        report.bytes_fetched += bytes;
+        report.failed.sort();
+        // Failed samples are recorded so a resumed run reports them without refetching.
+        for (id, _) in &report.failed {
+            writeln!(journal, "failed {id}").map_err(cache_err(&jpath))?;
+        }
+        writeln!(journal, "complete").map_err(cache_err(&jpath))?;
+        journal.sync_all().map_err(cache_err(&jpath))?;
         report.elapsed = start.elapsed();
         Ok(report)
-    }
-
-    /// Makes a batch of fetched files durable (one `syncfs` of the cache file system, or
-    /// nothing with `fsync = false`), renames them into the slot, and journals them.
-    async fn commit(
-        &self,
-        batch: &mut Vec<Fetched>,
-        journal: &Mutex<std::fs::File>,
-        progress: &Progress,
-        report: &mut StageReport,
-    ) -> Result<(), StageError> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        if self.cfg.fsync {
-            let tmp = self.tmp_dir.clone();
-            tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-                use std::os::fd::AsRawFd;
-                let d = std::fs::File::open(&tmp)?;
-                // SAFETY: syncfs on a directory fd we own.
-                if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            })
-            .await
-            .expect("syncfs task panicked")
-            .map_err(cache_err(&self.tmp_dir))?;
-        }
-        let mut j = journal.lock().unwrap();
-        for f in batch.drain(..) {
-            std::fs::rename(&f.tmp, &f.dst).map_err(cache_err(&f.dst))?;
-            let _ = writeln!(j, "{}", f.id);
-            progress.files_done.fetch_add(1, Ordering::Relaxed);
-            progress.bytes_done.fetch_add(f.bytes, Ordering::Relaxed);
-            report.fetched += 1;
-            report.bytes_fetched += f.bytes;
-        }
-        Ok(())
     }
 
     async fn stage_one(
@@ -428,7 +411,13 @@ impl Stager {
                             sample.size
                         ));
                     }
-                    drop(file);
+                    if self.cfg.fsync {
+                        tokio::task::spawn_blocking(move || start_writeback(&file))
+                            .await
+                            .expect("writeback task panicked");
+                    } else {
+                        drop(file);
+                    }
                     return Ok(Fetched {
                         id,
                         tmp,
@@ -457,6 +446,55 @@ impl Stager {
                 }
             }
         }
+    }
+}
+
+/// Commits batches of fetched files until the channel closes: makes each durable (one `syncfs`
+/// of the cache file system, or nothing with `fsync = false`), renames its files into the slot
+/// and journals them. Returns the files and bytes committed, and the journal. Blocking.
+fn commit_batches(
+    mut rx: tokio::sync::mpsc::Receiver<Vec<Fetched>>,
+    mut journal: std::fs::File,
+    jpath: &Path,
+    tmp_dir: &Path,
+    fsync: bool,
+    progress: &Progress,
+) -> Result<(u64, u64, std::fs::File), StageError> {
+    let (mut files, mut bytes) = (0u64, 0u64);
+    let dir = std::fs::File::open(tmp_dir).map_err(cache_err(tmp_dir))?;
+    while let Some(batch) = rx.blocking_recv() {
+        if fsync {
+            use std::os::fd::AsRawFd;
+            // SAFETY: syncfs on a directory fd we own.
+            if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+                return Err(cache_err(tmp_dir)(std::io::Error::last_os_error()));
+            }
+        }
+        let mut lines = String::with_capacity(batch.len() * 8);
+        for f in batch {
+            std::fs::rename(&f.tmp, &f.dst).map_err(cache_err(&f.dst))?;
+            lines.push_str(&f.id.to_string());
+            lines.push('\n');
+            progress.files_done.fetch_add(1, Ordering::Relaxed);
+            progress.bytes_done.fetch_add(f.bytes, Ordering::Relaxed);
+            files += 1;
+            bytes += f.bytes;
+        }
+        // Entries only ever follow the renames they record; a lost tail costs a refetch.
+        journal
+            .write_all(lines.as_bytes())
+            .map_err(cache_err(jpath))?;
+    }
+    Ok((files, bytes, journal))
+}
+
+/// Starts writeback of a fetched file now, without waiting for it, so that the disk writes
+/// while the next files download and the batch's `syncfs` finds little left to do.
+fn start_writeback(file: &std::fs::File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a hint on a descriptor we own; errors only mean writeback starts later.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
     }
 }
 
