@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Core benchmarks of metfs, each side by side with its baseline in one run.
 
-    python3 benches/core_bench.py read     # mount vs native reads of the same slot files
+    python3 benches/core_bench.py read     # mount vs native reads of the same slot files, per read path
     python3 benches/core_bench.py stage    # staging a mini-epoch vs `cp -r` and 8 parallel `cp`
     python3 benches/core_bench.py switch   # view switch latency, 20,000-file mini-epoch
     python3 benches/core_bench.py all
@@ -15,6 +15,7 @@ sides). Needs root (FUSE mount, drop_caches). Work directory: $METFS_BENCH_DIR o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -97,6 +98,13 @@ class Mount:
            *self.extra, str(self.mnt))
         return self
 
+    def settle(self) -> None:
+        """Waits until the successor is staged, so that background staging does not compete
+        with what is measured."""
+        while not self.status()["next_ready"]:
+            time.sleep(0.05)
+        os.sync()
+
     @property
     def sock(self) -> str:
         return str(self.cache / "metfs.sock")
@@ -125,33 +133,48 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+READ_PATHS = ("cached", "passthrough", "pread")
+
+
 def bench_read() -> list[str]:
+    """Every read path mounted at once over the same files, each settled (successor staged);
+    each repetition reads natively and through every path, in a rotating order, so that
+    machine noise hits all sides alike."""
     rows = []
-    sets = [("4MiB files", WORK / "src-4m", 64, 4 << 20), ("128KiB files", WORK / "src-128k", 2048, 128 << 10)]
+    sets = [("4 MiB files", WORK / "src-4m", 64, 4 << 20), ("128 KiB files", WORK / "src-128k", 2048, 128 << 10)]
     for label, src, count, size in sets:
         make_files(src, count, size)
         budget = f"{(2 * count * size + (64 << 20)) >> 20}MiB"
-        for mode in ("auto", "off"):
-            with Mount(f"read-{mode}", src, budget, "--mini-epochs", "1", "--passthrough", mode) as m:
-                path_name = "passthrough" if m.status()["passthrough"] and mode == "auto" else "pread"
-                slot = m.slot_dir()
-                for cache in ("cold", "warm"):
-                    nat, met = [], []
-                    if cache == "warm":
-                        read(slot), read(m.mnt)
-                    for _ in range(REPS):
-                        for side, out in (("native", nat), ("metfs", met)):
-                            if cache == "cold":
-                                drop_caches()
-                            r = read(slot if side == "native" else m.mnt)
-                            assert r["files"] == count, r
-                            out.append(r)
-                    key = "bytes_per_s" if size >= (1 << 20) else "files_per_s"
-                    unit = "MiB/s" if key == "bytes_per_s" else "files/s"
-                    scale = (1 << 20) if key == "bytes_per_s" else 1
-                    n = med([r[key] for r in nat]) / scale
-                    x = med([r[key] for r in met]) / scale
-                    rows.append(f"| read {label}, {cache} | {path_name} | {n:,.0f} {unit} | {x:,.0f} {unit} | {x / n:.2f}x |")
+        with Mount(f"read-auto", src, budget, "--mini-epochs", "1") as m:
+            auto = m.status()["read_path"]
+        with contextlib.ExitStack() as stack:
+            mounts = {}
+            for path in READ_PATHS:
+                m = stack.enter_context(Mount(f"read-{path}", src, budget, "--mini-epochs", "1", "--read-path", path))
+                m.settle()
+                mounts[path] = m
+            slot = mounts["cached"].slot_dir()
+            used = {p: m.status()["read_path"] for p, m in mounts.items()}
+            key = "bytes_per_s" if size >= (1 << 20) else "files_per_s"
+            unit, scale = ("MiB/s", 1 << 20) if key == "bytes_per_s" else ("files/s", 1)
+            for cache in ("cold", "warm"):
+                res = {"native": []} | {p: [] for p in READ_PATHS}
+                sides = [("native", slot)] + [(p, m.mnt) for p, m in mounts.items()]
+                if cache == "warm":
+                    for _, path in sides:
+                        read(path)
+                for rep in range(REPS):
+                    for side, path in sides[rep % len(sides):] + sides[:rep % len(sides)]:
+                        if cache == "cold":
+                            drop_caches()
+                        r = read(path)
+                        assert r["files"] == count, r
+                        res[side].append(r[key])
+                n = med(res["native"]) / scale
+                for p in READ_PATHS:
+                    x = med(res[p]) / scale
+                    name = used[p] + (" (auto)" if p == auto else "")
+                    rows.append(f"| read {label}, {cache} | {name} | {n:,.0f} {unit} | {x:,.0f} {unit} | {x / n:.2f}x |")
                     print(rows[-1], flush=True)
     return rows
 

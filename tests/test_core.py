@@ -62,10 +62,14 @@ def run_epochs(m, files: dict[str, bytes], rf: int, until: tuple[int, int]) -> t
         assert r["decision"] in ("repeat", "advance", "wait")
 
 
-def test_epoch_through_the_mount(mounts, dataset, make_tier):
+READ_PATHS = ["cached", "passthrough", "pread"]
+
+
+@pytest.mark.parametrize("read_path", READ_PATHS)
+def test_epoch_through_the_mount(mounts, dataset, make_tier, read_path):
     src, files = dataset
     budget = "6MiB"
-    m = mounts(make_tier(src), budget, "--rf", "2")
+    m = mounts(make_tier(src), budget, "--rf", "2", "--read-path", read_path)
     sampler = Sampler(m.cache)
     sampler.start()
     try:
@@ -73,6 +77,7 @@ def test_epoch_through_the_mount(mounts, dataset, make_tier):
         st = m.status()
         nm = st["mini_epochs"]
         assert nm >= 3, st
+        assert st["read_path"] == read_path, st
         for key in ("epoch", "mini_epoch", "mini_epochs", "pass", "rf", "generation", "next_ready",
                     "cache_bytes", "budget_bytes", "tier_bytes_read", "view_files"):
             assert key in st, key
@@ -93,9 +98,10 @@ def test_epoch_through_the_mount(mounts, dataset, make_tier):
     assert st["tier_bytes_read"] <= 2 * sum(len(v) for v in files.values())
 
 
-def test_handle_opened_before_a_switch_reads_old_bytes(mounts, dataset, make_tier):
+@pytest.mark.parametrize("read_path", READ_PATHS)
+def test_handle_opened_before_a_switch_reads_old_bytes(mounts, dataset, make_tier, read_path):
     src, files = dataset
-    m = mounts(make_tier(src), "6MiB", "--rf", "1", "--compose", "sequential")
+    m = mounts(make_tier(src), "6MiB", "--rf", "1", "--compose", "sequential", "--read-path", read_path)
     m.mount()
     rel = next(r for r in m.files()["files"] if len(files[r]) > 100)
     fh = open(m.mountpoint / rel, "rb")

@@ -46,7 +46,7 @@ use serde_json::{json, Value};
 use thiserror::Error;
 use tokio::sync::watch;
 
-use crate::config::{MountConfig, PrefetchRate};
+use crate::config::{MountConfig, PrefetchRate, ReadPath};
 use crate::fs::{FsCore, FsSettings};
 use crate::view::View;
 
@@ -293,6 +293,9 @@ pub struct Daemon {
     budget: Budget,
     stager: Stager,
     fs: Arc<FsCore>,
+    /// The read path in use (`auto` resolved at mount).
+    read_path: ReadPath,
+    /// Whether passthrough is in use (cleared by the adapter if the kernel refuses it).
     passthrough: Arc<AtomicBool>,
     state: Mutex<State>,
     changed: watch::Sender<u64>,
@@ -754,11 +757,25 @@ impl Daemon {
             generation,
             &paths,
         ));
+        let mean_sample = catalog.total_bytes() / (catalog.len() as u64).max(1);
+        let read_path =
+            cfg.read_path
+                .resolve(budget.slot_bytes, mean_sample, crate::config::mem_total());
+        if cfg.read_path == ReadPath::Auto {
+            tracing::info!(
+                read_path = read_path.name(),
+                slot_bytes = %format_bytes(budget.slot_bytes),
+                mean_sample = %format_bytes(mean_sample),
+                "read path chosen: cached for samples under 1 MiB when a slot fits in half of the node's memory, else passthrough"
+            );
+        }
         let fs = Arc::new(FsCore::new(
             view,
             FsSettings {
                 max_open_files: cfg.max_open_files,
                 max_backing_ids: cfg.max_backing_ids,
+                track_kernel_refs: read_path == ReadPath::Cached,
+                drop_backing_pages: read_path == ReadPath::Cached,
             },
         ));
         let mut plans = BTreeMap::new();
@@ -769,9 +786,7 @@ impl Daemon {
             me.samples.iter().map(|&s| footprints[s as usize]).sum(),
         );
         let (changed, _) = watch::channel(0u64);
-        let passthrough = Arc::new(AtomicBool::new(
-            cfg.passthrough == crate::config::PassthroughMode::Auto,
-        ));
+        let passthrough = Arc::new(AtomicBool::new(read_path == ReadPath::Passthrough));
         let daemon = Arc::new(Daemon {
             tier_url: tier.url().to_string(),
             containers,
@@ -784,6 +799,7 @@ impl Daemon {
             budget,
             stager,
             fs,
+            read_path,
             passthrough,
             state: Mutex::new(State {
                 epoch,
@@ -884,6 +900,19 @@ impl Daemon {
     /// Whether reads may use passthrough (cleared by the adapter if the kernel refuses).
     pub fn passthrough_flag(&self) -> Arc<AtomicBool> {
         self.passthrough.clone()
+    }
+
+    /// The read path chosen at mount.
+    pub fn read_path(&self) -> ReadPath {
+        self.read_path
+    }
+
+    /// The read path in use now: passthrough becomes pread if the kernel refused it.
+    fn read_path_now(&self) -> ReadPath {
+        match self.read_path {
+            ReadPath::Passthrough if !self.passthrough.load(Ordering::Relaxed) => ReadPath::Pread,
+            p => p,
+        }
     }
 
     /// Records the mountpoint and the kernel notifier once mounted.
@@ -1171,19 +1200,59 @@ impl Daemon {
             })
             .await;
         }
-        if old.open_handles() == 0 {
+        let me = self.me.lock().unwrap().upgrade();
+        if self.fs.is_drained(&old) {
             // Deleting a large slot takes a while; the caller must not wait for it. The stager
             // waits (the slot stays in `draining` until it is gone), so the budget holds.
-            let me = self.me.lock().unwrap().upgrade();
             if let Some(me) = me {
                 let gen = old.generation;
                 tokio::spawn(async move { me.evict_view(gen).await });
             } else {
                 self.evict_view(old.generation).await;
             }
+        } else if self.read_path == ReadPath::Cached {
+            if let Some(me) = me {
+                tokio::spawn(me.release_kernel_refs(old.generation));
+            }
         }
         self.bump();
         true
+    }
+
+    /// Lets the kernel forget a retired view's inodes (the cached read path, where they pin
+    /// the view). Invalidating the root's entries at the switch drops every unused entry below
+    /// them, but an entry in use then (a file open below a directory) stays valid, and after
+    /// its last use would sit in the dentry cache for its whole TTL, holding the view. So the
+    /// entries the kernel still holds are invalidated one by one, deepest first; those in use
+    /// go as soon as they are released. Repeated with a growing pause while the view is
+    /// retained, for entries looked up meanwhile through a directory still open.
+    async fn release_kernel_refs(self: Arc<Self>, generation: u64) {
+        let mut pause = Duration::from_millis(50);
+        loop {
+            // Forgets of the entries dropped at the switch arrive in the meantime.
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+            let Some(view) = self.fs.retained(generation) else {
+                return;
+            };
+            let notifier = self.notifier.lock().unwrap().clone();
+            let Some(n) = notifier else { return };
+            let entries: Vec<(u64, String)> = view
+                .referenced_nodes()
+                .into_iter()
+                .filter(|&i| view.node(i).parent != 0) // the root's were invalidated at the switch
+                .map(|i| (view.ino(view.node(i).parent), view.node(i).name.to_string()))
+                .collect();
+            if entries.is_empty() {
+                continue;
+            }
+            let _ = tokio::task::spawn_blocking(move || {
+                for (parent, name) in entries {
+                    let _ = n.inval_entry(fuser::INodeNo(parent), name.as_ref());
+                }
+            })
+            .await;
+        }
     }
 
     fn position(&self, s: &State, decision: &str) -> Value {
@@ -1264,6 +1333,11 @@ impl Daemon {
                 }),
             );
             self.check_stall_free(&mut s);
+            if s.passes == 1 && self.read_path == ReadPath::Cached {
+                // The view's data now lives in the mount's page cache.
+                let (fs, view) = (self.fs.clone(), self.fs.current());
+                tokio::task::spawn_blocking(move || fs.drop_slot_pages(&view));
+            }
             if d.verdict == Verdict::Advance {
                 s.advance_wanted = true;
             }
@@ -1556,6 +1630,8 @@ impl Daemon {
             "slot_bytes": self.budget.slot_bytes,
             "reserve_bytes": self.budget.reserve,
             "tier_bytes_read": self.stager.tier_bytes_read(),
+            "daemon_bytes_read": self.fs.bytes_read.load(Ordering::Relaxed),
+            "daemon_opens": self.fs.opens.load(Ordering::Relaxed),
             "view_files": view.file_count(),
             "view_bytes": view.bytes(),
             "dataset_files": self.catalog.len(),
@@ -1572,7 +1648,8 @@ impl Daemon {
             "staging": staging,
             "draining_slots": s.draining.len(),
             "open_handles": self.fs.open_handles(),
-            "passthrough": self.passthrough.load(Ordering::Relaxed),
+            "passthrough": self.read_path_now() == ReadPath::Passthrough,
+            "read_path": self.read_path_now().name(),
             "last_error": s.last_error,
             "failed_samples": s.failed_samples,
             "source": self.tier_url,

@@ -9,6 +9,12 @@
 //! * a handle pins its view: the view (and so its slot) is retained until the last handle on it
 //!   is released, and the daemon is told (through the `drained` channel) when a retired view's
 //!   last handle goes, so it can evict the slot;
+//! * on the cached read path the kernel sends no `open` or `release`, so handles cannot be
+//!   counted; the kernel's own references are counted instead (every entry replied to a lookup
+//!   is one reference, every `forget` takes references back), and a retired view drains when
+//!   the kernel holds none of its inodes. An open file holds its inode, so this is at least as
+//!   strict as counting handles. Entries of a view that is no longer current are replied with
+//!   a zero TTL, so the kernel lets them go as soon as nothing uses them;
 //! * backing files are opened read-only and kept in a bounded cache (`moka`); evicting an entry
 //!   drops the last reference and closes the descriptor, so millions of files never exhaust
 //!   descriptors. Passthrough backing ids (opaque to the core) are cached the same way, per
@@ -83,19 +89,19 @@ pub struct Attr {
     pub is_dir: bool,
     /// Generation of the view the node belongs to.
     pub generation: u64,
+    /// The node belongs to the current view (its entry may be cached for the view's life).
+    pub current: bool,
 }
 
 /// One directory entry returned by [`FsCore::readdir`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirEntry {
-    /// Inode number.
-    pub ino: u64,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirEntry<'a> {
     /// Offset of the *next* entry (what readdir resumes from).
     pub next_offset: u64,
-    /// Directory or regular file.
-    pub is_dir: bool,
     /// Name.
-    pub name: String,
+    pub name: &'a str,
+    /// Attributes (inode number, size, kind, generation).
+    pub attr: Attr,
 }
 
 /// A file opened through the core.
@@ -131,6 +137,13 @@ pub struct FsSettings {
     pub max_open_files: u64,
     /// Most passthrough backing ids kept.
     pub max_backing_ids: u64,
+    /// A retired view drains only once the kernel holds none of its inodes (the cached read
+    /// path, where handles are invisible).
+    pub track_kernel_refs: bool,
+    /// [`FsCore::drop_slot_pages`] does something (the cached read path: the kernel keeps its
+    /// own copy of what it read in the mount's page cache, so the slot files' pages are a
+    /// second copy).
+    pub drop_backing_pages: bool,
 }
 
 /// The filesystem core. See the module docs.
@@ -139,6 +152,7 @@ pub struct FsCore {
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     files: moka::sync::Cache<(u64, u32), Arc<File>>,
+    settings: FsSettings,
     backing: moka::sync::Cache<(u64, u32), Arc<dyn Any + Send + Sync>>,
     drained: Mutex<Option<tokio::sync::mpsc::UnboundedSender<u64>>>,
     /// Bytes served by the pread path.
@@ -152,6 +166,7 @@ pub struct FsCore {
 impl FsCore {
     /// A core showing `initial`.
     pub fn new(initial: Arc<View>, settings: FsSettings) -> Self {
+        let (max_open_files, max_backing_ids) = (settings.max_open_files, settings.max_backing_ids);
         Self {
             views: RwLock::new(Views {
                 current: initial,
@@ -160,13 +175,14 @@ impl FsCore {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             files: moka::sync::Cache::builder()
-                .max_capacity(settings.max_open_files)
+                .max_capacity(max_open_files)
                 .support_invalidation_closures()
                 .build(),
             backing: moka::sync::Cache::builder()
-                .max_capacity(settings.max_backing_ids)
+                .max_capacity(max_backing_ids)
                 .support_invalidation_closures()
                 .build(),
+            settings,
             drained: Mutex::new(None),
             bytes_read: AtomicU64::new(0),
             opens: AtomicU64::new(0),
@@ -221,6 +237,50 @@ impl FsCore {
         Ok((view, idx))
     }
 
+    fn is_current(&self, view: &View) -> bool {
+        self.views.read().unwrap().current.generation == view.generation
+    }
+
+    /// Whether a view may be evicted: it is not current, no handle is open on it, and (when
+    /// kernel references are tracked) the kernel holds none of its inodes.
+    pub fn is_drained(&self, view: &View) -> bool {
+        !self.is_current(view)
+            && view.open_handles() == 0
+            && (!self.settings.track_kernel_refs || view.kernel_refs() == 0)
+    }
+
+    fn notify_if_drained(&self, view: &View) {
+        if self.is_drained(view) {
+            if let Some(tx) = self.drained.lock().unwrap().as_ref() {
+                let _ = tx.send(view.generation);
+            }
+        }
+    }
+
+    /// Takes back `n` lookups of `ino` (the kernel's `forget`). Inodes of views already retired
+    /// are ignored: such a view drained with no reference left, so there is nothing to take.
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let Ok((view, idx)) = self.view_of(ino) else {
+            return;
+        };
+        if view.kernel_unref(idx, n) == 0 {
+            self.notify_if_drained(&view);
+        }
+    }
+
+    /// The retained (not current) view of `generation`, if any.
+    pub fn retained(&self, generation: u64) -> Option<Arc<View>> {
+        self.views
+            .read()
+            .unwrap()
+            .retained
+            .get(&generation)
+            .cloned()
+    }
+
     fn attr(&self, view: &View, idx: u32) -> Attr {
         let (size, is_dir) = match view.node(idx).kind {
             NodeKind::Dir { .. } => (0, true),
@@ -231,6 +291,7 @@ impl FsCore {
             size,
             is_dir,
             generation: view.generation,
+            current: self.is_current(view),
         }
     }
 
@@ -238,6 +299,9 @@ impl FsCore {
     pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
         let (view, idx) = self.view_of(parent)?;
         let child = view.lookup(idx, name)?;
+        view.touch(child);
+        // Counted before the reply: the kernel may forget the entry as soon as it has it.
+        view.kernel_ref(child);
         Ok(self.attr(&view, child))
     }
 
@@ -264,9 +328,18 @@ impl FsCore {
         Ok(fh)
     }
 
-    /// Entries of directory `ino` from `offset`, in the view pinned by `fh` (so one listing
-    /// never mixes two views), including `.` and `..`.
-    pub fn readdir(&self, ino: u64, fh: u64, offset: u64) -> Result<Vec<DirEntry>, FsError> {
+    /// Lists directory `ino` from `offset` in the view pinned by `fh` (so one listing never
+    /// mixes two views), `.` and `..` first, handing each entry to `add` until it returns true
+    /// (the reply is full). With `plus`, every entry `add` took besides `.` and `..` gives the
+    /// kernel a reference, as a lookup does (READDIRPLUS).
+    pub fn readdir(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        plus: bool,
+        mut add: impl FnMut(&DirEntry) -> bool,
+    ) -> Result<(), FsError> {
         let view = self
             .handles
             .lock()
@@ -281,30 +354,29 @@ impl FsCore {
         };
         let children = view.children(idx)?;
         let parent = view.node(idx).parent;
-        let mut out = Vec::new();
         let total = children.len() as u64 + 2;
         for off in offset..total {
-            let (ino, is_dir, name) = match off {
-                0 => (view.ino(idx), true, ".".to_string()),
-                1 => (view.ino(parent), true, "..".to_string()),
+            let (node, name) = match off {
+                0 => (idx, "."),
+                1 => (parent, ".."),
                 _ => {
                     let c = children[(off - 2) as usize];
-                    let n = view.node(c);
-                    (
-                        view.ino(c),
-                        matches!(n.kind, NodeKind::Dir { .. }),
-                        n.name.to_string(),
-                    )
+                    (c, &*view.node(c).name)
                 }
             };
-            out.push(DirEntry {
-                ino,
+            let entry = DirEntry {
                 next_offset: off + 1,
-                is_dir,
                 name,
-            });
+                attr: self.attr(&view, node),
+            };
+            if add(&entry) {
+                break;
+            }
+            if plus && off >= 2 {
+                view.kernel_ref(node);
+            }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Opens file `ino` for passthrough when its backing id is already cached: no backing file
@@ -318,6 +390,7 @@ impl FsCore {
         let Some(id) = self.backing.get(&(view.generation, idx)) else {
             return Ok(None);
         };
+        view.touch(idx);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         view.handle_opened();
         self.opens.fetch_add(1, Ordering::Relaxed);
@@ -339,17 +412,8 @@ impl FsCore {
             return Err(FsError::IsDir);
         }
         let key = (view.generation, idx);
-        let file = match self.files.get(&key) {
-            Some(f) => f,
-            None => {
-                let f = Arc::new(
-                    File::open(view.backing_path(idx))
-                        .map_err(|e| FsError::Io(e.raw_os_error().unwrap_or(libc::EIO)))?,
-                );
-                self.files.insert(key, f.clone());
-                f
-            }
-        };
+        let file = self.backing_file(&view, idx)?;
+        view.touch(idx);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         view.handle_opened();
         self.opens.fetch_add(1, Ordering::Relaxed);
@@ -362,6 +426,37 @@ impl FsCore {
             },
         );
         Ok(Opened { fh, file, key })
+    }
+
+    /// The slot file of node `idx`, from the cache of open backing files.
+    fn backing_file(&self, view: &View, idx: u32) -> Result<Arc<File>, FsError> {
+        let key = (view.generation, idx);
+        if let Some(f) = self.files.get(&key) {
+            return Ok(f);
+        }
+        let f = Arc::new(
+            File::open(view.backing_path(idx))
+                .map_err(|e| FsError::Io(e.raw_os_error().unwrap_or(libc::EIO)))?,
+        );
+        self.files.insert(key, f.clone());
+        Ok(f)
+    }
+
+    /// Reads up to `size` bytes at `offset` of a slot file: short only at its end.
+    fn pread(&self, file: &File, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            match file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(FsError::Io(e.raw_os_error().unwrap_or(libc::EIO))),
+            }
+        }
+        buf.truncate(done);
+        self.bytes_read.fetch_add(done as u64, Ordering::Relaxed);
+        Ok(buf)
     }
 
     /// The cached passthrough backing id of `key`, if any.
@@ -386,19 +481,43 @@ impl FsCore {
             .get(&fh)
             .and_then(|h| h.file.clone())
             .ok_or(FsError::BadHandle)?;
-        let mut buf = vec![0u8; size as usize];
-        let mut done = 0;
-        while done < buf.len() {
-            match file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(FsError::Io(e.raw_os_error().unwrap_or(libc::EIO))),
+        self.pread(&file, offset, size)
+    }
+
+    /// Reads up to `size` bytes at `offset` of file `ino` without a handle (the kernel sends no
+    /// `open` when the filesystem does not implement it).
+    pub fn read_ino(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        let (view, idx) = self.view_of(ino)?;
+        if matches!(view.node(idx).kind, NodeKind::Dir { .. }) {
+            return Err(FsError::IsDir);
+        }
+        let file = self.backing_file(&view, idx)?;
+        if offset == 0 {
+            view.touch(idx);
+        }
+        self.pread(&file, offset, size)
+    }
+
+    /// Drops the page-cache pages of every slot file of `view`, once the kernel holds the
+    /// view's data in the mount's own page cache (after a first pass on the cached read path),
+    /// so that memory holds each byte once. Dropping per read would cost a sixth of a cold
+    /// small-file read here; once per view, in the background during a warm pass, it costs
+    /// nothing a reader waits for. Blocking: call from a blocking thread.
+    pub fn drop_slot_pages(&self, view: &View) {
+        if !self.settings.drop_backing_pages {
+            return;
+        }
+        use std::os::fd::AsRawFd;
+        for idx in view.file_nodes() {
+            let Ok(file) = File::open(view.backing_path(idx)) else {
+                continue;
+            };
+            // SAFETY: advice on a descriptor we hold. The pages are clean (slots are durable
+            // before they are shown), so nothing is lost, only re-read if ever needed.
+            unsafe {
+                libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
             }
         }
-        buf.truncate(done);
-        self.bytes_read.fetch_add(done as u64, Ordering::Relaxed);
-        Ok(buf)
     }
 
     /// Releases a file or directory handle.
@@ -406,14 +525,8 @@ impl FsCore {
         let Some(h) = self.handles.lock().unwrap().remove(&fh) else {
             return;
         };
-        let left = h.view.handle_closed();
-        if left == 0 {
-            let is_current = self.views.read().unwrap().current.generation == h.view.generation;
-            if !is_current {
-                if let Some(tx) = self.drained.lock().unwrap().as_ref() {
-                    let _ = tx.send(h.view.generation);
-                }
-            }
+        if h.view.handle_closed() == 0 {
+            self.notify_if_drained(&h.view);
         }
     }
 
@@ -443,10 +556,22 @@ mod tests {
         (d, c)
     }
 
+    fn list(core: &FsCore, fh: u64, offset: u64) -> Vec<String> {
+        let mut names = Vec::new();
+        core.readdir(ROOT_INO, fh, offset, false, |e| {
+            names.push(e.name.to_string());
+            false
+        })
+        .unwrap();
+        names
+    }
+
     fn settings() -> FsSettings {
         FsSettings {
             max_open_files: 16,
             max_backing_ids: 16,
+            track_kernel_refs: false,
+            drop_backing_pages: false,
         }
     }
 
@@ -512,23 +637,15 @@ mod tests {
         ));
         let core = FsCore::new(v1, settings());
         let fh = core.opendir(ROOT_INO).unwrap();
-        let first = core.readdir(ROOT_INO, fh, 0).unwrap();
-        let names: Vec<_> = first.iter().map(|e| e.name.as_str()).collect();
+        let names = list(&core, fh, 0);
         assert_eq!(names, vec![".", "..", "d", "g"]);
         let v2 = Arc::new(View::build(&c, &[1], 2, 0, 1, "s2", &d.path().join("s2")));
         core.switch(v2);
         // Resuming the listing after a switch still lists the pinned view.
-        let rest = core.readdir(ROOT_INO, fh, 2).unwrap();
-        assert_eq!(rest.len(), 2);
+        assert_eq!(list(&core, fh, 2), vec!["d", "g"]);
         core.release(fh);
         let fh = core.opendir(ROOT_INO).unwrap();
-        let names: Vec<_> = core
-            .readdir(ROOT_INO, fh, 0)
-            .unwrap()
-            .into_iter()
-            .map(|e| e.name)
-            .collect();
-        assert_eq!(names, vec![".", "..", "g"]);
+        assert_eq!(list(&core, fh, 0), vec![".", "..", "g"]);
     }
 
     #[test]
@@ -557,5 +674,95 @@ mod tests {
             core.getattr(99 << 32 | 1).unwrap_err().errno(),
             libc::ESTALE
         );
+    }
+
+    #[test]
+    fn kernel_references_pin_a_view_on_the_cached_path() {
+        let (d, c) = setup();
+        let v1 = Arc::new(View::build(
+            &c,
+            &[0, 1],
+            1,
+            0,
+            0,
+            "s1",
+            &d.path().join("s1"),
+        ));
+        let core = FsCore::new(
+            v1,
+            FsSettings {
+                track_kernel_refs: true,
+                drop_backing_pages: true,
+                ..settings()
+            },
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        core.set_drained_sender(tx);
+        // The kernel looks up d, then d/f twice (an entry that expired), and reads f by inode.
+        let dir = core.lookup(ROOT_INO, "d").unwrap();
+        assert!(dir.current);
+        let f = core.lookup(dir.ino, "f").unwrap();
+        core.lookup(dir.ino, "f").unwrap();
+        assert_eq!(core.read_ino(f.ino, 0, 4096).unwrap(), vec![1u8; 100]);
+        let v2 = Arc::new(View::build(
+            &c,
+            &[0, 1],
+            2,
+            0,
+            1,
+            "s2",
+            &d.path().join("s2"),
+        ));
+        let old = core.switch(v2);
+        assert!(!core.is_drained(&old), "the kernel still holds its inodes");
+        // Old inodes keep reading old bytes, and their entries are no longer cacheable.
+        assert_eq!(core.read_ino(f.ino, 0, 4096).unwrap(), vec![1u8; 100]);
+        assert!(!core.lookup(dir.ino, "f").unwrap().current);
+        core.forget(f.ino, 2);
+        core.forget(dir.ino, 1);
+        assert!(rx.try_recv().is_err(), "one lookup of f is still held");
+        core.forget(f.ino, 1);
+        assert_eq!(rx.try_recv().unwrap(), 1);
+        assert!(core.is_drained(&old));
+        core.retire(1);
+        assert_eq!(core.read_ino(f.ino, 0, 1).unwrap_err(), FsError::Stale);
+        // Forgets of a retired view are ignored; the current view never drains.
+        core.forget(f.ino, 1);
+        let g = core.lookup(ROOT_INO, "g").unwrap();
+        core.forget(g.ino, 1);
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn readdirplus_counts_only_the_entries_sent() {
+        let (d, c) = setup();
+        let v1 = Arc::new(View::build(
+            &c,
+            &[0, 1],
+            1,
+            0,
+            0,
+            "s1",
+            &d.path().join("s1"),
+        ));
+        let core = FsCore::new(v1.clone(), settings());
+        let fh = core.opendir(ROOT_INO).unwrap();
+        // The reply has room for ".", ".." and "d": "g" is not sent, so not referenced.
+        let mut sent = Vec::new();
+        core.readdir(ROOT_INO, fh, 0, true, |e| {
+            if sent.len() == 3 {
+                return true;
+            }
+            sent.push((e.name.to_string(), e.attr));
+            false
+        })
+        .unwrap();
+        assert_eq!(sent[2].0, "d");
+        assert!(sent[2].1.is_dir && sent[2].1.current);
+        assert_eq!(v1.kernel_refs(), 1, "only d: . and .. are not references");
+        // Plain readdir gives no references.
+        core.readdir(ROOT_INO, fh, 0, false, |_| false).unwrap();
+        assert_eq!(v1.kernel_refs(), 1);
+        core.release(fh);
     }
 }

@@ -27,7 +27,7 @@ use clap::{Args, Parser, Subcommand};
 use prefetcher::planner::Strategy;
 use serde_json::{json, Value};
 
-use crate::config::{FileConfig, MountConfig, PassthroughMode, SizeValue};
+use crate::config::{FileConfig, MountConfig, ReadPath, SizeValue};
 
 #[derive(Parser)]
 #[command(
@@ -221,9 +221,11 @@ struct MountArgs {
     /// Container mode: 1-D dataset with each row's label (for stratified composition).
     #[arg(long)]
     label_dataset: Option<String>,
-    /// Read path: auto (passthrough when allowed) or off (pread) [default: auto].
+    /// Read path: cached (kernel page cache, no per-open round trip), passthrough (kernel reads
+    /// the slot file; needs CAP_SYS_ADMIN), pread (through the daemon), or auto (cached when a
+    /// slot fits in half of the node's memory, else passthrough) [default: auto].
     #[arg(long, value_enum)]
-    passthrough: Option<PassthroughMode>,
+    read_path: Option<ReadPath>,
     /// FUSE worker threads [default: 4].
     #[arg(long)]
     fuse_threads: Option<usize>,
@@ -365,7 +367,7 @@ impl MountArgs {
             hdf5_container: self.hdf5_container.then_some(true),
             hdf5_datasets: self.hdf5_datasets.clone().map(config::ListValue::Text),
             label_dataset: self.label_dataset.clone(),
-            passthrough: self.passthrough,
+            read_path: self.read_path,
             fuse_threads: self.fuse_threads,
             allow_other: self.allow_other.then_some(true),
             prefetch_rate: self.prefetch_rate.clone(),
@@ -642,11 +644,11 @@ fn print_status(v: &Value) {
         }
     );
     println!(
-        "cache: {} of {}   tier read: {}   passthrough: {}",
+        "cache: {} of {}   tier read: {}   read path: {}",
         b("cache_bytes"),
         b("budget_bytes"),
         b("tier_bytes_read"),
-        v["passthrough"]
+        v["read_path"].as_str().unwrap_or("?")
     );
     if let Some(e) = v["last_error"].as_str() {
         println!("last error: {e}");
@@ -698,7 +700,7 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
         let fs = daemon.fs();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         fs.set_drained_sender(tx);
-        let adapter = fuse::FuseAdapter::new(fs, daemon.passthrough_flag());
+        let adapter = fuse::FuseAdapter::new(fs, daemon.read_path(), daemon.passthrough_flag());
         let mut fcfg = fuser::Config::default();
         fcfg.mount_options = vec![
             fuser::MountOption::FSName("metfs".into()),
@@ -743,7 +745,10 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
     tracing::info!(
         mountpoint = %mountpoint.display(),
         socket = %daemon.cfg.socket.display(),
-        read_path = if daemon.passthrough_flag().load(std::sync::atomic::Ordering::Relaxed) { "passthrough (falls back to pread if the kernel refuses)" } else { "pread" },
+        read_path = match daemon.read_path() {
+            ReadPath::Passthrough => "passthrough (falls back to pread if the kernel refuses)",
+            other => other.name(),
+        },
         "mounted"
     );
     mount::signal_ready(ready_fd, Ok(()));

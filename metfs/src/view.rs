@@ -12,7 +12,9 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
 
 use prefetcher::catalog::Catalog;
 
@@ -56,6 +58,14 @@ pub struct View {
     files: usize,
     bytes: u64,
     open_handles: AtomicUsize,
+    /// Per node: the kernel's lookup count (entries replied minus entries forgotten).
+    refs: Box<[AtomicU32]>,
+    /// Sum of `refs`: the kernel holds an inode of this view while it is above zero.
+    kernel_refs: AtomicU64,
+    /// One bit per node: looked up at least once (the first pass's progress).
+    touched: Box<[AtomicU64]>,
+    touched_files: AtomicUsize,
+    first_touch: OnceLock<Instant>,
 }
 
 /// Errors of view lookups, mapped to errno by the FUSE adapter.
@@ -114,6 +124,10 @@ impl View {
                 children.sort_unstable_by(|a, b| names[*a as usize].cmp(&names[*b as usize]));
             }
         }
+        let refs = (0..nodes.len()).map(|_| AtomicU32::new(0)).collect();
+        let touched = (0..nodes.len().div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect();
         View {
             generation,
             epoch,
@@ -124,6 +138,11 @@ impl View {
             files: sorted.len(),
             bytes,
             open_handles: AtomicUsize::new(0),
+            refs,
+            kernel_refs: AtomicU64::new(0),
+            touched,
+            touched_files: AtomicUsize::new(0),
+            first_touch: OnceLock::new(),
         }
     }
 
@@ -221,6 +240,11 @@ impl View {
     pub fn backing_path(&self, idx: u32) -> PathBuf {
         self.slot_dir.join(self.rel_path(idx))
     }
+    /// Node indices of every file.
+    pub fn file_nodes(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.nodes.len() as u32)
+            .filter(|&i| matches!(self.nodes[i as usize].kind, NodeKind::File { .. }))
+    }
     /// Relative paths of every file, in path order.
     pub fn file_paths(&self) -> Vec<String> {
         let mut out = Vec::with_capacity(self.files);
@@ -253,6 +277,72 @@ impl View {
                     .collect()
             })
             .unwrap_or_default()
+    }
+    /// Records that file `idx` was looked up. A job's first pass over a view looks up each file
+    /// once (the kernel then caches the entry for the view's life), so the share of files
+    /// looked up, and when the first was, tell how far the first pass has come before it ends:
+    /// what just-in-time pacing needs when no pass has been timed yet.
+    pub fn touch(&self, idx: u32) {
+        if !matches!(self.nodes[idx as usize].kind, NodeKind::File { .. }) {
+            return;
+        }
+        let bit = 1u64 << (idx % 64);
+        let old = self.touched[(idx / 64) as usize].fetch_or(bit, Ordering::Relaxed);
+        if old & bit == 0 {
+            self.first_touch.get_or_init(Instant::now);
+            self.touched_files.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    /// Files of the view looked up at least once.
+    pub fn touched_files(&self) -> usize {
+        self.touched_files.load(Ordering::Relaxed)
+    }
+    /// When the first file of the view was looked up.
+    pub fn first_touch(&self) -> Option<Instant> {
+        self.first_touch.get().copied()
+    }
+    /// Records that the kernel got an entry for node `idx` (one more lookup to forget).
+    pub fn kernel_ref(&self, idx: u32) {
+        self.refs[idx as usize].fetch_add(1, Ordering::AcqRel);
+        self.kernel_refs.fetch_add(1, Ordering::AcqRel);
+    }
+    /// Records that the kernel forgot `n` lookups of node `idx`; returns the lookups of the
+    /// whole view still held. A count never goes below zero, whatever the kernel says.
+    pub fn kernel_unref(&self, idx: u32, n: u64) -> u64 {
+        let n32 = n.min(u32::MAX as u64) as u32;
+        let node = &self.refs[idx as usize];
+        let mut cur = node.load(Ordering::Acquire);
+        loop {
+            let take = cur.min(n32);
+            match node.compare_exchange_weak(cur, cur - take, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    return self.kernel_refs.fetch_sub(take as u64, Ordering::AcqRel) - take as u64
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+    /// Lookups of this view's nodes the kernel still holds.
+    pub fn kernel_refs(&self) -> u64 {
+        self.kernel_refs.load(Ordering::Acquire)
+    }
+    /// Nodes the kernel still holds, deepest first (so that invalidating their entries in
+    /// this order never finds a child below an entry already dropped).
+    pub fn referenced_nodes(&self) -> Vec<u32> {
+        let depth = |mut i: u32| {
+            let mut d = 0;
+            while i != 0 {
+                i = self.nodes[i as usize].parent;
+                d += 1;
+            }
+            d
+        };
+        let mut out: Vec<(u32, u32)> = (1..self.nodes.len() as u32)
+            .filter(|&i| self.refs[i as usize].load(Ordering::Acquire) > 0)
+            .map(|i| (depth(i), i))
+            .collect();
+        out.sort_unstable_by(|a, b| b.cmp(a));
+        out.into_iter().map(|(_, i)| i).collect()
     }
     /// Records an open handle on this view.
     pub fn handle_opened(&self) {
@@ -352,5 +442,41 @@ mod tests {
         let v = View::build(&c, &[3], 1, 0, 0, "s", Path::new("/s"));
         assert_eq!(v.file_paths(), vec!["top"]);
         assert_eq!(v.lookup(0, "a"), Err(Miss::NotFound));
+    }
+
+    #[test]
+    fn touch_counts_distinct_files_only() {
+        let c = cat();
+        let all: Vec<u32> = (0..c.len() as u32).collect();
+        let v = View::build(&c, &all, 1, 0, 0, "s", Path::new("/s"));
+        assert_eq!((v.touched_files(), v.first_touch()), (0, None));
+        let a = v.lookup(0, "a").unwrap();
+        v.touch(a); // a directory: not progress
+        assert_eq!(v.touched_files(), 0);
+        let x = v.lookup(a, "x").unwrap();
+        v.touch(x);
+        let first = v.first_touch().unwrap();
+        v.touch(x);
+        v.touch(v.lookup(0, "top").unwrap());
+        assert_eq!(v.touched_files(), 2);
+        assert_eq!(v.first_touch(), Some(first));
+    }
+
+    #[test]
+    fn kernel_refs_count_and_never_underflow() {
+        let c = cat();
+        let all: Vec<u32> = (0..c.len() as u32).collect();
+        let v = View::build(&c, &all, 1, 0, 0, "s", Path::new("/s"));
+        let a = v.lookup(0, "a").unwrap();
+        let cdir = v.lookup(a, "c").unwrap();
+        let z = v.lookup(cdir, "z").unwrap();
+        v.kernel_ref(a);
+        v.kernel_ref(z);
+        v.kernel_ref(z);
+        assert_eq!(v.kernel_refs(), 3);
+        assert_eq!(v.referenced_nodes(), vec![z, a], "deepest first");
+        assert_eq!(v.kernel_unref(z, 5), 1, "only what was held is taken");
+        assert_eq!(v.kernel_unref(a, 1), 0);
+        assert!(v.referenced_nodes().is_empty());
     }
 }
