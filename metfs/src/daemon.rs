@@ -36,7 +36,7 @@ use feedback::policy::{PassState, RfPolicy, Verdict};
 use feedback::protocol::{ErrorCode, Metrics, ProtocolError};
 use prefetcher::catalog::Catalog;
 use prefetcher::hdf5::Containers;
-use prefetcher::pacer::Pacer;
+use prefetcher::pacer::{JustInTime, Pacer};
 use prefetcher::planner::{self, EpochPlan, PlanConfig, PlanError, SampleSet, Strategy};
 use prefetcher::size::format_bytes;
 use prefetcher::stager::{journal_failures, Progress, SlotSpec, StageReport, Stager};
@@ -140,9 +140,9 @@ pub struct Budget {
 pub const LOG_RESERVE: u64 = 3 << 19;
 /// Staging rate of `prefetch_rate = auto` before the first pass has been timed.
 pub const AUTO_TRICKLE: u64 = 256 << 10;
-/// Fraction of the time left in the current mini-epoch that just-in-time pacing keeps as slack:
-/// staging aims to finish when 90% of that time has passed, so one slow pass does not turn into
-/// a `wait`.
+/// Share of the current mini-epoch's expected duration that just-in-time pacing keeps as slack:
+/// staging aims to finish when 90% of it has passed, so one slow pass does not turn into a
+/// `wait`, and runs at 1/0.9 = 1.11x the average rate the mini-epoch needs.
 pub const PACING_MARGIN: f64 = 0.10;
 const BLOCK: u64 = 4096;
 
@@ -1012,6 +1012,9 @@ impl Daemon {
                             .map(|&x| self.footprints[x as usize])
                             .sum(),
                     );
+                    // The rate left from the previous staging (possibly the cap, if it ran
+                    // late) must not carry over into this one until the next tick.
+                    self.pace(&s);
                     Some((
                         target,
                         SlotSpec {
@@ -1318,7 +1321,7 @@ impl Daemon {
                 .map_err(|e| ProtocolError::new(ErrorCode::BadMetrics, e.to_string()))?;
             s.passes = state.passes;
             s.record.add_pass(&d);
-            let secs = s.meter.pass_started.elapsed().as_secs_f64();
+            let secs = self.pass_start(&s).elapsed().as_secs_f64();
             s.meter.pass_started = Instant::now();
             s.meter.pass_secs.push_back(secs);
             if s.meter.pass_secs.len() > 16 {
@@ -1357,7 +1360,11 @@ impl Daemon {
         self.events.emit("decision", json!({"decision": decision}));
         // The next pass starts now: time spent blocked for staging is not part of a pass, or
         // pacing would read its own stalls as slow passes and stage slower still.
-        self.state.lock().unwrap().meter.pass_started = Instant::now();
+        {
+            let mut s = self.state.lock().unwrap();
+            s.meter.pass_started = Instant::now();
+            self.pace(&s);
+        }
         let s = self.state.lock().unwrap();
         let mut out = self.position(&s, decision);
         out["reason"] = reason;
@@ -1402,10 +1409,7 @@ impl Daemon {
         loop {
             tick.tick().await;
             n += 1;
-            if self.cfg.prefetch_rate == PrefetchRate::Auto {
-                let rate = self.auto_rate();
-                self.stager.pacer().set_rate(rate);
-            }
+            self.pace(&self.state.lock().unwrap());
             if n.is_multiple_of(4) {
                 let tier = self.stager.tier_bytes_read();
                 if tier != last_tier {
@@ -1429,38 +1433,62 @@ impl Daemon {
         }
     }
 
-    /// The just-in-time staging rate: what finishes the successor when `1 - PACING_MARGIN` of
-    /// the time left in the current mini-epoch has passed, capped by `prefetch_rate_max`.
-    /// A trickle until a pass has been timed; the cap (or unlimited) when staging is late.
-    fn auto_rate(&self) -> Option<u64> {
-        let s = self.state.lock().unwrap();
+    /// When the running pass began: the later of the previous pass end (or the mount) and the
+    /// first lookup in the current view. A job that spends a minute loading its model before
+    /// its first read does not make its first pass look a minute longer.
+    fn pass_start(&self, s: &State) -> Instant {
+        match self.fs.current().first_touch() {
+            Some(t) if t > s.meter.pass_started => t,
+            _ => s.meter.pass_started,
+        }
+    }
+
+    /// The expected pass duration: the mean of the timed passes, or before any pass has ended,
+    /// an estimate from how far the first pass has come (the share of the view's files looked
+    /// up so far), once it has run for a moment over a few percent of the files.
+    fn pass_estimate(&self, s: &State) -> Option<f64> {
+        if let Some(p) = s.meter.mean_pass() {
+            return Some(p);
+        }
+        let view = self.fs.current();
+        let since = view.first_touch()?.elapsed().as_secs_f64();
+        let share = view.touched_files() as f64 / view.file_count().max(1) as f64;
+        (since >= 0.2 && share >= 0.02).then(|| since / share)
+    }
+
+    /// The just-in-time staging rate ([`JustInTime`]): what finishes the successor
+    /// `PACING_MARGIN` of the current mini-epoch's expected duration before it is expected to
+    /// end, capped by `prefetch_rate_max`. A trickle until the pass duration can be estimated;
+    /// the cap (or unlimited) when staging is late.
+    fn auto_rate(&self, s: &State) -> Option<u64> {
         let cap = self.cfg.prefetch_rate_max;
         let Next::Staging { progress, .. } = &s.next else {
             return cap;
         };
-        let Some(pass) = s.meter.mean_pass() else {
-            // Until a pass has been timed there is no deadline to pace to; trickle (the first
-            // pass end sets the real rate) rather than burst at the cap.
+        let Some(pass_secs) = self.pass_estimate(s) else {
+            // No deadline to pace to yet; trickle rather than burst at the cap.
             return Some(AUTO_TRICKLE);
         };
-        let left = progress
-            .bytes_total
-            .load(Ordering::Relaxed)
-            .saturating_sub(progress.bytes_done.load(Ordering::Relaxed));
-        let passes_left = (s.policy.expected_rf() - s.passes as f64).max(0.0);
-        let time_left = passes_left * pass - s.meter.pass_started.elapsed().as_secs_f64();
-        let budget = time_left * (1.0 - PACING_MARGIN);
-        if budget < 0.5 {
-            return cap;
+        JustInTime {
+            bytes_left: progress
+                .bytes_total
+                .load(Ordering::Relaxed)
+                .saturating_sub(progress.bytes_done.load(Ordering::Relaxed)),
+            pass_secs,
+            expected_rf: s.policy.expected_rf(),
+            passes_done: s.passes as f64,
+            pass_elapsed: self.pass_start(s).elapsed().as_secs_f64(),
+            margin: PACING_MARGIN,
+            cap,
         }
-        let rate = (left as f64 / budget).ceil() as u64;
-        Some(
-            match cap {
-                Some(c) => rate.min(c),
-                None => rate,
-            }
-            .max(64 << 10),
-        )
+        .rate()
+    }
+
+    /// Sets the staging rate when pacing is just in time.
+    fn pace(&self, s: &State) {
+        if self.cfg.prefetch_rate == PrefetchRate::Auto {
+            self.stager.pacer().set_rate(self.auto_rate(s));
+        }
     }
 
     /// Takes the client's job key for the rf history. Before anything is recorded the run is

@@ -4,8 +4,13 @@
 //! moves a chunk of bytes. Without a rate it admits everything at once. With a rate it is a
 //! token bucket (the `governor` crate's GCRA limiter) in units of 4 KiB, with a burst of a
 //! twentieth of a second of traffic, so that a cap holds over any window longer than ~100 ms.
-//! The rate can be changed while staging runs (`--prefetch-rate auto` does so); a change swaps
-//! in a new limiter.
+//!
+//! The rate can be changed while staging runs (`--prefetch-rate auto` does so). `governor`
+//! cannot change a quota in place, so a change swaps in a new limiter; a fresh GCRA limiter
+//! would start with a full burst, and just-in-time pacing changes the rate often, so each new
+//! limiter has its burst drained on creation: the cap then holds across changes, with no burst
+//! credit carried over or created. Fetches waiting on the old limiter start over on the new
+//! one, so a change takes effect at once.
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
@@ -56,11 +61,10 @@ impl Pacer {
         match bytes_per_s.filter(|&r| r > 0) {
             None => *g = None,
             Some(r) => {
-                // A new limiter starts with a full burst; swapping on every small change would
-                // let those bursts add up past the cap. Changes within 20% are ignored.
+                // Changes within 2% are not worth waking every waiting fetch for.
                 if g.as_ref().is_some_and(|(old, _)| {
                     let (a, b) = (*old as f64, r as f64);
-                    (a - b).abs() <= 0.2 * a.max(b)
+                    (a - b).abs() <= 0.02 * a.max(b)
                 }) {
                     return;
                 }
@@ -68,7 +72,11 @@ impl Pacer {
                 let burst = (per_s / 20).max(Self::max_chunk_units());
                 let quota = Quota::per_second(NonZeroU32::new(per_s).unwrap())
                     .allow_burst(NonZeroU32::new(burst).unwrap());
-                *g = Some((r, Arc::new(RateLimiter::direct(quota))));
+                let limiter = RateLimiter::direct(quota);
+                // Start empty: a full bucket on every change would let bursts add up past the
+                // cap when the rate changes often.
+                let _ = limiter.check_n(NonZeroU32::new(burst).unwrap());
+                *g = Some((r, Arc::new(limiter)));
             }
         }
         drop(g);
@@ -121,6 +129,54 @@ impl Pacer {
     }
 }
 
+/// What just-in-time pacing knows when it picks a staging rate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JustInTime {
+    /// Bytes of the successor still to stage.
+    pub bytes_left: u64,
+    /// Expected duration of one pass over the current mini-epoch, seconds.
+    pub pass_secs: f64,
+    /// Passes the policy expects over the current mini-epoch.
+    pub expected_rf: f64,
+    /// Passes completed over it.
+    pub passes_done: f64,
+    /// Seconds since the running pass began.
+    pub pass_elapsed: f64,
+    /// Share of the current mini-epoch's whole expected duration kept as slack: staging aims
+    /// to finish this long before the mini-epoch is expected to end.
+    pub margin: f64,
+    /// The most staging may use, bytes per second.
+    pub cap: Option<u64>,
+}
+
+/// Below this many seconds before the deadline, staging is late and runs at the cap.
+pub const LATE_SECS: f64 = 0.25;
+/// The slowest just-in-time rate: keeps staging moving when almost nothing is left.
+pub const MIN_JIT_RATE: u64 = 64 << 10;
+
+impl JustInTime {
+    /// The rate that finishes the successor at the deadline: the current mini-epoch's expected
+    /// end minus `margin` of its expected duration. The deadline is a fixed point in time (it
+    /// moves only when the pass duration or the expected rf do), so staging that keeps to the
+    /// rate keeps the same rate to the end; a margin proportional to the time *left* would
+    /// shrink to nothing and end every mini-epoch in a burst. Late staging (deadline passed or
+    /// about to) runs at the cap, or unlimited without one.
+    pub fn rate(&self) -> Option<u64> {
+        let duration = self.expected_rf.max(1.0) * self.pass_secs;
+        let time_left =
+            (self.expected_rf - self.passes_done).max(0.0) * self.pass_secs - self.pass_elapsed;
+        let until_deadline = time_left - self.margin * duration;
+        if !until_deadline.is_finite() || until_deadline < LATE_SECS {
+            return self.cap;
+        }
+        let rate = ((self.bytes_left as f64 / until_deadline).ceil() as u64).max(MIN_JIT_RATE);
+        Some(match self.cap {
+            Some(c) => rate.min(c),
+            None => rate,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,7 +194,6 @@ mod tests {
     async fn a_rate_change_releases_waiting_fetches() {
         // 64 KiB/s: 1 MiB would take 16 s; raising the cap must release the waiter at once.
         let p = Pacer::with_rate(Some(64 << 10));
-        p.consume(p.chunk_bytes()).await;
         let q = p.clone();
         let t = Instant::now();
         let waiter = tokio::spawn(async move { q.consume(1 << 20).await });
@@ -148,15 +203,98 @@ mod tests {
         assert!(t.elapsed().as_secs_f64() < 2.0, "took {:?}", t.elapsed());
     }
 
+    fn jit() -> JustInTime {
+        JustInTime {
+            bytes_left: 90 << 20,
+            pass_secs: 10.0,
+            expected_rf: 10.0,
+            passes_done: 0.0,
+            pass_elapsed: 0.0,
+            margin: 0.1,
+            cap: None,
+        }
+    }
+
+    #[test]
+    fn just_in_time_finishes_at_the_deadline() {
+        // 100 s mini-epoch, 10 s slack: 90 MiB in 90 s.
+        assert_eq!(jit().rate(), Some(1 << 20));
+        // Keeping to the rate keeps the rate: 45 s later, half is left for the 45 s to go.
+        let half = JustInTime {
+            bytes_left: 45 << 20,
+            passes_done: 4.0,
+            pass_elapsed: 5.0,
+            ..jit()
+        };
+        assert_eq!(half.rate(), Some(1 << 20));
+        // Behind: a little faster; ahead: slower, but never below the floor.
+        let behind = JustInTime {
+            bytes_left: 50 << 20,
+            ..half
+        };
+        assert!(behind.rate().unwrap() > 1 << 20);
+        let done = JustInTime {
+            bytes_left: 1,
+            ..half
+        };
+        assert_eq!(done.rate(), Some(MIN_JIT_RATE));
+    }
+
+    #[test]
+    fn just_in_time_is_capped_and_late_runs_at_the_cap() {
+        let capped = JustInTime {
+            cap: Some(512 << 10),
+            ..jit()
+        };
+        assert_eq!(capped.rate(), Some(512 << 10));
+        // Past the deadline (9.5 of 10 passes done): the cap, or unlimited without one.
+        let late = JustInTime {
+            passes_done: 9.0,
+            pass_elapsed: 5.0,
+            ..jit()
+        };
+        assert_eq!(late.rate(), None);
+        assert_eq!(
+            JustInTime {
+                cap: Some(7),
+                ..late
+            }
+            .rate(),
+            Some(7)
+        );
+        // More passes than expected (an adaptive policy changed its mind): late too.
+        let over = JustInTime {
+            passes_done: 12.0,
+            ..jit()
+        };
+        assert_eq!(over.rate(), None);
+    }
+
+    #[tokio::test]
+    async fn rate_changes_add_no_burst() {
+        // Many rate changes in a row, each to a different rate around 4 MiB/s: the bytes
+        // admitted over the whole time must stay within the rates in force, plus one chunk.
+        let p = Pacer::with_rate(Some(4 << 20));
+        let t = Instant::now();
+        let mut moved = 0u64;
+        for i in 0..8u64 {
+            p.set_rate(Some((4 << 20) + i * (256 << 10)));
+            p.consume(256 << 10).await;
+            moved += 256 << 10;
+        }
+        let el = t.elapsed().as_secs_f64();
+        let most = 6.0 * (1 << 20) as f64 * el + p.chunk_bytes() as f64;
+        assert!((moved as f64) <= most, "{moved} bytes in {el:.3} s");
+    }
+
     #[tokio::test]
     async fn cap_slows_down() {
-        // 4 MiB/s cap, 2 MiB after the burst must take at least ~0.4 s.
+        // 4 MiB/s cap, 2 MiB must take at least ~0.45 s (a new limiter starts empty).
         let p = Pacer::with_rate(Some(4 << 20));
-        p.consume(p.chunk_bytes()).await; // drain the burst
         let t = Instant::now();
         p.consume(2 << 20).await;
         let el = t.elapsed().as_secs_f64();
-        assert!(el > 0.35, "took {el}");
+        assert!(el > 0.45, "took {el}");
         p.set_rate(None);
         let t = Instant::now();
         p.consume(1 << 30).await;
