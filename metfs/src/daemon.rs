@@ -141,9 +141,10 @@ pub const LOG_RESERVE: u64 = 3 << 19;
 /// Staging rate of `prefetch_rate = auto` before the first pass has been timed.
 pub const AUTO_TRICKLE: u64 = 256 << 10;
 /// Share of the current mini-epoch's expected duration that just-in-time pacing keeps as slack:
-/// staging aims to finish when 90% of it has passed, so one slow pass does not turn into a
-/// `wait`, and runs at 1/0.9 = 1.11x the average rate the mini-epoch needs.
-pub const PACING_MARGIN: f64 = 0.10;
+/// staging aims to finish when 95% of it has passed, and so runs at 1/0.95 = 1.05x the average
+/// rate the mini-epoch needs. With rf >= 4 that is at least a fifth of a pass to absorb a slow
+/// pass before it turns into a `wait`, and staging that falls behind anyway runs at the cap.
+pub const PACING_MARGIN: f64 = 0.05;
 const BLOCK: u64 = 4096;
 
 impl Budget {
@@ -999,6 +1000,8 @@ impl Daemon {
                     let me = &plan.mini_epochs[target.1 as usize];
                     let slot = slot_name(target);
                     let progress: Arc<Progress> = Arc::default();
+                    // Known before the stager starts, so the first rate is paced to it.
+                    progress.bytes_total.store(me.bytes, Ordering::Relaxed);
                     s.next = Next::Staging {
                         target,
                         slot: slot.clone(),
@@ -1403,21 +1406,23 @@ impl Daemon {
 
     /// Runs periodic work: just-in-time pacing, tier-bandwidth events, the metrics file.
     pub async fn monitor_loop(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        // Pacing is retuned four times a second: rate changes cost nothing (see `Pacer`), and
+        // the first pass's estimate then takes effect within a quarter of a second.
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
         let mut last_tier = u64::MAX;
         let mut n: u64 = 0;
         loop {
             tick.tick().await;
             n += 1;
             self.pace(&self.state.lock().unwrap());
-            if n.is_multiple_of(4) {
+            if n.is_multiple_of(8) {
                 let tier = self.stager.tier_bytes_read();
                 if tier != last_tier {
                     last_tier = tier;
                     self.events.emit("tier", json!({"tier_bytes_read": tier}));
                 }
             }
-            if n.is_multiple_of(10) {
+            if n.is_multiple_of(20) {
                 self.write_metrics();
             }
         }
@@ -1469,19 +1474,19 @@ impl Daemon {
             // No deadline to pace to yet; trickle rather than burst at the cap.
             return Some(AUTO_TRICKLE);
         };
-        JustInTime {
-            bytes_left: progress
-                .bytes_total
-                .load(Ordering::Relaxed)
-                .saturating_sub(progress.bytes_done.load(Ordering::Relaxed)),
+        let jit = JustInTime {
+            // Bytes move into a slot a batch at a time; pacing follows them file by file.
+            bytes_left: progress.bytes_to_fetch(),
             pass_secs,
             expected_rf: s.policy.expected_rf(),
             passes_done: s.passes as f64,
             pass_elapsed: self.pass_start(s).elapsed().as_secs_f64(),
             margin: PACING_MARGIN,
             cap,
-        }
-        .rate()
+        };
+        let rate = jit.rate();
+        tracing::trace!(?jit, ?rate, "just-in-time pacing");
+        rate
     }
 
     /// Sets the staging rate when pacing is just in time.

@@ -102,6 +102,18 @@ pub struct Progress {
     pub bytes_done: AtomicU64,
     /// Bytes fetched from the tier by this run (excludes resumed files).
     pub bytes_fetched: AtomicU64,
+    /// Bytes that need no more fetching: resumed, fetched (even if not yet committed) or given
+    /// up on. Moves with every file, where `bytes_done` moves with every committed batch.
+    pub bytes_settled: AtomicU64,
+}
+
+impl Progress {
+    /// Bytes of the slot still to fetch: what pacing has to move before the slot is staged.
+    pub fn bytes_to_fetch(&self) -> u64 {
+        self.bytes_total
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.bytes_settled.load(Ordering::Relaxed))
+    }
 }
 
 /// Outcome of staging a slot.
@@ -263,6 +275,7 @@ impl Stager {
         progress.files_done.store(0, Ordering::Relaxed);
         progress.bytes_done.store(0, Ordering::Relaxed);
         progress.bytes_fetched.store(0, Ordering::Relaxed);
+        progress.bytes_settled.store(0, Ordering::Relaxed);
 
         let mut report = StageReport::default();
         let mut todo = Vec::new();
@@ -276,6 +289,9 @@ impl Stager {
                 progress.files_done.fetch_add(1, Ordering::Relaxed);
                 progress
                     .bytes_done
+                    .fetch_add(self.catalog.size(id), Ordering::Relaxed);
+                progress
+                    .bytes_settled
                     .fetch_add(self.catalog.size(id), Ordering::Relaxed);
             } else {
                 todo.push(id);
@@ -345,7 +361,12 @@ impl Stager {
                         }
                     }
                 }
-                Err(msg) => report.failed.push((id, msg)),
+                Err(msg) => {
+                    progress
+                        .bytes_settled
+                        .fetch_add(self.catalog.size(id), Ordering::Relaxed);
+                    report.failed.push((id, msg));
+                }
             }
         }
         drop(stream);
@@ -403,6 +424,7 @@ impl Stager {
                 Ok(n) if n == sample.size => {
                     self.tier_bytes.fetch_add(n, Ordering::Relaxed);
                     progress.bytes_fetched.fetch_add(n, Ordering::Relaxed);
+                    progress.bytes_settled.fetch_add(n, Ordering::Relaxed);
                     let len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
                     if len != sample.size {
                         let _ = std::fs::remove_file(&tmp);
@@ -558,6 +580,7 @@ impl Stager {
         progress.bytes_total.store(total, Ordering::Relaxed);
         progress.files_done.store(0, Ordering::Relaxed);
         progress.bytes_done.store(0, Ordering::Relaxed);
+        progress.bytes_settled.store(0, Ordering::Relaxed);
         let mut journal = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -614,6 +637,7 @@ impl Stager {
             }
             progress.files_done.fetch_add(1, Ordering::Relaxed);
             progress.bytes_done.fetch_add(planned, Ordering::Relaxed);
+            progress.bytes_settled.fetch_add(planned, Ordering::Relaxed);
         }
         writeln!(journal, "complete").map_err(cache_err(&jpath))?;
         journal.sync_all().map_err(cache_err(&jpath))?;
