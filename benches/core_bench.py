@@ -8,7 +8,9 @@
 
 Runs are interleaved (baseline, metfs, baseline, metfs, ...) so that machine noise hits both
 sides alike, and medians are reported with the ratio metfs / baseline. "Cold" runs drop the page
-cache (`/proc/sys/vm/drop_caches`, root) before every run; "warm" runs read data just read.
+cache (`/proc/sys/vm/drop_caches`, root) before every run; "warm" runs read data just read, 10
+times over in one process (a job re-reads its mini-epoch; one pass over 256 MiB in memory is
+too short to time).
 Readers use 4 threads and 128 KiB buffers (`metfs/examples/readbench.rs`, the same binary on both
 sides). Needs root (FUSE mount, drop_caches). Work directory: $METFS_BENCH_DIR or /tmp/metfs-bench.
 """
@@ -133,8 +135,13 @@ class Mount:
         self.close()
 
 
-def read(path: Path) -> dict:
-    return json.loads(sh(str(READER), str(path), "--threads", "4", "--buf", "131072").stdout)
+def read(path: Path, passes: int = 1) -> dict:
+    return json.loads(sh(str(READER), str(path), "--threads", "4", "--buf", "131072", "--passes", str(passes)).stdout)
+
+
+# Warm runs read the files this many times in one process (as a job re-reads a mini-epoch), so
+# that a run lasts long enough to time: one pass over 256 MiB in the page cache takes ~16 ms.
+WARM_PASSES = 10
 
 
 def med(xs: list[float]) -> float:
@@ -173,10 +180,13 @@ def bench_read() -> list[str]:
                         read(path)
                 for rep in range(REPS):
                     for side, path in sides[rep % len(sides):] + sides[:rep % len(sides)]:
+                        passes = 1
                         if cache == "cold":
                             drop_caches()
-                        r = read(path)
-                        assert r["files"] == count, r
+                        else:
+                            passes = WARM_PASSES
+                        r = read(path, passes)
+                        assert r["files"] == count * passes, r
                         res[side].append(r[key])
                 n = med(res["native"]) / scale
                 for p in READ_PATHS:

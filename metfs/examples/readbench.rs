@@ -2,7 +2,10 @@
 //! line: bytes, files, seconds, bytes/s, files/s. Used by `benches/core_bench.py` to read the
 //! same slot natively and through the mount, so both sides use an identical reader.
 //!
-//! usage: readbench DIR [--threads 4] [--buf 131072]
+//! usage: readbench DIR [--threads 4] [--buf 131072] [--passes 1]
+//!
+//! With `--passes N` every file is read N times (each time opened, read to the end and closed),
+//! as a training job re-reads a mini-epoch; files and bytes count every pass.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -32,11 +35,13 @@ fn main() {
     );
     let mut threads = 4usize;
     let mut buf = 131072usize;
+    let mut passes = 1usize;
     let mut i = 2;
     while i < args.len() {
         match args[i].as_str() {
             "--threads" => threads = args[i + 1].parse().expect("threads"),
             "--buf" => buf = args[i + 1].parse().expect("buf"),
+            "--passes" => passes = args[i + 1].parse().expect("passes"),
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -44,6 +49,7 @@ fn main() {
     let t0 = Instant::now();
     let mut files = Vec::new();
     walk(&dir, &mut files);
+    let reads = files.len() * passes;
     let files = Arc::new(files);
     let next = Arc::new(AtomicUsize::new(0));
     let handles: Vec<_> = (0..threads)
@@ -55,7 +61,10 @@ fn main() {
                 let mut bytes = 0u64;
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(p) = files.get(i) else { break };
+                    if i >= reads {
+                        break;
+                    }
+                    let p = &files[i % files.len()];
                     let mut f = std::fs::File::open(p).expect("open");
                     loop {
                         let n = f.read(&mut b).expect("read");
@@ -73,8 +82,8 @@ fn main() {
     let secs = t0.elapsed().as_secs_f64();
     println!(
         "{{\"bytes\": {bytes}, \"files\": {}, \"secs\": {secs}, \"bytes_per_s\": {}, \"files_per_s\": {}}}",
-        files.len(),
+        reads,
         bytes as f64 / secs,
-        files.len() as f64 / secs
+        reads as f64 / secs
     );
 }
