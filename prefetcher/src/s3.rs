@@ -1167,13 +1167,17 @@ async fn write_at(
 ) -> Result<u64, TierError> {
     let file = dest.clone();
     let len = data.len() as u64;
-    tokio::task::spawn_blocking(move || file.write_all_at(&data, off))
-        .await
-        .expect("write task panicked")
-        .map_err(|source| TierError::Local {
-            path: path.to_string(),
-            source,
-        })?;
+    tokio::task::spawn_blocking(move || {
+        file.write_all_at(&data, off)?;
+        crate::tier::start_writeback(&file, off, data.len() as u64);
+        Ok::<(), std::io::Error>(())
+    })
+    .await
+    .expect("write task panicked")
+    .map_err(|source| TierError::Local {
+        path: path.to_string(),
+        source,
+    })?;
     Ok(off + len)
 }
 

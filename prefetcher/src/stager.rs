@@ -2,7 +2,7 @@
 //!
 //! A slot is a directory `SLOTS/<name>/` holding the mini-epoch's samples under their relative
 //! paths. Each sample is fetched into a temporary file in `TMP/` and its size verified (the
-//! tier verifies its version too); its writeback starts at once. Fetched files are committed
+//! tier verifies its version too, and starts writeback as it writes). Fetched files are committed
 //! in batches (at most 512 files, 512 MiB or one second): one `syncfs` makes the batch durable,
 //! then its files are renamed into the slot. A file therefore appears in a slot only when it is
 //! complete, verified and on disk, and a crash at any point leaves at worst orphan temporary
@@ -433,13 +433,7 @@ impl Stager {
                             sample.size
                         ));
                     }
-                    if self.cfg.fsync {
-                        tokio::task::spawn_blocking(move || start_writeback(&file))
-                            .await
-                            .expect("writeback task panicked");
-                    } else {
-                        drop(file);
-                    }
+                    drop(file);
                     return Ok(Fetched {
                         id,
                         tmp,
@@ -508,16 +502,6 @@ fn commit_batches(
             .map_err(cache_err(jpath))?;
     }
     Ok((files, bytes, journal))
-}
-
-/// Starts writeback of a fetched file now, without waiting for it, so that the disk writes
-/// while the next files download and the batch's `syncfs` finds little left to do.
-fn start_writeback(file: &std::fs::File) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a hint on a descriptor we own; errors only mean writeback starts later.
-    unsafe {
-        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
-    }
 }
 
 /// Reads a journal: the staged sample ids and whether the slot is complete. A missing or

@@ -71,6 +71,23 @@ pub enum TierError {
     },
 }
 
+/// Starts writeback of `len` bytes at `off` of a file being staged (0 = to the end), without
+/// waiting for it. Tiers call it as they write, so that the disk writes while the rest
+/// downloads and the stager's `syncfs` finds little left; a large object would otherwise be
+/// written out only after its last byte arrived. Errors only mean writeback starts later.
+pub(crate) fn start_writeback(file: &std::fs::File, off: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a hint on a descriptor the caller holds open.
+    unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            off as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        );
+    }
+}
+
 /// A listing of a tier.
 #[derive(Debug, Default)]
 pub struct Listing {
@@ -107,7 +124,8 @@ pub trait CapacityTier: Send + Sync + 'static {
 
     /// Copies `sample` into `dest` (an empty, writable file), pacing with `pacer`; returns the
     /// number of bytes written. Fails with [`TierError::Changed`] when the bytes are not the
-    /// catalogued ones.
+    /// catalogued ones. Starts writeback of what it writes as it goes (`start_writeback`), so
+    /// that making a batch durable costs the stager little.
     async fn fetch(
         &self,
         sample: &SampleRef,
@@ -335,6 +353,7 @@ impl PosixTier {
             if n == 0 {
                 break; // source shrank; the check below reports it
             }
+            start_writeback(dest, off_out as u64 - n, n);
         }
         check(&src.metadata().map_err(|e| self.io_err(&sample.path, e))?)?;
         if off_out as u64 != sample.size {
