@@ -1099,7 +1099,7 @@ impl S3Tier {
             }
             if batch.is_empty() && chunk.len() >= WRITE_BATCH {
                 // Large frames go straight to the file without a copy.
-                off = write_at(dest, chunk, off, &sample.path).await?;
+                off = write_at(dest, chunk, off, sample).await?;
                 continue;
             }
             if batch.capacity() == 0 {
@@ -1108,11 +1108,11 @@ impl S3Tier {
             batch.extend_from_slice(&chunk);
             if batch.len() >= WRITE_BATCH {
                 let full = std::mem::take(&mut batch);
-                off = write_at(dest, Bytes::from(full), off, &sample.path).await?;
+                off = write_at(dest, Bytes::from(full), off, sample).await?;
             }
         }
         if !batch.is_empty() {
-            off = write_at(dest, Bytes::from(batch), off, &sample.path).await?;
+            off = write_at(dest, Bytes::from(batch), off, sample).await?;
         }
         if off != want.end {
             return Err(TierError::Io {
@@ -1158,18 +1158,23 @@ impl S3Tier {
     }
 }
 
-/// Writes `data` at `off` on a blocking thread; returns the offset after it.
+/// Writes `data` at `off` on a blocking thread (starting its writeback when the copy is to be
+/// durable); returns the offset after it.
 async fn write_at(
     dest: &Arc<std::fs::File>,
     data: Bytes,
     off: u64,
-    path: &str,
+    sample: &SampleRef,
 ) -> Result<u64, TierError> {
     let file = dest.clone();
     let len = data.len() as u64;
+    let durable = sample.durable;
+    let path = sample.path.as_str();
     tokio::task::spawn_blocking(move || {
         file.write_all_at(&data, off)?;
-        crate::tier::start_writeback(&file, off, data.len() as u64);
+        if durable {
+            crate::tier::start_writeback(&file, off, data.len() as u64);
+        }
         Ok::<(), std::io::Error>(())
     })
     .await

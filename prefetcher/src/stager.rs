@@ -407,6 +407,7 @@ impl Stager {
             path: rel.clone(),
             size: self.catalog.size(id),
             version: self.catalog.version(id).to_string(),
+            durable: self.cfg.fsync,
         };
         let tmp = self.tmp_dir.join(format!("{slot_name}-{id}"));
         let mut delay = Duration::from_millis(200);

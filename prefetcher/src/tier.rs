@@ -108,6 +108,10 @@ pub struct SampleRef {
     pub size: u64,
     /// Expected version (mtime ns or ETag); empty to skip the check.
     pub version: String,
+    /// The copy will be made durable: start its writeback as it is written, so that the disk
+    /// writes while the rest downloads (a cache on tmpfs, or staging without `fsync`, gains
+    /// nothing from it).
+    pub durable: bool,
 }
 
 /// The seam between the stager and a storage system.
@@ -124,8 +128,8 @@ pub trait CapacityTier: Send + Sync + 'static {
 
     /// Copies `sample` into `dest` (an empty, writable file), pacing with `pacer`; returns the
     /// number of bytes written. Fails with [`TierError::Changed`] when the bytes are not the
-    /// catalogued ones. Starts writeback of what it writes as it goes (`start_writeback`), so
-    /// that making a batch durable costs the stager little.
+    /// catalogued ones. For a [`SampleRef::durable`] copy it starts writeback of what it writes
+    /// as it goes (`start_writeback`), so that making a batch durable costs the stager little.
     async fn fetch(
         &self,
         sample: &SampleRef,
@@ -353,7 +357,9 @@ impl PosixTier {
             if n == 0 {
                 break; // source shrank; the check below reports it
             }
-            start_writeback(dest, off_out as u64 - n, n);
+            if sample.durable {
+                start_writeback(dest, off_out as u64 - n, n);
+            }
         }
         check(&src.metadata().map_err(|e| self.io_err(&sample.path, e))?)?;
         if off_out as u64 != sample.size {
@@ -458,6 +464,7 @@ mod tests {
             path: e.path.clone(),
             size: e.size,
             version: e.version.clone(),
+            durable: true,
         };
         assert_eq!(t.fetch(&s, f, &Pacer::unlimited()).await.unwrap(), 10_000);
         assert_eq!(std::fs::read(&dst).unwrap(), vec![7u8; 10_000]);
@@ -472,6 +479,7 @@ mod tests {
             path: "leak".into(),
             size: 7,
             version: String::new(),
+            durable: true,
         };
         assert!(matches!(
             t.fetch(&s, f, &Pacer::unlimited()).await,

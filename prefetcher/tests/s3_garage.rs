@@ -218,6 +218,7 @@ fn sample(e: &prefetcher::catalog::CatalogEntry) -> SampleRef {
         path: e.path.clone(),
         size: e.size,
         version: e.version.clone(),
+        durable: true,
     }
 }
 
@@ -548,6 +549,7 @@ async fn keys_that_escape_the_view_are_left_out_and_named() {
             path: p.into(),
             size: 3,
             version: String::new(),
+            durable: true,
         };
         let f = Arc::new(std::fs::File::create(dir.path().join("x")).unwrap());
         let err = tier.fetch(&s, f, &Pacer::unlimited()).await.unwrap_err();
