@@ -556,6 +556,26 @@ mod tests {
         (d, c)
     }
 
+    /// The view of `samples` staged in slot `slot` of `d`.
+    fn view(
+        d: &tempfile::TempDir,
+        c: &Catalog,
+        samples: &[u32],
+        generation: u64,
+        mini_epoch: u32,
+        slot: &str,
+    ) -> Arc<View> {
+        Arc::new(View::build(
+            c,
+            samples,
+            generation,
+            0,
+            mini_epoch,
+            slot,
+            &d.path().join(slot),
+        ))
+    }
+
     fn list(core: &FsCore, fh: u64, offset: u64) -> Vec<String> {
         let mut names = Vec::new();
         core.readdir(ROOT_INO, fh, offset, false, |e| {
@@ -578,15 +598,7 @@ mod tests {
     #[test]
     fn open_handle_keeps_old_bytes_across_switch() {
         let (d, c) = setup();
-        let v1 = Arc::new(View::build(
-            &c,
-            &[0, 1],
-            1,
-            0,
-            0,
-            "s1",
-            &d.path().join("s1"),
-        ));
+        let v1 = view(&d, &c, &[0, 1], 1, 0, "s1");
         let core = FsCore::new(v1, settings());
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         core.set_drained_sender(tx);
@@ -595,15 +607,7 @@ mod tests {
         let f = core.lookup(dir.ino, "f").unwrap();
         assert_eq!(f.size, 100);
         let h = core.open(f.ino).unwrap();
-        let v2 = Arc::new(View::build(
-            &c,
-            &[0, 1],
-            2,
-            0,
-            1,
-            "s2",
-            &d.path().join("s2"),
-        ));
+        let v2 = view(&d, &c, &[0, 1], 2, 1, "s2");
         core.switch(v2);
         // New lookups see the new view ...
         let dir2 = core.lookup(ROOT_INO, "d").unwrap();
@@ -626,20 +630,12 @@ mod tests {
     #[test]
     fn readdir_is_pinned_and_complete() {
         let (d, c) = setup();
-        let v1 = Arc::new(View::build(
-            &c,
-            &[0, 1],
-            1,
-            0,
-            0,
-            "s1",
-            &d.path().join("s1"),
-        ));
+        let v1 = view(&d, &c, &[0, 1], 1, 0, "s1");
         let core = FsCore::new(v1, settings());
         let fh = core.opendir(ROOT_INO).unwrap();
         let names = list(&core, fh, 0);
         assert_eq!(names, vec![".", "..", "d", "g"]);
-        let v2 = Arc::new(View::build(&c, &[1], 2, 0, 1, "s2", &d.path().join("s2")));
+        let v2 = view(&d, &c, &[1], 2, 1, "s2");
         core.switch(v2);
         // Resuming the listing after a switch still lists the pinned view.
         assert_eq!(list(&core, fh, 2), vec!["d", "g"]);
@@ -651,15 +647,7 @@ mod tests {
     #[test]
     fn errors_map_to_errno() {
         let (d, c) = setup();
-        let v1 = Arc::new(View::build(
-            &c,
-            &[0, 1],
-            1,
-            0,
-            0,
-            "s1",
-            &d.path().join("s1"),
-        ));
+        let v1 = view(&d, &c, &[0, 1], 1, 0, "s1");
         let core = FsCore::new(v1, settings());
         assert_eq!(
             core.lookup(ROOT_INO, "zz").unwrap_err().errno(),
@@ -679,15 +667,7 @@ mod tests {
     #[test]
     fn kernel_references_pin_a_view_on_the_cached_path() {
         let (d, c) = setup();
-        let v1 = Arc::new(View::build(
-            &c,
-            &[0, 1],
-            1,
-            0,
-            0,
-            "s1",
-            &d.path().join("s1"),
-        ));
+        let v1 = view(&d, &c, &[0, 1], 1, 0, "s1");
         let core = FsCore::new(
             v1,
             FsSettings {
@@ -704,15 +684,7 @@ mod tests {
         let f = core.lookup(dir.ino, "f").unwrap();
         core.lookup(dir.ino, "f").unwrap();
         assert_eq!(core.read_ino(f.ino, 0, 4096).unwrap(), vec![1u8; 100]);
-        let v2 = Arc::new(View::build(
-            &c,
-            &[0, 1],
-            2,
-            0,
-            1,
-            "s2",
-            &d.path().join("s2"),
-        ));
+        let v2 = view(&d, &c, &[0, 1], 2, 1, "s2");
         let old = core.switch(v2);
         assert!(!core.is_drained(&old), "the kernel still holds its inodes");
         // Old inodes keep reading old bytes, and their entries are no longer cacheable.
@@ -736,15 +708,7 @@ mod tests {
     #[test]
     fn readdirplus_counts_only_the_entries_sent() {
         let (d, c) = setup();
-        let v1 = Arc::new(View::build(
-            &c,
-            &[0, 1],
-            1,
-            0,
-            0,
-            "s1",
-            &d.path().join("s1"),
-        ));
+        let v1 = view(&d, &c, &[0, 1], 1, 0, "s1");
         let core = FsCore::new(v1.clone(), settings());
         let fh = core.opendir(ROOT_INO).unwrap();
         // The reply has room for ".", ".." and "d": "g" is not sent, so not referenced.

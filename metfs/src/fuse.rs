@@ -105,6 +105,17 @@ fn ttl(a: &Attr) -> Duration {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if self.cached
+            && !config
+                .capabilities()
+                .contains(InitFlags::FUSE_NO_OPEN_SUPPORT)
+        {
+            // An old kernel would take ENOSYS from open as a failure, not as "no opens".
+            tracing::warn!(
+                "kernel does not support zero-message opens; the cached read path falls back to pread"
+            );
+            self.cached = false;
+        }
         if self.passthrough.load(Ordering::Relaxed) {
             let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                 && config.set_max_stack_depth(1).is_ok();

@@ -119,9 +119,10 @@ pub const METRICS: &[Metric] = &[
     m("metfs_staging_total_files", Gauge, Staging("files_total"), "Files of the next mini-epoch to stage."),
     m("metfs_staging_current_bandwidth_bytes_per_second", Gauge, Staging("bytes_per_s"), "Staging throughput of the next mini-epoch so far."),
     m("metfs_staging_eta_seconds", Gauge, Staging("eta_s"), "Estimated seconds until the next mini-epoch is staged."),
-    m("metfs_draining_slots", Gauge, Field("draining_slots"), "Old slots still held by open file handles."),
+    m("metfs_draining_slots", Gauge, Field("draining_slots"), "Old slots still held by open files (on the cached read path: by the kernel's references to their inodes)."),
     m("metfs_open_handles", Gauge, Field("open_handles"), "File handles open on the mount."),
     m("metfs_passthrough", Gauge, Field("passthrough"), "1 when reads use kernel FUSE passthrough."),
+    m("metfs_daemon_read_bytes_total", Counter, Field("daemon_bytes_read"), "Bytes the daemon read for the kernel (cache misses on the cached path, every read on the pread path)."),
     m("metfs_failed_samples", Gauge, Count("failed_samples"), "Samples that recently failed to stage (at most the last 100 are remembered)."),
     m("metfs_error", Gauge, Present("last_error"), "1 when the daemon has an error to report (see metfs status)."),
     m("metfs_nodes", Gauge, Field("nodes"), "Nodes in the job."),
@@ -129,7 +130,7 @@ pub const METRICS: &[Metric] = &[
 ];
 
 /// The label-only `metfs_info` metric (value 1) carries these status strings as labels.
-const INFO_LABELS: &[&str] = &["rf_policy", "compose", "job"];
+const INFO_LABELS: &[&str] = &["rf_policy", "compose", "job", "read_path"];
 
 /// Formats a number as the exposition format reads it.
 fn number(v: &Value) -> Option<String> {
@@ -307,6 +308,7 @@ mod tests {
             r#"{
             "epoch": 3, "mini_epoch": 7, "mini_epochs": 16, "pass": 2, "rf": 5.5,
             "rf_policy": "bollinger", "job": "resnet \"50\"", "advance_wanted": false,
+            "read_path": "cached", "daemon_bytes_read": 4096,
             "generation": 55, "next_ready": true, "cache_bytes": 123456789,
             "budget_bytes": 17179869184, "slot_bytes": 8000000000, "reserve_bytes": 4096,
             "tier_bytes_read": 18446744073709551615, "view_files": 1000,
@@ -474,6 +476,7 @@ mod tests {
         let info = get(&s, "metfs_info").unwrap();
         assert_eq!(info.2, 1.0);
         assert!(info.1.contains(&("rf_policy".into(), "bollinger".into())));
+        assert!(info.1.contains(&("read_path".into(), "cached".into())));
         assert!(info.1.contains(&("job".into(), "resnet \"50\"".into())));
         assert!(info.1.contains(&("compose".into(), "random".into())));
         // The source URL and other strings are not exported.
