@@ -1987,9 +1987,7 @@ fn copy_dataset_rows(
         out_row += len;
         // Start writing this block back now rather than all of it at the caller's fsync,
         // so reads and writes overlap; this does not wait for the disk.
-        unsafe {
-            libc::sync_file_range(fds.out.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
-        }
+        crate::tier::start_writeback(&fds.out, 0, 0);
     }
     Ok(())
 }
