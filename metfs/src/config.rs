@@ -113,6 +113,37 @@ impl ReadPath {
     }
 }
 
+/// The read path a mount uses now, shared between the daemon (which reports it) and the FUSE
+/// adapter (which may have to fall back): it starts as the resolved path and only ever falls
+/// back to [`ReadPath::Pread`], when the kernel turns out not to support the chosen one.
+#[derive(Debug)]
+pub struct ActiveReadPath(std::sync::atomic::AtomicU8);
+
+impl ActiveReadPath {
+    /// The path chosen at mount (resolved, never `auto`).
+    pub fn new(path: ReadPath) -> Self {
+        Self(std::sync::atomic::AtomicU8::new(path as u8))
+    }
+
+    /// The path in use now.
+    pub fn get(&self) -> ReadPath {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            x if x == ReadPath::Cached as u8 => ReadPath::Cached,
+            x if x == ReadPath::Passthrough as u8 => ReadPath::Passthrough,
+            x if x == ReadPath::Auto as u8 => ReadPath::Auto,
+            _ => ReadPath::Pread,
+        }
+    }
+
+    /// Falls back to `pread`; true if this call changed the path (so that only one caller
+    /// logs it).
+    pub fn fall_back(&self) -> bool {
+        self.0
+            .swap(ReadPath::Pread as u8, std::sync::atomic::Ordering::Relaxed)
+            != ReadPath::Pread as u8
+    }
+}
+
 /// The node's memory in bytes (`MemTotal` of `/proc/meminfo`).
 pub fn mem_total() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -487,6 +518,18 @@ fn resolve_policy(file: &FileConfig, flags: &FileConfig) -> Result<PolicyConfig,
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn active_read_path_only_falls_back_to_pread() {
+        use super::{ActiveReadPath, ReadPath};
+        for p in [ReadPath::Cached, ReadPath::Passthrough, ReadPath::Pread] {
+            let a = ActiveReadPath::new(p);
+            assert_eq!(a.get(), p);
+            assert_eq!(a.fall_back(), p != ReadPath::Pread);
+            assert_eq!(a.get(), ReadPath::Pread);
+            assert!(!a.fall_back(), "a second fall-back changes nothing");
+        }
+    }
+
     #[test]
     fn auto_read_path_follows_memory_and_sample_size() {
         let gib = 1u64 << 30;

@@ -26,7 +26,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,7 +46,7 @@ use serde_json::{json, Value};
 use thiserror::Error;
 use tokio::sync::watch;
 
-use crate::config::{MountConfig, PrefetchRate, ReadPath};
+use crate::config::{ActiveReadPath, MountConfig, PrefetchRate, ReadPath};
 use crate::fs::{FsCore, FsSettings};
 use crate::view::View;
 
@@ -294,10 +294,10 @@ pub struct Daemon {
     budget: Budget,
     stager: Stager,
     fs: Arc<FsCore>,
-    /// The read path in use (`auto` resolved at mount).
+    /// The read path chosen at mount (`auto` resolved).
     read_path: ReadPath,
-    /// Whether passthrough is in use (cleared by the adapter if the kernel refuses it).
-    passthrough: Arc<AtomicBool>,
+    /// The read path in use: `read_path` until the kernel refuses it, then `pread`.
+    active_read_path: Arc<ActiveReadPath>,
     state: Mutex<State>,
     changed: watch::Sender<u64>,
     notifier: Mutex<Option<fuser::Notifier>>,
@@ -787,7 +787,7 @@ impl Daemon {
             me.samples.iter().map(|&s| footprints[s as usize]).sum(),
         );
         let (changed, _) = watch::channel(0u64);
-        let passthrough = Arc::new(AtomicBool::new(read_path == ReadPath::Passthrough));
+        let active_read_path = Arc::new(ActiveReadPath::new(read_path));
         let daemon = Arc::new(Daemon {
             tier_url: tier.url().to_string(),
             containers,
@@ -801,7 +801,7 @@ impl Daemon {
             stager,
             fs,
             read_path,
-            passthrough,
+            active_read_path,
             state: Mutex::new(State {
                 epoch,
                 mini_epoch,
@@ -898,9 +898,10 @@ impl Daemon {
         self.fs.clone()
     }
 
-    /// Whether reads may use passthrough (cleared by the adapter if the kernel refuses).
-    pub fn passthrough_flag(&self) -> Arc<AtomicBool> {
-        self.passthrough.clone()
+    /// The read path in use, shared with the FUSE adapter (which falls back to `pread` if the
+    /// kernel does not support the chosen path).
+    pub fn active_read_path(&self) -> Arc<ActiveReadPath> {
+        self.active_read_path.clone()
     }
 
     /// The read path chosen at mount.
@@ -908,12 +909,9 @@ impl Daemon {
         self.read_path
     }
 
-    /// The read path in use now: passthrough becomes pread if the kernel refused it.
+    /// The read path in use now.
     fn read_path_now(&self) -> ReadPath {
-        match self.read_path {
-            ReadPath::Passthrough if !self.passthrough.load(Ordering::Relaxed) => ReadPath::Pread,
-            p => p,
-        }
+        self.active_read_path.get()
     }
 
     /// Records the mountpoint and the kernel notifier once mounted.
@@ -1216,7 +1214,7 @@ impl Daemon {
             } else {
                 self.evict_view(old.generation).await;
             }
-        } else if self.read_path == ReadPath::Cached {
+        } else if self.read_path_now() == ReadPath::Cached {
             if let Some(me) = me {
                 tokio::spawn(me.release_kernel_refs(old.generation));
             }
@@ -1339,7 +1337,7 @@ impl Daemon {
                 }),
             );
             self.check_stall_free(&mut s);
-            if s.passes == 1 && self.read_path == ReadPath::Cached {
+            if s.passes == 1 && self.read_path_now() == ReadPath::Cached {
                 // The view's data now lives in the mount's page cache.
                 let (fs, view) = (self.fs.clone(), self.fs.current());
                 tokio::task::spawn_blocking(move || fs.drop_slot_pages(&view));

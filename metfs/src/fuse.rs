@@ -8,12 +8,17 @@
 //!   with no handle and are served by inode; once a file is cached, opening and reading it never
 //!   reaches the daemon, which is what native speed on repeated passes needs: measured here,
 //!   one round trip per open cost over half of the warm small-file rate. Views are pinned by
-//!   the kernel's references (lookups minus forgets) instead of handles (see `fs`).
+//!   the kernel's references (lookups minus forgets) instead of handles (see `fs`). A kernel
+//!   without zero-message opens would take ENOSYS as a failed open, so on such a kernel the
+//!   adapter serves pread instead, decided once at `init`.
 //! * **passthrough**: the kernel reads the slot file directly (`open_backing` +
 //!   `opened_passthrough`). Backing ids are cached per (generation, node) in the core and kept
 //!   while their view lives, because registering an id per open costs about a third of
 //!   small-file throughput. Without CAP_SYS_ADMIN the kernel refuses `open_backing` with EPERM;
 //!   the adapter then switches to pread for good and logs it once.
+//!
+//! Either fall-back is recorded in the [`ActiveReadPath`] shared with the daemon, so that
+//! `metfs status` reports the path actually serving reads.
 //! * **pread**: reads come to the daemon, which `pread`s the slot file; `FOPEN_KEEP_CACHE` keeps
 //!   the kernel's page cache across opens, which is safe because slot files never change.
 //!
@@ -23,7 +28,6 @@
 //! inodes, which lets the view drain.
 
 use std::ffi::OsStr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +37,7 @@ use fuser::{
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
 };
 
-use crate::config::ReadPath;
+use crate::config::{ActiveReadPath, ReadPath};
 use crate::fs::{Attr, FsCore, FsError};
 
 /// How long the kernel may cache entries and attributes within one generation.
@@ -42,24 +46,22 @@ const TTL: Duration = Duration::from_secs(3600);
 /// The `fuser::Filesystem` over a shared [`FsCore`].
 pub struct FuseAdapter {
     core: Arc<FsCore>,
-    /// The cached read path: no opens.
-    cached: bool,
-    passthrough: Arc<AtomicBool>,
+    /// The read path in use, shared with the daemon, which reports it.
+    path: Arc<ActiveReadPath>,
     uid: u32,
     gid: u32,
 }
 
 impl FuseAdapter {
-    /// An adapter for `read_path` (resolved, not `auto`); `passthrough` says whether to try
-    /// kernel passthrough, and is cleared if the kernel refuses it (so the daemon can report
-    /// the read path in use).
-    pub fn new(core: Arc<FsCore>, read_path: ReadPath, passthrough: Arc<AtomicBool>) -> Self {
+    /// An adapter serving reads on `path` (resolved, not `auto`); the adapter moves it to
+    /// `pread` if the kernel does not support the chosen path, so that the daemon reports the
+    /// path actually in use.
+    pub fn new(core: Arc<FsCore>, path: Arc<ActiveReadPath>) -> Self {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         Self {
             core,
-            cached: read_path == ReadPath::Cached,
-            passthrough,
+            path,
             uid,
             gid,
         }
@@ -105,23 +107,23 @@ fn ttl(a: &Attr) -> Duration {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        if self.cached
+        if self.path.get() == ReadPath::Cached
             && !config
                 .capabilities()
                 .contains(InitFlags::FUSE_NO_OPEN_SUPPORT)
         {
             // An old kernel would take ENOSYS from open as a failure, not as "no opens".
+            self.path.fall_back();
             tracing::warn!(
                 "kernel does not support zero-message opens; the cached read path falls back to pread"
             );
-            self.cached = false;
         }
-        if self.passthrough.load(Ordering::Relaxed) {
+        if self.path.get() == ReadPath::Passthrough {
             let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                 && config.set_max_stack_depth(1).is_ok();
             if !ok {
+                self.path.fall_back();
                 tracing::info!("kernel does not offer FUSE passthrough; reads use pread");
-                self.passthrough.store(false, Ordering::Relaxed);
             }
         }
         let _ = config.set_max_readahead(1 << 20);
@@ -157,11 +159,12 @@ impl Filesystem for FuseAdapter {
         if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
             return reply.error(Errno::from_i32(libc::EROFS));
         }
-        if self.cached {
+        let path = self.path.get();
+        if path == ReadPath::Cached {
             // The kernel takes ENOSYS as "no opens needed" for the rest of the connection.
             return reply.error(Errno::ENOSYS);
         }
-        if self.passthrough.load(Ordering::Relaxed) {
+        if path == ReadPath::Passthrough {
             match self.core.open_cached_backing(ino.0) {
                 Ok(Some((fh, id))) => {
                     if let Ok(id) = id.downcast::<BackingId>() {
@@ -177,7 +180,7 @@ impl Filesystem for FuseAdapter {
             Ok(o) => o,
             Err(e) => return reply.error(errno(e)),
         };
-        if self.passthrough.load(Ordering::Relaxed) {
+        if path == ReadPath::Passthrough {
             let cached = self
                 .core
                 .backing(opened.key)
@@ -187,7 +190,7 @@ impl Filesystem for FuseAdapter {
                 None => match reply.open_backing(&*opened.file) {
                     Ok(id) => Some(Arc::new(id)),
                     Err(e) => {
-                        if self.passthrough.swap(false, Ordering::Relaxed) {
+                        if self.path.fall_back() {
                             tracing::warn!(
                                 error = %e,
                                 "kernel refused a passthrough backing file (needs CAP_SYS_ADMIN); reads use pread from now on"

@@ -700,7 +700,7 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
         let fs = daemon.fs();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         fs.set_drained_sender(tx);
-        let adapter = fuse::FuseAdapter::new(fs, daemon.read_path(), daemon.passthrough_flag());
+        let adapter = fuse::FuseAdapter::new(fs, daemon.active_read_path());
         let mut fcfg = fuser::Config::default();
         fcfg.mount_options = vec![
             fuser::MountOption::FSName("metfs".into()),
