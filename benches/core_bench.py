@@ -100,8 +100,9 @@ class Mount:
 
     def start(self) -> None:
         """`metfs mount`: returns once the first mini-epoch is staged and the mount is live."""
+        # The rf history goes beside the cache, not into the user's.
         sh(str(METFS), "mount", "--source", str(self.source), "--cache", str(self.cache), "--budget", self.budget,
-           *self.extra, str(self.mnt))
+           "--history", str(self.cache.parent / f"{self.cache.name}-rf-history.json"), *self.extra, str(self.mnt))
 
     def __enter__(self) -> "Mount":
         self.clean()

@@ -90,7 +90,8 @@ run_tool() { # tool dataset bytes
     metfs-mount)
         mkdir -p "$MNT" "$WORK/cache"
         if ! "$METFS" mount "$MNT" --source "s3://$B/$ds" --cache "$WORK/cache" \
-            --budget "$((bytes * 3))" --mini-epochs 1 >"$WORK/mount.log" 2>&1; then
+            --budget "$((bytes * 3))" --mini-epochs 1 --history "$WORK/rf-history.json" \
+            >"$WORK/mount.log" 2>&1; then
             echo "# metfs mount failed (left out): $(tail -n 3 "$WORK/mount.log" | tr '\n' ' ')" >&2
             return 0
         fi

@@ -24,4 +24,9 @@ grep -E "^test result" target/cargo-test.log
 
 echo "== end-to-end and Python tests"
 export METFS_BIN="$PWD/target/debug/metfs"
+# Daemons that tests start without --history (Slurm scripts, CLI checks) keep their rf history
+# here rather than in the user's ~/.local/share/metfs.
+XDG_DATA_HOME=$(mktemp -d /tmp/metfs-test-data.XXXXXX)
+export XDG_DATA_HOME
+trap 'rm -rf "$XDG_DATA_HOME"' EXIT
 python3 -m pytest -q -p no:cacheprovider tests bindings/python/tests
