@@ -390,19 +390,27 @@ impl FsCore {
         let Some(id) = self.backing.get(&(view.generation, idx)) else {
             return Ok(None);
         };
+        let fh = self.new_handle(view, idx, None, Some(id.clone()));
+        Ok(Some((fh, id)))
+    }
+
+    /// Registers an open of node `idx` of `view`; the handle pins the view until released.
+    fn new_handle(
+        &self,
+        view: Arc<View>,
+        idx: u32,
+        file: Option<Arc<File>>,
+        pinned: Option<Pinned>,
+    ) -> u64 {
         view.touch(idx);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         view.handle_opened();
         self.opens.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().unwrap().insert(
-            fh,
-            Handle {
-                view,
-                file: None,
-                pinned: Some(id.clone()),
-            },
-        );
-        Ok(Some((fh, id)))
+        self.handles
+            .lock()
+            .unwrap()
+            .insert(fh, Handle { view, file, pinned });
+        fh
     }
 
     /// Opens file `ino` read-only; the handle pins its view.
@@ -413,18 +421,7 @@ impl FsCore {
         }
         let key = (view.generation, idx);
         let file = self.backing_file(&view, idx)?;
-        view.touch(idx);
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        view.handle_opened();
-        self.opens.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().unwrap().insert(
-            fh,
-            Handle {
-                view,
-                file: Some(file.clone()),
-                pinned: None,
-            },
-        );
+        let fh = self.new_handle(view, idx, Some(file.clone()), None);
         Ok(Opened { fh, file, key })
     }
 

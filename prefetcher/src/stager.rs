@@ -254,6 +254,15 @@ impl Stager {
         out
     }
 
+    /// Creates `slot`'s directory and the temporary directory; returns the slot's directory
+    /// and its journal's path.
+    fn prepare_slot(&self, slot: &SlotSpec) -> Result<(PathBuf, PathBuf), StageError> {
+        let dir = self.slot_path(&slot.name);
+        std::fs::create_dir_all(&dir).map_err(cache_err(&dir))?;
+        std::fs::create_dir_all(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
+        Ok((dir, self.journal_path(&slot.name)))
+    }
+
     /// Stages `slot`, resuming from its journal. Returns when every sample is in the slot or has
     /// failed permanently.
     pub async fn stage(
@@ -262,10 +271,7 @@ impl Stager {
         progress: Arc<Progress>,
     ) -> Result<StageReport, StageError> {
         let start = Instant::now();
-        let dir = self.slot_path(&slot.name);
-        std::fs::create_dir_all(&dir).map_err(cache_err(&dir))?;
-        std::fs::create_dir_all(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
-        let jpath = self.journal_path(&slot.name);
+        let (dir, jpath) = self.prepare_slot(slot)?;
         let (journaled, complete) = read_journal(&jpath);
         let total_bytes: u64 = slot.samples.iter().map(|&s| self.catalog.size(s)).sum();
         progress
@@ -536,10 +542,7 @@ impl Stager {
         progress: Arc<Progress>,
     ) -> Result<StageReport, StageError> {
         let start = Instant::now();
-        let dir = self.slot_path(&slot.name);
-        std::fs::create_dir_all(&dir).map_err(cache_err(&dir))?;
-        std::fs::create_dir_all(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
-        let jpath = self.journal_path(&slot.name);
+        let (dir, jpath) = self.prepare_slot(slot)?;
         let mut done: std::collections::HashMap<usize, u64> = Default::default();
         if let Ok(f) = std::fs::File::open(&jpath) {
             for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
