@@ -122,7 +122,7 @@ struct Handle {
     view: Arc<View>,
     file: Option<Arc<File>>,
     /// Passthrough backing id (or anything the adapter wants pinned while the handle lives).
-    pinned: Option<Arc<dyn Any + Send + Sync>>,
+    pinned: Option<Pinned>,
 }
 
 struct Views {
@@ -153,7 +153,7 @@ pub struct FsCore {
     next_fh: AtomicU64,
     files: moka::sync::Cache<(u64, u32), Arc<File>>,
     settings: FsSettings,
-    backing: moka::sync::Cache<(u64, u32), Arc<dyn Any + Send + Sync>>,
+    backing: moka::sync::Cache<(u64, u32), Pinned>,
     drained: Mutex<Option<tokio::sync::mpsc::UnboundedSender<u64>>>,
     /// Bytes served by the pread path.
     pub bytes_read: AtomicU64,
@@ -457,12 +457,12 @@ impl FsCore {
     }
 
     /// The cached passthrough backing id of `key`, if any.
-    pub fn backing(&self, key: (u64, u32)) -> Option<Arc<dyn Any + Send + Sync>> {
+    pub fn backing(&self, key: (u64, u32)) -> Option<Pinned> {
         self.backing.get(&key)
     }
 
     /// Caches a passthrough backing id for `key` (kept while its view lives) and pins it to `fh`.
-    pub fn set_backing(&self, key: (u64, u32), fh: u64, id: Arc<dyn Any + Send + Sync>) {
+    pub fn set_backing(&self, key: (u64, u32), fh: u64, id: Pinned) {
         self.backing.insert(key, id.clone());
         if let Some(h) = self.handles.lock().unwrap().get_mut(&fh) {
             h.pinned = Some(id);
