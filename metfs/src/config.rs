@@ -290,8 +290,8 @@ pub struct MountConfig {
     /// Label samples by their first directory level (ImageFolder layout). Default: only when
     /// composition needs labels and the manifest has none.
     pub label_from_dirs: bool,
-    /// Read path. Default `auto`: `cached` when a slot fits in half of the node's memory,
-    /// `passthrough` otherwise (see [`ReadPath`]).
+    /// Read path. Default `auto`: `cached` when samples average under 1 MiB and a slot fits in
+    /// half of the node's memory, `passthrough` otherwise (see [`ReadPath`]).
     pub read_path: ReadPath,
     /// FUSE worker threads. Default 4: enough to keep several readers' lookups, opens and cache
     /// misses in flight on a small node; cached and passthrough reads bypass them anyway.
@@ -518,9 +518,10 @@ fn resolve_policy(file: &FileConfig, flags: &FileConfig) -> Result<PolicyConfig,
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn active_read_path_only_falls_back_to_pread() {
-        use super::{ActiveReadPath, ReadPath};
         for p in [ReadPath::Cached, ReadPath::Passthrough, ReadPath::Pread] {
             let a = ActiveReadPath::new(p);
             assert_eq!(a.get(), p);
@@ -555,8 +556,6 @@ mod tests {
             ReadPath::Pread
         );
     }
-
-    use super::*;
 
     #[test]
     fn flags_win_over_file() {

@@ -776,7 +776,6 @@ impl Daemon {
                 max_open_files: cfg.max_open_files,
                 max_backing_ids: cfg.max_backing_ids,
                 track_kernel_refs: read_path == ReadPath::Cached,
-                drop_backing_pages: read_path == ReadPath::Cached,
             },
         ));
         let mut plans = BTreeMap::new();
@@ -1339,8 +1338,8 @@ impl Daemon {
             self.check_stall_free(&mut s);
             if s.passes == 1 && self.read_path_now() == ReadPath::Cached {
                 // The view's data now lives in the mount's page cache.
-                let (fs, view) = (self.fs.clone(), self.fs.current());
-                tokio::task::spawn_blocking(move || fs.drop_slot_pages(&view));
+                let view = self.fs.current();
+                tokio::task::spawn_blocking(move || FsCore::drop_slot_pages(&view));
             }
             if d.verdict == Verdict::Advance {
                 s.advance_wanted = true;

@@ -140,10 +140,6 @@ pub struct FsSettings {
     /// A retired view drains only once the kernel holds none of its inodes (the cached read
     /// path, where handles are invisible).
     pub track_kernel_refs: bool,
-    /// [`FsCore::drop_slot_pages`] does something (the cached read path: the kernel keeps its
-    /// own copy of what it read in the mount's page cache, so the slot files' pages are a
-    /// second copy).
-    pub drop_backing_pages: bool,
 }
 
 /// The filesystem core. See the module docs.
@@ -282,17 +278,7 @@ impl FsCore {
     }
 
     fn attr(&self, view: &View, idx: u32) -> Attr {
-        let (size, is_dir) = match view.node(idx).kind {
-            NodeKind::Dir { .. } => (0, true),
-            NodeKind::File { size, .. } => (size, false),
-        };
-        Attr {
-            ino: view.ino(idx),
-            size,
-            is_dir,
-            generation: view.generation,
-            current: self.is_current(view),
-        }
+        attr_in(view, idx, self.is_current(view))
     }
 
     /// Resolves `name` in directory `parent`.
@@ -355,6 +341,8 @@ impl FsCore {
         let children = view.children(idx)?;
         let parent = view.node(idx).parent;
         let total = children.len() as u64 + 2;
+        // One listing is of one view, current or not.
+        let current = self.is_current(&view);
         for off in offset..total {
             let (node, name) = match off {
                 0 => (idx, "."),
@@ -367,7 +355,7 @@ impl FsCore {
             let entry = DirEntry {
                 next_offset: off + 1,
                 name,
-                attr: self.attr(&view, node),
+                attr: attr_in(&view, node, current),
             };
             if add(&entry) {
                 break;
@@ -499,11 +487,9 @@ impl FsCore {
     /// view's data in the mount's own page cache (after a first pass on the cached read path),
     /// so that memory holds each byte once. Dropping per read would cost a sixth of a cold
     /// small-file read here; once per view, in the background during a warm pass, it costs
-    /// nothing a reader waits for. Blocking: call from a blocking thread.
-    pub fn drop_slot_pages(&self, view: &View) {
-        if !self.settings.drop_backing_pages {
-            return;
-        }
+    /// nothing a reader waits for. Only for the cached path: on the others the slot files'
+    /// pages are the only copy. Blocking: call from a blocking thread.
+    pub fn drop_slot_pages(view: &View) {
         use std::os::fd::AsRawFd;
         for idx in view.file_nodes() {
             let Ok(file) = File::open(view.backing_path(idx)) else {
@@ -530,6 +516,21 @@ impl FsCore {
     /// Open handles in total.
     pub fn open_handles(&self) -> usize {
         self.handles.lock().unwrap().len()
+    }
+}
+
+/// The attributes of node `idx` of `view`, which is (or is not) the current view.
+fn attr_in(view: &View, idx: u32, current: bool) -> Attr {
+    let (size, is_dir) = match view.node(idx).kind {
+        NodeKind::Dir { .. } => (0, true),
+        NodeKind::File { size, .. } => (size, false),
+    };
+    Attr {
+        ino: view.ino(idx),
+        size,
+        is_dir,
+        generation: view.generation,
+        current,
     }
 }
 
@@ -588,7 +589,6 @@ mod tests {
             max_open_files: 16,
             max_backing_ids: 16,
             track_kernel_refs: false,
-            drop_backing_pages: false,
         }
     }
 
@@ -669,7 +669,6 @@ mod tests {
             v1,
             FsSettings {
                 track_kernel_refs: true,
-                drop_backing_pages: true,
                 ..settings()
             },
         );

@@ -16,11 +16,11 @@
 //!   while their view lives, because registering an id per open costs about a third of
 //!   small-file throughput. Without CAP_SYS_ADMIN the kernel refuses `open_backing` with EPERM;
 //!   the adapter then switches to pread for good and logs it once.
+//! * **pread**: reads come to the daemon, which `pread`s the slot file; `FOPEN_KEEP_CACHE` keeps
+//!   the kernel's page cache across opens, which is safe because slot files never change.
 //!
 //! Either fall-back is recorded in the [`ActiveReadPath`] shared with the daemon, so that
 //! `metfs status` reports the path actually serving reads.
-//! * **pread**: reads come to the daemon, which `pread`s the slot file; `FOPEN_KEEP_CACHE` keeps
-//!   the kernel's page cache across opens, which is safe because slot files never change.
 //!
 //! Entry and attribute TTLs are long (an hour): within a generation nothing changes, and a
 //! switch invalidates the root's entries explicitly (see `daemon`). Entries of a view that is

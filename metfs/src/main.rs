@@ -222,8 +222,9 @@ struct MountArgs {
     #[arg(long)]
     label_dataset: Option<String>,
     /// Read path: cached (kernel page cache, no per-open round trip), passthrough (kernel reads
-    /// the slot file; needs CAP_SYS_ADMIN), pread (through the daemon), or auto (cached when a
-    /// slot fits in half of the node's memory, else passthrough) [default: auto].
+    /// the slot file; needs CAP_SYS_ADMIN), pread (through the daemon), or auto (cached when
+    /// samples average under 1 MiB and a slot fits in half of the node's memory, else
+    /// passthrough) [default: auto].
     #[arg(long, value_enum)]
     read_path: Option<ReadPath>,
     /// FUSE worker threads [default: 4].
