@@ -1190,7 +1190,15 @@ fn pwritev_all(file: &std::fs::File, bufs: &[Bytes], mut off: u64) -> std::io::R
     use std::os::fd::AsRawFd;
     // (buffer index, bytes of it already written)
     let (mut i, mut done) = (0usize, 0usize);
-    while i < bufs.len() {
+    loop {
+        // Written and empty buffers need no write; a write of nothing would read as a failure.
+        while i < bufs.len() && bufs[i].len() == done {
+            i += 1;
+            done = 0;
+        }
+        if i == bufs.len() {
+            return Ok(());
+        }
         let iov: Vec<libc::iovec> = bufs[i..]
             .iter()
             .take(MAX_IOVECS)
@@ -1236,13 +1244,7 @@ fn pwritev_all(file: &std::fs::File, bufs: &[Bytes], mut off: u64) -> std::io::R
                 n = 0;
             }
         }
-        // Empty buffers need no write.
-        while i < bufs.len() && bufs[i].len() == done {
-            i += 1;
-            done = 0;
-        }
     }
-    Ok(())
 }
 
 /// Removes secrets from text meant for errors and logs: the configured secret values, and the
@@ -1444,6 +1446,10 @@ mod tests {
         let want: Vec<u8> = std::iter::repeat_n(0u8, 5)
             .chain(bufs.iter().flat_map(|b| b.iter().copied()))
             .collect();
+        assert_eq!(std::fs::read(&path).unwrap(), want);
+        // A batch of empty frames (a stream may end with one) writes nothing and succeeds.
+        pwritev_all(&file, &[Bytes::new(), Bytes::new()], 1 << 20).unwrap();
+        pwritev_all(&file, &[], 0).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), want);
     }
 
