@@ -1,21 +1,7 @@
-#![recursion_limit = "256"]
 //! `metfs`: mini-epoch training over FUSE.
 //!
 //! The binary is a thin CLI (clap) over the daemon modules; `anyhow` is used only here, to add
 //! context to the modules' typed errors on their way to the user.
-
-mod client;
-mod config;
-mod control;
-mod daemon;
-mod events;
-mod fs;
-mod fuse;
-mod logging;
-mod metrics;
-mod mount;
-mod report;
-mod view;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -27,7 +13,8 @@ use clap::{Args, Parser, Subcommand};
 use prefetcher::planner::Strategy;
 use serde_json::{json, Value};
 
-use crate::config::{FileConfig, MountConfig, ReadPath, SizeValue};
+use metfs::config::{self, FileConfig, MountConfig, ReadPath, SizeValue};
+use metfs::{client, control, daemon, fuse, logging, mount, report};
 
 #[derive(Parser)]
 #[command(
