@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""A reader of a metfs mount for the stress tests: walks the view again and again, reads every
+file to the end in 128 KiB chunks and checks its SHA-256 against the source's.
+
+    reader.py MOUNTPOINT HASHES_JSON OUT_JSON STOP_FILE SEED
+
+Runs until STOP_FILE exists, then writes its counters to OUT_JSON. The same loop runs in threads
+of the test process (`read_loop`), so the mount sees readers both as threads and as processes.
+
+A file that vanishes between the listing and the open (ENOENT) is expected across a switch: the
+new view no longer has it. Every other error, and every byte that differs from the source, is a
+failure the test reports.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import random
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+CHUNK = 128 * 1024
+
+
+def new_counters() -> dict[str, Any]:
+    return {"files": 0, "bytes": 0, "rounds": 0, "enoent": 0, "errors": {}, "mismatches": [], "unknown": [],
+            "read": set()}
+
+
+def read_loop(mnt: str, hashes: dict[str, str], stop: Callable[[], bool], seed: int, c: dict[str, Any]) -> None:
+    rng = random.Random(seed)
+    # Half the readers share one order, so that several open and read the same file at once.
+    shared = seed % 2 == 0
+    while not stop():
+        paths = []
+
+        def walk_error(e: OSError) -> None:
+            if e.errno == errno.ENOENT:  # a directory of the old view, gone after a switch
+                c["enoent"] += 1
+                return
+            key = f"walk {errno.errorcode.get(e.errno, e.errno)}"
+            c["errors"][key] = c["errors"].get(key, 0) + 1
+
+        try:
+            for dirpath, _, names in os.walk(mnt, onerror=walk_error):
+                for n in names:
+                    paths.append(os.path.join(dirpath, n))
+        except OSError as e:
+            key = f"walk {errno.errorcode.get(e.errno, e.errno)}"
+            c["errors"][key] = c["errors"].get(key, 0) + 1
+        paths.sort()
+        if shared:
+            random.Random(c["rounds"]).shuffle(paths)
+        else:
+            rng.shuffle(paths)
+        for p in paths:
+            if stop():
+                break
+            rel = os.path.relpath(p, mnt)
+            h = hashlib.sha256()
+            n = 0
+            try:
+                with open(p, "rb", buffering=0) as f:
+                    while True:
+                        b = f.read(CHUNK)
+                        if not b:
+                            break
+                        h.update(b)
+                        n += len(b)
+            except OSError as e:
+                if e.errno == errno.ENOENT:
+                    c["enoent"] += 1
+                else:
+                    key = errno.errorcode.get(e.errno, str(e.errno))
+                    c["errors"][key] = c["errors"].get(key, 0) + 1
+                continue
+            c["files"] += 1
+            c["bytes"] += n
+            want = hashes.get(rel)
+            if want is None:
+                if len(c["unknown"]) < 10:
+                    c["unknown"].append(rel)
+            elif h.hexdigest() != want:
+                if len(c["mismatches"]) < 10:
+                    c["mismatches"].append({"path": rel, "bytes": n})
+            else:
+                c["read"].add(rel)
+        c["rounds"] += 1
+
+
+def merge(total: dict[str, Any], c: dict[str, Any]) -> None:
+    for k in ("files", "bytes", "rounds", "enoent"):
+        total[k] += c[k]
+    for k, v in c["errors"].items():
+        total["errors"][k] = total["errors"].get(k, 0) + v
+    total["mismatches"] += c["mismatches"]
+    total["unknown"] += c["unknown"]
+    total["read"] |= set(c["read"])
+
+
+def start_threads(mnt: str, hashes: dict[str, str], n: int, seed: int) -> tuple[threading.Event, list[threading.Thread], list[dict]]:
+    stop = threading.Event()
+    counters = [new_counters() for _ in range(n)]
+    threads = [threading.Thread(target=read_loop, args=(mnt, hashes, stop.is_set, seed + i, counters[i]), daemon=True)
+               for i in range(n)]
+    for t in threads:
+        t.start()
+    return stop, threads, counters
+
+
+def main() -> None:
+    mnt, hashes_file, out, stop_file, seed = sys.argv[1:6]
+    hashes = json.loads(Path(hashes_file).read_text())
+    c = new_counters()
+    read_loop(mnt, hashes, lambda: os.path.exists(stop_file), int(seed), c)
+    c["read"] = sorted(c["read"])
+    Path(out).write_text(json.dumps(c))
+
+
+if __name__ == "__main__":
+    main()
