@@ -1,0 +1,477 @@
+"""The documentation's examples and the CLI it describes, checked against real mounts.
+
+Every fenced code block of the documents in ``DOCS`` is either run here or explicitly marked as
+not runnable, so that a renamed flag, field or function fails this test instead of a reader who
+copies the example.
+
+The convention (README.md, "Examples in the docs", says the same for writers):
+
+* A marker is an HTML comment on the last non-blank line before the block's opening fence
+  (invisible in rendered Markdown): ``<!-- docs-test: ... -->``.
+* ``<!-- docs-test: illustrative: REASON -->``: the block is not run. REASON (required) says why,
+  e.g. it needs a cluster, Slurm, AWS, GPUs or a long run, or it is sample output.
+* ``<!-- docs-test: run -->`` (the default for unmarked ``sh``, ``bash``, ``shell``, ``console``
+  and ``python`` blocks): the block runs from the repository root with ``metfs`` on ``PATH``
+  (the binary under test), the Python package of this checkout importable, and the example paths
+  below replaced. ``run mounted`` mounts the dataset at the mountpoint first; ``run hdf5`` does so
+  with an HDF5 container dataset (``train.h5``: ``images`` and ``labels``) and
+  ``--hdf5-container``. Shell blocks run under ``bash -euo pipefail``; a ``console`` block is
+  ``$ command`` lines (``\\`` continues them) each followed by its exact expected output.
+* ``<!-- docs-test: input NAME: COMMAND -->``: the block is a file's contents; it is saved as
+  NAME in an empty directory and COMMAND (which names NAME) must succeed there.
+* Any other block without a marker (no language, ``csv``, ``promql``, ...) fails the test.
+
+Example paths replaced in run blocks (a generated dataset of small files with class directories,
+names with spaces and non-ASCII characters, and empty files):
+
+* ``/lustre/proj/imagenet``, ``/lustre/proj/data``: the dataset (the capacity tier);
+* ``/nvme/metfs``: the cache directory (empty, exists), so the socket is ``/nvme/metfs/metfs.sock``;
+* ``/mnt/met``: the mountpoint (exists).
+
+Independently of the blocks: every ``metfs SUBCOMMAND --flag`` written in the docs (code blocks,
+illustrative ones included, and inline code) names an existing subcommand and flag, and every
+key of README.md's configuration table is a flag of ``metfs mount`` with the documented default
+and a key the config file loader accepts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, Mount, is_mounted, make_tree, metfs_bin
+
+DOCS = [
+    ROOT / "README.md",
+    ROOT / "ARCHITECTURE.md",
+    ROOT / "deploy" / "slurm" / "README.md",
+    ROOT / "bindings" / "python" / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
+
+SHELL_LANGS = {"sh", "bash", "shell"}
+RUN_BY_DEFAULT = SHELL_LANGS | {"console", "python"}
+RUN_OPTIONS = {"mounted", "hdf5"}
+
+MARKER = re.compile(r"^<!--\s*docs-test:\s*(.*?)\s*-->$")
+FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([^`\s]*)(.*)$")
+PLACEHOLDER = re.compile(r"(?<![\w./-])(/lustre/proj/imagenet|/lustre/proj/data|/nvme/metfs|/mnt/met)(?![\w.-])")
+
+
+@dataclass
+class Block:
+    doc: Path
+    line: int  # of the opening fence, 1-based
+    lang: str
+    text: str
+    marker: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.doc.relative_to(ROOT)}:{self.line}"
+
+    def kind(self) -> tuple[str, str]:
+        """(kind, argument): ("run", options), ("illustrative", reason), ("input", spec), or
+        ("unmarked", "") for a block this test cannot classify."""
+        if self.marker is None:
+            return ("run", "") if self.lang in RUN_BY_DEFAULT else ("unmarked", "")
+        m = re.match(r"(\w+)\s*:?\s*(.*)$", self.marker)
+        if not m:
+            return ("unmarked", "")
+        return m.group(1), m.group(2).strip()
+
+
+def parse_blocks(doc: Path) -> list[Block]:
+    lines = doc.read_text().splitlines()
+    out: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence, lang = m.group(1), m.group(2), m.group(3).lower()
+        j = i - 1
+        while j >= 0 and not lines[j].strip():
+            j -= 1
+        mm = MARKER.match(lines[j].strip()) if j >= 0 else None
+        body: list[str] = []
+        k = i + 1
+        while k < len(lines) and not (lines[k].strip().startswith(fence[0] * len(fence)) and lines[k].strip().strip(fence[0]) == ""):
+            body.append(lines[k][len(indent):] if lines[k].startswith(indent) else lines[k])
+            k += 1
+        assert k < len(lines), f"{doc.relative_to(ROOT)}:{i + 1}: code block never closed"
+        out.append(Block(doc, i + 1, lang, "\n".join(body) + "\n", mm.group(1) if mm else None))
+        i = k + 1
+    return out
+
+
+def all_blocks() -> list[Block]:
+    return [b for d in DOCS if d.exists() for b in parse_blocks(d)]
+
+
+def prose(doc: Path) -> str:
+    """A document's text outside code blocks, with lines joined (inline code may wrap)."""
+    lines = doc.read_text().splitlines()
+    keep, inside, fence = [], False, ""
+    for line in lines:
+        m = FENCE.match(line)
+        if m and (not inside or line.strip().strip(fence[0]) == ""):
+            if not inside:
+                inside, fence = True, m.group(2)
+            else:
+                inside = False
+            continue
+        if not inside:
+            keep.append(line)
+    return " ".join(keep)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI's help, parsed
+
+
+def run_metfs(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([metfs_bin(), *args], capture_output=True, text=True, timeout=60, **kw)
+
+
+@lru_cache(maxsize=None)
+def subcommands() -> frozenset[str]:
+    r = run_metfs("--help")
+    assert r.returncode == 0, r.stderr
+    section = r.stdout.split("Commands:", 1)[1].split("Options:", 1)[0]
+    return frozenset(re.findall(r"(?m)^  ([a-z][a-z0-9-]*)\s", section))
+
+
+@dataclass
+class Opt:
+    takes_value: bool
+    default: str | None
+
+
+@lru_cache(maxsize=None)
+def options(sub: str) -> dict[str, Opt]:
+    """`--flag` -> what `metfs SUB --help` (long help) says of it."""
+    r = run_metfs(sub, "--help")
+    assert r.returncode == 0, f"metfs {sub} --help: {r.stderr}"
+    opts: dict[str, Opt] = {}
+    current: str | None = None
+    text: dict[str, list[str]] = {}
+    for line in r.stdout.splitlines():
+        m = re.match(r"^\s+(?:-\w, )?(--[a-z0-9][a-z0-9-]*)(\s+<[^>]+>)?(.*)$", line)
+        if m:
+            current = m.group(1)
+            opts[current] = Opt(bool(m.group(2)), None)
+            text[current] = [m.group(3)]
+        elif current and line.strip():
+            text[current].append(line.strip())
+    for flag, parts in text.items():
+        d = re.search(r"\[default: ([^\]]*)\]", " ".join(parts))
+        opts[flag].default = d.group(1) if d else None
+    return opts
+
+
+def invocations(shell: str) -> list[tuple[str, list[str]]]:
+    """`metfs SUB --flag ...` invocations in shell text: (SUB, flags)."""
+    out = []
+    shell = re.sub(r"\\\n\s*", " ", shell)
+    for line in shell.splitlines():
+        line = line.strip()
+        if line.startswith("$ "):
+            line = line[2:]
+        # `metfs` in command position: at the start, or after `;`, `|`, `&&`, `(` or `$(`.
+        for m in re.finditer(r"(?:^|[;|&(]\s*)(?:\S*/)?metfs\s+([a-z][a-z0-9-]*)(.*?)(?=$|[;|&#`)]|\s>)", line):
+            flags = re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", m.group(2))
+            out.append((m.group(1), flags))
+    return out
+
+
+def test_blocks_are_run_or_marked():
+    problems = []
+    blocks = all_blocks()
+    for b in blocks:
+        kind, arg = b.kind()
+        if kind == "unmarked":
+            problems.append(f"{b.name}: ```{b.lang} block neither runnable nor marked "
+                            "(add <!-- docs-test: illustrative: REASON --> or another marker; see tests/test_docs.py)")
+        elif kind == "illustrative" and not arg:
+            problems.append(f"{b.name}: illustrative block without a reason")
+        elif kind == "run":
+            if not (set(arg.split()) <= RUN_OPTIONS):
+                problems.append(f"{b.name}: unknown run options {arg!r} (known: {sorted(RUN_OPTIONS)})")
+            if b.lang not in RUN_BY_DEFAULT:
+                problems.append(f"{b.name}: cannot run a ```{b.lang} block")
+        elif kind == "input":
+            if not re.match(r"\S+:\s*\S", arg):
+                problems.append(f"{b.name}: input marker needs `NAME: COMMAND`, got {arg!r}")
+        elif kind != "illustrative":
+            problems.append(f"{b.name}: unknown marker kind {kind!r}")
+    assert not problems, "\n".join(problems)
+    # The documents this test reads are there and have blocks (a moved file must not make the
+    # test pass by reading nothing).
+    assert all(d.exists() for d in DOCS), [str(d) for d in DOCS if not d.exists()]
+    assert sum(b.kind()[0] == "run" for b in blocks) >= 4
+
+
+def test_documented_invocations_exist():
+    """Every `metfs SUB --flag` in code blocks (run or not) and inline code names a real flag."""
+    found: list[tuple[str, str, list[str]]] = []
+    for b in all_blocks():
+        if b.lang in SHELL_LANGS | {"console"}:
+            found += [(b.name, sub, flags) for sub, flags in invocations(b.text)]
+    for d in DOCS:
+        if d.exists():
+            for span in re.findall(r"`(metfs [^`]+)`", prose(d)):
+                found += [(str(d.relative_to(ROOT)), sub, flags) for sub, flags in invocations(span)]
+    problems = []
+    for where, sub, flags in found:
+        if sub not in subcommands():
+            problems.append(f"{where}: `metfs {sub}`: no such subcommand (metfs --help: {sorted(subcommands())})")
+            continue
+        for flag in flags:
+            if flag not in options(sub):
+                problems.append(f"{where}: `metfs {sub} {flag}`: no such flag in `metfs {sub} --help`")
+    assert not problems, "\n".join(problems)
+    assert len(found) >= 10, found
+
+
+# ---------------------------------------------------------------------------------------------
+# README.md's configuration table against `metfs mount --help` and the config loader
+
+
+def config_table() -> list[tuple[str, str]]:
+    """(key, documented default) for every key of README.md's configuration table."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Configuration", 1)[1]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert header[:2] == ["key", "default"], header
+    out = []
+    for row in rows[2:]:
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        keys = re.findall(r"`([a-z0-9_]+)`", cells[0])
+        assert keys, f"configuration table row without a key: {row}"
+        defaults = [d.strip() for d in cells[1].split(",")]
+        if len(keys) > 1 and len(defaults) == len(keys):
+            out += list(zip(keys, defaults))
+        else:
+            out += [(k, cells[1]) for k in keys]
+    return out
+
+
+def norm(s: str) -> str:
+    return " ".join(s.replace("`", "").split()).lower()
+
+
+def loader_keys(tmp_path: Path, table: str = "") -> set[str]:
+    """The keys the config file loader accepts (at the top level or in `[table]`), from its own
+    error message for an unknown key."""
+    cfg = tmp_path / f"probe-{table or 'top'}.toml"
+    cfg.write_text((f"[{table}]\n" if table else "") + "metfs_docs_probe = 1\n")
+    r = run_metfs("mount", "--config", str(cfg), str(tmp_path / "never-mounted"))
+    assert r.returncode != 0
+    m = re.search(r"unknown field `metfs_docs_probe`, expected one of (.*)", r.stderr)
+    assert m, r.stderr
+    return set(re.findall(r"`([a-z0-9_]+)`", m.group(1)))
+
+
+def test_config_table_matches_mount_help(tmp_path):
+    table = config_table()
+    assert len(table) >= 10, table
+    opts = options("mount")
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    make_tree(src, n=3)
+    cache.mkdir()
+    given = {"source": str(src), "cache": str(cache), "budget": "4MiB"}
+    problems = []
+    for key, doc_default in table:
+        flag = "--" + key.replace("_", "-")
+        opt = opts.get(flag)
+        if opt is None:
+            problems.append(f"`{key}`: `metfs mount --help` has no {flag}")
+            continue
+        d = norm(doc_default)
+        if d == "(required)":
+            if opt.default is not None or not opt.takes_value:
+                problems.append(f"`{key}`: documented as required, but {flag} has default {opt.default!r}")
+                continue
+            # Mounting without it fails and names it.
+            args = [a for k, v in given.items() if k != key for a in (f"--{k}", v)]
+            r = run_metfs("mount", *args, str(tmp_path / "mnt"))
+            if r.returncode == 0 or f"`{key}`" not in r.stderr:
+                problems.append(f"`{key}`: documented as required, but a mount without it said: {r.stderr!r}")
+        elif d == "off":
+            if opt.takes_value or opt.default is not None:
+                problems.append(f"`{key}`: documented as an `off` switch, but {flag} takes a value or has a default")
+        elif opt.default is None:
+            problems.append(f"`{key}`: documented default {doc_default!r}, but {flag} shows none")
+        elif norm(opt.default) != d:
+            problems.append(f"`{key}`: README default {doc_default!r}, `metfs mount --help` [default: {opt.default}]")
+    assert not problems, "\n".join(problems)
+
+
+def test_config_table_keys_load(tmp_path):
+    keys = loader_keys(tmp_path)
+    missing = [k for k, _ in config_table() if k not in keys]
+    assert not missing, f"README configuration keys the config loader rejects: {missing}"
+
+
+def test_every_mount_flag_is_a_config_key(tmp_path):
+    """README.md: "Every flag of `metfs mount` is also a key of a TOML file"."""
+    keys = loader_keys(tmp_path)
+    s3 = loader_keys(tmp_path, "s3")
+    not_keys = {"--config", "--foreground", "--help"}
+    s3_flags = {"--endpoint", "--region", "--allow-http", "--virtual-hosted-style"}
+    missing = []
+    for flag in options("mount"):
+        key = flag[2:].replace("-", "_")
+        if flag in not_keys:
+            continue
+        if (key not in s3) if flag in s3_flags else (key not in keys):
+            missing.append(flag)
+    assert not missing, f"mount flags without a config key: {missing}"
+
+
+def toml_value(doc_default: str, cache: Path) -> str | None:
+    """A documented default as a TOML value, or None for prose ("the smallest whose ...")."""
+    d = norm(doc_default)
+    m = re.fullmatch(r"\$\w+ or (\S+)", d)
+    if m:
+        d = m.group(1)
+    if re.fullmatch(r"-?\d+(\.\d+)?", d):
+        return d
+    if d in ("off", "on"):
+        return "true" if d == "on" else "false"
+    if re.fullmatch(r"[\w./-]+", d):
+        return '"' + d.replace("cache", str(cache)) + '"'
+    return None
+
+
+def test_documented_defaults_are_valid_config_values(mounts, tmp_path):
+    """A config file that sets every table key to its documented default mounts."""
+    src = tmp_path / "src"
+    make_tree(src, n=20)
+    m = mounts(src, "4MiB", name="cfg")
+    lines = [f'source = "{src}"', f'cache = "{m.cache}"', 'budget = "4MiB"']
+    used = []
+    for key, doc_default in config_table():
+        if key in ("source", "cache", "budget"):
+            continue
+        v = toml_value(doc_default, m.cache)
+        if v is not None:
+            lines.append(f"{key} = {v}")
+            used.append(key)
+    assert len(used) >= 8, used
+    cfg = tmp_path / "defaults.toml"
+    cfg.write_text("\n".join(lines) + "\n")
+    m.mountpoint.mkdir()
+    r = run_metfs("mount", "--config", str(cfg), "--history", str(tmp_path / "h.json"), str(m.mountpoint))
+    assert r.returncode == 0, f"{cfg.read_text()}\n{r.stderr}\n{m.log()}"
+    assert is_mounted(m.mountpoint)
+    st = m.status()
+    assert st["budget_bytes"] == 4 << 20
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the blocks
+
+
+def substitute(text: str, paths: dict[str, Path]) -> str:
+    def repl(m: re.Match[str]) -> str:
+        p = m.group(1)
+        if p.startswith("/lustre/"):
+            return str(paths["source"])
+        if p == "/nvme/metfs":
+            return str(paths["cache"])
+        return str(paths["mountpoint"])
+
+    return PLACEHOLDER.sub(repl, text)
+
+
+def block_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("METFS_", "SLURM_"))}
+    env["METFS_BIN"] = metfs_bin()
+    env["PATH"] = f"{Path(metfs_bin()).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+    env["PYTHONPATH"] = str(ROOT / "bindings" / "python" / "src")
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")  # rf history of mounts without --history
+    return env
+
+
+def make_hdf5(src: Path) -> None:
+    import h5py
+    import numpy as np
+
+    src.mkdir(parents=True)
+    rng = np.random.default_rng(3)
+    with h5py.File(src / "train.h5", "w") as f:
+        f.create_dataset("images", data=rng.standard_normal((96, 8, 8)).astype("f4"), chunks=(16, 8, 8), compression="gzip")
+        f.create_dataset("labels", data=(np.arange(96) % 4).astype("i8"))
+
+
+def run_console(text: str, paths: dict[str, Path], env: dict[str, str], where: str) -> None:
+    steps: list[tuple[str, list[str]]] = []
+    cont = False
+    for line in text.splitlines():
+        if cont:
+            steps[-1] = (steps[-1][0] + "\n" + line, [])
+        elif line.startswith("$ "):
+            steps.append((line[2:], []))
+        else:
+            assert steps, f"{where}: console block must start with a `$ ` command"
+            steps[-1][1].append(line.rstrip())
+        cont = line.endswith("\\") and (cont or line.startswith("$ "))
+    for cmd, expected in steps:
+        r = subprocess.run(["bash", "-c", substitute(cmd, paths)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"{where}: `{cmd}` failed: {r.stderr}"
+        got = [line.rstrip() for line in r.stdout.rstrip("\n").splitlines()]
+        while expected and not expected[-1]:
+            expected.pop()
+        assert got == expected, f"{where}: `{cmd}` printed\n" + "\n".join(got) + "\nbut the docs show\n" + "\n".join(expected)
+
+
+RUNNABLE = [b for b in all_blocks() if b.kind()[0] in ("run", "input")]
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=[b.name for b in RUNNABLE])
+def test_block_runs(block: Block, mounts, tmp_path):
+    kind, arg = block.kind()
+    env = block_env(tmp_path)
+    if kind == "input":
+        name, cmd = (s.strip() for s in arg.split(":", 1))
+        work = tmp_path / "input"
+        work.mkdir()
+        (work / name).write_text(block.text)
+        r = subprocess.run(["bash", "-c", cmd], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"{block.name}: `{cmd}` on the block failed: {r.stdout}\n{r.stderr}"
+        return
+
+    options_ = set(arg.split())
+    src = tmp_path / "lustre"
+    extra: list[str] = []
+    if "hdf5" in options_:
+        make_hdf5(src)
+        extra = ["--hdf5-container"]
+    else:
+        make_tree(src, n=40)
+    # 40 files of up to 48 KiB: two mini-epochs at 3 MiB (1.6 MiB of it metadata), so loops
+    # over passes see a view switch.
+    m: Mount = mounts(src, "12MiB" if extra else "3MiB", *extra, name="doc")
+    m.mountpoint.mkdir(parents=True, exist_ok=True)
+    if options_ & {"mounted", "hdf5"}:
+        m.mount()
+    paths = {"source": src, "cache": m.cache, "mountpoint": m.mountpoint}
+    text = substitute(block.text, paths)
+    if block.lang == "console":
+        run_console(block.text, paths, env, block.name)
+        return
+    script = tmp_path / ("block.py" if block.lang == "python" else "block.sh")
+    script.write_text(text)
+    cmd = ["python3", str(script)] if block.lang == "python" else ["bash", "-euo", "pipefail", str(script)]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, f"{block.name} failed (exit {r.returncode}):\n--- block as run\n{text}--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}\n--- daemon log\n{m.log()}"
