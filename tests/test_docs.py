@@ -19,6 +19,9 @@ The convention (README.md, "Examples in the docs", says the same for writers):
   ``$ command`` lines (``\\`` continues them) each followed by its exact expected output.
 * ``<!-- docs-test: input NAME: COMMAND -->``: the block is a file's contents; it is saved as
   NAME in an empty directory and COMMAND (which names NAME) must succeed there.
+* ``<!-- docs-test: metrics-file -->``: the block is an excerpt of a ``--metrics-file`` file: its
+  ``# HELP`` and ``# TYPE`` lines appear verbatim in the file of a real mount, and each sample's
+  metric appears there with the same label names.
 * Any other block without a marker (no language, ``csv``, ``promql``, ...) fails the test.
 
 Example paths replaced in run blocks (a generated dataset of small files with class directories,
@@ -45,7 +48,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, Mount, is_mounted, make_tree, metfs_bin
+from conftest import ROOT, Mount, is_mounted, make_tree, metfs_bin, wait_for
 
 DOCS = [
     ROOT / "README.md",
@@ -81,7 +84,7 @@ class Block:
         ("unmarked", "") for a block this test cannot classify."""
         if self.marker is None:
             return ("run", "") if self.lang in RUN_BY_DEFAULT else ("unmarked", "")
-        m = re.match(r"(\w+)\s*:?\s*(.*)$", self.marker)
+        m = re.match(r"([\w-]+)\s*:?\s*(.*)$", self.marker)
         if not m:
             return ("unmarked", "")
         return m.group(1), m.group(2).strip()
@@ -210,7 +213,7 @@ def test_blocks_are_run_or_marked():
         elif kind == "input":
             if not re.match(r"\S+:\s*\S", arg):
                 problems.append(f"{b.name}: input marker needs `NAME: COMMAND`, got {arg!r}")
-        elif kind != "illustrative":
+        elif kind not in ("illustrative", "metrics-file"):
             problems.append(f"{b.name}: unknown marker kind {kind!r}")
     assert not problems, "\n".join(problems)
     # The documents this test reads are there and have blocks (a moved file must not make the
@@ -239,6 +242,17 @@ def test_documented_invocations_exist():
                 problems.append(f"{where}: `metfs {sub} {flag}`: no such flag in `metfs {sub} --help`")
     assert not problems, "\n".join(problems)
     assert len(found) >= 10, found
+
+
+def test_readme_flags_exist():
+    """Every `--flag` in README.md's inline code is a flag of some metfs subcommand (the
+    README names flags in prose, e.g. the rf policies' knobs, without the command)."""
+    known = {f for sub in subcommands() - {"help"} for f in options(sub)}
+    spans = re.findall(r"`([^`]+)`", prose(ROOT / "README.md"))
+    named = {f for span in spans for f in re.findall(r"(?:^|[\s\[])(--[a-z0-9][a-z0-9-]*)", span)}
+    assert len(named) >= 20, named
+    unknown = sorted(named - known)
+    assert not unknown, f"README.md names flags no metfs subcommand has: {unknown}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,7 +449,37 @@ def run_console(text: str, paths: dict[str, Path], env: dict[str, str], where: s
         assert got == expected, f"{where}: `{cmd}` printed\n" + "\n".join(got) + "\nbut the docs show\n" + "\n".join(expected)
 
 
-RUNNABLE = [b for b in all_blocks() if b.kind()[0] in ("run", "input")]
+def check_metrics_sample(block: Block, mounts, tmp_path: Path) -> None:
+    src = tmp_path / "lustre"
+    make_tree(src, n=20)
+    prom = tmp_path / "metfs.prom"
+    m = mounts(src, "4MiB", "--metrics-file", str(prom), name="metrics")
+    m.mount()
+    wait_for(prom.exists, timeout=30, what=f"{prom} to be written")
+    real = prom.read_text().splitlines()
+    series = {}
+    for line in real:
+        s = re.match(r"^([a-z_:][a-z0-9_:]*)(?:\{(.*)\})? ", line)
+        if s and not line.startswith("#"):
+            series.setdefault(s.group(1), set()).add(frozenset(re.findall(r'(\w+)="', s.group(2) or "")))
+    problems = []
+    for line in block.text.splitlines():
+        if line.startswith("# "):
+            if line not in real:
+                problems.append(f"not in the real file: {line}")
+            continue
+        s = re.match(r"^([a-z_:][a-z0-9_:]*)(?:\{(.*)\})? ", line)
+        if not s:
+            continue
+        labels = frozenset(re.findall(r'(\w+)="', s.group(2) or ""))
+        if s.group(1) not in series:
+            problems.append(f"no metric {s.group(1)} in the real file")
+        elif labels not in series[s.group(1)]:
+            problems.append(f"{s.group(1)} has labels {sorted(labels)} here, {[sorted(x) for x in series[s.group(1)]]} in the real file")
+    assert not problems, f"{block.name}:\n" + "\n".join(problems) + "\n--- real file\n" + "\n".join(real)
+
+
+RUNNABLE = [b for b in all_blocks() if b.kind()[0] in ("run", "input", "metrics-file")]
 
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b.name for b in RUNNABLE])
@@ -449,6 +493,10 @@ def test_block_runs(block: Block, mounts, tmp_path):
         (work / name).write_text(block.text)
         r = subprocess.run(["bash", "-c", cmd], cwd=work, env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, f"{block.name}: `{cmd}` on the block failed: {r.stdout}\n{r.stderr}"
+        return
+
+    if kind == "metrics-file":
+        check_metrics_sample(block, mounts, tmp_path)
         return
 
     options_ = set(arg.split())
