@@ -140,6 +140,11 @@ def prose(doc: Path) -> str:
 # The CLI's help, parsed
 
 
+@pytest.fixture(autouse=True)
+def _built(metfs: str) -> None:
+    """Every test here runs the binary (the `metfs` fixture builds it when METFS_BIN is unset)."""
+
+
 def run_metfs(*args: str, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([metfs_bin(), *args], capture_output=True, text=True, timeout=60, **kw)
 
