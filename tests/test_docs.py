@@ -32,7 +32,9 @@ names with spaces and non-ASCII characters, and empty files):
 * ``/mnt/met``: the mountpoint (exists).
 
 Independently of the blocks: every ``metfs SUBCOMMAND --flag`` written in the docs (code blocks,
-illustrative ones included, and inline code) names an existing subcommand and flag, and every
+illustrative ones included, inline code, and ``METFS_ARGS`` for the Slurm scripts' mount) names an
+existing subcommand and flag, every ``--flag`` in README.md's inline code is a flag of some
+subcommand, and every
 key of README.md's configuration table is a flag of ``metfs mount`` with the documented default
 and a key the config file loader accepts.
 """
@@ -197,6 +199,9 @@ def invocations(shell: str) -> list[tuple[str, list[str]]]:
         for m in re.finditer(r"(?:^|[;|&(]\s*)(?:\S*/)?metfs\s+([a-z][a-z0-9-]*)(.*?)(?=$|[;|&#`)]|\s>)", line):
             flags = re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", m.group(2))
             out.append((m.group(1), flags))
+        # deploy/slurm's METFS_ARGS are further `metfs mount` flags.
+        for m in re.finditer(r"METFS_ARGS=[\"']([^\"']*)", line):
+            out.append(("mount", re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", m.group(1))))
     return out
 
 
