@@ -34,9 +34,8 @@ names with spaces and non-ASCII characters, and empty files):
 Independently of the blocks: every ``metfs SUBCOMMAND --flag`` written in the docs (code blocks,
 illustrative ones included, inline code, and ``METFS_ARGS`` for the Slurm scripts' mount) names an
 existing subcommand and flag, every ``--flag`` in README.md's inline code is a flag of some
-subcommand, and every
-key of README.md's configuration table is a flag of ``metfs mount`` with the documented default
-and a key the config file loader accepts.
+subcommand, and every key of README.md's configuration table is a flag of ``metfs mount`` with
+the documented default and a key the config file loader accepts.
 """
 
 from __future__ import annotations
