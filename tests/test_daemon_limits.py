@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import is_mounted, make_tree, read_view, wait_for
+from conftest import footprint, is_mounted, make_tree, read_view, wait_for
 
 
 @pytest.fixture
@@ -92,3 +94,48 @@ def test_full_cache_disk_does_not_kill_the_daemon(tmpfs, mounts, tmp_path, metfs
     assert view and all(files[k] == v for k, v in view.items())
     assert alive(pid)
     wait_for(lambda: "log lines dropped" in m.log(), timeout=10, what="the log to report its dropped lines")
+
+
+# ---- the budget at every instant ----------------------------------------------------------
+
+class Sampler(threading.Thread):
+    """Walks the cache directory every ~10 ms and keeps the largest allocated size seen
+    (st_blocks * 512 of every file and directory below it)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.max = 0
+        self.samples = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.max = max(self.max, footprint(self.path))
+            self.samples += 1
+            time.sleep(0.01)
+
+
+def test_budget_holds_through_switches(mounts, tmp_path):
+    src = tmp_path / "tier"
+    rng = random.Random(3)
+    for i in range(400):
+        p = src / f"d{i % 8}" / f"s{i:04d}.bin"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(rng.randbytes(64 << 10))
+    budget = 8 << 20
+    m = mounts(src, str(budget), "--rf", "1", "--compose", "sequential")
+    sampler = Sampler(m.cache)
+    sampler.start()
+    try:
+        m.mount()
+        nm = m.status()["mini_epochs"]
+        assert nm >= 6, nm
+        for i in range(24):
+            r = m.rpc({"op": "advance", "wait": True})
+            assert r["ok"] and r["decision"] == "advance", r
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    assert sampler.samples > 50
+    assert sampler.max <= budget, f"the cache held {sampler.max} bytes on disk, the budget is {budget}"

@@ -9,8 +9,9 @@
 //!
 //! Budget. The cache holds at most two slots plus metadata: the current slot and either the
 //! successor (staging or staged) or a *draining* slot (the previous view, still held by open
-//! handles). Staging of the successor starts only once no slot is draining, so the third slot
-//! never exists. Each slot holds at most `slot_bytes = (budget - reserve) / 2` bytes of file
+//! handles, or still being deleted). Staging of the successor starts only once no slot is
+//! draining, and a slot leaves `draining` only after its files are deleted, so the third slot
+//! never exists, not even for an instant. Each slot holds at most `slot_bytes = (budget - reserve) / 2` bytes of file
 //! footprint (sizes rounded up to the block size); `reserve` covers the catalog, journals,
 //! state, log and slot directories. See [`Budget`].
 //!
@@ -160,11 +161,25 @@ impl Budget {
         catalog_bytes: u64,
         extra: u64,
     ) -> Result<Self, DaemonError> {
-        // Journals: every sample id at most once per slot (<= 11 bytes a line), two slots.
-        let journals = 2 * (11 * catalog.len() as u64 + BLOCK);
-        // Two slots of directories (+ the slot roots), and the slots/ and tmp/ directories.
-        let dirs = 2 * (catalog.dir_count() as u64 + 1) * BLOCK + 2 * BLOCK;
-        let state = BLOCK;
+        // Journals: every sample at most once per slot, as `ID` (<= 11 bytes a line) or
+        // `failed ID` (<= 18), plus `complete`; two slots.
+        let journals = 2 * (18 * catalog.len() as u64 + BLOCK);
+        // Directories: a block each for two slots' directories (+ the slot roots), and for
+        // slots/, tmp/ and run/. A directory with many entries grows past one block: ext4 keeps
+        // 8 bytes + the name (4-aligned) per entry and never shrinks a directory, so each slot
+        // is counted with every sample's entry, and tmp/ (which may once have held a whole
+        // slot's files, named `SLOT-ID`, <= 26 bytes) likewise.
+        let entries: u64 = (0..catalog.len() as u32)
+            .map(|id| (8 + catalog.dir_and_name(id).1.len() as u64).next_multiple_of(4))
+            .sum();
+        let tmp_entries = 36 * catalog.len() as u64;
+        let dirs = 2 * (catalog.dir_count() as u64 + 1) * BLOCK
+            + 3 * BLOCK
+            + 2 * round_up(entries)
+            + round_up(tmp_entries);
+        // state.json and its temporary, the lock file, and a metrics file (and its temporary)
+        // kept in the cache.
+        let state = 8 * BLOCK;
         let reserve = round_up(catalog_bytes) + journals + dirs + state + LOG_RESERVE + extra;
         if budget <= reserve {
             return Err(DaemonError::BudgetBelowReserve {
@@ -232,6 +247,8 @@ struct State {
     plans: BTreeMap<u64, Arc<EpochPlan>>,
     policy: Box<dyn RfPolicy>,
     draining: BTreeMap<u64, String>,
+    /// Generations of `draining` whose slot is being deleted now.
+    evicting: std::collections::BTreeSet<u64>,
     last_error: Option<String>,
     failed_samples: Vec<String>,
     slot_footprints: BTreeMap<String, u64>,
@@ -813,6 +830,7 @@ impl Daemon {
                 plans,
                 policy,
                 draining: BTreeMap::new(),
+                evicting: Default::default(),
                 last_error: None,
                 failed_samples: failed,
                 slot_footprints,
@@ -1110,22 +1128,50 @@ impl Daemon {
         }
     }
 
+    /// Deletes a retired view's slot. The slot stays in `draining` until its files are gone, so
+    /// the stager admits no byte of the next slot while they still take space: the budget
+    /// holds at every instant, not only between switches. A deletion that fails is reported
+    /// and retried with a growing pause; staging waits for it.
     async fn evict_view(&self, gen: u64) {
         let slot = {
             let mut s = self.state.lock().unwrap();
-            let Some(slot) = s.draining.remove(&gen) else {
+            let Some(slot) = s.draining.get(&gen).cloned() else {
                 return;
             };
-            s.slot_footprints.remove(&slot);
+            // The drain channel and the switch may both ask; one deletion runs.
+            if !s.evicting.insert(gen) {
+                return;
+            }
             slot
         };
         self.fs.retire(gen);
-        let stager = self.stager.clone();
-        let name = slot.clone();
-        match tokio::task::spawn_blocking(move || stager.evict(&name)).await {
-            Ok(Ok(())) => tracing::info!(slot = %slot, "evicted"),
-            Ok(Err(e)) => tracing::error!(slot = %slot, error = %e, "eviction failed"),
-            Err(e) => tracing::error!(slot = %slot, error = %e, "eviction task failed"),
+        let mut pause = Duration::from_millis(200);
+        loop {
+            let stager = self.stager.clone();
+            let name = slot.clone();
+            let error = match tokio::task::spawn_blocking(move || stager.evict(&name)).await {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            };
+            tracing::error!(slot = %slot, error = %error, retry_in_s = pause.as_secs_f64(), "eviction failed; staging waits for it");
+            {
+                let mut s = self.state.lock().unwrap();
+                s.last_error = Some(format!("evicting slot {slot}: {error}"));
+                if s.shutting_down {
+                    s.evicting.remove(&gen);
+                    return;
+                }
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(30));
+        }
+        tracing::info!(slot = %slot, "evicted");
+        {
+            let mut s = self.state.lock().unwrap();
+            s.evicting.remove(&gen);
+            s.draining.remove(&gen);
+            s.slot_footprints.remove(&slot);
         }
         self.bump();
     }
@@ -1206,7 +1252,7 @@ impl Daemon {
         let me = self.me.lock().unwrap().upgrade();
         if self.fs.is_drained(&old) {
             // Deleting a large slot takes a while; the caller must not wait for it. The stager
-            // waits (the slot stays in `draining` until it is gone), so the budget holds.
+            // waits (the slot stays in `draining` until its files are gone), so the budget holds.
             if let Some(me) = me {
                 let gen = old.generation;
                 tokio::spawn(async move { me.evict_view(gen).await });
