@@ -232,6 +232,10 @@ enum Next {
         target: (u64, u32),
         error: String,
         at: Instant,
+        /// Failures in a row of this target.
+        failures: u32,
+        /// How long after `at` it is staged again.
+        pause: Duration,
     },
 }
 
@@ -424,6 +428,41 @@ fn lock_cache(paths: &CachePaths) -> Result<std::fs::File, DaemonError> {
     Ok(f)
 }
 
+/// Writes `state.json` atomically (temporary file, fsync, rename).
+fn write_saved_state(path: &Path, saved: &SavedState) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(saved).unwrap())
+        .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|_| std::fs::rename(&tmp, path))
+}
+
+/// Makes the cache directory private (0700): staged copies of protected source files live in
+/// it. A wider one is tightened with a warning; a shared one (sticky, like `/tmp` or
+/// `/dev/shm`) or one of another user is refused, since tightening it would lock others out.
+fn make_private(root: &Path) -> Result<(), DaemonError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let bad = |reason: String| DaemonError::Cache {
+        path: root.display().to_string(),
+        reason,
+    };
+    let md = std::fs::metadata(root).map_err(|e| bad(e.to_string()))?;
+    let mode = md.mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if mode & 0o1000 != 0 || md.uid() != me {
+        return Err(bad(format!(
+            "a shared directory (mode {mode:o}, owner uid {}) cannot hold the cache, which must              be private; name a directory of your own inside it",
+            md.uid()
+        )));
+    }
+    tracing::warn!(path = %root.display(), mode = format!("{mode:o}"), "the cache directory was accessible to other users; making it private (0700)");
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| bad(format!("cannot make it private (0700): {e}")))
+}
+
 /// Opens the capacity tier named by a source URL.
 pub fn open_tier(
     source: &str,
@@ -583,9 +622,16 @@ impl Daemon {
                 })
             }
         }
+        make_private(&paths.root)?;
         let lock = lock_cache(&paths)?;
         for d in [&paths.slots, &paths.tmp] {
-            std::fs::create_dir_all(d).map_err(|e| DaemonError::Cache {
+            // A symlink here would lead slot deletions and tmp cleanup out of the cache: it is
+            // removed (never its target) and a private directory made in its place.
+            if std::fs::symlink_metadata(d).is_ok_and(|m| !m.is_dir()) {
+                tracing::warn!(path = %d.display(), "not a directory (a symlink?) in the cache; replacing it");
+                let _ = std::fs::remove_file(d);
+            }
+            prefetcher::stager::create_private_dir(d).map_err(|e| DaemonError::Cache {
                 path: d.display().to_string(),
                 reason: e.to_string(),
             })?;
@@ -718,6 +764,23 @@ impl Daemon {
         let (history, schedule) =
             open_history(&cfg, &dataset_key, &job, saved.as_ref().and_then(|s| s.run));
         let policy = build_policy(&cfg, schedule)?;
+        if saved.is_none() {
+            // Saved before the first mini-epoch is staged: a daemon killed while staging it
+            // then finds its plan on restart and resumes the slot from its journal, instead of
+            // discarding it as a slot of an unknown plan.
+            let first = SavedState {
+                fingerprint: fingerprint.clone(),
+                epoch,
+                mini_epoch,
+                generation,
+                sequence,
+                run: history.as_ref().map(|h| h.run),
+                job: Some(job.clone()),
+            };
+            if let Err(e) = write_saved_state(&paths.state, &first) {
+                tracing::error!(error = %e, path = %paths.state.display(), "cannot save the position");
+            }
+        }
         let set = SampleSet {
             sizes: &footprints,
             labels: catalog.labels(),
@@ -977,11 +1040,7 @@ impl Daemon {
             job: Some(s.job.clone()),
         };
         drop(s);
-        let tmp = self.paths.state.with_extension("tmp");
-        let res = std::fs::write(&tmp, serde_json::to_vec(&saved).unwrap())
-            .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
-            .and_then(|_| std::fs::rename(&tmp, &self.paths.state));
-        if let Err(e) = res {
+        if let Err(e) = write_saved_state(&self.paths.state, &saved) {
             tracing::error!(error = %e, path = %self.paths.state.display(), "cannot save the position");
         }
     }
@@ -993,6 +1052,15 @@ impl Daemon {
     /// Stages successors forever; run as a task.
     pub async fn stager_loop(self: Arc<Self>) {
         let mut rx = self.changed.subscribe();
+        // The target that failed last and how many times in a row.
+        let mut retries: ((u64, u32), u32) = ((u64::MAX, 0), 0);
+        fn failures_in_a_row(r: &((u64, u32), u32), target: (u64, u32)) -> u32 {
+            if r.0 == target {
+                r.1
+            } else {
+                0
+            }
+        }
         loop {
             let job = {
                 let mut s = self.state.lock().unwrap();
@@ -1003,9 +1071,12 @@ impl Daemon {
                 let busy = match &s.next {
                     Next::Ready { target: t, .. } => *t == target,
                     Next::Staging { .. } => true,
-                    Next::Failed { target: t, at, .. } => {
-                        *t == target && at.elapsed() < Duration::from_secs(5)
-                    }
+                    Next::Failed {
+                        target: t,
+                        at,
+                        pause,
+                        ..
+                    } => *t == target && at.elapsed() < *pause,
                     Next::Idle => false,
                 };
                 if busy || !s.draining.is_empty() {
@@ -1045,8 +1116,13 @@ impl Daemon {
                 }
             };
             let Some((target, spec, progress, bytes)) = job else {
-                // A failed slot is retried after a pause even if nothing else changes.
-                let _ = tokio::time::timeout(Duration::from_secs(5), rx.changed()).await;
+                // A failed slot is retried after its pause even if nothing else changes.
+                let wake = match &self.state.lock().unwrap().next {
+                    Next::Failed { at, pause, .. } => pause.saturating_sub(at.elapsed()),
+                    _ => Duration::from_secs(5),
+                };
+                let _ =
+                    tokio::time::timeout(wake.max(Duration::from_millis(50)), rx.changed()).await;
                 continue;
             };
             tracing::info!(
@@ -1068,6 +1144,7 @@ impl Daemon {
                 let mut s = self.state.lock().unwrap();
                 match result {
                     Ok(report) => {
+                        retries = ((u64::MAX, 0), 0);
                         tracing::info!(
                             epoch = target.0,
                             mini_epoch = target.1,
@@ -1107,12 +1184,42 @@ impl Daemon {
                         };
                     }
                     Err(e) => {
-                        tracing::error!(error = %e, "staging failed; the current view keeps serving and staging is retried");
+                        // The slot keeps what it committed and is resumed after a pause that
+                        // grows with each failure in a row (2 s, 4 s, ... at most 60 s): a full
+                        // disk or a source outage passes in its own time, and retrying it
+                        // flat out would only flood the log and the tier.
+                        let failures = failures_in_a_row(&retries, target) + 1;
+                        retries = (target, failures);
+                        let pause = Duration::from_secs(2u64 << (failures - 1).min(5))
+                            .min(Duration::from_secs(60));
+                        let cause = if e.is_out_of_space() {
+                            "the cache is out of space; free space on its file system"
+                        } else {
+                            "the tier or the cache failed"
+                        };
+                        tracing::error!(
+                            error = %e,
+                            epoch = target.0,
+                            mini_epoch = target.1,
+                            failures,
+                            retry_in_secs = pause.as_secs(),
+                            "staging the next mini-epoch failed: {cause}; the current view keeps serving (bonus passes) and staging resumes after the pause"
+                        );
+                        self.events.emit(
+                            "stage_failed",
+                            json!({
+                                "epoch": target.0, "mini_epoch": target.1,
+                                "error": e.to_string(), "out_of_space": e.is_out_of_space(),
+                                "failures": failures, "retry_in_secs": pause.as_secs(),
+                            }),
+                        );
                         s.last_error = Some(e.to_string());
                         s.next = Next::Failed {
                             target,
                             error: e.to_string(),
                             at: Instant::now(),
+                            failures,
+                            pause,
                         };
                     }
                 }
@@ -1671,8 +1778,18 @@ impl Daemon {
                 }),
                 0,
             ),
-            Next::Failed { target, error, .. } => (
-                json!({"state": "failed", "epoch": target.0, "mini_epoch": target.1, "error": error}),
+            Next::Failed {
+                target,
+                error,
+                at,
+                failures,
+                pause,
+            } => (
+                json!({
+                    "state": "failed", "epoch": target.0, "mini_epoch": target.1, "error": error,
+                    "failures": failures,
+                    "retry_in_secs": pause.saturating_sub(at.elapsed()).as_secs_f64(),
+                }),
                 0,
             ),
         };

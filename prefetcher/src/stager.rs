@@ -10,19 +10,41 @@
 //! their own while the next ones download, so durability costs the download no time unless
 //! the disk is slower than the tier.
 //!
-//! Progress is journaled in `SLOTS/<name>.journal`: one line per staged sample id, appended after
-//! its rename, and a final `complete` line. A restarted daemon reads the journal, checks that each
-//! journaled file still exists with its size, and fetches only the rest. The journal is not
-//! fsynced per line: an entry is only ever written after the rename it records, and the resume
-//! check stats every journaled file, so a lost tail only costs a refetch.
+//! Progress is journaled in `SLOTS/<name>.journal`: one line `<id> <crc32>` per staged sample,
+//! appended after its rename, and a final `complete` line. The CRC-32 is of the staged copy,
+//! computed from the page cache right after it is written. A restarted daemon reads the journal
+//! and re-reads each journaled file, keeping it only when its size and CRC match (so a copy
+//! truncated, or corrupted in place at the same size, is fetched again), and fetches the rest.
+//! The re-read costs one sequential read of what the slot holds at each start (about 30 s for
+//! 100 GB on one NVMe drive), paid only by a restart and still far cheaper than refetching
+//! from the tier. The journal is not fsynced per line: an entry is only ever written after the
+//! rename it records, and the resume check re-reads every journaled file, so a lost tail only
+//! costs a refetch.
 //!
 //! Fetches run with bounded concurrency (`StagerConfig::concurrency`) and share one [`Pacer`], so
-//! a bandwidth cap holds for the slot as a whole. Samples that fail permanently (changed or
-//! deleted on the tier since cataloguing) are left out of the slot and reported in
-//! [`StageReport::failed`]; transient failures are retried with exponential backoff.
+//! a bandwidth cap holds for the slot as a whole. Failures are sorted by whose they are:
+//! * the sample's (changed, deleted or replaced by a non-regular file on the tier since
+//!   cataloguing, or a path too long for the cache): the sample is left out of the slot and
+//!   reported in [`StageReport::failed`];
+//! * the tier's (I/O errors, an outage of the whole source, timeouts, connection errors): retried
+//!   with exponential backoff for [`StagerConfig::retry_secs`], then the slot fails as a whole;
+//! * the node's (the cache is full or over quota, or cannot be written): the slot fails at once.
+//!
+//! A failed slot keeps what it committed and its journal, is never marked complete, and is
+//! staged again (resuming) when the caller retries it: no sample is ever dropped for a
+//! condition of the tier or of the node.
+//!
+//! Every fetch is watched: one whose copy makes no progress for [`StagerConfig::timeout_secs`]
+//! (plus what the pacer makes it wait) is abandoned and retried like a transient error, so a
+//! hung file system or server cannot stall staging forever.
+//!
+//! The slot and temporary directories are created 0700 and staged copies are made 0400 (read
+//! by their owner, the daemon, only): nothing in the cache is ever more accessible than the
+//! source was, whatever the source's modes (the view shows the source's modes, not these).
 
-use std::collections::HashSet;
-use std::io::{BufRead, Write};
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -55,6 +77,22 @@ pub enum StageError {
     },
 }
 
+impl StageError {
+    /// Whether the cache's file system is full or over quota: a condition of the node that
+    /// passes when space is freed.
+    pub fn is_out_of_space(&self) -> bool {
+        match self {
+            StageError::Cache { source, .. } => {
+                matches!(
+                    source.raw_os_error(),
+                    Some(libc::ENOSPC) | Some(libc::EDQUOT)
+                )
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Stager settings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(default, deny_unknown_fields)]
@@ -62,9 +100,16 @@ pub struct StagerConfig {
     /// Samples fetched at once. 32 keeps a parallel file system or an object store busy with
     /// small files (each fetch is latency-bound) without flooding a node's blocking threads.
     pub concurrency: usize,
-    /// Attempts per sample for transient errors (I/O, unreachable tier) before the slot fails.
-    /// Five attempts with 0.2 s doubling backoff ride out about six seconds of trouble.
-    pub attempts: u32,
+    /// Seconds a sample's transient errors (I/O errors, the whole source missing, timeouts,
+    /// connection errors, 5xx) are retried, with backoff from 0.2 s doubling to at most 5 s,
+    /// before the slot fails as a whole (the daemon stages it again later). 60 s rides out a
+    /// server restart or a parallel file system's failover, which take tens of seconds.
+    pub retry_secs: u64,
+    /// Seconds a fetch may go without writing a byte before it is abandoned and retried as a
+    /// transient error (time the bandwidth cap makes it wait is added). 60 s is twice the S3
+    /// client's own request timeout, so its retries act first; a healthy POSIX source never
+    /// pauses that long between two chunks.
+    pub timeout_secs: u64,
     /// `fsync` each staged file before renaming it into the slot. Turning this off is only safe
     /// on a cache that does not outlive the node (e.g. `/dev/shm`).
     pub fsync: bool,
@@ -74,7 +119,8 @@ impl Default for StagerConfig {
     fn default() -> Self {
         Self {
             concurrency: 32,
-            attempts: 5,
+            retry_secs: 60,
+            timeout_secs: 60,
             fsync: true,
         }
     }
@@ -145,6 +191,42 @@ struct Fetched {
     tmp: PathBuf,
     dst: PathBuf,
     bytes: u64,
+    /// CRC-32 of the copy, journaled so that a resume can check the content.
+    crc: u32,
+}
+
+/// Why one sample was not fetched.
+enum Miss {
+    /// The sample's own problem: it is left out of the slot, with this reason.
+    Sample(String),
+    /// The tier's or the node's: the slot fails as a whole.
+    Slot(StageError),
+}
+
+/// Longest path the kernel takes (`PATH_MAX`, with its NUL) and longest name (`NAME_MAX`).
+const PATH_MAX: usize = 4096;
+const NAME_MAX: usize = 255;
+
+/// Creates `dir` and its missing parents, private to the daemon's user.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// CRC-32 of a whole file.
+fn crc_of_file(path: &Path) -> std::io::Result<u32> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok(h.finalize());
+        }
+        h.update(&buf[..n]);
+    }
 }
 
 /// Copies mini-epochs from a tier into slots. Cheap to clone.
@@ -157,6 +239,9 @@ pub struct Stager {
     cfg: StagerConfig,
     pacer: Pacer,
     tier_bytes: Arc<AtomicU64>,
+    /// Makes temporary names unique per attempt: a fetch abandoned after a timeout may still be
+    /// writing its file, which must never be the file of a later attempt.
+    attempt_seq: Arc<AtomicU64>,
 }
 
 fn cache_err(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
@@ -185,6 +270,7 @@ impl Stager {
             cfg,
             pacer,
             tier_bytes: Arc::new(AtomicU64::new(0)),
+            attempt_seq: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -207,19 +293,45 @@ impl Stager {
         self.slots_dir.join(format!("{name}.journal"))
     }
 
-    /// Removes temporary files left by an interrupted run.
+    /// Removes temporary files left by an interrupted run. Never follows a symlink: a `tmp`
+    /// that is a symlink is removed (not its target) and made again as a private directory,
+    /// and entries are removed as what they are (a symlink in it is unlinked, a directory
+    /// removed without following links inside it).
     pub fn clean_tmp(&self) -> Result<(), StageError> {
-        std::fs::create_dir_all(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
+        let err = cache_err(&self.tmp_dir);
+        match std::fs::symlink_metadata(&self.tmp_dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                tracing::warn!(path = %self.tmp_dir.display(), "the cache's tmp is not a directory (a symlink?); replacing it");
+                std::fs::remove_file(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(err(e)),
+        }
+        create_private_dir(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
+        self.clean_tmp_matching("")
+    }
+
+    /// Removes the entries of `tmp/` whose names start with `prefix`, never following symlinks.
+    fn clean_tmp_matching(&self, prefix: &str) -> Result<(), StageError> {
         for ent in std::fs::read_dir(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))? {
             let ent = ent.map_err(cache_err(&self.tmp_dir))?;
-            let _ = std::fs::remove_file(ent.path());
+            if !ent.file_name().to_string_lossy().starts_with(prefix) {
+                continue;
+            }
+            // `file_type` of a directory entry is the entry's own type (lstat), never its
+            // target's; `remove_dir_all` does not follow symlinks inside the tree either.
+            let _ = match ent.file_type() {
+                Ok(t) if t.is_dir() => std::fs::remove_dir_all(ent.path()),
+                _ => std::fs::remove_file(ent.path()),
+            };
         }
         Ok(())
     }
 
     /// True when the slot's journal says it is complete.
     pub fn is_complete(&self, name: &str) -> bool {
-        read_journal(&self.journal_path(name)).1
+        read_journal(&self.journal_path(name)).complete
     }
 
     /// Deletes a slot and its journal.
@@ -258,13 +370,15 @@ impl Stager {
     /// and its journal's path.
     fn prepare_slot(&self, slot: &SlotSpec) -> Result<(PathBuf, PathBuf), StageError> {
         let dir = self.slot_path(&slot.name);
-        std::fs::create_dir_all(&dir).map_err(cache_err(&dir))?;
-        std::fs::create_dir_all(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
+        create_private_dir(&dir).map_err(cache_err(&dir))?;
+        create_private_dir(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
         Ok((dir, self.journal_path(&slot.name)))
     }
 
     /// Stages `slot`, resuming from its journal. Returns when every sample is in the slot or has
-    /// failed permanently.
+    /// been left out for a reason of its own. Fails, keeping what it committed, when the tier
+    /// stays unavailable for [`StagerConfig::retry_secs`] or the cache cannot be written (full,
+    /// over quota); the slot is then not complete and a later call resumes it.
     pub async fn stage(
         &self,
         slot: &SlotSpec,
@@ -272,7 +386,9 @@ impl Stager {
     ) -> Result<StageReport, StageError> {
         let start = Instant::now();
         let (dir, jpath) = self.prepare_slot(slot)?;
-        let (journaled, complete) = read_journal(&jpath);
+        // Copies of an earlier, failed attempt at this slot.
+        self.clean_tmp_matching(&format!("{}-", slot.name))?;
+        let journal_state = read_journal(&jpath);
         let total_bytes: u64 = slot.samples.iter().map(|&s| self.catalog.size(s)).sum();
         progress
             .files_total
@@ -284,13 +400,12 @@ impl Stager {
         progress.bytes_settled.store(0, Ordering::Relaxed);
 
         let mut report = StageReport::default();
+        let kept = self
+            .verify_journaled(&dir, &slot.samples, &journal_state.staged)
+            .await;
         let mut todo = Vec::new();
         for &id in &slot.samples {
-            let ok = journaled.contains(&id)
-                && std::fs::metadata(dir.join(self.catalog.path(id)))
-                    .map(|m| m.len() == self.catalog.size(id))
-                    .unwrap_or(false);
-            if ok {
+            if kept.contains(&id) {
                 report.resumed += 1;
                 progress.files_done.fetch_add(1, Ordering::Relaxed);
                 progress
@@ -303,13 +418,14 @@ impl Stager {
                 todo.push(id);
             }
         }
-        if complete && todo.is_empty() {
+        if journal_state.complete && todo.is_empty() {
             report.elapsed = start.elapsed();
             return Ok(report);
         }
         let journal = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
             .open(&jpath)
             .map_err(cache_err(&jpath))?;
         // Fetched files wait in tmp/ until their batch is made durable with one syncfs, then
@@ -347,6 +463,7 @@ impl Stager {
         let mut batch_bytes = 0u64;
         let mut batch_start = Instant::now();
         let mut committer_gone = false;
+        let mut slot_error = None;
         while let Some((id, r)) = stream.next().await {
             match r {
                 Ok(f) => {
@@ -367,11 +484,16 @@ impl Stager {
                         }
                     }
                 }
-                Err(msg) => {
+                Err(Miss::Sample(msg)) => {
                     progress
                         .bytes_settled
                         .fetch_add(self.catalog.size(id), Ordering::Relaxed);
                     report.failed.push((id, msg));
+                }
+                Err(Miss::Slot(e)) => {
+                    // Fetches still running are dropped; what is fetched is still committed.
+                    slot_error = Some(e);
+                    break;
                 }
             }
         }
@@ -380,9 +502,18 @@ impl Stager {
             let _ = tx.send(batch).await;
         }
         drop(tx);
-        let (fetched, bytes, mut journal) = committer.await.expect("commit task panicked")?;
+        let committed = committer.await.expect("commit task panicked");
+        if let Some(e) = slot_error {
+            // Copies of dropped fetches (an abandoned blocking copy may still write to its
+            // file, which then only lives until it closes it).
+            let _ = self.clean_tmp_matching(&format!("{}-", slot.name));
+            tracing::warn!(slot = %slot.name, error = %e, "staging stopped; the slot keeps what it committed");
+            return Err(e);
+        }
+        let (fetched, bytes, mut journal, too_long) = committed?;
         report.fetched += fetched;
         report.bytes_fetched += bytes;
+        report.failed.extend(too_long);
         report.failed.sort();
         // Failed samples are recorded so a resumed run reports them without refetching.
         for (id, _) in &report.failed {
@@ -394,6 +525,95 @@ impl Stager {
         Ok(report)
     }
 
+    /// The journaled samples of `samples` whose copy in `dir` still has the catalogued size and
+    /// the journaled CRC. Reads every such copy, a few at a time.
+    async fn verify_journaled(
+        &self,
+        dir: &Path,
+        samples: &[u32],
+        journaled: &HashMap<u32, u32>,
+    ) -> HashSet<u32> {
+        let todo: Vec<(u32, u32, PathBuf, u64)> = samples
+            .iter()
+            .filter_map(|&id| {
+                let crc = *journaled.get(&id)?;
+                Some((
+                    id,
+                    crc,
+                    dir.join(self.catalog.path(id)),
+                    self.catalog.size(id),
+                ))
+            })
+            .collect();
+        let checks = todo.into_iter().map(|(id, crc, path, size)| {
+            async move {
+                let ok = tokio::task::spawn_blocking(move || {
+                    std::fs::metadata(&path).is_ok_and(|m| m.len() == size)
+                        && crc_of_file(&path).is_ok_and(|c| c == crc)
+                })
+                .await
+                .unwrap_or(false);
+                if !ok {
+                    tracing::warn!(sample = id, "a journaled copy is missing or differs from what was staged; fetching it again");
+                }
+                (id, ok)
+            }
+        });
+        futures::stream::iter(checks)
+            .buffer_unordered(8)
+            .filter_map(|(id, ok)| async move { ok.then_some(id) })
+            .collect()
+            .await
+    }
+
+    /// How long a fetch may go without progress before it is abandoned: the configured timeout
+    /// plus the longest wait the pacer may impose (every concurrent fetch ahead of it taking
+    /// one chunk at the capped rate).
+    fn stall_limit(&self) -> Duration {
+        let paced = match self.pacer.rate() {
+            Some(r) if r > 0 => Duration::from_secs_f64(
+                self.cfg.concurrency.max(1) as f64 * self.pacer.chunk_bytes() as f64 / r as f64,
+            ),
+            _ => Duration::ZERO,
+        };
+        Duration::from_secs(self.cfg.timeout_secs.max(1)) + paced
+    }
+
+    /// Fetches `sample` into `file`, failing with [`TierError::Timeout`] when the copy makes
+    /// no progress (neither its size nor its allocated blocks grow; parallel ranged writes
+    /// fill holes below the size) for [`Stager::stall_limit`].
+    async fn fetch_watched(
+        &self,
+        sample: &SampleRef,
+        file: Arc<std::fs::File>,
+    ) -> Result<u64, TierError> {
+        use std::os::unix::fs::MetadataExt;
+        let mark = |f: &std::fs::File| f.metadata().map(|m| (m.len(), m.blocks())).ok();
+        let fut = self.tier.fetch(sample, file.clone(), &self.pacer);
+        tokio::pin!(fut);
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let mut last = mark(&file);
+        let mut since = Instant::now();
+        loop {
+            tokio::select! {
+                r = &mut fut => return r,
+                _ = tick.tick() => {
+                    let now = mark(&file);
+                    if now != last {
+                        last = now;
+                        since = Instant::now();
+                    } else if since.elapsed() >= self.stall_limit() {
+                        return Err(TierError::Timeout {
+                            url: self.tier.url().to_string(),
+                            path: sample.path.clone(),
+                            secs: since.elapsed().as_secs(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
     async fn stage_one(
         &self,
         slot_name: &str,
@@ -401,12 +621,30 @@ impl Stager {
         id: u32,
         made_dirs: &Mutex<HashSet<String>>,
         progress: &Progress,
-    ) -> Result<Fetched, String> {
+    ) -> Result<Fetched, Miss> {
         let (rel_dir, _) = self.catalog.dir_and_name(id);
         let rel = self.catalog.path(id);
+        let dst = dir.join(&rel);
+        // A path the cache's file system cannot hold is this sample's problem, not the slot's:
+        // found before fetching anything.
+        if dst.as_os_str().len() >= PATH_MAX || rel.split('/').any(|c| c.len() > NAME_MAX) {
+            return Err(Miss::Sample(format!(
+                "`{rel}`: its path in the cache ({} bytes) is too long for the file system",
+                dst.as_os_str().len()
+            )));
+        }
         if !rel_dir.is_empty() && !made_dirs.lock().unwrap().contains(rel_dir) {
-            std::fs::create_dir_all(dir.join(rel_dir))
-                .map_err(|e| format!("creating {}: {e}", dir.join(rel_dir).display()))?;
+            let d = dir.join(rel_dir);
+            match create_private_dir(&d) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+                    return Err(Miss::Sample(format!(
+                        "`{rel}`: creating {}: {e}",
+                        d.display()
+                    )))
+                }
+                Err(e) => return Err(Miss::Slot(cache_err(&d)(e))),
+            }
             made_dirs.lock().unwrap().insert(rel_dir.to_string());
         }
         let sample = SampleRef {
@@ -415,66 +653,132 @@ impl Stager {
             version: self.catalog.version(id).to_string(),
             durable: self.cfg.fsync,
         };
-        let tmp = self.tmp_dir.join(format!("{slot_name}-{id}"));
         let mut delay = Duration::from_millis(200);
-        let mut attempt = 0;
+        let mut first_failure: Option<Instant> = None;
+        let mut attempt = 0u32;
         loop {
             attempt += 1;
+            let seq = self.attempt_seq.fetch_add(1, Ordering::Relaxed);
+            let tmp = self.tmp_dir.join(format!("{slot_name}-{id}.{seq}"));
+            // Owner-only while written; read-only once complete (see the module docs).
             let file = std::fs::OpenOptions::new()
                 .write(true)
-                .create(true)
-                .truncate(true)
+                .create_new(true)
+                .mode(0o600)
                 .open(&tmp)
-                .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+                .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
             let file = Arc::new(file);
-            match self.tier.fetch(&sample, file.clone(), &self.pacer).await {
+            let res = self.fetch_watched(&sample, file.clone()).await;
+            let e = match res {
                 Ok(n) if n == sample.size => {
-                    self.tier_bytes.fetch_add(n, Ordering::Relaxed);
-                    progress.bytes_fetched.fetch_add(n, Ordering::Relaxed);
-                    progress.bytes_settled.fetch_add(n, Ordering::Relaxed);
                     let len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
                     if len != sample.size {
                         let _ = std::fs::remove_file(&tmp);
-                        return Err(format!(
+                        return Err(Miss::Sample(format!(
                             "`{rel}`: staged copy is {len} bytes, expected {}",
                             sample.size
-                        ));
+                        )));
                     }
+                    file.set_permissions(std::fs::Permissions::from_mode(0o400))
+                        .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
                     drop(file);
+                    let t2 = tmp.clone();
+                    let crc = tokio::task::spawn_blocking(move || crc_of_file(&t2))
+                        .await
+                        .expect("checksum task panicked")
+                        .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
+                    self.tier_bytes.fetch_add(sample.size, Ordering::Relaxed);
+                    progress
+                        .bytes_fetched
+                        .fetch_add(sample.size, Ordering::Relaxed);
+                    progress
+                        .bytes_settled
+                        .fetch_add(sample.size, Ordering::Relaxed);
                     return Ok(Fetched {
                         id,
                         tmp,
-                        dst: dir.join(&rel),
-                        bytes: n,
+                        dst,
+                        bytes: sample.size,
+                        crc,
                     });
                 }
-                Ok(n) => {
-                    let _ = std::fs::remove_file(&tmp);
-                    return Err(format!(
-                        "`{rel}`: tier returned {n} bytes, expected {}",
-                        sample.size
-                    ));
+                Ok(n) => TierError::Changed {
+                    url: self.tier.url().to_string(),
+                    path: rel.clone(),
+                    expected: format!("{} bytes", sample.size),
+                    found: format!("{n} bytes"),
+                },
+                Err(e) => e,
+            };
+            drop(file);
+            let _ = std::fs::remove_file(&tmp);
+            match e {
+                TierError::Local { source, .. } => {
+                    // The cache's problem (full, over quota, failing): the node's condition.
+                    return Err(Miss::Slot(cache_err(&tmp)(source)));
                 }
-                Err(e) => {
-                    let _ = std::fs::remove_file(&tmp);
-                    let transient =
-                        matches!(e, TierError::Io { .. } | TierError::Unreachable { .. });
-                    if !transient || attempt >= self.cfg.attempts {
-                        tracing::warn!(sample = %rel, error = %e, attempt, "sample left out of the slot");
-                        return Err(e.to_string());
+                TierError::Auth { .. } => {
+                    return Err(Miss::Slot(StageError::Tier {
+                        slot: slot_name.to_string(),
+                        source: e,
+                    }))
+                }
+                e if is_samples_own(&e) => {
+                    tracing::warn!(sample = %rel, error = %e, "sample left out of the slot");
+                    return Err(Miss::Sample(e.to_string()));
+                }
+                e => {
+                    let since = *first_failure.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= Duration::from_secs(self.cfg.retry_secs) {
+                        tracing::warn!(sample = %rel, error = %e, attempt, "the tier kept failing; the slot fails and is staged again later");
+                        return Err(Miss::Slot(StageError::Tier {
+                            slot: slot_name.to_string(),
+                            source: e,
+                        }));
                     }
-                    tracing::debug!(sample = %rel, error = %e, attempt, "retrying fetch");
+                    if attempt == 1 {
+                        tracing::warn!(sample = %rel, error = %e, "transient tier error; retrying");
+                    } else {
+                        tracing::debug!(sample = %rel, error = %e, attempt, "retrying fetch");
+                    }
                     tokio::time::sleep(delay).await;
-                    delay *= 2;
+                    delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
         }
     }
 }
 
+/// Whether a tier error is about the sample itself (it is gone, changed, unservable), as
+/// opposed to the tier being unavailable for now.
+fn is_samples_own(e: &TierError) -> bool {
+    match e {
+        TierError::NotFound { .. }
+        | TierError::Changed { .. }
+        | TierError::Escapes { .. }
+        | TierError::NotRegular { .. } => true,
+        // Refused access, a symlink loop, a directory or a too-long name in the sample's place
+        // stay so however often it is retried. Anything else (EIO, ESTALE, ENOTCONN, errors
+        // without an errno such as an S3 connection reset) may pass.
+        TierError::Io { source, .. } => matches!(
+            source.raw_os_error(),
+            Some(libc::EACCES)
+                | Some(libc::EPERM)
+                | Some(libc::ELOOP)
+                | Some(libc::EISDIR)
+                | Some(libc::ENAMETOOLONG)
+        ),
+        _ => false,
+    }
+}
+
+/// What `commit_batches` returns: files and bytes committed, the journal, and samples whose
+/// slot path the cache's file system refused as too long.
+type Committed = (u64, u64, std::fs::File, Vec<(u32, String)>);
+
 /// Commits batches of fetched files until the channel closes: makes each durable (one `syncfs`
 /// of the cache file system, or nothing with `fsync = false`), renames its files into the slot
-/// and journals them. Returns the files and bytes committed, and the journal. Blocking.
+/// and journals them. Blocking.
 fn commit_batches(
     mut rx: tokio::sync::mpsc::Receiver<Vec<Fetched>>,
     mut journal: std::fs::File,
@@ -482,8 +786,9 @@ fn commit_batches(
     tmp_dir: &Path,
     fsync: bool,
     progress: &Progress,
-) -> Result<(u64, u64, std::fs::File), StageError> {
+) -> Result<Committed, StageError> {
     let (mut files, mut bytes) = (0u64, 0u64);
+    let mut too_long = Vec::new();
     let dir = std::fs::File::open(tmp_dir).map_err(cache_err(tmp_dir))?;
     while let Some(batch) = rx.blocking_recv() {
         if fsync {
@@ -493,11 +798,18 @@ fn commit_batches(
                 return Err(cache_err(tmp_dir)(std::io::Error::last_os_error()));
             }
         }
-        let mut lines = String::with_capacity(batch.len() * 8);
+        let mut lines = String::with_capacity(batch.len() * 20);
         for f in batch {
-            std::fs::rename(&f.tmp, &f.dst).map_err(cache_err(&f.dst))?;
-            lines.push_str(&f.id.to_string());
-            lines.push('\n');
+            match std::fs::rename(&f.tmp, &f.dst) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+                    let _ = std::fs::remove_file(&f.tmp);
+                    too_long.push((f.id, format!("{}: {e}", f.dst.display())));
+                    continue;
+                }
+                Err(e) => return Err(cache_err(&f.dst)(e)),
+            }
+            lines.push_str(&format!("{} {:08x}\n", f.id, f.crc));
             progress.files_done.fetch_add(1, Ordering::Relaxed);
             progress.bytes_done.fetch_add(f.bytes, Ordering::Relaxed);
             files += 1;
@@ -508,25 +820,35 @@ fn commit_batches(
             .write_all(lines.as_bytes())
             .map_err(cache_err(jpath))?;
     }
-    Ok((files, bytes, journal))
+    Ok((files, bytes, journal, too_long))
 }
 
-/// Reads a journal: the staged sample ids and whether the slot is complete. A missing or
-/// unreadable journal means nothing is staged; unparsable lines (a torn last line after a crash)
-/// are ignored.
-fn read_journal(path: &Path) -> (HashSet<u32>, bool) {
-    let mut done = HashSet::new();
-    let mut complete = false;
+/// What a slot's journal says.
+#[derive(Debug, Default)]
+struct JournalState {
+    /// Staged sample ids with the CRC-32 of their copy.
+    staged: HashMap<u32, u32>,
+    /// The slot was staged to the end.
+    complete: bool,
+}
+
+/// Reads a journal. A missing or unreadable journal means nothing is staged; unparsable lines
+/// (a torn last line after a crash) are ignored, and so are entries without a CRC (written
+/// before journals had one: their copies cannot be checked, so they are fetched again).
+fn read_journal(path: &Path) -> JournalState {
+    let mut out = JournalState::default();
     if let Ok(f) = std::fs::File::open(path) {
         for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
             if line == "complete" {
-                complete = true;
-            } else if let Ok(id) = line.parse::<u32>() {
-                done.insert(id);
+                out.complete = true;
+            } else if let Some((id, crc)) = line.split_once(' ') {
+                if let (Ok(id), Ok(crc)) = (id.parse::<u32>(), u32::from_str_radix(crc, 16)) {
+                    out.staged.insert(id, crc);
+                }
             }
         }
     }
-    (done, complete)
+    out
 }
 
 impl Stager {
@@ -726,6 +1048,342 @@ mod tests {
         assert_eq!(
             journal_failures(&d.path().join("cache/slots"), "s"),
             vec![victim]
+        );
+    }
+
+    /// A stager over `src` with its cache under `cache`, every file of `src` catalogued.
+    async fn stager_for(src: &Path, cache: &Path, cfg: StagerConfig) -> (Stager, Arc<Catalog>) {
+        let tier = Arc::new(PosixTier::new(src).unwrap());
+        let l = tier.list().await.unwrap();
+        let cat = Arc::new(Catalog::from_entries(tier.url(), l.entries).unwrap());
+        let st = Stager::new(
+            tier,
+            cat.clone(),
+            cache.join("slots"),
+            cache.join("tmp"),
+            cfg,
+            Pacer::unlimited(),
+        );
+        (st, cat)
+    }
+
+    fn all(cat: &Catalog, name: &str) -> SlotSpec {
+        SlotSpec {
+            name: name.into(),
+            samples: (0..cat.len() as u32).collect(),
+        }
+    }
+
+    fn assert_slot_equals_source(st: &Stager, cat: &Catalog, src: &Path, slot: &str) {
+        for id in 0..cat.len() as u32 {
+            let a = std::fs::read(src.join(cat.path(id))).unwrap();
+            let b = std::fs::read(st.slot_path(slot).join(cat.path(id)))
+                .unwrap_or_else(|e| panic!("{} not staged: {e}", cat.path(id)));
+            assert_eq!(a, b, "{}", cat.path(id));
+        }
+    }
+
+    #[tokio::test]
+    async fn source_outage_is_ridden_out() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src2");
+        std::fs::create_dir_all(src.join("a")).unwrap();
+        for i in 0..40 {
+            std::fs::write(src.join(format!("a/{i}")), vec![i as u8; 5000]).unwrap();
+        }
+        let cfg = StagerConfig {
+            concurrency: 4,
+            ..Default::default()
+        };
+        let (st, cat) = stager_for(&src, &d.path().join("c"), cfg).await;
+        // The source directory is renamed away (an outage of the whole source) before
+        // staging starts and comes back 1.5 s later.
+        let away = d.path().join("away");
+        std::fs::rename(&src, &away).unwrap();
+        let back = {
+            let (src, away) = (src.clone(), away.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(1500));
+                std::fs::rename(away, src).unwrap();
+            })
+        };
+        let r = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap();
+        back.join().unwrap();
+        assert!(r.failed.is_empty(), "{:?}", r.failed);
+        assert_eq!(r.fetched, 40);
+        assert_slot_equals_source(&st, &cat, &src, "s");
+    }
+
+    #[tokio::test]
+    async fn outage_beyond_the_retry_window_fails_the_slot_then_resumes() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src2");
+        std::fs::create_dir_all(&src).unwrap();
+        for i in 0..10 {
+            std::fs::write(src.join(format!("{i}")), vec![i as u8; 100]).unwrap();
+        }
+        let cfg = StagerConfig {
+            retry_secs: 1,
+            ..Default::default()
+        };
+        let (st, cat) = stager_for(&src, &d.path().join("c"), cfg).await;
+        let away = d.path().join("away");
+        std::fs::rename(&src, &away).unwrap();
+        let err = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StageError::Tier {
+                    source: TierError::Unreachable { .. },
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("missing"), "{err}");
+        assert!(!st.is_complete("s"), "a failed slot is never complete");
+        std::fs::rename(&away, &src).unwrap();
+        let r = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap();
+        assert!(r.failed.is_empty(), "{:?}", r.failed);
+        assert_eq!(r.fetched, 10);
+        assert_slot_equals_source(&st, &cat, &src, "s");
+    }
+
+    #[tokio::test]
+    async fn a_sample_deleted_while_the_source_is_present_is_left_out() {
+        let (d, st, cat) = setup(6).await;
+        std::fs::remove_file(d.path().join("src").join(cat.path(4))).unwrap();
+        let r = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap();
+        assert_eq!(r.failed.len(), 1);
+        assert_eq!(r.failed[0].0, 4);
+        assert!(
+            r.failed[0].1.contains("no longer exists"),
+            "{}",
+            r.failed[0].1
+        );
+    }
+
+    /// A tmpfs of `size` mounted on `dir`, unmounted on drop; `None` where mounting is not
+    /// allowed (not root).
+    struct Tmpfs(PathBuf);
+    impl Tmpfs {
+        fn mount(dir: &Path, size: &str) -> Option<Self> {
+            std::fs::create_dir_all(dir).unwrap();
+            let ok = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(dir)
+                .status()
+                .is_ok_and(|s| s.success());
+            ok.then(|| Self(dir.to_path_buf()))
+        }
+        fn resize(&self, size: &str) {
+            let s = std::process::Command::new("mount")
+                .args(["-o", &format!("remount,size={size}")])
+                .arg(&self.0)
+                .status()
+                .unwrap();
+            assert!(s.success());
+        }
+    }
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_cache_fails_the_slot_and_drops_no_sample() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src2");
+        std::fs::create_dir_all(&src).unwrap();
+        for i in 0..24 {
+            std::fs::write(src.join(format!("{i:02}")), vec![i as u8; 64 << 10]).unwrap();
+        }
+        let Some(fs) = Tmpfs::mount(&d.path().join("c"), "512k") else {
+            eprintln!("skipped: cannot mount a tmpfs (not root)");
+            return;
+        };
+        let cfg = StagerConfig {
+            concurrency: 2,
+            ..Default::default()
+        };
+        let (st, cat) = stager_for(&src, &fs.0, cfg).await;
+        let err = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap_err();
+        assert!(err.is_out_of_space(), "{err}");
+        assert!(!st.is_complete("s"));
+        let kept = read_journal(&st.journal_path("s")).staged.len();
+        assert!(kept < 24);
+        fs.resize("4m");
+        let r = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap();
+        assert!(r.failed.is_empty(), "{:?}", r.failed);
+        assert_eq!((r.resumed as usize, r.fetched as usize), (kept, 24 - kept));
+        assert_slot_equals_source(&st, &cat, &src, "s");
+        assert!(
+            std::fs::read_dir(fs.0.join("tmp"))
+                .unwrap()
+                .next()
+                .is_none(),
+            "no temporary copy is left behind"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_fifo_in_place_of_a_sample_is_left_out_not_waited_for() {
+        let (d, st, cat) = setup(6).await;
+        let victim = 2u32;
+        let p = d.path().join("src").join(cat.path(victim));
+        std::fs::remove_file(&p).unwrap();
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let r = tokio::time::timeout(
+            Duration::from_secs(20),
+            st.stage(&all(&cat, "s"), Arc::default()),
+        )
+        .await
+        .expect("staging blocked on a FIFO")
+        .unwrap();
+        assert_eq!(r.failed.len(), 1, "{:?}", r.failed);
+        assert_eq!(r.failed[0].0, victim);
+        assert!(r.failed[0].1.contains("FIFO"), "{}", r.failed[0].1);
+        assert_eq!(r.fetched, 5);
+    }
+
+    /// A tier whose fetches hang forever, as on a hung file system or server.
+    struct Hung(PosixTier);
+    #[async_trait::async_trait]
+    impl CapacityTier for Hung {
+        fn url(&self) -> &str {
+            self.0.url()
+        }
+        async fn list(&self) -> Result<crate::tier::Listing, TierError> {
+            self.0.list().await
+        }
+        async fn catalog_is_current(&self, c: &Catalog) -> Result<bool, TierError> {
+            self.0.catalog_is_current(c).await
+        }
+        async fn fetch(
+            &self,
+            _: &SampleRef,
+            _: Arc<std::fs::File>,
+            _: &Pacer,
+        ) -> Result<u64, TierError> {
+            futures::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hung_fetch_times_out_and_fails_the_slot() {
+        let (d, _, cat) = setup(3).await;
+        let tier = Arc::new(Hung(PosixTier::new(&d.path().join("src")).unwrap()));
+        let cfg = StagerConfig {
+            timeout_secs: 1,
+            retry_secs: 1,
+            ..Default::default()
+        };
+        let st = Stager::new(
+            tier,
+            cat.clone(),
+            d.path().join("c/slots"),
+            d.path().join("c/tmp"),
+            cfg,
+            Pacer::unlimited(),
+        );
+        let err = tokio::time::timeout(
+            Duration::from_secs(30),
+            st.stage(&all(&cat, "s"), Arc::default()),
+        )
+        .await
+        .expect("a hung fetch blocked staging")
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StageError::Tier {
+                    source: TierError::Timeout { .. },
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_copy_corrupted_in_place_is_fetched_again() {
+        let (d, st, cat) = setup(8).await;
+        let spec = all(&cat, "s");
+        st.stage(&spec, Arc::default()).await.unwrap();
+        let victim = 5u32;
+        let p = st.slot_path("s").join(cat.path(victim));
+        let mut bytes = std::fs::read(&p).unwrap();
+        bytes[17] ^= 0xff;
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(&p, &bytes).unwrap();
+        let r = st.stage(&spec, Arc::default()).await.unwrap();
+        assert_eq!((r.fetched, r.resumed), (1, 7));
+        assert_slot_equals_source(&st, &cat, &d.path().join("src"), "s");
+    }
+
+    #[tokio::test]
+    async fn copies_and_directories_are_private() {
+        let (_d, st, cat) = setup(6).await;
+        st.stage(&all(&cat, "s"), Arc::default()).await.unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&st.slot_path("s")), 0o700);
+        assert_eq!(mode(&st.tmp_dir), 0o700);
+        for id in 0..cat.len() as u32 {
+            let p = st.slot_path("s").join(cat.path(id));
+            assert_eq!(mode(&p), 0o400, "{}", p.display());
+            assert_eq!(mode(p.parent().unwrap()), 0o700);
+        }
+    }
+
+    #[tokio::test]
+    async fn tmp_cleanup_never_follows_symlinks() {
+        let (d, st, _) = setup(1).await;
+        let victim = d.path().join("victim");
+        std::fs::create_dir_all(victim.join("sub")).unwrap();
+        std::fs::write(victim.join("precious"), b"x").unwrap();
+        std::fs::write(victim.join("sub/precious"), b"x").unwrap();
+        std::fs::create_dir_all(d.path().join("cache")).unwrap();
+        // tmp/ itself a symlink to a directory of precious files.
+        std::os::unix::fs::symlink(&victim, &st.tmp_dir).unwrap();
+        st.clean_tmp().unwrap();
+        assert!(victim.join("precious").exists() && victim.join("sub/precious").exists());
+        assert!(!std::fs::symlink_metadata(&st.tmp_dir).unwrap().is_symlink());
+        // Symlinks inside tmp/, to a file and to a directory, and a real directory holding one.
+        std::os::unix::fs::symlink(victim.join("precious"), st.tmp_dir.join("f")).unwrap();
+        std::os::unix::fs::symlink(&victim, st.tmp_dir.join("d")).unwrap();
+        std::fs::create_dir(st.tmp_dir.join("real")).unwrap();
+        std::os::unix::fs::symlink(&victim, st.tmp_dir.join("real/d")).unwrap();
+        st.clean_tmp().unwrap();
+        assert!(victim.join("precious").exists() && victim.join("sub/precious").exists());
+        assert!(std::fs::read_dir(&st.tmp_dir).unwrap().next().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_path_too_long_for_the_cache_is_left_out_with_a_reason() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("s");
+        // A relative path of about 3,900 bytes: fine in the source, too long under a cache
+        // whose own path is long.
+        let seg = "d".repeat(200);
+        let deep: PathBuf = std::iter::repeat_n(seg.as_str(), 19).collect();
+        std::fs::create_dir_all(src.join(&deep)).unwrap();
+        std::fs::write(src.join(&deep).join("x"), b"deep").unwrap();
+        std::fs::write(src.join("ok"), b"fine").unwrap();
+        let cache = d.path().join("c".repeat(250)).join("c".repeat(250));
+        let (st, cat) = stager_for(&src, &cache, StagerConfig::default()).await;
+        let r = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap();
+        assert_eq!(r.fetched, 1);
+        assert_eq!(r.failed.len(), 1, "{:?}", r.failed);
+        assert!(r.failed[0].1.contains("too long"), "{}", r.failed[0].1);
+        assert_eq!(
+            std::fs::read(st.slot_path("s").join("ok")).unwrap(),
+            b"fine"
         );
     }
 }

@@ -16,7 +16,13 @@
 //!   outside the source;
 //! * a sample whose size or version differs from the catalog at fetch time, or changes while it
 //!   is copied, is an error ([`TierError::Changed`]); the stager never renames such a copy into
-//!   a slot.
+//!   a slot;
+//! * a source file is opened with `O_NONBLOCK` and its type checked on the open descriptor, so a
+//!   FIFO or device put where a sample was catalogued (or named by a manifest) is refused
+//!   ([`TierError::NotRegular`]) instead of blocking the open or the read forever;
+//! * a sample that is missing while the source root is missing too (renamed away, its file
+//!   system unmounted, another file system mounted in its place) is an outage of the whole
+//!   source ([`TierError::Unreachable`], which the stager retries), not a deleted sample.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -61,6 +67,20 @@ pub enum TierError {
         path: String,
         #[source]
         source: std::io::Error,
+    },
+    /// A catalogued sample is no longer a regular file (a FIFO, socket or device in its place).
+    #[error("{url}: sample `{path}` is not a regular file ({kind}) and is not served")]
+    NotRegular {
+        url: String,
+        path: String,
+        kind: String,
+    },
+    /// A tier operation made no progress for too long (a hung file system or server).
+    #[error("{url}: `{path}`: no progress for {secs} s")]
+    Timeout {
+        url: String,
+        path: String,
+        secs: u64,
     },
     /// Writing the local copy failed (cache full, disk error).
     #[error("writing the cache copy of `{path}`: {source}")]
@@ -142,6 +162,9 @@ pub trait CapacityTier: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct PosixTier {
     root: PathBuf,
+    /// Device of the root when the tier was opened: a root on another device later means the
+    /// source's file system is gone (unmounted, the bare mount point left).
+    root_dev: u64,
     url: String,
 }
 
@@ -163,13 +186,29 @@ impl PosixTier {
             url: url.clone(),
             reason: format!("cannot open the source directory: {e}"),
         })?;
-        if !canon.is_dir() {
+        let md = std::fs::metadata(&canon).map_err(|e| TierError::BadSource {
+            url: url.clone(),
+            reason: format!("cannot open the source directory: {e}"),
+        })?;
+        if !md.is_dir() {
             return Err(TierError::BadSource {
                 url,
                 reason: "not a directory".into(),
             });
         }
-        Ok(Self { root: canon, url })
+        Ok(Self {
+            root: canon,
+            root_dev: md.dev(),
+            url,
+        })
+    }
+
+    /// Whether the source root is there: the directory exists on the file system it was on
+    /// when the tier was opened.
+    fn root_present(&self) -> bool {
+        std::fs::metadata(&self.root)
+            .map(|m| m.is_dir() && m.dev() == self.root_dev)
+            .unwrap_or(false)
     }
 
     /// The resolved source root.
@@ -194,8 +233,28 @@ impl PosixTier {
         Ok(canon)
     }
 
+    /// The error for a failed access to sample `rel`. A missing sample is only reported as
+    /// gone ([`TierError::NotFound`], which leaves it out of its slot for good) when the source
+    /// root is present and the sample is still missing when looked at again: a missing root
+    /// is an outage of the whole source, and a sample that reappeared was caught mid-outage.
     fn io_err(&self, rel: &str, e: std::io::Error) -> TierError {
-        if e.kind() == std::io::ErrorKind::NotFound {
+        let missing =
+            e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR);
+        if missing && !self.root_present() {
+            TierError::Unreachable {
+                url: self.url.clone(),
+                reason: format!(
+                    "the source directory {} is missing or no longer mounted ({e})",
+                    self.root.display()
+                ),
+            }
+        } else if missing && std::fs::symlink_metadata(self.root.join(rel)).is_ok() {
+            TierError::Io {
+                url: self.url.clone(),
+                path: rel.to_string(),
+                source: std::io::Error::other(format!("{e}, and present again right after")),
+            }
+        } else if missing {
             TierError::NotFound {
                 url: self.url.clone(),
                 path: rel.to_string(),
@@ -289,8 +348,37 @@ impl PosixTier {
         pacer: &Pacer,
     ) -> Result<u64, TierError> {
         use std::os::fd::AsRawFd;
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
         let real = self.resolve(&sample.path)?;
-        let src = std::fs::File::open(&real).map_err(|e| self.io_err(&sample.path, e))?;
+        // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever. It
+        // changes nothing for the regular files that pass the type check below.
+        let src = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&real)
+            .map_err(|e| self.io_err(&sample.path, e))?;
+        let ft = src
+            .metadata()
+            .map_err(|e| self.io_err(&sample.path, e))?
+            .file_type();
+        if !ft.is_file() {
+            let kind = if ft.is_fifo() {
+                "a FIFO"
+            } else if ft.is_socket() {
+                "a socket"
+            } else if ft.is_char_device() || ft.is_block_device() {
+                "a device"
+            } else if ft.is_dir() {
+                "a directory"
+            } else {
+                "not a file"
+            };
+            return Err(TierError::NotRegular {
+                url: self.url.clone(),
+                path: sample.path.clone(),
+                kind: kind.into(),
+            });
+        }
         let check = |md: &std::fs::Metadata| -> Result<(), TierError> {
             let found_v = posix_version(md);
             if md.len() != sample.size || (!sample.version.is_empty() && found_v != sample.version)
