@@ -321,7 +321,7 @@ pub struct Daemon {
     active_read_path: Arc<ActiveReadPath>,
     state: Mutex<State>,
     changed: watch::Sender<u64>,
-    notifier: Mutex<Option<fuser::Notifier>>,
+    notifier: Mutex<Option<crate::fuse::KernelNotifier>>,
     fingerprint: String,
     mountpoint: Mutex<PathBuf>,
     tier_url: String,
@@ -995,7 +995,7 @@ impl Daemon {
     }
 
     /// Records the mountpoint and the kernel notifier once mounted.
-    pub fn mounted(&self, mountpoint: &Path, notifier: fuser::Notifier) {
+    pub fn mounted(&self, mountpoint: &Path, notifier: crate::fuse::KernelNotifier) {
         *self.mountpoint.lock().unwrap() = mountpoint.to_path_buf();
         *self.notifier.lock().unwrap() = Some(notifier);
     }
@@ -1345,14 +1345,16 @@ impl Daemon {
             "mini-epoch is now current"
         );
         // Drop the kernel's cached entries of the old view before anyone hears of the switch.
+        // Every entry the old view gave out as current was delivered before `switch` returned
+        // (the core's reply gate), so this reaches all of them.
         let notifier = self.notifier.lock().unwrap().clone();
         if let Some(n) = notifier {
             let names = old.root_names();
             let _ = tokio::task::spawn_blocking(move || {
                 for name in names {
-                    let _ = n.inval_entry(fuser::INodeNo(crate::view::ROOT_INO), name.as_ref());
+                    let _ = n.inval_entry(crate::view::ROOT_INO, &name);
                 }
-                let _ = n.inval_inode(fuser::INodeNo(crate::view::ROOT_INO), 0, 0);
+                let _ = n.inval_inode(crate::view::ROOT_INO);
             })
             .await;
         }
@@ -1377,37 +1379,54 @@ impl Daemon {
 
     /// Lets the kernel forget a retired view's inodes (the cached read path, where they pin
     /// the view). Invalidating the root's entries at the switch drops every unused entry below
-    /// them, but an entry in use then (a file open below a directory) stays valid, and after
-    /// its last use would sit in the dentry cache for its whole TTL, holding the view. So the
-    /// entries the kernel still holds are invalidated one by one, deepest first; those in use
-    /// go as soon as they are released. Repeated with a growing pause while the view is
-    /// retained, for entries looked up meanwhile through a directory still open.
+    /// them, but an entry in use then (a file open below a directory) stays, and so do entries
+    /// replied after the switch with a zero TTL (lookups through an old directory, listings of
+    /// a directory opened before the switch): expired, they still sit in the dentry cache,
+    /// holding the view, until memory runs short. So every inode of the view the kernel still
+    /// holds is pruned, deepest first (`FUSE_NOTIFY_PRUNE`: only that inode's unused entries go,
+    /// never the current view's entry of the same name); those in use go once released.
+    /// Repeated with a growing pause (at most a second) while the view is retained. Kernels
+    /// without prune get the entries invalidated by name instead, except root entries whose
+    /// name the current view also has (that would drop the current view's cached subtree).
     async fn release_kernel_refs(self: Arc<Self>, generation: u64) {
-        let mut pause = Duration::from_millis(50);
+        let mut pause = Duration::from_millis(20);
+        let mut prune = true;
         loop {
             // Forgets of the entries dropped at the switch arrive in the meantime.
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(5));
+            pause = (pause * 2).min(Duration::from_secs(1));
             let Some(view) = self.fs.retained(generation) else {
                 return;
             };
             let notifier = self.notifier.lock().unwrap().clone();
             let Some(n) = notifier else { return };
-            let entries: Vec<(u64, String)> = view
-                .referenced_nodes()
-                .into_iter()
-                .filter(|&i| view.node(i).parent != 0) // the root's were invalidated at the switch
-                .map(|i| (view.ino(view.node(i).parent), view.node(i).name.to_string()))
-                .collect();
-            if entries.is_empty() {
+            let nodes = view.referenced_nodes();
+            if nodes.is_empty() {
                 continue;
             }
-            let _ = tokio::task::spawn_blocking(move || {
-                for (parent, name) in entries {
-                    let _ = n.inval_entry(fuser::INodeNo(parent), name.as_ref());
+            let current = self.fs.current();
+            let try_prune = prune;
+            prune = tokio::task::spawn_blocking(move || {
+                if try_prune {
+                    let inos: Vec<u64> = nodes.iter().map(|&i| view.ino(i)).collect();
+                    match n.prune(&inos) {
+                        Ok(()) => return true,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "kernel has no prune; invalidating by name")
+                        }
+                    }
                 }
+                for i in nodes {
+                    let node = view.node(i);
+                    if node.parent == 0 && current.lookup(0, &node.name).is_ok() {
+                        continue;
+                    }
+                    let _ = n.inval_entry(view.ino(node.parent), &node.name);
+                }
+                false
             })
-            .await;
+            .await
+            .unwrap_or(try_prune);
         }
     }
 
@@ -1840,6 +1859,7 @@ impl Daemon {
             "prefetch_rate": self.stager.pacer().rate(),
             "staging": staging,
             "draining_slots": s.draining.len(),
+            "draining": self.draining_detail(),
             "open_handles": self.fs.open_handles(),
             "passthrough": self.read_path_now() == ReadPath::Passthrough,
             "read_path": self.read_path_now().name(),
@@ -1854,6 +1874,28 @@ impl Daemon {
             "uptime_s": self.started.elapsed().as_secs_f64(),
             "pid": std::process::id(),
         })
+    }
+
+    /// What holds each retired view that is not evicted yet: open handles, the kernel's
+    /// lookups (entries and inodes it still caches, on the cached read path) and a few of the
+    /// paths it holds, so that a view that does not drain can be diagnosed from `status`.
+    fn draining_detail(&self) -> Value {
+        self.fs
+            .retained_views()
+            .iter()
+            .map(|v| {
+                let held: Vec<String> = v
+                    .referenced_nodes()
+                    .into_iter()
+                    .take(5)
+                    .map(|i| v.rel_path(i))
+                    .collect();
+                json!({
+                    "generation": v.generation, "slot": v.slot, "open_handles": v.open_handles(),
+                    "kernel_refs": v.kernel_refs(), "kernel_held": held,
+                })
+            })
+            .collect()
     }
 
     /// The `files` object.

@@ -15,6 +15,14 @@
 //!   the kernel holds none of its inodes. An open file holds its inode, so this is at least as
 //!   strict as counting handles. Entries of a view that is no longer current are replied with
 //!   a zero TTL, so the kernel lets them go as soon as nothing uses them;
+//! * a lookup that misses in a retired view answers ESTALE, so the kernel keeps no negative
+//!   entry below an old directory (see [`FsCore::lookup`]);
+//! * an entry replied as current (long TTL) never reaches the kernel after the switch that
+//!   retired its view: replies that hand out entries are sent under [`FsCore::reply_gate`],
+//!   which [`FsCore::switch`] takes exclusively. So the invalidation the daemon sends after a
+//!   switch covers every long-lived entry of the old view; without the gate, an entry resolved
+//!   just before the switch and delivered just after it would pin the old view (and show it)
+//!   for the entry's whole TTL;
 //! * backing files are opened read-only and kept in a bounded cache (`moka`); evicting an entry
 //!   drops the last reference and closes the descriptor, so millions of files never exhaust
 //!   descriptors. Passthrough backing ids (opaque to the core) are cached the same way, per
@@ -126,6 +134,7 @@ struct Handle {
 }
 
 struct Views {
+    /// The current view.
     current: Arc<View>,
     retained: HashMap<u64, Arc<View>>,
 }
@@ -145,6 +154,8 @@ pub struct FsSettings {
 /// The filesystem core. See the module docs.
 pub struct FsCore {
     views: RwLock<Views>,
+    /// Held shared while an entry is resolved and replied, exclusively while the view switches.
+    reply_gate: RwLock<()>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     files: moka::sync::Cache<(u64, u32), Arc<File>>,
@@ -168,6 +179,7 @@ impl FsCore {
                 current: initial,
                 retained: HashMap::new(),
             }),
+            reply_gate: RwLock::new(()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             files: moka::sync::Cache::builder()
@@ -196,8 +208,16 @@ impl FsCore {
         self.views.read().unwrap().current.clone()
     }
 
-    /// Makes `next` current and retains the old view; returns the old view.
+    /// Hold this from resolving a lookup (or a READDIRPLUS batch) until its reply is sent, so
+    /// that no entry of a view is delivered as current after the view was switched away.
+    pub fn reply_gate(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.reply_gate.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes `next` current and retains the old view; returns the old view. Waits for replies
+    /// in flight under [`FsCore::reply_gate`] (each a few microseconds).
     pub fn switch(&self, next: Arc<View>) -> Arc<View> {
+        let _gate = self.reply_gate.write().unwrap_or_else(|e| e.into_inner());
         let mut v = self.views.write().unwrap();
         let old = std::mem::replace(&mut v.current, next);
         v.retained.insert(old.generation, old.clone());
@@ -277,14 +297,37 @@ impl FsCore {
             .cloned()
     }
 
+    /// Every retained (retired, not yet drained) view, oldest first.
+    pub fn retained_views(&self) -> Vec<Arc<View>> {
+        let mut out: Vec<Arc<View>> = self
+            .views
+            .read()
+            .unwrap()
+            .retained
+            .values()
+            .cloned()
+            .collect();
+        out.sort_by_key(|v| v.generation);
+        out
+    }
+
     fn attr(&self, view: &View, idx: u32) -> Attr {
         attr_in(view, idx, self.is_current(view))
     }
 
-    /// Resolves `name` in directory `parent`.
+    /// Resolves `name` in directory `parent`. A miss in a retired view is ESTALE, not ENOENT:
+    /// the kernel would cache ENOENT as a negative entry below the old directory, which holds
+    /// that directory (and so the view) until memory runs short, and nothing can prune it. On
+    /// ESTALE the kernel instead walks the path again revalidating every component, which
+    /// reaches the current view (a path resolved just before a switch, looking up a name of the
+    /// new view in a directory of the old one, then finds it).
     pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
         let (view, idx) = self.view_of(parent)?;
-        let child = view.lookup(idx, name)?;
+        let child = match view.lookup(idx, name) {
+            Ok(c) => c,
+            Err(Miss::NotFound) if !self.is_current(&view) => return Err(FsError::Stale),
+            Err(e) => return Err(e.into()),
+        };
         view.touch(child);
         // Counted before the reply: the kernel may forget the entry as soon as it has it.
         view.kernel_ref(child);
@@ -699,6 +742,20 @@ mod tests {
         let g = core.lookup(ROOT_INO, "g").unwrap();
         core.forget(g.ino, 1);
         assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_miss_in_a_retired_view_is_stale() {
+        let (d, c) = setup();
+        let v1 = view(&d, &c, &[0, 1], 1, 0, "s1");
+        let core = FsCore::new(v1, settings());
+        let dir = core.lookup(ROOT_INO, "d").unwrap();
+        assert_eq!(core.lookup(dir.ino, "zz"), Err(FsError::NotFound));
+        core.switch(view(&d, &c, &[0, 1], 2, 1, "s2"));
+        // ENOENT would leave a negative entry below the old directory, pinning its view.
+        assert_eq!(core.lookup(dir.ino, "zz"), Err(FsError::Stale));
+        assert_eq!(core.lookup(dir.ino, "f").unwrap().generation, 1);
+        assert_eq!(core.retained_views().len(), 1);
     }
 
     #[test]

@@ -28,6 +28,7 @@
 //! inodes, which lets the view drain.
 
 use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +43,74 @@ use crate::fs::{Attr, FsCore, FsError};
 
 /// How long the kernel may cache entries and attributes within one generation.
 const TTL: Duration = Duration::from_secs(3600);
+
+/// `FUSE_NOTIFY_PRUNE` (protocol 7.45, kernel 6.18): drop the kernel's unused entries of the
+/// given inodes. fuser 0.18 has no call for it, so it is written to the device directly.
+const FUSE_NOTIFY_PRUNE: i32 = 9;
+
+/// Most node ids per prune message (the kernel copies them in batches of 512).
+const PRUNE_BATCH: usize = 512;
+
+/// Sends cache notifications to the kernel: fuser's own (entry and inode invalidation) plus
+/// `prune`, written on a duplicate of the session's device descriptor.
+#[derive(Clone)]
+pub struct KernelNotifier {
+    inner: fuser::Notifier,
+    dev: Option<Arc<OwnedFd>>,
+}
+
+impl KernelNotifier {
+    /// A notifier for `session`; call before the session is spawned.
+    pub fn new<FS: fuser::Filesystem>(session: &fuser::Session<FS>) -> Self {
+        Self {
+            inner: session.notifier(),
+            dev: session.as_fd().try_clone_to_owned().ok().map(Arc::new),
+        }
+    }
+
+    /// Invalidates entry `name` of directory `parent`.
+    pub fn inval_entry(&self, parent: u64, name: &str) -> std::io::Result<()> {
+        self.inner.inval_entry(INodeNo(parent), name.as_ref())
+    }
+
+    /// Invalidates the attributes and data of `ino`.
+    pub fn inval_inode(&self, ino: u64) -> std::io::Result<()> {
+        self.inner.inval_inode(INodeNo(ino), 0, 0)
+    }
+
+    /// Asks the kernel to drop every unused entry of each of `nodes` (in order, so children
+    /// go before their directories). Entries in use stay, and inodes the kernel does not hold
+    /// are skipped. Unlike invalidating by (parent, name), this never touches an entry of
+    /// another inode under the same name, such as the current view's. Fails with EINVAL or
+    /// ENOSYS on kernels before 6.18.
+    pub fn prune(&self, nodes: &[u64]) -> std::io::Result<()> {
+        let Some(dev) = &self.dev else {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSYS));
+        };
+        for chunk in nodes.chunks(PRUNE_BATCH) {
+            // fuse_out_header { len, error = notify code, unique = 0 }, then
+            // fuse_notify_prune_out { count, padding, spare }, then the node ids.
+            let len = 16 + 16 + 8 * chunk.len();
+            let mut msg = Vec::with_capacity(len);
+            msg.extend_from_slice(&(len as u32).to_ne_bytes());
+            msg.extend_from_slice(&FUSE_NOTIFY_PRUNE.to_ne_bytes());
+            msg.extend_from_slice(&0u64.to_ne_bytes());
+            msg.extend_from_slice(&(chunk.len() as u32).to_ne_bytes());
+            msg.extend_from_slice(&0u32.to_ne_bytes());
+            msg.extend_from_slice(&0u64.to_ne_bytes());
+            for n in chunk {
+                msg.extend_from_slice(&n.to_ne_bytes());
+            }
+            // SAFETY: one write of a buffer we own to a descriptor we own; the device takes a
+            // whole message per write.
+            let r = unsafe { libc::write(dev.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
 
 /// The `fuser::Filesystem` over a shared [`FsCore`].
 pub struct FuseAdapter {
@@ -142,6 +211,7 @@ impl Filesystem for FuseAdapter {
         let Some(name) = name.to_str() else {
             return reply.error(Errno::ENOENT);
         };
+        let _gate = self.core.reply_gate();
         match self.core.lookup(parent.0, name) {
             Ok(a) => reply.entry(&ttl(&a), &self.file_attr(&a), Generation(a.generation)),
             Err(e) => reply.error(errno(e)),
@@ -298,6 +368,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _gate = self.core.reply_gate();
         let r = self.core.readdir(ino.0, fh.0, offset, true, |e| {
             reply.add(
                 INodeNo(e.attr.ino),

@@ -703,12 +703,14 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
         fcfg.n_threads = Some(daemon.cfg.fuse_threads);
         fcfg.clone_fd = true;
         let mp = mountpoint.clone();
-        let session = tokio::task::spawn_blocking(move || {
-            fuser::Session::new(adapter, &mp, &fcfg).and_then(|s| s.spawn())
+        let (session, notifier) = tokio::task::spawn_blocking(move || {
+            let s = fuser::Session::new(adapter, &mp, &fcfg)?;
+            let notifier = fuse::KernelNotifier::new(&s);
+            s.spawn().map(|s| (s, notifier))
         })
         .await?
         .with_context(|| format!("mounting FUSE on {}", mountpoint.display()))?;
-        daemon.mounted(&mountpoint, session.notifier());
+        daemon.mounted(&mountpoint, notifier);
         mount::register(&mount::Registered {
             mountpoint: mountpoint.clone(),
             socket: daemon.cfg.socket.clone(),
