@@ -139,3 +139,61 @@ def test_budget_holds_through_switches(mounts, tmp_path):
         sampler.join()
     assert sampler.samples > 50
     assert sampler.max <= budget, f"the cache held {sampler.max} bytes on disk, the budget is {budget}"
+
+
+# ---- state.json is checked ----------------------------------------------------------------
+
+def test_corrupt_state_is_refused_and_reset_starts_over(mounts, tmp_path, metfs):
+    src = tmp_path / "tier"
+    files = make_tree(src, n=40, max_size=8 * 1024)
+    m = mounts(src, "6MiB", "--mini-epochs", "3", "--compose", "sequential")
+    m.mount()
+    assert m.rpc({"op": "advance", "wait": True})["generation"] == 2
+    m.umount()
+    state = m.cache / "state.json"
+    good = json.loads(state.read_text())
+    assert good["generation"] == 2 and good["mini_epoch"] == 1
+
+    def refused(text: str, *words: str) -> None:
+        state.write_text(text)
+        r = m.mount(check=False)
+        assert r.returncode != 0, f"mounted with state {text!r}"
+        for w in (str(state), "--reset", *words):
+            assert w in r.stderr, (w, r.stderr)
+        assert not is_mounted(m.mountpoint)
+        assert state.read_text() == text, "the bad file is left for the user to see"
+
+    refused(json.dumps({**good, "generation": 1 << 32}), "generation", str(1 << 32))
+    refused(json.dumps({**good, "generation": (1 << 64) - 1}), "generation")
+    refused(json.dumps({**good, "mini_epoch": 7}), "mini_epoch 7")
+    refused("this is not json", "not a saved position")
+    refused(json.dumps(good)[:25], "truncated")
+    # --reset starts over at epoch 0 on purpose.
+    m.args += ["--reset"]
+    m.mount()
+    f = m.files()
+    assert (f["epoch"], f["mini_epoch"], f["generation"]) == (0, 0, 1)
+    view = read_view(m.mountpoint)
+    assert view and all(files[k] == v for k, v in view.items())
+    assert "discarded" in m.log()
+
+
+def test_last_generation_wraps_and_lookups_work(mounts, tmp_path):
+    src = tmp_path / "tier"
+    files = make_tree(src, n=40, max_size=8 * 1024)
+    m = mounts(src, "6MiB", "--mini-epochs", "3", "--compose", "sequential")
+    m.mount()
+    m.umount()
+    state = m.cache / "state.json"
+    saved = json.loads(state.read_text())
+    last = (1 << 32) - 1
+    state.write_text(json.dumps({**saved, "generation": last}))
+    m.mount()
+    assert m.status()["generation"] == last
+    view = read_view(m.mountpoint)
+    assert view and all(files[k] == v for k, v in view.items())
+    r = m.rpc({"op": "advance", "wait": True})
+    assert r["ok"] and r["generation"] == 1, r
+    view = read_view(m.mountpoint)
+    assert set(view) == set(m.files()["files"])
+    assert view and all(files[k] == v for k, v in view.items())

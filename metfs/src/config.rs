@@ -332,6 +332,8 @@ pub struct MountConfig {
     pub hdf5_datasets: Option<Vec<String>>,
     /// Container mode: 1-D dataset holding each row's class label (for stratified composition).
     pub label_dataset: Option<String>,
+    /// Discard the saved position (`state.json`) and start over at epoch 0 (`--reset`).
+    pub reset: bool,
 }
 
 fn env_u32(name: &str) -> Option<u32> {
@@ -446,6 +448,7 @@ impl MountConfig {
             max_open_files: pick!(max_open_files).unwrap_or(4096),
             max_backing_ids: pick!(max_backing_ids).unwrap_or(1 << 20),
             stager: pick!(stager).unwrap_or_default(),
+            reset: false,
         })
     }
 }

@@ -87,6 +87,9 @@ pub enum DaemonError {
     /// The dataset has no samples.
     #[error("source {0} has no files to serve")]
     Empty(String),
+    /// `state.json` is not a valid saved position.
+    #[error("saved position {path} is corrupt: {reason}. Delete it, or mount with --reset, to start over at epoch 0 (this discards the position, not the dataset)")]
+    CorruptState { path: String, reason: String },
     /// Anything else about the setup.
     #[error("{0}")]
     Setup(String),
@@ -201,17 +204,139 @@ pub fn round_up(size: u64) -> u64 {
     size.div_ceil(BLOCK) * BLOCK
 }
 
+/// Generations are below this: inode numbers carry the generation in their high 32 bits
+/// (`generation << 32 | node`). After `GENERATION_LIMIT - 1` the generation wraps to 1 (see
+/// [`next_generation`]).
+pub const GENERATION_LIMIT: u64 = 1 << 32;
+/// Epochs and sequence numbers in `state.json` are below this: a run of 2^48 mini-epochs is not
+/// one metfs will see, and the bound leaves every `+ 1` of a long run room to grow.
+pub const POSITION_LIMIT: u64 = 1 << 48;
+
+/// The generation after `g`: one more, or 1 after the last one that fits an inode number. A
+/// wrapped generation cannot meet a view still held from before the wrap (that would take
+/// four billion switches while one handle stays open), and clients only compare generations
+/// for inequality.
+pub fn next_generation(g: u64) -> u64 {
+    if g + 1 >= GENERATION_LIMIT {
+        1
+    } else {
+        g + 1
+    }
+}
+
+/// The position saved in `CACHE/state.json`.
+///
+/// The file is metfs's own, but it is read back as untrusted input: [`SavedState::from_json`]
+/// checks every field, and a file that fails is refused with an error naming it, the field,
+/// and how to start over (delete it, or mount with `--reset`); it is never silently replaced,
+/// since that would restart a long run at epoch 0.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct SavedState {
-    fingerprint: String,
-    epoch: u64,
-    mini_epoch: u32,
-    generation: u64,
-    sequence: u64,
+pub struct SavedState {
+    /// Everything the plan depends on; a different fingerprint starts over (not an error).
+    pub fingerprint: String,
+    /// Current epoch.
+    pub epoch: u64,
+    /// Current mini-epoch within the epoch.
+    pub mini_epoch: u32,
+    /// Generation of the current view (1 ..= `GENERATION_LIMIT - 1`).
+    pub generation: u64,
+    /// Mini-epochs served so far in the run.
+    pub sequence: u64,
+    /// The rf history's run.
     #[serde(default)]
-    run: Option<RunId>,
+    pub run: Option<RunId>,
+    /// The job key of the rf history.
     #[serde(default)]
-    job: Option<String>,
+    pub job: Option<String>,
+}
+
+impl SavedState {
+    /// Parses and checks a saved position (every field but the mini-epoch, which
+    /// [`SavedState::check_plan`] checks against the plan). The error names the bad field.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, DaemonError> {
+        let bad = |reason: String| DaemonError::CorruptState {
+            path: "state.json".into(),
+            reason,
+        };
+        let s: SavedState = serde_json::from_slice(bytes).map_err(|e| {
+            bad(if e.is_eof() {
+                format!("truncated ({e})")
+            } else {
+                format!("not a saved position ({e})")
+            })
+        })?;
+        if s.generation == 0 || s.generation >= GENERATION_LIMIT {
+            return Err(bad(format!(
+                "generation {} is out of range (1 to {})",
+                s.generation,
+                GENERATION_LIMIT - 1
+            )));
+        }
+        if s.epoch >= POSITION_LIMIT {
+            return Err(bad(format!(
+                "epoch {} is out of range (below {POSITION_LIMIT})",
+                s.epoch
+            )));
+        }
+        if s.sequence >= POSITION_LIMIT {
+            return Err(bad(format!(
+                "sequence {} is out of range (below {POSITION_LIMIT})",
+                s.sequence
+            )));
+        }
+        if s.fingerprint.is_empty() {
+            return Err(bad("fingerprint is empty".into()));
+        }
+        Ok(s)
+    }
+
+    /// Checks the mini-epoch against a plan of `nm` mini-epochs per epoch (same fingerprint).
+    pub fn check_plan(&self, nm: u32) -> Result<(), DaemonError> {
+        if self.mini_epoch >= nm {
+            return Err(DaemonError::CorruptState {
+                path: "state.json".into(),
+                reason: format!(
+                    "mini_epoch {} is out of range: the plan has {nm} mini-epochs per epoch",
+                    self.mini_epoch
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Reads `path` (`state.json`): `None` when there is none or `reset` is asked for.
+fn load_state(path: &Path, reset: bool) -> Result<Option<SavedState>, DaemonError> {
+    let named = |e: DaemonError| match e {
+        DaemonError::CorruptState { reason, .. } => DaemonError::CorruptState {
+            path: path.display().to_string(),
+            reason,
+        },
+        e => e,
+    };
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if reset => {
+            tracing::warn!(path = %path.display(), error = %e, "--reset: ignoring an unreadable saved position");
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(DaemonError::CorruptState {
+                path: path.display().to_string(),
+                reason: format!("cannot be read ({e})"),
+            })
+        }
+    };
+    if reset {
+        let what = match SavedState::from_json(&bytes) {
+            Ok(s) => format!("epoch {} mini-epoch {}", s.epoch, s.mini_epoch),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(path = %path.display(), discarded = %what, "--reset: the saved position is discarded; starting at epoch 0");
+        return Ok(None);
+    }
+    SavedState::from_json(&bytes).map(Some).map_err(named)
 }
 
 #[derive(Debug)]
@@ -703,10 +828,27 @@ impl Daemon {
                 cfg.source, budget.slot_bytes, nm, cfg.compose, cfg.seed, cfg.node_rank, cfg.nodes
             )
         };
-        let saved: Option<SavedState> = std::fs::read(&paths.state)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .filter(|s: &SavedState| s.fingerprint == fingerprint && s.mini_epoch < nm);
+        let saved = match load_state(&paths.state, cfg.reset)? {
+            Some(s) if s.fingerprint == fingerprint => {
+                s.check_plan(nm).map_err(|e| match e {
+                    DaemonError::CorruptState { reason, .. } => DaemonError::CorruptState {
+                        path: paths.state.display().to_string(),
+                        reason,
+                    },
+                    e => e,
+                })?;
+                Some(s)
+            }
+            Some(s) => {
+                tracing::info!(
+                    epoch = s.epoch,
+                    mini_epoch = s.mini_epoch,
+                    "the dataset or the plan settings changed since the saved position; starting at epoch 0"
+                );
+                None
+            }
+            None => None,
+        };
         let pacer = Pacer::with_rate(match cfg.prefetch_rate {
             PrefetchRate::Fixed(r) => Some(r),
             // The first mini-epoch is staged at full speed (the job is waiting for it); pacing
@@ -1296,7 +1438,7 @@ impl Daemon {
             }
             let slot = slot.clone();
             let plan = self.plan_of(&mut s, succ.0);
-            s.generation += 1;
+            s.generation = next_generation(s.generation);
             let view = Arc::new(Self::view_for(
                 &self.catalog,
                 self.containers.as_deref(),
@@ -1989,6 +2131,60 @@ mod tests {
         assert_eq!(successor((0, 0), 3), (0, 1));
         assert_eq!(successor((0, 2), 3), (1, 0));
         assert_eq!(successor((5, 0), 1), (6, 0));
+    }
+
+    fn state_json(generation: &str, epoch: &str, mini_epoch: u32) -> Vec<u8> {
+        format!(
+            r#"{{"fingerprint":"f","epoch":{epoch},"mini_epoch":{mini_epoch},"generation":{generation},"sequence":3,"run":1,"job":"j"}}"#
+        )
+        .into_bytes()
+    }
+
+    fn reason(r: Result<SavedState, DaemonError>) -> String {
+        match r {
+            Err(DaemonError::CorruptState { reason, .. }) => reason,
+            other => panic!("expected a corrupt state, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn saved_state_fields_are_checked() {
+        let ok = SavedState::from_json(&state_json("7", "2", 1)).unwrap();
+        assert_eq!((ok.generation, ok.epoch, ok.mini_epoch), (7, 2, 1));
+        assert!(ok.check_plan(2).is_ok());
+        let e = ok.check_plan(1).unwrap_err().to_string();
+        assert!(e.contains("mini_epoch 1") && e.contains("--reset"), "{e}");
+        let last = (GENERATION_LIMIT - 1).to_string();
+        assert!(SavedState::from_json(&state_json(&last, "0", 0)).is_ok());
+        for g in [
+            "0".to_string(),
+            GENERATION_LIMIT.to_string(),
+            u64::MAX.to_string(),
+        ] {
+            let r = reason(SavedState::from_json(&state_json(&g, "0", 0)));
+            assert!(r.contains("generation") && r.contains(&g), "{r}");
+        }
+        let r = reason(SavedState::from_json(&state_json(
+            "1",
+            &u64::MAX.to_string(),
+            0,
+        )));
+        assert!(r.contains("epoch"), "{r}");
+        assert!(reason(SavedState::from_json(b"\x00garbage")).contains("not a saved position"));
+        let full = state_json("7", "2", 1);
+        let r = reason(SavedState::from_json(&full[..full.len() / 2]));
+        assert!(r.contains("truncated"), "{r}");
+        assert!(reason(SavedState::from_json(b"")).contains("truncated"));
+        // A negative or fractional number is a type error, not a wrap.
+        assert!(SavedState::from_json(&state_json("-1", "0", 0)).is_err());
+        assert!(SavedState::from_json(&state_json("1.5", "0", 0)).is_err());
+    }
+
+    #[test]
+    fn generation_wraps_inside_the_inode_range() {
+        assert_eq!(next_generation(1), 2);
+        assert_eq!(next_generation(GENERATION_LIMIT - 2), GENERATION_LIMIT - 1);
+        assert_eq!(next_generation(GENERATION_LIMIT - 1), 1);
     }
 
     #[test]

@@ -250,6 +250,10 @@ struct MountArgs {
     /// Stay in the foreground (logs to stderr).
     #[arg(long)]
     foreground: bool,
+    /// Discard the saved position (CACHE/state.json) and start at epoch 0. Without it, a saved
+    /// position that is corrupt stops the mount with an error naming the bad field.
+    #[arg(long)]
+    reset: bool,
     /// Internal: pipe on which to report readiness to the parent.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
@@ -385,7 +389,9 @@ impl MountArgs {
             }),
             ..Default::default()
         };
-        Ok(MountConfig::resolve(file, flags)?)
+        let mut cfg = MountConfig::resolve(file, flags)?;
+        cfg.reset = self.reset;
+        Ok(cfg)
     }
 }
 
