@@ -197,3 +197,32 @@ def test_last_generation_wraps_and_lookups_work(mounts, tmp_path):
     view = read_view(m.mountpoint)
     assert set(view) == set(m.files()["files"])
     assert view and all(files[k] == v for k, v in view.items())
+
+
+# ---- sizes near 2^64 ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("sizes,words", [
+    ([2**64 - 1], ["line 3", str(2**64 - 1)]),           # rounding to a block overflows
+    ([2**63, 2**63], ["line 4", "2^64"]),                # the sum overflows
+    ([2**63], ["too small", "a/1.bin"]),                 # fits, but no budget holds it twice
+])
+def test_huge_manifest_sizes_are_errors_not_panics(mounts, tmp_path, metfs, sizes, words):
+    src = tmp_path / "tier"
+    (src / "a").mkdir(parents=True)
+    man = tmp_path / "m.csv"
+    lines = ["path,size", "a/0.bin,10"]
+    for i, s in enumerate(sizes, start=1):
+        (src / "a" / f"{i}.bin").write_bytes(b"x")
+        lines.append(f"a/{i}.bin,{s}")
+    (src / "a" / "0.bin").write_bytes(b"x" * 10)
+    man.write_text("\n".join(lines) + "\n")
+    r = subprocess.run([metfs, "plan", "--manifest", str(man), "--budget", "1GiB"], capture_output=True, text=True)
+    assert r.returncode == 1 and "panicked" not in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, (w, r.stderr)
+    m = mounts(src, "64MiB", "--manifest", str(man))
+    r = m.mount(check=False)
+    assert r.returncode != 0 and "panicked" not in r.stderr + m.log(), r.stderr + m.log()
+    for w in words:
+        assert w in r.stderr, (w, r.stderr)
+    assert not is_mounted(m.mountpoint)

@@ -183,7 +183,11 @@ impl Budget {
         // state.json and its temporary, the lock file, and a metrics file (and its temporary)
         // kept in the cache.
         let state = 8 * BLOCK;
-        let reserve = round_up(catalog_bytes) + journals + dirs + state + LOG_RESERVE + extra;
+        // Saturating: an absurd catalog or extra makes the reserve exceed any budget, an error
+        // below, rather than a wrapped sum.
+        let reserve = [journals, dirs, state, LOG_RESERVE, extra]
+            .into_iter()
+            .fold(round_up(catalog_bytes), u64::saturating_add);
         if budget <= reserve {
             return Err(DaemonError::BudgetBelowReserve {
                 budget: format_bytes(budget),
@@ -201,7 +205,9 @@ impl Budget {
 
 /// A file's footprint in the cache: its size rounded up to the block size.
 pub fn round_up(size: u64) -> u64 {
-    size.div_ceil(BLOCK) * BLOCK
+    // Saturating: a size within a block of 2^64 is too large for any budget anyway, and the
+    // planner rejects footprints whose sum overflows.
+    size.div_ceil(BLOCK).saturating_mul(BLOCK)
 }
 
 /// Generations are below this: inode numbers carry the generation in their high 32 bits
@@ -807,7 +813,7 @@ impl Daemon {
                     budget: format_bytes(cfg.budget),
                     path: catalog.path(sample),
                     size: format_bytes(size),
-                    needed: format_bytes(2 * size + budget.reserve),
+                    needed: format_bytes(size.saturating_mul(2).saturating_add(budget.reserve)),
                     reserve: format_bytes(budget.reserve),
                 })
             }

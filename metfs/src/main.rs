@@ -596,7 +596,7 @@ fn plan_cmd(a: PlanArgs) -> Result<()> {
             prefetcher::size::format_bytes(budget),
             cat.path(sample),
             prefetcher::size::format_bytes(size),
-            prefetcher::size::format_bytes(2 * size + b.reserve)
+            prefetcher::size::format_bytes(size.saturating_mul(2).saturating_add(b.reserve))
         ),
         e => e.into(),
     })?;

@@ -692,7 +692,8 @@ impl Catalog {
     }
     /// Total bytes of all samples.
     pub fn total_bytes(&self) -> u64 {
-        self.sizes.iter().sum()
+        // Saturating: a listing is not checked like a manifest, and a total is only reported.
+        self.sizes.iter().fold(0, |a, &b| a.saturating_add(b))
     }
     /// Number of distinct directories holding samples.
     pub fn dir_count(&self) -> usize {

@@ -98,6 +98,9 @@ pub enum ManifestError {
         path: String,
         inside_line: u64,
     },
+    /// A size that takes the dataset's total past 2^64 bytes.
+    #[error("manifest {file} line {line}: size {size} takes the dataset's total past 2^64 bytes (sizes count rounded up to 4 KiB blocks, as the cache stores them)")]
+    TotalTooLarge { file: String, line: u64, size: u64 },
     /// More samples than a catalog can hold.
     #[error("manifest {file}: {count} samples is more than the 4,294,967,295 a catalog can hold")]
     TooMany { file: String, count: usize },
@@ -432,6 +435,24 @@ fn build_error(file: &str, lines: &[u32], e: BuildError) -> ManifestError {
     }
 }
 
+/// The cache's accounting block: a sample takes its size rounded up to this in a slot.
+const BLOCK: u64 = 4096;
+
+/// Adds `size` (rounded up to [`BLOCK`]) to the running `total`, or names the line where the
+/// total would overflow: every later sum of sizes or footprints (planner, budget) then fits.
+fn add_size(total: &mut u64, file: &str, line: u64, size: u64) -> Result<(), ManifestError> {
+    *total = size
+        .div_ceil(BLOCK)
+        .checked_mul(BLOCK)
+        .and_then(|f| total.checked_add(f))
+        .ok_or_else(|| ManifestError::TotalTooLarge {
+            file: file.to_string(),
+            line,
+            size,
+        })?;
+    Ok(())
+}
+
 /// Reads a manifest into a catalog, streaming: see the module docs for formats and memory.
 /// [`Catalog::source`] is the manifest path.
 pub fn load_catalog(path: &Path) -> Result<Catalog, ManifestError> {
@@ -439,7 +460,9 @@ pub fn load_catalog(path: &Path) -> Result<Catalog, ManifestError> {
     let mut builder = CatalogBuilder::default();
     // Line of each record, for error messages only; saturates past u32::MAX lines.
     let mut lines: Vec<u32> = Vec::new();
+    let mut total = 0u64;
     parse(path, |r| {
+        add_size(&mut total, &file, r.line, r.size)?;
         lines.push(u32::try_from(r.line).unwrap_or(u32::MAX));
         builder
             .push(r.path, r.size, r.version, r.label, r.cluster)
@@ -459,7 +482,9 @@ pub fn read_manifest(path: &Path) -> Result<Vec<CatalogEntry>, ManifestError> {
     let mut builder = CatalogBuilder::default();
     let mut lines: Vec<u32> = Vec::new();
     let mut entries = Vec::new();
+    let mut total = 0u64;
     parse(path, |r| {
+        add_size(&mut total, &file, r.line, r.size)?;
         lines.push(u32::try_from(r.line).unwrap_or(u32::MAX));
         builder
             .push(r.path, r.size, r.version, r.label, r.cluster)
@@ -581,6 +606,26 @@ mod tests {
         let p = dir.path().join(name);
         std::fs::write(&p, body).unwrap();
         p
+    }
+
+    #[test]
+    fn sizes_whose_total_overflows_name_the_line() {
+        let d = tempfile::tempdir().unwrap();
+        let max = u64::MAX;
+        // Rounding alone overflows.
+        let e = err(&d, "a.csv", &format!("path,size\na,1\nb,{max}\n"));
+        assert!(e.contains("line 3") && e.contains(&max.to_string()), "{e}");
+        // The sum overflows on the third line.
+        let half = 1u64 << 63;
+        let e = err(
+            &d,
+            "b.jsonl",
+            &format!("{{\"path\":\"a\",\"size\":{half}}}\n{{\"path\":\"b\",\"size\":0}}\n{{\"path\":\"c\",\"size\":{half}}}\n"),
+        );
+        assert!(e.contains("line 3") && e.contains("2^64"), "{e}");
+        // The largest total that fits is accepted.
+        let p = write(&d, "c.csv", &format!("path,size\na,{}\n", max - 4095));
+        assert_eq!(load_catalog(&p).unwrap().size(0), max - 4095);
     }
 
     fn err(dir: &tempfile::TempDir, name: &str, body: &str) -> String {

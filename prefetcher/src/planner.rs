@@ -163,6 +163,9 @@ pub struct EpochPlan {
 /// Errors of the planner.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PlanError {
+    /// The sizes add up to more than 2^64 bytes.
+    #[error("the sizes of the samples add up to more than 2^64 bytes (past sample {sample})")]
+    TotalTooLarge { sample: u32 },
     /// A single sample is larger than a mini-epoch may be.
     #[error(
         "sample {sample} is {size} bytes, more than the {slot_bytes} bytes a mini-epoch may hold"
@@ -312,6 +315,13 @@ fn validate(samples: &SampleSet<'_>, cfg: &PlanConfig) -> Result<usize, PlanErro
             return Err(PlanError::MissingClasses(cfg.strategy, "cluster ids"));
         }
         _ => {}
+    }
+    // Every sum the planner makes is of a subset of the sizes; if the whole fits, they do.
+    let mut total = 0u64;
+    for (i, &s) in samples.sizes.iter().enumerate() {
+        total = total
+            .checked_add(s)
+            .ok_or(PlanError::TotalTooLarge { sample: i as u32 })?;
     }
     // The largest offender, so that one budget increase fixes every sample.
     let (mut id, mut size) = (0usize, 0u64);
@@ -1419,18 +1429,23 @@ pub fn summarize(
         }
     }
     debug_assert_eq!(copied_bytes, layout.copied_bytes);
+    // Shares fit (validated), but totals over nodes and mini-epochs count the copies of small
+    // clusters many times; these are report figures, so they saturate rather than wrap.
     for (b, c) in share.iter_mut().zip(count.iter_mut()) {
-        *b += copied_bytes;
+        *b = b.saturating_add(copied_bytes);
         *c += copied_samples;
     }
-    let me_bytes: Vec<u64> = share.chunks(nodes).map(|c| c.iter().sum()).collect();
+    let me_bytes: Vec<u64> = share
+        .chunks(nodes)
+        .map(|c| c.iter().fold(0u64, |a, &b| a.saturating_add(b)))
+        .collect();
     let node_bytes = (0..nodes)
         .map(|r| {
             let mine = || (0..nm).map(|m| share[m * nodes + r]);
             NodeBytes {
                 node: r as u32,
                 samples: (0..nm).map(|m| count[m * nodes + r]).sum(),
-                bytes: mine().sum(),
+                bytes: mine().fold(0, u64::saturating_add),
                 largest_share: mine().max().unwrap_or(0),
                 smallest_share: mine().min().unwrap_or(0),
             }
@@ -2291,6 +2306,58 @@ mod tests {
             return Err("not deterministic".into());
         }
         Ok(())
+    }
+
+    /// Sizes anywhere in u64, with many near the top, where sums and roundings overflow.
+    fn arb_huge_size() -> impl proptest::strategy::Strategy<Value = u64> {
+        prop_oneof![
+            Just(u64::MAX),
+            Just(u64::MAX - 1),
+            Just(1u64 << 63),
+            Just(0u64),
+            (u64::MAX - 10_000)..=u64::MAX,
+            0u64..=u64::MAX,
+            0u64..1000,
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(proptest::test_runner::Config { cases: 400, ..Default::default() })]
+
+        /// Any sizes and budget: the planner answers (a plan or an error), never panics or
+        /// wraps; a plan's mini-epochs fit the slot and cover the node's share once.
+        #[test]
+        fn prop_huge_sizes_never_overflow(
+            sizes in prop::collection::vec(arb_huge_size(), 1..12),
+            slot in prop_oneof![Just(u64::MAX), 0u64..=u64::MAX, 0u64..100_000],
+            strategy in prop_oneof![
+                Just(Strategy::Sequential),
+                Just(Strategy::Random),
+                Just(Strategy::Stratified),
+                Just(Strategy::Clustered),
+            ],
+            nodes in 1u32..4,
+            req in prop::option::weighted(0.3, 1u32..6),
+        ) {
+            let labels: Vec<u32> = (0..sizes.len() as u32).map(|i| i % 3).collect();
+            let clusters: Vec<u32> = (0..sizes.len() as u32).map(|i| i % 2).collect();
+            let s = set(&sizes, &labels, &clusters);
+            let c = PlanConfig { mini_epochs: req, ..cfg(strategy, slot, nodes) };
+            let total = sizes.iter().try_fold(0u64, |a, &b| a.checked_add(b));
+            match plan_epoch(&s, &c, 1) {
+                Err(PlanError::TotalTooLarge { .. }) => prop_assert!(total.is_none()),
+                Err(_) => {}
+                Ok(plan) => {
+                    prop_assert!(total.is_some());
+                    for me in &plan.mini_epochs {
+                        prop_assert!(me.bytes <= slot);
+                        let sum = me.samples.iter().map(|&i| u128::from(sizes[i as usize])).sum::<u128>();
+                        prop_assert_eq!(sum, u128::from(me.bytes));
+                    }
+                    let _ = summarize(&s, &c, 1, None);
+                }
+            }
+        }
     }
 
     proptest! {
