@@ -76,3 +76,49 @@ def test_retired_views_drain_under_64_readers(mounts, tmp_path, layout):
         wait_for(drained, timeout=20, what="retired views to drain once readers stopped")
     except AssertionError:
         raise AssertionError(f"stuck: {m.status()}")
+
+
+def test_concurrent_first_opens_share_one_backing_file(mounts, tmp_path):
+    """16 threads opening the same files at once on passthrough (root only): every open
+    succeeds and reads the source's bytes. All threads open file j at their j-th step, so each
+    file's first opens, where its backing file is registered with the kernel, coincide; two
+    registrations for one inode made the kernel fail the later open with EIO. Many FUSE
+    threads and three views make such coinciding first opens frequent."""
+    src = tmp_path / "tier"
+    src.mkdir()
+    want = {f"f{i:04d}": os.urandom(64 + i % 512) for i in range(1200)}
+    for n, b in want.items():
+        (src / n).write_bytes(b)
+    m = mounts(src, "8MiB", "--rf", "1000", "--compose", "sequential", "--read-path", "passthrough",
+               "--fuse-threads", "64")
+    m.mount()
+    assert m.status()["read_path"] == "passthrough"
+    failures: list[str] = []
+    opens = 0
+    for view in range(3):
+        if view:
+            r = m.rpc({"op": "advance", "wait": True}, timeout=60)
+            assert r["ok"], r
+        names = sorted(m.files()["files"])
+        assert len(names) >= 100, len(names)
+        barrier = threading.Barrier(16)
+
+        def worker() -> None:
+            barrier.wait()
+            for j in range(400):
+                n = names[j % len(names)]
+                try:
+                    with open(m.mountpoint / n, "rb") as f:
+                        if f.read() != want[n]:
+                            failures.append(f"{n}: wrong bytes")
+                except OSError as e:
+                    failures.append(f"{n}: {e}")
+
+        threads = [threading.Thread(target=worker) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        opens += 16 * 400
+    assert not failures, f"{len(failures)} of {opens} opens failed, e.g. {failures[:3]}"
+    assert m.status()["read_path"] == "passthrough"

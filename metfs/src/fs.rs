@@ -129,8 +129,9 @@ pub type Pinned = Arc<dyn Any + Send + Sync>;
 struct Handle {
     view: Arc<View>,
     file: Option<Arc<File>>,
-    /// Passthrough backing id (or anything the adapter wants pinned while the handle lives).
-    pinned: Option<Pinned>,
+    /// Passthrough backing id, kept registered while the handle lives (never read: holding it
+    /// is the point).
+    _pinned: Option<Pinned>,
 }
 
 struct Views {
@@ -161,6 +162,9 @@ pub struct FsCore {
     files: moka::sync::Cache<(u64, u32), Arc<File>>,
     settings: FsSettings,
     backing: moka::sync::Cache<(u64, u32), Pinned>,
+    /// Every backing id registered and not yet dropped (held by the cache or a handle), so an
+    /// id evicted from the cache while open is reused, never registered twice.
+    live_backing: Mutex<HashMap<(u64, u32), std::sync::Weak<dyn Any + Send + Sync>>>,
     drained: Mutex<Option<tokio::sync::mpsc::UnboundedSender<u64>>>,
     /// Bytes served by the pread path.
     pub bytes_read: AtomicU64,
@@ -190,6 +194,7 @@ impl FsCore {
                 .max_capacity(max_backing_ids)
                 .support_invalidation_closures()
                 .build(),
+            live_backing: Mutex::new(HashMap::new()),
             settings,
             drained: Mutex::new(None),
             bytes_read: AtomicU64::new(0),
@@ -236,6 +241,10 @@ impl FsCore {
             .expect("invalidation closures are enabled");
         self.files.run_pending_tasks();
         self.backing.run_pending_tasks();
+        self.live_backing
+            .lock()
+            .unwrap()
+            .retain(|k, _| k.0 != generation);
     }
 
     fn view_of(&self, ino: u64) -> Result<(Arc<View>, u32), FsError> {
@@ -351,7 +360,7 @@ impl FsCore {
             Handle {
                 view,
                 file: None,
-                pinned: None,
+                _pinned: None,
             },
         );
         Ok(fh)
@@ -410,19 +419,49 @@ impl FsCore {
         Ok(())
     }
 
-    /// Opens file `ino` for passthrough when its backing id is already cached: no backing file
-    /// is touched, so a repeated open costs one hash lookup. `Ok(None)` when nothing is cached
-    /// (then use [`FsCore::open`]).
-    pub fn open_cached_backing(&self, ino: u64) -> Result<Option<(u64, Pinned)>, FsError> {
+    /// Opens file `ino` for passthrough with the one backing id of (view, file), registering
+    /// it with `register` on first use. The kernel allows one backing file per inode while any
+    /// passthrough open of it lives, and fails an open naming another with EIO; so concurrent
+    /// first opens must share one id: registration runs once per key (later callers wait for
+    /// it), and an id evicted from the cache while a handle still holds it is taken back from
+    /// that handle rather than registered again. The inner `Err` is `register`'s error.
+    #[allow(clippy::type_complexity)]
+    pub fn open_passthrough<E: Send + Sync + 'static>(
+        &self,
+        ino: u64,
+        register: impl FnOnce(&File) -> Result<Pinned, E>,
+    ) -> Result<Result<(u64, Pinned), Arc<E>>, FsError> {
         let (view, idx) = self.view_of(ino)?;
         if matches!(view.node(idx).kind, NodeKind::Dir { .. }) {
             return Err(FsError::IsDir);
         }
-        let Some(id) = self.backing.get(&(view.generation, idx)) else {
-            return Ok(None);
+        let key = (view.generation, idx);
+        // A repeated open costs one hash lookup: no backing file is touched.
+        let id = match self.backing.get(&key) {
+            Some(id) => id,
+            None => {
+                let file = self.backing_file(&view, idx)?;
+                let got = self.backing.try_get_with(key, || {
+                    let live = self.live_backing.lock().unwrap().get(&key).cloned();
+                    if let Some(id) = live.and_then(|w| w.upgrade()) {
+                        return Ok(id);
+                    }
+                    // No lock held: `try_get_with` runs one registration per key at a time.
+                    let id = register(&file)?;
+                    self.live_backing
+                        .lock()
+                        .unwrap()
+                        .insert(key, Arc::downgrade(&id));
+                    Ok(id)
+                });
+                match got {
+                    Ok(id) => id,
+                    Err(e) => return Ok(Err(e)),
+                }
+            }
         };
         let fh = self.new_handle(view, idx, None, Some(id.clone()));
-        Ok(Some((fh, id)))
+        Ok(Ok((fh, id)))
     }
 
     /// Registers an open of node `idx` of `view`; the handle pins the view until released.
@@ -437,10 +476,14 @@ impl FsCore {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         view.handle_opened();
         self.opens.fetch_add(1, Ordering::Relaxed);
-        self.handles
-            .lock()
-            .unwrap()
-            .insert(fh, Handle { view, file, pinned });
+        self.handles.lock().unwrap().insert(
+            fh,
+            Handle {
+                view,
+                file,
+                _pinned: pinned,
+            },
+        );
         fh
     }
 
@@ -485,19 +528,6 @@ impl FsCore {
         buf.truncate(done);
         self.bytes_read.fetch_add(done as u64, Ordering::Relaxed);
         Ok(buf)
-    }
-
-    /// The cached passthrough backing id of `key`, if any.
-    pub fn backing(&self, key: (u64, u32)) -> Option<Pinned> {
-        self.backing.get(&key)
-    }
-
-    /// Caches a passthrough backing id for `key` (kept while its view lives) and pins it to `fh`.
-    pub fn set_backing(&self, key: (u64, u32), fh: u64, id: Pinned) {
-        self.backing.insert(key, id.clone());
-        if let Some(h) = self.handles.lock().unwrap().get_mut(&fh) {
-            h.pinned = Some(id);
-        }
     }
 
     /// Reads up to `size` bytes at `offset` through handle `fh` (the pread path).
@@ -756,6 +786,42 @@ mod tests {
         assert_eq!(core.lookup(dir.ino, "zz"), Err(FsError::Stale));
         assert_eq!(core.lookup(dir.ino, "f").unwrap().generation, 1);
         assert_eq!(core.retained_views().len(), 1);
+    }
+
+    #[test]
+    fn concurrent_first_opens_register_one_backing_id() {
+        let (d, c) = setup();
+        let v1 = view(&d, &c, &[0, 1], 1, 0, "s1");
+        let core = Arc::new(FsCore::new(v1, settings()));
+        let g = core.lookup(ROOT_INO, "g").unwrap();
+        let registered = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (core, registered) = (core.clone(), registered.clone());
+                std::thread::spawn(move || {
+                    let (fh, id) = core
+                        .open_passthrough(g.ino, |_| {
+                            registered.fetch_add(1, Ordering::SeqCst);
+                            std::thread::sleep(std::time::Duration::from_millis(20));
+                            Ok::<Pinned, std::io::Error>(Arc::new(7u32))
+                        })
+                        .unwrap()
+                        .unwrap();
+                    assert_eq!(id.downcast_ref::<u32>(), Some(&7));
+                    fh
+                })
+            })
+            .collect();
+        let fhs: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(
+            registered.load(Ordering::SeqCst),
+            1,
+            "one id per file and view"
+        );
+        assert_eq!(core.open_handles(), 8);
+        for fh in fhs {
+            core.release(fh);
+        }
     }
 
     #[test]

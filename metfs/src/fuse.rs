@@ -14,7 +14,8 @@
 //! * **passthrough**: the kernel reads the slot file directly (`open_backing` +
 //!   `opened_passthrough`). Backing ids are cached per (generation, node) in the core and kept
 //!   while their view lives, because registering an id per open costs about a third of
-//!   small-file throughput. Without CAP_SYS_ADMIN the kernel refuses `open_backing` with EPERM;
+//!   small-file throughput; concurrent first opens of a file share one id (the kernel fails an
+//!   open that names a second backing file for an inode already open with EIO). Without CAP_SYS_ADMIN the kernel refuses `open_backing` with EPERM;
 //!   the adapter then switches to pread for good and logs it once.
 //! * **pread**: reads come to the daemon, which `pread`s the slot file; `FOPEN_KEEP_CACHE` keeps
 //!   the kernel's page cache across opens, which is safe because slot files never change.
@@ -235,14 +236,26 @@ impl Filesystem for FuseAdapter {
             return reply.error(Errno::ENOSYS);
         }
         if path == ReadPath::Passthrough {
-            match self.core.open_cached_backing(ino.0) {
-                Ok(Some((fh, id))) => {
+            let opened = self.core.open_passthrough(ino.0, |file| {
+                reply
+                    .open_backing(file)
+                    .map(|id| Arc::new(id) as crate::fs::Pinned)
+            });
+            match opened {
+                Ok(Ok((fh, id))) => {
                     if let Ok(id) = id.downcast::<BackingId>() {
                         return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
                     }
                     self.core.release(fh);
                 }
-                Ok(None) => {}
+                Ok(Err(e)) => {
+                    if self.path.fall_back() {
+                        tracing::warn!(
+                            error = %e,
+                            "kernel refused a passthrough backing file (needs CAP_SYS_ADMIN); reads use pread from now on"
+                        );
+                    }
+                }
                 Err(e) => return reply.error(errno(e)),
             }
         }
@@ -250,31 +263,6 @@ impl Filesystem for FuseAdapter {
             Ok(o) => o,
             Err(e) => return reply.error(errno(e)),
         };
-        if path == ReadPath::Passthrough {
-            let cached = self
-                .core
-                .backing(opened.key)
-                .and_then(|b| b.downcast::<BackingId>().ok());
-            let id = match cached {
-                Some(id) => Some(id),
-                None => match reply.open_backing(&*opened.file) {
-                    Ok(id) => Some(Arc::new(id)),
-                    Err(e) => {
-                        if self.path.fall_back() {
-                            tracing::warn!(
-                                error = %e,
-                                "kernel refused a passthrough backing file (needs CAP_SYS_ADMIN); reads use pread from now on"
-                            );
-                        }
-                        None
-                    }
-                },
-            };
-            if let Some(id) = id {
-                self.core.set_backing(opened.key, opened.fh, id.clone());
-                return reply.opened_passthrough(FileHandle(opened.fh), FopenFlags::empty(), &id);
-            }
-        }
         reply.opened(FileHandle(opened.fh), FopenFlags::FOPEN_KEEP_CACHE);
     }
 
