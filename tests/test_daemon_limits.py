@@ -226,3 +226,46 @@ def test_huge_manifest_sizes_are_errors_not_panics(mounts, tmp_path, metfs, size
     for w in words:
         assert w in r.stderr, (w, r.stderr)
     assert not is_mounted(m.mountpoint)
+
+
+# ---- source, cache and mountpoint apart ---------------------------------------------------
+
+def test_cache_inside_source_and_other_overlaps_are_refused(metfs, tmp_path):
+    src = tmp_path / "tier"
+    make_tree(src, n=10, max_size=1024)
+    outside = tmp_path / "cache"
+    outside.mkdir()
+    link = tmp_path / "cache-link"
+    link.symlink_to(src / "cat")
+
+    def refused(source: Path, cache: Path, mnt: Path, *words: str) -> None:
+        mnt.mkdir(parents=True, exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([metfs, "mount", "--source", str(source), "--cache", str(cache), "--budget", "6MiB",
+                            "--history", str(tmp_path / "h.json"), str(mnt)], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and not is_mounted(mnt), r.stderr
+        for w in words:
+            assert w in r.stderr, (w, r.stderr)
+        assert not (cache / "metfs.lock").exists(), "nothing is written before the check"
+
+    refused(src, src / ".metfs-cache", tmp_path / "m1", "cache directory", str(src / ".metfs-cache"), "inside the source", str(src))
+    # Through a symlink: the resolved paths are named too.
+    refused(src, link, tmp_path / "m2", "inside the source", str(link), str(src / "cat"))
+    (outside / "data").mkdir()
+    refused(outside / "data", outside, tmp_path / "m3", "source", "inside the cache directory")
+    (outside / "data").rmdir()
+    refused(src, outside, outside / "mnt", "mountpoint", "inside the cache directory")
+    refused(src, outside, src / "bird house", "mountpoint", "inside the source")
+    refused(src, src, tmp_path / "m4", "same directory")
+
+
+def test_cache_that_is_a_file_says_so(metfs, tmp_path, dataset):
+    src, _ = dataset
+    (tmp_path / "mnt").mkdir()
+    f = tmp_path / "cachefile"
+    f.write_text("x")
+    for fg in ([], ["--foreground"]):
+        r = subprocess.run([metfs, "mount", "--source", str(src), "--cache", str(f), "--budget", "4MiB", *fg,
+                            str(tmp_path / "mnt")], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "not a directory" in r.stderr and str(f) in r.stderr, r.stderr
+        assert "does not exist" not in r.stderr

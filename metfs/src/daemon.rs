@@ -594,6 +594,84 @@ fn make_private(root: &Path) -> Result<(), DaemonError> {
         .map_err(|e| bad(format!("cannot make it private (0700): {e}")))
 }
 
+/// Checks that the cache directory exists and is a directory.
+pub fn check_cache_dir(cache: &Path) -> Result<(), DaemonError> {
+    let bad = |reason: String| DaemonError::Cache {
+        path: cache.display().to_string(),
+        reason,
+    };
+    match std::fs::metadata(cache) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(bad(
+            "is not a directory (give a directory on node-local storage)".into(),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(bad(
+            "does not exist (create it on node-local storage first)".into(),
+        )),
+        Err(e) => Err(bad(e.to_string())),
+    }
+}
+
+/// `p` with symlinks resolved; for a path that cannot be resolved itself (a dead mount), its
+/// resolved parent joined with its name.
+fn resolved(p: &Path) -> Option<PathBuf> {
+    std::fs::canonicalize(p).ok().or_else(|| {
+        let parent = std::fs::canonicalize(p.parent()?).ok()?;
+        Some(parent.join(p.file_name()?))
+    })
+}
+
+/// Refuses a layout where the source, the cache and the mountpoint overlap (after resolving
+/// symlinks): a cache inside the source would be catalogued as samples by a later listing (and
+/// serve metfs's own lock file); a source inside the cache would be deleted by its cleanup; a
+/// mountpoint inside either hides or loops back into what the daemon reads. Each error names
+/// both paths.
+pub fn check_places(cfg: &MountConfig, mountpoint: &Path) -> Result<(), DaemonError> {
+    check_cache_dir(&cfg.cache)?;
+    let mut places: Vec<(&str, &Path, PathBuf)> = Vec::new();
+    if !cfg.source.contains("://") {
+        if let Some(p) = resolved(Path::new(&cfg.source)) {
+            places.push(("source", Path::new(&cfg.source), p));
+        }
+    }
+    if let Some(p) = resolved(&cfg.cache) {
+        places.push(("cache directory", &cfg.cache, p));
+    }
+    if let Some(p) = resolved(mountpoint) {
+        places.push(("mountpoint", mountpoint, p));
+    }
+    for (i, (a, a_path, a_res)) in places.iter().enumerate() {
+        for (b, b_path, b_res) in &places[i + 1..] {
+            let (inner, inner_path, inner_res, outer, outer_path, outer_res) =
+                if a_res.starts_with(b_res) {
+                    (a, a_path, a_res, b, b_path, b_res)
+                } else if b_res.starts_with(a_res) {
+                    (b, b_path, b_res, a, a_path, a_res)
+                } else {
+                    continue;
+                };
+            let at = |given: &Path, res: &Path| {
+                if given == res {
+                    given.display().to_string()
+                } else {
+                    format!("{} (resolved: {})", given.display(), res.display())
+                }
+            };
+            let how = if inner_res == outer_res {
+                "is the same directory as"
+            } else {
+                "is inside"
+            };
+            return Err(DaemonError::Setup(format!(
+                "the {inner} {} {how} the {outer} {}; give them separate directories",
+                at(inner_path, inner_res),
+                at(outer_path, outer_res),
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Opens the capacity tier named by a source URL.
 pub fn open_tier(
     source: &str,
@@ -738,21 +816,7 @@ impl Daemon {
         show_progress: bool,
     ) -> Result<(Arc<Daemon>, std::fs::File), DaemonError> {
         let paths = CachePaths::new(&cfg.cache);
-        match std::fs::metadata(&paths.root) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(DaemonError::Cache {
-                    path: paths.root.display().to_string(),
-                    reason: "not a directory".into(),
-                })
-            }
-            Err(e) => {
-                return Err(DaemonError::Cache {
-                    path: paths.root.display().to_string(),
-                    reason: format!("{e} (create it on node-local storage first)"),
-                })
-            }
-        }
+        check_cache_dir(&paths.root)?;
         make_private(&paths.root)?;
         let lock = lock_cache(&paths)?;
         for d in [&paths.slots, &paths.tmp] {

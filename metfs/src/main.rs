@@ -652,15 +652,10 @@ fn print_status(v: &Value) {
 fn mount_cmd(args: MountArgs) -> Result<()> {
     let cfg = args.resolve()?;
     let mountpoint = mount::absolute(&args.mountpoint);
+    daemon::check_places(&cfg, &mountpoint)?;
     if !args.foreground {
         // Check what can be checked before forking so that errors come back directly.
         mount::check_mountpoint(&mountpoint)?;
-        if !cfg.cache.is_dir() {
-            anyhow::bail!(
-                "cache directory {} does not exist (create it on node-local storage first)",
-                cfg.cache.display()
-            );
-        }
         let mut child_args: Vec<OsString> = std::env::args_os().skip(1).collect();
         child_args.retain(|a| a != "--foreground");
         logging::rotate(&cfg.log_file);
