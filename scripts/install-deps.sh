@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS=(fuse3 libhdf5-dev pkg-config fio
+APT_PKGS=(fuse3 libhdf5-dev pkg-config fio python3-pytest
           slurm-wlm slurmctld slurmd slurm-client munge)
 missing=()
 for p in "${APT_PKGS[@]}"; do

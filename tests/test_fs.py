@@ -78,6 +78,7 @@ def test_retired_views_drain_under_64_readers(mounts, tmp_path, layout):
         raise AssertionError(f"stuck: {m.status()}")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="passthrough needs CAP_SYS_ADMIN")
 def test_concurrent_first_opens_share_one_backing_file(mounts, tmp_path):
     """16 threads opening the same files at once on passthrough (root only): every open
     succeeds and reads the source's bytes. All threads open file j at their j-th step, so each
@@ -122,3 +123,33 @@ def test_concurrent_first_opens_share_one_backing_file(mounts, tmp_path):
         opens += 16 * 400
     assert not failures, f"{len(failures)} of {opens} opens failed, e.g. {failures[:3]}"
     assert m.status()["read_path"] == "passthrough"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a command as another user")
+def test_mount_without_access_to_dev_fuse_says_why(metfs, tmp_path):
+    """A user who may not open /dev/fuse cannot mount FUSE at all (fusermount3 opens the device
+    with the user's rights too): the mount fails before staging with a reason naming the
+    device, not a bare "Permission denied"."""
+    import pwd
+    import shutil as sh
+    import subprocess
+    import tempfile
+
+    user = "nobody"
+    if os.stat("/dev/fuse").st_mode & 0o006 == 0o006:
+        pytest.skip("/dev/fuse is open to every user here")
+    d = Path(tempfile.mkdtemp(prefix="metfs-nofuse-"))
+    try:
+        for sub in ("src", "cache", "mnt"):
+            (d / sub).mkdir()
+        (d / "src" / "f").write_bytes(b"x" * 100)
+        uid = pwd.getpwnam(user).pw_uid
+        for p in [d, *d.iterdir(), d / "src" / "f"]:
+            os.chown(p, uid, -1)
+        r = subprocess.run(["runuser", "-u", user, "--", metfs, "mount", "--source", str(d / "src"),
+                            "--cache", str(d / "cache"), "--budget", "4MiB", str(d / "mnt")],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0
+        assert "/dev/fuse" in r.stderr and "fusermount3" in r.stderr, r.stderr
+    finally:
+        sh.rmtree(d, ignore_errors=True)

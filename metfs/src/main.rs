@@ -679,6 +679,7 @@ fn mount_cmd(args: MountArgs) -> Result<()> {
 async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>) -> Result<()> {
     let setup = async {
         mount::check_mountpoint(&mountpoint)?;
+        mount::check_fuse_device()?;
         let show_progress =
             ready_fd.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
         let (daemon, lock) = daemon::Daemon::prepare(cfg, show_progress)

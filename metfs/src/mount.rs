@@ -7,6 +7,12 @@
 //! position and keeps the cache), and waits for it to exit. If the daemon is gone (killed), the
 //! stale FUSE mount is detached directly.
 //!
+//! Unprivileged mounts. An ordinary user mounts through the setuid `fusermount3` (fuser falls
+//! back to it when `mount(2)` is refused), but `fusermount3` opens `/dev/fuse` as the calling
+//! user, like every libfuse mount: where the device is 0600 (as on some nodes) no ordinary user
+//! can mount FUSE at all. [`check_fuse_device`] says so up front instead of a bare "Permission
+//! denied".
+//!
 //! Background start. `metfs mount` without `--foreground` re-executes itself with
 //! `--foreground --ready-fd N` in a new session, stdio detached, and waits on the pipe: the
 //! child writes `ready` once the mount is live and the first mini-epoch is staged, or the
@@ -162,6 +168,35 @@ pub fn pid_alive(pid: u32) -> bool {
         }
         Err(_) => false,
     }
+}
+
+/// Checks that this process may open `/dev/fuse`, which every FUSE mount needs (root, or an
+/// ordinary user through `fusermount3`, which opens it with the user's own rights).
+pub fn check_fuse_device() -> Result<(), MountError> {
+    // SAFETY: access on a constant C string; geteuid cannot fail.
+    let (ok, uid) = unsafe {
+        (
+            libc::access(c"/dev/fuse".as_ptr(), libc::R_OK | libc::W_OK) == 0,
+            libc::geteuid(),
+        )
+    };
+    if ok || uid == 0 {
+        return Ok(());
+    }
+    let mode = std::fs::metadata("/dev/fuse")
+        .map(|m| {
+            format!(
+                "{:o}",
+                std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777
+            )
+        })
+        .unwrap_or_else(|e| e.to_string());
+    Err(MountError::Daemon(format!(
+        "/dev/fuse (mode {mode}) cannot be opened by uid {uid}: FUSE is reserved to root on this \
+         node. fusermount3 opens the device as the calling user too, so no FUSE mount can work; \
+         ask the administrators for access (most distributions make /dev/fuse 0666; a site may \
+         grant a group read and write)"
+    )))
 }
 
 fn detach(mountpoint: &Path) -> Result<(), MountError> {
