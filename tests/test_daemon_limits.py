@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import subprocess
 import threading
 import time
@@ -269,3 +270,72 @@ def test_cache_that_is_a_file_says_so(metfs, tmp_path, dataset):
                             str(tmp_path / "mnt")], capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and "not a directory" in r.stderr and str(f) in r.stderr, r.stderr
         assert "does not exist" not in r.stderr
+
+
+# ---- the control socket's limits ----------------------------------------------------------
+
+def test_socket_connection_cap_and_idle_timeout(mounts, dataset, tmp_path):
+    src, _ = dataset
+    cfg = tmp_path / "metfs.toml"
+    cfg.write_text("[control]\nmax_connections = 8\nidle_timeout_secs = 2\n")
+    m = mounts(src, "6MiB", "--config", str(cfg))
+    m.mount()
+    pid = m.pid()
+
+    def connect() -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        s.connect(m.socket)
+        return s
+
+    def ask(s: socket.socket, req: dict) -> dict:
+        s.sendall((json.dumps(req) + "\n").encode())
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+        return json.loads(buf) if buf else {}
+
+    held = [connect() for _ in range(8)]
+    for s in held:
+        assert ask(s, {"op": "hello"})["ok"]
+    # Over the cap: one clear error line, then the connection is closed.
+    extra = connect()
+    line = extra.makefile("rb").readline()
+    r = json.loads(line)
+    assert r["ok"] is False and r["error"]["code"] == "too_many_connections", r
+    assert "8" in r["error"]["message"]
+    assert extra.recv(1) == b""
+    extra.close()
+    # A slot frees when a client leaves.
+    held.pop().close()
+    time.sleep(0.2)
+    s = connect()
+    assert ask(s, {"op": "status"})["ok"]
+    held.append(s)
+    # Idle connections are closed after the timeout; one that keeps asking stays open.
+    busy = held.pop()
+    t = time.time()
+    while time.time() - t < 3.5:
+        assert ask(busy, {"op": "hello"})["ok"]
+        time.sleep(0.5)
+    for s in held:
+        s.settimeout(5)
+        assert s.recv(1) == b"", "an idle connection was left open"
+    assert ask(busy, {"op": "hello"})["ok"]
+    for s in [*held, busy]:
+        s.close()
+    assert alive(pid)
+    assert m.status()["ok"]
+
+
+def test_socket_limits_must_be_positive(mounts, dataset, tmp_path):
+    src, _ = dataset
+    for key in ("max_connections", "idle_timeout_secs"):
+        cfg = tmp_path / f"{key}.toml"
+        cfg.write_text(f"[control]\n{key} = 0\n")
+        m = mounts(src, "6MiB", "--config", str(cfg), name=key)
+        r = m.mount(check=False)
+        assert r.returncode != 0 and f"control.{key}" in r.stderr, r.stderr

@@ -46,6 +46,8 @@ pub enum ErrorCode {
     StagingFailed,
     /// The daemon is shutting down.
     ShuttingDown,
+    /// The daemon already serves its most concurrent connections; the connection is closed.
+    TooManyConnections,
     /// Anything else.
     Internal,
 }

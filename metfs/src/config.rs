@@ -215,6 +215,7 @@ pub struct FileConfig {
     pub max_open_files: Option<u64>,
     pub max_backing_ids: Option<u64>,
     pub stager: Option<StagerConfig>,
+    pub control: Option<crate::control::ControlConfig>,
     pub log_file: Option<PathBuf>,
     pub rf_policy: Option<String>,
     pub rf_min: Option<u32>,
@@ -308,6 +309,8 @@ pub struct MountConfig {
     pub max_backing_ids: u64,
     /// Stager settings.
     pub stager: StagerConfig,
+    /// Control socket limits (`[control]`).
+    pub control: crate::control::ControlConfig,
     /// Log file of a background daemon. Default `CACHE/metfs.log`.
     pub log_file: PathBuf,
     /// Run directory for `metfs report` (event log). Default `CACHE/run`; its files are
@@ -388,6 +391,19 @@ impl MountConfig {
                 message: "must be at least 1".into(),
             });
         }
+        let control = pick!(control).unwrap_or_default();
+        if control.max_connections == 0 {
+            return Err(ConfigError::Invalid {
+                key: "control.max_connections",
+                message: "must be at least 1".into(),
+            });
+        }
+        if control.idle_timeout_secs == 0 {
+            return Err(ConfigError::Invalid {
+                key: "control.idle_timeout_secs",
+                message: "must be at least 1".into(),
+            });
+        }
         let source = if source.contains("://") {
             source
         } else {
@@ -448,6 +464,7 @@ impl MountConfig {
             max_open_files: pick!(max_open_files).unwrap_or(4096),
             max_backing_ids: pick!(max_backing_ids).unwrap_or(1 << 20),
             stager: pick!(stager).unwrap_or_default(),
+            control,
             reset: false,
         })
     }

@@ -8,6 +8,13 @@
 //! a framed codec ends the stream after its first error, and the protocol requires that an
 //! oversized or non-UTF-8 line gets an error response while the connection stays open. An
 //! oversized line is answered once and then skipped up to its newline without buffering it.
+//!
+//! Limits ([`ControlConfig`]): at most `max_connections` connections are served at once (a
+//! connection beyond them is answered with one `too_many_connections` error line and closed,
+//! so a flood of clients costs the daemon neither its file descriptors nor memory), and a
+//! connection that sends no complete request line for `idle_timeout_secs` is closed (a client
+//! reconnects; the Python client does so by itself). The time a request takes to answer (a
+//! blocking `pass_end` or `advance`) is not idle time.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,11 +22,34 @@ use std::sync::Arc;
 use feedback::protocol::{
     ok_response, parse_request, ErrorCode, ProtocolError, Request, MAX_LINE_BYTES, PROTOCOL_VERSION,
 };
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::daemon::Daemon;
+
+/// Limits of the control socket (`[control]` in the config file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControlConfig {
+    /// Connections served at once. Default 1024: every rank of a large node plus tools, with
+    /// room, and well under the daemon's descriptor limit.
+    pub max_connections: usize,
+    /// Seconds a connection may wait between request lines before it is closed. Default 600:
+    /// longer than clients' gaps between requests in practice, short enough that abandoned
+    /// connections do not pile up.
+    pub idle_timeout_secs: u64,
+}
+
+impl Default for ControlConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            idle_timeout_secs: 600,
+        }
+    }
+}
 
 /// Binds the control socket with mode 0600, replacing a stale socket file.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
@@ -47,22 +77,45 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
 
 /// Serves connections until the daemon shuts down.
 pub async fn serve(listener: UnixListener, daemon: Arc<Daemon>) {
+    let limits = daemon.cfg.control.clone();
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let idle = std::time::Duration::from_secs(limits.idle_timeout_secs);
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    refuse(stream, limits.max_connections);
+                    continue;
+                };
                 let d = daemon.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = connection(stream, d).await {
+                    if let Err(e) = connection(stream, d, idle).await {
                         tracing::debug!(error = %e, "control connection ended");
                     }
+                    drop(permit);
                 });
             }
             Err(e) => {
+                // EMFILE/ENFILE among them: the pending connection waits in the backlog.
                 tracing::warn!(error = %e, "accept failed");
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
         }
     }
+}
+
+/// Answers a connection over the cap with one error line and closes it. The line goes into a
+/// fresh socket's empty send buffer, so the write does not wait; if it cannot be written the
+/// client still sees the close.
+fn refuse(stream: UnixStream, max: usize) {
+    let e = ProtocolError::new(
+        ErrorCode::TooManyConnections,
+        format!("the daemon already serves {max} connections (control.max_connections); close one or retry later"),
+    );
+    let mut bytes = serde_json::to_vec(&e.to_response()).unwrap_or_default();
+    bytes.push(b'\n');
+    let _ = stream.try_write(&bytes);
+    tracing::debug!(max, "control connection refused: too many connections");
 }
 
 enum Line {
@@ -116,14 +169,25 @@ impl LineReader {
     }
 }
 
-async fn connection(stream: UnixStream, daemon: Arc<Daemon>) -> std::io::Result<()> {
+async fn connection(
+    stream: UnixStream,
+    daemon: Arc<Daemon>,
+    idle: std::time::Duration,
+) -> std::io::Result<()> {
     let (mut rd, mut wr) = stream.into_split();
     let mut reader = LineReader {
         buf: Vec::new(),
         discarding: false,
         max: MAX_LINE_BYTES,
     };
-    while let Some(line) = reader.next(&mut rd).await? {
+    loop {
+        let Ok(line) = tokio::time::timeout(idle, reader.next(&mut rd)).await else {
+            tracing::debug!(secs = idle.as_secs(), "control connection idle; closed");
+            return Ok(());
+        };
+        let Some(line) = line? else {
+            return Ok(());
+        };
         let response = match line {
             Line::TooLong => ProtocolError::new(
                 ErrorCode::LineTooLong,
@@ -158,7 +222,6 @@ async fn connection(stream: UnixStream, daemon: Arc<Daemon>) -> std::io::Result<
         bytes.push(b'\n');
         wr.write_all(&bytes).await?;
     }
-    Ok(())
 }
 
 async fn handle(daemon: &Daemon, req: Request) -> Result<Value, ProtocolError> {

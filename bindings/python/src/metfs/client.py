@@ -56,7 +56,7 @@ class MetfsError(Exception):
 
     ``code`` is the daemon's machine-readable error code (``bad_json``, ``line_too_long``,
     ``unknown_op``, ``bad_request``, ``bad_metrics``, ``unsupported_version``,
-    ``staging_failed``, ``shutting_down``, ``internal``) or one of the client's own:
+    ``staging_failed``, ``shutting_down``, ``too_many_connections``, ``internal``) or one of the client's own:
     ``no_socket``, ``connection_failed``, ``connection_lost``, ``timeout``, ``bad_response``,
     ``bad_metrics`` (a metric rejected before sending), ``peer_failed`` (another rank's daemon
     failed in a multi-node job).
