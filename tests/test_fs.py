@@ -153,3 +153,43 @@ def test_mount_without_access_to_dev_fuse_says_why(metfs, tmp_path):
         assert "/dev/fuse" in r.stderr and "fusermount3" in r.stderr, r.stderr
     finally:
         sh.rmtree(d, ignore_errors=True)
+
+
+def test_requests_a_read_only_fs_does_not_serve_are_answered_quietly(mounts, tmp_path):
+    """Python's open() sends an ioctl, `ls -l` a getxattr: each is answered as a read-only
+    filesystem without extended attributes answers (ENOTTY, ENODATA, an empty list), and
+    nothing per request reaches the log."""
+    import errno
+    import fcntl
+    import subprocess
+    import termios
+
+    src = tmp_path / "tier"
+    make_tree(src, n=40, max_size=4096)
+    m = mounts(src, "4MiB", "--rf", "1000")
+    m.mount()
+    m.wait_next_ready()
+    log = m.cache / "metfs.log"
+    time.sleep(0.5)
+    before = log.read_text(errors="replace").splitlines()
+    files = [os.path.join(d, n) for d, _, ns in os.walk(m.mountpoint) for n in ns]
+    assert files
+    for i in range(200):
+        with open(files[i % len(files)], "rb") as f:
+            f.read(1)
+    r = subprocess.run(["ls", "-lR", str(m.mountpoint)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with open(files[0], "rb") as f:
+        with pytest.raises(OSError) as e:
+            fcntl.ioctl(f.fileno(), termios.TCGETS, bytes(64))
+        assert e.value.errno == errno.ENOTTY
+        with pytest.raises(OSError) as e:
+            os.getxattr(files[0], "user.x")
+        assert e.value.errno == errno.ENODATA
+        assert os.listxattr(files[0]) == []
+        os.fsync(f.fileno())
+    assert os.access(files[0], os.R_OK) and not os.access(files[0], os.W_OK)
+    time.sleep(0.5)
+    after = log.read_text(errors="replace").splitlines()
+    grown = after[len(before):]
+    assert len(grown) <= 2, f"the log grew by {len(grown)} lines: {grown[:5]}"

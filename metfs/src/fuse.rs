@@ -23,6 +23,13 @@
 //! Either fall-back is recorded in the [`ActiveReadPath`] shared with the daemon, so that
 //! `metfs status` reports the path actually serving reads.
 //!
+//! Requests a read-only filesystem without extended attributes does not serve are answered
+//! as such a filesystem answers them, quietly (fuser's defaults log a warning per request, and
+//! Python's `open()` alone sends an ioctl): ioctl ENOTTY, getxattr ENODATA, listxattr an
+//! empty list, access granted for reading (write bits are never set), fsync a no-op, and
+//! ENOSYS for poll, lseek and bmap (the kernel then stops sending them). Nothing per request
+//! logs above debug.
+//!
 //! Entry and attribute TTLs are long (an hour): within a generation nothing changes, and a
 //! switch invalidates the root's entries explicitly (see `daemon`). Entries of a view that is
 //! no longer current get a zero TTL, so the kernel drops them once unused and forgets the
@@ -34,9 +41,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::{
-    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents,
+    PollFlags, PollNotifier, ReplyAttr, ReplyBmap, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyXattr,
+    Request,
 };
 
 use crate::config::{ActiveReadPath, ReadPath};
@@ -383,6 +392,102 @@ impl Filesystem for FuseAdapter {
     ) {
         self.core.release(fh.0);
         reply.ok();
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // What a regular file on any filesystem answers to a terminal or device ioctl.
+        reply.error(Errno::from_i32(libc::ENOTTY));
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(Errno::from_i32(libc::ENODATA));
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        if let Err(e) = self.core.getattr(ino.0) {
+            return reply.error(errno(e));
+        }
+        if mask.contains(AccessFlags::W_OK) {
+            return reply.error(Errno::from_i32(libc::EROFS));
+        }
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Nothing is ever written.
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: PollNotifier,
+        _events: PollEvents,
+        _flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: ReplyLseek,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn bmap(&self, _req: &Request, _ino: INodeNo, _blocksize: u32, _idx: u64, reply: ReplyBmap) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
