@@ -339,3 +339,71 @@ def test_socket_limits_must_be_positive(mounts, dataset, tmp_path):
         m = mounts(src, "6MiB", "--config", str(cfg), name=key)
         r = m.mount(check=False)
         assert r.returncode != 0 and f"control.{key}" in r.stderr, r.stderr
+
+
+# ---- small things at the CLI ----------------------------------------------------------------
+
+def test_cli_metric_names_and_values_are_checked(mounts, dataset, metfs):
+    src, _ = dataset
+    m = mounts(src, "6MiB", "--rf", "2")
+    m.mount()
+    for arg, words in [("loss=nan", ["loss", "NaN", "finite"]), ("loss=inf", ["loss", "infinite"]),
+                       ("=5", ["no name"]), (" =5", ["no name"])]:
+        r = subprocess.run([metfs, "pass-end", "--socket", m.socket, "--metric", arg], capture_output=True, text=True)
+        assert r.returncode != 0 and "null" not in r.stderr, r.stderr
+        for w in words:
+            assert w in r.stderr, (arg, w, r.stderr)
+    # The daemon checks the same over the socket, for every client.
+    r = m.rpc({"op": "pass_end", "metrics": {"": 5}})
+    assert r["error"]["code"] == "bad_metrics" and "empty name" in r["error"]["message"], r
+    r = m.rpc({"op": "pass_end", "metrics": {"loss": None}})
+    assert r["error"]["code"] == "bad_metrics" and "NaN" in r["error"]["message"], r
+    assert m.status()["pass"] == 0, "no refused pass was counted"
+
+
+@pytest.mark.parametrize("args", [
+    ["--mini-epochs", "500"],
+    ["--compose", "clustered"],
+    ["--budget", "1KiB"],
+])
+def test_plan_and_mount_errors_print_once(mounts, dataset, metfs, tmp_path, args):
+    src, _ = dataset
+    budget = [] if args[0] == "--budget" else ["--budget", "6MiB"]
+    r = subprocess.run([metfs, "plan", "--source", str(src), *budget, *args], capture_output=True, text=True)
+    assert r.returncode == 1
+    msg = r.stderr.strip().removeprefix("metfs: ")
+    assert len(msg) > 10
+    last = msg.rsplit(": ", 1)[-1]
+    assert msg.count(last) == 1, f"printed twice: {r.stderr}"
+    r = subprocess.run([metfs, "plan", "--manifest", str(tmp_path / "none.csv"), "--budget", "6MiB"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.count("No such file") == 1, r.stderr
+    if args[0] == "--budget":
+        return
+    m = mounts(src, "6MiB", *args)
+    r = m.mount(check=False)
+    assert r.returncode != 0
+    last = r.stderr.strip().rsplit(": ", 1)[-1]
+    assert r.stderr.count(last) == 1, f"printed twice: {r.stderr}"
+
+
+def test_manifest_with_every_entry_missing_is_refused(mounts, tmp_path):
+    src = tmp_path / "tier"
+    files = make_tree(src, n=12, max_size=1024)
+    man = tmp_path / "other.csv"
+    man.write_text("path,size\n" + "".join(f"elsewhere/f{i}.bin,100\n" for i in range(7)))
+    m = mounts(src, "6MiB", "--manifest", str(man), "--mini-epochs", "1")
+    r = m.mount(check=False)
+    assert r.returncode != 0 and not is_mounted(m.mountpoint)
+    for w in (str(man), "none of the 7", "elsewhere/f"):
+        assert w in r.stderr, (w, r.stderr)
+    # Partly missing: served, and the count is reported.
+    present = sorted(files)[:5]
+    man.write_text("path,size\n" + "".join(f"{p},{len(files[p])}\n" for p in present)
+                   + "".join(f"gone/f{i}.bin,100\n" for i in range(3)))
+    m = mounts(src, "6MiB", "--manifest", str(man), "--mini-epochs", "1", name="partial")
+    m.mount()
+    assert sorted(m.files()["files"]) == present
+    assert "3 of the first mini-epoch's 8 samples" in m.log(), m.log()
+    failed = m.status()["failed_samples"]  # the next epoch's staging adds its own 3
+    assert failed and all(f.startswith("gone/f") for f in failed), failed

@@ -183,9 +183,22 @@ pub fn parse_metrics(value: Option<&Value>) -> Result<Metrics, ProtocolError> {
         }
     };
     for (k, v) in obj {
+        if k.trim().is_empty() {
+            return Err(ProtocolError::new(
+                ErrorCode::BadMetrics,
+                format!("a metric has an empty name (value {v}); every metric needs a name"),
+            ));
+        }
         match v.as_f64() {
             Some(x) if x.is_finite() => {
                 out.insert(k.clone(), x);
+            }
+            // Serializers write NaN and infinities as null (JSON has no such numbers).
+            _ if v.is_null() => {
+                return Err(ProtocolError::new(
+                    ErrorCode::BadMetrics,
+                    format!("metric `{k}` is null: metrics must be finite numbers (a NaN or infinite value is written as null by many JSON encoders, and is not accepted)"),
+                ))
             }
             _ => {
                 return Err(ProtocolError::new(
@@ -286,6 +299,20 @@ pub fn ok_response(mut body: Value) -> Value {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn metrics_need_a_name_and_a_finite_value() {
+        let e = parse_request(r#"{"op":"pass_end","metrics":{"":5}}"#).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadMetrics);
+        assert!(e.message.contains("empty name"), "{}", e.message);
+        let e = parse_request(r#"{"op":"pass_end","metrics":{"loss":null}}"#).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadMetrics);
+        assert!(
+            e.message.contains("`loss`") && e.message.contains("NaN"),
+            "{}",
+            e.message
+        );
+    }
 
     #[test]
     fn parses_known_ops() {

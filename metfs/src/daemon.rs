@@ -1036,6 +1036,31 @@ impl Daemon {
             secs = t.elapsed().as_secs_f64(),
             "mini-epoch staged"
         );
+        if let Some((id, why)) = report.failed.first() {
+            // Samples left out are reported; a first mini-epoch with none staged at all is a
+            // wrong source or manifest, not a dataset to train on.
+            let (k, n) = (report.failed.len(), me.samples.len());
+            let what = match &cfg.manifest {
+                Some(m) => format!("manifest {}", m.display()),
+                None => format!("source {}", cfg.source),
+            };
+            if k >= n {
+                let _ = stager.evict(&spec.name);
+                let hint = if cfg.manifest.is_some() {
+                    "; does the manifest belong to this source?"
+                } else {
+                    ""
+                };
+                return Err(DaemonError::Setup(format!(
+                    "{what}: none of the {n} samples of the first mini-epoch could be staged from {} ({k} missing or unreadable, e.g. `{}`: {why}){hint}",
+                    cfg.source,
+                    catalog.path(*id)
+                )));
+            }
+            tracing::warn!(
+                "{what}: {k} of the first mini-epoch's {n} samples are missing or unreadable at the source and are left out (`metfs status` lists them)"
+            );
+        }
         let failed: Vec<String> = report
             .failed
             .iter()

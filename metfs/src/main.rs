@@ -400,11 +400,29 @@ fn main() {
     let code = match run(cli) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("metfs: {e:#}");
+            eprintln!("metfs: {}", message(&e));
             1
         }
     };
     std::process::exit(code);
+}
+
+/// An error and its causes, `: `-separated, each said once: many of the modules' messages
+/// already include their source's text (`manifest FILE: No such file`), which `{:#}` would
+/// print again.
+fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -451,14 +469,8 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let mut m = serde_json::Map::new();
             for kv in &metrics {
-                let (k, v) = kv
-                    .split_once('=')
-                    .ok_or_else(|| anyhow!("--metric `{kv}`: expected NAME=VALUE"))?;
-                let x: f64 = v
-                    .trim()
-                    .parse()
-                    .map_err(|_| anyhow!("--metric `{kv}`: `{v}` is not a number"))?;
-                m.insert(k.trim().to_string(), json!(x));
+                let (k, x) = parse_metric(kv)?;
+                m.insert(k, json!(x));
             }
             let v = client::request(
                 &sock.socket,
@@ -484,6 +496,30 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// A `--metric NAME=VALUE`: a non-empty name and a finite number. NaN and infinities are
+/// refused here, naming the metric: JSON has no such numbers, and the protocol carries finite
+/// metrics only (a diverged loss is for the job to handle, not for the rf policy to score).
+fn parse_metric(kv: &str) -> Result<(String, f64)> {
+    let (k, v) = kv
+        .split_once('=')
+        .ok_or_else(|| anyhow!("--metric `{kv}`: expected NAME=VALUE"))?;
+    let k = k.trim();
+    if k.is_empty() {
+        anyhow::bail!("--metric `{kv}`: the metric has no name; expected NAME=VALUE");
+    }
+    let x: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| anyhow!("--metric `{kv}`: `{v}` is not a number"))?;
+    if !x.is_finite() {
+        anyhow::bail!(
+            "--metric `{kv}`: metric `{k}` is {}; only finite numbers are accepted",
+            if x.is_nan() { "NaN" } else { "infinite" }
+        );
+    }
+    Ok((k.to_string(), x))
 }
 
 fn manifest_cmd(source: &std::path::Path, format: FormatArg, labels: bool) -> Result<()> {
@@ -729,8 +765,8 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
     let (daemon, session, _lock) = match setup.await {
         Ok(x) => x,
         Err(e) => {
-            tracing::error!("{e:#}");
-            mount::signal_ready(ready_fd, Err(format!("{e:#}")));
+            tracing::error!("{}", message(&e));
+            mount::signal_ready(ready_fd, Err(message(&e)));
             return Err(e);
         }
     };
