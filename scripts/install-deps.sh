@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the tests, benchmarks and demo need on a Debian 12 machine (as root):
-# Debian packages, Python packages, and the Garage S3 server. Each step is skipped when its
-# result is already there, so a second run takes seconds.
+# Debian packages, Python packages, the nightly toolchain with cargo-fuzz, and the Garage S3
+# server. Each step is skipped when its result is already there, so a second run takes seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +25,16 @@ if [ ! -e "$stamp" ]; then
   touch "$stamp"
 fi
 python3 -m pip install -q --disable-pip-version-check --no-deps -e bindings/python >/dev/null
+
+# cargo-fuzz for scripts/fuzz.sh (the fuzz targets build with the nightly toolchain).
+if ! cargo +nightly --version >/dev/null 2>&1; then
+  echo "install-deps: rustup toolchain install nightly"
+  rustup toolchain install nightly --profile minimal >/dev/null
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "install-deps: cargo install cargo-fuzz"
+  cargo install cargo-fuzz --locked -q
+fi
 
 if [ -x scripts/garage.sh ]; then
   scripts/garage.sh install

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests need, then runs every test: formatting and lints, the Rust unit,
-# property and integration tests (a real Garage S3 server included), and the end-to-end and
-# Python tests on real FUSE mounts. `.ci/run` calls exactly this.
+# property and integration tests (a real Garage S3 server included), a short fuzzing run of
+# every parser of untrusted input, and the end-to-end, stress and Python tests on real FUSE
+# mounts (tests/stress runs briefly here; scripts/stress.sh runs it at full size).
+# `.ci/run` calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -21,6 +23,9 @@ if ! cargo test --workspace > target/cargo-test.log 2>&1; then
   exit 1
 fi
 grep -E "^test result" target/cargo-test.log
+
+echo "== fuzzing (20 s per target)"
+scripts/fuzz.sh --short
 
 echo "== end-to-end and Python tests"
 export METFS_BIN="$PWD/target/debug/metfs"

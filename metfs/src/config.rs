@@ -247,8 +247,13 @@ impl FileConfig {
             path: path.display().to_string(),
             source,
         })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
-            path: path.display().to_string(),
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses the text of a TOML config file; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
             message: e.to_string(),
         })
     }

@@ -825,17 +825,17 @@ fn commit_batches(
 
 /// What a slot's journal says.
 #[derive(Debug, Default)]
-struct JournalState {
+pub struct JournalState {
     /// Staged sample ids with the CRC-32 of their copy.
-    staged: HashMap<u32, u32>,
+    pub staged: HashMap<u32, u32>,
     /// The slot was staged to the end.
-    complete: bool,
+    pub complete: bool,
 }
 
 /// Reads a journal. A missing or unreadable journal means nothing is staged; unparsable lines
 /// (a torn last line after a crash) are ignored, and so are entries without a CRC (written
 /// before journals had one: their copies cannot be checked, so they are fetched again).
-fn read_journal(path: &Path) -> JournalState {
+pub fn read_journal(path: &Path) -> JournalState {
     let mut out = JournalState::default();
     if let Ok(f) = std::fs::File::open(path) {
         for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {

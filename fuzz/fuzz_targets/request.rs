@@ -1,0 +1,20 @@
+//! The control socket's request parser: any line a client sends must give a request or a
+//! protocol error, never a panic; an error must render as a response object.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    // The socket answers non-UTF-8 lines itself before parsing (control.rs).
+    if let Ok(line) = std::str::from_utf8(data) {
+        match feedback::protocol::parse_request(line) {
+            Ok(req) => {
+                let _ = format!("{req:?}");
+            }
+            Err(e) => {
+                let v = e.to_response();
+                assert_eq!(v["ok"], false, "an error response says ok: false");
+            }
+        }
+    }
+});
