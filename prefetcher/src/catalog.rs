@@ -130,6 +130,22 @@ impl StrArena {
     fn len(&self) -> usize {
         self.ends.len()
     }
+    /// Checks what [`StrArena::get`] relies on, for an arena read back from a file: ends that
+    /// never decrease, fall on character boundaries and stop at the end of the buffer.
+    fn check(&self) -> Result<(), String> {
+        let mut prev = 0u64;
+        for (i, &end) in self.ends.iter().enumerate() {
+            if end < prev || end > self.buf.len() as u64 || !self.buf.is_char_boundary(end as usize)
+            {
+                return Err(format!("string {i} ends at {end}, outside its buffer"));
+            }
+            prev = end;
+        }
+        if prev != self.buf.len() as u64 {
+            return Err("string buffer longer than its strings".into());
+        }
+        Ok(())
+    }
     /// A new arena holding entry `order[i]` at position `i`.
     fn permuted(&self, order: &[u32]) -> StrArena {
         if self.buf.is_empty() {
@@ -795,6 +811,40 @@ impl Catalog {
         {
             return Err(corrupt("inconsistent lengths".into()));
         }
+        // The file is metfs's own but read back as untrusted input: every index and string
+        // the accessors use unchecked is checked here, and every path must be one a view may
+        // show, so that a damaged file is refused (and the source listed again), never a panic
+        // or a path outside the source.
+        for (what, arena) in [
+            ("directories", &cat.dirs),
+            ("names", &cat.names),
+            ("versions", &cat.versions),
+        ] {
+            arena.check().map_err(|e| corrupt(format!("{what}: {e}")))?;
+        }
+        if cat
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.iter().any(|&x| x as usize >= cat.label_names.len()))
+            || cat
+                .clusters
+                .as_ref()
+                .is_some_and(|c| c.iter().any(|&x| x as usize >= cat.cluster_names.len()))
+        {
+            return Err(corrupt("a label or cluster id without a name".into()));
+        }
+        for i in 0..cat.dirs.len() {
+            let d = cat.dirs.get(i);
+            if !d.is_empty() {
+                validate_rel_path(d).map_err(|e| corrupt(format!("directory {d:?}: {e}")))?;
+            }
+        }
+        for i in 0..n {
+            let name = cat.names.get(i);
+            if name.contains('/') || validate_rel_path(name).is_err() {
+                return Err(corrupt(format!("sample name {name:?} is not a file name")));
+            }
+        }
         Ok(cat)
     }
 }
@@ -802,6 +852,67 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn load_refuses_a_damaged_catalog() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog.bin");
+        let good = Catalog::from_entries(
+            "src",
+            vec![
+                CatalogEntry::new("a/x.bin", 1),
+                CatalogEntry::new("b/y.bin", 2),
+            ],
+        )
+        .unwrap();
+        good.save(&path).unwrap();
+        assert_eq!(Catalog::load(&path).unwrap(), good);
+        type Damage = Box<dyn Fn(&mut Catalog)>;
+        let damaged: Vec<(&str, Damage)> = vec![
+            ("past its buffer", Box::new(|c| c.names.ends[1] = 99)),
+            ("decreasing", Box::new(|c| c.names.ends = vec![6, 3])),
+            (
+                "mid-character",
+                Box::new(|c| {
+                    c.names.buf = "é.bin".into();
+                    c.names.ends = vec![1, 6];
+                }),
+            ),
+            (
+                "label without a name",
+                Box::new(|c| c.labels = Some(vec![0, 3])),
+            ),
+            (
+                "cluster without a name",
+                Box::new(|c| {
+                    c.clusters = Some(vec![0, 0]);
+                    c.cluster_names = vec![];
+                }),
+            ),
+            (
+                "escaping directory",
+                Box::new(|c| {
+                    c.dirs.buf = "..b".into();
+                    c.dirs.ends = vec![2, 3];
+                }),
+            ),
+            (
+                "name with a slash",
+                Box::new(|c| {
+                    c.names.buf = "x/binyy".into();
+                }),
+            ),
+        ];
+        for (what, damage) in damaged {
+            let mut c = good.clone();
+            damage(&mut c);
+            c.save(&path).unwrap();
+            match Catalog::load(&path) {
+                Err(CatalogError::Corrupt { .. }) => {}
+                other => panic!("{what}: loaded {other:?}"),
+            }
+        }
+    }
 
     fn e(p: &str, s: u64) -> CatalogEntry {
         CatalogEntry::new(p, s)
