@@ -242,6 +242,10 @@ pub struct Stager {
     /// Makes temporary names unique per attempt: a fetch abandoned after a timeout may still be
     /// writing its file, which must never be the file of a later attempt.
     attempt_seq: Arc<AtomicU64>,
+    /// Transient tier errors met by the current staging run: the first is logged as a warning,
+    /// the rest at debug level and counted at the end, so an outage is one line, not one per
+    /// sample.
+    transient: Arc<AtomicU64>,
 }
 
 fn cache_err(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
@@ -271,6 +275,7 @@ impl Stager {
             pacer,
             tier_bytes: Arc::new(AtomicU64::new(0)),
             attempt_seq: Arc::new(AtomicU64::new(0)),
+            transient: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -389,6 +394,7 @@ impl Stager {
         // Copies of an earlier, failed attempt at this slot.
         self.clean_tmp_matching(&format!("{}-", slot.name))?;
         let journal_state = read_journal(&jpath);
+        self.transient.store(0, Ordering::Relaxed);
         let total_bytes: u64 = slot.samples.iter().map(|&s| self.catalog.size(s)).sum();
         progress
             .files_total
@@ -511,6 +517,10 @@ impl Stager {
             return Err(e);
         }
         let (fetched, bytes, mut journal, too_long) = committed?;
+        let transient = self.transient.load(Ordering::Relaxed);
+        if transient > 0 {
+            tracing::warn!(slot = %slot.name, retries = transient, "the tier recovered: every sample met by its errors was fetched on a retry");
+        }
         report.fetched += fetched;
         report.bytes_fetched += bytes;
         report.failed.extend(too_long);
@@ -736,8 +746,8 @@ impl Stager {
                             source: e,
                         }));
                     }
-                    if attempt == 1 {
-                        tracing::warn!(sample = %rel, error = %e, "transient tier error; retrying");
+                    if self.transient.fetch_add(1, Ordering::Relaxed) == 0 {
+                        tracing::warn!(sample = %rel, error = %e, "transient tier error; retrying with backoff (further ones are logged at debug level)");
                     } else {
                         tracing::debug!(sample = %rel, error = %e, attempt, "retrying fetch");
                     }

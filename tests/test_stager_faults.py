@@ -1,0 +1,285 @@
+"""End-to-end tests of staging under faults of the tier and of the node, on real mounts: a
+source outage, a full cache, FIFOs, a cache path too long, a cache that must stay private, a
+tmp/ that is a symlink, a kill during the first staging and a copy corrupted in place.
+
+The promise under test: a fault never drops a sample. Only a sample that is itself unservable is
+left out, with its reason; anything else stops the slot, which the daemon stages again later
+while the current view keeps serving.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import is_mounted, make_tree, read_view, rpc, wait_for
+
+
+def staging(m) -> dict:
+    return m.status()["staging"]
+
+
+def advance_and_check(m, files: dict[str, bytes], expected_count: int) -> None:
+    """Advances to the staged successor and checks that its view holds every planned sample
+    with the tier's bytes."""
+    r = m.pass_end()
+    assert r["decision"] == "advance", r
+    view = read_view(m.mountpoint)
+    assert len(view) == expected_count, f"{len(view)} of {expected_count} samples in the view"
+    for k, v in view.items():
+        assert files[k] == v, k
+
+
+def test_source_outage_during_staging_loses_no_sample(mounts, tmp_path):
+    src = tmp_path / "tier"
+    files = make_tree(src, n=400, max_size=16 * 1024)
+    # `auto` pacing trickles the successor in at 256 KiB/s (about 8 s for its ~2 MiB), so the
+    # outage lands mid-staging; the slot has far more samples than are fetched at once.
+    m = mounts(src, "6MiB", "--rf", "1", "--compose", "sequential", "--prefetch-rate", "auto")
+    m.mount()
+    wait_for(lambda: staging(m)["state"] == "staging", timeout=10, what="the successor's staging")
+    st = staging(m)
+    away = tmp_path / "tier-away"
+    src.rename(away)  # the whole source disappears for 5 s
+    time.sleep(5)
+    away.rename(src)
+    m.wait_next_ready(timeout=120)
+    s = m.status()
+    assert not s["failed_samples"], s["failed_samples"]
+    advance_and_check(m, files, st["files_total"])
+    log = (m.cache / "metfs.log").read_text()
+    assert "source directory" in log and "is missing" in log, "the outage is reported"
+    assert "the tier recovered" in log
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    made: list[Path] = []
+
+    def make(path: Path, size: str) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs: {r.stderr}")
+        made.append(path)
+        return path
+
+    yield make
+    for p in made:
+        subprocess.run(["umount", "-l", str(p)], capture_output=True)
+
+
+def fill(path: Path) -> None:
+    """Writes to `path` until its file system is full."""
+    with open(path, "wb") as f:
+        block = b"\0" * 65536
+        try:
+            while True:
+                f.write(block)
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_full_cache_stops_the_slot_and_resumes_when_space_returns(tmpfs, mounts, tmp_path):
+    src = tmp_path / "tier"
+    files = make_tree(src, n=160, max_size=32 * 1024)
+    cache = tmpfs(tmp_path / "cache", "64m")
+    m = mounts(src, "3MiB", "--rf", "1", "--compose", "sequential", "--prefetch-rate", "auto",
+               "--log-file", str(tmp_path / "metfs.log"), cache=cache)
+    m.mount()
+    total = staging(m)["files_total"]
+    ballast = cache / "ballast"
+    fill(ballast)
+    wait_for(lambda: staging(m)["state"] == "failed", timeout=60, what="staging to fail on the full disk")
+    s = m.status()
+    assert "No space left" in s["last_error"], s["last_error"]
+    assert not s["failed_samples"], "no sample is dropped for a full disk"
+    assert not s["next_ready"]
+    # The current view keeps serving: the job is told to wait (a bonus pass), not advanced.
+    assert m.pass_end()["decision"] == "wait"
+    log = (tmp_path / "metfs.log").read_text()
+    assert "out of space" in log, log[-2000:]
+    ballast.unlink()
+    m.wait_next_ready(timeout=120)
+    assert not m.status()["failed_samples"]
+    advance_and_check(m, files, total)
+
+
+def test_fifo_named_in_a_manifest_is_left_out_and_mount_returns(mounts, tmp_path):
+    src = tmp_path / "tier"
+    files = make_tree(src, n=20, max_size=4096)
+    os.mkfifo(src / "pipe")
+    man = tmp_path / "manifest.csv"
+    rows = ["path,size"] + [f'"{k}",{len(v)}' for k, v in files.items()] + ["pipe,100"]
+    man.write_text("\n".join(rows) + "\n")
+    m = mounts(src, "16MiB", "--manifest", str(man))
+    t = time.time()
+    m.mount()  # used to block forever opening the FIFO
+    assert time.time() - t < 60
+    s = m.status()
+    assert any("pipe" in f and "FIFO" in f for f in s["failed_samples"]), s["failed_samples"]
+    view = read_view(m.mountpoint)
+    assert view == files
+
+
+TEST_USER = "metfs-stager-test"
+
+
+@pytest.fixture(scope="module")
+def other_user():
+    try:
+        pwd.getpwnam(TEST_USER)
+    except KeyError:
+        r = subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", TEST_USER],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot create a user: {r.stderr}")
+    return TEST_USER
+
+
+def test_cache_never_exposes_protected_source_files(mounts, tmp_path, other_user):
+    src = tmp_path / "tier"
+    src.mkdir()
+    (src / "public.bin").write_bytes(b"p" * 100)
+    secret = src / "secret.bin"
+    secret.write_bytes(b"s" * 100)
+    secret.chmod(0o600)
+    (src / "private").mkdir(mode=0o700)
+    (src / "private" / "inner.bin").write_bytes(b"i" * 100)
+    (src / "private").chmod(0o700)
+    # Every directory on the way is traversable, so only metfs's own modes protect the cache.
+    os.chmod(tmp_path, 0o755)
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o755)
+    cache.chmod(0o755)
+    m = mounts(src, "16MiB", cache=cache)
+    m.mount()
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700, "the cache directory is made private"
+    assert "private (0700)" in (cache / "metfs.log").read_text(), "tightening it is reported"
+    slots = cache / "slots"
+    staged = [p for p in slots.rglob("*")]
+    assert any(p.name == "secret.bin" for p in staged)
+    for p in [slots, cache / "tmp", *staged]:
+        mode = stat.S_IMODE(p.lstat().st_mode)
+        assert mode & 0o077 == 0, f"{p} is mode {mode:o}"
+    # As another user: nothing staged can be read, whatever the path.
+    for p in staged:
+        if p.is_file():
+            r = subprocess.run(["runuser", "-u", other_user, "--", "cat", str(p)], capture_output=True)
+            assert r.returncode != 0 and not r.stdout, f"{other_user} read {p}"
+    # A shared sticky directory is refused rather than locked down.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    m2 = mounts(src, "16MiB", cache=shared, name="shared")
+    r = m2.mount(check=False)
+    assert r.returncode != 0 and "shared" in r.stderr, r.stderr
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+
+
+def test_tmp_cleanup_never_follows_symlinks(mounts, tmp_path):
+    src = tmp_path / "tier"
+    files = make_tree(src, n=20, max_size=4096)
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "precious").write_text("keep me")
+    (victim / "sub" / "precious").write_text("keep me")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "tmp").symlink_to(victim)
+    m = mounts(src, "16MiB", cache=cache)
+    m.mount()
+    assert (victim / "precious").read_text() == "keep me"
+    assert (victim / "sub" / "precious").read_text() == "keep me"
+    assert not (cache / "tmp").is_symlink()
+    m.umount()
+    # Symlinks inside tmp/, to a file and to a directory.
+    (cache / "tmp" / "f").symlink_to(victim / "precious")
+    (cache / "tmp" / "d").symlink_to(victim)
+    m.mount()
+    assert (victim / "precious").read_text() == "keep me"
+    assert (victim / "sub" / "precious").read_text() == "keep me"
+    assert not os.listdir(cache / "tmp")
+    assert read_view(m.mountpoint) == files
+
+
+def test_a_path_too_long_for_the_cache_leaves_only_that_sample_out(mounts, tmp_path):
+    src = tmp_path / "t"
+    files = make_tree(src, n=20, max_size=4096)
+    # About 3,900 bytes below the source: fine there, too long below a cache with a long path.
+    deep = "/".join(["d" * 200] * 19)
+    (src / deep).mkdir(parents=True)
+    (src / deep / "x.bin").write_bytes(b"deep")
+    cache = tmp_path / ("c" * 250) / ("c" * 250)
+    cache.mkdir(parents=True)
+    sock = str(tmp_path / "s.sock")  # a socket path under the cache would be too long
+    m = mounts(src, "16MiB", "--socket", sock, cache=cache)
+    m.mount()
+    r = rpc(sock, {"op": "status"})
+    assert r["ok"], r
+    assert any("x.bin" in f and "too long" in f for f in r["failed_samples"]), r["failed_samples"]
+    assert read_view(m.mountpoint) == files
+    subprocess.run([m.bin, "umount", str(m.mountpoint)], capture_output=True, timeout=60)
+
+
+def mini_epoch_staged_line(log: str) -> dict[str, int]:
+    lines = [ln for ln in log.splitlines() if "mini-epoch staged" in ln and "next" not in ln]
+    assert lines, log[-2000:]
+    return {k: int(v) for k, v in re.findall(r"(fetched|resumed|failed)=(\d+)", lines[-1])}
+
+
+def test_kill_during_the_first_staging_resumes_from_the_journal(mounts, tmp_path):
+    src = tmp_path / "tier"
+    files = make_tree(src, n=120, max_size=64 * 1024)
+    m = mounts(src, "16MiB", "--rf", "1", "--compose", "sequential", "--prefetch-rate", "1MiB/s")
+    cmd = [m.bin, "mount", "--source", m.source, "--cache", str(m.cache), *m.args, str(m.mountpoint)]
+    m.mountpoint.mkdir(parents=True, exist_ok=True)
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    journal = m.cache / "slots" / "e000000-m00000.journal"
+
+    def committed() -> int:
+        return len(journal.read_text().splitlines()) if journal.exists() else 0
+
+    wait_for(lambda: committed() >= 10, timeout=60, what="the first staging to commit files")
+    os.kill(m.pid(), signal.SIGKILL)
+    first.communicate(timeout=60)
+    assert not is_mounted(m.mountpoint), "the first mount never returned"
+    kept = committed()
+    total = len(files)
+    assert kept < total, "the kill interrupted the first staging"
+    log_len = len((m.cache / "metfs.log").read_text())
+    m.args = [a for a in m.args if a not in ("--prefetch-rate", "1MiB/s")]
+    m.mount()
+    counts = mini_epoch_staged_line((m.cache / "metfs.log").read_text()[log_len:])
+    assert counts["resumed"] >= kept, counts
+    assert counts["fetched"] + counts["resumed"] == total, counts
+    assert read_view(m.mountpoint) == files
+
+
+def test_a_copy_corrupted_in_place_is_not_served_after_a_restart(mounts, tmp_path):
+    src = tmp_path / "tier"
+    files = make_tree(src, n=30, max_size=8192)
+    m = mounts(src, "16MiB")
+    m.mount()
+    m.umount()
+    slot = m.cache / "slots" / "e000000-m00000"
+    rel = next(k for k, v in sorted(files.items()) if len(v) > 100)
+    p = slot / rel
+    data = bytearray(p.read_bytes())
+    data[50] ^= 0xFF
+    with open(p, "r+b") as f:  # in place, same size
+        f.seek(50)
+        f.write(bytes([data[50]]))
+    m.mount()
+    assert (m.mountpoint / rel).read_bytes() == files[rel]
+    assert read_view(m.mountpoint) == files
