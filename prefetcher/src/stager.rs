@@ -1379,13 +1379,14 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let src = d.path().join("s");
         // A relative path of about 3,900 bytes: fine in the source, too long under a cache
-        // whose own path is long.
-        let seg = "d".repeat(200);
+        // whose own path is long. Its directory still fits there; the whole path does not.
+        let seg = "d".repeat(190);
         let deep: PathBuf = std::iter::repeat_n(seg.as_str(), 19).collect();
         std::fs::create_dir_all(src.join(&deep)).unwrap();
-        std::fs::write(src.join(&deep).join("x"), b"deep").unwrap();
+        std::fs::write(src.join(&deep).join("x".repeat(230)), b"deep").unwrap();
         std::fs::write(src.join("ok"), b"fine").unwrap();
-        let cache = d.path().join("c".repeat(250)).join("c".repeat(250));
+        let cache = d.path().join("c".repeat(250));
+        assert!(cache.join("slots/s").join(&deep).as_os_str().len() < PATH_MAX);
         let (st, cat) = stager_for(&src, &cache, StagerConfig::default()).await;
         let r = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap();
         assert_eq!(r.fetched, 1);
