@@ -285,3 +285,20 @@ def test_a_copy_corrupted_in_place_is_not_served_after_a_restart(mounts, tmp_pat
     m.mount()
     assert (m.mountpoint / rel).read_bytes() == files[rel]
     assert read_view(m.mountpoint) == files
+
+
+def test_a_container_corrupted_in_place_is_staged_again_after_a_restart(mounts, tmp_path):
+    from test_hdf5 import write_containers
+
+    src = tmp_path / "tier"
+    write_containers(src)
+    m = mounts(src, "12MiB", "--hdf5-container", "--mini-epochs", "2")
+    m.mount()
+    before = (m.mountpoint / "train.h5").read_bytes()
+    m.umount()
+    p = m.cache / "slots" / "e000000-m00000" / "train.h5"
+    with open(p, "r+b") as f:  # in place, same size, in the middle of the rows' data
+        f.seek(len(before) // 2)
+        f.write(bytes([before[len(before) // 2] ^ 0xFF]))
+    m.mount()
+    assert (m.mountpoint / "train.h5").read_bytes() == before
