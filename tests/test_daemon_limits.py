@@ -37,9 +37,9 @@ def tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(p)], capture_output=True)
 
 
-def fill(path: Path) -> Path:
+def fill(path: Path, name: str = "filler") -> Path:
     """Writes a file in `path` until its filesystem is full."""
-    filler = path / "filler"
+    filler = path / name
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         for chunk in (64 << 10, 4096, 512):
@@ -50,6 +50,18 @@ def fill(path: Path) -> Path:
                 pass
     finally:
         os.close(fd)
+    # A file system allocates in blocks: the log's last, partly filled block would still take
+    # small appends. Fill it too, so the daemon's next log line meets ENOSPC for certain.
+    log = path / "metfs.log"
+    if log.exists():
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+        try:
+            while True:
+                os.write(fd, b"-" * 15 + b"\n")
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
     return filler
 
 
@@ -73,20 +85,25 @@ def test_full_cache_disk_does_not_kill_the_daemon(tmpfs, mounts, tmp_path, metfs
     m.mount()
     pid = m.pid()
     m.wait_next_ready()
-    filler = fill(cache)
-    # Every one of these logs; with the log file on the full disk, none may be fatal.
-    for _ in range(3):
+    fillers = [fill(cache)]
+    # Every one of these logs; with the log file on the full disk, none may be fatal. A switch
+    # evicts a slot and frees space, so the disk is filled again after each.
+    for i in range(3):
         r = subprocess.run([metfs, "advance", "--socket", m.socket], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         m.status()
         time.sleep(0.3)
+        fillers.append(fill(cache, f"filler{i}"))
+    # Staging retries (and logs) every few seconds meanwhile.
+    time.sleep(2.5)
     assert alive(pid), "the daemon died on a full cache disk"
     assert is_mounted(m.mountpoint)
     view = read_view(m.mountpoint)
     assert view and all(files[k] == v for k, v in view.items())
     assert set(view) == set(m.files()["files"])
     # Space comes back: the daemon stages and switches again, and logs again.
-    filler.unlink()
+    for f in fillers:
+        f.unlink()
     gen = m.status()["generation"]
     r = subprocess.run([metfs, "advance", "--wait", "--socket", m.socket], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -94,7 +111,7 @@ def test_full_cache_disk_does_not_kill_the_daemon(tmpfs, mounts, tmp_path, metfs
     view = read_view(m.mountpoint)
     assert view and all(files[k] == v for k, v in view.items())
     assert alive(pid)
-    wait_for(lambda: "log lines dropped" in m.log(), timeout=10, what="the log to report its dropped lines")
+    wait_for(lambda: "log lines dropped" in m.log(), timeout=10, what=f"the log to report its dropped lines: {m.log()}")
 
 
 # ---- the budget at every instant ----------------------------------------------------------
