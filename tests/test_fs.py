@@ -193,3 +193,95 @@ def test_requests_a_read_only_fs_does_not_serve_are_answered_quietly(mounts, tmp
     after = log.read_text(errors="replace").splitlines()
     grown = after[len(before):]
     assert len(grown) <= 2, f"the log grew by {len(grown)} lines: {grown[:5]}"
+
+
+def test_stat_through_the_view_mirrors_the_source(mounts, tmp_path):
+    """Mode (write bits cleared), mtime, ctime, size and type of every file and directory in
+    the view are the source's, so `rsync -t` between the view and a copy of the source finds
+    nothing to transfer."""
+    import shutil as sh
+    import stat
+    import subprocess
+
+    src = tmp_path / "tier"
+    make_tree(src, n=60, max_size=4096)
+    modes = [0o644, 0o600, 0o640, 0o444, 0o755]
+    for i, p in enumerate(sorted(q for q in src.rglob("*") if q.is_file())):
+        p.chmod(modes[i % len(modes)])
+        os.utime(p, ns=(1_600_000_000_000_000_000 + i * 1_000_003, 1_500_000_000_000_000_000 + i * 7_000_001))
+    (src / "cat").chmod(0o750)
+    for d in [src, *[q for q in src.rglob("*") if q.is_dir()]]:
+        os.utime(d, ns=(1_400_000_000_123_456_789, 1_400_000_000_123_456_789))
+    copy = tmp_path / "copy"
+    sh.copytree(src, copy, symlinks=True, copy_function=sh.copy2)
+    for d in [copy, *[q for q in copy.rglob("*") if q.is_dir()]]:
+        os.utime(d, ns=(1_400_000_000_123_456_789, 1_400_000_000_123_456_789))
+    m = mounts(src, "6MiB", "--rf", "1000")
+    m.mount()
+    checked = 0
+    for dirpath, dirnames, filenames in os.walk(m.mountpoint):
+        rel = os.path.relpath(dirpath, m.mountpoint)
+        for name in [".", *dirnames, *filenames]:
+            v = os.stat(os.path.join(dirpath, name))
+            s = os.stat(src / rel / name)
+            where = os.path.join(rel, name)
+            assert stat.S_IFMT(v.st_mode) == stat.S_IFMT(s.st_mode), where
+            assert stat.S_IMODE(v.st_mode) == stat.S_IMODE(s.st_mode) & ~0o222, (where, oct(v.st_mode), oct(s.st_mode))
+            assert v.st_mtime_ns == s.st_mtime_ns, where
+            assert v.st_ctime_ns == s.st_ctime_ns, where
+            assert (v.st_uid, v.st_gid) == (s.st_uid, s.st_gid), where
+            if stat.S_ISREG(s.st_mode):
+                assert v.st_size == s.st_size, where
+            checked += 1
+    assert checked > 20
+    r = subprocess.run(["rsync", "-rtn", "--itemize-changes", f"{m.mountpoint}/", f"{copy}/"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "", f"rsync would transfer:\n{r.stdout[:2000]}"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creates a user and mounts with allow_other")
+def test_allow_other_enforces_the_source_modes(metfs, tmp_path):
+    """With --allow-other, another user reads only what the source's modes let them read: a
+    root-only 0600 file and a file in a 0700 directory give EACCES, a 0644 file reads."""
+    import subprocess
+    import tempfile
+
+    user = "metfs-user"
+    if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True)
+    base = Path(tempfile.mkdtemp(prefix="metfs-allow-other-"))
+    base.chmod(0o755)
+    src, mnt, cache = base / "src", base / "mnt", tmp_path / "cache"
+    for d in (src, mnt, cache):
+        d.mkdir()
+    src.chmod(0o755)
+    (src / "open.bin").write_bytes(b"o" * 100)
+    (src / "open.bin").chmod(0o644)
+    (src / "secret.bin").write_bytes(b"s" * 100)
+    (src / "secret.bin").chmod(0o600)
+    (src / "none.bin").write_bytes(b"n" * 100)
+    (src / "none.bin").chmod(0o000)
+    (src / "private").mkdir()
+    (src / "private" / "x.bin").write_bytes(b"x" * 100)
+    (src / "private" / "x.bin").chmod(0o644)
+    (src / "private").chmod(0o700)
+    r = subprocess.run([metfs, "mount", "--source", str(src), "--cache", str(cache), "--budget", "8MiB",
+                        "--mini-epochs", "1", "--allow-other", "--history", str(tmp_path / "h.json"), str(mnt)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    try:
+        def cat(rel: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["runuser", "-u", user, "--", "cat", str(mnt / rel)], capture_output=True, text=True)
+
+        assert cat("open.bin").stdout == "o" * 100
+        for rel in ("secret.bin", "none.bin", "private/x.bin"):
+            r = cat(rel)
+            assert r.returncode != 0 and "Permission denied" in r.stderr, (rel, r.stdout[:20], r.stderr)
+        # Root still reads everything, as at the source.
+        assert (mnt / "secret.bin").read_bytes() == b"s" * 100
+    finally:
+        subprocess.run([metfs, "umount", str(mnt)], capture_output=True, timeout=120)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        import shutil as sh
+        sh.rmtree(base, ignore_errors=True)

@@ -1181,13 +1181,16 @@ impl Daemon {
         let name = slot_name(target);
         if let Some(c) = containers {
             let dir = stager.slot_path(&name);
-            let files: Vec<(String, u64)> = c
+            // A container's bytes change with every mini-epoch: its times are those of the
+            // staged copy, so `make`, `rsync` and caches see each generation's new content.
+            let files: Vec<(String, u64, Option<prefetcher::catalog::Meta>)> = c
                 .files()
                 .iter()
                 .filter_map(|f| {
-                    std::fs::metadata(dir.join(&f.path))
-                        .ok()
-                        .map(|m| (f.path.clone(), m.len()))
+                    std::fs::metadata(dir.join(&f.path)).ok().map(|m| {
+                        let meta = prefetcher::catalog::Meta::from_metadata(&m);
+                        (f.path.clone(), m.len(), Some(meta))
+                    })
                 })
                 .collect();
             return View::from_files(&files, generation, target.0, target.1, &name, &dir);

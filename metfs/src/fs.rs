@@ -99,6 +99,8 @@ pub struct Attr {
     pub generation: u64,
     /// The node belongs to the current view (its entry may be cached for the view's life).
     pub current: bool,
+    /// What `stat` showed at the source (mode, owner, times), when known.
+    pub meta: Option<prefetcher::catalog::Meta>,
 }
 
 /// One directory entry returned by [`FsCore::readdir`].
@@ -604,6 +606,7 @@ fn attr_in(view: &View, idx: u32, current: bool) -> Attr {
         is_dir,
         generation: view.generation,
         current,
+        meta: view.meta(idx),
     }
 }
 

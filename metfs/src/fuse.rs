@@ -38,7 +38,7 @@
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use fuser::{
     AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
@@ -47,6 +47,8 @@ use fuser::{
     ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyXattr,
     Request,
 };
+
+use prefetcher::catalog::Meta;
 
 use crate::config::{ActiveReadPath, ReadPath};
 use crate::fs::{Attr, FsCore, FsError};
@@ -146,24 +148,59 @@ impl FuseAdapter {
         }
     }
 
+    /// The attributes the kernel sees: the source's mode without write bits, owner and times
+    /// where the catalog has them (see `docs/READ_PATHS.md`, "What stat shows"), else 0444 or
+    /// 0555, the mounting user and the mount time.
     fn file_attr(&self, a: &Attr) -> FileAttr {
+        let (default_perm, kind, nlink) = if a.is_dir {
+            (0o555, FileType::Directory, 2)
+        } else {
+            (0o444, FileType::RegularFile, 1)
+        };
+        let ns = |t: i64| {
+            if t >= 0 {
+                SystemTime::UNIX_EPOCH + Duration::from_nanos(t as u64)
+            } else {
+                SystemTime::UNIX_EPOCH - Duration::from_nanos(t.unsigned_abs())
+            }
+        };
+        let (perm, uid, gid, mtime, ctime) = match a.meta {
+            Some(m) => (
+                (m.mode & 0o7777 & !0o222) as u16,
+                if m.uid == Meta::NO_OWNER {
+                    self.uid
+                } else {
+                    m.uid
+                },
+                if m.gid == Meta::NO_OWNER {
+                    self.gid
+                } else {
+                    m.gid
+                },
+                ns(m.mtime_ns),
+                ns(m.ctime_ns),
+            ),
+            None => (
+                default_perm,
+                self.uid,
+                self.gid,
+                self.core.mtime,
+                self.core.mtime,
+            ),
+        };
         FileAttr {
             ino: INodeNo(a.ino),
             size: a.size,
             blocks: a.size.div_ceil(512),
-            atime: self.core.mtime,
-            mtime: self.core.mtime,
-            ctime: self.core.mtime,
-            crtime: self.core.mtime,
-            kind: if a.is_dir {
-                FileType::Directory
-            } else {
-                FileType::RegularFile
-            },
-            perm: if a.is_dir { 0o555 } else { 0o444 },
-            nlink: if a.is_dir { 2 } else { 1 },
-            uid: self.uid,
-            gid: self.gid,
+            atime: mtime,
+            mtime,
+            ctime,
+            crtime: mtime,
+            kind,
+            perm,
+            nlink,
+            uid,
+            gid,
             rdev: 0,
             flags: 0,
             blksize: 131072,

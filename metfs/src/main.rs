@@ -737,6 +737,10 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
         ];
         if daemon.cfg.allow_other {
             fcfg.acl = fuser::SessionACL::All;
+            // Other users get what the source's modes and owners allow them, enforced by the
+            // kernel on the attributes the view reports (the source's, write bits cleared).
+            fcfg.mount_options
+                .push(fuser::MountOption::DefaultPermissions);
         }
         fcfg.n_threads = Some(daemon.cfg.fuse_threads);
         fcfg.clone_fd = true;

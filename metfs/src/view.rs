@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use prefetcher::catalog::Catalog;
+use prefetcher::catalog::{Catalog, Meta};
 
 /// Inode number of the root directory.
 pub const ROOT_INO: u64 = 1;
@@ -55,6 +55,9 @@ pub struct View {
     /// Slot name.
     pub slot: String,
     nodes: Vec<Node>,
+    /// Per node: what `stat` showed at the source (files from the catalog, directories from
+    /// its directory stamps), when known.
+    metas: Vec<Option<Meta>>,
     files: usize,
     bytes: u64,
     open_handles: AtomicUsize,
@@ -124,6 +127,24 @@ impl View {
                 children.sort_unstable_by(|a, b| names[*a as usize].cmp(&names[*b as usize]));
             }
         }
+        let dir_meta: HashMap<&str, Meta> = catalog
+            .dir_stamps()
+            .iter()
+            .filter_map(|d| Some((d.dir.as_str(), d.meta?)))
+            .collect();
+        let mut dir_paths: Vec<Option<&str>> = vec![None; nodes.len()];
+        dir_paths[0] = Some("");
+        for (path, &i) in &dirs {
+            dir_paths[i as usize] = Some(path.as_str());
+        }
+        let metas = nodes
+            .iter()
+            .zip(&dir_paths)
+            .map(|(n, dir)| match n.kind {
+                NodeKind::File { sample, .. } => catalog.meta(sample),
+                NodeKind::Dir { .. } => dir.and_then(|d| dir_meta.get(d).copied()),
+            })
+            .collect();
         let refs = (0..nodes.len()).map(|_| AtomicU32::new(0)).collect();
         let touched = (0..nodes.len().div_ceil(64))
             .map(|_| AtomicU64::new(0))
@@ -135,6 +156,7 @@ impl View {
             slot_dir: slot_dir.to_path_buf(),
             slot: slot.to_string(),
             nodes,
+            metas,
             files: sorted.len(),
             bytes,
             open_handles: AtomicUsize::new(0),
@@ -146,10 +168,11 @@ impl View {
         }
     }
 
-    /// Builds a view of explicit files (relative path, size) staged in `slot_dir`: used where
-    /// view files are not catalog samples (HDF5 container mode: one file per container).
+    /// Builds a view of explicit files (relative path, size, metadata) staged in `slot_dir`:
+    /// used where view files are not catalog samples (HDF5 container mode: one file per
+    /// container).
     pub fn from_files(
-        files: &[(String, u64)],
+        files: &[(String, u64, Option<Meta>)],
         generation: u64,
         epoch: u64,
         mini_epoch: u32,
@@ -158,7 +181,11 @@ impl View {
     ) -> Self {
         let entries: Vec<prefetcher::catalog::CatalogEntry> = files
             .iter()
-            .map(|(p, n)| prefetcher::catalog::CatalogEntry::new(p.clone(), *n))
+            .map(|(p, n, m)| {
+                let mut e = prefetcher::catalog::CatalogEntry::new(p.clone(), *n);
+                e.meta = *m;
+                e
+            })
             .collect();
         match Catalog::from_entries(slot, entries) {
             Ok(cat) => {
@@ -203,6 +230,10 @@ impl View {
         let idx = (ino & 0xffff_ffff) as u32;
         (ino >> 32 == self.generation && (idx as usize) < self.nodes.len() && idx != 0)
             .then_some(idx)
+    }
+    /// What `stat` showed of node `idx` at the source, when known.
+    pub fn meta(&self, idx: u32) -> Option<Meta> {
+        self.metas[idx as usize]
     }
     /// The node at `idx`.
     pub fn node(&self, idx: u32) -> &Node {

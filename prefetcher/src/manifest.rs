@@ -495,6 +495,7 @@ pub fn read_manifest(path: &Path) -> Result<Vec<CatalogEntry>, ManifestError> {
             version: r.version.to_string(),
             label: r.label.map(str::to_string),
             cluster: r.cluster.map(str::to_string),
+            meta: None,
         });
         Ok(())
     })?;

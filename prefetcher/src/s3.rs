@@ -73,7 +73,7 @@ use object_store::{
 use serde::{Deserialize, Deserializer, Serialize};
 use tokio::sync::Semaphore;
 
-use crate::catalog::{validate_rel_path, Catalog, CatalogEntry};
+use crate::catalog::{validate_rel_path, Catalog, CatalogEntry, Meta};
 use crate::pacer::Pacer;
 use crate::size::parse_size;
 use crate::tier::{CapacityTier, Listing, SampleRef, TierError};
@@ -271,10 +271,14 @@ enum Item {
     Skip(String, String),
 }
 
+/// One listed object: key (decoded, or the lossy form when not UTF-8), size, ETag and
+/// Last-Modified in nanoseconds.
+type Listed = (Result<String, String>, u64, String, Option<i64>);
+
 /// One page of `ListObjectsV2`.
 struct Page {
-    /// (key, size, ETag) in listing order, keys decoded.
-    objects: Vec<(Result<String, String>, u64, String)>,
+    /// The objects in listing order.
+    objects: Vec<Listed>,
     /// Continuation token when more pages follow.
     next: Option<String>,
 }
@@ -438,6 +442,8 @@ struct ListContent {
     size: u64,
     #[serde(rename = "ETag", default)]
     e_tag: Option<String>,
+    #[serde(default)]
+    last_modified: Option<String>,
 }
 
 impl S3Tier {
@@ -784,7 +790,13 @@ impl S3Tier {
     }
 
     /// Classifies one listed key.
-    fn classify(&self, key: Result<String, String>, size: u64, etag: String) -> Item {
+    fn classify(
+        &self,
+        key: Result<String, String>,
+        size: u64,
+        etag: String,
+        modified: Option<i64>,
+    ) -> Item {
         let key = match key {
             Ok(k) => k,
             Err(lossy) => return Item::Skip(lossy, "the key is not valid UTF-8".into()),
@@ -821,6 +833,14 @@ impl S3Tier {
             version: etag,
             label: None,
             cluster: None,
+            // Objects have no owner or mode: readable by whoever may read the mount.
+            meta: modified.map(|t| Meta {
+                mode: 0o444,
+                uid: Meta::NO_OWNER,
+                gid: Meta::NO_OWNER,
+                mtime_ns: t,
+                ctime_ns: t,
+            }),
         })
     }
 
@@ -926,7 +946,13 @@ impl S3Tier {
                 } else {
                     Ok(c.key)
                 };
-                (key, c.size, c.e_tag.unwrap_or_default())
+                // Last-Modified (RFC 3339) becomes the view's mtime and ctime.
+                let modified = c
+                    .last_modified
+                    .as_deref()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .and_then(|t| t.timestamp_nanos_opt());
+                (key, c.size, c.e_tag.unwrap_or_default(), modified)
             })
             .collect();
         let next = if parsed.is_truncated {
@@ -994,8 +1020,8 @@ impl S3Tier {
         loop {
             let page = self.list_page(token.as_deref()).await?;
             pages += 1;
-            for (key, size, etag) in page.objects {
-                if visit(self.classify(key, size, etag)).is_break() {
+            for (key, size, etag, modified) in page.objects {
+                if visit(self.classify(key, size, etag, modified)).is_break() {
                     return Ok(false);
                 }
             }
@@ -1555,7 +1581,7 @@ mod tests {
             Vec::new(),
         )
         .unwrap();
-        let skip = |k: &str| match t.classify(Ok(k.to_string()), 1, String::new()) {
+        let skip = |k: &str| match t.classify(Ok(k.to_string()), 1, String::new(), None) {
             Item::Skip(key, why) => {
                 assert_eq!(key, k);
                 why
@@ -1570,7 +1596,7 @@ mod tests {
         assert!(skip("p/").contains("directory marker"));
         assert!(skip("p/a\u{1}b").contains("control"));
         assert!(skip("pq/x").contains("outside"));
-        match t.classify(Ok("p/a b/c+d".into()), 7, "\"e\"".into()) {
+        match t.classify(Ok("p/a b/c+d".into()), 7, "\"e\"".into(), None) {
             Item::Entry(e) => {
                 assert_eq!(
                     (e.path.as_str(), e.size, e.version.as_str()),

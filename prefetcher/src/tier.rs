@@ -31,7 +31,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use thiserror::Error;
 
-use crate::catalog::{validate_rel_path, Catalog, CatalogEntry, DirStamp};
+use crate::catalog::{validate_rel_path, Catalog, CatalogEntry, DirStamp, Meta};
 use crate::pacer::Pacer;
 
 /// Errors of capacity tiers.
@@ -276,6 +276,7 @@ impl PosixTier {
             out.dir_stamps.push(DirStamp {
                 dir: rel.clone(),
                 mtime_ns: mtime_ns(&md),
+                meta: Some(Meta::from_metadata(&md)),
             });
             let rd = std::fs::read_dir(&dir).map_err(|e| self.io_err(&rel, e))?;
             for ent in rd {
@@ -305,6 +306,7 @@ impl PosixTier {
                         version: posix_version(&lmd),
                         label: None,
                         cluster: None,
+                        meta: Some(Meta::from_metadata(&lmd)),
                     });
                 } else if ft.is_symlink() {
                     match std::fs::canonicalize(&path) {
@@ -316,6 +318,7 @@ impl PosixTier {
                                     version: posix_version(&md),
                                     label: None,
                                     cluster: None,
+                                    meta: Some(Meta::from_metadata(&md)),
                                 }),
                                 Ok(_) => out.skipped.push((
                                     child_rel,
