@@ -4,6 +4,7 @@ files split into mini-epochs) and per-sample files labelled from a scalar datase
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -43,7 +44,10 @@ def test_container_mode_rows_per_mini_epoch(mounts, tmp_path):
                "--mini-epochs", "4", "--rf", "1")
     m.mount()
     seen: dict[str, Counter] = {name: Counter() for name in data}
+    mtimes: dict[str, set[int]] = {name: set() for name in data}
     for k in range(4):
+        for name in data:
+            mtimes[name].add(os.stat(m.mountpoint / name).st_mtime_ns)
         f = m.files()
         assert (f["epoch"], f["mini_epoch"]) == (0, k)
         assert set(f["files"]) == set(data), f["files"]
@@ -73,6 +77,9 @@ def test_container_mode_rows_per_mini_epoch(mounts, tmp_path):
     for name, d in data.items():
         n = len(d["labels"])
         assert seen[name] == Counter(range(n)), f"every row of {name} exactly once per epoch"
+        # A container's content changes with every mini-epoch, and so does its mtime, so that
+        # make, rsync and caches see the change.
+        assert len(mtimes[name]) == 4, (name, mtimes[name])
 
 
 def test_per_sample_files_labelled_from_hdf5(mounts, tmp_path):
