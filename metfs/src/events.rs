@@ -5,7 +5,8 @@
 //! seconds while staging). Every event has `t` (Unix seconds) and `event`. The file rotates to
 //! `events.1.jsonl` at [`ROTATE_BYTES`], so the two files stay within their share of the
 //! budget's reserve (the run directory lives in the cache by default). Writing is best-effort:
-//! a full disk must not stop training, so failures are logged once and ignored.
+//! a full disk must not stop training, so an event that cannot be written is dropped whole (no
+//! half line is left), the failure is logged once per outage, and every later event retries.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -56,25 +57,44 @@ impl EventLog {
         }
         let mut line = fields.to_string();
         line.push('\n');
-        let mut g = self.inner.lock().unwrap();
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if g.1 + line.len() as u64 > ROTATE_BYTES {
             let _ = std::fs::rename(&self.path, self.path.with_file_name("events.1.jsonl"));
+            g.0 = None;
+            g.1 = 0;
+        }
+        if g.0.is_none() {
+            // Not open yet (rotated, or it could not be opened): retried at every event.
             g.0 = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&self.path)
                 .ok();
-            g.1 = 0;
+            g.1 = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
         }
-        let ok =
-            g.0.as_mut()
-                .map(|f| f.write_all(line.as_bytes()).is_ok())
-                .unwrap_or(false);
+        let ok = match g.0.as_mut() {
+            Some(f) => {
+                let before = f.metadata().map(|m| m.len()).ok();
+                let ok = f.write_all(line.as_bytes()).is_ok();
+                if !ok {
+                    // No half line for the report to trip over: cut what was written.
+                    if let Some(len) = before {
+                        let _ = f.set_len(len);
+                    }
+                }
+                ok
+            }
+            None => false,
+        };
         if ok {
             g.1 += line.len() as u64;
+            if g.2 {
+                g.2 = false;
+                tracing::info!(path = %self.path.display(), "the run's event log is written again");
+            }
         } else if !g.2 {
             g.2 = true;
-            tracing::warn!(path = %self.path.display(), "cannot write the run's event log; report data is incomplete");
+            tracing::warn!(path = %self.path.display(), "cannot write the run's event log; report data is incomplete until it can");
         }
     }
 }
@@ -82,6 +102,19 @@ impl EventLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `/dev/full` fails every write: events are dropped, never half-written, never fatal.
+    #[test]
+    fn a_full_disk_drops_events() {
+        let log = EventLog {
+            path: std::path::PathBuf::from("/dev/full"),
+            inner: Mutex::new((None, 0, false)),
+        };
+        for _ in 0..3 {
+            log.emit("pass_end", json!({"x": 1}));
+        }
+        assert!(log.inner.lock().unwrap().2, "the failure is noted");
+    }
 
     #[test]
     fn writes_and_rotates() {
