@@ -2285,6 +2285,32 @@ mod tests {
         assert_eq!(next_generation(GENERATION_LIMIT - 1), 1);
     }
 
+    proptest::proptest! {
+        /// Any budget, catalog sizes and metadata sizes up to u64::MAX: the split never panics,
+        /// and when it succeeds two slots and the reserve fit in the budget.
+        #[test]
+        fn prop_budget_never_overflows(
+            budget in proptest::prelude::any::<u64>(),
+            sizes in proptest::collection::vec(proptest::prelude::any::<u64>(), 1..6),
+            catalog_bytes in proptest::prelude::any::<u64>(),
+            extra in proptest::prop_oneof![proptest::strategy::Just(0u64), proptest::prelude::any::<u64>()],
+        ) {
+            let cat = Catalog::from_entries(
+                "s",
+                sizes.iter().enumerate().map(|(i, &s)| CatalogEntry::new(format!("d/f{i}"), s)),
+            )
+            .unwrap();
+            let _ = cat.total_bytes();
+            if let Ok(b) = Budget::with_extra(budget, &cat, catalog_bytes, extra) {
+                let used = u128::from(b.slot_bytes) * 2 + u128::from(b.reserve);
+                proptest::prop_assert!(used <= u128::from(budget));
+            }
+            for &s in &sizes {
+                proptest::prop_assert!(round_up(s) >= s);
+            }
+        }
+    }
+
     #[test]
     fn budget_reserve_and_slots() {
         let cat = Catalog::from_entries(
