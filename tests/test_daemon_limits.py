@@ -424,3 +424,39 @@ def test_manifest_with_every_entry_missing_is_refused(mounts, tmp_path):
     assert "3 of the first mini-epoch's 8 samples" in m.log(), m.log()
     failed = m.status()["failed_samples"]  # the next epoch's staging adds its own 3
     assert failed and all(f.startswith("gone/f") for f in failed), failed
+
+
+def test_socket_cap_keeps_descriptors_for_reads(mounts, dataset, tmp_path):
+    """A flood of clients cannot take the descriptors the daemon needs to serve reads."""
+    src, files = dataset
+    cfg = tmp_path / "metfs.toml"
+    cfg.write_text("[control]\nmax_connections = 8\n")
+    m = mounts(src, "6MiB", "--config", str(cfg), "--read-path", "pread")
+    m.mount()
+    pid = m.pid()
+    # Room for the served connections, every file of the view held open (pread keeps backing
+    # files open), and a margin; not for one descriptor per client.
+    used = len(os.listdir(f"/proc/{pid}/fd"))
+    limit = used + 8 + len(m.files()["files"]) + 30
+    subprocess.run(["prlimit", f"--pid={pid}", f"--nofile={limit}:{limit}"], check=True)
+    clients = []
+    refused = 0
+    for _ in range(80):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        s.connect(m.socket)
+        clients.append(s)
+    for s in clients:
+        s.sendall(b'{"op":"hello"}\n')
+    for s in clients:
+        r = json.loads(s.makefile("rb").readline())
+        if not r["ok"]:
+            assert r["error"]["code"] == "too_many_connections", r
+            refused += 1
+    assert refused == 80 - 8
+    # The eight served connections stay open; reads (which open backing files) still work.
+    view = read_view(m.mountpoint)
+    assert view and all(files[k] == v for k, v in view.items())
+    for s in clients:
+        s.close()
+    assert alive(pid) and m.status()["ok"]

@@ -80,6 +80,7 @@ pub async fn serve(listener: UnixListener, daemon: Arc<Daemon>) {
     let limits = daemon.cfg.control.clone();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let idle = std::time::Duration::from_secs(limits.idle_timeout_secs);
+    let mut last_warned: Option<std::time::Instant> = None;
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
@@ -96,8 +97,12 @@ pub async fn serve(listener: UnixListener, daemon: Arc<Daemon>) {
                 });
             }
             Err(e) => {
-                // EMFILE/ENFILE among them: the pending connection waits in the backlog.
-                tracing::warn!(error = %e, "accept failed");
+                // EMFILE/ENFILE among them: the pending connection waits in the backlog. Said
+                // at most once a minute, so that a descriptor shortage does not flood the log.
+                if last_warned.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60)) {
+                    last_warned = Some(std::time::Instant::now());
+                    tracing::warn!(error = %e, "accept failed; retrying every 100 ms");
+                }
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
         }
