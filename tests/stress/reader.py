@@ -64,8 +64,10 @@ def read_loop(mnt: str, hashes: dict[str, str], stop: Callable[[], bool], seed: 
             rel = os.path.relpath(p, mnt)
             h = hashlib.sha256()
             n = 0
+            op = "open"
             try:
                 with open(p, "rb", buffering=0) as f:
+                    op = "read"
                     while True:
                         b = f.read(CHUNK)
                         if not b:
@@ -73,10 +75,10 @@ def read_loop(mnt: str, hashes: dict[str, str], stop: Callable[[], bool], seed: 
                         h.update(b)
                         n += len(b)
             except OSError as e:
-                if e.errno == errno.ENOENT:
+                if e.errno == errno.ENOENT and op == "open":
                     c["enoent"] += 1
                 else:
-                    key = errno.errorcode.get(e.errno, str(e.errno))
+                    key = f"{op} {errno.errorcode.get(e.errno, str(e.errno))}"
                     c["errors"][key] = c["errors"].get(key, 0) + 1
                 continue
             c["files"] += 1
@@ -124,3 +126,64 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def start_burst(mnt: str, hashes: dict[str, str], n: int, seed: int) -> tuple[threading.Event, list[threading.Thread], dict]:
+    """`n` threads that open and read the same file at the same instant (a barrier releases them
+    together), file after file: the pattern of data loader workers that start an epoch in the
+    same order, and the one that made concurrent first opens fail on passthrough."""
+    stop = threading.Event()
+    c = new_counters()
+    lock = threading.Lock()
+    rng = random.Random(seed)
+    shared: dict[str, Any] = {"paths": [], "path": None, "turn": 0}
+
+    def pick() -> None:
+        if shared["turn"] % 50 == 0 or not shared["paths"]:
+            shared["paths"] = [os.path.join(d, f) for d, _, fs in os.walk(mnt) for f in fs]
+        shared["turn"] += 1
+        shared["path"] = rng.choice(shared["paths"]) if shared["paths"] else None
+
+    barrier = threading.Barrier(n, action=pick)
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                barrier.wait(timeout=30)
+            except threading.BrokenBarrierError:
+                return
+            p = shared["path"]
+            if p is None:
+                continue
+            local = new_counters()
+            rel = os.path.relpath(p, mnt)
+            op = "open"
+            try:
+                with open(p, "rb", buffering=0) as f:
+                    op = "read"
+                    data = f.read()
+                local["files"] += 1
+                local["bytes"] += len(data)
+                if hashlib.sha256(data).hexdigest() != hashes.get(rel):
+                    local["mismatches"].append({"path": rel, "bytes": len(data)})
+                else:
+                    local["read"].add(rel)
+            except OSError as e:
+                if e.errno == errno.ENOENT and op == "open":
+                    local["enoent"] += 1
+                else:
+                    key = f"burst {op} {errno.errorcode.get(e.errno, str(e.errno))}"
+                    local["errors"][key] = 1
+            with lock:
+                merge(c, local)
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+
+    def halt() -> None:
+        stop.set()
+        barrier.abort()
+
+    stop.halt = halt  # type: ignore[attr-defined]
+    return stop, threads, c

@@ -55,19 +55,52 @@ def sha256_tree(root: Path) -> tuple[dict[str, str], dict[str, int]]:
     return hashes, sizes
 
 
-def allocated(path: Path) -> int:
-    """Allocated bytes of a directory tree: st_blocks * 512 of every entry, the directory too."""
+def allocated(path: Path, parts: dict[str, int] | None = None) -> int:
+    """Allocated bytes of a directory tree: st_blocks * 512 of every entry, the directory too,
+    each inode once. With `parts`, also the bytes under each slot, `tmp` and the other entries.
+
+    The walk is not atomic, so it visits `slots/` before `tmp/`: staged files only move from
+    `tmp/` into a slot, and in this order a file renamed during the walk is missed rather than
+    counted twice (a sample can only be low by the files in flight, never high).
+    """
+    seen: set[tuple[int, int]] = set()
     total = 0
+
+    def add(p: str, part: str) -> None:
+        nonlocal total
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+            if parts is not None:
+                parts[part] = parts.get(part, 0) + st.st_blocks * 512
+
+    def tree(p: str, part: str) -> None:
+        add(p, part)
+        for dirpath, dirnames, filenames in os.walk(p):
+            for n in dirnames + filenames:
+                add(os.path.join(dirpath, n), part)
+
+    add(str(path), ".")
     try:
-        total += os.lstat(path).st_blocks * 512
+        top = sorted(os.listdir(path), key=lambda n: {"slots": 0, "tmp": 1}.get(n, 2))
     except FileNotFoundError:
         return 0
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in dirnames + filenames:
+    for name in top:
+        p = os.path.join(path, name)
+        if name == "slots":
+            add(p, "slots")
             try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+                slots = os.listdir(p)
             except FileNotFoundError:
                 continue
+            for slot in slots:
+                tree(os.path.join(p, slot), f"slots/{slot}")
+        else:
+            tree(p, name)
     return total
 
 
@@ -88,11 +121,12 @@ class BudgetSampler(threading.Thread):
     def run(self) -> None:
         t0 = time.monotonic()
         while not self._halt.is_set():
-            b = allocated(self.cache)
+            parts: dict[str, int] = {}
+            b = allocated(self.cache, parts)
             self.samples += 1
             self.max = max(self.max, b)
             if b > self.budget and len(self.over) < 1000:
-                self.over.append((round(time.monotonic() - t0, 3), b))
+                self.over.append((round(time.monotonic() - t0, 3), b, parts if len(self.over) < 5 else None))
             time.sleep(self.period)
 
     def __enter__(self) -> "BudgetSampler":
