@@ -844,6 +844,9 @@ impl Daemon {
                 .map(|m| m.len())
                 .unwrap_or(0)
         } else {
+            // The old catalog goes first: with its replacement written beside it, the two
+            // would take more than the one the budget reserves.
+            let _ = std::fs::remove_file(&paths.catalog);
             catalog.save(&paths.catalog)?
         };
         // A container slot holds one HDF5 file per container: rows are packed, so they are not
