@@ -312,3 +312,4 @@ def test_a_container_corrupted_in_place_is_staged_again_after_a_restart(mounts, 
     with h5py.File(ref, "r") as a, h5py.File(m.mountpoint / "train.h5", "r") as b:
         for name in ("images", "labels", "rgb", "metfs_index"):
             np.testing.assert_array_equal(a[name][:], b[name][:])
+

@@ -676,6 +676,7 @@ pub fn check_places(cfg: &MountConfig, mountpoint: &Path) -> Result<(), DaemonEr
 pub fn open_tier(
     source: &str,
     s3: &prefetcher::s3::S3Config,
+    timeout_secs: u64,
 ) -> Result<Arc<dyn CapacityTier>, DaemonError> {
     if source.starts_with("s3://") {
         return Ok(Arc::new(prefetcher::s3::S3Tier::new(source, s3.clone())?));
@@ -685,7 +686,9 @@ pub fn open_tier(
             "source {source}: unknown scheme; use a directory or s3://bucket/prefix"
         )));
     }
-    Ok(Arc::new(PosixTier::new(Path::new(source))?))
+    Ok(Arc::new(
+        PosixTier::new(Path::new(source))?.with_timeout(timeout_secs),
+    ))
 }
 
 fn needs_labels(s: Strategy) -> bool {
@@ -831,7 +834,7 @@ impl Daemon {
                 reason: e.to_string(),
             })?;
         }
-        let tier = open_tier(&cfg.source, &cfg.s3)?;
+        let tier = open_tier(&cfg.source, &cfg.s3, cfg.stager.timeout_secs)?;
         let (mut catalog, reused, containers) = load_catalog(&*tier, &paths.catalog, &cfg).await?;
         if catalog.is_empty() {
             return Err(DaemonError::Empty(cfg.source.clone()));

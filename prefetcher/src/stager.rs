@@ -108,7 +108,8 @@ pub struct StagerConfig {
     /// Seconds a fetch may go without writing a byte before it is abandoned and retried as a
     /// transient error (time the bandwidth cap makes it wait is added). 60 s is twice the S3
     /// client's own request timeout, so its retries act first; a healthy POSIX source never
-    /// pauses that long between two chunks.
+    /// pauses that long between two chunks. A POSIX source's listing and catalog check use it
+    /// too (no directory entry read for that long fails them).
     pub timeout_secs: u64,
     /// `fsync` each staged file before renaming it into the slot. Turning this off is only safe
     /// on a cache that does not outlive the node (e.g. `/dev/shm`).

@@ -166,6 +166,46 @@ pub struct PosixTier {
     /// source's file system is gone (unmounted, the bare mount point left).
     root_dev: u64,
     url: String,
+    /// A listing or catalog check that makes no progress (no directory entry read) for this
+    /// long fails with [`TierError::Timeout`] instead of hanging on a dead file system.
+    timeout: std::time::Duration,
+}
+
+/// Default of [`PosixTier::with_timeout`]: as the stager's fetch timeout, 60 s, far beyond any
+/// pause of a healthy parallel file system between two directory entries.
+const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs `work` on a blocking thread, failing with [`TierError::Timeout`] when the counter it
+/// bumps stands still for `timeout`. The thread itself cannot be stopped; it is abandoned.
+async fn watched<T: Send + 'static>(
+    url: &str,
+    what: &str,
+    timeout: std::time::Duration,
+    work: impl FnOnce(&std::sync::atomic::AtomicU64) -> Result<T, TierError> + Send + 'static,
+) -> Result<T, TierError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let progress = Arc::new(AtomicU64::new(0));
+    let p2 = progress.clone();
+    let mut task = tokio::task::spawn_blocking(move || work(&p2));
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
+    let (mut last, mut since) = (0, std::time::Instant::now());
+    loop {
+        tokio::select! {
+            r = &mut task => return r.expect("tier task panicked"),
+            _ = tick.tick() => {
+                let now = progress.load(Ordering::Relaxed);
+                if now != last {
+                    (last, since) = (now, std::time::Instant::now());
+                } else if since.elapsed() >= timeout {
+                    return Err(TierError::Timeout {
+                        url: url.to_string(),
+                        path: what.to_string(),
+                        secs: since.elapsed().as_secs(),
+                    });
+                }
+            }
+        }
+    }
 }
 
 fn mtime_ns(md: &std::fs::Metadata) -> i128 {
@@ -200,7 +240,14 @@ impl PosixTier {
             root: canon,
             root_dev: md.dev(),
             url,
+            timeout: DEFAULT_TIMEOUT,
         })
+    }
+
+    /// Sets how long a listing or catalog check may go without progress (at least 1 s).
+    pub fn with_timeout(mut self, secs: u64) -> Self {
+        self.timeout = std::time::Duration::from_secs(secs.max(1));
+        self
     }
 
     /// Whether the source root is there: the directory exists on the file system it was on
@@ -268,7 +315,7 @@ impl PosixTier {
         }
     }
 
-    fn list_blocking(&self) -> Result<Listing, TierError> {
+    fn list_blocking(&self, progress: &std::sync::atomic::AtomicU64) -> Result<Listing, TierError> {
         let mut out = Listing::default();
         let mut stack: Vec<(PathBuf, String)> = vec![(self.root.clone(), String::new())];
         while let Some((dir, rel)) = stack.pop() {
@@ -280,6 +327,7 @@ impl PosixTier {
             });
             let rd = std::fs::read_dir(&dir).map_err(|e| self.io_err(&rel, e))?;
             for ent in rd {
+                progress.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let ent = ent.map_err(|e| self.io_err(&rel, e))?;
                 let name = ent.file_name();
                 let Some(name) = name.to_str() else {
@@ -473,9 +521,10 @@ impl CapacityTier for PosixTier {
 
     async fn list(&self) -> Result<Listing, TierError> {
         let me = self.clone();
-        tokio::task::spawn_blocking(move || me.list_blocking())
-            .await
-            .expect("listing task panicked")
+        watched(&self.url, "(listing)", self.timeout, move |p| {
+            me.list_blocking(p)
+        })
+        .await
     }
 
     async fn catalog_is_current(&self, catalog: &Catalog) -> Result<bool, TierError> {
@@ -487,15 +536,15 @@ impl CapacityTier for PosixTier {
             return Ok(false);
         }
         let root = self.root.clone();
-        Ok(tokio::task::spawn_blocking(move || {
-            stamps.iter().all(|s| {
+        watched(&self.url, "(catalog check)", self.timeout, move |p| {
+            Ok(stamps.iter().all(|s| {
+                p.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 std::fs::metadata(root.join(&s.dir))
                     .map(|md| mtime_ns(&md) == s.mtime_ns)
                     .unwrap_or(false)
-            })
+            }))
         })
         .await
-        .expect("stat task panicked"))
     }
 
     async fn fetch(
@@ -588,6 +637,55 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(t.root().join("a/new"), b"x").unwrap();
         assert!(!t.catalog_is_current(&cat).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_tier_operation_without_progress_times_out() {
+        let t0 = std::time::Instant::now();
+        let r = watched(
+            "src",
+            "(listing)",
+            std::time::Duration::from_secs(1),
+            |_| {
+                std::thread::sleep(std::time::Duration::from_secs(3));
+                Ok(())
+            },
+        )
+        .await;
+        assert!(matches!(r, Err(TierError::Timeout { .. })), "{r:?}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(3));
+        // Steady progress keeps an operation alive past the timeout.
+        let r = watched("src", "(listing)", std::time::Duration::from_secs(1), |p| {
+            for _ in 0..15 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                p.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(7)
+        })
+        .await;
+        assert_eq!(r.unwrap(), 7);
+    }
+
+    #[tokio::test]
+    async fn a_missing_source_root_is_an_outage_not_a_deleted_sample() {
+        let (d, t) = setup();
+        let f = Arc::new(std::fs::File::create(d.path().join("out")).unwrap());
+        let s = SampleRef {
+            path: "empty".into(),
+            size: 0,
+            version: String::new(),
+            durable: false,
+        };
+        std::fs::rename(t.root(), d.path().join("away")).unwrap();
+        let err = t
+            .fetch(&s, f.clone(), &Pacer::unlimited())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, TierError::Unreachable { .. }), "{err}");
+        std::fs::rename(d.path().join("away"), t.root()).unwrap();
+        std::fs::remove_file(t.root().join("empty")).unwrap();
+        let err = t.fetch(&s, f, &Pacer::unlimited()).await.unwrap_err();
+        assert!(matches!(err, TierError::NotFound { .. }), "{err}");
     }
 
     #[test]
