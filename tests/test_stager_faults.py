@@ -97,6 +97,7 @@ def test_full_cache_stops_the_slot_and_resumes_when_space_returns(tmpfs, mounts,
     m = mounts(src, "3MiB", "--rf", "1", "--compose", "sequential", "--prefetch-rate", "auto",
                "--log-file", str(tmp_path / "metfs.log"), cache=cache)
     m.mount()
+    wait_for(lambda: staging(m)["state"] == "staging", timeout=10, what="the successor's staging")
     total = staging(m)["files_total"]
     ballast = cache / "ballast"
     fill(ballast)
