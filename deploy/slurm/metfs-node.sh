@@ -152,7 +152,7 @@ cmd_mount() {
   parent=$(dirname "$CACHE")
   if [ ! -d "$CACHE" ]; then
     [ -d "$parent" ] || fail "cache directory $CACHE: its parent $parent does not exist (is node-local storage mounted on this node? METFS_CACHE_ROOT=$METFS_CACHE_ROOT)"
-    mkdir -p "$CACHE" 2>/dev/null || fail "cache directory $CACHE: cannot create it in $parent"
+    mkdir -p -m 0700 "$CACHE" 2>/dev/null || fail "cache directory $CACHE: cannot create it in $parent"
   fi
   [ -w "$CACHE" ] || fail "cache directory $CACHE is not writable"
   mkdir -p "$MNT" 2>/dev/null || fail "mountpoint $MNT: cannot create it"
