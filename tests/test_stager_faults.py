@@ -49,7 +49,9 @@ def test_source_outage_during_staging_loses_no_sample(mounts, tmp_path):
     st = staging(m)
     away = tmp_path / "tier-away"
     src.rename(away)  # the whole source disappears for 5 s
-    time.sleep(5)
+    wait_for(lambda: staging(m).get("retries", 0) > 0, timeout=5, what="status to report retries")
+    assert "missing" in staging(m)["last_retry_error"]
+    time.sleep(4)
     away.rename(src)
     m.wait_next_ready(timeout=120)
     s = m.status()

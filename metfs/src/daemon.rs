@@ -2027,6 +2027,8 @@ impl Daemon {
                         "files_total": progress.files_total.load(Ordering::Relaxed),
                         "bytes_done": done, "bytes_total": total,
                         "bytes_per_s": rate, "eta_s": eta,
+                        "retries": progress.retries.load(Ordering::Relaxed),
+                        "last_retry_error": progress.last_retry_error.lock().unwrap().clone(),
                     }),
                     done,
                 )

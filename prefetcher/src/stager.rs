@@ -152,6 +152,10 @@ pub struct Progress {
     /// Bytes that need no more fetching: resumed, fetched (even if not yet committed) or given
     /// up on. Moves with every file, where `bytes_done` moves with every committed batch.
     pub bytes_settled: AtomicU64,
+    /// Fetches retried after a transient tier error (an outage in progress shows here).
+    pub retries: AtomicU64,
+    /// The last transient error retried, for status.
+    pub last_retry_error: Mutex<Option<String>>,
 }
 
 impl Progress {
@@ -405,6 +409,7 @@ impl Stager {
         progress.bytes_done.store(0, Ordering::Relaxed);
         progress.bytes_fetched.store(0, Ordering::Relaxed);
         progress.bytes_settled.store(0, Ordering::Relaxed);
+        progress.retries.store(0, Ordering::Relaxed);
 
         let mut report = StageReport::default();
         let kept = self
@@ -747,6 +752,8 @@ impl Stager {
                             source: e,
                         }));
                     }
+                    progress.retries.fetch_add(1, Ordering::Relaxed);
+                    *progress.last_retry_error.lock().unwrap() = Some(e.to_string());
                     if self.transient.fetch_add(1, Ordering::Relaxed) == 0 {
                         tracing::warn!(sample = %rel, error = %e, "transient tier error; retrying with backoff (further ones are logged at debug level)");
                     } else {
