@@ -316,3 +316,40 @@ def test_a_container_corrupted_in_place_is_staged_again_after_a_restart(mounts, 
         for name in ("images", "labels", "rgb", "metfs_index"):
             np.testing.assert_array_equal(a[name][:], b[name][:])
 
+
+
+def test_full_cache_in_container_mode_drops_no_row(tmpfs, mounts, tmp_path):
+    import h5py
+
+    from test_hdf5 import write_containers
+
+    src = tmp_path / "tier"
+    data = write_containers(src)
+    cache = tmpfs(tmp_path / "cache", "64m")
+    # A slow staging rate (each mini-epoch's rows take about 2 s), so that the disk fills while
+    # the successor is staged.
+    m = mounts(src, "12MiB", "--hdf5-container", "--mini-epochs", "2", "--rf", "1",
+               "--prefetch-rate", "16KiB/s", "--log-file", str(tmp_path / "metfs.log"), cache=cache)
+    m.mount()
+
+    def rows() -> dict[str, list[int]]:
+        out = {}
+        for name in data:
+            with h5py.File(m.mountpoint / name, "r") as h:
+                out[name] = h["metfs_index"][:].tolist()
+        return out
+
+    first = rows()
+    ballast = cache / "ballast"
+    fill(ballast)
+    wait_for(lambda: staging(m)["state"] in ("failed", "ready"), timeout=60, what="staging to end")
+    s = m.status()
+    assert staging(m)["state"] == "failed", s
+    assert "No space left" in s["last_error"] or "out of space" in s["last_error"], s["last_error"]
+    assert not s["failed_samples"], s["failed_samples"]
+    ballast.unlink()
+    m.wait_next_ready(timeout=120)
+    assert m.pass_end()["decision"] == "advance"
+    second = rows()
+    for name, d in data.items():
+        assert sorted(first[name] + second[name]) == list(range(len(d["labels"]))), name
