@@ -26,8 +26,9 @@
 //! * the sample's (changed, deleted or replaced by a non-regular file on the tier since
 //!   cataloguing, or a path too long for the cache): the sample is left out of the slot and
 //!   reported in [`StageReport::failed`];
-//! * the tier's (I/O errors, an outage of the whole source, timeouts, connection errors): retried
-//!   with exponential backoff for [`StagerConfig::retry_secs`], then the slot fails as a whole;
+//! * the tier's (I/O errors, an outage of the whole source, the S3 client's timeouts, connection
+//!   errors, 5xx): retried with exponential backoff for [`StagerConfig::retry_secs`], then the
+//!   slot fails as a whole (a fetch that hangs fails it at once, see below);
 //! * the node's (the cache is full or over quota, or cannot be written): the slot fails at once.
 //!
 //! A failed slot keeps what it committed and its journal, is never marked complete, and is
@@ -35,8 +36,8 @@
 //! condition of the tier or of the node.
 //!
 //! Every fetch is watched: one whose copy makes no progress for [`StagerConfig::timeout_secs`]
-//! (plus what the pacer makes it wait) is abandoned and retried like a transient error, so a
-//! hung file system or server cannot stall staging forever.
+//! (plus what the pacer makes it wait) is abandoned and fails the slot (which the caller stages
+//! again later), so a hung file system or server cannot stall staging forever.
 //!
 //! The slot and temporary directories are created 0700 and staged copies are made 0400 (read
 //! by their owner, the daemon, only): nothing in the cache is ever more accessible than the
@@ -100,13 +101,14 @@ pub struct StagerConfig {
     /// Samples fetched at once. 32 keeps a parallel file system or an object store busy with
     /// small files (each fetch is latency-bound) without flooding a node's blocking threads.
     pub concurrency: usize,
-    /// Seconds a sample's transient errors (I/O errors, the whole source missing, timeouts,
-    /// connection errors, 5xx) are retried, with backoff from 0.2 s doubling to at most 5 s,
+    /// Seconds a sample's transient errors (I/O errors, the whole source missing, the S3
+    /// client's timeouts, connection errors, 5xx) are retried, with backoff from 0.2 s doubling to at most 5 s,
     /// before the slot fails as a whole (the daemon stages it again later). 60 s rides out a
     /// server restart or a parallel file system's failover, which take tens of seconds.
     pub retry_secs: u64,
-    /// Seconds a fetch may go without writing a byte before it is abandoned and retried as a
-    /// transient error (time the bandwidth cap makes it wait is added). 60 s is twice the S3
+    /// Seconds a fetch may go without writing a byte before it is abandoned and the slot fails,
+    /// to be staged again after the daemon's pause (time the bandwidth cap makes it wait is
+    /// added). 60 s is twice the S3
     /// client's own request timeout, so its retries act first; a healthy POSIX source never
     /// pauses that long between two chunks. A POSIX source's listing and catalog check use it
     /// too (no directory entry read for that long fails them).
@@ -733,7 +735,10 @@ impl Stager {
                     // The cache's problem (full, over quota, failing): the node's condition.
                     return Err(Miss::Slot(cache_err(&tmp)(source)));
                 }
-                TierError::Auth { .. } => {
+                // A fetch that hung is not retried here: on a POSIX source its thread may stay
+                // stuck in the kernel, and retrying at once would pile up stuck threads. The
+                // slot fails, and the daemon's growing pause spaces the next attempts.
+                TierError::Auth { .. } | TierError::Timeout { .. } => {
                     return Err(Miss::Slot(StageError::Tier {
                         slot: slot_name.to_string(),
                         source: e,
