@@ -19,6 +19,7 @@ fuzz_target!(|data: &[u8]| {
                 cat.size(id),
                 cat.version(id),
                 cat.find(&p),
+                cat.meta(id),
             );
             if let Some(l) = cat.labels() {
                 let _ = cat.label_name(l[id as usize]);
