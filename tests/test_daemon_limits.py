@@ -306,7 +306,10 @@ def test_socket_connection_cap_and_idle_timeout(mounts, dataset, tmp_path):
         return s
 
     def ask(s: socket.socket, req: dict) -> dict:
-        s.sendall((json.dumps(req) + "\n").encode())
+        try:
+            s.sendall((json.dumps(req) + "\n").encode())
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused: the error line is already waiting
         buf = b""
         while not buf.endswith(b"\n"):
             chunk = s.recv(65536)
@@ -328,10 +331,16 @@ def test_socket_connection_cap_and_idle_timeout(mounts, dataset, tmp_path):
     extra.close()
     # A slot frees when a client leaves.
     held.pop().close()
-    time.sleep(0.2)
-    s = connect()
-    assert ask(s, {"op": "status"})["ok"]
-    held.append(s)
+
+    def place_free() -> bool:
+        s = connect()
+        if ask(s, {"op": "status"})["ok"]:
+            held.append(s)
+            return True
+        s.close()
+        return False
+
+    wait_for(place_free, timeout=10, what="a freed place")
     # Idle connections are closed after the timeout; one that keeps asking stays open.
     busy = held.pop()
     t = time.time()
@@ -447,16 +456,22 @@ def test_socket_cap_keeps_descriptors_for_reads(mounts, dataset, tmp_path):
         s.connect(m.socket)
         clients.append(s)
     for s in clients:
-        s.sendall(b'{"op":"hello"}\n')
+        try:
+            s.sendall(b'{"op":"hello"}\n')
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused: the error line is already waiting
     for s in clients:
         r = json.loads(s.makefile("rb").readline())
         if not r["ok"]:
             assert r["error"]["code"] == "too_many_connections", r
             refused += 1
-    assert refused == 80 - 8
+    # A connection closed just before (`files` above) may hold its place a moment longer.
+    assert 80 - 8 <= refused < 80
     # The eight served connections stay open; reads (which open backing files) still work.
     view = read_view(m.mountpoint)
     assert view and all(files[k] == v for k, v in view.items())
     for s in clients:
         s.close()
-    assert alive(pid) and m.status()["ok"]
+    assert alive(pid)
+    # The daemon notices the closes and frees their places.
+    wait_for(lambda: m.rpc({"op": "status"})["ok"], timeout=10, what="a place for a new connection")
