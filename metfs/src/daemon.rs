@@ -585,7 +585,8 @@ fn make_private(root: &Path) -> Result<(), DaemonError> {
     let me = unsafe { libc::geteuid() };
     if mode & 0o1000 != 0 || md.uid() != me {
         return Err(bad(format!(
-            "a shared directory (mode {mode:o}, owner uid {}) cannot hold the cache, which must              be private; name a directory of your own inside it",
+            "a shared directory (mode {mode:o}, owner uid {}) cannot hold the cache, which must \
+             be private; name a directory of your own inside it",
             md.uid()
         )));
     }
