@@ -525,7 +525,9 @@ fn parse_metric(kv: &str) -> Result<(String, f64)> {
 fn manifest_cmd(source: &std::path::Path, format: FormatArg, labels: bool) -> Result<()> {
     use prefetcher::tier::CapacityTier;
     let tier = prefetcher::tier::PosixTier::new(source)?;
-    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let listing = rt.block_on(tier.list())?;
     for (p, why) in &listing.skipped {
         eprintln!("metfs: not listed: {p}: {why}");
@@ -585,7 +587,9 @@ fn plan_cmd(a: PlanArgs) -> Result<()> {
         (None, Some(src)) => {
             use prefetcher::tier::CapacityTier;
             let tier = prefetcher::tier::PosixTier::new(src)?;
-            let rt = tokio::runtime::Builder::new_current_thread().build()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             let l = rt.block_on(tier.list())?;
             prefetcher::catalog::Catalog::from_entries(tier.url(), l.entries)?
         }
