@@ -1091,7 +1091,7 @@ impl Daemon {
                 read_path = read_path.name(),
                 slot_bytes = %format_bytes(budget.slot_bytes),
                 mean_sample = %format_bytes(mean_sample),
-                "read path chosen: cached for samples under 1 MiB when a slot fits in half of the node's memory, else passthrough"
+                "read path chosen: cached for samples under 1 MiB when a slot fits in half of the node's memory, else passthrough (pread without CAP_SYS_ADMIN)"
             );
         }
         let fs = Arc::new(FsCore::new(
