@@ -119,7 +119,7 @@ class BudgetSampler(threading.Thread):
         self._halt = threading.Event()
 
     def run(self) -> None:
-        t0 = time.monotonic()
+        t0 = self.t0 = time.monotonic()
         while not self._halt.is_set():
             parts: dict[str, int] = {}
             b = allocated(self.cache, parts)
@@ -136,9 +136,11 @@ class BudgetSampler(threading.Thread):
     def __exit__(self, *exc: Any) -> None:
         self._halt.set()
         self.join()
+        self.secs = time.monotonic() - self.t0
 
     def summary(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget, "budget_samples": self.samples, "budget_max_bytes": self.max,
+                "budget_sample_interval_ms": round(1000 * getattr(self, "secs", 0) / max(self.samples, 1), 1),
                 "budget_samples_over": len(self.over), "budget_first_over": self.over[:5]}
 
     def check(self) -> None:
