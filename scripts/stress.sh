@@ -52,9 +52,33 @@ echo "== stress: $(( $(date +%s) - start )) s, pytest exit $rc; results in $out"
 python3 - "$out" <<'PY'
 import json, sys
 from pathlib import Path
-for p in sorted(Path(sys.argv[1]).glob("*.json")):
-    r = json.loads(p.read_text())
-    keep = {k: v for k, v in r.items() if not isinstance(v, list) or len(v) <= 3}
-    print(f"{p.stem}: {json.dumps(keep, sort_keys=True)}")
+out = Path(sys.argv[1])
+res = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
+for k, r in res.items():
+    keep = {a: b for a, b in r.items() if not isinstance(b, list) or len(b) <= 3}
+    print(f"{k}: {json.dumps(keep, sort_keys=True)}")
+mib = lambda b: f"{b / 2**20:.2f}"
+print("\n| read path | readers (threads + processes + same-file) | switches | files read and checked | bytes checked | mismatches | errors | ENOENT across a switch | same-file opens | switch median / max (s) | drain after stop (s) | budget max / budget (MiB) | samples over |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for k, r in res.items():
+    if k.startswith("readers-") and "stuck" in r:
+        print(f"| {r['read_path']} | {r['readers_threads']} + {r['readers_processes']} + {r['burst_threads']} | "
+              f"STUCK after {r['stuck_after_switches']} of {r['switches']} | | | | | | | {r['switch_s_median']} | | | |")
+    elif k.startswith("readers-"):
+        print(f"| {r['read_path']} | {r['readers_threads']} + {r['readers_processes']} + {r['burst_threads']} | {r['switches']} | "
+              f"{r['files_read']:,} | {r['bytes_checked'] / 2**30:.2f} GiB | {r['mismatches']} | {r['errors'] or 0} | {r['enoent_across_switch']:,} | "
+              f"{r['burst_same_file_opens']:,} | {r['switch_s_median']} / {r['switch_s_max']} | {r['drain_after_stop_s']:.3f} | "
+              f"{mib(r['budget_max_bytes'])} / {mib(r['budget_bytes'])} | {r['budget_samples_over']} of {r['budget_samples']:,} |")
+if "kill9" in res:
+    r = res["kill9"]
+    print(f"\nkill -9: {r['trials']} trials {r['phases']}; remount median {r['remount_s_median']} s, max {r['remount_s_max']} s; "
+          f"tier bytes fetched after the kills {r['tier_bytes_refetched']:,} of {r['tier_bytes_left_at_kills']:,} left to stage; "
+          f"budget max {mib(r['budget_max_bytes'])} of {mib(r['budget_bytes'])} MiB, {r['budget_samples_over']} of {r['budget_samples']:,} samples over")
+for k in ("fault-outage", "fault-s3", "fault-disk-full"):
+    if k in res:
+        r = res[k]
+        print(f"{k}: epochs {r.get('epochs_checked')}, silently dropped {r.get('silently_dropped')}, reported failed "
+              f"{r.get('failed_samples_count')}, duplicates {r.get('duplicates')}, budget max {mib(r['budget_max_bytes'])} MiB, "
+              f"{r['budget_samples_over']} of {r['budget_samples']:,} samples over; proxy {r.get('proxy')}")
 PY
 exit "$rc"

@@ -15,8 +15,8 @@ import pytest
 
 from conftest import make_tree
 from reader import merge, new_counters, start_burst, start_threads
-from stresslib import (DEADLINE_S, READERS, STRESS_DIR, SWITCHES, BudgetSampler, Ledger, advance_wait, median,
-                       p_max, sha256_tree, wait_drained, write_result)
+from stresslib import (DEADLINE_S, READERS, STRESS_DIR, SWITCHES, BudgetSampler, Ledger, StuckView, advance_wait,
+                       median, p_max, sha256_tree, wait_drained, write_result)
 
 BUDGET = 8 << 20
 # Threads that open one file all at once, besides the readers.
@@ -60,6 +60,11 @@ def test_concurrent_readers_across_switches(mounts, tmp_path, read_path):
                 secs, r = advance_wait(m)
                 switch_secs.append(secs)
                 ledger.record()
+        except StuckView as e:
+            result.update({"stuck_after_switches": len(switch_secs), "stuck": str(e)[:6000],
+                           "switch_s_median": median(switch_secs)})
+            write_result(f"readers-{read_path}", result)
+            raise
         finally:
             stop.set()
             burst_stop.halt()
