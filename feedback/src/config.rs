@@ -37,6 +37,9 @@ pub enum ConfigError {
         /// What is wrong and, where it helps, what would be right.
         reason: String,
     },
+    /// A policy refused its parameters (a check [`PolicyConfig::validate`] has no twin for).
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -423,7 +426,7 @@ pub fn parse_weight_list(s: &str) -> Result<Vec<f64>, ConfigError> {
         .collect()
 }
 
-fn build_base(cfg: &PolicyConfig, base: Base) -> Result<Box<dyn RfPolicy>, PolicyError> {
+fn build_base(cfg: &PolicyConfig, base: Base) -> Result<Box<dyn RfPolicy>, ConfigError> {
     Ok(match base {
         Base::Fixed => Box::new(Fixed::new(cfg.rf)?),
         Base::Score => Box::new(Score::new(
@@ -448,7 +451,7 @@ fn build_base(cfg: &PolicyConfig, base: Base) -> Result<Box<dyn RfPolicy>, Polic
 pub fn build_policy(
     cfg: &PolicyConfig,
     learned_schedule: Option<Vec<u32>>,
-) -> Result<Box<dyn RfPolicy>, PolicyError> {
+) -> Result<Box<dyn RfPolicy>, ConfigError> {
     cfg.validate()?;
     let inner: Box<dyn RfPolicy> = match cfg.kind {
         PolicyKind::Learned => Box::new(Learned::new(
@@ -469,6 +472,7 @@ mod tests {
     fn key_of(e: ConfigError) -> &'static str {
         match e {
             ConfigError::Invalid { key, .. } => key,
+            ConfigError::Policy(e) => panic!("not a config key error: {e}"),
         }
     }
 
@@ -633,7 +637,7 @@ mod tests {
             assert_eq!(key_of(e.clone()), key);
             // build_policy refuses the same config with the same message.
             let be = build_policy(&cfg, None).err().unwrap();
-            assert_eq!(be, PolicyError::Config(e));
+            assert_eq!(be, e);
         }
         // rf out of bounds does not matter when fixed is not used.
         with(|c| {

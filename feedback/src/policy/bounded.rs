@@ -1,0 +1,79 @@
+//! [`Bounded`]: the wrapper that makes `rf_min <= passes per mini-epoch <= rf_max` hold around
+//! any policy. Every policy the daemon runs is wrapped in one (by
+//! [`crate::config::build_policy`]); the inner policy keeps seeing every pass.
+
+use serde_json::{json, Value};
+
+use super::{PassState, PolicyDecision, PolicyError, RfPolicy, Verdict};
+use crate::protocol::Metrics;
+
+/// Enforces `rf_min <= passes per mini-epoch <= rf_max` around any policy.
+pub struct Bounded {
+    inner: Box<dyn RfPolicy>,
+    rf_min: u32,
+    rf_max: u32,
+}
+
+impl Bounded {
+    /// Wraps `inner`; `1 <= rf_min <= rf_max` is required.
+    pub fn new(inner: Box<dyn RfPolicy>, rf_min: u32, rf_max: u32) -> Result<Self, PolicyError> {
+        if rf_min == 0 || rf_min > rf_max {
+            return Err(PolicyError::BadParameter {
+                name: "rf_min",
+                reason: format!("need 1 <= rf_min <= rf_max, got rf_min={rf_min}, rf_max={rf_max}"),
+            });
+        }
+        Ok(Self {
+            inner,
+            rf_min,
+            rf_max,
+        })
+    }
+
+    /// The lower bound on passes per mini-epoch.
+    pub fn rf_min(&self) -> u32 {
+        self.rf_min
+    }
+
+    /// The upper bound on passes per mini-epoch.
+    pub fn rf_max(&self) -> u32 {
+        self.rf_max
+    }
+}
+
+impl RfPolicy for Bounded {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn on_pass_end(
+        &mut self,
+        metrics: &Metrics,
+        state: &PassState,
+    ) -> Result<PolicyDecision, PolicyError> {
+        // The inner policy always sees every pass, so its statistics stay complete.
+        let mut d = self.inner.on_pass_end(metrics, state)?;
+        let bound = if state.passes < self.rf_min && d.verdict == Verdict::Advance {
+            d.verdict = Verdict::Repeat;
+            Some("rf_min")
+        } else if state.passes >= self.rf_max && d.verdict == Verdict::Repeat {
+            d.verdict = Verdict::Advance;
+            Some("rf_max")
+        } else {
+            None
+        };
+        if let (Some(b), Value::Object(o)) = (bound, &mut d.reason) {
+            o.insert("bound".into(), json!(b));
+            o.insert("rf_min".into(), json!(self.rf_min));
+            o.insert("rf_max".into(), json!(self.rf_max));
+        }
+        Ok(d)
+    }
+    fn on_advance(&mut self) {
+        self.inner.on_advance()
+    }
+    fn expected_rf(&self) -> f64 {
+        self.inner
+            .expected_rf()
+            .clamp(self.rf_min as f64, self.rf_max as f64)
+    }
+}

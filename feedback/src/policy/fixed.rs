@@ -1,0 +1,51 @@
+//! [`Fixed`]: the paper's baseline, exactly `rf` passes per mini-epoch. It needs no metrics,
+//! which makes it the default and the policy of a job that sends none.
+
+use serde_json::json;
+
+use super::{PassState, PolicyDecision, PolicyError, RfPolicy, Verdict};
+use crate::protocol::Metrics;
+
+/// The paper's baseline: exactly `rf` passes per mini-epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fixed {
+    rf: u32,
+}
+
+impl Fixed {
+    /// A fixed rf; `rf` must be at least 1.
+    pub fn new(rf: u32) -> Result<Self, PolicyError> {
+        if rf == 0 {
+            return Err(PolicyError::BadParameter {
+                name: "rf",
+                reason: "must be at least 1".into(),
+            });
+        }
+        Ok(Self { rf })
+    }
+}
+
+impl RfPolicy for Fixed {
+    fn name(&self) -> &'static str {
+        "fixed"
+    }
+    fn on_pass_end(
+        &mut self,
+        _metrics: &Metrics,
+        state: &PassState,
+    ) -> Result<PolicyDecision, PolicyError> {
+        let verdict = if state.passes >= self.rf {
+            Verdict::Advance
+        } else {
+            Verdict::Repeat
+        };
+        Ok(PolicyDecision {
+            verdict,
+            reason: json!({"policy": "fixed", "rf": self.rf, "passes": state.passes}),
+            score: None,
+        })
+    }
+    fn expected_rf(&self) -> f64 {
+        self.rf as f64
+    }
+}

@@ -1,0 +1,229 @@
+//! Repeating-factor policies: after each pass over the current mini-epoch, repeat or advance?
+//!
+//! A policy sees the metrics of the pass that just ended and the state of the current
+//! mini-epoch and answers [`Verdict::Repeat`] or [`Verdict::Advance`]. It does not know whether
+//! the next mini-epoch is staged: the daemon turns an `Advance` into `wait` (keep repeating, no
+//! stall) until it is, and latches the wish so that the first pass after staging completes
+//! advances. The policy keeps being called on every pass meanwhile, so its statistics stay
+//! complete; it may even change its mind, which the daemon ignores. [`Bounded`] wraps every
+//! policy so that `rf_min` and `rf_max` always hold.
+//!
+//! The policies (paper 001, section III.C):
+//!
+//! * [`Fixed`]: exactly `rf` passes per mini-epoch (the paper's baseline).
+//! * [`Score`]: Fig. 6. A score is a weighted sum of metrics ([`WeightedScore`]); the mini-epoch
+//!   is left after `wait_th` consecutive passes whose score is not strictly below the best.
+//! * [`Bollinger`]: III.C.2. The mini-epoch is left when the score falls below the lower
+//!   Bollinger band `MA - K * std` of the previous `N` scores.
+//! * [`Learned`]: replays the rf sequence an earlier run recorded in the rf history ("remember
+//!   the optimal strategy for given dataset and model"), falling back to another policy where
+//!   the recorded sequence runs out.
+//!
+//! Invariants every policy keeps:
+//!
+//! * A metric the score needs and `pass_end` did not send is [`PolicyError::MissingMetric`]
+//!   on that pass (so on the very first pass), never a silent zero. A policy returns an error
+//!   before changing any of its state, so a failed pass leaves it as it was.
+//! * Scores are finite (a weighted sum that overflows is [`PolicyError::NonFiniteScore`]), so
+//!   every number in a `reason` is a JSON number.
+//! * [`RfPolicy::on_advance`] is the only place per-mini-epoch state is reset.
+//!
+//! Layout: this module holds the seam ([`RfPolicy`], [`Verdict`], [`PassState`],
+//! [`PolicyDecision`]), the error and [`Scope`]; `metric` holds the score ([`MetricTerm`],
+//! [`WeightedScore`]); each policy has its own file (`fixed`, `score`, `bollinger`, `learned`,
+//! `bounded`) and takes its parameters as constructor arguments. The policies never import
+//! [`crate::config`]: the dependency points one way, from the config that builds policies to
+//! the policies it builds.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use statrs::statistics::Statistics;
+use thiserror::Error;
+
+use crate::protocol::Metrics;
+
+mod bollinger;
+mod bounded;
+mod fixed;
+mod learned;
+mod metric;
+mod score;
+
+pub use bollinger::Bollinger;
+pub use bounded::Bounded;
+pub use fixed::Fixed;
+pub use learned::Learned;
+pub use metric::{default_terms, MetricTerm, WeightedScore};
+pub use score::Score;
+
+/// Errors of the policy module.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum PolicyError {
+    /// A metric the policy needs is missing from `pass_end`.
+    #[error(
+        "policy `{policy}` needs metric `{metric}`, which pass_end did not send (it sent: {sent})"
+    )]
+    MissingMetric {
+        /// The policy that needs the metric.
+        policy: &'static str,
+        /// The metric's name.
+        metric: String,
+        /// The metric names `pass_end` did send, comma-separated (or `no metrics`).
+        sent: String,
+    },
+    /// A parameter is out of range.
+    #[error("policy parameter `{name}`: {reason}")]
+    BadParameter {
+        /// The parameter (its config key).
+        name: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The weighted score of a pass is not a finite number (the weighted sum overflowed).
+    #[error("policy `{policy}`: the score of this pass is not finite ({detail})")]
+    NonFiniteScore {
+        /// The policy computing the score.
+        policy: &'static str,
+        /// The terms of the score, for diagnosis.
+        detail: String,
+    },
+}
+
+/// What a policy wants after a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Run another pass over the current mini-epoch.
+    Repeat,
+    /// Move on to the next mini-epoch (as soon as it is staged).
+    Advance,
+}
+
+/// The state of the current mini-epoch when a pass ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PassState {
+    /// Passes completed over the current mini-epoch, including the one that just ended (>= 1).
+    pub passes: u32,
+    /// Position of the current mini-epoch in the whole run (0, 1, 2, ... across epochs).
+    pub sequence: u64,
+}
+
+/// A policy's answer and why, as reported in the `pass_end` response (`reason`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyDecision {
+    /// Repeat or advance.
+    pub verdict: Verdict,
+    /// Why, as a JSON object that names the policy (`{"policy": "score", "best": .., ..}`).
+    pub reason: Value,
+    /// The score this pass got, for policies that compute one (recorded in the rf history).
+    pub score: Option<f64>,
+}
+
+/// The seam between the daemon and a repeating-factor policy.
+pub trait RfPolicy: Send {
+    /// Short name (`fixed`, `score`, `bollinger`, `learned`).
+    fn name(&self) -> &'static str;
+    /// Decides after a pass. `state.passes` counts the pass that just ended.
+    fn on_pass_end(
+        &mut self,
+        metrics: &Metrics,
+        state: &PassState,
+    ) -> Result<PolicyDecision, PolicyError>;
+    /// Called when the view has switched to the next mini-epoch, to reset per-mini-epoch state.
+    fn on_advance(&mut self) {}
+    /// The rf this policy expects to use for the current mini-epoch (for prefetch pacing).
+    fn expected_rf(&self) -> f64;
+}
+
+/// Whether a statistic lives for the whole run or restarts with every mini-epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Kept across mini-epochs for the whole run (the paper's Fig. 6 keeps `best` this way).
+    #[default]
+    Run,
+    /// Reset at every advance.
+    PerMiniEpoch,
+}
+
+impl Scope {
+    /// The config spelling (`run`, `per_mini_epoch`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Run => "run",
+            Scope::PerMiniEpoch => "per_mini_epoch",
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Scope {
+    type Err = String;
+    /// Accepts `run` and `per_mini_epoch` (also spelled `per-mini-epoch`, as on a command line).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "run" => Ok(Scope::Run),
+            "per_mini_epoch" | "per-mini-epoch" => Ok(Scope::PerMiniEpoch),
+            other => Err(format!(
+                "unknown scope `{other}`; expected `run` or `per_mini_epoch`"
+            )),
+        }
+    }
+}
+
+/// How many completed mini-epochs [`RfTracker`] averages: enough to smooth one odd mini-epoch,
+/// few enough to follow the trend the paper describes (rf tends to grow as training settles).
+const RF_MEMORY: usize = 8;
+
+/// Remembers the rf of recent mini-epochs, for [`RfPolicy::expected_rf`] of adaptive policies.
+#[derive(Debug, Clone, PartialEq)]
+struct RfTracker {
+    /// `passes` of the latest pass of the current mini-epoch (0 before its first pass).
+    current: u32,
+    /// The rf of the last [`RF_MEMORY`] completed mini-epochs.
+    recent: VecDeque<u32>,
+    /// What to expect before any mini-epoch completed.
+    prior: f64,
+}
+
+impl RfTracker {
+    fn new(prior: f64) -> Self {
+        Self {
+            current: 0,
+            recent: VecDeque::new(),
+            prior,
+        }
+    }
+    fn saw(&mut self, passes: u32) {
+        self.current = passes;
+    }
+    fn advanced(&mut self) {
+        // A forced advance before any pass tells nothing about the rf this policy chooses.
+        if self.current > 0 {
+            if self.recent.len() == RF_MEMORY {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(self.current);
+        }
+        self.current = 0;
+    }
+    fn expected(&self) -> f64 {
+        if self.recent.is_empty() {
+            self.prior
+        } else {
+            self.recent.iter().map(|&r| r as f64).mean()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
