@@ -9,6 +9,8 @@
 //!   strategy) to that epoch's mini-epochs.
 //! * [`stager`]: copies one mini-epoch into its slot with bounded concurrency, verifies, fsyncs,
 //!   renames, and journals progress so that a restart resumes.
+//! * [`hdf5`]: per-sample HDF5 labels, and container files staged as mini-epochs of rows (a
+//!   folder: the raw library calls in `ffi`, inspection, labels, row staging).
 //! * [`size`]: `512MiB`-style byte sizes and `SIZE/s` rates.
 //!
 //! This crate never depends on `metfs` or `feedback`.
