@@ -211,7 +211,7 @@ struct MountArgs {
     /// Read path: cached (kernel page cache, no per-open round trip), passthrough (kernel reads
     /// the slot file; needs CAP_SYS_ADMIN), pread (through the daemon), or auto (cached when
     /// samples average under 1 MiB and a slot fits in half of the node's memory, else
-    /// passthrough) [default: auto].
+    /// passthrough, or pread without CAP_SYS_ADMIN) [default: auto].
     #[arg(long, value_enum)]
     read_path: Option<ReadPath>,
     /// FUSE worker threads [default: 4].
