@@ -32,6 +32,7 @@ import numpy as np
 
 from .client import Client, Decision, FilesView, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
+from .tracker import PassTracker, TracksPasses
 
 __all__ = ["MetCallback", "MetSequence", "default_collate"]
 
@@ -144,7 +145,7 @@ class MetSequence(keras.utils.PyDataset):
         return state
 
 
-class MetCallback(keras.callbacks.Callback):
+class MetCallback(keras.callbacks.Callback, TracksPasses):
     """Reports each Keras epoch (one pass) to metfs and stops after ``epochs`` MET epochs.
 
     ``metrics`` selects which ``logs`` entries to send (default: all of them). ``block`` asks the
@@ -170,26 +171,19 @@ class MetCallback(keras.callbacks.Callback):
         super().__init__()
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+        #: The pass-tracking state: target epoch, decisions, generations, done.
+        self.tracker = PassTracker(epochs)
         self.client = client
-        self.epochs = epochs
         self.metrics = list(metrics) if metrics is not None else None
         self.block = block
         self.datasets = list(datasets)
         self.coordinator = coordinator
         self.verbose = verbose
-        self.decisions: List[Decision] = []
-        self.generations: List[int] = []
-        self.start_epoch: Optional[int] = None
-        self.target_epoch: Optional[int] = None
-        self.done = False
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.coordinator is None:
             self.coordinator = default_coordinator()
-        status = self.coordinator.start(self.client)
-        self.start_epoch = status.epoch
-        self.target_epoch = status.epoch + self.epochs
-        self.done = False
+        self.tracker.start(self.coordinator.start(self.client))
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         for ds in self.datasets:
@@ -207,25 +201,19 @@ class MetCallback(keras.callbacks.Callback):
         return metrics_to_floats(logs)
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
-        assert self.coordinator is not None and self.target_epoch is not None
+        assert self.coordinator is not None
         decision = self.coordinator.pass_end(self.client, self._select(logs), self.block)
-        self.decisions.append(decision)
-        self.generations.append(decision.generation)
+        done = self.tracker.record(decision)
         if self.verbose and self.coordinator.is_leader:
             print(
                 f"metfs: pass {len(self.decisions)} -> {decision.decision} "
                 f"(epoch {decision.epoch}, mini-epoch {decision.mini_epoch}, "
                 f"generation {decision.generation})"
             )
-        if decision.epoch >= self.target_epoch:
-            self.done = True
+        if done:
             self.model.stop_training = True
 
     def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
-        if not self.done:
-            warnings.warn(
-                f"metfs: training ended after {len(self.decisions)} passes, before the "
-                f"{self.epochs} requested MET epoch(s) were done; give fit() a larger epochs=",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        message = self.tracker.unfinished("give fit() a larger epochs=")
+        if message is not None:
+            warnings.warn(message, RuntimeWarning, stacklevel=2)

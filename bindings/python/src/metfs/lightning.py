@@ -36,11 +36,12 @@ except ImportError:  # pragma: no cover - the older package name
 
 from .client import Client, Decision, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
+from .tracker import PassTracker, TracksPasses
 
 __all__ = ["MetCallback"]
 
 
-class MetCallback(pl.Callback):
+class MetCallback(pl.Callback, TracksPasses):
     """Reports each Lightning training epoch (one pass) to metfs; stops after ``epochs``.
 
     ``metrics`` selects which ``trainer.callback_metrics`` to send (default: all). ``block``
@@ -64,16 +65,12 @@ class MetCallback(pl.Callback):
         super().__init__()
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+        #: The pass-tracking state: target epoch, decisions, generations, done.
+        self.tracker = PassTracker(epochs)
         self.client = client
-        self.epochs = epochs
         self.metrics = list(metrics) if metrics is not None else None
         self.block = block
         self.coordinator = coordinator
-        self.decisions: List[Decision] = []
-        self.generations: List[int] = []
-        self.start_epoch: Optional[int] = None
-        self.target_epoch: Optional[int] = None
-        self.done = False
 
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         # A plain attribute the Trainer's data connector sets in __init__; a new view (other
@@ -85,10 +82,7 @@ class MetCallback(pl.Callback):
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if self.coordinator is None:
             self.coordinator = default_coordinator()
-        status = self.coordinator.start(self.client)
-        self.start_epoch = status.epoch
-        self.target_epoch = status.epoch + self.epochs
-        self.done = False
+        self.tracker.start(self.coordinator.start(self.client))
 
     def _select(self, trainer: "pl.Trainer") -> Dict[str, float]:
         logged: Dict[str, Any] = dict(trainer.callback_metrics)
@@ -103,20 +97,13 @@ class MetCallback(pl.Callback):
         return metrics_to_floats(logged)
 
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        assert self.coordinator is not None and self.target_epoch is not None
+        assert self.coordinator is not None
         decision = self.coordinator.pass_end(self.client, self._select(trainer), self.block)
-        self.decisions.append(decision)
-        self.generations.append(decision.generation)
-        if decision.epoch >= self.target_epoch:
-            self.done = True
+        done = self.tracker.record(decision)
+        if done:
             trainer.should_stop = True
 
     def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        if not self.done:
-            warnings.warn(
-                f"metfs: training ended after {len(self.decisions)} passes, before the "
-                f"{self.epochs} requested MET epoch(s) were done; raise the Trainer's "
-                "max_epochs (-1: unbounded)",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        message = self.tracker.unfinished("raise the Trainer's max_epochs (-1: unbounded)")
+        if message is not None:
+            warnings.warn(message, RuntimeWarning, stacklevel=2)

@@ -24,6 +24,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from .client import Client, Decision, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
+from .tracker import PassTracker, TracksPasses
 
 __all__ = ["Pass", "PassRecord", "Passes", "passes"]
 
@@ -82,13 +83,14 @@ class PassRecord:
     decision: Decision
 
 
-class Passes:
+class Passes(TracksPasses):
     """An iterable of passes over the current view until ``epochs`` MET epochs are done.
 
-    Created by :func:`passes`. Iterate it once; afterwards (or during) ``records`` and
-    ``decisions`` tell what happened. ``start_epoch`` is the daemon's epoch when iteration
-    began and ``target_epoch = start_epoch + epochs``: the loop ends after the pass whose
-    decision reaches it. ``max_passes`` caps the number of passes (``None``: no cap).
+    Created by :func:`passes`. Iterate it once; afterwards (or during) ``records``,
+    ``decisions`` and ``generations`` tell what happened. ``start_epoch`` is the daemon's epoch
+    when iteration began and ``target_epoch = start_epoch + epochs``: the loop ends after the
+    pass whose decision reaches it. ``max_passes`` caps the number of passes (``None``: no
+    cap). The counting is :class:`metfs.tracker.PassTracker`'s (``tracker``).
     """
 
     def __init__(
@@ -100,25 +102,18 @@ class Passes:
         coordinator: Optional[Coordinator] = None,
         max_passes: Optional[int] = None,
     ) -> None:
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-            raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
-        if max_passes is not None and max_passes < 0:
-            raise ValueError(f"max_passes must be non-negative, got {max_passes!r}")
+        #: The pass-tracking state: target epoch, decisions, generations, done.
+        self.tracker = PassTracker(epochs, max_passes=max_passes)
         self.client = client
-        self.epochs = epochs
         self.block = block
         self.coordinator = coordinator if coordinator is not None else default_coordinator()
-        self.max_passes = max_passes
         self.records: List[PassRecord] = []
-        self.start_epoch: Optional[int] = None
-        self.target_epoch: Optional[int] = None
-        self.done = False
         self._started = False
 
     @property
-    def decisions(self) -> List[Decision]:
-        """The decision after each pass, in order."""
-        return [r.decision for r in self.records]
+    def max_passes(self) -> Optional[int]:
+        """Cap on the number of passes (``None``: no cap)."""
+        return self.tracker.max_passes
 
     @property
     def is_leader(self) -> bool:
@@ -142,22 +137,16 @@ class Passes:
         return self._run()
 
     def _run(self) -> Iterator[Pass]:
-        status = self.coordinator.start(self.client)
-        self.start_epoch = status.epoch
-        self.target_epoch = status.epoch + self.epochs
-        passes_done = status.passes_done
-        if self.epochs == 0:
-            self.done = True
-            return
-        index = 0
-        while self.max_passes is None or index < self.max_passes:
+        tracker = self.tracker
+        tracker.start(self.coordinator.start(self.client))
+        while tracker.wants_pass:
             view = self.coordinator.files(self.client)
             p = Pass(
-                index=index,
+                index=tracker.passes,
                 generation=view.generation,
                 epoch=view.epoch,
                 mini_epoch=view.mini_epoch,
-                pass_in_mini_epoch=passes_done,
+                pass_in_mini_epoch=tracker.passes_done,
                 mountpoint=view.mountpoint,
                 files=view.files,
                 paths=view.paths,
@@ -168,7 +157,7 @@ class Passes:
             p.decision = decision
             self.records.append(
                 PassRecord(
-                    index=index,
+                    index=p.index,
                     generation=p.generation,
                     epoch=p.epoch,
                     mini_epoch=p.mini_epoch,
@@ -177,11 +166,7 @@ class Passes:
                     decision=decision,
                 )
             )
-            passes_done = decision.passes_done
-            index += 1
-            if decision.epoch >= self.target_epoch:
-                self.done = True
-                return
+            tracker.record(decision)
 
 
 def passes(
