@@ -13,6 +13,9 @@ scripts/install-deps.sh
 echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
+# The Python package and its tests (settings in bindings/python/pyproject.toml).
+(cd bindings/python && python3 -m ruff check -q . && python3 -m ruff format --check -q . \
+  && python3 -m mypy)
 
 echo "== Rust tests"
 cargo build --workspace --all-targets -q

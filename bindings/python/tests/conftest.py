@@ -6,7 +6,8 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Callable, Iterator, List
+from collections.abc import Iterator
+from typing import Callable
 
 import pytest
 
@@ -16,8 +17,8 @@ sys.path.insert(0, HERE)
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
-from fake_daemon import FakeDaemon  # noqa: E402
-from realmount import RealMount  # noqa: E402
+from fake_daemon import FakeDaemon
+from realmount import RealMount
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def real_mount(tmp_path) -> Iterator[Callable[..., RealMount]]:  # type: ignore[
     Every mount made is unmounted at teardown, also when the test failed; teardown then fails
     the test if ``metfs umount`` did not exit 0 or left a mount or daemon behind.
     """
-    mounts: List[RealMount] = []
+    mounts: list[RealMount] = []
 
     def make(**kwargs) -> RealMount:  # type: ignore[no-untyped-def]
         root = tempfile.mkdtemp(prefix="metfs-it", dir=str(tmp_path))
@@ -69,7 +70,6 @@ def fake_view(tmp_path) -> Iterator[FakeDaemon]:  # type: ignore[no-untyped-def]
     0-2 exist.
     """
     import numpy as np
-
     from realmount import dataset_module
 
     ds = dataset_module()

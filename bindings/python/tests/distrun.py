@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import List, Optional
+from typing import Any
 
 import pytest
 
@@ -14,8 +14,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_ranks(
-    sockets: List[str], epochs: int, workdir: str, kill_after: Optional[List[Optional[int]]] = None
-) -> List[dict]:
+    sockets: list[str], epochs: int, workdir: str, kill_after: list[int | None] | None = None
+) -> list[dict[str, Any]]:
     """Runs one dist_worker.py per socket; returns their reports."""
     store = os.path.join(workdir, "store")
     procs = []
@@ -23,8 +23,16 @@ def run_ranks(
     for rank, sock in enumerate(sockets):
         out = os.path.join(workdir, f"rank{rank}.json")
         outs.append(out)
-        args = [sys.executable, os.path.join(HERE, "dist_worker.py"), str(rank),
-                str(len(sockets)), store, sock, out, str(epochs)]
+        args = [
+            sys.executable,
+            os.path.join(HERE, "dist_worker.py"),
+            str(rank),
+            str(len(sockets)),
+            store,
+            sock,
+            out,
+            str(epochs),
+        ]
         if kill_after and kill_after[rank] is not None:
             args.append(str(kill_after[rank]))
         procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))

@@ -12,7 +12,7 @@ import math
 import os
 import socket
 import threading
-from typing import Any, Dict, List, Optional, Set
+from typing import Any
 
 
 class FakeDaemon:
@@ -25,7 +25,7 @@ class FakeDaemon:
         *,
         mini_epochs: int = 3,
         rf: int = 2,
-        files_per: "int | List[int]" = 4,
+        files_per: int | list[int] = 4,
         mountpoint: str = "/fake/mnt",
     ) -> None:
         self.path = path
@@ -38,14 +38,14 @@ class FakeDaemon:
         self.passes = 0
         self.generation = 1
         self.next_ready = True
-        self.requests: List[Dict[str, Any]] = []
-        self.metrics: List[Dict[str, float]] = []
+        self.requests: list[dict[str, Any]] = []
+        self.metrics: list[dict[str, float]] = []
         #: Close the connection after reading the next N requests, without answering.
         self.drop_after_read = 0
         #: Ops to refuse with this error code.
-        self.fail_ops: Dict[str, str] = {}
+        self.fail_ops: dict[str, str] = {}
         self.hello_count = 0
-        self._conns: Set[socket.socket] = set()
+        self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -82,11 +82,11 @@ class FakeDaemon:
                 pass
             c.close()
 
-    def ops(self) -> List[str]:
+    def ops(self) -> list[str]:
         """The ops received so far, in order."""
         return [r.get("op", "?") for r in self.requests]
 
-    def files_at(self, epoch: int, mini_epoch: int) -> List[str]:
+    def files_at(self, epoch: int, mini_epoch: int) -> list[str]:
         """The relative files of a mini-epoch."""
         n = self.files_per if isinstance(self.files_per, int) else self.files_per[mini_epoch]
         return [f"{i % 2}/e{epoch}m{mini_epoch}_{i}.npy" for i in range(n)]
@@ -138,12 +138,12 @@ class FakeDaemon:
                 pass
 
     @staticmethod
-    def _send(conn: socket.socket, resp: Dict[str, Any]) -> None:
+    def _send(conn: socket.socket, resp: dict[str, Any]) -> None:
         conn.sendall((json.dumps(resp) + "\n").encode())
 
     # -- protocol ---------------------------------------------------------------------------
 
-    def _position(self, decision: str) -> Dict[str, Any]:
+    def _position(self, decision: str) -> dict[str, Any]:
         return {
             "ok": True,
             "decision": decision,
@@ -163,7 +163,7 @@ class FakeDaemon:
         self.passes = 0
         self.generation += 1
 
-    def _handle(self, req: Dict[str, Any]) -> Dict[str, Any]:
+    def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op")
         if op in self.fail_ops:
             return _err(self.fail_ops[op], f"injected failure of {op}")
@@ -237,7 +237,7 @@ class FakeDaemon:
         return _err("unknown_op", f"unknown op `{op}`")
 
 
-def _err(code: str, message: str) -> Dict[str, Any]:
+def _err(code: str, message: str) -> dict[str, Any]:
     return {"ok": False, "error": {"code": code, "message": message}}
 
 
@@ -251,7 +251,7 @@ def short_socket_path(tmp_path: Any, name: str = "s.sock") -> str:
     return os.path.join(tempfile.mkdtemp(prefix="metfs"), name)
 
 
-def wait_for(pred: Any, timeout: float = 5.0) -> Optional[bool]:
+def wait_for(pred: Any, timeout: float = 5.0) -> bool | None:
     """Polls ``pred`` until it is true or ``timeout`` seconds pass."""
     import time
 

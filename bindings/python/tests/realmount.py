@@ -15,12 +15,15 @@ import subprocess
 import sys
 import time
 from types import ModuleType
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 
-_built: Dict[str, str] = {}
+_built: dict[str, str] = {}
 
 
 def metfs_binary() -> str:
@@ -37,6 +40,7 @@ def metfs_binary() -> str:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            check=False,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"cargo build -p metfs failed:\n{proc.stdout[-4000:]}")
@@ -68,7 +72,7 @@ def is_mounted(mountpoint: str) -> bool:
     return False
 
 
-def _daemon_pids(mountpoint: str) -> List[int]:
+def _daemon_pids(mountpoint: str) -> list[int]:
     """Pids of metfs processes whose command line names this (unique, per-test) mountpoint."""
     pids = []
     target = os.path.realpath(mountpoint).encode()
@@ -96,10 +100,10 @@ class RealMount:
         classes: int = 10,
         mini_epochs: int = 3,
         rf: int = 2,
-        budget: Optional[str] = None,
+        budget: str | None = None,
         seed: int = 1,
         compose: str = "random",
-        extra_args: Optional[List[str]] = None,
+        extra_args: list[str] | None = None,
         val: bool = False,
     ) -> None:
         self.bin = metfs_binary()
@@ -152,9 +156,9 @@ class RealMount:
         #: Whether ``metfs mount`` succeeded.
         self.mount_ok = False
         #: ``(exit code, output)`` of ``metfs umount``, once :meth:`close` ran it.
-        self.umount_result: Optional[tuple] = None
+        self.umount_result: tuple[int, str] | None = None
         #: Whether something was still mounted or running after ``metfs umount`` returned.
-        self.leftovers: List[str] = []
+        self.leftovers: list[str] = []
 
     def mount(self, timeout: float = 120.0) -> None:
         """Runs ``metfs mount`` (returns once mini-epoch 0 is staged)."""
@@ -162,13 +166,16 @@ class RealMount:
         env.setdefault("RUST_LOG", "info")
         with open(self.log_path, "ab") as log:
             proc = subprocess.run(
-                self.args, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout
+                self.args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=timeout,
+                check=False,
             )
         self._mounted = True  # even a failed mount may have left something to clean up
         if proc.returncode != 0:
-            raise RuntimeError(
-                f"`{' '.join(self.args)}` exited {proc.returncode}:\n{self.log()}"
-            )
+            raise RuntimeError(f"`{' '.join(self.args)}` exited {proc.returncode}:\n{self.log()}")
         if not is_mounted(self.mountpoint):
             raise RuntimeError(f"metfs mount returned 0 but {self.mountpoint} is not mounted")
         self.mount_ok = True
@@ -195,6 +202,7 @@ class RealMount:
                 stderr=subprocess.STDOUT,
                 text=True,
                 timeout=60,
+                check=False,
             )
             self.umount_result = (proc.returncode, proc.stdout)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -214,7 +222,7 @@ class RealMount:
             except ProcessLookupError:
                 pass
 
-    def __enter__(self) -> "RealMount":
+    def __enter__(self) -> Self:
         try:
             self.mount()
         except BaseException:
@@ -225,7 +233,7 @@ class RealMount:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def view_files(self) -> List[str]:
+    def view_files(self) -> list[str]:
         """The files the mount shows now, relative, sorted (read through the mount)."""
         return sorted(
             os.path.relpath(os.path.join(d, f), self.mountpoint)

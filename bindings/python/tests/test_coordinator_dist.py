@@ -8,7 +8,6 @@ import tempfile
 import time
 
 import pytest
-
 from distrun import run_ranks
 from fake_daemon import FakeDaemon
 
@@ -57,7 +56,7 @@ def test_follower_catches_up_at_start(two_fakes) -> None:  # type: ignore[no-unt
 
 
 def test_dead_daemon_on_follower_fails_every_rank_fast(  # type: ignore[no-untyped-def]
-    two_fakes
+    two_fakes,
 ) -> None:
     (leader, follower), d = two_fakes
     t0 = time.monotonic()
@@ -70,7 +69,7 @@ def test_dead_daemon_on_follower_fails_every_rank_fast(  # type: ignore[no-untyp
 
 
 def test_dead_daemon_on_leader_fails_every_rank_fast(  # type: ignore[no-untyped-def]
-    two_fakes
+    two_fakes,
 ) -> None:
     (leader, follower), d = two_fakes
     reports = run_ranks([leader.path, follower.path], epochs=3, workdir=d, kill_after=[2, None])

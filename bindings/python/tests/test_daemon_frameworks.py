@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Callable, List
+from typing import Callable
 
-import metfs
 from realmount import RealMount
 from training import keras_training, lightning_training, torch_training
 
+import metfs
 
-def _check(m: RealMount, per_pass: List[List[str]], decisions: List[metfs.Decision],
-           generations: List[int], epochs: int = 1) -> None:
+
+def _check(
+    m: RealMount,
+    per_pass: list[list[str]],
+    decisions: list[metfs.Decision],
+    generations: list[int],
+    epochs: int = 1,
+) -> None:
     """Each pass read one whole mini-epoch through the mount; the view advanced over a whole
     epoch; the generation grew at every advance."""
     assert len(per_pass) == len(decisions) >= 3
-    views = []
+    views: list[set[str]] = []
     for files in per_pass:
         rel = Counter(os.path.relpath(f, m.mountpoint) for f in files)
         assert set(rel.values()) == {1}, "a file was read twice in one pass"
@@ -26,7 +32,7 @@ def _check(m: RealMount, per_pass: List[List[str]], decisions: List[metfs.Decisi
     # Consecutive views differ and the mini-epochs of an epoch cover the source exactly.
     assert len(views) == 3 * epochs
     for e in range(epochs):
-        part = views[3 * e: 3 * e + 3]
+        part = views[3 * e : 3 * e + 3]
         assert sum(len(v) for v in part) == len(m.source_files)
         assert set().union(*part) == set(m.source_files)
     advances = [d for d in decisions if d.advanced]
@@ -71,8 +77,9 @@ def test_torch_sampler_with_workers_follows_the_view(real_mount: Callable[..., R
     m = real_mount(per_class=8, mini_epochs=3, rf=4)
     with metfs.Client(m.socket, job="sampler") as c:
         ds = MetDataset(c, lambda p: torch.tensor(os.path.getsize(p)))
-        loader = met_loader(ds, batch_size=7, num_workers=2, persistent_workers=True,
-                            collate_fn=list)
+        loader = met_loader(
+            ds, batch_size=7, num_workers=2, persistent_workers=True, collate_fn=list
+        )
         seen = []
         for _ in range(3):
             before = c.files()

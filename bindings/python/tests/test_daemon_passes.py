@@ -8,12 +8,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from typing import Callable, Dict, List
+from typing import Callable
 
 import pytest
+from realmount import REPO, RealMount, is_mounted
 
 import metfs
-from realmount import REPO, RealMount, is_mounted
 
 
 def _read(path: str) -> bytes:
@@ -48,9 +48,9 @@ def test_passes_cover_each_epoch_and_advance_the_view(real_mount: Callable[..., 
     source = set(m.source_files)
     with metfs.Client(m.socket, job="loop") as c:
         run = metfs.passes(c, epochs=2, block=True)
-        per_epoch: Dict[int, Counter] = {}
-        views: Dict[tuple, List[str]] = {}
-        generations: List[int] = []
+        per_epoch: dict[int, Counter[str]] = {}
+        views: dict[tuple[int, int], list[str]] = {}
+        generations: list[int] = []
         for p in run:
             # What the mount lists is exactly what the daemon says the view is.
             assert sorted(p.files) == m.view_files(), p
@@ -160,10 +160,26 @@ def test_example_over_real_mount(  # type: ignore[no-untyped-def]
     m = real_mount(per_class=20, mini_epochs=3, rf=2, val=True, compose="random")
     out = tmp_path / "summary.json"
     proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "examples", "met_sklearn.py"), "--mount",
-         m.mountpoint, "--socket", m.socket, "--val", str(m.val), "--epochs", "2",
-         "--block", "--json", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+        [
+            sys.executable,
+            os.path.join(REPO, "examples", "met_sklearn.py"),
+            "--mount",
+            m.mountpoint,
+            "--socket",
+            m.socket,
+            "--val",
+            str(m.val),
+            "--epochs",
+            "2",
+            "--block",
+            "--json",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout
     s = json.loads(out.read_text())
@@ -184,7 +200,7 @@ def test_slow_staging_gives_wait_and_the_job_keeps_repeating(
     m = real_mount(per_class=10, mini_epochs=3, rf=2, extra_args=["--prefetch-rate", "64KiB/s"])
     with metfs.Client(m.socket, job="slow") as c:
         run = metfs.passes(c, epochs=1)
-        by_position: Dict[tuple, set] = {}
+        by_position: dict[tuple[int, int], set[int]] = {}
         for p in run:
             by_position.setdefault(p.position, set()).add(p.generation)
             for path in p.paths:
@@ -199,7 +215,7 @@ def test_slow_staging_gives_wait_and_the_job_keeps_repeating(
     assert all(n >= 2 for _, _, n in counts) and max(n for _, _, n in counts) > 2
     # The passes after rf are answered with wait until the next mini-epoch is staged.
     for (e, mi, n), start in zip(counts, (0, counts[0][2], counts[0][2] + counts[1][2])):
-        assert decisions[start:start + n] == ["repeat"] + ["wait"] * (n - 2) + ["advance"]
+        assert decisions[start : start + n] == ["repeat"] + ["wait"] * (n - 2) + ["advance"]
 
 
 def test_block_waits_for_staging_instead(real_mount: Callable[..., RealMount]) -> None:

@@ -9,20 +9,20 @@ import os
 from collections import Counter
 
 import pytest
-
-import metfs
 from fake_daemon import FakeDaemon
 from training import keras_training, lightning_training, torch_training
 
+import metfs
 
-def _expected(fake: FakeDaemon, epochs: int) -> list:
+
+def _expected(fake: FakeDaemon, epochs: int) -> list[tuple[int, int]]:
     """The (epoch, mini_epoch) of every pass under fixed rf with staging always ready."""
-    return [
-        (e, m) for e in range(epochs) for m in range(fake.mini_epochs) for _ in range(fake.rf)
-    ]
+    return [(e, m) for e in range(epochs) for m in range(fake.mini_epochs) for _ in range(fake.rf)]
 
 
-def _check_pass_files(fake: FakeDaemon, per_pass: list, positions: list) -> None:
+def _check_pass_files(
+    fake: FakeDaemon, per_pass: list[list[str]], positions: list[tuple[int, int]]
+) -> None:
     assert len(per_pass) == len(positions)
     for files, (e, m) in zip(per_pass, positions):
         rel = Counter(os.path.relpath(f, fake.mountpoint) for f in files)
@@ -73,7 +73,7 @@ def test_lightning_callback(  # type: ignore[no-untyped-def]
 
 
 def test_keras_warns_when_fit_ends_before_the_met_epochs(fake_view: FakeDaemon) -> None:
-    with metfs.Client(fake_view.path, job="keras") as c:
-        with pytest.warns(RuntimeWarning, match="before the 1 requested MET epoch"):
-            out = keras_training(c, epochs=1, fit_epochs=3)
+    early = pytest.warns(RuntimeWarning, match="before the 1 requested MET epoch")
+    with metfs.Client(fake_view.path, job="keras") as c, early:
+        out = keras_training(c, epochs=1, fit_epochs=3)
     assert not out["callback"].done and len(out["callback"].decisions) == 3

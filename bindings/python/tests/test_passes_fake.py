@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from fake_daemon import FakeDaemon
 
 import metfs
-from fake_daemon import FakeDaemon
 
 
 def test_passes_follow_fixed_rf_for_whole_epochs(fake: FakeDaemon) -> None:

@@ -8,12 +8,12 @@ generations seen, and the files each pass read.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
+from realmount import dataset_module
 
 import metfs
-from realmount import dataset_module
 
 NUM_CLASSES = 10
 
@@ -22,27 +22,28 @@ class ReadLog:
     """Records which files a loader read, and the bytes it read."""
 
     def __init__(self) -> None:
-        self.paths: List[str] = []
+        self.paths: list[str] = []
         self.bytes = 0
 
-    def load(self, path: str) -> Tuple[np.ndarray, np.ndarray]:
+    def load(self, path: str) -> tuple[np.ndarray, np.int64]:
         """Loads one sample (features, label) and records it."""
         ds = dataset_module()
         self.paths.append(path)
         self.bytes += os.path.getsize(path)
         return ds.load_sample(path), np.int64(ds.label_of(path))
 
-    def take(self) -> List[str]:
+    def take(self) -> list[str]:
         """The paths read since the last call."""
         out, self.paths = self.paths, []
         return out
 
 
-def validation_arrays(val_dir: Optional[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+def validation_arrays(val_dir: str | None) -> tuple[np.ndarray, np.ndarray] | None:
     """The validation set as arrays, if there is one."""
     if val_dir is None:
         return None
-    return dataset_module().load_folder(val_dir)
+    arrays: tuple[np.ndarray, np.ndarray] = dataset_module().load_folder(val_dir)
+    return arrays
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,10 +54,10 @@ def validation_arrays(val_dir: Optional[str]) -> Optional[Tuple[np.ndarray, np.n
 def keras_training(
     client: metfs.Client,
     epochs: int,
-    val_dir: Optional[str] = None,
+    val_dir: str | None = None,
     batch_size: int = 16,
     fit_epochs: int = 1000,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """Trains a small Keras MLP with MetSequence + MetCallback; returns what happened."""
     import keras
 
@@ -64,13 +65,13 @@ def keras_training(
 
     keras.utils.set_random_seed(0)
     log = ReadLog()
-    per_pass: List[List[str]] = []
+    per_pass: list[list[str]] = []
 
     class PassFiles(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             log.take()  # Keras reads a batch before training to build the model
 
-        def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             per_pass.append(log.take())
 
     train = MetSequence(client, log.load, batch_size=batch_size, seed=0)
@@ -118,10 +119,10 @@ def _torch_model() -> Any:
 def torch_training(
     client: metfs.Client,
     epochs: int,
-    val_dir: Optional[str] = None,
+    val_dir: str | None = None,
     batch_size: int = 16,
     num_workers: int = 0,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """Trains a small PyTorch MLP with MetDataset + met_train; returns what happened."""
     import torch
     import torch.nn.functional as F
@@ -133,26 +134,26 @@ def torch_training(
     log = ReadLog()
     ds = MetDataset(client, log.load)
     val = validation_arrays(val_dir)
-    per_pass: List[List[str]] = []
-    reported: List[Dict[str, float]] = []
+    per_pass: list[list[str]] = []
+    reported: list[dict[str, float]] = []
 
-    def step(batch: Any) -> Dict[str, Any]:
+    def step(batch: Any) -> dict[str, Any]:
         x, y = batch
         opt.zero_grad()
         out = model(x)
         loss = F.cross_entropy(out, y)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         opt.step()
         return {"loss": loss, "accuracy": (out.argmax(1) == y).float().mean()}
 
-    def evaluate() -> Dict[str, float]:
+    def evaluate() -> dict[str, float]:
         if val is None:
             return {}
         with torch.no_grad():
             pred = model(torch.from_numpy(val[0])).argmax(1).numpy()
         return {"val_accuracy": float((pred == val[1]).mean())}
 
-    def on_pass(p: metfs.Pass, metrics: Dict[str, float]) -> None:
+    def on_pass(p: metfs.Pass, metrics: dict[str, float]) -> None:
         per_pass.append(log.take() if num_workers == 0 else list(p.paths))
         reported.append(metrics)
 
@@ -176,7 +177,7 @@ def torch_training(
 
 def lightning_training(
     client: metfs.Client, epochs: int, batch_size: int = 16, tmpdir: str = "."
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """Trains a small Lightning module with met_loader + MetCallback; returns what happened."""
     import lightning.pytorch as pl
     import torch
@@ -187,8 +188,8 @@ def lightning_training(
 
     log = ReadLog()
     ds = MetDataset(client, log.load)
-    per_pass: List[List[str]] = []
-    loader_lengths: List[int] = []
+    per_pass: list[list[str]] = []
+    loader_lengths: list[int] = []
 
     class Digits(pl.LightningModule):
         def __init__(self) -> None:

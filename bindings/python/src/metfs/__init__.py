@@ -49,8 +49,8 @@ __all__ = [
     "Passes",
     "Status",
     "TorchDistributedCoordinator",
+    "__version__",
     "default_coordinator",
     "metrics_to_floats",
     "passes",
-    "__version__",
 ]

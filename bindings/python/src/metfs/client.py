@@ -9,6 +9,7 @@ This module uses the standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -16,18 +17,22 @@ import numbers
 import os
 import socket as _socket
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "PROTOCOL_VERSION",
-    "MetfsError",
-    "MetfsConnectionError",
-    "Hello",
-    "Status",
-    "FilesView",
-    "Decision",
     "Client",
+    "Decision",
+    "FilesView",
+    "Hello",
+    "MetfsConnectionError",
+    "MetfsError",
+    "Status",
     "metrics_to_floats",
 ]
 
@@ -97,21 +102,21 @@ def _req_number(obj: Mapping[str, Any], name: str, op: str) -> float:
     return float(value)
 
 
-def _opt_number(obj: Mapping[str, Any], name: str) -> Optional[float]:
+def _opt_number(obj: Mapping[str, Any], name: str) -> float | None:
     value = obj.get(name)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
 
 
-def _opt_int(obj: Mapping[str, Any], name: str) -> Optional[int]:
+def _opt_int(obj: Mapping[str, Any], name: str) -> int | None:
     value = obj.get(name)
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value
 
 
-def _opt_str(obj: Mapping[str, Any], name: str) -> Optional[str]:
+def _opt_str(obj: Mapping[str, Any], name: str) -> str | None:
     value = obj.get(name)
     return value if isinstance(value, str) else None
 
@@ -121,13 +126,13 @@ class Hello:
     """Answer to ``hello``: the daemon's protocol and identity."""
 
     protocol: int
-    version: Optional[str]
-    mountpoint: Optional[str]
-    job: Optional[str]
-    raw: Dict[str, Any] = field(repr=False, compare=False)
+    version: str | None
+    mountpoint: str | None
+    job: str | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
-    def from_response(cls, obj: Dict[str, Any]) -> "Hello":
+    def from_response(cls, obj: dict[str, Any]) -> Hello:
         """Builds the answer from a response object."""
         return cls(
             protocol=_req_int(obj, "protocol", "hello"),
@@ -155,16 +160,16 @@ class Status:
     rf: float
     generation: int
     next_ready: bool
-    cache_bytes: Optional[int]
-    budget_bytes: Optional[int]
-    tier_bytes_read: Optional[int]
-    view_files: Optional[int]
-    mountpoint: Optional[str]
-    policy: Optional[str]
-    raw: Dict[str, Any] = field(repr=False, compare=False)
+    cache_bytes: int | None
+    budget_bytes: int | None
+    tier_bytes_read: int | None
+    view_files: int | None
+    mountpoint: str | None
+    policy: str | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
-    def from_response(cls, obj: Dict[str, Any]) -> "Status":
+    def from_response(cls, obj: dict[str, Any]) -> Status:
         """Builds the answer from a response object."""
         next_ready = obj.get("next_ready")
         if not isinstance(next_ready, bool):
@@ -210,17 +215,15 @@ class FilesView:
     epoch: int
     mini_epoch: int
     mountpoint: str
-    files: List[str]
-    paths: List[str] = field(repr=False)
+    files: list[str]
+    paths: list[str] = field(repr=False)
 
     @classmethod
-    def from_response(cls, obj: Dict[str, Any]) -> "FilesView":
+    def from_response(cls, obj: dict[str, Any]) -> FilesView:
         """Builds the view from a response object."""
         files = obj.get("files")
         if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-            raise MetfsError(
-                "bad_response", "`files` response has no list of strings `files`"
-            )
+            raise MetfsError("bad_response", "`files` response has no list of strings `files`")
         mountpoint = obj.get("mountpoint")
         if not isinstance(mountpoint, str) or not mountpoint:
             raise MetfsError("bad_response", "`files` response has no string `mountpoint`")
@@ -256,12 +259,12 @@ class Decision:
     epoch: int
     mini_epoch: int
     passes_done: int
-    rf: Optional[float]
-    reason: Dict[str, Any]
-    raw: Dict[str, Any] = field(repr=False, compare=False)
+    rf: float | None
+    reason: dict[str, Any]
+    raw: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
-    def from_response(cls, obj: Dict[str, Any], op: str) -> "Decision":
+    def from_response(cls, obj: dict[str, Any], op: str) -> Decision:
         """Builds the decision from a response object to ``op``."""
         decision = obj.get("decision")
         if decision not in DECISIONS:
@@ -287,7 +290,7 @@ class Decision:
         return self.decision == "advance"
 
     @property
-    def position(self) -> "tuple[int, int]":
+    def position(self) -> tuple[int, int]:
         """``(epoch, mini_epoch)`` after the decision."""
         return (self.epoch, self.mini_epoch)
 
@@ -336,7 +339,7 @@ def _metric_to_float(name: str, value: Any) -> float:
     return out
 
 
-def metrics_to_floats(metrics: Optional[Mapping[str, Any]]) -> Dict[str, float]:
+def metrics_to_floats(metrics: Mapping[str, Any] | None) -> dict[str, float]:
     """Converts a mapping of metric name to number into plain floats.
 
     Accepts Python numbers, numpy scalars and one-element arrays, and one-element torch tensors
@@ -350,7 +353,7 @@ def metrics_to_floats(metrics: Optional[Mapping[str, Any]]) -> Dict[str, float]:
             "bad_metrics",
             f"metrics must be a mapping of name to number, got {type(metrics).__name__}",
         )
-    out: Dict[str, float] = {}
+    out: dict[str, float] = {}
     for name, value in metrics.items():
         if not isinstance(name, str) or not name:
             raise MetfsError("bad_metrics", f"metric names must be non-empty strings, got {name!r}")
@@ -385,11 +388,11 @@ class Client:
 
     def __init__(
         self,
-        socket: Optional[str] = None,
-        job: Optional[str] = None,
-        timeout: Optional[float] = None,
+        socket: str | None = None,
+        job: str | None = None,
+        timeout: float | None = None,
         *,
-        wait_timeout: Optional[float] = None,
+        wait_timeout: float | None = None,
         connect: bool = True,
     ) -> None:
         path = socket if socket is not None else os.environ.get(SOCKET_ENV)
@@ -400,13 +403,13 @@ class Client:
                 "(the daemon's default is CACHE_DIR/metfs.sock)",
             )
         self.socket_path: str = os.fspath(path)
-        self.job: Optional[str] = job if job is not None else (os.environ.get(JOB_ENV) or None)
+        self.job: str | None = job if job is not None else (os.environ.get(JOB_ENV) or None)
         self.timeout = timeout
         self.wait_timeout = wait_timeout
-        self._sock: Optional[_socket.socket] = None
+        self._sock: _socket.socket | None = None
         self._buf = bytearray()
         self._lock = threading.RLock()
-        self._hello: Optional[Hello] = None
+        self._hello: Hello | None = None
         if connect:
             self.connect()
 
@@ -453,7 +456,7 @@ class Client:
             ) from None
         self._sock = sock
         self._buf.clear()
-        request: Dict[str, Any] = {"op": "hello", "version": PROTOCOL_VERSION}
+        request: dict[str, Any] = {"op": "hello", "version": PROTOCOL_VERSION}
         if self.job:
             request["job"] = self.job
         try:
@@ -492,17 +495,17 @@ class Client:
         """Whether a connection is open."""
         return self._sock is not None
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        # Also runs for a client whose __init__ failed before the socket existed, and at
+        # interpreter exit; nothing raised here could reach anyone.
+        with contextlib.suppress(Exception):
             self._close_socket()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return f"Client(socket={self.socket_path!r}, job={self.job!r})"
@@ -531,7 +534,7 @@ class Client:
         self._sock.settimeout(self.timeout)
         self._sock.sendall(line.encode("utf-8"))
 
-    def _recv(self, timeout: Optional[float], op: str) -> Dict[str, Any]:
+    def _recv(self, timeout: float | None, op: str) -> dict[str, Any]:
         assert self._sock is not None
         self._sock.settimeout(timeout)
         while True:
@@ -565,7 +568,7 @@ class Client:
             )
         return obj
 
-    def request(self, request: Mapping[str, Any], *, wait: bool = False) -> Dict[str, Any]:
+    def request(self, request: Mapping[str, Any], *, wait: bool = False) -> dict[str, Any]:
         """Sends one request object and returns the successful response object.
 
         Raises ``MetfsError`` with the daemon's code when the response has ``"ok": false``.
@@ -614,14 +617,14 @@ class Client:
 
     def hello(self) -> Hello:
         """Performs the handshake again and returns the daemon's identity."""
-        request: Dict[str, Any] = {"op": "hello", "version": PROTOCOL_VERSION}
+        request: dict[str, Any] = {"op": "hello", "version": PROTOCOL_VERSION}
         if self.job:
             request["job"] = self.job
         self._hello = Hello.from_response(self.request(request))
         return self._hello
 
     @property
-    def info(self) -> Optional[Hello]:
+    def info(self) -> Hello | None:
         """The last ``hello`` answer (``None`` before the first connection)."""
         return self._hello
 
@@ -633,9 +636,7 @@ class Client:
         """The current view's files (relative and absolute) with its generation and position."""
         return FilesView.from_response(self.request({"op": "files"}))
 
-    def pass_end(
-        self, metrics: Optional[Mapping[str, Any]] = None, block: bool = False
-    ) -> Decision:
+    def pass_end(self, metrics: Mapping[str, Any] | None = None, block: bool = False) -> Decision:
         """Reports the end of one pass over the current mini-epoch and returns the decision.
 
         ``metrics`` maps names to numbers (Python, numpy or one-element torch values); they are
@@ -643,7 +644,7 @@ class Client:
         sending. With ``block=True``, when the policy wants to advance the daemon waits for the
         next mini-epoch to be staged and answers ``advance`` instead of ``wait``.
         """
-        request: Dict[str, Any] = {
+        request: dict[str, Any] = {
             "op": "pass_end",
             "metrics": metrics_to_floats(metrics),
             "block": bool(block),

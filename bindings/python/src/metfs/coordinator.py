@@ -16,7 +16,8 @@ from __future__ import annotations
 import abc
 import socket as _socket
 import sys
-from typing import Any, Dict, List, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from .client import Client, Decision, FilesView, MetfsError, Status
 
@@ -48,9 +49,7 @@ class Coordinator(abc.ABC):
         return client.files()
 
     @abc.abstractmethod
-    def pass_end(
-        self, client: Client, metrics: Optional[Mapping[str, Any]], block: bool
-    ) -> Decision:
+    def pass_end(self, client: Client, metrics: Mapping[str, Any] | None, block: bool) -> Decision:
         """Reports the end of one pass and returns the decision this rank must follow.
 
         When the decision is ``advance``, this rank's view already shows the new mini-epoch.
@@ -60,9 +59,7 @@ class Coordinator(abc.ABC):
 class LocalCoordinator(Coordinator):
     """The local daemon decides: ``pass_end`` goes straight to it."""
 
-    def pass_end(
-        self, client: Client, metrics: Optional[Mapping[str, Any]], block: bool
-    ) -> Decision:
+    def pass_end(self, client: Client, metrics: Mapping[str, Any] | None, block: bool) -> Decision:
         return client.pass_end(metrics, block=block)
 
 
@@ -121,7 +118,7 @@ class TorchDistributedCoordinator(Coordinator):
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size(group)
         self.host = _socket.gethostname()
-        self._pending_error: Optional[str] = None
+        self._pending_error: str | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -129,18 +126,18 @@ class TorchDistributedCoordinator(Coordinator):
 
     # -- collectives --------------------------------------------------------------------------
 
-    def _gather(self, obj: Dict[str, Any]) -> List[Dict[str, Any]]:
-        out: List[Any] = [None] * self.world_size
+    def _gather(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        out: list[Any] = [None] * self.world_size
         self._dist.all_gather_object(out, obj, group=self.group)
         return out
 
-    def _broadcast(self, obj: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    def _broadcast(self, obj: dict[str, Any] | None) -> dict[str, Any]:
         box = [obj]
         self._dist.broadcast_object_list(box, src=self.leader, group=self.group)
         assert box[0] is not None
         return box[0]
 
-    def _check(self, infos: List[Dict[str, Any]], what: str) -> None:
+    def _check(self, infos: list[dict[str, Any]], what: str) -> None:
         failed = [(i, info) for i, info in enumerate(infos) if info.get("error")]
         if not failed:
             return
@@ -155,8 +152,8 @@ class TorchDistributedCoordinator(Coordinator):
             code = "peer_failed"
         raise MetfsError(code, f"metfs failed during {what}: " + "; ".join(parts))
 
-    def _local_status(self, client: Client) -> "tuple[Optional[Status], Dict[str, Any]]":
-        info: Dict[str, Any] = {"rank": self.rank, "host": self.host}
+    def _local_status(self, client: Client) -> tuple[Status | None, dict[str, Any]]:
+        info: dict[str, Any] = {"rank": self.rank, "host": self.host}
         if self._pending_error:
             info["error"], self._pending_error = self._pending_error, None
             info["code"] = "connection_lost"
@@ -170,8 +167,8 @@ class TorchDistributedCoordinator(Coordinator):
         info.update(ready=st.next_ready, position=(st.epoch, st.mini_epoch))
         return st, info
 
-    def _apply(self, client: Client, position: "tuple[int, int]") -> Dict[str, Any]:
-        info: Dict[str, Any] = {"rank": self.rank, "host": self.host}
+    def _apply(self, client: Client, position: tuple[int, int]) -> dict[str, Any]:
+        info: dict[str, Any] = {"rank": self.rank, "host": self.host}
         try:
             d = client.apply(position[0], position[1], wait=True)
             info["generation"] = d.generation
@@ -192,17 +189,18 @@ class TorchDistributedCoordinator(Coordinator):
         infos = self._gather(info)
         self._check(infos, "start")
         assert st is not None
-        target = tuple(infos[self.leader]["position"])
-        outcome: Dict[str, Any] = {"rank": self.rank, "host": self.host}
+        leader_epoch, leader_mini_epoch = infos[self.leader]["position"]
+        target = (leader_epoch, leader_mini_epoch)
+        outcome: dict[str, Any] = {"rank": self.rank, "host": self.host}
         if (st.epoch, st.mini_epoch) != target:
-            outcome = self._apply(client, target)  # type: ignore[arg-type]
+            outcome = self._apply(client, target)
         self._check(self._gather(outcome), "start (moving to the leader's mini-epoch)")
         return client.status() if (st.epoch, st.mini_epoch) != target else st
 
     def files(self, client: Client) -> FilesView:
         # Collective, so that a daemon failing here fails every rank, not just this one.
-        info: Dict[str, Any] = {"rank": self.rank, "host": self.host}
-        view: Optional[FilesView] = None
+        info: dict[str, Any] = {"rank": self.rank, "host": self.host}
+        view: FilesView | None = None
         try:
             view = client.files()
             info["position"] = (view.epoch, view.mini_epoch)
@@ -223,14 +221,12 @@ class TorchDistributedCoordinator(Coordinator):
         assert view is not None
         return view
 
-    def pass_end(
-        self, client: Client, metrics: Optional[Mapping[str, Any]], block: bool
-    ) -> Decision:
+    def pass_end(self, client: Client, metrics: Mapping[str, Any] | None, block: bool) -> Decision:
         st, info = self._local_status(client)
         infos = self._gather(info)
         self._check(infos, "pass end (readiness check)")
         assert st is not None
-        payload: Optional[Dict[str, Any]] = None
+        payload: dict[str, Any] | None = None
         if self.is_leader:
             try:
                 d = client.pass_end(metrics, block=block)
@@ -247,7 +243,7 @@ class TorchDistributedCoordinator(Coordinator):
         decided = Decision.from_response(payload["raw"], "pass_end")
         not_ready = [i["rank"] for i in infos if not i.get("ready")]
         reason = dict(decided.reason, all_ready=not not_ready, not_ready_ranks=not_ready)
-        outcome: Dict[str, Any] = {"rank": self.rank, "host": self.host}
+        outcome: dict[str, Any] = {"rank": self.rank, "host": self.host}
         mine = Decision(
             decision=decided.decision,
             generation=decided.generation,

@@ -25,19 +25,20 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable
 
 import keras
 import numpy as np
 
-from .client import Client, Decision, FilesView, metrics_to_floats
+from .client import Client, FilesView, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
 from .tracker import PassTracker, TracksPasses
 
 __all__ = ["MetCallback", "MetSequence", "default_collate"]
 
 
-def default_collate(samples: List[Any]) -> Any:
+def default_collate(samples: list[Any]) -> Any:
     """Stacks per-sample outputs into a batch.
 
     Samples that are tuples (``(x, y)`` or ``(x, y, w)``) are stacked field by field; dicts key
@@ -71,9 +72,9 @@ class MetSequence(keras.utils.PyDataset):
         batch_size: int = 32,
         *,
         shuffle: bool = True,
-        seed: Optional[int] = None,
-        collate: Callable[[List[Any]], Any] = default_collate,
-        steps: Optional[int] = None,
+        seed: int | None = None,
+        collate: Callable[[list[Any]], Any] = default_collate,
+        steps: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -93,8 +94,8 @@ class MetSequence(keras.utils.PyDataset):
             raise ValueError(f"steps must be at least 1, got {steps}")
         self.steps = steps
         #: Generations of the views this dataset served, one entry per refresh.
-        self.generations: List[int] = []
-        self._batches: List[np.ndarray] = []
+        self.generations: list[int] = []
+        self._batches: list[np.ndarray] = []
         self._split()
 
     def _split(self) -> None:
@@ -138,7 +139,7 @@ class MetSequence(keras.utils.PyDataset):
     def on_epoch_end(self) -> None:
         self._refreshed = False
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:
         # Worker processes only load files; the socket stays in the parent.
         state = self.__dict__.copy()
         state["client"] = None
@@ -162,10 +163,10 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
         client: Client,
         epochs: int = 1,
         *,
-        metrics: Optional[Sequence[str]] = None,
+        metrics: Sequence[str] | None = None,
         block: bool = False,
         datasets: Sequence[MetSequence] = (),
-        coordinator: Optional[Coordinator] = None,
+        coordinator: Coordinator | None = None,
         verbose: int = 0,
     ) -> None:
         super().__init__()
@@ -180,16 +181,16 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
         self.coordinator = coordinator
         self.verbose = verbose
 
-    def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self.coordinator is None:
             self.coordinator = default_coordinator()
         self.tracker.start(self.coordinator.start(self.client))
 
-    def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         for ds in self.datasets:
             ds.refresh()
 
-    def _select(self, logs: Optional[Dict[str, Any]]) -> Dict[str, float]:
+    def _select(self, logs: dict[str, Any] | None) -> dict[str, float]:
         logs = dict(logs or {})
         if self.metrics is not None:
             missing = [m for m in self.metrics if m not in logs]
@@ -200,7 +201,7 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
             logs = {m: logs[m] for m in self.metrics}
         return metrics_to_floats(logs)
 
-    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         assert self.coordinator is not None
         decision = self.coordinator.pass_end(self.client, self._select(logs), self.block)
         done = self.tracker.record(decision)
@@ -213,7 +214,7 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
         if done:
             self.model.stop_training = True
 
-    def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         message = self.tracker.unfinished("give fit() a larger epochs=")
         if message is not None:
             warnings.warn(message, RuntimeWarning, stacklevel=2)

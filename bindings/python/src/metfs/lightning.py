@@ -27,14 +27,15 @@ larger than any run needs (``-1``: unbounded).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 try:
     import lightning.pytorch as pl
 except ImportError:  # pragma: no cover - the older package name
-    import pytorch_lightning as pl  # type: ignore[no-redef]
+    import pytorch_lightning as pl
 
-from .client import Client, Decision, metrics_to_floats
+from .client import Client, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
 from .tracker import PassTracker, TracksPasses
 
@@ -58,9 +59,9 @@ class MetCallback(pl.Callback, TracksPasses):
         client: Client,
         epochs: int = 1,
         *,
-        metrics: Optional[Sequence[str]] = None,
+        metrics: Sequence[str] | None = None,
         block: bool = False,
-        coordinator: Optional[Coordinator] = None,
+        coordinator: Coordinator | None = None,
     ) -> None:
         super().__init__()
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
@@ -72,20 +73,20 @@ class MetCallback(pl.Callback, TracksPasses):
         self.block = block
         self.coordinator = coordinator
 
-    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # A plain attribute the Trainer's data connector sets in __init__; a new view (other
         # files, another count) needs a new loader every pass.
         every = getattr(trainer, "reload_dataloaders_every_n_epochs", 0)
         if stage == "fit" and every != 1:
-            setattr(trainer, "reload_dataloaders_every_n_epochs", 1)
+            trainer.reload_dataloaders_every_n_epochs = 1
 
-    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.coordinator is None:
             self.coordinator = default_coordinator()
         self.tracker.start(self.coordinator.start(self.client))
 
-    def _select(self, trainer: "pl.Trainer") -> Dict[str, float]:
-        logged: Dict[str, Any] = dict(trainer.callback_metrics)
+    def _select(self, trainer: pl.Trainer) -> dict[str, float]:
+        logged: dict[str, Any] = dict(trainer.callback_metrics)
         if self.metrics is not None:
             missing = [m for m in self.metrics if m not in logged]
             if missing:
@@ -96,14 +97,14 @@ class MetCallback(pl.Callback, TracksPasses):
             logged = {m: logged[m] for m in self.metrics}
         return metrics_to_floats(logged)
 
-    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.coordinator is not None
         decision = self.coordinator.pass_end(self.client, self._select(trainer), self.block)
         done = self.tracker.record(decision)
         if done:
             trainer.should_stop = True
 
-    def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         message = self.tracker.unfinished("raise the Trainer's max_epochs (-1: unbounded)")
         if message is not None:
             warnings.warn(message, RuntimeWarning, stacklevel=2)

@@ -19,8 +19,9 @@ the next mini-epoch (``advance``). It stops once the requested number of MET epo
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any
 
 from .client import Client, Decision, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
@@ -45,24 +46,24 @@ class Pass:
     mini_epoch: int
     pass_in_mini_epoch: int
     mountpoint: str
-    files: List[str] = field(repr=False)
-    paths: List[str] = field(repr=False)
-    metrics: Dict[str, Any] = field(default_factory=dict)
-    decision: Optional[Decision] = None
+    files: list[str] = field(repr=False)
+    paths: list[str] = field(repr=False)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    decision: Decision | None = None
 
-    def report(self, metrics: Optional[Mapping[str, Any]] = None, **named: Any) -> None:
+    def report(self, metrics: Mapping[str, Any] | None = None, **named: Any) -> None:
         """Adds metrics of this pass, e.g. ``p.report(loss=0.3, accuracy=0.9)``.
 
         Values are checked at once (numbers only, finite), so a bad metric fails here, in the
         training code, rather than at the next iteration.
         """
-        merged: Dict[str, Any] = dict(metrics or {})
+        merged: dict[str, Any] = dict(metrics or {})
         merged.update(named)
         metrics_to_floats(merged)
         self.metrics.update(merged)
 
     @property
-    def position(self) -> Tuple[int, int]:
+    def position(self) -> tuple[int, int]:
         """``(epoch, mini_epoch)`` of this pass."""
         return (self.epoch, self.mini_epoch)
 
@@ -79,7 +80,7 @@ class PassRecord:
     epoch: int
     mini_epoch: int
     files: int
-    metrics: Dict[str, float]
+    metrics: dict[str, float]
     decision: Decision
 
 
@@ -99,19 +100,19 @@ class Passes(TracksPasses):
         epochs: int = 1,
         *,
         block: bool = False,
-        coordinator: Optional[Coordinator] = None,
-        max_passes: Optional[int] = None,
+        coordinator: Coordinator | None = None,
+        max_passes: int | None = None,
     ) -> None:
         #: The pass-tracking state: target epoch, decisions, generations, done.
         self.tracker = PassTracker(epochs, max_passes=max_passes)
         self.client = client
         self.block = block
         self.coordinator = coordinator if coordinator is not None else default_coordinator()
-        self.records: List[PassRecord] = []
+        self.records: list[PassRecord] = []
         self._started = False
 
     @property
-    def max_passes(self) -> Optional[int]:
+    def max_passes(self) -> int | None:
         """Cap on the number of passes (``None``: no cap)."""
         return self.tracker.max_passes
 
@@ -120,9 +121,9 @@ class Passes(TracksPasses):
         """Whether this rank decides (single process: always)."""
         return self.coordinator.is_leader
 
-    def rf_per_mini_epoch(self) -> List[Tuple[int, int, int]]:
+    def rf_per_mini_epoch(self) -> list[tuple[int, int, int]]:
         """``(epoch, mini_epoch, passes)`` for every mini-epoch trained over, in order."""
-        out: List[Tuple[int, int, int]] = []
+        out: list[tuple[int, int, int]] = []
         for r in self.records:
             if out and out[-1][:2] == (r.epoch, r.mini_epoch):
                 out[-1] = (r.epoch, r.mini_epoch, out[-1][2] + 1)
@@ -174,8 +175,8 @@ def passes(
     epochs: int = 1,
     *,
     block: bool = False,
-    coordinator: Optional[Coordinator] = None,
-    max_passes: Optional[int] = None,
+    coordinator: Coordinator | None = None,
+    max_passes: int | None = None,
 ) -> Passes:
     """Passes over the current view until ``epochs`` full MET epochs have completed.
 
@@ -188,6 +189,4 @@ def passes(
     ``coordinator`` decides across ranks; by default the local daemon decides, or rank 0's when
     ``torch.distributed`` is initialised (see :mod:`metfs.coordinator`).
     """
-    return Passes(
-        client, epochs, block=block, coordinator=coordinator, max_passes=max_passes
-    )
+    return Passes(client, epochs, block=block, coordinator=coordinator, max_passes=max_passes)

@@ -25,7 +25,8 @@ of what ``step_fn`` returns (plus ``eval_fn()``'s metrics) after each pass.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Union
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -37,7 +38,7 @@ from .loop import Pass, Passes, passes
 __all__ = ["MetDataset", "MetSampler", "met_loader", "met_train"]
 
 
-class MetDataset(Dataset):
+class MetDataset(Dataset[Any]):
     """A map-style dataset over the current view of a metfs mount.
 
     ``loader(path)`` turns one file (absolute path) into one sample. An item key may be a path
@@ -47,12 +48,12 @@ class MetDataset(Dataset):
     """
 
     def __init__(self, client: Client, loader: Callable[[str], Any]) -> None:
-        self.client: Optional[Client] = client
+        self.client: Client | None = client
         self.loader = loader
         self.view: FilesView = client.files()
 
     @property
-    def paths(self) -> List[str]:
+    def paths(self) -> list[str]:
         """Absolute paths of the view as of the last refresh."""
         return self.view.paths
 
@@ -80,12 +81,12 @@ class MetDataset(Dataset):
     def __len__(self) -> int:
         return len(self.view)
 
-    def __getitem__(self, key: Union[int, str]) -> Any:
+    def __getitem__(self, key: int | str) -> Any:
         if isinstance(key, str):
             return self.loader(key)
         return self.loader(self.view.paths[key])
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:
         # Worker processes only load files; the socket stays in the parent.
         state = self.__dict__.copy()
         state["client"] = None
@@ -110,7 +111,7 @@ class MetSampler(Sampler[str]):
         self._gen = torch.Generator()
         self._gen.manual_seed(seed)
         #: Generations of the views iterated over, one entry per pass.
-        self.generations: List[int] = []
+        self.generations: list[int] = []
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -133,7 +134,7 @@ def met_loader(
     shuffle: bool = True,
     seed: int = 0,
     **kwargs: Any,
-) -> DataLoader:
+) -> DataLoader[Any]:
     """A ``DataLoader`` over ``dataset`` with a :class:`MetSampler` (follows the view).
 
     Build it once and iterate it once per pass; further keyword arguments (``num_workers``,
@@ -143,7 +144,7 @@ def met_loader(
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
 
 
-def _batch_metrics(out: Any) -> Dict[str, float]:
+def _batch_metrics(out: Any) -> dict[str, float]:
     if out is None:
         return {}
     if isinstance(out, Mapping):
@@ -158,11 +159,11 @@ def met_train(
     *,
     epochs: int = 1,
     batch_size: int = 32,
-    eval_fn: Optional[Callable[[], Mapping[str, Any]]] = None,
-    on_pass: Optional[Callable[[Pass, Dict[str, float]], None]] = None,
+    eval_fn: Callable[[], Mapping[str, Any]] | None = None,
+    on_pass: Callable[[Pass, dict[str, float]], None] | None = None,
     block: bool = False,
-    coordinator: Optional[Coordinator] = None,
-    max_passes: Optional[int] = None,
+    coordinator: Coordinator | None = None,
+    max_passes: int | None = None,
     **loader_kwargs: Any,
 ) -> Passes:
     """Trains over the mount pass by pass until ``epochs`` MET epochs are done.
@@ -174,16 +175,14 @@ def met_train(
     metrics, are reported with ``pass_end``. ``on_pass(p, metrics)`` is called after each pass
     (e.g. to log). Returns the finished :class:`metfs.Passes` with the decision history.
     """
-    run = passes(
-        client, epochs, block=block, coordinator=coordinator, max_passes=max_passes
-    )
+    run = passes(client, epochs, block=block, coordinator=coordinator, max_passes=max_passes)
     loader_kwargs.setdefault("shuffle", True)
     for p in run:
         dataset.set_view(
             FilesView(p.generation, p.epoch, p.mini_epoch, p.mountpoint, p.files, p.paths)
         )
         loader = DataLoader(dataset, batch_size=batch_size, **loader_kwargs)
-        sums: Dict[str, float] = {}
+        sums: dict[str, float] = {}
         batches = 0
         for batch in loader:
             for name, value in _batch_metrics(step_fn(batch)).items():

@@ -17,8 +17,6 @@ feeds them in, so the same rules hold for every integration and can be tested on
 
 from __future__ import annotations
 
-from typing import Optional
-
 from .client import Decision, Status
 
 __all__ = ["PassTracker", "TracksPasses"]
@@ -35,7 +33,7 @@ class PassTracker:
     status and keeps the history of earlier passes.
     """
 
-    def __init__(self, epochs: int, *, max_passes: Optional[int] = None) -> None:
+    def __init__(self, epochs: int, *, max_passes: int | None = None) -> None:
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
             raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
         if max_passes is not None and max_passes < 0:
@@ -43,9 +41,9 @@ class PassTracker:
         self.epochs = epochs
         self.max_passes = max_passes
         #: The daemon's epoch at the last :meth:`start` (``None`` before it).
-        self.start_epoch: Optional[int] = None
+        self.start_epoch: int | None = None
         #: ``start_epoch + epochs``: the job is done once a decision's epoch reaches it.
-        self.target_epoch: Optional[int] = None
+        self.target_epoch: int | None = None
         #: The decision after each pass, in order, across every :meth:`start`.
         self.decisions: list[Decision] = []
         #: The generation after each pass (the view the next pass reads), in order.
@@ -92,7 +90,7 @@ class PassTracker:
             self.done = True
         return self.done
 
-    def unfinished(self, hint: str) -> Optional[str]:
+    def unfinished(self, hint: str) -> str | None:
         """A warning for a training run that ended early, or ``None`` when the job is done.
 
         ``hint`` tells the user how to give the framework more epochs.
@@ -120,12 +118,12 @@ class TracksPasses:
         return self.tracker.epochs
 
     @property
-    def start_epoch(self) -> Optional[int]:
+    def start_epoch(self) -> int | None:
         """The daemon's epoch when training began (``None`` before)."""
         return self.tracker.start_epoch
 
     @property
-    def target_epoch(self) -> Optional[int]:
+    def target_epoch(self) -> int | None:
         """``start_epoch + epochs``: training ends after the pass whose decision reaches it."""
         return self.tracker.target_epoch
 
