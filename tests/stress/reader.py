@@ -21,8 +21,9 @@ import os
 import random
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 CHUNK = 128 * 1024
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import statistics
 import threading
 import time
@@ -31,14 +30,14 @@ STRESS_DIR = Path(__file__).resolve().parent
 
 
 def env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
+    return int(os.environ.get(name, str(default)))
 
 
 READERS = env_int("METFS_STRESS_READERS", 32)
 SWITCHES = env_int("METFS_STRESS_SWITCHES", 6)
 KILLS = env_int("METFS_STRESS_KILLS", 5)
-OUTAGE_S = float(os.environ.get("METFS_STRESS_OUTAGE_S", 3))
-DEADLINE_S = float(os.environ.get("METFS_STRESS_DEADLINE_S", 60))
+OUTAGE_S = float(os.environ.get("METFS_STRESS_OUTAGE_S", "3"))
+DEADLINE_S = float(os.environ.get("METFS_STRESS_DEADLINE_S", "60"))
 
 
 def sha256_tree(root: Path) -> tuple[dict[str, str], dict[str, int]]:
@@ -129,7 +128,7 @@ class BudgetSampler(threading.Thread):
                 self.over.append((round(time.monotonic() - t0, 3), b, parts if len(self.over) < 5 else None))
             time.sleep(self.period)
 
-    def __enter__(self) -> "BudgetSampler":
+    def __enter__(self) -> BudgetSampler:
         self.start()
         return self
 
@@ -210,7 +209,7 @@ def advance_wait(m: Mount, deadline: float = DEADLINE_S) -> tuple[float, dict[st
     t = time.monotonic()
     try:
         r = m.rpc({"op": "advance", "wait": True}, timeout=deadline)
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         raise StuckView(f"advance --wait did not return in {deadline} s; status: {json.dumps(status_or_error(m))}") from None
     assert r.get("ok"), r
     assert r["decision"] == "advance", r

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from conftest import ROOT, Mount, Tier, free_port, is_mounted, make_tree
-from stresslib import (OUTAGE_S, BudgetSampler, Ledger, advance_wait, sha256_tree, wait_ready, write_result)
+from stresslib import OUTAGE_S, BudgetSampler, Ledger, advance_wait, sha256_tree, wait_ready, write_result
 
 BUDGET = 6 << 20
 

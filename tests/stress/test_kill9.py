@@ -4,6 +4,7 @@ and fetch from the tier only what was not complete in the cache at the kill."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import shutil
@@ -14,10 +15,7 @@ import time
 from pathlib import Path
 
 from conftest import is_mounted, make_tree
-from stresslib import (DEADLINE_S, KILLS, BudgetSampler, Ledger, advance_wait, median, p_max, sha256_tree, wait_ready,
-                       write_result)
-
-import hashlib
+from stresslib import DEADLINE_S, KILLS, BudgetSampler, Ledger, advance_wait, median, p_max, sha256_tree, wait_ready, write_result
 
 BUDGET = 6 << 20
 PHASES = ["first-staging", "staging", "switching", "draining"]
@@ -53,7 +51,7 @@ def test_kill9_at_random_points_then_remount(mounts, tmp_path):
     hashes, sizes = sha256_tree(src)
     # A paced tier, so that a kill lands inside staging rather than between slots.
     m = mounts(src, str(BUDGET), "--rf", "1", "--mini-epochs", "4", "--compose", "sequential", "--prefetch-rate", "4MiB/s")
-    rng = random.Random(int(os.environ.get("METFS_STRESS_SEED", 1)))
+    rng = random.Random(int(os.environ.get("METFS_STRESS_SEED", "1")))
     remount_s: list[float] = []
     ready_s: list[float] = []
     refetched_total = 0

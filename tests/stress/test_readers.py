@@ -5,18 +5,28 @@ the budget sampled every 10 ms, and exactly-once coverage of every epoch the swi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
 from conftest import make_tree
 from reader import merge, new_counters, start_burst, start_threads
-from stresslib import (DEADLINE_S, READERS, STRESS_DIR, SWITCHES, BudgetSampler, Ledger, StuckView, advance_wait,
-                       median, p_max, sha256_tree, wait_drained, write_result)
+from stresslib import (
+    DEADLINE_S,
+    READERS,
+    STRESS_DIR,
+    SWITCHES,
+    BudgetSampler,
+    Ledger,
+    StuckView,
+    advance_wait,
+    median,
+    p_max,
+    sha256_tree,
+    wait_drained,
+    write_result,
+)
 
 BUDGET = 8 << 20
 # Threads that open one file all at once, besides the readers.
@@ -54,7 +64,7 @@ def test_concurrent_readers_across_switches(mounts, tmp_path, read_path):
         try:
             for _ in range(SWITCHES):
                 time.sleep(0.2)  # let the readers into the current view before it switches
-                secs, r = advance_wait(m)
+                secs, _ = advance_wait(m)
                 switch_secs.append(secs)
                 ledger.record()
         except StuckView as e:
