@@ -103,7 +103,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     start = client.status()
     print(
         f"metfs {client.info.version if client.info else '?'}: {start.mini_epochs} mini-epochs, "
-        f"rf {start.rf:g} ({start.policy or start.get('rf_policy', '?')} policy), budget "
+        f"rf {start.rf:g} ({start.policy or '?'} policy), budget "
         f"{human(start.budget_bytes or 0)}; training {args.epochs} epoch(s) from epoch "
         f"{start.epoch}, mini-epoch {start.mini_epoch}"
     )

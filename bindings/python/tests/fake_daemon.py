@@ -195,7 +195,7 @@ class FakeDaemon:
                 "tier_bytes_read": 10 * self.generation,
                 "view_files": len(self.files_at(self.epoch, self.mini_epoch)),
                 "mountpoint": self.mountpoint,
-                "policy": "fixed",
+                "rf_policy": "fixed",
             }
         if op == "files":
             return {

@@ -24,7 +24,11 @@ def test_connects_with_hello_and_reads_status(fake: FakeDaemon) -> None:
         st = c.status()
         assert (st.epoch, st.mini_epoch, st.mini_epochs, st.passes_done, st.rf) == (0, 0, 3, 0, 2)
         assert st.generation == 1 and st.next_ready is True
-        assert st.tier_bytes_read == 10 and st["policy"] == "fixed" and st.get("nope", 7) == 7
+        assert (
+            st.tier_bytes_read == 10
+            and st.policy == st["rf_policy"] == "fixed"
+            and st.get("nope", 7) == 7
+        )
     assert not c.connected
 
 

@@ -149,7 +149,8 @@ class Status:
 
     ``passes_done`` is the protocol's ``pass``: passes completed over the current mini-epoch.
     ``rf`` is the passes per mini-epoch the policy expects (a float: adaptive policies give a
-    fractional estimate). Fields the daemon may leave out are ``None``; every field it sent is
+    fractional estimate). ``policy`` is the protocol's ``rf_policy`` (``fixed``, ``score``,
+    ``bollinger``). Fields the daemon may leave out are ``None``; every field it sent is
     in ``raw``.
     """
 
@@ -190,7 +191,7 @@ class Status:
             tier_bytes_read=_opt_int(obj, "tier_bytes_read"),
             view_files=_opt_int(obj, "view_files"),
             mountpoint=_opt_str(obj, "mountpoint"),
-            policy=_opt_str(obj, "policy"),
+            policy=_opt_str(obj, "rf_policy"),
             raw=obj,
         )
 
