@@ -6,7 +6,8 @@
 
 use std::collections::HashMap;
 
-use super::{rng::PlanRng, NONE};
+use super::rng::PlanRng;
+use super::NONE;
 
 /// One remainder sample in the sweep colouring.
 #[derive(Debug, Clone, Copy)]

@@ -3,12 +3,16 @@
 //! [`PlanSummary`]'s `Display` for the table). Large class counts are capped so that a
 //! summary stays small whatever the dataset.
 
-use crate::size::format_bytes;
-use serde::Serialize;
 use std::cmp::Reverse;
 use std::fmt;
 
-use super::{assign::assign, layout::layout, PlanConfig, PlanError, SampleSet, Strategy, NONE};
+use serde::Serialize;
+
+use crate::size::format_bytes;
+
+use super::assign::assign;
+use super::layout::layout;
+use super::{PlanConfig, PlanError, SampleSet, Strategy, NONE};
 
 /// Smallest, largest and mean of a set of byte counts.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
