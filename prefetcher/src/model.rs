@@ -236,9 +236,13 @@ fn positive_rf(rf: u32) -> Result<u32, ModelError> {
     }
 }
 
-/// `ceil(a / b)` for a, b > 0 in f64, exact for ratios that are whole numbers (9.5 → 10, 10 → 10).
-fn ceil_ratio(a: f64, b: f64) -> f64 {
-    (a / b).ceil()
+/// The stall-free rf, `ceil(EB_1 / B_2)` (module docs): the fewest passes per mini-epoch with
+/// which the next mini-epoch is staged before the current one is finished. `None` until B_2 is
+/// known to be positive; otherwise at least 1 and at most `u32::MAX` (the cast saturates).
+/// Exact for ratios that are whole numbers (9.5 → 10, 10 → 10). The model and `metfs report`
+/// both compute it here, so they never disagree.
+pub fn stall_free_rf(eb1: f64, b2: f64) -> Option<u32> {
+    (b2 > 0.0).then(|| (eb1 / b2).ceil().max(1.0) as u32)
 }
 
 /// Evaluates the model. Errors on unusable inputs (zero or non-finite rates, rf 0, an empty
@@ -299,12 +303,7 @@ pub fn model(inputs: &ModelInputs) -> Result<ModelOutput, ModelError> {
     let mini_epoch_bytes = d.div_ceil(u64::from(nm));
     let m = mini_epoch_bytes as f64;
     let stall_free_rf_exact = eb1 / b2;
-    let stall_free_f = ceil_ratio(eb1, b2);
-    let stall_free_rf = if stall_free_f >= f64::from(u32::MAX) {
-        u32::MAX
-    } else {
-        stall_free_f as u32
-    };
+    let stall_free_rf = stall_free_rf(eb1, b2).expect("B2 was checked positive");
     let per_rf = |rf: u32| -> (f64, f64, bool) {
         let rf = f64::from(rf);
         let eb2 = (eb1 / rf).min(b2);
@@ -611,6 +610,16 @@ fn parse_jsonl(text: &str, path: &Path) -> Result<Vec<ScheduleEntry>, ModelError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stall_free_rf_is_the_ceiling_of_eb1_over_b2_and_at_least_one() {
+        assert_eq!(stall_free_rf(9.5, 1.0), Some(10));
+        assert_eq!(stall_free_rf(10.0, 1.0), Some(10));
+        assert_eq!(stall_free_rf(3.0e8, 1.0e9), Some(1));
+        assert_eq!(stall_free_rf(0.0, 1.0e9), Some(1));
+        assert_eq!(stall_free_rf(1.0e300, 1.0e-10), Some(u32::MAX));
+        assert_eq!(stall_free_rf(1.0e9, 0.0), None);
+    }
 
     const TIB: f64 = (1u64 << 40) as f64;
     const GIB: f64 = (1u64 << 30) as f64;

@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use prefetcher::model::stall_free_rf;
+
 use super::events::{Event, EventLog, StartEv, Timed};
 use super::{MiniEpochRow, ReportSummary, RfStats};
 
@@ -303,10 +305,7 @@ pub(super) fn summarise(
         b2_bytes_per_s: b2,
         eb1_bytes_per_s: eb1,
         eb2_bytes_per_s: (duration > 0.0).then(|| a.tier_bytes_read as f64 / duration),
-        stall_free_rf: match (eb1, b2) {
-            (Some(e), Some(b)) if b > 0.0 => Some((e / b).ceil().max(1.0) as u32),
-            _ => None,
-        },
+        stall_free_rf: eb1.zip(b2).and_then(|(e, b)| stall_free_rf(e, b)),
         mean_pass_secs: (!timed.is_empty()).then(|| timed.iter().sum::<f64>() / timed.len() as f64),
         mini_epochs: a.rows.clone(),
     }
