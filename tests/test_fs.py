@@ -285,3 +285,37 @@ def test_allow_other_enforces_the_source_modes(metfs, tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
         import shutil as sh
         sh.rmtree(base, ignore_errors=True)
+
+
+def test_a_low_descriptor_limit_does_not_break_reads(metfs, tmp_path):
+    """An ordinary user's session starts with a soft limit of 1,024 descriptors; a daemon that
+    kept a backing file open per file read ran out (EMFILE on every read and accept). Here the
+    limit is 256 and 600 files are read twice on the cached path."""
+    import resource
+    import subprocess
+
+    src = tmp_path / "tier"
+    src.mkdir()
+    want = {f"f{i:04d}": os.urandom(100 + i) for i in range(600)}
+    for n, b in want.items():
+        (src / n).write_bytes(b)
+    cache, mnt = tmp_path / "cache", tmp_path / "mnt"
+    cache.mkdir()
+    mnt.mkdir()
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
+
+    r = subprocess.run([metfs, "mount", "--source", str(src), "--cache", str(cache), "--budget", "16MiB",
+                        "--mini-epochs", "1", "--read-path", "cached", "--history", str(tmp_path / "h.json"),
+                        str(mnt)], capture_output=True, text=True, timeout=120, preexec_fn=low_limit)
+    assert r.returncode == 0, r.stderr
+    try:
+        for _ in range(2):
+            for n, b in want.items():
+                assert (mnt / n).read_bytes() == b, n
+        from conftest import rpc
+        assert rpc(str(cache / "metfs.sock"), {"op": "status"}, timeout=10)["ok"]
+    finally:
+        subprocess.run([metfs, "umount", str(mnt)], capture_output=True, timeout=120)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

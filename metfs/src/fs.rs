@@ -176,10 +176,47 @@ pub struct FsCore {
     pub mtime: SystemTime,
 }
 
+/// Raises this process's soft limit on open descriptors to its hard limit and returns the
+/// soft limit now in force. An ordinary user's session typically starts at 1,024 (with a hard
+/// limit far above), fewer than the backing files the read paths keep open.
+pub fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+    }
+    lim.rlim_cur as u64
+}
+
 impl FsCore {
-    /// A core showing `initial`.
+    /// A core showing `initial`. The cache of open backing files keeps at most half the
+    /// descriptors the process may open (see [`raise_fd_limit`]), whatever `settings` say: the
+    /// stager, the control socket and the kernel's requests need the rest, and a full table
+    /// fails every open and accept with EMFILE.
     pub fn new(initial: Arc<View>, settings: FsSettings) -> Self {
-        let (max_open_files, max_backing_ids) = (settings.max_open_files, settings.max_backing_ids);
+        let fd_share = (raise_fd_limit() / 2).max(64);
+        if settings.max_open_files > fd_share {
+            tracing::info!(
+                max_open_files = fd_share,
+                "keeping fewer backing files open than configured: the descriptor limit is low"
+            );
+        }
+        let max_open_files = settings.max_open_files.min(fd_share);
+        let max_backing_ids = settings.max_backing_ids;
         Self {
             views: RwLock::new(Views {
                 current: initial,

@@ -717,6 +717,9 @@ fn mount_cmd(args: MountArgs) -> Result<()> {
 }
 
 async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>) -> Result<()> {
+    // Staging and the read paths keep many files open; an ordinary user's session starts
+    // with a soft limit of 1,024 descriptors.
+    metfs::fs::raise_fd_limit();
     let setup = async {
         mount::check_mountpoint(&mountpoint)?;
         mount::check_fuse_device()?;
