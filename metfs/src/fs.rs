@@ -199,7 +199,7 @@ pub fn raise_fd_limit() -> u64 {
             }
         }
     }
-    lim.rlim_cur as u64
+    lim.rlim_cur
 }
 
 impl FsCore {
