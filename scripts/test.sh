@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests need, then runs every test: formatting and lints, the Rust unit,
-# property and integration tests (a real Garage S3 server included), a short fuzzing run of
-# every parser of untrusted input, and the end-to-end, stress and Python tests on real FUSE
-# mounts (tests/stress runs briefly here; scripts/stress.sh runs it at full size).
+# property and integration tests (a real Garage S3 server included), a build without HDF5, a
+# short fuzzing run of every parser of untrusted input, and the end-to-end, stress and Python
+# tests on real FUSE mounts (tests/stress runs briefly here; scripts/stress.sh runs it at full
+# size).
 # `.ci/run` calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,23 @@ if ! cargo test --workspace > target/cargo-test.log 2>&1; then
   exit 1
 fi
 grep -E "^test result" target/cargo-test.log
+
+echo "== metfs without HDF5"
+# `cargo build -p metfs --no-default-features` must build and link without libhdf5, and then
+# refuse HDF5 settings by name. Its own target directory keeps the default build's artifacts.
+CARGO_TARGET_DIR=target/nohdf5 cargo build -q -p metfs --no-default-features
+CARGO_TARGET_DIR=target/nohdf5 cargo test -q -p prefetcher --no-default-features --lib hdf5
+export METFS_NOHDF5_BIN="$PWD/target/nohdf5/debug/metfs"
+NOHDF5_DIR=$(mktemp -d /tmp/metfs-nohdf5.XXXXXX)
+mkdir "$NOHDF5_DIR/src" "$NOHDF5_DIR/mnt"
+if "$METFS_NOHDF5_BIN" mount --source "$NOHDF5_DIR/src" --cache "$NOHDF5_DIR/cache" --budget 1MiB \
+  --hdf5-container "$NOHDF5_DIR/mnt" 2> "$NOHDF5_DIR/err"; then
+  echo "a metfs built without hdf5 accepted --hdf5-container" >&2
+  exit 1
+fi
+cat "$NOHDF5_DIR/err"
+grep -q 'built without the `hdf5` feature' "$NOHDF5_DIR/err"
+rm -rf "$NOHDF5_DIR"
 
 echo "== fuzzing (20 s per target)"
 scripts/fuzz.sh --short

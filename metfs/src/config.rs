@@ -432,6 +432,26 @@ impl MountConfig {
                 .map(|p| p.display().to_string())
                 .unwrap_or(source)
         };
+        let hdf5_container = pick!(hdf5_container).unwrap_or(false);
+        let label_hdf5 = pick!(label_hdf5);
+        if !prefetcher::hdf5::AVAILABLE {
+            // Refused here, before anything is mounted or staged, naming the setting.
+            let asked = if hdf5_container {
+                Some("hdf5_container")
+            } else if label_hdf5.is_some() {
+                Some("label_hdf5")
+            } else {
+                None
+            };
+            if let Some(key) = asked {
+                return Err(ConfigError::Invalid {
+                    key,
+                    message: "this metfs was built without the `hdf5` feature; rebuild it \
+                              with the default features to use HDF5"
+                        .into(),
+                });
+            }
+        }
         let prefetch_rate_max = match pick!(prefetch_rate_max) {
             None => None,
             Some(r) => Some(parse_rate(&r).map_err(|e| ConfigError::Invalid {
@@ -443,8 +463,8 @@ impl MountConfig {
             run_dir: pick!(run_dir).unwrap_or_else(|| cache.join("run")),
             prefetch_rate_max,
             metrics_file: pick!(metrics_file),
-            label_hdf5: pick!(label_hdf5),
-            hdf5_container: pick!(hdf5_container).unwrap_or(false),
+            label_hdf5,
+            hdf5_container,
             hdf5_datasets: pick!(hdf5_datasets).map(|l| {
                 l.joined()
                     .split(',')

@@ -79,10 +79,6 @@ pub(super) fn mtime_ns(md: &std::fs::Metadata) -> i128 {
         .map_or(0, |d| d.as_nanos() as i128)
 }
 
-pub(super) fn digits(n: u64) -> usize {
-    n.checked_ilog10().map_or(1, |d| d as usize + 1)
-}
-
 impl Containers {
     /// The source root the container paths are relative to.
     pub fn root(&self) -> &Path {

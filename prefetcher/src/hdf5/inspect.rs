@@ -2,17 +2,18 @@
 
 use std::path::Path;
 
-use hdf5_sys::h5::hsize_t;
-use hdf5_sys::h5d::{self, H5D_layout_t};
+use hdf5_sys::h5d::H5D_layout_t;
 use hdf5_sys::h5i::hid_t;
 use hdf5_sys::h5p::H5P_DEFAULT;
-use hdf5_sys::h5s::H5S_seloper_t;
-use hdf5_sys::{h5i, h5p, h5s, h5t};
 
-use super::containers::{digits, mtime_ns, ContainerFile, Containers, DatasetInfo};
+use super::containers::{mtime_ns, ContainerFile, Containers, DatasetInfo};
+use super::ffi::attrs::attr_names;
+use super::ffi::io::vlen_payload;
+use super::ffi::space::{select_hyperslab, space_dims};
+use super::ffi::types::{describe_type, type_size, type_traits};
 use super::ffi::{
-    attr_names, describe_type, filters, locked, open_dataset, open_file, space_dims, type_traits,
-    Cx,
+    chunk_dims, dataset_create_plist, dataset_space, dataset_storage_size, dataset_type, filters,
+    high_level_file, layout, open_dataset, open_file, Cx,
 };
 use super::labels::read_label_dataset;
 use super::*;
@@ -155,13 +156,9 @@ pub(super) fn inspect(
         file: rel.to_string(),
         source,
     })?;
-    let file = open_file(cx, &path, H5P_DEFAULT)?;
-    // The hdf5 crate walks groups portably across library versions; it gets its own reference
-    // to the open file.
-    locked(|| unsafe { h5i::H5Iinc_ref(file.0) });
-    // Safety: `file.0` is a valid file id whose extra reference the `File` now owns.
-    let hfile: ::hdf5::File =
-        unsafe { ::hdf5::from_id(file.0) }.map_err(|e| cx.lib("open", e.to_string()))?;
+    let file = open_file(cx, &path)?;
+    // The hdf5 crate walks groups portably across library versions.
+    let hfile = high_level_file(cx, &file)?;
     let mut tree = Tree::default();
     let mut seen = Vec::new();
     if let Ok(info) = hfile.loc_info() {
@@ -179,7 +176,7 @@ pub(super) fn inspect(
 
     let probe = |name: &str| -> Result<Probe> {
         let d = open_dataset(cx, file.0, name, H5P_DEFAULT)?;
-        let s = cx.id(|| "dataspace".into(), || unsafe { h5d::H5Dget_space(d.0) })?;
+        let s = dataset_space(cx, d.0)?;
         Ok(Probe {
             name: name.to_string(),
             dims: space_dims(cx, s.0)?,
@@ -309,8 +306,8 @@ pub(super) fn inspect(
             continue;
         }
         let d = open_dataset(cx, file.0, &p.name, H5P_DEFAULT)?;
-        let t = cx.id(|| "datatype".into(), || unsafe { h5d::H5Dget_type(d.0) })?;
-        let bytes = locked(|| unsafe { h5d::H5Dget_storage_size(d.0) });
+        let t = dataset_type(cx, d.0)?;
+        let bytes = dataset_storage_size(d.0);
         if let (Some(why), _) = type_traits(t.0) {
             left_out.push(format!("{} ({why})", p.name));
         } else if bytes > SIDE_LIMIT {
@@ -360,26 +357,17 @@ pub(super) fn dataset_info(cx: Cx, file: hid_t, name: &str, n: u64) -> Result<Da
         reason,
     };
     let d = open_dataset(cx, file, name, H5P_DEFAULT)?;
-    let s = cx.id(|| "dataspace".into(), || unsafe { h5d::H5Dget_space(d.0) })?;
-    let t = cx.id(|| "datatype".into(), || unsafe { h5d::H5Dget_type(d.0) })?;
-    let dcpl = cx.id(
-        || "creation properties".into(),
-        || unsafe { h5d::H5Dget_create_plist(d.0) },
-    )?;
+    let s = dataset_space(cx, d.0)?;
+    let t = dataset_type(cx, d.0)?;
+    let dcpl = dataset_create_plist(cx, d.0)?;
     let dims = space_dims(cx, s.0)?.unwrap_or_default();
     let (problem, vlen) = type_traits(t.0);
     if let Some(p) = problem {
         return Err(unsupported(p.to_string()));
     }
-    let elem_size = locked(|| unsafe { h5t::H5Tget_size(t.0) }) as u64;
-    let layout = locked(|| unsafe { h5p::H5Pget_layout(dcpl.0) });
-    let chunk = if layout == H5D_layout_t::H5D_CHUNKED {
-        let mut c = vec![0 as hsize_t; dims.len()];
-        cx.call(
-            || "chunk shape".into(),
-            || unsafe { h5p::H5Pget_chunk(dcpl.0, c.len() as i32, c.as_mut_ptr()) },
-        )?;
-        Some(c)
+    let elem_size = type_size(t.0) as u64;
+    let chunk = if layout(dcpl.0) == H5D_layout_t::H5D_CHUNKED {
+        Some(chunk_dims(cx, dcpl.0, dims.len())?)
     } else {
         None
     };
@@ -402,28 +390,17 @@ pub(super) fn dataset_info(cx: Cx, file: hid_t, name: &str, n: u64) -> Result<Da
     let row_bytes = if vlen && n > 0 {
         // The handles plus the payload of a sample of rows, averaged.
         let sample = n.min(VLEN_SAMPLE_ROWS);
-        let mut start = vec![0 as hsize_t; dims.len()];
         let mut count = dims.clone();
         count[0] = sample;
-        start[0] = 0;
-        cx.call(
+        select_hyperslab(
+            cx,
             || "select rows".into(),
-            || unsafe {
-                h5s::H5Sselect_hyperslab(
-                    s.0,
-                    H5S_seloper_t::H5S_SELECT_SET,
-                    start.as_ptr(),
-                    std::ptr::null(),
-                    count.as_ptr(),
-                    std::ptr::null(),
-                )
-            },
+            s.0,
+            &vec![0; dims.len()],
+            &count,
+            None,
         )?;
-        let mut payload: hsize_t = 0;
-        cx.call(
-            || format!("size of variable-length data in `{name}`"),
-            || unsafe { h5d::H5Dvlen_get_buf_size(d.0, t.0, s.0, &mut payload) },
-        )?;
+        let payload = vlen_payload(cx, name, d.0, t.0, s.0)?;
         elems * elem_size + payload.div_ceil(sample)
     } else {
         elems * elem_size
@@ -441,3 +418,11 @@ pub(super) fn dataset_info(cx: Cx, file: hid_t, name: &str, n: u64) -> Result<Da
         vlen,
     })
 }
+
+/// Digits of the last row number `n`: the width rows are zero-padded to in sample names.
+pub(super) fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
+/// Rows sampled to estimate the bytes per row of a variable-length dataset.
+const VLEN_SAMPLE_ROWS: u64 = 1024;

@@ -1,86 +1,64 @@
 //! Labels: the scalar label of each per-sample file, and the label dataset of a container.
 
-use std::ffi::CStr;
-use std::os::raw::{c_char, c_void};
 use std::path::Path;
 
-use hdf5_sys::h5d::{self};
 use hdf5_sys::h5i::hid_t;
 use hdf5_sys::h5p::H5P_DEFAULT;
-use hdf5_sys::h5s::{H5S_seloper_t, H5S_ALL};
 use hdf5_sys::h5t::{H5T_class_t, H5T_sign_t, H5T_str_t};
-use hdf5_sys::{h5a, h5i, h5o, h5s, h5t};
 
+use super::ffi::attrs::{attr_exists, attr_space, attr_type, open_attr};
+use super::ffi::io::{read, read_vlen_strings, Obj};
+use super::ffi::space::{select_hyperslab, simple_space, space_dims};
+use super::ffi::types::{
+    describe_type, enum_name, is_variable_str, native, type_class, type_copy, type_sign, type_size,
+    type_strpad, Native,
+};
 use super::ffi::{
-    cstring, describe_type, link_exists, locked, open_dataset, open_file, simple_space, space_dims,
-    Cx,
+    cstring, dataset_space, dataset_type, is_dataset, link_exists, open_dataset, open_file, Cx,
 };
 use super::*;
 
-/// Reads `n` values of file type `t` through `read(mem_type, buf)` and renders each as a label:
+/// Reads the `n` values of file type `t` that `obj` selects and renders each as a label:
 /// integers and floats in decimal, strings as text, enum values (h5py booleans included) by
 /// member name. `Err(reason)` for other types.
 pub(super) fn values_to_labels(
     cx: Cx,
+    what: &dyn Fn() -> String,
+    obj: Obj,
     t: hid_t,
     n: usize,
-    read: &mut dyn FnMut(hid_t, *mut c_void) -> Result<()>,
 ) -> Result<std::result::Result<Vec<String>, String>> {
-    let (class, size, sign) = locked(|| unsafe {
-        (
-            h5t::H5Tget_class(t),
-            h5t::H5Tget_size(t),
-            h5t::H5Tget_sign(t),
-        )
-    });
-    let native = |f: fn() -> hid_t| locked(f);
+    let (class, size, sign) = (type_class(t), type_size(t), type_sign(t));
     Ok(Ok(match class {
         H5T_class_t::H5T_INTEGER if sign == H5T_sign_t::H5T_SGN_NONE => {
             let mut v = vec![0u64; n];
-            read(native(|| *h5t::H5T_NATIVE_UINT64), v.as_mut_ptr().cast())?;
+            read(cx, what, obj, native(Native::U64), &mut v)?;
             v.iter().map(|x| x.to_string()).collect()
         }
         H5T_class_t::H5T_INTEGER => {
             let mut v = vec![0i64; n];
-            read(native(|| *h5t::H5T_NATIVE_INT64), v.as_mut_ptr().cast())?;
+            read(cx, what, obj, native(Native::I64), &mut v)?;
             v.iter().map(|x| x.to_string()).collect()
         }
         // A float32 label read as f64 would print as 0.10000000149011612.
         H5T_class_t::H5T_FLOAT if size <= 4 => {
             let mut v = vec![0f32; n];
-            read(native(|| *h5t::H5T_NATIVE_FLOAT), v.as_mut_ptr().cast())?;
+            read(cx, what, obj, native(Native::F32), &mut v)?;
             v.iter().map(|x| x.to_string()).collect()
         }
         H5T_class_t::H5T_FLOAT => {
             let mut v = vec![0f64; n];
-            read(native(|| *h5t::H5T_NATIVE_DOUBLE), v.as_mut_ptr().cast())?;
+            read(cx, what, obj, native(Native::F64), &mut v)?;
             v.iter().map(|x| x.to_string()).collect()
         }
         H5T_class_t::H5T_STRING => {
-            let mem = cx.id(|| "copy string type".into(), || unsafe { h5t::H5Tcopy(t) })?;
-            if locked(|| unsafe { h5t::H5Tis_variable_str(t) }) > 0 {
-                let mut v: Vec<*mut c_char> = vec![std::ptr::null_mut(); n];
-                read(mem.0, v.as_mut_ptr().cast())?;
-                let out = v
-                    .iter()
-                    .map(|&p| {
-                        if p.is_null() {
-                            String::new()
-                        } else {
-                            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-                        }
-                    })
-                    .collect();
-                let space = simple_space(cx, &[n as u64], None)?;
-                locked(|| unsafe {
-                    #[allow(deprecated)]
-                    h5d::H5Dvlen_reclaim(mem.0, space.0, H5P_DEFAULT, v.as_mut_ptr().cast());
-                });
-                out
+            let mem = type_copy(cx, t)?;
+            if is_variable_str(t) {
+                read_vlen_strings(cx, what, obj, mem.0)?
             } else {
-                let pad = locked(|| unsafe { h5t::H5Tget_strpad(t) });
+                let pad = type_strpad(t);
                 let mut v = vec![0u8; n * size];
-                read(mem.0, v.as_mut_ptr().cast())?;
+                read(cx, what, obj, mem.0, &mut v)?;
                 v.chunks(size.max(1))
                     .map(|s| {
                         let s = match pad {
@@ -96,23 +74,12 @@ pub(super) fn values_to_labels(
             }
         }
         H5T_class_t::H5T_ENUM => {
-            let mem = cx.id(|| "copy enum type".into(), || unsafe { h5t::H5Tcopy(t) })?;
+            let mem = type_copy(cx, t)?;
             let mut v = vec![0u8; n * size];
-            read(mem.0, v.as_mut_ptr().cast())?;
+            read(cx, what, obj, mem.0, &mut v)?;
             let mut out = Vec::with_capacity(n);
             for val in v.chunks(size.max(1)) {
-                let mut name = [0 as c_char; 256];
-                cx.call(
-                    || "enum value name".into(),
-                    || unsafe {
-                        h5t::H5Tenum_nameof(t, val.as_ptr().cast(), name.as_mut_ptr(), name.len())
-                    },
-                )?;
-                out.push(
-                    unsafe { CStr::from_ptr(name.as_ptr()) }
-                        .to_string_lossy()
-                        .into_owned(),
-                );
+                out.push(enum_name(cx, t, val)?);
             }
             out
         }
@@ -156,43 +123,25 @@ pub(super) fn read_scalar_label(path: &Path, rel: &str, name: &str) -> Result<St
         name: name.to_string(),
         reason,
     };
-    let file = open_file(cx, path, H5P_DEFAULT)?;
+    let file = open_file(cx, path)?;
     let cname = cstring(cx, name)?;
     let trimmed = name.trim_matches('/');
-    let is_dataset = !trimmed.is_empty()
-        && link_exists(cx, file.0, trimmed)?
-        && locked(|| unsafe { h5o::H5Oexists_by_name(file.0, cname.as_ptr(), H5P_DEFAULT) }) > 0
-        && {
-            let obj = cx.id(
-                || format!("open `{name}`"),
-                || unsafe { h5o::H5Oopen(file.0, cname.as_ptr(), H5P_DEFAULT) },
-            )?;
-            locked(|| unsafe { h5i::H5Iget_type(obj.0) }) == h5i::H5I_type_t::H5I_DATASET
-        };
-    let (obj, space, t, is_attr) = if is_dataset {
-        let d = cx.id(
-            || format!("open dataset `{name}`"),
-            || unsafe { h5d::H5Dopen2(file.0, cname.as_ptr(), H5P_DEFAULT) },
-        )?;
-        let s = cx.id(|| "dataspace".into(), || unsafe { h5d::H5Dget_space(d.0) })?;
-        let t = cx.id(|| "datatype".into(), || unsafe { h5d::H5Dget_type(d.0) })?;
+    let as_dataset =
+        !trimmed.is_empty() && link_exists(cx, file.0, trimmed)? && is_dataset(cx, file.0, &cname)?;
+    let (obj, space, t, is_attr) = if as_dataset {
+        let d = open_dataset(cx, file.0, name, H5P_DEFAULT)?;
+        let s = dataset_space(cx, d.0)?;
+        let t = dataset_type(cx, d.0)?;
         (d, s, t, false)
     } else {
-        let exists = cx.call(
-            || format!("look up attribute `{name}`"),
-            || unsafe { h5a::H5Aexists(file.0, cname.as_ptr()) },
-        )?;
-        if exists == 0 {
+        if !attr_exists(cx, file.0, &cname)? {
             return Err(bad(
                 "no such dataset, nor attribute of the root group".to_string()
             ));
         }
-        let a = cx.id(
-            || format!("open attribute `{name}`"),
-            || unsafe { h5a::H5Aopen(file.0, cname.as_ptr(), H5P_DEFAULT) },
-        )?;
-        let s = cx.id(|| "dataspace".into(), || unsafe { h5a::H5Aget_space(a.0) })?;
-        let t = cx.id(|| "datatype".into(), || unsafe { h5a::H5Aget_type(a.0) })?;
+        let a = open_attr(cx, file.0, &cname)?;
+        let s = attr_space(cx, a.0)?;
+        let t = attr_type(cx, a.0)?;
         (a, s, t, true)
     };
     let kind = if is_attr { "attribute" } else { "dataset" };
@@ -203,20 +152,17 @@ pub(super) fn read_scalar_label(path: &Path, rel: &str, name: &str) -> Result<St
         }
         Some(_) => {}
     }
-    let mut read = |mem: hid_t, buf: *mut c_void| -> Result<()> {
-        cx.call(
-            || format!("read `{name}`"),
-            || unsafe {
-                if is_attr {
-                    h5a::H5Aread(obj.0, mem, buf)
-                } else {
-                    h5d::H5Dread(obj.0, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf)
-                }
-            },
-        )
-        .map(|_| ())
+    let what = || format!("read `{name}`");
+    let target = if is_attr {
+        Obj::Attribute(obj.0)
+    } else {
+        Obj::Dataset {
+            d: obj.0,
+            mspace: None,
+            fspace: None,
+        }
     };
-    match values_to_labels(cx, t.0, 1, &mut read)? {
+    match values_to_labels(cx, &what, target, t.0, 1)? {
         Ok(mut v) => Ok(v.pop().unwrap_or_default()),
         Err(reason) => Err(bad(reason)),
     }
@@ -234,34 +180,28 @@ pub(super) fn read_label_dataset(
 ) -> Result<Vec<u32>> {
     const STEP: u64 = 1 << 20;
     let d = open_dataset(cx, file, name, H5P_DEFAULT)?;
-    let t = cx.id(|| "datatype".into(), || unsafe { h5d::H5Dget_type(d.0) })?;
-    let fspace = cx.id(|| "dataspace".into(), || unsafe { h5d::H5Dget_space(d.0) })?;
+    let t = dataset_type(cx, d.0)?;
+    let fspace = dataset_space(cx, d.0)?;
     let mut out = Vec::with_capacity(n as usize);
     let mut start = 0;
     while start < n {
         let len = STEP.min(n - start);
         let mspace = simple_space(cx, &[len], None)?;
-        cx.call(
+        select_hyperslab(
+            cx,
             || "select labels".into(),
-            || unsafe {
-                h5s::H5Sselect_hyperslab(
-                    fspace.0,
-                    H5S_seloper_t::H5S_SELECT_SET,
-                    [start].as_ptr(),
-                    std::ptr::null(),
-                    [len].as_ptr(),
-                    std::ptr::null(),
-                )
-            },
+            fspace.0,
+            &[start],
+            &[len],
+            None,
         )?;
-        let mut read = |mem: hid_t, buf: *mut c_void| -> Result<()> {
-            cx.call(
-                || format!("read labels `{name}`"),
-                || unsafe { h5d::H5Dread(d.0, mem, mspace.0, fspace.0, H5P_DEFAULT, buf) },
-            )
-            .map(|_| ())
+        let what = || format!("read labels `{name}`");
+        let target = Obj::Dataset {
+            d: d.0,
+            mspace: Some(mspace.0),
+            fspace: Some(fspace.0),
         };
-        let labels = values_to_labels(cx, t.0, len as usize, &mut read)?.map_err(|reason| {
+        let labels = values_to_labels(cx, &what, target, t.0, len as usize)?.map_err(|reason| {
             Hdf5Error::LabelDataset {
                 file: cx.file.to_string(),
                 dataset: name.to_string(),

@@ -91,8 +91,12 @@
 //!
 //! # Modules
 //!
-//! * `ffi`: the thin layer over the raw library (owned ids, checked calls under the lock) and
-//!   the small inspections of dataspaces, datatypes, attributes and filters.
+//! Everything but `containers` needs libhdf5 and is built only with the default `hdf5` cargo
+//! feature; without it, `unavailable` stands in for the entry points and refuses every call.
+//!
+//! * `ffi` (a folder: `space`, `types`, `attrs`, `io`): the thin layer over the raw library,
+//!   one safe wrapper per call, and the only module here with `unsafe` code (its module docs
+//!   say why each kind of wrapper is sound).
 //! * `labels`: per-sample scalar labels and a container's label dataset.
 //! * `inspect`: [`open_containers`], which chooses row and side datasets.
 //! * `containers`: [`Containers`], rows to sample ids and back.
@@ -112,9 +116,6 @@ pub const SIDE_LIMIT: u64 = 16 << 20;
 
 /// Name of the dataset every staged container file gets: the source row of each output row.
 pub const INDEX_DATASET: &str = "metfs_index";
-
-/// Rows sampled to estimate the bytes per row of a variable-length dataset.
-pub(super) const VLEN_SAMPLE_ROWS: u64 = 1024;
 
 /// Errors of the HDF5 module. Each names the file (a path relative to the source root, or the
 /// path given) and, where there is one, the dataset.
@@ -220,6 +221,13 @@ pub enum Hdf5Error {
         /// What differs.
         reason: String,
     },
+    /// This build has no HDF5 support: the `hdf5` cargo feature (on by default) was left out,
+    /// so libhdf5 is not linked. `what` names what was asked for.
+    #[error("{what}: this metfs was built without the `hdf5` feature; rebuild with the default features to use HDF5")]
+    NotBuilt {
+        /// What needed HDF5 (`HDF5 container mode`, `HDF5 labels`).
+        what: String,
+    },
     /// A container path is not a clean relative path, or appears twice.
     #[error("container path `{file}`: {reason}")]
     BadPath {
@@ -234,15 +242,32 @@ pub enum Hdf5Error {
 pub type Result<T> = std::result::Result<T, Hdf5Error>;
 
 mod containers;
+#[cfg(feature = "hdf5")]
 mod ffi;
+#[cfg(feature = "hdf5")]
 mod inspect;
+#[cfg(feature = "hdf5")]
 mod labels;
+#[cfg(feature = "hdf5")]
 mod source;
+#[cfg(feature = "hdf5")]
 mod stage;
-#[cfg(test)]
+#[cfg(all(test, feature = "hdf5"))]
 mod tests;
+#[cfg(not(feature = "hdf5"))]
+mod unavailable;
+#[cfg(not(feature = "hdf5"))]
+pub use unavailable::{open_containers, read_scalar_labels, stage_rows};
+
+/// True when this build links libhdf5 (the default `hdf5` cargo feature). Without it the types
+/// here remain, so callers compile unchanged, and [`open_containers`], [`read_scalar_labels`]
+/// and [`stage_rows`] fail with [`Hdf5Error::NotBuilt`].
+pub const AVAILABLE: bool = cfg!(feature = "hdf5");
 
 pub use containers::{ContainerFile, Containers, DatasetInfo};
+#[cfg(feature = "hdf5")]
 pub use inspect::open_containers;
+#[cfg(feature = "hdf5")]
 pub use labels::read_scalar_labels;
+#[cfg(feature = "hdf5")]
 pub use stage::stage_rows;

@@ -1,17 +1,11 @@
 //! Reading rows of a source dataset into a block buffer, and read-ahead hints for them.
 
-use std::os::fd::AsRawFd;
-use std::os::raw::{c_uint, c_void};
-
-use hdf5_sys::h5::hsize_t;
-use hdf5_sys::h5d::{self};
 use hdf5_sys::h5i::hid_t;
-use hdf5_sys::h5p::H5P_DEFAULT;
-use hdf5_sys::h5s;
-use hdf5_sys::h5s::H5S_seloper_t;
 
 use super::containers::DatasetInfo;
-use super::ffi::{locked, simple_space, Cx};
+use super::ffi::io::{bytes_mut, read, will_need, Obj};
+use super::ffi::space::{select_all, select_hyperslab, simple_space};
+use super::ffi::{chunk_range, dataset_offset, Cx};
 use super::*;
 
 /// One source row dataset, open for reading rows into a block buffer.
@@ -28,48 +22,38 @@ pub(super) struct Source<'a> {
     pub(super) mem_row: u64,
 }
 
-/// `v` as bytes (any bit pattern is a valid `u8`, and `u8` needs no alignment).
-pub(super) fn as_bytes_mut(v: &mut [u64]) -> &mut [u8] {
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), v.len() * 8) }
-}
-
 impl Source<'_> {
     /// Selects rows `[r0, r0 + n)` of `space` (rank of the dataset, whole trailing extent).
     pub(super) fn select(&self, space: hid_t, r0: u64, n: u64) -> Result<()> {
         let rank = self.ds.trailing.len() + 1;
-        let mut start = vec![0 as hsize_t; rank];
-        let count = vec![1 as hsize_t; rank];
+        let mut start = vec![0; rank];
+        start[0] = r0;
         let mut block = vec![n; rank];
         block[1..].copy_from_slice(&self.ds.trailing);
-        start[0] = r0;
-        self.cx
-            .call(
-                || format!("select rows of `{}`", self.ds.name),
-                || unsafe {
-                    h5s::H5Sselect_hyperslab(
-                        space,
-                        H5S_seloper_t::H5S_SELECT_SET,
-                        start.as_ptr(),
-                        std::ptr::null(),
-                        count.as_ptr(),
-                        block.as_ptr(),
-                    )
-                },
-            )
-            .map(|_| ())
+        select_hyperslab(
+            self.cx,
+            || format!("select rows of `{}`", self.ds.name),
+            space,
+            &start,
+            &vec![1; rank],
+            Some(&block),
+        )
     }
 
+    /// Reads the selection of the source's file space into the selection of `mspace`, whose
+    /// extent `buf` holds.
     pub(super) fn read(
         &self,
         mspace: hid_t,
-        buf: *mut c_void,
+        buf: &mut [u64],
         what: impl FnOnce() -> String,
     ) -> Result<()> {
-        self.cx
-            .call(what, || unsafe {
-                h5d::H5Dread(self.d, self.t, mspace, self.fspace, H5P_DEFAULT, buf)
-            })
-            .map(|_| ())
+        let obj = Obj::Dataset {
+            d: self.d,
+            mspace: Some(mspace),
+            fspace: Some(self.fspace),
+        };
+        read(self.cx, what, obj, self.t, buf)
     }
 
     /// Reads `part` into consecutive rows of `buf`, one read per run of neighbouring rows,
@@ -82,12 +66,12 @@ impl Source<'_> {
         for (r0, n) in runs(part) {
             self.select(self.fspace, r0, n)?;
             self.select(mspace, at, n)?;
-            self.read(mspace, buf.as_mut_ptr().cast(), || {
+            self.read(mspace, buf, || {
                 format!("read rows {r0}..{} of `{}`", r0 + n, self.ds.name)
             })?;
             at += n;
         }
-        locked(|| unsafe { h5s::H5Sselect_all(mspace) });
+        select_all(mspace);
         Ok(())
     }
 
@@ -129,10 +113,10 @@ impl Source<'_> {
             mdims.extend_from_slice(&self.ds.trailing);
             let mspace = simple_space(self.cx, &mdims, None)?;
             self.select(self.fspace, s, e - s)?;
-            self.read(mspace.0, scratch.as_mut_ptr().cast(), || {
+            self.read(mspace.0, scratch, || {
                 format!("read rows {s}..{e} of `{}`", self.ds.name)
             })?;
-            let (src, dst) = (as_bytes_mut(scratch), as_bytes_mut(buf));
+            let (src, dst) = (bytes_mut(scratch), bytes_mut(buf));
             for &r in &part[i..j] {
                 let from = (r - s) as usize * row;
                 dst[at * row..(at + 1) * row].copy_from_slice(&src[from..from + row]);
@@ -169,26 +153,10 @@ pub(super) fn placement(d: hid_t, ds: &DatasetInfo) -> Placement {
         return Placement::None;
     }
     match &ds.chunk {
-        None => {
-            let off = locked(|| unsafe { h5d::H5Dget_offset(d) });
-            if off == hdf5_sys::h5::HADDR_UNDEF {
-                Placement::None
-            } else {
-                Placement::Contiguous(off)
-            }
-        }
+        None => dataset_offset(d).map_or(Placement::None, Placement::Contiguous),
         Some(c) if ds.filters.is_empty() && c[1..] == ds.trailing[..] => Placement::RowChunks,
         Some(_) => Placement::Chunks,
     }
-}
-
-/// File range of the stored chunk whose first element is at `coord`, if it is allocated.
-pub(super) fn chunk_range(d: hid_t, coord: &[u64]) -> Option<(u64, u64)> {
-    let (mut mask, mut addr, mut size) = (0 as c_uint, 0, 0 as hsize_t);
-    let r = locked(|| unsafe {
-        h5d::H5Dget_chunk_info_by_coord(d, coord.as_ptr(), &mut mask, &mut addr, &mut size)
-    });
-    (r >= 0 && addr != hdf5_sys::h5::HADDR_UNDEF && size > 0).then_some((addr, size))
 }
 
 /// Asks the kernel to start reading the source bytes of `rows` (ascending) now, so that many
@@ -279,14 +247,7 @@ pub(super) fn hint_rows(
         }
     }
     for (o, l) in merged {
-        unsafe {
-            libc::posix_fadvise(
-                fd.as_raw_fd(),
-                o as libc::off_t,
-                l as libc::off_t,
-                libc::POSIX_FADV_WILLNEED,
-            );
-        }
+        will_need(fd, o, l);
     }
 }
 

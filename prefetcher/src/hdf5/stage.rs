@@ -1,20 +1,24 @@
 //! Staging: a new HDF5 file holding one mini-epoch's rows of one container.
 
-use std::ffi::CStr;
-use std::os::raw::c_char;
 use std::path::Path;
 
-use hdf5_sys::h5::hsize_t;
-use hdf5_sys::h5d::{self, H5D_fill_time_t, H5D_layout_t};
+use hdf5_sys::h5d::H5D_layout_t;
 use hdf5_sys::h5i::hid_t;
 use hdf5_sys::h5p::H5P_DEFAULT;
-use hdf5_sys::h5s::{H5S_seloper_t, H5S_ALL, H5S_UNLIMITED};
-use hdf5_sys::{h5a, h5f, h5g, h5o, h5p, h5s, h5t};
+use hdf5_sys::h5s::H5S_UNLIMITED;
 
 use super::containers::{ContainerFile, Containers, DatasetInfo};
+use super::ffi::attrs::{
+    attr_count, attr_name, attr_space, attr_type, copy_attr, open_attr_by_idx,
+};
+use super::ffi::io::{write, RowCopy};
+use super::ffi::space::{max_dims, select_all, select_hyperslab, simple_space, space_dims};
+use super::ffi::types::{native, std_u64le, type_copy, type_traits, Native};
 use super::ffi::{
-    close_on_exec, cstring, filters, locked, max_dims, open_attr_by_idx, open_dataset, open_file,
-    simple_space, space_dims, type_traits, Cx,
+    copy_object, copy_plist, create_dataset, create_file, create_group_like,
+    dapl_without_chunk_cache, dataset_create_plist, dataset_space, dataset_type, filters, flush,
+    has_external, layout, new_dcpl, open_dataset, open_file, open_group, remove_filter, set_chunk,
+    set_fill_time_never, Cx,
 };
 use super::source::{hint_rows, placement, Fds, Source};
 use super::*;
@@ -84,40 +88,17 @@ pub(super) fn write_rows(
     let cx = Cx { file: &cf.path };
     let ox = OutCx(out.display().to_string());
     let ocx = Cx { file: &ox.0 };
-    let src = open_file(cx, &c.root.join(&cf.path), H5P_DEFAULT)?;
-    let cout = cstring(ocx, &out.to_string_lossy())?;
-    let dst = ocx.id(
-        || "create".into(),
-        || unsafe { h5f::H5Fcreate(cout.as_ptr(), h5f::H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT) },
-    )?;
-    close_on_exec(dst.0);
+    let src = open_file(cx, &c.root.join(&cf.path))?;
+    let dst = create_file(ocx, out)?;
     {
         // Attributes live on the root group, not on the file id.
-        let root = c"/";
-        let sr = cx.id(
-            || "open root group".into(),
-            || unsafe { h5g::H5Gopen2(src.0, root.as_ptr(), H5P_DEFAULT) },
-        )?;
-        let dr = ocx.id(
-            || "open root group".into(),
-            || unsafe { h5g::H5Gopen2(dst.0, root.as_ptr(), H5P_DEFAULT) },
-        )?;
+        let sr = open_group(cx, src.0, "/")?;
+        let dr = open_group(ocx, dst.0, "/")?;
         copy_attrs(cx, ocx, sr.0, dr.0)?;
     }
     for g in &cf.groups {
-        let cg = cstring(cx, g)?;
-        let sg = cx.id(
-            || format!("open group `{g}`"),
-            || unsafe { h5g::H5Gopen2(src.0, cg.as_ptr(), H5P_DEFAULT) },
-        )?;
-        let gcpl = cx.id(
-            || format!("group `{g}` properties"),
-            || unsafe { h5g::H5Gget_create_plist(sg.0) },
-        )?;
-        let dg = ocx.id(
-            || format!("create group `{g}`"),
-            || unsafe { h5g::H5Gcreate2(dst.0, cg.as_ptr(), H5P_DEFAULT, gcpl.0, H5P_DEFAULT) },
-        )?;
+        let sg = open_group(cx, src.0, g)?;
+        let dg = create_group_like(ocx, dst.0, g, sg.0)?;
         copy_attrs(cx, ocx, sg.0, dg.0)?;
     }
     let fd = |p: &Path, shown: &str| {
@@ -138,26 +119,10 @@ pub(super) fn write_rows(
     }
     drop(buf);
     for s in &cf.side {
-        let cs = cstring(cx, s)?;
-        ocx.call(
-            || format!("copy dataset `{s}`"),
-            || unsafe {
-                h5o::H5Ocopy(
-                    src.0,
-                    cs.as_ptr(),
-                    dst.0,
-                    cs.as_ptr(),
-                    H5P_DEFAULT,
-                    H5P_DEFAULT,
-                )
-            },
-        )?;
+        copy_object(ocx, src.0, s, dst.0)?;
     }
     write_index(ocx, dst.0, rows)?;
-    ocx.call(
-        || "flush".into(),
-        || unsafe { h5f::H5Fflush(dst.0, h5f::H5F_scope_t::H5F_SCOPE_LOCAL) },
-    )?;
+    flush(ocx, dst.0)?;
     drop(dst);
     Ok(())
 }
@@ -168,70 +133,20 @@ pub(super) struct OutCx(pub(super) String);
 /// Copies every attribute of `from` to `to`, byte for byte in the attribute's own type.
 /// Attributes holding references are skipped: they would point into the source file.
 pub(super) fn copy_attrs(cx: Cx, ocx: Cx, from: hid_t, to: hid_t) -> Result<()> {
-    #[allow(deprecated)]
-    let n = cx.call(
-        || "count attributes".into(),
-        || unsafe { h5a::H5Aget_num_attrs(from) },
-    )?;
-    for i in 0..n as u64 {
+    for i in 0..attr_count(cx, from)? {
         let a = open_attr_by_idx(cx, from, i)?;
-        let mut name = vec![0 as c_char; 1024];
-        let len = locked(|| unsafe { h5a::H5Aget_name(a.0, name.len(), name.as_mut_ptr()) });
-        if len < 0 {
-            return Err(cx.lib("attribute name", "failed"));
-        }
-        if len as usize >= name.len() {
-            name = vec![0 as c_char; len as usize + 1];
-            locked(|| unsafe { h5a::H5Aget_name(a.0, name.len(), name.as_mut_ptr()) });
-        }
-        let shown = unsafe { CStr::from_ptr(name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
-        let ft = cx.id(
-            || format!("type of attribute `{shown}`"),
-            || unsafe { h5a::H5Aget_type(a.0) },
-        )?;
+        let name = attr_name(cx, a.0)?;
+        let shown = name.to_string_lossy();
+        let ft = attr_type(cx, a.0)?;
         let (problem, _) = type_traits(ft.0);
         if problem.is_some() {
             tracing::debug!(file = cx.file, attribute = %shown, "attribute holds references; not copied");
             continue;
         }
         // A transient copy: a committed datatype of the source cannot be used in another file.
-        let t = cx.id(
-            || "copy attribute type".into(),
-            || unsafe { h5t::H5Tcopy(ft.0) },
-        )?;
-        let space = cx.id(
-            || "attribute dataspace".into(),
-            || unsafe { h5a::H5Aget_space(a.0) },
-        )?;
-        let npoints =
-            locked(|| unsafe { h5s::H5Sget_simple_extent_npoints(space.0) }).max(0) as usize;
-        let size = locked(|| unsafe { h5t::H5Tget_size(t.0) });
-        let na = ocx.id(
-            || format!("create attribute `{shown}`"),
-            || unsafe {
-                h5a::H5Acreate2(to, name.as_ptr(), t.0, space.0, H5P_DEFAULT, H5P_DEFAULT)
-            },
-        )?;
-        if npoints == 0 {
-            continue;
-        }
-        let mut buf = vec![0u64; (npoints * size).div_ceil(8)];
-        cx.call(
-            || format!("read attribute `{shown}`"),
-            || unsafe { h5a::H5Aread(a.0, t.0, buf.as_mut_ptr().cast()) },
-        )?;
-        let w = ocx.call(
-            || format!("write attribute `{shown}`"),
-            || unsafe { h5a::H5Awrite(na.0, t.0, buf.as_ptr().cast()) },
-        );
-        // Variable-length parts were allocated by the read; a no-op for other types.
-        locked(|| unsafe {
-            #[allow(deprecated)]
-            h5d::H5Dvlen_reclaim(t.0, space.0, H5P_DEFAULT, buf.as_mut_ptr().cast());
-        });
-        w?;
+        let t = type_copy(cx, ft.0)?;
+        let space = attr_space(cx, a.0)?;
+        copy_attr(cx, ocx, a.0, to, &name, t.0, space.0)?;
     }
     Ok(())
 }
@@ -250,50 +165,32 @@ pub(super) fn copy_dataset_rows(
 ) -> Result<()> {
     let name = ds.name.as_str();
     let filtered = !ds.filters.is_empty();
-    let dapl = cx.id(
-        || "dataset access properties".into(),
-        || unsafe { h5p::H5Pcreate(*h5p::H5P_CLS_DATASET_ACCESS) },
-    )?;
     // No source chunk cache. Uncompressed chunks are then read piecewise, only the selected
     // rows' bytes; compressed ones are read in whole-chunk spans (below), so each chunk is
     // decompressed once without a cache. With a cache, libhdf5 1.10.8 held memory in
     // proportion to the chunks read (310 MiB for a 128 MiB mini-epoch), whatever its size.
-    cx.call(
-        || "chunk cache".into(),
-        || unsafe { h5p::H5Pset_chunk_cache(dapl.0, 521, 0, 1.0) },
-    )?;
+    let dapl = dapl_without_chunk_cache(cx)?;
     let d = open_dataset(cx, src, name, dapl.0)?;
-    let ft = cx.id(|| "datatype".into(), || unsafe { h5d::H5Dget_type(d.0) })?;
-    let t = cx.id(|| "copy datatype".into(), || unsafe { h5t::H5Tcopy(ft.0) })?;
-    let fspace = cx.id(|| "dataspace".into(), || unsafe { h5d::H5Dget_space(d.0) })?;
+    let ft = dataset_type(cx, d.0)?;
+    let t = type_copy(cx, ft.0)?;
+    let fspace = dataset_space(cx, d.0)?;
     let rank = ds.trailing.len() + 1;
     let src_max = max_dims(cx, fspace.0, rank)?;
     let nout = rows.len() as u64;
 
     // Output creation properties: the source's (filters with their parameters, fill value,
     // chunk shape), with the chunk's first dimension capped at the row count.
-    let sdcpl = cx.id(
-        || "creation properties".into(),
-        || unsafe { h5d::H5Dget_create_plist(d.0) },
-    )?;
-    let layout = locked(|| unsafe { h5p::H5Pget_layout(sdcpl.0) });
-    let external = locked(|| unsafe { h5p::H5Pget_external_count(sdcpl.0) }) > 0;
-    let fresh = external
+    let sdcpl = dataset_create_plist(cx, d.0)?;
+    let fresh = has_external(sdcpl.0)
         || !matches!(
-            layout,
+            layout(sdcpl.0),
             H5D_layout_t::H5D_CHUNKED | H5D_layout_t::H5D_CONTIGUOUS | H5D_layout_t::H5D_COMPACT
         );
     let dcpl = if fresh {
         // Virtual or external storage refers to other files: stage plain contiguous data.
-        cx.id(
-            || "creation properties".into(),
-            || unsafe { h5p::H5Pcreate(*h5p::H5P_CLS_DATASET_CREATE) },
-        )?
+        new_dcpl(cx)?
     } else {
-        cx.id(
-            || "copy creation properties".into(),
-            || unsafe { h5p::H5Pcopy(sdcpl.0) },
-        )?
+        copy_plist(cx, sdcpl.0)?
     };
     let mut out_chunk0 = 1u64;
     let mut maxdims = src_max.clone();
@@ -305,17 +202,14 @@ pub(super) fn copy_dataset_rows(
         if nout == 0 || src_max[0] == H5S_UNLIMITED {
             maxdims[0] = H5S_UNLIMITED;
         }
-        ocx.call(
-            || format!("chunk shape of `{name}`"),
-            || unsafe { h5p::H5Pset_chunk(dcpl.0, rank as i32, oc.as_ptr()) },
-        )?;
+        set_chunk(ocx, name, dcpl.0, &oc)?;
         for f in &ds.dropped_filters {
             tracing::debug!(file = cx.file, dataset = name, filter = %f, "filter cannot encode; staged without it");
         }
         if !ds.dropped_filters.is_empty() {
             for (id, _, _, enc) in filters(cx, sdcpl.0)? {
                 if !enc {
-                    locked(|| unsafe { h5p::H5Premove_filter(dcpl.0, id) });
+                    remove_filter(dcpl.0, id);
                 }
             }
         }
@@ -324,36 +218,15 @@ pub(super) fn copy_dataset_rows(
     }
     if !ds.vlen {
         // Every element gets written: filling storage first would write it twice.
-        locked(|| unsafe { h5p::H5Pset_fill_time(dcpl.0, H5D_fill_time_t::H5D_FILL_TIME_NEVER) });
+        set_fill_time_never(dcpl.0);
     }
     let mut odims = vec![nout];
     odims.extend_from_slice(&ds.trailing);
     let ospace = simple_space(ocx, &odims, Some(&maxdims))?;
-    let odapl = cx.id(
-        || "dataset access properties".into(),
-        || unsafe { h5p::H5Pcreate(*h5p::H5P_CLS_DATASET_ACCESS) },
-    )?;
     // Blocks are whole chunks: nothing to keep cached between writes.
-    cx.call(
-        || "chunk cache".into(),
-        || unsafe { h5p::H5Pset_chunk_cache(odapl.0, 521, 0, 1.0) },
-    )?;
+    let odapl = dapl_without_chunk_cache(cx)?;
     // Intermediate groups exist already (recreated from the source's).
-    let cname = cstring(cx, name)?;
-    let od = ocx.id(
-        || format!("create dataset `{name}`"),
-        || unsafe {
-            h5d::H5Dcreate2(
-                dst,
-                cname.as_ptr(),
-                t.0,
-                ospace.0,
-                H5P_DEFAULT,
-                dcpl.0,
-                odapl.0,
-            )
-        },
-    )?;
+    let od = create_dataset(ocx, dst, name, t.0, ospace.0, dcpl.0, odapl.0)?;
     copy_attrs(cx, ocx, d.0, od.0)?;
 
     // Block size: whole output chunks, about BLOCK_BYTES, at least one chunk.
@@ -369,15 +242,24 @@ pub(super) fn copy_dataset_rows(
     let src_rows = space_dims(cx, fspace.0)?
         .and_then(|d| d.first().copied())
         .unwrap_or(0);
-    let mut start = vec![0 as hsize_t; rank];
-    let count = vec![1 as hsize_t; rank];
-    let mut block = vec![0 as hsize_t; rank];
+    let mut start = vec![0; rank];
+    let count = vec![1; rank];
+    let mut block = vec![0; rank];
     block[1..].copy_from_slice(&ds.trailing);
     let placement = placement(d.0, ds);
     let blocks: Vec<&[u64]> = rows.chunks(block_rows.max(1)).collect();
     if let Some(b) = blocks.first() {
         hint_rows(d.0, ds, &placement, b, &fds.src);
     }
+    let vlen_copy = RowCopy {
+        d: d.0,
+        fspace: fspace.0,
+        t: t.0,
+        od: od.0,
+        ospace: ospace.0,
+        trailing: &ds.trailing,
+        name,
+    };
     let mut out_row = 0u64;
     for (bi, part) in blocks.iter().enumerate() {
         let len = part.len() as u64;
@@ -386,59 +268,48 @@ pub(super) fn copy_dataset_rows(
         if let Some(next) = blocks.get(bi + 1) {
             hint_rows(d.0, ds, &placement, next, &fds.src);
         }
-        let mut mdims = vec![len];
-        mdims.extend_from_slice(&ds.trailing);
-        let mspace = simple_space(cx, &mdims, None)?;
-        let src = Source {
-            cx,
-            d: d.0,
-            t: t.0,
-            fspace: fspace.0,
-            ds,
-            rows: src_rows,
-            mem_row,
-        };
-        match (filtered && !ds.vlen, &ds.chunk) {
-            (true, Some(c)) => src.read_spans(part, c[0].max(1), buf, &mut scratch)?,
-            _ => src.read_runs(part, mspace.0, buf)?,
-        }
-        // The write takes the whole buffer.
-        locked(|| unsafe { h5s::H5Sselect_all(mspace.0) });
-        start[0] = out_row;
-        block[0] = len;
-        ocx.call(
-            || format!("select rows of `{name}`"),
-            || unsafe {
-                h5s::H5Sselect_hyperslab(
-                    ospace.0,
-                    H5S_seloper_t::H5S_SELECT_SET,
-                    start.as_ptr(),
-                    std::ptr::null(),
-                    count.as_ptr(),
-                    block.as_ptr(),
-                )
-            },
-        )?;
-        let w = ocx.call(
-            || format!("write rows of `{name}`"),
-            || unsafe {
-                h5d::H5Dwrite(
-                    od.0,
-                    t.0,
-                    mspace.0,
-                    ospace.0,
-                    H5P_DEFAULT,
-                    buf.as_ptr().cast(),
-                )
-            },
-        );
         if ds.vlen {
-            locked(|| unsafe {
-                #[allow(deprecated)]
-                h5d::H5Dvlen_reclaim(t.0, mspace.0, H5P_DEFAULT, buf.as_mut_ptr().cast());
-            });
+            // Read, written and reclaimed in one place: the buffer holds library pointers.
+            vlen_copy.copy_vlen(cx, ocx, part, out_row, buf)?;
+        } else {
+            let mut mdims = vec![len];
+            mdims.extend_from_slice(&ds.trailing);
+            let mspace = simple_space(cx, &mdims, None)?;
+            let src = Source {
+                cx,
+                d: d.0,
+                t: t.0,
+                fspace: fspace.0,
+                ds,
+                rows: src_rows,
+                mem_row,
+            };
+            match (filtered, &ds.chunk) {
+                (true, Some(c)) => src.read_spans(part, c[0].max(1), buf, &mut scratch)?,
+                _ => src.read_runs(part, mspace.0, buf)?,
+            }
+            // The write takes the whole buffer.
+            select_all(mspace.0);
+            start[0] = out_row;
+            block[0] = len;
+            select_hyperslab(
+                ocx,
+                || format!("select rows of `{name}`"),
+                ospace.0,
+                &start,
+                &count,
+                Some(&block),
+            )?;
+            write(
+                ocx,
+                || format!("write rows of `{name}`"),
+                od.0,
+                Some(mspace.0),
+                Some(ospace.0),
+                t.0,
+                buf,
+            )?;
         }
-        w?;
         out_row += len;
         // Start writing this block back now rather than all of it at the caller's fsync,
         // so reads and writes overlap; this does not wait for the disk.
@@ -450,38 +321,25 @@ pub(super) fn copy_dataset_rows(
 /// Writes `metfs_index`: the source row of each output row.
 pub(super) fn write_index(ocx: Cx, dst: hid_t, rows: &[u64]) -> Result<()> {
     let space = simple_space(ocx, &[rows.len() as u64], None)?;
-    let name = cstring(ocx, INDEX_DATASET)?;
-    let le = locked(|| *h5t::H5T_STD_U64LE);
-    let d = ocx.id(
-        || format!("create `{INDEX_DATASET}`"),
-        || unsafe {
-            h5d::H5Dcreate2(
-                dst,
-                name.as_ptr(),
-                le,
-                space.0,
-                H5P_DEFAULT,
-                H5P_DEFAULT,
-                H5P_DEFAULT,
-            )
-        },
+    let d = create_dataset(
+        ocx,
+        dst,
+        INDEX_DATASET,
+        std_u64le(),
+        space.0,
+        H5P_DEFAULT,
+        H5P_DEFAULT,
     )?;
     if rows.is_empty() {
         return Ok(());
     }
-    let native = locked(|| *h5t::H5T_NATIVE_UINT64);
-    ocx.call(
+    write(
+        ocx,
         || format!("write `{INDEX_DATASET}`"),
-        || unsafe {
-            h5d::H5Dwrite(
-                d.0,
-                native,
-                H5S_ALL,
-                H5S_ALL,
-                H5P_DEFAULT,
-                rows.as_ptr().cast(),
-            )
-        },
-    )?;
-    Ok(())
+        d.0,
+        None,
+        None,
+        native(Native::U64),
+        rows,
+    )
 }

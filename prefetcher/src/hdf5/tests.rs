@@ -1,4 +1,4 @@
-use super::containers::digits;
+use super::inspect::digits;
 use super::source::runs;
 
 #[test]
