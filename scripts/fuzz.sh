@@ -3,7 +3,9 @@
 # control socket's request parser, the manifest reader, the config loader, the saved catalog
 # and the stager's journal (targets in fuzz/fuzz_targets/).
 #
-#   scripts/fuzz.sh --short [TARGET...]     each target for 20 s (the test command runs this)
+#   scripts/fuzz.sh --short [TARGET...]     each target for 20 s, built without optimisation (the
+#                                           test command runs this: an optimised build of the
+#                                           targets' dependencies costs ~10 minutes more on 2 cores)
 #   scripts/fuzz.sh [--runs N] [TARGET...]  each target for N executions (default 1000000)
 #   scripts/fuzz.sh --seconds S [TARGET...] each target for S seconds
 #
@@ -18,13 +20,14 @@ cd "$(dirname "$0")/.."
 
 runs=1000000
 seconds=""
+dev=""
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --short) seconds=20; shift ;;
+    --short) seconds=20; dev=1; shift ;;
     --runs) runs="$2"; seconds=""; shift 2 ;;
     --seconds) seconds="$2"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -43,6 +46,7 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 
 FLAGS=(-s none -a)
+[ -n "$dev" ] && FLAGS=(-s none -D)
 cargo +nightly fuzz build "${FLAGS[@]}"
 
 work="$PWD/target/fuzz"
