@@ -115,3 +115,16 @@ def test_report_metrics_and_auto_pacing(mounts, tmp_path, metfs):
     for png in ("rf_per_mini_epoch.png", "rf_histogram.png", "tier_bandwidth.png"):
         assert is_png(out / png), png
     assert (out / "summary.txt").read_text()
+
+
+def test_output_into_a_closed_pipe_ends_quietly(metfs, tmp_path):
+    # `metfs manifest SRC | head -1`: the reader goes away after one line; the writer must end as
+    # Unix tools do (SIGPIPE), not panic with "failed printing to stdout".
+    make_tree(tmp_path / "src", n=3000)
+    p = subprocess.run(
+        f"'{metfs}' manifest '{tmp_path / 'src'}' | head -1; echo \"rc=${{PIPESTATUS[0]}}\" >&2",
+        shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=120,
+    )
+    assert p.stdout.startswith("path,size"), p.stdout
+    assert "panicked" not in p.stderr, p.stderr
+    assert "rc=141" in p.stderr, p.stderr  # 128 + SIGPIPE

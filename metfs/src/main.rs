@@ -397,6 +397,15 @@ impl MountArgs {
 
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Mount(_)) {
+        // A command that prints (`files`, `plan`, `manifest`, `status`) into a pipe closed early
+        // (`| head`) ends quietly, as Unix tools do, instead of panicking on EPIPE. The daemon
+        // (`mount`) keeps SIGPIPE ignored: a client hanging up must never kill it.
+        // SAFETY: restoring a signal's default disposition before any thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let code = match run(cli) {
         Ok(()) => 0,
         Err(e) => {
