@@ -12,9 +12,13 @@
 //! * on the cached read path the kernel sends no `open` or `release`, so handles cannot be
 //!   counted; the kernel's own references are counted instead (every entry replied to a lookup
 //!   is one reference, every `forget` takes references back), and a retired view drains when
-//!   the kernel holds none of its inodes. An open file holds its inode, so this is at least as
-//!   strict as counting handles. Entries of a view that is no longer current are replied with
-//!   a zero TTL, so the kernel lets them go as soon as nothing uses them;
+//!   the kernel holds none of its *file* inodes. An open file holds its inode, so this is at
+//!   least as strict as counting handles. Directory inodes do not pin the slot: they reach no
+//!   data once their files are forgotten, and the kernel may keep an old directory's dentry
+//!   for reasons of its own (measured: 64 readers across 100 switches left a few retired
+//!   directories held for minutes), so counting them let a stray dentry stall staging. Entries
+//!   of a view that is no longer current are replied with a zero TTL, so the kernel lets them
+//!   go as soon as nothing uses them;
 //! * a lookup that misses in a retired view answers ESTALE, so the kernel keeps no negative
 //!   entry below an old directory (see [`FsCore::lookup`]);
 //! * an entry replied as current (long TTL) never reaches the kernel after the switch that
@@ -306,11 +310,12 @@ impl FsCore {
     }
 
     /// Whether a view may be evicted: it is not current, no handle is open on it, and (when
-    /// kernel references are tracked) the kernel holds none of its inodes.
+    /// kernel references are tracked) the kernel holds none of its files (directories of a
+    /// retired view reach no data; see [`View::file_refs`]).
     pub fn is_drained(&self, view: &View) -> bool {
         !self.is_current(view)
             && view.open_handles() == 0
-            && (!self.settings.track_kernel_refs || view.kernel_refs() == 0)
+            && (!self.settings.track_kernel_refs || view.file_refs() == 0)
     }
 
     fn notify_if_drained(&self, view: &View) {
@@ -811,6 +816,38 @@ mod tests {
         core.forget(f.ino, 1);
         let g = core.lookup(ROOT_INO, "g").unwrap();
         core.forget(g.ino, 1);
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn directories_alone_do_not_pin_a_retired_view() {
+        let (d, c) = setup();
+        let v1 = view(&d, &c, &[0, 1], 1, 0, "s1");
+        let core = FsCore::new(
+            v1,
+            FsSettings {
+                track_kernel_refs: true,
+                ..settings()
+            },
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        core.set_drained_sender(tx);
+        // The kernel holds d many times over (listings and lookups) and d/f once.
+        let dir = core.lookup(ROOT_INO, "d").unwrap();
+        for _ in 0..492 {
+            core.lookup(ROOT_INO, "d").unwrap();
+        }
+        let f = core.lookup(dir.ino, "f").unwrap();
+        let old = core.switch(view(&d, &c, &[0, 1], 2, 1, "s2"));
+        assert!(!core.is_drained(&old), "f is still held");
+        core.forget(f.ino, 1);
+        // Only the directory is held now: it reaches no data, so the slot may go.
+        assert_eq!(old.kernel_refs(), 493);
+        assert_eq!(rx.try_recv().unwrap(), 1);
+        assert!(core.is_drained(&old));
+        core.retire(1);
+        assert_eq!(core.lookup(dir.ino, "f"), Err(FsError::Stale));
+        core.forget(dir.ino, 493);
         assert!(rx.try_recv().is_err());
     }
 

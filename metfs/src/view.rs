@@ -65,6 +65,9 @@ pub struct View {
     refs: Box<[AtomicU32]>,
     /// Sum of `refs`: the kernel holds an inode of this view while it is above zero.
     kernel_refs: AtomicU64,
+    /// Sum of `refs` over file nodes: what pins the view's slot on the cached read path (see
+    /// [`View::file_refs`]).
+    file_refs: AtomicU64,
     /// One bit per node: looked up at least once (the first pass's progress).
     touched: Box<[AtomicU64]>,
     touched_files: AtomicUsize,
@@ -162,6 +165,7 @@ impl View {
             open_handles: AtomicUsize::new(0),
             refs,
             kernel_refs: AtomicU64::new(0),
+            file_refs: AtomicU64::new(0),
             touched,
             touched_files: AtomicUsize::new(0),
             first_touch: OnceLock::new(),
@@ -335,10 +339,14 @@ impl View {
     /// Records that the kernel got an entry for node `idx` (one more lookup to forget).
     pub fn kernel_ref(&self, idx: u32) {
         self.refs[idx as usize].fetch_add(1, Ordering::AcqRel);
+        if self.is_file(idx) {
+            self.file_refs.fetch_add(1, Ordering::AcqRel);
+        }
         self.kernel_refs.fetch_add(1, Ordering::AcqRel);
     }
     /// Records that the kernel forgot `n` lookups of node `idx`; returns the lookups of the
-    /// whole view still held. A count never goes below zero, whatever the kernel says.
+    /// view's files still held if `idx` is a file, else those of the whole view. A count never
+    /// goes below zero, whatever the kernel says.
     pub fn kernel_unref(&self, idx: u32, n: u64) -> u64 {
         let n32 = n.min(u32::MAX as u64) as u32;
         let node = &self.refs[idx as usize];
@@ -347,15 +355,34 @@ impl View {
             let take = cur.min(n32);
             match node.compare_exchange_weak(cur, cur - take, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
-                    return self.kernel_refs.fetch_sub(take as u64, Ordering::AcqRel) - take as u64
+                    let left =
+                        self.kernel_refs.fetch_sub(take as u64, Ordering::AcqRel) - take as u64;
+                    if self.is_file(idx) {
+                        return self.file_refs.fetch_sub(take as u64, Ordering::AcqRel)
+                            - take as u64;
+                    }
+                    return left;
                 }
                 Err(now) => cur = now,
             }
         }
     }
+    fn is_file(&self, idx: u32) -> bool {
+        matches!(self.nodes[idx as usize].kind, NodeKind::File { .. })
+    }
     /// Lookups of this view's nodes the kernel still holds.
     pub fn kernel_refs(&self) -> u64 {
         self.kernel_refs.load(Ordering::Acquire)
+    }
+    /// Lookups of this view's *files* the kernel still holds. Only these pin the slot: a file
+    /// inode can be read (by inode, on the cached path) for as long as the kernel holds it,
+    /// while a directory inode of a retired view gives access to nothing once its files are
+    /// forgotten (a lookup under it answers ESTALE, and a listing needs a handle, which is
+    /// counted apart). The kernel may keep a retired directory's dentry alive for reasons it
+    /// alone controls (a negative child entry, an entry still in use during a prune), so
+    /// counting directories would let one stray dentry pin a whole slot.
+    pub fn file_refs(&self) -> u64 {
+        self.file_refs.load(Ordering::Acquire)
     }
     /// Nodes the kernel still holds, deepest first (so that invalidating their entries in
     /// this order never finds a child below an entry already dropped).
@@ -505,8 +532,11 @@ mod tests {
         v.kernel_ref(z);
         v.kernel_ref(z);
         assert_eq!(v.kernel_refs(), 3);
+        assert_eq!(v.file_refs(), 2, "a is a directory");
         assert_eq!(v.referenced_nodes(), vec![z, a], "deepest first");
-        assert_eq!(v.kernel_unref(z, 5), 1, "only what was held is taken");
+        // A file's forget answers the files' count, a directory's the whole view's.
+        assert_eq!(v.kernel_unref(z, 5), 0, "only what was held is taken");
+        assert_eq!(v.kernel_refs(), 1);
         assert_eq!(v.kernel_unref(a, 1), 0);
         assert!(v.referenced_nodes().is_empty());
     }
