@@ -1,0 +1,471 @@
+//! The daemon driven as a library on a temporary POSIX tier: a directory of generated files as
+//! the source and another as the cache. Most tests go through `FsCore` (what the FUSE adapter
+//! calls) without a mount, doing what the kernel would: `lookup` then `forget`, `opendir` /
+//! `readdir` / `release`, `open` / `read` / `release`. One test mounts the view with FUSE and
+//! reads it with `std::fs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use metfs::config::{FileConfig, MountConfig};
+use metfs::daemon::Daemon;
+use metfs::fs::FsCore;
+use metfs::view::ROOT_INO;
+use prefetcher::catalog::Catalog;
+use prefetcher::planner::{self, PlanConfig, SampleSet};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+/// Budget of every test: with ~1.7 MiB of reserve, a slot holds ~1.1 MiB, so the ~5 MiB
+/// dataset makes several mini-epochs.
+const BUDGET: u64 = 4 << 20;
+
+/// A source tree of generated files with sizes from a few bytes to ~90 KiB (many not a
+/// multiple of the 4 KiB block), in nested directories; returns each relative path's bytes.
+fn make_source(root: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        // xorshift64: deterministic contents without a dependency.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for i in 0..110u32 {
+        let dir = ["cats", "dogs", "birds/small", "birds/large"][i as usize % 4];
+        let size = (next() % 90_000) as usize + 1;
+        let bytes: Vec<u8> = (0..size).map(|_| next() as u8).collect();
+        let rel = format!("{dir}/s{i:04}.bin");
+        let path = root.join(&rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &bytes).unwrap();
+        files.insert(rel, bytes);
+    }
+    files
+}
+
+/// A test's tier, cache and the configuration `metfs mount` would resolve for them.
+struct Setup {
+    _dirs: tempfile::TempDir,
+    source: BTreeMap<String, Vec<u8>>,
+    cache: PathBuf,
+    cfg: MountConfig,
+}
+
+fn setup(rf: u32) -> Setup {
+    let dirs = tempfile::tempdir().unwrap();
+    let src = dirs.path().join("src");
+    let cache = dirs.path().join("cache");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&cache).unwrap();
+    let source = make_source(&src);
+    // As `metfs mount --config FILE`: a TOML file resolved with no flags over it.
+    let toml = format!(
+        "source = {:?}\ncache = {:?}\nbudget = {BUDGET}\nrf = {rf}\nseed = 7\n\
+         compose = \"random\"\nhistory = {:?}\n",
+        src.display().to_string(),
+        cache.display().to_string(),
+        dirs.path().join("rf-history.json").display().to_string(),
+    );
+    let file = FileConfig::parse(&toml, "test config").unwrap();
+    let cfg = MountConfig::resolve(file, FileConfig::default()).unwrap();
+    Setup {
+        _dirs: dirs,
+        source,
+        cache,
+        cfg,
+    }
+}
+
+/// A prepared daemon with its background tasks started as `metfs mount` starts them.
+struct Running {
+    daemon: Arc<Daemon>,
+    lock: std::fs::File,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+async fn start(cfg: MountConfig) -> Running {
+    let (daemon, lock) = Daemon::prepare(cfg, false).await.expect("prepare");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    daemon.fs().set_drained_sender(tx);
+    let tasks = vec![
+        tokio::spawn(daemon.clone().stager_loop()),
+        tokio::spawn(daemon.clone().drain_loop(rx)),
+        tokio::spawn(daemon.clone().monitor_loop()),
+    ];
+    Running {
+        daemon,
+        lock,
+        tasks,
+    }
+}
+
+impl Running {
+    /// Shuts down as `metfs` does on SIGTERM, then ends the tasks as the process exit would,
+    /// and releases the cache lock.
+    async fn stop(self) {
+        self.daemon.begin_shutdown();
+        self.daemon.persist();
+        for t in self.tasks {
+            t.abort();
+            let _ = t.await;
+        }
+        drop(self.daemon);
+        drop(self.lock);
+    }
+}
+
+fn status_u64(d: &Daemon, key: &str) -> u64 {
+    d.status()[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("status has no integer `{key}`"))
+}
+
+/// Waits (bounded) until the successor mini-epoch is staged.
+async fn wait_next_ready(d: &Daemon) {
+    for _ in 0..3000 {
+        if d.status()["next_ready"] == Value::Bool(true) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the successor was not staged in 30 s: {}", d.status());
+}
+
+/// Every file of the current view with its bytes, walked as the kernel would.
+fn read_view(fs: &FsCore) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    walk(fs, ROOT_INO, "", &mut out);
+    out
+}
+
+fn walk(fs: &FsCore, dir: u64, prefix: &str, out: &mut BTreeMap<String, Vec<u8>>) {
+    let fh = fs.opendir(dir).unwrap();
+    let mut names = Vec::new();
+    fs.readdir(dir, fh, 0, false, |e| {
+        if e.name != "." && e.name != ".." {
+            names.push(e.name.to_string());
+        }
+        false
+    })
+    .unwrap();
+    fs.release(fh);
+    for name in names {
+        let attr = fs.lookup(dir, &name).unwrap();
+        let rel = format!("{prefix}{name}");
+        if attr.is_dir {
+            walk(fs, attr.ino, &format!("{rel}/"), out);
+        } else {
+            let opened = fs.open(attr.ino).unwrap();
+            let mut bytes = Vec::new();
+            loop {
+                let chunk = fs.read(opened.fh, bytes.len() as u64, 128 << 10).unwrap();
+                if chunk.is_empty() {
+                    break;
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            fs.release(opened.fh);
+            assert_eq!(bytes.len() as u64, attr.size, "{rel}: size in the view");
+            out.insert(rel, bytes);
+        }
+        fs.forget(attr.ino, 1);
+    }
+}
+
+/// Asserts that every file in `view` has its source bytes.
+fn check_bytes(view: &BTreeMap<String, Vec<u8>>, source: &BTreeMap<String, Vec<u8>>) {
+    for (path, bytes) in view {
+        let want = source
+            .get(path)
+            .unwrap_or_else(|| panic!("{path} is in the view but not in the source"));
+        assert!(
+            bytes == want,
+            "{path}: bytes through the view differ from the source"
+        );
+    }
+}
+
+/// The paths of each mini-epoch of `epoch`, computed from the daemon's inputs with the
+/// planner (a pure function), independently of the daemon's own plan.
+fn planned(cfg: &MountConfig, d: &Daemon, epoch: u64) -> Vec<BTreeSet<String>> {
+    let catalog = Catalog::load(&d.paths.catalog).unwrap();
+    let footprints: Vec<u64> = catalog
+        .sizes()
+        .iter()
+        .map(|&s| metfs::daemon::round_up(s))
+        .collect();
+    let set = SampleSet {
+        sizes: &footprints,
+        labels: catalog.labels(),
+        clusters: catalog.clusters(),
+    };
+    let plan_cfg = PlanConfig {
+        strategy: cfg.compose,
+        seed: cfg.seed,
+        slot_bytes: status_u64(d, "slot_bytes"),
+        mini_epochs: cfg.mini_epochs,
+        node_rank: cfg.node_rank,
+        nodes: cfg.nodes,
+    };
+    planner::plan_epoch(&set, &plan_cfg, epoch)
+        .unwrap()
+        .mini_epochs
+        .iter()
+        .map(|m| m.samples.iter().map(|&s| catalog.path(s)).collect())
+        .collect()
+}
+
+fn keys(m: &BTreeMap<String, Vec<u8>>) -> BTreeSet<String> {
+    m.keys().cloned().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_view_holds_exactly_the_planned_files_with_source_bytes() {
+    let t = setup(1);
+    let r = start(t.cfg.clone()).await;
+    let d = &r.daemon;
+    let plan = planned(&t.cfg, d, 0);
+    assert!(plan.len() >= 3, "the test wants several mini-epochs");
+    let view = read_view(&d.fs());
+    assert_eq!(keys(&view), plan[0], "files of mini-epoch 0");
+    check_bytes(&view, &t.source);
+    let st = d.status();
+    assert_eq!(
+        (st["epoch"].as_u64(), st["mini_epoch"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert_eq!(st["view_files"].as_u64(), Some(plan[0].len() as u64));
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pass_end_and_advance_walk_an_epoch_serving_every_sample_once() {
+    let t = setup(2);
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    let plan = planned(&t.cfg, &d, 0);
+    let nm = plan.len();
+    assert_eq!(status_u64(&d, "mini_epochs"), nm as u64);
+
+    // rf = 2: the first pass end repeats, the second advances once the successor is staged.
+    wait_next_ready(&d).await;
+    let g0 = status_u64(&d, "generation");
+    let first = d.pass_end(None, Default::default(), false).await.unwrap();
+    assert_eq!(first["decision"], "repeat", "{first}");
+    assert_eq!(first["generation"].as_u64(), Some(g0));
+    let second = d.pass_end(None, Default::default(), false).await.unwrap();
+    assert_eq!(second["decision"], "advance", "{second}");
+    assert_eq!(second["generation"].as_u64(), Some(g0 + 1));
+    assert_eq!(second["mini_epoch"].as_u64(), Some(1));
+
+    // Then `advance` (blocking until staged) through the rest of the epoch.
+    let mut served: BTreeMap<String, usize> = BTreeMap::new();
+    let mut seen_plan = vec![BTreeSet::new(); nm];
+    seen_plan[0] = plan[0].clone();
+    for p in &plan[0] {
+        *served.entry(p.clone()).or_default() += 1;
+    }
+    for k in 1..nm {
+        let view = read_view(&d.fs());
+        assert_eq!(keys(&view), plan[k], "files of mini-epoch {k}");
+        check_bytes(&view, &t.source);
+        for p in view.keys() {
+            *served.entry(p.clone()).or_default() += 1;
+        }
+        seen_plan[k] = keys(&view);
+        let g = status_u64(&d, "generation");
+        let reply = d.advance(true).await.unwrap();
+        assert_eq!(reply["decision"], "advance", "{reply}");
+        assert_eq!(reply["generation"].as_u64(), Some(g + 1));
+        let want = if k + 1 < nm { (0, k + 1) } else { (1, 0) };
+        assert_eq!(
+            (reply["epoch"].as_u64(), reply["mini_epoch"].as_u64()),
+            (Some(want.0), Some(want.1 as u64))
+        );
+    }
+    assert_eq!(
+        served.keys().cloned().collect::<BTreeSet<_>>(),
+        keys(&t.source),
+        "one epoch serves every sample"
+    );
+    let twice: Vec<_> = served.iter().filter(|(_, &n)| n != 1).collect();
+    assert!(twice.is_empty(), "served more than once: {twice:?}");
+    // Epoch 1 starts with its own (recomposed) first mini-epoch.
+    let view = read_view(&d.fs());
+    assert_eq!(keys(&view), planned(&t.cfg, &d, 1)[0]);
+    check_bytes(&view, &t.source);
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_daemon_on_the_same_cache_resumes_without_refetching() {
+    let t = setup(1);
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    d.advance(true).await.unwrap();
+    // The successor of the new position, staged too, must survive the restart.
+    wait_next_ready(&d).await;
+    let before = d.status();
+    let view_before = read_view(&d.fs());
+    assert!(status_u64(&d, "tier_bytes_read") > 0);
+    drop(d);
+    r.stop().await;
+
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    let after = d.status();
+    for key in ["epoch", "mini_epoch", "generation"] {
+        assert_eq!(after[key], before[key], "{key} after the restart");
+    }
+    assert_eq!(
+        after["tier_bytes_read"].as_u64(),
+        Some(0),
+        "the current slot was refetched"
+    );
+    let view_after = read_view(&d.fs());
+    assert!(view_after == view_before, "the resumed view differs");
+    check_bytes(&view_after, &t.source);
+    // The successor is resumed from its journal, not fetched again, and the switch to it works.
+    wait_next_ready(&d).await;
+    assert_eq!(
+        status_u64(&d, "tier_bytes_read"),
+        0,
+        "the successor was refetched"
+    );
+    let reply = d.advance(true).await.unwrap();
+    assert_eq!(reply["decision"], "advance");
+    assert_eq!(
+        reply["generation"].as_u64(),
+        Some(before["generation"].as_u64().unwrap() + 1)
+    );
+    check_bytes(&read_view(&d.fs()), &t.source);
+    drop(d);
+    r.stop().await;
+}
+
+/// Bytes the directory tree under `root` takes on disk (st_blocks * 512); entries that vanish
+/// while it is walked are skipped.
+fn allocated(root: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(md) = std::fs::symlink_metadata(root) else {
+        return 0;
+    };
+    let mut total = md.blocks() * 512;
+    if md.is_dir() {
+        if let Ok(rd) = std::fs::read_dir(root) {
+            for e in rd.flatten() {
+                total += allocated(&e.path());
+            }
+        }
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_never_exceeds_the_budget_across_switches() {
+    let t = setup(1);
+    // Sampled from before the daemon exists, through the first staging and every switch.
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (stop, peak, cache) = (stop.clone(), peak.clone(), t.cache.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(allocated(&cache), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    let nm = status_u64(&d, "mini_epochs");
+    for _ in 0..nm + 1 {
+        // Reading opens backing files, as a job does: their slot drains when they close.
+        check_bytes(&read_view(&d.fs()), &t.source);
+        d.advance(true).await.unwrap();
+        wait_next_ready(&d).await;
+        peak.fetch_max(allocated(&t.cache), Ordering::Relaxed);
+    }
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    let peak = peak.load(Ordering::Relaxed);
+    // The cache must have held two slots at once for the check to mean anything.
+    assert!(peak > status_u64(&d, "slot_bytes"), "peak {peak}");
+    assert!(
+        peak <= BUDGET,
+        "the cache took {peak} bytes, over the budget of {BUDGET}"
+    );
+    drop(d);
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_mount_shows_the_view_and_switches() {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: no /dev/fuse");
+        return;
+    }
+    let t = setup(1);
+    let mp = tempfile::tempdir().unwrap();
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    let adapter = metfs::fuse::FuseAdapter::new(d.fs(), d.active_read_path());
+    let mut fcfg = fuser::Config::default();
+    fcfg.mount_options = vec![
+        fuser::MountOption::FSName("metfs".into()),
+        fuser::MountOption::RO,
+    ];
+    let mpath = mp.path().to_path_buf();
+    let (session, notifier) = tokio::task::spawn_blocking(move || {
+        let s = fuser::Session::new(adapter, &mpath, &fcfg)?;
+        let notifier = metfs::fuse::KernelNotifier::new(&s);
+        s.spawn().map(|s| (s, notifier))
+    })
+    .await
+    .unwrap()
+    .expect("mount");
+    d.mounted(mp.path(), notifier);
+
+    let read_mount = |root: PathBuf| {
+        tokio::task::spawn_blocking(move || {
+            let mut out = BTreeMap::new();
+            let mut stack = vec![root.clone()];
+            while let Some(dir) = stack.pop() {
+                for e in std::fs::read_dir(&dir).unwrap() {
+                    let p = e.unwrap().path();
+                    if p.is_dir() {
+                        stack.push(p);
+                    } else {
+                        let rel = p.strip_prefix(&root).unwrap().display().to_string();
+                        out.insert(rel, std::fs::read(&p).unwrap());
+                    }
+                }
+            }
+            out
+        })
+    };
+    let plan = planned(&t.cfg, &d, 0);
+    let view = read_mount(mp.path().to_path_buf()).await.unwrap();
+    assert_eq!(keys(&view), plan[0], "files through the mount");
+    check_bytes(&view, &t.source);
+    d.advance(true).await.unwrap();
+    let view = read_mount(mp.path().to_path_buf()).await.unwrap();
+    assert_eq!(
+        keys(&view),
+        plan[1],
+        "files through the mount after the switch"
+    );
+    check_bytes(&view, &t.source);
+
+    tokio::task::spawn_blocking(move || session.umount_and_join())
+        .await
+        .unwrap()
+        .expect("unmount");
+    drop(d);
+    r.stop().await;
+}
