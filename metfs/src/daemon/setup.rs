@@ -1,0 +1,741 @@
+//! Setting up a mount: the cache's checks and lock, the tier, the catalog, the rf policy and
+//! history, the resumed position, and the first mini-epoch staged before the mount goes live.
+
+use super::*;
+
+pub(super) fn open_history(
+    cfg: &MountConfig,
+    dataset: &str,
+    job: &str,
+    previous: Option<RunId>,
+) -> (Option<History>, Option<Vec<u32>>) {
+    if let Some(dir) = cfg.history.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match HistoryStore::open(&cfg.history) {
+        Ok((mut store, warnings)) => {
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
+            let schedule = store.schedule_excluding(dataset, job, previous);
+            let (run, resumed) = store.resume_or_start(dataset, job, previous);
+            tracing::info!(history = %cfg.history.display(), run = %run, resumed, job, "recording rf history");
+            (
+                Some(History {
+                    store,
+                    dataset: dataset.to_string(),
+                    run,
+                }),
+                schedule,
+            )
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "rf history unavailable; this run is not recorded");
+            (None, None)
+        }
+    }
+}
+
+pub(super) fn build_policy(
+    cfg: &MountConfig,
+    schedule: Option<Vec<u32>>,
+) -> Result<Box<dyn RfPolicy>, DaemonError> {
+    if cfg.policy.kind == PolicyKind::Learned {
+        tracing::info!(
+            mini_epochs = schedule.as_ref().map_or(0, Vec::len),
+            "learned rf schedule"
+        );
+    }
+    feedback::config::build_policy(&cfg.policy, schedule)
+        .map_err(|e| DaemonError::Setup(format!("rf policy: {e}")))
+}
+
+pub(super) fn lock_cache(paths: &CachePaths) -> Result<std::fs::File, DaemonError> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&paths.lock)
+        .map_err(|e| DaemonError::Cache {
+            path: paths.root.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut pid = String::new();
+        let _ = f.read_to_string(&mut pid);
+        return Err(DaemonError::CacheBusy(
+            paths.root.display().to_string(),
+            pid.trim().to_string(),
+        ));
+    }
+    let _ = f.set_len(0);
+    let _ = f.seek(std::io::SeekFrom::Start(0));
+    let _ = write!(f, "{}", std::process::id());
+    Ok(f)
+}
+
+/// Writes `state.json` atomically (temporary file, fsync, rename).
+pub(super) fn write_saved_state(path: &Path, saved: &SavedState) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(saved).unwrap())
+        .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|_| std::fs::rename(&tmp, path))
+}
+
+/// Makes the cache directory private (0700): staged copies of protected source files live in
+/// it. A wider one is tightened with a warning; a shared one (sticky, like `/tmp` or
+/// `/dev/shm`) or one of another user is refused, since tightening it would lock others out.
+pub(super) fn make_private(root: &Path) -> Result<(), DaemonError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let bad = |reason: String| DaemonError::Cache {
+        path: root.display().to_string(),
+        reason,
+    };
+    let md = std::fs::metadata(root).map_err(|e| bad(e.to_string()))?;
+    let mode = md.mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if mode & 0o1000 != 0 || md.uid() != me {
+        return Err(bad(format!(
+            "a shared directory (mode {mode:o}, owner uid {}) cannot hold the cache, which must \
+             be private; name a directory of your own inside it",
+            md.uid()
+        )));
+    }
+    tracing::warn!(path = %root.display(), mode = format!("{mode:o}"), "the cache directory was accessible to other users; making it private (0700)");
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| bad(format!("cannot make it private (0700): {e}")))
+}
+
+/// Checks that the cache directory exists and is a directory.
+pub fn check_cache_dir(cache: &Path) -> Result<(), DaemonError> {
+    let bad = |reason: String| DaemonError::Cache {
+        path: cache.display().to_string(),
+        reason,
+    };
+    match std::fs::metadata(cache) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(bad(
+            "is not a directory (give a directory on node-local storage)".into(),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(bad(
+            "does not exist (create it on node-local storage first)".into(),
+        )),
+        Err(e) => Err(bad(e.to_string())),
+    }
+}
+
+/// `p` with symlinks resolved; for a path that cannot be resolved itself (a dead mount), its
+/// resolved parent joined with its name.
+pub(super) fn resolved(p: &Path) -> Option<PathBuf> {
+    std::fs::canonicalize(p).ok().or_else(|| {
+        let parent = std::fs::canonicalize(p.parent()?).ok()?;
+        Some(parent.join(p.file_name()?))
+    })
+}
+
+/// Refuses a layout where the source, the cache and the mountpoint overlap (after resolving
+/// symlinks): a cache inside the source would be catalogued as samples by a later listing (and
+/// serve metfs's own lock file); a source inside the cache would be deleted by its cleanup; a
+/// mountpoint inside either hides or loops back into what the daemon reads. Each error names
+/// both paths.
+pub fn check_places(cfg: &MountConfig, mountpoint: &Path) -> Result<(), DaemonError> {
+    check_cache_dir(&cfg.cache)?;
+    let mut places: Vec<(&str, &Path, PathBuf)> = Vec::new();
+    if !cfg.source.contains("://") {
+        if let Some(p) = resolved(Path::new(&cfg.source)) {
+            places.push(("source", Path::new(&cfg.source), p));
+        }
+    }
+    if let Some(p) = resolved(&cfg.cache) {
+        places.push(("cache directory", &cfg.cache, p));
+    }
+    if let Some(p) = resolved(mountpoint) {
+        places.push(("mountpoint", mountpoint, p));
+    }
+    for (i, (a, a_path, a_res)) in places.iter().enumerate() {
+        for (b, b_path, b_res) in &places[i + 1..] {
+            let (inner, inner_path, inner_res, outer, outer_path, outer_res) =
+                if a_res.starts_with(b_res) {
+                    (a, a_path, a_res, b, b_path, b_res)
+                } else if b_res.starts_with(a_res) {
+                    (b, b_path, b_res, a, a_path, a_res)
+                } else {
+                    continue;
+                };
+            let at = |given: &Path, res: &Path| {
+                if given == res {
+                    given.display().to_string()
+                } else {
+                    format!("{} (resolved: {})", given.display(), res.display())
+                }
+            };
+            let how = if inner_res == outer_res {
+                "is the same directory as"
+            } else {
+                "is inside"
+            };
+            return Err(DaemonError::Setup(format!(
+                "the {inner} {} {how} the {outer} {}; give them separate directories",
+                at(inner_path, inner_res),
+                at(outer_path, outer_res),
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Opens the capacity tier named by a source URL.
+pub fn open_tier(
+    source: &str,
+    s3: &prefetcher::s3::S3Config,
+    timeout_secs: u64,
+) -> Result<Arc<dyn CapacityTier>, DaemonError> {
+    if source.starts_with("s3://") {
+        return Ok(Arc::new(prefetcher::s3::S3Tier::new(source, s3.clone())?));
+    }
+    if source.contains("://") {
+        return Err(DaemonError::Setup(format!(
+            "source {source}: unknown scheme; use a directory or s3://bucket/prefix"
+        )));
+    }
+    Ok(Arc::new(
+        PosixTier::new(Path::new(source))?.with_timeout(timeout_secs),
+    ))
+}
+
+pub(super) fn needs_labels(s: Strategy) -> bool {
+    s == Strategy::Stratified
+}
+
+/// Builds (or reuses) the catalog of `tier`, saved at `path`.
+pub async fn load_catalog(
+    tier: &dyn CapacityTier,
+    path: &Path,
+    cfg: &MountConfig,
+) -> Result<(Catalog, bool, Option<Arc<Containers>>), DaemonError> {
+    if cfg.hdf5_container {
+        if cfg.source.contains("://") {
+            return Err(DaemonError::Setup(format!(
+                "source {}: HDF5 container mode needs a POSIX source (rows are read as hyperslabs)",
+                cfg.source
+            )));
+        }
+        let listing = tier.list().await?;
+        let files: Vec<String> = listing
+            .entries
+            .iter()
+            .map(|e| e.path.clone())
+            .filter(|p| {
+                let l = p.to_ascii_lowercase();
+                [".h5", ".hdf5", ".hdf", ".he5"]
+                    .iter()
+                    .any(|x| l.ends_with(x))
+            })
+            .collect();
+        if files.is_empty() {
+            return Err(DaemonError::Setup(format!(
+                "source {}: no HDF5 files (.h5, .hdf5, .hdf, .he5) for container mode",
+                cfg.source
+            )));
+        }
+        let root = PathBuf::from(&cfg.source);
+        let datasets = cfg.hdf5_datasets.clone();
+        let label = cfg.label_dataset.clone();
+        let c = tokio::task::spawn_blocking(move || {
+            prefetcher::hdf5::open_containers(&root, &files, datasets.as_deref(), label.as_deref())
+        })
+        .await
+        .expect("HDF5 inspection panicked")
+        .map_err(|e| DaemonError::Setup(e.to_string()))?;
+        let cat = c
+            .catalog(tier.url())
+            .map_err(|e| DaemonError::Setup(e.to_string()))?;
+        tracing::info!(
+            containers = c.files().len(),
+            rows = c.samples(),
+            "HDF5 container mode"
+        );
+        return Ok((cat, false, Some(Arc::new(c))));
+    }
+    let (mut cat, reused) = load_plain_catalog(tier, path, cfg).await?;
+    if let Some(name) = &cfg.label_hdf5 {
+        if !reused || cat.labels().is_none() {
+            let root = PathBuf::from(&cfg.source);
+            let paths: Vec<String> = (0..cat.len() as u32).map(|i| cat.path(i)).collect();
+            let name = name.clone();
+            let labels = tokio::task::spawn_blocking(move || {
+                prefetcher::hdf5::read_scalar_labels(&root, paths.into_iter(), &name)
+            })
+            .await
+            .expect("HDF5 label reading panicked")
+            .map_err(|e| DaemonError::Setup(e.to_string()))?;
+            cat.set_labels(labels);
+        }
+    }
+    Ok((cat, reused, None))
+}
+
+pub(super) async fn load_plain_catalog(
+    tier: &dyn CapacityTier,
+    path: &Path,
+    cfg: &MountConfig,
+) -> Result<(Catalog, bool), DaemonError> {
+    if let Some(manifest) = &cfg.manifest {
+        // A manifest replaces the listing; reading it is cheap next to listing millions of
+        // files on a parallel file system's metadata server.
+        let t = Instant::now();
+        let mut cat = prefetcher::manifest::load_catalog(manifest)
+            .map_err(|e| DaemonError::Setup(e.to_string()))?;
+        if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
+            cat.label_by_first_dir();
+        }
+        tracing::info!(
+            manifest = %manifest.display(),
+            samples = cat.len(),
+            bytes = %format_bytes(cat.total_bytes()),
+            secs = t.elapsed().as_secs_f64(),
+            "catalogue read from the manifest"
+        );
+        return Ok((cat, false));
+    }
+    if let Ok(saved) = Catalog::load(path) {
+        if saved.source() == tier.url() && tier.catalog_is_current(&saved).await? {
+            tracing::info!(samples = saved.len(), "reusing the saved catalog");
+            return Ok((saved, true));
+        }
+    }
+    let t = Instant::now();
+    let listing = tier.list().await?;
+    for (p, why) in &listing.skipped {
+        tracing::warn!(path = %p, reason = %why, "not served");
+    }
+    let mut cat = Catalog::from_entries(tier.url(), listing.entries)?;
+    cat.set_dir_stamps(listing.dir_stamps);
+    if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
+        cat.label_by_first_dir();
+    }
+    tracing::info!(
+        samples = cat.len(),
+        bytes = %format_bytes(cat.total_bytes()),
+        secs = t.elapsed().as_secs_f64(),
+        "catalogued the source"
+    );
+    Ok((cat, false))
+}
+
+impl Daemon {
+    /// Prepares a mount: locks the cache, catalogues, plans, and stages the current mini-epoch.
+    /// Returns the daemon and the lock file (hold it for the daemon's life).
+    pub async fn prepare(
+        cfg: MountConfig,
+        show_progress: bool,
+    ) -> Result<(Arc<Daemon>, std::fs::File), DaemonError> {
+        let paths = CachePaths::new(&cfg.cache);
+        check_cache_dir(&paths.root)?;
+        make_private(&paths.root)?;
+        let lock = lock_cache(&paths)?;
+        for d in [&paths.slots, &paths.tmp] {
+            // A symlink here would lead slot deletions and tmp cleanup out of the cache: it is
+            // removed (never its target) and a private directory made in its place.
+            if std::fs::symlink_metadata(d).is_ok_and(|m| !m.is_dir()) {
+                tracing::warn!(path = %d.display(), "not a directory (a symlink?) in the cache; replacing it");
+                let _ = std::fs::remove_file(d);
+            }
+            prefetcher::stager::create_private_dir(d).map_err(|e| DaemonError::Cache {
+                path: d.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        }
+        let tier = open_tier(&cfg.source, &cfg.s3, cfg.stager.timeout_secs)?;
+        let (mut catalog, reused, containers) = load_catalog(&*tier, &paths.catalog, &cfg).await?;
+        if catalog.is_empty() {
+            return Err(DaemonError::Empty(cfg.source.clone()));
+        }
+        if needs_labels(cfg.compose) && catalog.labels().is_none() {
+            catalog.label_by_first_dir();
+        }
+        let catalog_bytes = if reused {
+            std::fs::metadata(&paths.catalog)
+                .map(|m| m.len())
+                .unwrap_or(0)
+        } else {
+            // The old catalog goes first: with its replacement written beside it, the two
+            // would take more than the one the budget reserves.
+            let _ = std::fs::remove_file(&paths.catalog);
+            catalog.save(&paths.catalog)?
+        };
+        // A container slot holds one HDF5 file per container: rows are packed, so they are not
+        // rounded to blocks, and each file carries headers and chunk indexes (1 MiB allowed).
+        let extra = containers
+            .as_ref()
+            .map_or(0, |c| 2 * c.files().len() as u64 * (1 << 20));
+        let budget = Budget::with_extra(cfg.budget, &catalog, catalog_bytes, extra)?;
+        let footprints: Vec<u64> = if containers.is_some() {
+            catalog.sizes().to_vec()
+        } else {
+            catalog.sizes().iter().map(|&s| round_up(s)).collect()
+        };
+        let plan_cfg = PlanConfig {
+            strategy: cfg.compose,
+            seed: cfg.seed,
+            slot_bytes: budget.slot_bytes,
+            mini_epochs: cfg.mini_epochs,
+            node_rank: cfg.node_rank,
+            nodes: cfg.nodes,
+        };
+        let set = SampleSet {
+            sizes: &footprints,
+            labels: catalog.labels(),
+            clusters: catalog.clusters(),
+        };
+        let nm = match planner::mini_epoch_count(&set, &plan_cfg) {
+            Ok(n) => n,
+            Err(PlanError::SampleTooLarge { sample, size, .. }) => {
+                return Err(DaemonError::BudgetTooSmall {
+                    budget: format_bytes(cfg.budget),
+                    path: catalog.path(sample),
+                    size: format_bytes(size),
+                    needed: format_bytes(size.saturating_mul(2).saturating_add(budget.reserve)),
+                    reserve: format_bytes(budget.reserve),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let fingerprint = {
+            let mut h: u64 = 0xcbf29ce484222325;
+            for id in 0..catalog.len() as u32 {
+                let (d, n) = catalog.dir_and_name(id);
+                fnv(&mut h, d.as_bytes());
+                fnv(&mut h, b"/");
+                fnv(&mut h, n.as_bytes());
+                fnv(&mut h, &catalog.size(id).to_le_bytes());
+                fnv(&mut h, catalog.version(id).as_bytes());
+            }
+            format!(
+                "{}|{}|{}|{:?}|{}|{}|{}|{h:016x}",
+                cfg.source, budget.slot_bytes, nm, cfg.compose, cfg.seed, cfg.node_rank, cfg.nodes
+            )
+        };
+        let saved = match load_state(&paths.state, cfg.reset)? {
+            Some(s) if s.fingerprint == fingerprint => {
+                s.check_plan(nm).map_err(|e| match e {
+                    DaemonError::CorruptState { reason, .. } => DaemonError::CorruptState {
+                        path: paths.state.display().to_string(),
+                        reason,
+                    },
+                    e => e,
+                })?;
+                Some(s)
+            }
+            Some(s) => {
+                tracing::info!(
+                    epoch = s.epoch,
+                    mini_epoch = s.mini_epoch,
+                    "the dataset or the plan settings changed since the saved position; starting at epoch 0"
+                );
+                None
+            }
+            None => None,
+        };
+        let pacer = Pacer::with_rate(match cfg.prefetch_rate {
+            PrefetchRate::Fixed(r) => Some(r),
+            // The first mini-epoch is staged at full speed (the job is waiting for it); pacing
+            // starts after it (see below).
+            PrefetchRate::Auto | PrefetchRate::Unlimited => None,
+        });
+        let catalog = Arc::new(catalog);
+        let stager = Stager::new(
+            tier.clone(),
+            catalog.clone(),
+            paths.slots.clone(),
+            paths.tmp.clone(),
+            cfg.stager.clone(),
+            pacer,
+        );
+        stager.clean_tmp()?;
+        let (epoch, mini_epoch, generation, sequence) = match &saved {
+            Some(s) => {
+                tracing::info!(
+                    epoch = s.epoch,
+                    mini_epoch = s.mini_epoch,
+                    "resuming where the last mount stopped"
+                );
+                (s.epoch, s.mini_epoch, s.generation, s.sequence)
+            }
+            None => (0, 0, 1, 0),
+        };
+        let cur = (epoch, mini_epoch);
+        let succ = successor(cur, nm);
+        // Slots that belong to neither the current nor the successor mini-epoch are stale.
+        for name in stager.present_slots() {
+            if saved.is_none() || (name != slot_name(cur) && name != slot_name(succ)) {
+                stager.evict(&name)?;
+            }
+        }
+        if saved.is_none() {
+            // Journals without slot directories, from a different plan.
+            if let Ok(rd) = std::fs::read_dir(&paths.slots) {
+                for e in rd.flatten() {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        let dataset_key = fingerprint
+            .split('|')
+            .enumerate()
+            .filter(|(i, _)| *i != 5)
+            .map(|(_, p)| p)
+            .collect::<Vec<_>>()
+            .join("|");
+        let job = saved
+            .as_ref()
+            .and_then(|s| s.job.clone())
+            .unwrap_or_else(|| cfg.job.clone());
+        let (history, schedule) =
+            open_history(&cfg, &dataset_key, &job, saved.as_ref().and_then(|s| s.run));
+        let policy = build_policy(&cfg, schedule)?;
+        if saved.is_none() {
+            // Saved before the first mini-epoch is staged: a daemon killed while staging it
+            // then finds its plan on restart and resumes the slot from its journal, instead of
+            // discarding it as a slot of an unknown plan.
+            let first = SavedState {
+                fingerprint: fingerprint.clone(),
+                epoch,
+                mini_epoch,
+                generation,
+                sequence,
+                run: history.as_ref().map(|h| h.run),
+                job: Some(job.clone()),
+            };
+            if let Err(e) = write_saved_state(&paths.state, &first) {
+                tracing::error!(error = %e, path = %paths.state.display(), "cannot save the position");
+            }
+        }
+        let set = SampleSet {
+            sizes: &footprints,
+            labels: catalog.labels(),
+            clusters: catalog.clusters(),
+        };
+        let plan = Arc::new(planner::plan_epoch(&set, &plan_cfg, epoch)?);
+        let me = &plan.mini_epochs[mini_epoch as usize];
+        let spec = SlotSpec {
+            name: slot_name(cur),
+            samples: me.samples.clone(),
+        };
+        tracing::info!(
+            mini_epochs = nm,
+            slot_bytes = %format_bytes(budget.slot_bytes),
+            reserve = %format_bytes(budget.reserve),
+            epoch, mini_epoch,
+            files = me.samples.len(),
+            bytes = %format_bytes(me.bytes),
+            "staging the first mini-epoch"
+        );
+        let t = Instant::now();
+        let progress: Arc<Progress> = Arc::default();
+        let bar = show_progress.then(|| progress_bar(progress.clone()));
+        let report = match &containers {
+            Some(c) => stager.stage_containers(&spec, c.clone(), progress).await,
+            None => stager.stage(&spec, progress).await,
+        };
+        if let Some((bar, task)) = bar {
+            task.abort();
+            bar.finish_and_clear();
+        }
+        let report = report?;
+        if cfg.prefetch_rate == PrefetchRate::Auto {
+            // Just-in-time pacing starts as a trickle: the first pass end sets the real rate.
+            stager.pacer().set_rate(Some(AUTO_TRICKLE));
+        }
+        tracing::info!(
+            fetched = report.fetched,
+            resumed = report.resumed,
+            failed = report.failed.len(),
+            secs = t.elapsed().as_secs_f64(),
+            "mini-epoch staged"
+        );
+        if let Some((id, why)) = report.failed.first() {
+            // Samples left out are reported; a first mini-epoch with none staged at all is a
+            // wrong source or manifest, not a dataset to train on.
+            let (k, n) = (report.failed.len(), me.samples.len());
+            let what = match &cfg.manifest {
+                Some(m) => format!("manifest {}", m.display()),
+                None => format!("source {}", cfg.source),
+            };
+            if k >= n {
+                let _ = stager.evict(&spec.name);
+                let hint = if cfg.manifest.is_some() {
+                    "; does the manifest belong to this source?"
+                } else {
+                    ""
+                };
+                return Err(DaemonError::Setup(format!(
+                    "{what}: none of the {n} samples of the first mini-epoch could be staged from {} ({k} missing or unreadable, e.g. `{}`: {why}){hint}",
+                    cfg.source,
+                    catalog.path(*id)
+                )));
+            }
+            tracing::warn!(
+                "{what}: {k} of the first mini-epoch's {n} samples are missing or unreadable at the source and are left out (`metfs status` lists them)"
+            );
+        }
+        let failed: Vec<String> = report
+            .failed
+            .iter()
+            .map(|(id, why)| format!("{}: {why}", catalog.path(*id)))
+            .collect();
+        let view = Arc::new(Self::view_for(
+            &catalog,
+            containers.as_deref(),
+            &stager,
+            &plan,
+            cur,
+            generation,
+            &paths,
+        ));
+        let mean_sample = catalog.total_bytes() / (catalog.len() as u64).max(1);
+        let read_path =
+            cfg.read_path
+                .resolve(budget.slot_bytes, mean_sample, crate::config::mem_total());
+        if cfg.read_path == ReadPath::Auto {
+            tracing::info!(
+                read_path = read_path.name(),
+                slot_bytes = %format_bytes(budget.slot_bytes),
+                mean_sample = %format_bytes(mean_sample),
+                "read path chosen: cached for samples under 1 MiB when a slot fits in half of the node's memory, else passthrough (pread without CAP_SYS_ADMIN)"
+            );
+        }
+        let fs = Arc::new(FsCore::new(
+            view,
+            FsSettings {
+                max_open_files: cfg.max_open_files,
+                max_backing_ids: cfg.max_backing_ids,
+                track_kernel_refs: read_path == ReadPath::Cached,
+            },
+        ));
+        let mut plans = BTreeMap::new();
+        plans.insert(epoch, plan.clone());
+        let mut slot_footprints = BTreeMap::new();
+        slot_footprints.insert(
+            slot_name(cur),
+            me.samples.iter().map(|&s| footprints[s as usize]).sum(),
+        );
+        let (changed, _) = watch::channel(0u64);
+        let active_read_path = Arc::new(ActiveReadPath::new(read_path));
+        let daemon = Arc::new(Daemon {
+            tier_url: tier.url().to_string(),
+            containers,
+            me: Mutex::new(std::sync::Weak::new()),
+            paths,
+            catalog,
+            footprints,
+            plan_cfg,
+            nm,
+            budget,
+            stager,
+            fs,
+            read_path,
+            active_read_path,
+            state: Mutex::new(State {
+                epoch,
+                mini_epoch,
+                passes: 0,
+                generation,
+                sequence,
+                advance_wanted: false,
+                bonus_passes: 0,
+                next: Next::Idle,
+                plans,
+                policy,
+                draining: BTreeMap::new(),
+                evicting: Default::default(),
+                last_error: None,
+                failed_samples: failed,
+                slot_footprints,
+                shutting_down: false,
+                record: MiniEpochRecord::begin(sequence, epoch, mini_epoch),
+                history,
+                job,
+                meter: Meter::new(),
+            }),
+            events: crate::events::EventLog::open(&cfg.run_dir),
+            changed,
+            notifier: Mutex::new(None),
+            fingerprint,
+            mountpoint: Mutex::new(PathBuf::new()),
+            started: Instant::now(),
+            shutdown: tokio::sync::Notify::new(),
+            cfg,
+        });
+        *daemon.me.lock().unwrap() = Arc::downgrade(&daemon);
+        daemon.save_state();
+        daemon.events.emit(
+            "start",
+            json!({
+                "dataset_bytes": daemon.catalog.total_bytes(),
+                "dataset_files": daemon.catalog.len(),
+                "mini_epochs": nm,
+                "view_bytes": daemon.fs.current().bytes(),
+                "rf_policy": daemon.cfg.policy.kind.to_string(),
+                "budget_bytes": daemon.budget.budget,
+                "node_rank": daemon.cfg.node_rank,
+                "nodes": daemon.cfg.nodes,
+                "epoch": epoch,
+                "mini_epoch": mini_epoch,
+            }),
+        );
+        Ok((daemon, lock))
+    }
+
+    pub(super) fn view_for(
+        catalog: &Catalog,
+        containers: Option<&Containers>,
+        stager: &Stager,
+        plan: &EpochPlan,
+        target: (u64, u32),
+        generation: u64,
+        paths: &CachePaths,
+    ) -> View {
+        let name = slot_name(target);
+        if let Some(c) = containers {
+            let dir = stager.slot_path(&name);
+            // A container's bytes change with every mini-epoch: its times are those of the
+            // staged copy, so `make`, `rsync` and caches see each generation's new content.
+            let files: Vec<(String, u64, Option<prefetcher::catalog::Meta>)> = c
+                .files()
+                .iter()
+                .filter_map(|f| {
+                    std::fs::metadata(dir.join(&f.path)).ok().map(|m| {
+                        let meta = prefetcher::catalog::Meta::from_metadata(&m);
+                        (f.path.clone(), m.len(), Some(meta))
+                    })
+                })
+                .collect();
+            return View::from_files(&files, generation, target.0, target.1, &name, &dir);
+        }
+        let failed = journal_failures(&paths.slots, &name);
+        let samples: Vec<u32> = plan.mini_epochs[target.1 as usize]
+            .samples
+            .iter()
+            .copied()
+            .filter(|s| !failed.contains(s))
+            .collect();
+        View::build(
+            catalog,
+            &samples,
+            generation,
+            target.0,
+            target.1,
+            &name,
+            &stager.slot_path(&name),
+        )
+    }
+}

@@ -1,0 +1,240 @@
+//! What the daemon reports: the status JSON, the files of the view, `hello`, the metrics file,
+//! and the shutdown that persists the position.
+
+use super::*;
+
+impl Daemon {
+    /// Runs periodic work: just-in-time pacing, tier-bandwidth events, the metrics file.
+    pub async fn monitor_loop(self: Arc<Self>) {
+        // Pacing is retuned four times a second: rate changes cost nothing (see `Pacer`), and
+        // the first pass's estimate then takes effect within a quarter of a second.
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let mut last_tier = u64::MAX;
+        let mut n: u64 = 0;
+        loop {
+            tick.tick().await;
+            n += 1;
+            self.pace(&self.state.lock().unwrap());
+            if n.is_multiple_of(8) {
+                let tier = self.stager.tier_bytes_read();
+                if tier != last_tier {
+                    last_tier = tier;
+                    self.events.emit("tier", json!({"tier_bytes_read": tier}));
+                }
+            }
+            if n.is_multiple_of(20) {
+                self.write_metrics();
+            }
+        }
+    }
+
+    pub(super) fn write_metrics(&self) {
+        let Some(path) = &self.cfg.metrics_file else {
+            return;
+        };
+        let text = crate::metrics::render(&self.status());
+        if let Err(e) = crate::metrics::write_atomic(path, &text) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the metrics file");
+        }
+    }
+    /// The `status` object.
+    pub fn status(&self) -> Value {
+        let s = self.state.lock().unwrap();
+        let view = self.fs.current();
+        let (staging, staging_bytes_done) = match &s.next {
+            Next::Idle => (
+                json!({"state": if s.draining.is_empty() {"idle"} else {"draining"}}),
+                0,
+            ),
+            Next::Staging {
+                target,
+                slot,
+                progress,
+                started,
+            } => {
+                let done = progress.bytes_done.load(Ordering::Relaxed);
+                let total = progress.bytes_total.load(Ordering::Relaxed);
+                let secs = started.elapsed().as_secs_f64();
+                let fetched = progress.bytes_fetched.load(Ordering::Relaxed);
+                let rate = if secs > 0.0 {
+                    fetched as f64 / secs
+                } else {
+                    0.0
+                };
+                let eta = if rate > 0.0 {
+                    Some((total.saturating_sub(done)) as f64 / rate)
+                } else {
+                    None
+                };
+                (
+                    json!({
+                        "state": "staging", "slot": slot, "epoch": target.0, "mini_epoch": target.1,
+                        "files_done": progress.files_done.load(Ordering::Relaxed),
+                        "files_total": progress.files_total.load(Ordering::Relaxed),
+                        "bytes_done": done, "bytes_total": total,
+                        "bytes_per_s": rate, "eta_s": eta,
+                        "retries": progress.retries.load(Ordering::Relaxed),
+                        "last_retry_error": progress.last_retry_error.lock().unwrap().clone(),
+                    }),
+                    done,
+                )
+            }
+            Next::Ready {
+                target,
+                slot,
+                report,
+            } => (
+                json!({
+                    "state": "ready", "slot": slot, "epoch": target.0, "mini_epoch": target.1,
+                    "fetched": report.fetched, "resumed": report.resumed,
+                    "failed": report.failed.len(), "secs": report.elapsed.as_secs_f64(),
+                }),
+                0,
+            ),
+            Next::Failed {
+                target,
+                error,
+                at,
+                failures,
+                pause,
+            } => (
+                json!({
+                    "state": "failed", "epoch": target.0, "mini_epoch": target.1, "error": error,
+                    "failures": failures,
+                    "retry_in_secs": pause.saturating_sub(at.elapsed()).as_secs_f64(),
+                }),
+                0,
+            ),
+        };
+        let staged_slots: u64 = s
+            .slot_footprints
+            .iter()
+            .filter(|(name, _)| match &s.next {
+                Next::Staging { slot, .. } => *name != slot,
+                _ => true,
+            })
+            .map(|(_, b)| *b)
+            .sum();
+        let meta: u64 = [&self.paths.catalog, &self.paths.state, &self.cfg.log_file]
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| round_up(m.len()))
+            .sum();
+        json!({
+            "epoch": s.epoch,
+            "mini_epoch": s.mini_epoch,
+            "mini_epochs": self.nm,
+            "pass": s.passes,
+            "rf": s.policy.expected_rf(),
+            "rf_policy": s.policy.name(),
+            "job": s.job,
+            "advance_wanted": s.advance_wanted,
+            "generation": s.generation,
+            "next_ready": self.next_ready(&s),
+            "cache_bytes": staged_slots + round_up(staging_bytes_done) + meta,
+            "budget_bytes": self.budget.budget,
+            "slot_bytes": self.budget.slot_bytes,
+            "reserve_bytes": self.budget.reserve,
+            "tier_bytes_read": self.stager.tier_bytes_read(),
+            "daemon_bytes_read": self.fs.bytes_read.load(Ordering::Relaxed),
+            "daemon_opens": self.fs.opens.load(Ordering::Relaxed),
+            "view_files": view.file_count(),
+            "view_bytes": view.bytes(),
+            "dataset_files": self.catalog.len(),
+            "dataset_bytes": self.catalog.total_bytes(),
+            "bonus_passes": s.bonus_passes,
+            "blocked_seconds": s.meter.blocked_secs,
+            "pass_seconds": s.meter.pass_secs.back(),
+            "pass_seconds_mean": s.meter.mean_pass(),
+            "b2_bytes_per_s": s.meter.b2(),
+            "b2_recent_bytes_per_s": s.meter.last_b2,
+            "eb1_bytes_per_s": self.eb1(&s),
+            "stall_free_rf": self.stall_free_rf(&s),
+            "prefetch_rate": self.stager.pacer().rate(),
+            "staging": staging,
+            "draining_slots": s.draining.len(),
+            "draining": self.draining_detail(),
+            "open_handles": self.fs.open_handles(),
+            "passthrough": self.read_path_now() == ReadPath::Passthrough,
+            "read_path": self.read_path_now().name(),
+            "last_error": s.last_error,
+            "failed_samples": s.failed_samples,
+            "source": self.tier_url,
+            "mountpoint": self.mountpoint().display().to_string(),
+            "socket": self.cfg.socket.display().to_string(),
+            "node_rank": self.cfg.node_rank,
+            "nodes": self.cfg.nodes,
+            "compose": self.cfg.compose,
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "pid": std::process::id(),
+        })
+    }
+
+    /// What holds each retired view that is not evicted yet: open handles, the kernel's
+    /// lookups (entries and inodes it still caches, on the cached read path) and a few of the
+    /// paths it holds, so that a view that does not drain can be diagnosed from `status`.
+    pub(super) fn draining_detail(&self) -> Value {
+        self.fs
+            .retained_views()
+            .iter()
+            .map(|v| {
+                let held: Vec<String> = v
+                    .referenced_nodes()
+                    .into_iter()
+                    .take(5)
+                    .map(|i| v.rel_path(i))
+                    .collect();
+                json!({
+                    "generation": v.generation, "slot": v.slot, "open_handles": v.open_handles(),
+                    "kernel_refs": v.kernel_refs(), "kernel_held": held,
+                })
+            })
+            .collect()
+    }
+
+    /// The `files` object.
+    pub fn files(&self) -> Value {
+        let view = self.fs.current();
+        json!({
+            "generation": view.generation,
+            "epoch": view.epoch,
+            "mini_epoch": view.mini_epoch,
+            "mountpoint": self.mountpoint().display().to_string(),
+            "files": view.file_paths(),
+        })
+    }
+
+    /// The `hello` object.
+    pub fn hello(&self, job: Option<String>) -> Value {
+        json!({
+            "protocol": feedback::protocol::PROTOCOL_VERSION,
+            "version": env!("CARGO_PKG_VERSION"),
+            "mountpoint": self.mountpoint().display().to_string(),
+            "job": job,
+        })
+    }
+
+    /// Starts shutting down: blocked callers are released with `shutting_down`.
+    pub fn begin_shutdown(&self) {
+        self.state.lock().unwrap().shutting_down = true;
+        self.bump();
+        self.shutdown.notify_waiters();
+        self.shutdown.notify_one();
+    }
+
+    /// Saves the position and the rf history (at shutdown).
+    pub fn persist(&self) {
+        self.save_state();
+        let mut s = self.state.lock().unwrap();
+        let rec = s.record.clone();
+        if let Some(h) = s.history.as_mut() {
+            let mut r = Ok(());
+            if !rec.scores.is_empty() {
+                r = h.store.record_mini_epoch(h.run, rec);
+            }
+            if let Err(e) = r.and_then(|_| h.store.save()) {
+                tracing::warn!(error = %e, "cannot save the rf history");
+            }
+        }
+    }
+}

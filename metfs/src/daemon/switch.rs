@@ -1,0 +1,375 @@
+//! The view switch and the feedback that drives it: `pass_end`, `advance`, `apply`, the
+//! kernel invalidation after a switch, and the stall-free rf.
+
+use super::*;
+
+impl Daemon {
+    /// Switches the view to the successor if it is staged. Returns whether it switched.
+    pub(super) async fn try_switch(&self) -> bool {
+        let (old, new) = {
+            let mut s = self.state.lock().unwrap();
+            let succ = successor((s.epoch, s.mini_epoch), self.nm);
+            let Next::Ready { target, slot, .. } = &s.next else {
+                return false;
+            };
+            if *target != succ {
+                return false;
+            }
+            let slot = slot.clone();
+            let plan = self.plan_of(&mut s, succ.0);
+            s.generation = next_generation(s.generation);
+            let view = Arc::new(Self::view_for(
+                &self.catalog,
+                self.containers.as_deref(),
+                &self.stager,
+                &plan,
+                succ,
+                s.generation,
+                &self.paths,
+            ));
+            debug_assert_eq!(view.slot, slot);
+            let old = self.fs.switch(view.clone());
+            s.draining.insert(old.generation, old.slot.clone());
+            s.epoch = succ.0;
+            s.mini_epoch = succ.1;
+            s.passes = 0;
+            s.advance_wanted = false;
+            s.sequence += 1;
+            let fresh = MiniEpochRecord::begin(s.sequence, succ.0, succ.1);
+            let rec = std::mem::replace(&mut s.record, fresh);
+            self.events.emit(
+                "switch",
+                json!({
+                    "epoch": succ.0, "mini_epoch": succ.1, "generation": s.generation,
+                    "sequence": s.sequence, "prev_rf": rec.rf, "prev_wanted_rf": rec.wanted_rf,
+                }),
+            );
+            if let Some(h) = s.history.as_mut() {
+                let saved = h
+                    .store
+                    .record_mini_epoch(h.run, rec)
+                    .and_then(|_| h.store.save());
+                if let Err(e) = saved {
+                    tracing::warn!(error = %e, "cannot record the rf history");
+                }
+            }
+            s.next = Next::Idle;
+            s.policy.on_advance();
+            (old, view)
+        };
+        self.save_state();
+        tracing::info!(
+            epoch = new.epoch,
+            mini_epoch = new.mini_epoch,
+            generation = new.generation,
+            files = new.file_count(),
+            "mini-epoch is now current"
+        );
+        // Drop the kernel's cached entries of the old view before anyone hears of the switch.
+        // Every entry the old view gave out as current was delivered before `switch` returned
+        // (the core's reply gate), so this reaches all of them.
+        let notifier = self.notifier.lock().unwrap().clone();
+        if let Some(n) = notifier {
+            let names = old.root_names();
+            let _ = tokio::task::spawn_blocking(move || {
+                for name in names {
+                    let _ = n.inval_entry(crate::view::ROOT_INO, &name);
+                }
+                let _ = n.inval_inode(crate::view::ROOT_INO);
+            })
+            .await;
+        }
+        let me = self.me.lock().unwrap().upgrade();
+        if self.fs.is_drained(&old) {
+            // Deleting a large slot takes a while; the caller must not wait for it. The stager
+            // waits (the slot stays in `draining` until its files are gone), so the budget holds.
+            if let Some(me) = me {
+                let gen = old.generation;
+                tokio::spawn(async move { me.evict_view(gen).await });
+            } else {
+                self.evict_view(old.generation).await;
+            }
+        } else if self.read_path_now() == ReadPath::Cached {
+            if let Some(me) = me {
+                tokio::spawn(me.release_kernel_refs(old.generation));
+            }
+        }
+        self.bump();
+        true
+    }
+
+    /// Lets the kernel forget a retired view's inodes (the cached read path, where they pin
+    /// the view). Invalidating the root's entries at the switch drops every unused entry below
+    /// them, but an entry in use then (a file open below a directory) stays, and so do entries
+    /// replied after the switch with a zero TTL (lookups through an old directory, listings of
+    /// a directory opened before the switch): expired, they still sit in the dentry cache,
+    /// holding the view, until memory runs short. So every inode of the view the kernel still
+    /// holds is pruned, deepest first (`FUSE_NOTIFY_PRUNE`: only that inode's unused entries go,
+    /// never the current view's entry of the same name); those in use go once released.
+    /// Repeated with a growing pause (at most a second) while the view is retained. Kernels
+    /// without prune get the entries invalidated by name instead, except root entries whose
+    /// name the current view also has (that would drop the current view's cached subtree).
+    pub(super) async fn release_kernel_refs(self: Arc<Self>, generation: u64) {
+        let mut pause = Duration::from_millis(20);
+        let mut prune = true;
+        loop {
+            // Forgets of the entries dropped at the switch arrive in the meantime.
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+            let Some(view) = self.fs.retained(generation) else {
+                return;
+            };
+            let notifier = self.notifier.lock().unwrap().clone();
+            let Some(n) = notifier else { return };
+            let nodes = view.referenced_nodes();
+            if nodes.is_empty() {
+                continue;
+            }
+            let current = self.fs.current();
+            let try_prune = prune;
+            prune = tokio::task::spawn_blocking(move || {
+                if try_prune {
+                    let inos: Vec<u64> = nodes.iter().map(|&i| view.ino(i)).collect();
+                    match n.prune(&inos) {
+                        Ok(()) => return true,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "kernel has no prune; invalidating by name")
+                        }
+                    }
+                }
+                for i in nodes {
+                    let node = view.node(i);
+                    if node.parent == 0 && current.lookup(0, &node.name).is_ok() {
+                        continue;
+                    }
+                    let _ = n.inval_entry(view.ino(node.parent), &node.name);
+                }
+                false
+            })
+            .await
+            .unwrap_or(try_prune);
+        }
+    }
+
+    pub(super) fn position(&self, s: &State, decision: &str) -> Value {
+        json!({
+            "decision": decision,
+            "generation": s.generation,
+            "epoch": s.epoch,
+            "mini_epoch": s.mini_epoch,
+            "mini_epochs": self.nm,
+            "pass": s.passes,
+            "rf": s.policy.expected_rf(),
+            "next_ready": self.next_ready(s),
+        })
+    }
+
+    pub(super) fn next_ready(&self, s: &State) -> bool {
+        matches!(&s.next, Next::Ready { target, .. } if *target == successor((s.epoch, s.mini_epoch), self.nm))
+    }
+
+    /// Waits until the successor is staged (or the daemon shuts down) and switches.
+    pub(super) async fn switch_blocking(&self) -> Result<(), ProtocolError> {
+        let t = Instant::now();
+        let r = self.switch_blocking_inner().await;
+        self.state.lock().unwrap().meter.blocked_secs += t.elapsed().as_secs_f64();
+        r
+    }
+
+    pub(super) async fn switch_blocking_inner(&self) -> Result<(), ProtocolError> {
+        loop {
+            let mut rx = self.changed.subscribe();
+            if self.try_switch().await {
+                return Ok(());
+            }
+            if self.state.lock().unwrap().shutting_down {
+                return Err(ProtocolError::new(
+                    ErrorCode::ShuttingDown,
+                    "the daemon is shutting down",
+                ));
+            }
+            let _ = rx.changed().await;
+        }
+    }
+
+    /// Handles `pass_end`.
+    pub async fn pass_end(
+        &self,
+        job: Option<String>,
+        metrics: Metrics,
+        block: bool,
+    ) -> Result<Value, ProtocolError> {
+        let (reason, want) = {
+            let mut s = self.state.lock().unwrap();
+            if let Some(j) = job {
+                self.adopt_job(&mut s, j)?;
+            }
+            let state = PassState {
+                passes: s.passes + 1,
+                sequence: s.sequence,
+            };
+            let d = s
+                .policy
+                .on_pass_end(&metrics, &state)
+                .map_err(|e| ProtocolError::new(ErrorCode::BadMetrics, e.to_string()))?;
+            s.passes = state.passes;
+            s.record.add_pass(&d);
+            let secs = self.pass_start(&s).elapsed().as_secs_f64();
+            s.meter.pass_started = Instant::now();
+            s.meter.pass_secs.push_back(secs);
+            if s.meter.pass_secs.len() > 16 {
+                s.meter.pass_secs.pop_front();
+            }
+            self.events.emit(
+                "pass_end",
+                json!({
+                    "epoch": s.epoch, "mini_epoch": s.mini_epoch, "sequence": s.sequence,
+                    "pass": s.passes, "verdict": d.verdict, "score": d.score,
+                    "view_bytes": self.fs.current().bytes(), "secs": secs,
+                }),
+            );
+            self.check_stall_free(&mut s);
+            if s.passes == 1 && self.read_path_now() == ReadPath::Cached {
+                // The view's data now lives in the mount's page cache.
+                let view = self.fs.current();
+                tokio::task::spawn_blocking(move || FsCore::drop_slot_pages(&view));
+            }
+            if d.verdict == Verdict::Advance {
+                s.advance_wanted = true;
+            }
+            (d.reason, s.advance_wanted)
+        };
+        let decision = if !want {
+            "repeat"
+        } else if self.try_switch().await {
+            "advance"
+        } else if block {
+            self.switch_blocking().await?;
+            "advance"
+        } else {
+            self.state.lock().unwrap().bonus_passes += 1;
+            "wait"
+        };
+        self.events.emit("decision", json!({"decision": decision}));
+        // The next pass starts now: time spent blocked for staging is not part of a pass, or
+        // pacing would read its own stalls as slow passes and stage slower still.
+        {
+            let mut s = self.state.lock().unwrap();
+            s.meter.pass_started = Instant::now();
+            self.pace(&s);
+        }
+        let s = self.state.lock().unwrap();
+        let mut out = self.position(&s, decision);
+        out["reason"] = reason;
+        Ok(out)
+    }
+
+    /// EB1: bytes the job reads per second, from the view's size and the pass durations.
+    pub(super) fn eb1(&self, s: &State) -> Option<f64> {
+        let mean = s.meter.mean_pass()?;
+        (mean > 0.0).then(|| self.fs.current().bytes() as f64 / mean)
+    }
+
+    /// The stall-free rf, ceil(EB1 / B2), once both are measured.
+    pub(super) fn stall_free_rf(&self, s: &State) -> Option<u32> {
+        let b2 = s.meter.b2()?;
+        let eb1 = self.eb1(s)?;
+        (b2 > 0.0).then(|| (eb1 / b2).ceil().max(1.0) as u32)
+    }
+
+    pub(super) fn check_stall_free(&self, s: &mut State) {
+        let Some(sf) = self.stall_free_rf(s) else {
+            return;
+        };
+        if self.cfg.policy.kind == PolicyKind::Fixed
+            && self.cfg.policy.rf < sf
+            && s.meter.warned_rf != Some(sf)
+        {
+            s.meter.warned_rf = Some(sf);
+            tracing::warn!(
+                rf = self.cfg.policy.rf,
+                stall_free_rf = sf,
+                "the fixed rf is below the stall-free rf ceil(EB1/B2): the job will wait for staging (bonus passes); raise --rf or the tier bandwidth"
+            );
+        }
+    }
+    /// Takes the client's job key for the rf history. Before anything is recorded the run is
+    /// re-keyed (and a learned policy reloads that job's schedule); later a different key is
+    /// an error, since one run has one key.
+    pub(super) fn adopt_job(&self, s: &mut State, job: String) -> Result<(), ProtocolError> {
+        if job == s.job {
+            return Ok(());
+        }
+        let fresh = s.passes == 0 && s.record.scores.is_empty();
+        let untouched = fresh
+            && s.history
+                .as_ref()
+                .is_none_or(|h| h.store.run(h.run).is_none_or(|r| r.mini_epochs.is_empty()));
+        if !untouched {
+            return Err(ProtocolError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "job `{job}`: this mount already records job `{}`; one mount serves one job key",
+                    s.job
+                ),
+            ));
+        }
+        let mut schedule = None;
+        if let Some(h) = s.history.as_mut() {
+            schedule = h.store.schedule(&h.dataset, &job);
+            h.run = h.store.start_run(&h.dataset, &job);
+        }
+        if self.cfg.policy.kind == PolicyKind::Learned {
+            s.policy = build_policy(&self.cfg, schedule)
+                .map_err(|e| ProtocolError::new(ErrorCode::Internal, e.to_string()))?;
+        }
+        tracing::info!(job = %job, "job key for the rf history");
+        s.job = job;
+        Ok(())
+    }
+
+    /// Handles `advance`: switches now if the successor is staged; otherwise blocks (`wait`)
+    /// or answers `wait` and advances at the next pass end that finds it staged.
+    pub async fn advance(&self, wait: bool) -> Result<Value, ProtocolError> {
+        self.state.lock().unwrap().advance_wanted = true;
+        let decision = if self.try_switch().await {
+            "advance"
+        } else if wait {
+            self.switch_blocking().await?;
+            "advance"
+        } else {
+            "wait"
+        };
+        let s = self.state.lock().unwrap();
+        Ok(self.position(&s, decision))
+    }
+
+    /// Handles `apply`: a follower moves to exactly (epoch, mini_epoch).
+    pub async fn apply(
+        &self,
+        epoch: u64,
+        mini_epoch: u32,
+        wait: bool,
+    ) -> Result<Value, ProtocolError> {
+        let (cur, succ) = {
+            let s = self.state.lock().unwrap();
+            let cur = (s.epoch, s.mini_epoch);
+            (cur, successor(cur, self.nm))
+        };
+        if (epoch, mini_epoch) == cur {
+            let mut s = self.state.lock().unwrap();
+            s.passes += 1;
+            return Ok(self.position(&s, "repeat"));
+        }
+        if (epoch, mini_epoch) != succ {
+            return Err(ProtocolError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "cannot apply epoch {epoch} mini-epoch {mini_epoch}: this node is at epoch {} mini-epoch {} and can only move to epoch {} mini-epoch {}",
+                    cur.0, cur.1, succ.0, succ.1
+                ),
+            ));
+        }
+        self.advance(wait).await
+    }
+}

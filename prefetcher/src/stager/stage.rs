@@ -1,0 +1,473 @@
+//! Staging one slot of plain files: resume from the journal (CRC-checked), fetch with bounded
+//! concurrency under a stall watch, commit durable batches, journal them.
+
+use super::*;
+
+impl Stager {
+    /// Creates `slot`'s directory and the temporary directory; returns the slot's directory
+    /// and its journal's path.
+    pub(super) fn prepare_slot(&self, slot: &SlotSpec) -> Result<(PathBuf, PathBuf), StageError> {
+        let dir = self.slot_path(&slot.name);
+        create_private_dir(&dir).map_err(cache_err(&dir))?;
+        create_private_dir(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
+        Ok((dir, self.journal_path(&slot.name)))
+    }
+
+    /// Stages `slot`, resuming from its journal. Returns when every sample is in the slot or has
+    /// been left out for a reason of its own. Fails, keeping what it committed, when the tier
+    /// stays unavailable for [`StagerConfig::retry_secs`] or the cache cannot be written (full,
+    /// over quota); the slot is then not complete and a later call resumes it.
+    pub async fn stage(
+        &self,
+        slot: &SlotSpec,
+        progress: Arc<Progress>,
+    ) -> Result<StageReport, StageError> {
+        let start = Instant::now();
+        let (dir, jpath) = self.prepare_slot(slot)?;
+        // Copies of an earlier, failed attempt at this slot.
+        self.clean_tmp_matching(&format!("{}-", slot.name))?;
+        let journal_state = read_journal(&jpath);
+        self.transient.store(0, Ordering::Relaxed);
+        let total_bytes: u64 = slot.samples.iter().map(|&s| self.catalog.size(s)).sum();
+        progress
+            .files_total
+            .store(slot.samples.len() as u64, Ordering::Relaxed);
+        progress.bytes_total.store(total_bytes, Ordering::Relaxed);
+        progress.files_done.store(0, Ordering::Relaxed);
+        progress.bytes_done.store(0, Ordering::Relaxed);
+        progress.bytes_fetched.store(0, Ordering::Relaxed);
+        progress.bytes_settled.store(0, Ordering::Relaxed);
+        progress.retries.store(0, Ordering::Relaxed);
+
+        let mut report = StageReport::default();
+        let kept = self
+            .verify_journaled(&dir, &slot.samples, &journal_state.staged)
+            .await;
+        let mut todo = Vec::new();
+        for &id in &slot.samples {
+            if kept.contains(&id) {
+                report.resumed += 1;
+                progress.files_done.fetch_add(1, Ordering::Relaxed);
+                progress
+                    .bytes_done
+                    .fetch_add(self.catalog.size(id), Ordering::Relaxed);
+                progress
+                    .bytes_settled
+                    .fetch_add(self.catalog.size(id), Ordering::Relaxed);
+            } else {
+                todo.push(id);
+            }
+        }
+        if journal_state.complete && todo.is_empty() {
+            report.elapsed = start.elapsed();
+            return Ok(report);
+        }
+        let journal = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&jpath)
+            .map_err(cache_err(&jpath))?;
+        // Fetched files wait in tmp/ until their batch is made durable with one syncfs, then
+        // are renamed into the slot and journaled: a file in a slot is always complete and on
+        // disk, at a fraction of the cost of one fsync per file. Batches are committed on
+        // their own thread while fetching goes on (two batches may wait), so the download
+        // never stops for the disk; each file's writeback starts as soon as it is fetched, so
+        // a batch's syncfs mostly waits for writes already under way.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Vec<Fetched>>(2);
+        let committer = {
+            let tmp_dir = self.tmp_dir.clone();
+            let fsync = self.cfg.fsync;
+            let progress = progress.clone();
+            let jpath = jpath.clone();
+            tokio::task::spawn_blocking(move || {
+                commit_batches(rx, journal, &jpath, &tmp_dir, fsync, &progress)
+            })
+        };
+        let made_dirs = Arc::new(Mutex::new(HashSet::<String>::new()));
+        let mut stream = futures::stream::iter(todo)
+            .map(|id| {
+                let made_dirs = made_dirs.clone();
+                let progress = progress.clone();
+                let dir = dir.clone();
+                let slot_name = slot.name.clone();
+                async move {
+                    let r = self
+                        .stage_one(&slot_name, &dir, id, &made_dirs, &progress)
+                        .await;
+                    (id, r)
+                }
+            })
+            .buffer_unordered(self.cfg.concurrency.max(1));
+        let mut batch: Vec<Fetched> = Vec::new();
+        let mut batch_bytes = 0u64;
+        let mut batch_start = Instant::now();
+        let mut committer_gone = false;
+        let mut slot_error = None;
+        while let Some((id, r)) = stream.next().await {
+            match r {
+                Ok(f) => {
+                    if batch.is_empty() {
+                        batch_start = Instant::now();
+                    }
+                    batch_bytes += f.bytes;
+                    batch.push(f);
+                    if batch.len() >= BATCH_FILES
+                        || batch_bytes >= BATCH_BYTES
+                        || batch_start.elapsed() >= BATCH_AGE
+                    {
+                        batch_bytes = 0;
+                        if tx.send(std::mem::take(&mut batch)).await.is_err() {
+                            // The committer failed; its error is reported below.
+                            committer_gone = true;
+                            break;
+                        }
+                    }
+                }
+                Err(Miss::Sample(msg)) => {
+                    progress
+                        .bytes_settled
+                        .fetch_add(self.catalog.size(id), Ordering::Relaxed);
+                    report.failed.push((id, msg));
+                }
+                Err(Miss::Slot(e)) => {
+                    // Fetches still running are dropped; what is fetched is still committed.
+                    slot_error = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(stream);
+        if !committer_gone && !batch.is_empty() {
+            let _ = tx.send(batch).await;
+        }
+        drop(tx);
+        let committed = committer.await.expect("commit task panicked");
+        if let Some(e) = slot_error {
+            // Copies of dropped fetches (an abandoned blocking copy may still write to its
+            // file, which then only lives until it closes it).
+            let _ = self.clean_tmp_matching(&format!("{}-", slot.name));
+            tracing::warn!(slot = %slot.name, error = %e, "staging stopped; the slot keeps what it committed");
+            return Err(e);
+        }
+        let (fetched, bytes, mut journal, too_long) = committed?;
+        let transient = self.transient.load(Ordering::Relaxed);
+        if transient > 0 {
+            tracing::warn!(slot = %slot.name, retries = transient, "the tier recovered: every sample met by its errors was fetched on a retry");
+        }
+        report.fetched += fetched;
+        report.bytes_fetched += bytes;
+        report.failed.extend(too_long);
+        report.failed.sort();
+        // Failed samples are recorded so a resumed run reports them without refetching.
+        for (id, _) in &report.failed {
+            writeln!(journal, "failed {id}").map_err(cache_err(&jpath))?;
+        }
+        writeln!(journal, "complete").map_err(cache_err(&jpath))?;
+        journal.sync_all().map_err(cache_err(&jpath))?;
+        report.elapsed = start.elapsed();
+        Ok(report)
+    }
+
+    /// The journaled samples of `samples` whose copy in `dir` still has the catalogued size and
+    /// the journaled CRC. Reads every such copy, a few at a time.
+    pub(super) async fn verify_journaled(
+        &self,
+        dir: &Path,
+        samples: &[u32],
+        journaled: &HashMap<u32, u32>,
+    ) -> HashSet<u32> {
+        let todo: Vec<(u32, u32, PathBuf, u64)> = samples
+            .iter()
+            .filter_map(|&id| {
+                let crc = *journaled.get(&id)?;
+                Some((
+                    id,
+                    crc,
+                    dir.join(self.catalog.path(id)),
+                    self.catalog.size(id),
+                ))
+            })
+            .collect();
+        let checks = todo.into_iter().map(|(id, crc, path, size)| {
+            async move {
+                let ok = tokio::task::spawn_blocking(move || {
+                    std::fs::metadata(&path).is_ok_and(|m| m.len() == size)
+                        && crc_of_file(&path).is_ok_and(|c| c == crc)
+                })
+                .await
+                .unwrap_or(false);
+                if !ok {
+                    tracing::warn!(sample = id, "a journaled copy is missing or differs from what was staged; fetching it again");
+                }
+                (id, ok)
+            }
+        });
+        futures::stream::iter(checks)
+            .buffer_unordered(8)
+            .filter_map(|(id, ok)| async move { ok.then_some(id) })
+            .collect()
+            .await
+    }
+
+    /// How long a fetch may go without progress before it is abandoned: the configured timeout
+    /// plus the longest wait the pacer may impose (every concurrent fetch ahead of it taking
+    /// one chunk at the capped rate).
+    pub(super) fn stall_limit(&self) -> Duration {
+        let paced = match self.pacer.rate() {
+            Some(r) if r > 0 => Duration::from_secs_f64(
+                self.cfg.concurrency.max(1) as f64 * self.pacer.chunk_bytes() as f64 / r as f64,
+            ),
+            _ => Duration::ZERO,
+        };
+        Duration::from_secs(self.cfg.timeout_secs.max(1)) + paced
+    }
+
+    /// Fetches `sample` into `file`, failing with [`TierError::Timeout`] when the copy makes
+    /// no progress (neither its size nor its allocated blocks grow; parallel ranged writes
+    /// fill holes below the size) for [`Stager::stall_limit`].
+    pub(super) async fn fetch_watched(
+        &self,
+        sample: &SampleRef,
+        file: Arc<std::fs::File>,
+    ) -> Result<u64, TierError> {
+        use std::os::unix::fs::MetadataExt;
+        let mark = |f: &std::fs::File| f.metadata().map(|m| (m.len(), m.blocks())).ok();
+        let fut = self.tier.fetch(sample, file.clone(), &self.pacer);
+        tokio::pin!(fut);
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let mut last = mark(&file);
+        let mut since = Instant::now();
+        loop {
+            tokio::select! {
+                r = &mut fut => return r,
+                _ = tick.tick() => {
+                    let now = mark(&file);
+                    if now != last {
+                        last = now;
+                        since = Instant::now();
+                    } else if since.elapsed() >= self.stall_limit() {
+                        return Err(TierError::Timeout {
+                            url: self.tier.url().to_string(),
+                            path: sample.path.clone(),
+                            secs: since.elapsed().as_secs(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) async fn stage_one(
+        &self,
+        slot_name: &str,
+        dir: &Path,
+        id: u32,
+        made_dirs: &Mutex<HashSet<String>>,
+        progress: &Progress,
+    ) -> Result<Fetched, Miss> {
+        let (rel_dir, _) = self.catalog.dir_and_name(id);
+        let rel = self.catalog.path(id);
+        let dst = dir.join(&rel);
+        // A path the cache's file system cannot hold is this sample's problem, not the slot's:
+        // found before fetching anything.
+        if dst.as_os_str().len() >= PATH_MAX || rel.split('/').any(|c| c.len() > NAME_MAX) {
+            return Err(Miss::Sample(format!(
+                "`{rel}`: its path in the cache ({} bytes) is too long for the file system",
+                dst.as_os_str().len()
+            )));
+        }
+        if !rel_dir.is_empty() && !made_dirs.lock().unwrap().contains(rel_dir) {
+            let d = dir.join(rel_dir);
+            match create_private_dir(&d) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+                    return Err(Miss::Sample(format!(
+                        "`{rel}`: creating {}: {e}",
+                        d.display()
+                    )))
+                }
+                Err(e) => return Err(Miss::Slot(cache_err(&d)(e))),
+            }
+            made_dirs.lock().unwrap().insert(rel_dir.to_string());
+        }
+        let sample = SampleRef {
+            path: rel.clone(),
+            size: self.catalog.size(id),
+            version: self.catalog.version(id).to_string(),
+            durable: self.cfg.fsync,
+        };
+        let mut delay = Duration::from_millis(200);
+        let mut first_failure: Option<Instant> = None;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let seq = self.attempt_seq.fetch_add(1, Ordering::Relaxed);
+            let tmp = self.tmp_dir.join(format!("{slot_name}-{id}.{seq}"));
+            // Owner-only while written; read-only once complete (see the module docs).
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
+            let file = Arc::new(file);
+            let res = self.fetch_watched(&sample, file.clone()).await;
+            let e = match res {
+                Ok(n) if n == sample.size => {
+                    let len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+                    if len != sample.size {
+                        let _ = std::fs::remove_file(&tmp);
+                        return Err(Miss::Sample(format!(
+                            "`{rel}`: staged copy is {len} bytes, expected {}",
+                            sample.size
+                        )));
+                    }
+                    file.set_permissions(std::fs::Permissions::from_mode(0o400))
+                        .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
+                    drop(file);
+                    let t2 = tmp.clone();
+                    let crc = tokio::task::spawn_blocking(move || crc_of_file(&t2))
+                        .await
+                        .expect("checksum task panicked")
+                        .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
+                    self.tier_bytes.fetch_add(sample.size, Ordering::Relaxed);
+                    progress
+                        .bytes_fetched
+                        .fetch_add(sample.size, Ordering::Relaxed);
+                    progress
+                        .bytes_settled
+                        .fetch_add(sample.size, Ordering::Relaxed);
+                    return Ok(Fetched {
+                        id,
+                        tmp,
+                        dst,
+                        bytes: sample.size,
+                        crc,
+                    });
+                }
+                Ok(n) => TierError::Changed {
+                    url: self.tier.url().to_string(),
+                    path: rel.clone(),
+                    expected: format!("{} bytes", sample.size),
+                    found: format!("{n} bytes"),
+                },
+                Err(e) => e,
+            };
+            drop(file);
+            let _ = std::fs::remove_file(&tmp);
+            match e {
+                TierError::Local { source, .. } => {
+                    // The cache's problem (full, over quota, failing): the node's condition.
+                    return Err(Miss::Slot(cache_err(&tmp)(source)));
+                }
+                // A fetch that hung is not retried here: on a POSIX source its thread may stay
+                // stuck in the kernel, and retrying at once would pile up stuck threads. The
+                // slot fails, and the daemon's growing pause spaces the next attempts.
+                TierError::Auth { .. } | TierError::Timeout { .. } => {
+                    return Err(Miss::Slot(StageError::Tier {
+                        slot: slot_name.to_string(),
+                        source: e,
+                    }))
+                }
+                e if is_samples_own(&e) => {
+                    tracing::warn!(sample = %rel, error = %e, "sample left out of the slot");
+                    return Err(Miss::Sample(e.to_string()));
+                }
+                e => {
+                    let since = *first_failure.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= Duration::from_secs(self.cfg.retry_secs) {
+                        tracing::warn!(sample = %rel, error = %e, attempt, "the tier kept failing; the slot fails and is staged again later");
+                        return Err(Miss::Slot(StageError::Tier {
+                            slot: slot_name.to_string(),
+                            source: e,
+                        }));
+                    }
+                    progress.retries.fetch_add(1, Ordering::Relaxed);
+                    *progress.last_retry_error.lock().unwrap() = Some(e.to_string());
+                    if self.transient.fetch_add(1, Ordering::Relaxed) == 0 {
+                        tracing::warn!(sample = %rel, error = %e, "transient tier error; retrying with backoff (further ones are logged at debug level)");
+                    } else {
+                        tracing::debug!(sample = %rel, error = %e, attempt, "retrying fetch");
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
+
+/// Whether a tier error is about the sample itself (it is gone, changed, unservable), as
+/// opposed to the tier being unavailable for now.
+pub(super) fn is_samples_own(e: &TierError) -> bool {
+    match e {
+        TierError::NotFound { .. }
+        | TierError::Changed { .. }
+        | TierError::Escapes { .. }
+        | TierError::NotRegular { .. } => true,
+        // Refused access, a symlink loop, a directory or a too-long name in the sample's place
+        // stay so however often it is retried. Anything else (EIO, ESTALE, ENOTCONN, errors
+        // without an errno such as an S3 connection reset) may pass.
+        TierError::Io { source, .. } => matches!(
+            source.raw_os_error(),
+            Some(libc::EACCES)
+                | Some(libc::EPERM)
+                | Some(libc::ELOOP)
+                | Some(libc::EISDIR)
+                | Some(libc::ENAMETOOLONG)
+        ),
+        _ => false,
+    }
+}
+
+/// What `commit_batches` returns: files and bytes committed, the journal, and samples whose
+/// slot path the cache's file system refused as too long.
+type Committed = (u64, u64, std::fs::File, Vec<(u32, String)>);
+
+/// Commits batches of fetched files until the channel closes: makes each durable (one `syncfs`
+/// of the cache file system, or nothing with `fsync = false`), renames its files into the slot
+/// and journals them. Blocking.
+pub(super) fn commit_batches(
+    mut rx: tokio::sync::mpsc::Receiver<Vec<Fetched>>,
+    mut journal: std::fs::File,
+    jpath: &Path,
+    tmp_dir: &Path,
+    fsync: bool,
+    progress: &Progress,
+) -> Result<Committed, StageError> {
+    let (mut files, mut bytes) = (0u64, 0u64);
+    let mut too_long = Vec::new();
+    let dir = std::fs::File::open(tmp_dir).map_err(cache_err(tmp_dir))?;
+    while let Some(batch) = rx.blocking_recv() {
+        if fsync {
+            use std::os::fd::AsRawFd;
+            // SAFETY: syncfs on a directory fd we own.
+            if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+                return Err(cache_err(tmp_dir)(std::io::Error::last_os_error()));
+            }
+        }
+        let mut lines = String::with_capacity(batch.len() * 20);
+        for f in batch {
+            match std::fs::rename(&f.tmp, &f.dst) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+                    let _ = std::fs::remove_file(&f.tmp);
+                    too_long.push((f.id, format!("{}: {e}", f.dst.display())));
+                    continue;
+                }
+                Err(e) => return Err(cache_err(&f.dst)(e)),
+            }
+            lines.push_str(&format!("{} {:08x}\n", f.id, f.crc));
+            progress.files_done.fetch_add(1, Ordering::Relaxed);
+            progress.bytes_done.fetch_add(f.bytes, Ordering::Relaxed);
+            files += 1;
+            bytes += f.bytes;
+        }
+        // Entries only ever follow the renames they record; a lost tail costs a refetch.
+        journal
+            .write_all(lines.as_bytes())
+            .map_err(cache_err(jpath))?;
+    }
+    Ok((files, bytes, journal, too_long))
+}
