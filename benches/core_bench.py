@@ -15,6 +15,7 @@ Readers use 4 threads and 128 KiB buffers (`metfs/examples/readbench.rs`, the sa
 sides). Needs root (FUSE mount, drop_caches). Work directory: $METFS_BENCH_DIR or /tmp/metfs-bench.
 
     METFS_BENCH_USER=metfs-user python3 benches/core_bench.py read
+    METFS_BENCH_TARGET=/old/target/release python3 benches/core_bench.py switch
 
 runs the daemons and both sides' readers as that ordinary user (`runuser`), as on a node where
 users are not root: passthrough is refused, so its column shows the path the user gets. Only
@@ -39,8 +40,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WORK = Path(os.environ.get("METFS_BENCH_DIR", "/tmp/metfs-bench"))
 REPS = int(os.environ.get("METFS_BENCH_REPS", "5"))
-METFS = ROOT / "target" / "release" / "metfs"
-READER = ROOT / "target" / "release" / "examples" / "readbench"
+# Another build's release directory (for example an older commit's, to compare before/after a
+# change); the benchmark then uses its binaries as they are instead of building.
+TARGET = Path(os.environ["METFS_BENCH_TARGET"]) if os.environ.get("METFS_BENCH_TARGET") else None
+METFS = (TARGET or ROOT / "target" / "release") / "metfs"
+READER = (TARGET or ROOT / "target" / "release") / "examples" / "readbench"
 # Ordinary user the daemons and readers run as (empty: this process's user).
 USER = os.environ.get("METFS_BENCH_USER", "")
 AS_USER = ["runuser", "-u", USER, "--"] if USER else []
@@ -57,6 +61,8 @@ def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
 
 
 def build() -> None:
+    if TARGET:
+        return
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "metfs", "--example", "readbench", "--bin", "metfs"],
                    cwd=ROOT, check=True)
 
