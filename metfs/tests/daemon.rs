@@ -469,3 +469,32 @@ async fn a_real_mount_shows_the_view_and_switches() {
     drop(d);
     r.stop().await;
 }
+
+/// The daemon keeps its sessions by name: a plain mount has the default one, the requests of
+/// the socket reach it, and a request for a session the daemon does not have is refused with an
+/// error naming it, leaving the default session where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_name_their_session_and_an_unknown_one_is_refused() {
+    use metfs::daemon::DEFAULT_SESSION;
+    let t = setup(1);
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    assert_eq!(d.session_names(), vec![DEFAULT_SESSION.to_string()]);
+    assert_eq!(d.status_of(DEFAULT_SESSION).unwrap()["generation"], 1);
+    for e in [
+        d.status_of("trial-7").unwrap_err(),
+        d.advance_in("trial-7", false).await.unwrap_err(),
+        d.pass_end_in("trial-7", None, Default::default(), false)
+            .await
+            .unwrap_err(),
+        d.apply_in("trial-7", 0, 1, false).await.unwrap_err(),
+    ] {
+        assert!(e.to_string().contains("`trial-7`"), "{e}");
+    }
+    assert_eq!(status_u64(&d, "generation"), 1);
+    let reply = d.advance_in(DEFAULT_SESSION, true).await.unwrap();
+    assert_eq!(reply["decision"], "advance");
+    assert_eq!(status_u64(&d, "generation"), 2);
+    drop(d);
+    r.stop().await;
+}

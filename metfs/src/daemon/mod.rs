@@ -1,34 +1,52 @@
-//! The daemon: position in the run, slots, policy, and the view switch.
+//! The daemon: a store of staged samples, views built over it, and a session per consumer.
 //!
-//! State machine. The daemon is at (epoch, mini-epoch) with `passes` completed over it. The
-//! *successor* is the next mini-epoch of the same epoch, or mini-epoch 0 of the next epoch. A
-//! background task stages the successor into its slot as soon as the budget allows; a
-//! `pass_end` asks the policy, and when the policy wants to advance and the successor is fully
-//! staged, the view switches. If it is not staged yet the answer is `wait`: the job repeats the
-//! current mini-epoch (a "bonus" pass, no stall) unless it asked to block.
+//! Three seams, each a type of its own:
 //!
-//! Budget. The cache holds at most two slots plus metadata: the current slot and either the
-//! successor (staging or staged) or a *draining* slot (the previous view, still held by open
-//! handles, or still being deleted). Staging of the successor starts only once no slot is
-//! draining, and a slot leaves `draining` only after its files are deleted, so the third slot
-//! never exists, not even for an instant. Each slot holds at most `slot_bytes = (budget - reserve) / 2` bytes of file
+//! * **Store** ([`Store`], `store.rs`): the staged samples of the node and their byte budget.
+//!   It owns the cache directory's slots (written by the stager), the catalog and each
+//!   sample's footprint, the [`Budget`], and the book of slot bytes and draining slots. Only
+//!   the store stages into or deletes from the cache.
+//! * **View** ([`View`], built by [`Store::view_for`]): one mini-epoch of a slot under the
+//!   samples' original paths, at one generation. Views are immutable; the filesystem core
+//!   ([`FsCore`]) serves them, and a retired one lives on until no handle and no kernel
+//!   reference holds it.
+//! * **Session** (`session.rs`): one consumer's place in the run: its position (epoch,
+//!   mini-epoch, pass), plan, rf policy, rf history, meter, the staging of its successor, and
+//!   its current view. The [`Daemon`] keeps sessions in a map keyed by name; a mount has one,
+//!   [`DEFAULT_SESSION`], whose view the mount's root shows. Every operation (`pass_end`,
+//!   `advance`, `status`, the switch) names or looks up the session it acts on.
+//!
+//! Invariants. A session's view is always a complete, verified slot of the store; a switch
+//! replaces it in one step (the core's pointer swap) and the old slot drains. The cache holds
+//! at most the budget: staging waits while any slot drains, and a slot leaves `draining` only
+//! once its files are deleted (see the store's doc). Locks: the sessions' lock, then the
+//! store's; never the other way, and neither is held across an `await`.
+//!
+//! State machine of a session. It is at (epoch, mini-epoch) with `passes` completed over it.
+//! The *successor* is the next mini-epoch of the same epoch, or mini-epoch 0 of the next
+//! epoch. A background task stages the successor into its slot as soon as the budget allows;
+//! a `pass_end` asks the policy, and when the policy wants to advance and the successor is
+//! fully staged, the view switches. If it is not staged yet the answer is `wait`: the job
+//! repeats the current mini-epoch (a "bonus" pass, no stall) unless it asked to block.
+//!
+//! Budget. Each slot holds at most `slot_bytes = (budget - reserve) / 2` bytes of file
 //! footprint (sizes rounded up to the block size); `reserve` covers the catalog, journals,
 //! state, log and slot directories. See [`Budget`].
 //!
-//! Switch. Under the state lock: build the new [`View`], swap it into the [`FsCore`], bump the
-//! generation, persist the position. Then, before answering the caller, invalidate the kernel's
-//! cached entries under the root, so that when `pass_end` returns `advance` every new lookup
-//! already resolves in the new view. The old view is retired and its slot evicted when its last
-//! handle closes.
+//! Switch. Under the sessions' lock: build the new [`View`], swap it into the [`FsCore`], bump
+//! the session's generation, persist its position. Then, before answering the caller,
+//! invalidate the kernel's cached entries under the root, so that when `pass_end` returns
+//! `advance` every new lookup already resolves in the new view. The old view is retired and
+//! its slot evicted when its last handle closes.
 //!
-//! Resume. The position is saved in `state.json` with a fingerprint of everything the plan
-//! depends on; a later mount with the same fingerprint resumes at the same position and reuses
-//! every slot the journal shows as staged.
+//! Resume. A session's position is saved in its state file (`state.json` for the default
+//! session) with a fingerprint of everything its plan depends on; a later mount with the same
+//! fingerprint resumes at the same position and reuses every slot the journal shows as staged.
 //!
-//! Layout: `setup` (checks, lock, tier, catalog, policy, resume, first staging), `staging` (the
-//! staging loop, eviction, pacing), `switch` (`pass_end`, `advance`, the switch and kernel
-//! invalidation), `status` (status, files, metrics, shutdown), `budget`, `state` (`state.json`).
-//! Every submodule adds methods to the one [`Daemon`] defined here, over the one [`State`].
+//! Layout: `store`, `session`, `source` (tier and catalog), `setup` (checks, lock, policy,
+//! resume, first staging), `staging` (the staging loop, eviction, pacing), `switch` (`pass_end`, `advance`,
+//! the switch and kernel invalidation), `status` (status, files, metrics, shutdown), `budget`,
+//! `state` (`state.json`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -132,130 +150,47 @@ impl CachePaths {
 }
 
 mod budget;
+mod session;
 mod setup;
+mod source;
 mod staging;
 mod state;
 mod status;
+mod store;
 mod switch;
 
 pub use budget::*;
+pub use session::DEFAULT_SESSION;
+use session::*;
 pub use setup::*;
+pub use source::*;
 use staging::*;
 pub use state::*;
+pub use store::Store;
 
-#[derive(Debug)]
-enum Next {
-    Idle,
-    Staging {
-        target: (u64, u32),
-        slot: String,
-        progress: Arc<Progress>,
-        started: Instant,
-    },
-    Ready {
-        target: (u64, u32),
-        slot: String,
-        report: StageReport,
-    },
-    Failed {
-        target: (u64, u32),
-        error: String,
-        at: Instant,
-        /// Failures in a row of this target.
-        failures: u32,
-        /// How long after `at` it is staged again.
-        pause: Duration,
-    },
-}
-
-struct State {
-    epoch: u64,
-    mini_epoch: u32,
-    passes: u32,
-    generation: u64,
-    sequence: u64,
-    advance_wanted: bool,
-    bonus_passes: u64,
-    next: Next,
-    plans: BTreeMap<u64, Arc<EpochPlan>>,
-    policy: Box<dyn RfPolicy>,
-    draining: BTreeMap<u64, String>,
-    /// Generations of `draining` whose slot is being deleted now.
-    evicting: std::collections::BTreeSet<u64>,
-    last_error: Option<String>,
-    failed_samples: Vec<String>,
-    slot_footprints: BTreeMap<String, u64>,
-    shutting_down: bool,
-    record: MiniEpochRecord,
-    history: Option<History>,
-    job: String,
-    meter: Meter,
-}
-
-/// Measurements of the run (issue: bandwidth-conscious MET).
-#[derive(Debug)]
-struct Meter {
-    /// When the pass now running began (the previous pass end, or the mount).
-    pass_started: Instant,
-    /// Durations of the last passes, seconds.
-    pass_secs: std::collections::VecDeque<f64>,
-    /// Bytes fetched and seconds spent by completed stagings.
-    staged_bytes: u64,
-    staged_secs: f64,
-    /// Throughput of the last completed staging.
-    last_b2: Option<f64>,
-    /// Time callers spent blocked waiting for staging.
-    blocked_secs: f64,
-    /// The stall-free rf last warned about.
-    warned_rf: Option<u32>,
-}
-
-impl Meter {
-    fn new() -> Self {
-        Self {
-            pass_started: Instant::now(),
-            pass_secs: Default::default(),
-            staged_bytes: 0,
-            staged_secs: 0.0,
-            last_b2: None,
-            blocked_secs: 0.0,
-            warned_rf: None,
-        }
-    }
-    fn mean_pass(&self) -> Option<f64> {
-        (!self.pass_secs.is_empty())
-            .then(|| self.pass_secs.iter().sum::<f64>() / self.pass_secs.len() as f64)
-    }
-    fn b2(&self) -> Option<f64> {
-        (self.staged_secs > 0.0).then(|| self.staged_bytes as f64 / self.staged_secs)
-    }
-}
-
-/// A running daemon's shared core.
+/// A running daemon's shared core: the [`Store`], the [`Session`]s by name, and the
+/// filesystem core that serves their views.
 pub struct Daemon {
     /// The resolved configuration.
     pub cfg: MountConfig,
     /// Where metfs keeps its files.
     pub paths: CachePaths,
-    catalog: Arc<Catalog>,
-    footprints: Vec<u64>,
-    plan_cfg: PlanConfig,
-    nm: u32,
-    budget: Budget,
-    stager: Stager,
+    /// The staged samples and their budget.
+    store: Store,
+    /// Every session, by name (today the one [`DEFAULT_SESSION`]).
+    sessions: Mutex<Sessions>,
     fs: Arc<FsCore>,
     /// The read path chosen at mount (`auto` resolved).
     read_path: ReadPath,
     /// The read path in use: `read_path` until the kernel refuses it, then `pread`.
     active_read_path: Arc<ActiveReadPath>,
-    state: Mutex<State>,
+    /// Set once by [`Daemon::begin_shutdown`]; waiters are woken through `changed`.
+    shutting_down: std::sync::atomic::AtomicBool,
     changed: watch::Sender<u64>,
     notifier: Mutex<Option<crate::fuse::KernelNotifier>>,
-    fingerprint: String,
     mountpoint: Mutex<PathBuf>,
     tier_url: String,
     started: Instant,
-    containers: Option<Arc<Containers>>,
     /// A weak handle on the daemon itself, for background tasks started from `&self`.
     me: Mutex<std::sync::Weak<Daemon>>,
     /// The run's event log.
@@ -275,17 +210,20 @@ fn fnv(hash: &mut u64, bytes: &[u8]) {
     }
 }
 
-/// The rf history of this mount: the store, the dataset key, and the run being recorded.
-struct History {
-    store: HistoryStore,
-    dataset: String,
-    run: RunId,
-}
-
 impl Daemon {
     /// The filesystem core, for the FUSE adapter.
     pub fn fs(&self) -> Arc<FsCore> {
         self.fs.clone()
+    }
+
+    /// The store of staged samples.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The names of the sessions.
+    pub fn session_names(&self) -> Vec<String> {
+        self.sessions.lock().unwrap().keys().cloned().collect()
     }
 
     /// The read path in use, shared with the FUSE adapter (which falls back to `pread` if the
@@ -315,43 +253,23 @@ impl Daemon {
         self.mountpoint.lock().unwrap().clone()
     }
 
-    fn plan_of(&self, s: &mut State, epoch: u64) -> Arc<EpochPlan> {
-        if let Some(p) = s.plans.get(&epoch) {
-            return p.clone();
-        }
-        let set = SampleSet {
-            sizes: &self.footprints,
-            labels: self.catalog.labels(),
-            clusters: self.catalog.clusters(),
-        };
-        // The plan was validated for this catalog and config at startup; the planner is a pure
-        // function, so a later epoch cannot fail where epoch 0 succeeded.
-        let p = Arc::new(
-            planner::plan_epoch(&set, &self.plan_cfg, epoch)
-                .expect("the planner accepted these inputs at startup"),
-        );
-        s.plans.insert(epoch, p.clone());
-        while s.plans.len() > 3 {
-            let first = *s.plans.keys().next().unwrap();
-            s.plans.remove(&first);
-        }
-        p
+    fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
     }
 
-    fn save_state(&self) {
-        let s = self.state.lock().unwrap();
-        let saved = SavedState {
-            fingerprint: self.fingerprint.clone(),
-            epoch: s.epoch,
-            mini_epoch: s.mini_epoch,
-            generation: s.generation,
-            sequence: s.sequence,
-            run: s.history.as_ref().map(|h| h.run),
-            job: Some(s.job.clone()),
+    /// Saves the position of session `name` in its state file.
+    fn save_state(&self, name: &str) {
+        let Some((saved, file)) = self
+            .sessions
+            .lock()
+            .unwrap()
+            .get(name)
+            .map(|s| (s.saved(), s.state_file.clone()))
+        else {
+            return;
         };
-        drop(s);
-        if let Err(e) = write_saved_state(&self.paths.state, &saved) {
-            tracing::error!(error = %e, path = %self.paths.state.display(), "cannot save the position");
+        if let Err(e) = write_saved_state(&file, &saved) {
+            tracing::error!(error = %e, path = %file.display(), "cannot save the position");
         }
     }
 

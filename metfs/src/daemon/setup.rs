@@ -192,145 +192,6 @@ pub fn check_places(cfg: &MountConfig, mountpoint: &Path) -> Result<(), DaemonEr
     Ok(())
 }
 
-/// Opens the capacity tier named by a source URL.
-pub fn open_tier(
-    source: &str,
-    s3: &prefetcher::s3::S3Config,
-    timeout_secs: u64,
-) -> Result<Arc<dyn CapacityTier>, DaemonError> {
-    if source.starts_with("s3://") {
-        return Ok(Arc::new(prefetcher::s3::S3Tier::new(source, s3.clone())?));
-    }
-    if source.contains("://") {
-        return Err(DaemonError::Setup(format!(
-            "source {source}: unknown scheme; use a directory or s3://bucket/prefix"
-        )));
-    }
-    Ok(Arc::new(
-        PosixTier::new(Path::new(source))?.with_timeout(timeout_secs),
-    ))
-}
-
-pub(super) fn needs_labels(s: Strategy) -> bool {
-    s == Strategy::Stratified
-}
-
-/// Builds (or reuses) the catalog of `tier`, saved at `path`.
-pub async fn load_catalog(
-    tier: &dyn CapacityTier,
-    path: &Path,
-    cfg: &MountConfig,
-) -> Result<(Catalog, bool, Option<Arc<Containers>>), DaemonError> {
-    if cfg.hdf5_container {
-        if cfg.source.contains("://") {
-            return Err(DaemonError::Setup(format!(
-                "source {}: HDF5 container mode needs a POSIX source (rows are read as hyperslabs)",
-                cfg.source
-            )));
-        }
-        let listing = tier.list().await?;
-        let files: Vec<String> = listing
-            .entries
-            .iter()
-            .map(|e| e.path.clone())
-            .filter(|p| {
-                let l = p.to_ascii_lowercase();
-                [".h5", ".hdf5", ".hdf", ".he5"]
-                    .iter()
-                    .any(|x| l.ends_with(x))
-            })
-            .collect();
-        if files.is_empty() {
-            return Err(DaemonError::Setup(format!(
-                "source {}: no HDF5 files (.h5, .hdf5, .hdf, .he5) for container mode",
-                cfg.source
-            )));
-        }
-        let root = PathBuf::from(&cfg.source);
-        let datasets = cfg.hdf5_datasets.clone();
-        let label = cfg.label_dataset.clone();
-        let c = tokio::task::spawn_blocking(move || {
-            prefetcher::hdf5::open_containers(&root, &files, datasets.as_deref(), label.as_deref())
-        })
-        .await
-        .expect("HDF5 inspection panicked")
-        .map_err(|e| DaemonError::Setup(e.to_string()))?;
-        let cat = c
-            .catalog(tier.url())
-            .map_err(|e| DaemonError::Setup(e.to_string()))?;
-        tracing::info!(
-            containers = c.files().len(),
-            rows = c.samples(),
-            "HDF5 container mode"
-        );
-        return Ok((cat, false, Some(Arc::new(c))));
-    }
-    let (mut cat, reused) = load_plain_catalog(tier, path, cfg).await?;
-    if let Some(name) = &cfg.label_hdf5 {
-        if !reused || cat.labels().is_none() {
-            let root = PathBuf::from(&cfg.source);
-            let paths: Vec<String> = (0..cat.len() as u32).map(|i| cat.path(i)).collect();
-            let name = name.clone();
-            let labels = tokio::task::spawn_blocking(move || {
-                prefetcher::hdf5::read_scalar_labels(&root, paths.into_iter(), &name)
-            })
-            .await
-            .expect("HDF5 label reading panicked")
-            .map_err(|e| DaemonError::Setup(e.to_string()))?;
-            cat.set_labels(labels);
-        }
-    }
-    Ok((cat, reused, None))
-}
-
-pub(super) async fn load_plain_catalog(
-    tier: &dyn CapacityTier,
-    path: &Path,
-    cfg: &MountConfig,
-) -> Result<(Catalog, bool), DaemonError> {
-    if let Some(manifest) = &cfg.manifest {
-        // A manifest replaces the listing; reading it is cheap next to listing millions of
-        // files on a parallel file system's metadata server.
-        let t = Instant::now();
-        let mut cat = prefetcher::manifest::load_catalog(manifest)
-            .map_err(|e| DaemonError::Setup(e.to_string()))?;
-        if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
-            cat.label_by_first_dir();
-        }
-        tracing::info!(
-            manifest = %manifest.display(),
-            samples = cat.len(),
-            bytes = %format_bytes(cat.total_bytes()),
-            secs = t.elapsed().as_secs_f64(),
-            "catalogue read from the manifest"
-        );
-        return Ok((cat, false));
-    }
-    if let Ok(saved) = Catalog::load(path) {
-        if saved.source() == tier.url() && tier.catalog_is_current(&saved).await? {
-            tracing::info!(samples = saved.len(), "reusing the saved catalog");
-            return Ok((saved, true));
-        }
-    }
-    let t = Instant::now();
-    let listing = tier.list().await?;
-    for (p, why) in &listing.skipped {
-        tracing::warn!(path = %p, reason = %why, "not served");
-    }
-    let mut cat = Catalog::from_entries(tier.url(), listing.entries)?;
-    cat.set_dir_stamps(listing.dir_stamps);
-    if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
-        cat.label_by_first_dir();
-    }
-    tracing::info!(
-        samples = cat.len(),
-        bytes = %format_bytes(cat.total_bytes()),
-        secs = t.elapsed().as_secs_f64(),
-        "catalogued the source"
-    );
-    Ok((cat, false))
-}
-
 impl Daemon {
     /// Prepares a mount: locks the cache, catalogues, plans, and stages the current mini-epoch.
     /// Returns the daemon and the lock file (hold it for the daemon's life).
@@ -587,20 +448,21 @@ impl Daemon {
                 "{what}: {k} of the first mini-epoch's {n} samples are missing or unreadable at the source and are left out (`metfs status` lists them)"
             );
         }
-        let failed: Vec<String> = report
-            .failed
-            .iter()
-            .map(|(id, why)| format!("{}: {why}", catalog.path(*id)))
-            .collect();
-        let view = Arc::new(Self::view_for(
-            &catalog,
-            containers.as_deref(),
-            &stager,
-            &plan,
-            cur,
-            generation,
-            &paths,
-        ));
+        let store = Store::new(
+            paths.clone(),
+            catalog.clone(),
+            footprints,
+            containers,
+            budget,
+            stager,
+        );
+        store.note_failed(
+            report
+                .failed
+                .iter()
+                .map(|(id, why)| (catalog.path(*id), why.clone())),
+        );
+        let view = Arc::new(store.view_for(&plan, cur, generation));
         let mean_sample = catalog.total_bytes() / (catalog.len() as u64).max(1);
         let read_path =
             cfg.read_path
@@ -614,7 +476,7 @@ impl Daemon {
             );
         }
         let fs = Arc::new(FsCore::new(
-            view,
+            view.clone(),
             FsSettings {
                 max_open_files: cfg.max_open_files,
                 max_backing_ids: cfg.max_backing_ids,
@@ -623,69 +485,60 @@ impl Daemon {
         ));
         let mut plans = BTreeMap::new();
         plans.insert(epoch, plan.clone());
-        let mut slot_footprints = BTreeMap::new();
-        slot_footprints.insert(
-            slot_name(cur),
-            me.samples.iter().map(|&s| footprints[s as usize]).sum(),
-        );
+        store.begin_slot(&slot_name(cur), store.footprint(&me.samples));
+        let session = Session {
+            name: DEFAULT_SESSION.to_string(),
+            plan_cfg,
+            nm,
+            fingerprint,
+            state_file: paths.state.clone(),
+            epoch,
+            mini_epoch,
+            passes: 0,
+            generation,
+            sequence,
+            advance_wanted: false,
+            bonus_passes: 0,
+            next: Next::Idle,
+            plans,
+            policy,
+            record: MiniEpochRecord::begin(sequence, epoch, mini_epoch),
+            history,
+            job,
+            meter: Meter::new(),
+            view,
+        };
         let (changed, _) = watch::channel(0u64);
         let active_read_path = Arc::new(ActiveReadPath::new(read_path));
         let daemon = Arc::new(Daemon {
             tier_url: tier.url().to_string(),
-            containers,
             me: Mutex::new(std::sync::Weak::new()),
             paths,
-            catalog,
-            footprints,
-            plan_cfg,
-            nm,
-            budget,
-            stager,
+            store,
+            sessions: Mutex::new(BTreeMap::from([(DEFAULT_SESSION.to_string(), session)])),
             fs,
             read_path,
             active_read_path,
-            state: Mutex::new(State {
-                epoch,
-                mini_epoch,
-                passes: 0,
-                generation,
-                sequence,
-                advance_wanted: false,
-                bonus_passes: 0,
-                next: Next::Idle,
-                plans,
-                policy,
-                draining: BTreeMap::new(),
-                evicting: Default::default(),
-                last_error: None,
-                failed_samples: failed,
-                slot_footprints,
-                shutting_down: false,
-                record: MiniEpochRecord::begin(sequence, epoch, mini_epoch),
-                history,
-                job,
-                meter: Meter::new(),
-            }),
+            shutting_down: Default::default(),
             events: crate::events::EventLog::open(&cfg.run_dir),
             changed,
             notifier: Mutex::new(None),
-            fingerprint,
             mountpoint: Mutex::new(PathBuf::new()),
             started: Instant::now(),
             shutdown: tokio::sync::Notify::new(),
             cfg,
         });
         *daemon.me.lock().unwrap() = Arc::downgrade(&daemon);
-        daemon.save_state();
+        daemon.save_state(DEFAULT_SESSION);
         daemon.events.emit(
             "start",
             json!({
-                "dataset_bytes": daemon.catalog.total_bytes(),
-                "dataset_files": daemon.catalog.len(),
+                "dataset_bytes": daemon.store.catalog.total_bytes(),
+                "dataset_files": daemon.store.catalog.len(),
                 "mini_epochs": nm,
                 "view_bytes": daemon.fs.current().bytes(),
                 "rf_policy": daemon.cfg.policy.kind.to_string(),
-                "budget_bytes": daemon.budget.budget,
+                "budget_bytes": daemon.store.budget.budget,
                 "node_rank": daemon.cfg.node_rank,
                 "nodes": daemon.cfg.nodes,
                 "epoch": epoch,
@@ -693,49 +546,5 @@ impl Daemon {
             }),
         );
         Ok((daemon, lock))
-    }
-
-    pub(super) fn view_for(
-        catalog: &Catalog,
-        containers: Option<&Containers>,
-        stager: &Stager,
-        plan: &EpochPlan,
-        target: (u64, u32),
-        generation: u64,
-        paths: &CachePaths,
-    ) -> View {
-        let name = slot_name(target);
-        if let Some(c) = containers {
-            let dir = stager.slot_path(&name);
-            // A container's bytes change with every mini-epoch: its times are those of the
-            // staged copy, so `make`, `rsync` and caches see each generation's new content.
-            let files: Vec<(String, u64, Option<prefetcher::catalog::Meta>)> = c
-                .files()
-                .iter()
-                .filter_map(|f| {
-                    std::fs::metadata(dir.join(&f.path)).ok().map(|m| {
-                        let meta = prefetcher::catalog::Meta::from_metadata(&m);
-                        (f.path.clone(), m.len(), Some(meta))
-                    })
-                })
-                .collect();
-            return View::from_files(&files, generation, target.0, target.1, &name, &dir);
-        }
-        let failed = journal_failures(&paths.slots, &name);
-        let samples: Vec<u32> = plan.mini_epochs[target.1 as usize]
-            .samples
-            .iter()
-            .copied()
-            .filter(|s| !failed.contains(s))
-            .collect();
-        View::build(
-            catalog,
-            &samples,
-            generation,
-            target.0,
-            target.1,
-            &name,
-            &stager.slot_path(&name),
-        )
     }
 }

@@ -3,8 +3,18 @@
 
 use super::*;
 
+/// A slot to stage for a session's successor.
+struct StagingJob {
+    session: String,
+    target: (u64, u32),
+    spec: SlotSpec,
+    progress: Arc<Progress>,
+    /// The mini-epoch's bytes.
+    bytes: u64,
+}
+
 impl Daemon {
-    /// Stages successors forever; run as a task.
+    /// Stages the sessions' successors forever, one at a time; run as a task.
     pub async fn stager_loop(self: Arc<Self>) {
         let mut rx = self.changed.subscribe();
         // The target that failed last and how many times in a row.
@@ -17,170 +27,189 @@ impl Daemon {
             }
         }
         loop {
+            if self.is_shutting_down() {
+                return;
+            }
             let job = {
-                let mut s = self.state.lock().unwrap();
-                if s.shutting_down {
-                    return;
-                }
-                let target = successor((s.epoch, s.mini_epoch), self.nm);
-                let busy = match &s.next {
-                    Next::Ready { target: t, .. } => *t == target,
-                    Next::Staging { .. } => true,
-                    Next::Failed {
-                        target: t,
-                        at,
-                        pause,
-                        ..
-                    } => *t == target && at.elapsed() < *pause,
-                    Next::Idle => false,
-                };
-                if busy || !s.draining.is_empty() {
+                let mut ss = self.sessions.lock().unwrap();
+                // No byte of a new slot while a retired one still takes space (the budget).
+                let job = if self.store.is_draining() {
                     None
                 } else {
-                    let plan = self.plan_of(&mut s, target.0);
-                    let me = &plan.mini_epochs[target.1 as usize];
-                    let slot = slot_name(target);
-                    let progress: Arc<Progress> = Arc::default();
-                    // Known before the stager starts, so the first rate is paced to it.
-                    progress.bytes_total.store(me.bytes, Ordering::Relaxed);
-                    s.next = Next::Staging {
-                        target,
-                        slot: slot.clone(),
-                        progress: progress.clone(),
-                        started: Instant::now(),
-                    };
-                    s.slot_footprints.insert(
-                        slot.clone(),
-                        me.samples
-                            .iter()
-                            .map(|&x| self.footprints[x as usize])
-                            .sum(),
-                    );
+                    ss.values_mut().find_map(|s| self.begin_staging(s))
+                };
+                if job.is_some() {
                     // The rate left from the previous staging (possibly the cap, if it ran
                     // late) must not carry over into this one until the next tick.
-                    self.pace(&s);
-                    Some((
-                        target,
-                        SlotSpec {
-                            name: slot,
-                            samples: me.samples.clone(),
-                        },
-                        progress,
-                        me.bytes,
-                    ))
+                    self.pace(&ss);
                 }
+                job
             };
-            let Some((target, spec, progress, bytes)) = job else {
+            let Some(StagingJob {
+                session: name,
+                target,
+                spec,
+                progress,
+                bytes,
+            }) = job
+            else {
                 // A failed slot is retried after its pause even if nothing else changes.
-                let wake = match &self.state.lock().unwrap().next {
-                    Next::Failed { at, pause, .. } => pause.saturating_sub(at.elapsed()),
-                    _ => Duration::from_secs(5),
-                };
+                let wake = self
+                    .sessions
+                    .lock()
+                    .unwrap()
+                    .values()
+                    .filter_map(|s| match &s.next {
+                        Next::Failed { at, pause, .. } => Some(pause.saturating_sub(at.elapsed())),
+                        _ => None,
+                    })
+                    .min()
+                    .unwrap_or(Duration::from_secs(5));
                 let _ =
                     tokio::time::timeout(wake.max(Duration::from_millis(50)), rx.changed()).await;
                 continue;
             };
             tracing::info!(
+                session = %name,
                 epoch = target.0,
                 mini_epoch = target.1,
                 files = spec.samples.len(),
                 bytes = %format_bytes(bytes),
                 "staging the next mini-epoch"
             );
-            let result = match &self.containers {
-                Some(c) => {
-                    self.stager
-                        .stage_containers(&spec, c.clone(), progress)
-                        .await
+            let result = self.store.stage(&spec, progress).await;
+            let next = match result {
+                Ok(report) => {
+                    retries = ((u64::MAX, 0), 0);
+                    tracing::info!(
+                        epoch = target.0,
+                        mini_epoch = target.1,
+                        fetched = report.fetched,
+                        resumed = report.resumed,
+                        failed = report.failed.len(),
+                        secs = report.elapsed.as_secs_f64(),
+                        "next mini-epoch staged"
+                    );
+                    let catalog = &self.store.catalog;
+                    self.store.note_failed(
+                        report
+                            .failed
+                            .iter()
+                            .map(|(id, why)| (catalog.path(*id), why.clone())),
+                    );
+                    self.events.emit(
+                        "staged",
+                        json!({
+                            "epoch": target.0, "mini_epoch": target.1, "bytes": bytes,
+                            "bytes_fetched": report.bytes_fetched,
+                            "secs": report.elapsed.as_secs_f64(),
+                        }),
+                    );
+                    Next::Ready {
+                        target,
+                        slot: spec.name.clone(),
+                        report,
+                    }
                 }
-                None => self.stager.stage(&spec, progress).await,
+                Err(e) => {
+                    // The slot keeps what it committed and is resumed after a pause that
+                    // grows with each failure in a row (2 s, 4 s, ... at most 60 s): a full
+                    // disk or a source outage passes in its own time, and retrying it
+                    // flat out would only flood the log and the tier.
+                    let failures = failures_in_a_row(&retries, target) + 1;
+                    retries = (target, failures);
+                    let pause = Duration::from_secs(2u64 << (failures - 1).min(5))
+                        .min(Duration::from_secs(60));
+                    let cause = if e.is_out_of_space() {
+                        "the cache is out of space; free space on its file system"
+                    } else {
+                        "the tier or the cache failed"
+                    };
+                    tracing::error!(
+                        error = %e,
+                        epoch = target.0,
+                        mini_epoch = target.1,
+                        failures,
+                        retry_in_secs = pause.as_secs(),
+                        "staging the next mini-epoch failed: {cause}; the current view keeps serving (bonus passes) and staging resumes after the pause"
+                    );
+                    self.events.emit(
+                        "stage_failed",
+                        json!({
+                            "epoch": target.0, "mini_epoch": target.1,
+                            "error": e.to_string(), "out_of_space": e.is_out_of_space(),
+                            "failures": failures, "retry_in_secs": pause.as_secs(),
+                        }),
+                    );
+                    self.store.note_error(e.to_string());
+                    Next::Failed {
+                        target,
+                        error: e.to_string(),
+                        at: Instant::now(),
+                        failures,
+                        pause,
+                    }
+                }
             };
-            {
-                let mut s = self.state.lock().unwrap();
-                match result {
-                    Ok(report) => {
-                        retries = ((u64::MAX, 0), 0);
-                        tracing::info!(
-                            epoch = target.0,
-                            mini_epoch = target.1,
-                            fetched = report.fetched,
-                            resumed = report.resumed,
-                            failed = report.failed.len(),
-                            secs = report.elapsed.as_secs_f64(),
-                            "next mini-epoch staged"
-                        );
-                        for (id, why) in &report.failed {
-                            s.failed_samples
-                                .push(format!("{}: {why}", self.catalog.path(*id)));
-                            s.last_error = Some(why.clone());
-                        }
-                        if s.failed_samples.len() > 100 {
-                            let cut = s.failed_samples.len() - 100;
-                            s.failed_samples.drain(..cut);
-                        }
-                        s.meter.staged_bytes += report.bytes_fetched;
-                        s.meter.staged_secs += report.elapsed.as_secs_f64();
-                        if report.bytes_fetched > 0 && report.elapsed.as_secs_f64() > 0.0 {
-                            s.meter.last_b2 =
-                                Some(report.bytes_fetched as f64 / report.elapsed.as_secs_f64());
-                        }
-                        self.events.emit(
-                            "staged",
-                            json!({
-                                "epoch": target.0, "mini_epoch": target.1, "bytes": bytes,
-                                "bytes_fetched": report.bytes_fetched,
-                                "secs": report.elapsed.as_secs_f64(),
-                            }),
-                        );
-                        s.next = Next::Ready {
-                            target,
-                            slot: spec.name.clone(),
-                            report,
-                        };
-                    }
-                    Err(e) => {
-                        // The slot keeps what it committed and is resumed after a pause that
-                        // grows with each failure in a row (2 s, 4 s, ... at most 60 s): a full
-                        // disk or a source outage passes in its own time, and retrying it
-                        // flat out would only flood the log and the tier.
-                        let failures = failures_in_a_row(&retries, target) + 1;
-                        retries = (target, failures);
-                        let pause = Duration::from_secs(2u64 << (failures - 1).min(5))
-                            .min(Duration::from_secs(60));
-                        let cause = if e.is_out_of_space() {
-                            "the cache is out of space; free space on its file system"
-                        } else {
-                            "the tier or the cache failed"
-                        };
-                        tracing::error!(
-                            error = %e,
-                            epoch = target.0,
-                            mini_epoch = target.1,
-                            failures,
-                            retry_in_secs = pause.as_secs(),
-                            "staging the next mini-epoch failed: {cause}; the current view keeps serving (bonus passes) and staging resumes after the pause"
-                        );
-                        self.events.emit(
-                            "stage_failed",
-                            json!({
-                                "epoch": target.0, "mini_epoch": target.1,
-                                "error": e.to_string(), "out_of_space": e.is_out_of_space(),
-                                "failures": failures, "retry_in_secs": pause.as_secs(),
-                            }),
-                        );
-                        s.last_error = Some(e.to_string());
-                        s.next = Next::Failed {
-                            target,
-                            error: e.to_string(),
-                            at: Instant::now(),
-                            failures,
-                            pause,
-                        };
+            if let Some(s) = self.sessions.lock().unwrap().get_mut(&name) {
+                if let Next::Ready { report, .. } = &next {
+                    s.meter.staged_bytes += report.bytes_fetched;
+                    s.meter.staged_secs += report.elapsed.as_secs_f64();
+                    if report.bytes_fetched > 0 && report.elapsed.as_secs_f64() > 0.0 {
+                        s.meter.last_b2 =
+                            Some(report.bytes_fetched as f64 / report.elapsed.as_secs_f64());
                     }
                 }
+                s.next = next;
             }
             self.bump();
         }
+    }
+
+    /// Starts staging session `s`'s successor unless it is staged, being staged, or waiting
+    /// out a failure: marks it `Staging`, counts its slot in the store, and returns what to
+    /// stage.
+    fn begin_staging(&self, s: &mut Session) -> Option<StagingJob> {
+        let target = s.successor();
+        let busy = match &s.next {
+            Next::Ready { target: t, .. } => *t == target,
+            Next::Staging { .. } => true,
+            Next::Failed {
+                target: t,
+                at,
+                pause,
+                ..
+            } => *t == target && at.elapsed() < *pause,
+            Next::Idle => false,
+        };
+        if busy {
+            return None;
+        }
+        let plan = s.plan_of(&self.store, target.0);
+        let me = &plan.mini_epochs[target.1 as usize];
+        let slot = slot_name(target);
+        let progress: Arc<Progress> = Arc::default();
+        // Known before the stager starts, so the first rate is paced to it.
+        progress.bytes_total.store(me.bytes, Ordering::Relaxed);
+        s.next = Next::Staging {
+            target,
+            slot: slot.clone(),
+            progress: progress.clone(),
+            started: Instant::now(),
+        };
+        self.store
+            .begin_slot(&slot, self.store.footprint(&me.samples));
+        let spec = SlotSpec {
+            name: slot,
+            samples: me.samples.clone(),
+        };
+        Some(StagingJob {
+            session: s.name.clone(),
+            target,
+            spec,
+            progress,
+            bytes: me.bytes,
+        })
     }
 
     /// Evicts retired views whose last handle closed; run as a task.
@@ -190,26 +219,19 @@ impl Daemon {
         }
     }
 
-    /// Deletes a retired view's slot. The slot stays in `draining` until its files are gone, so
-    /// the stager admits no byte of the next slot while they still take space: the budget
-    /// holds at every instant, not only between switches. A deletion that fails is reported
-    /// and retried with a growing pause; staging waits for it.
+    /// Deletes a retired view's slot. The slot stays in the store's `draining` until its files
+    /// are gone, so the stager admits no byte of the next slot while they still take space:
+    /// the budget holds at every instant, not only between switches. A deletion that fails is
+    /// reported and retried with a growing pause; staging waits for it.
     pub(super) async fn evict_view(&self, gen: u64) {
-        let slot = {
-            let mut s = self.state.lock().unwrap();
-            let Some(slot) = s.draining.get(&gen).cloned() else {
-                return;
-            };
-            // The drain channel and the switch may both ask; one deletion runs.
-            if !s.evicting.insert(gen) {
-                return;
-            }
-            slot
+        // The drain channel and the switch may both ask; one deletion runs.
+        let Some(slot) = self.store.claim_eviction(gen) else {
+            return;
         };
         self.fs.retire(gen);
         let mut pause = Duration::from_millis(200);
         loop {
-            let stager = self.stager.clone();
+            let stager = self.store.stager.clone();
             let name = slot.clone();
             let error = match tokio::task::spawn_blocking(move || stager.evict(&name)).await {
                 Ok(Ok(())) => break,
@@ -217,59 +239,55 @@ impl Daemon {
                 Err(e) => e.to_string(),
             };
             tracing::error!(slot = %slot, error = %error, retry_in_s = pause.as_secs_f64(), "eviction failed; staging waits for it");
-            {
-                let mut s = self.state.lock().unwrap();
-                s.last_error = Some(format!("evicting slot {slot}: {error}"));
-                if s.shutting_down {
-                    s.evicting.remove(&gen);
-                    return;
-                }
+            self.store
+                .note_error(format!("evicting slot {slot}: {error}"));
+            if self.is_shutting_down() {
+                self.store.abandon_eviction(gen);
+                return;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(30));
         }
         tracing::info!(slot = %slot, "evicted");
-        {
-            let mut s = self.state.lock().unwrap();
-            s.evicting.remove(&gen);
-            s.draining.remove(&gen);
-            s.slot_footprints.remove(&slot);
-        }
+        self.store.evicted(gen, &slot);
         self.bump();
     }
-    /// When the running pass began: the later of the previous pass end (or the mount) and the
-    /// first lookup in the current view. A job that spends a minute loading its model before
-    /// its first read does not make its first pass look a minute longer.
-    pub(super) fn pass_start(&self, s: &State) -> Instant {
-        match self.fs.current().first_touch() {
-            Some(t) if t > s.meter.pass_started => t,
-            _ => s.meter.pass_started,
-        }
-    }
+}
 
-    /// The expected pass duration: the mean of the timed passes, or before any pass has ended,
-    /// an estimate from how far the first pass has come (the share of the view's files looked
-    /// up so far), once it has run for a moment over a few percent of the files.
-    pub(super) fn pass_estimate(&self, s: &State) -> Option<f64> {
-        if let Some(p) = s.meter.mean_pass() {
-            return Some(p);
-        }
-        let view = self.fs.current();
-        let since = view.first_touch()?.elapsed().as_secs_f64();
-        let share = view.touched_files() as f64 / view.file_count().max(1) as f64;
-        (since >= 0.2 && share >= 0.02).then(|| since / share)
+/// When session `s`'s running pass began: the later of the previous pass end (or the mount)
+/// and the first lookup in its current view. A job that spends a minute loading its model
+/// before its first read does not make its first pass look a minute longer.
+pub(super) fn pass_start(s: &Session) -> Instant {
+    match s.view.first_touch() {
+        Some(t) if t > s.meter.pass_started => t,
+        _ => s.meter.pass_started,
     }
+}
 
+/// The expected pass duration of session `s`: the mean of the timed passes, or before any
+/// pass has ended, an estimate from how far the first pass has come (the share of the view's
+/// files looked up so far), once it has run for a moment over a few percent of the files.
+pub(super) fn pass_estimate(s: &Session) -> Option<f64> {
+    if let Some(p) = s.meter.mean_pass() {
+        return Some(p);
+    }
+    let view = &s.view;
+    let since = view.first_touch()?.elapsed().as_secs_f64();
+    let share = view.touched_files() as f64 / view.file_count().max(1) as f64;
+    (since >= 0.2 && share >= 0.02).then(|| since / share)
+}
+
+impl Daemon {
     /// The just-in-time staging rate ([`JustInTime`]): what finishes the successor
     /// `PACING_MARGIN` of the current mini-epoch's expected duration before it is expected to
     /// end, capped by `prefetch_rate_max`. A trickle until the pass duration can be estimated;
     /// the cap (or unlimited) when staging is late.
-    pub(super) fn auto_rate(&self, s: &State) -> Option<u64> {
+    pub(super) fn auto_rate(&self, s: &Session) -> Option<u64> {
         let cap = self.cfg.prefetch_rate_max;
         let Next::Staging { progress, .. } = &s.next else {
             return cap;
         };
-        let Some(pass_secs) = self.pass_estimate(s) else {
+        let Some(pass_secs) = pass_estimate(s) else {
             // No deadline to pace to yet; trickle rather than burst at the cap.
             return Some(AUTO_TRICKLE);
         };
@@ -279,7 +297,7 @@ impl Daemon {
             pass_secs,
             expected_rf: s.policy.expected_rf(),
             passes_done: s.passes as f64,
-            pass_elapsed: self.pass_start(s).elapsed().as_secs_f64(),
+            pass_elapsed: pass_start(s).elapsed().as_secs_f64(),
             margin: PACING_MARGIN,
             cap,
         };
@@ -288,10 +306,18 @@ impl Daemon {
         rate
     }
 
-    /// Sets the staging rate when pacing is just in time.
-    pub(super) fn pace(&self, s: &State) {
-        if self.cfg.prefetch_rate == PrefetchRate::Auto {
-            self.stager.pacer().set_rate(self.auto_rate(s));
+    /// Sets the staging rate when pacing is just in time: paced to the session whose
+    /// successor is being staged (the stager stages one slot at a time).
+    pub(super) fn pace(&self, ss: &Sessions) {
+        if self.cfg.prefetch_rate != PrefetchRate::Auto {
+            return;
+        }
+        let staging = ss
+            .values()
+            .find(|s| s.staging_slot().is_some())
+            .or_else(|| ss.values().next());
+        if let Some(s) = staging {
+            self.store.stager.pacer().set_rate(self.auto_rate(s));
         }
     }
 }

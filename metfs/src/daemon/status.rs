@@ -14,9 +14,9 @@ impl Daemon {
         loop {
             tick.tick().await;
             n += 1;
-            self.pace(&self.state.lock().unwrap());
+            self.pace(&self.sessions.lock().unwrap());
             if n.is_multiple_of(8) {
-                let tier = self.stager.tier_bytes_read();
+                let tier = self.store.stager.tier_bytes_read();
                 if tier != last_tier {
                     last_tier = tier;
                     self.events.emit("tier", json!({"tier_bytes_read": tier}));
@@ -37,13 +37,22 @@ impl Daemon {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the metrics file");
         }
     }
-    /// The `status` object.
+    /// The `status` object of the default session.
     pub fn status(&self) -> Value {
-        let s = self.state.lock().unwrap();
-        let view = self.fs.current();
+        self.status_of(DEFAULT_SESSION)
+            .expect("the default session always exists")
+    }
+
+    /// The `status` object of session `name`: its position and policy, the store's budget and
+    /// slots, and the daemon's read path and counters.
+    pub fn status_of(&self, name: &str) -> Result<Value, ProtocolError> {
+        let ss = self.sessions.lock().unwrap();
+        let s = session_ref(&ss, name)?;
+        let view = &s.view;
+        let draining_slots = self.store.draining_count();
         let (staging, staging_bytes_done) = match &s.next {
             Next::Idle => (
-                json!({"state": if s.draining.is_empty() {"idle"} else {"draining"}}),
+                json!({"state": if draining_slots == 0 {"idle"} else {"draining"}}),
                 0,
             ),
             Next::Staging {
@@ -106,59 +115,55 @@ impl Daemon {
                 0,
             ),
         };
-        let staged_slots: u64 = s
-            .slot_footprints
-            .iter()
-            .filter(|(name, _)| match &s.next {
-                Next::Staging { slot, .. } => *name != slot,
-                _ => true,
-            })
-            .map(|(_, b)| *b)
-            .sum();
+        // Every session's slot being staged counts by its bytes so far, not its footprint.
+        let staging_slots: Vec<&str> = ss.values().filter_map(|s| s.staging_slot()).collect();
+        let staged_slots = self.store.slot_bytes_except(&staging_slots);
+        let (last_error, failed_samples) = self.store.errors();
+        let budget = self.store.budget;
         let meta: u64 = [&self.paths.catalog, &self.paths.state, &self.cfg.log_file]
             .iter()
             .filter_map(|p| std::fs::metadata(p).ok())
             .map(|m| round_up(m.len()))
             .sum();
-        json!({
+        Ok(json!({
             "epoch": s.epoch,
             "mini_epoch": s.mini_epoch,
-            "mini_epochs": self.nm,
+            "mini_epochs": s.nm,
             "pass": s.passes,
             "rf": s.policy.expected_rf(),
             "rf_policy": s.policy.name(),
             "job": s.job,
             "advance_wanted": s.advance_wanted,
             "generation": s.generation,
-            "next_ready": self.next_ready(&s),
+            "next_ready": s.next_ready(),
             "cache_bytes": staged_slots + round_up(staging_bytes_done) + meta,
-            "budget_bytes": self.budget.budget,
-            "slot_bytes": self.budget.slot_bytes,
-            "reserve_bytes": self.budget.reserve,
-            "tier_bytes_read": self.stager.tier_bytes_read(),
+            "budget_bytes": budget.budget,
+            "slot_bytes": budget.slot_bytes,
+            "reserve_bytes": budget.reserve,
+            "tier_bytes_read": self.store.stager.tier_bytes_read(),
             "daemon_bytes_read": self.fs.bytes_read.load(Ordering::Relaxed),
             "daemon_opens": self.fs.opens.load(Ordering::Relaxed),
             "view_files": view.file_count(),
             "view_bytes": view.bytes(),
-            "dataset_files": self.catalog.len(),
-            "dataset_bytes": self.catalog.total_bytes(),
+            "dataset_files": self.store.catalog.len(),
+            "dataset_bytes": self.store.catalog.total_bytes(),
             "bonus_passes": s.bonus_passes,
             "blocked_seconds": s.meter.blocked_secs,
             "pass_seconds": s.meter.pass_secs.back(),
             "pass_seconds_mean": s.meter.mean_pass(),
             "b2_bytes_per_s": s.meter.b2(),
             "b2_recent_bytes_per_s": s.meter.last_b2,
-            "eb1_bytes_per_s": self.eb1(&s),
-            "stall_free_rf": self.stall_free_rf(&s),
-            "prefetch_rate": self.stager.pacer().rate(),
+            "eb1_bytes_per_s": self.eb1(s),
+            "stall_free_rf": self.stall_free_rf(s),
+            "prefetch_rate": self.store.stager.pacer().rate(),
             "staging": staging,
-            "draining_slots": s.draining.len(),
+            "draining_slots": draining_slots,
             "draining": self.draining_detail(),
             "open_handles": self.fs.open_handles(),
             "passthrough": self.read_path_now() == ReadPath::Passthrough,
             "read_path": self.read_path_now().name(),
-            "last_error": s.last_error,
-            "failed_samples": s.failed_samples,
+            "last_error": last_error,
+            "failed_samples": failed_samples,
             "source": self.tier_url,
             "mountpoint": self.mountpoint().display().to_string(),
             "socket": self.cfg.socket.display().to_string(),
@@ -167,7 +172,7 @@ impl Daemon {
             "compose": self.cfg.compose,
             "uptime_s": self.started.elapsed().as_secs_f64(),
             "pid": std::process::id(),
-        })
+        }))
     }
 
     /// What holds each retired view that is not evicted yet: open handles, the kernel's
@@ -192,7 +197,7 @@ impl Daemon {
             .collect()
     }
 
-    /// The `files` object.
+    /// The `files` object: the files of the view the mount's root shows.
     pub fn files(&self) -> Value {
         let view = self.fs.current();
         json!({
@@ -216,24 +221,29 @@ impl Daemon {
 
     /// Starts shutting down: blocked callers are released with `shutting_down`.
     pub fn begin_shutdown(&self) {
-        self.state.lock().unwrap().shutting_down = true;
+        self.shutting_down.store(true, Ordering::SeqCst);
         self.bump();
         self.shutdown.notify_waiters();
         self.shutdown.notify_one();
     }
 
-    /// Saves the position and the rf history (at shutdown).
+    /// Saves every session's position and rf history (at shutdown).
     pub fn persist(&self) {
-        self.save_state();
-        let mut s = self.state.lock().unwrap();
-        let rec = s.record.clone();
-        if let Some(h) = s.history.as_mut() {
-            let mut r = Ok(());
-            if !rec.scores.is_empty() {
-                r = h.store.record_mini_epoch(h.run, rec);
-            }
-            if let Err(e) = r.and_then(|_| h.store.save()) {
-                tracing::warn!(error = %e, "cannot save the rf history");
+        for name in self.session_names() {
+            self.save_state(&name);
+            let mut ss = self.sessions.lock().unwrap();
+            let Some(s) = ss.get_mut(&name) else {
+                continue;
+            };
+            let rec = s.record.clone();
+            if let Some(h) = s.history.as_mut() {
+                let mut r = Ok(());
+                if !rec.scores.is_empty() {
+                    r = h.store.record_mini_epoch(h.run, rec);
+                }
+                if let Err(e) = r.and_then(|_| h.store.save()) {
+                    tracing::warn!(session = %name, error = %e, "cannot save the rf history");
+                }
             }
         }
     }

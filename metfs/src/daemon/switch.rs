@@ -4,11 +4,15 @@
 use super::*;
 
 impl Daemon {
-    /// Switches the view to the successor if it is staged. Returns whether it switched.
-    pub(super) async fn try_switch(&self) -> bool {
+    /// Switches session `name`'s view to its successor if it is staged. Returns whether it
+    /// switched.
+    pub(super) async fn try_switch(&self, name: &str) -> bool {
         let (old, new) = {
-            let mut s = self.state.lock().unwrap();
-            let succ = successor((s.epoch, s.mini_epoch), self.nm);
+            let mut ss = self.sessions.lock().unwrap();
+            let Some(s) = ss.get_mut(name) else {
+                return false;
+            };
+            let succ = s.successor();
             let Next::Ready { target, slot, .. } = &s.next else {
                 return false;
             };
@@ -16,20 +20,13 @@ impl Daemon {
                 return false;
             }
             let slot = slot.clone();
-            let plan = self.plan_of(&mut s, succ.0);
+            let plan = s.plan_of(&self.store, succ.0);
             s.generation = next_generation(s.generation);
-            let view = Arc::new(Self::view_for(
-                &self.catalog,
-                self.containers.as_deref(),
-                &self.stager,
-                &plan,
-                succ,
-                s.generation,
-                &self.paths,
-            ));
+            let view = Arc::new(self.store.view_for(&plan, succ, s.generation));
             debug_assert_eq!(view.slot, slot);
             let old = self.fs.switch(view.clone());
-            s.draining.insert(old.generation, old.slot.clone());
+            self.store.retire_slot(old.generation, &old.slot);
+            s.view = view.clone();
             s.epoch = succ.0;
             s.mini_epoch = succ.1;
             s.passes = 0;
@@ -57,8 +54,9 @@ impl Daemon {
             s.policy.on_advance();
             (old, view)
         };
-        self.save_state();
+        self.save_state(name);
         tracing::info!(
+            session = name,
             epoch = new.epoch,
             mini_epoch = new.mini_epoch,
             generation = new.generation,
@@ -151,58 +149,70 @@ impl Daemon {
         }
     }
 
-    pub(super) fn position(&self, s: &State, decision: &str) -> Value {
+    pub(super) fn position(&self, s: &Session, decision: &str) -> Value {
         json!({
             "decision": decision,
             "generation": s.generation,
             "epoch": s.epoch,
             "mini_epoch": s.mini_epoch,
-            "mini_epochs": self.nm,
+            "mini_epochs": s.nm,
             "pass": s.passes,
             "rf": s.policy.expected_rf(),
-            "next_ready": self.next_ready(s),
+            "next_ready": s.next_ready(),
         })
     }
 
-    pub(super) fn next_ready(&self, s: &State) -> bool {
-        matches!(&s.next, Next::Ready { target, .. } if *target == successor((s.epoch, s.mini_epoch), self.nm))
-    }
-
-    /// Waits until the successor is staged (or the daemon shuts down) and switches.
-    pub(super) async fn switch_blocking(&self) -> Result<(), ProtocolError> {
+    /// Waits until session `name`'s successor is staged (or the daemon shuts down) and
+    /// switches.
+    pub(super) async fn switch_blocking(&self, name: &str) -> Result<(), ProtocolError> {
         let t = Instant::now();
-        let r = self.switch_blocking_inner().await;
-        self.state.lock().unwrap().meter.blocked_secs += t.elapsed().as_secs_f64();
+        let r = self.switch_blocking_inner(name).await;
+        if let Some(s) = self.sessions.lock().unwrap().get_mut(name) {
+            s.meter.blocked_secs += t.elapsed().as_secs_f64();
+        }
         r
     }
 
-    pub(super) async fn switch_blocking_inner(&self) -> Result<(), ProtocolError> {
+    pub(super) async fn switch_blocking_inner(&self, name: &str) -> Result<(), ProtocolError> {
         loop {
             let mut rx = self.changed.subscribe();
-            if self.try_switch().await {
+            if self.try_switch(name).await {
                 return Ok(());
             }
-            if self.state.lock().unwrap().shutting_down {
+            if self.is_shutting_down() {
                 return Err(ProtocolError::new(
                     ErrorCode::ShuttingDown,
                     "the daemon is shutting down",
                 ));
             }
+            session_ref(&self.sessions.lock().unwrap(), name)?;
             let _ = rx.changed().await;
         }
     }
 
-    /// Handles `pass_end`.
+    /// Handles `pass_end` for the default session.
     pub async fn pass_end(
         &self,
         job: Option<String>,
         metrics: Metrics,
         block: bool,
     ) -> Result<Value, ProtocolError> {
+        self.pass_end_in(DEFAULT_SESSION, job, metrics, block).await
+    }
+
+    /// Handles `pass_end` for session `name`.
+    pub async fn pass_end_in(
+        &self,
+        name: &str,
+        job: Option<String>,
+        metrics: Metrics,
+        block: bool,
+    ) -> Result<Value, ProtocolError> {
         let (reason, want) = {
-            let mut s = self.state.lock().unwrap();
+            let mut ss = self.sessions.lock().unwrap();
+            let s = session_mut(&mut ss, name)?;
             if let Some(j) = job {
-                self.adopt_job(&mut s, j)?;
+                self.adopt_job(s, j)?;
             }
             let state = PassState {
                 passes: s.passes + 1,
@@ -214,7 +224,7 @@ impl Daemon {
                 .map_err(|e| ProtocolError::new(ErrorCode::BadMetrics, e.to_string()))?;
             s.passes = state.passes;
             s.record.add_pass(&d);
-            let secs = self.pass_start(&s).elapsed().as_secs_f64();
+            let secs = pass_start(s).elapsed().as_secs_f64();
             s.meter.pass_started = Instant::now();
             s.meter.pass_secs.push_back(secs);
             if s.meter.pass_secs.len() > 16 {
@@ -225,13 +235,13 @@ impl Daemon {
                 json!({
                     "epoch": s.epoch, "mini_epoch": s.mini_epoch, "sequence": s.sequence,
                     "pass": s.passes, "verdict": d.verdict, "score": d.score,
-                    "view_bytes": self.fs.current().bytes(), "secs": secs,
+                    "view_bytes": s.view.bytes(), "secs": secs,
                 }),
             );
-            self.check_stall_free(&mut s);
+            self.check_stall_free(s);
             if s.passes == 1 && self.read_path_now() == ReadPath::Cached {
                 // The view's data now lives in the mount's page cache.
-                let view = self.fs.current();
+                let view = s.view.clone();
                 tokio::task::spawn_blocking(move || FsCore::drop_slot_pages(&view));
             }
             if d.verdict == Verdict::Advance {
@@ -241,43 +251,40 @@ impl Daemon {
         };
         let decision = if !want {
             "repeat"
-        } else if self.try_switch().await {
+        } else if self.try_switch(name).await {
             "advance"
         } else if block {
-            self.switch_blocking().await?;
+            self.switch_blocking(name).await?;
             "advance"
         } else {
-            self.state.lock().unwrap().bonus_passes += 1;
+            session_mut(&mut self.sessions.lock().unwrap(), name)?.bonus_passes += 1;
             "wait"
         };
         self.events.emit("decision", json!({"decision": decision}));
         // The next pass starts now: time spent blocked for staging is not part of a pass, or
         // pacing would read its own stalls as slow passes and stage slower still.
-        {
-            let mut s = self.state.lock().unwrap();
-            s.meter.pass_started = Instant::now();
-            self.pace(&s);
-        }
-        let s = self.state.lock().unwrap();
-        let mut out = self.position(&s, decision);
+        let mut ss = self.sessions.lock().unwrap();
+        session_mut(&mut ss, name)?.meter.pass_started = Instant::now();
+        self.pace(&ss);
+        let mut out = self.position(session_ref(&ss, name)?, decision);
         out["reason"] = reason;
         Ok(out)
     }
 
     /// EB1: bytes the job reads per second, from the view's size and the pass durations.
-    pub(super) fn eb1(&self, s: &State) -> Option<f64> {
+    pub(super) fn eb1(&self, s: &Session) -> Option<f64> {
         let mean = s.meter.mean_pass()?;
-        (mean > 0.0).then(|| self.fs.current().bytes() as f64 / mean)
+        (mean > 0.0).then(|| s.view.bytes() as f64 / mean)
     }
 
     /// The stall-free rf, ceil(EB1 / B2), once both are measured.
-    pub(super) fn stall_free_rf(&self, s: &State) -> Option<u32> {
+    pub(super) fn stall_free_rf(&self, s: &Session) -> Option<u32> {
         let b2 = s.meter.b2()?;
         let eb1 = self.eb1(s)?;
         (b2 > 0.0).then(|| (eb1 / b2).ceil().max(1.0) as u32)
     }
 
-    pub(super) fn check_stall_free(&self, s: &mut State) {
+    pub(super) fn check_stall_free(&self, s: &mut Session) {
         let Some(sf) = self.stall_free_rf(s) else {
             return;
         };
@@ -293,10 +300,11 @@ impl Daemon {
             );
         }
     }
-    /// Takes the client's job key for the rf history. Before anything is recorded the run is
-    /// re-keyed (and a learned policy reloads that job's schedule); later a different key is
-    /// an error, since one run has one key.
-    pub(super) fn adopt_job(&self, s: &mut State, job: String) -> Result<(), ProtocolError> {
+
+    /// Takes the client's job key for the session's rf history. Before anything is recorded
+    /// the run is re-keyed (and a learned policy reloads that job's schedule); later a
+    /// different key is an error, since one run has one key.
+    pub(super) fn adopt_job(&self, s: &mut Session, job: String) -> Result<(), ProtocolError> {
         if job == s.job {
             return Ok(());
         }
@@ -328,38 +336,57 @@ impl Daemon {
         Ok(())
     }
 
-    /// Handles `advance`: switches now if the successor is staged; otherwise blocks (`wait`)
-    /// or answers `wait` and advances at the next pass end that finds it staged.
+    /// Handles `advance` for the default session.
     pub async fn advance(&self, wait: bool) -> Result<Value, ProtocolError> {
-        self.state.lock().unwrap().advance_wanted = true;
-        let decision = if self.try_switch().await {
+        self.advance_in(DEFAULT_SESSION, wait).await
+    }
+
+    /// Handles `advance` for session `name`: switches now if the successor is staged;
+    /// otherwise blocks (`wait`) or answers `wait` and advances at the next pass end that
+    /// finds it staged.
+    pub async fn advance_in(&self, name: &str, wait: bool) -> Result<Value, ProtocolError> {
+        session_mut(&mut self.sessions.lock().unwrap(), name)?.advance_wanted = true;
+        let decision = if self.try_switch(name).await {
             "advance"
         } else if wait {
-            self.switch_blocking().await?;
+            self.switch_blocking(name).await?;
             "advance"
         } else {
             "wait"
         };
-        let s = self.state.lock().unwrap();
-        Ok(self.position(&s, decision))
+        let ss = self.sessions.lock().unwrap();
+        Ok(self.position(session_ref(&ss, name)?, decision))
     }
 
-    /// Handles `apply`: a follower moves to exactly (epoch, mini_epoch).
+    /// Handles `apply` for the default session.
     pub async fn apply(
         &self,
         epoch: u64,
         mini_epoch: u32,
         wait: bool,
     ) -> Result<Value, ProtocolError> {
+        self.apply_in(DEFAULT_SESSION, epoch, mini_epoch, wait)
+            .await
+    }
+
+    /// Handles `apply` for session `name`: a follower moves to exactly (epoch, mini_epoch).
+    pub async fn apply_in(
+        &self,
+        name: &str,
+        epoch: u64,
+        mini_epoch: u32,
+        wait: bool,
+    ) -> Result<Value, ProtocolError> {
         let (cur, succ) = {
-            let s = self.state.lock().unwrap();
-            let cur = (s.epoch, s.mini_epoch);
-            (cur, successor(cur, self.nm))
+            let ss = self.sessions.lock().unwrap();
+            let s = session_ref(&ss, name)?;
+            (s.position(), s.successor())
         };
         if (epoch, mini_epoch) == cur {
-            let mut s = self.state.lock().unwrap();
+            let mut ss = self.sessions.lock().unwrap();
+            let s = session_mut(&mut ss, name)?;
             s.passes += 1;
-            return Ok(self.position(&s, "repeat"));
+            return Ok(self.position(s, "repeat"));
         }
         if (epoch, mini_epoch) != succ {
             return Err(ProtocolError::new(
@@ -370,6 +397,6 @@ impl Daemon {
                 ),
             ));
         }
-        self.advance(wait).await
+        self.advance_in(name, wait).await
     }
 }

@@ -1,0 +1,196 @@
+//! A session: one consumer's place in the run. It holds the position (epoch, mini-epoch, pass),
+//! the plan it follows, its rf policy and rf history, the meter of its passes, the staging of
+//! its successor, and its current view. The daemon keeps sessions in a [`Sessions`] map keyed
+//! by name; a mount has the one [`DEFAULT_SESSION`] today, and no code path assumes it is the
+//! only one: every operation names the session it acts on.
+
+use super::*;
+
+/// The name of the session a plain mount serves (the one every request reaches today).
+pub const DEFAULT_SESSION: &str = "default";
+
+/// The staging of a session's successor mini-epoch.
+#[derive(Debug)]
+pub(super) enum Next {
+    Idle,
+    Staging {
+        target: (u64, u32),
+        slot: String,
+        progress: Arc<Progress>,
+        started: Instant,
+    },
+    Ready {
+        target: (u64, u32),
+        slot: String,
+        report: StageReport,
+    },
+    Failed {
+        target: (u64, u32),
+        error: String,
+        at: Instant,
+        /// Failures in a row of this target.
+        failures: u32,
+        /// How long after `at` it is staged again.
+        pause: Duration,
+    },
+}
+
+/// One consumer's state (see the module doc).
+pub(super) struct Session {
+    /// The key of this session in [`Sessions`].
+    pub(super) name: String,
+    /// The plan settings this session follows, and its mini-epochs per epoch.
+    pub(super) plan_cfg: PlanConfig,
+    pub(super) nm: u32,
+    /// Everything the plan depends on; saved with the position.
+    pub(super) fingerprint: String,
+    /// Where the position is saved (`CACHE/state.json` for the default session).
+    pub(super) state_file: PathBuf,
+    pub(super) epoch: u64,
+    pub(super) mini_epoch: u32,
+    pub(super) passes: u32,
+    pub(super) generation: u64,
+    pub(super) sequence: u64,
+    pub(super) advance_wanted: bool,
+    pub(super) bonus_passes: u64,
+    pub(super) next: Next,
+    /// Plans of the last few epochs (the planner is pure; these are a cache).
+    pub(super) plans: BTreeMap<u64, Arc<EpochPlan>>,
+    pub(super) policy: Box<dyn RfPolicy>,
+    pub(super) record: MiniEpochRecord,
+    pub(super) history: Option<History>,
+    /// The job key of the rf history.
+    pub(super) job: String,
+    pub(super) meter: Meter,
+    /// The view this session reads now: the one the filesystem core serves for it.
+    pub(super) view: Arc<View>,
+}
+
+/// The sessions of a daemon, by name.
+pub(super) type Sessions = BTreeMap<String, Session>;
+
+/// The rf history of a session: the store, the dataset key, and the run being recorded.
+pub(super) struct History {
+    pub(super) store: HistoryStore,
+    pub(super) dataset: String,
+    pub(super) run: RunId,
+}
+
+/// Measurements of a session's run (issue: bandwidth-conscious MET).
+#[derive(Debug)]
+pub(super) struct Meter {
+    /// When the pass now running began (the previous pass end, or the mount).
+    pub(super) pass_started: Instant,
+    /// Durations of the last passes, seconds.
+    pub(super) pass_secs: std::collections::VecDeque<f64>,
+    /// Bytes fetched and seconds spent by completed stagings.
+    pub(super) staged_bytes: u64,
+    pub(super) staged_secs: f64,
+    /// Throughput of the last completed staging.
+    pub(super) last_b2: Option<f64>,
+    /// Time callers spent blocked waiting for staging.
+    pub(super) blocked_secs: f64,
+    /// The stall-free rf last warned about.
+    pub(super) warned_rf: Option<u32>,
+}
+
+impl Meter {
+    pub(super) fn new() -> Self {
+        Self {
+            pass_started: Instant::now(),
+            pass_secs: Default::default(),
+            staged_bytes: 0,
+            staged_secs: 0.0,
+            last_b2: None,
+            blocked_secs: 0.0,
+            warned_rf: None,
+        }
+    }
+    pub(super) fn mean_pass(&self) -> Option<f64> {
+        (!self.pass_secs.is_empty())
+            .then(|| self.pass_secs.iter().sum::<f64>() / self.pass_secs.len() as f64)
+    }
+    pub(super) fn b2(&self) -> Option<f64> {
+        (self.staged_secs > 0.0).then(|| self.staged_bytes as f64 / self.staged_secs)
+    }
+}
+
+impl Session {
+    /// The current (epoch, mini-epoch).
+    pub(super) fn position(&self) -> (u64, u32) {
+        (self.epoch, self.mini_epoch)
+    }
+
+    /// The mini-epoch after the current one.
+    pub(super) fn successor(&self) -> (u64, u32) {
+        successor(self.position(), self.nm)
+    }
+
+    /// Whether the successor is staged and the view can switch to it now.
+    pub(super) fn next_ready(&self) -> bool {
+        matches!(&self.next, Next::Ready { target, .. } if *target == self.successor())
+    }
+
+    /// The slot this session is staging now, if any.
+    pub(super) fn staging_slot(&self) -> Option<&str> {
+        match &self.next {
+            Next::Staging { slot, .. } => Some(slot),
+            _ => None,
+        }
+    }
+
+    /// The plan of `epoch` (computed over `store`'s samples, and kept for a few epochs).
+    pub(super) fn plan_of(&mut self, store: &Store, epoch: u64) -> Arc<EpochPlan> {
+        if let Some(p) = self.plans.get(&epoch) {
+            return p.clone();
+        }
+        // The plan was validated for this catalog and config at startup; the planner is a pure
+        // function, so a later epoch cannot fail where epoch 0 succeeded.
+        let p = Arc::new(
+            planner::plan_epoch(&store.sample_set(), &self.plan_cfg, epoch)
+                .expect("the planner accepted these inputs at startup"),
+        );
+        self.plans.insert(epoch, p.clone());
+        while self.plans.len() > 3 {
+            let first = *self.plans.keys().next().unwrap();
+            self.plans.remove(&first);
+        }
+        p
+    }
+
+    /// The position to save in the session's state file.
+    pub(super) fn saved(&self) -> SavedState {
+        SavedState {
+            fingerprint: self.fingerprint.clone(),
+            epoch: self.epoch,
+            mini_epoch: self.mini_epoch,
+            generation: self.generation,
+            sequence: self.sequence,
+            run: self.history.as_ref().map(|h| h.run),
+            job: Some(self.job.clone()),
+        }
+    }
+}
+
+/// The session named `name`, or the error a client gets for an unknown one.
+pub(super) fn session_mut<'a>(
+    sessions: &'a mut Sessions,
+    name: &str,
+) -> Result<&'a mut Session, ProtocolError> {
+    sessions.get_mut(name).ok_or_else(|| unknown_session(name))
+}
+
+/// The session named `name`, or the error a client gets for an unknown one.
+pub(super) fn session_ref<'a>(
+    sessions: &'a Sessions,
+    name: &str,
+) -> Result<&'a Session, ProtocolError> {
+    sessions.get(name).ok_or_else(|| unknown_session(name))
+}
+
+fn unknown_session(name: &str) -> ProtocolError {
+    ProtocolError::new(
+        ErrorCode::BadRequest,
+        format!("session `{name}`: this daemon has no such session"),
+    )
+}

@@ -1,0 +1,144 @@
+//! The source side of a mount: the capacity tier named by the source URL, and the catalog of
+//! its samples (a listing, a manifest, or HDF5 containers), reused from the cache while the
+//! source is unchanged. `metfs plan` uses these too.
+
+use super::*;
+
+/// Opens the capacity tier named by a source URL.
+pub fn open_tier(
+    source: &str,
+    s3: &prefetcher::s3::S3Config,
+    timeout_secs: u64,
+) -> Result<Arc<dyn CapacityTier>, DaemonError> {
+    if source.starts_with("s3://") {
+        return Ok(Arc::new(prefetcher::s3::S3Tier::new(source, s3.clone())?));
+    }
+    if source.contains("://") {
+        return Err(DaemonError::Setup(format!(
+            "source {source}: unknown scheme; use a directory or s3://bucket/prefix"
+        )));
+    }
+    Ok(Arc::new(
+        PosixTier::new(Path::new(source))?.with_timeout(timeout_secs),
+    ))
+}
+
+pub(super) fn needs_labels(s: Strategy) -> bool {
+    s == Strategy::Stratified
+}
+
+/// Builds (or reuses) the catalog of `tier`, saved at `path`.
+pub async fn load_catalog(
+    tier: &dyn CapacityTier,
+    path: &Path,
+    cfg: &MountConfig,
+) -> Result<(Catalog, bool, Option<Arc<Containers>>), DaemonError> {
+    if cfg.hdf5_container {
+        if cfg.source.contains("://") {
+            return Err(DaemonError::Setup(format!(
+                "source {}: HDF5 container mode needs a POSIX source (rows are read as hyperslabs)",
+                cfg.source
+            )));
+        }
+        let listing = tier.list().await?;
+        let files: Vec<String> = listing
+            .entries
+            .iter()
+            .map(|e| e.path.clone())
+            .filter(|p| {
+                let l = p.to_ascii_lowercase();
+                [".h5", ".hdf5", ".hdf", ".he5"]
+                    .iter()
+                    .any(|x| l.ends_with(x))
+            })
+            .collect();
+        if files.is_empty() {
+            return Err(DaemonError::Setup(format!(
+                "source {}: no HDF5 files (.h5, .hdf5, .hdf, .he5) for container mode",
+                cfg.source
+            )));
+        }
+        let root = PathBuf::from(&cfg.source);
+        let datasets = cfg.hdf5_datasets.clone();
+        let label = cfg.label_dataset.clone();
+        let c = tokio::task::spawn_blocking(move || {
+            prefetcher::hdf5::open_containers(&root, &files, datasets.as_deref(), label.as_deref())
+        })
+        .await
+        .expect("HDF5 inspection panicked")
+        .map_err(|e| DaemonError::Setup(e.to_string()))?;
+        let cat = c
+            .catalog(tier.url())
+            .map_err(|e| DaemonError::Setup(e.to_string()))?;
+        tracing::info!(
+            containers = c.files().len(),
+            rows = c.samples(),
+            "HDF5 container mode"
+        );
+        return Ok((cat, false, Some(Arc::new(c))));
+    }
+    let (mut cat, reused) = load_plain_catalog(tier, path, cfg).await?;
+    if let Some(name) = &cfg.label_hdf5 {
+        if !reused || cat.labels().is_none() {
+            let root = PathBuf::from(&cfg.source);
+            let paths: Vec<String> = (0..cat.len() as u32).map(|i| cat.path(i)).collect();
+            let name = name.clone();
+            let labels = tokio::task::spawn_blocking(move || {
+                prefetcher::hdf5::read_scalar_labels(&root, paths.into_iter(), &name)
+            })
+            .await
+            .expect("HDF5 label reading panicked")
+            .map_err(|e| DaemonError::Setup(e.to_string()))?;
+            cat.set_labels(labels);
+        }
+    }
+    Ok((cat, reused, None))
+}
+
+pub(super) async fn load_plain_catalog(
+    tier: &dyn CapacityTier,
+    path: &Path,
+    cfg: &MountConfig,
+) -> Result<(Catalog, bool), DaemonError> {
+    if let Some(manifest) = &cfg.manifest {
+        // A manifest replaces the listing; reading it is cheap next to listing millions of
+        // files on a parallel file system's metadata server.
+        let t = Instant::now();
+        let mut cat = prefetcher::manifest::load_catalog(manifest)
+            .map_err(|e| DaemonError::Setup(e.to_string()))?;
+        if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
+            cat.label_by_first_dir();
+        }
+        tracing::info!(
+            manifest = %manifest.display(),
+            samples = cat.len(),
+            bytes = %format_bytes(cat.total_bytes()),
+            secs = t.elapsed().as_secs_f64(),
+            "catalogue read from the manifest"
+        );
+        return Ok((cat, false));
+    }
+    if let Ok(saved) = Catalog::load(path) {
+        if saved.source() == tier.url() && tier.catalog_is_current(&saved).await? {
+            tracing::info!(samples = saved.len(), "reusing the saved catalog");
+            return Ok((saved, true));
+        }
+    }
+    let t = Instant::now();
+    let listing = tier.list().await?;
+    for (p, why) in &listing.skipped {
+        tracing::warn!(path = %p, reason = %why, "not served");
+    }
+    let mut cat = Catalog::from_entries(tier.url(), listing.entries)?;
+    cat.set_dir_stamps(listing.dir_stamps);
+    if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
+        cat.label_by_first_dir();
+    }
+    tracing::info!(
+        samples = cat.len(),
+        bytes = %format_bytes(cat.total_bytes()),
+        secs = t.elapsed().as_secs_f64(),
+        "catalogued the source"
+    );
+    Ok((cat, false))
+}
