@@ -85,7 +85,12 @@
 //! [`plan_epoch`]); each step has its own file: `rng` (the random stream), `bound` (input
 //! checks and the share bound), `layout` (choosing nm), `sequential` (contiguous cuts),
 //! `balance` (the balancing step), `assign` (samples to shares, per strategy) and `summary`
-//! (what `metfs plan` prints). Only this file's items and the summary are public.
+//! (what `metfs plan` prints). Only this file's items, the summary and `dsa` are public.
+//!
+//! `dsa` is the planner for several jobs sharing one node's store: dependent sampling
+//! (paper 004), which draws the jobs' orders together so that shared samples land in the same
+//! mini-epochs while each job's order stays uniformly random. Its module docs hold the
+//! algorithm and the two corrections to the printed pseudo-code.
 
 use std::fmt;
 
@@ -95,11 +100,15 @@ use thiserror::Error;
 mod assign;
 mod balance;
 mod bound;
+mod dsa;
 mod layout;
 mod rng;
 mod sequential;
 mod summary;
 
+pub use dsa::{
+    dependent_orders, dependent_views, DependentSampler, DsaError, SamplingTree, MAX_JOBS,
+};
 pub use summary::{
     summarize, ByteStats, ClassCounts, ClassSpread, ClassSummary, NodeBytes, PlanSummary,
     FULL_TABLE_CLASSES, FULL_TABLE_MINI_EPOCHS, LISTED_CLASSES,
