@@ -51,6 +51,7 @@ use fuser::{
 use prefetcher::catalog::Meta;
 
 use crate::config::{ActiveReadPath, ReadPath};
+use crate::daemon::KernelCache;
 use crate::fs::{Attr, FsCore, FsError};
 
 /// How long the kernel may cache entries and attributes within one generation.
@@ -79,23 +80,22 @@ impl KernelNotifier {
             dev: session.as_fd().try_clone_to_owned().ok().map(Arc::new),
         }
     }
+}
 
-    /// Invalidates entry `name` of directory `parent`.
-    pub fn inval_entry(&self, parent: u64, name: &str) -> std::io::Result<()> {
+/// The daemon's view of the kernel's caches, over the session's notifier.
+impl KernelCache for KernelNotifier {
+    fn inval_entry(&self, parent: u64, name: &str) -> std::io::Result<()> {
         self.inner.inval_entry(INodeNo(parent), name.as_ref())
     }
 
-    /// Invalidates the attributes and data of `ino`.
-    pub fn inval_inode(&self, ino: u64) -> std::io::Result<()> {
+    fn inval_inode(&self, ino: u64) -> std::io::Result<()> {
         self.inner.inval_inode(INodeNo(ino), 0, 0)
     }
 
-    /// Asks the kernel to drop every unused entry of each of `nodes` (in order, so children
-    /// go before their directories). Entries in use stay, and inodes the kernel does not hold
-    /// are skipped. Unlike invalidating by (parent, name), this never touches an entry of
-    /// another inode under the same name, such as the current view's. Fails with EINVAL or
-    /// ENOSYS on kernels before 6.18.
-    pub fn prune(&self, nodes: &[u64]) -> std::io::Result<()> {
+    /// Written to the device directly (fuser 0.18 has no call for `FUSE_NOTIFY_PRUNE`).
+    /// Entries in use stay, and inodes the kernel does not hold are skipped. Fails with EINVAL
+    /// or ENOSYS on kernels before 6.18.
+    fn prune(&self, nodes: &[u64]) -> std::io::Result<()> {
         let Some(dev) = &self.dev else {
             return Err(std::io::Error::from_raw_os_error(libc::ENOSYS));
         };

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metfs::config::{FileConfig, MountConfig};
-use metfs::daemon::Daemon;
+use metfs::daemon::{Daemon, KernelCache};
 use metfs::fs::FsCore;
 use metfs::view::ROOT_INO;
 use prefetcher::catalog::Catalog;
@@ -57,6 +57,11 @@ struct Setup {
 }
 
 fn setup(rf: u32) -> Setup {
+    setup_with(rf, "")
+}
+
+/// As [`setup`], with more lines of the TOML configuration.
+fn setup_with(rf: u32, extra_toml: &str) -> Setup {
     let dirs = tempfile::tempdir().unwrap();
     let src = dirs.path().join("src");
     let cache = dirs.path().join("cache");
@@ -66,7 +71,7 @@ fn setup(rf: u32) -> Setup {
     // As `metfs mount --config FILE`: a TOML file resolved with no flags over it.
     let toml = format!(
         "source = {:?}\ncache = {:?}\nbudget = {BUDGET}\nrf = {rf}\nseed = 7\n\
-         compose = \"random\"\nhistory = {:?}\n",
+         compose = \"random\"\nhistory = {:?}\n{extra_toml}\n",
         src.display().to_string(),
         cache.display().to_string(),
         dirs.path().join("rf-history.json").display().to_string(),
@@ -497,4 +502,185 @@ async fn requests_name_their_session_and_an_unknown_one_is_refused() {
     assert_eq!(status_u64(&d, "generation"), 2);
     drop(d);
     r.stop().await;
+}
+
+/// A notification the daemon sent to the kernel's caches.
+#[derive(Debug, Clone, PartialEq)]
+enum Notified {
+    Entry(u64, String),
+    Inode(u64),
+    Prune(Vec<u64>),
+}
+
+/// The kernel's caches as a recorder: every call the daemon makes, in order. `prune` fails as
+/// on a kernel before 6.18 when `no_prune` is set.
+#[derive(Clone, Default)]
+struct Recorder {
+    calls: Arc<std::sync::Mutex<Vec<Notified>>>,
+    no_prune: bool,
+}
+
+impl Recorder {
+    fn calls(&self) -> Vec<Notified> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl KernelCache for Recorder {
+    fn inval_entry(&self, parent: u64, name: &str) -> std::io::Result<()> {
+        let call = Notified::Entry(parent, name.to_string());
+        self.calls.lock().unwrap().push(call);
+        Ok(())
+    }
+    fn inval_inode(&self, ino: u64) -> std::io::Result<()> {
+        self.calls.lock().unwrap().push(Notified::Inode(ino));
+        Ok(())
+    }
+    fn prune(&self, inodes: &[u64]) -> std::io::Result<()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(Notified::Prune(inodes.to_vec()));
+        if self.no_prune {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        Ok(())
+    }
+}
+
+/// Waits (bounded) until `cond` holds.
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) -> Result<(), String> {
+    for _ in 0..1000 {
+        if cond() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(format!("{what}: not within 10 s"))
+}
+
+/// A switch drops the kernel's cached root entries of the old view, then the root's inode,
+/// before `advance` answers: by then every new lookup resolves in the new view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_invalidates_the_old_roots_entries_before_it_answers() {
+    let t = setup_with(1, "read_path = \"pread\"");
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    let kernel = Recorder::default();
+    let mp = tempfile::tempdir().unwrap();
+    d.mounted(mp.path(), kernel.clone());
+    let old_names = d.fs().current().root_names();
+    assert!(!old_names.is_empty());
+    assert!(kernel.calls().is_empty(), "nothing is sent before a switch");
+    let reply = d.advance(true).await.unwrap();
+    assert_eq!(reply["decision"], "advance");
+    let mut want: Vec<Notified> = old_names
+        .into_iter()
+        .map(|n| Notified::Entry(ROOT_INO, n))
+        .collect();
+    want.push(Notified::Inode(ROOT_INO));
+    assert_eq!(kernel.calls(), want);
+    drop(d);
+    r.stop().await;
+}
+
+/// On the cached read path the kernel's references pin a retired view: after the switch the
+/// daemon prunes the inodes of the old view the kernel still holds, the file before its
+/// directory, until they are forgotten; then the view drains and its slot is evicted. A kernel
+/// without prune gets the entry invalidated by name instead (never a root entry the current
+/// view also has), and is not asked to prune again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_view_held_by_the_kernel_is_pruned_until_it_drains() {
+    for no_prune in [false, true] {
+        let t = setup_with(1, "read_path = \"cached\"");
+        let r = start(t.cfg.clone()).await;
+        let d = r.daemon.clone();
+        let kernel = Recorder {
+            no_prune,
+            ..Default::default()
+        };
+        let mp = tempfile::tempdir().unwrap();
+        d.mounted(mp.path(), kernel.clone());
+        // The kernel looks up a directory and a file in it, and keeps both.
+        let fs = d.fs();
+        let old = fs.current();
+        // `cats` and `dogs` hold files only (`birds` holds directories).
+        let dir_name = ["cats", "dogs"]
+            .into_iter()
+            .find(|n| old.root_names().iter().any(|r| r == n))
+            .expect("cats or dogs in the first view")
+            .to_string();
+        let dir = fs.lookup(ROOT_INO, &dir_name).unwrap();
+        let fh = fs.opendir(dir.ino).unwrap();
+        let mut file_name = None;
+        fs.readdir(dir.ino, fh, 0, false, |e| {
+            if e.name != "." && e.name != ".." && file_name.is_none() {
+                file_name = Some(e.name.to_string());
+            }
+            false
+        })
+        .unwrap();
+        fs.release(fh);
+        let file_name = file_name.expect("a file in the directory");
+        let file = fs.lookup(dir.ino, &file_name).unwrap();
+        assert!(!file.is_dir);
+        d.advance(true).await.unwrap();
+        assert_eq!(status_u64(&d, "draining_slots"), 1, "the old view is held");
+        let pruned = |calls: &[Notified]| {
+            calls
+                .iter()
+                .any(|c| matches!(c, Notified::Prune(inos) if inos == &vec![file.ino, dir.ino]))
+        };
+        if no_prune {
+            let entry = Notified::Entry(dir.ino, file_name.clone());
+            wait_for("the file's entry invalidated by name", || {
+                kernel.calls().contains(&entry)
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}: {:?}", kernel.calls()));
+            let calls = kernel.calls();
+            let prunes = calls
+                .iter()
+                .filter(|c| matches!(c, Notified::Prune(_)))
+                .count();
+            assert_eq!(prunes, 1, "asked to prune again after it failed: {calls:?}");
+            // After the switch's own invalidations (which end with the root's inode), no
+            // root entry the current view also has is invalidated.
+            let switch_end = calls
+                .iter()
+                .position(|c| c == &Notified::Inode(ROOT_INO))
+                .unwrap();
+            let current = fs.current().root_names();
+            for c in &calls[switch_end..] {
+                if let Notified::Entry(ROOT_INO, name) = c {
+                    assert!(
+                        !current.contains(name),
+                        "{name}: the current view's entry was invalidated"
+                    );
+                }
+            }
+        } else {
+            wait_for("the held inodes pruned", || pruned(&kernel.calls()))
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{e}: {:?} (file {}, dir {})",
+                        kernel.calls(),
+                        file.ino,
+                        dir.ino
+                    )
+                });
+        }
+        // The kernel forgets them: the view drains and its slot goes.
+        fs.forget(file.ino, 1);
+        fs.forget(dir.ino, 1);
+        wait_for("the retired view evicted", || {
+            status_u64(&d, "draining_slots") == 0
+        })
+        .await
+        .unwrap();
+        drop((fs, old));
+        drop(d);
+        r.stop().await;
+    }
 }

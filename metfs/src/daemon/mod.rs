@@ -43,8 +43,12 @@
 //! session) with a fingerprint of everything its plan depends on; a later mount with the same
 //! fingerprint resumes at the same position and reuses every slot the journal shows as staged.
 //!
-//! Layout: `store`, `session`, `source` (tier and catalog), `setup` (checks, lock, policy,
-//! resume, first staging), `staging` (the staging loop, eviction, pacing), `switch` (`pass_end`, `advance`,
+//! Kernel. The daemon reaches the kernel's caches only through [`KernelCache`] (`kernel.rs`),
+//! implemented over the FUSE session in `crate::fuse` and by a recorder in tests; nothing in
+//! this folder imports `fuser` or `crate::fuse`.
+//!
+//! Layout: `store`, `session`, `kernel`, `source` (tier and catalog), `setup` (checks, lock,
+//! policy, resume, first staging), `staging` (the staging loop, eviction, pacing), `switch` (`pass_end`, `advance`,
 //! the switch and kernel invalidation), `status` (status, files, metrics, shutdown), `budget`,
 //! `state` (`state.json`).
 
@@ -150,6 +154,7 @@ impl CachePaths {
 }
 
 mod budget;
+mod kernel;
 mod session;
 mod setup;
 mod source;
@@ -160,6 +165,7 @@ mod store;
 mod switch;
 
 pub use budget::*;
+pub use kernel::KernelCache;
 pub use session::DEFAULT_SESSION;
 use session::*;
 pub use setup::*;
@@ -187,7 +193,8 @@ pub struct Daemon {
     /// Set once by [`Daemon::begin_shutdown`]; waiters are woken through `changed`.
     shutting_down: std::sync::atomic::AtomicBool,
     changed: watch::Sender<u64>,
-    notifier: Mutex<Option<crate::fuse::KernelNotifier>>,
+    /// The kernel's caches of the mount, once mounted.
+    kernel: Mutex<Option<Arc<dyn KernelCache>>>,
     mountpoint: Mutex<PathBuf>,
     tier_url: String,
     started: Instant,
@@ -242,10 +249,11 @@ impl Daemon {
         self.active_read_path.get()
     }
 
-    /// Records the mountpoint and the kernel notifier once mounted.
-    pub fn mounted(&self, mountpoint: &Path, notifier: crate::fuse::KernelNotifier) {
+    /// Records the mountpoint and the kernel's caches (what a switch invalidates) once
+    /// mounted.
+    pub fn mounted(&self, mountpoint: &Path, kernel: impl KernelCache + 'static) {
         *self.mountpoint.lock().unwrap() = mountpoint.to_path_buf();
-        *self.notifier.lock().unwrap() = Some(notifier);
+        *self.kernel.lock().unwrap() = Some(Arc::new(kernel));
     }
 
     /// The mountpoint.

@@ -522,7 +522,7 @@ impl Daemon {
             shutting_down: Default::default(),
             events: crate::events::EventLog::open(&cfg.run_dir),
             changed,
-            notifier: Mutex::new(None),
+            kernel: Mutex::new(None),
             mountpoint: Mutex::new(PathBuf::new()),
             started: Instant::now(),
             shutdown: tokio::sync::Notify::new(),

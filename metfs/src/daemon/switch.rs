@@ -66,8 +66,8 @@ impl Daemon {
         // Drop the kernel's cached entries of the old view before anyone hears of the switch.
         // Every entry the old view gave out as current was delivered before `switch` returned
         // (the core's reply gate), so this reaches all of them.
-        let notifier = self.notifier.lock().unwrap().clone();
-        if let Some(n) = notifier {
+        let kernel = self.kernel.lock().unwrap().clone();
+        if let Some(n) = kernel {
             let names = old.root_names();
             let _ = tokio::task::spawn_blocking(move || {
                 for name in names {
@@ -117,8 +117,8 @@ impl Daemon {
             let Some(view) = self.fs.retained(generation) else {
                 return;
             };
-            let notifier = self.notifier.lock().unwrap().clone();
-            let Some(n) = notifier else { return };
+            let kernel = self.kernel.lock().unwrap().clone();
+            let Some(n) = kernel else { return };
             let nodes = view.referenced_nodes();
             if nodes.is_empty() {
                 continue;
