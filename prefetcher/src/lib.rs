@@ -6,7 +6,10 @@
 //!   string arena, integer sample ids) so that ten million samples stay small.
 //! * [`manifest`]: CSV / JSON-lines manifests that replace a listing of the tier.
 //! * [`planner`]: a pure function from (catalog, seed, epoch, node rank, node count, budget,
-//!   strategy) to that epoch's mini-epochs.
+//!   strategy) to that epoch's mini-epochs; `planner::dependent_views` plans several jobs
+//!   over overlapping datasets together (dependent sampling, paper 004).
+//! * [`refcnt`]: the book of a store shared by several jobs (reference counts, pins, fixed
+//!   shares of the budget) and its eviction order, with a simulation of it (`refcnt::sim`).
 //! * [`stager`]: copies one mini-epoch into its slot with bounded concurrency, verifies, fsyncs,
 //!   renames, and journals progress so that a restart resumes.
 //! * [`hdf5`]: per-sample HDF5 labels, and container files staged as mini-epochs of rows (a
@@ -27,6 +30,7 @@ pub mod model;
 
 pub mod pacer;
 pub mod planner;
+pub mod refcnt;
 pub mod s3;
 
 pub mod size;
