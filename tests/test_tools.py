@@ -5,6 +5,7 @@ pacing, through the real binary and a real mount."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import time
 from pathlib import Path
@@ -99,6 +100,9 @@ def test_report_metrics_and_auto_pacing(mounts, tmp_path, metfs):
                 "bonus_passes", "staging"):
         assert key in st, key
     assert st["pass_seconds_mean"] and st["pass_seconds_mean"] > 0.04
+    # The daemon's stall-free rf is the model's ceil(EB1 / B2), from the figures it reports.
+    if st["b2_bytes_per_s"] and st["eb1_bytes_per_s"] is not None:
+        assert st["stall_free_rf"] == max(1, math.ceil(st["eb1_bytes_per_s"] / st["b2_bytes_per_s"])), st
     wait_for(lambda: prom.exists(), timeout=15, what="the metrics file")
     text = prom.read_text()
     assert "metfs_tier_read_bytes_total" in text and "# TYPE" in text, text[:500]

@@ -277,11 +277,10 @@ impl Daemon {
         (mean > 0.0).then(|| s.view.bytes() as f64 / mean)
     }
 
-    /// The stall-free rf, ceil(EB1 / B2), once both are measured.
+    /// The stall-free rf of session `s` once EB1 and B2 are measured (the model's
+    /// [`prefetcher::model::stall_free_rf`], the one definition).
     pub(super) fn stall_free_rf(&self, s: &Session) -> Option<u32> {
-        let b2 = s.meter.b2()?;
-        let eb1 = self.eb1(s)?;
-        (b2 > 0.0).then(|| (eb1 / b2).ceil().max(1.0) as u32)
+        prefetcher::model::stall_free_rf(self.eb1(s)?, s.meter.b2()?)
     }
 
     pub(super) fn check_stall_free(&self, s: &mut Session) {
