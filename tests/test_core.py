@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -139,6 +140,59 @@ def test_umount_and_mount_resume_without_refetching(mounts, dataset, make_tier):
     assert m.status()["tier_bytes_read"] == 0, "the staged successor is reused too"
     view = read_view(m.mountpoint)
     assert view and all(files[k] == v for k, v in view.items())
+
+
+def footprint_once(path: Path) -> int:
+    """Bytes the files under `path` take on disk, each inode once (a hard link is one file)."""
+    seen: set[int] = set()
+    total = 0
+    for dirpath, _, filenames in os.walk(path):
+        for name in filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue
+            if st.st_ino not in seen:
+                seen.add(st.st_ino)
+                total += st.st_blocks * 512
+    return total
+
+
+def test_samples_on_the_node_are_never_fetched_again(mounts, dataset):
+    """The whole dataset fits one slot: every successor is the same samples, taken from the
+    current slot (hard links), so the tier is read once, also across a restart."""
+    src, files = dataset
+    total = sum(len(v) for v in files.values())
+    budget = "24MiB"
+    m = mounts(src, budget, "--rf", "1")
+    m.mount()
+    assert m.status()["mini_epochs"] == 1
+    for _ in range(3):
+        m.wait_next_ready()
+        st = m.status()
+        # Linked files are counted once: the budget's count matches the disk, not twice.
+        assert footprint_once(m.cache / "slots") <= st["cache_bytes"] < footprint_once(m.cache / "slots") + (1 << 20), st
+        assert footprint_once(m.cache) <= parse_size(budget)
+        assert m.pass_end()["decision"] == "advance"
+        view = read_view(m.mountpoint)
+        assert view and all(files[k] == v for k, v in view.items())
+    m.wait_next_ready()
+    st = m.status()
+    assert st["epoch"] == 3
+    assert st["tier_bytes_read"] == total, "samples already on the node were fetched again"
+    assert st["reused_bytes"] == 4 * total
+    # A restart whose successor slot is gone takes it from the current slot again.
+    m.umount()
+    succ = st["staging"]["slot"]
+    shutil.rmtree(m.cache / "slots" / succ)
+    (m.cache / "slots" / f"{succ}.journal").unlink()
+    m.mount()
+    m.wait_next_ready()
+    st = m.status()
+    assert (st["tier_bytes_read"], st["reused_bytes"]) == (0, total), st
+    assert m.pass_end()["decision"] == "advance"
+    view = read_view(m.mountpoint)
+    assert set(view) == set(files) and all(files[k] == v for k, v in view.items())
 
 
 def test_kill9_during_staging_then_mount_resumes(mounts, tmp_path):

@@ -62,6 +62,11 @@ fn setup(rf: u32) -> Setup {
 
 /// As [`setup`], with more lines of the TOML configuration.
 fn setup_with(rf: u32, extra_toml: &str) -> Setup {
+    setup_full(rf, BUDGET, extra_toml)
+}
+
+/// As [`setup`], with another budget and more lines of the TOML configuration.
+fn setup_full(rf: u32, budget: u64, extra_toml: &str) -> Setup {
     let dirs = tempfile::tempdir().unwrap();
     let src = dirs.path().join("src");
     let cache = dirs.path().join("cache");
@@ -70,7 +75,7 @@ fn setup_with(rf: u32, extra_toml: &str) -> Setup {
     let source = make_source(&src);
     // As `metfs mount --config FILE`: a TOML file resolved with no flags over it.
     let toml = format!(
-        "source = {:?}\ncache = {:?}\nbudget = {BUDGET}\nrf = {rf}\nseed = 7\n\
+        "source = {:?}\ncache = {:?}\nbudget = {budget}\nrf = {rf}\nseed = 7\n\
          compose = \"random\"\nhistory = {:?}\n{extra_toml}\n",
         src.display().to_string(),
         cache.display().to_string(),
@@ -405,6 +410,98 @@ async fn the_cache_never_exceeds_the_budget_across_switches() {
         peak <= BUDGET,
         "the cache took {peak} bytes, over the budget of {BUDGET}"
     );
+    drop(d);
+    r.stop().await;
+}
+
+/// Bytes the staged files under `root` (not the journals) take on disk, each inode once however
+/// many names it has (a hard-linked sample is one file in two slots).
+fn allocated_once(root: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fn walk(p: &Path, seen: &mut BTreeSet<u64>, total: &mut u64) {
+        let Ok(md) = std::fs::symlink_metadata(p) else {
+            return;
+        };
+        if md.is_dir() {
+            for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+                walk(&e.path(), seen, total);
+            }
+        } else if md.is_file()
+            && p.extension().is_none_or(|x| x != "journal")
+            && seen.insert(md.ino())
+        {
+            *total += md.blocks() * 512;
+        }
+    }
+    let (mut seen, mut total) = (BTreeSet::new(), 0);
+    walk(root, &mut seen, &mut total);
+    total
+}
+
+/// Checks that `cache_bytes` counts each staged file once: it is the slots' files on disk
+/// (each inode once) plus the small metadata files, never the linked files twice.
+fn assert_cache_bytes_count_links_once(d: &Daemon, cache: &Path) {
+    let counted = status_u64(d, "cache_bytes");
+    let on_disk = allocated_once(&cache.join("slots"));
+    assert!(
+        counted >= on_disk && counted - on_disk < 1 << 20,
+        "status counts {counted} bytes, the slots hold {on_disk} (each file once)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dataset_that_fits_one_slot_is_read_from_the_tier_once() {
+    // 16 MiB: a slot holds ~7 MiB, the whole ~5 MiB dataset.
+    let t = setup_full(1, 16 << 20, "");
+    let dataset: u64 = t.source.values().map(|v| v.len() as u64).sum();
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    assert_eq!(status_u64(&d, "mini_epochs"), 1);
+    for _ in 0..3 {
+        wait_next_ready(&d).await;
+        // Current and successor hold the same samples: the successor's are links.
+        assert_cache_bytes_count_links_once(&d, &t.cache);
+        assert_eq!(d.advance(true).await.unwrap()["decision"], "advance");
+        check_bytes(&read_view(&d.fs()), &t.source);
+    }
+    wait_next_ready(&d).await;
+    assert_eq!(status_u64(&d, "epoch"), 3);
+    assert_eq!(
+        status_u64(&d, "tier_bytes_read"),
+        dataset,
+        "samples already on the node were fetched again"
+    );
+    assert_eq!(status_u64(&d, "reused_bytes"), 4 * dataset);
+    drop(d);
+    r.stop().await;
+
+    // After a restart, the successor is still taken from the node, not the tier.
+    let slots = t.cache.join("slots");
+    let journal = slots.join("e000004-m00000.journal");
+    std::fs::remove_file(&journal).unwrap();
+    std::fs::remove_dir_all(slots.join("e000004-m00000")).unwrap();
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    wait_next_ready(&d).await;
+    assert_eq!(
+        status_u64(&d, "tier_bytes_read"),
+        0,
+        "refetched after a restart"
+    );
+    assert_eq!(status_u64(&d, "reused_bytes"), dataset);
+    assert_cache_bytes_count_links_once(&d, &t.cache);
+    assert_eq!(d.advance(true).await.unwrap()["decision"], "advance");
+    check_bytes(&read_view(&d.fs()), &t.source);
+    // The old slot is gone now: its links are the new slot's alone, still counted.
+    for _ in 0..300 {
+        if d.status()["draining_slots"] == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_next_ready(&d).await;
+    assert_cache_bytes_count_links_once(&d, &t.cache);
+    assert!(status_u64(&d, "cache_bytes") <= 16 << 20);
     drop(d);
     r.stop().await;
 }

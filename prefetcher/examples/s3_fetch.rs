@@ -206,6 +206,7 @@ async fn stage(url: &str, out: &Path, fsync: bool) -> Result<(), BoxError> {
     let slot = SlotSpec {
         name: "m0000".into(),
         samples: (0..catalog.len() as u32).collect(),
+        ..Default::default()
     };
     let r = stager.stage(&slot, Arc::new(Progress::default())).await?;
     if !r.failed.is_empty() {

@@ -390,6 +390,12 @@ impl Daemon {
         let spec = SlotSpec {
             name: slot_name(cur),
             samples: me.samples.clone(),
+            // A resumed run's successor slot may hold samples of the current one.
+            reuse_from: if saved.is_some() {
+                vec![slot_name(succ)]
+            } else {
+                Vec::new()
+            },
         };
         tracing::info!(
             mini_epochs = nm,
@@ -486,6 +492,7 @@ impl Daemon {
         let mut plans = BTreeMap::new();
         plans.insert(epoch, plan.clone());
         store.begin_slot(&slot_name(cur), store.footprint(&me.samples));
+        store.note_links(&slot_name(cur), &report);
         let session = Session {
             name: DEFAULT_SESSION.to_string(),
             plan_cfg,

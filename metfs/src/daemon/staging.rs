@@ -86,6 +86,7 @@ impl Daemon {
                         mini_epoch = target.1,
                         fetched = report.fetched,
                         resumed = report.resumed,
+                        reused = report.reused,
                         failed = report.failed.len(),
                         secs = report.elapsed.as_secs_f64(),
                         "next mini-epoch staged"
@@ -102,6 +103,7 @@ impl Daemon {
                         json!({
                             "epoch": target.0, "mini_epoch": target.1, "bytes": bytes,
                             "bytes_fetched": report.bytes_fetched,
+                            "bytes_reused": report.bytes_reused,
                             "secs": report.elapsed.as_secs_f64(),
                         }),
                     );
@@ -199,9 +201,11 @@ impl Daemon {
         };
         self.store
             .begin_slot(&slot, self.store.footprint(&me.samples));
+        // The store adds its slots as donors (`Store::stage`).
         let spec = SlotSpec {
             name: slot,
             samples: me.samples.clone(),
+            ..Default::default()
         };
         Some(StagingJob {
             session: s.name.clone(),

@@ -82,10 +82,12 @@ impl Daemon {
                         "files_total": progress.files_total.load(Ordering::Relaxed),
                         "bytes_done": done, "bytes_total": total,
                         "bytes_per_s": rate, "eta_s": eta,
+                        "bytes_reused": progress.bytes_reused.load(Ordering::Relaxed),
                         "retries": progress.retries.load(Ordering::Relaxed),
                         "last_retry_error": progress.last_retry_error.lock().unwrap().clone(),
                     }),
-                    done,
+                    // Linked samples share their donor's file: on disk once.
+                    done.saturating_sub(progress.bytes_linked.load(Ordering::Relaxed)),
                 )
             }
             Next::Ready {
@@ -95,7 +97,7 @@ impl Daemon {
             } => (
                 json!({
                     "state": "ready", "slot": slot, "epoch": target.0, "mini_epoch": target.1,
-                    "fetched": report.fetched, "resumed": report.resumed,
+                    "fetched": report.fetched, "resumed": report.resumed, "reused": report.reused,
                     "failed": report.failed.len(), "secs": report.elapsed.as_secs_f64(),
                 }),
                 0,
@@ -141,6 +143,7 @@ impl Daemon {
             "slot_bytes": budget.slot_bytes,
             "reserve_bytes": budget.reserve,
             "tier_bytes_read": self.store.stager.tier_bytes_read(),
+            "reused_bytes": self.store.stager.reused_bytes(),
             "daemon_bytes_read": self.fs.bytes_read.load(Ordering::Relaxed),
             "daemon_opens": self.fs.opens.load(Ordering::Relaxed),
             "view_files": view.file_count(),

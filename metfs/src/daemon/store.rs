@@ -10,6 +10,14 @@
 //! ([`Store::is_draining`]), and a slot leaves `draining` only after its files are deleted, so
 //! a third slot never exists, not even for an instant.
 //!
+//! Samples already on the node are never fetched again: [`Store::stage`] offers every slot it
+//! holds (current, staging, draining) to the stager as a donor, which hard-links a sample it
+//! finds there (see `prefetcher::stager`'s `reuse`). A link is one file with two names.
+//! Admission stays per slot (each slot's footprint, links included, fits `slot_bytes`), so the
+//! budget holds whatever is linked; the bytes the cache holds ([`Store::slot_bytes_except`],
+//! `cache_bytes` in status) count a linked file once while both slots exist, and after the
+//! donor is deleted in the slot that still names it: never twice, never zero times.
+//!
 //! Locking. The book is behind the store's own lock, taken only inside these methods and
 //! never while waiting for anything; the daemon may hold its sessions' lock when it calls
 //! them (sessions lock, then store lock; never the other way).
@@ -40,6 +48,23 @@ struct Book {
     last_error: Option<String>,
     /// The last 100 samples left out of a slot, with why.
     failed_samples: Vec<String>,
+    /// Footprint bytes a slot (key) shares with a donor slot by hard links (slot -> donor ->
+    /// bytes): in both slots' footprints, on disk once while both exist.
+    links: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+impl Book {
+    /// Bytes counted twice in `footprints`: hard-linked samples whose donor slot is still
+    /// there. A link whose donor is gone is its slot's alone, counted once already.
+    fn shared_bytes(&self) -> u64 {
+        self.links
+            .iter()
+            .filter(|(slot, _)| self.footprints.contains_key(*slot))
+            .flat_map(|(_, donors)| donors.iter())
+            .filter(|(donor, _)| self.footprints.contains_key(*donor))
+            .map(|(_, b)| *b)
+            .sum()
+    }
 }
 
 impl Store {
@@ -81,19 +106,42 @@ impl Store {
         self.budget
     }
 
-    /// Stages `spec` into its slot (resuming what its journal holds).
+    /// Stages `spec` into its slot (resuming what its journal holds), taking samples that
+    /// another slot of the store holds from it instead of the tier, and records the links.
     pub(super) async fn stage(
         &self,
         spec: &SlotSpec,
         progress: Arc<Progress>,
     ) -> Result<StageReport, prefetcher::stager::StageError> {
-        match &self.containers {
+        let mut spec = spec.clone();
+        for slot in self.book.lock().unwrap().footprints.keys() {
+            if *slot != spec.name && !spec.reuse_from.contains(slot) {
+                spec.reuse_from.push(slot.clone());
+            }
+        }
+        let report = match &self.containers {
             Some(c) => {
                 self.stager
-                    .stage_containers(spec, c.clone(), progress)
+                    .stage_containers(&spec, c.clone(), progress)
                     .await
             }
-            None => self.stager.stage(spec, progress).await,
+            None => self.stager.stage(&spec, progress).await,
+        }?;
+        self.note_links(&spec.name, &report);
+        Ok(report)
+    }
+
+    /// Records the samples a staging run of `slot` hard-linked from other slots.
+    pub(super) fn note_links(&self, slot: &str, report: &StageReport) {
+        let links: BTreeMap<String, u64> = report
+            .linked
+            .iter()
+            .map(|(donor, ids)| (donor.clone(), self.footprint(ids)))
+            .collect();
+        let mut b = self.book.lock().unwrap();
+        let mine = b.links.entry(slot.to_string()).or_default();
+        for (donor, bytes) in links {
+            *mine.entry(donor).or_default() += bytes;
         }
     }
 
@@ -144,6 +192,10 @@ impl Store {
         b.evicting.remove(&gen);
         b.draining.remove(&gen);
         b.footprints.remove(slot);
+        b.links.remove(slot);
+        for donors in b.links.values_mut() {
+            donors.remove(slot);
+        }
     }
 
     /// Records an error for `status`.
@@ -171,14 +223,15 @@ impl Store {
     }
 
     /// Bytes of the slots on disk, without those being staged now (`staging`), whose bytes so
-    /// far the caller counts itself.
+    /// far the caller counts itself (less what they linked). A hard-linked file counts once.
     pub(super) fn slot_bytes_except(&self, staging: &[&str]) -> u64 {
         let b = self.book.lock().unwrap();
         b.footprints
             .iter()
             .filter(|(name, _)| !staging.contains(&name.as_str()))
             .map(|(_, b)| *b)
-            .sum()
+            .sum::<u64>()
+            .saturating_sub(b.shared_bytes())
     }
 
     /// Builds the view of mini-epoch `target` of `plan` over its slot, at `generation`: the

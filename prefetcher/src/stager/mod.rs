@@ -22,6 +22,12 @@
 //! rename it records, and the resume check re-reads every journaled file, so a lost tail only
 //! costs a refetch.
 //!
+//! What the node already holds is not fetched again: a sample that a slot named in
+//! [`SlotSpec::reuse_from`] holds a journaled copy of is hard-linked from it (copied, and the
+//! copy's CRC checked, where the file system refuses the link) and journaled like a fetched one;
+//! only the rest is fetched (`reuse` module). [`Stager::tier_bytes_read`] counts only bytes read
+//! from the tier, [`Stager::reused_bytes`] those taken from the node.
+//!
 //! Fetches run with bounded concurrency (`StagerConfig::concurrency`) and share one [`Pacer`], so
 //! a bandwidth cap holds for the slot as a whole. Failures are sorted by whose they are:
 //! * the sample's (changed, deleted or replaced by a non-regular file on the tier since
@@ -44,7 +50,7 @@
 //! by their owner, the daemon, only): nothing in the cache is ever more accessible than the
 //! source was, whatever the source's modes (the view shows the source's modes, not these).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -62,6 +68,7 @@ use crate::tier::{CapacityTier, SampleRef, TierError};
 
 mod containers;
 mod journal;
+mod reuse;
 mod stage;
 
 pub use journal::*;
@@ -137,12 +144,15 @@ impl Default for StagerConfig {
 }
 
 /// One mini-epoch to stage.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlotSpec {
     /// Slot name (directory name under the slots directory), e.g. `e000002-m0005`.
     pub name: String,
     /// Sample ids of the mini-epoch.
     pub samples: Vec<u32>,
+    /// Other slots of this stager (same catalog) whose journaled copies may be taken instead of
+    /// fetching: the node's own store is read before the tier (see the module docs).
+    pub reuse_from: Vec<String>,
 }
 
 /// Live counters of one staging run, readable while it runs.
@@ -156,8 +166,12 @@ pub struct Progress {
     pub bytes_total: AtomicU64,
     /// Bytes already in the slot.
     pub bytes_done: AtomicU64,
-    /// Bytes fetched from the tier by this run (excludes resumed files).
+    /// Bytes fetched from the tier by this run (excludes resumed and reused files).
     pub bytes_fetched: AtomicU64,
+    /// Bytes taken from another slot on the node instead of the tier by this run.
+    pub bytes_reused: AtomicU64,
+    /// Of those, bytes hard-linked (shared with their donor slot, not taking space twice).
+    pub bytes_linked: AtomicU64,
     /// Bytes that need no more fetching: resumed, fetched (even if not yet committed) or given
     /// up on. Moves with every file, where `bytes_done` moves with every committed batch.
     pub bytes_settled: AtomicU64,
@@ -183,8 +197,16 @@ pub struct StageReport {
     pub fetched: u64,
     /// Samples already present from an earlier run (journal).
     pub resumed: u64,
+    /// Samples taken from another slot on the node (`SlotSpec::reuse_from`) instead of the tier.
+    pub reused: u64,
     /// Bytes read from the tier.
     pub bytes_fetched: u64,
+    /// Bytes taken from another slot on the node.
+    pub bytes_reused: u64,
+    /// Samples hard-linked from each donor slot: their copies are one file with two names, so
+    /// while both slots exist they take space once. Samples copied (a file system refusing the
+    /// link) are not listed.
+    pub linked: BTreeMap<String, Vec<u32>>,
     /// Samples left out, with why.
     pub failed: Vec<(u32, String)>,
     /// Wall time.
@@ -253,6 +275,8 @@ pub struct Stager {
     cfg: StagerConfig,
     pacer: Pacer,
     tier_bytes: Arc<AtomicU64>,
+    /// Bytes taken from other slots on the node instead of the tier, since the stager was made.
+    reused_bytes: Arc<AtomicU64>,
     /// Makes temporary names unique per attempt: a fetch abandoned after a timeout may still be
     /// writing its file, which must never be the file of a later attempt.
     attempt_seq: Arc<AtomicU64>,
@@ -288,6 +312,7 @@ impl Stager {
             cfg,
             pacer,
             tier_bytes: Arc::new(AtomicU64::new(0)),
+            reused_bytes: Arc::new(AtomicU64::new(0)),
             attempt_seq: Arc::new(AtomicU64::new(0)),
             transient: Arc::new(AtomicU64::new(0)),
         }
@@ -296,6 +321,11 @@ impl Stager {
     /// Bytes read from the tier by this stager since it was made.
     pub fn tier_bytes_read(&self) -> u64 {
         self.tier_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes taken from other slots on the node instead of the tier since the stager was made.
+    pub fn reused_bytes(&self) -> u64 {
+        self.reused_bytes.load(Ordering::Relaxed)
     }
 
     /// The pacer shared by every fetch.
@@ -419,6 +449,7 @@ mod tests {
         let spec = SlotSpec {
             name: "e0-m0".into(),
             samples: (0..cat.len() as u32).collect(),
+            ..Default::default()
         };
         let r = st.stage(&spec, Arc::default()).await.unwrap();
         assert_eq!(r.fetched, 20);
@@ -448,6 +479,120 @@ mod tests {
         assert!(!st.slot_path("e0-m0").exists());
     }
 
+    fn ino(p: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).unwrap().ino()
+    }
+
+    #[tokio::test]
+    async fn samples_in_another_slot_are_linked_not_fetched_even_by_a_new_stager() {
+        let (d, st, cat) = setup(12).await;
+        let a = all(&cat, "a");
+        st.stage(&a, Arc::default()).await.unwrap();
+        let fetched_a = st.tier_bytes_read();
+        assert_eq!(fetched_a, cat.total_bytes());
+        // A restarted daemon: a new stager over the same cache, as after a restart.
+        let (st, cat) = stager_for(
+            &d.path().join("src"),
+            &d.path().join("cache"),
+            StagerConfig::default(),
+        )
+        .await;
+        let progress: Arc<Progress> = Arc::default();
+        // b holds samples 0..8, all of them staged in a.
+        let b = SlotSpec {
+            name: "b".into(),
+            samples: (0..8).collect(),
+            reuse_from: vec!["a".into()],
+        };
+        let r = st.stage(&b, progress.clone()).await.unwrap();
+        assert_eq!((r.fetched, r.reused, r.resumed), (0, 8, 0));
+        assert_eq!(
+            st.tier_bytes_read(),
+            0,
+            "a sample on the node was fetched again"
+        );
+        let b_bytes: u64 = (0..8).map(|id| cat.size(id)).sum();
+        assert_eq!(r.bytes_reused, b_bytes);
+        assert_eq!(st.reused_bytes(), b_bytes);
+        assert_eq!(progress.bytes_done.load(Ordering::Relaxed), b_bytes);
+        assert_eq!(progress.bytes_linked.load(Ordering::Relaxed), b_bytes);
+        assert_eq!(r.linked.get("a").map(Vec::len), Some(8));
+        assert!(st.is_complete("b"));
+        for id in 0..8u32 {
+            let (pa, pb) = (
+                st.slot_path("a").join(cat.path(id)),
+                st.slot_path("b").join(cat.path(id)),
+            );
+            assert_eq!(ino(&pa), ino(&pb), "{} is not a link", cat.path(id));
+        }
+        // The journal carries the donor's CRCs: a restart resumes b without refetching.
+        let r = st.stage(&b, Arc::default()).await.unwrap();
+        assert_eq!((r.fetched, r.reused, r.resumed), (0, 0, 8));
+        // Evicting the donor leaves b whole.
+        st.evict("a").unwrap();
+        for id in 0..8u32 {
+            let want = std::fs::read(d.path().join("src").join(cat.path(id))).unwrap();
+            assert_eq!(
+                std::fs::read(st.slot_path("b").join(cat.path(id))).unwrap(),
+                want
+            );
+        }
+        // c overlaps b on 6..8 only: two taken, four fetched.
+        let c = SlotSpec {
+            name: "c".into(),
+            samples: (6..12).collect(),
+            reuse_from: vec!["a".into(), "b".into()],
+        };
+        let r = st.stage(&c, Arc::default()).await.unwrap();
+        assert_eq!((r.fetched, r.reused), (4, 2));
+        assert_eq!(
+            st.tier_bytes_read(),
+            (8..12).map(|id| cat.size(id)).sum::<u64>()
+        );
+        assert_slot_equals_source_for(&st, &cat, &d.path().join("src"), "c", 6..12);
+    }
+
+    #[tokio::test]
+    async fn a_donor_copy_that_is_not_the_journaled_one_is_fetched() {
+        let (d, st, cat) = setup(6).await;
+        st.stage(&all(&cat, "a"), Arc::default()).await.unwrap();
+        let before = st.tier_bytes_read();
+        // Sample 4's copy in a is truncated, sample 5's dropped from a's journal.
+        let p4 = st.slot_path("a").join(cat.path(4));
+        std::fs::set_permissions(&p4, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(&p4, b"short").unwrap();
+        let j = d.path().join("cache/slots/a.journal");
+        let text = std::fs::read_to_string(&j).unwrap();
+        let keep: Vec<&str> = text.lines().filter(|l| !l.starts_with("5 ")).collect();
+        std::fs::write(&j, keep.join("\n") + "\n").unwrap();
+        let b = SlotSpec {
+            name: "b".into(),
+            samples: (0..6).collect(),
+            reuse_from: vec!["a".into()],
+        };
+        let r = st.stage(&b, Arc::default()).await.unwrap();
+        assert_eq!((r.fetched, r.reused), (2, 4));
+        assert_eq!(st.tier_bytes_read() - before, cat.size(4) + cat.size(5));
+        assert_slot_equals_source_for(&st, &cat, &d.path().join("src"), "b", 0..6);
+    }
+
+    #[tokio::test]
+    async fn a_checked_copy_refuses_bytes_that_differ_from_the_journal() {
+        let (d, st, cat) = setup(4).await;
+        st.stage(&all(&cat, "a"), Arc::default()).await.unwrap();
+        let src = st.slot_path("a").join(cat.path(3));
+        let crc = crc_of_file(&src).unwrap();
+        std::fs::create_dir_all(d.path().join("cache/slots/b")).unwrap();
+        let dst = d.path().join("cache/slots/b/x");
+        assert!(!st.copy_checked("b", 3, &src, &dst, crc ^ 1));
+        assert!(!dst.exists());
+        assert!(st.copy_checked("b", 3, &src, &dst, crc));
+        assert_eq!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
+        assert_ne!(ino(&src), ino(&dst));
+        assert!(std::fs::read_dir(&st.tmp_dir).unwrap().next().is_none());
+    }
+
     #[tokio::test]
     async fn changed_sample_is_left_out_and_reported() {
         let (d, st, cat) = setup(6).await;
@@ -456,6 +601,7 @@ mod tests {
         let spec = SlotSpec {
             name: "s".into(),
             samples: (0..cat.len() as u32).collect(),
+            ..Default::default()
         };
         let r = st.stage(&spec, Arc::default()).await.unwrap();
         assert_eq!(r.failed.len(), 1);
@@ -488,11 +634,22 @@ mod tests {
         SlotSpec {
             name: name.into(),
             samples: (0..cat.len() as u32).collect(),
+            ..Default::default()
         }
     }
 
     fn assert_slot_equals_source(st: &Stager, cat: &Catalog, src: &Path, slot: &str) {
-        for id in 0..cat.len() as u32 {
+        assert_slot_equals_source_for(st, cat, src, slot, 0..cat.len() as u32)
+    }
+
+    fn assert_slot_equals_source_for(
+        st: &Stager,
+        cat: &Catalog,
+        src: &Path,
+        slot: &str,
+        ids: std::ops::Range<u32>,
+    ) {
+        for id in ids {
             let a = std::fs::read(src.join(cat.path(id))).unwrap();
             let b = std::fs::read(st.slot_path(slot).join(cat.path(id)))
                 .unwrap_or_else(|e| panic!("{} not staged: {e}", cat.path(id)));

@@ -36,6 +36,8 @@ impl Stager {
         progress.files_done.store(0, Ordering::Relaxed);
         progress.bytes_done.store(0, Ordering::Relaxed);
         progress.bytes_fetched.store(0, Ordering::Relaxed);
+        progress.bytes_reused.store(0, Ordering::Relaxed);
+        progress.bytes_linked.store(0, Ordering::Relaxed);
         progress.bytes_settled.store(0, Ordering::Relaxed);
         progress.retries.store(0, Ordering::Relaxed);
 
@@ -62,12 +64,48 @@ impl Stager {
             report.elapsed = start.elapsed();
             return Ok(report);
         }
-        let journal = std::fs::OpenOptions::new()
+        let mut journal = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o600)
             .open(&jpath)
             .map_err(cache_err(&jpath))?;
+        // What the node already holds is never fetched again: samples in another slot are
+        // linked (or copied) from it first, and journaled like fetched ones.
+        if !slot.reuse_from.is_empty() && !todo.is_empty() {
+            let (st, spec, d) = (self.clone(), slot.clone(), dir.clone());
+            let t = tokio::task::spawn_blocking(move || st.take_from_donors(&spec, &d, todo))
+                .await
+                .expect("reuse task panicked");
+            let mut lines = String::with_capacity(t.taken.len() * 20);
+            for (id, crc, donor, linked) in t.taken {
+                let size = self.catalog.size(id);
+                lines.push_str(&format!("{id} {crc:08x}\n"));
+                report.reused += 1;
+                report.bytes_reused += size;
+                progress.files_done.fetch_add(1, Ordering::Relaxed);
+                for c in [
+                    &progress.bytes_done,
+                    &progress.bytes_settled,
+                    &progress.bytes_reused,
+                ] {
+                    c.fetch_add(size, Ordering::Relaxed);
+                }
+                if linked {
+                    progress.bytes_linked.fetch_add(size, Ordering::Relaxed);
+                    report.linked.entry(donor).or_default().push(id);
+                }
+            }
+            self.reused_bytes
+                .fetch_add(report.bytes_reused, Ordering::Relaxed);
+            journal
+                .write_all(lines.as_bytes())
+                .map_err(cache_err(&jpath))?;
+            todo = t.todo;
+            if report.reused > 0 {
+                tracing::info!(slot = %slot.name, samples = report.reused, bytes = report.bytes_reused, "samples taken from the node's store instead of the tier");
+            }
+        }
         // Fetched files wait in tmp/ until their batch is made durable with one syncfs, then
         // are renamed into the slot and journaled: a file in a slot is always complete and on
         // disk, at a fraction of the cost of one fsync per file. Batches are committed on
