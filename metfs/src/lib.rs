@@ -8,6 +8,7 @@ pub mod client;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod dds;
 pub mod events;
 pub mod fs;
 pub mod fuse;

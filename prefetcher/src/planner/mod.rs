@@ -84,8 +84,9 @@
 //! This file holds the public types and the two entry points ([`mini_epoch_count`],
 //! [`plan_epoch`]); each step has its own file: `rng` (the random stream), `bound` (input
 //! checks and the share bound), `layout` (choosing nm), `sequential` (contiguous cuts),
-//! `balance` (the balancing step), `assign` (samples to shares, per strategy) and `summary`
-//! (what `metfs plan` prints). Only this file's items, the summary and `dsa` are public.
+//! `balance` (the balancing step), `assign` (samples to shares, per strategy), `summary`
+//! (what `metfs plan` prints) and `shards` (an epoch's order cut into shards, for dynamic
+//! sharding). Only this file's items, the summary, the shards and `dsa` are public.
 //!
 //! `dsa` is the planner for several jobs sharing one node's store: dependent sampling
 //! (paper 004), which draws the jobs' orders together so that shared samples land in the same
@@ -104,11 +105,13 @@ mod dsa;
 mod layout;
 mod rng;
 mod sequential;
+mod shards;
 mod summary;
 
 pub use dsa::{
     dependent_orders, dependent_views, DependentSampler, DsaError, SamplingTree, MAX_JOBS,
 };
+pub use shards::{epoch_order, shard_count, EpochOrder, Shard, ShardSpec};
 pub use summary::{
     summarize, ByteStats, ClassCounts, ClassSpread, ClassSummary, NodeBytes, PlanSummary,
     FULL_TABLE_CLASSES, FULL_TABLE_MINI_EPOCHS, LISTED_CLASSES,

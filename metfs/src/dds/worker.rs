@@ -1,0 +1,882 @@
+//! One node's daemon on a queue: its lease, its claims and its watch.
+//!
+//! A [`Worker`] holds a lease (renewed by a background task every third of its TTL) under which
+//! it registers as `workers/NODE` with a new incarnation and puts its claims. A second task
+//! watches the queue: a claim deleted by etcd (its holder's lease expired) is given back to
+//! TODO at the tail at once, and any change wakes a worker waiting for work. After the watch is
+//! (re)established the task sweeps the whole queue once, so a shard orphaned while nobody was
+//! watching (every node dead, or this one cut off) is given back too.
+//!
+//! Claims follow the queue order: a worker takes the given-back shards of an older epoch first
+//! (an epoch completes before the next one grows), else the never-claimed shards of its
+//! current epoch in index order, then that epoch's given-back shards; one batch never mixes
+//! epochs, since a sample appears once per epoch and a view shows each path once. When its
+//! epoch has nothing left to claim the worker moves to the next one, while other nodes may
+//! still be finishing the last shards of the old one.
+//!
+//! A worker that loses its lease (etcd unreachable for longer than the TTL while etcd itself
+//! stayed up) joins again with a new incarnation on its next call; batches it held then cannot
+//! be marked done (someone else may already read them again) and are reported as lost.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, WatchOptions,
+};
+use prefetcher::planner::{epoch_order, EpochOrder, SampleSet, ShardSpec};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::keys::{Holder, Keys, Kind, NodeStats, QueueMeta};
+use super::queue::{parse, Queue};
+use super::{etcd, now_ms, DdsError};
+
+/// The samples a worker cuts shards from (owned, since the worker outlives any borrow).
+#[derive(Debug, Clone, Default)]
+pub struct OwnedSamples {
+    pub sizes: Vec<u64>,
+    pub labels: Option<Vec<u32>>,
+    pub clusters: Option<Vec<u32>>,
+}
+
+impl OwnedSamples {
+    pub fn set(&self) -> SampleSet<'_> {
+        SampleSet {
+            sizes: &self.sizes,
+            labels: self.labels.as_deref(),
+            clusters: self.clusters.as_deref(),
+        }
+    }
+}
+
+/// How a worker behaves.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The node name (a key component: letters, digits, `.`, `-`, `_`).
+    pub node: String,
+    /// Lease TTL: how long after this node dies its shards go back to TODO (whole seconds,
+    /// at least 2, etcd's minimum).
+    pub lease_ttl: Duration,
+    /// Batches held at once (DOING): 2 for a daemon, the view it serves and the slot it
+    /// stages.
+    pub depth: usize,
+    /// Last epoch to claim from (`None`: no end).
+    pub last_epoch: Option<u64>,
+}
+
+/// Shards claimed together for one slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    pub epoch: u64,
+    /// Shard indices, in claim order.
+    pub shards: Vec<u32>,
+    /// Samples of each shard (`samples` is their concatenation).
+    pub lengths: Vec<u32>,
+    /// Sample ids of all the shards.
+    pub samples: Vec<u32>,
+    pub bytes: u64,
+    /// Who claimed it (the incarnation at claim time).
+    pub holder: Holder,
+}
+
+/// The outcome of a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    Batch(Batch),
+    /// Nothing to claim now, but shards of the last epoch are still DOING elsewhere and may
+    /// come back: [`Worker::wait`] and claim again.
+    Wait,
+    /// Every shard up to the last epoch is DONE.
+    Finished,
+}
+
+/// The outcome of marking a batch done.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DoneReport {
+    pub done: Vec<u32>,
+    /// Shards whose claim this worker no longer held (lease expired): someone else reads them.
+    pub lost: Vec<u32>,
+}
+
+/// State shared with the background tasks.
+#[derive(Default)]
+struct Shared {
+    lease: AtomicI64,
+    lease_lost: AtomicBool,
+    wake: Notify,
+    last_error: Mutex<Option<String>>,
+    round_trips: AtomicU64,
+    etcd_nanos: AtomicU64,
+}
+
+impl Shared {
+    fn error(&self, e: impl ToString) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+    }
+    fn ok(&self) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// Counts one etcd round trip and its time.
+async fn timed<T>(shared: &Shared, f: impl std::future::Future<Output = T>) -> T {
+    let t = Instant::now();
+    let r = f.await;
+    shared.round_trips.fetch_add(1, Ordering::Relaxed);
+    shared
+        .etcd_nanos
+        .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    r
+}
+
+/// Most operations in one transaction (etcd's default `--max-txn-ops` is 128).
+const MAX_OPS: usize = 120;
+
+/// A node's daemon on a queue.
+pub struct Worker {
+    queue: Queue,
+    meta: QueueMeta,
+    spec: ShardSpec,
+    samples: Arc<OwnedSamples>,
+    cfg: WorkerConfig,
+    holder: Holder,
+    shared: Arc<Shared>,
+    held: VecDeque<(u64, Vec<u32>)>,
+    epoch: u64,
+    orders: VecDeque<Arc<EpochOrder>>,
+    stats: NodeStats,
+    keepalive: JoinHandle<()>,
+    watch: JoinHandle<()>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Without its keep-alive the lease expires after its TTL, exactly as if the node died;
+        // `leave` gives the shards back at once instead.
+        self.keepalive.abort();
+        self.watch.abort();
+    }
+}
+
+fn holder_bytes(h: &Holder) -> Vec<u8> {
+    serde_json::to_vec(h).expect("serializable")
+}
+
+fn valid_node(node: &str) -> bool {
+    !node.is_empty()
+        && node.len() <= 200
+        && node
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        && node != "."
+        && node != ".."
+}
+
+impl Worker {
+    /// Joins the queue `meta` describes (see [`Queue::init`]) as `cfg.node`, with a new
+    /// incarnation. If a previous incarnation of the node still holds its lease (a restart
+    /// right after a `kill -9`), waits for that lease to expire, and refuses with
+    /// [`DdsError::NodeLive`] if it does not within its TTL and one second.
+    pub async fn join(
+        queue: Queue,
+        meta: QueueMeta,
+        samples: Arc<OwnedSamples>,
+        cfg: WorkerConfig,
+    ) -> Result<Self, DdsError> {
+        if !valid_node(&cfg.node) {
+            return Err(DdsError::BadNode(cfg.node.clone()));
+        }
+        let spec = ShardSpec {
+            strategy: meta.strategy,
+            seed: meta.seed,
+            shards: meta.shards,
+            shard_bytes: meta.shard_bytes,
+        };
+        let first = Arc::new(epoch_order(&samples.set(), &spec, 0)?);
+        let shared = Arc::new(Shared::default());
+        let keys = queue.keys.clone();
+        let (lease, inc) = register(&queue, &shared, &cfg).await?;
+        let holder = Holder {
+            node: cfg.node.clone(),
+            inc,
+        };
+        let stats_key = keys.stats(&cfg.node);
+        let r = timed(
+            &shared,
+            queue.client.kv_client().get(stats_key.clone(), None),
+        )
+        .await
+        .map_err(etcd("read of the node's totals"))?;
+        let stats = match r.kvs().first() {
+            Some(kv) => parse(stats_key.as_bytes(), kv.value())?,
+            None => NodeStats::default(),
+        };
+        let epoch = start_epoch(&queue, &shared, meta.shards).await?;
+        let keepalive = tokio::spawn(keep_alive(
+            queue.client.clone(),
+            lease,
+            cfg.lease_ttl,
+            shared.clone(),
+        ));
+        let watch = tokio::spawn(watch_queue(queue.clone(), shared.clone()));
+        Ok(Self {
+            queue,
+            meta,
+            spec,
+            samples,
+            cfg,
+            holder,
+            shared,
+            held: VecDeque::new(),
+            epoch,
+            orders: VecDeque::from([first]),
+            stats,
+            keepalive,
+            watch,
+        })
+    }
+
+    /// This worker's node name and incarnation.
+    pub fn holder(&self) -> &Holder {
+        &self.holder
+    }
+
+    /// The queue record this worker works on.
+    pub fn meta(&self) -> &QueueMeta {
+        &self.meta
+    }
+
+    /// The epoch this worker takes never-claimed shards from.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The node's totals as this worker last wrote them.
+    pub fn stats(&self) -> &NodeStats {
+        &self.stats
+    }
+
+    /// The last etcd error seen by this worker or its tasks, cleared by the next success.
+    pub fn last_error(&self) -> Option<String> {
+        self.shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Round trips to etcd made by the worker's own calls, and their total time.
+    pub fn etcd_time(&self) -> (u64, Duration) {
+        (
+            self.shared.round_trips.load(Ordering::Relaxed),
+            Duration::from_nanos(self.shared.etcd_nanos.load(Ordering::Relaxed)),
+        )
+    }
+
+    /// The order of `epoch` (the last few are kept).
+    pub fn order(&mut self, epoch: u64) -> Result<Arc<EpochOrder>, DdsError> {
+        if let Some(o) = self.orders.iter().find(|o| o.epoch == epoch) {
+            return Ok(o.clone());
+        }
+        let o = Arc::new(epoch_order(&self.samples.set(), &self.spec, epoch)?);
+        if self.orders.len() >= 3 {
+            self.orders.pop_front();
+        }
+        self.orders.push_back(o.clone());
+        Ok(o)
+    }
+
+    /// Joins again with a new lease and incarnation if the lease was lost.
+    async fn ensure_lease(&mut self) -> Result<(), DdsError> {
+        if !self.shared.lease_lost.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let (lease, inc) = register(&self.queue, &self.shared, &self.cfg).await?;
+        self.shared.lease_lost.store(false, Ordering::Release);
+        self.holder.inc = inc;
+        self.keepalive.abort();
+        self.keepalive = tokio::spawn(keep_alive(
+            self.queue.client.clone(),
+            lease,
+            self.cfg.lease_ttl,
+            self.shared.clone(),
+        ));
+        tracing::warn!(node = %self.holder.node, inc, "dds: lease lost; joined again");
+        Ok(())
+    }
+
+    /// Claims the next shards of the queue that fit in `max_bytes` together (see the module
+    /// docs for the order). Refused while the worker holds `depth` batches.
+    pub async fn claim(&mut self, max_bytes: u64) -> Result<Claim, DdsError> {
+        if self.held.len() >= self.cfg.depth {
+            return Err(DdsError::StillHolding {
+                node: self.holder.node.clone(),
+                held: self.held.len(),
+            });
+        }
+        let r = self.claim_inner(max_bytes).await;
+        match &r {
+            Ok(_) => self.shared.ok(),
+            Err(e) => self.shared.error(e),
+        }
+        r
+    }
+
+    async fn claim_inner(&mut self, max_bytes: u64) -> Result<Claim, DdsError> {
+        self.ensure_lease().await?;
+        let keys = self.queue.keys.clone();
+        let shards = self.meta.shards;
+        loop {
+            let todo = self.todo_head().await?;
+            let epoch = match todo.first() {
+                Some(&(e, _, _)) if e < self.epoch => e,
+                _ => self.epoch,
+            };
+            if self.cfg.last_epoch.is_some_and(|l| epoch > l) {
+                return self.finished_or_wait(todo.is_empty()).await;
+            }
+            let order = self.order(epoch)?;
+            let ckey = keys.cursor(epoch);
+            let r = timed(
+                &self.shared,
+                self.queue.client.kv_client().get(ckey.clone(), None),
+            )
+            .await
+            .map_err(etcd("read of the queue cursor"))?;
+            let (cursor, cursor_rev) = match r.kvs().first() {
+                Some(kv) => (
+                    parse::<u32>(ckey.as_bytes(), kv.value())?,
+                    kv.mod_revision(),
+                ),
+                None => (0, 0),
+            };
+            // Pick the head that fits: never-claimed shards, then given-back ones.
+            let (mut bytes, mut ops) = (0u64, 2usize);
+            let mut fresh = Vec::new();
+            let mut full = false;
+            for k in cursor..shards {
+                let b = order.bytes[k as usize];
+                if bytes + b > max_bytes || ops + 2 > MAX_OPS {
+                    full = true;
+                    break;
+                }
+                bytes += b;
+                ops += 2;
+                fresh.push(k);
+            }
+            let mut back = Vec::new();
+            if !full {
+                for (e, key, k) in todo.iter().filter(|t| t.0 == epoch) {
+                    let b = order.bytes[*k as usize];
+                    if bytes + b > max_bytes || ops + 3 > MAX_OPS {
+                        break;
+                    }
+                    bytes += b;
+                    ops += 3;
+                    back.push((*e, key.clone(), *k));
+                }
+            }
+            if fresh.is_empty() && back.is_empty() {
+                let next = if cursor < shards {
+                    Some(cursor)
+                } else {
+                    todo.iter().find(|t| t.0 == epoch).map(|t| t.2)
+                };
+                if let Some(k) = next {
+                    return Err(DdsError::ShardTooLarge {
+                        epoch,
+                        shard: k,
+                        bytes: order.bytes[k as usize],
+                        max: max_bytes,
+                    });
+                }
+                // Nothing left to claim in this epoch: move on to the next.
+                self.epoch = self.epoch.max(epoch + 1);
+                continue;
+            }
+            let all: Vec<u32> = fresh
+                .iter()
+                .copied()
+                .chain(back.iter().map(|b| b.2))
+                .collect();
+            let samples: u64 = all.iter().map(|&k| order.shard(k).length).sum();
+            let mut stats = self.stats.clone();
+            stats.claimed_shards += all.len() as u64;
+            stats.claimed_samples += samples;
+            if stats.first_claim_ms == 0 {
+                stats.first_claim_ms = now_ms();
+            }
+            let lease = self.shared.lease.load(Ordering::Acquire);
+            let hv = holder_bytes(&self.holder);
+            let mut cmp = Vec::new();
+            let mut then = Vec::new();
+            if !fresh.is_empty() {
+                cmp.push(Compare::mod_revision(
+                    ckey.clone(),
+                    CompareOp::Equal,
+                    cursor_rev,
+                ));
+                let next = cursor + fresh.len() as u32;
+                then.push(TxnOp::put(ckey.clone(), next.to_string(), None));
+            }
+            for (_, key, _) in &back {
+                cmp.push(Compare::version(key.clone(), CompareOp::Greater, 0));
+                then.push(TxnOp::delete(key.clone(), None));
+            }
+            for &k in &all {
+                then.push(TxnOp::put(keys.doing(epoch, k), hv.clone(), None));
+                then.push(TxnOp::put(
+                    keys.claim(epoch, k),
+                    hv.clone(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ));
+            }
+            then.push(TxnOp::put(
+                keys.stats(&self.holder.node),
+                serde_json::to_vec(&stats).expect("serializable"),
+                None,
+            ));
+            let txn = Txn::new().when(cmp).and_then(then);
+            let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
+                .await
+                .map_err(etcd("claim"))?;
+            if !r.succeeded() {
+                // Another worker took some of these shards first: read the head again.
+                continue;
+            }
+            self.stats = stats;
+            self.held.push_back((epoch, all.clone()));
+            let mut ids = Vec::with_capacity(samples as usize);
+            let mut lengths = Vec::with_capacity(all.len());
+            for &k in &all {
+                let s = order.samples(k);
+                lengths.push(s.len() as u32);
+                ids.extend_from_slice(s);
+            }
+            return Ok(Claim::Batch(Batch {
+                epoch,
+                shards: all,
+                lengths,
+                samples: ids,
+                bytes,
+                holder: self.holder.clone(),
+            }));
+        }
+    }
+
+    /// The head of the given-back shards, oldest epoch first: (epoch, key, shard).
+    async fn todo_head(&self) -> Result<Vec<(u64, String, u32)>, DdsError> {
+        let keys = &self.queue.keys;
+        let opts = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Key, SortOrder::Ascend)
+            .with_limit(256);
+        let r = timed(
+            &self.shared,
+            self.queue
+                .client
+                .kv_client()
+                .get(keys.todo_all(), Some(opts)),
+        )
+        .await
+        .map_err(etcd("read of the queue"))?;
+        Ok(r.kvs()
+            .iter()
+            .filter_map(|kv| {
+                let (kind, e, k) = keys.parse_shard(kv.key())?;
+                (kind == Kind::Todo).then(|| (e, String::from_utf8_lossy(kv.key()).into_owned(), k))
+            })
+            .collect())
+    }
+
+    async fn finished_or_wait(&self, no_todo: bool) -> Result<Claim, DdsError> {
+        let last = self.cfg.last_epoch.unwrap_or(u64::MAX);
+        let r = timed(
+            &self.shared,
+            self.queue.client.kv_client().get(
+                self.queue.keys.doing_all(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            ),
+        )
+        .await
+        .map_err(etcd("read of the queue"))?;
+        let doing = r.kvs().iter().any(|kv| {
+            self.queue
+                .keys
+                .parse_shard(kv.key())
+                .is_some_and(|(_, e, _)| e <= last)
+        });
+        Ok(if doing || !no_todo {
+            Claim::Wait
+        } else {
+            Claim::Finished
+        })
+    }
+
+    /// Waits until something changes in the queue, or `max` passes.
+    pub async fn wait(&self, max: Duration) {
+        let _ = tokio::time::timeout(max, self.shared.wake.notified()).await;
+    }
+
+    /// Marks `batch` DONE: each shard whose claim this worker still holds moves to DONE in one
+    /// transaction; the others are reported lost.
+    pub async fn done(&mut self, batch: &Batch) -> Result<DoneReport, DdsError> {
+        let r = self.done_inner(batch).await;
+        match &r {
+            Ok(_) => self.shared.ok(),
+            Err(e) => self.shared.error(e),
+        }
+        r
+    }
+
+    async fn done_inner(&mut self, batch: &Batch) -> Result<DoneReport, DdsError> {
+        let keys = self.queue.keys.clone();
+        let hv = holder_bytes(&batch.holder);
+        let e = batch.epoch;
+        let ops = |k: u32| {
+            (
+                Compare::value(keys.claim(e, k), CompareOp::Equal, hv.clone()),
+                [
+                    TxnOp::delete(keys.claim(e, k), None),
+                    TxnOp::delete(keys.doing(e, k), None),
+                    TxnOp::put(keys.done(e, k), hv.clone(), None),
+                ],
+            )
+        };
+        let mut report = DoneReport::default();
+        for chunk in batch.shards.chunks(MAX_OPS / 3) {
+            let (cmp, then): (Vec<_>, Vec<_>) = chunk.iter().map(|&k| ops(k)).unzip();
+            let txn = Txn::new()
+                .when(cmp)
+                .and_then(then.into_iter().flatten().collect::<Vec<_>>());
+            let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
+                .await
+                .map_err(etcd("marking shards done"))?;
+            if r.succeeded() {
+                report.done.extend_from_slice(chunk);
+                continue;
+            }
+            // Some claim is no longer ours: settle shard by shard.
+            for &k in chunk {
+                let (c, t) = ops(k);
+                let txn = Txn::new().when([c]).and_then(t);
+                let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
+                    .await
+                    .map_err(etcd("marking a shard done"))?;
+                if r.succeeded() {
+                    report.done.push(k);
+                } else {
+                    report.lost.push(k);
+                }
+            }
+        }
+        let mut stats = self.stats.clone();
+        for (k, len) in batch.shards.iter().zip(&batch.lengths) {
+            if report.done.contains(k) {
+                stats.done_shards += 1;
+                stats.done_samples += u64::from(*len);
+            } else {
+                stats.lost_shards += 1;
+            }
+        }
+        stats.last_done_ms = now_ms();
+        timed(
+            &self.shared,
+            self.queue.client.kv_client().put(
+                keys.stats(&self.holder.node),
+                serde_json::to_vec(&stats).expect("serializable"),
+                None,
+            ),
+        )
+        .await
+        .map_err(etcd("update of the node's totals"))?;
+        self.stats = stats;
+        if let Some(i) = self
+            .held
+            .iter()
+            .position(|(he, hs)| *he == batch.epoch && *hs == batch.shards)
+        {
+            self.held.remove(i);
+        }
+        if !report.lost.is_empty() {
+            tracing::warn!(
+                node = %self.holder.node,
+                epoch = e,
+                lost = ?report.lost,
+                "dds: shards were given back before they were done (lease expired); their samples are read again elsewhere"
+            );
+        }
+        Ok(report)
+    }
+
+    /// Leaves the queue: revokes the lease, so the shards still held go back to TODO at once.
+    pub async fn leave(self) -> Result<(), DdsError> {
+        let lease = self.shared.lease.load(Ordering::Acquire);
+        self.queue
+            .client
+            .lease_client()
+            .revoke(lease)
+            .await
+            .map_err(etcd("lease revoke"))?;
+        // Give the shards back now rather than when another worker's watch notices.
+        sweep(&self.queue, &self.shared).await;
+        Ok(())
+    }
+}
+
+/// Grants a lease and registers a new incarnation of `cfg.node` under it, waiting out a
+/// previous incarnation's lease.
+async fn register(
+    queue: &Queue,
+    shared: &Shared,
+    cfg: &WorkerConfig,
+) -> Result<(i64, u64), DdsError> {
+    let keys = &queue.keys;
+    let ttl = cfg.lease_ttl.as_secs().max(2) as i64;
+    let mut kv = queue.client.kv_client();
+    let lease = timed(shared, queue.client.lease_client().grant(ttl, None))
+        .await
+        .map_err(etcd("lease grant"))?
+        .id();
+    shared.lease.store(lease, Ordering::Release);
+    let (ik, wk) = (keys.inc(&cfg.node), keys.worker(&cfg.node));
+    let mut deadline: Option<Instant> = None;
+    let started = Instant::now();
+    loop {
+        let r = timed(shared, kv.get(ik.clone(), None))
+            .await
+            .map_err(etcd("read of the node's incarnation"))?;
+        let (inc, rev) = match r.kvs().first() {
+            Some(x) => (parse::<u64>(ik.as_bytes(), x.value())?, x.mod_revision()),
+            None => (0, 0),
+        };
+        let holder = Holder {
+            node: cfg.node.clone(),
+            inc: inc + 1,
+        };
+        let txn = Txn::new()
+            .when([
+                Compare::version(wk.clone(), CompareOp::Equal, 0),
+                Compare::mod_revision(ik.clone(), CompareOp::Equal, rev),
+            ])
+            .and_then([
+                TxnOp::put(ik.clone(), (inc + 1).to_string(), None),
+                TxnOp::put(
+                    wk.clone(),
+                    holder_bytes(&holder),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+            ])
+            .or_else([TxnOp::get(wk.clone(), None)]);
+        let r = timed(shared, kv.txn(txn))
+            .await
+            .map_err(etcd("registration of the node"))?;
+        if r.succeeded() {
+            return Ok((lease, inc + 1));
+        }
+        // A previous incarnation still holds its lease: wait for it to expire.
+        let old = r.op_responses().into_iter().find_map(|o| match o {
+            etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()),
+            _ => None,
+        });
+        let now = Instant::now();
+        let d = match deadline {
+            Some(d) => d,
+            None => {
+                let left = match old {
+                    Some(id) if id != 0 => queue
+                        .client
+                        .lease_client()
+                        .time_to_live(id, None)
+                        .await
+                        .map(|t| t.ttl().max(0) as u64)
+                        .unwrap_or(ttl as u64),
+                    _ => 0,
+                };
+                let d = now + Duration::from_secs(left) + Duration::from_secs(1);
+                deadline = Some(d);
+                d
+            }
+        };
+        if now >= d {
+            return Err(DdsError::NodeLive {
+                node: cfg.node.clone(),
+                inc,
+                waited_ms: started.elapsed().as_millis() as u64,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The lowest epoch whose never-claimed shards are not all taken.
+async fn start_epoch(queue: &Queue, shared: &Shared, shards: u32) -> Result<u64, DdsError> {
+    let keys = &queue.keys;
+    let r = timed(
+        shared,
+        queue
+            .client
+            .kv_client()
+            .get(keys.cursors(), Some(GetOptions::new().with_prefix())),
+    )
+    .await
+    .map_err(etcd("read of the queue cursors"))?;
+    let mut open = None::<u64>;
+    let mut last = None::<u64>;
+    for kv in r.kvs() {
+        let Some(e) = keys.parse_cursor(kv.key()) else {
+            continue;
+        };
+        let c: u32 = parse(kv.key(), kv.value())?;
+        last = Some(last.map_or(e, |l: u64| l.max(e)));
+        if c < shards {
+            open = Some(open.map_or(e, |o: u64| o.min(e)));
+        }
+    }
+    Ok(open.unwrap_or_else(|| last.map_or(0, |l| l + 1)))
+}
+
+/// Gives back a shard whose claim vanished (its holder's lease expired), at the tail.
+/// Idempotent: only the first of several racing workers succeeds.
+async fn requeue(client: &Client, keys: &Keys, epoch: u64, shard: u32, seq: i64) -> bool {
+    let (doing, claim) = (keys.doing(epoch, shard), keys.claim(epoch, shard));
+    let txn = Txn::new()
+        .when([
+            Compare::version(doing.clone(), CompareOp::Greater, 0),
+            Compare::version(claim, CompareOp::Equal, 0),
+        ])
+        .and_then([
+            TxnOp::delete(doing, None),
+            TxnOp::put(keys.todo(epoch, seq, shard), "", None),
+        ]);
+    match client.kv_client().txn(txn).await {
+        Ok(r) => {
+            if r.succeeded() {
+                tracing::info!(epoch, shard, "dds: shard given back to TODO");
+            }
+            r.succeeded()
+        }
+        Err(_) => false,
+    }
+}
+
+/// Gives back every DOING shard whose claim is gone. Returns how many were given back.
+async fn sweep(queue: &Queue, shared: &Shared) -> usize {
+    let keys = &queue.keys;
+    let opts = || Some(GetOptions::new().with_prefix().with_keys_only());
+    let mut kv = queue.client.kv_client();
+    let Ok(doing) = kv.get(keys.doing_all(), opts()).await else {
+        return 0;
+    };
+    let Ok(claims) = kv.get(keys.claim_all(), opts()).await else {
+        return 0;
+    };
+    let seq = doing.header().map_or(0, |h| h.revision());
+    let held: std::collections::HashSet<(u64, u32)> = claims
+        .kvs()
+        .iter()
+        .filter_map(|kv| keys.parse_shard(kv.key()).map(|(_, e, k)| (e, k)))
+        .collect();
+    let mut n = 0;
+    for kv in doing.kvs() {
+        if let Some((_, e, k)) = keys.parse_shard(kv.key()) {
+            if !held.contains(&(e, k)) && requeue(&queue.client, keys, e, k, seq).await {
+                n += 1;
+            }
+        }
+    }
+    if n > 0 {
+        shared.wake.notify_one();
+    }
+    n
+}
+
+/// Renews the lease every third of its TTL; marks it lost when etcd says it expired.
+async fn keep_alive(client: Client, lease: i64, ttl: Duration, shared: Arc<Shared>) {
+    let period = (ttl / 3).max(Duration::from_millis(300));
+    loop {
+        match client.lease_client().keep_alive(lease).await {
+            Ok((mut keeper, mut stream)) => loop {
+                if let Err(e) = keeper.keep_alive().await {
+                    shared.error(format!("lease keep-alive: {e}"));
+                    break;
+                }
+                match tokio::time::timeout(ttl.max(Duration::from_secs(1)), stream.message()).await
+                {
+                    Ok(Ok(Some(resp))) if resp.ttl() <= 0 => {
+                        shared.error("the lease expired; joining again at the next claim");
+                        shared.lease_lost.store(true, Ordering::Release);
+                        shared.wake.notify_one();
+                        return;
+                    }
+                    Ok(Ok(Some(_))) => {}
+                    Ok(Ok(None)) => break,
+                    Ok(Err(e)) => {
+                        shared.error(format!("lease keep-alive: {e}"));
+                        break;
+                    }
+                    Err(_) => {
+                        shared.error("lease keep-alive: no answer from etcd");
+                        break;
+                    }
+                }
+                tokio::time::sleep(period).await;
+            },
+            Err(e) => shared.error(format!("lease keep-alive: {e}")),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Watches the queue: gives back shards whose claim vanished and wakes a waiting worker.
+async fn watch_queue(queue: Queue, shared: Arc<Shared>) {
+    let keys = queue.keys.clone();
+    loop {
+        let w = queue
+            .client
+            .watch_client()
+            .watch(keys.all(), Some(WatchOptions::new().with_prefix()))
+            .await;
+        match w {
+            Ok((_watcher, mut stream)) => {
+                // Anything orphaned while nobody watched.
+                sweep(&queue, &shared).await;
+                shared.wake.notify_one();
+                loop {
+                    match stream.message().await {
+                        Ok(Some(resp)) => {
+                            let seq = resp.header().map_or(0, |h| h.revision());
+                            // A claim deleted together with its DOING key was marked done (or
+                            // given back already); only a claim deleted alone, by its lease's
+                            // expiry, leaves an orphan.
+                            let deleted: Vec<(Kind, u64, u32)> = resp
+                                .events()
+                                .iter()
+                                .filter(|ev| ev.event_type() == EventType::Delete)
+                                .filter_map(|ev| keys.parse_shard(ev.kv()?.key()))
+                                .collect();
+                            for &(kind, e, k) in &deleted {
+                                if kind == Kind::Claim && !deleted.contains(&(Kind::Doing, e, k)) {
+                                    requeue(&queue.client, &keys, e, k, seq).await;
+                                }
+                            }
+                            shared.wake.notify_one();
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            shared.error(format!("queue watch: {e}"));
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => shared.error(format!("queue watch: {e}")),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}

@@ -1,0 +1,512 @@
+//! The dynamic-sharding queue against a real etcd (Debian's `etcd-server`), started by each
+//! test on free ports in a temporary directory and killed at the end: claims are exclusive
+//! under concurrency, a dead worker's shards come back within its lease TTL and a second, the
+//! queue survives `kill -9` of etcd, a job resumed on another worker count completes the
+//! epoch with every sample exactly once among DONE shards, a queue of another dataset is
+//! refused, and an unreachable etcd gives a clear error.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use metfs::dds::{
+    Batch, Claim, DdsError, DdsUrl, EtcdOptions, OwnedSamples, Queue, QueueMeta, Worker,
+    WorkerConfig,
+};
+use prefetcher::planner::{epoch_order, ShardSpec, Strategy};
+
+/// A real etcd on free ports with its data in a temporary directory.
+struct Etcd {
+    dir: tempfile::TempDir,
+    client: u16,
+    peer: u16,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Etcd {
+    fn start() -> Self {
+        let mut e = Etcd {
+            dir: tempfile::tempdir().unwrap(),
+            client: free_port(),
+            peer: free_port(),
+            child: None,
+        };
+        e.run();
+        e
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Starts etcd on its data directory and waits until it answers.
+    fn run(&mut self) {
+        let (c, p) = (
+            format!("http://127.0.0.1:{}", self.client),
+            format!("http://127.0.0.1:{}", self.peer),
+        );
+        let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
+        let child = Command::new("etcd")
+            .args(["--name", "t", "--data-dir"])
+            .arg(self.data())
+            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+            .args([
+                "--listen-peer-urls",
+                &p,
+                "--initial-advertise-peer-urls",
+                &p,
+            ])
+            .args(["--initial-cluster", &format!("t={p}")])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd (Debian's etcd-server; scripts/install-deps.sh installs it)");
+        self.child = Some(child);
+        let t = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.client)).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "etcd did not start: {}",
+                std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `kill -9`.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn url(&self, prefix: &str) -> DdsUrl {
+        DdsUrl::parse(&format!("etcd://127.0.0.1:{}/{prefix}", self.client)).unwrap()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn opts() -> EtcdOptions {
+    EtcdOptions {
+        timeout: Duration::from_secs(3),
+        ..Default::default()
+    }
+}
+
+/// `n` samples of 1..=200 bytes in 4 classes.
+fn samples(n: usize) -> Arc<OwnedSamples> {
+    Arc::new(OwnedSamples {
+        sizes: (0..n).map(|i| 1 + (i as u64 * 7919) % 200).collect(),
+        labels: Some((0..n).map(|i| (i % 4) as u32).collect()),
+        clusters: None,
+    })
+}
+
+fn meta(s: &OwnedSamples, shards: u32, seed: u64) -> QueueMeta {
+    QueueMeta {
+        version: metfs::dds::keys::LAYOUT_VERSION,
+        fingerprint: format!("test-{}", s.sizes.len()),
+        seed,
+        strategy: Strategy::Stratified,
+        shards,
+        shard_bytes: 1 << 20,
+        samples: s.sizes.len() as u64,
+    }
+}
+
+async fn queue(etcd: &Etcd, prefix: &str, m: &QueueMeta) -> (Queue, QueueMeta) {
+    let q = Queue::connect(&etcd.url(prefix), &opts()).await.unwrap();
+    let (m, _) = q.init(m).await.unwrap();
+    (q, m)
+}
+
+fn cfg(node: &str, ttl: u64, last_epoch: u64) -> WorkerConfig {
+    WorkerConfig {
+        node: node.into(),
+        lease_ttl: Duration::from_secs(ttl),
+        depth: 2,
+        last_epoch: Some(last_epoch),
+    }
+}
+
+/// Claims and finishes batches until the queue has nothing left up to the last epoch;
+/// returns the batches marked done.
+async fn work(mut w: Worker, max_bytes: u64, stop_after: Option<usize>) -> (Vec<Batch>, Worker) {
+    let mut done = Vec::new();
+    loop {
+        if stop_after.is_some_and(|n| done.len() >= n) {
+            return (done, w);
+        }
+        match w.claim(max_bytes).await.unwrap() {
+            Claim::Batch(b) => {
+                tokio::task::yield_now().await;
+                let r = w.done(&b).await.unwrap();
+                assert!(r.lost.is_empty(), "{r:?}");
+                done.push(b);
+            }
+            Claim::Wait => w.wait(Duration::from_millis(500)).await,
+            Claim::Finished => return (done, w),
+        }
+    }
+}
+
+/// DONE records of `epoch`, read from etcd: shard → node.
+async fn done_shards(q: &Queue, epoch: u64) -> BTreeMap<u32, String> {
+    let prefix = format!("{}/done/{epoch:010}/", q.url().prefix);
+    let mut c = etcd_client::Client::connect(
+        q.url()
+            .endpoints
+            .iter()
+            .map(|e| format!("http://{e}"))
+            .collect::<Vec<_>>(),
+        None,
+    )
+    .await
+    .unwrap();
+    let r = c
+        .get(
+            prefix.clone(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    r.kvs()
+        .iter()
+        .map(|kv| {
+            let k: u32 = kv.key_str().unwrap()[prefix.len()..].parse().unwrap();
+            let h: metfs::dds::Holder = serde_json::from_slice(kv.value()).unwrap();
+            (k, h.node)
+        })
+        .collect()
+}
+
+/// Every sample of the epoch exactly once among the DONE shards.
+fn assert_exactly_once(s: &OwnedSamples, m: &QueueMeta, epoch: u64, done: &BTreeMap<u32, String>) {
+    let spec = ShardSpec {
+        strategy: m.strategy,
+        seed: m.seed,
+        shards: m.shards,
+        shard_bytes: m.shard_bytes,
+    };
+    let o = epoch_order(&s.set(), &spec, epoch).unwrap();
+    assert_eq!(
+        done.len() as u32,
+        m.shards,
+        "every shard DONE in epoch {epoch}"
+    );
+    let mut seen = vec![0u32; s.sizes.len()];
+    for &k in done.keys() {
+        for &id in o.samples(k) {
+            seen[id as usize] += 1;
+        }
+    }
+    assert!(
+        seen.iter().all(|&c| c == 1),
+        "a sample not seen exactly once in epoch {epoch}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_are_exclusive_under_concurrency() {
+    let etcd = Etcd::start();
+    let s = samples(2_000);
+    let (q, m) = queue(&etcd, "excl", &meta(&s, 80, 1)).await;
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let w = Worker::join(q.clone(), m.clone(), s.clone(), cfg(&format!("n{i}"), 5, 1))
+            .await
+            .unwrap();
+        // A slot holds about 3 shards.
+        tasks.push(tokio::spawn(work(w, 3 * 2_600, None)));
+    }
+    let mut claimed: BTreeMap<(u64, u32), usize> = BTreeMap::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (batches, _w) = t.await.unwrap();
+        assert!(!batches.is_empty(), "worker {i} got no work");
+        for b in batches {
+            assert!(b.bytes <= 3 * 2_600);
+            for k in b.shards {
+                *claimed.entry((b.epoch, k)).or_default() += 1;
+            }
+        }
+    }
+    assert!(claimed.values().all(|&c| c == 1), "a shard claimed twice");
+    assert_eq!(claimed.len(), 160, "two epochs of 80 shards");
+    for e in 0..2 {
+        assert_exactly_once(&s, &m, e, &done_shards(&q, e).await);
+    }
+    let st = q.status().await.unwrap();
+    assert_eq!(st.epochs.len(), 2);
+    assert!(st
+        .epochs
+        .iter()
+        .all(|e| e.done == 80 && e.todo == 0 && e.doing == 0));
+    let total: f64 = st.nodes.iter().map(|n| n.share).sum();
+    assert!((total - 1.0).abs() < 1e-9, "{st:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_takes_what_fits_and_only_after_the_previous_batches() {
+    let etcd = Etcd::start();
+    let s = samples(400);
+    let (q, m) = queue(&etcd, "fit", &meta(&s, 20, 2)).await;
+    let mut w = Worker::join(q.clone(), m.clone(), s.clone(), cfg("a", 5, 0))
+        .await
+        .unwrap();
+    let o = w.order(0).unwrap();
+    let max = o.bytes[0] + o.bytes[1] + o.bytes[2] / 2;
+    let Claim::Batch(b1) = w.claim(max).await.unwrap() else {
+        panic!("no batch")
+    };
+    assert_eq!(
+        b1.shards,
+        [0, 1],
+        "as many shards as fit the slot, in queue order"
+    );
+    let Claim::Batch(b2) = w.claim(max).await.unwrap() else {
+        panic!("no batch")
+    };
+    // Two batches held (the view served and the slot staged): no third before one is done.
+    let e = w.claim(max).await.unwrap_err();
+    assert!(matches!(e, DdsError::StillHolding { held: 2, .. }), "{e}");
+    w.done(&b1).await.unwrap();
+    assert!(matches!(w.claim(max).await.unwrap(), Claim::Batch(_)));
+    // A slot smaller than the next shard is a clear error, not an endless wait.
+    w.done(&b2).await.unwrap();
+    let e = w.claim(1).await.unwrap_err();
+    assert!(matches!(e, DdsError::ShardTooLarge { epoch: 0, .. }), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_workers_shards_come_back_within_the_lease_and_a_second() {
+    let etcd = Etcd::start();
+    let s = samples(600);
+    let (q, m) = queue(&etcd, "lease", &meta(&s, 30, 3)).await;
+    let ttl = 2;
+    let mut dead = Worker::join(q.clone(), m.clone(), s.clone(), cfg("dead", ttl, 0))
+        .await
+        .unwrap();
+    let Claim::Batch(lost) = dead.claim(3 * 1_000).await.unwrap() else {
+        panic!("no batch")
+    };
+    let mut live = Worker::join(q.clone(), m.clone(), s.clone(), cfg("live", ttl, 0))
+        .await
+        .unwrap();
+    // Drain the fresh shards so that the next claim can only be the dead worker's.
+    while let Claim::Batch(b) = live.claim(100_000).await.unwrap() {
+        live.done(&b).await.unwrap();
+    }
+    // The node dies: its keep-alive stops, nothing is revoked.
+    drop(dead);
+    let died = Instant::now();
+    let back = loop {
+        match live.claim(100_000).await.unwrap() {
+            Claim::Batch(b) => break b,
+            Claim::Wait => live.wait(Duration::from_millis(200)).await,
+            Claim::Finished => panic!("finished while shards were DOING"),
+        }
+        assert!(
+            died.elapsed() < Duration::from_secs(ttl + 5),
+            "never given back"
+        );
+    };
+    let took = died.elapsed();
+    assert!(
+        took <= Duration::from_secs(ttl + 1),
+        "given back after {took:?}, lease {ttl} s"
+    );
+    let mut a = back.shards.clone();
+    a.sort_unstable();
+    let mut b = lost.shards.clone();
+    b.sort_unstable();
+    assert_eq!(a, b, "the dead worker's shards, and only those");
+    live.done(&back).await.unwrap();
+    assert!(matches!(
+        live.claim(100_000).await.unwrap(),
+        Claim::Finished
+    ));
+    let done = done_shards(&q, 0).await;
+    assert_exactly_once(&s, &m, 0, &done);
+    assert!(done.values().all(|n| n == "live"));
+    // The same node name joins again at once, with a new incarnation, after a clean leave.
+    let inc = live.holder().inc;
+    live.leave().await.unwrap();
+    let again = Worker::join(q.clone(), m.clone(), s.clone(), cfg("live", ttl, 0))
+        .await
+        .unwrap();
+    assert_eq!(again.holder().inc, inc + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_survives_etcd_killed_and_restarted_on_its_data_dir() {
+    let mut etcd = Etcd::start();
+    let s = samples(500);
+    let (q, m) = queue(&etcd, "restart", &meta(&s, 25, 4)).await;
+    let w = Worker::join(q.clone(), m.clone(), s.clone(), cfg("a", 10, 0))
+        .await
+        .unwrap();
+    let (first, mut w) = work(w, 2 * 1_400, Some(3)).await;
+    let Claim::Batch(held) = w.claim(2 * 1_400).await.unwrap() else {
+        panic!("no batch")
+    };
+    let before = q.status().await.unwrap();
+    etcd.kill();
+    // While etcd is down, a claim fails with an error naming etcd, and the worker says so.
+    let e = w.done(&held).await.unwrap_err();
+    assert!(e.to_string().contains("etcd"), "{e}");
+    assert!(w.last_error().is_some());
+    etcd.run();
+    // The held claim survived (leases are kept across an etcd restart) and completes.
+    let t = Instant::now();
+    let r = loop {
+        match w.done(&held).await {
+            Ok(r) => break r,
+            Err(_) if t.elapsed() < Duration::from_secs(15) => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(r.lost.is_empty(), "{r:?}");
+    assert!(w.last_error().is_none());
+    let q2 = Queue::connect(&etcd.url("restart"), &opts()).await.unwrap();
+    let after = q2.status().await.unwrap();
+    assert_eq!(after.meta, before.meta);
+    assert_eq!(
+        after.epochs[0].done,
+        before.epochs[0].done + held.shards.len() as u64
+    );
+    let (rest, _w) = work(w, 2 * 1_400, None).await;
+    let n: usize = first
+        .iter()
+        .chain(&rest)
+        .map(|b| b.shards.len())
+        .sum::<usize>()
+        + held.shards.len();
+    assert_eq!(n, 25);
+    assert_exactly_once(&s, &m, 0, &done_shards(&q2, 0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_resumed_on_fewer_workers_completes_the_epoch_exactly_once() {
+    let etcd = Etcd::start();
+    let s = samples(1_200);
+    let (q, m) = queue(&etcd, "resume", &meta(&s, 60, 5)).await;
+    // Three nodes for about half the epoch; each dies holding one more batch.
+    let mut first = BTreeSet::new();
+    for i in 0..3 {
+        let w = Worker::join(q.clone(), m.clone(), s.clone(), cfg(&format!("a{i}"), 2, 0))
+            .await
+            .unwrap();
+        let (done, mut w) = work(w, 2 * 2_200, Some(5)).await;
+        first.extend(done.iter().flat_map(|b| b.shards.clone()));
+        assert!(matches!(w.claim(2 * 2_200).await.unwrap(), Claim::Batch(_)));
+        drop(w);
+    }
+    let st = q.status().await.unwrap();
+    assert!(st.epochs[0].done > 0 && st.epochs[0].done < 60, "{st:?}");
+    // Two other nodes finish the epoch: the dead nodes' DOING shards come back, nothing DONE
+    // is repeated and nothing TODO is skipped.
+    let mut tasks = Vec::new();
+    for i in 0..2 {
+        let w = Worker::join(q.clone(), m.clone(), s.clone(), cfg(&format!("b{i}"), 2, 0))
+            .await
+            .unwrap();
+        tasks.push(tokio::spawn(work(w, 2 * 2_200, None)));
+    }
+    let mut second = BTreeSet::new();
+    for t in tasks {
+        let (done, _w) = t.await.unwrap();
+        for b in done {
+            for k in b.shards {
+                assert!(second.insert(k), "shard {k} done twice");
+                assert!(!first.contains(&k), "shard {k} was DONE before the resume");
+            }
+        }
+    }
+    assert_eq!(first.len() + second.len(), 60);
+    let done = done_shards(&q, 0).await;
+    assert_exactly_once(&s, &m, 0, &done);
+    let st = q.status().await.unwrap();
+    assert_eq!(st.epochs[0].doing, 0);
+    assert_eq!(st.nodes.len(), 5, "{st:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_of_another_dataset_or_seed_is_refused_naming_both() {
+    let etcd = Etcd::start();
+    let s = samples(100);
+    let (q, _) = queue(&etcd, "mine", &meta(&s, 10, 6)).await;
+    let e = q.init(&meta(&s, 10, 7)).await.unwrap_err().to_string();
+    assert!(e.contains("seed 6") && e.contains("seed 7"), "{e}");
+    let other = samples(101);
+    let e = q.init(&meta(&other, 10, 6)).await.unwrap_err().to_string();
+    assert!(e.contains("test-100") && e.contains("test-101"), "{e}");
+    assert!(e.contains("etcd://127.0.0.1"), "{e}");
+    // The same dataset and seed join the existing queue, whose shard count wins.
+    let (m, made) = q.init(&meta(&s, 20, 6)).await.unwrap();
+    assert!(!made);
+    assert_eq!(m.shards, 10);
+    // Reset refuses while a worker is live, then deletes everything.
+    let w = Worker::join(q.clone(), m.clone(), s.clone(), cfg("x", 5, 0))
+        .await
+        .unwrap();
+    let e = q.reset(false).await.unwrap_err().to_string();
+    assert!(e.contains("live workers (x)"), "{e}");
+    w.leave().await.unwrap();
+    assert!(q.reset(false).await.unwrap() > 0);
+    assert!(q.meta().await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_etcd_is_a_clear_error() {
+    let port = free_port();
+    let url = DdsUrl::parse(&format!("etcd://127.0.0.1:{port}/q")).unwrap();
+    let t = Instant::now();
+    let e = Queue::connect(
+        &url,
+        &EtcdOptions {
+            timeout: Duration::from_secs(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .err()
+    .expect("nothing listens there");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!("etcd at etcd://127.0.0.1:{port}/q is unreachable")),
+        "{msg}"
+    );
+    // A missing TLS file is named.
+    let e = Queue::connect(
+        &url,
+        &EtcdOptions {
+            cacert: Some(Path::new("/nonexistent/ca.pem").into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+}
