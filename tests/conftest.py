@@ -317,3 +317,59 @@ def wait_for(cond: Callable[[], bool], timeout: float = 30, what: str = "conditi
 
 
 __all__ = ["make_tree", "footprint", "rpc", "Mount", "read_view", "wait_for", "is_mounted", "shutil"]
+
+
+@dataclass
+class Etcd:
+    """A real etcd (Debian's etcd-server) on free loopback ports with its data in `dir`."""
+
+    dir: Path
+    client_port: int
+    peer_port: int
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def url(self, prefix: str) -> str:
+        return f"etcd://{self.endpoint}/{prefix}"
+
+    def start(self) -> None:
+        c, p = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
+        log = open(self.dir / "etcd.log", "ab")
+        self.proc = subprocess.Popen(
+            ["etcd", "--name", "t", "--data-dir", str(self.dir / "data"),
+             "--listen-client-urls", c, "--advertise-client-urls", c,
+             "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
+             "--initial-cluster", f"t={p}"],
+            stdout=subprocess.DEVNULL, stderr=log)
+        log.close()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.client_port), timeout=0.5).close()
+                return
+            except OSError:
+                assert time.monotonic() < deadline, (self.dir / "etcd.log").read_text()
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        """`kill -9`."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[Etcd]:
+    """A real etcd for one test, killed at its end."""
+    d = tmp_path / "etcd"
+    d.mkdir()
+    e = Etcd(d, free_port(), free_port())
+    e.start()
+    try:
+        yield e
+    finally:
+        e.kill()

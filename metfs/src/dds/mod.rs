@@ -35,13 +35,15 @@
 //!
 //! # Modules
 //!
-//! `url` (addresses and connection options), `keys` (the key layout and records), `queue`
+//! `url` (addresses and connection options), `dataset` (fingerprint and shard size from a
+//! catalog), `keys` (the key layout and records), `queue`
 //! (make, inspect and reset a queue), `worker` (a node's claims, lease and watch).
 
 use std::path::PathBuf;
 
 use thiserror::Error;
 
+pub mod dataset;
 pub mod keys;
 pub mod queue;
 pub mod url;

@@ -1,0 +1,76 @@
+//! What a queue is made for, from a catalog: the dataset fingerprint every node computes alike,
+//! the samples shards are cut from (cache footprints, so a batch of shards fits a slot), and
+//! the queue record with its shard count.
+
+use prefetcher::catalog::Catalog;
+use prefetcher::planner::{shard_count, Strategy};
+
+use super::keys::{QueueMeta, LAYOUT_VERSION};
+use super::{DdsError, OwnedSamples};
+
+fn fnv(h: &mut u64, bytes: &[u8]) {
+    for &b in bytes {
+        *h ^= u64::from(b);
+        *h = h.wrapping_mul(0x100_0000_01b3);
+    }
+}
+
+/// The dataset's identity: sample count, total bytes and a hash of every sample's relative
+/// path, size, content version and class. The source URL is left out: nodes may mount the
+/// same dataset under different paths.
+pub fn fingerprint(cat: &Catalog) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let labels = cat.labels();
+    for id in 0..cat.len() as u32 {
+        let (d, n) = cat.dir_and_name(id);
+        fnv(&mut h, d.as_bytes());
+        fnv(&mut h, b"/");
+        fnv(&mut h, n.as_bytes());
+        fnv(&mut h, &cat.size(id).to_le_bytes());
+        fnv(&mut h, cat.version(id).as_bytes());
+        if let Some(l) = labels {
+            fnv(&mut h, cat.label_name(l[id as usize]).as_bytes());
+        }
+        fnv(&mut h, b"\n");
+    }
+    let total: u64 = cat.sizes().iter().sum();
+    format!("{}:{}:{h:016x}", cat.len(), total)
+}
+
+/// The samples shards are cut from: each sample's cache footprint (`footprints`, one per
+/// sample) with the catalog's labels and cluster ids.
+pub fn samples(cat: &Catalog, footprints: Vec<u64>) -> OwnedSamples {
+    OwnedSamples {
+        sizes: footprints,
+        labels: cat.labels().map(<[u32]>::to_vec),
+        clusters: cat.clusters().map(<[u32]>::to_vec),
+    }
+}
+
+/// Shards per slot when a queue is made: a node takes about this many shards each time it
+/// comes back for work, which bounds how unevenly the last shards of an epoch fall.
+pub const SHARDS_PER_SLOT: u32 = 4;
+
+/// The record of a new queue for this dataset: shards of at most `slot_bytes /
+/// shards_per_slot` (or the largest sample, if larger).
+pub fn queue_meta(
+    cat: &Catalog,
+    samples: &OwnedSamples,
+    strategy: Strategy,
+    seed: u64,
+    slot_bytes: u64,
+    shards_per_slot: u32,
+) -> Result<QueueMeta, DdsError> {
+    let largest = samples.sizes.iter().copied().max().unwrap_or(0);
+    let shard_bytes = (slot_bytes / u64::from(shards_per_slot.max(1))).max(largest);
+    let shards = shard_count(&samples.set(), strategy, seed, shard_bytes)?;
+    Ok(QueueMeta {
+        version: LAYOUT_VERSION,
+        fingerprint: fingerprint(cat),
+        seed,
+        strategy,
+        shards,
+        shard_bytes,
+        samples: cat.len() as u64,
+    })
+}
