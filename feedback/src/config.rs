@@ -1,12 +1,15 @@
 //! The rf policy configuration: which policy decides when the view advances, and its knobs.
 //!
-//! [`PolicyConfig`] is the `serde` form shared by the config file and the command line
-//! (`--rf-policy` maps onto `kind`, which also accepts the key `rf_policy`; `--rf-min`,
-//! `--rf-max`, `--score-metrics`, `--score-weights`, `--score-wait`, `--bollinger-window`,
-//! `--bollinger-k` onto the fields of the same name). Every field has
-//! a default, so an empty table is a valid config (the paper's baseline, fixed rf 4). Unknown
-//! keys are an error rather than silently ignored, because a misspelt knob would otherwise run
-//! an experiment with a default nobody asked for.
+//! [`PolicyConfig`] is the one declaration of the policy settings: its `serde` form is read
+//! from a mount's config file and environment, and with the `clap` feature (which the `metfs`
+//! binary turns on) the same fields are the flags `--rf-policy`, `--rf`, `--rf-min`, ...
+//! (the key with dashes; each flag's id is its key, `kind` being the key `rf_policy`). Each
+//! field's doc comment is its help text and its default is the [`Default`] impl's (the flags
+//! show it). Every field has a default, so an empty table is a valid config (the paper's
+//! baseline, fixed rf 4). Unknown keys are an error rather than silently ignored, because a
+//! misspelt knob would otherwise run an experiment with a default nobody asked for. The lists
+//! (`score_metrics`, `score_weights`) are read as arrays or as one comma-separated string, as
+//! on a command line or in an environment variable.
 //!
 //! [`PolicyConfig::validate`] checks every field and names the offending key;
 //! [`build_policy`] validates and returns the policy already wrapped in
@@ -21,6 +24,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+#[cfg(feature = "clap")]
+use crate::policy::DEFAULT_TERMS;
 use crate::policy::{
     default_terms, Bollinger, Bounded, Fixed, Learned, MetricTerm, PolicyError, RfPolicy, Scope,
     Score, WeightedScore,
@@ -145,14 +150,19 @@ impl FromStr for FallbackKind {
 
 /// The rf policy configuration. Every field is optional in the file; defaults below.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyConfig {
-    /// Which policy decides: `fixed`, `score`, `bollinger` or `learned` (also accepted as
-    /// `rf_policy`, the command-line name).
+    /// Which policy decides: `fixed`, `score`, `bollinger` or `learned` (the key `rf_policy`;
+    /// `kind` is accepted too).
     ///
     /// Default `fixed`: the paper's baseline, and the only policy that needs no metrics from
     /// the job, so a job without a metrics callback still trains.
-    #[serde(alias = "rf_policy")]
+    #[serde(rename = "rf_policy", alias = "kind")]
+    #[cfg_attr(
+        feature = "clap",
+        arg(id = "rf_policy", long = "rf-policy", default_value_t)
+    )]
     pub kind: PolicyKind,
 
     /// Passes per mini-epoch for `fixed` (and for `learned` falling back to `fixed`).
@@ -160,12 +170,14 @@ pub struct PolicyConfig {
     /// Default 4: a modest fixed rf the paper finds safe for most models (EfficientNet-B0
     /// stays within 1 % of the baseline up to (nm, rf) = (32, 32), ResNet-50 loses about 1 %
     /// at (64, 64)), while already cutting capacity-tier reads fourfold.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = DEFAULT_RF))]
     pub rf: u32,
 
     /// Fewest passes per mini-epoch, whatever the policy says.
     ///
     /// Default 1: the paper's policies may leave a mini-epoch after any pass, so no floor is
     /// imposed. Raise it to guarantee an I/O saving of at least `rf_min`x.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = DEFAULT_RF_MIN))]
     pub rf_min: u32,
 
     /// Most passes per mini-epoch, whatever the policy says.
@@ -174,6 +186,7 @@ pub struct PolicyConfig {
     /// shows adaptive policies occasionally reaching it; it also exceeds B1/B2 = 26 TB/s /
     /// 400 GB/s = 65 of the paper's Summit example, so the cap never forces an I/O stall there.
     /// A policy that never advances (a score that keeps improving) stops here.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = DEFAULT_RF_MAX))]
     pub rf_max: u32,
 
     /// Terms of the score for `score` and `bollinger`: each `NAME` or `1 - NAME` (`1-NAME`),
@@ -182,12 +195,16 @@ pub struct PolicyConfig {
     /// Default `["loss", "1 - accuracy", "1 - val_accuracy"]`: the paper's Fig. 6 (the metric
     /// names Keras reports). A job that validates only every few passes must leave
     /// `val_accuracy` out: a missing metric is an error, never a silent zero.
+    #[serde(deserialize_with = "de_terms")]
+    #[cfg_attr(feature = "clap", arg(long, value_delimiter = ',', default_value = DEFAULT_TERMS))]
     pub score_metrics: Vec<MetricTerm>,
 
-    /// One weight per term of `score_metrics`; `score = Σ weight · term`.
+    /// One weight per term of `score_metrics`; `score = Σ weight · term` [default: 1 each].
     ///
     /// Default: 1.0 for every term (omitted from the file), the plain sum the paper uses as its
     /// example, which also fits a custom `score_metrics` without listing weights.
+    #[serde(deserialize_with = "de_weights")]
+    #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
     pub score_weights: Option<Vec<f64>>,
 
     /// `score`: consecutive passes without a strictly better score before advancing
@@ -197,6 +214,7 @@ pub struct PolicyConfig {
     /// between passes) must not end a mini-epoch, while a mini-epoch that has stopped helping
     /// costs at most three extra passes. It is also the patience range (2 to 5) commonly
     /// used for early stopping, which Fig. 6 mirrors.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = DEFAULT_SCORE_WAIT))]
     pub score_wait: u32,
 
     /// `score`: whether the best score is kept for the whole run (`run`) or restarts at every
@@ -206,6 +224,7 @@ pub struct PolicyConfig {
     /// mini-epoch is repeated only while it still brings the model to a new best. With
     /// `per_mini_epoch` the first pass of every mini-epoch counts as an improvement, so every
     /// mini-epoch runs at least `score_wait + 1` passes.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t))]
     pub best_scope: Scope,
 
     /// `bollinger`: N, the number of previous scores the moving average and standard deviation
@@ -214,6 +233,7 @@ pub struct PolicyConfig {
     /// Default 5: the band must follow a loss curve that changes scale within a few
     /// mini-epochs, and must exist early (the policy repeats until N scores exist); 5 scores
     /// are the fewest that still give a usable spread estimate (4 degrees of freedom).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = DEFAULT_BOLLINGER_WINDOW))]
     pub bollinger_window: u32,
 
     /// `bollinger`: K, the band half-width in standard deviations (> 0).
@@ -222,6 +242,7 @@ pub struct PolicyConfig {
     /// only jitters, a pass then falls below the band with probability about 7 % (Student t
     /// with 4 degrees of freedom), so a flat mini-epoch is left after about 14 passes; a
     /// sudden drop leaves at once. 1.0 would leave after about 5 passes of noise.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = DEFAULT_BOLLINGER_K))]
     pub bollinger_k: f64,
 
     /// `bollinger`: whether the window spans the run (`run`) or is emptied at every advance
@@ -230,6 +251,7 @@ pub struct PolicyConfig {
     /// Default `run`: the band is the score's recent range of fluctuation whatever mini-epoch
     /// produced it, so a new mini-epoch can be judged from its first pass; `per_mini_epoch`
     /// forces at least `bollinger_window + 1` passes on every mini-epoch.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t))]
     pub bollinger_scope: Scope,
 
     /// `learned`: the policy deciding where the recorded schedule runs out (or when there is
@@ -238,6 +260,7 @@ pub struct PolicyConfig {
     /// Default `score`: the first `learned` run has no history and is itself recorded, so an
     /// adaptive fallback is what makes the recorded schedule worth replaying; `score` is the
     /// policy the paper pairs with remembering the strategy.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t))]
     pub learned_fallback: FallbackKind,
 }
 
@@ -395,6 +418,38 @@ impl PolicyConfig {
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// A list given as a TOML array or as one comma-separated string (a command line's or an
+/// environment variable's spelling).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ListOrText<T> {
+    Items(Vec<T>),
+    Text(String),
+}
+
+fn de_terms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<MetricTerm>, D::Error> {
+    // Terms are read as strings and parsed here, so that a bad term is named in the error
+    // (an untagged enum would only say that no variant matched).
+    match ListOrText::<String>::deserialize(d)? {
+        ListOrText::Items(v) => v
+            .iter()
+            .map(|t| t.parse::<MetricTerm>())
+            .collect::<Result<_, _>>()
+            .map_err(serde::de::Error::custom),
+        ListOrText::Text(t) => parse_metric_list(&t).map_err(serde::de::Error::custom),
+    }
+}
+
+fn de_weights<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<f64>>, D::Error> {
+    match Option::<ListOrText<f64>>::deserialize(d)? {
+        None => Ok(None),
+        Some(ListOrText::Items(v)) => Ok(Some(v)),
+        Some(ListOrText::Text(t)) => parse_weight_list(&t)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
     }
 }
 

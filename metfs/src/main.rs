@@ -9,14 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Subcommand};
 use prefetcher::planner::Strategy;
 use serde_json::{json, Value};
 
-use metfs::config::{self, FileConfig, MountConfig, ReadPath, SizeValue};
+use metfs::config::{reference, Layers, MountConfig, MountSettings, ReadPath};
 use metfs::{client, control, daemon, fuse, logging, mount, report};
 
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(
     name = "metfs",
     version,
@@ -32,6 +32,10 @@ struct Cli {
 enum Cmd {
     /// Mount a MET view of a dataset (returns once the first mini-epoch is staged).
     Mount(Box<MountArgs>),
+    /// Print the settings a mount with these flags, this environment and this config file
+    /// would run with, each with where it came from (or, with --defaults, every setting with
+    /// its help and default) as TOML.
+    Config(Box<ConfigArgs>),
     /// Write a manifest (CSV or JSON lines) of a source to stdout, for `--manifest`.
     Manifest {
         /// The source directory.
@@ -189,8 +193,8 @@ struct DdsInitArgs {
     #[arg(long)]
     budget: String,
     /// Composition of the shards.
-    #[arg(long, alias = "strategy", value_enum, default_value = "random")]
-    compose: ComposeArg,
+    #[arg(long, alias = "strategy", default_value_t)]
+    compose: Strategy,
     /// Seed of the composition.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -213,136 +217,9 @@ struct SocketArg {
 struct MountArgs {
     /// Where to mount.
     mountpoint: PathBuf,
-    /// TOML file with any of the keys below (flags win).
+    /// TOML file with any of the settings below (the environment and flags override it).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Capacity tier: a directory (Lustre, GPFS, NFS, local) or s3://bucket/prefix.
-    #[arg(long)]
-    source: Option<String>,
-    /// Cache directory on node-local storage (must exist).
-    #[arg(long)]
-    cache: Option<PathBuf>,
-    /// Most bytes metfs may keep in the cache directory: 512MiB, 20GiB, or bytes.
-    #[arg(long)]
-    budget: Option<String>,
-    /// Mini-epochs per epoch [default: the smallest whose every mini-epoch fits in budget/2].
-    #[arg(long)]
-    mini_epochs: Option<u32>,
-    /// Repeating factor of the fixed policy: passes per mini-epoch [default: 4].
-    #[arg(long)]
-    rf: Option<u32>,
-    /// rf policy: fixed, score, bollinger or learned [default: fixed].
-    #[arg(long)]
-    rf_policy: Option<String>,
-    /// Fewest passes per mini-epoch, whatever the policy says [default: 1].
-    #[arg(long)]
-    rf_min: Option<u32>,
-    /// Most passes per mini-epoch, whatever the policy says [default: 128].
-    #[arg(long)]
-    rf_max: Option<u32>,
-    /// Score terms, comma-separated, each NAME or `1 - NAME` [default: loss,1-accuracy,1-val_accuracy].
-    #[arg(long)]
-    score_metrics: Option<String>,
-    /// One weight per score term, comma-separated [default: 1 each].
-    #[arg(long)]
-    score_weights: Option<String>,
-    /// score policy: passes without improvement before advancing [default: 3].
-    #[arg(long)]
-    score_wait: Option<u32>,
-    /// score policy: keep the best score per `run` or `per_mini_epoch` [default: run].
-    #[arg(long)]
-    best_scope: Option<String>,
-    /// bollinger policy: moving window N [default: 5].
-    #[arg(long)]
-    bollinger_window: Option<u32>,
-    /// bollinger policy: band width K in standard deviations [default: 2].
-    #[arg(long)]
-    bollinger_k: Option<f64>,
-    /// bollinger policy: window over the `run` or `per_mini_epoch` [default: run].
-    #[arg(long)]
-    bollinger_scope: Option<String>,
-    /// learned policy: fallback where the history runs out [default: score].
-    #[arg(long)]
-    learned_fallback: Option<String>,
-    /// rf history file [default: ~/.local/share/metfs/rf-history.json].
-    #[arg(long)]
-    history: Option<PathBuf>,
-    /// Job key of the rf history when the client gives none [default: default].
-    #[arg(long)]
-    job: Option<String>,
-    /// How mini-epochs are composed [default: random].
-    #[arg(long, value_enum)]
-    compose: Option<ComposeArg>,
-    /// Seed of the composition [default: 0].
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Control socket [default: CACHE/metfs.sock].
-    #[arg(long)]
-    socket: Option<PathBuf>,
-    /// This node's rank [default: $SLURM_NODEID or 0].
-    #[arg(long)]
-    node_rank: Option<u32>,
-    /// Number of nodes [default: $SLURM_NNODES or 1].
-    #[arg(long)]
-    nodes: Option<u32>,
-    /// Manifest (CSV or JSON lines: path, size[, label, cluster, etag|mtime]) to use instead of
-    /// listing the source.
-    #[arg(long)]
-    manifest: Option<PathBuf>,
-    /// Label samples by their first directory level (ImageFolder layout).
-    #[arg(long)]
-    label_from_dirs: bool,
-    /// Per-sample HDF5 files: label each by this scalar dataset or root attribute.
-    #[arg(long)]
-    label_hdf5: Option<String>,
-    /// HDF5 container mode: samples are rows (axis 0) of the source's HDF5 files.
-    #[arg(long)]
-    hdf5_container: bool,
-    /// Container mode: the row datasets, comma-separated [default: all of the row count].
-    #[arg(long)]
-    hdf5_datasets: Option<String>,
-    /// Container mode: 1-D dataset with each row's label (for stratified composition).
-    #[arg(long)]
-    label_dataset: Option<String>,
-    /// Read path: cached (kernel page cache, no per-open round trip), passthrough (kernel reads
-    /// the slot file; needs CAP_SYS_ADMIN), pread (through the daemon), or auto (cached when
-    /// samples average under 1 MiB and a slot fits in half of the node's memory, else
-    /// passthrough, or pread without CAP_SYS_ADMIN) [default: auto].
-    #[arg(long, value_enum)]
-    read_path: Option<ReadPath>,
-    /// FUSE worker threads [default: 4].
-    #[arg(long)]
-    fuse_threads: Option<usize>,
-    /// Let other users read the mount.
-    #[arg(long)]
-    allow_other: bool,
-    /// Staging bandwidth: a cap such as 200MiB/s, or `auto` for just-in-time pacing [default: unlimited].
-    #[arg(long)]
-    prefetch_rate: Option<String>,
-    /// Cap for --prefetch-rate auto, e.g. 1GiB/s [default: none].
-    #[arg(long)]
-    prefetch_rate_max: Option<String>,
-    /// Run directory with the event log for `metfs report` [default: CACHE/run].
-    #[arg(long)]
-    run_dir: Option<PathBuf>,
-    /// Prometheus text-format file rewritten every 5 s (node_exporter textfile collector).
-    #[arg(long)]
-    metrics_file: Option<PathBuf>,
-    /// S3 endpoint URL, e.g. http://127.0.0.1:3900 [default: $AWS_ENDPOINT_URL, else AWS].
-    #[arg(long)]
-    endpoint: Option<String>,
-    /// S3 signing region [default: $AWS_REGION, else us-east-1].
-    #[arg(long)]
-    region: Option<String>,
-    /// Allow plain-http S3 endpoints.
-    #[arg(long)]
-    allow_http: bool,
-    /// Virtual-hosted-style S3 requests instead of path style.
-    #[arg(long)]
-    virtual_hosted_style: bool,
-    /// Log file of the background daemon [default: CACHE/metfs.log].
-    #[arg(long)]
-    log_file: Option<PathBuf>,
     /// Stay in the foreground (logs to stderr).
     #[arg(long)]
     foreground: bool,
@@ -353,6 +230,21 @@ struct MountArgs {
     /// Internal: pipe on which to report readiness to the parent.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
+    #[command(flatten)]
+    settings: MountSettings,
+}
+
+#[derive(Args)]
+struct ConfigArgs {
+    /// Print every setting with its help and default as a commented TOML file, and nothing
+    /// else.
+    #[arg(long)]
+    defaults: bool,
+    /// TOML file with any of the settings below (the environment and flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    settings: MountSettings,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -388,8 +280,8 @@ struct PlanArgs {
     #[arg(long)]
     budget: String,
     /// Composition strategy.
-    #[arg(long, alias = "strategy", value_enum, default_value = "random")]
-    compose: ComposeArg,
+    #[arg(long, alias = "strategy", default_value_t)]
+    compose: Strategy,
     /// Mini-epochs per epoch [default: the smallest that fits].
     #[arg(long)]
     mini_epochs: Option<u32>,
@@ -413,86 +305,30 @@ struct PlanArgs {
     json: bool,
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum ComposeArg {
-    Sequential,
-    Random,
-    Stratified,
-    Clustered,
-}
-
-impl From<ComposeArg> for Strategy {
-    fn from(c: ComposeArg) -> Self {
-        match c {
-            ComposeArg::Sequential => Strategy::Sequential,
-            ComposeArg::Random => Strategy::Random,
-            ComposeArg::Stratified => Strategy::Stratified,
-            ComposeArg::Clustered => Strategy::Clustered,
-        }
+/// The layers of a mount's settings: the file, the environment and the flags given.
+fn layers(
+    config: Option<&std::path::Path>,
+    settings: &MountSettings,
+    matches: &clap::ArgMatches,
+) -> Result<Layers> {
+    let mut layers = Layers::new();
+    if let Some(p) = config {
+        layers = layers.file(p)?;
     }
-}
-
-impl MountArgs {
-    fn resolve(&self) -> Result<MountConfig> {
-        let file = match &self.config {
-            Some(p) => FileConfig::load(p)?,
-            None => FileConfig::default(),
-        };
-        let flags = FileConfig {
-            source: self.source.clone(),
-            cache: self.cache.clone(),
-            budget: self.budget.clone().map(SizeValue::Text),
-            mini_epochs: self.mini_epochs,
-            rf: self.rf,
-            compose: self.compose.map(Into::into),
-            seed: self.seed,
-            socket: self.socket.clone(),
-            node_rank: self.node_rank,
-            nodes: self.nodes,
-            label_from_dirs: self.label_from_dirs.then_some(true),
-            manifest: self.manifest.clone(),
-            label_hdf5: self.label_hdf5.clone(),
-            hdf5_container: self.hdf5_container.then_some(true),
-            hdf5_datasets: self.hdf5_datasets.clone().map(config::ListValue::Text),
-            label_dataset: self.label_dataset.clone(),
-            read_path: self.read_path,
-            fuse_threads: self.fuse_threads,
-            allow_other: self.allow_other.then_some(true),
-            prefetch_rate: self.prefetch_rate.clone(),
-            log_file: self.log_file.clone(),
-            rf_policy: self.rf_policy.clone(),
-            rf_min: self.rf_min,
-            rf_max: self.rf_max,
-            score_metrics: self.score_metrics.clone().map(config::ListValue::Text),
-            score_weights: self.score_weights.clone().map(config::NumbersValue::Text),
-            score_wait: self.score_wait,
-            best_scope: self.best_scope.clone(),
-            bollinger_window: self.bollinger_window,
-            bollinger_k: self.bollinger_k,
-            bollinger_scope: self.bollinger_scope.clone(),
-            learned_fallback: self.learned_fallback.clone(),
-            history: self.history.clone(),
-            job: self.job.clone(),
-            prefetch_rate_max: self.prefetch_rate_max.clone(),
-            run_dir: self.run_dir.clone(),
-            metrics_file: self.metrics_file.clone(),
-            s3: Some(prefetcher::s3::S3Config {
-                endpoint: self.endpoint.clone(),
-                region: self.region.clone(),
-                allow_http: self.allow_http.then_some(true),
-                virtual_hosted_style: self.virtual_hosted_style.then_some(true),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let mut cfg = MountConfig::resolve(file, flags)?;
-        cfg.reset = self.reset;
-        Ok(cfg)
-    }
+    Ok(layers.env(std::env::vars()).flags(settings, |id| {
+        matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+    })?)
 }
 
 fn main() {
-    let cli = Cli::parse();
+    // The matches are kept beside the parsed command: the settings' layers need to know which
+    // flags the command line gave (a flag at its default must not override the file).
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let sub = matches
+        .subcommand()
+        .map(|(_, m)| m.clone())
+        .unwrap_or_default();
     if !matches!(cli.cmd, Cmd::Mount(_)) {
         // A command that prints (`files`, `plan`, `manifest`, `status`) into a pipe closed early
         // (`| head`) ends quietly, as Unix tools do, instead of panicking on EPIPE. The daemon
@@ -502,7 +338,7 @@ fn main() {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    let code = match run(cli) {
+    let code = match run(cli, &sub) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("metfs: {}", message(&e));
@@ -530,9 +366,19 @@ fn message(e: &anyhow::Error) -> String {
     out
 }
 
-fn run(cli: Cli) -> Result<()> {
+fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
     match cli.cmd {
-        Cmd::Mount(args) => mount_cmd(*args),
+        Cmd::Mount(args) => mount_cmd(*args, sub),
+        Cmd::Config(args) => {
+            if args.defaults {
+                print!("{}", reference::defaults_toml());
+            } else {
+                let layers = layers(args.config.as_deref(), &args.settings, sub)?;
+                MountConfig::resolve(&layers)?;
+                print!("{}", reference::effective_toml(&layers)?);
+            }
+            Ok(())
+        }
         Cmd::Manifest {
             source,
             format,
@@ -737,7 +583,7 @@ fn dds_cmd(cmd: DdsCmd) -> Result<()> {
         DdsCmd::Init(a) => {
             let url = DdsUrl::parse(&a.url)?;
             let budget = prefetcher::size::parse_size(&a.budget).context("--budget")?;
-            let strategy: Strategy = a.compose.into();
+            let strategy = a.compose;
             let (cat, b) = plan_catalog(
                 a.manifest.as_deref(),
                 a.source.as_deref(),
@@ -830,7 +676,7 @@ fn plan_cmd(a: PlanArgs) -> Result<()> {
         return model_cmd(&a, &d);
     }
     let budget = prefetcher::size::parse_size(&a.budget).context("--budget")?;
-    let strategy: Strategy = a.compose.into();
+    let strategy = a.compose;
     let (cat, b) = plan_catalog(
         a.manifest.as_deref(),
         a.source.as_deref(),
@@ -922,8 +768,9 @@ fn print_status(v: &Value) {
     }
 }
 
-fn mount_cmd(args: MountArgs) -> Result<()> {
-    let cfg = args.resolve()?;
+fn mount_cmd(args: MountArgs, sub: &clap::ArgMatches) -> Result<()> {
+    let mut cfg = MountConfig::resolve(&layers(args.config.as_deref(), &args.settings, sub)?)?;
+    cfg.reset = args.reset;
     let mountpoint = mount::absolute(&args.mountpoint);
     daemon::check_places(&cfg, &mountpoint)?;
     if !args.foreground {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use metfs::config::{FileConfig, MountConfig};
+use metfs::config::MountConfig;
 use metfs::daemon::{Daemon, KernelCache};
 use metfs::fs::FsCore;
 use metfs::view::ROOT_INO;
@@ -81,8 +81,7 @@ fn setup_full(rf: u32, budget: u64, extra_toml: &str) -> Setup {
         cache.display().to_string(),
         dirs.path().join("rf-history.json").display().to_string(),
     );
-    let file = FileConfig::parse(&toml, "test config").unwrap();
-    let cfg = MountConfig::resolve(file, FileConfig::default()).unwrap();
+    let cfg = MountConfig::from_toml(&toml, "test config").unwrap();
     Setup {
         _dirs: dirs,
         source,

@@ -242,20 +242,13 @@ fn join(terms: &[MetricTerm]) -> String {
         .join(", ")
 }
 
+/// The paper's default score terms (Fig. 6), as written in a config file or on a command line.
+pub const DEFAULT_TERMS: &str = "loss,1-accuracy,1-val_accuracy";
+
 /// The paper's default score terms: `loss`, `1 - accuracy`, `1 - val_accuracy` (Fig. 6).
 pub fn default_terms() -> Vec<MetricTerm> {
-    vec![
-        MetricTerm {
-            name: "loss".into(),
-            complement: false,
-        },
-        MetricTerm {
-            name: "accuracy".into(),
-            complement: true,
-        },
-        MetricTerm {
-            name: "val_accuracy".into(),
-            complement: true,
-        },
-    ]
+    DEFAULT_TERMS
+        .split(',')
+        .map(|t| t.parse().expect("the default terms parse"))
+        .collect()
 }

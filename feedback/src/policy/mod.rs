@@ -57,7 +57,7 @@ pub use bollinger::Bollinger;
 pub use bounded::Bounded;
 pub use fixed::Fixed;
 pub use learned::Learned;
-pub use metric::{default_terms, MetricTerm, WeightedScore};
+pub use metric::{default_terms, MetricTerm, WeightedScore, DEFAULT_TERMS};
 pub use score::Score;
 
 /// Errors of the policy module.

@@ -252,6 +252,21 @@ impl fmt::Display for Strategy {
     }
 }
 
+impl std::str::FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "sequential" => Ok(Strategy::Sequential),
+            "random" => Ok(Strategy::Random),
+            "stratified" => Ok(Strategy::Stratified),
+            "clustered" => Ok(Strategy::Clustered),
+            other => Err(format!(
+                "unknown composition `{other}`; expected sequential, random, stratified or clustered"
+            )),
+        }
+    }
+}
+
 /// Marks an empty table slot, and a sample copied into every share in an assignment.
 const NONE: u32 = u32::MAX;
 

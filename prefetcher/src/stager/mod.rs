@@ -108,17 +108,23 @@ impl StageError {
     }
 }
 
-/// Stager settings.
+/// Stager settings (the `[stager]` table of a mount's config file; with the `clap` feature,
+/// also the `--stager-*` flags, whose ids are the keys' dotted paths).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
 #[serde(default, deny_unknown_fields)]
 pub struct StagerConfig {
     /// Samples fetched at once. 32 keeps a parallel file system or an object store busy with
     /// small files (each fetch is latency-bound) without flooding a node's blocking threads.
+    #[cfg_attr(feature = "clap", arg(id = "stager.concurrency", long = "stager-concurrency",
+        default_value_t = StagerConfig::default().concurrency))]
     pub concurrency: usize,
     /// Seconds a sample's transient errors (I/O errors, the whole source missing, the S3
     /// client's timeouts, connection errors, 5xx) are retried, with backoff from 0.2 s doubling to at most 5 s,
     /// before the slot fails as a whole (the daemon stages it again later). 60 s rides out a
     /// server restart or a parallel file system's failover, which take tens of seconds.
+    #[cfg_attr(feature = "clap", arg(id = "stager.retry_secs", long = "stager-retry-secs",
+        default_value_t = StagerConfig::default().retry_secs))]
     pub retry_secs: u64,
     /// Seconds a fetch may go without writing a byte before it is abandoned and the slot fails,
     /// to be staged again after the daemon's pause (time the bandwidth cap makes it wait is
@@ -126,9 +132,14 @@ pub struct StagerConfig {
     /// client's own request timeout, so its retries act first; a healthy POSIX source never
     /// pauses that long between two chunks. A POSIX source's listing and catalog check use it
     /// too (no directory entry read for that long fails them).
+    #[cfg_attr(feature = "clap", arg(id = "stager.timeout_secs", long = "stager-timeout-secs",
+        default_value_t = StagerConfig::default().timeout_secs))]
     pub timeout_secs: u64,
     /// `fsync` each staged file before renaming it into the slot. Turning this off is only safe
     /// on a cache that does not outlive the node (e.g. `/dev/shm`).
+    #[cfg_attr(feature = "clap", arg(id = "stager.fsync", long = "stager-fsync",
+        action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", default_value_t = StagerConfig::default().fsync))]
     pub fsync: bool,
 }
 

@@ -1,0 +1,564 @@
+//! Mount configuration: every setting is declared once, in [`MountSettings`] (flag, key, doc
+//! and default together), and read from three layers: a TOML file (`--config`), the
+//! environment (`METFS_<FLAG>`, e.g. `METFS_MINI_EPOCHS`), and flags, each overriding the one
+//! before. [`Layers`] merges them (with `figment`) and remembers where each value came from,
+//! so that an error names the setting and its origin (the file, the variable or the flag).
+//! [`MountConfig`] is the resolved, validated form the daemon runs on.
+//!
+//! Unknown keys are errors naming the key, so a typo never silently falls back to a default.
+//! Sizes accept `512MiB`, `20GiB` or plain bytes, as strings or integers; lists accept arrays
+//! or one comma-separated string. A bool flag takes `=false` to turn off what a file turned on
+//! (`--allow-other=false`). `metfs config --defaults` prints every key with its doc and
+//! default ([`reference`]), and tests hold the README's settings table to the same
+//! declaration.
+
+mod layers;
+mod read_path;
+pub mod reference;
+mod settings;
+
+use std::path::PathBuf;
+
+use feedback::config::PolicyConfig;
+use prefetcher::planner::Strategy;
+use prefetcher::s3::S3Config;
+use prefetcher::stager::StagerConfig;
+use thiserror::Error;
+
+pub use layers::{Layers, Origin};
+pub use read_path::{mem_total, ActiveReadPath, ReadPath, CACHED_MAX_MEAN_SAMPLE};
+pub use settings::{setting_args, MountSettings, PrefetchRate, Rate, Size, REQUIRED};
+
+/// Errors of the configuration module.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML.
+    #[error("config file {path}: {message}")]
+    Parse { path: String, message: String },
+    /// A key no setting has.
+    #[error("{origin}: {within}unknown field `{key}`, expected {expected}")]
+    Unknown {
+        key: String,
+        /// `[table]: ` for a key of a table.
+        within: String,
+        origin: Origin,
+        expected: String,
+    },
+    /// A required setting is missing everywhere.
+    #[error("missing `{key}`: give --{flag}, set METFS_{env} or set `{key}` in the config file")]
+    Missing {
+        key: &'static str,
+        flag: String,
+        env: String,
+    },
+    /// A setting has an invalid value.
+    #[error("`{key}` ({origin}): {message}")]
+    Invalid {
+        key: String,
+        origin: Origin,
+        message: String,
+    },
+}
+
+/// The resolved configuration of one mount.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// Capacity tier: a directory, or `s3://bucket/prefix`.
+    pub source: String,
+    /// Cache directory on node-local storage. It must exist; metfs owns everything in it.
+    pub cache: PathBuf,
+    /// Most bytes metfs keeps in the cache directory (slots, temporary files, catalog,
+    /// journals, state, log).
+    pub budget: u64,
+    /// Mini-epochs per epoch; `None`: the smallest number whose every mini-epoch fits in half
+    /// the budget.
+    pub mini_epochs: Option<u32>,
+    /// The repeating-factor policy and its knobs (`rf`, `rf_policy`, `rf_min`, `rf_max`,
+    /// `score_*`, `bollinger_*`, `learned_fallback`); defaults and reasons are documented on
+    /// [`PolicyConfig`].
+    pub policy: PolicyConfig,
+    /// rf history file (learned schedules). Default `$XDG_DATA_HOME/metfs/rf-history.json`
+    /// (`~/.local/share/...`): it must outlive node-local caches to help later runs.
+    pub history: PathBuf,
+    /// Job key of the rf history when the client gives none. Default `default`.
+    pub job: String,
+    /// Composition strategy. Default `random`: recomposed each epoch, the least biased choice.
+    pub compose: Strategy,
+    /// Seed of every random choice. Default 0; every node of a job must use the same seed.
+    pub seed: u64,
+    /// Control socket. Default `CACHE/metfs.sock`.
+    pub socket: PathBuf,
+    /// Rank of this node. Default `SLURM_NODEID`, else 0.
+    pub node_rank: u32,
+    /// Nodes sharing the dataset. Default `SLURM_NNODES`, else 1.
+    pub nodes: u32,
+    /// Manifest to use instead of listing the source.
+    pub manifest: Option<PathBuf>,
+    /// Label samples by their first directory level (ImageFolder layout). Default: only when
+    /// composition needs labels and the manifest has none.
+    pub label_from_dirs: bool,
+    /// Read path. Default `auto`: `cached` when samples average under 1 MiB and a slot fits in
+    /// half of the node's memory, `passthrough` otherwise (see [`ReadPath`]).
+    pub read_path: ReadPath,
+    /// FUSE worker threads. Default 4: enough to keep several readers' lookups, opens and cache
+    /// misses in flight on a small node; cached and passthrough reads bypass them anyway.
+    pub fuse_threads: usize,
+    /// Let users other than the mounting one read the mount. Default off.
+    pub allow_other: bool,
+    /// Staging bandwidth. Default unlimited.
+    pub prefetch_rate: PrefetchRate,
+    /// Backing files kept open for the pread path. Default 4096, well under the usual
+    /// 1024-per-process soft limit raised by the daemon, and plenty for a training job's readers.
+    pub max_open_files: u64,
+    /// Passthrough backing ids kept. Default 1,048,576: one per file of a large mini-epoch, so
+    /// ids live as long as their view (measured: per-open ids cost ~30% of small-file speed).
+    pub max_backing_ids: u64,
+    /// Stager settings.
+    pub stager: StagerConfig,
+    /// Control socket limits (`[control]`).
+    pub control: crate::control::ControlConfig,
+    /// Log file of a background daemon. Default `CACHE/metfs.log`.
+    pub log_file: PathBuf,
+    /// Run directory for `metfs report` (event log). Default `CACHE/run`; its files are
+    /// capped and counted in the budget's reserve.
+    pub run_dir: PathBuf,
+    /// Cap for `prefetch_rate = auto`, in bytes per second. Default none: just-in-time pacing
+    /// alone decides (and stages at full speed until the first pass has been timed).
+    pub prefetch_rate_max: Option<u64>,
+    /// Prometheus text-format file rewritten every few seconds (for node_exporter's textfile
+    /// collector). Default none.
+    pub metrics_file: Option<PathBuf>,
+    /// S3 settings for `s3://` sources (the `[s3]` table; flags `--endpoint`, `--region`,
+    /// `--allow-http`, `--virtual-hosted-style` override its keys; the `AWS_*` environment
+    /// fills what neither sets). Defaults and reasons are documented on [`S3Config`].
+    pub s3: S3Config,
+    /// Per-sample HDF5 files: label each sample by this scalar dataset (or root attribute).
+    pub label_hdf5: Option<String>,
+    /// Container mode: samples are rows (axis 0) of the source's HDF5 files. Default off.
+    pub hdf5_container: bool,
+    /// Container mode: the row datasets. Default: every dataset whose first dimension is the
+    /// row count.
+    pub hdf5_datasets: Option<Vec<String>>,
+    /// Container mode: 1-D dataset holding each row's class label (for stratified composition).
+    pub label_dataset: Option<String>,
+    /// Discard the saved position (`state.json`) and start over at epoch 0 (`--reset`).
+    pub reset: bool,
+}
+
+fn env_u32(name: &str) -> Option<u32> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+impl MountConfig {
+    /// Resolves the layered settings (checked against [`MountSettings`]) into the
+    /// configuration a mount runs on: derived defaults filled in, every value validated, an
+    /// error naming the setting and where its value came from.
+    pub fn resolve(layers: &Layers) -> Result<Self, ConfigError> {
+        let s = layers.settings()?;
+        let inv = |key: &str, message: String| ConfigError::Invalid {
+            key: key.to_string(),
+            origin: layers.origin(key),
+            message,
+        };
+        let missing = |key: &'static str| ConfigError::Missing {
+            key,
+            flag: key.replace('_', "-"),
+            env: key.to_uppercase(),
+        };
+        let source = s.source.clone().ok_or_else(|| missing("source"))?;
+        let cache = s.cache.clone().ok_or_else(|| missing("cache"))?;
+        let cache = std::path::absolute(&cache).unwrap_or(cache);
+        let budget = s.budget.ok_or_else(|| missing("budget"))?.0;
+        let nodes = s.nodes.or_else(|| env_u32("SLURM_NNODES")).unwrap_or(1);
+        let node_rank = s.node_rank.or_else(|| env_u32("SLURM_NODEID")).unwrap_or(0);
+        if nodes == 0 || node_rank >= nodes {
+            let key = if nodes == 0 { "nodes" } else { "node_rank" };
+            return Err(inv(
+                key,
+                format!("node rank {node_rank} is not in 0..{nodes}"),
+            ));
+        }
+        let mut policy = s.policy.clone();
+        // A fixed rf above the default cap raises the cap: asking for rf 256 means 256.
+        if policy.kind == feedback::config::PolicyKind::Fixed && !layers.given("rf_max") {
+            policy.rf_max = policy.rf_max.max(policy.rf);
+        }
+        policy.validate().map_err(|e| match e {
+            feedback::config::ConfigError::Invalid { key, reason } => {
+                inv(if key == "kind" { "rf_policy" } else { key }, reason)
+            }
+            other => inv("rf_policy", other.to_string()),
+        })?;
+        if s.mini_epochs == Some(0) {
+            return Err(inv("mini_epochs", "must be at least 1".into()));
+        }
+        if s.fuse_threads == 0 {
+            return Err(inv("fuse_threads", "must be at least 1".into()));
+        }
+        if s.control.max_connections == 0 {
+            return Err(inv("control.max_connections", "must be at least 1".into()));
+        }
+        if s.control.idle_timeout_secs == 0 {
+            return Err(inv(
+                "control.idle_timeout_secs",
+                "must be at least 1".into(),
+            ));
+        }
+        if s.stager.concurrency == 0 {
+            return Err(inv("stager.concurrency", "must be at least 1".into()));
+        }
+        if !prefetcher::hdf5::AVAILABLE {
+            // Refused here, before anything is mounted or staged, naming the setting.
+            let asked = if s.hdf5_container {
+                Some("hdf5_container")
+            } else if s.label_hdf5.is_some() {
+                Some("label_hdf5")
+            } else {
+                None
+            };
+            if let Some(key) = asked {
+                return Err(inv(
+                    key,
+                    "this metfs was built without the `hdf5` feature; rebuild it with the \
+                     default features to use HDF5"
+                        .into(),
+                ));
+            }
+        }
+        let source = if source.contains("://") {
+            source
+        } else {
+            std::path::absolute(&source)
+                .map(|p| p.display().to_string())
+                .unwrap_or(source)
+        };
+        Ok(MountConfig {
+            run_dir: s.run_dir.unwrap_or_else(|| cache.join("run")),
+            prefetch_rate_max: s.prefetch_rate_max.map(|r| r.0),
+            metrics_file: s.metrics_file,
+            label_hdf5: s.label_hdf5,
+            hdf5_container: s.hdf5_container,
+            hdf5_datasets: s.hdf5_datasets.map(|l| {
+                l.iter()
+                    .map(|x| x.trim().to_string())
+                    .filter(|x| !x.is_empty())
+                    .collect()
+            }),
+            label_dataset: s.label_dataset,
+            s3: s.s3,
+            socket: s.socket.unwrap_or_else(|| cache.join("metfs.sock")),
+            log_file: s.log_file.unwrap_or_else(|| cache.join("metfs.log")),
+            source,
+            cache,
+            budget,
+            mini_epochs: s.mini_epochs,
+            policy,
+            history: s.history.unwrap_or_else(default_history),
+            job: s.job,
+            compose: s.compose,
+            seed: s.seed,
+            node_rank,
+            nodes,
+            manifest: s.manifest,
+            label_from_dirs: s.label_from_dirs,
+            read_path: s.read_path,
+            fuse_threads: s.fuse_threads,
+            allow_other: s.allow_other,
+            prefetch_rate: s.prefetch_rate,
+            max_open_files: s.max_open_files,
+            max_backing_ids: s.max_backing_ids,
+            stager: s.stager,
+            control: s.control,
+            reset: false,
+        })
+    }
+
+    /// The configuration of a TOML text alone (no environment, no flags); `origin` names it in
+    /// errors. For tests and tools that build a mount from a file.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        Self::resolve(&Layers::new().toml(text, origin)?)
+    }
+}
+
+fn default_history() -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("metfs").join("rf-history.json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches};
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        settings: MountSettings,
+    }
+
+    /// The layers of a file, an environment and a command line, as `metfs mount` builds them.
+    fn layers(file: &str, env: &[(&str, &str)], args: &[&str]) -> Result<Layers, ConfigError> {
+        let m = Cli::command()
+            .no_binary_name(true)
+            .try_get_matches_from(args)
+            .unwrap();
+        let cli = Cli::from_arg_matches(&m).unwrap();
+        Layers::new()
+            .toml(file, "/etc/metfs.toml")?
+            .env(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .flags(&cli.settings, |id| {
+                m.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+            })
+    }
+
+    const BASE: &str = "source = '/a'\ncache = '/c'\nbudget = '1GiB'\n";
+
+    fn resolve(file: &str, env: &[(&str, &str)], args: &[&str]) -> Result<MountConfig, String> {
+        layers(&format!("{BASE}{file}"), env, args)
+            .and_then(|l| MountConfig::resolve(&l))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn file_then_env_then_flags_per_setting() {
+        let file = "rf = 8\ncompose = 'sequential'\nfuse_threads = 3\nseed = 1\n\
+                    [stager]\nconcurrency = 5\nretry_secs = 9\n";
+        let env = [
+            ("METFS_RF", "6"),
+            ("METFS_FUSE_THREADS", "5"),
+            ("METFS_STAGER_CONCURRENCY", "7"),
+            ("METFS_BUDGET", "2GiB"),
+        ];
+        let l = layers(
+            &format!("{BASE}{file}"),
+            &env,
+            &["--rf", "2", "--budget", "1000"],
+        )
+        .unwrap();
+        let c = MountConfig::resolve(&l).unwrap();
+        // Flags over the environment over the file, each setting on its own.
+        assert_eq!(c.policy.rf, 2);
+        assert_eq!(c.budget, 1000);
+        assert_eq!(c.fuse_threads, 5);
+        assert_eq!(c.stager.concurrency, 7);
+        assert_eq!(c.stager.retry_secs, 9);
+        assert_eq!(c.compose, Strategy::Sequential);
+        assert_eq!(c.seed, 1);
+        // Untouched settings keep their declared defaults; derived ones follow the cache.
+        assert_eq!(c.stager.timeout_secs, StagerConfig::default().timeout_secs);
+        assert_eq!(c.read_path, ReadPath::Auto);
+        assert_eq!(c.socket, PathBuf::from("/c/metfs.sock"));
+        assert_eq!(l.origin("rf"), Origin::Flag("--rf".into()));
+        assert_eq!(
+            l.origin("fuse_threads"),
+            Origin::Env("METFS_FUSE_THREADS".into())
+        );
+        assert_eq!(
+            l.origin("stager.concurrency"),
+            Origin::Env("METFS_STAGER_CONCURRENCY".into())
+        );
+        assert_eq!(l.origin("compose"), Origin::File("/etc/metfs.toml".into()));
+        assert_eq!(l.origin("max_open_files"), Origin::Default);
+        // A flag left at its default overrides nothing.
+        let c = resolve("fuse_threads = 3\n", &[], &["--rf", "2"]).unwrap();
+        assert_eq!(c.fuse_threads, 3);
+    }
+
+    #[test]
+    fn a_bool_the_file_turns_on_is_turned_off_by_a_flag_or_the_environment() {
+        let on = "allow_other = true\nlabel_from_dirs = true\n[stager]\nfsync = false\n";
+        let c = resolve(on, &[], &[]).unwrap();
+        assert!(c.allow_other && c.label_from_dirs && !c.stager.fsync);
+        let c = resolve(
+            on,
+            &[],
+            &[
+                "--allow-other=false",
+                "--label-from-dirs=false",
+                "--stager-fsync",
+            ],
+        )
+        .unwrap();
+        assert!(!c.allow_other && !c.label_from_dirs && c.stager.fsync);
+        let c = resolve(on, &[("METFS_ALLOW_OTHER", "false")], &[]).unwrap();
+        assert!(!c.allow_other);
+        // A bare switch still turns on, also right before a positional argument.
+        let c = resolve("", &[], &["--allow-other", "--hdf5-container=false"]).unwrap();
+        assert!(c.allow_other && !c.hdf5_container);
+        let err = Cli::command()
+            .no_binary_name(true)
+            .try_get_matches_from(["--allow-other=maybe"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--allow-other"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_their_name_and_file() {
+        let err = layers("budgte = '1GiB'\n", &[], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `budgte`"), "{err}");
+        assert!(err.contains("/etc/metfs.toml"), "{err}");
+        assert!(
+            err.contains("`budget`") && err.contains("`rf_policy`"),
+            "{err}"
+        );
+        let err = resolve("[stager]\nconcurency = 4\n", &[], &[]).unwrap_err();
+        assert!(
+            err.contains("[stager]: unknown field `concurency`"),
+            "{err}"
+        );
+        assert!(
+            err.contains("`concurrency`") && err.contains("/etc/metfs.toml"),
+            "{err}"
+        );
+        let err = resolve("[s3.retry]\nmax_retrys = 4\n", &[], &[]).unwrap_err();
+        assert!(err.contains("unknown field `max_retrys`"), "{err}");
+        // The environment holds variables of other tools (and metfs's own client settings):
+        // only those naming a setting are read.
+        resolve("", &[("METFS_BIN", "/x"), ("METFS_MOUNTPOINT", "/m")], &[]).unwrap();
+    }
+
+    #[test]
+    fn bad_values_name_the_setting_and_where_it_came_from() {
+        for (file, env, args, needles) in [
+            (
+                "fuse_threads = 0\n",
+                vec![],
+                vec![],
+                vec!["`fuse_threads`", "config file /etc/metfs.toml"],
+            ),
+            (
+                "",
+                vec![("METFS_FUSE_THREADS", "0")],
+                vec![],
+                vec!["`fuse_threads`", "METFS_FUSE_THREADS"],
+            ),
+            (
+                "",
+                vec![],
+                vec!["--fuse-threads", "0"],
+                vec!["`fuse_threads`", "--fuse-threads"],
+            ),
+            (
+                "budget = 'lots'\n",
+                vec![],
+                vec![],
+                vec!["`budget`", "config file"],
+            ),
+            (
+                "",
+                vec![("METFS_RF", "four")],
+                vec![],
+                vec!["`rf`", "METFS_RF"],
+            ),
+            (
+                "rf = 300\nrf_max = 200\n",
+                vec![],
+                vec![],
+                vec!["`rf`", "config file"],
+            ),
+            (
+                "",
+                vec![],
+                vec!["--rf-min", "0"],
+                vec!["`rf_min`", "--rf-min"],
+            ),
+            (
+                "[control]\nmax_connections = 0\n",
+                vec![],
+                vec![],
+                vec!["`control.max_connections`"],
+            ),
+            (
+                "prefetch_rate = 'fast'\n",
+                vec![],
+                vec![],
+                vec!["`prefetch_rate`", "config file"],
+            ),
+            (
+                "score_metrics = ['1 - ']\n",
+                vec![],
+                vec![],
+                vec!["`score_metrics`"],
+            ),
+        ] {
+            let err = resolve(file, &env, &args).unwrap_err();
+            for n in needles {
+                assert!(err.contains(n), "{file:?} {env:?} {args:?}: {err}");
+            }
+        }
+        let err = MountConfig::resolve(&Layers::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`source`") && err.contains("--source"),
+            "{err}"
+        );
+        assert!(err.contains("METFS_SOURCE"), "{err}");
+    }
+
+    #[test]
+    fn values_read_from_every_layer_in_every_spelling() {
+        let c = resolve(
+            "rf_policy = 'score'\nscore_metrics = 'loss, 1 - accuracy'\nhdf5_datasets = ['x']\n\
+             prefetch_rate = 'auto'\nprefetch_rate_max = '1GiB/s'\n",
+            &[("METFS_SCORE_WEIGHTS", "1,0.5"), ("METFS_SCORE_WAIT", "5")],
+            &["--hdf5-datasets", "a, b", "--label-dataset", "123"],
+        )
+        .unwrap();
+        assert_eq!(c.policy.kind, feedback::config::PolicyKind::Score);
+        assert_eq!(c.policy.score_metrics.len(), 2);
+        assert_eq!(c.policy.score_weights, Some(vec![1.0, 0.5]));
+        assert_eq!(c.policy.score_wait, 5);
+        assert_eq!(
+            c.hdf5_datasets,
+            Some(vec!["a".to_string(), "b".to_string()])
+        );
+        assert_eq!(c.label_dataset.as_deref(), Some("123"));
+        assert_eq!(c.prefetch_rate, PrefetchRate::Auto);
+        assert_eq!(c.prefetch_rate_max, Some(1 << 30));
+        // The policy's key is also accepted as `kind`; a number-like string stays a string.
+        let c = resolve("kind = 'bollinger'\n", &[("METFS_JOB", "123")], &[]).unwrap();
+        assert_eq!(c.policy.kind, feedback::config::PolicyKind::Bollinger);
+        assert_eq!(c.job, "123");
+        let c = MountConfig::from_toml(
+            "source = '/a'\ncache = '/c'\nbudget = 4096\nprefetch_rate = '100MiB/s'\n",
+            "f",
+        )
+        .unwrap();
+        assert_eq!(c.prefetch_rate, PrefetchRate::Fixed(100 << 20));
+        assert_eq!(c.budget, 4096);
+        // [s3] keys from the file and its flags.
+        let c = resolve(
+            "[s3]\nregion = 'garage'\npart_size = '1MiB'\n",
+            &[("METFS_ENDPOINT", "http://127.0.0.1:3900")],
+            &["--allow-http"],
+        )
+        .unwrap();
+        assert_eq!(c.s3.region.as_deref(), Some("garage"));
+        assert_eq!(c.s3.endpoint.as_deref(), Some("http://127.0.0.1:3900"));
+        assert_eq!((c.s3.allow_http, c.s3.part_size), (Some(true), 1 << 20));
+    }
+
+    #[test]
+    fn a_fixed_rf_raises_the_default_cap_only() {
+        assert_eq!(
+            resolve("", &[], &["--rf", "256"]).unwrap().policy.rf_max,
+            256
+        );
+        let err = resolve("rf_max = 100\n", &[], &["--rf", "256"]).unwrap_err();
+        assert!(err.contains("`rf`") && err.contains("--rf"), "{err}");
+    }
+}

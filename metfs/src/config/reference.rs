@@ -1,0 +1,310 @@
+//! The settings reference, generated from [`MountSettings`]: `metfs config --defaults` prints
+//! every key as a commented TOML file (its help, its flag and variable, its default). The tests
+//! here hold README.md's settings table and its sample config file to the same declaration.
+
+use std::fmt::Write;
+
+use figment::value::{Dict, Value};
+
+use super::layers::env_var;
+use super::settings::{setting_args, MountSettings, REQUIRED};
+use super::{ConfigError, Layers, Origin};
+
+/// The default a setting's flag shows: its clap default, else the `[default: ...]` its help
+/// names (a derived default), else `(required)` for the settings a mount cannot do without.
+pub fn shown_default(arg: &clap::Arg) -> Option<String> {
+    let values: Vec<String> = arg
+        .get_default_values()
+        .iter()
+        .map(|v| v.to_string_lossy().into_owned())
+        .collect();
+    if !values.is_empty() {
+        return Some(values.join(","));
+    }
+    let help = help_text(arg);
+    if let Some(i) = help.find("[default: ") {
+        let rest = &help[i + "[default: ".len()..];
+        return rest.find(']').map(|j| rest[..j].to_string());
+    }
+    REQUIRED
+        .contains(&arg.get_id().as_str())
+        .then(|| "(required)".to_string())
+}
+
+fn help_text(arg: &clap::Arg) -> String {
+    arg.get_long_help()
+        .or(arg.get_help())
+        .map(|h| h.to_string())
+        .unwrap_or_default()
+}
+
+fn comment(out: &mut String, text: &str) {
+    for para in text.split("\n\n") {
+        let mut line = String::from("#");
+        for word in para.split_whitespace() {
+            if line.len() + word.len() > 95 {
+                let _ = writeln!(out, "{line}");
+                line = String::from("#");
+            }
+            line.push(' ');
+            line.push_str(word);
+        }
+        let _ = writeln!(out, "{line}");
+    }
+}
+
+fn toml_value(v: &Value) -> Option<String> {
+    toml::Value::try_from(v).ok().map(|t| t.to_string())
+}
+
+fn find<'a>(dict: &'a Dict, path: &str) -> Option<&'a Value> {
+    match path.split_once('.') {
+        None => dict.get(path),
+        Some((head, rest)) => find(dict.get(head)?.as_dict()?, rest),
+    }
+}
+
+/// Every setting as a commented TOML file with its default: the output of
+/// `metfs config --defaults`. Settings without a default are commented out.
+pub fn defaults_toml() -> String {
+    let mut out = String::new();
+    comment(
+        &mut out,
+        "metfs mount settings, each with its default (`metfs config --defaults`). Give this \
+         file with `metfs mount --config FILE`; an environment variable METFS_<FLAG> overrides \
+         a key of the file, and a flag overrides both. A commented key has no fixed default.",
+    );
+    render(&mut out, &MountSettings::default(), None);
+    out
+}
+
+/// The settings `layers` give, as TOML, each with where it came from (`metfs config`).
+pub fn effective_toml(layers: &Layers) -> Result<String, ConfigError> {
+    let mut out = String::new();
+    comment(
+        &mut out,
+        "The settings of a mount with this config file, environment and flags; each line says \
+         where its value came from. A commented key is unset (its default is derived at mount).",
+    );
+    render(&mut out, &layers.settings()?, Some(layers));
+    Ok(out)
+}
+
+fn render(out: &mut String, values: &MountSettings, layers: Option<&Layers>) {
+    let defaults = Value::serialize(values)
+        .ok()
+        .and_then(|v| v.into_dict())
+        .unwrap_or_default();
+    let mut tables: Vec<String> = Vec::new();
+    let args = setting_args();
+    for a in &args {
+        if let Some((t, _)) = a.get_id().as_str().split_once('.') {
+            if !tables.iter().any(|x| x == t) {
+                tables.push(t.to_string());
+            }
+        }
+    }
+    for table in std::iter::once(None).chain(tables.iter().map(Some)) {
+        if let Some(t) = table {
+            let _ = writeln!(out, "\n[{t}]");
+        }
+        for a in &args {
+            let id = a.get_id().as_str();
+            let key = match (table, id.split_once('.')) {
+                (None, None) => id,
+                (Some(t), Some((tt, k))) if t == tt => k,
+                _ => continue,
+            };
+            let flag = a.get_long().unwrap_or(key);
+            if layers.is_none() {
+                out.push('\n');
+                comment(out, &help_text(a));
+                comment(out, &format!("--{flag}, {}", env_var(flag)));
+            }
+            let path = if table.is_none() && super::layers::is_policy_key(id) {
+                format!("{}.{id}", super::settings::POLICY_TABLE)
+            } else {
+                id.to_string()
+            };
+            let origin = match layers.map(|l| l.origin(id)) {
+                None | Some(Origin::Default) => String::new(),
+                Some(o) => format!("  # {o}"),
+            };
+            match find(&defaults, &path).and_then(toml_value) {
+                Some(v) => {
+                    let _ = writeln!(out, "{key} = {v}{origin}");
+                }
+                None => {
+                    let _ = writeln!(out, "# {key} =");
+                }
+            }
+        }
+        if layers.is_none() && table.map(String::as_str) == Some("s3") {
+            // The keys of `[s3]` that have no flag (credentials never belong on a command
+            // line): documented in docs/S3.md and on `prefetcher::s3::S3Config`.
+            out.push('\n');
+            comment(
+                out,
+                "Keys of [s3] without a flag, at their defaults (docs/S3.md): access_key_id, \
+                 secret_access_key and session_token (prefer the AWS_* environment), request \
+                 sizes, parallelism, timeouts and retries.",
+            );
+            let _ = writeln!(out, "# access_key_id =");
+            let _ = writeln!(out, "# secret_access_key =");
+            let _ = writeln!(out, "# session_token =");
+            let s3 = find(&defaults, "s3").and_then(Value::as_dict);
+            let flagged: Vec<&str> = args
+                .iter()
+                .filter_map(|a| a.get_id().as_str().strip_prefix("s3."))
+                .collect();
+            let mut sub = String::new();
+            for (k, v) in s3.into_iter().flatten() {
+                if flagged.contains(&k.as_str()) || k == "access_key_id" {
+                    continue;
+                }
+                match v.as_dict() {
+                    Some(d) => {
+                        let _ = writeln!(sub, "\n[s3.{k}]");
+                        for (kk, vv) in d {
+                            if let Some(t) = toml_value(vv) {
+                                let _ = writeln!(sub, "{kk} = {t}");
+                            }
+                        }
+                    }
+                    None => {
+                        if let Some(t) = toml_value(v) {
+                            let _ = writeln!(out, "{k} = {t}");
+                        }
+                    }
+                }
+            }
+            out.push_str(&sub);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::MountConfig;
+
+    const README: &str = include_str!("../../../README.md");
+
+    /// (key as written in the table, default) of every row of README.md's settings table.
+    fn readme_table() -> Vec<(String, String)> {
+        let section = README
+            .split("\n## Configuration")
+            .nth(1)
+            .expect("README.md has a Configuration section");
+        let section = section.split("\n## ").next().unwrap();
+        let rows: Vec<&str> = section.lines().filter(|l| l.starts_with('|')).collect();
+        let header: Vec<&str> = rows[0]
+            .trim_matches('|')
+            .split('|')
+            .map(str::trim)
+            .collect();
+        assert_eq!(header[..2], ["key", "default"]);
+        rows[2..]
+            .iter()
+            .map(|row| {
+                let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+                let key = cells[0].replace('`', "");
+                let key = match key.strip_prefix('[') {
+                    Some(rest) => {
+                        let (table, k) = rest.split_once("] ").expect("`[table] key`");
+                        format!("{table}.{}", k.trim())
+                    }
+                    None => key,
+                };
+                (key, cells[1].to_string())
+            })
+            .collect()
+    }
+
+    fn norm(s: &str) -> String {
+        s.replace('`', "")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_lowercase()
+    }
+
+    #[test]
+    fn readme_table_lists_every_setting_with_its_default() {
+        let table = readme_table();
+        let mut problems = Vec::new();
+        for a in setting_args() {
+            let id = a.get_id().as_str();
+            let shown = shown_default(&a);
+            match table.iter().find(|(k, _)| k == id) {
+                None => problems.push(format!("`{id}` is missing from README.md's table")),
+                Some((_, d)) if shown.as_deref().map(norm) != Some(norm(d)) => problems.push(
+                    format!("`{id}`: README.md says default {d:?}, the flag {shown:?}"),
+                ),
+                Some(_) => {}
+            }
+        }
+        let ids: Vec<String> = setting_args()
+            .iter()
+            .map(|a| a.get_id().to_string())
+            .collect();
+        for (k, _) in &table {
+            if !ids.contains(k) {
+                problems.push(format!(
+                    "README.md's table lists `{k}`, which is no setting"
+                ));
+            }
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+
+    #[test]
+    fn every_setting_shows_a_default_and_a_help() {
+        for a in setting_args() {
+            assert!(
+                shown_default(&a).is_some(),
+                "{}: no default shown",
+                a.get_id()
+            );
+            assert!(!help_text(&a).is_empty(), "{}: no help", a.get_id());
+        }
+    }
+
+    #[test]
+    fn printed_defaults_parse_back_to_the_defaults() {
+        let text = defaults_toml();
+        let got = Layers::new()
+            .toml(&text, "defaults")
+            .unwrap()
+            .settings()
+            .unwrap();
+        assert_eq!(got, MountSettings::default());
+        for a in setting_args() {
+            let id = a.get_id().as_str();
+            let key = id.rsplit('.').next().unwrap();
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&format!("{key} =")) || l == format!("# {key} =")),
+                "{id} is not in the printed defaults:\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn sections_default_to_their_own_defaults() {
+        let d = MountSettings::default();
+        assert_eq!(d.policy, feedback::config::PolicyConfig::default());
+        assert_eq!(d.stager, prefetcher::stager::StagerConfig::default());
+        assert_eq!(d.control, crate::control::ControlConfig::default());
+        assert_eq!(d.s3, prefetcher::s3::S3Config::default());
+    }
+
+    #[test]
+    fn readme_sample_config_resolves() {
+        let mut blocks = README.split("```toml\n").skip(1);
+        let block = blocks.next().expect("README.md has a ```toml block");
+        let text = block.split("```").next().unwrap();
+        let cfg = MountConfig::from_toml(text, "README.md").unwrap();
+        assert!(cfg.budget > 0);
+    }
+}
