@@ -312,6 +312,28 @@ def test_bad_config_value_names_the_key(mounts, dataset, tmp_path):
     assert r.returncode != 0 and "budgte" in r.stderr, r.stderr
 
 
+def test_settings_layers_file_env_flags(mounts, dataset, tmp_path):
+    """A real mount takes each setting from the highest layer that sets it: flags over METFS_*
+    variables over the config file; METFS_SOCKET (a client's variable) never moves the socket."""
+    src, _ = dataset
+    cfg = tmp_path / "metfs.toml"
+    cfg.write_text('rf = 8\nread_path = "cached"\n[control]\nmax_connections = 0\n')
+    env = {**os.environ, "METFS_RF": "3", "METFS_READ_PATH": "passthrough",
+           "METFS_CONTROL_MAX_CONNECTIONS": "16", "METFS_SOCKET": str(tmp_path / "elsewhere.sock")}
+    m = mounts(src, "6MiB", "--config", str(cfg), "--read-path", "pread", name="layers")
+    m.env = env
+    m.mount()
+    st = m.status()  # at CACHE/metfs.sock
+    assert (st["rf"], st["read_path"]) == (3, "pread"), st
+    assert not (tmp_path / "elsewhere.sock").exists()
+    # A value that does not fit is refused, naming the setting and the variable it came from.
+    m.umount()
+    bad = mounts(src, "6MiB", "--config", str(cfg), name="bad")
+    bad.env = {**env, "METFS_CONTROL_MAX_CONNECTIONS": "0"}
+    r = bad.mount(check=False)
+    assert r.returncode != 0 and "control.max_connections" in r.stderr and "METFS_CONTROL_MAX_CONNECTIONS" in r.stderr, r.stderr
+
+
 def test_symlink_out_of_the_source_is_not_served(mounts, tmp_path):
     src = tmp_path / "tier"
     files = make_tree(src, n=30, max_size=1024)

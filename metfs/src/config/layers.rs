@@ -5,9 +5,10 @@
 //! layer a setting's value came from, and errors name it. A layer holds only what it was
 //! given: the flags layer keeps only the flags clap saw on the command line (its defaults are
 //! [`MountSettings::default`], below every layer), and the environment layer only `METFS_*`
-//! variables that name a setting, so that `METFS_BIN` or `METFS_SOCKET` for a client command do
-//! not trip the unknown-key check (a setting's variable is `METFS_` and its flag in capitals,
-//! `--stager-concurrency` is `METFS_STAGER_CONCURRENCY`).
+//! variables that name a setting, so that `METFS_BIN` for a test or `METFS_MOUNTPOINT` for the
+//! Slurm helper do not trip the unknown-key check (a setting's variable is `METFS_` and its flag
+//! in capitals, `--stager-concurrency` is `METFS_STAGER_CONCURRENCY`; `socket` has none, see
+//! [`env_var`]).
 //!
 //! Environment values are strings; they are read as the setting's type (`figment`'s lossy
 //! extraction: "4" for a number, "false" for a bool), as a command line would be.
@@ -143,9 +144,18 @@ fn top_level_keys() -> Vec<String> {
     keys
 }
 
-/// The environment variable of a setting: `METFS_` and its flag in capitals.
-pub fn env_var(flag: &str) -> String {
-    format!("METFS_{}", flag.trim_start_matches('-').replace('-', "_")).to_uppercase()
+/// Settings the environment does not set. `METFS_SOCKET` tells clients (`metfs status`, the
+/// Python package) which daemon to talk to; were it also a mount's socket, a second mount from
+/// a shell that exported it for the first would take over the first daemon's socket.
+const NOT_FROM_ENV: [&str; 1] = ["socket"];
+
+/// The environment variable of a setting (`METFS_` and its flag in capitals), if it has one.
+pub fn env_var(arg: &clap::Arg) -> Option<String> {
+    if NOT_FROM_ENV.contains(&arg.get_id().as_str()) {
+        return None;
+    }
+    let flag = arg.get_long()?;
+    Some(format!("METFS_{}", flag.replace('-', "_")).to_uppercase())
 }
 
 impl Layers {
@@ -194,7 +204,7 @@ impl Layers {
     pub fn env(mut self, vars: impl IntoIterator<Item = (String, String)>) -> Self {
         let names: BTreeMap<String, String> = setting_args()
             .iter()
-            .filter_map(|a| Some((env_var(a.get_long()?), a.get_id().to_string())))
+            .filter_map(|a| Some((env_var(a)?, a.get_id().to_string())))
             .collect();
         for (var, value) in vars {
             if let Some(id) = names.get(&var) {

@@ -426,8 +426,19 @@ mod tests {
         let err = resolve("[s3.retry]\nmax_retrys = 4\n", &[], &[]).unwrap_err();
         assert!(err.contains("unknown field `max_retrys`"), "{err}");
         // The environment holds variables of other tools (and metfs's own client settings):
-        // only those naming a setting are read.
-        resolve("", &[("METFS_BIN", "/x"), ("METFS_MOUNTPOINT", "/m")], &[]).unwrap();
+        // only those naming a setting are read. METFS_SOCKET names a daemon to clients; it
+        // never moves a mount's socket onto another daemon's.
+        let c = resolve(
+            "",
+            &[
+                ("METFS_BIN", "/x"),
+                ("METFS_MOUNTPOINT", "/m"),
+                ("METFS_SOCKET", "/c/other.sock"),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.socket, PathBuf::from("/c/metfs.sock"));
     }
 
     #[test]

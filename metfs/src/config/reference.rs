@@ -119,7 +119,8 @@ fn render(out: &mut String, values: &MountSettings, layers: Option<&Layers>) {
             if layers.is_none() {
                 out.push('\n');
                 comment(out, &help_text(a));
-                comment(out, &format!("--{flag}, {}", env_var(flag)));
+                let var = env_var(a).unwrap_or_else(|| "not from the environment".into());
+                comment(out, &format!("--{flag}, {var}"));
             }
             let path = if table.is_none() && super::layers::is_policy_key(id) {
                 format!("{}.{id}", super::settings::POLICY_TABLE)
