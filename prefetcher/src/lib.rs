@@ -8,8 +8,9 @@
 //! * [`planner`]: a pure function from (catalog, seed, epoch, node rank, node count, budget,
 //!   strategy) to that epoch's mini-epochs; `planner::dependent_views` plans several jobs
 //!   over overlapping datasets together (dependent sampling, paper 004).
-//! * [`refcnt`]: the book of a store shared by several jobs (reference counts, pins, fixed
-//!   shares of the budget) and its eviction order, with a simulation of it (`refcnt::sim`).
+//! * [`refcnt`]: several jobs on one store: the book (reference counts, pins, fixed shares of
+//!   the budget) and its eviction order, each job's views with what to fetch, evict or wait
+//!   for (`refcnt::cohort`), and a simulation of both (`refcnt::sim`).
 //! * [`stager`]: copies one mini-epoch into its slot with bounded concurrency, verifies, fsyncs,
 //!   renames, and journals progress so that a restart resumes.
 //! * [`hdf5`]: per-sample HDF5 labels, and container files staged as mini-epochs of rows (a

@@ -7,6 +7,8 @@
 //! * **Reference count** of a sample: how many jobs still need it this epoch. A job's epoch
 //!   adds one for each sample of its dataset ([`Ledger::need`]); reading it (the job's view
 //!   that held it is done) takes one away ([`Ledger::consumed`]); leaving takes away the rest.
+//!   A job that has started its next epoch before finishing this one (it draws ahead) holds
+//!   one reference per epoch.
 //! * **Pin** of a sample: how many jobs have it in their current or next view
 //!   ([`Ledger::pin`], [`Ledger::unpin`]). A pinned sample is never evicted.
 //! * **Staged** samples: what the store holds, with each one's bytes and when it was last
@@ -33,10 +35,18 @@
 //! sample being staged always finds room. (A sample pinned by two jobs counts against both
 //! shares but is stored once; the rule is conservative, never wrong.)
 
+//!
+//! # Layout
+//!
+//! This file is the book ([`Ledger`]); [`cohort`] builds on it the jobs' views, what to fetch
+//! and evict for each, and the pace (`wait` or `evict`); [`sim`] runs jobs through either, tick
+//! by tick, to count tier reads (the tests and `examples/share_sim.rs`).
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use thiserror::Error;
 
+pub mod cohort;
 pub mod sim;
 
 /// A job's key in the ledger (the daemon maps job names to these).
@@ -89,8 +99,9 @@ pub enum LedgerError {
 #[derive(Debug, Default)]
 struct Job {
     share: u64,
-    /// Samples this job still needs this epoch.
-    needs: HashSet<u32>,
+    /// Reads this job still owes each sample (one per epoch it has started and not yet read
+    /// the sample in; two when it draws ahead into its next epoch).
+    needs: HashMap<u32, u32>,
     /// Samples this job pins, with their bytes.
     pins: HashMap<u32, u64>,
     pinned: u64,
@@ -184,6 +195,29 @@ impl Ledger {
         self.staged.contains_key(&sample)
     }
 
+    /// The reads `job` still owes `sample` (its part of the reference count).
+    pub fn owed(&self, job: JobId, sample: u32) -> u32 {
+        self.jobs
+            .get(&job)
+            .and_then(|j| j.needs.get(&sample).copied())
+            .unwrap_or(0)
+    }
+
+    /// The samples that staging `bytes` more would evict now, in order (empty when they fit;
+    /// all the unpinned ones when even that is not enough).
+    pub fn would_evict(&self, bytes: u64) -> Vec<u32> {
+        let mut short = (self.used + bytes).saturating_sub(self.budget);
+        let mut out = Vec::new();
+        for &(_, _, s) in &self.order {
+            if short == 0 {
+                break;
+            }
+            short = short.saturating_sub(self.staged[&s].size);
+            out.push(s);
+        }
+        out
+    }
+
     /// Number of staged samples.
     pub fn staged_count(&self) -> usize {
         self.staged.len()
@@ -219,8 +253,8 @@ impl Ledger {
             .jobs
             .remove(&job)
             .ok_or(LedgerError::UnknownJob { job })?;
-        for s in j.needs {
-            self.add_ref(s, -1);
+        for (s, n) in j.needs {
+            self.add_ref(s, -(n as i32));
         }
         for (s, _) in j.pins {
             self.release_pin(s);
@@ -228,34 +262,38 @@ impl Ledger {
         Ok(())
     }
 
-    /// `job` will read every one of `samples` this epoch (once each; repeats are ignored).
+    /// `job` starts an epoch that reads every one of `samples` once: each gains one reference.
     pub fn need(&mut self, job: JobId, samples: &[u32]) -> Result<(), LedgerError> {
         let j = self
             .jobs
             .get_mut(&job)
             .ok_or(LedgerError::UnknownJob { job })?;
-        let fresh: Vec<u32> = samples
-            .iter()
-            .copied()
-            .filter(|&s| j.needs.insert(s))
-            .collect();
-        for s in fresh {
+        for &s in samples {
+            *j.needs.entry(s).or_insert(0) += 1;
+        }
+        for &s in samples {
             self.add_ref(s, 1);
         }
         Ok(())
     }
 
-    /// `job` has read `samples` for this epoch (those it did not need are ignored).
+    /// `job` has read `samples` (once each): each loses one of its references (samples it owed
+    /// nothing are ignored).
     pub fn consumed(&mut self, job: JobId, samples: &[u32]) -> Result<(), LedgerError> {
         let j = self
             .jobs
             .get_mut(&job)
             .ok_or(LedgerError::UnknownJob { job })?;
-        let done: Vec<u32> = samples
-            .iter()
-            .copied()
-            .filter(|s| j.needs.remove(s))
-            .collect();
+        let mut done = Vec::with_capacity(samples.len());
+        for &s in samples {
+            if let Some(n) = j.needs.get_mut(&s) {
+                *n -= 1;
+                if *n == 0 {
+                    j.needs.remove(&s);
+                }
+                done.push(s);
+            }
+        }
         for s in done {
             self.add_ref(s, -1);
         }

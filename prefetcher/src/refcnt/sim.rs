@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 
 use thiserror::Error;
 
+use super::cohort::{Cohort, CohortError, Next, Pace};
 use super::{JobId, Ledger, LedgerError, Policy};
 use crate::planner::{DependentSampler, DsaError};
 
@@ -219,4 +220,153 @@ pub fn staggered_case(
             }
         })
         .collect()
+}
+
+/// One job of a [`simulate_cohort`] run.
+#[derive(Debug, Clone)]
+pub struct CohortJob {
+    pub name: String,
+    pub dataset: Vec<u32>,
+    /// The tick it arrives at.
+    pub arrival: u64,
+    /// Ticks per sample read: a pass over a view of `n` samples takes `n × period` ticks.
+    pub period: u64,
+    /// Passes per view (a fixed rf).
+    pub rf: u32,
+    /// Epochs it runs before leaving.
+    pub epochs: u64,
+}
+
+/// A run of jobs through one [`Cohort`] (one daemon, one store).
+#[derive(Debug, Clone)]
+pub struct CohortSim {
+    pub jobs: Vec<CohortJob>,
+    /// Footprint of each sample.
+    pub sizes: Vec<u64>,
+    pub budget: u64,
+    /// Every job's view bound (its share is twice this).
+    pub view_bytes: u64,
+    pub pace: Pace,
+    pub seed: u64,
+}
+
+/// What one job did in a [`simulate_cohort`] run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CohortJobResult {
+    pub passes: u64,
+    /// Passes beyond rf, made while its next view could not be staged.
+    pub bonus_passes: u64,
+    /// Samples read over all passes.
+    pub samples_read: u64,
+    /// Tick of its arrival and of its departure.
+    pub ticks: u64,
+}
+
+/// What a [`simulate_cohort`] run counted.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CohortResult {
+    /// Bytes fetched from the capacity tier.
+    pub tier_bytes: u64,
+    pub jobs: Vec<CohortJobResult>,
+}
+
+/// Runs jobs through one cohort until each has done its epochs. Staging is instant; a job that
+/// gets [`Next::Wait`] makes a bonus pass and asks again at its end.
+pub fn simulate_cohort(cfg: &CohortSim) -> Result<CohortResult, CohortError> {
+    struct Run {
+        arrived: bool,
+        done: bool,
+        pass_end: u64,
+        passes_on_view: u32,
+        res: CohortJobResult,
+    }
+    let mut cohort = Cohort::new(cfg.budget, cfg.sizes.clone(), cfg.seed, cfg.pace);
+    let mut runs: Vec<Run> = cfg
+        .jobs
+        .iter()
+        .map(|_| Run {
+            arrived: false,
+            done: false,
+            pass_end: 0,
+            passes_on_view: 0,
+            res: CohortJobResult::default(),
+        })
+        .collect();
+    let mut tier = 0u64;
+    // Prepares `job`'s next view; true when it is ready.
+    let prepare = |cohort: &mut Cohort, job: &CohortJob, tier: &mut u64| {
+        match cohort.prepare(&job.name)? {
+            Next::Stage { fetch, .. } => {
+                // A view of an epoch the job will not run is never fetched in earnest.
+                if cohort
+                    .next_view(&job.name)
+                    .is_some_and(|v| v.epoch < job.epochs)
+                {
+                    *tier += fetch.iter().map(|&s| cfg.sizes[s as usize]).sum::<u64>();
+                }
+                Ok::<bool, CohortError>(true)
+            }
+            Next::Prepared => Ok(true),
+            Next::Wait => Ok(false),
+        }
+    };
+    let mut tick = 0u64;
+    while runs.iter().any(|r| !r.done) {
+        // Every job arriving now joins before any draws: trials started together draw
+        // together.
+        for (j, job) in cfg.jobs.iter().enumerate() {
+            if !runs[j].arrived && job.arrival == tick {
+                cohort.join(&job.name, &job.dataset, cfg.view_bytes)?;
+            }
+        }
+        for (j, job) in cfg.jobs.iter().enumerate() {
+            let run = &mut runs[j];
+            if run.done {
+                continue;
+            }
+            if !run.arrived {
+                if job.arrival > tick {
+                    continue;
+                }
+                run.arrived = true;
+                run.res.ticks = tick;
+                prepare(&mut cohort, job, &mut tier)?;
+                let n = cohort.advance(&job.name)?.samples.len() as u64;
+                run.pass_end = tick + n * job.period;
+                prepare(&mut cohort, job, &mut tier)?;
+                continue;
+            }
+            if run.pass_end > tick {
+                continue;
+            }
+            let n = cohort.current(&job.name).map_or(0, |v| v.samples.len()) as u64;
+            run.res.passes += 1;
+            run.res.samples_read += n;
+            run.passes_on_view += 1;
+            let mut pass_len = n;
+            if run.passes_on_view >= job.rf {
+                if prepare(&mut cohort, job, &mut tier)? {
+                    let v = cohort.advance(&job.name)?;
+                    let epoch = v.epoch;
+                    pass_len = v.samples.len() as u64;
+                    run.passes_on_view = 0;
+                    if epoch >= job.epochs {
+                        cohort.leave(&job.name)?;
+                        run.done = true;
+                        run.res.ticks = tick - run.res.ticks;
+                        continue;
+                    }
+                    prepare(&mut cohort, job, &mut tier)?;
+                } else {
+                    run.res.bonus_passes += 1;
+                }
+            }
+            run.pass_end = tick + pass_len * job.period;
+        }
+        tick += 1;
+    }
+    Ok(CohortResult {
+        tier_bytes: tier,
+        jobs: runs.into_iter().map(|r| r.res).collect(),
+    })
 }

@@ -1,0 +1,278 @@
+//! Tests of the cohort: the sharing cases through one store against separate stores
+//! of the same total budget, pace, joins mid-epoch, leaving, and bad input.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::super::sim::{simulate_cohort, CohortJob, CohortJobResult, CohortSim};
+use super::*;
+
+/// Sizes 1000..=2999 bytes in a fixed pattern, for `n` samples.
+fn sizes(n: usize) -> Vec<u64> {
+    (0..n as u64).map(|i| 1000 + (i * 7919) % 2000).collect()
+}
+
+fn job(name: &str, dataset: Vec<u32>, period: u64) -> CohortJob {
+    CohortJob {
+        name: name.to_string(),
+        dataset,
+        arrival: 0,
+        period,
+        rf: 2,
+        epochs: 2,
+    }
+}
+
+/// Tier bytes of `jobs` through one store of `budget`, and through one store each of
+/// `budget / k` (separate mounts with the same total budget).
+fn shared_and_separate(jobs: &[CohortJob], sz: &[u64], budget: u64, pace: Pace) -> (u64, u64) {
+    let k = jobs.len() as u64;
+    let view_bytes = budget / (2 * k);
+    let run = |jobs: Vec<CohortJob>, budget: u64| {
+        simulate_cohort(&CohortSim {
+            jobs,
+            sizes: sz.to_vec(),
+            budget,
+            view_bytes,
+            pace,
+            seed: 5,
+        })
+        .unwrap()
+    };
+    let shared = run(jobs.to_vec(), budget);
+    let separate: u64 = jobs
+        .iter()
+        .map(|j| run(vec![j.clone()], budget / k).tier_bytes)
+        .sum();
+    (shared.tier_bytes, separate)
+}
+
+/// A dataset twice the budget; "one job's" bytes are a job alone in a store of its share.
+struct Case {
+    sz: Vec<u64>,
+    d: Vec<u32>,
+    budget: u64,
+}
+
+fn case() -> Case {
+    let n = 2000u32;
+    let sz = sizes(2500);
+    let d: Vec<u32> = (0..n).collect();
+    let total: u64 = d.iter().map(|&s| sz[s as usize]).sum();
+    Case {
+        sz,
+        d,
+        budget: total / 2,
+    }
+}
+
+/// Runs `jobs` through one store and through separate stores; returns (shared, separate,
+/// one job's) tier bytes, "one job's" being the first job alone with the same view bound.
+fn measure(c: &Case, jobs: &[CohortJob], pace: Pace) -> (f64, f64, f64) {
+    let (shared, separate) = shared_and_separate(jobs, &c.sz, c.budget, pace);
+    let k = jobs.len() as u64;
+    let (one, _) = shared_and_separate(&jobs[..1], &c.sz, c.budget / k, pace);
+    (shared as f64, separate as f64, one as f64)
+}
+
+#[test]
+fn two_jobs_on_one_dataset_read_the_tier_about_once() {
+    let c = case();
+    let jobs = [job("a", c.d.clone(), 1), job("b", c.d.clone(), 1)];
+    let (shared, separate, one) = measure(&c, &jobs, Pace::Wait);
+    assert!(shared <= 1.05 * one, "shared {:.3}x one", shared / one);
+    assert!(separate >= 1.9 * one, "separate {:.3}x one", separate / one);
+}
+
+#[test]
+fn four_jobs_on_one_dataset_read_the_tier_about_once() {
+    let c = case();
+    let jobs: Vec<CohortJob> = (0..4)
+        .map(|i| job(&format!("t{i}"), c.d.clone(), 1))
+        .collect();
+    let (shared, separate, one) = measure(&c, &jobs, Pace::Wait);
+    assert!(shared <= 1.1 * one, "shared {:.3}x one", shared / one);
+    assert!(separate >= 3.8 * one, "separate {:.3}x one", separate / one);
+}
+
+#[test]
+fn a_job_twice_as_slow_is_waited_for_not_evicted() {
+    let c = case();
+    let jobs = [job("fast", c.d.clone(), 1), job("slow", c.d.clone(), 2)];
+    let (shared, _, one) = measure(&c, &jobs, Pace::Wait);
+    assert!(shared <= 1.1 * one, "shared {:.3}x one", shared / one);
+    // The fast job waited (bonus passes) instead of evicting, and never stalled: it read as
+    // many samples per tick as alone.
+    let k = 2;
+    let run = |jobs: Vec<CohortJob>, budget: u64, pace| {
+        simulate_cohort(&CohortSim {
+            jobs,
+            sizes: c.sz.clone(),
+            budget,
+            view_bytes: c.budget / (2 * k),
+            pace,
+            seed: 5,
+        })
+        .unwrap()
+    };
+    let both = run(jobs.to_vec(), c.budget, Pace::Wait);
+    let alone = run(vec![jobs[0].clone()], c.budget / k, Pace::Wait);
+    assert!(both.jobs[0].bonus_passes > 0);
+    let rate = |r: &CohortJobResult| r.samples_read as f64 / r.ticks as f64;
+    assert!(rate(&both.jobs[0]) >= 0.9 * rate(&alone.jobs[0]));
+    // With `evict`, the fast job runs ahead and the slow one reads the tier again.
+    let evict = run(jobs.to_vec(), c.budget, Pace::Evict);
+    assert_eq!(evict.jobs[0].bonus_passes, 0);
+    assert!(
+        evict.tier_bytes > both.tier_bytes,
+        "{} vs {}",
+        evict.tier_bytes,
+        both.tier_bytes
+    );
+}
+
+#[test]
+fn overlapping_datasets_read_their_union_about_once() {
+    let c = case();
+    let d2: Vec<u32> = (500..2500).collect();
+    let jobs = [job("a", c.d.clone(), 1), job("b", d2.clone(), 1)];
+    let (shared, _, one) = measure(&c, &jobs, Pace::Wait);
+    let bytes = |d: &[u32]| d.iter().map(|&s| c.sz[s as usize]).sum::<u64>() as f64;
+    let union: Vec<u32> = (0..2500).collect();
+    let bound = 1.05 * bytes(&union) / bytes(&c.d) * one;
+    assert!(
+        shared <= bound,
+        "shared {:.3}x one, bound {:.3}x",
+        shared / one,
+        bound / one
+    );
+}
+
+/// Drives jobs in an arbitrary interleaving; checks every job reads each sample of its dataset
+/// exactly once per epoch, and that the store never evicts a pinned sample or overflows.
+fn drive(
+    c: &mut Cohort,
+    names: &[&str],
+    datasets: &[Vec<u32>],
+    steps: &[usize],
+    seen: &mut BTreeMap<(usize, u64), Vec<u32>>,
+) {
+    for &step in steps {
+        let j = step % names.len();
+        match c.prepare(names[j]).unwrap() {
+            Next::Stage { evict, .. } => {
+                for s in evict {
+                    assert!(!c.ledger().is_pinned(s), "evicted pinned sample {s}");
+                }
+            }
+            Next::Prepared => {}
+            Next::Wait => continue,
+        }
+        let v = c.advance(names[j]).unwrap().clone();
+        for s in &v.samples {
+            assert!(c.ledger().is_staged(*s), "a current sample is not staged");
+        }
+        seen.entry((j, v.epoch)).or_default().extend(&v.samples);
+        assert!(c.ledger().used() <= c.ledger().budget());
+    }
+    for (&(j, epoch), got) in seen.iter() {
+        let mut got = got.clone();
+        got.sort_unstable();
+        let len = got.len();
+        got.dedup();
+        assert_eq!(
+            got.len(),
+            len,
+            "job {j} read a sample twice in epoch {epoch}"
+        );
+        let want: Vec<u32> = datasets[j]
+            .iter()
+            .copied()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        // Every epoch the job has moved past holds its whole dataset.
+        if seen.contains_key(&(j, epoch + 1)) {
+            assert_eq!(got, want, "job {j} epoch {epoch}");
+        } else {
+            assert!(
+                got.iter().all(|s| want.binary_search(s).is_ok()),
+                "job {j}: outside"
+            );
+        }
+    }
+}
+
+#[test]
+fn jobs_at_any_pace_read_their_dataset_once_per_epoch() {
+    let sz = sizes(300);
+    let d: Vec<Vec<u32>> = vec![
+        (0..200).collect(),
+        (100..300).collect(),
+        (0..300).step_by(2).collect(),
+    ];
+    let mut c = Cohort::new(60_000, sz, 1, Pace::Wait);
+    c.join("a", &d[0], 10_000).unwrap();
+    c.join("b", &d[1], 10_000).unwrap();
+    // "c" joins mid-epoch, after the others have moved.
+    let steps: Vec<usize> = (0..60).map(|i| if i % 3 == 0 { 1 } else { 0 }).collect();
+    let mut seen = BTreeMap::new();
+    drive(&mut c, &["a", "b"], &d[..2], &steps, &mut seen);
+    c.join("c", &d[2], 10_000).unwrap();
+    let steps: Vec<usize> = (0..300usize).map(|i| (i * 7 + i / 5) % 3).collect();
+    drive(&mut c, &["a", "b", "c"], &d, &steps, &mut seen);
+    assert!(seen.contains_key(&(2, 1)), "the late job finished an epoch");
+    // A full epoch of each: every sample once, whatever the interleaving.
+    let statuses = c.members();
+    assert_eq!(statuses.len(), 3);
+    assert!(statuses.iter().all(|m| m.epoch >= 1), "{statuses:?}");
+}
+
+#[test]
+fn leaving_returns_the_share_and_the_others_go_on() {
+    let sz = sizes(100);
+    let d: Vec<u32> = (0..100).collect();
+    let mut c = Cohort::new(40_000, sz, 1, Pace::Wait);
+    c.join("a", &d, 10_000).unwrap();
+    c.join("b", &d, 10_000).unwrap();
+    // Full: a third job is refused with the numbers, and the others are untouched.
+    let err = c.join("c", &d, 5_000).unwrap_err().to_string();
+    assert!(
+        err.contains("\"c\"") && err.contains("10000") && err.contains("0 of the 40000"),
+        "{err}"
+    );
+    assert_eq!(c.members().len(), 2);
+    for n in ["a", "b", "a", "b"] {
+        c.prepare(n).unwrap();
+        c.advance(n).unwrap();
+    }
+    c.leave("b").unwrap();
+    assert!(matches!(c.leave("b"), Err(CohortError::UnknownJob(_))));
+    c.join("c", &d, 10_000).unwrap();
+    let mut seen = BTreeMap::new();
+    drive(
+        &mut c,
+        &["a", "c"],
+        &[d.clone(), d.clone()],
+        &(0..40).collect::<Vec<_>>(),
+        &mut seen,
+    );
+}
+
+#[test]
+fn bad_input_names_the_job() {
+    let sz = sizes(10);
+    let mut c = Cohort::new(100_000, sz, 1, Pace::Wait);
+    c.join("a", &[1, 2], 10_000).unwrap();
+    assert!(matches!(c.join("a", &[1], 10_000), Err(CohortError::DuplicateJob(n)) if n == "a"));
+    let e = c.join("b", &[1, 99], 10_000).unwrap_err().to_string();
+    assert!(e.contains("\"b\"") && e.contains("sample 99"), "{e}");
+    let e = c.join("b", &[1], 500).unwrap_err().to_string();
+    assert!(e.contains("more than its 500-byte view"), "{e}");
+    let e = c.join("b", &[3, 3], 10_000).unwrap_err().to_string();
+    assert!(e.contains("\"b\"") && e.contains("twice"), "{e}");
+    assert!(matches!(c.advance("a"), Err(CohortError::NotPrepared(_))));
+    assert!(matches!(c.prepare("zz"), Err(CohortError::UnknownJob(_))));
+    // Nothing of the refused joins stayed behind: "b" can join now.
+    c.join("b", &[3, 4], 10_000).unwrap();
+    assert_eq!(c.ledger().unshared(), 100_000 - 40_000);
+}
