@@ -1,7 +1,7 @@
 //! Logging: `tracing` to stderr in the foreground, or to a size-capped file in the background.
 //!
 //! The log lives in the cache directory and so counts against the budget; the budget reserves
-//! [`crate::daemon::LOG_RESERVE`] for it and the event log. The writer rotates `metfs.log` to
+//! [`LOG_RESERVE`] for it and the event log. The writer rotates `metfs.log` to
 //! `metfs.log.1` at [`LOG_ROTATE`], so the two files never exceed the reserve. `tracing-appender` rotates by
 //! time only, hence this small writer.
 //!
@@ -22,6 +22,10 @@ use tracing_subscriber::EnvFilter;
 
 /// Size at which `metfs.log` rotates to `metfs.log.1`.
 pub const LOG_ROTATE: u64 = 256 << 10;
+
+/// Bytes of the cache budget the log and the run's event log may take: each rotates once, so
+/// each takes at most two files of its rotation size (1.5 MiB in all).
+pub const LOG_RESERVE: u64 = 2 * LOG_ROTATE + 2 * crate::events::ROTATE_BYTES;
 
 /// The background daemon's log file.
 struct Capped {

@@ -536,7 +536,7 @@ fn plan_catalog(
     strategy: Strategy,
     label_from_dirs: bool,
     budget: u64,
-) -> Result<(prefetcher::catalog::Catalog, daemon::Budget)> {
+) -> Result<(prefetcher::catalog::Catalog, prefetcher::budget::Budget)> {
     let mut cat = match (manifest, source) {
         (Some(m), None) => prefetcher::manifest::load_catalog(m)?,
         (None, Some(src)) => {
@@ -558,7 +558,7 @@ fn plan_catalog(
         .map(|i| cat.dir_and_name(i).1.len() as u64)
         .sum();
     let catalog_bytes = names + 24 * cat.len() as u64;
-    let b = daemon::Budget::new(budget, &cat, catalog_bytes)?;
+    let b = prefetcher::budget::Budget::new(budget, &cat, catalog_bytes, logging::LOG_RESERVE)?;
     Ok((cat, b))
 }
 
@@ -591,7 +591,11 @@ fn dds_cmd(cmd: DdsCmd) -> Result<()> {
                 a.label_from_dirs,
                 budget,
             )?;
-            let footprints = cat.sizes().iter().map(|&s| daemon::round_up(s)).collect();
+            let footprints = cat
+                .sizes()
+                .iter()
+                .map(|&s| prefetcher::budget::round_up(s))
+                .collect();
             let samples = dataset::samples(&cat, footprints);
             let meta = dataset::queue_meta(
                 &cat,
@@ -684,7 +688,11 @@ fn plan_cmd(a: PlanArgs) -> Result<()> {
         a.label_from_dirs,
         budget,
     )?;
-    let footprints: Vec<u64> = cat.sizes().iter().map(|&s| daemon::round_up(s)).collect();
+    let footprints: Vec<u64> = cat
+        .sizes()
+        .iter()
+        .map(|&s| prefetcher::budget::round_up(s))
+        .collect();
     let set = SampleSet {
         sizes: &footprints,
         labels: cat.labels(),

@@ -206,7 +206,7 @@ fn planned(cfg: &MountConfig, d: &Daemon, epoch: u64) -> Vec<BTreeSet<String>> {
     let footprints: Vec<u64> = catalog
         .sizes()
         .iter()
-        .map(|&s| metfs::daemon::round_up(s))
+        .map(|&s| prefetcher::budget::round_up(s))
         .collect();
     let set = SampleSet {
         sizes: &footprints,

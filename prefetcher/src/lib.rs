@@ -5,6 +5,8 @@
 //! * [`catalog`]: every sample of the dataset, stored compactly (interned directories, one
 //!   string arena, integer sample ids) so that ten million samples stay small.
 //! * [`manifest`]: CSV / JSON-lines manifests that replace a listing of the tier.
+//! * [`budget`]: how a node's cache budget splits into two slots and a metadata reserve (the
+//!   planner's `slot_bytes`).
 //! * [`planner`]: a pure function from (catalog, seed, epoch, node rank, node count, budget,
 //!   strategy) to that epoch's mini-epochs; `planner::dependent_views` plans several jobs
 //!   over overlapping datasets together (dependent sampling, paper 004).
@@ -24,6 +26,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod budget;
 pub mod catalog;
 pub mod hdf5;
 pub mod manifest;

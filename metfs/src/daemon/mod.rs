@@ -50,7 +50,7 @@
 //! Layout: `store`, `session`, `kernel`, `source` (tier and catalog), `setup` (checks, lock,
 //! policy, resume, first staging), `staging` (the staging loop, eviction, pacing), `switch` (`pass_end`, `advance`,
 //! the switch and kernel invalidation), `status` (status, files, metrics, shutdown), `budget`,
-//! `state` (`state.json`).
+//! `state` (`state.json`, the generation's range).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -62,6 +62,7 @@ use feedback::config::PolicyKind;
 use feedback::history::{HistoryStore, MiniEpochRecord, RunId};
 use feedback::policy::{PassState, RfPolicy, Verdict};
 use feedback::protocol::{ErrorCode, Metrics, ProtocolError};
+use prefetcher::budget::{round_up, Budget, BudgetError};
 use prefetcher::catalog::Catalog;
 use prefetcher::hdf5::Containers;
 use prefetcher::pacer::{JustInTime, Pacer};
@@ -103,8 +104,8 @@ pub enum DaemonError {
         reserve: String,
     },
     /// The budget does not even cover the metadata.
-    #[error("budget {budget} is too small: metadata alone needs {reserve}")]
-    BudgetBelowReserve { budget: String, reserve: String },
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
     /// The planner refused the settings.
     #[error("planning: {0}")]
     Plan(#[from] PlanError),
@@ -153,7 +154,6 @@ impl CachePaths {
     }
 }
 
-mod budget;
 mod kernel;
 mod session;
 mod setup;
@@ -164,13 +164,13 @@ mod status;
 mod store;
 mod switch;
 
-pub use budget::*;
 pub use kernel::KernelCache;
 pub use session::DEFAULT_SESSION;
 use session::*;
 pub use setup::*;
 pub use source::*;
 use staging::*;
+pub use staging::{AUTO_TRICKLE, PACING_MARGIN};
 pub use state::*;
 pub use store::Store;
 
@@ -298,7 +298,6 @@ pub fn successor(cur: (u64, u32), nm: u32) -> (u64, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prefetcher::catalog::CatalogEntry;
 
     #[test]
     fn successor_wraps_epochs() {
@@ -359,47 +358,5 @@ mod tests {
         assert_eq!(next_generation(1), 2);
         assert_eq!(next_generation(GENERATION_LIMIT - 2), GENERATION_LIMIT - 1);
         assert_eq!(next_generation(GENERATION_LIMIT - 1), 1);
-    }
-
-    proptest::proptest! {
-        /// Any budget, catalog sizes and metadata sizes up to u64::MAX: the split never panics,
-        /// and when it succeeds two slots and the reserve fit in the budget.
-        #[test]
-        fn prop_budget_never_overflows(
-            budget in proptest::prelude::any::<u64>(),
-            sizes in proptest::collection::vec(proptest::prelude::any::<u64>(), 1..6),
-            catalog_bytes in proptest::prelude::any::<u64>(),
-            extra in proptest::prop_oneof![proptest::strategy::Just(0u64), proptest::prelude::any::<u64>()],
-        ) {
-            let cat = Catalog::from_entries(
-                "s",
-                sizes.iter().enumerate().map(|(i, &s)| CatalogEntry::new(format!("d/f{i}"), s)),
-            )
-            .unwrap();
-            let _ = cat.total_bytes();
-            if let Ok(b) = Budget::with_extra(budget, &cat, catalog_bytes, extra) {
-                let used = u128::from(b.slot_bytes) * 2 + u128::from(b.reserve);
-                proptest::prop_assert!(used <= u128::from(budget));
-            }
-            for &s in &sizes {
-                proptest::prop_assert!(round_up(s) >= s);
-            }
-        }
-    }
-
-    #[test]
-    fn budget_reserve_and_slots() {
-        let cat = Catalog::from_entries(
-            "s",
-            (0..100).map(|i| CatalogEntry::new(format!("d{}/f{i}", i % 4), 1000)),
-        )
-        .unwrap();
-        let b = Budget::new(64 << 20, &cat, 5000).unwrap();
-        assert!(b.reserve > LOG_RESERVE);
-        assert_eq!(b.slot_bytes, (b.budget - b.reserve) / 2);
-        assert!(Budget::new(1 << 20, &cat, 5000).is_err());
-        assert_eq!(round_up(0), 0);
-        assert_eq!(round_up(1), 4096);
-        assert_eq!(round_up(4096), 4096);
     }
 }

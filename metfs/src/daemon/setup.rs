@@ -238,7 +238,12 @@ impl Daemon {
         let extra = containers
             .as_ref()
             .map_or(0, |c| 2 * c.files().len() as u64 * (1 << 20));
-        let budget = Budget::with_extra(cfg.budget, &catalog, catalog_bytes, extra)?;
+        let budget = Budget::new(
+            cfg.budget,
+            &catalog,
+            catalog_bytes,
+            crate::logging::LOG_RESERVE.saturating_add(extra),
+        )?;
         let footprints: Vec<u64> = if containers.is_some() {
             catalog.sizes().to_vec()
         } else {

@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// Staging rate of `prefetch_rate = auto` before the first pass has been timed.
+pub const AUTO_TRICKLE: u64 = 256 << 10;
+/// Share of the current mini-epoch's expected duration that just-in-time pacing keeps as slack:
+/// staging aims to finish when 95% of it has passed, and so runs at 1/0.95 = 1.05x the average
+/// rate the mini-epoch needs. With rf >= 4 that is at least a fifth of a pass to absorb a slow
+/// pass before it turns into a `wait`, and staging that falls behind anyway runs at the cap.
+pub const PACING_MARGIN: f64 = 0.05;
+
 /// A slot to stage for a session's successor.
 struct StagingJob {
     session: String,

@@ -3,6 +3,26 @@
 
 use super::*;
 
+/// Generations are below this: inode numbers carry the generation in their high 32 bits
+/// (`generation << 32 | node`). After `GENERATION_LIMIT - 1` the generation wraps to 1 (see
+/// [`next_generation`]).
+pub const GENERATION_LIMIT: u64 = 1 << 32;
+/// Epochs and sequence numbers in `state.json` are below this: a run of 2^48 mini-epochs is not
+/// one metfs will see, and the bound leaves every `+ 1` of a long run room to grow.
+pub const POSITION_LIMIT: u64 = 1 << 48;
+
+/// The generation after `g`: one more, or 1 after the last one that fits an inode number. A
+/// wrapped generation cannot meet a view still held from before the wrap (that would take
+/// four billion switches while one handle stays open), and clients only compare generations
+/// for inequality.
+pub fn next_generation(g: u64) -> u64 {
+    if g + 1 >= GENERATION_LIMIT {
+        1
+    } else {
+        g + 1
+    }
+}
+
 /// The position saved in `CACHE/state.json`.
 ///
 /// The file is metfs's own, but it is read back as untrusted input: [`SavedState::from_json`]
