@@ -424,33 +424,44 @@ impl Cohort {
                         })?;
                 }
             }
+            // The jobs drawing stay the same until one of them has drawn its whole epoch, so
+            // the bookkeeping for a round is built once for a run of rounds.
             let drawing: Vec<(String, usize)> = self
                 .members
                 .iter()
                 .filter_map(|(n, m)| m.idx.map(|i| (n.clone(), i)))
                 .collect();
             let idx: Vec<usize> = drawing.iter().map(|d| d.1).collect();
-            let picks = self.sampler.draw(&idx).map_err(sampler_err)?;
-            let owner = |i: usize| &drawing[idx.iter().position(|&x| x == i).expect("drawn")].0;
-            let overflow = picks.iter().any(|&(i, s)| {
-                let m = &self.members[owner(i)];
-                m.open.bytes + self.sizes[s as usize] > m.view_bytes
-            });
-            if overflow {
-                for m in self.members.values_mut() {
-                    if !m.open.samples.is_empty() {
-                        let epoch = m.open.epoch;
-                        let mut v = std::mem::replace(&mut m.open, empty(epoch));
-                        v.samples.sort_unstable();
-                        m.queue.push_back(v);
+            let mut owner = [usize::MAX; crate::planner::MAX_JOBS];
+            for (k, &i) in idx.iter().enumerate() {
+                owner[i] = k;
+            }
+            loop {
+                let picks = self.sampler.draw(&idx).map_err(sampler_err)?;
+                let overflow = picks.iter().any(|&(i, s)| {
+                    let m = &self.members[&drawing[owner[i]].0];
+                    m.open.bytes + self.sizes[s as usize] > m.view_bytes
+                });
+                if overflow {
+                    for m in self.members.values_mut() {
+                        if !m.open.samples.is_empty() {
+                            let epoch = m.open.epoch;
+                            let mut v = std::mem::replace(&mut m.open, empty(epoch));
+                            v.samples.sort_unstable();
+                            m.queue.push_back(v);
+                        }
                     }
                 }
-            }
-            for &(i, s) in &picks {
-                let size = self.sizes[s as usize];
-                let m = self.members.get_mut(owner(i)).expect("member");
-                m.open.samples.push(s);
-                m.open.bytes += size;
+                for &(i, s) in &picks {
+                    let size = self.sizes[s as usize];
+                    let m = self.members.get_mut(&drawing[owner[i]].0).expect("member");
+                    m.open.samples.push(s);
+                    m.open.bytes += size;
+                }
+                let finished = idx.iter().any(|&i| self.sampler.remaining(i) == 0);
+                if finished || !self.members[name].queue.is_empty() {
+                    break;
+                }
             }
             // A job that has drawn its whole epoch closes its last view and leaves the sampler.
             for (n, i) in &drawing {
