@@ -357,22 +357,30 @@ async fn a_new_daemon_on_the_same_cache_resumes_without_refetching() {
     r.stop().await;
 }
 
-/// Bytes the directory tree under `root` takes on disk (st_blocks * 512); entries that vanish
-/// while it is walked are skipped.
+/// Bytes the directory tree under `root` takes on disk (st_blocks * 512, each inode once);
+/// entries that vanish while it is walked are skipped.
 fn allocated(root: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
-    let Ok(md) = std::fs::symlink_metadata(root) else {
-        return 0;
-    };
-    let mut total = md.blocks() * 512;
-    if md.is_dir() {
-        if let Ok(rd) = std::fs::read_dir(root) {
-            for e in rd.flatten() {
-                total += allocated(&e.path());
+    // Each inode once: a sample hard-linked into two slots is one file on disk.
+    fn walk(p: &Path, seen: &mut BTreeSet<u64>) -> u64 {
+        let Ok(md) = std::fs::symlink_metadata(p) else {
+            return 0;
+        };
+        let mut total = if seen.insert(md.ino()) {
+            md.blocks() * 512
+        } else {
+            0
+        };
+        if md.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(p) {
+                for e in rd.flatten() {
+                    total += walk(&e.path(), seen);
+                }
             }
         }
+        total
     }
-    total
+    walk(root, &mut BTreeSet::new())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -501,6 +509,51 @@ async fn a_dataset_that_fits_one_slot_is_read_from_the_tier_once() {
     wait_next_ready(&d).await;
     assert_cache_bytes_count_links_once(&d, &t.cache);
     assert!(status_u64(&d, "cache_bytes") <= 16 << 20);
+    drop(d);
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dataset_that_fits_the_budget_but_not_one_slot_is_read_from_the_tier_once() {
+    // 10 MiB: a slot holds ~4 MiB, so the ~5 MiB dataset makes two mini-epochs, which the
+    // budget holds together: each epoch's (random) mini-epochs are all on the node already.
+    let budget = 10 << 20;
+    let t = setup_full(1, budget, "");
+    let dataset: u64 = t.source.values().map(|v| v.len() as u64).sum();
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (stop, peak, cache) = (stop.clone(), peak.clone(), t.cache.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(allocated(&cache), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    assert_eq!(status_u64(&d, "mini_epochs"), 2);
+    for _ in 0..6 {
+        wait_next_ready(&d).await;
+        assert_cache_bytes_count_links_once(&d, &t.cache);
+        check_bytes(&read_view(&d.fs()), &t.source);
+        assert_eq!(d.advance(true).await.unwrap()["decision"], "advance");
+    }
+    wait_next_ready(&d).await;
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    assert_eq!(status_u64(&d, "epoch"), 3);
+    assert_eq!(
+        status_u64(&d, "tier_bytes_read"),
+        dataset,
+        "a sample the budget could keep was fetched again"
+    );
+    let peak = peak.load(Ordering::Relaxed);
+    assert!(
+        peak <= budget,
+        "the cache took {peak} bytes, over the budget of {budget}"
+    );
     drop(d);
     r.stop().await;
 }

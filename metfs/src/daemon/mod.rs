@@ -18,8 +18,9 @@
 //!
 //! Invariants. A session's view is always a complete, verified slot of the store; a switch
 //! replaces it in one step (the core's pointer swap) and the old slot drains. The cache holds
-//! at most the budget: staging waits while any slot drains, and a slot leaves `draining` only
-//! once its files are deleted (see the store's doc). Locks: the sessions' lock, then the
+//! at most the budget: staging waits while any slot drains (unless the store keeps it as a
+//! donor within the budget, each hard-linked file counted once), and a slot leaves `draining`
+//! only once its files are deleted (see the store's doc). Locks: the sessions' lock, then the
 //! store's; never the other way, and neither is held across an `await`.
 //!
 //! State machine of a session. It is at (epoch, mini-epoch) with `passes` completed over it.

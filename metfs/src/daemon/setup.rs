@@ -496,7 +496,7 @@ impl Daemon {
         ));
         let mut plans = BTreeMap::new();
         plans.insert(epoch, plan.clone());
-        store.begin_slot(&slot_name(cur), store.footprint(&me.samples));
+        store.begin_slot(&slot_name(cur), &me.samples);
         store.note_links(&slot_name(cur), &report);
         let session = Session {
             name: DEFAULT_SESSION.to_string(),

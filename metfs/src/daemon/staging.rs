@@ -207,8 +207,7 @@ impl Daemon {
             progress: progress.clone(),
             started: Instant::now(),
         };
-        self.store
-            .begin_slot(&slot, self.store.footprint(&me.samples));
+        self.store.begin_slot(&slot, &me.samples);
         // The store adds its slots as donors (`Store::stage`).
         let spec = SlotSpec {
             name: slot,
@@ -240,6 +239,10 @@ impl Daemon {
         let Some(slot) = self.store.claim_eviction(gen) else {
             return;
         };
+        // A slot held for the next staging goes once that staging has taken its samples.
+        self.store
+            .wait_unheld(&slot, || self.is_shutting_down())
+            .await;
         self.fs.retire(gen);
         let mut pause = Duration::from_millis(200);
         loop {

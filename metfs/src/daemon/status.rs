@@ -160,6 +160,7 @@ impl Daemon {
             "stall_free_rf": self.stall_free_rf(s),
             "prefetch_rate": self.store.stager.pacer().rate(),
             "staging": staging,
+            "kept_slots": self.store.kept_count(),
             "draining_slots": draining_slots,
             "draining": self.draining_detail(),
             "open_handles": self.fs.open_handles(),

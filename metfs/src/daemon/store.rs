@@ -4,25 +4,43 @@
 //! draining. Views are built over it ([`Store::view_for`]); sessions ask it to stage and to
 //! retire slots, and never touch the cache directory themselves.
 //!
-//! Budget. The cache holds at most two slots plus metadata: a current slot and either the
-//! successor (staging or staged) or a *draining* slot (a previous view, still held by open
+//! Budget. The cache holds at most two slots' bytes plus metadata: a current slot and either
+//! the successor (staging or staged) or a *draining* slot (a previous view, still held by open
 //! handles, or still being deleted). Staging starts only once no slot is draining
-//! ([`Store::is_draining`]), and a slot leaves `draining` only after its files are deleted, so
-//! a third slot never exists, not even for an instant.
+//! ([`Store::is_draining`]) unless the draining slot is held (below: then the three slots'
+//! files, each once, fit the two slots' bytes), and a slot leaves `draining` only after its
+//! files are deleted, so the bytes never exceed the budget, not even for an instant.
 //!
 //! Samples already on the node are never fetched again: [`Store::stage`] offers every slot it
 //! holds (current, staging, draining) to the stager as a donor, which hard-links a sample it
 //! finds there (see `prefetcher::stager`'s `reuse`). A link is one file with two names.
 //! Admission stays per slot (each slot's footprint, links included, fits `slot_bytes`), so the
 //! budget holds whatever is linked; the bytes the cache holds ([`Store::slot_bytes_except`],
-//! `cache_bytes` in status) count a linked file once while both slots exist, and after the
-//! donor is deleted in the slot that still names it: never twice, never zero times.
+//! `cache_bytes` in status) count each file once: a linked sample carries the *origin* of its
+//! donor's copy (the slot whose fetch made the file), and every name of one sample with one
+//! origin is one file, whether the origin slot still exists or not: never twice, never zero
+//! times. (After a restart, slots resumed from their journals are counted as separate files
+//! even where they are links: an overcount, never an undercount.)
+//!
+//! A draining slot is normally deleted before the next staging starts. While the budget allows
+//! (the current slot, the kept slots and what the successor adds, each file once, within the two
+//! slots' bytes) a retired slot is *held* instead: kept on the node as a donor for the stagings
+//! to come, and let go, oldest first, only when a successor needs its room
+//! ([`Store::retire_slot`], [`Store::wait_unheld`]). A dataset that fits the budget but not one
+//! slot is then read from the tier in its first epoch only.
 //!
 //! Locking. The book is behind the store's own lock, taken only inside these methods and
 //! never while waiting for anything; the daemon may hold its sessions' lock when it calls
 //! them (sessions lock, then store lock; never the other way).
 
+use std::collections::{HashMap, HashSet};
+
+use prefetcher::budget::BLOCK;
+
 use super::*;
+
+/// Most retired slots kept on the node as donors at once.
+const MAX_HELD: usize = 2;
 
 /// The staged samples of a node and their budget (see the module doc).
 pub struct Store {
@@ -34,6 +52,8 @@ pub struct Store {
     pub(super) budget: Budget,
     pub(super) stager: Stager,
     book: Mutex<Book>,
+    /// Woken when held slots are released.
+    released: tokio::sync::Notify,
 }
 
 /// Which slots take how many bytes, which are draining, and what went wrong.
@@ -41,6 +61,10 @@ pub struct Store {
 struct Book {
     /// Footprint of each slot on disk (staged or staging).
     footprints: BTreeMap<String, u64>,
+    /// The samples of each slot in `footprints`.
+    samples: BTreeMap<String, Arc<Vec<u32>>>,
+    /// Draining slots kept on the node as donors while the budget allows (module doc).
+    held: std::collections::BTreeSet<String>,
     /// Slots of retired views, by generation, until their files are deleted.
     draining: BTreeMap<u64, String>,
     /// Generations of `draining` whose slot is being deleted now.
@@ -48,22 +72,32 @@ struct Book {
     last_error: Option<String>,
     /// The last 100 samples left out of a slot, with why.
     failed_samples: Vec<String>,
-    /// Footprint bytes a slot (key) shares with a donor slot by hard links (slot -> donor ->
-    /// bytes): in both slots' footprints, on disk once while both exist.
-    links: BTreeMap<String, BTreeMap<String, u64>>,
+    /// The samples of each slot that are hard links, with the slot whose fetch made the file
+    /// (their *origin*): every name of one sample with one origin is one file on disk.
+    origins: BTreeMap<String, HashMap<u32, Arc<str>>>,
 }
 
 impl Book {
-    /// Bytes counted twice in `footprints`: hard-linked samples whose donor slot is still
-    /// there. A link whose donor is gone is its slot's alone, counted once already.
-    fn shared_bytes(&self) -> u64 {
-        self.links
-            .iter()
-            .filter(|(slot, _)| self.footprints.contains_key(*slot))
-            .flat_map(|(_, donors)| donors.iter())
-            .filter(|(donor, _)| self.footprints.contains_key(*donor))
-            .map(|(_, b)| *b)
-            .sum()
+    /// Bytes the files of the slots take on disk, each file once (a sample's copies with one
+    /// origin are one file), leaving out the slots in `except`.
+    fn distinct_bytes(&self, footprints: &[u64], except: &[&str]) -> u64 {
+        let mut seen: HashSet<(u32, &str)> = HashSet::new();
+        let mut total = 0;
+        for (slot, samples) in &self.samples {
+            if except.contains(&slot.as_str()) {
+                continue;
+            }
+            let origins = self.origins.get(slot);
+            for &id in samples.iter() {
+                let origin = origins
+                    .and_then(|o| o.get(&id))
+                    .map_or(slot.as_str(), |o| o);
+                if seen.insert((id, origin)) {
+                    total += footprints[id as usize];
+                }
+            }
+        }
+        total
     }
 }
 
@@ -84,6 +118,7 @@ impl Store {
             budget,
             stager,
             book: Mutex::default(),
+            released: tokio::sync::Notify::new(),
         }
     }
 
@@ -126,51 +161,126 @@ impl Store {
                     .await
             }
             None => self.stager.stage(&spec, progress).await,
-        }?;
-        self.note_links(&spec.name, &report);
-        Ok(report)
-    }
-
-    /// Records the samples a staging run of `slot` hard-linked from other slots.
-    pub(super) fn note_links(&self, slot: &str, report: &StageReport) {
-        let links: BTreeMap<String, u64> = report
-            .linked
-            .iter()
-            .map(|(donor, ids)| (donor.clone(), self.footprint(ids)))
-            .collect();
-        let mut b = self.book.lock().unwrap();
-        let mine = b.links.entry(slot.to_string()).or_default();
-        for (donor, bytes) in links {
-            *mine.entry(donor).or_default() += bytes;
+        };
+        if let Ok(r) = &report {
+            self.note_links(&spec.name, r);
         }
+        report
     }
 
-    /// Counts `slot` as taking `footprint` bytes (from the moment its staging starts).
-    pub(super) fn begin_slot(&self, slot: &str, footprint: u64) {
-        self.book
-            .lock()
-            .unwrap()
-            .footprints
-            .insert(slot.to_string(), footprint);
+    /// Records the samples a staging run of `slot` hard-linked from other slots: each is the
+    /// same file as its donor's copy, so it takes the donor's origin.
+    pub(super) fn note_links(&self, slot: &str, report: &StageReport) {
+        let mut b = self.book.lock().unwrap();
+        let mut mine: HashMap<u32, Arc<str>> = HashMap::new();
+        for (donor, ids) in &report.linked {
+            let theirs = b.origins.get(donor);
+            let donor: Arc<str> = Arc::from(donor.as_str());
+            for &id in ids {
+                let origin = theirs.and_then(|o| o.get(&id)).cloned();
+                mine.insert(id, origin.unwrap_or_else(|| donor.clone()));
+            }
+        }
+        b.origins.entry(slot.to_string()).or_default().extend(mine);
     }
 
-    /// Records the slot of a view retired at generation `gen`: it drains until deleted.
-    pub(super) fn retire_slot(&self, gen: u64, slot: &str) {
-        self.book
-            .lock()
-            .unwrap()
-            .draining
-            .insert(gen, slot.to_string());
+    /// Counts `slot` as holding `samples` (their footprint, from the moment its staging starts).
+    pub(super) fn begin_slot(&self, slot: &str, samples: &[u32]) {
+        let footprint = self.footprint(samples);
+        let mut b = self.book.lock().unwrap();
+        b.footprints.insert(slot.to_string(), footprint);
+        b.samples
+            .insert(slot.to_string(), Arc::new(samples.to_vec()));
     }
 
-    /// Whether a retired slot still takes space (staging waits for it).
+    /// Records the slot of a view retired at generation `gen`: it drains until deleted. It
+    /// is *held* (kept on the node as a donor for the stagings to come) as long as the held
+    /// slots, the current one and what `next` (the samples staged next) adds, each file once,
+    /// fit the two slots' bytes; when they do not, the oldest held slots are let go first.
+    pub(super) fn retire_slot(&self, gen: u64, slot: &str, next: &[u32]) {
+        let mut b = self.book.lock().unwrap();
+        b.draining.insert(gen, slot.to_string());
+        b.held.insert(slot.to_string());
+        loop {
+            // Slots let go are deleted before staging starts: they do not count.
+            let gone: Vec<String> = b
+                .draining
+                .values()
+                .filter(|s| !b.held.contains(*s))
+                .cloned()
+                .collect();
+            let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
+            let on_node: HashSet<u32> = b
+                .samples
+                .iter()
+                .filter(|(name, _)| !gone.contains(&name.as_str()))
+                .flat_map(|(_, s)| s.iter().copied())
+                .collect();
+            let new: u64 = next
+                .iter()
+                .filter(|id| !on_node.contains(id))
+                .map(|&id| self.footprints[id as usize])
+                .sum();
+            // The reserve covers two slots' journals and directories; a held slot's own are
+            // counted here, and at most `MAX_HELD` are kept.
+            let meta: u64 = b
+                .held
+                .iter()
+                .map(|s| self.slot_meta(b.samples.get(s).map_or(0, |x| x.len())))
+                .sum();
+            if b.held.len() <= MAX_HELD
+                && b.distinct_bytes(&self.footprints, &gone) + new + meta
+                    <= 2 * self.budget.slot_bytes
+            {
+                break;
+            }
+            // Draining slots by generation: the oldest held one goes first.
+            let oldest = b.draining.values().find(|s| b.held.contains(*s)).cloned();
+            match oldest {
+                Some(s) => b.held.remove(&s),
+                None => break,
+            };
+        }
+        drop(b);
+        self.released.notify_waiters();
+    }
+
+    /// Bytes a slot of `n` samples takes besides its files: its journal (<= 18 bytes a line)
+    /// and its directories (a block each, and an entry per sample of up to 40 bytes).
+    fn slot_meta(&self, n: usize) -> u64 {
+        round_up(18 * n as u64 + BLOCK)
+            + round_up(40 * n as u64)
+            + (self.catalog.dir_count() as u64 + 1) * BLOCK
+    }
+
+    /// Whether a retired slot still takes space and is not held for the next staging (staging
+    /// waits for it to be deleted).
     pub(super) fn is_draining(&self) -> bool {
-        !self.book.lock().unwrap().draining.is_empty()
+        let b = self.book.lock().unwrap();
+        b.draining.values().any(|s| !b.held.contains(s))
+    }
+
+    /// Waits until `slot` is not held for a staging (bounded by `give_up` returning true, checked
+    /// every 200 ms).
+    pub(super) async fn wait_unheld(&self, slot: &str, give_up: impl Fn() -> bool) {
+        loop {
+            let notified = self.released.notified();
+            if !self.book.lock().unwrap().held.contains(slot) || give_up() {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
+        }
     }
 
     /// How many retired slots still take space.
     pub(super) fn draining_count(&self) -> usize {
-        self.book.lock().unwrap().draining.len()
+        let b = self.book.lock().unwrap();
+        b.draining.values().filter(|s| !b.held.contains(*s)).count()
+    }
+
+    /// How many retired slots are kept on the node as donors (held).
+    pub(super) fn kept_count(&self) -> usize {
+        self.book.lock().unwrap().held.len()
     }
 
     /// Claims the deletion of generation `gen`'s slot: its name, unless it is not draining or
@@ -192,10 +302,10 @@ impl Store {
         b.evicting.remove(&gen);
         b.draining.remove(&gen);
         b.footprints.remove(slot);
-        b.links.remove(slot);
-        for donors in b.links.values_mut() {
-            donors.remove(slot);
-        }
+        b.samples.remove(slot);
+        b.held.remove(slot);
+        // Links into this slot from others keep its name as their origin: the file lives on.
+        b.origins.remove(slot);
     }
 
     /// Records an error for `status`.
@@ -226,12 +336,7 @@ impl Store {
     /// far the caller counts itself (less what they linked). A hard-linked file counts once.
     pub(super) fn slot_bytes_except(&self, staging: &[&str]) -> u64 {
         let b = self.book.lock().unwrap();
-        b.footprints
-            .iter()
-            .filter(|(name, _)| !staging.contains(&name.as_str()))
-            .map(|(_, b)| *b)
-            .sum::<u64>()
-            .saturating_sub(b.shared_bytes())
+        b.distinct_bytes(&self.footprints, staging)
     }
 
     /// Builds the view of mini-epoch `target` of `plan` over its slot, at `generation`: the

@@ -25,7 +25,13 @@ impl Daemon {
             let view = Arc::new(self.store.view_for(&plan, succ, s.generation));
             debug_assert_eq!(view.slot, slot);
             let old = self.fs.switch(view.clone());
-            self.store.retire_slot(old.generation, &old.slot);
+            let after = successor(succ, s.nm);
+            let after_plan = s.plan_of(&self.store, after.0);
+            self.store.retire_slot(
+                old.generation,
+                &old.slot,
+                &after_plan.mini_epochs[after.1 as usize].samples,
+            );
             s.view = view.clone();
             s.epoch = succ.0;
             s.mini_epoch = succ.1;

@@ -1,0 +1,652 @@
+#!/usr/bin/env python3
+"""metfs against the tools a user picks instead, on one throttled S3 tier.
+
+    python3 benches/peers/run.py            # 0.5x, 2x and 8x the cache, 3 repetitions
+    python3 benches/peers/run.py --quick    # a small dataset, 1 repetition (the smoke test)
+
+Every side reads the same samples (files of SAMPLE_KIB, random bytes) from one Garage server
+behind `proxy.py`, which caps what the tier delivers at RATE_MIB/s for all connections together
+and counts every byte. Each side gets the same cache budget (CACHE_MIB), enforced as on a full
+disk, and the same consumer: 4 reader threads, 128 KiB reads. Sides:
+
+* `metfs`        `metfs mount` of the S3 prefix, `--budget CACHE --rf 4` (fixed rf, default
+                 policy); the job reads the view each pass and sends one `pass_end` per pass (a
+                 `wait` answer means the next mini-epoch is not staged yet: the job makes a bonus
+                 pass over the current one, counted as consumed samples);
+* `metfs-block`  the same with `pass_end(block=true)`: no bonus passes, the job waits instead;
+* `rclone`       `rclone mount --vfs-cache-mode full --vfs-cache-max-size CACHE
+                 --vfs-cache-poll-interval 1s` (the default 1 min lets the cache overshoot to the
+                 whole dataset in a short run);
+* `s3fs`         `s3fs -o use_cache=DIR,ensure_diskfree=8` with DIR on a tmpfs of CACHE bytes
+                 (s3fs has no size cap of its own);
+* `streaming`    MosaicML Streaming's `StreamingDataset(remote=s3://..., cache_limit=CACHE)` over
+                 the same samples written as MDS shards of SHARD_MIB (its own iterator and
+                 download threads: it has no use for 4 readers);
+* `direct`       boto3 GETs of every sample, every epoch, by the same 4 threads.
+
+The peers read the whole dataset each epoch in a new shuffled order (a job without mini-epochs);
+metfs's job reads its mini-epochs. Each run consumes the same number of samples (CONSUME
+dataset-equivalents; fewer for the large dataset, so one run stays within a minute at the tier's
+rate) and is timed from the mount (or client start) to the last sample, cold: caches empty,
+page cache dropped. Reported per case: samples/s, its ratio to metfs, tier bytes (through the
+proxy: bodies, headers, listings) per consumed byte, and the peak bytes of the side's cache
+directory on disk (files counted once per inode, sampled every 0.2 s), as medians over the
+repetitions; the order of the sides rotates between repetitions.
+
+JuiceFS is not a side: it serves only data written through itself (files cut into its own chunk
+objects, with a metadata engine), so it cannot read the bucket of plain sample objects the others
+share; see docs/BENCHMARKS.md.
+
+Peers missing on the machine are installed (apt-get: rclone, s3fs; pip: mosaicml-streaming);
+a side that still cannot run is skipped with a note. Needs root (FUSE, tmpfs, dropping caches)
+and Garage (scripts/garage.sh install). Environment: METFS_BIN (default target/release/metfs,
+built when missing), PEERS_WORK (work directory, default a new /tmp/metfs-peers.*; removed
+unless --keep).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1 << 20
+READ = 128 << 10
+THREADS = 4
+ALL_TOOLS = ["metfs", "metfs-block", "rclone", "s3fs", "streaming", "direct"]
+
+
+def log(msg: str) -> None:
+    print(f"# {msg}", file=sys.stderr, flush=True)
+
+
+def sh(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, check=check, **kw)
+
+
+def is_mounted(path: Path) -> bool:
+    want = str(path)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split(" ")[4] == want for line in f)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes the files under `path` take on disk, each inode once (a hard link is one file)."""
+    seen: set[int] = set()
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in filenames + dirnames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if st.st_ino not in seen:
+                seen.add(st.st_ino)
+                total += st.st_blocks * 512
+    return total
+
+
+def drop_caches() -> None:
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        pass
+
+
+class Peak(threading.Thread):
+    """Samples a cache directory's bytes on disk every 0.2 s and keeps the peak."""
+
+    def __init__(self, path: Path | None) -> None:
+        super().__init__(daemon=True)
+        self.path, self.peak, self.halt = path, 0, threading.Event()
+
+    def run(self) -> None:
+        while self.path is not None and not self.halt.is_set():
+            self.peak = max(self.peak, disk_bytes(self.path))
+            self.halt.wait(0.2)
+
+    def stop(self) -> int:
+        self.halt.set()
+        self.join()
+        if self.path is not None:
+            self.peak = max(self.peak, disk_bytes(self.path))
+        return self.peak
+
+
+# ---------------------------------------------------------------------------- the tier
+
+
+def sample_bytes(case: str, i: int, size: int) -> bytes:
+    return random.Random(f"{case}:{i}").randbytes(size)
+
+
+def sample_key(i: int) -> str:
+    return f"c{i % 16:02d}/s{i:06d}.bin"
+
+
+class Tier:
+    """Garage on loopback (scripts/garage.sh) and the rate-capping proxy in front of it."""
+
+    def __init__(self, work: Path, rate: int) -> None:
+        self.dir = work / "garage"
+        port = free_port()
+        sh(str(ROOT / "scripts/garage.sh"), "install")
+        sh(str(ROOT / "scripts/garage.sh"), "start", str(self.dir), str(port), str(free_port()))
+        out = sh(str(ROOT / "scripts/garage.sh"), "env", str(self.dir)).stdout
+        self.env = {}
+        for line in out.splitlines():
+            k, v = line.removeprefix("export ").split("=", 1)
+            self.env[k] = v
+        self.garage = f"127.0.0.1:{port}"
+        self.bucket = self.env["METFS_S3_BUCKET"]
+        self.stats = work / "proxy.json"
+        self.proxy = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("proxy.py")), "--target", self.garage,
+             "--rate", str(rate), "--stats", str(self.stats)],
+            stdout=subprocess.PIPE, text=True)
+        line = self.proxy.stdout.readline()
+        if not line.startswith("listening "):
+            raise SystemExit("proxy.py did not start")
+        self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def down(self) -> int:
+        for _ in range(20):
+            try:
+                return json.loads(self.stats.read_text())["down"]
+            except (OSError, ValueError):
+                time.sleep(0.01)
+        raise RuntimeError(f"cannot read {self.stats}")
+
+    def counted(self) -> int:
+        """Bytes the tier delivered so far, once the proxy has written its latest count."""
+        time.sleep(0.15)
+        return self.down()
+
+    def client(self, direct: bool = False):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3", endpoint_url=f"http://{self.garage}" if direct else self.endpoint,
+            region_name="garage", aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+            config=Config(s3={"addressing_style": "path"}, request_checksum_calculation="when_required",
+                          max_pool_connections=THREADS * 2, retries={"max_attempts": 10}))
+
+    def put_many(self, items) -> None:
+        """Uploads (key, bytes) pairs straight to Garage (not through the proxy)."""
+        local = threading.local()
+
+        def put(kv):
+            if not hasattr(local, "c"):
+                local.c = self.client(direct=True)
+            local.c.put_object(Bucket=self.bucket, Key=kv[0], Body=kv[1])
+
+        with cf.ThreadPoolExecutor(8) as ex:
+            for _ in ex.map(put, items):
+                pass
+
+    def stop(self) -> None:
+        self.proxy.terminate()
+        self.proxy.wait()
+        sh(str(ROOT / "scripts/garage.sh"), "stop", str(self.dir), check=False)
+
+
+class Dataset:
+    def __init__(self, name: str, n: int, size: int) -> None:
+        self.name, self.n, self.size = name, n, size
+        self.keys = [sample_key(i) for i in range(n)]
+
+    @property
+    def bytes(self) -> int:
+        return self.n * self.size
+
+    def upload(self, tier: Tier, shard_bytes: int, work: Path, with_mds: bool) -> None:
+        t = time.time()
+        tier.put_many((f"{self.name}/files/{sample_key(i)}", sample_bytes(self.name, i, self.size))
+                      for i in range(self.n))
+        if with_mds:
+            from streaming import MDSWriter
+
+            out = work / f"mds-{self.name}"
+            shutil.rmtree(out, ignore_errors=True)
+            with MDSWriter(out=str(out), columns={"data": "bytes"}, size_limit=shard_bytes) as w:
+                for i in range(self.n):
+                    w.write({"data": sample_bytes(self.name, i, self.size)})
+            tier.put_many((f"{self.name}/mds/{p.relative_to(out)}", p.read_bytes())
+                          for p in sorted(out.rglob("*")) if p.is_file())
+            shutil.rmtree(out)
+        log(f"dataset {self.name}: {self.n} x {self.size >> 10} KiB uploaded in {time.time() - t:.0f} s")
+
+
+# ---------------------------------------------------------------------------- consumers
+
+
+def read_files(paths: list[Path]) -> int:
+    """Reads `paths` with THREADS threads in READ-byte reads; returns the bytes read."""
+    it = iter(paths)
+    lock = threading.Lock()
+    total = [0]
+
+    def worker() -> None:
+        n = 0
+        while True:
+            with lock:
+                p = next(it, None)
+            if p is None:
+                break
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                while True:
+                    b = os.read(fd, READ)
+                    if not b:
+                        break
+                    n += len(b)
+            finally:
+                os.close(fd)
+        with lock:
+            total[0] += n
+
+    ts = [threading.Thread(target=worker) for _ in range(THREADS)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return total[0]
+
+
+def epochs_of(ds: Dataset, count: int, seed: int):
+    """The first `count` samples of a job reading every sample each epoch in a new order."""
+    out: list[int] = []
+    epoch = 0
+    while len(out) < count:
+        order = list(range(ds.n))
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+        out.extend(order[: count - len(out)])
+        epoch += 1
+    return out
+
+
+# ---------------------------------------------------------------------------- sides
+
+
+class Run:
+    def __init__(self) -> None:
+        self.samples = 0
+        self.bytes = 0
+        self.note = ""
+
+
+def rpc(sock: Path, req: dict) -> dict:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(600)
+        s.connect(str(sock))
+        s.sendall((json.dumps(req) + "\n").encode())
+        buf = b""
+        while not buf.endswith(b"\n"):
+            c = s.recv(1 << 20)
+            if not c:
+                break
+            buf += c
+    r = json.loads(buf)
+    if not r.get("ok"):
+        raise RuntimeError(f"metfs {req['op']}: {r}")
+    return r
+
+
+def side_metfs(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path, block: bool) -> Run:
+    hist = cache.parent / "rf-history.json"
+    env = dict(os.environ, **{k: v for k, v in tier.env.items() if k.startswith("AWS_")})
+    r = sh(cfg.metfs, "mount", "--source", f"s3://{tier.bucket}/{ds.name}/files", "--endpoint", tier.endpoint,
+           "--region", "garage", "--allow-http", "--cache", str(cache), "--budget", f"{cfg.cache_mib}MiB",
+           "--rf", "4", "--history", str(hist), str(mnt), env=env, check=False, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"metfs mount failed: {r.stderr[-2000:]}")
+    sock = cache / "metfs.sock"
+    run = Run()
+    waits = passes = 0
+    try:
+        rng = random.Random(cfg.seed)
+        while run.samples < count:
+            files = rpc(sock, {"op": "files"})["files"]
+            rng.shuffle(files)
+            files = files[: count - run.samples]
+            run.bytes += read_files([mnt / f for f in files])
+            run.samples += len(files)
+            passes += 1
+            d = rpc(sock, {"op": "pass_end", "block": block})
+            waits += d.get("decision") == "wait"
+        st = rpc(sock, {"op": "status"})
+        run.note = f"{passes} passes, {waits} bonus, reused {st.get('reused_bytes', 0) / MIB:.0f} MiB"
+    finally:
+        sh(cfg.metfs, "umount", str(mnt), check=False, timeout=120)
+        if is_mounted(mnt):
+            sh("umount", "-l", str(mnt), check=False)
+    return run
+
+
+def wait_mounted(mnt: Path, proc: subprocess.Popen | None, what: str) -> None:
+    for _ in range(300):
+        if is_mounted(mnt):
+            return
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not mount in 15 s")
+
+
+def fuse_umount(mnt: Path) -> None:
+    for cmd in (["fusermount3", "-u", str(mnt)], ["fusermount", "-u", str(mnt)], ["umount", "-l", str(mnt)]):
+        if not is_mounted(mnt):
+            return
+        sh(*cmd, check=False)
+        time.sleep(0.2)
+
+
+def read_order(ds: Dataset, mnt: Path, count: int, seed: int) -> Run:
+    run = Run()
+    order = epochs_of(ds, count, seed)
+    # One epoch at a time, so that a reader thread never runs far ahead of the others.
+    for k in range(0, len(order), ds.n):
+        part = order[k:k + ds.n]
+        run.bytes += read_files([mnt / ds.keys[i] for i in part])
+        run.samples += len(part)
+    return run
+
+
+def side_rclone(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) -> Run:
+    # The tier is plain HTTP; a machine-wide AWS_CA_BUNDLE makes rclone's S3 client refuse to
+    # start ("LoadCustomCABundleError"), so it is left out of rclone's environment.
+    env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
+    env.update(RCLONE_CONFIG_TIER_TYPE="s3", RCLONE_CONFIG_TIER_PROVIDER="Other",
+               RCLONE_CONFIG_TIER_ENDPOINT=tier.endpoint, RCLONE_CONFIG_TIER_REGION="garage",
+               RCLONE_CONFIG_TIER_ACCESS_KEY_ID=tier.env["AWS_ACCESS_KEY_ID"],
+               RCLONE_CONFIG_TIER_SECRET_ACCESS_KEY=tier.env["AWS_SECRET_ACCESS_KEY"])
+    proc = subprocess.Popen(
+        ["rclone", "mount", f"tier:{tier.bucket}/{ds.name}/files", str(mnt), "--read-only",
+         "--vfs-cache-mode", "full", "--vfs-cache-max-size", f"{cfg.cache_mib}M",
+         "--vfs-cache-poll-interval", "1s", "--cache-dir", str(cache), "--dir-cache-time", "1h"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_mounted(mnt, proc, "rclone mount")
+        return read_order(ds, mnt, count, cfg.seed)
+    finally:
+        fuse_umount(mnt)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def side_s3fs(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) -> Run:
+    # s3fs has no cap on its cache: it gets a file system of the budget's size, and keeps
+    # ensure_diskfree MB free on it (evicting files not open).
+    sh("mount", "-t", "tmpfs", "-o", f"size={cfg.cache_mib}m,mode=0700", "tmpfs", str(cache))
+    pw = cache.parent / "s3fs.passwd"
+    pw.write_text(f"{tier.env['AWS_ACCESS_KEY_ID']}:{tier.env['AWS_SECRET_ACCESS_KEY']}\n")
+    pw.chmod(0o600)
+    try:
+        r = sh("s3fs", f"{tier.bucket}:/{ds.name}/files", str(mnt), "-o",
+               f"url={tier.endpoint},use_path_request_style,endpoint=garage,passwd_file={pw},"
+               f"use_cache={cache},ensure_diskfree=8,ro,stat_cache_expire=3600", check=False)
+        if r.returncode != 0:
+            raise RuntimeError(f"s3fs failed: {r.stderr[-2000:]}")
+        try:
+            wait_mounted(mnt, None, "s3fs")
+            return read_order(ds, mnt, count, cfg.seed)
+        finally:
+            fuse_umount(mnt)
+    finally:
+        for _ in range(50):
+            if sh("umount", str(cache), check=False).returncode == 0:
+                break
+            time.sleep(0.2)
+
+
+def side_streaming(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) -> Run:
+    os.environ.update({k: v for k, v in tier.env.items() if k.startswith("AWS_")})
+    os.environ["S3_ENDPOINT_URL"] = tier.endpoint
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    sds = StreamingDataset(remote=f"s3://{tier.bucket}/{ds.name}/mds", local=str(cache),
+                           cache_limit=f"{cfg.cache_mib}mb", shuffle=True, shuffle_seed=cfg.seed,
+                           batch_size=1, num_canonical_nodes=1)
+    run = Run()
+    epoch = 0
+    try:
+        while run.samples < count:
+            sds.set_epoch(epoch) if hasattr(sds, "set_epoch") else None
+            for s in sds:
+                run.bytes += len(s["data"])
+                run.samples += 1
+                if run.samples >= count:
+                    break
+            epoch += 1
+    finally:
+        del sds
+        clean_stale_shared_memory()
+    return run
+
+
+def side_direct(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) -> Run:
+    run = Run()
+    order = epochs_of(ds, count, cfg.seed)
+    it = iter(order)
+    lock = threading.Lock()
+
+    def worker() -> int:
+        c = tier.client()
+        n = 0
+        while True:
+            with lock:
+                i = next(it, None)
+            if i is None:
+                return n
+            body = c.get_object(Bucket=tier.bucket, Key=f"{ds.name}/files/{ds.keys[i]}")["Body"]
+            while True:
+                b = body.read(READ)
+                if not b:
+                    break
+                n += len(b)
+
+    with cf.ThreadPoolExecutor(THREADS) as ex:
+        run.bytes = sum(ex.map(lambda _: worker(), range(THREADS)))
+    run.samples = len(order)
+    return run
+
+
+SIDES = {
+    "metfs": lambda *a: side_metfs(*a, block=False),
+    "metfs-block": lambda *a: side_metfs(*a, block=True),
+    "rclone": side_rclone,
+    "s3fs": side_s3fs,
+    "streaming": side_streaming,
+    "direct": side_direct,
+}
+
+
+def available(tool: str, cfg) -> str | None:
+    """None when `tool` can run, else why not (after trying to install it)."""
+    def apt(pkg: str) -> None:
+        if shutil.which(pkg) is None and not cfg.no_install:
+            log(f"installing {pkg} (apt-get)")
+            sh("apt-get", "install", "-y", "-q", pkg, check=False,
+               env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"), timeout=900)
+
+    if tool in ("rclone", "s3fs"):
+        apt(tool)
+        return None if shutil.which(tool) else f"{tool} is not installed"
+    if tool == "streaming":
+        try:
+            import streaming  # noqa: F401
+        except ImportError:
+            if not cfg.no_install:
+                log("installing mosaicml-streaming (pip)")
+                sh(sys.executable, "-m", "pip", "install", "-q", "mosaicml-streaming", check=False, timeout=900)
+            try:
+                import streaming  # noqa: F401,F811
+            except ImportError:
+                return "mosaicml-streaming is not installed"
+    if tool.startswith("metfs") and not os.access(cfg.metfs, os.X_OK):
+        return f"no metfs binary at {cfg.metfs}"
+    return None
+
+
+def one(cfg, tier: Tier, ds: Dataset, tool: str, count: int, rep: int) -> dict:
+    base = cfg.work / f"run-{tool}"
+    shutil.rmtree(base, ignore_errors=True)
+    cache, mnt = base / "cache", base / "mnt"
+    cache.mkdir(parents=True)
+    mnt.mkdir()
+    drop_caches()
+    peak = Peak(None if tool == "direct" else cache)
+    peak.start()
+    before = tier.counted()
+    t0 = time.perf_counter()
+    try:
+        run = SIDES[tool](cfg, tier, ds, count, cache, mnt)
+        secs = time.perf_counter() - t0
+        error = None
+    except Exception as e:  # a side that fails is reported, not fatal to the others
+        run, secs, error = Run(), time.perf_counter() - t0, str(e)[-300:]
+    tier_bytes = tier.counted() - before
+    cache_peak = peak.stop()
+    shutil.rmtree(base, ignore_errors=True)
+    row = {"case": ds.name, "tool": tool, "rep": rep, "secs": secs, "samples": run.samples,
+           "bytes": run.bytes, "tier_bytes": tier_bytes, "peak_cache": cache_peak, "note": run.note,
+           "error": error}
+    if error is None and run.samples < count:
+        row["error"] = f"only {run.samples} of {count} samples"
+    if error is None and run.bytes != run.samples * ds.size:
+        row["error"] = f"read {run.bytes} bytes for {run.samples} samples of {ds.size}"
+    log(f"{ds.name} {tool} rep {rep}: {run.samples / secs if secs else 0:.0f} samples/s, "
+        f"tier/consumed {tier_bytes / max(run.bytes, 1):.3f}, peak cache {cache_peak / MIB:.0f} MiB"
+        f"{' ' + run.note if run.note else ''}{' ERROR ' + row['error'] if row['error'] else ''}")
+    return row
+
+
+def table(rows: list[dict], ds: Dataset, cfg, consume: float) -> str:
+    ok = [r for r in rows if r["case"] == ds.name and not r["error"]]
+    med = {}
+    for tool in cfg.tools:
+        rs = [r for r in ok if r["tool"] == tool]
+        if rs:
+            med[tool] = {
+                "sps": statistics.median(r["samples"] / r["secs"] for r in rs),
+                "tier": statistics.median(r["tier_bytes"] / r["bytes"] for r in rs),
+                "peak": statistics.median(r["peak_cache"] for r in rs),
+                "n": len(rs),
+                "runs": " ".join(f"{r['samples'] / r['secs']:.0f}" for r in rs),
+                "note": rs[-1]["note"],
+            }
+    ratio = (ds.bytes / (cfg.cache_mib * MIB))
+    out = [f"\n### dataset {ds.bytes / MIB:.0f} MiB ({ratio:g}x the {cfg.cache_mib} MiB cache), "
+           f"{ds.n} samples of {ds.size >> 10} KiB, {consume:g} dataset-equivalents consumed per run\n",
+           "| side | samples/s (median) | vs metfs | tier bytes / consumed byte | peak cache on disk | runs (samples/s) |",
+           "|---|---:|---:|---:|---:|---|"]
+    m = med.get("metfs", {}).get("sps")
+    for tool in cfg.tools:
+        if tool not in med:
+            errs = [r["error"] for r in rows if r["case"] == ds.name and r["tool"] == tool and r["error"]]
+            out.append(f"| {tool} | n/a | | | | {errs[0] if errs else 'not run'} |")
+            continue
+        x = med[tool]
+        vs = f"{x['sps'] / m:.2f}x" if m else "n/a"
+        out.append(f"| {tool} | {x['sps']:,.0f} | {vs} | {x['tier']:.3f} | {x['peak'] / MIB:.0f} MiB | {x['runs']} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="small datasets (64 MiB cache, tier at 160 MiB/s), 1 repetition: proves the harness works")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cases", default="0.5,2,8", help="dataset sizes as multiples of the cache")
+    ap.add_argument("--tools", default=",".join(ALL_TOOLS))
+    ap.add_argument("--cache-mib", type=int, default=256)
+    ap.add_argument("--rate-mib", type=float, default=40)
+    ap.add_argument("--sample-kib", type=int, default=256)
+    ap.add_argument("--shard-mib", type=int, default=32, help="MDS shard size for Streaming")
+    ap.add_argument("--consume", default="0.5:8,2:4,8:1",
+                    help="dataset-equivalents consumed per run, per case (CASE:N,...)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--no-install", action="store_true", help="skip peers that are not installed")
+    ap.add_argument("--json", type=Path, help="write every run's numbers here")
+    cfg = ap.parse_args()
+    if cfg.quick:
+        # s3fs needs its cache file system to hold ensure_diskfree plus 5 parallel 10 MB parts.
+        cfg.reps, cfg.cache_mib, cfg.sample_kib, cfg.shard_mib = 1, 64, 128, 4
+        cfg.cases, cfg.consume, cfg.rate_mib = "0.5,2", "0.5:2,2:1", 160
+    if os.geteuid() != 0:
+        raise SystemExit("run.py: needs root (FUSE mounts, a tmpfs for s3fs, dropping caches)")
+    cfg.tools = [t for t in cfg.tools.split(",") if t]
+    for t in cfg.tools:
+        if t not in SIDES:
+            raise SystemExit(f"run.py: --tools: unknown side `{t}` (known: {', '.join(ALL_TOOLS)})")
+    cfg.metfs = os.environ.get("METFS_BIN") or str(ROOT / "target/release/metfs")
+    if not os.environ.get("METFS_BIN") and not os.access(cfg.metfs, os.X_OK):
+        log("building target/release/metfs")
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "metfs"], cwd=ROOT, check=True)
+    skipped = {}
+    for t in list(cfg.tools):
+        why = available(t, cfg)
+        if why:
+            skipped[t] = why
+            cfg.tools.remove(t)
+            log(f"skipping {t}: {why}")
+    consume = {float(k): float(v) for k, v in (p.split(":") for p in cfg.consume.split(","))}
+    cases = [float(c) for c in cfg.cases.split(",")]
+    cfg.work = Path(os.environ.get("PEERS_WORK") or tempfile.mkdtemp(prefix="metfs-peers."))
+    cfg.work.mkdir(parents=True, exist_ok=True)
+    tier = Tier(cfg.work, int(cfg.rate_mib * MIB))
+    rows: list[dict] = []
+    out = []
+    try:
+        for c in cases:
+            n = int(c * cfg.cache_mib * MIB) // (cfg.sample_kib << 10)
+            ds = Dataset(f"x{c:g}", n, cfg.sample_kib << 10)
+            ds.upload(tier, cfg.shard_mib * MIB, cfg.work, "streaming" in cfg.tools)
+            count = int(consume.get(c, 2) * n)
+            for rep in range(cfg.reps):
+                k = rep % len(cfg.tools)
+                for tool in cfg.tools[k:] + cfg.tools[:k]:
+                    rows.append(one(cfg, tier, ds, tool, count, rep))
+            out.append(table(rows, ds, cfg, consume.get(c, 2)))
+            print(out[-1], flush=True)
+    finally:
+        tier.stop()
+        if cfg.json:
+            cfg.json.write_text(json.dumps({"rows": rows, "skipped": skipped}, indent=1))
+        if not cfg.keep:
+            shutil.rmtree(cfg.work, ignore_errors=True)
+    print(f"\nTier: Garage behind proxy.py at {cfg.rate_mib:g} MiB/s; cache {cfg.cache_mib} MiB for every side; "
+          f"{cfg.reps} repetition(s), medians; consumer {THREADS} threads x {READ >> 10} KiB reads.")
+    for t, why in skipped.items():
+        print(f"Skipped {t}: {why}")
+
+
+if __name__ == "__main__":
+    main()
