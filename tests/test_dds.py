@@ -60,3 +60,58 @@ def test_unreachable_etcd_and_bad_address_are_clear_errors(metfs: str, tmp_path:
     assert 'bad queue address "etcd://127.0.0.1/q"' in r.stderr, r.stderr
     r = run(metfs, "dds", "status", "etcd://127.0.0.1:2379/q", "--etcd-cacert", str(tmp_path / "none.pem"), ok=False)
     assert str(tmp_path / "none.pem") in r.stderr, r.stderr
+
+
+def test_queue_under_kill_9_of_readers_and_etcd(metfs: str, tmp_path: Path) -> None:
+    """One short trial of tests/stress/dds_faults.py (the full 20 run from that script): three
+    reader processes on a real etcd, three `kill -9`s of readers and one of etcd."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "stress"))
+    import dds_faults
+
+    src = dds_faults.dataset(tmp_path, 120)
+    r = dds_faults.run_trial(7, tmp_path, src, 120, epochs=2)
+    assert r["samples_lost"] == 0
+    assert r["read_twice"] <= r["read_by_killed_not_done"]
+
+
+def test_throughputs_for_adjust_bs_come_from_the_queue(metfs: str, etcd: Etcd, tmp_path: Path) -> None:
+    """Two reader nodes finish an epoch on a real queue; `metfs.dds.queue_throughputs` (the Python
+    package of this checkout) reads each node's throughput from `metfs dds status --json` and
+    `local_batch_sizes` splits a global batch over them (Eq. 3)."""
+    import os
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "stress"))
+    import dds_faults
+
+    from conftest import ROOT
+
+    src = dds_faults.dataset(tmp_path, 120)
+    exe = str(dds_faults.reader_bin())
+    url = etcd.url("adjust")
+    procs = [subprocess.Popen([exe, "--source", str(src), "--log", str(tmp_path / f"{n}.log"), "--url", url,
+                               "--node", n, "--slot", str(128 * 1024), "--rate", str(r)], stdout=subprocess.PIPE)
+             for n, r in (("fast", 4_000_000), ("slow", 1_000_000))]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    code = (
+        "import json, sys\n"
+        "from metfs.dds import local_batch_sizes, queue_throughputs\n"
+        "v = queue_throughputs(sys.argv[1], metfs=sys.argv[2])\n"
+        "print(json.dumps({'v': v, 'sizes': local_batch_sizes(64, [v['fast'], v['slow']])}))\n"
+        "try:\n"
+        "    queue_throughputs(sys.argv[3], metfs=sys.argv[2])\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
+    r = subprocess.run([sys.executable, "-c", code, url, metfs, f"etcd://127.0.0.1:{free_port()}/q"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out, err_line = r.stdout.splitlines()
+    got = json.loads(out)
+    assert sorted(got["v"]) == ["fast", "slow"] and all(x > 0 for x in got["v"].values()), got
+    assert sum(got["sizes"]) == 64 and min(got["sizes"]) >= 1
+    assert "is unreachable" in err_line, err_line

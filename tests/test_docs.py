@@ -165,9 +165,19 @@ class Opt:
 
 
 @lru_cache(maxsize=None)
-def options(sub: str) -> dict[str, Opt]:
-    """`--flag` -> what `metfs SUB --help` (long help) says of it."""
+def nested(sub: str) -> frozenset[str]:
+    """The subcommands of `metfs SUB` (`dds status`, ...), if it has any."""
     r = run_metfs(sub, "--help")
+    if r.returncode != 0 or "Commands:" not in r.stdout:
+        return frozenset()
+    section = r.stdout.split("Commands:", 1)[1].split("Options:", 1)[0]
+    return frozenset(re.findall(r"(?m)^  ([a-z][a-z0-9-]*)\s", section)) - {"help"}
+
+
+@lru_cache(maxsize=None)
+def options(sub: str) -> dict[str, Opt]:
+    """`--flag` -> what `metfs SUB --help` (long help) says of it; SUB may be `dds status`."""
+    r = run_metfs(*sub.split(), "--help")
     assert r.returncode == 0, f"metfs {sub} --help: {r.stderr}"
     opts: dict[str, Opt] = {}
     current: str | None = None
@@ -196,8 +206,13 @@ def invocations(shell: str) -> list[tuple[str, list[str]]]:
             line = line[2:]
         # `metfs` in command position: at the start, or after `;`, `|`, `&&`, `(` or `$(`.
         for m in re.finditer(r"(?:^|[;|&(]\s*)(?:\S*/)?metfs\s+([a-z][a-z0-9-]*)(.*?)(?=$|[;|&#`)]|\s>)", line):
-            flags = re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", m.group(2))
-            out.append((m.group(1), flags))
+            sub, rest = m.group(1), m.group(2)
+            # A nested subcommand (`metfs dds init ...`) owns the flags after it.
+            word = re.match(r"\s+([a-z][a-z0-9-]*)", rest)
+            if word and sub in subcommands() and word.group(1) in nested(sub):
+                sub, rest = f"{sub} {word.group(1)}", rest[word.end():]
+            flags = re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", rest)
+            out.append((sub, flags))
         # deploy/slurm's METFS_ARGS are further `metfs mount` flags.
         for m in re.finditer(r"METFS_ARGS=[\"']([^\"']*)", line):
             out.append(("mount", re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", m.group(1))))
@@ -243,7 +258,7 @@ def test_documented_invocations_exist():
                 found += [(str(d.relative_to(ROOT)), sub, flags) for sub, flags in invocations(span)]
     problems = []
     for where, sub, flags in found:
-        if sub not in subcommands():
+        if sub.split()[0] not in subcommands():
             problems.append(f"{where}: `metfs {sub}`: no such subcommand (metfs --help: {sorted(subcommands())})")
             continue
         for flag in flags:

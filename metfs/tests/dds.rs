@@ -104,8 +104,9 @@ impl Drop for Etcd {
 }
 
 fn opts() -> EtcdOptions {
+    // Generous: seven etcds fsync at once on a loaded test machine.
     EtcdOptions {
-        timeout: Duration::from_secs(3),
+        timeout: Duration::from_secs(10),
         ..Default::default()
     }
 }

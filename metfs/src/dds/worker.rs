@@ -149,6 +149,8 @@ pub struct Worker {
     epoch: u64,
     orders: VecDeque<Arc<EpochOrder>>,
     stats: NodeStats,
+    /// A claim was sent and its answer lost: it may have been made.
+    claim_uncertain: bool,
     keepalive: JoinHandle<()>,
     watch: JoinHandle<()>,
 }
@@ -199,30 +201,53 @@ impl Worker {
         let first = Arc::new(epoch_order(&samples.set(), &spec, 0)?);
         let shared = Arc::new(Shared::default());
         let keys = queue.keys.clone();
-        let (lease, inc) = register(&queue, &shared, &cfg).await?;
+        // The watch runs before this node is registered: a node waiting out its previous
+        // incarnation's lease still gives back the shards of nodes that died meanwhile.
+        let watch = tokio::spawn(watch_queue(queue.clone(), shared.clone()));
+        let joined = async {
+            let (lease, inc) = register(&queue, &shared, &cfg).await?;
+            let keepalive = tokio::spawn(keep_alive(
+                queue.client.clone(),
+                lease,
+                cfg.lease_ttl,
+                shared.clone(),
+            ));
+            let rest = async {
+                let stats_key = keys.stats(&cfg.node);
+                let r = timed(
+                    &shared,
+                    queue.client.kv_client().get(stats_key.clone(), None),
+                )
+                .await
+                .map_err(etcd("read of the node's totals"))?;
+                let stats = match r.kvs().first() {
+                    Some(kv) => parse(stats_key.as_bytes(), kv.value())?,
+                    None => NodeStats::default(),
+                };
+                let epoch = start_epoch(&queue, &shared, meta.shards).await?;
+                Ok::<_, DdsError>((stats, epoch))
+            }
+            .await;
+            match rest {
+                Ok((stats, epoch)) => Ok((inc, keepalive, stats, epoch)),
+                Err(e) => {
+                    keepalive.abort();
+                    Err(e)
+                }
+            }
+        }
+        .await;
+        let (inc, keepalive, stats, epoch) = match joined {
+            Ok(j) => j,
+            Err(e) => {
+                watch.abort();
+                return Err(e);
+            }
+        };
         let holder = Holder {
             node: cfg.node.clone(),
             inc,
         };
-        let stats_key = keys.stats(&cfg.node);
-        let r = timed(
-            &shared,
-            queue.client.kv_client().get(stats_key.clone(), None),
-        )
-        .await
-        .map_err(etcd("read of the node's totals"))?;
-        let stats = match r.kvs().first() {
-            Some(kv) => parse(stats_key.as_bytes(), kv.value())?,
-            None => NodeStats::default(),
-        };
-        let epoch = start_epoch(&queue, &shared, meta.shards).await?;
-        let keepalive = tokio::spawn(keep_alive(
-            queue.client.clone(),
-            lease,
-            cfg.lease_ttl,
-            shared.clone(),
-        ));
-        let watch = tokio::spawn(watch_queue(queue.clone(), shared.clone()));
         Ok(Self {
             queue,
             meta,
@@ -235,6 +260,7 @@ impl Worker {
             epoch,
             orders: VecDeque::from([first]),
             stats,
+            claim_uncertain: false,
             keepalive,
             watch,
         })
@@ -328,10 +354,16 @@ impl Worker {
 
     async fn claim_inner(&mut self, max_bytes: u64) -> Result<Claim, DdsError> {
         self.ensure_lease().await?;
+        if self.claim_uncertain {
+            if let Some(b) = self.adopt().await? {
+                return Ok(Claim::Batch(b));
+            }
+        }
         let keys = self.queue.keys.clone();
         let shards = self.meta.shards;
         loop {
-            let todo = self.todo_head().await?;
+            // One consistent read of the head of the given-back shards and of the cursor.
+            let (todo, cur) = self.snapshot().await?;
             let epoch = match todo.first() {
                 Some(&(e, _, _)) if e < self.epoch => e,
                 _ => self.epoch,
@@ -341,18 +373,12 @@ impl Worker {
             }
             let order = self.order(epoch)?;
             let ckey = keys.cursor(epoch);
-            let r = timed(
-                &self.shared,
-                self.queue.client.kv_client().get(ckey.clone(), None),
-            )
-            .await
-            .map_err(etcd("read of the queue cursor"))?;
-            let (cursor, cursor_rev) = match r.kvs().first() {
-                Some(kv) => (
-                    parse::<u32>(ckey.as_bytes(), kv.value())?,
-                    kv.mod_revision(),
-                ),
-                None => (0, 0),
+            // An older epoch's never-claimed shards are all taken: the worker moved past it
+            // only once its cursor reached the end.
+            let (cursor, cursor_rev) = if epoch == self.epoch {
+                cur
+            } else {
+                (shards, 0)
             };
             // Pick the head that fits: never-claimed shards, then given-back ones.
             let (mut bytes, mut ops) = (0u64, 2usize);
@@ -441,9 +467,12 @@ impl Worker {
                 None,
             ));
             let txn = Txn::new().when(cmp).and_then(then);
+            // If the answer is lost, the claim may have been made: the next claim looks first.
+            self.claim_uncertain = true;
             let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
                 .await
                 .map_err(etcd("claim"))?;
+            self.claim_uncertain = false;
             if !r.succeeded() {
                 // Another worker took some of these shards first: read the head again.
                 continue;
@@ -468,30 +497,102 @@ impl Worker {
         }
     }
 
-    /// The head of the given-back shards, oldest epoch first: (epoch, key, shard).
-    async fn todo_head(&self) -> Result<Vec<(u64, String, u32)>, DdsError> {
+    /// Takes up the shards of a claim whose answer was lost (etcd went away mid-request): they
+    /// are DOING under this worker's name and would otherwise stay so until its lease ends.
+    async fn adopt(&mut self) -> Result<Option<Batch>, DdsError> {
+        let keys = self.queue.keys.clone();
+        let r = timed(
+            &self.shared,
+            self.queue
+                .client
+                .kv_client()
+                .get(keys.claim_all(), Some(GetOptions::new().with_prefix())),
+        )
+        .await
+        .map_err(etcd("read of the claims"))?;
+        self.claim_uncertain = false;
+        let hv = holder_bytes(&self.holder);
+        let mut mine: Vec<(u64, u32)> = r
+            .kvs()
+            .iter()
+            .filter(|kv| kv.value() == hv.as_slice())
+            .filter_map(|kv| keys.parse_shard(kv.key()).map(|(_, e, k)| (e, k)))
+            .filter(|(e, k)| !self.held.iter().any(|(he, hs)| he == e && hs.contains(k)))
+            .collect();
+        let Some(&(epoch, _)) = mine.first() else {
+            return Ok(None);
+        };
+        // A claim is one transaction of one epoch.
+        mine.retain(|(e, _)| *e == epoch);
+        let order = self.order(epoch)?;
+        let shards: Vec<u32> = mine.iter().map(|(_, k)| *k).collect();
+        let mut ids = Vec::new();
+        let mut lengths = Vec::new();
+        let mut bytes = 0;
+        for &k in &shards {
+            let s = order.samples(k);
+            lengths.push(s.len() as u32);
+            ids.extend_from_slice(s);
+            bytes += order.bytes[k as usize];
+        }
+        let samples = ids.len() as u64;
+        self.stats.claimed_shards += shards.len() as u64;
+        self.stats.claimed_samples += samples;
+        self.held.push_back((epoch, shards.clone()));
+        tracing::info!(epoch, ?shards, "dds: took up a claim whose answer was lost");
+        Ok(Some(Batch {
+            epoch,
+            shards,
+            lengths,
+            samples: ids,
+            bytes,
+            holder: self.holder.clone(),
+        }))
+    }
+
+    /// The head of the given-back shards, oldest epoch first, as (epoch, key, shard), and the
+    /// cursor of the worker's epoch with its revision, in one round trip.
+    async fn snapshot(&self) -> Result<(Vec<(u64, String, u32)>, (u32, i64)), DdsError> {
         let keys = &self.queue.keys;
         let opts = GetOptions::new()
             .with_prefix()
             .with_keys_only()
             .with_sort(SortTarget::Key, SortOrder::Ascend)
             .with_limit(256);
-        let r = timed(
-            &self.shared,
-            self.queue
-                .client
-                .kv_client()
-                .get(keys.todo_all(), Some(opts)),
-        )
-        .await
-        .map_err(etcd("read of the queue"))?;
-        Ok(r.kvs()
+        let ckey = keys.cursor(self.epoch);
+        let txn = Txn::new().and_then([
+            TxnOp::get(keys.todo_all(), Some(opts)),
+            TxnOp::get(ckey.clone(), None),
+        ]);
+        let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
+            .await
+            .map_err(etcd("read of the queue"))?;
+        let mut gets = r.op_responses().into_iter().filter_map(|o| match o {
+            etcd_client::TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        });
+        let (Some(todo), Some(cursor)) = (gets.next(), gets.next()) else {
+            return Err(DdsError::BadRecord {
+                key: ckey,
+                reason: "etcd answered the read with fewer results than asked".into(),
+            });
+        };
+        let todo = todo
+            .kvs()
             .iter()
             .filter_map(|kv| {
                 let (kind, e, k) = keys.parse_shard(kv.key())?;
                 (kind == Kind::Todo).then(|| (e, String::from_utf8_lossy(kv.key()).into_owned(), k))
             })
-            .collect())
+            .collect();
+        let cur = match cursor.kvs().first() {
+            Some(kv) => (
+                parse::<u32>(ckey.as_bytes(), kv.value())?,
+                kv.mod_revision(),
+            ),
+            None => (0, 0),
+        };
+        Ok((todo, cur))
     }
 
     async fn finished_or_wait(&self, no_todo: bool) -> Result<Claim, DdsError> {
@@ -548,12 +649,41 @@ impl Worker {
                 ],
             )
         };
+        let totals = |report: &DoneReport| {
+            let mut stats = self.stats.clone();
+            for (k, len) in batch.shards.iter().zip(&batch.lengths) {
+                if report.done.contains(k) {
+                    stats.done_shards += 1;
+                    stats.done_samples += u64::from(*len);
+                } else {
+                    stats.lost_shards += 1;
+                }
+            }
+            stats.last_done_ms = now_ms();
+            stats
+        };
+        let stats_op = |stats: &NodeStats| {
+            TxnOp::put(
+                keys.stats(&self.holder.node),
+                serde_json::to_vec(stats).expect("serializable"),
+                None,
+            )
+        };
+        // A batch that fits one transaction (the usual case) updates the totals in it too.
+        let single = batch.shards.len() * 3 < MAX_OPS;
+        let all_done = totals(&DoneReport {
+            done: batch.shards.clone(),
+            lost: Vec::new(),
+        });
         let mut report = DoneReport::default();
+        let mut settled_one_by_one = false;
         for chunk in batch.shards.chunks(MAX_OPS / 3) {
             let (cmp, then): (Vec<_>, Vec<_>) = chunk.iter().map(|&k| ops(k)).unzip();
-            let txn = Txn::new()
-                .when(cmp)
-                .and_then(then.into_iter().flatten().collect::<Vec<_>>());
+            let mut then: Vec<TxnOp> = then.into_iter().flatten().collect();
+            if single {
+                then.push(stats_op(&all_done));
+            }
+            let txn = Txn::new().when(cmp).and_then(then);
             let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
                 .await
                 .map_err(etcd("marking shards done"))?;
@@ -561,40 +691,42 @@ impl Worker {
                 report.done.extend_from_slice(chunk);
                 continue;
             }
-            // Some claim is no longer ours: settle shard by shard.
+            // Some claim is no longer ours: settle shard by shard. A shard already DONE by
+            // this very claim (a retry after an answer lost on the way) counts as done.
+            settled_one_by_one = true;
             for &k in chunk {
                 let (c, t) = ops(k);
-                let txn = Txn::new().when([c]).and_then(t);
+                let txn = Txn::new()
+                    .when([c])
+                    .and_then(t)
+                    .or_else([TxnOp::get(keys.done(e, k), None)]);
                 let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
                     .await
                     .map_err(etcd("marking a shard done"))?;
-                if r.succeeded() {
+                let ours = r.succeeded()
+                    || r.op_responses().iter().any(|o| {
+                        matches!(o, etcd_client::TxnOpResponse::Get(g)
+                            if g.kvs().first().is_some_and(|kv| kv.value() == hv.as_slice()))
+                    });
+                if ours {
                     report.done.push(k);
                 } else {
                     report.lost.push(k);
                 }
             }
         }
-        let mut stats = self.stats.clone();
-        for (k, len) in batch.shards.iter().zip(&batch.lengths) {
-            if report.done.contains(k) {
-                stats.done_shards += 1;
-                stats.done_samples += u64::from(*len);
-            } else {
-                stats.lost_shards += 1;
-            }
+        let stats = totals(&report);
+        if !single || settled_one_by_one {
+            timed(
+                &self.shared,
+                self.queue
+                    .client
+                    .kv_client()
+                    .txn(Txn::new().and_then([stats_op(&stats)])),
+            )
+            .await
+            .map_err(etcd("update of the node's totals"))?;
         }
-        stats.last_done_ms = now_ms();
-        timed(
-            &self.shared,
-            self.queue.client.kv_client().put(
-                keys.stats(&self.holder.node),
-                serde_json::to_vec(&stats).expect("serializable"),
-                None,
-            ),
-        )
-        .await
-        .map_err(etcd("update of the node's totals"))?;
         self.stats = stats;
         if let Some(i) = self
             .held
