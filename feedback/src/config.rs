@@ -522,7 +522,7 @@ pub fn build_policy(
 mod tests {
     use super::*;
     use crate::policy::{PassState, Verdict};
-    use crate::protocol::Metrics;
+    use crate::Metrics;
 
     fn key_of(e: ConfigError) -> &'static str {
         match e {

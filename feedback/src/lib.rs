@@ -1,7 +1,7 @@
 //! The decision side of metfs: when does the view move on to the next mini-epoch?
 //!
-//! * [`protocol`]: the control-socket protocol types shared by the daemon and every client
-//!   (newline-delimited JSON, one request and one response per line, versioned).
+//! * [`Metrics`]: the metrics of one pass, by name, as a job reports them at a pass end (the
+//!   control-socket protocol that carries them is `metfs::protocol`).
 //! * [`policy`]: the [`policy::RfPolicy`] seam and its policies (fixed, score, Bollinger band,
 //!   learned), with `rf_min` / `rf_max` enforced for all of them by [`policy::Bounded`].
 //! * [`config`]: [`config::PolicyConfig`], the documented knobs of every policy, and
@@ -14,4 +14,6 @@
 pub mod config;
 pub mod history;
 pub mod policy;
-pub mod protocol;
+
+/// Metrics of one pass, by name. Values are finite numbers (the protocol's reader checks them).
+pub type Metrics = std::collections::BTreeMap<String, f64>;

@@ -7,13 +7,14 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     // The socket answers non-UTF-8 lines itself before parsing (control.rs).
     if let Ok(line) = std::str::from_utf8(data) {
-        match feedback::protocol::parse_request(line) {
+        match metfs::protocol::parse_request(line) {
             Ok(req) => {
                 let _ = format!("{req:?}");
             }
             Err(e) => {
-                let v = e.to_response();
-                assert_eq!(v["ok"], false, "an error response says ok: false");
+                let v = e.to_reply_json();
+                assert_eq!(v["ok"], false, "an error reply says ok: false");
+                assert_eq!(v["v"], 1, "an error reply carries the protocol version");
             }
         }
     }

@@ -4,8 +4,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use serde_json::Value;
+use serde::de::DeserializeOwned;
 use thiserror::Error;
+
+use crate::protocol::{read_reply, Envelope, ErrorCode, Request};
 
 /// Errors of the CLI client.
 #[derive(Debug, Error)]
@@ -27,19 +29,21 @@ pub enum ClientError {
     /// The daemon answered with an error.
     #[error("{code}: {message}")]
     Daemon { code: String, message: String },
-    /// The daemon answered something that is not a response.
-    #[error("control socket {path}: malformed response: {line}")]
+    /// The daemon answered something that is not a reply of this protocol version.
+    #[error("control socket {path}: {line}")]
     Malformed { path: String, line: String },
 }
 
-/// Sends one request and returns the response body (with `ok` removed).
-pub fn request(socket: &Path, req: &Value) -> Result<Value, ClientError> {
+/// Sends one request and reads the reply as `T` (the op's answer in [`crate::protocol`]).
+/// A reply of another protocol version, or one that does not fit `T`, is `Malformed` with the
+/// reason; a failed request is `Daemon` with the daemon's code and message.
+pub fn request<T: DeserializeOwned>(socket: &Path, req: &Request) -> Result<T, ClientError> {
     let p = socket.display().to_string();
     let mut s = UnixStream::connect(socket).map_err(|source| ClientError::Connect {
         path: p.clone(),
         source,
     })?;
-    let mut line = serde_json::to_vec(req).expect("requests serialize");
+    let mut line = serde_json::to_vec(&Envelope::new(req)).expect("requests serialize");
     line.push(b'\n');
     s.write_all(&line).map_err(|source| ClientError::Io {
         path: p.clone(),
@@ -52,27 +56,14 @@ pub fn request(socket: &Path, req: &Value) -> Result<Value, ClientError> {
             path: p.clone(),
             source,
         })?;
-    let mut v: Value = serde_json::from_str(&resp).map_err(|_| ClientError::Malformed {
-        path: p.clone(),
-        line: resp.trim().to_string(),
-    })?;
-    match v.get("ok").and_then(Value::as_bool) {
-        Some(true) => {
-            if let Value::Object(o) = &mut v {
-                o.remove("ok");
-            }
-            Ok(v)
-        }
-        Some(false) => Err(ClientError::Daemon {
-            code: v["error"]["code"]
-                .as_str()
-                .unwrap_or("internal")
-                .to_string(),
-            message: v["error"]["message"].as_str().unwrap_or("").to_string(),
-        }),
-        None => Err(ClientError::Malformed {
+    read_reply(&resp).map_err(|e| match e.code {
+        ErrorCode::BadResponse | ErrorCode::UnsupportedVersion => ClientError::Malformed {
             path: p,
-            line: resp.trim().to_string(),
-        }),
-    }
+            line: e.message,
+        },
+        code => ClientError::Daemon {
+            code: code.name().to_string(),
+            message: e.message,
+        },
+    })
 }

@@ -19,8 +19,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use feedback::protocol::{
-    ok_response, parse_request, ErrorCode, ProtocolError, Request, MAX_LINE_BYTES, PROTOCOL_VERSION,
+use crate::protocol::{
+    parse_request, ErrorCode, ProtocolError, Request, MAX_LINE_BYTES, VERSION as PROTOCOL_VERSION,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -123,7 +123,7 @@ fn refuse(stream: UnixStream, max: usize) {
         ErrorCode::TooManyConnections,
         format!("the daemon already serves {max} connections (control.max_connections); close one or retry later"),
     );
-    let mut bytes = serde_json::to_vec(&e.to_response()).unwrap_or_default();
+    let mut bytes = serde_json::to_vec(&e.to_reply()).unwrap_or_default();
     bytes.push(b'\n');
     let _ = stream.try_write(&bytes);
     tracing::debug!(max, "control connection refused: too many connections");
@@ -204,19 +204,19 @@ async fn connection(
                 ErrorCode::LineTooLong,
                 format!("request line longer than {MAX_LINE_BYTES} bytes; it was skipped"),
             )
-            .to_response(),
+            .to_reply_json(),
             Line::NotUtf8 => {
-                ProtocolError::new(ErrorCode::BadJson, "request is not UTF-8").to_response()
+                ProtocolError::new(ErrorCode::BadJson, "request is not UTF-8").to_reply_json()
             }
             Line::Text(t) if t.trim().is_empty() => continue,
             Line::Text(t) => match parse_request(&t) {
-                Err(e) => e.to_response(),
+                Err(e) => e.to_reply_json(),
                 Ok(req) => {
                     let shutdown = matches!(req, Request::Shutdown);
                     let r = handle(&daemon, req).await;
                     let out = match r {
-                        Ok(v) => ok_response(v),
-                        Err(e) => e.to_response(),
+                        Ok(v) => ok_reply(v),
+                        Err(e) => e.to_reply_json(),
                     };
                     if shutdown {
                         let mut bytes = serde_json::to_vec(&out).unwrap();
@@ -233,6 +233,15 @@ async fn connection(
         bytes.push(b'\n');
         wr.write_all(&bytes).await?;
     }
+}
+
+/// Adds `"v"` and `"ok"` to an answer. (Until the daemon's answers are typed.)
+fn ok_reply(mut body: Value) -> Value {
+    if let Value::Object(o) = &mut body {
+        o.insert("v".into(), PROTOCOL_VERSION.into());
+        o.insert("ok".into(), true.into());
+    }
+    body
 }
 
 async fn handle(daemon: &Daemon, req: Request) -> Result<Value, ProtocolError> {
@@ -263,7 +272,10 @@ async fn handle(daemon: &Daemon, req: Request) -> Result<Value, ProtocolError> {
             mini_epoch,
             wait,
         } => daemon.apply(epoch, mini_epoch, wait).await,
-        Request::Shutdown => Ok(serde_json::json!({"shutting_down": true})),
+        Request::Shutdown => Ok(serde_json::to_value(crate::protocol::ShuttingDown {
+            shutting_down: true,
+        })
+        .unwrap_or_default()),
     }
 }
 

@@ -15,5 +15,6 @@ pub mod fuse;
 pub mod logging;
 pub mod metrics;
 pub mod mount;
+pub mod protocol;
 pub mod report;
 pub mod view;

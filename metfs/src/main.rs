@@ -11,9 +11,9 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use clap::{Args, CommandFactory, FromArgMatches, Subcommand};
 use prefetcher::planner::Strategy;
-use serde_json::{json, Value};
 
 use metfs::config::{reference, Layers, MountConfig, MountSettings, ReadPath};
+use metfs::protocol::{Decision, FilesView, Reply, Request, Staging, Status};
 use metfs::{client, control, daemon, fuse, logging, mount, report};
 
 #[derive(clap::Parser)]
@@ -405,11 +405,11 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
             Ok(())
         }
         Cmd::Status { sock, json } => {
-            let v = client::request(&sock.socket, &json!({"op": "status"}))?;
+            let st: Status = client::request(&sock.socket, &Request::Status)?;
             if json {
-                println!("{v}");
+                println!("{}", serde_json::to_string(&Reply::new(st))?);
             } else {
-                print_status(&v);
+                print_status(&st);
             }
             Ok(())
         }
@@ -419,30 +419,33 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
             block,
             job,
         } => {
-            let mut m = serde_json::Map::new();
-            for kv in &metrics {
-                let (k, x) = parse_metric(kv)?;
-                m.insert(k, json!(x));
-            }
-            let v = client::request(
+            let metrics = metrics
+                .iter()
+                .map(|kv| parse_metric(kv))
+                .collect::<Result<_>>()?;
+            let d: Decision = client::request(
                 &sock.socket,
-                &json!({"op": "pass_end", "metrics": m, "block": block, "job": job}),
+                &Request::PassEnd {
+                    job,
+                    metrics,
+                    block,
+                },
             )?;
-            println!("{v}");
+            println!("{}", serde_json::to_string(&Reply::new(d))?);
             Ok(())
         }
         Cmd::Advance { sock, wait } => {
-            let v = client::request(&sock.socket, &json!({"op": "advance", "wait": wait}))?;
-            println!("{v}");
+            let d: Decision = client::request(&sock.socket, &Request::Advance { wait })?;
+            println!("{}", serde_json::to_string(&Reply::new(d))?);
             Ok(())
         }
         Cmd::Files { sock, json } => {
-            let v = client::request(&sock.socket, &json!({"op": "files"}))?;
+            let view: FilesView = client::request(&sock.socket, &Request::Files)?;
             if json {
-                println!("{v}");
+                println!("{}", serde_json::to_string(&Reply::new(view))?);
             } else {
-                for f in v["files"].as_array().into_iter().flatten() {
-                    println!("{}", f.as_str().unwrap_or_default());
+                for f in &view.files {
+                    println!("{f}");
                 }
             }
             Ok(())
@@ -727,13 +730,27 @@ fn plan_cmd(a: PlanArgs) -> Result<()> {
         ),
         e => e.into(),
     })?;
-    let mut v = serde_json::to_value(&summary)?;
-    v["budget_bytes"] = json!(budget);
-    v["slot_bytes"] = json!(b.slot_bytes);
-    v["reserve_bytes"] = json!(b.reserve);
-    v["dataset_files"] = json!(cat.len());
-    v["dataset_bytes"] = json!(cat.total_bytes());
+    /// What `metfs plan` prints: the plan's summary and the budget and dataset it is for.
+    #[derive(serde::Serialize)]
+    struct PlanOutput<S> {
+        #[serde(flatten)]
+        summary: S,
+        budget_bytes: u64,
+        slot_bytes: u64,
+        reserve_bytes: u64,
+        dataset_files: usize,
+        dataset_bytes: u64,
+    }
+    let v = PlanOutput {
+        summary,
+        budget_bytes: budget,
+        slot_bytes: b.slot_bytes,
+        reserve_bytes: b.reserve,
+        dataset_files: cat.len(),
+        dataset_bytes: cat.total_bytes(),
+    };
     if a.json {
+        let v = serde_json::to_string(&v)?;
         println!("{v}");
     } else {
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -741,37 +758,33 @@ fn plan_cmd(a: PlanArgs) -> Result<()> {
     Ok(())
 }
 
-fn print_status(v: &Value) {
-    let b = |k: &str| prefetcher::size::format_bytes(v[k].as_u64().unwrap_or(0));
+fn print_status(st: &Status) {
+    let b = prefetcher::size::format_bytes;
     println!(
         "epoch {} mini-epoch {}/{}  pass {} (rf {} {})  generation {}",
-        v["epoch"],
-        v["mini_epoch"],
-        v["mini_epochs"],
-        v["pass"],
-        v["rf"],
-        v["rf_policy"],
-        v["generation"]
+        st.epoch, st.mini_epoch, st.mini_epochs, st.pass, st.rf, st.rf_policy, st.generation
     );
+    let next = match &st.staging {
+        Staging::Idle => "idle",
+        Staging::Draining => "draining",
+        Staging::Staging { .. } => "staging",
+        Staging::Ready { .. } => "ready",
+        Staging::Failed { .. } => "failed",
+    };
     println!(
-        "view: {} files, {}   next: {}{}",
-        v["view_files"],
-        b("view_bytes"),
-        v["staging"]["state"].as_str().unwrap_or("?"),
-        if v["next_ready"].as_bool() == Some(true) {
-            " (ready)"
-        } else {
-            ""
-        }
+        "view: {} files, {}   next: {next}{}",
+        st.view_files,
+        b(st.view_bytes),
+        if st.next_ready { " (ready)" } else { "" }
     );
     println!(
         "cache: {} of {}   tier read: {}   read path: {}",
-        b("cache_bytes"),
-        b("budget_bytes"),
-        b("tier_bytes_read"),
-        v["read_path"].as_str().unwrap_or("?")
+        b(st.cache_bytes),
+        b(st.budget_bytes),
+        b(st.tier_bytes_read),
+        st.read_path
     );
-    if let Some(e) = v["last_error"].as_str() {
+    if let Some(e) = &st.last_error {
         println!("last error: {e}");
     }
 }

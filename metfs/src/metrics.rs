@@ -1,24 +1,27 @@
 //! The Prometheus metrics file: the daemon's status as text exposition format, for
 //! node_exporter's textfile collector (`--collector.textfile.directory`, which reads `*.prom`).
 //!
-//! [`render`] turns the status JSON (the object `metfs status --json` prints) into metrics;
+//! [`render`] turns the daemon's [`Status`] (the object `metfs status --json` prints) into
+//! metrics;
 //! [`write_atomic`] replaces the file so that a collector never reads half of it. The daemon
 //! calls both every few seconds when `--metrics-file` is set.
 //!
 //! Design and invariants:
 //!
 //! * **One table, one source of truth**: [`METRICS`] maps each status field to a metric name,
-//!   type, unit and help text; `docs/METRICS.md` documents the same table. A registry crate
+//!   type, unit and help text; `docs/METRICS.md` documents the same table. Values are read
+//!   from the typed [`Status`] (a renamed field does not compile), and each entry's field
+//!   name is tested against the protocol's schema. A registry crate
 //!   (`prometheus`, `prometheus-client`) would need every field mirrored into registered metric
 //!   objects and kept in step with the status; the status already is the snapshot, so this
 //!   module only formats it.
 //! * **Naming**: every name starts with `metfs_`, uses base units (`_bytes`, `_seconds`,
 //!   `bytes_per_second` for rates), and counters end in `_total`.
-//! * **Absent means absent**: a field that is missing, `null` or of an unexpected type produces
-//!   no sample and no `# HELP`/`# TYPE` lines, so older daemons and not-yet-measured values
-//!   (B2 before the first staging) never show as 0.
-//! * **Labels**: every sample carries `node` (the node rank) and `mountpoint` when the status
-//!   has them, so several daemons on one node (one file each) never collide in the collector.
+//! * **Absent means absent**: a value that is `null` (not measured yet: B2 before the first
+//!   staging) or belongs to another staging state produces no sample and no
+//!   `# HELP`/`# TYPE` lines, so it never shows as 0.
+//! * **Labels**: every sample carries `node` (the node rank) and `mountpoint`, so several
+//!   daemons on one node (one file each) never collide in the collector.
 //!   Label values are escaped as the format requires (`\\`, `\"`, `\n`).
 //! * **Numbers**: integers are printed exactly, floats in Rust's shortest round-trip form,
 //!   booleans as 0/1, non-finite floats as `NaN`, `+Inf`, `-Inf`.
@@ -27,7 +30,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
 
-use serde_json::Value;
+use crate::protocol::{Staging, Status};
 
 /// Prometheus metric types used here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,17 +50,15 @@ impl Kind {
     }
 }
 
-/// How a status value becomes a sample value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// A number (or a boolean, as 0/1) at this top-level key.
-    Field(&'static str),
-    /// A number inside the `staging` object.
-    Staging(&'static str),
-    /// The length of the array at this key (or the number there).
-    Count(&'static str),
-    /// 1 when this key holds a non-null value that is not `false`, else 0 (only when present).
-    Present(&'static str),
+/// A sample's value, read from the status.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Num {
+    /// An integer, printed exactly.
+    Int(u64),
+    /// A float.
+    Float(f64),
+    /// A flag, printed as 0 or 1.
+    Flag(bool),
 }
 
 /// One metric: where its value comes from and how it is described.
@@ -67,85 +68,94 @@ pub struct Metric {
     pub name: &'static str,
     /// Gauge or counter.
     pub kind: Kind,
-    /// The status field.
-    pub source: Source,
+    /// The status field it reports (`staging.x` for a field of the staging object), as
+    /// `docs/METRICS.md` names it.
+    pub field: &'static str,
+    /// Reads the value; `None` leaves the metric out.
+    pub value: fn(&Status) -> Option<Num>,
     /// `# HELP` text.
     pub help: &'static str,
 }
 
-const fn m(name: &'static str, kind: Kind, source: Source, help: &'static str) -> Metric {
+const fn m(
+    name: &'static str,
+    kind: Kind,
+    field: &'static str,
+    value: fn(&Status) -> Option<Num>,
+    help: &'static str,
+) -> Metric {
     Metric {
         name,
         kind,
-        source,
+        field,
+        value,
         help,
     }
 }
 
 use Kind::{Counter, Gauge};
-use Source::{Count, Field, Present, Staging};
+use Num::{Flag, Float, Int};
+
+/// A field of the staging object while a mini-epoch is being staged.
+macro_rules! staging {
+    ($f:ident, $num:expr) => {
+        |s: &Status| match &s.staging {
+            Staging::Staging { $f, .. } => Some($num(*$f)),
+            _ => None,
+        }
+    };
+}
 
 /// Every metric [`render`] can write, in output order.
 pub const METRICS: &[Metric] = &[
-    m("metfs_epoch", Gauge, Field("epoch"), "Current epoch, from 0."),
-    m("metfs_mini_epoch", Gauge, Field("mini_epoch"), "Index of the current mini-epoch within its epoch, from 0."),
-    m("metfs_mini_epochs", Gauge, Field("mini_epochs"), "Mini-epochs per epoch (nm)."),
-    m("metfs_pass", Gauge, Field("pass"), "Passes completed over the current mini-epoch."),
-    m("metfs_rf", Gauge, Field("rf"), "Repeating factor the rf policy expects for the current mini-epoch (fractional for adaptive policies)."),
-    m("metfs_stall_free_rf", Gauge, Field("stall_free_rf"), "Smallest rf with no wait for staging: ceil(EB1 / B2)."),
-    m("metfs_advance_wanted", Gauge, Field("advance_wanted"), "1 when the policy wants to advance and the job is waiting for the next mini-epoch."),
-    m("metfs_view_generation", Gauge, Field("generation"), "Generation of the view; grows by one at every switch to the next mini-epoch."),
-    m("metfs_next_ready", Gauge, Field("next_ready"), "1 when the next mini-epoch is fully staged."),
-    m("metfs_cache_bytes", Gauge, Field("cache_bytes"), "Bytes the cache directory holds: slots, staging progress and metadata."),
-    m("metfs_cache_budget_bytes", Gauge, Field("budget_bytes"), "Cache budget (EC1)."),
-    m("metfs_cache_reserve_bytes", Gauge, Field("reserve_bytes"), "Part of the budget kept for metadata (catalog, journals, logs)."),
-    m("metfs_slot_bytes", Gauge, Field("slot_bytes"), "Largest size of one mini-epoch slot: (budget - reserve) / 2."),
-    m("metfs_view_files", Gauge, Field("view_files"), "Files in the current view (the current mini-epoch)."),
-    m("metfs_view_bytes", Gauge, Field("view_bytes"), "Bytes in the current view."),
-    m("metfs_dataset_files", Gauge, Field("dataset_files"), "Samples in this node's dataset catalog."),
-    m("metfs_dataset_bytes", Gauge, Field("dataset_bytes"), "Bytes in this node's dataset catalog."),
-    m("metfs_tier_read_bytes_total", Counter, Field("tier_bytes_read"), "Bytes read from the capacity tier since the daemon started."),
-    m("metfs_bonus_passes_total", Counter, Field("bonus_passes"), "Passes that ended waiting for the next mini-epoch to be staged."),
-    m("metfs_blocked_seconds_total", Counter, Field("blocked_seconds"), "Seconds callers spent blocked waiting for the next mini-epoch."),
-    m("metfs_pass_seconds", Gauge, Field("pass_seconds"), "Duration of the last pass."),
-    m("metfs_pass_mean_seconds", Gauge, Field("pass_seconds_mean"), "Mean duration of recent passes."),
-    m("metfs_staging_bandwidth_bytes_per_second", Gauge, Field("b2_bytes_per_s"), "B2: average staging throughput from the capacity tier."),
-    m("metfs_staging_recent_bandwidth_bytes_per_second", Gauge, Field("b2_recent_bytes_per_s"), "B2 of the most recent staging."),
-    m("metfs_consumption_bandwidth_bytes_per_second", Gauge, Field("eb1_bytes_per_s"), "EB1: bytes per second the job reads through the mount during passes."),
-    m("metfs_prefetch_rate_limit_bytes_per_second", Gauge, Field("prefetch_rate"), "Current cap on staging bandwidth (absent when unlimited)."),
-    m("metfs_staging_done_bytes", Gauge, Staging("bytes_done"), "Bytes of the next mini-epoch staged so far."),
-    m("metfs_staging_total_bytes", Gauge, Staging("bytes_total"), "Bytes of the next mini-epoch to stage."),
-    m("metfs_staging_done_files", Gauge, Staging("files_done"), "Files of the next mini-epoch staged so far."),
-    m("metfs_staging_total_files", Gauge, Staging("files_total"), "Files of the next mini-epoch to stage."),
-    m("metfs_staging_current_bandwidth_bytes_per_second", Gauge, Staging("bytes_per_s"), "Staging throughput of the next mini-epoch so far."),
-    m("metfs_staging_eta_seconds", Gauge, Staging("eta_s"), "Estimated seconds until the next mini-epoch is staged."),
-    m("metfs_draining_slots", Gauge, Field("draining_slots"), "Old slots still held by open files (on the cached read path: by the kernel's references to their inodes)."),
-    m("metfs_open_handles", Gauge, Field("open_handles"), "File handles open on the mount."),
-    m("metfs_passthrough", Gauge, Field("passthrough"), "1 when reads use kernel FUSE passthrough."),
-    m("metfs_daemon_read_bytes_total", Counter, Field("daemon_bytes_read"), "Bytes the daemon read for the kernel (cache misses on the cached path, every read on the pread path)."),
-    m("metfs_failed_samples", Gauge, Count("failed_samples"), "Samples that recently failed to stage (at most the last 100 are remembered)."),
-    m("metfs_error", Gauge, Present("last_error"), "1 when the daemon has an error to report (see metfs status)."),
-    m("metfs_nodes", Gauge, Field("nodes"), "Nodes in the job."),
-    m("metfs_uptime_seconds", Gauge, Field("uptime_s"), "Seconds since the daemon started."),
+    m("metfs_epoch", Gauge, "epoch", |s| Some(Int(s.epoch)), "Current epoch, from 0."),
+    m("metfs_mini_epoch", Gauge, "mini_epoch", |s| Some(Int(u64::from(s.mini_epoch))), "Index of the current mini-epoch within its epoch, from 0."),
+    m("metfs_mini_epochs", Gauge, "mini_epochs", |s| Some(Int(u64::from(s.mini_epochs))), "Mini-epochs per epoch (nm)."),
+    m("metfs_pass", Gauge, "pass", |s| Some(Int(u64::from(s.pass))), "Passes completed over the current mini-epoch."),
+    m("metfs_rf", Gauge, "rf", |s| Some(Float(s.rf)), "Repeating factor the rf policy expects for the current mini-epoch (fractional for adaptive policies)."),
+    m("metfs_stall_free_rf", Gauge, "stall_free_rf", |s| s.stall_free_rf.map(|x| Int(u64::from(x))), "Smallest rf with no wait for staging: ceil(EB1 / B2)."),
+    m("metfs_advance_wanted", Gauge, "advance_wanted", |s| Some(Flag(s.advance_wanted)), "1 when the policy wants to advance and the job is waiting for the next mini-epoch."),
+    m("metfs_view_generation", Gauge, "generation", |s| Some(Int(s.generation)), "Generation of the view; grows by one at every switch to the next mini-epoch."),
+    m("metfs_next_ready", Gauge, "next_ready", |s| Some(Flag(s.next_ready)), "1 when the next mini-epoch is fully staged."),
+    m("metfs_cache_bytes", Gauge, "cache_bytes", |s| Some(Int(s.cache_bytes)), "Bytes the cache directory holds: slots, staging progress and metadata."),
+    m("metfs_cache_budget_bytes", Gauge, "budget_bytes", |s| Some(Int(s.budget_bytes)), "Cache budget (EC1)."),
+    m("metfs_cache_reserve_bytes", Gauge, "reserve_bytes", |s| Some(Int(s.reserve_bytes)), "Part of the budget kept for metadata (catalog, journals, logs)."),
+    m("metfs_slot_bytes", Gauge, "slot_bytes", |s| Some(Int(s.slot_bytes)), "Largest size of one mini-epoch slot: (budget - reserve) / 2."),
+    m("metfs_view_files", Gauge, "view_files", |s| Some(Int(s.view_files)), "Files in the current view (the current mini-epoch)."),
+    m("metfs_view_bytes", Gauge, "view_bytes", |s| Some(Int(s.view_bytes)), "Bytes in the current view."),
+    m("metfs_dataset_files", Gauge, "dataset_files", |s| Some(Int(s.dataset_files)), "Samples in this node's dataset catalog."),
+    m("metfs_dataset_bytes", Gauge, "dataset_bytes", |s| Some(Int(s.dataset_bytes)), "Bytes in this node's dataset catalog."),
+    m("metfs_tier_read_bytes_total", Counter, "tier_bytes_read", |s| Some(Int(s.tier_bytes_read)), "Bytes read from the capacity tier since the daemon started."),
+    m("metfs_bonus_passes_total", Counter, "bonus_passes", |s| Some(Int(s.bonus_passes)), "Passes that ended waiting for the next mini-epoch to be staged."),
+    m("metfs_blocked_seconds_total", Counter, "blocked_seconds", |s| Some(Float(s.blocked_seconds)), "Seconds callers spent blocked waiting for the next mini-epoch."),
+    m("metfs_pass_seconds", Gauge, "pass_seconds", |s| s.pass_seconds.map(Float), "Duration of the last pass."),
+    m("metfs_pass_mean_seconds", Gauge, "pass_seconds_mean", |s| s.pass_seconds_mean.map(Float), "Mean duration of recent passes."),
+    m("metfs_staging_bandwidth_bytes_per_second", Gauge, "b2_bytes_per_s", |s| s.b2_bytes_per_s.map(Float), "B2: average staging throughput from the capacity tier."),
+    m("metfs_staging_recent_bandwidth_bytes_per_second", Gauge, "b2_recent_bytes_per_s", |s| s.b2_recent_bytes_per_s.map(Float), "B2 of the most recent staging."),
+    m("metfs_consumption_bandwidth_bytes_per_second", Gauge, "eb1_bytes_per_s", |s| s.eb1_bytes_per_s.map(Float), "EB1: bytes per second the job reads through the mount during passes."),
+    m("metfs_prefetch_rate_limit_bytes_per_second", Gauge, "prefetch_rate", |s| s.prefetch_rate.map(Int), "Current cap on staging bandwidth (absent when unlimited)."),
+    m("metfs_staging_done_bytes", Gauge, "staging.bytes_done", staging!(bytes_done, Int), "Bytes of the next mini-epoch staged so far."),
+    m("metfs_staging_total_bytes", Gauge, "staging.bytes_total", staging!(bytes_total, Int), "Bytes of the next mini-epoch to stage."),
+    m("metfs_staging_done_files", Gauge, "staging.files_done", staging!(files_done, Int), "Files of the next mini-epoch staged so far."),
+    m("metfs_staging_total_files", Gauge, "staging.files_total", staging!(files_total, Int), "Files of the next mini-epoch to stage."),
+    m("metfs_staging_current_bandwidth_bytes_per_second", Gauge, "staging.bytes_per_s", staging!(bytes_per_s, Float), "Staging throughput of the next mini-epoch so far."),
+    m("metfs_staging_eta_seconds", Gauge, "staging.eta_s", |s| match &s.staging { Staging::Staging { eta_s, .. } => eta_s.map(Float), _ => None }, "Estimated seconds until the next mini-epoch is staged."),
+    m("metfs_draining_slots", Gauge, "draining_slots", |s| Some(Int(s.draining_slots)), "Old slots still held by open files (on the cached read path: by the kernel's references to their inodes)."),
+    m("metfs_open_handles", Gauge, "open_handles", |s| Some(Int(s.open_handles)), "File handles open on the mount."),
+    m("metfs_passthrough", Gauge, "passthrough", |s| Some(Flag(s.passthrough)), "1 when reads use kernel FUSE passthrough."),
+    m("metfs_daemon_read_bytes_total", Counter, "daemon_bytes_read", |s| Some(Int(s.daemon_bytes_read)), "Bytes the daemon read for the kernel (cache misses on the cached path, every read on the pread path)."),
+    m("metfs_failed_samples", Gauge, "failed_samples", |s| Some(Int(s.failed_samples.len() as u64)), "Samples that recently failed to stage (at most the last 100 are remembered)."),
+    m("metfs_error", Gauge, "last_error", |s| Some(Flag(s.last_error.is_some())), "1 when the daemon has an error to report (see metfs status)."),
+    m("metfs_nodes", Gauge, "nodes", |s| Some(Int(u64::from(s.nodes))), "Nodes in the job."),
+    m("metfs_uptime_seconds", Gauge, "uptime_s", |s| Some(Float(s.uptime_s)), "Seconds since the daemon started."),
 ];
 
-/// The label-only `metfs_info` metric (value 1) carries these status strings as labels.
-const INFO_LABELS: &[&str] = &["rf_policy", "compose", "job", "read_path"];
-
-/// Formats a number as the exposition format reads it.
-fn number(v: &Value) -> Option<String> {
+/// Formats a value as the exposition format reads it.
+fn number(v: Num) -> String {
     match v {
-        Value::Bool(b) => Some(if *b { "1" } else { "0" }.to_string()),
-        Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                Some(u.to_string())
-            } else if let Some(i) = n.as_i64() {
-                Some(i.to_string())
-            } else {
-                n.as_f64().map(float)
-            }
-        }
-        _ => None,
+        Num::Flag(b) => if b { "1" } else { "0" }.to_string(),
+        Num::Int(u) => u.to_string(),
+        Num::Float(f) => float(f),
     }
 }
 
@@ -182,50 +192,16 @@ fn escape_help(v: &str) -> String {
     v.replace('\\', "\\\\").replace('\n', "\\n")
 }
 
-fn label_text(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        _ => None,
-    }
-}
-
-fn value_of(status: &Value, source: Source) -> Option<String> {
-    match source {
-        Source::Field(k) => number(status.get(k)?),
-        Source::Staging(k) => number(status.get("staging")?.get(k)?),
-        Source::Count(k) => match status.get(k)? {
-            Value::Array(a) => Some(a.len().to_string()),
-            v => number(v),
-        },
-        Source::Present(k) => {
-            let v = status.get(k)?;
-            Some(
-                if v.is_null() || *v == Value::Bool(false) {
-                    "0"
-                } else {
-                    "1"
-                }
-                .to_string(),
-            )
-        }
-    }
-}
-
-/// Renders the daemon's status JSON as Prometheus text exposition format (version 0.0.4):
+/// Renders the daemon's status as Prometheus text exposition format (version 0.0.4):
 /// `# HELP` and `# TYPE` before each metric's sample, every sample labelled with `node` and
-/// `mountpoint` when known, plus `metfs_info` (value 1) whose labels carry the rf policy, the
-/// composition strategy and the job. Fields that are missing or null are left out. The
+/// `mountpoint`, plus `metfs_info` (value 1) whose labels carry the rf policy, the
+/// composition strategy, the job and the read path. Values that are null are left out. The
 /// output ends with a newline.
-pub fn render(status: &Value) -> String {
-    let mut common: Vec<(&str, String)> = Vec::new();
-    if let Some(v) = status.get("node_rank").and_then(label_text) {
-        common.push(("node", v));
-    }
-    if let Some(v) = status.get("mountpoint").and_then(label_text) {
-        common.push(("mountpoint", v));
-    }
+pub fn render(status: &Status) -> String {
+    let common: [(&str, String); 2] = [
+        ("node", status.node_rank.to_string()),
+        ("mountpoint", status.mountpoint.clone()),
+    ];
     let labels = |extra: &[(&str, String)]| -> String {
         let all: Vec<String> = common
             .iter()
@@ -240,17 +216,20 @@ pub fn render(status: &Value) -> String {
     };
     let mut out = String::new();
     for metric in METRICS {
-        let Some(value) = value_of(status, metric.source) else {
+        let Some(value) = (metric.value)(status).map(number) else {
             continue;
         };
         let _ = writeln!(out, "# HELP {} {}", metric.name, escape_help(metric.help));
         let _ = writeln!(out, "# TYPE {} {}", metric.name, metric.kind.as_str());
         let _ = writeln!(out, "{}{} {}", metric.name, labels(&[]), value);
     }
-    let info: Vec<(&str, String)> = INFO_LABELS
-        .iter()
-        .filter_map(|k| Some((*k, status.get(*k).and_then(label_text)?)))
-        .collect();
+    // The label-only `metfs_info` metric carries these status strings as labels.
+    let info = [
+        ("rf_policy", status.rf_policy.clone()),
+        ("compose", status.compose.clone()),
+        ("job", status.job.clone()),
+        ("read_path", status.read_path.clone()),
+    ];
     let _ = writeln!(
         out,
         "# HELP metfs_info Constant 1; the labels describe the daemon's configuration."
@@ -300,10 +279,9 @@ pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
     use std::collections::{HashMap, HashSet};
 
-    fn full_status() -> Value {
+    fn full_status() -> Status {
         serde_json::from_str(
             r#"{
             "epoch": 3, "mini_epoch": 7, "mini_epochs": 16, "pass": 2, "rf": 5.5,
@@ -316,10 +294,12 @@ mod tests {
             "bonus_passes": 4, "blocked_seconds": 12.25, "pass_seconds": 3.5,
             "pass_seconds_mean": 3.25, "b2_bytes_per_s": 1.5e8, "b2_recent_bytes_per_s": null,
             "eb1_bytes_per_s": 3.0e8, "stall_free_rf": 2, "prefetch_rate": null,
-            "staging": {"state": "staging", "slot": "s1", "files_done": 10, "files_total": 100,
+            "staging": {"state": "staging", "slot": "s1", "epoch": 3, "mini_epoch": 8,
+                        "files_done": 10, "files_total": 100,
                         "bytes_done": 1000, "bytes_total": 10000, "bytes_per_s": 2.5e7,
-                        "eta_s": 0.125},
-            "draining_slots": 0, "open_handles": 12, "passthrough": true,
+                        "eta_s": 0.125, "retries": 0, "last_retry_error": null},
+            "draining_slots": 0, "draining": [], "open_handles": 12, "passthrough": true,
+            "daemon_opens": 9,
             "last_error": "tier: 503\nretrying", "failed_samples": ["a", "b"],
             "source": "s3://bucket/prefix", "mountpoint": "/mnt/m\\e\"t", "socket": "/tmp/s",
             "node_rank": 1, "nodes": 4, "compose": "random", "uptime_s": 99.5, "pid": 42,
@@ -494,37 +474,46 @@ mod tests {
     }
 
     #[test]
-    fn todays_status_without_new_fields_and_empty_status() {
+    fn values_not_measured_yet_are_left_out() {
         let mut st = full_status();
-        for k in [
-            "b2_bytes_per_s",
-            "b2_recent_bytes_per_s",
-            "eb1_bytes_per_s",
-            "stall_free_rf",
-            "blocked_seconds",
-            "pass_seconds",
-            "pass_seconds_mean",
-            "staging",
-            "last_error",
-        ] {
-            st.as_object_mut().unwrap().remove(k);
-        }
+        st.b2_bytes_per_s = None;
+        st.eb1_bytes_per_s = None;
+        st.stall_free_rf = None;
+        st.pass_seconds = None;
+        st.staging = Staging::Idle;
+        st.last_error = None;
         let s = parse(&render(&st));
         assert!(get(&s, "metfs_epoch").is_some());
         assert!(get(&s, "metfs_staging_bandwidth_bytes_per_second").is_none());
-        assert!(get(&s, "metfs_error").is_none());
-        st["last_error"] = Value::Null;
-        assert_eq!(get(&parse(&render(&st)), "metfs_error").unwrap().2, 0.0);
-        // Nothing known: only the info metric, without labels.
-        let text = render(&json!({}));
-        let s = parse(&text);
-        assert_eq!(s.len(), 1);
-        assert!(text.ends_with("metfs_info 1\n"), "{text}");
-        // Wrong types are skipped, not rendered as garbage.
-        let s = parse(&render(
-            &json!({"epoch": "three", "pass": [1], "rf": {"x": 1}}),
-        ));
-        assert_eq!(s.len(), 1);
+        assert!(get(&s, "metfs_stall_free_rf").is_none());
+        assert!(get(&s, "metfs_staging_done_bytes").is_none());
+        assert_eq!(get(&s, "metfs_error").unwrap().2, 0.0);
+    }
+
+    /// Each entry's field, as docs/METRICS.md names it, is a field of the protocol's status
+    /// (a renamed field fails here and in the schema test, not silently in the docs).
+    #[test]
+    fn every_metric_names_a_status_field_of_the_schema() {
+        let schema = crate::protocol::schema();
+        let status = &schema["$defs"]["StatusReply"]["properties"];
+        let staging = serde_json::to_string(&schema["$defs"]["Staging"]).unwrap();
+        for m in METRICS {
+            match m.field.strip_prefix("staging.") {
+                Some(f) => assert!(staging.contains(&format!("\"{f}\"")), "{}", m.field),
+                None => assert!(
+                    status.get(m.field).is_some(),
+                    "{} not in the status",
+                    m.field
+                ),
+            }
+            let docs = include_str!("../../docs/METRICS.md");
+            assert!(
+                docs.contains(&format!("| `{}` | `{}` |", m.name, m.field)),
+                "docs/METRICS.md has no row `{}` | `{}`",
+                m.name,
+                m.field
+            );
+        }
     }
 
     #[test]
@@ -534,8 +523,8 @@ mod tests {
         assert_eq!(float(f64::NEG_INFINITY), "-Inf");
         assert_eq!(float(1e-7), "0.0000001");
         assert_eq!(float(0.1), "0.1");
-        assert_eq!(number(&json!(-3)).unwrap(), "-3");
-        assert_eq!(number(&json!(false)).unwrap(), "0");
+        assert_eq!(number(Num::Int(u64::MAX)), "18446744073709551615");
+        assert_eq!(number(Num::Flag(false)), "0");
         let big = 1.2345678901234567e300;
         assert_eq!(float(big).parse::<f64>().unwrap(), big);
     }

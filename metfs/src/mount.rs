@@ -266,7 +266,10 @@ pub fn umount(mountpoint: &Path, timeout: Duration) -> Result<(), MountError> {
     }
     if let Some(r) = &reg {
         if pid_alive(r.pid) {
-            let _ = crate::client::request(&r.socket, &serde_json::json!({"op": "shutdown"}));
+            let _ = crate::client::request::<crate::protocol::ShuttingDown>(
+                &r.socket,
+                &crate::protocol::Request::Shutdown,
+            );
             let t = Instant::now();
             while pid_alive(r.pid) && t.elapsed() < timeout {
                 std::thread::sleep(Duration::from_millis(20));

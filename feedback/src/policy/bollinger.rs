@@ -11,7 +11,7 @@ use statrs::statistics::Statistics;
 use super::{
     PassState, PolicyDecision, PolicyError, RfPolicy, RfTracker, Scope, Verdict, WeightedScore,
 };
-use crate::protocol::Metrics;
+use crate::Metrics;
 
 /// Bollinger-band adaptive rf (paper section III.C.2).
 ///

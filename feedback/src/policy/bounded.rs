@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 
 use super::{PassState, PolicyDecision, PolicyError, RfPolicy, Verdict};
-use crate::protocol::Metrics;
+use crate::Metrics;
 
 /// Enforces `rf_min <= passes per mini-epoch <= rf_max` around any policy.
 pub struct Bounded {

@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::{PassState, PolicyDecision, PolicyError, RfPolicy, Verdict};
-use crate::protocol::Metrics;
+use crate::Metrics;
 
 /// The paper's baseline: exactly `rf` passes per mini-epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]

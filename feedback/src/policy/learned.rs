@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use super::{PassState, PolicyDecision, PolicyError, RfPolicy, Verdict};
-use crate::protocol::Metrics;
+use crate::Metrics;
 
 /// Replays a learned rf schedule: mini-epoch `i` of the run (its [`PassState::sequence`]) runs
 /// `schedule[i]` passes; past the end of the schedule, `fallback` decides.

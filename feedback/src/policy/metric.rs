@@ -9,7 +9,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use super::PolicyError;
-use crate::protocol::Metrics;
+use crate::Metrics;
 
 /// One term of a score: a metric as sent, or its complement `1 - metric`.
 ///

@@ -44,7 +44,7 @@ use serde_json::Value;
 use statrs::statistics::Statistics;
 use thiserror::Error;
 
-use crate::protocol::Metrics;
+use crate::Metrics;
 
 mod bollinger;
 mod bounded;
@@ -93,8 +93,8 @@ pub enum PolicyError {
     },
 }
 
-/// What a policy wants after a pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// What a policy wants after a pass (also the `verdict` of a `pass_end` event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// Run another pass over the current mini-epoch.

@@ -7,7 +7,7 @@ use serde_json::json;
 use super::{
     PassState, PolicyDecision, PolicyError, RfPolicy, RfTracker, Scope, Verdict, WeightedScore,
 };
-use crate::protocol::Metrics;
+use crate::Metrics;
 
 /// Score-based adaptive rf (paper Fig. 6).
 ///

@@ -59,10 +59,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::protocol::{ErrorCode, Metrics, ProtocolError};
 use feedback::config::PolicyKind;
 use feedback::history::{HistoryStore, MiniEpochRecord, RunId};
 use feedback::policy::{PassState, RfPolicy, Verdict};
-use feedback::protocol::{ErrorCode, Metrics, ProtocolError};
 use prefetcher::budget::{round_up, Budget, BudgetError};
 use prefetcher::catalog::Catalog;
 use prefetcher::hdf5::Containers;

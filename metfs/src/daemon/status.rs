@@ -32,7 +32,14 @@ impl Daemon {
         let Some(path) = &self.cfg.metrics_file else {
             return;
         };
-        let text = crate::metrics::render(&self.status());
+        let status = match serde_json::from_value(self.status()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "the status does not fit the protocol");
+                return;
+            }
+        };
+        let text = crate::metrics::render(&status);
         if let Err(e) = crate::metrics::write_atomic(path, &text) {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the metrics file");
         }
@@ -216,7 +223,7 @@ impl Daemon {
     /// The `hello` object.
     pub fn hello(&self, job: Option<String>) -> Value {
         json!({
-            "protocol": feedback::protocol::PROTOCOL_VERSION,
+            "protocol": crate::protocol::VERSION,
             "version": env!("CARGO_PKG_VERSION"),
             "mountpoint": self.mountpoint().display().to_string(),
             "job": job,

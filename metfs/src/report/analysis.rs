@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use prefetcher::model::stall_free_rf;
 
-use super::events::{Event, EventLog, StartEv, Timed};
+use super::events::{Event, EventLog, Start, Timed};
 use super::{MiniEpochRow, ReportSummary, RfStats};
+use crate::protocol::Choice;
 
 /// One pass, as the analysis sees it.
 pub(super) struct Pass {
@@ -18,7 +19,7 @@ pub(super) struct Pass {
     pub(super) pass: Option<u32>,
     pub(super) view_bytes: Option<u64>,
     pub(super) secs: Option<f64>,
-    pub(super) decision: Option<String>,
+    pub(super) decision: Option<Choice>,
 }
 
 /// Everything the plots and the summary need.
@@ -26,7 +27,7 @@ pub(super) struct Analysis {
     pub(super) t0: f64,
     pub(super) t_end: f64,
     pub(super) starts: u64,
-    pub(super) last_start: Option<StartEv>,
+    pub(super) last_start: Option<Start>,
     pub(super) passes: Vec<Pass>,
     pub(super) rows: Vec<MiniEpochRow>,
     /// (t, cumulative tier bytes), restarts folded in.
@@ -84,34 +85,35 @@ pub(super) fn analyse(log: EventLog) -> Analysis {
                 pass_origin = Some(t);
                 passes.push(Pass {
                     t,
-                    sequence: p.sequence,
-                    epoch: p.epoch,
-                    mini_epoch: p.mini_epoch,
-                    pass: p.pass,
-                    view_bytes: p.view_bytes,
+                    sequence: Some(p.sequence),
+                    epoch: Some(p.epoch),
+                    mini_epoch: Some(p.mini_epoch),
+                    pass: Some(p.pass),
+                    view_bytes: Some(p.view_bytes),
                     secs,
-                    decision: p.decision,
+                    decision: None,
                 });
             }
             Event::Decision(d) => {
-                if let (Some(last), Some(dec)) = (passes.last_mut(), d.decision) {
+                // The answer to the pass end just before it.
+                if let Some(last) = passes.last_mut() {
                     if last.decision.is_none() {
-                        last.decision = Some(dec);
+                        last.decision = Some(d.decision);
                     }
                 }
             }
             Event::Staged(s) => {
                 staged += 1;
-                let fetched = s.bytes_fetched.or(s.bytes).unwrap_or(0);
+                let fetched = s.bytes_fetched;
                 staged_fetched += fetched;
-                if let Some(secs) = s.secs.filter(|s| s.is_finite() && *s > 0.0) {
+                if let Some(secs) = Some(s.secs).filter(|s| s.is_finite() && *s > 0.0) {
                     staged_secs += secs;
                     let before = staged_points.last().map_or(0.0, |p| p.1);
                     staged_points.push((t - secs, before));
                     staged_points.push((t, before + fetched as f64));
                 }
             }
-            Event::Switch(s) => switches.push((s.sequence, s.prev_rf, s.prev_wanted_rf)),
+            Event::Switch(s) => switches.push((Some(s.sequence), s.prev_rf, s.prev_wanted_rf)),
             Event::Tier(x) => {
                 if x.tier_bytes_read < tier_last {
                     tier_offset += tier_last;
@@ -119,6 +121,8 @@ pub(super) fn analyse(log: EventLog) -> Analysis {
                 tier_last = x.tier_bytes_read;
                 tier.push((t, (tier_offset + tier_last) as f64));
             }
+            // Kinds the report does not use.
+            Event::StageFailed(_) | Event::Other => {}
         }
     }
     let (tier_source, tier_bytes_read) = if !tier.is_empty() {
@@ -200,7 +204,7 @@ pub(super) fn completed_mini_epochs(
         });
         row.epoch = row.epoch.or(p.epoch);
         row.mini_epoch = row.mini_epoch.or(p.mini_epoch);
-        if p.decision.as_deref() == Some("wait") {
+        if p.decision == Some(Choice::Wait) {
             row.bonus_passes += 1;
         }
     }
@@ -277,20 +281,20 @@ pub(super) fn summarise(
         files,
         warnings: a.warnings.clone(),
         duration_secs: duration,
-        dataset_bytes: s.and_then(|s| s.dataset_bytes),
-        dataset_files: s.and_then(|s| s.dataset_files),
-        mini_epochs_per_epoch: s.and_then(|s| s.mini_epochs),
-        rf_policy: s.and_then(|s| s.rf_policy.clone()),
-        budget_bytes: s.and_then(|s| s.budget_bytes),
-        node_rank: s.and_then(|s| s.node_rank),
-        nodes: s.and_then(|s| s.nodes),
+        dataset_bytes: s.map(|s| s.dataset_bytes),
+        dataset_files: s.map(|s| s.dataset_files),
+        mini_epochs_per_epoch: s.map(|s| s.mini_epochs),
+        rf_policy: s.map(|s| s.rf_policy.clone()),
+        budget_bytes: s.map(|s| s.budget_bytes),
+        node_rank: s.map(|s| s.node_rank),
+        nodes: s.map(|s| s.nodes),
         starts: a.starts,
         mini_epochs_completed: a.rows.len() as u64,
         passes: a.passes.len() as u64,
         bonus_passes: a
             .passes
             .iter()
-            .filter(|p| p.decision.as_deref() == Some("wait"))
+            .filter(|p| p.decision == Some(Choice::Wait))
             .count() as u64,
         rf: rf_stats(&a.rows),
         wanted_rf_mean: (!wanted.is_empty())

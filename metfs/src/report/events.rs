@@ -1,69 +1,16 @@
 //! Reading the event log: every `events*.jsonl` file of a run directory in order, each line
-//! parsed into the few fields the report needs. A malformed line is an error naming the file
-//! and the line, never skipped silently.
+//! read as the protocol's [`Record`](crate::protocol::Record). A malformed line (not JSON, no
+//! `t` or `event`, a field of the wrong type or missing, another protocol version) is an
+//! error naming the file and the line, never skipped silently.
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::ReportError;
-
-#[derive(Deserialize)]
-pub(super) struct StartEv {
-    pub(super) dataset_bytes: Option<u64>,
-    pub(super) dataset_files: Option<u64>,
-    pub(super) mini_epochs: Option<u32>,
-    pub(super) rf_policy: Option<String>,
-    pub(super) budget_bytes: Option<u64>,
-    pub(super) node_rank: Option<u32>,
-    pub(super) nodes: Option<u32>,
-}
-
-#[derive(Deserialize)]
-pub(super) struct PassEndEv {
-    pub(super) epoch: Option<u64>,
-    pub(super) mini_epoch: Option<u32>,
-    pub(super) sequence: Option<u64>,
-    pub(super) pass: Option<u32>,
-    pub(super) decision: Option<String>,
-    pub(super) view_bytes: Option<u64>,
-    pub(super) secs: Option<f64>,
-}
-
-#[derive(Deserialize)]
-pub(super) struct StagedEv {
-    pub(super) bytes_fetched: Option<u64>,
-    pub(super) bytes: Option<u64>,
-    pub(super) secs: Option<f64>,
-}
-
-#[derive(Deserialize)]
-pub(super) struct SwitchEv {
-    pub(super) sequence: Option<u64>,
-    pub(super) prev_rf: u32,
-    pub(super) prev_wanted_rf: Option<u32>,
-}
-
-#[derive(Deserialize)]
-pub(super) struct TierEv {
-    pub(super) tier_bytes_read: u64,
-}
-
-#[derive(Deserialize)]
-pub(super) struct DecisionEv {
-    pub(super) decision: Option<String>,
-}
-
-/// One event, typed; kinds the report does not use are dropped while reading.
-pub(super) enum Event {
-    Start(StartEv),
-    PassEnd(PassEndEv),
-    Staged(StagedEv),
-    Switch(SwitchEv),
-    Tier(TierEv),
-    Decision(DecisionEv),
-}
+pub(super) use crate::protocol::event::Start;
+pub(super) use crate::protocol::Event;
+use crate::protocol::{check_version, Record};
 
 pub(super) struct Timed {
     pub(super) t: f64,
@@ -83,15 +30,6 @@ pub(super) fn malformed(path: &Path, line: u64, message: String) -> ReportError 
         line,
         message,
     }
-}
-
-pub(super) fn typed<T: for<'de> Deserialize<'de>>(
-    v: Value,
-    kind: &str,
-    path: &Path,
-    line: u64,
-) -> Result<T, ReportError> {
-    serde_json::from_value(v).map_err(|e| malformed(path, line, format!("`{kind}` event: {e}")))
 }
 
 /// Parses one event file's text. `tolerate_torn_tail`: a last line without a newline that is
@@ -139,15 +77,14 @@ pub(super) fn parse_events(
             .ok_or_else(|| malformed(path, line, "missing `event` (a string)".into()))?
             .to_string();
         out.lines += 1;
-        let ev = match kind.as_str() {
-            "start" => Event::Start(typed(v, &kind, path, line)?),
-            "pass_end" => Event::PassEnd(typed(v, &kind, path, line)?),
-            "staged" => Event::Staged(typed(v, &kind, path, line)?),
-            "switch" => Event::Switch(typed(v, &kind, path, line)?),
-            "tier" => Event::Tier(typed(v, &kind, path, line)?),
-            "decision" => Event::Decision(typed(v, &kind, path, line)?),
-            _ => continue,
+        check_version(&v).map_err(|e| malformed(path, line, e.message))?;
+        let ev = match serde_json::from_value::<Record>(v) {
+            Ok(r) => r.event,
+            Err(e) => return Err(malformed(path, line, format!("`{kind}` event: {e}"))),
         };
+        if ev == Event::Other {
+            continue;
+        }
         if let Event::PassEnd(p) = &ev {
             if let Some(s) = p.secs {
                 if !(s.is_finite() && s >= 0.0) {

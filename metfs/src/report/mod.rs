@@ -2,23 +2,25 @@
 //! tier, from the daemon's event log.
 //!
 //! Input: `RUN_DIR/events.1.jsonl` (the rotated, older part, if present) then
-//! `RUN_DIR/events.jsonl`, one JSON object per line with `t` (Unix seconds) and `event`:
+//! `RUN_DIR/events.jsonl`, one event record per line, as the protocol defines it
+//! ([`crate::protocol::event`]: `v`, `t` in Unix seconds, `event`, and the kind's fields):
 //!
 //! * `start`: dataset size and files, nm, budget, node rank and count. A second `start` means the
 //!   daemon restarted; its tier counter restarts at 0.
-//! * `pass_end`: one pass over the current mini-epoch (`sequence`, `pass`, `view_bytes`, and
-//!   optionally `secs`, the pass's duration, and `decision`: `repeat`, `advance` or `wait`).
-//!   A separate `decision` event right after a `pass_end` supplies the decision when the
-//!   `pass_end` has none (`verdict` is the policy's wish, not the decision).
+//! * `pass_end`: one pass over the current mini-epoch (`sequence`, `pass`, `view_bytes`, `secs`,
+//!   the pass's duration, and `verdict`, the policy's wish, not the decision).
+//! * `decision`: the answer to the `pass_end` just before it: `repeat`, `advance` or `wait`.
 //! * `staged`: a mini-epoch finished staging (`bytes_fetched` in `secs`).
 //! * `switch`: the view advanced; `prev_rf` is the passes the previous mini-epoch got,
 //!   `prev_wanted_rf` the pass at which its policy first wanted to advance.
 //! * `tier`: the cumulative bytes read from the capacity tier, every few seconds while staging.
 //!
-//! Unknown events and unknown fields are ignored, optional fields may be missing; a line that
-//! is not JSON, lacks `t` or `event`, or has a field of the wrong type is an error naming the
-//! file and line, except a torn last line of `events.jsonl` (a crash mid-write), which is
-//! skipped with a warning in the summary.
+//! Unknown event kinds and unknown fields are ignored (a newer daemon may add them within a
+//! protocol version); a `pass_end` without `secs` (older logs) takes the time since the
+//! previous pass. A line that is not JSON, lacks `t` or `event`, lacks a field its kind
+//! requires, has a field of the wrong type, or is of another protocol version is an error
+//! naming the file and line, except a torn last line of `events.jsonl` (a crash mid-write),
+//! which is skipped with a warning in the summary.
 //!
 //! Output in `OUT_DIR`:
 //!

@@ -6,9 +6,104 @@ use serde_json::Value;
 use super::analysis::{percentile, Pass};
 use super::series::{mount_curve, smoothed_rate};
 use super::*;
+use crate::protocol::event::{DecisionEvent, PassEnd, Staged, Start, Switch, Tier};
+use crate::protocol::{Choice, Event, Record, Version};
+use feedback::policy::Verdict;
 use serde_json::json;
 
 const MIB: u64 = 1 << 20;
+
+/// One event-log line as the daemon writes it.
+fn rec(t: f64, event: Event) -> Value {
+    serde_json::to_value(Record {
+        v: Version,
+        t,
+        event,
+    })
+    .unwrap()
+}
+
+fn start(t: f64, mini_epochs: u32, view_bytes: u64) -> Value {
+    rec(
+        t,
+        Event::Start(Start {
+            dataset_bytes: u64::from(mini_epochs) * view_bytes,
+            dataset_files: 4096,
+            mini_epochs,
+            view_bytes,
+            rf_policy: "score".into(),
+            budget_bytes: 600 * MIB,
+            node_rank: 0,
+            nodes: 1,
+            epoch: 0,
+            mini_epoch: 0,
+        }),
+    )
+}
+
+/// A pass end of mini-epoch `sequence` (epoch 0, mini-epoch = sequence).
+fn pass_end(
+    t: f64,
+    sequence: u64,
+    pass: u32,
+    verdict: Verdict,
+    view: u64,
+    secs: Option<f64>,
+) -> Value {
+    rec(
+        t,
+        Event::PassEnd(PassEnd {
+            epoch: 0,
+            mini_epoch: sequence as u32,
+            sequence,
+            pass,
+            verdict,
+            score: None,
+            view_bytes: view,
+            secs,
+        }),
+    )
+}
+
+fn decision(t: f64, decision: Choice) -> Value {
+    rec(t, Event::Decision(DecisionEvent { decision }))
+}
+
+fn switch(t: f64, sequence: u64, prev_rf: u32, prev_wanted_rf: Option<u32>) -> Value {
+    rec(
+        t,
+        Event::Switch(Switch {
+            epoch: 0,
+            mini_epoch: sequence as u32,
+            generation: sequence + 1,
+            sequence,
+            prev_rf,
+            prev_wanted_rf,
+        }),
+    )
+}
+
+fn tier(t: f64, tier_bytes_read: u64) -> Value {
+    rec(t, Event::Tier(Tier { tier_bytes_read }))
+}
+
+fn staged(t: f64, bytes: u64, secs: f64) -> Value {
+    rec(
+        t,
+        Event::Staged(Staged {
+            epoch: 0,
+            mini_epoch: 1,
+            bytes,
+            bytes_fetched: bytes,
+            secs,
+        }),
+    )
+}
+
+/// A `start` line as text.
+fn start_line() -> String {
+    start(1.0, 2, 100).to_string()
+}
 
 /// The summary without plots or files.
 fn summarize(run_dir: &Path) -> Result<ReportSummary, ReportError> {
@@ -23,11 +118,10 @@ fn summarize(run_dir: &Path) -> Result<ReportSummary, ReportError> {
 fn synthetic() -> (Vec<Value>, Vec<u32>) {
     let view = 256 * MIB;
     let t0 = 1_700_000_000.0;
-    let mut ev = vec![json!({
-        "t": t0, "event": "start", "dataset_bytes": 4 * view, "dataset_files": 4096,
-        "mini_epochs": 4, "view_bytes": view, "rf_policy": "score",
-        "budget_bytes": 600 * MIB, "node_rank": 0, "nodes": 1, "future_field": [1, 2]
-    })];
+    let mut first = start(t0, 4, view);
+    // A field this build does not know is ignored.
+    first["future_field"] = json!([1, 2]);
+    let mut ev = vec![first];
     let mut t = t0;
     let mut tier = 0u64;
     let mut rfs = Vec::new();
@@ -42,34 +136,44 @@ fn synthetic() -> (Vec<Value>, Vec<u32>) {
             // Tier counter every 2 s while staging.
             if t - stage_start <= 8.0 {
                 tier += view / 4;
-                ev.push(json!({"t": t - 0.01, "event": "tier", "tier_bytes_read": tier}));
+                ev.push(super::tests::tier(t - 0.01, tier));
             }
-            let decision = if pass < wanted {
-                "repeat"
+            let (verdict, answer) = if pass < wanted {
+                (Verdict::Repeat, Choice::Repeat)
             } else if pass < rf {
-                "wait"
+                (Verdict::Advance, Choice::Wait)
             } else {
-                "advance"
+                (Verdict::Advance, Choice::Advance)
             };
-            ev.push(json!({
-                "t": t, "event": "pass_end", "epoch": seq / 4, "mini_epoch": seq % 4,
-                "sequence": seq, "pass": pass, "decision": decision,
-                "score": if pass == 1 { Value::Null } else { json!(0.5) },
-                "view_bytes": view
-            }));
+            ev.push(rec(
+                t,
+                Event::PassEnd(PassEnd {
+                    epoch: seq / 4,
+                    mini_epoch: (seq % 4) as u32,
+                    sequence: seq,
+                    pass,
+                    verdict,
+                    score: (pass > 1).then_some(0.5),
+                    view_bytes: view,
+                    secs: None,
+                }),
+            ));
+            ev.push(decision(t, answer));
             if t - stage_start == 8.0 {
-                ev.push(json!({
-                    "t": t, "event": "staged", "epoch": (seq + 1) / 4,
-                    "mini_epoch": (seq + 1) % 4, "bytes": view, "bytes_fetched": view,
-                    "secs": 8.0
-                }));
+                ev.push(staged(t, view, 8.0));
             }
         }
-        ev.push(json!({
-            "t": t, "event": "switch", "epoch": (seq + 1) / 4, "mini_epoch": (seq + 1) % 4,
-            "generation": seq + 2, "sequence": seq + 1, "prev_rf": rf,
-            "prev_wanted_rf": if wanted < rf { json!(wanted) } else { Value::Null }
-        }));
+        ev.push(rec(
+            t,
+            Event::Switch(Switch {
+                epoch: (seq + 1) / 4,
+                mini_epoch: ((seq + 1) % 4) as u32,
+                generation: seq + 2,
+                sequence: seq + 1,
+                prev_rf: rf,
+                prev_wanted_rf: (wanted < rf).then_some(wanted),
+            }),
+        ));
         ev.push(json!({"t": t, "event": "unknown_kind", "x": 1}));
     }
     (ev, rfs)
@@ -160,21 +264,21 @@ fn synthetic_run_gives_plots_and_right_numbers() {
 #[test]
 fn rotated_log_is_read_older_first_and_decisions_may_come_separately() {
     let run = tempfile::tempdir().unwrap();
-    // The daemon's own shape: `verdict` on pass_end, the decision in its own event,
-    // `secs` on pass_end.
+    // The daemon's own shape: `verdict` on pass_end, the decision in its own event.
     let older = vec![
-        json!({"t": 100.0, "event": "start", "mini_epochs": 2, "view_bytes": 100}),
-        json!({"t": 101.0, "event": "pass_end", "sequence": 0, "pass": 1, "verdict": "advance", "view_bytes": 100, "secs": 1.0}),
-        json!({"t": 101.0, "event": "decision", "decision": "wait"}),
-        json!({"t": 102.0, "event": "pass_end", "sequence": 0, "pass": 2, "verdict": "advance", "view_bytes": 100, "secs": 1.0}),
-        json!({"t": 102.0, "event": "decision", "decision": "advance"}),
+        start(100.0, 2, 100),
+        pass_end(101.0, 0, 1, Verdict::Advance, 100, Some(1.0)),
+        decision(101.0, Choice::Wait),
+        pass_end(102.0, 0, 2, Verdict::Advance, 100, Some(1.0)),
+        decision(102.0, Choice::Advance),
     ];
     let current = vec![
-        json!({"t": 102.0, "event": "switch", "sequence": 1, "prev_rf": 2, "prev_wanted_rf": 1}),
-        json!({"t": 104.0, "event": "pass_end", "sequence": 1, "pass": 1, "verdict": "advance", "view_bytes": 100, "secs": 2.0}),
-        json!({"t": 104.0, "event": "decision", "decision": "advance"}),
-        json!({"t": 104.0, "event": "switch", "sequence": 2, "prev_rf": 1, "prev_wanted_rf": 1}),
-        json!({"t": 106.0, "event": "pass_end", "sequence": 2, "pass": 1, "verdict": "repeat", "view_bytes": 100}),
+        switch(102.0, 1, 2, Some(1)),
+        pass_end(104.0, 1, 1, Verdict::Advance, 100, Some(2.0)),
+        decision(104.0, Choice::Advance),
+        switch(104.0, 2, 1, Some(1)),
+        // Written before pass durations were measured: no `secs`.
+        pass_end(106.0, 2, 1, Verdict::Repeat, 100, None),
     ];
     write_events(run.path(), "events.1.jsonl", &older);
     write_events(run.path(), "events.jsonl", &current);
@@ -201,13 +305,13 @@ fn restarts_fold_the_tier_counter_and_missing_switches_come_from_passes() {
     let run = tempfile::tempdir().unwrap();
     let ev = vec![
         // Rotated past the start: no `start` first.
-        json!({"t": 10.0, "event": "tier", "tier_bytes_read": 1000}),
-        json!({"t": 11.0, "event": "pass_end", "sequence": 5, "pass": 3, "view_bytes": 10}),
-        json!({"t": 12.0, "event": "tier", "tier_bytes_read": 1500}),
-        json!({"t": 20.0, "event": "start", "mini_epochs": 8}),
-        json!({"t": 21.0, "event": "tier", "tier_bytes_read": 200}),
-        json!({"t": 22.0, "event": "pass_end", "sequence": 6, "pass": 1, "view_bytes": 10}),
-        json!({"t": 23.0, "event": "staged", "bytes_fetched": 300, "secs": 3.0}),
+        tier(10.0, 1000),
+        pass_end(11.0, 5, 3, Verdict::Repeat, 10, None),
+        tier(12.0, 1500),
+        start(20.0, 8, 10),
+        tier(21.0, 200),
+        pass_end(22.0, 6, 1, Verdict::Repeat, 10, None),
+        staged(23.0, 300, 3.0),
     ];
     write_events(run.path(), "events.jsonl", &ev);
     let s = summarize(run.path()).unwrap();
@@ -225,13 +329,41 @@ fn restarts_fold_the_tier_counter_and_missing_switches_come_from_passes() {
 fn malformed_lines_name_file_and_line() {
     let run = tempfile::tempdir().unwrap();
     let p = run.path().join("events.jsonl");
+    let s = start_line();
     let cases = [
-        ("{\"t\":1,\"event\":\"start\"}\nnot json\n{\"t\":2,\"event\":\"tier\",\"tier_bytes_read\":1}\n", 2, "not a JSON object"),
-        ("{\"t\":1,\"event\":\"start\"}\n{\"event\":\"tier\",\"tier_bytes_read\":1}\n", 2, "missing `t`"),
-        ("{\"t\":1}\n", 1, "missing `event`"),
-        ("\n{\"t\":1,\"event\":\"switch\",\"prev_rf\":\"many\"}\n", 2, "`switch` event"),
-        ("{\"t\":1,\"event\":\"tier\"}\n", 1, "tier_bytes_read"),
-        ("[1,2]\n", 1, "not a JSON object"),
+        (
+            format!("{s}\nnot json\n{{\"t\":2,\"event\":\"tier\",\"tier_bytes_read\":1}}\n"),
+            2,
+            "not a JSON object",
+        ),
+        (
+            format!("{s}\n{{\"event\":\"tier\",\"tier_bytes_read\":1}}\n"),
+            2,
+            "missing `t`",
+        ),
+        ("{\"t\":1}\n".into(), 1, "missing `event`"),
+        (
+            "\n{\"t\":1,\"event\":\"switch\",\"prev_rf\":\"many\"}\n".into(),
+            2,
+            "`switch` event",
+        ),
+        (
+            "{\"t\":1,\"event\":\"tier\"}\n".into(),
+            1,
+            "tier_bytes_read",
+        ),
+        (
+            "{\"t\":1,\"event\":\"start\",\"mini_epochs\":2}\n".into(),
+            1,
+            "`start` event: missing field",
+        ),
+        ("[1,2]\n".into(), 1, "not a JSON object"),
+        // Another major version of the protocol: refused, naming both versions.
+        (
+            "{\"v\":2,\"t\":1,\"event\":\"tier\",\"tier_bytes_read\":1}\n".into(),
+            1,
+            "protocol version 2 is not supported: this build speaks version 1",
+        ),
     ];
     for (text, line, what) in cases {
         std::fs::write(&p, text).unwrap();
@@ -248,7 +380,7 @@ fn malformed_lines_name_file_and_line() {
         assert!(msg.contains(what), "{msg}");
     }
     // A torn last line (no newline) is tolerated with a warning ...
-    std::fs::write(&p, "{\"t\":1,\"event\":\"start\"}\n{\"t\":2,\"ev").unwrap();
+    std::fs::write(&p, format!("{s}\n{{\"t\":2,\"ev")).unwrap();
     let s = summarize(run.path()).unwrap();
     assert!(
         s.warnings[0].contains("line 2: skipped a torn last line"),
@@ -268,11 +400,7 @@ fn empty_or_missing_logs() {
     let e = report(run.path(), out.path()).unwrap_err();
     assert!(matches!(e, ReportError::NoEvents { .. }));
     assert!(e.to_string().contains("no events.jsonl in"), "{e}");
-    std::fs::write(
-        run.path().join("events.jsonl"),
-        "{\"t\":1,\"event\":\"start\"}\n",
-    )
-    .unwrap();
+    std::fs::write(run.path().join("events.jsonl"), start_line() + "\n").unwrap();
     let s = report(run.path(), out.path()).unwrap();
     assert_eq!(s.mini_epochs_completed, 0);
     assert_eq!(s.rf, None);

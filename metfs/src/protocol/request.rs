@@ -1,33 +1,29 @@
-//! Control-socket protocol: newline-delimited JSON over a Unix socket.
+//! Requests: what a client sends, one JSON object per line with an `"op"` field.
 //!
-//! Every request is one JSON object on one line with an `"op"` field; every response is one JSON
-//! object on one line with `"ok"`. Failures carry `"error": {"code", "message"}` with a stable
-//! machine-readable `code` (see [`ErrorCode`]). A malformed, oversized or unknown request gets an
-//! error response and the connection stays open. `hello` returns [`PROTOCOL_VERSION`]; a client
-//! that sends `"version"` in `hello` newer than the daemon's gets `unsupported_version`.
-//!
-//! Requests are parsed in two steps so that errors are precise: first as a JSON object (else
-//! `bad_json`), then `op` is looked up (else `unknown_op`), then the fields are checked (else
-//! `bad_request` or `bad_metrics`, naming the field).
-
-use std::collections::BTreeMap;
+//! A malformed, oversized or unknown request gets an error reply and the connection stays
+//! open. Requests are parsed by hand, in steps, so that errors are precise: first as a JSON
+//! object (else `bad_json`), then its `"v"` (a major version other than [`VERSION`] is
+//! `unsupported_version`; a request without `"v"` is read as version 1, what clients sent
+//! before the field existed), then `op` is looked up (else `unknown_op`), then the fields are
+//! checked (else `bad_request` or `bad_metrics`, naming the field). serde's derived reader
+//! would name neither the op nor the metric. The same [`Request`] type derives `Serialize`
+//! and the schema, for clients and `docs/protocol.schema.json`; a test checks that the two
+//! agree on every op.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-/// Version of the protocol spoken by this build. Bumped on incompatible changes.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub use feedback::Metrics;
+
+use super::{ErrorBody, ErrorReply, Version, VERSION};
 
 /// Longest request line the daemon accepts, in bytes. A `pass_end` with a few dozen metrics is
 /// well under 4 KiB; 1 MiB leaves room for any honest client and bounds a hostile one.
 pub const MAX_LINE_BYTES: usize = 1 << 20;
 
-/// Metrics of one pass, by name. Values are finite numbers.
-pub type Metrics = BTreeMap<String, f64>;
-
 /// Stable error codes of failed requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// The line is not a JSON object.
@@ -40,7 +36,7 @@ pub enum ErrorCode {
     BadRequest,
     /// A metric is not a finite number, or a metric the policy needs is missing.
     BadMetrics,
-    /// The client speaks a newer protocol than the daemon.
+    /// The message is of a protocol version the reader does not speak.
     UnsupportedVersion,
     /// Staging failed and the request cannot be carried out.
     StagingFailed,
@@ -50,6 +46,27 @@ pub enum ErrorCode {
     TooManyConnections,
     /// Anything else.
     Internal,
+    /// Said by a client, never by the daemon: a reply that does not fit the protocol.
+    BadResponse,
+}
+
+impl ErrorCode {
+    /// The protocol's name of the code (`bad_request`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::BadJson => "bad_json",
+            ErrorCode::LineTooLong => "line_too_long",
+            ErrorCode::UnknownOp => "unknown_op",
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::BadMetrics => "bad_metrics",
+            ErrorCode::UnsupportedVersion => "unsupported_version",
+            ErrorCode::StagingFailed => "staging_failed",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::TooManyConnections => "too_many_connections",
+            ErrorCode::Internal => "internal",
+            ErrorCode::BadResponse => "bad_response",
+        }
+    }
 }
 
 /// A request that could not be understood.
@@ -71,35 +88,35 @@ impl ProtocolError {
         }
     }
 
-    /// The response line for this error.
-    pub fn to_response(&self) -> Value {
-        serde_json::json!({
-            "ok": false,
-            "error": {"code": self.code, "message": self.message},
-        })
+    /// The reply for this error, as JSON.
+    pub fn to_reply_json(&self) -> Value {
+        serde_json::to_value(self.to_reply()).unwrap_or_default()
+    }
+
+    /// The reply for this error.
+    pub fn to_reply(&self) -> ErrorReply {
+        ErrorReply {
+            v: Version,
+            ok: false,
+            error: ErrorBody {
+                code: self.code,
+                message: self.message.clone(),
+            },
+        }
     }
 }
 
-/// A decision made elsewhere (by rank 0's daemon) that a follower applies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Decision {
-    /// Run another pass over the current mini-epoch.
-    Repeat,
-    /// The view moved (or is to move) to the next mini-epoch.
-    Advance,
-    /// The policy wants to advance but the next mini-epoch is not staged yet: repeat meanwhile.
-    Wait,
-}
-
-/// A parsed request.
-#[derive(Debug, Clone, PartialEq)]
+/// A request. Serialized with its `op`; read by [`parse_request`].
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+#[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
     /// Handshake: returns the protocol version and the mount's identity.
     Hello {
         /// Protocol version the client speaks, if it says.
+        #[serde(skip_serializing_if = "Option::is_none")]
         version: Option<u32>,
         /// Job identity (e.g. model name) used for rf history and per-job state.
+        #[serde(skip_serializing_if = "Option::is_none")]
         job: Option<String>,
     },
     /// The daemon's state (see the status object in the README).
@@ -109,6 +126,7 @@ pub enum Request {
     /// The end of one pass over the current mini-epoch.
     PassEnd {
         /// Job identity.
+        #[serde(skip_serializing_if = "Option::is_none")]
         job: Option<String>,
         /// Metrics of the pass.
         metrics: Metrics,
@@ -225,6 +243,14 @@ pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
             "request must be a JSON object with an `op` field",
         ));
     };
+    if let Some(v) = obj.get("v") {
+        if v.as_u64() != Some(u64::from(VERSION)) {
+            return Err(ProtocolError::new(
+                ErrorCode::UnsupportedVersion,
+                format!("request is protocol version {v}; this daemon speaks version {VERSION}"),
+            ));
+        }
+    }
     let op = match obj.get("op") {
         Some(Value::String(s)) => s.as_str(),
         Some(other) => {
@@ -283,16 +309,6 @@ pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
             ))
         }
     })
-}
-
-/// Wraps a successful response body: adds `"ok": true`.
-pub fn ok_response(mut body: Value) -> Value {
-    if let Value::Object(ref mut o) = body {
-        o.insert("ok".into(), Value::Bool(true));
-        body
-    } else {
-        serde_json::json!({"ok": true, "value": body})
-    }
 }
 
 #[cfg(test)]
@@ -363,12 +379,81 @@ mod tests {
     }
 
     #[test]
-    fn error_response_shape() {
-        let r = ProtocolError::new(ErrorCode::UnknownOp, "nope").to_response();
+    fn error_code_names_are_the_serialized_ones() {
+        use ErrorCode::*;
+        for c in [
+            BadJson,
+            LineTooLong,
+            UnknownOp,
+            BadRequest,
+            BadMetrics,
+            UnsupportedVersion,
+            StagingFailed,
+            ShuttingDown,
+            TooManyConnections,
+            Internal,
+            BadResponse,
+        ] {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.name());
+        }
+    }
+
+    #[test]
+    fn error_reply_shape() {
+        let r = serde_json::to_value(ProtocolError::new(ErrorCode::UnknownOp, "nope").to_reply())
+            .unwrap();
+        assert_eq!(r["v"], 1);
         assert_eq!(r["ok"], false);
         assert_eq!(r["error"]["code"], "unknown_op");
         assert_eq!(r["error"]["message"], "nope");
-        assert_eq!(ok_response(serde_json::json!({"a": 1}))["ok"], true);
+    }
+
+    #[test]
+    fn an_unknown_major_version_is_refused_naming_both() {
+        let e = parse_request(r#"{"v":2,"op":"status"}"#).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UnsupportedVersion);
+        assert!(
+            e.message.contains("version 2") && e.message.contains("version 1"),
+            "{}",
+            e.message
+        );
+        assert_eq!(
+            parse_request(r#"{"v":1,"op":"status"}"#).unwrap(),
+            Request::Status
+        );
+    }
+
+    /// The hand-written reader and the serde type (the schema's source) agree on every op.
+    #[test]
+    fn every_serialized_request_parses_back() {
+        let all = [
+            Request::Hello {
+                version: Some(1),
+                job: Some("j".into()),
+            },
+            Request::Hello {
+                version: None,
+                job: None,
+            },
+            Request::Status,
+            Request::Files,
+            Request::PassEnd {
+                job: Some("j".into()),
+                metrics: [("loss".to_string(), 0.25)].into_iter().collect(),
+                block: true,
+            },
+            Request::Advance { wait: true },
+            Request::Apply {
+                epoch: 3,
+                mini_epoch: 1,
+                wait: false,
+            },
+            Request::Shutdown,
+        ];
+        for r in all {
+            let line = serde_json::to_string(&super::super::Envelope::new(&r)).unwrap();
+            assert_eq!(parse_request(&line).unwrap(), r, "{line}");
+        }
     }
 
     proptest! {

@@ -1,0 +1,270 @@
+//! Replies: the body of each op's successful answer (wrapped in [`super::Reply`], which adds
+//! `"v"` and `"ok"`). Field names are the protocol; the README's status table and the Python
+//! client read them.
+//!
+//! A value that is not known yet (no pass measured, no staging finished) is `null`, never
+//! left out, so a reader can tell "not measured" from "not sent by this version".
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The answer to `hello`: the daemon's protocol and identity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Hello {
+    /// The protocol's major version the daemon speaks.
+    pub protocol: u32,
+    /// The daemon's version (`metfs --version`).
+    pub version: String,
+    /// Where the view is mounted.
+    pub mountpoint: String,
+    /// The job the client named, if any.
+    pub job: Option<String>,
+}
+
+/// The answer to `status`: where the job is, what the cache holds, how staging goes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Status {
+    /// Current epoch, from 0.
+    pub epoch: u64,
+    /// Current mini-epoch within the epoch, from 0.
+    pub mini_epoch: u32,
+    /// Mini-epochs per epoch (nm).
+    pub mini_epochs: u32,
+    /// Passes completed over the current mini-epoch.
+    pub pass: u32,
+    /// The passes per mini-epoch the policy expects (fractional for adaptive policies).
+    pub rf: f64,
+    /// The rf policy's name (`fixed`, `score`, `bollinger`, `learned`).
+    pub rf_policy: String,
+    /// The job (the rf history's key) whose position this is.
+    pub job: String,
+    /// The policy wants to advance and the job waits for the next mini-epoch.
+    pub advance_wanted: bool,
+    /// Generation of the view: grows by one at every switch.
+    pub generation: u64,
+    /// The next mini-epoch is fully staged.
+    pub next_ready: bool,
+    /// Bytes the cache directory holds: slots, staging progress and metadata.
+    pub cache_bytes: u64,
+    /// The cache budget (EC1).
+    pub budget_bytes: u64,
+    /// Largest size of one slot: (budget - reserve) / 2.
+    pub slot_bytes: u64,
+    /// Part of the budget kept for metadata.
+    pub reserve_bytes: u64,
+    /// Bytes read from the capacity tier since the daemon started.
+    pub tier_bytes_read: u64,
+    /// Bytes the daemon read for the kernel.
+    pub daemon_bytes_read: u64,
+    /// Opens the daemon served.
+    pub daemon_opens: u64,
+    /// Files in the current view.
+    pub view_files: u64,
+    /// Bytes in the current view.
+    pub view_bytes: u64,
+    /// Samples in this node's catalog.
+    pub dataset_files: u64,
+    /// Bytes in this node's catalog.
+    pub dataset_bytes: u64,
+    /// Passes that ended waiting for the next mini-epoch.
+    pub bonus_passes: u64,
+    /// Seconds callers spent blocked waiting for the next mini-epoch.
+    pub blocked_seconds: f64,
+    /// Duration of the last pass.
+    pub pass_seconds: Option<f64>,
+    /// Mean duration of recent passes.
+    pub pass_seconds_mean: Option<f64>,
+    /// B2: average staging throughput from the tier.
+    pub b2_bytes_per_s: Option<f64>,
+    /// B2 of the most recent staging.
+    pub b2_recent_bytes_per_s: Option<f64>,
+    /// EB1: bytes per second the job reads during passes.
+    pub eb1_bytes_per_s: Option<f64>,
+    /// ceil(EB1 / B2), once both are measured.
+    pub stall_free_rf: Option<u32>,
+    /// Current cap on staging bandwidth; `null` when unlimited.
+    pub prefetch_rate: Option<u64>,
+    /// Staging of the next mini-epoch.
+    pub staging: Staging,
+    /// Retired views not evicted yet.
+    pub draining_slots: u64,
+    /// What holds each retired view.
+    pub draining: Vec<Draining>,
+    /// File handles open on the mount.
+    pub open_handles: u64,
+    /// Reads use kernel FUSE passthrough.
+    pub passthrough: bool,
+    /// The read path in use (`cached`, `passthrough`, `pread`).
+    pub read_path: String,
+    /// The last error worth reporting.
+    pub last_error: Option<String>,
+    /// Samples that recently failed to stage (`path: reason`, the last 100).
+    pub failed_samples: Vec<String>,
+    /// The capacity tier's URL.
+    pub source: String,
+    /// Where the view is mounted.
+    pub mountpoint: String,
+    /// The control socket.
+    pub socket: String,
+    /// This node's rank.
+    pub node_rank: u32,
+    /// Nodes in the job.
+    pub nodes: u32,
+    /// The composition strategy.
+    pub compose: String,
+    /// Seconds since the daemon started.
+    pub uptime_s: f64,
+    /// The daemon's process id.
+    pub pid: u32,
+}
+
+/// Staging of the next mini-epoch, by its `state`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Staging {
+    /// Nothing to stage now.
+    Idle,
+    /// Waiting for a retired view to be evicted before staging.
+    Draining,
+    /// Copying the next mini-epoch into its slot.
+    Staging {
+        /// The slot's name.
+        slot: String,
+        /// Epoch of the mini-epoch being staged.
+        epoch: u64,
+        /// The mini-epoch being staged.
+        mini_epoch: u32,
+        /// Files staged so far.
+        files_done: u64,
+        /// Files to stage.
+        files_total: u64,
+        /// Bytes staged so far.
+        bytes_done: u64,
+        /// Bytes to stage.
+        bytes_total: u64,
+        /// Throughput so far.
+        bytes_per_s: f64,
+        /// Seconds left at that throughput; `null` before it is known.
+        eta_s: Option<f64>,
+        /// Fetches retried.
+        retries: u64,
+        /// The last retried fetch's error.
+        last_retry_error: Option<String>,
+    },
+    /// The next mini-epoch is staged.
+    Ready {
+        /// The slot's name.
+        slot: String,
+        /// Epoch of the staged mini-epoch.
+        epoch: u64,
+        /// The staged mini-epoch.
+        mini_epoch: u32,
+        /// Samples fetched from the tier.
+        fetched: u64,
+        /// Samples found already staged (a resume).
+        resumed: u64,
+        /// Samples left out.
+        failed: u64,
+        /// Seconds staging took.
+        secs: f64,
+    },
+    /// Staging failed; it is resumed after a pause.
+    Failed {
+        /// Epoch of the mini-epoch that failed.
+        epoch: u64,
+        /// The mini-epoch that failed.
+        mini_epoch: u32,
+        /// Why.
+        error: String,
+        /// Failures in a row.
+        failures: u32,
+        /// Seconds until staging resumes.
+        retry_in_secs: f64,
+    },
+}
+
+/// What holds one retired view that is not evicted yet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Draining {
+    /// The view's generation.
+    pub generation: u64,
+    /// Its slot.
+    pub slot: String,
+    /// Handles open on it.
+    pub open_handles: u64,
+    /// The kernel's references to its inodes.
+    pub kernel_refs: u64,
+    /// A few of the paths the kernel holds.
+    pub kernel_held: Vec<String>,
+}
+
+/// The answer to `files`: the current view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FilesView {
+    /// The view's generation.
+    pub generation: u64,
+    /// Its epoch.
+    pub epoch: u64,
+    /// Its mini-epoch.
+    pub mini_epoch: u32,
+    /// Where it is mounted.
+    pub mountpoint: String,
+    /// Its files, relative to the mount.
+    pub files: Vec<String>,
+}
+
+/// What the job does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Choice {
+    /// Run another pass over the current mini-epoch.
+    Repeat,
+    /// The view moved to the next mini-epoch.
+    Advance,
+    /// The policy wants to advance but the next mini-epoch is not staged yet: repeat meanwhile.
+    Wait,
+}
+
+impl Choice {
+    /// The protocol's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Choice::Repeat => "repeat",
+            Choice::Advance => "advance",
+            Choice::Wait => "wait",
+        }
+    }
+}
+
+/// The answer to `pass_end`, `advance` and `apply`: the decision and the position after it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Decision {
+    /// What the job does next.
+    pub decision: Choice,
+    /// The view's generation after the decision.
+    pub generation: u64,
+    /// The epoch after the decision.
+    pub epoch: u64,
+    /// The mini-epoch after the decision.
+    pub mini_epoch: u32,
+    /// Mini-epochs per epoch.
+    pub mini_epochs: u32,
+    /// Passes completed over the (new) current mini-epoch.
+    pub pass: u32,
+    /// The passes per mini-epoch the policy expects.
+    pub rf: f64,
+    /// The next mini-epoch is fully staged.
+    pub next_ready: bool,
+    /// Why the policy decided so, naming the policy (`{"policy": "score", ...}`); only
+    /// `pass_end` has one (a forced advance or an apply has no policy decision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Value>,
+}
+
+/// The answer to `shutdown`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ShuttingDown {
+    /// Always true: the daemon unmounts and stops after this reply.
+    pub shutting_down: bool,
+}

@@ -1,0 +1,128 @@
+//! The schema file against the types, versions refused by every reader, and round trips.
+
+use super::event::{PassEnd, Tier};
+use super::*;
+
+/// The workspace root (this crate is `metfs/`).
+fn root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("metfs/ has a parent")
+        .to_path_buf()
+}
+
+/// `docs/protocol.schema.json` is what the types generate. With `METFS_WRITE_SCHEMA=1` the
+/// test writes it instead (after a deliberate change of the protocol).
+#[test]
+fn schema_is_checked_in() {
+    let path = root().join(SCHEMA_PATH);
+    let mut fresh = serde_json::to_string_pretty(&schema()).unwrap();
+    fresh.push('\n');
+    if std::env::var_os("METFS_WRITE_SCHEMA").is_some() {
+        std::fs::write(&path, &fresh).unwrap();
+        return;
+    }
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        checked_in == fresh,
+        "{} differs from the protocol's Rust types (metfs/src/protocol). If the change is \
+         deliberate, regenerate it with\n  METFS_WRITE_SCHEMA=1 cargo test -p metfs --lib \
+         protocol::tests::schema_is_checked_in\nand update the Python client \
+         (bindings/python/src/metfs/client.py) to match.",
+        path.display()
+    );
+}
+
+#[test]
+fn the_schema_names_every_message() {
+    let s = schema();
+    let defs = s["$defs"].as_object().unwrap();
+    for name in [
+        "RequestLine",
+        "HelloReply",
+        "StatusReply",
+        "FilesViewReply",
+        "DecisionReply",
+        "ShuttingDownReply",
+        "ErrorReply",
+        "Record",
+        "Staging",
+        "Start",
+        "PassEnd",
+    ] {
+        assert!(
+            defs.contains_key(name),
+            "{name} missing from {:?}",
+            defs.keys()
+        );
+    }
+}
+
+#[test]
+fn a_reply_of_another_major_version_is_refused_naming_both() {
+    let e = read_reply::<FilesView>(r#"{"v":2,"ok":true,"paths":[]}"#).unwrap_err();
+    assert_eq!(e.code, ErrorCode::UnsupportedVersion);
+    assert!(
+        e.message.contains("version 2") && e.message.contains("version 1"),
+        "{}",
+        e.message
+    );
+    // The typed reader refuses it too, when a message is read without `check_version`.
+    let e = serde_json::from_str::<Record>(r#"{"v":3,"t":1.0,"event":"tier","tier_bytes_read":1}"#)
+        .unwrap_err();
+    assert!(e.to_string().contains("version 3"), "{e}");
+}
+
+#[test]
+fn replies_read_back_and_errors_become_the_daemons() {
+    let view = FilesView {
+        generation: 3,
+        epoch: 1,
+        mini_epoch: 0,
+        mountpoint: "/m".into(),
+        files: vec!["a/b".into()],
+    };
+    let line = serde_json::to_string(&Reply::new(view.clone())).unwrap();
+    assert!(line.starts_with(r#"{"v":1,"ok":true,"#), "{line}");
+    assert_eq!(read_reply::<FilesView>(&line).unwrap(), view);
+    // Written before `v` existed: read as version 1.
+    let old =
+        r#"{"ok":true,"generation":3,"epoch":1,"mini_epoch":0,"mountpoint":"/m","files":["a/b"]}"#;
+    assert_eq!(read_reply::<FilesView>(old).unwrap(), view);
+    let err = serde_json::to_string(&ProtocolError::new(ErrorCode::ShuttingDown, "bye").to_reply())
+        .unwrap();
+    let e = read_reply::<FilesView>(&err).unwrap_err();
+    assert_eq!(
+        (e.code, e.message.as_str()),
+        (ErrorCode::ShuttingDown, "bye")
+    );
+    let e = read_reply::<FilesView>(r#"{"v":1,"ok":true,"generation":"x"}"#).unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadResponse);
+    assert!(e.message.contains("generation"), "{}", e.message);
+}
+
+#[test]
+fn records_round_trip_and_unknown_kinds_are_other() {
+    let r = Record {
+        v: Version,
+        t: 12.5,
+        event: Event::PassEnd(PassEnd {
+            epoch: 0,
+            mini_epoch: 1,
+            sequence: 1,
+            pass: 2,
+            verdict: feedback::policy::Verdict::Advance,
+            score: None,
+            view_bytes: 10,
+            secs: Some(0.5),
+        }),
+    };
+    let line = serde_json::to_string(&r).unwrap();
+    assert!(line.contains(r#""event":"pass_end""#), "{line}");
+    assert!(line.contains(r#""v":1"#), "{line}");
+    assert_eq!(serde_json::from_str::<Record>(&line).unwrap(), r);
+    let t: Record = serde_json::from_str(r#"{"t":1,"event":"tier","tier_bytes_read":7}"#).unwrap();
+    assert_eq!(t.event, Event::Tier(Tier { tier_bytes_read: 7 }));
+    let o: Record = serde_json::from_str(r#"{"v":1,"t":1,"event":"new_kind","x":1}"#).unwrap();
+    assert_eq!(o.event, Event::Other);
+}
