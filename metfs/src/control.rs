@@ -20,10 +20,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::protocol::{
-    parse_request, ErrorCode, ProtocolError, Request, MAX_LINE_BYTES, VERSION as PROTOCOL_VERSION,
+    parse_request, Answer, Decision, ErrorCode, ProtocolError, Reply, Request, ShuttingDown,
+    MAX_LINE_BYTES, VERSION as PROTOCOL_VERSION,
 };
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -204,19 +204,17 @@ async fn connection(
                 ErrorCode::LineTooLong,
                 format!("request line longer than {MAX_LINE_BYTES} bytes; it was skipped"),
             )
-            .to_reply_json(),
-            Line::NotUtf8 => {
-                ProtocolError::new(ErrorCode::BadJson, "request is not UTF-8").to_reply_json()
-            }
+            .into(),
+            Line::NotUtf8 => ProtocolError::new(ErrorCode::BadJson, "request is not UTF-8").into(),
             Line::Text(t) if t.trim().is_empty() => continue,
             Line::Text(t) => match parse_request(&t) {
-                Err(e) => e.to_reply_json(),
+                Err(e) => e.into(),
                 Ok(req) => {
                     let shutdown = matches!(req, Request::Shutdown);
                     let r = handle(&daemon, req).await;
                     let out = match r {
-                        Ok(v) => ok_reply(v),
-                        Err(e) => e.to_reply_json(),
+                        Ok(a) => a,
+                        Err(e) => e.into(),
                     };
                     if shutdown {
                         let mut bytes = serde_json::to_vec(&out).unwrap();
@@ -235,16 +233,7 @@ async fn connection(
     }
 }
 
-/// Adds `"v"` and `"ok"` to an answer. (Until the daemon's answers are typed.)
-fn ok_reply(mut body: Value) -> Value {
-    if let Value::Object(o) = &mut body {
-        o.insert("v".into(), PROTOCOL_VERSION.into());
-        o.insert("ok".into(), true.into());
-    }
-    body
-}
-
-async fn handle(daemon: &Daemon, req: Request) -> Result<Value, ProtocolError> {
+async fn handle(daemon: &Daemon, req: Request) -> Result<Answer, ProtocolError> {
     match req {
         Request::Hello { version, job } => {
             if let Some(v) = version {
@@ -257,26 +246,29 @@ async fn handle(daemon: &Daemon, req: Request) -> Result<Value, ProtocolError> {
                     ));
                 }
             }
-            Ok(daemon.hello(job))
+            Ok(Answer::Hello(Reply::new(daemon.hello(job))))
         }
-        Request::Status => Ok(daemon.status()),
-        Request::Files => Ok(daemon.files()),
+        Request::Status => Ok(Answer::Status(Box::new(Reply::new(daemon.status())))),
+        Request::Files => Ok(Answer::Files(Reply::new(daemon.files()))),
         Request::PassEnd {
             job,
             metrics,
             block,
-        } => daemon.pass_end(job, metrics, block).await,
-        Request::Advance { wait } => daemon.advance(wait).await,
+        } => decision(daemon.pass_end(job, metrics, block).await),
+        Request::Advance { wait } => decision(daemon.advance(wait).await),
         Request::Apply {
             epoch,
             mini_epoch,
             wait,
-        } => daemon.apply(epoch, mini_epoch, wait).await,
-        Request::Shutdown => Ok(serde_json::to_value(crate::protocol::ShuttingDown {
+        } => decision(daemon.apply(epoch, mini_epoch, wait).await),
+        Request::Shutdown => Ok(Answer::ShuttingDown(Reply::new(ShuttingDown {
             shutting_down: true,
-        })
-        .unwrap_or_default()),
+        }))),
     }
+}
+
+fn decision(d: Result<Decision, ProtocolError>) -> Result<Answer, ProtocolError> {
+    d.map(|d| Answer::Decision(Reply::new(d)))
 }
 
 #[cfg(test)]

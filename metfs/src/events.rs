@@ -1,8 +1,9 @@
 //! The run's event log: `RUN_DIR/events.jsonl`, one JSON object per line, read by
 //! `metfs report`.
 //!
-//! Events: `start`, `pass_end`, `staged`, `switch`, and `tier` (cumulative tier bytes, every few
-//! seconds while staging). Every event has `t` (Unix seconds) and `event`. The file rotates to
+//! Each line is one [`Record`] of the protocol ([`crate::protocol::event`]: `start`,
+//! `pass_end`, `decision`, `staged`, `stage_failed`, `switch`, and `tier`, the cumulative tier
+//! bytes every few seconds while staging), with `v`, `t` (Unix seconds) and `event`. The file rotates to
 //! `events.1.jsonl` at [`ROTATE_BYTES`], so the two files stay within their share of the
 //! budget's reserve (the run directory lives in the cache by default). Writing is best-effort:
 //! a full disk must not stop training, so an event that cannot be written is dropped whole (no
@@ -13,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde_json::{json, Value};
+use crate::protocol::{Event, Record, Version};
 
 /// Size at which `events.jsonl` rotates.
 pub const ROTATE_BYTES: u64 = 512 << 10;
@@ -49,13 +50,16 @@ impl EventLog {
         }
     }
 
-    /// Appends one event; `fields` must be a JSON object.
-    pub fn emit(&self, event: &str, mut fields: Value) {
-        if let Value::Object(o) = &mut fields {
-            o.insert("t".into(), json!(now()));
-            o.insert("event".into(), json!(event));
-        }
-        let mut line = fields.to_string();
+    /// Appends one event, stamped with the time and the protocol version.
+    pub fn emit(&self, event: Event) {
+        let record = Record {
+            v: Version,
+            t: now(),
+            event,
+        };
+        let Ok(mut line) = serde_json::to_string(&record) else {
+            return;
+        };
         line.push('\n');
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if g.1 + line.len() as u64 > ROTATE_BYTES {
@@ -102,6 +106,23 @@ impl EventLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::event::{Start, Tier};
+    use serde_json::Value;
+
+    fn start() -> Event {
+        Event::Start(Start {
+            dataset_bytes: 10,
+            dataset_files: 1,
+            mini_epochs: 3,
+            view_bytes: 5,
+            rf_policy: "fixed".into(),
+            budget_bytes: 100,
+            node_rank: 0,
+            nodes: 1,
+            epoch: 0,
+            mini_epoch: 0,
+        })
+    }
 
     /// `/dev/full` fails every write: events are dropped, never half-written, never fatal.
     #[test]
@@ -111,7 +132,7 @@ mod tests {
             inner: Mutex::new((None, 0, false)),
         };
         for _ in 0..3 {
-            log.emit("pass_end", json!({"x": 1}));
+            log.emit(Event::Tier(Tier { tier_bytes_read: 1 }));
         }
         assert!(log.inner.lock().unwrap().2, "the failure is noted");
     }
@@ -120,14 +141,16 @@ mod tests {
     fn writes_and_rotates() {
         let d = tempfile::tempdir().unwrap();
         let log = EventLog::open(d.path());
-        log.emit("start", json!({"mini_epochs": 3}));
+        log.emit(start());
         let text = std::fs::read_to_string(d.path().join("events.jsonl")).unwrap();
         let v: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
         assert_eq!(v["event"], "start");
         assert_eq!(v["mini_epochs"], 3);
-        let big = "x".repeat(4096);
-        for _ in 0..200 {
-            log.emit("pass_end", json!({"pad": big}));
+        assert_eq!(v["v"], 1);
+        let r: Record = serde_json::from_value(v).unwrap();
+        assert_eq!(r.event, start());
+        for _ in 0..5000 {
+            log.emit(start());
         }
         assert!(d.path().join("events.1.jsonl").exists());
         assert!(

@@ -13,10 +13,10 @@ use std::time::Duration;
 use metfs::config::MountConfig;
 use metfs::daemon::{Daemon, KernelCache};
 use metfs::fs::FsCore;
+use metfs::protocol::Choice;
 use metfs::view::ROOT_INO;
 use prefetcher::catalog::Catalog;
 use prefetcher::planner::{self, PlanConfig, SampleSet};
-use serde_json::Value;
 use tokio::task::JoinHandle;
 
 /// Budget of every test: with ~1.7 MiB of reserve, a slot holds ~1.1 MiB, so the ~5 MiB
@@ -128,8 +128,9 @@ impl Running {
     }
 }
 
+/// A field of the status by its protocol name.
 fn status_u64(d: &Daemon, key: &str) -> u64 {
-    d.status()[key]
+    serde_json::to_value(d.status()).unwrap()[key]
         .as_u64()
         .unwrap_or_else(|| panic!("status has no integer `{key}`"))
 }
@@ -137,12 +138,12 @@ fn status_u64(d: &Daemon, key: &str) -> u64 {
 /// Waits (bounded) until the successor mini-epoch is staged.
 async fn wait_next_ready(d: &Daemon) {
     for _ in 0..3000 {
-        if d.status()["next_ready"] == Value::Bool(true) {
+        if d.status().next_ready {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("the successor was not staged in 30 s: {}", d.status());
+    panic!("the successor was not staged in 30 s: {:?}", d.status());
 }
 
 /// Every file of the current view with its bytes, walked as the kernel would.
@@ -244,11 +245,8 @@ async fn first_view_holds_exactly_the_planned_files_with_source_bytes() {
     assert_eq!(keys(&view), plan[0], "files of mini-epoch 0");
     check_bytes(&view, &t.source);
     let st = d.status();
-    assert_eq!(
-        (st["epoch"].as_u64(), st["mini_epoch"].as_u64()),
-        (Some(0), Some(0))
-    );
-    assert_eq!(st["view_files"].as_u64(), Some(plan[0].len() as u64));
+    assert_eq!((st.epoch, st.mini_epoch), (0, 0));
+    assert_eq!(st.view_files, plan[0].len() as u64);
     r.stop().await;
 }
 
@@ -265,12 +263,12 @@ async fn pass_end_and_advance_walk_an_epoch_serving_every_sample_once() {
     wait_next_ready(&d).await;
     let g0 = status_u64(&d, "generation");
     let first = d.pass_end(None, Default::default(), false).await.unwrap();
-    assert_eq!(first["decision"], "repeat", "{first}");
-    assert_eq!(first["generation"].as_u64(), Some(g0));
+    assert_eq!(first.decision, Choice::Repeat, "{first:?}");
+    assert_eq!(first.generation, g0);
     let second = d.pass_end(None, Default::default(), false).await.unwrap();
-    assert_eq!(second["decision"], "advance", "{second}");
-    assert_eq!(second["generation"].as_u64(), Some(g0 + 1));
-    assert_eq!(second["mini_epoch"].as_u64(), Some(1));
+    assert_eq!(second.decision, Choice::Advance, "{second:?}");
+    assert_eq!(second.generation, g0 + 1);
+    assert_eq!(second.mini_epoch, 1);
 
     // Then `advance` (blocking until staged) through the rest of the epoch.
     let mut served: BTreeMap<String, usize> = BTreeMap::new();
@@ -289,13 +287,10 @@ async fn pass_end_and_advance_walk_an_epoch_serving_every_sample_once() {
         seen_plan[k] = keys(&view);
         let g = status_u64(&d, "generation");
         let reply = d.advance(true).await.unwrap();
-        assert_eq!(reply["decision"], "advance", "{reply}");
-        assert_eq!(reply["generation"].as_u64(), Some(g + 1));
+        assert_eq!(reply.decision, Choice::Advance, "{reply:?}");
+        assert_eq!(reply.generation, g + 1);
         let want = if k + 1 < nm { (0, k + 1) } else { (1, 0) };
-        assert_eq!(
-            (reply["epoch"].as_u64(), reply["mini_epoch"].as_u64()),
-            (Some(want.0), Some(want.1 as u64))
-        );
+        assert_eq!((reply.epoch, reply.mini_epoch), (want.0, want.1 as u32));
     }
     assert_eq!(
         served.keys().cloned().collect::<BTreeSet<_>>(),
@@ -328,14 +323,12 @@ async fn a_new_daemon_on_the_same_cache_resumes_without_refetching() {
     let r = start(t.cfg.clone()).await;
     let d = r.daemon.clone();
     let after = d.status();
-    for key in ["epoch", "mini_epoch", "generation"] {
-        assert_eq!(after[key], before[key], "{key} after the restart");
-    }
     assert_eq!(
-        after["tier_bytes_read"].as_u64(),
-        Some(0),
-        "the current slot was refetched"
+        (after.epoch, after.mini_epoch, after.generation),
+        (before.epoch, before.mini_epoch, before.generation),
+        "the position after the restart"
     );
+    assert_eq!(after.tier_bytes_read, 0, "the current slot was refetched");
     let view_after = read_view(&d.fs());
     assert!(view_after == view_before, "the resumed view differs");
     check_bytes(&view_after, &t.source);
@@ -347,11 +340,8 @@ async fn a_new_daemon_on_the_same_cache_resumes_without_refetching() {
         "the successor was refetched"
     );
     let reply = d.advance(true).await.unwrap();
-    assert_eq!(reply["decision"], "advance");
-    assert_eq!(
-        reply["generation"].as_u64(),
-        Some(before["generation"].as_u64().unwrap() + 1)
-    );
+    assert_eq!(reply.decision, Choice::Advance);
+    assert_eq!(reply.generation, before.generation + 1);
     check_bytes(&read_view(&d.fs()), &t.source);
     drop(d);
     r.stop().await;
@@ -634,7 +624,7 @@ async fn requests_name_their_session_and_an_unknown_one_is_refused() {
     let r = start(t.cfg.clone()).await;
     let d = r.daemon.clone();
     assert_eq!(d.session_names(), vec![DEFAULT_SESSION.to_string()]);
-    assert_eq!(d.status_of(DEFAULT_SESSION).unwrap()["generation"], 1);
+    assert_eq!(d.status_of(DEFAULT_SESSION).unwrap().generation, 1);
     for e in [
         d.status_of("trial-7").unwrap_err(),
         d.advance_in("trial-7", false).await.unwrap_err(),
@@ -647,7 +637,7 @@ async fn requests_name_their_session_and_an_unknown_one_is_refused() {
     }
     assert_eq!(status_u64(&d, "generation"), 1);
     let reply = d.advance_in(DEFAULT_SESSION, true).await.unwrap();
-    assert_eq!(reply["decision"], "advance");
+    assert_eq!(reply.decision, Choice::Advance);
     assert_eq!(status_u64(&d, "generation"), 2);
     drop(d);
     r.stop().await;

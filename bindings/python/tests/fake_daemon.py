@@ -45,6 +45,8 @@ class FakeDaemon:
         #: Ops to refuse with this error code.
         self.fail_ops: dict[str, str] = {}
         self.hello_count = 0
+        #: The protocol version (``"v"``) put on every reply; ``None`` sends none (an older daemon).
+        self.reply_version: int | None = None
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -123,6 +125,8 @@ class FakeDaemon:
                     return
                 with self._lock:
                     resp = self._handle(req)
+                    if self.reply_version is not None:
+                        resp = {"v": self.reply_version, **resp}
                 self._send(conn, resp)
                 if req.get("op") == "shutdown":
                     self.close()

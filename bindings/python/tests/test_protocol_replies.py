@@ -4,7 +4,8 @@
 fields quietly become ``None`` when absent; so a field renamed on either side would go unnoticed
 by tests that only check the required ones. Here each reply of a real daemon (over the socket,
 and ``metfs status --json``) is parsed through a dict that records every key the parser looks
-up, and every such key must be in the reply.
+up, and every such key must be in the reply. Every reply, error reply, request and event-log
+record is also validated against the protocol's JSON schema (``docs/protocol.schema.json``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 from realmount import RealMount
+from test_protocol_schema import validator
 
 import metfs
 from metfs.client import Decision, FilesView, Hello, Status
@@ -97,6 +99,17 @@ def test_every_field_the_client_reads_is_in_the_real_replies(
     assert cli.returncode == 0, cli.stderr
     replies["metfs status --json"] = json.loads(cli.stdout)
 
+    # Every reply is what the schema (generated from the daemon's types) says, "v" included.
+    definition = {
+        "hello": "HelloReply",
+        "status": "StatusReply",
+        "metfs status --json": "StatusReply",
+        "files": "FilesViewReply",
+    }
+    for op, reply in replies.items():
+        assert reply.get("v") == 1, (op, reply)
+        validator(definition.get(op, "DecisionReply")).validate(reply)
+
     parsed["hello"] = _parse(Hello.from_response, replies["hello"])
     parsed["status"] = _parse(Status.from_response, replies["status"])
     parsed["metfs status --json"] = _parse(Status.from_response, replies["metfs status --json"])
@@ -138,8 +151,31 @@ def test_error_replies_carry_code_and_message(real_mount: Callable[..., RealMoun
     m = real_mount(per_class=5, mini_epochs=2, rf=1)
     reply = _raw(m.socket, {"op": "no_such_op"})
     assert reply["ok"] is False and set(reply["error"]) >= {"code", "message"}, reply
+    validator("ErrorReply").validate(reply)
+    # A request of another major version is refused, naming both versions.
+    newer = _raw(m.socket, {"v": 2, "op": "status"})
+    validator("ErrorReply").validate(newer)
+    assert newer["error"]["code"] == "unsupported_version", newer
+    assert "version 2" in newer["error"]["message"] and "version 1" in newer["error"]["message"]
     # The client turns them into MetfsError with the daemon's own code and message.
     with metfs.Client(m.socket) as c, pytest.raises(metfs.MetfsError) as e:
         c.request({"op": "no_such_op"})
     assert e.value.code == reply["error"]["code"] == "unknown_op"
     assert e.value.message == reply["error"]["message"] and "no_such_op" in e.value.message
+
+
+def test_the_event_log_follows_the_schema(real_mount: Callable[..., RealMount]) -> None:
+    """Every record a real daemon writes (start, pass_end, decision, staged, switch, tier)."""
+    m = real_mount(per_class=5, mini_epochs=3, rf=2)
+    with metfs.Client(m.socket) as c:
+        for _ in range(4):
+            c.pass_end({"loss": 1.0}, block=True)
+    log = os.path.join(m.cache, "run", "events.jsonl")
+    with open(log) as f:
+        records = [json.loads(line) for line in f]
+    kinds = {r["event"] for r in records}
+    assert {"start", "pass_end", "decision", "staged", "switch"} <= kinds, kinds
+    check = validator("Record")
+    for r in records:
+        assert r["v"] == 1, r
+        check.validate(r)

@@ -59,7 +59,11 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::protocol::{ErrorCode, Metrics, ProtocolError};
+use crate::protocol::event::{self, Event};
+use crate::protocol::{
+    Choice, Decision, Draining, ErrorCode, FilesView, Hello, Metrics, ProtocolError, Staging,
+    Status,
+};
 use feedback::config::PolicyKind;
 use feedback::history::{HistoryStore, MiniEpochRecord, RunId};
 use feedback::policy::{PassState, RfPolicy, Verdict};
@@ -72,7 +76,6 @@ use prefetcher::size::format_bytes;
 use prefetcher::stager::{journal_failures, Progress, SlotSpec, StageReport, Stager};
 use prefetcher::tier::{CapacityTier, PosixTier, TierError};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 use thiserror::Error;
 use tokio::sync::watch;
 

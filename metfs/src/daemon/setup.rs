@@ -542,21 +542,18 @@ impl Daemon {
         });
         *daemon.me.lock().unwrap() = Arc::downgrade(&daemon);
         daemon.save_state(DEFAULT_SESSION);
-        daemon.events.emit(
-            "start",
-            json!({
-                "dataset_bytes": daemon.store.catalog.total_bytes(),
-                "dataset_files": daemon.store.catalog.len(),
-                "mini_epochs": nm,
-                "view_bytes": daemon.fs.current().bytes(),
-                "rf_policy": daemon.cfg.policy.kind.to_string(),
-                "budget_bytes": daemon.store.budget.budget,
-                "node_rank": daemon.cfg.node_rank,
-                "nodes": daemon.cfg.nodes,
-                "epoch": epoch,
-                "mini_epoch": mini_epoch,
-            }),
-        );
+        daemon.events.emit(Event::Start(event::Start {
+            dataset_bytes: daemon.store.catalog.total_bytes(),
+            dataset_files: daemon.store.catalog.len() as u64,
+            mini_epochs: nm,
+            view_bytes: daemon.fs.current().bytes(),
+            rf_policy: daemon.cfg.policy.kind.to_string(),
+            budget_bytes: daemon.store.budget.budget,
+            node_rank: daemon.cfg.node_rank,
+            nodes: daemon.cfg.nodes,
+            epoch,
+            mini_epoch,
+        }));
         Ok((daemon, lock))
     }
 }

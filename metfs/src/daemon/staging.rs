@@ -106,15 +106,14 @@ impl Daemon {
                             .iter()
                             .map(|(id, why)| (catalog.path(*id), why.clone())),
                     );
-                    self.events.emit(
-                        "staged",
-                        json!({
-                            "epoch": target.0, "mini_epoch": target.1, "bytes": bytes,
-                            "bytes_fetched": report.bytes_fetched,
-                            "bytes_reused": report.bytes_reused,
-                            "secs": report.elapsed.as_secs_f64(),
-                        }),
-                    );
+                    self.events.emit(Event::Staged(event::Staged {
+                        epoch: target.0,
+                        mini_epoch: target.1,
+                        bytes,
+                        bytes_fetched: report.bytes_fetched,
+                        bytes_reused: report.bytes_reused,
+                        secs: report.elapsed.as_secs_f64(),
+                    }));
                     Next::Ready {
                         target,
                         slot: spec.name.clone(),
@@ -143,14 +142,14 @@ impl Daemon {
                         retry_in_secs = pause.as_secs(),
                         "staging the next mini-epoch failed: {cause}; the current view keeps serving (bonus passes) and staging resumes after the pause"
                     );
-                    self.events.emit(
-                        "stage_failed",
-                        json!({
-                            "epoch": target.0, "mini_epoch": target.1,
-                            "error": e.to_string(), "out_of_space": e.is_out_of_space(),
-                            "failures": failures, "retry_in_secs": pause.as_secs(),
-                        }),
-                    );
+                    self.events.emit(Event::StageFailed(event::StageFailed {
+                        epoch: target.0,
+                        mini_epoch: target.1,
+                        error: e.to_string(),
+                        out_of_space: e.is_out_of_space(),
+                        failures,
+                        retry_in_secs: pause.as_secs(),
+                    }));
                     self.store.note_error(e.to_string());
                     Next::Failed {
                         target,

@@ -1,5 +1,6 @@
-//! What the daemon reports: the status JSON, the files of the view, `hello`, the metrics file,
-//! and the shutdown that persists the position.
+//! What the daemon reports: the status, the files of the view, `hello` (the protocol's
+//! [`Status`], [`FilesView`] and [`Hello`]), the metrics file, and the shutdown that persists
+//! the position.
 
 use super::*;
 
@@ -19,7 +20,9 @@ impl Daemon {
                 let tier = self.store.stager.tier_bytes_read();
                 if tier != last_tier {
                     last_tier = tier;
-                    self.events.emit("tier", json!({"tier_bytes_read": tier}));
+                    self.events.emit(Event::Tier(event::Tier {
+                        tier_bytes_read: tier,
+                    }));
                 }
             }
             if n.is_multiple_of(20) {
@@ -32,36 +35,27 @@ impl Daemon {
         let Some(path) = &self.cfg.metrics_file else {
             return;
         };
-        let status = match serde_json::from_value(self.status()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "the status does not fit the protocol");
-                return;
-            }
-        };
-        let text = crate::metrics::render(&status);
+        let text = crate::metrics::render(&self.status());
         if let Err(e) = crate::metrics::write_atomic(path, &text) {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the metrics file");
         }
     }
     /// The `status` object of the default session.
-    pub fn status(&self) -> Value {
+    pub fn status(&self) -> Status {
         self.status_of(DEFAULT_SESSION)
             .expect("the default session always exists")
     }
 
     /// The `status` object of session `name`: its position and policy, the store's budget and
     /// slots, and the daemon's read path and counters.
-    pub fn status_of(&self, name: &str) -> Result<Value, ProtocolError> {
+    pub fn status_of(&self, name: &str) -> Result<Status, ProtocolError> {
         let ss = self.sessions.lock().unwrap();
         let s = session_ref(&ss, name)?;
         let view = &s.view;
         let draining_slots = self.store.draining_count();
         let (staging, staging_bytes_done) = match &s.next {
-            Next::Idle => (
-                json!({"state": if draining_slots == 0 {"idle"} else {"draining"}}),
-                0,
-            ),
+            Next::Idle if draining_slots == 0 => (Staging::Idle, 0),
+            Next::Idle => (Staging::Draining, 0),
             Next::Staging {
                 target,
                 slot,
@@ -83,16 +77,20 @@ impl Daemon {
                     None
                 };
                 (
-                    json!({
-                        "state": "staging", "slot": slot, "epoch": target.0, "mini_epoch": target.1,
-                        "files_done": progress.files_done.load(Ordering::Relaxed),
-                        "files_total": progress.files_total.load(Ordering::Relaxed),
-                        "bytes_done": done, "bytes_total": total,
-                        "bytes_per_s": rate, "eta_s": eta,
-                        "bytes_reused": progress.bytes_reused.load(Ordering::Relaxed),
-                        "retries": progress.retries.load(Ordering::Relaxed),
-                        "last_retry_error": progress.last_retry_error.lock().unwrap().clone(),
-                    }),
+                    Staging::Staging {
+                        slot: slot.clone(),
+                        epoch: target.0,
+                        mini_epoch: target.1,
+                        files_done: progress.files_done.load(Ordering::Relaxed),
+                        files_total: progress.files_total.load(Ordering::Relaxed),
+                        bytes_done: done,
+                        bytes_total: total,
+                        bytes_per_s: rate,
+                        eta_s: eta,
+                        bytes_reused: progress.bytes_reused.load(Ordering::Relaxed),
+                        retries: progress.retries.load(Ordering::Relaxed),
+                        last_retry_error: progress.last_retry_error.lock().unwrap().clone(),
+                    },
                     // Linked samples share their donor's file: on disk once.
                     done.saturating_sub(progress.bytes_linked.load(Ordering::Relaxed)),
                 )
@@ -102,11 +100,16 @@ impl Daemon {
                 slot,
                 report,
             } => (
-                json!({
-                    "state": "ready", "slot": slot, "epoch": target.0, "mini_epoch": target.1,
-                    "fetched": report.fetched, "resumed": report.resumed, "reused": report.reused,
-                    "failed": report.failed.len(), "secs": report.elapsed.as_secs_f64(),
-                }),
+                Staging::Ready {
+                    slot: slot.clone(),
+                    epoch: target.0,
+                    mini_epoch: target.1,
+                    fetched: report.fetched,
+                    resumed: report.resumed,
+                    reused: report.reused,
+                    failed: report.failed.len() as u64,
+                    secs: report.elapsed.as_secs_f64(),
+                },
                 0,
             ),
             Next::Failed {
@@ -116,11 +119,13 @@ impl Daemon {
                 failures,
                 pause,
             } => (
-                json!({
-                    "state": "failed", "epoch": target.0, "mini_epoch": target.1, "error": error,
-                    "failures": failures,
-                    "retry_in_secs": pause.saturating_sub(at.elapsed()).as_secs_f64(),
-                }),
+                Staging::Failed {
+                    epoch: target.0,
+                    mini_epoch: target.1,
+                    error: error.clone(),
+                    failures: *failures,
+                    retry_in_secs: pause.saturating_sub(at.elapsed()).as_secs_f64(),
+                },
                 0,
             ),
         };
@@ -134,62 +139,62 @@ impl Daemon {
             .filter_map(|p| std::fs::metadata(p).ok())
             .map(|m| round_up(m.len()))
             .sum();
-        Ok(json!({
-            "epoch": s.epoch,
-            "mini_epoch": s.mini_epoch,
-            "mini_epochs": s.nm,
-            "pass": s.passes,
-            "rf": s.policy.expected_rf(),
-            "rf_policy": s.policy.name(),
-            "job": s.job,
-            "advance_wanted": s.advance_wanted,
-            "generation": s.generation,
-            "next_ready": s.next_ready(),
-            "cache_bytes": staged_slots + round_up(staging_bytes_done) + meta,
-            "budget_bytes": budget.budget,
-            "slot_bytes": budget.slot_bytes,
-            "reserve_bytes": budget.reserve,
-            "tier_bytes_read": self.store.stager.tier_bytes_read(),
-            "reused_bytes": self.store.stager.reused_bytes(),
-            "daemon_bytes_read": self.fs.bytes_read.load(Ordering::Relaxed),
-            "daemon_opens": self.fs.opens.load(Ordering::Relaxed),
-            "view_files": view.file_count(),
-            "view_bytes": view.bytes(),
-            "dataset_files": self.store.catalog.len(),
-            "dataset_bytes": self.store.catalog.total_bytes(),
-            "bonus_passes": s.bonus_passes,
-            "blocked_seconds": s.meter.blocked_secs,
-            "pass_seconds": s.meter.pass_secs.back(),
-            "pass_seconds_mean": s.meter.mean_pass(),
-            "b2_bytes_per_s": s.meter.b2(),
-            "b2_recent_bytes_per_s": s.meter.last_b2,
-            "eb1_bytes_per_s": self.eb1(s),
-            "stall_free_rf": self.stall_free_rf(s),
-            "prefetch_rate": self.store.stager.pacer().rate(),
-            "staging": staging,
-            "kept_slots": self.store.kept_count(),
-            "draining_slots": draining_slots,
-            "draining": self.draining_detail(),
-            "open_handles": self.fs.open_handles(),
-            "passthrough": self.read_path_now() == ReadPath::Passthrough,
-            "read_path": self.read_path_now().name(),
-            "last_error": last_error,
-            "failed_samples": failed_samples,
-            "source": self.tier_url,
-            "mountpoint": self.mountpoint().display().to_string(),
-            "socket": self.cfg.socket.display().to_string(),
-            "node_rank": self.cfg.node_rank,
-            "nodes": self.cfg.nodes,
-            "compose": self.cfg.compose,
-            "uptime_s": self.started.elapsed().as_secs_f64(),
-            "pid": std::process::id(),
-        }))
+        Ok(Status {
+            epoch: s.epoch,
+            mini_epoch: s.mini_epoch,
+            mini_epochs: s.nm,
+            pass: s.passes,
+            rf: s.policy.expected_rf(),
+            rf_policy: s.policy.name().to_string(),
+            job: s.job.clone(),
+            advance_wanted: s.advance_wanted,
+            generation: s.generation,
+            next_ready: s.next_ready(),
+            cache_bytes: staged_slots + round_up(staging_bytes_done) + meta,
+            budget_bytes: budget.budget,
+            slot_bytes: budget.slot_bytes,
+            reserve_bytes: budget.reserve,
+            tier_bytes_read: self.store.stager.tier_bytes_read(),
+            reused_bytes: self.store.stager.reused_bytes(),
+            daemon_bytes_read: self.fs.bytes_read.load(Ordering::Relaxed),
+            daemon_opens: self.fs.opens.load(Ordering::Relaxed),
+            view_files: view.file_count() as u64,
+            view_bytes: view.bytes(),
+            dataset_files: self.store.catalog.len() as u64,
+            dataset_bytes: self.store.catalog.total_bytes(),
+            bonus_passes: s.bonus_passes,
+            blocked_seconds: s.meter.blocked_secs,
+            pass_seconds: s.meter.pass_secs.back().copied(),
+            pass_seconds_mean: s.meter.mean_pass(),
+            b2_bytes_per_s: s.meter.b2(),
+            b2_recent_bytes_per_s: s.meter.last_b2,
+            eb1_bytes_per_s: self.eb1(s),
+            stall_free_rf: self.stall_free_rf(s),
+            prefetch_rate: self.store.stager.pacer().rate(),
+            staging,
+            kept_slots: self.store.kept_count() as u64,
+            draining_slots: draining_slots as u64,
+            draining: self.draining_detail(),
+            open_handles: self.fs.open_handles() as u64,
+            passthrough: self.read_path_now() == ReadPath::Passthrough,
+            read_path: self.read_path_now().name().to_string(),
+            last_error,
+            failed_samples,
+            source: self.tier_url.clone(),
+            mountpoint: self.mountpoint().display().to_string(),
+            socket: self.cfg.socket.display().to_string(),
+            node_rank: self.cfg.node_rank,
+            nodes: self.cfg.nodes,
+            compose: self.cfg.compose.to_string(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            pid: std::process::id(),
+        })
     }
 
     /// What holds each retired view that is not evicted yet: open handles, the kernel's
     /// lookups (entries and inodes it still caches, on the cached read path) and a few of the
     /// paths it holds, so that a view that does not drain can be diagnosed from `status`.
-    pub(super) fn draining_detail(&self) -> Value {
+    pub(super) fn draining_detail(&self) -> Vec<Draining> {
         self.fs
             .retained_views()
             .iter()
@@ -200,34 +205,37 @@ impl Daemon {
                     .take(5)
                     .map(|i| v.rel_path(i))
                     .collect();
-                json!({
-                    "generation": v.generation, "slot": v.slot, "open_handles": v.open_handles(),
-                    "kernel_refs": v.kernel_refs(), "kernel_held": held,
-                })
+                Draining {
+                    generation: v.generation,
+                    slot: v.slot.clone(),
+                    open_handles: v.open_handles() as u64,
+                    kernel_refs: v.kernel_refs(),
+                    kernel_held: held,
+                }
             })
             .collect()
     }
 
     /// The `files` object: the files of the view the mount's root shows.
-    pub fn files(&self) -> Value {
+    pub fn files(&self) -> FilesView {
         let view = self.fs.current();
-        json!({
-            "generation": view.generation,
-            "epoch": view.epoch,
-            "mini_epoch": view.mini_epoch,
-            "mountpoint": self.mountpoint().display().to_string(),
-            "files": view.file_paths(),
-        })
+        FilesView {
+            generation: view.generation,
+            epoch: view.epoch,
+            mini_epoch: view.mini_epoch,
+            mountpoint: self.mountpoint().display().to_string(),
+            files: view.file_paths(),
+        }
     }
 
     /// The `hello` object.
-    pub fn hello(&self, job: Option<String>) -> Value {
-        json!({
-            "protocol": crate::protocol::VERSION,
-            "version": env!("CARGO_PKG_VERSION"),
-            "mountpoint": self.mountpoint().display().to_string(),
-            "job": job,
-        })
+    pub fn hello(&self, job: Option<String>) -> Hello {
+        Hello {
+            protocol: crate::protocol::VERSION,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            mountpoint: self.mountpoint().display().to_string(),
+            job,
+        }
     }
 
     /// Starts shutting down: blocked callers are released with `shutting_down`.

@@ -40,13 +40,14 @@ impl Daemon {
             s.sequence += 1;
             let fresh = MiniEpochRecord::begin(s.sequence, succ.0, succ.1);
             let rec = std::mem::replace(&mut s.record, fresh);
-            self.events.emit(
-                "switch",
-                json!({
-                    "epoch": succ.0, "mini_epoch": succ.1, "generation": s.generation,
-                    "sequence": s.sequence, "prev_rf": rec.rf, "prev_wanted_rf": rec.wanted_rf,
-                }),
-            );
+            self.events.emit(Event::Switch(event::Switch {
+                epoch: succ.0,
+                mini_epoch: succ.1,
+                generation: s.generation,
+                sequence: s.sequence,
+                prev_rf: rec.rf,
+                prev_wanted_rf: rec.wanted_rf,
+            }));
             if let Some(h) = s.history.as_mut() {
                 let saved = h
                     .store
@@ -155,17 +156,20 @@ impl Daemon {
         }
     }
 
-    pub(super) fn position(&self, s: &Session, decision: &str) -> Value {
-        json!({
-            "decision": decision,
-            "generation": s.generation,
-            "epoch": s.epoch,
-            "mini_epoch": s.mini_epoch,
-            "mini_epochs": s.nm,
-            "pass": s.passes,
-            "rf": s.policy.expected_rf(),
-            "next_ready": s.next_ready(),
-        })
+    /// The answer to `pass_end`, `advance` and `apply`: the decision and the position after
+    /// it.
+    pub(super) fn position(&self, s: &Session, decision: Choice) -> Decision {
+        Decision {
+            decision,
+            generation: s.generation,
+            epoch: s.epoch,
+            mini_epoch: s.mini_epoch,
+            mini_epochs: s.nm,
+            pass: s.passes,
+            rf: s.policy.expected_rf(),
+            next_ready: s.next_ready(),
+            reason: None,
+        }
     }
 
     /// Waits until session `name`'s successor is staged (or the daemon shuts down) and
@@ -202,7 +206,7 @@ impl Daemon {
         job: Option<String>,
         metrics: Metrics,
         block: bool,
-    ) -> Result<Value, ProtocolError> {
+    ) -> Result<Decision, ProtocolError> {
         self.pass_end_in(DEFAULT_SESSION, job, metrics, block).await
     }
 
@@ -213,7 +217,7 @@ impl Daemon {
         job: Option<String>,
         metrics: Metrics,
         block: bool,
-    ) -> Result<Value, ProtocolError> {
+    ) -> Result<Decision, ProtocolError> {
         let (reason, want) = {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;
@@ -236,14 +240,16 @@ impl Daemon {
             if s.meter.pass_secs.len() > 16 {
                 s.meter.pass_secs.pop_front();
             }
-            self.events.emit(
-                "pass_end",
-                json!({
-                    "epoch": s.epoch, "mini_epoch": s.mini_epoch, "sequence": s.sequence,
-                    "pass": s.passes, "verdict": d.verdict, "score": d.score,
-                    "view_bytes": s.view.bytes(), "secs": secs,
-                }),
-            );
+            self.events.emit(Event::PassEnd(event::PassEnd {
+                epoch: s.epoch,
+                mini_epoch: s.mini_epoch,
+                sequence: s.sequence,
+                pass: s.passes,
+                verdict: d.verdict,
+                score: d.score,
+                view_bytes: s.view.bytes(),
+                secs: Some(secs),
+            }));
             self.check_stall_free(s);
             if s.passes == 1 && self.read_path_now() == ReadPath::Cached {
                 // The view's data now lives in the mount's page cache.
@@ -256,24 +262,25 @@ impl Daemon {
             (d.reason, s.advance_wanted)
         };
         let decision = if !want {
-            "repeat"
+            Choice::Repeat
         } else if self.try_switch(name).await {
-            "advance"
+            Choice::Advance
         } else if block {
             self.switch_blocking(name).await?;
-            "advance"
+            Choice::Advance
         } else {
             session_mut(&mut self.sessions.lock().unwrap(), name)?.bonus_passes += 1;
-            "wait"
+            Choice::Wait
         };
-        self.events.emit("decision", json!({"decision": decision}));
+        self.events
+            .emit(Event::Decision(event::DecisionEvent { decision }));
         // The next pass starts now: time spent blocked for staging is not part of a pass, or
         // pacing would read its own stalls as slow passes and stage slower still.
         let mut ss = self.sessions.lock().unwrap();
         session_mut(&mut ss, name)?.meter.pass_started = Instant::now();
         self.pace(&ss);
         let mut out = self.position(session_ref(&ss, name)?, decision);
-        out["reason"] = reason;
+        out.reason = Some(reason);
         Ok(out)
     }
 
@@ -342,22 +349,22 @@ impl Daemon {
     }
 
     /// Handles `advance` for the default session.
-    pub async fn advance(&self, wait: bool) -> Result<Value, ProtocolError> {
+    pub async fn advance(&self, wait: bool) -> Result<Decision, ProtocolError> {
         self.advance_in(DEFAULT_SESSION, wait).await
     }
 
     /// Handles `advance` for session `name`: switches now if the successor is staged;
     /// otherwise blocks (`wait`) or answers `wait` and advances at the next pass end that
     /// finds it staged.
-    pub async fn advance_in(&self, name: &str, wait: bool) -> Result<Value, ProtocolError> {
+    pub async fn advance_in(&self, name: &str, wait: bool) -> Result<Decision, ProtocolError> {
         session_mut(&mut self.sessions.lock().unwrap(), name)?.advance_wanted = true;
         let decision = if self.try_switch(name).await {
-            "advance"
+            Choice::Advance
         } else if wait {
             self.switch_blocking(name).await?;
-            "advance"
+            Choice::Advance
         } else {
-            "wait"
+            Choice::Wait
         };
         let ss = self.sessions.lock().unwrap();
         Ok(self.position(session_ref(&ss, name)?, decision))
@@ -369,7 +376,7 @@ impl Daemon {
         epoch: u64,
         mini_epoch: u32,
         wait: bool,
-    ) -> Result<Value, ProtocolError> {
+    ) -> Result<Decision, ProtocolError> {
         self.apply_in(DEFAULT_SESSION, epoch, mini_epoch, wait)
             .await
     }
@@ -381,7 +388,7 @@ impl Daemon {
         epoch: u64,
         mini_epoch: u32,
         wait: bool,
-    ) -> Result<Value, ProtocolError> {
+    ) -> Result<Decision, ProtocolError> {
         let (cur, succ) = {
             let ss = self.sessions.lock().unwrap();
             let s = session_ref(&ss, name)?;
@@ -391,7 +398,7 @@ impl Daemon {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;
             s.passes += 1;
-            return Ok(self.position(s, "repeat"));
+            return Ok(self.position(s, Choice::Repeat));
         }
         if (epoch, mini_epoch) != succ {
             return Err(ProtocolError::new(

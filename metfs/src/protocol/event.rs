@@ -113,6 +113,10 @@ pub struct Staged {
     pub bytes: u64,
     /// Bytes fetched from the tier for it (less than `bytes` on a resume).
     pub bytes_fetched: u64,
+    /// Bytes taken from the node's store instead of the tier (0 in logs written before
+    /// samples were reused).
+    #[serde(default)]
+    pub bytes_reused: u64,
     /// Seconds staging took.
     pub secs: f64,
 }

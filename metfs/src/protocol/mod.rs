@@ -177,6 +177,12 @@ pub enum Answer {
     Error(ErrorReply),
 }
 
+impl From<ProtocolError> for Answer {
+    fn from(e: ProtocolError) -> Self {
+        Answer::Error(e.to_reply())
+    }
+}
+
 /// Reads one reply line into `T`: the version first ([`check_version`]), then `"ok"`; a
 /// failure becomes the daemon's [`ProtocolError`]. `bad_response` names what did not fit.
 pub fn read_reply<T: serde::de::DeserializeOwned>(line: &str) -> Result<T, ProtocolError> {

@@ -55,6 +55,8 @@ pub struct Status {
     pub reserve_bytes: u64,
     /// Bytes read from the capacity tier since the daemon started.
     pub tier_bytes_read: u64,
+    /// Bytes of staged samples taken from the node's store (hard links) instead of the tier.
+    pub reused_bytes: u64,
     /// Bytes the daemon read for the kernel.
     pub daemon_bytes_read: u64,
     /// Opens the daemon served.
@@ -87,6 +89,8 @@ pub struct Status {
     pub prefetch_rate: Option<u64>,
     /// Staging of the next mini-epoch.
     pub staging: Staging,
+    /// Retired slots kept on the node as donors of samples the next slots need.
+    pub kept_slots: u64,
     /// Retired views not evicted yet.
     pub draining_slots: u64,
     /// What holds each retired view.
@@ -147,6 +151,8 @@ pub enum Staging {
         bytes_per_s: f64,
         /// Seconds left at that throughput; `null` before it is known.
         eta_s: Option<f64>,
+        /// Bytes taken from the node's store so far instead of the tier.
+        bytes_reused: u64,
         /// Fetches retried.
         retries: u64,
         /// The last retried fetch's error.
@@ -164,6 +170,8 @@ pub enum Staging {
         fetched: u64,
         /// Samples found already staged (a resume).
         resumed: u64,
+        /// Samples taken from the node's store instead of the tier.
+        reused: u64,
         /// Samples left out.
         failed: u64,
         /// Seconds staging took.

@@ -88,11 +88,6 @@ impl ProtocolError {
         }
     }
 
-    /// The reply for this error, as JSON.
-    pub fn to_reply_json(&self) -> Value {
-        serde_json::to_value(self.to_reply()).unwrap_or_default()
-    }
-
     /// The reply for this error.
     pub fn to_reply(&self) -> ErrorReply {
         ErrorReply {

@@ -95,6 +95,7 @@ fn staged(t: f64, bytes: u64, secs: f64) -> Value {
             mini_epoch: 1,
             bytes,
             bytes_fetched: bytes,
+            bytes_reused: 0,
             secs,
         }),
     )

@@ -4,6 +4,14 @@ The daemon speaks newline-delimited JSON over a Unix socket: one request object 
 ``"op"`` field, one response object per line with an ``"ok"`` field. Failures carry
 ``{"error": {"code": ..., "message": ...}}`` and are raised here as :class:`MetfsError`.
 
+Every message carries ``"v"``, the protocol's major version (:data:`PROTOCOL_VERSION`). A reply
+of another major version is refused with ``unsupported_version``, naming both versions; one
+without ``"v"`` comes from a daemon older than the field and is read as version 1. The
+messages are defined once, in the daemon (``metfs/src/protocol``), and described by the JSON
+schema ``docs/protocol.schema.json`` generated from it; the typed replies here (:class:`Hello`,
+:class:`Status`, :class:`FilesView`, :class:`Decision`) are tested against that schema, their
+fields named as there except where ``PROTOCOL_NAMES`` says otherwise.
+
 This module uses the standard library only.
 """
 
@@ -19,7 +27,7 @@ import socket as _socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -33,10 +41,11 @@ __all__ = [
     "MetfsConnectionError",
     "MetfsError",
     "Status",
+    "check_version",
     "metrics_to_floats",
 ]
 
-#: Protocol version spoken by this client.
+#: Protocol major version spoken by this client: the ``"v"`` of every message.
 PROTOCOL_VERSION = 1
 
 #: Environment variable naming the control socket when no path is given.
@@ -63,6 +72,7 @@ class MetfsError(Exception):
     ``unknown_op``, ``bad_request``, ``bad_metrics``, ``unsupported_version``,
     ``staging_failed``, ``shutting_down``, ``too_many_connections``, ``internal``) or one of the client's own:
     ``no_socket``, ``connection_failed``, ``connection_lost``, ``timeout``, ``bad_response``,
+    ``unsupported_version`` (a reply of another protocol major version),
     ``bad_metrics`` (a metric rejected before sending), ``peer_failed`` (another rank's daemon
     failed in a multi-node job).
     """
@@ -80,6 +90,19 @@ class MetfsConnectionError(MetfsError, ConnectionError):
 # --------------------------------------------------------------------------------------------
 # Response types
 # --------------------------------------------------------------------------------------------
+
+
+def check_version(message: Mapping[str, Any], what: str) -> None:
+    """Refuses a message of another protocol major version, naming both versions.
+
+    A message without ``"v"`` was written before the field existed and is version 1.
+    """
+    v = message.get("v", 1)
+    if isinstance(v, bool) or v != PROTOCOL_VERSION:
+        raise MetfsError(
+            "unsupported_version",
+            f"{what} is protocol version {v!r}; this client speaks version {PROTOCOL_VERSION}",
+        )
 
 
 def _req_int(obj: Mapping[str, Any], name: str, op: str) -> int:
@@ -169,6 +192,9 @@ class Status:
     policy: str | None
     raw: dict[str, Any] = field(repr=False, compare=False)
 
+    #: Fields named differently from the protocol: attribute -> protocol field.
+    PROTOCOL_NAMES: ClassVar[dict[str, str]] = {"passes_done": "pass", "policy": "rf_policy"}
+
     @classmethod
     def from_response(cls, obj: dict[str, Any]) -> Status:
         """Builds the answer from a response object."""
@@ -219,6 +245,9 @@ class FilesView:
     files: list[str]
     paths: list[str] = field(repr=False)
 
+    #: Fields computed here rather than sent by the daemon.
+    DERIVED: ClassVar[frozenset[str]] = frozenset({"paths"})
+
     @classmethod
     def from_response(cls, obj: dict[str, Any]) -> FilesView:
         """Builds the view from a response object."""
@@ -263,6 +292,9 @@ class Decision:
     rf: float | None
     reason: dict[str, Any]
     raw: dict[str, Any] = field(repr=False, compare=False)
+
+    #: Fields named differently from the protocol: attribute -> protocol field.
+    PROTOCOL_NAMES: ClassVar[dict[str, str]] = {"passes_done": "pass"}
 
     @classmethod
     def from_response(cls, obj: dict[str, Any], op: str) -> Decision:
@@ -529,7 +561,8 @@ class Client:
     def _send(self, request: Mapping[str, Any]) -> None:
         assert self._sock is not None
         try:
-            line = json.dumps(request, allow_nan=False, separators=(",", ":")) + "\n"
+            message = {"v": PROTOCOL_VERSION, **request}
+            line = json.dumps(message, allow_nan=False, separators=(",", ":")) + "\n"
         except (TypeError, ValueError) as e:
             raise MetfsError("bad_request", f"request cannot be encoded as JSON: {e}") from None
         self._sock.settimeout(self.timeout)
@@ -567,6 +600,7 @@ class Client:
             raise MetfsError(
                 "bad_response", f"`{op}` response is not an object with `ok`: {line[:200]!r}"
             )
+        check_version(obj, f"`{op}` reply")
         return obj
 
     def request(self, request: Mapping[str, Any], *, wait: bool = False) -> dict[str, Any]:
