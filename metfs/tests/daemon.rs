@@ -712,7 +712,7 @@ async fn a_switch_invalidates_the_old_roots_entries_before_it_answers() {
     assert!(!old_names.is_empty());
     assert!(kernel.calls().is_empty(), "nothing is sent before a switch");
     let reply = d.advance(true).await.unwrap();
-    assert_eq!(reply["decision"], "advance");
+    assert_eq!(reply.decision, Choice::Advance);
     let mut want: Vec<Notified> = old_names
         .into_iter()
         .map(|n| Notified::Entry(ROOT_INO, n))

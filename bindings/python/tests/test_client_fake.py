@@ -19,7 +19,7 @@ import metfs
 
 def test_connects_with_hello_and_reads_status(fake: FakeDaemon) -> None:
     with metfs.Client(fake.path, job="resnet") as c:
-        assert fake.requests[0] == {"op": "hello", "version": 1, "job": "resnet"}
+        assert fake.requests[0] == {"v": 1, "op": "hello", "version": 1, "job": "resnet"}
         assert c.info is not None and c.info.protocol == 1 and c.info.mountpoint == "/fake/mnt"
         st = c.status()
         assert (st.epoch, st.mini_epoch, st.mini_epochs, st.passes_done, st.rf) == (0, 0, 3, 0, 2)
@@ -134,7 +134,13 @@ def test_advance_wait_and_apply(fake: FakeDaemon) -> None:
         assert d.advanced and d.position == (0, 1) and d.generation == 2
         d = c.apply(1, 2)
         assert d.position == (1, 2) and d.generation == 3
-        assert fake.requests[-1] == {"op": "apply", "epoch": 1, "mini_epoch": 2, "wait": True}
+        assert fake.requests[-1] == {
+            "v": 1,
+            "op": "apply",
+            "epoch": 1,
+            "mini_epoch": 2,
+            "wait": True,
+        }
         with pytest.raises(metfs.MetfsError) as e:
             c.apply(-1, 0)
         assert e.value.code == "bad_request"

@@ -52,7 +52,13 @@ def test_follower_catches_up_at_start(two_fakes) -> None:  # type: ignore[no-unt
     reports = run_ranks([leader.path, follower.path], epochs=1, workdir=d)
     assert all(r["error"] is None for r in reports), reports
     assert reports[1]["passes"][0]["epoch"] == 1 and reports[1]["passes"][0]["mini_epoch"] == 2
-    assert follower.requests[2] == {"op": "apply", "epoch": 1, "mini_epoch": 2, "wait": True}
+    assert follower.requests[2] == {
+        "v": 1,
+        "op": "apply",
+        "epoch": 1,
+        "mini_epoch": 2,
+        "wait": True,
+    }
 
 
 def test_dead_daemon_on_follower_fails_every_rank_fast(  # type: ignore[no-untyped-def]
