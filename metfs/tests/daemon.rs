@@ -458,7 +458,7 @@ async fn a_dataset_that_fits_one_slot_is_read_from_the_tier_once() {
         wait_next_ready(&d).await;
         // Current and successor hold the same samples: the successor's are links.
         assert_cache_bytes_count_links_once(&d, &t.cache);
-        assert_eq!(d.advance(true).await.unwrap()["decision"], "advance");
+        assert_eq!(d.advance(true).await.unwrap().decision, Choice::Advance);
         check_bytes(&read_view(&d.fs()), &t.source);
     }
     wait_next_ready(&d).await;
@@ -487,11 +487,11 @@ async fn a_dataset_that_fits_one_slot_is_read_from_the_tier_once() {
     );
     assert_eq!(status_u64(&d, "reused_bytes"), dataset);
     assert_cache_bytes_count_links_once(&d, &t.cache);
-    assert_eq!(d.advance(true).await.unwrap()["decision"], "advance");
+    assert_eq!(d.advance(true).await.unwrap().decision, Choice::Advance);
     check_bytes(&read_view(&d.fs()), &t.source);
     // The old slot is gone now: its links are the new slot's alone, still counted.
     for _ in 0..300 {
-        if d.status()["draining_slots"] == 0 {
+        if d.status().draining_slots == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
