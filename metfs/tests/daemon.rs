@@ -528,7 +528,7 @@ async fn a_dataset_that_fits_the_budget_but_not_one_slot_is_read_from_the_tier_o
         wait_next_ready(&d).await;
         assert_cache_bytes_count_links_once(&d, &t.cache);
         check_bytes(&read_view(&d.fs()), &t.source);
-        assert_eq!(d.advance(true).await.unwrap()["decision"], "advance");
+        assert_eq!(d.advance(true).await.unwrap().decision, Choice::Advance);
     }
     wait_next_ready(&d).await;
     stop.store(true, Ordering::Relaxed);
