@@ -17,6 +17,12 @@
 //! A worker that loses its lease (etcd unreachable for longer than the TTL while etcd itself
 //! stayed up) joins again with a new incarnation on its next call; batches it held then cannot
 //! be marked done (someone else may already read them again) and are reported as lost.
+//!
+//! A request whose answer is lost (etcd killed mid-request) may still have been applied. A
+//! claim in that state is found on the next claim (claims under this worker's name that it
+//! does not know of) and returned as the batch; a done retried after it finds the shard DONE
+//! by this very claim and counts it done. Each claim is two round trips (one consistent read of
+//! the queue head and the cursor, one transaction) and each done one.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
