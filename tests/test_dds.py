@@ -115,3 +115,45 @@ def test_throughputs_for_adjust_bs_come_from_the_queue(metfs: str, etcd: Etcd, t
     assert sorted(got["v"]) == ["fast", "slow"] and all(x > 0 for x in got["v"].values()), got
     assert sum(got["sizes"]) == 64 and min(got["sizes"]) >= 1
     assert "is unreachable" in err_line, err_line
+
+
+def test_resume_on_fewer_nodes_completes_the_epoch_exactly_once(metfs: str, etcd: Etcd, tmp_path: Path) -> None:
+    """Three reader processes for about half an epoch, all `kill -9`ed, then two other nodes on
+    the same queue: the epoch completes, every sample exactly once among the DONE shards, and the
+    only samples read twice are in shards the killed nodes held."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "stress"))
+    import dds_faults
+
+    n = 160
+    src = dds_faults.dataset(tmp_path, n)
+    exe = dds_faults.reader_bin()
+    prefix = "resume"
+    url = etcd.url(prefix)
+    args = ["--slot", str(128 * 1024), "--lease", "2", "--epochs", "1", "--rate", "1000000", "--compose", "stratified"]
+    first = [dds_faults.Node(f"a{i}", exe, src, tmp_path / f"a{i}.log", url, args) for i in range(3)]
+    for node in first:
+        node.start()
+    deadline = time.monotonic() + 60
+    while True:
+        meta = dds_faults.etcd_range(etcd, f"{prefix}/meta")
+        done = len(dds_faults.etcd_range(etcd, f"{prefix}/done/"))
+        if meta and done >= json.loads(meta[0][1])["shards"] // 2:
+            break
+        assert time.monotonic() < deadline, "the first nodes made no progress"
+        time.sleep(0.05)
+    for node in first:
+        node.kill()
+    shards = json.loads(dds_faults.etcd_range(etcd, f"{prefix}/meta")[0][1])["shards"]
+    assert len(dds_faults.etcd_range(etcd, f"{prefix}/done/")) < shards, "the epoch ended before the kill"
+    second = [dds_faults.Node(f"b{i}", exe, src, tmp_path / f"b{i}.log", url, args) for i in range(2)]
+    for node in second:
+        node.start()
+    for node in second:
+        assert node.proc is not None and node.proc.wait(timeout=120) == 0
+    r = dds_faults.check(0, etcd, prefix, first + second, n, 1, [], 0, 0.0, [])
+    assert r["samples_lost"] == 0 and r["read_twice"] <= r["read_by_killed_not_done"]
+    # Both new nodes took part, and nothing DONE before the resume was done again.
+    holders = {json.loads(v)["node"] for _, v in dds_faults.etcd_range(etcd, f"{prefix}/done/")}
+    assert {"b0", "b1"} <= holders, holders
