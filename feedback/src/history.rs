@@ -46,8 +46,8 @@
 //! ```
 
 use std::collections::HashSet;
-use std::fs::{self, File};
-use std::io::{self, BufWriter, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -509,51 +509,28 @@ impl HistoryStore {
             .map(RunRecord::schedule)
     }
 
-    /// Writes the store to its file atomically (temporary file in the same directory, fsync,
-    /// rename, fsync of the directory).
+    /// Writes the store to its file atomically (`durable`: temporary file in the same
+    /// directory, fsync, rename, fsync of the directory).
     pub fn save(&self) -> Result<(), HistoryError> {
-        let io_err = |op: &'static str| {
-            let path = self.path.clone();
-            move |source: io::Error| HistoryError::Io { path, op, source }
-        };
-        let dir = match self.path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = self
-            .path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "history".into());
-        // `tempfile` gives a unique name and deletes the file if anything below fails, so a
-        // failed save leaves no temporary file behind.
-        let mut tmp = tempfile::Builder::new()
-            .prefix(&format!(".{name}."))
-            .suffix(".tmp")
-            .tempfile_in(&dir)
-            .map_err(io_err("create a temporary file in its directory"))?;
-        {
-            let mut w = BufWriter::new(tmp.as_file_mut());
-            serde_json::to_writer(&mut w, &self.file).map_err(|source| HistoryError::Encode {
+        let mut bytes = serde_json::to_vec(&self.file).map_err(|source| HistoryError::Encode {
+            path: self.path.clone(),
+            source,
+        })?;
+        bytes.push(b'\n');
+        match durable::write(&self.path, &bytes, durable::Durability::FileAndDir) {
+            Ok(()) => Ok(()),
+            // Some file systems refuse fsync on a directory; the data is already in place
+            // then, so say so and go on.
+            Err(e @ durable::DurableError::DirNotSynced { .. }) => {
+                tracing::warn!("rf history: {e}");
+                Ok(())
+            }
+            Err(durable::DurableError::Io { op, source, .. }) => Err(HistoryError::Io {
                 path: self.path.clone(),
+                op,
                 source,
-            })?;
-            w.write_all(b"\n").map_err(io_err("write"))?;
-            w.flush().map_err(io_err("write"))?;
+            }),
         }
-        tmp.as_file().sync_all().map_err(io_err("fsync"))?;
-        tmp.persist(&self.path)
-            .map_err(|e| io_err("rename the temporary file over")(e.error))?;
-        // The rename is durable only once the directory is synced. Some file systems refuse
-        // fsync on a directory; the data is already in place then, so say so and go on.
-        if let Err(e) = File::open(&dir).and_then(|d| d.sync_all()) {
-            tracing::warn!(
-                "rf history {}: saved, but cannot fsync directory {}: {e}",
-                self.path.display(),
-                dir.display()
-            );
-        }
-        Ok(())
     }
 }
 

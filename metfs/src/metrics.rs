@@ -239,41 +239,20 @@ pub fn render(status: &Status) -> String {
     out
 }
 
-/// Writes `text` to `path` atomically: into a temporary file in the same directory (named
-/// `.<file name>.<pid>.tmp`, which the textfile collector's `*.prom` pattern skips), then
-/// renamed over `path`, so readers see the old file or the new one, never a part. The file is
-/// made readable by everyone (0644), as node_exporter usually runs as another user. No fsync:
-/// after a crash a stale or missing metrics file is harmless and the next write replaces it.
+/// Writes `text` to `path` atomically (`durable`): into a temporary file in the same directory
+/// (named `.<file name>.<random>.tmp`, which the textfile collector's `*.prom` pattern skips),
+/// then renamed over `path`, so readers see the old file or the new one, never a part. The file
+/// is made readable by everyone (0644), as node_exporter usually runs as another user. No
+/// fsync: after a crash a stale or missing metrics file is harmless and the next write
+/// replaces it.
 pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path.file_name().ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{} is not a file path", path.display()),
-        )
-    })?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        {
-            use std::os::unix::fs::PermissionsExt;
-            f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-        }
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    // A snapshot rewritten every few seconds: whole for the collector, not crash-proof.
+    durable::write_with(path, durable::Durability::Atomic, |f| {
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+        f.write_all(text.as_bytes())
+    })
+    .map_err(|e| std::io::Error::new(e.io_error().kind(), e.to_string()))
 }
 
 #[cfg(test)]

@@ -90,9 +90,13 @@ pub fn register(r: &Registered) -> std::io::Result<()> {
     let dir = registry_dir();
     std::fs::create_dir_all(&dir)?;
     let f = registry_file(&r.mountpoint);
-    let tmp = f.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec(r).unwrap())?;
-    std::fs::rename(tmp, f)
+    // Rebuilt at every mount, so readers need it whole but not crash-proof.
+    durable::write(
+        &f,
+        &serde_json::to_vec(r).unwrap(),
+        durable::Durability::Atomic,
+    )
+    .map_err(|e| std::io::Error::new(e.io_error().kind(), e.to_string()))
 }
 
 /// Removes a registry entry.

@@ -78,12 +78,17 @@ pub(super) fn lock_cache(paths: &CachePaths) -> Result<std::fs::File, DaemonErro
     Ok(f)
 }
 
-/// Writes `state.json` atomically (temporary file, fsync, rename).
-pub(super) fn write_saved_state(path: &Path, saved: &SavedState) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec(saved).unwrap())
-        .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
-        .and_then(|_| std::fs::rename(&tmp, path))
+/// Writes `state.json` atomically, fsynced before the rename: after a crash it is the old
+/// position or the new one, whole.
+pub(super) fn write_saved_state(
+    path: &Path,
+    saved: &SavedState,
+) -> Result<(), durable::DurableError> {
+    durable::write(
+        path,
+        &serde_json::to_vec(saved).unwrap(),
+        durable::Durability::File,
+    )
 }
 
 /// Makes the cache directory private (0700): staged copies of protected source files live in
@@ -214,6 +219,13 @@ impl Daemon {
                 path: d.display().to_string(),
                 reason: e.to_string(),
             })?;
+        }
+        // Temporaries of a daemon killed while it replaced these files (under the lock, no
+        // other daemon writes them).
+        for f in [&paths.state, &paths.catalog] {
+            if let Err(e) = durable::remove_leftovers(f) {
+                tracing::warn!(path = %f.display(), error = %e, "cannot remove leftover temporary files");
+            }
         }
         let tier = open_tier(&cfg.source, &cfg.s3, cfg.stager.timeout_secs)?;
         let (mut catalog, reused, containers) = load_catalog(&*tier, &paths.catalog, &cfg).await?;

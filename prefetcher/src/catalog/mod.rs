@@ -67,6 +67,9 @@ pub enum CatalogError {
         #[source]
         source: std::io::Error,
     },
+    /// The catalog could not be saved (the error names the file and the step).
+    #[error("catalog file {0}")]
+    Save(#[source] durable::DurableError),
     /// The saved catalog could not be decoded (corrupt or from another metfs version).
     #[error("catalog file {path} is corrupt or from another version: {reason}")]
     Corrupt { path: String, reason: String },

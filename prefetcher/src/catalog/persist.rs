@@ -6,24 +6,17 @@ use super::*;
 pub(super) const MAGIC: &[u8; 8] = b"METFSCA2";
 
 impl Catalog {
-    /// Writes the catalog atomically (temporary file, fsync, rename).
+    /// Writes the catalog atomically (`durable`: temporary file, fsync, rename).
     pub fn save(&self, path: &Path) -> Result<u64, CatalogError> {
-        let io = |source| CatalogError::Io {
-            path: path.display().to_string(),
-            source,
-        };
         let body = postcard::to_stdvec(self).map_err(|e| CatalogError::Corrupt {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
-        let tmp = path.with_extension("tmp");
-        {
-            let mut f = std::fs::File::create(&tmp).map_err(io)?;
-            f.write_all(MAGIC).map_err(io)?;
-            f.write_all(&body).map_err(io)?;
-            f.sync_all().map_err(io)?;
-        }
-        std::fs::rename(&tmp, path).map_err(io)?;
+        durable::write_with(path, durable::Durability::File, |f| {
+            f.write_all(MAGIC)?;
+            f.write_all(&body)
+        })
+        .map_err(CatalogError::Save)?;
         Ok((MAGIC.len() + body.len()) as u64)
     }
 

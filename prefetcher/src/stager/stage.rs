@@ -1,5 +1,9 @@
 //! Staging one slot of plain files: resume from the journal (CRC-checked), fetch with bounded
 //! concurrency under a stall watch, commit durable batches, journal them.
+//!
+//! Staged files are renamed here (and in `containers` and `reuse`), not through the `durable`
+//! crate that replaces metfs's other files: a batch is made durable by one `syncfs` before its
+//! renames, and one fsync per file would cost what that saves.
 
 use super::*;
 
