@@ -185,8 +185,9 @@ def test_example_over_real_mount(  # type: ignore[no-untyped-def]
     s = json.loads(out.read_text())
     assert s["passes"] == 12 and len(s["mini_epochs"]) == 6
     assert s["mount_bytes"] == 2 * 2 * m.stats["train_bytes"]  # 2 epochs x rf 2
-    # The tier was read about once per epoch (plus what was staged ahead), not once per pass.
-    assert m.stats["train_bytes"] * 2 <= s["tier_bytes"] <= m.stats["train_bytes"] * 3
+    # Every sample came from the tier at least once, and never once per pass: at most once per
+    # epoch plus what was staged ahead (less when staged samples are reused from the store).
+    assert m.stats["train_bytes"] <= s["tier_bytes"] <= m.stats["train_bytes"] * 3
     assert s["final_val_accuracy"] > 0.5
     assert "reading every pass from the tier would have cost" in proc.stdout
     print(proc.stdout)

@@ -589,6 +589,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_donor_damaged_in_place_is_not_linked_on() {
+        let (d, st, cat) = setup(4).await;
+        st.stage(&all(&cat, "a"), Arc::default()).await.unwrap();
+        // Same size, one byte flipped: only the CRC tells.
+        let p = st.slot_path("a").join(cat.path(2));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let mut bytes = std::fs::read(&p).unwrap();
+        bytes[0] ^= 0xff;
+        std::fs::write(&p, &bytes).unwrap();
+        let before = st.tier_bytes_read();
+        let b = SlotSpec {
+            name: "b".into(),
+            samples: (0..4).collect(),
+            reuse_from: vec!["a".into()],
+        };
+        let r = st.stage(&b, Arc::default()).await.unwrap();
+        assert_eq!((r.fetched, r.reused), (1, 3));
+        assert_eq!(st.tier_bytes_read() - before, cat.size(2));
+        assert_ne!(ino(&p), ino(&st.slot_path("b").join(cat.path(2))));
+        assert_slot_equals_source_for(&st, &cat, &d.path().join("src"), "b", 0..4);
+    }
+
+    #[tokio::test]
     async fn a_checked_copy_refuses_bytes_that_differ_from_the_journal() {
         let (d, st, cat) = setup(4).await;
         st.stage(&all(&cat, "a"), Arc::default()).await.unwrap();

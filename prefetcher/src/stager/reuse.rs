@@ -4,7 +4,12 @@
 //!
 //! A donor's copy is taken only when the donor's journal lists it (it was committed complete,
 //! checked against the catalogued identity of the sample, size and mtime or ETag, and its CRC
-//! recorded) and it is still a regular file of the catalogued size. Donors are slots of this
+//! recorded), it is still a regular file of the catalogued size, and its CRC, read again now,
+//! is the journaled one. That read is local and cheap next to a fetch, and it is needed: a hard
+//! link shares one inode, so a copy damaged in place in one slot is damaged in every slot it was
+//! linked into, and a restart that finds it bad in one slot would otherwise link the same bad
+//! bytes back from another. A donor that fails the check is passed over (its own slot's check
+//! finds it when that slot is staged or resumed). Donors are slots of this
 //! stager, staged from the same catalog: a catalog rebuilt because the source changed changes
 //! the daemon's fingerprint, and slots of another fingerprint are deleted at start, so a sample
 //! id names the same version of the same file in every slot. The journaled CRC carries over to
@@ -59,7 +64,8 @@ impl Stager {
                 let src = self.slot_path(name).join(&rel);
                 // lstat: a donor entry replaced by a symlink is never followed.
                 let m = std::fs::symlink_metadata(&src).ok()?;
-                (m.is_file() && m.len() == size).then_some((name, src, crc))
+                (m.is_file() && m.len() == size && crc_of_file(&src).is_ok_and(|c| c == crc))
+                    .then_some((name, src, crc))
             });
             let Some((donor, src, crc)) = found else {
                 out.todo.push(id);
