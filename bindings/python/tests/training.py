@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from realmount import dataset_module
 
 import metfs
@@ -25,7 +26,7 @@ class ReadLog:
         self.paths: list[str] = []
         self.bytes = 0
 
-    def load(self, path: str) -> tuple[np.ndarray, np.int64]:
+    def load(self, path: str) -> tuple[npt.NDArray[Any], np.int64]:
         """Loads one sample (features, label) and records it."""
         ds = dataset_module()
         self.paths.append(path)
@@ -38,11 +39,11 @@ class ReadLog:
         return out
 
 
-def validation_arrays(val_dir: str | None) -> tuple[np.ndarray, np.ndarray] | None:
+def validation_arrays(val_dir: str | None) -> tuple[npt.NDArray[Any], npt.NDArray[Any]] | None:
     """The validation set as arrays, if there is one."""
     if val_dir is None:
         return None
-    arrays: tuple[np.ndarray, np.ndarray] = dataset_module().load_folder(val_dir)
+    arrays: tuple[npt.NDArray[Any], npt.NDArray[Any]] = dataset_module().load_folder(val_dir)
     return arrays
 
 

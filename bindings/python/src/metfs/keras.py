@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import keras
 import numpy as np
+import numpy.typing as npt
 
 from .client import Client, FilesView, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
@@ -95,7 +96,7 @@ class MetSequence(keras.utils.PyDataset):
         self.steps = steps
         #: Generations of the views this dataset served, one entry per refresh.
         self.generations: list[int] = []
-        self._batches: list[np.ndarray] = []
+        self._batches: list[npt.NDArray[Any]] = []
         self._split()
 
     def _split(self) -> None:
