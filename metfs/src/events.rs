@@ -1,20 +1,21 @@
 //! The run's event log: `RUN_DIR/events.jsonl`, one JSON object per line, read by
 //! `metfs report`.
 //!
-//! Each line is one [`Record`] of the protocol ([`crate::protocol::event`]: `start`,
-//! `pass_end`, `decision`, `staged`, `stage_failed`, `switch`, and `tier`, the cumulative tier
-//! bytes every few seconds while staging), with `v`, `t` (Unix seconds) and `event`. The file rotates to
-//! `events.1.jsonl` at [`ROTATE_BYTES`], so the two files stay within their share of the
-//! budget's reserve (the run directory lives in the cache by default). Writing is best-effort:
-//! a full disk must not stop training, so an event that cannot be written is dropped whole (no
-//! half line is left), the failure is logged once per outage, and every later event retries.
+//! Each line is one [`Record`] of the protocol ([`crate::protocol::event`]: `start`, `pass_end`,
+//! `decision`, `staged`, `stage_failed`, `switch`, and `tier`, the cumulative tier bytes every few
+//! seconds while staging), with `v`, `t` (Unix seconds) and `event`. The file rotates to
+//! `events.1.jsonl` at [`ROTATE_BYTES`] ([`crate::rotate`], shared with the daemon's log), so the
+//! two files stay within their share of the budget's reserve (the run directory lives in the cache
+//! by default). Writing is best-effort: a full disk must not stop training, so an event that cannot
+//! be written is dropped whole (no half line is left), the failure is logged once per outage, and
+//! every later event retries.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::protocol::{Event, Record, Version};
+use crate::rotate::Rotating;
 
 /// Size at which `events.jsonl` rotates.
 pub const ROTATE_BYTES: u64 = 512 << 10;
@@ -22,7 +23,8 @@ pub const ROTATE_BYTES: u64 = 512 << 10;
 /// Appends events to a run directory.
 pub struct EventLog {
     path: PathBuf,
-    inner: Mutex<(Option<std::fs::File>, u64, bool)>,
+    /// The file, and whether writing it is failing now (logged once per outage).
+    inner: Mutex<(Rotating, bool)>,
 }
 
 /// Unix time in seconds.
@@ -38,15 +40,10 @@ impl EventLog {
     pub fn open(dir: &Path) -> Self {
         let _ = std::fs::create_dir_all(dir);
         let path = dir.join("events.jsonl");
-        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .ok();
+        let log = Rotating::open(path.clone(), dir.join("events.1.jsonl"), ROTATE_BYTES);
         Self {
             path,
-            inner: Mutex::new((f, len, false)),
+            inner: Mutex::new((log, false)),
         }
     }
 
@@ -62,42 +59,14 @@ impl EventLog {
         };
         line.push('\n');
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if g.1 + line.len() as u64 > ROTATE_BYTES {
-            let _ = std::fs::rename(&self.path, self.path.with_file_name("events.1.jsonl"));
-            g.0 = None;
-            g.1 = 0;
-        }
-        if g.0.is_none() {
-            // Not open yet (rotated, or it could not be opened): retried at every event.
-            g.0 = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&self.path)
-                .ok();
-            g.1 = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
-        }
-        let ok = match g.0.as_mut() {
-            Some(f) => {
-                let before = f.metadata().map(|m| m.len()).ok();
-                let ok = f.write_all(line.as_bytes()).is_ok();
-                if !ok {
-                    // No half line for the report to trip over: cut what was written.
-                    if let Some(len) = before {
-                        let _ = f.set_len(len);
-                    }
-                }
-                ok
-            }
-            None => false,
-        };
+        let ok = g.0.append(line.as_bytes());
         if ok {
-            g.1 += line.len() as u64;
-            if g.2 {
-                g.2 = false;
+            if g.1 {
+                g.1 = false;
                 tracing::info!(path = %self.path.display(), "the run's event log is written again");
             }
-        } else if !g.2 {
-            g.2 = true;
+        } else if !g.1 {
+            g.1 = true;
             tracing::warn!(path = %self.path.display(), "cannot write the run's event log; report data is incomplete until it can");
         }
     }
@@ -127,14 +96,18 @@ mod tests {
     /// `/dev/full` fails every write: events are dropped, never half-written, never fatal.
     #[test]
     fn a_full_disk_drops_events() {
+        let full = std::path::PathBuf::from("/dev/full");
         let log = EventLog {
-            path: std::path::PathBuf::from("/dev/full"),
-            inner: Mutex::new((None, 0, false)),
+            path: full.clone(),
+            inner: Mutex::new((
+                Rotating::open(full, "/nonexistent/x".into(), u64::MAX),
+                false,
+            )),
         };
         for _ in 0..3 {
             log.emit(Event::Tier(Tier { tier_bytes_read: 1 }));
         }
-        assert!(log.inner.lock().unwrap().2, "the failure is noted");
+        assert!(log.inner.lock().unwrap().1, "the failure is noted");
     }
 
     #[test]

@@ -17,4 +17,5 @@ pub mod metrics;
 pub mod mount;
 pub mod protocol;
 pub mod report;
+pub mod rotate;
 pub mod view;

@@ -2,8 +2,8 @@
 //!
 //! The log lives in the cache directory and so counts against the budget; the budget reserves
 //! [`LOG_RESERVE`] for it and the event log. The writer rotates `metfs.log` to
-//! `metfs.log.1` at [`LOG_ROTATE`], so the two files never exceed the reserve. `tracing-appender` rotates by
-//! time only, hence this small writer.
+//! `metfs.log.1` at [`LOG_ROTATE`] (through [`crate::rotate`], shared with the event log), so
+//! the two files never exceed the reserve.
 //!
 //! Writing a log line never fails and never panics. The log shares its disk with the slots, and
 //! a full disk is a condition the daemon rides out (see DESIGN.md), so a line that cannot be
@@ -20,6 +20,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tracing_subscriber::EnvFilter;
 
+use crate::rotate::Rotating;
+
 /// Size at which `metfs.log` rotates to `metfs.log.1`.
 pub const LOG_ROTATE: u64 = 256 << 10;
 
@@ -27,74 +29,43 @@ pub const LOG_ROTATE: u64 = 256 << 10;
 /// each takes at most two files of its rotation size (1.5 MiB in all).
 pub const LOG_RESERVE: u64 = 2 * LOG_ROTATE + 2 * crate::events::ROTATE_BYTES;
 
-/// The background daemon's log file.
+/// The background daemon's log file, and the lines it lost.
 struct Capped {
-    path: PathBuf,
-    file: Option<std::fs::File>,
-    written: u64,
-    limit: u64,
+    log: Rotating,
     /// Lines dropped since the last line that was written.
     dropped: u64,
 }
 
 impl Capped {
-    fn open(&mut self) {
-        self.file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)
-            .ok();
-        self.written = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+    fn open(path: &Path) -> Self {
+        Self {
+            log: Rotating::open(path.to_path_buf(), rotated(path), LOG_ROTATE),
+            dropped: 0,
+        }
     }
 
     /// Writes one whole line (or drops it), never failing.
     fn line(&mut self, buf: &[u8]) {
-        if self.written + buf.len() as u64 > self.limit {
-            let old = self.path.with_extension("log.1");
-            let _ = std::fs::rename(&self.path, old);
-            self.open();
-        }
-        if self.file.is_none() {
-            // The file could not be opened (e.g. no inode left): try again at each line.
-            self.open();
-        }
         if self.dropped > 0 {
             let note = format!(
                 "metfs: {} log lines dropped: the log file could not be written (disk full?)\n",
                 self.dropped
             );
-            if !self.append(note.as_bytes()) {
+            if !self.log.append(note.as_bytes()) {
                 self.dropped += 1;
                 return;
             }
             self.dropped = 0;
         }
-        if !self.append(buf) {
+        if !self.log.append(buf) {
             self.dropped += 1;
         }
     }
+}
 
-    /// Appends `buf` whole; on a failure truncates what was partly written, so that no line is
-    /// left cut in half for the next one to continue.
-    fn append(&mut self, buf: &[u8]) -> bool {
-        let Some(f) = self.file.as_mut() else {
-            return false;
-        };
-        // The file's length, not `written`: the daemon's stderr appends to the same file.
-        let before = f.metadata().map(|m| m.len()).ok();
-        match f.write_all(buf) {
-            Ok(()) => {
-                self.written += buf.len() as u64;
-                true
-            }
-            Err(_) => {
-                if let Some(len) = before {
-                    let _ = f.set_len(len);
-                }
-                false
-            }
-        }
-    }
+/// Where `metfs.log` rotates to.
+fn rotated(path: &Path) -> PathBuf {
+    path.with_extension("log.1")
 }
 
 /// A `Write` over the log file that never fails (see the module docs).
@@ -121,9 +92,7 @@ impl Write for CappedWriter {
 
 /// Rotates an existing log that is already over the cap (before a background start appends).
 pub fn rotate(path: &Path) {
-    if std::fs::metadata(path).map(|m| m.len()).unwrap_or(0) > LOG_ROTATE {
-        let _ = std::fs::rename(path, path.with_extension("log.1"));
-    }
+    Rotating::rotate_if_over(path, &rotated(path), LOG_ROTATE);
 }
 
 /// Installs the subscriber: `RUST_LOG` filters (default `info`); a file when given.
@@ -136,15 +105,7 @@ pub fn init(file: Option<&PathBuf>) {
             .log_internal_errors(false)
             .init(),
         Some(p) => {
-            let mut c = Capped {
-                path: p.clone(),
-                file: None,
-                written: 0,
-                limit: LOG_ROTATE,
-                dropped: 0,
-            };
-            c.open();
-            let w = CappedWriter(Arc::new(Mutex::new(c)));
+            let w = CappedWriter(Arc::new(Mutex::new(Capped::open(p))));
             let hook_writer = w.clone();
             tracing_subscriber::fmt()
                 .with_env_filter(filter)
@@ -172,15 +133,9 @@ mod tests {
     /// lines, and never panics.
     #[test]
     fn a_full_disk_drops_lines_and_counts_them() {
-        let mut c = Capped {
-            path: PathBuf::from("/dev/full"),
-            file: None,
-            written: 0,
-            limit: u64::MAX,
-            dropped: 0,
-        };
-        c.open();
-        assert!(c.file.is_some());
+        let mut c = Capped::open(Path::new("/dev/full"));
+        c.log = Rotating::open("/dev/full".into(), "/nonexistent/x".into(), u64::MAX);
+        assert!(c.log.is_open());
         let mut w = CappedWriter(Arc::new(Mutex::new(c)));
         for _ in 0..3 {
             assert_eq!(w.write(b"a line\n").unwrap(), 7);
@@ -192,8 +147,7 @@ mod tests {
         let path = dir.join("metfs.log");
         {
             let mut c = w.lock();
-            c.path = path.clone();
-            c.open();
+            c.log = Rotating::open(path.clone(), rotated(&path), u64::MAX);
         }
         w.write_all(b"back\n").unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
