@@ -1,7 +1,7 @@
 #![recursion_limit = "256"]
 //! The metfs daemon as a library: configuration, the daemon's state machine, the view index,
 //! the filesystem core and its FUSE adapter, the control socket and the run report. The `metfs`
-//! binary (`main.rs`) is a thin CLI over these modules; tests, fuzz targets and benchmarks use
+//! binary (`bin/metfs/`) is a thin CLI over these modules; tests, fuzz targets and benchmarks use
 //! them directly.
 
 pub mod client;

@@ -1,0 +1,347 @@
+//! `metfs`: mini-epoch training over FUSE.
+//!
+//! The binary is a thin CLI (clap) over the library: this file declares the commands and
+//! dispatches them; `serve` runs a mount, `plan` and `dds` the commands that work without one.
+//! `anyhow` is used only in the binary, to add context to the modules' typed errors on their way
+//! to the user.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use clap::{Args, CommandFactory, FromArgMatches, Subcommand};
+use prefetcher::planner::Strategy;
+
+use metfs::config::{reference, Layers, MountConfig, MountSettings, ReadPath};
+use metfs::protocol::{Decision, FilesView, Reply, Request, Staging, Status};
+use metfs::{client, control, daemon, fuse, logging, mount, report};
+
+mod dds;
+mod plan;
+mod serve;
+
+use dds::{dds_cmd, DdsCmd};
+use plan::{manifest_cmd, plan_cmd, FormatArg, PlanArgs};
+use serve::{mount_cmd, MountArgs};
+
+#[derive(clap::Parser)]
+#[command(
+    name = "metfs",
+    version,
+    about = "Mini-epoch training over FUSE: serve the current mini-epoch from node-local storage while the next one is staged",
+    long_about = None
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Mount a MET view of a dataset (returns once the first mini-epoch is staged).
+    Mount(Box<MountArgs>),
+    /// Print the settings a mount with these flags, this environment and this config file
+    /// would run with, each with where it came from (or, with --defaults, every setting with
+    /// its help and default) as TOML.
+    Config(Box<ConfigArgs>),
+    /// Write a manifest (CSV or JSON lines) of a source to stdout, for `--manifest`.
+    Manifest {
+        /// The source directory.
+        source: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "csv")]
+        format: FormatArg,
+        /// Add a `label` column from each file's first directory level (ImageFolder layout).
+        #[arg(long)]
+        label_from_dirs: bool,
+    },
+    /// Print a plan without mounting: a dataset's mini-epochs, bytes per mini-epoch, per-class
+    /// counts and per-node bytes (--manifest / --source), or the paper's bandwidth model
+    /// (--dataset-size ... --required-bw ... --tier-bw ...).
+    Plan(Box<PlanArgs>),
+    /// Write plots (rf per mini-epoch, rf histogram, tier bandwidth) and a summary of a run.
+    Report {
+        /// The run directory (default of a mount: CACHE/run).
+        run_dir: PathBuf,
+        /// Where to write the plots and summary [default: RUN_DIR/report].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Unmount, stop the daemon, and keep the cache so that a later mount resumes.
+    Umount {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        /// Seconds to wait for the daemon to stop.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
+    /// Show the daemon's state.
+    Status {
+        #[command(flatten)]
+        sock: SocketArg,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Report the end of one pass over the current mini-epoch; prints the decision as JSON.
+    PassEnd {
+        #[command(flatten)]
+        sock: SocketArg,
+        /// A metric of the pass, NAME=VALUE (repeatable).
+        #[arg(long = "metric", value_name = "NAME=VALUE")]
+        metrics: Vec<String>,
+        /// Block until the next mini-epoch is staged when the policy wants to advance.
+        #[arg(long)]
+        block: bool,
+        /// Job identity (e.g. the model name).
+        #[arg(long)]
+        job: Option<String>,
+    },
+    /// Force an advance to the next mini-epoch.
+    Advance {
+        #[command(flatten)]
+        sock: SocketArg,
+        /// Block until the next mini-epoch is staged and the view has switched.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Inspect and manage a dynamic-sharding queue in etcd (`etcd://HOST:PORT/PREFIX`).
+    #[command(subcommand)]
+    Dds(DdsCmd),
+    /// List the current view's files (relative paths), one per line.
+    Files {
+        #[command(flatten)]
+        sock: SocketArg,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct SocketArg {
+    /// Control socket of the daemon.
+    #[arg(long, env = "METFS_SOCKET")]
+    socket: PathBuf,
+}
+
+#[derive(Args)]
+struct ConfigArgs {
+    /// Print every setting with its help and default as a commented TOML file, and nothing
+    /// else.
+    #[arg(long)]
+    defaults: bool,
+    /// TOML file with any of the settings below (the environment and flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    settings: MountSettings,
+}
+
+/// The layers of a mount's settings: the file, the environment and the flags given.
+fn layers(
+    config: Option<&std::path::Path>,
+    settings: &MountSettings,
+    matches: &clap::ArgMatches,
+) -> Result<Layers> {
+    let mut layers = Layers::new();
+    if let Some(p) = config {
+        layers = layers.file(p)?;
+    }
+    Ok(layers.env(std::env::vars()).flags(settings, |id| {
+        matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+    })?)
+}
+
+fn main() {
+    // The matches are kept beside the parsed command: the settings' layers need to know which
+    // flags the command line gave (a flag at its default must not override the file).
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let sub = matches
+        .subcommand()
+        .map(|(_, m)| m.clone())
+        .unwrap_or_default();
+    if !matches!(cli.cmd, Cmd::Mount(_)) {
+        // A command that prints (`files`, `plan`, `manifest`, `status`) into a pipe closed early
+        // (`| head`) ends quietly, as Unix tools do, instead of panicking on EPIPE. The daemon
+        // (`mount`) keeps SIGPIPE ignored: a client hanging up must never kill it.
+        // SAFETY: restoring a signal's default disposition before any thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    let code = match run(cli, &sub) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("metfs: {}", message(&e));
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+/// An error and its causes, `: `-separated, each said once: many of the modules' messages
+/// already include their source's text (`manifest FILE: No such file`), which `{:#}` would
+/// print again.
+fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out
+}
+
+fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
+    match cli.cmd {
+        Cmd::Mount(args) => mount_cmd(*args, sub),
+        Cmd::Config(args) => {
+            if args.defaults {
+                print!("{}", reference::defaults_toml());
+            } else {
+                let layers = layers(args.config.as_deref(), &args.settings, sub)?;
+                MountConfig::resolve(&layers)?;
+                print!("{}", reference::effective_toml(&layers)?);
+            }
+            Ok(())
+        }
+        Cmd::Manifest {
+            source,
+            format,
+            label_from_dirs,
+        } => manifest_cmd(&source, format, label_from_dirs),
+        Cmd::Plan(args) => plan_cmd(*args),
+        Cmd::Dds(cmd) => dds_cmd(cmd),
+        Cmd::Report { run_dir, out, json } => {
+            let out = out.unwrap_or_else(|| run_dir.join("report"));
+            let s = report::report(&run_dir, &out)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                print!("{}", report::summary_text(&s));
+                println!("plots and summary in {}", out.display());
+            }
+            Ok(())
+        }
+        Cmd::Umount {
+            mountpoint,
+            timeout,
+        } => {
+            mount::umount(&mountpoint, Duration::from_secs(timeout))?;
+            Ok(())
+        }
+        Cmd::Status { sock, json } => {
+            let st: Status = client::request(&sock.socket, &Request::Status)?;
+            if json {
+                println!("{}", serde_json::to_string(&Reply::new(st))?);
+            } else {
+                print_status(&st);
+            }
+            Ok(())
+        }
+        Cmd::PassEnd {
+            sock,
+            metrics,
+            block,
+            job,
+        } => {
+            let metrics = metrics
+                .iter()
+                .map(|kv| parse_metric(kv))
+                .collect::<Result<_>>()?;
+            let d: Decision = client::request(
+                &sock.socket,
+                &Request::PassEnd {
+                    job,
+                    metrics,
+                    block,
+                },
+            )?;
+            println!("{}", serde_json::to_string(&Reply::new(d))?);
+            Ok(())
+        }
+        Cmd::Advance { sock, wait } => {
+            let d: Decision = client::request(&sock.socket, &Request::Advance { wait })?;
+            println!("{}", serde_json::to_string(&Reply::new(d))?);
+            Ok(())
+        }
+        Cmd::Files { sock, json } => {
+            let view: FilesView = client::request(&sock.socket, &Request::Files)?;
+            if json {
+                println!("{}", serde_json::to_string(&Reply::new(view))?);
+            } else {
+                for f in &view.files {
+                    println!("{f}");
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A `--metric NAME=VALUE`: a non-empty name and a finite number. NaN and infinities are
+/// refused here, naming the metric: JSON has no such numbers, and the protocol carries finite
+/// metrics only (a diverged loss is for the job to handle, not for the rf policy to score).
+fn parse_metric(kv: &str) -> Result<(String, f64)> {
+    let (k, v) = kv
+        .split_once('=')
+        .ok_or_else(|| anyhow!("--metric `{kv}`: expected NAME=VALUE"))?;
+    let k = k.trim();
+    if k.is_empty() {
+        anyhow::bail!("--metric `{kv}`: the metric has no name; expected NAME=VALUE");
+    }
+    let x: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| anyhow!("--metric `{kv}`: `{v}` is not a number"))?;
+    if !x.is_finite() {
+        anyhow::bail!(
+            "--metric `{kv}`: metric `{k}` is {}; only finite numbers are accepted",
+            if x.is_nan() { "NaN" } else { "infinite" }
+        );
+    }
+    Ok((k.to_string(), x))
+}
+
+fn print_status(st: &Status) {
+    let b = prefetcher::size::format_bytes;
+    println!(
+        "epoch {} mini-epoch {}/{}  pass {} (rf {} {})  generation {}",
+        st.epoch, st.mini_epoch, st.mini_epochs, st.pass, st.rf, st.rf_policy, st.generation
+    );
+    let next = match &st.staging {
+        Staging::Idle => "idle",
+        Staging::Draining => "draining",
+        Staging::Staging { .. } => "staging",
+        Staging::Ready { .. } => "ready",
+        Staging::Failed { .. } => "failed",
+    };
+    println!(
+        "view: {} files, {}   next: {next}{}",
+        st.view_files,
+        b(st.view_bytes),
+        if st.next_ready { " (ready)" } else { "" }
+    );
+    println!(
+        "cache: {} of {}   tier read: {}   read path: {}",
+        b(st.cache_bytes),
+        b(st.budget_bytes),
+        b(st.tier_bytes_read),
+        st.read_path
+    );
+    if let Some(e) = &st.last_error {
+        println!("last error: {e}");
+    }
+}

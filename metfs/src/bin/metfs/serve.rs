@@ -1,0 +1,160 @@
+//! `metfs mount`: resolve the settings, fork the daemon, mount FUSE over it and serve until
+//! unmounted or signalled.
+
+use super::*;
+
+#[derive(Args, Clone)]
+pub(super) struct MountArgs {
+    /// Where to mount.
+    mountpoint: PathBuf,
+    /// TOML file with any of the settings below (the environment and flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Stay in the foreground (logs to stderr).
+    #[arg(long)]
+    foreground: bool,
+    /// Discard the saved position (CACHE/state.json) and start at epoch 0. Without it, a saved
+    /// position that is corrupt stops the mount with an error naming the bad field.
+    #[arg(long)]
+    reset: bool,
+    /// Internal: pipe on which to report readiness to the parent.
+    #[arg(long, hide = true)]
+    ready_fd: Option<i32>,
+    #[command(flatten)]
+    settings: MountSettings,
+}
+
+pub(super) fn mount_cmd(args: MountArgs, sub: &clap::ArgMatches) -> Result<()> {
+    let mut cfg = MountConfig::resolve(&layers(args.config.as_deref(), &args.settings, sub)?)?;
+    cfg.reset = args.reset;
+    let mountpoint = mount::absolute(&args.mountpoint);
+    daemon::check_places(&cfg, &mountpoint)?;
+    if !args.foreground {
+        // Check what can be checked before forking so that errors come back directly.
+        mount::check_mountpoint(&mountpoint)?;
+        let mut child_args: Vec<OsString> = std::env::args_os().skip(1).collect();
+        child_args.retain(|a| a != "--foreground");
+        logging::rotate(&cfg.log_file);
+        let pid = mount::spawn_background(&child_args, &cfg.log_file)?;
+        eprintln!(
+            "metfs: mounted {} (daemon pid {pid}, socket {}, log {})",
+            mountpoint.display(),
+            cfg.socket.display(),
+            cfg.log_file.display()
+        );
+        return Ok(());
+    }
+    logging::init(args.ready_fd.is_some().then_some(&cfg.log_file));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(run_daemon(cfg, mountpoint, args.ready_fd))
+}
+
+async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>) -> Result<()> {
+    // Staging and the read paths keep many files open; an ordinary user's session starts
+    // with a soft limit of 1,024 descriptors.
+    metfs::fs::raise_fd_limit();
+    let setup = async {
+        mount::check_mountpoint(&mountpoint)?;
+        mount::check_fuse_device()?;
+        let show_progress =
+            ready_fd.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let (daemon, lock) = daemon::Daemon::prepare(cfg, show_progress)
+            .await
+            .context("preparing the mount")?;
+        let listener = control::bind(&daemon.cfg.socket)
+            .with_context(|| format!("control socket {}", daemon.cfg.socket.display()))?;
+        let fs = daemon.fs();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        fs.set_drained_sender(tx);
+        let adapter = fuse::FuseAdapter::new(fs, daemon.active_read_path());
+        let mut fcfg = fuser::Config::default();
+        fcfg.mount_options = vec![
+            fuser::MountOption::FSName("metfs".into()),
+            fuser::MountOption::Subtype("metfs".into()),
+            fuser::MountOption::RO,
+            fuser::MountOption::NoSuid,
+            fuser::MountOption::NoDev,
+        ];
+        if daemon.cfg.allow_other {
+            fcfg.acl = fuser::SessionACL::All;
+            // Other users get what the source's modes and owners allow them, enforced by the
+            // kernel on the attributes the view reports (the source's, write bits cleared).
+            fcfg.mount_options
+                .push(fuser::MountOption::DefaultPermissions);
+        }
+        fcfg.n_threads = Some(daemon.cfg.fuse_threads);
+        fcfg.clone_fd = true;
+        let mp = mountpoint.clone();
+        let (session, notifier) = tokio::task::spawn_blocking(move || {
+            let s = fuser::Session::new(adapter, &mp, &fcfg)?;
+            let notifier = fuse::KernelNotifier::new(&s);
+            s.spawn().map(|s| (s, notifier))
+        })
+        .await?
+        .with_context(|| format!("mounting FUSE on {}", mountpoint.display()))?;
+        daemon.mounted(&mountpoint, notifier);
+        mount::register(&mount::Registered {
+            mountpoint: mountpoint.clone(),
+            socket: daemon.cfg.socket.clone(),
+            pid: std::process::id(),
+            cache: daemon.cfg.cache.clone(),
+        })
+        .context("writing the mount registry")?;
+        tokio::spawn(control::serve(listener, daemon.clone()));
+        tokio::spawn(daemon.clone().stager_loop());
+        tokio::spawn(daemon.clone().drain_loop(rx));
+        tokio::spawn(daemon.clone().monitor_loop());
+        anyhow::Ok((daemon, session, lock))
+    };
+    let (daemon, session, _lock) = match setup.await {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::error!("{}", message(&e));
+            mount::signal_ready(ready_fd, Err(message(&e)));
+            return Err(e);
+        }
+    };
+    tracing::info!(
+        mountpoint = %mountpoint.display(),
+        socket = %daemon.cfg.socket.display(),
+        read_path = match daemon.read_path() {
+            ReadPath::Passthrough => "passthrough (falls back to pread if the kernel refuses)",
+            other => other.name(),
+        },
+        "mounted"
+    );
+    mount::signal_ready(ready_fd, Ok(()));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = daemon.shutdown.notified() => {}
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+    }
+    shutdown(daemon, session, &mountpoint).await;
+    Ok(())
+}
+
+async fn shutdown(
+    daemon: Arc<daemon::Daemon>,
+    session: fuser::BackgroundSession,
+    mp: &std::path::Path,
+) {
+    tracing::info!("shutting down; the cache is kept for a later mount");
+    daemon.begin_shutdown();
+    daemon.persist();
+    let _ = std::fs::remove_file(&daemon.cfg.socket);
+    mount::unregister(mp);
+    let mp2 = mp.to_path_buf();
+    // An unmount with files still open fails with EBUSY; then detach lazily: the kernel
+    // finishes the unmount when the last file closes, and our exit closes /dev/fuse.
+    let joined = tokio::task::spawn_blocking(move || session.umount_and_join()).await;
+    if !matches!(joined, Ok(Ok(()))) {
+        let c = std::ffi::CString::new(mp2.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: valid C string.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+    tracing::info!("unmounted");
+}
