@@ -373,6 +373,19 @@ pub fn spawn_background(args: &[std::ffi::OsString], log: &Path) -> Result<u32, 
     ))
 }
 
+/// Marks the ready fd close-on-exec in the daemon: the parent waits for its end of the pipe
+/// to close, so a process the daemon starts (a transform worker) must never inherit it.
+pub fn keep_ready_fd_private(fd: Option<RawFd>) {
+    let Some(fd) = fd else { return };
+    // SAFETY: fcntl on an fd number; a bad number only makes the calls fail.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+        }
+    }
+}
+
 /// Tells the waiting parent the outcome (no-op without a ready fd).
 pub fn signal_ready(fd: Option<RawFd>, outcome: Result<(), String>) {
     let Some(fd) = fd else { return };

@@ -17,6 +17,8 @@
 //!   renames, and journals progress so that a restart resumes.
 //! * [`hdf5`]: per-sample HDF5 labels, and container files staged as mini-epochs of rows (a
 //!   folder: the raw library calls in `ffi`, inspection, labels, row staging).
+//! * [`transform`]: preprocessed mini-epochs: a user's program run as long-lived workers on
+//!   each sample while it is staged (worker protocol, per-sample failures, identity).
 //! * [`size`]: `512MiB`-style byte sizes and `SIZE/s` rates.
 //!
 //! This crate never depends on `metfs` or `feedback`.
@@ -40,3 +42,4 @@ pub mod s3;
 pub mod size;
 pub mod stager;
 pub mod tier;
+pub mod transform;

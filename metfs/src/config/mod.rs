@@ -122,6 +122,9 @@ pub struct MountConfig {
     pub max_backing_ids: u64,
     /// Stager settings.
     pub stager: StagerConfig,
+    /// The transform run on each sample while it is staged (`[transform]`), checked: its
+    /// program exists.
+    pub transform: prefetcher::transform::TransformConfig,
     /// Control socket limits (`[control]`).
     pub control: crate::control::ControlConfig,
     /// Log file of a background daemon. Default `CACHE/metfs.log`.
@@ -214,6 +217,29 @@ impl MountConfig {
         if s.stager.concurrency == 0 {
             return Err(inv("stager.concurrency", "must be at least 1".into()));
         }
+        if let Err(e) = s.transform.argv() {
+            return Err(inv("transform.command", e.to_string()));
+        }
+        if s.transform.suffix.contains('/') {
+            return Err(inv(
+                "transform.suffix",
+                format!("`{}` must not contain `/`", s.transform.suffix),
+            ));
+        }
+        if s.transform.timeout_secs == 0 || s.transform.workers == Some(0) {
+            let key = if s.transform.timeout_secs == 0 {
+                "transform.timeout_secs"
+            } else {
+                "transform.workers"
+            };
+            return Err(inv(key, "must be at least 1".into()));
+        }
+        if !(s.transform.growth.is_finite() && s.transform.growth > 0.0) {
+            return Err(inv(
+                "transform.growth",
+                format!("{} must be a positive number", s.transform.growth),
+            ));
+        }
         if !prefetcher::hdf5::AVAILABLE {
             // Refused here, before anything is mounted or staged, naming the setting.
             let asked = if s.hdf5_container {
@@ -275,6 +301,7 @@ impl MountConfig {
             max_open_files: s.max_open_files,
             max_backing_ids: s.max_backing_ids,
             stager: s.stager,
+            transform: s.transform,
             control: s.control,
             reset: false,
         })

@@ -12,7 +12,8 @@
 //! `[default: ...]`.
 //!
 //! Nested sections keep their keys: the stager's are the `[stager]` table and `--stager-*`
-//! flags, the control socket's `[control]` and `--control-*`, the S3 flags keys of `[s3]`; the
+//! flags, the transform's `[transform]` and `--transform`, `--transform-*` (`command` is
+//! `--transform`), the control socket's `[control]` and `--control-*`, the S3 flags keys of `[s3]`; the
 //! rf policy's keys are top-level (`rf`, `rf_policy`, ...), as they always were. Each flag's
 //! clap id is its key's dotted path, which is how the layers find a flag's key.
 
@@ -146,6 +147,9 @@ pub struct MountSettings {
     /// `[stager]`.
     #[command(flatten)]
     pub stager: StagerConfig,
+    /// `[transform]`: preprocessed mini-epochs.
+    #[command(flatten)]
+    pub transform: prefetcher::transform::TransformConfig,
     /// `[control]`.
     #[command(flatten)]
     pub control: ControlConfig,

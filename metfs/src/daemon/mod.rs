@@ -75,6 +75,7 @@ use prefetcher::planner::{self, EpochPlan, PlanConfig, PlanError, SampleSet, Str
 use prefetcher::size::format_bytes;
 use prefetcher::stager::{journal_failures, Progress, SlotSpec, StageReport, Stager};
 use prefetcher::tier::{CapacityTier, PosixTier, TierError};
+use prefetcher::transform::Transformer;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::watch;
@@ -116,6 +117,9 @@ pub enum DaemonError {
     /// The first mini-epoch could not be staged.
     #[error(transparent)]
     Stage(#[from] prefetcher::stager::StageError),
+    /// The transform's command cannot be run.
+    #[error(transparent)]
+    Transform(#[from] prefetcher::transform::TransformError),
     /// The dataset has no samples.
     #[error("source {0} has no files to serve")]
     Empty(String),

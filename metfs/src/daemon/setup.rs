@@ -259,7 +259,13 @@ impl Daemon {
         let footprints: Vec<u64> = if containers.is_some() {
             catalog.sizes().to_vec()
         } else {
-            catalog.sizes().iter().map(|&s| round_up(s)).collect()
+            // A transformed sample is planned at what its output may take (the transform
+            // refuses a larger one), so the budget holds whatever it writes.
+            catalog
+                .sizes()
+                .iter()
+                .map(|&s| cfg.transform.footprint(s))
+                .collect()
         };
         let plan_cfg = PlanConfig {
             strategy: cfg.compose,
@@ -297,9 +303,23 @@ impl Daemon {
                 fnv(&mut h, &catalog.size(id).to_le_bytes());
                 fnv(&mut h, catalog.version(id).as_bytes());
             }
+            // The transform's identity: a changed transform starts over, never serving the
+            // old one's output. Appended last so the dataset key below is unaffected.
+            let transform = cfg.transform.identity();
             format!(
-                "{}|{}|{}|{:?}|{}|{}|{}|{h:016x}",
-                cfg.source, budget.slot_bytes, nm, cfg.compose, cfg.seed, cfg.node_rank, cfg.nodes
+                "{}|{}|{}|{:?}|{}|{}|{}|{h:016x}{}",
+                cfg.source,
+                budget.slot_bytes,
+                nm,
+                cfg.compose,
+                cfg.seed,
+                cfg.node_rank,
+                cfg.nodes,
+                if transform.is_empty() {
+                    String::new()
+                } else {
+                    format!("|{transform}")
+                }
             )
         };
         let saved = match load_state(&paths.state, cfg.reset)? {
@@ -337,7 +357,8 @@ impl Daemon {
             paths.tmp.clone(),
             cfg.stager.clone(),
             pacer,
-        );
+        )
+        .with_transform(Transformer::new(&cfg.transform)?);
         stager.clean_tmp()?;
         let (epoch, mini_epoch, generation, sequence) = match &saved {
             Some(s) => {

@@ -180,6 +180,7 @@ impl Daemon {
             read_path: self.read_path_now().name().to_string(),
             last_error,
             failed_samples,
+            transform_failed: self.store.stager.transform().map(|t| t.failed()),
             source: self.tier_url.clone(),
             mountpoint: self.mountpoint().display().to_string(),
             socket: self.cfg.socket.display().to_string(),

@@ -367,6 +367,20 @@ impl Store {
             .copied()
             .filter(|s| !failed.contains(s))
             .collect();
+        if self.stager.transform().is_some() {
+            // Transformed copies: named with the transform's suffix, sized as written; modes
+            // and times mirror the source sample.
+            let dir = self.stager.slot_path(&name);
+            let files: Vec<(String, u64, Option<prefetcher::catalog::Meta>)> = samples
+                .iter()
+                .filter_map(|&id| {
+                    let rel = self.stager.staged_path(id);
+                    let len = std::fs::metadata(dir.join(&rel)).ok()?.len();
+                    Some((rel, len, self.catalog.meta(id)))
+                })
+                .collect();
+            return View::from_files(&files, generation, target.0, target.1, &name, &dir);
+        }
         View::build(
             &self.catalog,
             &samples,

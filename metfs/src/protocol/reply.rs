@@ -105,6 +105,10 @@ pub struct Status {
     pub last_error: Option<String>,
     /// Samples that recently failed to stage (`path: reason`, the last 100).
     pub failed_samples: Vec<String>,
+    /// Samples the transform (`--transform`) failed on since the daemon started, each left
+    /// out of its mini-epoch; `null` without a transform.
+    #[serde(default)]
+    pub transform_failed: Option<u64>,
     /// The capacity tier's URL.
     pub source: String,
     /// Where the view is mounted.

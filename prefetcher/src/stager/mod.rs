@@ -42,6 +42,12 @@
 //! staged again (resuming) when the caller retries it: no sample is ever dropped for a
 //! condition of the tier or of the node.
 //!
+//! With a transform ([`Stager::with_transform`], the `transform` module) each fetched sample
+//! is handed to a transform worker and its output, not the fetched bytes, is what enters the
+//! slot, as `<path><suffix>` ([`Stager::staged_path`]); the journal's CRC is the output's, and
+//! a resume checks it (not the catalogued size). A sample the transform fails on is left out
+//! with the reason, like a sample of its own fault: it never fails the slot.
+//!
 //! Every fetch is watched: one whose copy makes no progress for [`StagerConfig::timeout_secs`]
 //! (plus what the pacer makes it wait) is abandoned and fails the slot (which the caller stages
 //! again later), so a hung file system or server cannot stall staging forever.
@@ -65,6 +71,7 @@ use thiserror::Error;
 use crate::catalog::Catalog;
 use crate::pacer::Pacer;
 use crate::tier::{CapacityTier, SampleRef, TierError};
+use crate::transform::Transformer;
 
 mod containers;
 mod journal;
@@ -295,6 +302,9 @@ pub struct Stager {
     /// the rest at debug level and counted at the end, so an outage is one line, not one per
     /// sample.
     transient: Arc<AtomicU64>,
+    /// The transform run on each fetched sample before it enters the slot (`transform`
+    /// module), if any.
+    transform: Option<Transformer>,
 }
 
 fn cache_err(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
@@ -326,6 +336,30 @@ impl Stager {
             reused_bytes: Arc::new(AtomicU64::new(0)),
             attempt_seq: Arc::new(AtomicU64::new(0)),
             transient: Arc::new(AtomicU64::new(0)),
+            transform: None,
+        }
+    }
+
+    /// This stager with `transform` run on every fetched sample: the slot holds the outputs,
+    /// each under [`Stager::staged_path`], and no sample is taken from another slot (a donor's
+    /// copy is not checked against the transform).
+    pub fn with_transform(mut self, transform: Option<Transformer>) -> Self {
+        self.transform = transform;
+        self
+    }
+
+    /// The transform, if any.
+    pub fn transform(&self) -> Option<&Transformer> {
+        self.transform.as_ref()
+    }
+
+    /// Relative path of sample `id`'s copy in a slot: its catalog path, with the transform's
+    /// suffix when there is one.
+    pub fn staged_path(&self, id: u32) -> String {
+        let rel = self.catalog.path(id);
+        match &self.transform {
+            Some(t) => t.staged_name(&rel),
+            None => rel,
         }
     }
 

@@ -76,7 +76,7 @@ impl Stager {
             .map_err(cache_err(&jpath))?;
         // What the node already holds is never fetched again: samples in another slot are
         // linked (or copied) from it first, and journaled like fetched ones.
-        if !slot.reuse_from.is_empty() && !todo.is_empty() {
+        if !slot.reuse_from.is_empty() && !todo.is_empty() && self.transform.is_none() {
             let (st, spec, d) = (self.clone(), slot.clone(), dir.clone());
             let t = tokio::task::spawn_blocking(move || st.take_from_donors(&spec, &d, todo))
                 .await
@@ -219,22 +219,22 @@ impl Stager {
         samples: &[u32],
         journaled: &HashMap<u32, u32>,
     ) -> HashSet<u32> {
-        let todo: Vec<(u32, u32, PathBuf, u64)> = samples
+        let todo: Vec<(u32, u32, PathBuf, Option<u64>)> = samples
             .iter()
             .filter_map(|&id| {
                 let crc = *journaled.get(&id)?;
-                Some((
-                    id,
-                    crc,
-                    dir.join(self.catalog.path(id)),
-                    self.catalog.size(id),
-                ))
+                // A transformed copy's size is not the catalog's: its CRC alone checks it.
+                let size = match self.transform {
+                    Some(_) => None,
+                    None => Some(self.catalog.size(id)),
+                };
+                Some((id, crc, dir.join(self.staged_path(id)), size))
             })
             .collect();
         let checks = todo.into_iter().map(|(id, crc, path, size)| {
             async move {
                 let ok = tokio::task::spawn_blocking(move || {
-                    std::fs::metadata(&path).is_ok_and(|m| m.len() == size)
+                    std::fs::metadata(&path).is_ok_and(|m| size.is_none_or(|s| m.len() == s))
                         && crc_of_file(&path).is_ok_and(|c| c == crc)
                 })
                 .await
@@ -310,7 +310,7 @@ impl Stager {
     ) -> Result<Fetched, Miss> {
         let (rel_dir, _) = self.catalog.dir_and_name(id);
         let rel = self.catalog.path(id);
-        let dst = dir.join(&rel);
+        let dst = dir.join(self.staged_path(id));
         // A path the cache's file system cannot hold is this sample's problem, not the slot's:
         // found before fetching anything.
         if dst.as_os_str().len() >= PATH_MAX || rel.split('/').any(|c| c.len() > NAME_MAX) {
@@ -365,9 +365,13 @@ impl Stager {
                             sample.size
                         )));
                     }
-                    file.set_permissions(std::fs::Permissions::from_mode(0o400))
-                        .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
                     drop(file);
+                    let (tmp, bytes) = match &self.transform {
+                        Some(t) => self.transform_one(t, &rel, tmp).await?,
+                        None => (tmp, sample.size),
+                    };
+                    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o400))
+                        .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
                     let t2 = tmp.clone();
                     let crc = tokio::task::spawn_blocking(move || crc_of_file(&t2))
                         .await
@@ -384,7 +388,7 @@ impl Stager {
                         id,
                         tmp,
                         dst,
-                        bytes: sample.size,
+                        bytes,
                         crc,
                     });
                 }
@@ -435,6 +439,53 @@ impl Stager {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }
+            }
+        }
+    }
+}
+
+impl Stager {
+    /// Runs the transform on the fetched copy `tmp` of sample `rel`: returns the file holding
+    /// the output (in `tmp/`, the fetched copy removed) and its size, or leaves the sample
+    /// out with the transform's reason.
+    async fn transform_one(
+        &self,
+        t: &Transformer,
+        rel: &str,
+        tmp: PathBuf,
+    ) -> Result<(PathBuf, u64), Miss> {
+        let data = tokio::fs::read(&tmp)
+            .await
+            .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
+        let _ = std::fs::remove_file(&tmp);
+        let out = match t.apply(rel, &data).await {
+            Ok(out) => out,
+            Err(e) => {
+                tracing::warn!(sample = %rel, error = %e, "the transform failed; sample left out of the slot");
+                return Err(Miss::Sample(format!("`{rel}`: transform: {e}")));
+            }
+        };
+        drop(data);
+        let mut name = tmp.into_os_string();
+        name.push(".t");
+        let path = PathBuf::from(name);
+        let write = {
+            let (path, out) = (path.clone(), out);
+            tokio::task::spawn_blocking(move || {
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&path)?;
+                f.write_all(&out)?;
+                Ok::<u64, std::io::Error>(out.len() as u64)
+            })
+        };
+        match write.await.expect("write task panicked") {
+            Ok(n) => Ok((path, n)),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(Miss::Slot(cache_err(&path)(e)))
             }
         }
     }

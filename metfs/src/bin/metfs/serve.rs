@@ -44,6 +44,7 @@ pub(super) fn mount_cmd(args: MountArgs, sub: &clap::ArgMatches) -> Result<()> {
         );
         return Ok(());
     }
+    mount::keep_ready_fd_private(args.ready_fd);
     logging::init(args.ready_fd.is_some().then_some(&cfg.log_file));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
