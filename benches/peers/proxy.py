@@ -113,7 +113,10 @@ async def main() -> None:
             return
         nodelay(cw)
         nodelay(sw)
-        await asyncio.gather(pipe(cr, sw, "up", False), pipe(sr, cw, "down", True))
+        try:
+            await asyncio.gather(pipe(cr, sw, "up", False), pipe(sr, cw, "down", True))
+        except asyncio.CancelledError:
+            pass
 
     server = await asyncio.start_server(handle, "127.0.0.1", a.port)
     stats.write()

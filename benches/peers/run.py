@@ -149,8 +149,9 @@ class Tier:
     def __init__(self, work: Path, rate: int) -> None:
         self.dir = work / "garage"
         port = free_port()
+        self.ports = (str(port), str(free_port()))
         sh(str(ROOT / "scripts/garage.sh"), "install")
-        sh(str(ROOT / "scripts/garage.sh"), "start", str(self.dir), str(port), str(free_port()))
+        sh(str(ROOT / "scripts/garage.sh"), "start", str(self.dir), *self.ports)
         out = sh(str(ROOT / "scripts/garage.sh"), "env", str(self.dir)).stdout
         self.env = {}
         for line in out.splitlines():
@@ -167,6 +168,8 @@ class Tier:
         if not line.startswith("listening "):
             raise SystemExit("proxy.py did not start")
         self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+        # Clients that read AWS_ENDPOINT_URL go through the proxy too.
+        self.env["AWS_ENDPOINT_URL"] = self.endpoint
 
     def down(self) -> int:
         for _ in range(20):
@@ -205,6 +208,14 @@ class Tier:
             for _ in ex.map(put, items):
                 pass
 
+    def reset(self) -> None:
+        """Empties the server (the disk is small): restarted on its ports with its credentials,
+        without its data; the default bucket is made again at start."""
+        sh(str(ROOT / "scripts/garage.sh"), "stop", str(self.dir))
+        shutil.rmtree(self.dir / "meta")
+        shutil.rmtree(self.dir / "data")
+        sh(str(ROOT / "scripts/garage.sh"), "start", str(self.dir), *self.ports)
+
     def stop(self) -> None:
         self.proxy.terminate()
         self.proxy.wait()
@@ -229,31 +240,52 @@ class Dataset:
 
             out = work / f"mds-{self.name}"
             shutil.rmtree(out, ignore_errors=True)
-            with MDSWriter(out=str(out), columns={"data": "bytes"}, size_limit=shard_bytes) as w:
-                for i in range(self.n):
-                    w.write({"data": sample_bytes(self.name, i, self.size)})
-            tier.put_many((f"{self.name}/mds/{p.relative_to(out)}", p.read_bytes())
-                          for p in sorted(out.rglob("*")) if p.is_file())
-            shutil.rmtree(out)
+            # Shards go up straight to Garage as they are written, and are deleted locally.
+            env = {k: v for k, v in tier.env.items() if k.startswith("AWS_")}
+            env["S3_ENDPOINT_URL"] = f"http://{tier.garage}"
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                with MDSWriter(out=(str(out), f"s3://{tier.bucket}/{self.name}/mds"),
+                               columns={"data": "bytes"}, size_limit=shard_bytes) as w:
+                    for i in range(self.n):
+                        w.write({"data": sample_bytes(self.name, i, self.size)})
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            shutil.rmtree(out, ignore_errors=True)
         log(f"dataset {self.name}: {self.n} x {self.size >> 10} KiB uploaded in {time.time() - t:.0f} s")
 
 
 # ---------------------------------------------------------------------------- consumers
 
 
-def read_files(paths: list[Path]) -> int:
-    """Reads `paths` with THREADS threads in READ-byte reads; returns the bytes read."""
+DEADLINE = [float("inf")]
+
+
+def late() -> bool:
+    """Whether the run's time box (--max-secs) is over: no new sample is started."""
+    return time.perf_counter() > DEADLINE[0]
+
+
+def read_files(paths: list[Path]) -> tuple[int, int]:
+    """Reads `paths` with THREADS threads in READ-byte reads until done or late; returns the
+    samples and bytes read."""
     it = iter(paths)
     lock = threading.Lock()
-    total = [0]
+    total = [0, 0]
 
     def worker() -> None:
-        n = 0
+        n = k = 0
         while True:
             with lock:
-                p = next(it, None)
+                p = None if late() else next(it, None)
             if p is None:
                 break
+            k += 1
             fd = os.open(p, os.O_RDONLY)
             try:
                 while True:
@@ -264,14 +296,15 @@ def read_files(paths: list[Path]) -> int:
             finally:
                 os.close(fd)
         with lock:
-            total[0] += n
+            total[0] += k
+            total[1] += n
 
     ts = [threading.Thread(target=worker) for _ in range(THREADS)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    return total[0]
+    return total[0], total[1]
 
 
 def epochs_of(ds: Dataset, count: int, seed: int):
@@ -330,8 +363,10 @@ def side_metfs(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path,
             files = rpc(sock, {"op": "files"})["files"]
             rng.shuffle(files)
             files = files[: count - run.samples]
-            run.bytes += read_files([mnt / f for f in files])
-            run.samples += len(files)
+            k, b = read_files([mnt / f for f in files])
+            run.samples, run.bytes = run.samples + k, run.bytes + b
+            if late():
+                break
             passes += 1
             d = rpc(sock, {"op": "pass_end", "block": block})
             waits += d.get("decision") == "wait"
@@ -368,8 +403,10 @@ def read_order(ds: Dataset, mnt: Path, count: int, seed: int) -> Run:
     # One epoch at a time, so that a reader thread never runs far ahead of the others.
     for k in range(0, len(order), ds.n):
         part = order[k:k + ds.n]
-        run.bytes += read_files([mnt / ds.keys[i] for i in part])
-        run.samples += len(part)
+        n, b = read_files([mnt / ds.keys[i] for i in part])
+        run.samples, run.bytes = run.samples + n, run.bytes + b
+        if late():
+            break
     return run
 
 
@@ -423,30 +460,52 @@ def side_s3fs(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) 
             time.sleep(0.2)
 
 
-def side_streaming(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) -> Run:
-    os.environ.update({k: v for k, v in tier.env.items() if k.startswith("AWS_")})
-    os.environ["S3_ENDPOINT_URL"] = tier.endpoint
+def streaming_child(q, env: dict, remote: str, cache: str, cache_mib: int, seed: int, count: int,
+                    budget_s: float) -> None:
+    """Streaming's side, in a process of its own: its download threads outlive the iterator and
+    would keep reading the tier during the next side's run; ending the process ends them."""
+    os.environ.update(env)
     from streaming import StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()
-    sds = StreamingDataset(remote=f"s3://{tier.bucket}/{ds.name}/mds", local=str(cache),
-                           cache_limit=f"{cfg.cache_mib}mb", shuffle=True, shuffle_seed=cfg.seed,
-                           batch_size=1, num_canonical_nodes=1)
-    run = Run()
-    epoch = 0
+    t0 = time.perf_counter()
+    sds = StreamingDataset(remote=remote, local=cache, cache_limit=f"{cache_mib}mb", shuffle=True,
+                           shuffle_seed=seed, batch_size=1, num_canonical_nodes=1)
+    samples = nbytes = epoch = 0
+    while samples < count and time.perf_counter() - t0 < budget_s:
+        for s in sds:
+            nbytes += len(s["data"])
+            samples += 1
+            if samples >= count or time.perf_counter() - t0 >= budget_s:
+                break
+        epoch += 1
+    q.put((samples, nbytes))
+
+
+def side_streaming(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) -> Run:
+    import multiprocessing as mp
+
+    env = {k: v for k, v in tier.env.items() if k.startswith("AWS_")}
+    env["S3_ENDPOINT_URL"] = tier.endpoint
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    left = DEADLINE[0] - time.perf_counter()
+    p = ctx.Process(target=streaming_child, args=(q, env, f"s3://{tier.bucket}/{ds.name}/mds", str(cache),
+                                                  cfg.cache_mib, cfg.seed, count, left))
+    p.start()
     try:
-        while run.samples < count:
-            sds.set_epoch(epoch) if hasattr(sds, "set_epoch") else None
-            for s in sds:
-                run.bytes += len(s["data"])
-                run.samples += 1
-                if run.samples >= count:
-                    break
-            epoch += 1
+        samples, nbytes = q.get(timeout=left + 120)
     finally:
-        del sds
+        p.terminate()
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+        from streaming.base.util import clean_stale_shared_memory
+
         clean_stale_shared_memory()
+    run = Run()
+    run.samples, run.bytes = samples, nbytes
     return run
 
 
@@ -456,14 +515,15 @@ def side_direct(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path
     it = iter(order)
     lock = threading.Lock()
 
-    def worker() -> int:
+    def worker() -> tuple[int, int]:
         c = tier.client()
-        n = 0
+        n = k = 0
         while True:
             with lock:
-                i = next(it, None)
+                i = None if late() else next(it, None)
             if i is None:
-                return n
+                return k, n
+            k += 1
             body = c.get_object(Bucket=tier.bucket, Key=f"{ds.name}/files/{ds.keys[i]}")["Body"]
             while True:
                 b = body.read(READ)
@@ -472,8 +532,8 @@ def side_direct(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path
                 n += len(b)
 
     with cf.ThreadPoolExecutor(THREADS) as ex:
-        run.bytes = sum(ex.map(lambda _: worker(), range(THREADS)))
-    run.samples = len(order)
+        for k, n in ex.map(lambda _: worker(), range(THREADS)):
+            run.samples, run.bytes = run.samples + k, run.bytes + n
     return run
 
 
@@ -525,6 +585,7 @@ def one(cfg, tier: Tier, ds: Dataset, tool: str, count: int, rep: int) -> dict:
     peak.start()
     before = tier.counted()
     t0 = time.perf_counter()
+    DEADLINE[0] = t0 + cfg.max_secs
     try:
         run = SIDES[tool](cfg, tier, ds, count, cache, mnt)
         secs = time.perf_counter() - t0
@@ -538,7 +599,11 @@ def one(cfg, tier: Tier, ds: Dataset, tool: str, count: int, rep: int) -> dict:
            "bytes": run.bytes, "tier_bytes": tier_bytes, "peak_cache": cache_peak, "note": run.note,
            "error": error}
     if error is None and run.samples < count:
-        row["error"] = f"only {run.samples} of {count} samples"
+        if secs >= cfg.max_secs and run.samples > 0:
+            row["note"] = (row["note"] + "; " if row["note"] else "") + (
+                f"time box: {run.samples} of {count} samples in {cfg.max_secs:g} s")
+        else:
+            row["error"] = f"only {run.samples} of {count} samples"
     if error is None and run.bytes != run.samples * ds.size:
         row["error"] = f"read {run.bytes} bytes for {run.samples} samples of {ds.size}"
     log(f"{ds.name} {tool} rep {rep}: {run.samples / secs if secs else 0:.0f} samples/s, "
@@ -581,7 +646,7 @@ def table(rows: list[dict], ds: Dataset, cfg, consume: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="small datasets (64 MiB cache, tier at 160 MiB/s), 1 repetition: proves the harness works")
+                    help="small datasets (64 MiB cache, tier at 200 MiB/s), 1 repetition: proves the harness works")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cases", default="0.5,2,8", help="dataset sizes as multiples of the cache")
     ap.add_argument("--tools", default=",".join(ALL_TOOLS))
@@ -592,6 +657,8 @@ def main() -> None:
     ap.add_argument("--consume", default="0.5:8,2:4,8:1",
                     help="dataset-equivalents consumed per run, per case (CASE:N,...)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--max-secs", type=float, default=60,
+                    help="time box of one run: a side still reading then stops, and its rates count what it read")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--no-install", action="store_true", help="skip peers that are not installed")
     ap.add_argument("--json", type=Path, help="write every run's numbers here")
@@ -599,7 +666,7 @@ def main() -> None:
     if cfg.quick:
         # s3fs needs its cache file system to hold ensure_diskfree plus 5 parallel 10 MB parts.
         cfg.reps, cfg.cache_mib, cfg.sample_kib, cfg.shard_mib = 1, 64, 128, 4
-        cfg.cases, cfg.consume, cfg.rate_mib = "0.5,2", "0.5:2,2:1", 160
+        cfg.cases, cfg.consume, cfg.rate_mib = "0.5,2", "0.5:1.5,2:0.5", 200
     if os.geteuid() != 0:
         raise SystemExit("run.py: needs root (FUSE mounts, a tmpfs for s3fs, dropping caches)")
     cfg.tools = [t for t in cfg.tools.split(",") if t]
@@ -625,7 +692,9 @@ def main() -> None:
     rows: list[dict] = []
     out = []
     try:
-        for c in cases:
+        for ci, c in enumerate(cases):
+            if ci:
+                tier.reset()
             n = int(c * cfg.cache_mib * MIB) // (cfg.sample_kib << 10)
             ds = Dataset(f"x{c:g}", n, cfg.sample_kib << 10)
             ds.upload(tier, cfg.shard_mib * MIB, cfg.work, "streaming" in cfg.tools)
@@ -646,6 +715,12 @@ def main() -> None:
           f"{cfg.reps} repetition(s), medians; consumer {THREADS} threads x {READ >> 10} KiB reads.")
     for t, why in skipped.items():
         print(f"Skipped {t}: {why}")
+    notes = sorted({(r["case"], r["tool"], r["note"]) for r in rows if "time box" in r["note"]})
+    for case, tool, note in notes:
+        print(f"{case} {tool}: {note}")
+    sys.stdout.flush()
+    # Streaming leaves worker threads behind that would keep the interpreter alive.
+    os._exit(0)
 
 
 if __name__ == "__main__":

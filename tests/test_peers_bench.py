@@ -1,0 +1,44 @@
+"""Smoke test of the peer benchmark (benches/peers/run.py --quick): Garage behind the
+rate-capping proxy, every side that is installed (peers not installed are skipped, not
+installed by the test), two small datasets, one repetition. It proves the harness measures:
+every side reads all its samples with the right bytes, the tier's bytes are counted, and
+metfs's tables are printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, metfs_bin
+
+
+def test_peer_benchmark_quick(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the peer benchmark needs root (FUSE mounts, a tmpfs for s3fs)")
+    out = tmp_path / "rows.json"
+    env = dict(os.environ, METFS_BIN=metfs_bin(), PEERS_WORK=str(tmp_path / "work"))
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benches/peers/run.py"), "--quick", "--no-install", "--max-secs", "20",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    tools = {row["tool"] for row in rows}
+    assert {"metfs", "metfs-block", "direct"} <= tools, (tools, data["skipped"])
+    for row in rows:
+        assert row["error"] is None, row
+        assert row["samples"] > 0 and row["tier_bytes"] > 0, row
+    for case in ("x0.5", "x2"):
+        direct = next(x for x in rows if x["case"] == case and x["tool"] == "direct")
+        # Every byte a direct GET consumes crosses the proxy once (plus headers).
+        assert 1.0 <= direct["tier_bytes"] / direct["bytes"] < 1.1, direct
+        m = next(x for x in rows if x["case"] == case and x["tool"] == "metfs")
+        assert m["tier_bytes"] < m["bytes"], m
+        assert 0 < m["peak_cache"] <= 64 << 20, m
+    assert r.stdout.count("| metfs |") == 2, r.stdout
