@@ -23,7 +23,7 @@ def test_peer_benchmark_quick(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     env = dict(os.environ, METFS_BIN=metfs_bin(), PEERS_WORK=str(tmp_path / "work"))
     r = subprocess.run(
-        [sys.executable, str(ROOT / "benches/peers/run.py"), "--quick", "--no-install", "--max-secs", "20",
+        [sys.executable, str(ROOT / "benches/peers/run.py"), "--quick", "--no-install", "--max-secs", "8",
          "--json", str(out)],
         capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -666,7 +666,7 @@ def main() -> None:
     if cfg.quick:
         # s3fs needs its cache file system to hold ensure_diskfree plus 5 parallel 10 MB parts.
         cfg.reps, cfg.cache_mib, cfg.sample_kib, cfg.shard_mib = 1, 64, 128, 4
-        cfg.cases, cfg.consume, cfg.rate_mib = "0.5,2", "0.5:1.5,2:0.5", 200
+        cfg.cases, cfg.consume, cfg.rate_mib = "0.5,2", "0.5:1,2:0.5", 200
     if os.geteuid() != 0:
         raise SystemExit("run.py: needs root (FUSE mounts, a tmpfs for s3fs, dropping caches)")
     cfg.tools = [t for t in cfg.tools.split(",") if t]
