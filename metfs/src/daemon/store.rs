@@ -80,7 +80,46 @@ struct Book {
 impl Book {
     /// Bytes the files of the slots take on disk, each file once (a sample's copies with one
     /// origin are one file), leaving out the slots in `except`.
+    ///
+    /// Runs inside a view switch over every sample on the node (tens of thousands), so it is
+    /// kept to flat arrays: a bit per origin slot and sample rather than a set of pairs.
     fn distinct_bytes(&self, footprints: &[u64], except: &[&str]) -> u64 {
+        // Origins are slots (at most a handful, including ones already deleted whose files
+        // live on as links), so each gets a bit of a per-sample mask.
+        let mut names: Vec<&str> = self.samples.keys().map(String::as_str).collect();
+        let mut seen = vec![0u64; footprints.len()];
+        let mut total = 0;
+        for (slot, samples) in &self.samples {
+            if except.contains(&slot.as_str()) {
+                continue;
+            }
+            let origins = self.origins.get(slot);
+            for &id in samples.iter() {
+                let origin = origins
+                    .and_then(|o| o.get(&id))
+                    .map_or(slot.as_str(), |o| o);
+                let i = match names.iter().position(|n| *n == origin) {
+                    Some(i) => i,
+                    None => {
+                        names.push(origin);
+                        names.len() - 1
+                    }
+                };
+                if i >= 64 {
+                    return self.distinct_bytes_slow(footprints, except);
+                }
+                let mask = &mut seen[id as usize];
+                if *mask & (1 << i) == 0 {
+                    *mask |= 1 << i;
+                    total += footprints[id as usize];
+                }
+            }
+        }
+        total
+    }
+
+    /// [`Book::distinct_bytes`] for more origins than a mask has bits (never seen in practice).
+    fn distinct_bytes_slow(&self, footprints: &[u64], except: &[&str]) -> u64 {
         let mut seen: HashSet<(u32, &str)> = HashSet::new();
         let mut total = 0;
         for (slot, samples) in &self.samples {
@@ -98,6 +137,19 @@ impl Book {
             }
         }
         total
+    }
+
+    /// Which samples some slot outside `except` holds, indexed by sample id.
+    fn on_node(&self, samples_in_catalog: usize, except: &[&str]) -> Vec<bool> {
+        let mut on = vec![false; samples_in_catalog];
+        for (slot, samples) in &self.samples {
+            if !except.contains(&slot.as_str()) {
+                for &id in samples.iter() {
+                    on[id as usize] = true;
+                }
+            }
+        }
+        on
     }
 }
 
@@ -210,15 +262,10 @@ impl Store {
                 .cloned()
                 .collect();
             let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
-            let on_node: HashSet<u32> = b
-                .samples
-                .iter()
-                .filter(|(name, _)| !gone.contains(&name.as_str()))
-                .flat_map(|(_, s)| s.iter().copied())
-                .collect();
+            let on_node = b.on_node(self.footprints.len(), &gone);
             let new: u64 = next
                 .iter()
-                .filter(|id| !on_node.contains(id))
+                .filter(|&&id| !on_node[id as usize])
                 .map(|&id| self.footprints[id as usize])
                 .sum();
             // The reserve covers two slots' journals and directories; a held slot's own are
@@ -390,5 +437,47 @@ impl Store {
             &name,
             &self.stager.slot_path(&name),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The masked count agrees with the plain set of (sample, origin) pairs, links to live and
+    /// to deleted origins included.
+    #[test]
+    fn distinct_bytes_counts_each_file_once() {
+        let footprints: Vec<u64> = (0..1000u64).map(|i| 4096 * (1 + i % 7)).collect();
+        let mut b = Book::default();
+        let slot = |r: std::ops::Range<u32>| Arc::new(r.collect::<Vec<u32>>());
+        b.samples.insert("a".into(), slot(0..400));
+        b.samples.insert("b".into(), slot(200..700));
+        b.samples.insert("c".into(), slot(600..1000));
+        // b's 200..400 are links to a's files; c's 600..650 links to b's, 650..700 links to a
+        // slot already deleted (its files live on), and 700..720 to another deleted one.
+        let gone: Arc<str> = Arc::from("gone");
+        let gone2: Arc<str> = Arc::from("gone2");
+        let a: Arc<str> = Arc::from("a");
+        let bb: Arc<str> = Arc::from("b");
+        b.origins
+            .insert("b".into(), (200..400).map(|i| (i, a.clone())).collect());
+        let mut oc: HashMap<u32, Arc<str>> = (600..650).map(|i| (i, bb.clone())).collect();
+        oc.extend((650..700).map(|i| (i, gone.clone())));
+        oc.extend((700..720).map(|i| (i, gone2.clone())));
+        b.origins.insert("c".into(), oc);
+        for except in [&[][..], &["a"][..], &["b"][..], &["a", "c"][..]] {
+            assert_eq!(
+                b.distinct_bytes(&footprints, except),
+                b.distinct_bytes_slow(&footprints, except),
+                "except {except:?}"
+            );
+        }
+        let all: u64 = footprints.iter().sum();
+        // Every sample once, plus c's 650..700 (a second file: origin gone, b's copy is b's own).
+        let extra: u64 = (650..700).map(|i| footprints[i]).sum();
+        assert_eq!(b.distinct_bytes(&footprints, &[]), all + extra);
+        let on = b.on_node(footprints.len(), &["b"]);
+        assert!(on[0] && !on[450] && on[650]);
     }
 }
