@@ -96,8 +96,11 @@ def test_s3_resets_and_slowdowns_drop_no_sample(mounts, garage, tmp_path):
     stats = tmp_path / "proxy.json"
     port = free_port()
     target = garage.endpoint.split("//", 1)[1]
+    # Samples are at most 32 KiB: a reset armed within the next 16 KiB lands inside most
+    # responses. (Armed further out, it waits for later responses on the same connection, which
+    # a pooled client may never send, and a run can end with no reset at all.)
     proxy = subprocess.Popen([sys.executable, str(ROOT / "tests" / "faultproxy.py"), "--target", target, "--port", str(port),
-                              "--seed", "11", "--slowdown", "0.1", "--reset", "0.1", "--max-seconds", "600",
+                              "--seed", "11", "--slowdown", "0.1", "--reset", "0.1", "--reset-within", "16384", "--max-seconds", "600",
                               "--stats", str(stats)], stdout=subprocess.PIPE, text=True)
     try:
         assert proxy.stdout.readline().startswith("listening")
