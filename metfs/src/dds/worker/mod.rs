@@ -604,28 +604,33 @@ impl Worker {
         Ok((todo, cur))
     }
 
+    /// `Finished` when no shard up to the last epoch is DOING or TODO, else `Wait`. Both are
+    /// read in one transaction (one revision): read apart, a shard given back between the two
+    /// reads (DOING to TODO) would be in neither, and a worker would finish while it is left.
+    /// `no_todo` is what the caller's own earlier read saw; a TODO shard there means `Wait`.
     async fn finished_or_wait(&self, no_todo: bool) -> Result<Claim, DdsError> {
+        if !no_todo {
+            return Ok(Claim::Wait);
+        }
         let last = self.cfg.last_epoch.unwrap_or(u64::MAX);
-        let r = timed(
-            &self.shared,
-            self.queue.client.kv_client().get(
-                self.queue.keys.doing_all(),
-                Some(GetOptions::new().with_prefix().with_keys_only()),
-            ),
-        )
-        .await
-        .map_err(etcd("read of the queue"))?;
-        let doing = r.kvs().iter().any(|kv| {
-            self.queue
-                .keys
-                .parse_shard(kv.key())
-                .is_some_and(|(_, e, _)| e <= last)
+        let keys = &self.queue.keys;
+        let opts = || GetOptions::new().with_prefix().with_keys_only();
+        let txn = Txn::new().and_then([
+            TxnOp::get(keys.doing_all(), Some(opts())),
+            TxnOp::get(keys.todo_all(), Some(opts())),
+        ]);
+        let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
+            .await
+            .map_err(etcd("read of the queue"))?;
+        let left = r.op_responses().into_iter().any(|o| match o {
+            etcd_client::TxnOpResponse::Get(g) => g.kvs().iter().any(|kv| {
+                keys.parse_shard(kv.key()).is_some_and(|(kind, e, _)| {
+                    matches!(kind, Kind::Doing | Kind::Todo) && e <= last
+                })
+            }),
+            _ => false,
         });
-        Ok(if doing || !no_todo {
-            Claim::Wait
-        } else {
-            Claim::Finished
-        })
+        Ok(if left { Claim::Wait } else { Claim::Finished })
     }
 
     /// Waits until something changes in the queue, or `max` passes.
