@@ -33,7 +33,7 @@
 //! never while waiting for anything; the daemon may hold its sessions' lock when it calls
 //! them (sessions lock, then store lock; never the other way).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use prefetcher::budget::BLOCK;
 
@@ -84,10 +84,10 @@ impl Book {
     /// Runs inside a view switch over every sample on the node (tens of thousands), so it is
     /// kept to flat arrays: a bit per origin slot and sample rather than a set of pairs.
     fn distinct_bytes(&self, footprints: &[u64], except: &[&str]) -> u64 {
-        // Origins are slots (at most a handful, including ones already deleted whose files
-        // live on as links), so each gets a bit of a per-sample mask.
-        let mut names: Vec<&str> = self.samples.keys().map(String::as_str).collect();
-        let mut seen = vec![0u64; footprints.len()];
+        // Origins are slots (a handful, including deleted ones whose files live on as links):
+        // one flag per origin and sample, in flat arrays made as origins are met.
+        let mut names: Vec<&str> = Vec::new();
+        let mut seen: Vec<Vec<bool>> = Vec::new();
         let mut total = 0;
         for (slot, samples) in &self.samples {
             if except.contains(&slot.as_str()) {
@@ -98,40 +98,14 @@ impl Book {
                 let origin = origins
                     .and_then(|o| o.get(&id))
                     .map_or(slot.as_str(), |o| o);
-                let i = match names.iter().position(|n| *n == origin) {
-                    Some(i) => i,
-                    None => {
-                        names.push(origin);
-                        names.len() - 1
-                    }
-                };
-                if i >= 64 {
-                    return self.distinct_bytes_slow(footprints, except);
-                }
-                let mask = &mut seen[id as usize];
-                if *mask & (1 << i) == 0 {
-                    *mask |= 1 << i;
-                    total += footprints[id as usize];
-                }
-            }
-        }
-        total
-    }
-
-    /// [`Book::distinct_bytes`] for more origins than a mask has bits (never seen in practice).
-    fn distinct_bytes_slow(&self, footprints: &[u64], except: &[&str]) -> u64 {
-        let mut seen: HashSet<(u32, &str)> = HashSet::new();
-        let mut total = 0;
-        for (slot, samples) in &self.samples {
-            if except.contains(&slot.as_str()) {
-                continue;
-            }
-            let origins = self.origins.get(slot);
-            for &id in samples.iter() {
-                let origin = origins
-                    .and_then(|o| o.get(&id))
-                    .map_or(slot.as_str(), |o| o);
-                if seen.insert((id, origin)) {
+                let i = names.iter().position(|n| *n == origin).unwrap_or_else(|| {
+                    names.push(origin);
+                    seen.push(vec![false; footprints.len()]);
+                    names.len() - 1
+                });
+                let flag = &mut seen[i][id as usize];
+                if !*flag {
+                    *flag = true;
                     total += footprints[id as usize];
                 }
             }
@@ -443,8 +417,30 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
 
-    /// The masked count agrees with the plain set of (sample, origin) pairs, links to live and
+    /// The plain count: a set of (sample, origin) pairs.
+    fn distinct_bytes_by_set(b: &Book, footprints: &[u64], except: &[&str]) -> u64 {
+        let mut seen: HashSet<(u32, &str)> = HashSet::new();
+        let mut total = 0;
+        for (slot, samples) in &b.samples {
+            if except.contains(&slot.as_str()) {
+                continue;
+            }
+            let origins = b.origins.get(slot);
+            for &id in samples.iter() {
+                let origin = origins
+                    .and_then(|o| o.get(&id))
+                    .map_or(slot.as_str(), |o| o);
+                if seen.insert((id, origin)) {
+                    total += footprints[id as usize];
+                }
+            }
+        }
+        total
+    }
+
+    /// The flat count agrees with the plain set of (sample, origin) pairs, links to live and
     /// to deleted origins included.
     #[test]
     fn distinct_bytes_counts_each_file_once() {
@@ -469,7 +465,7 @@ mod tests {
         for except in [&[][..], &["a"][..], &["b"][..], &["a", "c"][..]] {
             assert_eq!(
                 b.distinct_bytes(&footprints, except),
-                b.distinct_bytes_slow(&footprints, except),
+                distinct_bytes_by_set(&b, &footprints, except),
                 "except {except:?}"
             );
         }
