@@ -76,7 +76,12 @@ def test_the_view_shows_transformed_samples_and_leaves_out_failures(mounts, tmp_
     assert seen == want, sorted(set(seen) ^ set(want))
     st = m.status()
     assert st["mini_epochs"] >= 2, st
-    assert st["transform_failed"] == 2, st
+    # Both are left out of every mini-epoch holding them; the successor of the epoch's last
+    # mini-epoch (epoch 1's first, the same samples under `sequential`) may already be
+    # staging, so each can be counted once more by now.
+    left_out = {line.split(": ", 1)[0] for line in st["failed_samples"]}
+    assert left_out == {"c0/crash.bin", "c0/bad.bin"}, st["failed_samples"]
+    assert 2 <= st["transform_failed"] <= 4, st
     failed = "\n".join(st["failed_samples"])
     assert "c0/crash.bin" in failed and "exited" in failed, failed
     assert "c0/bad.bin" in failed and "ValueError: not an image" in failed, failed
