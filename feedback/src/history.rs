@@ -512,12 +512,36 @@ impl HistoryStore {
     /// Writes the store to its file atomically (`durable`: temporary file in the same
     /// directory, fsync, rename, fsync of the directory).
     pub fn save(&self) -> Result<(), HistoryError> {
+        self.encode()?.write()
+    }
+
+    /// The store as its file holds it, to be written later ([`EncodedHistory::write`]) by a
+    /// caller that must not wait for the disk where it holds the store.
+    pub fn encode(&self) -> Result<EncodedHistory, HistoryError> {
         let mut bytes = serde_json::to_vec(&self.file).map_err(|source| HistoryError::Encode {
             path: self.path.clone(),
             source,
         })?;
         bytes.push(b'\n');
-        match durable::write(&self.path, &bytes, durable::Durability::FileAndDir) {
+        Ok(EncodedHistory {
+            path: self.path.clone(),
+            bytes,
+        })
+    }
+}
+
+/// A history store encoded for its file ([`HistoryStore::encode`]).
+#[derive(Debug, Clone)]
+pub struct EncodedHistory {
+    path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl EncodedHistory {
+    /// Writes it atomically, as [`HistoryStore::save`] does.
+    pub fn write(&self) -> Result<(), HistoryError> {
+        let bytes = &self.bytes;
+        match durable::write(&self.path, bytes, durable::Durability::FileAndDir) {
             Ok(()) => Ok(()),
             // Some file systems refuse fsync on a directory; the data is already in place
             // then, so say so and go on.

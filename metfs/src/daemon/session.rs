@@ -23,6 +23,10 @@ pub(super) enum Next {
         target: (u64, u32),
         slot: String,
         report: StageReport,
+        /// The successor's view, built when its staging ended for the generation after the
+        /// session's then current one, so that the switch is a pointer swap. `None`, or a
+        /// view of another generation (the position moved since), is built at the switch.
+        view: Option<Arc<View>>,
     },
     Failed {
         target: (u64, u32),
@@ -150,12 +154,18 @@ impl Session {
             planner::plan_epoch(&store.sample_set(), &self.plan_cfg, epoch)
                 .expect("the planner accepted these inputs at startup"),
         );
-        self.plans.insert(epoch, p.clone());
+        self.remember_plan(epoch, p.clone());
+        p
+    }
+
+    /// Keeps epoch `epoch`'s plan (made by [`Session::plan_of`] or ahead of need), with the
+    /// plans of the two epochs before it at most.
+    pub(super) fn remember_plan(&mut self, epoch: u64, plan: Arc<EpochPlan>) {
+        self.plans.insert(epoch, plan);
         while self.plans.len() > 3 {
             let first = *self.plans.keys().next().unwrap();
             self.plans.remove(&first);
         }
-        p
     }
 
     /// The position to save in the session's state file.

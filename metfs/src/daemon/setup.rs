@@ -558,6 +558,7 @@ impl Daemon {
         let daemon = Arc::new(Daemon {
             tier_url: tier.url().to_string(),
             me: Mutex::new(std::sync::Weak::new()),
+            persisting: Mutex::new(()),
             paths,
             store,
             sessions: Mutex::new(BTreeMap::from([(DEFAULT_SESSION.to_string(), session)])),

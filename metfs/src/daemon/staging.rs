@@ -118,6 +118,7 @@ impl Daemon {
                         target,
                         slot: spec.name.clone(),
                         report,
+                        view: self.clone().prebuild_view(&name, target).await,
                     }
                 }
                 Err(e) => {
@@ -173,6 +174,42 @@ impl Daemon {
             }
             self.bump();
         }
+    }
+
+    /// Builds the view of session `name`'s staged successor `target` for the generation a
+    /// switch would give it now, off the async threads: building a 20,000-file view reads the
+    /// slot's journal and takes milliseconds the switch should not.
+    async fn prebuild_view(self: Arc<Self>, name: &str, target: (u64, u32)) -> Option<Arc<View>> {
+        let (plan, generation, after) = {
+            let mut ss = self.sessions.lock().unwrap();
+            let s = ss.get_mut(name)?;
+            // The switch also looks one mini-epoch further (what the retired slot may keep):
+            // that epoch's plan is made here too, unless it is already known.
+            let after = successor(target, s.nm);
+            let after = (!s.plans.contains_key(&after.0)).then(|| (after.0, s.plan_cfg.clone()));
+            (
+                s.plan_of(&self.store, target.0),
+                next_generation(s.generation),
+                after,
+            )
+        };
+        let me = self.clone();
+        let (view, after) = tokio::task::spawn_blocking(move || {
+            let view = Arc::new(me.store.view_for(&plan, target, generation));
+            let after = after.and_then(|(epoch, cfg)| {
+                let p = planner::plan_epoch(&me.store.sample_set(), &cfg, epoch).ok()?;
+                Some((epoch, Arc::new(p)))
+            });
+            (view, after)
+        })
+        .await
+        .ok()?;
+        if let Some((epoch, plan)) = after {
+            if let Some(s) = self.sessions.lock().unwrap().get_mut(name) {
+                s.remember_plan(epoch, plan);
+            }
+        }
+        Some(view)
     }
 
     /// Starts staging session `s`'s successor unless it is staged, being staged, or waiting

@@ -99,6 +99,7 @@ impl Daemon {
                 target,
                 slot,
                 report,
+                ..
             } => (
                 Staging::Ready {
                     slot: slot.clone(),
@@ -250,21 +251,21 @@ impl Daemon {
     /// Saves every session's position and rf history (at shutdown).
     pub fn persist(&self) {
         for name in self.session_names() {
-            self.save_state(&name);
-            let mut ss = self.sessions.lock().unwrap();
-            let Some(s) = ss.get_mut(&name) else {
-                continue;
-            };
-            let rec = s.record.clone();
-            if let Some(h) = s.history.as_mut() {
-                let mut r = Ok(());
-                if !rec.scores.is_empty() {
-                    r = h.store.record_mini_epoch(h.run, rec);
-                }
-                if let Err(e) = r.and_then(|_| h.store.save()) {
-                    tracing::warn!(session = %name, error = %e, "cannot save the rf history");
+            {
+                let mut ss = self.sessions.lock().unwrap();
+                let Some(s) = ss.get_mut(&name) else {
+                    continue;
+                };
+                let rec = s.record.clone();
+                if let Some(h) = s.history.as_mut() {
+                    if !rec.scores.is_empty() {
+                        if let Err(e) = h.store.record_mini_epoch(h.run, rec) {
+                            tracing::warn!(session = %name, error = %e, "cannot record the rf history");
+                        }
+                    }
                 }
             }
+            self.save_session(&name, true);
         }
     }
 }

@@ -85,28 +85,68 @@ impl Book {
     /// kept to flat arrays: a bit per origin slot and sample rather than a set of pairs.
     fn distinct_bytes(&self, footprints: &[u64], except: &[&str]) -> u64 {
         // Origins are slots (a handful, including deleted ones whose files live on as links):
-        // one flag per origin and sample, in flat arrays made as origins are met.
+        // one flag per origin and sample, in flat arrays made as origins are met. A slot's
+        // linked samples are found by walking its origin map once (no lookup per sample), and
+        // the rest are its own files.
+        fn index<'a>(
+            names: &mut Vec<&'a str>,
+            seen: &mut Vec<Vec<bool>>,
+            n: usize,
+            origin: &'a str,
+        ) -> usize {
+            names.iter().position(|x| *x == origin).unwrap_or_else(|| {
+                names.push(origin);
+                seen.push(vec![false; n]);
+                names.len() - 1
+            })
+        }
+        let n = footprints.len();
         let mut names: Vec<&str> = Vec::new();
         let mut seen: Vec<Vec<bool>> = Vec::new();
+        // Per slot, cleared after it: which samples it holds, and which of those are links.
+        let mut member = vec![false; n];
+        let mut linked = vec![false; n];
         let mut total = 0;
+        let mut count = |seen: &mut Vec<Vec<bool>>, i: usize, id: u32| {
+            let flag = &mut seen[i][id as usize];
+            if !*flag {
+                *flag = true;
+                total += footprints[id as usize];
+            }
+        };
         for (slot, samples) in &self.samples {
             if except.contains(&slot.as_str()) {
                 continue;
             }
-            let origins = self.origins.get(slot);
+            let origins = self.origins.get(slot).filter(|o| !o.is_empty());
+            if let Some(o) = origins {
+                for &id in samples.iter() {
+                    member[id as usize] = true;
+                }
+                let mut last: Option<(&str, usize)> = None;
+                for (&id, origin) in o {
+                    if !member[id as usize] {
+                        continue;
+                    }
+                    linked[id as usize] = true;
+                    let i = match last {
+                        Some((name, i)) if std::ptr::eq(name, &**origin) => i,
+                        _ => index(&mut names, &mut seen, n, origin),
+                    };
+                    last = Some((origin, i));
+                    count(&mut seen, i, id);
+                }
+            }
+            let own = index(&mut names, &mut seen, n, slot);
             for &id in samples.iter() {
-                let origin = origins
-                    .and_then(|o| o.get(&id))
-                    .map_or(slot.as_str(), |o| o);
-                let i = names.iter().position(|n| *n == origin).unwrap_or_else(|| {
-                    names.push(origin);
-                    seen.push(vec![false; footprints.len()]);
-                    names.len() - 1
-                });
-                let flag = &mut seen[i][id as usize];
-                if !*flag {
-                    *flag = true;
-                    total += footprints[id as usize];
+                if !linked[id as usize] {
+                    count(&mut seen, own, id);
+                }
+            }
+            if origins.is_some() {
+                for &id in samples.iter() {
+                    member[id as usize] = false;
+                    linked[id as usize] = false;
                 }
             }
         }
@@ -461,6 +501,8 @@ mod tests {
         let mut oc: HashMap<u32, Arc<str>> = (600..650).map(|i| (i, bb.clone())).collect();
         oc.extend((650..700).map(|i| (i, gone.clone())));
         oc.extend((700..720).map(|i| (i, gone2.clone())));
+        // An origin of a sample the slot does not hold counts for nothing.
+        oc.insert(100, a.clone());
         b.origins.insert("c".into(), oc);
         for except in [&[][..], &["a"][..], &["b"][..], &["a", "c"][..]] {
             assert_eq!(

@@ -7,23 +7,36 @@ impl Daemon {
     /// Switches session `name`'s view to its successor if it is staged. Returns whether it
     /// switched.
     pub(super) async fn try_switch(&self, name: &str) -> bool {
-        let (old, new) = {
+        let t0 = Instant::now();
+        let (old, new, recorded) = {
             let mut ss = self.sessions.lock().unwrap();
             let Some(s) = ss.get_mut(name) else {
                 return false;
             };
             let succ = s.successor();
-            let Next::Ready { target, slot, .. } = &s.next else {
+            let Next::Ready {
+                target,
+                slot,
+                view: prebuilt,
+                ..
+            } = &s.next
+            else {
                 return false;
             };
             if *target != succ {
                 return false;
             }
+            let generation = next_generation(s.generation);
             let slot = slot.clone();
-            let plan = s.plan_of(&self.store, succ.0);
-            s.generation = next_generation(s.generation);
-            let view = Arc::new(self.store.view_for(&plan, succ, s.generation));
+            let view = match prebuilt {
+                Some(v) if v.generation == generation && v.slot == slot => v.clone(),
+                _ => {
+                    let plan = s.plan_of(&self.store, succ.0);
+                    Arc::new(self.store.view_for(&plan, succ, generation))
+                }
+            };
             debug_assert_eq!(view.slot, slot);
+            s.generation = generation;
             let old = self.fs.switch(view.clone());
             let after = successor(succ, s.nm);
             let after_plan = s.plan_of(&self.store, after.0);
@@ -48,20 +61,18 @@ impl Daemon {
                 prev_rf: rec.rf,
                 prev_wanted_rf: rec.wanted_rf,
             }));
-            if let Some(h) = s.history.as_mut() {
-                let saved = h
-                    .store
+            let recorded = s.history.as_mut().map(|h| {
+                h.store
                     .record_mini_epoch(h.run, rec)
-                    .and_then(|_| h.store.save());
-                if let Err(e) = saved {
-                    tracing::warn!(error = %e, "cannot record the rf history");
-                }
-            }
+                    .inspect_err(|e| tracing::warn!(error = %e, "cannot record the rf history"))
+                    .is_ok()
+            });
             s.next = Next::Idle;
             s.policy.on_advance();
-            (old, view)
+            (old, view, recorded == Some(true))
         };
-        self.save_state(name);
+        let locked = t0.elapsed();
+        self.save_session_soon(name, recorded);
         tracing::info!(
             session = name,
             epoch = new.epoch,
@@ -84,6 +95,11 @@ impl Daemon {
             })
             .await;
         }
+        tracing::debug!(
+            locked_us = locked.as_micros() as u64,
+            total_us = t0.elapsed().as_micros() as u64,
+            "switch timing (under the sessions' lock; until the kernel's entries are dropped)"
+        );
         let me = self.me.lock().unwrap().upgrade();
         if self.fs.is_drained(&old) {
             // Deleting a large slot takes a while; the caller must not wait for it. The stager
@@ -218,7 +234,7 @@ impl Daemon {
         metrics: Metrics,
         block: bool,
     ) -> Result<Decision, ProtocolError> {
-        let (reason, want) = {
+        let (reason, want, first_pass_of) = {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;
             if let Some(j) = job {
@@ -251,15 +267,16 @@ impl Daemon {
                 secs: Some(secs),
             }));
             self.check_stall_free(s);
-            if s.passes == 1 && self.read_path_now() == ReadPath::Cached {
-                // The view's data now lives in the mount's page cache.
-                let view = s.view.clone();
-                tokio::task::spawn_blocking(move || FsCore::drop_slot_pages(&view));
-            }
+            // After a first pass on the cached path the view's data lives in the mount's page
+            // cache, and the slot files' pages are a second copy (dropped below unless the
+            // view is retired now: opening every file of a view costs a core for a while,
+            // which a switch must not compete with).
+            let first =
+                (s.passes == 1 && self.read_path_now() == ReadPath::Cached).then(|| s.view.clone());
             if d.verdict == Verdict::Advance {
                 s.advance_wanted = true;
             }
-            (d.reason, s.advance_wanted)
+            (d.reason, s.advance_wanted, first)
         };
         let decision = if !want {
             Choice::Repeat
@@ -272,6 +289,9 @@ impl Daemon {
             session_mut(&mut self.sessions.lock().unwrap(), name)?.bonus_passes += 1;
             Choice::Wait
         };
+        if let Some(view) = first_pass_of.filter(|_| decision != Choice::Advance) {
+            tokio::task::spawn_blocking(move || FsCore::drop_slot_pages(&view));
+        }
         self.events
             .emit(Event::Decision(event::DecisionEvent { decision }));
         // The next pass starts now: time spent blocked for staging is not part of a pass, or
