@@ -558,25 +558,7 @@ impl FsCore {
     }
 
     /// Reads up to `size` bytes at `offset` of a slot file: short only at its end.
-    ///
-    /// The first read of a file larger than one request asks the kernel to read the rest of
-    /// the slot file ahead (`POSIX_FADV_WILLNEED`), in one large I/O started now: the mount's
-    /// own readahead asks for the file a window at a time, each window a round trip through
-    /// the daemon, and the slot file's readahead would ramp up again behind each one, so a
-    /// cold large file otherwise reaches the disk in small, serial reads.
     fn pread(&self, file: &File, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        if offset == 0 {
-            use std::os::fd::AsRawFd;
-            // SAFETY: advice on a descriptor we hold; it reads nothing into our memory.
-            unsafe {
-                libc::posix_fadvise(
-                    file.as_raw_fd(),
-                    size as libc::off_t,
-                    0,
-                    libc::POSIX_FADV_WILLNEED,
-                );
-            }
-        }
         let mut buf = vec![0u8; size as usize];
         let mut done = 0;
         while done < buf.len() {
