@@ -99,6 +99,8 @@ def test_a_reply_the_schema_accepts_parses(cls: type[Any], definition: str) -> N
             reply[name] = {"state": "idle"}
         elif name == "v":
             reply[name] = PROTOCOL_VERSION
+        elif {"type": "null"} in p.get("anyOf", []):
+            reply[name] = None
         else:
             reply[name] = samples.get(kind or "string", "x")
     validator(definition).validate(reply)

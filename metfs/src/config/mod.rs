@@ -127,6 +127,8 @@ pub struct MountConfig {
     pub transform: prefetcher::transform::TransformConfig,
     /// Control socket limits (`[control]`).
     pub control: crate::control::ControlConfig,
+    /// Dynamic sharding (`[dds]`), checked: its queue address parses.
+    pub dds: crate::dds::DdsConfig,
     /// Log file of a background daemon. Default `CACHE/metfs.log`.
     pub log_file: PathBuf,
     /// Run directory for `metfs report` (event log). Default `CACHE/run`; its files are
@@ -240,6 +242,18 @@ impl MountConfig {
                 format!("{} must be a positive number", s.transform.growth),
             ));
         }
+        if let Err(e) = s.dds.queue_url() {
+            return Err(inv("dds.url", e.to_string()));
+        }
+        if s.dds.url.is_some() && s.hdf5_container {
+            return Err(inv(
+                "dds.url",
+                "dynamic sharding takes samples, not HDF5 container rows".into(),
+            ));
+        }
+        if s.dds.shards_per_slot == 0 {
+            return Err(inv("dds.shards_per_slot", "must be at least 1".into()));
+        }
         if !prefetcher::hdf5::AVAILABLE {
             // Refused here, before anything is mounted or staged, naming the setting.
             let asked = if s.hdf5_container {
@@ -303,6 +317,7 @@ impl MountConfig {
             stager: s.stager,
             transform: s.transform,
             control: s.control,
+            dds: s.dds,
             reset: false,
         })
     }

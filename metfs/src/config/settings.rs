@@ -156,6 +156,9 @@ pub struct MountSettings {
     /// `[s3]`.
     #[command(flatten)]
     pub s3: S3Config,
+    /// `[dds]`: dynamic sharding on an etcd queue.
+    #[command(flatten)]
+    pub dds: crate::dds::DdsConfig,
 }
 
 /// The settings whose absence stops a mount (there is no sensible default).

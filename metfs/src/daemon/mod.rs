@@ -55,7 +55,8 @@
 //!
 //! Layout: `store`, `session`, `kernel`, `source` (tier and catalog), `setup` (checks, lock,
 //! policy, resume, first staging), `staging` (the staging loop, eviction, pacing), `switch` (`pass_end`, `advance`,
-//! the switch and kernel invalidation), `status` (status, files, metrics, shutdown), `budget`,
+//! the switch and kernel invalidation), `status` (status, files, metrics, shutdown), `queue`
+//! (with `--dds`, mini-epochs claimed from a shard queue in etcd), `budget`,
 //! `state` (`state.json`, the generation's range).
 
 use std::collections::BTreeMap;
@@ -134,6 +135,9 @@ pub enum DaemonError {
     /// Anything else about the setup.
     #[error("{0}")]
     Setup(String),
+    /// The shard queue (`--dds`) cannot be joined.
+    #[error("dynamic sharding: {0}")]
+    Dds(#[from] crate::dds::DdsError),
 }
 
 /// Files metfs keeps in the cache directory.
@@ -168,6 +172,7 @@ impl CachePaths {
 }
 
 mod kernel;
+mod queue;
 mod session;
 mod setup;
 mod source;
@@ -178,6 +183,7 @@ mod store;
 mod switch;
 
 pub use kernel::KernelCache;
+use queue::{QueueFeed, QueueState};
 pub use session::DEFAULT_SESSION;
 use session::*;
 pub use setup::*;
@@ -213,6 +219,8 @@ pub struct Daemon {
     started: Instant,
     /// A weak handle on the daemon itself, for background tasks started from `&self`.
     me: Mutex<std::sync::Weak<Daemon>>,
+    /// With `--dds`: the node's worker on the shard queue (`queue.rs`).
+    queue: Option<QueueFeed>,
     /// Held while a session's position and rf history are written: each write snapshots
     /// the session under this lock, so writes never land out of order.
     persisting: Mutex<()>,

@@ -68,7 +68,13 @@ pub(super) struct Session {
     pub(super) meter: Meter,
     /// The view this session reads now: the one the filesystem core serves for it.
     pub(super) view: Arc<View>,
+    /// With `--dds`: the batches claimed from the queue (the mini-epoch is then a sequence
+    /// number of this incarnation, the epoch the batch's).
+    pub(super) queue: Option<QueueState>,
 }
+
+/// A successor not claimed from the queue yet: matches no staged slot.
+pub(super) const UNCLAIMED: (u64, u32) = (u64::MAX, u32::MAX);
 
 /// The sessions of a daemon, by name.
 pub(super) type Sessions = BTreeMap<String, Session>;
@@ -127,7 +133,28 @@ impl Session {
 
     /// The mini-epoch after the current one.
     pub(super) fn successor(&self) -> (u64, u32) {
-        successor(self.position(), self.nm)
+        match &self.queue {
+            // From the queue: the claimed batch after the current one, if claimed yet.
+            Some(q) => {
+                let seq = self.mini_epoch.wrapping_add(1);
+                q.batches.get(&seq).map_or(UNCLAIMED, |b| (b.epoch, seq))
+            }
+            None => successor(self.position(), self.nm),
+        }
+    }
+
+    /// The samples of mini-epoch `target` and their footprint: a slice of the epoch's plan,
+    /// or the claimed batch of that sequence (none if it is not claimed).
+    pub(super) fn members(&mut self, store: &Store, target: (u64, u32)) -> (Vec<u32>, u64) {
+        if let Some(q) = &self.queue {
+            return q
+                .batches
+                .get(&target.1)
+                .map_or((Vec::new(), 0), |b| (b.samples.clone(), b.bytes));
+        }
+        let plan = self.plan_of(store, target.0);
+        let me = &plan.mini_epochs[target.1 as usize];
+        (me.samples.clone(), me.bytes)
     }
 
     /// Whether the successor is staged and the view can switch to it now.

@@ -307,7 +307,7 @@ impl Daemon {
             // old one's output. Appended last so the dataset key below is unaffected.
             let transform = cfg.transform.identity();
             format!(
-                "{}|{}|{}|{:?}|{}|{}|{}|{h:016x}{}",
+                "{}|{}|{}|{:?}|{}|{}|{}|{h:016x}{}{}",
                 cfg.source,
                 budget.slot_bytes,
                 nm,
@@ -319,10 +319,14 @@ impl Daemon {
                     String::new()
                 } else {
                     format!("|{transform}")
-                }
+                },
+                // A queue's positions are sequences of one incarnation: never resumed, and
+                // never taken for a static plan's.
+                if cfg.dds.url.is_some() { "|dds" } else { "" }
             )
         };
         let saved = match load_state(&paths.state, cfg.reset)? {
+            Some(_) if cfg.dds.url.is_some() => None,
             Some(s) if s.fingerprint == fingerprint => {
                 s.check_plan(nm).map_err(|e| match e {
                     DaemonError::CorruptState { reason, .. } => DaemonError::CorruptState {
@@ -360,6 +364,49 @@ impl Daemon {
         )
         .with_transform(Transformer::new(&cfg.transform)?);
         stager.clean_tmp()?;
+        // With a queue: join it as a new incarnation of this node and claim the first batch.
+        let queue = match cfg.dds.queue_url()? {
+            Some(url) => {
+                let q = crate::dds::Queue::connect(&url, &cfg.dds.etcd_options()).await?;
+                let samples = crate::dds::dataset::samples(&catalog, footprints.clone());
+                let meta = crate::dds::dataset::queue_meta(
+                    &catalog,
+                    &samples,
+                    cfg.compose,
+                    cfg.seed,
+                    budget.slot_bytes,
+                    cfg.dds.shards_per_slot,
+                )?;
+                let (meta, made) = q.init(&meta).await?;
+                let node = cfg.dds.node(cfg.node_rank);
+                let mut worker = crate::dds::Worker::join(
+                    q,
+                    meta,
+                    Arc::new(samples),
+                    crate::dds::WorkerConfig {
+                        node: node.clone(),
+                        lease_ttl: cfg.dds.lease_ttl(),
+                        depth: 2,
+                        last_epoch: None,
+                    },
+                )
+                .await?;
+                tracing::info!(
+                    queue = %url,
+                    node,
+                    incarnation = worker.holder().inc,
+                    made,
+                    shard_done = %cfg.dds.shard_done,
+                    "dds: joined the shard queue"
+                );
+                let first = QueueFeed::first_batch(&mut worker, budget.slot_bytes).await?;
+                Some((
+                    QueueFeed::new(url.to_string(), cfg.dds.shard_done, worker),
+                    first,
+                ))
+            }
+            None => None,
+        };
         let (epoch, mini_epoch, generation, sequence) = match &saved {
             Some(s) => {
                 tracing::info!(
@@ -369,7 +416,10 @@ impl Daemon {
                 );
                 (s.epoch, s.mini_epoch, s.generation, s.sequence)
             }
-            None => (0, 0, 1, 0),
+            None => match &queue {
+                Some((_, first)) => (first.epoch, 0, 1, 0),
+                None => (0, 0, 1, 0),
+            },
         };
         let cur = (epoch, mini_epoch);
         let succ = successor(cur, nm);
@@ -424,10 +474,16 @@ impl Daemon {
             clusters: catalog.clusters(),
         };
         let plan = Arc::new(planner::plan_epoch(&set, &plan_cfg, epoch)?);
-        let me = &plan.mini_epochs[mini_epoch as usize];
+        let (members, members_bytes) = match &queue {
+            Some((_, first)) => (first.samples.clone(), first.bytes),
+            None => {
+                let me = &plan.mini_epochs[mini_epoch as usize];
+                (me.samples.clone(), me.bytes)
+            }
+        };
         let spec = SlotSpec {
             name: slot_name(cur),
-            samples: me.samples.clone(),
+            samples: members.clone(),
             // A resumed run's successor slot may hold samples of the current one.
             reuse_from: if saved.is_some() {
                 vec![slot_name(succ)]
@@ -440,8 +496,8 @@ impl Daemon {
             slot_bytes = %format_bytes(budget.slot_bytes),
             reserve = %format_bytes(budget.reserve),
             epoch, mini_epoch,
-            files = me.samples.len(),
-            bytes = %format_bytes(me.bytes),
+            files = members.len(),
+            bytes = %format_bytes(members_bytes),
             "staging the first mini-epoch"
         );
         let t = Instant::now();
@@ -470,7 +526,7 @@ impl Daemon {
         if let Some((id, why)) = report.failed.first() {
             // Samples left out are reported; a first mini-epoch with none staged at all is a
             // wrong source or manifest, not a dataset to train on.
-            let (k, n) = (report.failed.len(), me.samples.len());
+            let (k, n) = (report.failed.len(), members.len());
             let what = match &cfg.manifest {
                 Some(m) => format!("manifest {}", m.display()),
                 None => format!("source {}", cfg.source),
@@ -506,7 +562,7 @@ impl Daemon {
                 .iter()
                 .map(|(id, why)| (catalog.path(*id), why.clone())),
         );
-        let view = Arc::new(store.view_for(&plan, cur, generation));
+        let view = Arc::new(store.view_for(&members, cur, generation));
         let mean_sample = catalog.total_bytes() / (catalog.len() as u64).max(1);
         let read_path =
             cfg.read_path
@@ -529,7 +585,7 @@ impl Daemon {
         ));
         let mut plans = BTreeMap::new();
         plans.insert(epoch, plan.clone());
-        store.begin_slot(&slot_name(cur), &me.samples);
+        store.begin_slot(&slot_name(cur), &members);
         store.note_links(&slot_name(cur), &report);
         let session = Session {
             name: DEFAULT_SESSION.to_string(),
@@ -552,6 +608,10 @@ impl Daemon {
             job,
             meter: Meter::new(),
             view,
+            queue: queue.as_ref().map(|(_, first)| QueueState {
+                batches: BTreeMap::from([(0, first.clone())]),
+                ..Default::default()
+            }),
         };
         let (changed, _) = watch::channel(0u64);
         let active_read_path = Arc::new(ActiveReadPath::new(read_path));
@@ -559,6 +619,7 @@ impl Daemon {
             tier_url: tier.url().to_string(),
             me: Mutex::new(std::sync::Weak::new()),
             persisting: Mutex::new(()),
+            queue: queue.map(|(feed, _)| feed),
             paths,
             store,
             sessions: Mutex::new(BTreeMap::from([(DEFAULT_SESSION.to_string(), session)])),

@@ -38,6 +38,8 @@ impl Daemon {
             if self.is_shutting_down() {
                 return;
             }
+            // With a queue: DONE marks, and the successor's claim (outside every lock).
+            let queue_pause = self.serve_queue().await;
             let job = {
                 let mut ss = self.sessions.lock().unwrap();
                 // No byte of a new slot while a retired one still takes space (the budget).
@@ -72,7 +74,8 @@ impl Daemon {
                         _ => None,
                     })
                     .min()
-                    .unwrap_or(Duration::from_secs(5));
+                    .unwrap_or(Duration::from_secs(5))
+                    .min(queue_pause.unwrap_or(Duration::MAX));
                 let _ =
                     tokio::time::timeout(wake.max(Duration::from_millis(50)), rx.changed()).await;
                 continue;
@@ -180,22 +183,23 @@ impl Daemon {
     /// switch would give it now, off the async threads: building a 20,000-file view reads the
     /// slot's journal and takes milliseconds the switch should not.
     async fn prebuild_view(self: Arc<Self>, name: &str, target: (u64, u32)) -> Option<Arc<View>> {
-        let (plan, generation, after) = {
+        let (members, generation, after) = {
             let mut ss = self.sessions.lock().unwrap();
             let s = ss.get_mut(name)?;
             // The switch also looks one mini-epoch further (what the retired slot may keep):
             // that epoch's plan is made here too, unless it is already known.
             let after = successor(target, s.nm);
-            let after = (!s.plans.contains_key(&after.0)).then(|| (after.0, s.plan_cfg.clone()));
+            let after = (s.queue.is_none() && !s.plans.contains_key(&after.0))
+                .then(|| (after.0, s.plan_cfg.clone()));
             (
-                s.plan_of(&self.store, target.0),
+                s.members(&self.store, target).0,
                 next_generation(s.generation),
                 after,
             )
         };
         let me = self.clone();
         let (view, after) = tokio::task::spawn_blocking(move || {
-            let view = Arc::new(me.store.view_for(&plan, target, generation));
+            let view = Arc::new(me.store.view_for(&members, target, generation));
             let after = after.and_then(|(epoch, cfg)| {
                 let p = planner::plan_epoch(&me.store.sample_set(), &cfg, epoch).ok()?;
                 Some((epoch, Arc::new(p)))
@@ -231,23 +235,25 @@ impl Daemon {
         if busy {
             return None;
         }
-        let plan = s.plan_of(&self.store, target.0);
-        let me = &plan.mini_epochs[target.1 as usize];
+        if target == UNCLAIMED {
+            return None;
+        }
+        let (samples, bytes) = s.members(&self.store, target);
         let slot = slot_name(target);
         let progress: Arc<Progress> = Arc::default();
         // Known before the stager starts, so the first rate is paced to it.
-        progress.bytes_total.store(me.bytes, Ordering::Relaxed);
+        progress.bytes_total.store(bytes, Ordering::Relaxed);
         s.next = Next::Staging {
             target,
             slot: slot.clone(),
             progress: progress.clone(),
             started: Instant::now(),
         };
-        self.store.begin_slot(&slot, &me.samples);
+        self.store.begin_slot(&slot, &samples);
         // The store adds its slots as donors (`Store::stage`).
         let spec = SlotSpec {
             name: slot,
-            samples: me.samples.clone(),
+            samples,
             ..Default::default()
         };
         Some(StagingJob {
@@ -255,7 +261,7 @@ impl Daemon {
             target,
             spec,
             progress,
-            bytes: me.bytes,
+            bytes,
         })
     }
 

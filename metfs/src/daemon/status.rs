@@ -182,6 +182,7 @@ impl Daemon {
             last_error,
             failed_samples,
             transform_failed: self.store.stager.transform().map(|t| t.failed()),
+            dds: self.queue.as_ref().map(|q| q.status()),
             source: self.tier_url.clone(),
             mountpoint: self.mountpoint().display().to_string(),
             socket: self.cfg.socket.display().to_string(),

@@ -400,10 +400,10 @@ impl Store {
         b.distinct_bytes(&self.footprints, staging)
     }
 
-    /// Builds the view of mini-epoch `target` of `plan` over its slot, at `generation`: the
-    /// plan's samples less those the slot's journal shows as left out (in container mode, the
-    /// staged container files).
-    pub(super) fn view_for(&self, plan: &EpochPlan, target: (u64, u32), generation: u64) -> View {
+    /// Builds the view of mini-epoch `target` over its slot, at `generation`: its `members`
+    /// (the samples the plan or the queue gave it) less those the slot's journal shows as left
+    /// out (in container mode, the staged container files).
+    pub(super) fn view_for(&self, members: &[u32], target: (u64, u32), generation: u64) -> View {
         let name = slot_name(target);
         if let Some(c) = &self.containers {
             let dir = self.stager.slot_path(&name);
@@ -422,8 +422,7 @@ impl Store {
             return View::from_files(&files, generation, target.0, target.1, &name, &dir);
         }
         let failed = journal_failures(&self.paths.slots, &name);
-        let samples: Vec<u32> = plan.mini_epochs[target.1 as usize]
-            .samples
+        let samples: Vec<u32> = members
             .iter()
             .copied()
             .filter(|s| !failed.contains(s))

@@ -8,7 +8,7 @@ impl Daemon {
     /// switched.
     pub(super) async fn try_switch(&self, name: &str) -> bool {
         let t0 = Instant::now();
-        let (old, new, recorded) = {
+        let (old, new, recorded, retired_batch) = {
             let mut ss = self.sessions.lock().unwrap();
             let Some(s) = ss.get_mut(name) else {
                 return false;
@@ -31,20 +31,22 @@ impl Daemon {
             let view = match prebuilt {
                 Some(v) if v.generation == generation && v.slot == slot => v.clone(),
                 _ => {
-                    let plan = s.plan_of(&self.store, succ.0);
-                    Arc::new(self.store.view_for(&plan, succ, generation))
+                    let members = s.members(&self.store, succ).0;
+                    Arc::new(self.store.view_for(&members, succ, generation))
                 }
             };
             debug_assert_eq!(view.slot, slot);
             s.generation = generation;
             let old = self.fs.switch(view.clone());
-            let after = successor(succ, s.nm);
-            let after_plan = s.plan_of(&self.store, after.0);
-            self.store.retire_slot(
-                old.generation,
-                &old.slot,
-                &after_plan.mini_epochs[after.1 as usize].samples,
-            );
+            // What the retired slot may be kept for: the mini-epoch after the new one (not
+            // known yet from a queue).
+            let after = if s.queue.is_some() {
+                Vec::new()
+            } else {
+                s.members(&self.store, successor(succ, s.nm)).0
+            };
+            self.store.retire_slot(old.generation, &old.slot, &after);
+            let retired_batch = s.queue.as_mut().and_then(|q| q.retire(s.mini_epoch));
             s.view = view.clone();
             s.epoch = succ.0;
             s.mini_epoch = succ.1;
@@ -69,8 +71,11 @@ impl Daemon {
             });
             s.next = Next::Idle;
             s.policy.on_advance();
-            (old, view, recorded == Some(true))
+            (old, view, recorded == Some(true), retired_batch)
         };
+        if let (Some(feed), Some(batch)) = (&self.queue, retired_batch) {
+            feed.mark_done(batch);
+        }
         let locked = t0.elapsed();
         self.save_session_soon(name, recorded);
         tracing::info!(
@@ -276,8 +281,20 @@ impl Daemon {
             if d.verdict == Verdict::Advance {
                 s.advance_wanted = true;
             }
+            // From a queue, with `after-pass`: the view's shards are DONE once read once.
+            if let (Some(feed), Some(q)) = (&self.queue, s.queue.as_mut()) {
+                if s.passes == 1 && feed.shard_done == crate::dds::ShardDone::AfterPass {
+                    if let Some(b) = q.mark(s.mini_epoch) {
+                        feed.mark_done(b);
+                    }
+                }
+            }
             (d.reason, s.advance_wanted, first)
         };
+        if self.queue.is_some() {
+            // A batch may have been handed over to be marked DONE: the staging loop sends it.
+            self.bump();
+        }
         let decision = if !want {
             Choice::Repeat
         } else if self.try_switch(name).await {

@@ -35,7 +35,8 @@
 //!
 //! # Modules
 //!
-//! `url` (addresses and connection options), `dataset` (fingerprint and shard size from a
+//! `url` (addresses and connection options), `mount` (the `[dds]` settings of a mount and
+//! the node name), `dataset` (fingerprint and shard size from a
 //! catalog), `keys` (the key layout and records), `queue`
 //! (make, inspect and reset a queue), `worker` (a node's claims, lease and watch).
 
@@ -45,11 +46,13 @@ use thiserror::Error;
 
 pub mod dataset;
 pub mod keys;
+pub mod mount;
 pub mod queue;
 pub mod url;
 pub mod worker;
 
 pub use keys::{Holder, NodeStats, QueueMeta};
+pub use mount::{DdsConfig, ShardDone};
 pub use queue::{EpochStatus, NodeStatus, Queue, QueueStatus};
 pub use url::{connect, DdsUrl, EtcdOptions};
 pub use worker::{Batch, Claim, DoneReport, OwnedSamples, Worker, WorkerConfig};
@@ -115,6 +118,9 @@ pub enum DdsError {
     /// A node name that cannot be a key component.
     #[error("bad node name {0:?}: use letters, digits, '.', '-' and '_'")]
     BadNode(String),
+    /// Every shard of every epoch of the queue is DONE: there is nothing left to serve.
+    #[error("every shard of the queue is done; make a new queue (another prefix, or `metfs dds reset`) to train again")]
+    Finished,
     /// `reset` while workers are live.
     #[error("the queue at {url} has live workers ({nodes}); stop them first or pass --force")]
     LiveWorkers { url: String, nodes: String },

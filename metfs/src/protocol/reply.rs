@@ -22,6 +22,43 @@ pub struct Hello {
     pub job: Option<String>,
 }
 
+/// A node's worker on a dynamic-sharding queue (`metfs mount --dds`), in `status`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DdsStatus {
+    /// The queue's address.
+    pub url: String,
+    /// This node's name in the queue.
+    pub node: String,
+    /// This daemon's incarnation of the node (a restart is a new one).
+    pub incarnation: u64,
+    /// When a view's shards are marked DONE: `after-pass` or `after-rf`.
+    pub shard_done: String,
+    /// The epoch this worker claims from.
+    pub epoch: u64,
+    /// Shards per epoch.
+    pub shards: u32,
+    /// The node's totals over the queue's life (every incarnation): shards and samples
+    /// claimed and marked done, and shards lost (given back before they were marked done:
+    /// their samples may be read twice).
+    pub claimed_shards: u64,
+    pub claimed_samples: u64,
+    pub done_shards: u64,
+    pub done_samples: u64,
+    pub lost_shards: u64,
+    /// Samples marked done per second of the node's working time (its speed `v_i` for
+    /// ADJUST_BS).
+    pub samples_per_sec: f64,
+    /// Batches handed over and not yet marked done in etcd.
+    pub pending_done: u64,
+    /// Round trips to etcd made by this worker, and their total time.
+    pub etcd_round_trips: u64,
+    pub etcd_secs: f64,
+    /// Every shard of the queue is DONE: the view keeps serving, nothing more is claimed.
+    pub finished: bool,
+    /// The last etcd error, cleared by the next round trip that succeeds.
+    pub last_error: Option<String>,
+}
+
 /// The answer to `status`: where the job is, what the cache holds, how staging goes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Status {
@@ -109,6 +146,9 @@ pub struct Status {
     /// out of its mini-epoch; `null` without a transform.
     #[serde(default)]
     pub transform_failed: Option<u64>,
+    /// With `--dds`: this node's worker on the shard queue; `null` without.
+    #[serde(default)]
+    pub dds: Option<DdsStatus>,
     /// The capacity tier's URL.
     pub source: String,
     /// Where the view is mounted.

@@ -1,0 +1,260 @@
+//! The queue feed (`metfs mount --dds`): the session's mini-epochs are the batches its node's
+//! [`Worker`] claims from the shard queue in etcd (`crate::dds`), not slices of its own plan.
+//!
+//! * **Positions.** From a queue, a session's mini-epoch is a sequence number of this daemon
+//!   (0 for the first batch, then 1, 2, ...) and its epoch is the batch's. The successor is
+//!   the batch claimed after the current one; until it is claimed there is none
+//!   ([`UNCLAIMED`]), and `pass_end` answers `wait` (a bonus pass), as for a successor still
+//!   staging. A restarted daemon is a new incarnation: it keeps no slot or position of the
+//!   one before (their shards went back to the queue with its lease) and starts from its
+//!   next claim.
+//! * **One talker.** Only the staging loop talks to etcd, through [`Daemon::serve_queue`]
+//!   at the top of each round: first it marks DONE the batches handed over (a claim is
+//!   refused while the worker holds two batches, the view and the successor), then it claims
+//!   the successor when there is none, for at most one slot's bytes. `pass_end` and the switch
+//!   only hand batches over ([`QueueFeed::mark_done`]), so no request waits for etcd.
+//! * **DONE.** With `after-pass` (the default) at the end of the view's first pass, with
+//!   `after-rf` when the view retires. A batch is handed over once ([`QueueState::mark`]).
+//! * **etcd away.** The view keeps serving (bonus passes), DONE marks wait in order and are
+//!   sent again, claims are retried every two seconds, and `status` shows the worker's last
+//!   error until a round trip succeeds.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicBool;
+
+use super::*;
+use crate::dds::{Batch, Claim, DdsError, ShardDone, Worker};
+use crate::protocol::reply::DdsStatus;
+
+/// A session's batches when it reads from a queue.
+#[derive(Debug, Default)]
+pub(super) struct QueueState {
+    /// Batches by sequence number: the current view's and the claimed successor's.
+    pub(super) batches: BTreeMap<u32, Batch>,
+    /// Sequences whose batch was handed over to be marked DONE.
+    pub(super) marked: BTreeSet<u32>,
+}
+
+impl QueueState {
+    /// The batch of sequence `seq`, to be marked DONE now, unless it was already.
+    pub(super) fn mark(&mut self, seq: u32) -> Option<Batch> {
+        let b = self.batches.get(&seq)?.clone();
+        self.marked.insert(seq).then_some(b)
+    }
+
+    /// Forgets the batch of the retired sequence `seq`; returns it if it still needs its DONE
+    /// mark (`after-rf`, or a view retired before its first pass ended).
+    pub(super) fn retire(&mut self, seq: u32) -> Option<Batch> {
+        let b = self.batches.remove(&seq)?;
+        let first = self.marked.insert(seq);
+        // Only the view and its successor are ever live: older marks are not needed again.
+        self.marked.retain(|&s| s >= seq);
+        first.then_some(b)
+    }
+}
+
+/// A daemon's worker on its queue, and what the staging loop has still to send.
+pub(super) struct QueueFeed {
+    /// The queue's address, for `status`.
+    pub(super) url: String,
+    pub(super) shard_done: ShardDone,
+    worker: tokio::sync::Mutex<Worker>,
+    /// Batches to mark DONE, oldest first.
+    pending_done: Mutex<Vec<Batch>>,
+    /// Every shard of every epoch is DONE: nothing more to claim.
+    finished: AtomicBool,
+    /// What `status` shows, refreshed after each round of [`Daemon::serve_queue`].
+    snapshot: Mutex<DdsStatus>,
+}
+
+impl QueueFeed {
+    pub(super) fn new(url: String, shard_done: ShardDone, worker: Worker) -> Self {
+        let feed = Self {
+            url,
+            shard_done,
+            worker: tokio::sync::Mutex::new(worker),
+            pending_done: Mutex::default(),
+            finished: AtomicBool::new(false),
+            snapshot: Mutex::default(),
+        };
+        if let Ok(w) = feed.worker.try_lock() {
+            feed.refresh(&w);
+        }
+        feed
+    }
+
+    /// Hands `batch` over to be marked DONE by the staging loop.
+    pub(super) fn mark_done(&self, batch: Batch) {
+        self.pending_done.lock().unwrap().push(batch);
+    }
+
+    /// The worker's state for `status`.
+    pub(super) fn status(&self) -> DdsStatus {
+        self.snapshot.lock().unwrap().clone()
+    }
+
+    fn refresh(&self, w: &Worker) {
+        let st = w.stats();
+        let (round_trips, etcd) = w.etcd_time();
+        *self.snapshot.lock().unwrap() = DdsStatus {
+            url: self.url.clone(),
+            node: w.holder().node.clone(),
+            incarnation: w.holder().inc,
+            shard_done: self.shard_done.to_string(),
+            epoch: w.epoch(),
+            shards: w.meta().shards,
+            claimed_shards: st.claimed_shards,
+            claimed_samples: st.claimed_samples,
+            done_shards: st.done_shards,
+            done_samples: st.done_samples,
+            lost_shards: st.lost_shards,
+            samples_per_sec: st.throughput(),
+            pending_done: self.pending_done.lock().unwrap().len() as u64,
+            etcd_round_trips: round_trips,
+            etcd_secs: etcd.as_secs_f64(),
+            finished: self.finished.load(Ordering::Relaxed),
+            last_error: w.last_error(),
+        };
+    }
+
+    /// Claims the first batch of a mount (waiting while every shard left is held elsewhere).
+    pub(super) async fn first_batch(
+        worker: &mut Worker,
+        max_bytes: u64,
+    ) -> Result<Batch, DdsError> {
+        loop {
+            match worker.claim(max_bytes).await? {
+                Claim::Batch(b) => return Ok(b),
+                Claim::Wait => worker.wait(Duration::from_secs(1)).await,
+                Claim::Finished => return Err(DdsError::Finished),
+            }
+        }
+    }
+}
+
+/// Pause before the next try after etcd failed.
+const RETRY: Duration = Duration::from_secs(2);
+
+impl Daemon {
+    /// One round of the queue feed (see the module doc): sends the DONE marks handed over,
+    /// then claims the default session's successor if it has none. Returns how long the
+    /// staging loop may sleep before the next round if nothing else wakes it (`None`: no
+    /// queue, or nothing to wait for).
+    pub(super) async fn serve_queue(&self) -> Option<Duration> {
+        let feed = self.queue.as_ref()?;
+        let mut w = feed.worker.lock().await;
+        let pause = self.serve_queue_round(feed, &mut w).await;
+        feed.refresh(&w);
+        pause
+    }
+
+    async fn serve_queue_round(&self, feed: &QueueFeed, w: &mut Worker) -> Option<Duration> {
+        let pending = std::mem::take(&mut *feed.pending_done.lock().unwrap());
+        let mut left = pending.into_iter();
+        while let Some(b) = left.next() {
+            match w.done(&b).await {
+                Ok(r) => {
+                    if !r.lost.is_empty() {
+                        tracing::warn!(
+                            epoch = b.epoch,
+                            shards = ?r.lost,
+                            "dds: these shards went back to the queue before they were marked done (the lease expired); another node reads them again"
+                        );
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "dds: cannot mark shards done; retrying");
+                    self.store.note_error(format!("dds: {e}"));
+                    let mut back = vec![b];
+                    back.extend(left);
+                    let mut p = feed.pending_done.lock().unwrap();
+                    back.append(&mut p);
+                    *p = back;
+                    return Some(RETRY);
+                }
+            }
+        }
+        if feed.finished.load(Ordering::Relaxed) {
+            return None;
+        }
+        let wanted = {
+            let ss = self.sessions.lock().unwrap();
+            ss.get(DEFAULT_SESSION).is_some_and(|s| {
+                s.queue
+                    .as_ref()
+                    .is_some_and(|q| !q.batches.contains_key(&s.mini_epoch.wrapping_add(1)))
+            })
+        };
+        if !wanted {
+            return None;
+        }
+        match w.claim(self.store.budget.slot_bytes).await {
+            Ok(Claim::Batch(b)) => {
+                tracing::info!(
+                    epoch = b.epoch,
+                    shards = b.shards.len(),
+                    samples = b.samples.len(),
+                    bytes = %format_bytes(b.bytes),
+                    "dds: claimed the next mini-epoch"
+                );
+                let mut ss = self.sessions.lock().unwrap();
+                if let Some(s) = ss.get_mut(DEFAULT_SESSION) {
+                    let seq = s.mini_epoch.wrapping_add(1);
+                    if let Some(q) = s.queue.as_mut() {
+                        q.batches.insert(seq, b);
+                    }
+                }
+                None
+            }
+            Ok(Claim::Wait) => {
+                w.wait(Duration::from_secs(1)).await;
+                Some(Duration::ZERO)
+            }
+            Ok(Claim::Finished) => {
+                tracing::info!("dds: every shard of the queue is done; the view keeps serving");
+                feed.finished.store(true, Ordering::Relaxed);
+                None
+            }
+            Err(DdsError::StillHolding { .. }) => Some(Duration::from_millis(200)),
+            Err(e) => {
+                tracing::warn!(error = %e, "dds: cannot claim the next mini-epoch; the view keeps serving, retrying");
+                self.store.note_error(format!("dds: {e}"));
+                Some(RETRY)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(epoch: u64) -> Batch {
+        Batch {
+            epoch,
+            shards: vec![1],
+            lengths: vec![1],
+            samples: vec![7],
+            bytes: 4096,
+            holder: crate::dds::Holder {
+                node: "n".into(),
+                inc: 1,
+            },
+        }
+    }
+
+    #[test]
+    fn a_batch_is_handed_over_once() {
+        let mut q = QueueState::default();
+        q.batches.insert(0, batch(0));
+        q.batches.insert(1, batch(0));
+        // after-pass: marked at the first pass, not again when it retires.
+        assert!(q.mark(0).is_some());
+        assert!(q.mark(0).is_none());
+        assert!(q.retire(0).is_none());
+        // after-rf: marked when it retires.
+        assert_eq!(q.retire(1).map(|b| b.epoch), Some(0));
+        assert!(q.batches.is_empty());
+        assert!(q.mark(2).is_none(), "nothing claimed under 2");
+    }
+}

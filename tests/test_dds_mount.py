@@ -1,0 +1,172 @@
+"""Dynamic sharding through real mounts (`metfs mount --dds`): several daemons on one etcd
+queue, each with a real FUSE mount and a reader that records every (epoch, path, sha256) it
+reads through it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from conftest import Etcd, Mount
+
+sys.path.insert(0, str(Path(__file__).parent / "stress"))
+import dds_faults  # noqa: E402
+
+
+def make_dataset(root: Path, n: int) -> dict[str, str]:
+    """`n` files of 6-20 KiB in 4 class directories: {path: sha256}."""
+    rng = random.Random(5)
+    digests = {}
+    for i in range(n):
+        rel = f"c{i % 4}/s{i:04d}.bin"
+        data = rng.randbytes(rng.randrange(6 << 10, 20 << 10))
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        digests[rel] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
+class Reader(threading.Thread):
+    """Reads every file of its node's view once per view (the first pass), checks nothing
+    itself, records (epoch, path, sha256), and ends passes until told to stop."""
+
+    def __init__(self, m: Mount) -> None:
+        super().__init__(daemon=True)
+        self.m = m
+        self.reads: list[tuple[int, str, str]] = []
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            seen: set[int] = set()
+            while not self.stop.is_set():
+                v = self.m.files()
+                if v["generation"] not in seen:
+                    seen.add(v["generation"])
+                    for rel in v["files"]:
+                        data = (self.m.mountpoint / rel).read_bytes()
+                        self.reads.append((v["epoch"], rel, hashlib.sha256(data).hexdigest()))
+                r = self.m.pass_end()
+                if r["decision"] != "advance":
+                    time.sleep(0.02)
+        except (OSError, AssertionError, ConnectionError, json.JSONDecodeError) as e:
+            if not self.stop.is_set():
+                self.error = e
+
+
+def done_shards(etcd: Etcd, prefix: str, epoch: int) -> list[dict[str, Any]]:
+    return [json.loads(v) for _, v in dds_faults.etcd_range(etcd, f"{prefix}/done/{epoch:010}/")]
+
+
+def shards(etcd: Etcd, prefix: str) -> int:
+    return int(json.loads(dds_faults.etcd_range(etcd, f"{prefix}/meta")[0][1])["shards"])
+
+
+def wait_epoch_done(etcd: Etcd, prefix: str, epoch: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while len(done_shards(etcd, prefix, epoch)) < shards(etcd, prefix):
+        assert time.monotonic() < deadline, f"epoch {epoch} not done: {len(done_shards(etcd, prefix, epoch))}/{shards(etcd, prefix)}"
+        time.sleep(0.1)
+
+
+def dds_mounts(mounts: Any, src: Path, etcd: Etcd, prefix: str, n: int, *extra: str) -> list[Mount]:
+    return [
+        mounts(src, "2MiB", "--dds", etcd.url(prefix), "--node-name", f"n{i}", "--rf", "1",
+               "--compose", "stratified", "--dds-lease-ttl-secs", "2", *extra, name=f"n{i}")
+        for i in range(n)
+    ]
+
+
+def test_two_nodes_share_an_epoch_each_sample_once(mounts: Any, etcd: Etcd, tmp_path: Path) -> None:
+    src = tmp_path / "tier"
+    digests = make_dataset(src, 120)
+    ms = dds_mounts(mounts, src, etcd, "two", 2)
+    for m in ms:
+        m.mount()
+    st = ms[0].status()
+    assert st["dds"]["node"] == "n0" and st["dds"]["url"] == etcd.url("two"), st["dds"]
+    readers = [Reader(m) for m in ms]
+    for r in readers:
+        r.start()
+    wait_epoch_done(etcd, "two", 0, 90)
+    for r in readers:
+        r.stop.set()
+    for r in readers:
+        r.join(timeout=30)
+        assert r.error is None, r.error
+    epoch0 = [(p, h) for r in readers for (e, p, h) in r.reads if e == 0]
+    paths = [p for p, _ in epoch0]
+    # Every sample of the epoch was read, through one node or the other, exactly once, with
+    # the tier's bytes; both nodes took part.
+    assert sorted(paths) == sorted(digests), (len(paths), len(digests))
+    assert all(digests[p] == h for p, h in epoch0)
+    assert all(any(e == 0 for e, _, _ in r.reads) for r in readers)
+    holders = {d["node"] for d in done_shards(etcd, "two", 0)}
+    assert holders == {"n0", "n1"}, holders
+    st = ms[1].status()["dds"]
+    assert st["done_shards"] > 0 and st["last_error"] is None, st
+
+
+def test_a_killed_node_loses_no_sample(mounts: Any, etcd: Etcd, tmp_path: Path) -> None:
+    """One of two daemons is `kill -9`ed with its reader mid-epoch: its DOING shards go back to
+    the queue when its lease expires and the other node reads them; nothing is lost."""
+    src = tmp_path / "tier"
+    digests = make_dataset(src, 120)
+    ms = dds_mounts(mounts, src, etcd, "kill", 2, "--shard-done", "after-rf")
+    for m in ms:
+        m.mount()
+    readers = [Reader(m) for m in ms]
+    for r in readers:
+        r.start()
+    # Kill node 1 once it has read something but before the epoch ends.
+    deadline = time.monotonic() + 60
+    while not readers[1].reads:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    pid = ms[1].pid()
+    readers[1].stop.set()
+    os.kill(pid, signal.SIGKILL)
+    subprocess.run(["umount", "-l", str(ms[1].mountpoint)], capture_output=True)
+    wait_epoch_done(etcd, "kill", 0, 90)
+    readers[0].stop.set()
+    readers[0].join(timeout=30)
+    assert readers[0].error is None, readers[0].error
+    read = {p for r in readers for (e, p, h) in r.reads if e == 0 and digests[p] == h}
+    assert read == set(digests), sorted(set(digests) - read)
+    # Every shard of the epoch is DONE exactly once, each sample once among them.
+    done = done_shards(etcd, "kill", 0)
+    assert len(done) == shards(etcd, "kill")
+    st = ms[0].status()["dds"]
+    assert st["done_shards"] >= 1 and st["last_error"] is None, st
+
+
+def test_an_unreachable_etcd_is_a_clear_error(mounts: Any, tmp_path: Path) -> None:
+    src = tmp_path / "tier"
+    make_dataset(src, 8)
+    m = mounts(src, "2MiB", "--dds", "etcd://127.0.0.1:9/q", "--dds-timeout-secs", "1")
+    r = m.mount(check=False)
+    assert r.returncode != 0
+    assert "127.0.0.1:9" in r.stderr and "unreachable" in r.stderr, r.stderr
+
+
+def test_a_queue_of_another_dataset_is_refused(mounts: Any, etcd: Etcd, tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_dataset(a, 40)
+    make_dataset(b, 50)
+    first = mounts(a, "2MiB", "--dds", etcd.url("same"), "--node-name", "x", name="a")
+    first.mount()
+    other = mounts(b, "2MiB", "--dds", etcd.url("same"), "--node-name", "y", name="b")
+    r = other.mount(check=False)
+    assert r.returncode != 0
+    assert "was made for" in r.stderr and etcd.url("same") in r.stderr, r.stderr
