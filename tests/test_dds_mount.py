@@ -19,7 +19,7 @@ from typing import Any
 from conftest import Etcd, Mount
 
 sys.path.insert(0, str(Path(__file__).parent / "stress"))
-import dds_faults  # noqa: E402
+import dds_faults
 
 
 def make_dataset(root: Path, n: int) -> dict[str, str]:
@@ -137,7 +137,7 @@ def test_a_killed_node_loses_no_sample(mounts: Any, etcd: Etcd, tmp_path: Path) 
     pid = ms[1].pid()
     readers[1].stop.set()
     os.kill(pid, signal.SIGKILL)
-    subprocess.run(["umount", "-l", str(ms[1].mountpoint)], capture_output=True)
+    subprocess.run(["umount", "-l", str(ms[1].mountpoint)], capture_output=True, check=False)
     wait_epoch_done(etcd, "kill", 0, 90)
     readers[0].stop.set()
     readers[0].join(timeout=30)
@@ -170,3 +170,41 @@ def test_a_queue_of_another_dataset_is_refused(mounts: Any, etcd: Etcd, tmp_path
     r = other.mount(check=False)
     assert r.returncode != 0
     assert "was made for" in r.stderr and etcd.url("same") in r.stderr, r.stderr
+
+
+def test_etcd_lost_mid_run_the_view_keeps_serving(mounts: Any, etcd: Etcd, tmp_path: Path) -> None:
+    """etcd is `kill -9`ed under a running node: reads of the view go on, `pass_end` keeps
+    answering (repeat or wait: bonus passes), status names the error; once etcd is back on
+    its data directory the node marks its shards done and moves on."""
+    src = tmp_path / "tier"
+    digests = make_dataset(src, 120)
+    (m,) = dds_mounts(mounts, src, etcd, "outage", 1)
+    m.mount()
+    m.wait_next_ready()
+    etcd.kill()
+    seen = set()
+    deadline = time.monotonic() + 60
+    while True:
+        v = m.files()
+        for rel in v["files"]:
+            assert hashlib.sha256((m.mountpoint / rel).read_bytes()).hexdigest() == digests[rel]
+        seen.add(v["generation"])
+        r = m.pass_end()
+        assert r["decision"] in ("repeat", "wait", "advance"), r
+        err = m.status()["dds"]["last_error"]
+        if err and len(seen) >= 2:
+            break
+        assert time.monotonic() < deadline, m.status()
+        time.sleep(0.05)
+    assert "etcd" in err, err
+    # Back on its data directory: the queue is as it was, the node goes on.
+    etcd.start()
+    before = m.status()["dds"]["done_shards"]
+    deadline = time.monotonic() + 60
+    while True:
+        m.pass_end()
+        st = m.status()["dds"]
+        if st["last_error"] is None and st["done_shards"] > before and st["pending_done"] == 0:
+            break
+        assert time.monotonic() < deadline, st
+        time.sleep(0.1)
