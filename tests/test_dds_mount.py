@@ -208,3 +208,13 @@ def test_etcd_lost_mid_run_the_view_keeps_serving(mounts: Any, etcd: Etcd, tmp_p
             break
         assert time.monotonic() < deadline, st
         time.sleep(0.1)
+
+
+def test_a_short_fault_trial_through_mounts(tmp_path: Path) -> None:
+    """One trial of `tests/stress/dds_mount_faults.py` (three mounts, `kill -9` of two daemons and
+    of etcd, two epochs): no sample lost, every shard DONE once, every double read in a killed
+    node's views, shards of a dead node back within the lease and a second."""
+    import dds_mount_faults
+
+    r = dds_mount_faults.run_trial(3, tmp_path, n_samples=240, kills=2, etcd_kills=1)
+    assert r["samples_lost"] == 0 and r["epochs"] == 2, r

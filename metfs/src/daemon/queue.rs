@@ -65,6 +65,9 @@ pub(super) struct QueueFeed {
     finished: AtomicBool,
     /// What `status` shows, refreshed after each round of [`Daemon::serve_queue`].
     snapshot: Mutex<DdsStatus>,
+    /// After a failed round trip, etcd is not asked again before this (the staging loop also
+    /// wakes for every `pass_end`).
+    retry_at: Mutex<Option<Instant>>,
 }
 
 impl QueueFeed {
@@ -76,6 +79,7 @@ impl QueueFeed {
             pending_done: Mutex::default(),
             finished: AtomicBool::new(false),
             snapshot: Mutex::default(),
+            retry_at: Mutex::default(),
         };
         if let Ok(w) = feed.worker.try_lock() {
             feed.refresh(&w);
@@ -142,8 +146,15 @@ impl Daemon {
     /// queue, or nothing to wait for).
     pub(super) async fn serve_queue(&self) -> Option<Duration> {
         let feed = self.queue.as_ref()?;
+        if let Some(at) = *feed.retry_at.lock().unwrap() {
+            let left = at.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
+                return Some(left);
+            }
+        }
         let mut w = feed.worker.lock().await;
         let pause = self.serve_queue_round(feed, &mut w).await;
+        *feed.retry_at.lock().unwrap() = (pause == Some(RETRY)).then(|| Instant::now() + RETRY);
         feed.refresh(&w);
         pause
     }

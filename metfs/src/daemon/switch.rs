@@ -239,7 +239,7 @@ impl Daemon {
         metrics: Metrics,
         block: bool,
     ) -> Result<Decision, ProtocolError> {
-        let (reason, want, first_pass_of) = {
+        let (reason, want, first_pass_of, handed) = {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;
             if let Some(j) = job {
@@ -282,17 +282,19 @@ impl Daemon {
                 s.advance_wanted = true;
             }
             // From a queue, with `after-pass`: the view's shards are DONE once read once.
+            let mut handed = false;
             if let (Some(feed), Some(q)) = (&self.queue, s.queue.as_mut()) {
                 if s.passes == 1 && feed.shard_done == crate::dds::ShardDone::AfterPass {
                     if let Some(b) = q.mark(s.mini_epoch) {
                         feed.mark_done(b);
+                        handed = true;
                     }
                 }
             }
-            (d.reason, s.advance_wanted, first)
+            (d.reason, s.advance_wanted, first, handed)
         };
-        if self.queue.is_some() {
-            // A batch may have been handed over to be marked DONE: the staging loop sends it.
+        if handed {
+            // The staging loop sends the DONE mark.
             self.bump();
         }
         let decision = if !want {

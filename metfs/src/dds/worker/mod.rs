@@ -354,11 +354,24 @@ impl Worker {
             });
         }
         let r = self.claim_inner(max_bytes).await;
-        match &r {
-            Ok(_) => self.shared.ok(),
-            Err(e) => self.shared.error(e),
-        }
+        self.after(&r);
         r
+    }
+
+    /// Records the outcome of a call for `last_error`. An answer that the lease is gone (it
+    /// expired while etcd was away, or etcd lost it) makes the next call join again: the
+    /// keep-alive may not have seen it yet, and every claim under the old lease would fail.
+    fn after<T>(&self, r: &Result<T, DdsError>) {
+        match r {
+            Ok(_) => self.shared.ok(),
+            Err(e) => {
+                if matches!(e, DdsError::Etcd { source, .. } if source.to_string().contains("lease not found"))
+                {
+                    self.shared.lease_lost.store(true, Ordering::Release);
+                }
+                self.shared.error(e)
+            }
+        }
     }
 
     async fn claim_inner(&mut self, max_bytes: u64) -> Result<Claim, DdsError> {
@@ -642,10 +655,7 @@ impl Worker {
     /// transaction; the others are reported lost.
     pub async fn done(&mut self, batch: &Batch) -> Result<DoneReport, DdsError> {
         let r = self.done_inner(batch).await;
-        match &r {
-            Ok(_) => self.shared.ok(),
-            Err(e) => self.shared.error(e),
-        }
+        self.after(&r);
         r
     }
 
