@@ -218,3 +218,44 @@ def test_a_short_fault_trial_through_mounts(tmp_path: Path) -> None:
 
     r = dds_mount_faults.run_trial(3, tmp_path, n_samples=240, kills=2, etcd_kills=1)
     assert r["samples_lost"] == 0 and r["epochs"] == 2, r
+
+
+def test_the_local_batch_size_comes_from_the_daemons(
+    mounts: Any, etcd: Etcd, tmp_path: Path, metfs: str, monkeypatch: Any
+) -> None:
+    """ADJUST_BS through the real Python package: each rank's callback object asks its own
+    daemon for the queue and its node, and the sizes of the two ranks add up to the global
+    batch."""
+    pkg = str(Path(__file__).resolve().parents[1] / "bindings" / "python" / "src")
+    sys.path.insert(0, pkg)
+    import metfs as pkg_metfs
+
+    monkeypatch.setenv("METFS_BIN", metfs)
+    src = tmp_path / "tier"
+    make_dataset(src, 120)
+    ms = dds_mounts(mounts, src, etcd, "bs", 2)
+    for m in ms:
+        m.mount()
+    readers = [Reader(m) for m in ms]
+    for r in readers:
+        r.start()
+    wait_epoch_done(etcd, "bs", 0, 90)
+    for r in readers:
+        r.stop.set()
+        r.join(timeout=30)
+    env = dict(os.environ)
+    sizes = []
+    for m in ms:
+        with pkg_metfs.Client(m.socket) as c:
+            sizes.append(pkg_metfs.Passes(c).local_batch_size(64))
+    assert sum(sizes) == 64 and min(sizes) >= 1, sizes
+    # Without --dds there is no queue: a clear error.
+    plain = mounts(src, "2MiB", name="plain")
+    plain.mount()
+    with pkg_metfs.Client(plain.socket) as c:
+        try:
+            pkg_metfs.dds.local_batch_size(c, 64, env=env)
+        except ValueError as e:
+            assert "--dds" in str(e)
+        else:
+            raise AssertionError("a mount without --dds gave a batch size")

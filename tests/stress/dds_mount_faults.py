@@ -8,8 +8,9 @@ Each trial runs until two epochs are DONE and checks, from etcd's records and th
 * every shard of both epochs is DONE exactly once, none TODO or DOING;
 * 0 samples lost: every sample of each epoch was read through some mount, and every digest read
   equals the tier's;
-* every sample read twice in an epoch was in a view of a killed incarnation (its shards went back
-  to the queue and another node read them again);
+* every sample read twice in an epoch was in a view of an incarnation that was killed or lost its
+  lease (etcd away longer than the lease): its shards went back to the queue and another node
+  read them again;
 * a killed node's DOING shards went back to TODO within the lease TTL and one second (measured
   when another node was alive to notice; kills soon after etcd's restart apart, since etcd
   renews every lease when it becomes leader).
@@ -77,6 +78,9 @@ class Node:
         self.m.cache.mkdir(parents=True, exist_ok=True)
         self.inc = 0
         self.killed_incs: list[int] = []
+        # Every incarnation seen (a restart, or joining again after a lost lease).
+        self.incs: set[int] = set()
+        self.starts = 0
         # (inc, epoch, path, sha256) of every first-pass read.
         self.reads: list[tuple[int, int, str, str]] = []
         self.thread: threading.Thread | None = None
@@ -88,6 +92,8 @@ class Node:
             subprocess.run(["umount", "-l", str(self.m.mountpoint)], capture_output=True, check=False)
         self.m.mount()
         self.inc = int(self.m.status()["dds"]["incarnation"])
+        self.incs.add(self.inc)
+        self.starts += 1
         self.alive = True
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.read_loop, args=(self.inc, self.stop), daemon=True)
@@ -100,6 +106,10 @@ class Node:
                 v = self.m.files()
                 if v["generation"] not in seen:
                     seen.add(v["generation"])
+                    # The incarnation now: a node that lost its lease (etcd away longer than
+                    # it) joined again as a new one, and its old claims went back to the queue.
+                    inc = int(self.m.status()["dds"]["incarnation"])
+                    self.incs.add(inc)
                     got = []
                     for rel in v["files"]:
                         data = (self.m.mountpoint / rel).read_bytes()
@@ -239,16 +249,18 @@ def check(seed: int, etcd: Etcd, prefix: str, nodes: list[Node], digests: dict[s
         count: Counter[str] = Counter()
         killed_paths: set[str] = set()
         for n in nodes:
+            # Incarnations that died or were replaced (their DOING shards went back).
+            ended = set(n.killed_incs) | {i for i in n.incs if i < max(n.incs)}
             for inc, re_, p, _ in n.reads:
                 if re_ == e:
                     count[p] += 1
-                    if inc in n.killed_incs:
+                    if inc in ended:
                         killed_paths.add(p)
         lost = sorted(set(digests) - set(count))
         assert not lost, f"epoch {e}: {len(lost)} samples lost, e.g. {lost[:5]}: {log}"
         twice = [p for p, c in count.items() if c > 1]
         outside = [p for p in twice if p not in killed_paths]
-        assert not outside, f"epoch {e}: read twice outside a killed node's views: {outside[:5]}: {log}"
+        assert not outside, f"epoch {e}: read twice outside the views of ended incarnations: {outside[:5]}: {log}"
         read_twice += len(twice)
         by_killed += len(killed_paths)
     worst = max(requeue_s, default=0.0)
@@ -263,7 +275,8 @@ def check(seed: int, etcd: Etcd, prefix: str, nodes: list[Node], digests: dict[s
         "samples_lost": 0, "read_twice": read_twice, "read_by_killed_incarnations": by_killed,
         "requeue_s": [round(x, 2) for x in requeue_s],
         "requeue_after_etcd_restart_s": [round(x, 2) for x in requeue_after_etcd_s],
-        "reads_per_node": dict(per_node), "events": log,
+        "reads_per_node": dict(per_node),
+        "lease_rejoins": sum(len(n.incs) - n.starts for n in nodes), "events": log,
     }
 
 
@@ -287,6 +300,7 @@ def main() -> None:
         "read_by_killed_incarnations": sum(r["read_by_killed_incarnations"] for r in results),
         "requeue_s_max": max((x for r in results for x in r["requeue_s"]), default=None),
         "requeue_s_measured": sum(len(r["requeue_s"]) for r in results),
+        "lease_rejoins": sum(r["lease_rejoins"] for r in results),
         "median_trial_s": sorted(r["seconds"] for r in results)[len(results) // 2],
     }
     print(json.dumps(summary))

@@ -6,7 +6,9 @@ throughput: ``B_i = B * v_i / sum(v)``, rounded so that the sizes add up to the 
 ``B`` exactly (largest remainders; every rank keeps at least one sample while ``B`` allows).
 
 :func:`local_batch_sizes` is that rule on its own; :func:`queue_throughputs` reads each node's
-throughput (samples per second of its working time) from ``metfs dds status --json``.
+throughput (samples per second of its working time) from ``metfs dds status --json``;
+:func:`local_batch_size` is this node's size, with the queue's address and the node's name taken
+from its own daemon (``metfs mount --dds``), as the callbacks' ``local_batch_size`` gives it.
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ import math
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["local_batch_sizes", "queue_throughputs"]
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = ["local_batch_size", "local_batch_sizes", "queue_throughputs"]
 
 
 def local_batch_sizes(global_batch: int, throughputs: Sequence[float]) -> list[int]:
@@ -51,11 +57,16 @@ def local_batch_sizes(global_batch: int, throughputs: Sequence[float]) -> list[i
 
 
 def queue_throughputs(
-    url: str, metfs: str | None = None, env: Mapping[str, str] | None = None
+    url: str,
+    metfs: str | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    live_only: bool = False,
 ) -> dict[str, float]:
     """Each node's throughput on the queue at ``url`` (``etcd://HOST:PORT/PREFIX``), by node
     name, from ``metfs dds status --json`` (``metfs`` is the binary: ``METFS_BIN`` or the one on
-    ``PATH``). Raises ``RuntimeError`` with metfs's message if the status cannot be read."""
+    ``PATH``); with ``live_only``, only the nodes holding a lease now. Raises ``RuntimeError``
+    with metfs's message if the status cannot be read."""
     exe = metfs or os.environ.get("METFS_BIN", "metfs")
     r = subprocess.run(
         [exe, "dds", "status", url, "--json"],
@@ -68,4 +79,29 @@ def queue_throughputs(
     if r.returncode != 0:
         raise RuntimeError(r.stderr.strip() or f"metfs dds status exited {r.returncode}")
     status = json.loads(r.stdout)
-    return {str(n["node"]): float(n["throughput"]) for n in status["nodes"]}
+    return {
+        str(n["node"]): float(n["throughput"])
+        for n in status["nodes"]
+        if not live_only or n.get("live") is not None
+    }
+
+
+def local_batch_size(
+    client: Client,
+    global_batch: int,
+    metfs: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """This node's share of ``global_batch`` (Eq. 3) among the nodes working on its daemon's
+    queue now: the queue's address and this node's name come from the daemon's ``status``
+    (its ``dds`` object), every live node's throughput from :func:`queue_throughputs`. Raises
+    ``ValueError`` when the daemon does not shard dynamically (no ``--dds``)."""
+    dds = client.status().raw.get("dds")
+    if not dds:
+        raise ValueError("this node's daemon was not mounted with --dds: there is no queue")
+    speeds = queue_throughputs(str(dds["url"]), metfs, env, live_only=True)
+    node = str(dds["node"])
+    # This node counts even before its first shard is done (throughput 0: the others' mean).
+    speeds.setdefault(node, float(dds.get("samples_per_sec") or 0.0))
+    names = sorted(speeds)
+    return local_batch_sizes(global_batch, [speeds[n] for n in names])[names.index(node)]

@@ -17,7 +17,7 @@ feeds them in, so the same rules hold for every integration and can be tested on
 
 from __future__ import annotations
 
-from .client import Decision, Status
+from .client import Client, Decision, Status
 
 __all__ = ["PassTracker", "TracksPasses"]
 
@@ -111,6 +111,16 @@ class TracksPasses:
     """
 
     tracker: PassTracker
+    client: Client
+
+    def local_batch_size(self, global_batch: int) -> int:
+        """This rank's share of ``global_batch`` when the mount shards dynamically
+        (``metfs mount --dds``): proportional to its node's throughput among the nodes working
+        on the queue now, so that steps take equal time across ranks (ADJUST_BS, paper 003
+        Eq. 3; :func:`metfs.dds.local_batch_size`). Raises ``ValueError`` without a queue."""
+        from .dds import local_batch_size
+
+        return local_batch_size(self.client, global_batch)
 
     @property
     def epochs(self) -> int:
