@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import Etcd, Mount, free_port  # noqa: E402
+from conftest import Etcd, Mount, free_port
 
 BUDGET = "3MiB"
 
