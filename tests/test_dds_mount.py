@@ -259,3 +259,47 @@ def test_the_local_batch_size_comes_from_the_daemons(
             assert "--dds" in str(e)
         else:
             raise AssertionError("a mount without --dds gave a batch size")
+
+
+def test_resume_on_fewer_nodes_through_mounts(etcd: Etcd, tmp_path: Path) -> None:
+    """Three mounted nodes read about half an epoch and are all `kill -9`ed; two other nodes
+    mount on the same queue and finish it: every shard DONE once, every sample of the epoch
+    read with the tier's bytes, and the only samples read twice are in the killed nodes'
+    views."""
+    import dds_mount_faults as f
+
+    src = tmp_path / "tier"
+    digests = f.dataset(src, 480)
+    url = etcd.url("resume")
+    first = [f.Node(f"a{i}", tmp_path, src, url, 1) for i in range(3)]
+    for n in first:
+        n.start()
+    deadline = time.monotonic() + 60
+    while len(done_shards(etcd, "resume", 0)) < shards(etcd, "resume") // 2:
+        assert time.monotonic() < deadline, "the first nodes made no progress"
+        time.sleep(0.02)
+    for n in first:
+        n.kill()
+    assert len(done_shards(etcd, "resume", 0)) < shards(etcd, "resume"), "the epoch ended before the kill"
+    second = [f.Node(f"b{i}", tmp_path, src, url, 1) for i in range(2)]
+    try:
+        for n in second:
+            n.start()
+        wait_epoch_done(etcd, "resume", 0, 90)
+    finally:
+        for n in second:
+            n.close()
+    nodes = first + second
+    count: dict[str, int] = {}
+    killed: set[str] = set()
+    for n in nodes:
+        for inc, e, p, h in n.reads:
+            if e == 0:
+                assert digests[p] == h, p
+                count[p] = count.get(p, 0) + 1
+                if inc in n.killed_incs:
+                    killed.add(p)
+    assert set(count) == set(digests), sorted(set(digests) - set(count))[:5]
+    assert all(p in killed for p, c in count.items() if c > 1)
+    holders = {d["node"] for d in done_shards(etcd, "resume", 0)}
+    assert {"b0", "b1"} <= holders, holders
