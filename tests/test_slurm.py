@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy" / "slurm"
@@ -340,6 +341,53 @@ def test_pytorch_job_two_nodes_agree_and_clean_up(
     assert any(len(a["files"]) != len(b["files"]) for a, b in zip(r0, r1)), [
         (len(a["files"]), len(b["files"])) for a, b in zip(r0, r1)]
     check_no_leftovers(work, job)
+
+
+def test_pytorch_job_with_dynamic_sharding_on_the_jobs_own_etcd(
+    cluster: Cluster, work: Work, dataset: tuple[Path, set[str]]
+) -> None:
+    """METFS_DDS=auto: the job starts its own etcd on its first node, every node's mount takes
+    its mini-epochs from the queue there, ranks agree on the mini-epoch sequence, and the two
+    nodes' views of an epoch are disjoint and cover the dataset."""
+    # A 2 MiB budget: slots of ~40 of the 170 files, so an epoch is several batches.
+    env = dict(work.env, METFS_DDS="auto", METFS_BUDGET="2MiB", METFS_ARGS="--rf 2 --compose random --seed 3",
+               METFS_ETCD_PORT=str(free_port()),
+               TRAIN_ARGS=f"--epochs 2 --batch-size 4 --log-dir {work.logs}")
+    job = cluster.sbatch(DEPLOY / "train-pytorch.sbatch", env, work.dir / "job.out")
+    info = cluster.wait(job)
+    out = job.text()
+    assert info["JobState"] == "COMPLETED", f"{info['JobState']}:\n{out[-4000:]}"
+    assert "etcd for the job's shard queue" in out, out[-3000:]
+    for node in ("n1", "n2"):
+        assert f"metfs-node: {node}: mounting" in out and "shards from the queue etcd://" in out, out
+        assert f"metfs-node: {node}: unmounted" in out, out
+    r0, r1 = work.ranks()
+    assert len(r0) == len(r1) > 0
+    assert [p["mini_epoch"] for p in r0] == [p["mini_epoch"] for p in r1]
+    files = dataset[1]
+    seen: list[set[str]] = [set(), set()]
+    for rank, passes in enumerate((r0, r1)):
+        for p in passes:
+            if p["epoch"] == 0:
+                seen[rank] |= set(p["files"])
+    assert not seen[0] & seen[1], sorted(seen[0] & seen[1])[:5]
+    assert seen[0] | seen[1] == files, sorted(files - (seen[0] | seen[1]))[:5]
+    check_no_leftovers(work, job)
+    # The job's etcd ended with the job.
+    end = time.monotonic() + 20
+    while True:
+        etcds = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if cmd.startswith("etcd ") and str(work.dir) in cmd:
+                etcds.append(pid)
+        if not etcds or time.monotonic() > end:
+            break
+        time.sleep(0.2)
+    assert not etcds, f"the job's etcd is still running: {etcds}"
 
 
 def test_keras_job_two_nodes_agree_and_clean_up(

@@ -28,6 +28,9 @@
 #            mount step lives on; where it was killed with its step, this waits for the guard's
 #            remount.
 #   paths    Print this node's expanded settings as shell assignments (for scripts).
+#   etcd     Run the job's own etcd in the foreground (for METFS_DDS=auto; the job scripts run
+#            it as one step on the first node). It lives as long as its step: the queue does not
+#            survive the loss of that node (point METFS_DDS at a site etcd for that).
 #
 # Settings (environment; `%n` in a path stands for the node name, `%j` for the job id, so that
 # several nodes emulated on one host, or several jobs on one node, do not collide):
@@ -46,6 +49,17 @@
 #   METFS_BIN          the metfs executable (default: `metfs` on PATH).
 #   METFS_MOUNT_TIMEOUT  seconds to wait for the first mini-epoch (default 1800).
 #   METFS_UMOUNT_TIMEOUT seconds to wait for the daemon to stop before killing it (default 30).
+#   METFS_DDS          dynamic sharding (docs/DYNAMIC_SHARDING.md): unset for a fixed share of
+#                      each mini-epoch per node; a queue etcd://HOST:PORT[,...]/PREFIX on a site
+#                      etcd (three or five members survive the loss of a node); or `auto`: the
+#                      job's own etcd on its first node (`etcd` above) at
+#                      etcd://METFS_ETCD_ADDR:METFS_ETCD_PORT/metfs/JOBID.
+#   METFS_ETCD_ADDR    address of the job's first node, where its etcd listens (the job scripts
+#                      set it; default 127.0.0.1).
+#   METFS_ETCD_PORT    client port of the job's etcd (default 40000 + 2 * (JOBID % 10000); the
+#                      peer port is the next one).
+#   METFS_ETCD_DIR     data directory of the job's etcd, on node-local storage (default
+#                      etcd-%j beside the cache directory).
 # Rank and node count come from SLURM_NODEID and SLURM_NNODES (override with --node-rank and
 # --nodes in METFS_ARGS); the node name from SLURMD_NODENAME, else `hostname -s`.
 set -euo pipefail
@@ -133,10 +147,47 @@ log_tail() {
   fi
 }
 
+etcd_port() {
+  printf '%s' "${METFS_ETCD_PORT:-$((40000 + 2 * (${SLURM_JOB_ID:-0} % 10000)))}"
+}
+
+# METFS_DDS=auto: the address of the job's etcd, once it answers (the mount reads METFS_DDS
+# as its --dds).
+resolve_dds() {
+  [ "${METFS_DDS:-}" = auto ] || return 0
+  local url="etcd://${METFS_ETCD_ADDR:-127.0.0.1}:$(etcd_port)/metfs/${SLURM_JOB_ID:-0}"
+  local end=$((SECONDS + 60)) out
+  while true; do
+    # Reachable: a status, or the queue does not exist yet (the first mount makes it).
+    if out=$("$METFS_BIN" dds status "$url" --etcd-timeout 2 2>&1) || [[ "$out" == *"no queue at"* ]]; then
+      break
+    fi
+    [ "$SECONDS" -lt "$end" ] || fail "the job's etcd at $url does not answer after 60 s: $out"
+    sleep 0.5
+  done
+  export METFS_DDS=$url
+}
+
+cmd_etcd() {
+  setup_paths
+  command -v etcd >/dev/null 2>&1 || fail "etcd not found on this node (Debian: etcd-server); or set METFS_DDS to a site etcd's address"
+  local addr=${METFS_ETCD_ADDR:-127.0.0.1} port dir name
+  port=$(etcd_port)
+  dir=$(expand "${METFS_ETCD_DIR:-$(dirname "$CACHE")/etcd-%j}")
+  name="metfs-job-${SLURM_JOB_ID:-0}"
+  mkdir -p -m 0700 "$dir" || fail "etcd data directory $dir: cannot create it"
+  say "etcd for the job's shard queue at $addr:$port (data $dir)"
+  exec etcd --name "$name" --data-dir "$dir" \
+    --listen-client-urls "http://$addr:$port" --advertise-client-urls "http://$addr:$port" \
+    --listen-peer-urls "http://$addr:$((port + 1))" --initial-advertise-peer-urls "http://$addr:$((port + 1))" \
+    --initial-cluster "$name=http://$addr:$((port + 1))" >>"$dir.log" 2>&1
+}
+
 cmd_mount() {
   need METFS_SOURCE
   need METFS_BUDGET
   setup_paths
+  resolve_dds
   command -v "$METFS_BIN" >/dev/null 2>&1 || fail "metfs executable '$METFS_BIN' not found (set METFS_BIN)"
   [ -e /dev/fuse ] || fail "/dev/fuse is missing: FUSE is not available on this node"
   if is_mounted && daemon_pid >/dev/null && daemon_answers; then
@@ -165,7 +216,11 @@ cmd_mount() {
   fi
   local -a cmd=("$METFS_BIN" mount --source "$METFS_SOURCE" --cache "$CACHE" --budget "$METFS_BUDGET"
                 --node-rank "$rank" --nodes "$nodes" --socket "$SOCK" "${extra[@]}" "$MNT")
-  say "mounting $MNT (node $rank of $nodes, cache $CACHE, budget $METFS_BUDGET)"
+  if [ -n "${METFS_DDS:-}" ]; then
+    say "mounting $MNT (shards from the queue $METFS_DDS, cache $CACHE, budget $METFS_BUDGET)"
+  else
+    say "mounting $MNT (node $rank of $nodes, cache $CACHE, budget $METFS_BUDGET)"
+  fi
   local out rc=0
   out=$(timeout --kill-after=10 "$MOUNT_TIMEOUT" "${cmd[@]}" 2>&1) || rc=$?
   if [ "$rc" -ne 0 ]; then
@@ -290,5 +345,6 @@ case "${1:-}" in
   guard) cmd_guard ;;
   ready) cmd_ready ;;
   paths) cmd_paths ;;
-  *) echo "usage: $0 mount|umount|status [--json]|guard|ready|paths" >&2; exit 2 ;;
+  etcd) cmd_etcd ;;
+  *) echo "usage: $0 mount|umount|status [--json]|guard|ready|paths|etcd" >&2; exit 2 ;;
 esac

@@ -428,11 +428,32 @@ impl Daemon {
         mini_epoch: u32,
         wait: bool,
     ) -> Result<Decision, ProtocolError> {
-        let (cur, succ) = {
+        let (cur, succ, queue) = {
             let ss = self.sessions.lock().unwrap();
             let s = session_ref(&ss, name)?;
-            (s.position(), s.successor())
+            (s.position(), s.successor(), s.queue.is_some())
         };
+        if queue {
+            // From a queue each node's batches are its own: ranks agree on the sequence
+            // number, and the epoch is whichever the node's batch came from.
+            return if mini_epoch == cur.1 {
+                let mut ss = self.sessions.lock().unwrap();
+                let s = session_mut(&mut ss, name)?;
+                s.passes += 1;
+                Ok(self.position(s, Choice::Repeat))
+            } else if mini_epoch == cur.1.wrapping_add(1) {
+                self.advance_in(name, wait).await
+            } else {
+                Err(ProtocolError::new(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "cannot apply mini-epoch {mini_epoch}: this node (dynamic sharding) is at mini-epoch {} and can only move to {}",
+                        cur.1,
+                        cur.1.wrapping_add(1)
+                    ),
+                ))
+            };
+        }
         if (epoch, mini_epoch) == cur {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;

@@ -14,6 +14,7 @@ imports torch.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import socket as _socket
 import sys
 from collections.abc import Mapping
@@ -93,7 +94,9 @@ class TorchDistributedCoordinator(Coordinator):
     3. on ``advance`` every other rank calls ``apply(epoch, mini_epoch, wait=True)`` on its own
        daemon, and all ranks check (all-gather) that every apply succeeded.
 
-    So no rank ever trains on a different mini-epoch index than another. The readiness of all
+    So no rank ever trains on a different mini-epoch index than another. With dynamic sharding
+    (``metfs mount --dds``) the index is each node's batch sequence number and the nodes'
+    epochs may differ by one at an epoch's end (each batch is the node's own claim). The readiness of all
     ranks (step 1) is known before the leader decides and is reported in every decision's
     ``reason`` (``all_ready``, ``not_ready_ranks``); but protocol 1's ``pass_end`` has no way to
     tell the leader's daemon "do not advance", so when the leader's next mini-epoch is staged
@@ -119,6 +122,8 @@ class TorchDistributedCoordinator(Coordinator):
         self.world_size = dist.get_world_size(group)
         self.host = _socket.gethostname()
         self._pending_error: str | None = None
+        # Whether this rank's daemon shards dynamically (its status has a `dds` object).
+        self._dds = False
 
     @property
     def is_leader(self) -> bool:
@@ -165,14 +170,21 @@ class TorchDistributedCoordinator(Coordinator):
             info["code"] = e.code
             return None, info
         info.update(ready=st.next_ready, position=(st.epoch, st.mini_epoch))
+        self._dds = st.raw.get("dds") is not None
         return st, info
+
+    def _same(self, a: tuple[int, int], b: tuple[int, int]) -> bool:
+        """Whether two positions are the same mini-epoch. With dynamic sharding (``--dds``)
+        each node's mini-epochs are its own batches: ranks agree on the sequence number, and the
+        epoch is whichever each node's batch came from."""
+        return a[1] == b[1] if self._dds else tuple(a) == tuple(b)
 
     def _apply(self, client: Client, position: tuple[int, int]) -> dict[str, Any]:
         info: dict[str, Any] = {"rank": self.rank, "host": self.host}
         try:
             d = client.apply(position[0], position[1], wait=True)
             info["generation"] = d.generation
-            if (d.epoch, d.mini_epoch) != tuple(position):
+            if not self._same((d.epoch, d.mini_epoch), position):
                 info["error"] = (
                     f"apply({position[0]}, {position[1]}) left the view at "
                     f"({d.epoch}, {d.mini_epoch})"
@@ -192,10 +204,15 @@ class TorchDistributedCoordinator(Coordinator):
         leader_epoch, leader_mini_epoch = infos[self.leader]["position"]
         target = (leader_epoch, leader_mini_epoch)
         outcome: dict[str, Any] = {"rank": self.rank, "host": self.host}
-        if (st.epoch, st.mini_epoch) != target:
+        moved = not self._same((st.epoch, st.mini_epoch), target)
+        if moved:
             outcome = self._apply(client, target)
         self._check(self._gather(outcome), "start (moving to the leader's mini-epoch)")
-        return client.status() if (st.epoch, st.mini_epoch) != target else st
+        mine = client.status() if moved else st
+        if self._dds:
+            # Each node's batch has its own epoch; training counts the leader's, on every rank.
+            mine = dataclasses.replace(mine, epoch=leader_epoch)
+        return mine
 
     def files(self, client: Client) -> FilesView:
         # Collective, so that a daemon failing here fails every rank, not just this one.
@@ -209,7 +226,9 @@ class TorchDistributedCoordinator(Coordinator):
             info["code"] = e.code
         infos = self._gather(info)
         self._check(infos, "reading the view's files")
-        positions = {tuple(i["position"]) for i in infos}
+        # With dynamic sharding the epochs of the nodes' batches may differ: the sequence
+        # number is what the ranks agree on.
+        positions = {tuple(i["position"])[1:] if self._dds else tuple(i["position"]) for i in infos}
         if len(positions) != 1:
             raise MetfsError(
                 "peer_failed",
@@ -256,7 +275,7 @@ class TorchDistributedCoordinator(Coordinator):
         )
         if not self.is_leader:
             generation = st.generation
-            if decided.advanced or (st.epoch, st.mini_epoch) != decided.position:
+            if decided.advanced or not self._same((st.epoch, st.mini_epoch), decided.position):
                 outcome = self._apply(client, decided.position)
                 generation = outcome.get("generation", generation)
             mine = Decision(
