@@ -88,7 +88,7 @@ def dds_mounts(mounts: Any, src: Path, etcd: Etcd, prefix: str, n: int, *extra: 
     ]
 
 
-def test_two_nodes_share_an_epoch_each_sample_once(mounts: Any, etcd: Etcd, tmp_path: Path) -> None:
+def test_two_nodes_share_an_epoch_each_sample_once(mounts: Any, etcd: Etcd, tmp_path: Path, metfs: str) -> None:
     src = tmp_path / "tier"
     digests = make_dataset(src, 120)
     ms = dds_mounts(mounts, src, etcd, "two", 2)
@@ -116,6 +116,8 @@ def test_two_nodes_share_an_epoch_each_sample_once(mounts: Any, etcd: Etcd, tmp_
     assert holders == {"n0", "n1"}, holders
     st = ms[1].status()["dds"]
     assert st["done_shards"] > 0 and st["last_error"] is None, st
+    out = subprocess.run([metfs, "status", "--socket", ms[1].socket], capture_output=True, text=True, check=True).stdout
+    assert f"queue: {etcd.url('two')} as node n1" in out, out
 
 
 def test_a_killed_node_loses_no_sample(mounts: Any, etcd: Etcd, tmp_path: Path) -> None:

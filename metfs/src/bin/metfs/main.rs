@@ -341,6 +341,25 @@ fn print_status(st: &Status) {
         b(st.tier_bytes_read),
         st.read_path
     );
+    if let Some(d) = &st.dds {
+        println!(
+            "queue: {} as node {} (incarnation {}), epoch {}: {} shards / {} samples claimed, {} / {} done, {} lost, {:.1} samples/s{}",
+            d.url,
+            d.node,
+            d.incarnation,
+            d.epoch,
+            d.claimed_shards,
+            d.claimed_samples,
+            d.done_shards,
+            d.done_samples,
+            d.lost_shards,
+            d.samples_per_sec,
+            if d.finished { ", every shard done" } else { "" }
+        );
+        if let Some(e) = &d.last_error {
+            println!("queue error: {e}");
+        }
+    }
     if let Some(e) = &st.last_error {
         println!("last error: {e}");
     }
