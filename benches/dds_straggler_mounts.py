@@ -10,7 +10,7 @@ queue / static is the issue's measure (goal <= 0.45; ideal 1/3 with speeds 1, 1,
 printed: each node's share of the epoch and the most any node spent in etcd round trips, as a
 fraction of the epoch (from `status`).
 
-usage: python3 benches/dds_straggler_mounts.py [--samples 600] [--step-ms 4] [--runs 3]
+usage: python3 benches/dds_straggler_mounts.py [--samples 600] [--step-ms 4] [--runs 3] [--budget 3MiB]
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import Etcd, Mount, free_port
-
-BUDGET = "3MiB"
 
 
 def metfs_bin() -> str:
@@ -81,13 +79,13 @@ class Reader(threading.Thread):
 
 
 def one_epoch(kind: str, work: Path, src: Path, paths: list[str], step: float, etcd: Etcd | None,
-              run: int) -> dict[str, Any]:
+              run: int, budget: str) -> dict[str, Any]:
     mounts = []
     for i in range(3):
         extra = (["--dds", etcd.url(f"straggler/{run}"), "--node-name", f"n{i}"] if etcd
                  else ["--nodes", "3", "--node-rank", str(i)])
         m = Mount(metfs_bin(), work / f"{kind}-mnt{i}", work / f"{kind}-cache{i}", str(src),
-                  ["--budget", BUDGET, "--rf", "1", "--compose", "stratified", "--seed", str(run),
+                  ["--budget", budget, "--rf", "1", "--compose", "stratified", "--seed", str(run),
                    "--history", str(work / "h.json"), *extra])
         m.cache.mkdir(parents=True, exist_ok=True)
         mounts.append(m)
@@ -122,6 +120,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=600)
     ap.add_argument("--step-ms", type=float, default=4.0, help="a fast node's time per sample")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--budget", default="3MiB", help="each node's budget (about 1.7 MiB of it is metadata)")
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as t:
@@ -137,7 +136,7 @@ def main() -> None:
                 order = [("static", None), ("queue", etcd)]
                 if run % 2:
                     order.reverse()
-                got = {k: one_epoch(k, work / f"r{run}", src, paths, a.step_ms / 1000, e, run)
+                got = {k: one_epoch(k, work / f"r{run}", src, paths, a.step_ms / 1000, e, run, a.budget)
                        for k, e in order}
                 row = {"run": run, "static_s": got["static"]["epoch_s"], "queue_s": got["queue"]["epoch_s"],
                        "ratio": got["queue"]["epoch_s"] / got["static"]["epoch_s"],
@@ -148,7 +147,7 @@ def main() -> None:
         finally:
             etcd.kill()
     med = {k: statistics.median(r[k] for r in rows) for k in ("static_s", "queue_s", "ratio", "etcd_fraction")}
-    print(f"| {a.samples} files, budget {BUDGET} per node, fast step {a.step_ms} ms (slow 4x) "
+    print(f"| {a.samples} files, budget {a.budget} per node, fast step {a.step_ms} ms (slow 4x) "
           f"| static {med['static_s']:.2f} s | queue {med['queue_s']:.2f} s | ratio {med['ratio']:.3f} "
           f"| queue shares {rows[len(rows) // 2]['queue_shares']} | etcd {100 * med['etcd_fraction']:.2f}% |")
 
