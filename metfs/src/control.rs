@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::protocol::{
-    parse_request, Answer, Decision, ErrorCode, ProtocolError, Reply, Request, ShuttingDown,
+    parse_request, Answer, Decision, ErrorCode, Left, ProtocolError, Reply, Request, ShuttingDown,
     MAX_LINE_BYTES, VERSION as PROTOCOL_VERSION,
 };
 use serde::{Deserialize, Serialize};
@@ -234,8 +234,16 @@ async fn connection(
 }
 
 async fn handle(daemon: &Daemon, req: Request) -> Result<Answer, ProtocolError> {
+    let shared = daemon.is_shared();
     match req {
-        Request::Hello { version, job } => {
+        Request::Hello {
+            version,
+            job,
+            subset,
+            rf_policy,
+            rf,
+            token,
+        } => {
             if let Some(v) = version {
                 if v > PROTOCOL_VERSION {
                     return Err(ProtocolError::new(
@@ -246,21 +254,53 @@ async fn handle(daemon: &Daemon, req: Request) -> Result<Answer, ProtocolError> 
                     ));
                 }
             }
+            if shared {
+                return Ok(Answer::Hello(Reply::new(
+                    daemon.join(job, subset, rf_policy, rf, token).await?,
+                )));
+            }
+            if subset.is_some() || rf_policy.is_some() || rf.is_some() {
+                return Err(ProtocolError::new(
+                    ErrorCode::BadRequest,
+                    "`subset`, `rf_policy` and `rf` in `hello` are for shared mounts (metfs mount --share); this mount serves one job with the mount's settings",
+                ));
+            }
             Ok(Answer::Hello(Reply::new(daemon.hello(job))))
         }
-        Request::Status => Ok(Answer::Status(Box::new(Reply::new(daemon.status())))),
-        Request::Files => Ok(Answer::Files(Reply::new(daemon.files()))),
+        Request::Leave { job } => {
+            daemon.leave(&job).await?;
+            Ok(Answer::Left(Reply::new(Left { left: job })))
+        }
+        Request::Status { job } => Ok(Answer::Status(Box::new(Reply::new(match job {
+            Some(j) if shared => daemon.status_of(&daemon.session_for(Some(&j))?)?,
+            _ => daemon.status(),
+        })))),
+        Request::Files { job } => Ok(Answer::Files(Reply::new(if shared {
+            daemon.files_of(&daemon.session_for(job.as_deref())?)?
+        } else {
+            daemon.files()
+        }))),
         Request::PassEnd {
             job,
             metrics,
             block,
-        } => decision(daemon.pass_end(job, metrics, block).await),
-        Request::Advance { wait } => decision(daemon.advance(wait).await),
+        } => {
+            let name = daemon.session_for(job.as_deref())?;
+            decision(daemon.pass_end_in(&name, job, metrics, block).await)
+        }
+        Request::Advance { wait, job } => {
+            let name = daemon.session_for(job.as_deref())?;
+            decision(daemon.advance_in(&name, wait).await)
+        }
         Request::Apply {
             epoch,
             mini_epoch,
             wait,
-        } => decision(daemon.apply(epoch, mini_epoch, wait).await),
+            job,
+        } => {
+            let name = daemon.session_for(job.as_deref())?;
+            decision(daemon.apply_in(&name, epoch, mini_epoch, wait).await)
+        }
         Request::Shutdown => Ok(Answer::ShuttingDown(Reply::new(ShuttingDown {
             shutting_down: true,
         }))),

@@ -141,10 +141,26 @@ struct Handle {
 }
 
 struct Views {
-    /// The current view.
+    /// The current view (on a shared mount, an empty one the root stands for).
     current: Arc<View>,
+    /// On a shared mount (`--share`): each job's current view, shown as the directory
+    /// `MNT/<job>`; the root lists the jobs.
+    jobs: Option<std::collections::BTreeMap<String, Arc<View>>>,
     retained: HashMap<u64, Arc<View>>,
 }
+
+impl Views {
+    /// The current view of generation `gen`: the one view of a plain mount, or a job's.
+    fn current_of(&self, gen: u64) -> Option<&Arc<View>> {
+        if self.current.generation == gen {
+            return Some(&self.current);
+        }
+        self.jobs.as_ref()?.values().find(|v| v.generation == gen)
+    }
+}
+
+/// The jobs of a shared mount and their views, by name.
+type JobViews = Vec<(String, Arc<View>)>;
 
 /// Settings of the core.
 #[derive(Debug, Clone)]
@@ -164,6 +180,9 @@ pub struct FsCore {
     /// Held shared while an entry is resolved and replied, exclusively while the view switches.
     reply_gate: RwLock<()>,
     handles: Mutex<HashMap<u64, Handle>>,
+    /// On a shared mount: listings of the root, by handle (the jobs and their views when the
+    /// listing was opened).
+    root_listings: Mutex<HashMap<u64, JobViews>>,
     next_fh: AtomicU64,
     files: moka::sync::Cache<(u64, u32), Arc<File>>,
     settings: FsSettings,
@@ -224,8 +243,10 @@ impl FsCore {
         Self {
             views: RwLock::new(Views {
                 current: initial,
+                jobs: None,
                 retained: HashMap::new(),
             }),
+            root_listings: Mutex::new(HashMap::new()),
             reply_gate: RwLock::new(()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -244,6 +265,60 @@ impl FsCore {
             opens: AtomicU64::new(0),
             mtime: SystemTime::now(),
         }
+    }
+
+    /// A core for a shared mount (`--share`): the root lists the jobs, each job's current view
+    /// is the directory of its name. `lobby` is an empty view the root stands for (its
+    /// generation is taken by no job's view).
+    pub fn new_shared(lobby: Arc<View>, settings: FsSettings) -> Self {
+        let core = Self::new(lobby, settings);
+        core.views.write().unwrap().jobs = Some(Default::default());
+        core
+    }
+
+    /// Whether this core serves a shared mount.
+    pub fn is_shared(&self) -> bool {
+        self.views.read().unwrap().jobs.is_some()
+    }
+
+    /// Job `name`'s current view on a shared mount.
+    pub fn job_view(&self, name: &str) -> Option<Arc<View>> {
+        self.views.read().unwrap().jobs.as_ref()?.get(name).cloned()
+    }
+
+    /// Makes `next` job `name`'s current view (its directory appears if it is new); the old
+    /// view, if any, is retained and returned. As [`FsCore::switch`], under the reply gate.
+    /// `next` must be [`View::nested`].
+    pub fn switch_job(&self, name: &str, next: Arc<View>) -> Option<Arc<View>> {
+        debug_assert!(next.is_nested());
+        let _gate = self.reply_gate.write().unwrap_or_else(|e| e.into_inner());
+        let mut v = self.views.write().unwrap();
+        let old = v.jobs.as_mut()?.insert(name.to_string(), next);
+        if let Some(old) = &old {
+            v.retained.insert(old.generation, old.clone());
+        }
+        old
+    }
+
+    /// Job `name` leaves the shared mount: its directory goes, its view is retained (until
+    /// drained, as after a switch) and returned.
+    pub fn remove_job(&self, name: &str) -> Option<Arc<View>> {
+        let _gate = self.reply_gate.write().unwrap_or_else(|e| e.into_inner());
+        let mut v = self.views.write().unwrap();
+        let old = v.jobs.as_mut()?.remove(name)?;
+        v.retained.insert(old.generation, old.clone());
+        Some(old)
+    }
+
+    /// The jobs of a shared mount and their current views, by name.
+    pub fn job_views(&self) -> JobViews {
+        self.views
+            .read()
+            .unwrap()
+            .jobs
+            .as_ref()
+            .map(|j| j.iter().map(|(n, v)| (n.clone(), v.clone())).collect())
+            .unwrap_or_default()
     }
 
     /// Where to report the generation of a retired view whose last handle was released.
@@ -296,17 +371,27 @@ impl FsCore {
             return Ok((v.current.clone(), 0));
         }
         let gen = ino >> 32;
-        let view = if gen == v.current.generation {
-            v.current.clone()
-        } else {
-            v.retained.get(&gen).cloned().ok_or(FsError::Stale)?
+        let view = match v.current_of(gen) {
+            Some(c) => c.clone(),
+            None => v.retained.get(&gen).cloned().ok_or(FsError::Stale)?,
         };
         let idx = view.index_of(ino).ok_or(FsError::NotFound)?;
         Ok((view, idx))
     }
 
     fn is_current(&self, view: &View) -> bool {
-        self.views.read().unwrap().current.generation == view.generation
+        self.views
+            .read()
+            .unwrap()
+            .current_of(view.generation)
+            .is_some()
+    }
+
+    /// On a shared mount, the attributes of the job directory `name` in the root.
+    fn lookup_job(&self, name: &str) -> Result<Attr, FsError> {
+        let view = self.job_view(name).ok_or(FsError::NotFound)?;
+        view.kernel_ref(0);
+        Ok(attr_in(&view, 0, true))
     }
 
     /// Whether a view may be evicted: it is not current, no handle is open on it, and (when
@@ -375,6 +460,9 @@ impl FsCore {
     /// reaches the current view (a path resolved just before a switch, looking up a name of the
     /// new view in a directory of the old one, then finds it).
     pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
+        if parent == ROOT_INO && self.is_shared() {
+            return self.lookup_job(name);
+        }
         let (view, idx) = self.view_of(parent)?;
         let child = match view.lookup(idx, name) {
             Ok(c) => c,
@@ -395,6 +483,14 @@ impl FsCore {
 
     /// Pins the view of directory `ino` for a listing; returns a handle for [`FsCore::readdir`].
     pub fn opendir(&self, ino: u64) -> Result<u64, FsError> {
+        if ino == ROOT_INO && self.is_shared() {
+            let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+            self.root_listings
+                .lock()
+                .unwrap()
+                .insert(fh, self.job_views());
+            return Ok(fh);
+        }
         let (view, idx) = self.view_of(ino)?;
         view.children(idx)?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -422,6 +518,39 @@ impl FsCore {
         plus: bool,
         mut add: impl FnMut(&DirEntry) -> bool,
     ) -> Result<(), FsError> {
+        if ino == ROOT_INO && self.is_shared() {
+            let jobs = self
+                .root_listings
+                .lock()
+                .unwrap()
+                .get(&fh)
+                .cloned()
+                .ok_or(FsError::BadHandle)?;
+            let root = self.views.read().unwrap().current.clone();
+            let total = jobs.len() as u64 + 2;
+            for off in offset..total {
+                let (name, attr) = match off {
+                    0 => (".", attr_in(&root, 0, true)),
+                    1 => ("..", attr_in(&root, 0, true)),
+                    _ => {
+                        let (n, v) = &jobs[(off - 2) as usize];
+                        (n.as_str(), attr_in(v, 0, self.is_current(v)))
+                    }
+                };
+                let entry = DirEntry {
+                    next_offset: off + 1,
+                    name,
+                    attr,
+                };
+                if add(&entry) {
+                    break;
+                }
+                if plus && off >= 2 {
+                    jobs[(off - 2) as usize].1.kernel_ref(0);
+                }
+            }
+            return Ok(());
+        }
         let view = self
             .handles
             .lock()
@@ -622,6 +751,9 @@ impl FsCore {
 
     /// Releases a file or directory handle.
     pub fn release(&self, fh: u64) {
+        if self.root_listings.lock().unwrap().remove(&fh).is_some() {
+            return;
+        }
         let Some(h) = self.handles.lock().unwrap().remove(&fh) else {
             return;
         };

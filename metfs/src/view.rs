@@ -54,6 +54,9 @@ pub struct View {
     pub slot_dir: PathBuf,
     /// Slot name.
     pub slot: String,
+    /// A job's view on a shared mount (`--share`): its root is the directory `MNT/<job>`, an
+    /// inode of its own (`generation << 32`), not the mount's root.
+    nested: bool,
     nodes: Vec<Node>,
     /// Per node: what `stat` showed at the source (files from the catalog, directories from
     /// its directory stamps), when known.
@@ -158,6 +161,7 @@ impl View {
             mini_epoch,
             slot_dir: slot_dir.to_path_buf(),
             slot: slot.to_string(),
+            nested: false,
             nodes,
             metas,
             files: sorted.len(),
@@ -210,6 +214,17 @@ impl View {
         }
     }
 
+    /// This view as a job's directory on a shared mount: its root gets an inode of its own.
+    pub fn nested(mut self) -> Self {
+        self.nested = true;
+        self
+    }
+
+    /// Whether the root of this view is a job's directory, not the mount's root.
+    pub fn is_nested(&self) -> bool {
+        self.nested
+    }
+
     /// Number of files in the view.
     pub fn file_count(&self) -> usize {
         self.files
@@ -220,7 +235,7 @@ impl View {
     }
     /// Inode number of node `idx`.
     pub fn ino(&self, idx: u32) -> u64 {
-        if idx == 0 {
+        if idx == 0 && !self.nested {
             ROOT_INO
         } else {
             (self.generation << 32) | idx as u64
@@ -229,10 +244,12 @@ impl View {
     /// Node index of `ino` if it belongs to this view (the root belongs to every view).
     pub fn index_of(&self, ino: u64) -> Option<u32> {
         if ino == ROOT_INO {
-            return Some(0);
+            return (!self.nested).then_some(0);
         }
         let idx = (ino & 0xffff_ffff) as u32;
-        (ino >> 32 == self.generation && (idx as usize) < self.nodes.len() && idx != 0)
+        (ino >> 32 == self.generation
+            && (idx as usize) < self.nodes.len()
+            && (idx != 0 || self.nested))
             .then_some(idx)
     }
     /// What `stat` showed of node `idx` at the source, when known.

@@ -16,6 +16,7 @@ mod layers;
 mod read_path;
 pub mod reference;
 mod settings;
+pub mod share;
 
 use std::path::PathBuf;
 
@@ -129,6 +130,8 @@ pub struct MountConfig {
     pub control: crate::control::ControlConfig,
     /// Dynamic sharding (`[dds]`), checked: its queue address parses.
     pub dds: crate::dds::DdsConfig,
+    /// Several jobs on one store (`[share]`).
+    pub share: share::ShareConfig,
     /// Log file of a background daemon. Default `CACHE/metfs.log`.
     pub log_file: PathBuf,
     /// Run directory for `metfs report` (event log). Default `CACHE/run`; its files are
@@ -254,6 +257,26 @@ impl MountConfig {
         if s.dds.shards_per_slot == 0 {
             return Err(inv("dds.shards_per_slot", "must be at least 1".into()));
         }
+        if s.share.jobs == 0 || s.share.jobs > 64 {
+            return Err(inv(
+                "share.jobs",
+                format!("{} must be between 1 and 64", s.share.jobs),
+            ));
+        }
+        if s.share.idle_secs == 0 {
+            return Err(inv("share.idle_secs", "must be at least 1".into()));
+        }
+        if s.share.enabled && (s.dds.url.is_some() || s.hdf5_container) {
+            let other = if s.hdf5_container {
+                "HDF5 container mode"
+            } else {
+                "dynamic sharding (dds.url)"
+            };
+            return Err(inv(
+                "share.enabled",
+                format!("a shared mount cannot be combined with {other}"),
+            ));
+        }
         if !prefetcher::hdf5::AVAILABLE {
             // Refused here, before anything is mounted or staged, naming the setting.
             let asked = if s.hdf5_container {
@@ -318,6 +341,7 @@ impl MountConfig {
             transform: s.transform,
             control: s.control,
             dds: s.dds,
+            share: s.share,
             reset: false,
         })
     }

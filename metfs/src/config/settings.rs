@@ -159,6 +159,9 @@ pub struct MountSettings {
     /// `[dds]`: dynamic sharding on an etcd queue.
     #[command(flatten)]
     pub dds: crate::dds::DdsConfig,
+    /// `[share]`: several jobs on one store.
+    #[command(flatten)]
+    pub share: super::share::ShareConfig,
 }
 
 /// The settings whose absence stops a mount (there is no sensible default).

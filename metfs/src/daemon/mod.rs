@@ -53,7 +53,11 @@
 //! implemented over the FUSE session in `crate::fuse` and by a recorder in tests; nothing in
 //! this folder imports `fuser` or `crate::fuse`.
 //!
-//! Layout: `store`, `session`, `kernel`, `source` (tier and catalog), `setup` (checks, lock,
+//! Shared mount (`--share`, `share.rs`): the jobs are sessions named after them, each view
+//! nested under `MNT/<job>`, the views drawn by one cohort (dependent sampling), generations
+//! unique across jobs, samples shared between the jobs' slots by hard links.
+//!
+//! Layout: `store`, `session`, `kernel`, `source` (tier and catalog), `share`, `setup` (checks, lock,
 //! policy, resume, first staging), `staging` (the staging loop, eviction, pacing), `switch` (`pass_end`, `advance`,
 //! the switch and kernel invalidation), `status` (status, files, metrics, shutdown), `queue`
 //! (with `--dds`, mini-epochs claimed from a shard queue in etcd), `budget`,
@@ -175,6 +179,7 @@ mod kernel;
 mod queue;
 mod session;
 mod setup;
+mod share;
 mod source;
 mod staging;
 mod state;
@@ -187,6 +192,8 @@ use queue::{QueueFeed, QueueState};
 pub use session::DEFAULT_SESSION;
 use session::*;
 pub use setup::*;
+pub use share::check_job_name;
+use share::Shared;
 pub use source::*;
 use staging::*;
 pub use staging::{AUTO_TRICKLE, PACING_MARGIN};
@@ -221,6 +228,8 @@ pub struct Daemon {
     me: Mutex<std::sync::Weak<Daemon>>,
     /// With `--dds`: the node's worker on the shard queue (`queue.rs`).
     queue: Option<QueueFeed>,
+    /// With `--share`: the jobs sharing the store and their sampler (`share.rs`).
+    shared: Option<Shared>,
     /// Held while a session's position and rf history are written: each write snapshots
     /// the session under this lock, so writes never land out of order.
     persisting: Mutex<()>,
@@ -298,14 +307,21 @@ impl Daemon {
     /// when the write starts (see `persisting`).
     fn save_session(&self, name: &str, history: bool) {
         let _order = self.persisting.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((saved, file, encoded)) = self.sessions.lock().unwrap().get(name).map(|s| {
-            let encoded = s
-                .history
-                .as_ref()
-                .filter(|_| history)
-                .map(|h| h.store.encode());
-            (s.saved(), s.state_file.clone(), encoded)
-        }) else {
+        let Some((saved, file, encoded)) = self
+            .sessions
+            .lock()
+            .unwrap()
+            .get(name)
+            .filter(|s| !s.shared)
+            .map(|s| {
+                let encoded = s
+                    .history
+                    .as_ref()
+                    .filter(|_| history)
+                    .map(|h| h.store.encode());
+                (s.saved(), s.state_file.clone(), encoded)
+            })
+        else {
             return;
         };
         if let Err(e) = write_saved_state(&file, &saved) {

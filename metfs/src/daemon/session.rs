@@ -69,8 +69,12 @@ pub(super) struct Session {
     /// The view this session reads now: the one the filesystem core serves for it.
     pub(super) view: Arc<View>,
     /// With `--dds`: the batches claimed from the queue (the mini-epoch is then a sequence
-    /// number of this incarnation, the epoch the batch's).
+    /// number of this incarnation, the epoch the batch's). On a shared mount: the views the
+    /// cohort drew for this job, by sequence, in the same way.
     pub(super) queue: Option<QueueState>,
+    /// A job of a shared mount (`share` module): its slots carry its name, its views are
+    /// nested under `MNT/<job>`, and its position is not saved.
+    pub(super) shared: bool,
 }
 
 /// A successor not claimed from the queue yet: matches no staged slot.
@@ -155,6 +159,15 @@ impl Session {
         let plan = self.plan_of(store, target.0);
         let me = &plan.mini_epochs[target.1 as usize];
         (me.samples.clone(), me.bytes)
+    }
+
+    /// The slot of mini-epoch `target`: on a shared mount prefixed by the job's name.
+    pub(super) fn slot_of(&self, target: (u64, u32)) -> String {
+        if self.shared {
+            format!("{}.{}", self.name, slot_name(target))
+        } else {
+            slot_name(target)
+        }
     }
 
     /// Whether the successor is staged and the view can switch to it now.

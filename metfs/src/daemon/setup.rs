@@ -232,7 +232,8 @@ impl Daemon {
         if catalog.is_empty() {
             return Err(DaemonError::Empty(cfg.source.clone()));
         }
-        if needs_labels(cfg.compose) && catalog.labels().is_none() {
+        if (needs_labels(cfg.compose) || cfg.share.enabled) && catalog.labels().is_none() {
+            // A shared mount's jobs may ask for a subset by label.
             catalog.label_by_first_dir();
         }
         let catalog_bytes = if reused {
@@ -364,6 +365,18 @@ impl Daemon {
         )
         .with_transform(Transformer::new(&cfg.transform)?);
         stager.clean_tmp()?;
+        if cfg.share.enabled {
+            let daemon = Self::prepare_shared(
+                cfg,
+                paths,
+                tier.url().to_string(),
+                catalog,
+                footprints,
+                budget,
+                stager,
+            )?;
+            return Ok((daemon, lock));
+        }
         // With a queue: join it as a new incarnation of this node and claim the first batch.
         let queue = match cfg.dds.queue_url()? {
             Some(url) => {
@@ -562,7 +575,7 @@ impl Daemon {
                 .iter()
                 .map(|(id, why)| (catalog.path(*id), why.clone())),
         );
-        let view = Arc::new(store.view_for(&members, cur, generation));
+        let view = Arc::new(store.view_for(&members, cur, generation, &slot_name(cur)));
         let mean_sample = catalog.total_bytes() / (catalog.len() as u64).max(1);
         let read_path =
             cfg.read_path
@@ -612,30 +625,19 @@ impl Daemon {
                 batches: BTreeMap::from([(0, first.clone())]),
                 ..Default::default()
             }),
+            shared: false,
         };
-        let (changed, _) = watch::channel(0u64);
-        let active_read_path = Arc::new(ActiveReadPath::new(read_path));
-        let daemon = Arc::new(Daemon {
+        let daemon = Self::assemble(Parts {
             tier_url: tier.url().to_string(),
-            me: Mutex::new(std::sync::Weak::new()),
-            persisting: Mutex::new(()),
             queue: queue.map(|(feed, _)| feed),
+            shared: None,
             paths,
             store,
-            sessions: Mutex::new(BTreeMap::from([(DEFAULT_SESSION.to_string(), session)])),
+            sessions: BTreeMap::from([(DEFAULT_SESSION.to_string(), session)]),
             fs,
             read_path,
-            active_read_path,
-            shutting_down: Default::default(),
-            events: crate::events::EventLog::open(&cfg.run_dir),
-            changed,
-            kernel: Mutex::new(None),
-            mountpoint: Mutex::new(PathBuf::new()),
-            started: Instant::now(),
-            shutdown: tokio::sync::Notify::new(),
             cfg,
         });
-        *daemon.me.lock().unwrap() = Arc::downgrade(&daemon);
         daemon.save_state(DEFAULT_SESSION);
         daemon.events.emit(Event::Start(event::Start {
             dataset_bytes: daemon.store.catalog.total_bytes(),
@@ -650,5 +652,146 @@ impl Daemon {
             mini_epoch,
         }));
         Ok((daemon, lock))
+    }
+}
+
+/// What a daemon is made of, for [`Daemon::assemble`].
+struct Parts {
+    cfg: MountConfig,
+    paths: CachePaths,
+    store: Store,
+    sessions: Sessions,
+    fs: Arc<FsCore>,
+    read_path: ReadPath,
+    tier_url: String,
+    queue: Option<QueueFeed>,
+    shared: Option<Shared>,
+}
+
+impl Daemon {
+    fn assemble(p: Parts) -> Arc<Daemon> {
+        let (changed, _) = watch::channel(0u64);
+        let daemon = Arc::new(Daemon {
+            tier_url: p.tier_url,
+            me: Mutex::new(std::sync::Weak::new()),
+            persisting: Mutex::new(()),
+            queue: p.queue,
+            shared: p.shared,
+            paths: p.paths,
+            store: p.store,
+            sessions: Mutex::new(p.sessions),
+            fs: p.fs,
+            read_path: p.read_path,
+            active_read_path: Arc::new(ActiveReadPath::new(p.read_path)),
+            shutting_down: Default::default(),
+            events: crate::events::EventLog::open(&p.cfg.run_dir),
+            changed,
+            kernel: Mutex::new(None),
+            mountpoint: Mutex::new(PathBuf::new()),
+            started: Instant::now(),
+            shutdown: tokio::sync::Notify::new(),
+            cfg: p.cfg,
+        });
+        *daemon.me.lock().unwrap() = Arc::downgrade(&daemon);
+        daemon
+    }
+
+    /// The rest of [`Daemon::prepare`] for a shared mount (`--share`, the `share` module):
+    /// no job yet, so nothing is staged; the slots of an earlier run are removed (positions
+    /// of a shared mount are not resumed).
+    fn prepare_shared(
+        cfg: MountConfig,
+        paths: CachePaths,
+        tier_url: String,
+        catalog: Arc<Catalog>,
+        footprints: Vec<u64>,
+        budget: Budget,
+        stager: Stager,
+    ) -> Result<Arc<Daemon>, DaemonError> {
+        for name in stager.present_slots() {
+            stager.evict(&name)?;
+        }
+        if let Ok(rd) = std::fs::read_dir(&paths.slots) {
+            for e in rd.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let _ = std::fs::remove_file(&paths.state);
+        let view_bytes = budget.slot_bytes / u64::from(cfg.share.jobs);
+        if let Some((id, &size)) = footprints.iter().enumerate().find(|(_, &f)| f > view_bytes) {
+            return Err(DaemonError::BudgetTooSmall {
+                budget: format!(
+                    "{} shared by {} jobs",
+                    format_bytes(cfg.budget),
+                    cfg.share.jobs
+                ),
+                path: catalog.path(id as u32),
+                size: format_bytes(size),
+                needed: format_bytes(
+                    size.saturating_mul(2 * u64::from(cfg.share.jobs))
+                        .saturating_add(budget.reserve),
+                ),
+                reserve: format_bytes(budget.reserve),
+            });
+        }
+        let shared = Shared::new(cfg.share.clone(), &budget, footprints.clone(), cfg.seed);
+        let mean_sample = catalog.total_bytes() / (catalog.len() as u64).max(1);
+        let read_path =
+            cfg.read_path
+                .resolve(budget.slot_bytes, mean_sample, crate::config::mem_total());
+        if cfg.prefetch_rate == PrefetchRate::Auto {
+            // Several jobs pace one stager: each staging runs at full speed (the stall-free
+            // pacing of one job does not apply to a cohort).
+            stager.pacer().set_rate(None);
+        }
+        let mut store = Store::new(
+            paths.clone(),
+            catalog.clone(),
+            footprints,
+            None,
+            budget,
+            stager,
+        );
+        store.max_held = 2 * cfg.share.jobs as usize;
+        // The root stands for this empty view; jobs' views take generations from 2 on.
+        let lobby = Arc::new(View::from_files(&[], 1, 0, 0, "", &paths.slots));
+        let fs = Arc::new(FsCore::new_shared(
+            lobby,
+            FsSettings {
+                max_open_files: cfg.max_open_files,
+                max_backing_ids: cfg.max_backing_ids,
+                track_kernel_refs: read_path == ReadPath::Cached,
+            },
+        ));
+        tracing::info!(
+            jobs = cfg.share.jobs,
+            view_bytes = %format_bytes(view_bytes),
+            pace = %cfg.share.pace,
+            "shared store ready: jobs join with `hello` and their name"
+        );
+        let daemon = Self::assemble(Parts {
+            tier_url,
+            queue: None,
+            shared: Some(shared),
+            paths,
+            store,
+            sessions: BTreeMap::new(),
+            fs,
+            read_path,
+            cfg,
+        });
+        daemon.events.emit(Event::Start(event::Start {
+            dataset_bytes: daemon.store.catalog.total_bytes(),
+            dataset_files: daemon.store.catalog.len() as u64,
+            mini_epochs: 0,
+            view_bytes: 0,
+            rf_policy: daemon.cfg.policy.kind.to_string(),
+            budget_bytes: daemon.store.budget.budget,
+            node_rank: daemon.cfg.node_rank,
+            nodes: daemon.cfg.nodes,
+            epoch: 0,
+            mini_epoch: 0,
+        }));
+        Ok(daemon)
     }
 }

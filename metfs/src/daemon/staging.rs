@@ -40,6 +40,8 @@ impl Daemon {
             }
             // With a queue: DONE marks, and the successor's claim (outside every lock).
             let queue_pause = self.serve_queue().await;
+            // On a shared mount: the jobs' next views, drawn together.
+            self.serve_cohort();
             let job = {
                 let mut ss = self.sessions.lock().unwrap();
                 // No byte of a new slot while a retired one still takes space (the budget).
@@ -164,16 +166,24 @@ impl Daemon {
                     }
                 }
             };
-            if let Some(s) = self.sessions.lock().unwrap().get_mut(&name) {
-                if let Next::Ready { report, .. } = &next {
-                    s.meter.staged_bytes += report.bytes_fetched;
-                    s.meter.staged_secs += report.elapsed.as_secs_f64();
-                    if report.bytes_fetched > 0 && report.elapsed.as_secs_f64() > 0.0 {
-                        s.meter.last_b2 =
-                            Some(report.bytes_fetched as f64 / report.elapsed.as_secs_f64());
+            let gone = match self.sessions.lock().unwrap().get_mut(&name) {
+                Some(s) => {
+                    if let Next::Ready { report, .. } = &next {
+                        s.meter.staged_bytes += report.bytes_fetched;
+                        s.meter.staged_secs += report.elapsed.as_secs_f64();
+                        if report.bytes_fetched > 0 && report.elapsed.as_secs_f64() > 0.0 {
+                            s.meter.last_b2 =
+                                Some(report.bytes_fetched as f64 / report.elapsed.as_secs_f64());
+                        }
                     }
+                    s.next = next;
+                    false
                 }
-                s.next = next;
+                None => true,
+            };
+            if gone {
+                // Its job left the shared mount while the slot was staged.
+                self.drop_slot(&spec.name).await;
             }
             self.bump();
         }
@@ -183,7 +193,7 @@ impl Daemon {
     /// switch would give it now, off the async threads: building a 20,000-file view reads the
     /// slot's journal and takes milliseconds the switch should not.
     async fn prebuild_view(self: Arc<Self>, name: &str, target: (u64, u32)) -> Option<Arc<View>> {
-        let (members, generation, after) = {
+        let (members, generation, after, slot, nested) = {
             let mut ss = self.sessions.lock().unwrap();
             let s = ss.get_mut(name)?;
             // The switch also looks one mini-epoch further (what the retired slot may keep):
@@ -191,15 +201,22 @@ impl Daemon {
             let after = successor(target, s.nm);
             let after = (s.queue.is_none() && !s.plans.contains_key(&after.0))
                 .then(|| (after.0, s.plan_cfg.clone()));
+            let generation = match &self.shared {
+                Some(sh) => sh.take_generation(),
+                None => next_generation(s.generation),
+            };
             (
                 s.members(&self.store, target).0,
-                next_generation(s.generation),
+                generation,
                 after,
+                s.slot_of(target),
+                s.shared,
             )
         };
         let me = self.clone();
         let (view, after) = tokio::task::spawn_blocking(move || {
-            let view = Arc::new(me.store.view_for(&members, target, generation));
+            let view = me.store.view_for(&members, target, generation, &slot);
+            let view = Arc::new(if nested { view.nested() } else { view });
             let after = after.and_then(|(epoch, cfg)| {
                 let p = planner::plan_epoch(&me.store.sample_set(), &cfg, epoch).ok()?;
                 Some((epoch, Arc::new(p)))
@@ -239,7 +256,12 @@ impl Daemon {
             return None;
         }
         let (samples, bytes) = s.members(&self.store, target);
-        let slot = slot_name(target);
+        // On a shared mount the held slots make room for this one first (and the staging
+        // waits for their deletion).
+        if s.shared && (self.store.is_draining() || self.store.release_for(&samples)) {
+            return None;
+        }
+        let slot = s.slot_of(target);
         let progress: Arc<Progress> = Arc::default();
         // Known before the stager starts, so the first rate is paced to it.
         progress.bytes_total.store(bytes, Ordering::Relaxed);

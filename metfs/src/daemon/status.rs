@@ -28,6 +28,9 @@ impl Daemon {
             if n.is_multiple_of(20) {
                 self.write_metrics();
             }
+            if n.is_multiple_of(4) {
+                self.reap_idle();
+            }
         }
     }
 
@@ -41,7 +44,12 @@ impl Daemon {
         }
     }
     /// The `status` object of the default session.
+    /// On a shared mount, the store's state with every job and no job's position.
     pub fn status(&self) -> Status {
+        if self.is_shared() {
+            let ss = self.sessions.lock().unwrap();
+            return self.status_from(&ss, None);
+        }
         self.status_of(DEFAULT_SESSION)
             .expect("the default session always exists")
     }
@@ -51,9 +59,21 @@ impl Daemon {
     pub fn status_of(&self, name: &str) -> Result<Status, ProtocolError> {
         let ss = self.sessions.lock().unwrap();
         let s = session_ref(&ss, name)?;
-        let view = &s.view;
+        Ok(self.status_from(&ss, Some(s)))
+    }
+
+    fn status_from(&self, ss: &Sessions, s: Option<&Session>) -> Status {
+        let empty;
+        let view = match s {
+            Some(s) => &s.view,
+            None => {
+                empty = self.fs.current();
+                &empty
+            }
+        };
         let draining_slots = self.store.draining_count();
-        let (staging, staging_bytes_done) = match &s.next {
+        let idle = Next::Idle;
+        let (staging, staging_bytes_done) = match s.map_or(&idle, |s| &s.next) {
             Next::Idle if draining_slots == 0 => (Staging::Idle, 0),
             Next::Idle => (Staging::Draining, 0),
             Next::Staging {
@@ -132,6 +152,20 @@ impl Daemon {
         };
         // Every session's slot being staged counts by its bytes so far, not its footprint.
         let staging_slots: Vec<&str> = ss.values().filter_map(|s| s.staging_slot()).collect();
+        // Every session's staging so far (one on a plain mount).
+        let _ = staging_bytes_done;
+        let staging_bytes_done: u64 = ss
+            .values()
+            .filter_map(|s| match &s.next {
+                Next::Staging { progress, .. } => Some(
+                    progress
+                        .bytes_done
+                        .load(Ordering::Relaxed)
+                        .saturating_sub(progress.bytes_linked.load(Ordering::Relaxed)),
+                ),
+                _ => None,
+            })
+            .sum();
         let staged_slots = self.store.slot_bytes_except(&staging_slots);
         let (last_error, failed_samples) = self.store.errors();
         let budget = self.store.budget;
@@ -140,17 +174,17 @@ impl Daemon {
             .filter_map(|p| std::fs::metadata(p).ok())
             .map(|m| round_up(m.len()))
             .sum();
-        Ok(Status {
-            epoch: s.epoch,
-            mini_epoch: s.mini_epoch,
-            mini_epochs: s.nm,
-            pass: s.passes,
-            rf: s.policy.expected_rf(),
-            rf_policy: s.policy.name().to_string(),
-            job: s.job.clone(),
-            advance_wanted: s.advance_wanted,
-            generation: s.generation,
-            next_ready: s.next_ready(),
+        Status {
+            epoch: s.map_or(0, |s| s.epoch),
+            mini_epoch: s.map_or(0, |s| s.mini_epoch),
+            mini_epochs: s.map_or(0, |s| s.nm),
+            pass: s.map_or(0, |s| s.passes),
+            rf: s.map_or(0.0, |s| s.policy.expected_rf()),
+            rf_policy: s.map_or(String::new(), |s| s.policy.name().to_string()),
+            job: s.map_or(String::new(), |s| s.job.clone()),
+            advance_wanted: s.is_some_and(|s| s.advance_wanted),
+            generation: s.map_or(view.generation, |s| s.generation),
+            next_ready: s.is_some_and(|s| s.next_ready()),
             cache_bytes: staged_slots + round_up(staging_bytes_done) + meta,
             budget_bytes: budget.budget,
             slot_bytes: budget.slot_bytes,
@@ -163,14 +197,14 @@ impl Daemon {
             view_bytes: view.bytes(),
             dataset_files: self.store.catalog.len() as u64,
             dataset_bytes: self.store.catalog.total_bytes(),
-            bonus_passes: s.bonus_passes,
-            blocked_seconds: s.meter.blocked_secs,
-            pass_seconds: s.meter.pass_secs.back().copied(),
-            pass_seconds_mean: s.meter.mean_pass(),
-            b2_bytes_per_s: s.meter.b2(),
-            b2_recent_bytes_per_s: s.meter.last_b2,
-            eb1_bytes_per_s: self.eb1(s),
-            stall_free_rf: self.stall_free_rf(s),
+            bonus_passes: s.map_or(0, |s| s.bonus_passes),
+            blocked_seconds: s.map_or(0.0, |s| s.meter.blocked_secs),
+            pass_seconds: s.and_then(|s| s.meter.pass_secs.back().copied()),
+            pass_seconds_mean: s.and_then(|s| s.meter.mean_pass()),
+            b2_bytes_per_s: s.and_then(|s| s.meter.b2()),
+            b2_recent_bytes_per_s: s.and_then(|s| s.meter.last_b2),
+            eb1_bytes_per_s: s.and_then(|s| self.eb1(s)),
+            stall_free_rf: s.and_then(|s| self.stall_free_rf(s)),
             prefetch_rate: self.store.stager.pacer().rate(),
             staging,
             kept_slots: self.store.kept_count() as u64,
@@ -183,6 +217,7 @@ impl Daemon {
             failed_samples,
             transform_failed: self.store.stager.transform().map(|t| t.failed()),
             dds: self.queue.as_ref().map(|q| q.status()),
+            jobs: self.job_statuses(ss),
             source: self.tier_url.clone(),
             mountpoint: self.mountpoint().display().to_string(),
             socket: self.cfg.socket.display().to_string(),
@@ -191,7 +226,7 @@ impl Daemon {
             compose: self.cfg.compose.to_string(),
             uptime_s: self.started.elapsed().as_secs_f64(),
             pid: std::process::id(),
-        })
+        }
     }
 
     /// What holds each retired view that is not evicted yet: open handles, the kernel's
@@ -231,6 +266,19 @@ impl Daemon {
         }
     }
 
+    /// The `files` object of job `name` on a shared mount: its view, under `MNT/<job>`.
+    pub fn files_of(&self, name: &str) -> Result<FilesView, ProtocolError> {
+        let ss = self.sessions.lock().unwrap();
+        let s = session_ref(&ss, name)?;
+        Ok(FilesView {
+            generation: s.view.generation,
+            epoch: s.epoch,
+            mini_epoch: s.mini_epoch,
+            mountpoint: self.mountpoint().join(name).display().to_string(),
+            files: s.view.file_paths(),
+        })
+    }
+
     /// The `hello` object.
     pub fn hello(&self, job: Option<String>) -> Hello {
         Hello {
@@ -238,6 +286,7 @@ impl Daemon {
             version: env!("CARGO_PKG_VERSION").to_string(),
             mountpoint: self.mountpoint().display().to_string(),
             job,
+            share: None,
         }
     }
 

@@ -39,7 +39,8 @@ use prefetcher::budget::BLOCK;
 
 use super::*;
 
-/// Most retired slots kept on the node as donors at once.
+/// Most retired slots kept on the node as donors at once (of a plain mount; a shared one
+/// keeps up to two per job share).
 const MAX_HELD: usize = 2;
 
 /// The staged samples of a node and their budget (see the module doc).
@@ -52,6 +53,8 @@ pub struct Store {
     pub(super) budget: Budget,
     pub(super) stager: Stager,
     book: Mutex<Book>,
+    /// Most retired slots kept as donors at once.
+    pub(super) max_held: usize,
     /// Woken when held slots are released.
     released: tokio::sync::Notify,
 }
@@ -184,6 +187,7 @@ impl Store {
             budget,
             stager,
             book: Mutex::default(),
+            max_held: MAX_HELD,
             released: tokio::sync::Notify::new(),
         }
     }
@@ -289,7 +293,7 @@ impl Store {
                 .iter()
                 .map(|s| self.slot_meta(b.samples.get(s).map_or(0, |x| x.len())))
                 .sum();
-            if b.held.len() <= MAX_HELD
+            if b.held.len() <= self.max_held
                 && b.distinct_bytes(&self.footprints, &gone) + new + meta
                     <= 2 * self.budget.slot_bytes
             {
@@ -302,6 +306,97 @@ impl Store {
                 None => break,
             };
         }
+        drop(b);
+        self.released.notify_waiters();
+    }
+
+    /// Before a staging of `samples` on a shared mount: lets held slots go, oldest first,
+    /// until the slots on the node and what the staging adds fit the two slots' bytes. Returns
+    /// whether any was let go (the staging then waits for their deletion).
+    pub(super) fn release_for(&self, samples: &[u32]) -> bool {
+        let mut b = self.book.lock().unwrap();
+        let mut released = false;
+        loop {
+            let gone: Vec<String> = b
+                .draining
+                .values()
+                .filter(|s| !b.held.contains(*s))
+                .cloned()
+                .collect();
+            let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
+            let on_node = b.on_node(self.footprints.len(), &gone);
+            let new: u64 = samples
+                .iter()
+                .filter(|&&id| !on_node[id as usize])
+                .map(|&id| self.footprints[id as usize])
+                .sum();
+            let meta: u64 = b
+                .held
+                .iter()
+                .map(|s| self.slot_meta(b.samples.get(s).map_or(0, |x| x.len())))
+                .sum();
+            if b.distinct_bytes(&self.footprints, &gone) + new + meta <= 2 * self.budget.slot_bytes
+            {
+                break;
+            }
+            let oldest = b.draining.values().find(|s| b.held.contains(*s)).cloned();
+            match oldest {
+                Some(s) => {
+                    b.held.remove(&s);
+                    released = true;
+                }
+                None => break,
+            };
+        }
+        drop(b);
+        if released {
+            self.released.notify_waiters();
+        }
+        released
+    }
+
+    /// Whether every one of `samples` is held by a slot other than `slot` (not draining
+    /// without being held).
+    pub(super) fn elsewhere(&self, slot: &str, samples: &[u32]) -> bool {
+        let b = self.book.lock().unwrap();
+        let mut except: Vec<&str> = b
+            .draining
+            .values()
+            .filter(|s| !b.held.contains(*s))
+            .map(String::as_str)
+            .collect();
+        except.push(slot);
+        let on = b.on_node(self.footprints.len(), &except);
+        samples.iter().all(|&x| on[x as usize])
+    }
+
+    /// Whether retiring `slot` now would keep it as a donor (the held slots and it fit).
+    pub(super) fn could_hold(&self, slot: &str) -> bool {
+        let b = self.book.lock().unwrap();
+        if b.held.len() + 1 > self.max_held {
+            return false;
+        }
+        let gone: Vec<&str> = b
+            .draining
+            .values()
+            .filter(|s| !b.held.contains(*s))
+            .map(String::as_str)
+            .collect();
+        let meta: u64 = b
+            .held
+            .iter()
+            .chain([&slot.to_string()])
+            .map(|s| self.slot_meta(b.samples.get(s).map_or(0, |x| x.len())))
+            .sum();
+        b.distinct_bytes(&self.footprints, &gone) + meta <= 2 * self.budget.slot_bytes
+    }
+
+    /// A slot deleted without having been shown (its job left): its bytes are free.
+    pub(super) fn forget_slot(&self, slot: &str) {
+        let mut b = self.book.lock().unwrap();
+        b.footprints.remove(slot);
+        b.samples.remove(slot);
+        b.origins.remove(slot);
         drop(b);
         self.released.notify_waiters();
     }
@@ -403,8 +498,14 @@ impl Store {
     /// Builds the view of mini-epoch `target` over its slot, at `generation`: its `members`
     /// (the samples the plan or the queue gave it) less those the slot's journal shows as left
     /// out (in container mode, the staged container files).
-    pub(super) fn view_for(&self, members: &[u32], target: (u64, u32), generation: u64) -> View {
-        let name = slot_name(target);
+    pub(super) fn view_for(
+        &self,
+        members: &[u32],
+        target: (u64, u32),
+        generation: u64,
+        name: &str,
+    ) -> View {
+        let name = name.to_string();
         if let Some(c) = &self.containers {
             let dir = self.stager.slot_path(&name);
             // A container's bytes change with every mini-epoch: its times are those of the

@@ -8,11 +8,15 @@ impl Daemon {
     /// switched.
     pub(super) async fn try_switch(&self, name: &str) -> bool {
         let t0 = Instant::now();
-        let (old, new, recorded, retired_batch) = {
+        let (old, new, recorded, retired_batch, shared) = {
             let mut ss = self.sessions.lock().unwrap();
-            let Some(s) = ss.get_mut(name) else {
+            let Some(s) = ss.get(name) else {
                 return false;
             };
+            if s.shared && s.next_ready() && self.holds_back(&ss, s) {
+                return false;
+            }
+            let s = ss.get_mut(name).expect("present");
             let succ = s.successor();
             let Next::Ready {
                 target,
@@ -26,26 +30,48 @@ impl Daemon {
             if *target != succ {
                 return false;
             }
-            let generation = next_generation(s.generation);
             let slot = slot.clone();
-            let view = match prebuilt {
-                Some(v) if v.generation == generation && v.slot == slot => v.clone(),
+            let view = match (prebuilt, &self.shared) {
+                // On a shared mount a prebuilt view's generation was reserved for it.
+                (Some(v), Some(_)) if v.slot == slot => v.clone(),
+                (Some(v), None)
+                    if v.generation == next_generation(s.generation) && v.slot == slot =>
+                {
+                    v.clone()
+                }
                 _ => {
+                    let generation = match &self.shared {
+                        Some(sh) => sh.take_generation(),
+                        None => next_generation(s.generation),
+                    };
                     let members = s.members(&self.store, succ).0;
-                    Arc::new(self.store.view_for(&members, succ, generation))
+                    let v = self.store.view_for(&members, succ, generation, &slot);
+                    Arc::new(if s.shared { v.nested() } else { v })
                 }
             };
             debug_assert_eq!(view.slot, slot);
-            s.generation = generation;
-            let old = self.fs.switch(view.clone());
-            // What the retired slot may be kept for: the mini-epoch after the new one (not
-            // known yet from a queue).
-            let after = if s.queue.is_some() {
-                Vec::new()
+            s.generation = view.generation;
+            let old = if s.shared {
+                self.fs.switch_job(name, view.clone())
             } else {
-                s.members(&self.store, successor(succ, s.nm)).0
+                Some(self.fs.switch(view.clone()))
             };
-            self.store.retire_slot(old.generation, &old.slot, &after);
+            // What the retired slot may be kept for: the mini-epoch after the new one (not
+            // known yet from a queue); on a shared mount, what the other jobs have drawn.
+            let after: Vec<u32> = match &self.shared {
+                Some(sh) => {
+                    let mut cohort = sh.cohort.lock().unwrap();
+                    if let Err(e) = cohort.advance(name) {
+                        tracing::error!(job = name, error = %e, "the cohort cannot advance the job");
+                    }
+                    cohort.drawn_ahead(name).into_iter().collect()
+                }
+                None if s.queue.is_some() => Vec::new(),
+                None => s.members(&self.store, successor(succ, s.nm)).0,
+            };
+            if let Some(old) = &old {
+                self.store.retire_slot(old.generation, &old.slot, &after);
+            }
             let retired_batch = s.queue.as_mut().and_then(|q| q.retire(s.mini_epoch));
             s.view = view.clone();
             s.epoch = succ.0;
@@ -71,7 +97,7 @@ impl Daemon {
             });
             s.next = Next::Idle;
             s.policy.on_advance();
-            (old, view, recorded == Some(true), retired_batch)
+            (old, view, recorded == Some(true), retired_batch, s.shared)
         };
         if let (Some(feed), Some(batch)) = (&self.queue, retired_batch) {
             feed.mark_done(batch);
@@ -91,7 +117,13 @@ impl Daemon {
         // (the core's reply gate), so this reaches all of them.
         let kernel = self.kernel.lock().unwrap().clone();
         if let Some(n) = kernel {
-            let names = old.root_names();
+            // On a shared mount the job's directory is the one entry to drop: every path into
+            // the old view goes through it.
+            let names = match (&old, shared) {
+                (_, true) => vec![name.to_string()],
+                (Some(old), false) => old.root_names(),
+                (None, false) => Vec::new(),
+            };
             let _ = tokio::task::spawn_blocking(move || {
                 for name in names {
                     let _ = n.inval_entry(crate::view::ROOT_INO, &name);
@@ -106,6 +138,10 @@ impl Daemon {
             "switch timing (under the sessions' lock; until the kernel's entries are dropped)"
         );
         let me = self.me.lock().unwrap().upgrade();
+        let Some(old) = old else {
+            self.bump();
+            return true;
+        };
         if self.fs.is_drained(&old) {
             // Deleting a large slot takes a while; the caller must not wait for it. The stager
             // waits (the slot stays in `draining` until its files are gone), so the budget holds.
@@ -165,7 +201,10 @@ impl Daemon {
                 }
                 for i in nodes {
                     let node = view.node(i);
-                    if node.parent == 0 && current.lookup(0, &node.name).is_ok() {
+                    if node.parent == 0
+                        && !view.is_nested()
+                        && current.lookup(0, &node.name).is_ok()
+                    {
                         continue;
                     }
                     let _ = n.inval_entry(view.ino(node.parent), &node.name);
@@ -242,7 +281,7 @@ impl Daemon {
         let (reason, want, first_pass_of, handed) = {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;
-            if let Some(j) = job {
+            if let Some(j) = job.filter(|_| !s.shared) {
                 self.adopt_job(s, j)?;
             }
             let state = PassState {

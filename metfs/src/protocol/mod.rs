@@ -34,9 +34,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use event::{Event, Record};
-pub use reply::{Choice, Decision, Draining, FilesView, Hello, ShuttingDown, Staging, Status};
+pub use reply::{
+    Choice, Decision, Draining, FilesView, Hello, JobShare, JobStatus, Left, ShuttingDown, Staging,
+    Status,
+};
 pub use request::{
-    parse_metrics, parse_request, ErrorCode, Metrics, ProtocolError, Request, MAX_LINE_BYTES,
+    parse_metrics, parse_request, ErrorCode, Metrics, ProtocolError, Request, Subset,
+    MAX_LINE_BYTES,
 };
 
 /// The protocol's major version, spoken by this build: the `"v"` of every message.
@@ -171,6 +175,8 @@ pub enum Answer {
     Files(Reply<FilesView>),
     /// To `pass_end`, `advance`, `apply`.
     Decision(Reply<Decision>),
+    /// To `leave`.
+    Left(Reply<Left>),
     /// To `shutdown`.
     ShuttingDown(Reply<ShuttingDown>),
     /// A failure.
@@ -216,7 +222,7 @@ pub const SCHEMA_PATH: &str = "docs/protocol.schema.json";
 
 /// The protocol's JSON schema (draft 2020-12), as checked in at [`SCHEMA_PATH`]: every
 /// message under `$defs` (`RequestLine`, `HelloReply`, `StatusReply`, `FilesViewReply`,
-/// `DecisionReply`, `ShuttingDownReply`, `ErrorReply`, `Record` for an event-log line, and the
+/// `DecisionReply`, `ShuttingDownReply`, `LeftReply`, `ErrorReply`, `Record` for an event-log line, and the
 /// parts they use). It describes what the daemon writes: a field that may be unknown is
 /// present as `null`, never left out.
 pub fn schema() -> Value {
@@ -230,6 +236,7 @@ pub fn schema() -> Value {
     g.subschema_for::<Reply<FilesView>>();
     g.subschema_for::<Reply<Decision>>();
     g.subschema_for::<Reply<ShuttingDown>>();
+    g.subschema_for::<Reply<Left>>();
     g.subschema_for::<ErrorReply>();
     g.subschema_for::<Record>();
     let mut root = serde_json::Map::new();

@@ -20,6 +20,58 @@ pub struct Hello {
     pub mountpoint: String,
     /// The job the client named, if any.
     pub job: Option<String>,
+    /// On a shared mount (`--share`): the job's place in it; `null` on a plain mount.
+    #[serde(default)]
+    pub share: Option<JobShare>,
+}
+
+/// A job's place on a shared mount, in the answer to its `hello`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JobShare {
+    /// The directory its view is at (`MNT/<job>`).
+    pub path: String,
+    /// Bytes of the store this job may pin (its current and next views), fixed at join.
+    pub share_bytes: u64,
+    /// Most bytes of one of its views (half its share).
+    pub view_bytes: u64,
+    /// Samples of its dataset (the whole source, or its subset).
+    pub samples: u64,
+    /// Give this back in a later `hello` of the same job (after a lost connection): a `hello`
+    /// naming a job present without its token is another job with the same name, and refused.
+    pub token: String,
+}
+
+/// One job of a shared mount, in `status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JobStatus {
+    /// The job's name (its directory under the mount).
+    pub name: String,
+    /// Its epoch (each job counts its own).
+    pub epoch: u64,
+    /// Its mini-epoch: the sequence number of its view, from 0.
+    pub mini_epoch: u32,
+    /// Passes completed over its current view.
+    pub pass: u32,
+    /// Its rf policy's name and the passes per view it expects.
+    pub rf_policy: String,
+    pub rf: f64,
+    /// Bonus passes it was given (its next view was not staged, or it ran ahead).
+    pub bonus_passes: u64,
+    /// Generation of its view.
+    pub generation: u64,
+    /// Files and bytes of its view.
+    pub files: u64,
+    pub view_bytes: u64,
+    /// Samples of its dataset.
+    pub samples: u64,
+    /// Bytes of the store it may pin.
+    pub share_bytes: u64,
+    /// Whether its next view is staged.
+    pub next_ready: bool,
+    /// It was held back last time so as not to drop what a slower job still needs.
+    pub held_back: bool,
+    /// Seconds since its last request; it is dropped after `share.idle_secs`.
+    pub idle_secs: f64,
 }
 
 /// A node's worker on a dynamic-sharding queue (`metfs mount --dds`), in `status`.
@@ -149,6 +201,10 @@ pub struct Status {
     /// With `--dds`: this node's worker on the shard queue; `null` without.
     #[serde(default)]
     pub dds: Option<DdsStatus>,
+    /// On a shared mount (`--share`): every job, by name (the position fields above are then
+    /// those of the job asked for, or zero); `null` on a plain mount.
+    #[serde(default)]
+    pub jobs: Option<Vec<JobStatus>>,
     /// The capacity tier's URL.
     pub source: String,
     /// Where the view is mounted.
@@ -312,6 +368,13 @@ pub struct Decision {
     /// `pass_end` has one (a forced advance or an apply has no policy decision).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<Value>,
+}
+
+/// The answer to `leave`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Left {
+    /// The job that left.
+    pub left: String,
 }
 
 /// The answer to `shutdown`.

@@ -101,6 +101,113 @@ impl ProtocolError {
     }
 }
 
+/// The part of the source a job of a shared mount reads: exactly one of `manifest`,
+/// `labels` or `fraction`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Subset {
+    /// A file on the node listing the samples' relative paths, one per line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
+    /// The samples of these labels (classes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels: Option<Vec<String>>,
+    /// This fraction of the samples (0 < f <= 1), drawn with `seed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    /// Seed of the `fraction` draw (default 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+fn parse_subset(obj: &Map<String, Value>) -> Result<Option<Subset>, ProtocolError> {
+    let bad = |m: String| ProtocolError::new(ErrorCode::BadRequest, m);
+    let Some(v) = field(obj, "subset") else {
+        return Ok(None);
+    };
+    let Value::Object(o) = v else {
+        return Err(bad(format!(
+            "field `subset` must be an object with one of `manifest`, `labels` or `fraction`, got {v}"
+        )));
+    };
+    for k in o.keys() {
+        if !["manifest", "labels", "fraction", "seed"].contains(&k.as_str()) {
+            return Err(bad(format!(
+                "field `subset.{k}` is not known; a subset has one of `manifest`, `labels` or `fraction` (with `seed`)"
+            )));
+        }
+    }
+    let manifest = opt_string(o, "manifest").map_err(|e| bad(format!("subset: {e}")))?;
+    let labels = match field(o, "labels") {
+        None => None,
+        Some(Value::Array(a)) if !a.is_empty() && a.len() <= 100_000 => Some(
+            a.iter()
+                .map(|x| match x {
+                    Value::String(s) if !s.is_empty() => Ok(s.clone()),
+                    other => Err(bad(format!(
+                        "field `subset.labels` must hold non-empty strings, got {other}"
+                    ))),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        Some(other) => {
+            return Err(bad(format!(
+                "field `subset.labels` must be a non-empty list of label names, got {other}"
+            )))
+        }
+    };
+    let fraction = match field(o, "fraction") {
+        None => None,
+        Some(x) => match x.as_f64() {
+            Some(f) if f > 0.0 && f <= 1.0 => Some(f),
+            _ => {
+                return Err(bad(format!(
+                    "field `subset.fraction` must be a number above 0 and at most 1, got {x}"
+                )))
+            }
+        },
+    };
+    let seed = match field(o, "seed") {
+        None => None,
+        Some(x) => Some(x.as_u64().ok_or_else(|| {
+            bad(format!(
+                "field `subset.seed` must be a non-negative integer, got {x}"
+            ))
+        })?),
+    };
+    let given = [manifest.is_some(), labels.is_some(), fraction.is_some()]
+        .iter()
+        .filter(|b| **b)
+        .count();
+    if given != 1 {
+        return Err(bad(format!(
+            "field `subset` must have exactly one of `manifest`, `labels` or `fraction`, got {given}"
+        )));
+    }
+    Ok(Some(Subset {
+        manifest,
+        labels,
+        fraction,
+        seed,
+    }))
+}
+
+fn opt_u32(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>, ProtocolError> {
+    match field(obj, name) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|x| u32::try_from(x).ok())
+            .filter(|x| *x >= 1)
+            .map(Some)
+            .ok_or_else(|| {
+                ProtocolError::new(
+                    ErrorCode::BadRequest,
+                    format!("field `{name}` must be a positive integer, got {v}"),
+                )
+            }),
+    }
+}
+
 /// A request. Serialized with its `op`; read by [`parse_request`].
 #[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -110,14 +217,41 @@ pub enum Request {
         /// Protocol version the client speaks, if it says.
         #[serde(skip_serializing_if = "Option::is_none")]
         version: Option<u32>,
-        /// Job identity (e.g. model name) used for rf history and per-job state.
+        /// Job identity (e.g. model name) used for rf history and per-job state. On a shared
+        /// mount (`--share`) the job joins under this name.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        job: Option<String>,
+        /// Shared mount: the part of the source the job reads (default: all of it).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        subset: Option<Subset>,
+        /// Shared mount: the job's rf policy (`fixed`, `score`, `bollinger`), instead of the
+        /// mount's.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        rf_policy: Option<String>,
+        /// Shared mount: the job's rf (the fixed rf, or the adaptive policies' start).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        rf: Option<u32>,
+        /// Shared mount: the token of an earlier `hello` of this job (a reconnection).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        token: Option<String>,
+    },
+    /// A job leaves a shared mount: its view goes and its share is released.
+    Leave {
+        /// The job.
+        job: String,
+    },
+    /// The daemon's state (see the status object in the README).
+    Status {
+        /// Shared mount: the job whose position to report.
         #[serde(skip_serializing_if = "Option::is_none")]
         job: Option<String>,
     },
-    /// The daemon's state (see the status object in the README).
-    Status,
     /// The current view's relative paths and its generation.
-    Files,
+    Files {
+        /// Shared mount: the job whose view to list.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        job: Option<String>,
+    },
     /// The end of one pass over the current mini-epoch.
     PassEnd {
         /// Job identity.
@@ -132,6 +266,9 @@ pub enum Request {
     Advance {
         /// Block until the next mini-epoch is staged and the view has switched.
         wait: bool,
+        /// Shared mount: the job.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        job: Option<String>,
     },
     /// Apply a decision made elsewhere (followers in multi-node jobs): advance to exactly
     /// `mini_epoch` of `epoch`, waiting for staging when `wait`.
@@ -142,6 +279,9 @@ pub enum Request {
         mini_epoch: u32,
         /// Block until staged.
         wait: bool,
+        /// Shared mount: the job.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        job: Option<String>,
     },
     /// Unmount and stop the daemon, keeping the cache for a later resume.
     Shutdown,
@@ -275,9 +415,22 @@ pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
                 )?),
             },
             job: opt_string(&obj, "job")?,
+            subset: parse_subset(&obj)?,
+            rf_policy: opt_string(&obj, "rf_policy")?,
+            rf: opt_u32(&obj, "rf")?,
+            token: opt_string(&obj, "token")?,
         },
-        "status" => Request::Status,
-        "files" => Request::Files,
+        "leave" => Request::Leave {
+            job: opt_string(&obj, "job")?.ok_or_else(|| {
+                ProtocolError::new(ErrorCode::BadRequest, "`leave` needs the field `job`")
+            })?,
+        },
+        "status" => Request::Status {
+            job: opt_string(&obj, "job")?,
+        },
+        "files" => Request::Files {
+            job: opt_string(&obj, "job")?,
+        },
         "pass_end" => Request::PassEnd {
             job: opt_string(&obj, "job")?,
             metrics: parse_metrics(obj.get("metrics"))?,
@@ -285,6 +438,7 @@ pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
         },
         "advance" => Request::Advance {
             wait: opt_bool(&obj, "wait")?,
+            job: opt_string(&obj, "job")?,
         },
         "apply" => Request::Apply {
             epoch: req_u64(&obj, "epoch")?,
@@ -292,13 +446,14 @@ pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
                 ProtocolError::new(ErrorCode::BadRequest, "field `mini_epoch` is too large")
             })?,
             wait: opt_bool(&obj, "wait")?,
+            job: opt_string(&obj, "job")?,
         },
         "shutdown" => Request::Shutdown,
         other => {
             return Err(ProtocolError::new(
                 ErrorCode::UnknownOp,
                 format!(
-                    "unknown op `{}`; known ops: hello, status, files, pass_end, advance, apply, shutdown",
+                    "unknown op `{}`; known ops: hello, leave, status, files, pass_end, advance, apply, shutdown",
                     other.chars().take(64).collect::<String>()
                 ),
             ))
@@ -329,7 +484,7 @@ mod tests {
     fn parses_known_ops() {
         assert_eq!(
             parse_request(r#"{"op":"status"}"#).unwrap(),
-            Request::Status
+            Request::Status { job: None }
         );
         assert_eq!(
             parse_request(r#"{"op":"pass_end","metrics":{"loss":0.5},"block":true}"#).unwrap(),
@@ -343,13 +498,52 @@ mod tests {
             parse_request(r#"{"op":"hello","version":1,"job":"resnet"}"#).unwrap(),
             Request::Hello {
                 version: Some(1),
-                job: Some("resnet".into())
+                job: Some("resnet".into()),
+                subset: None,
+                rf_policy: None,
+                rf: None,
+                token: None,
             }
         );
         assert_eq!(
             parse_request(r#"{"op":"advance","wait":true}"#).unwrap(),
-            Request::Advance { wait: true }
+            Request::Advance {
+                wait: true,
+                job: None
+            }
         );
+    }
+
+    #[test]
+    fn subsets_are_checked() {
+        let ok = parse_request(r#"{"op":"hello","job":"a","subset":{"fraction":0.5,"seed":3}}"#)
+            .unwrap();
+        let Request::Hello {
+            subset: Some(s), ..
+        } = ok
+        else {
+            panic!("{ok:?}")
+        };
+        assert_eq!((s.fraction, s.seed), (Some(0.5), Some(3)));
+        for (line, says) in [
+            (r#"{"op":"hello","subset":{"fraction":0}}"#, "fraction"),
+            (r#"{"op":"hello","subset":{"fraction":1.5}}"#, "fraction"),
+            (r#"{"op":"hello","subset":{}}"#, "exactly one"),
+            (
+                r#"{"op":"hello","subset":{"labels":["a"],"fraction":0.5}}"#,
+                "exactly one",
+            ),
+            (r#"{"op":"hello","subset":{"labels":[]}}"#, "labels"),
+            (r#"{"op":"hello","subset":{"labels":[""]}}"#, "labels"),
+            (r#"{"op":"hello","subset":{"rows":3}}"#, "subset.rows"),
+            (r#"{"op":"hello","subset":"all"}"#, "subset"),
+            (r#"{"op":"hello","rf":0}"#, "rf"),
+            (r#"{"op":"leave"}"#, "job"),
+        ] {
+            let e = parse_request(line).unwrap_err();
+            assert_eq!(e.code, ErrorCode::BadRequest, "{line}");
+            assert!(e.message.contains(says), "{line}: {}", e.message);
+        }
     }
 
     #[test]
@@ -414,7 +608,7 @@ mod tests {
         );
         assert_eq!(
             parse_request(r#"{"v":1,"op":"status"}"#).unwrap(),
-            Request::Status
+            Request::Status { job: None }
         );
     }
 
@@ -425,23 +619,44 @@ mod tests {
             Request::Hello {
                 version: Some(1),
                 job: Some("j".into()),
+                subset: None,
+                rf_policy: None,
+                rf: None,
+                token: None,
             },
             Request::Hello {
                 version: None,
-                job: None,
+                job: Some("j".into()),
+                subset: Some(Subset {
+                    manifest: None,
+                    labels: Some(vec!["cat".into()]),
+                    fraction: None,
+                    seed: None,
+                }),
+                rf_policy: Some("score".into()),
+                rf: Some(4),
+                token: Some("00ff".into()),
             },
-            Request::Status,
-            Request::Files,
+            Request::Leave { job: "j".into() },
+            Request::Status { job: None },
+            Request::Status {
+                job: Some("j".into()),
+            },
+            Request::Files { job: None },
             Request::PassEnd {
                 job: Some("j".into()),
                 metrics: [("loss".to_string(), 0.25)].into_iter().collect(),
                 block: true,
             },
-            Request::Advance { wait: true },
+            Request::Advance {
+                wait: true,
+                job: None,
+            },
             Request::Apply {
                 epoch: 3,
                 mini_epoch: 1,
                 wait: false,
+                job: Some("j".into()),
             },
             Request::Shutdown,
         ];

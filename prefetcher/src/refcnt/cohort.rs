@@ -263,6 +263,18 @@ impl Cohort {
         self.members.get(name)?.next.as_ref()
     }
 
+    /// Samples the jobs other than `name` have drawn into views they have not reached yet
+    /// (queued, open, or prepared next): what they will still read this round of views. A
+    /// store that drops one of these makes that job fetch it again.
+    pub fn drawn_ahead(&self, name: &str) -> HashSet<u32> {
+        self.members
+            .iter()
+            .filter(|(n, _)| n.as_str() != name)
+            .flat_map(|(_, m)| m.queue.iter().chain([&m.open]).chain(m.next.as_ref()))
+            .flat_map(|v| v.samples.iter().copied())
+            .collect()
+    }
+
     /// Every job, by name.
     pub fn members(&self) -> Vec<MemberStatus> {
         self.members

@@ -152,18 +152,34 @@ class Hello:
     version: str | None
     mountpoint: str | None
     job: str | None
-    raw: dict[str, Any] = field(repr=False, compare=False)
+    #: On a shared mount (``metfs mount --share``): the job's place (``path`` of its view,
+    #: ``share_bytes``, ``view_bytes``, ``samples``, ``token``); ``None`` on a plain mount.
+    share: dict[str, Any] | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_response(cls, obj: dict[str, Any]) -> Hello:
         """Builds the answer from a response object."""
+        share = obj.get("share")
+        if share is not None and not (
+            isinstance(share, dict) and isinstance(share.get("path"), str)
+        ):
+            raise MetfsError("bad_response", f"`hello` response has a malformed `share`: {share!r}")
         return cls(
             protocol=_req_int(obj, "protocol", "hello"),
             version=_opt_str(obj, "version"),
             mountpoint=_opt_str(obj, "mountpoint"),
             job=_opt_str(obj, "job"),
+            share=share,
             raw=obj,
         )
+
+    @property
+    def view_path(self) -> str | None:
+        """Where this job's view is: ``MNT/<job>`` on a shared mount, else the mountpoint."""
+        if self.share is not None:
+            return str(self.share["path"])
+        return self.mountpoint
 
 
 @dataclass(frozen=True)
@@ -415,6 +431,14 @@ class Client:
     it is harmless (``hello``, ``status``, ``files``, ``apply``), otherwise
     ``MetfsConnectionError("connection_lost")`` is raised.
 
+    On a shared mount (``metfs mount --share``) the ``hello`` joins the job under its name
+    (required there) and answers once its first view is staged; ``subset`` (one of
+    ``{"manifest": PATH}``, ``{"labels": [...]}``, ``{"fraction": F, "seed": S}``),
+    ``rf_policy`` and ``rf`` choose what it reads and how often; every request carries the
+    job's name, a reconnection the token the daemon gave, and :meth:`leave` ends it (else it
+    is dropped after the mount's ``share.idle_secs`` without a request). The job's view is at
+    ``client.info.view_path``.
+
     The client is safe to share between threads (requests are serialised) and is a context
     manager that closes the connection.
     """
@@ -427,6 +451,9 @@ class Client:
         *,
         wait_timeout: float | None = None,
         connect: bool = True,
+        subset: Mapping[str, Any] | None = None,
+        rf_policy: str | None = None,
+        rf: int | None = None,
     ) -> None:
         path = socket if socket is not None else os.environ.get(SOCKET_ENV)
         if not path:
@@ -439,6 +466,10 @@ class Client:
         self.job: str | None = job if job is not None else (os.environ.get(JOB_ENV) or None)
         self.timeout = timeout
         self.wait_timeout = wait_timeout
+        self.subset: dict[str, Any] | None = dict(subset) if subset is not None else None
+        self.rf_policy = rf_policy
+        self.rf = rf
+        self._token: str | None = None
         self._sock: _socket.socket | None = None
         self._buf = bytearray()
         self._lock = threading.RLock()
@@ -489,12 +520,11 @@ class Client:
             ) from None
         self._sock = sock
         self._buf.clear()
-        request: dict[str, Any] = {"op": "hello", "version": PROTOCOL_VERSION}
-        if self.job:
-            request["job"] = self.job
+        request = self._hello_request()
         try:
             self._send(request)
-            resp = self._recv(self.timeout, "hello")
+            # A join on a shared mount answers once the job's first view is staged.
+            resp = self._recv(self.wait_timeout if self.job else self.timeout, "hello")
         except (OSError, ConnectionError) as e:
             self._close_socket()
             raise MetfsConnectionError(
@@ -508,7 +538,31 @@ class Client:
         if not resp.get("ok"):
             self._close_socket()
             raise _error_from(resp)
-        self._hello = Hello.from_response(resp)
+        self._took_hello(Hello.from_response(resp))
+
+    def _hello_request(self) -> dict[str, Any]:
+        request: dict[str, Any] = {"op": "hello", "version": PROTOCOL_VERSION}
+        if self.job:
+            request["job"] = self.job
+        if self.subset is not None:
+            request["subset"] = self.subset
+        if self.rf_policy is not None:
+            request["rf_policy"] = self.rf_policy
+        if self.rf is not None:
+            request["rf"] = self.rf
+        if self._token is not None:
+            request["token"] = self._token
+        return request
+
+    def _took_hello(self, hello: Hello) -> None:
+        self._hello = hello
+        if hello.share is not None:
+            self._token = str(hello.share.get("token"))
+
+    def _with_job(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self.job:
+            request["job"] = self.job
+        return request
 
     def _close_socket(self) -> None:
         if self._sock is not None:
@@ -652,11 +706,16 @@ class Client:
 
     def hello(self) -> Hello:
         """Performs the handshake again and returns the daemon's identity."""
-        request: dict[str, Any] = {"op": "hello", "version": PROTOCOL_VERSION}
-        if self.job:
-            request["job"] = self.job
-        self._hello = Hello.from_response(self.request(request))
+        self._took_hello(Hello.from_response(self.request(self._hello_request())))
+        assert self._hello is not None
         return self._hello
+
+    def leave(self) -> None:
+        """Leaves a shared mount: the job's view goes and its share of the store is freed."""
+        if not self.job:
+            raise MetfsError("bad_request", "`leave` needs the client's job name")
+        self.request({"op": "leave", "job": self.job})
+        self._token = None
 
     @property
     def info(self) -> Hello | None:
@@ -665,11 +724,11 @@ class Client:
 
     def status(self) -> Status:
         """The daemon's state: position, generation, staging readiness, bytes."""
-        return Status.from_response(self.request({"op": "status"}))
+        return Status.from_response(self.request(self._with_job({"op": "status"})))
 
     def files(self) -> FilesView:
         """The current view's files (relative and absolute) with its generation and position."""
-        return FilesView.from_response(self.request({"op": "files"}))
+        return FilesView.from_response(self.request(self._with_job({"op": "files"})))
 
     def pass_end(self, metrics: Mapping[str, Any] | None = None, block: bool = False) -> Decision:
         """Reports the end of one pass over the current mini-epoch and returns the decision.
@@ -695,7 +754,8 @@ class Client:
         ``wait=True`` the daemon blocks until it is staged and the view has switched.
         """
         return Decision.from_response(
-            self.request({"op": "advance", "wait": bool(wait)}, wait=wait), "advance"
+            self.request(self._with_job({"op": "advance", "wait": bool(wait)}), wait=wait),
+            "advance",
         )
 
     def apply(self, epoch: int, mini_epoch: int, wait: bool = True) -> Decision:
@@ -711,7 +771,9 @@ class Client:
                 )
         return Decision.from_response(
             self.request(
-                {"op": "apply", "epoch": epoch, "mini_epoch": mini_epoch, "wait": bool(wait)},
+                self._with_job(
+                    {"op": "apply", "epoch": epoch, "mini_epoch": mini_epoch, "wait": bool(wait)}
+                ),
                 wait=wait,
             ),
             "apply",

@@ -80,13 +80,16 @@ enum Cmd {
         #[arg(long, default_value_t = 60)]
         timeout: u64,
     },
-    /// Show the daemon's state.
+    /// Show the daemon's state (on a shared mount: every job, or one with --job).
     Status {
         #[command(flatten)]
         sock: SocketArg,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+        /// On a shared mount (--share): the job whose position to show.
+        #[arg(long)]
+        job: Option<String>,
     },
     /// Report the end of one pass over the current mini-epoch; prints the decision as JSON.
     PassEnd {
@@ -109,6 +112,9 @@ enum Cmd {
         /// Block until the next mini-epoch is staged and the view has switched.
         #[arg(long)]
         wait: bool,
+        /// On a shared mount (--share): the job.
+        #[arg(long)]
+        job: Option<String>,
     },
     /// Inspect and manage a dynamic-sharding queue in etcd (`etcd://HOST:PORT/PREFIX`).
     #[command(subcommand)]
@@ -120,6 +126,9 @@ enum Cmd {
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+        /// On a shared mount (--share): the job whose view to list.
+        #[arg(long)]
+        job: Option<String>,
     },
 }
 
@@ -242,8 +251,8 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
             mount::umount(&mountpoint, Duration::from_secs(timeout))?;
             Ok(())
         }
-        Cmd::Status { sock, json } => {
-            let st: Status = client::request(&sock.socket, &Request::Status)?;
+        Cmd::Status { sock, json, job } => {
+            let st: Status = client::request(&sock.socket, &Request::Status { job })?;
             if json {
                 println!("{}", serde_json::to_string(&Reply::new(st))?);
             } else {
@@ -272,13 +281,13 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
             println!("{}", serde_json::to_string(&Reply::new(d))?);
             Ok(())
         }
-        Cmd::Advance { sock, wait } => {
-            let d: Decision = client::request(&sock.socket, &Request::Advance { wait })?;
+        Cmd::Advance { sock, wait, job } => {
+            let d: Decision = client::request(&sock.socket, &Request::Advance { wait, job })?;
             println!("{}", serde_json::to_string(&Reply::new(d))?);
             Ok(())
         }
-        Cmd::Files { sock, json } => {
-            let view: FilesView = client::request(&sock.socket, &Request::Files)?;
+        Cmd::Files { sock, json, job } => {
+            let view: FilesView = client::request(&sock.socket, &Request::Files { job })?;
             if json {
                 println!("{}", serde_json::to_string(&Reply::new(view))?);
             } else {
@@ -358,6 +367,27 @@ fn print_status(st: &Status) {
         );
         if let Some(e) = &d.last_error {
             println!("queue error: {e}");
+        }
+    }
+    if let Some(jobs) = &st.jobs {
+        println!("shared store: {} job(s)", jobs.len());
+        for j in jobs {
+            println!(
+                "  {}: epoch {} view {} pass {} (rf {} {})  {} files, {}  {} samples, share {}  next: {}{}  idle {:.0} s",
+                j.name,
+                j.epoch,
+                j.mini_epoch,
+                j.pass,
+                j.rf,
+                j.rf_policy,
+                j.files,
+                b(j.view_bytes),
+                j.samples,
+                b(j.share_bytes),
+                if j.next_ready { "ready" } else { "not ready" },
+                if j.held_back { " (held back for a slower job)" } else { "" },
+                j.idle_secs
+            );
         }
     }
     if let Some(e) = &st.last_error {

@@ -1,0 +1,64 @@
+//! The `[share]` settings: several jobs on one mount, one staged store (`metfs mount --share`).
+//! The daemon's side is `crate::daemon`'s `share` module.
+
+use serde::{Deserialize, Serialize};
+
+/// What a job that runs ahead of the store does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum SharePace {
+    /// It gets MET's `wait` (a bonus pass on its current view) rather than drop from the store
+    /// what a slower job has drawn and not staged yet: the tier is read once.
+    #[default]
+    Wait,
+    /// It moves on; the slower job fetches again what was dropped (the paper's alternative).
+    Evict,
+}
+
+impl std::fmt::Display for SharePace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SharePace::Wait => "wait",
+            SharePace::Evict => "evict",
+        })
+    }
+}
+
+/// Several jobs on one mount (`[share]` in the config file, `--share` and `--share-*` flags).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShareConfig {
+    /// Serve several jobs from one staged store: each job joins with `hello` and its name and
+    /// reads its own view at MNT/<job>; off: one job, its view at the mount's root.
+    #[arg(id = "share.enabled", long = "share", action = clap::ArgAction::Set, num_args = 0..=1,
+        require_equals = true, default_missing_value = "true", default_value_t = false)]
+    pub enabled: bool,
+    /// Jobs the budget is shared between: each job joining gets 1/jobs of what the budget
+    /// leaves after metadata, for its current and next views (so its views are at most half
+    /// of that); a job that would pass the count is refused. 4 is one trial per GPU of a
+    /// common node.
+    #[arg(id = "share.jobs", long = "share-jobs",
+        default_value_t = ShareConfig::default().jobs)]
+    pub jobs: u32,
+    /// What a job that runs ahead of the store does: `wait` (a bonus pass rather than
+    /// dropping what a slower job still needs) or `evict`.
+    #[arg(id = "share.pace", long = "share-pace", value_enum,
+        default_value_t = ShareConfig::default().pace)]
+    pub pace: SharePace,
+    /// Seconds without a request after which a job is dropped and its share released (a
+    /// killed trainer pins nothing for longer). Above the longest pass of any job: 900 s.
+    #[arg(id = "share.idle_secs", long = "share-idle-secs",
+        default_value_t = ShareConfig::default().idle_secs)]
+    pub idle_secs: u64,
+}
+
+impl Default for ShareConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            jobs: 4,
+            pace: SharePace::Wait,
+            idle_secs: 900,
+        }
+    }
+}

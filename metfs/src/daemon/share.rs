@@ -1,0 +1,601 @@
+//! A shared mount (`metfs mount --share`): several jobs on one daemon and one staged store
+//! (paper 004, JOADER).
+//!
+//! * **Jobs.** A job joins with `hello` and its name (`METFS_JOB` in the Python client), and
+//!   optionally a subset of the source (a manifest, labels, or a fraction with a seed) and its
+//!   own rf policy. It becomes a [`Session`] of that name whose view is the directory
+//!   `MNT/<job>`; the mount's root lists the jobs. `hello` answers once the job's first view
+//!   is staged and shown, as a plain mount goes live only with its first mini-epoch. A job
+//!   leaves with `leave`, or is dropped after `share.idle_secs` without a request (a
+//!   `kill -9`'d trainer pins nothing for longer). A second `hello` under a name present is
+//!   refused unless it carries the token the first one was given (the client's reconnection).
+//! * **Views from one sampler.** Each job's views (its mini-epochs, numbered by sequence like
+//!   a queue's batches) come from the store's [`Cohort`]: dependent sampling (corrected
+//!   Algorithm 1, `prefetcher::planner::dsa`) draws every job's views together, so jobs over
+//!   overlapping datasets take their shared samples in the same round while each job's own
+//!   order stays uniformly random.
+//! * **One store.** A job's view is staged into a slot of its own (`<job>.e…-m…`), and every
+//!   sample some slot of the store already holds is hard-linked from it, not fetched
+//!   (`Store::stage` offers every slot as a donor): a sample two jobs read in the same round is
+//!   read from the tier once and stored once, and the store counts each file once.
+//! * **Shares.** The budget left after metadata is cut into `share.jobs` equal shares; a job
+//!   takes one when it joins (its current and next views, so each of its views is at most half
+//!   a share) and a join past the count is refused with the numbers. The shares granted never
+//!   exceed the budget, so every job's pinned views fit whatever the others do. Retired slots
+//!   are kept as donors while the room left allows (the store's held slots) and let go, those
+//!   the other jobs need least first, when a staging needs the room.
+//! * **Pace.** With `share.pace = wait` (the default), a job whose view would retire while
+//!   another job has drawn some of its samples into a view not staged yet, and the store
+//!   cannot keep the slot, is answered `wait` (a bonus pass) instead: it never makes a slower
+//!   job read the tier again. It is never held back when every other job is held back too.
+//!   With `evict` it moves on.
+//!
+//! Positions are not saved: a restarted shared daemon starts each job over when it joins
+//! again (the slots of the last run are removed at start).
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
+
+use super::*;
+use crate::config::share::{ShareConfig, SharePace};
+use crate::dds::{Batch, Holder};
+use crate::protocol::{JobShare, JobStatus, Subset};
+use prefetcher::refcnt::cohort::{Cohort, Next as CohortNext, Pace};
+
+/// The jobs of a shared mount and their sampler.
+pub(super) struct Shared {
+    pub(super) cfg: ShareConfig,
+    /// Every job's views, shares and references (lock after the sessions', before the store's).
+    pub(super) cohort: Mutex<Cohort>,
+    pub(super) jobs: Mutex<BTreeMap<String, JobMeta>>,
+    /// The last generation handed out: generations are unique across jobs, since inode
+    /// numbers carry them.
+    generation: AtomicU64,
+    /// Most bytes of one view of a job (half a share).
+    pub(super) view_bytes: u64,
+}
+
+/// What the daemon keeps of a job besides its session.
+pub(super) struct JobMeta {
+    token: String,
+    last_seen: Instant,
+    pub(super) held_back: bool,
+    samples: u64,
+}
+
+impl Shared {
+    pub(super) fn new(cfg: ShareConfig, budget: &Budget, footprints: Vec<u64>, seed: u64) -> Self {
+        let view_bytes = budget.slot_bytes / u64::from(cfg.jobs.max(1));
+        let pace = match cfg.pace {
+            // The daemon holds a job back itself (`holds_back`): the cohort's own ledger
+            // models a pool of single samples, not the store's slots.
+            SharePace::Wait | SharePace::Evict => Pace::Evict,
+        };
+        Self {
+            cohort: Mutex::new(Cohort::new(2 * budget.slot_bytes, footprints, seed, pace)),
+            jobs: Mutex::default(),
+            // Generation 1 is the root's (empty) view.
+            generation: AtomicU64::new(1),
+            view_bytes,
+            cfg,
+        }
+    }
+
+    /// A generation no view has.
+    pub(super) fn take_generation(&self) -> u64 {
+        let prev = self
+            .generation
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |g| {
+                Some(match next_generation(g) {
+                    1 => 2,
+                    n => n,
+                })
+            })
+            .expect("the update always succeeds");
+        match next_generation(prev) {
+            1 => 2,
+            n => n,
+        }
+    }
+}
+
+/// Checks a job's name: it is a directory name under the mount and part of slot names.
+pub fn check_job_name(name: &str) -> Result<(), ProtocolError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(ProtocolError::new(
+            ErrorCode::BadRequest,
+            format!(
+                "job name {name:?} is not valid on a shared mount: use 1 to 64 letters, digits, `_`, `-` or `.`, not starting with `.` (it names the job's directory under the mount)"
+            ),
+        ))
+    }
+}
+
+fn bad(message: String) -> ProtocolError {
+    ProtocolError::new(ErrorCode::BadRequest, message)
+}
+
+/// A 64-bit mix (splitmix64), for the `fraction` subset's draw.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e3779b97f4a7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d049bb133111eb);
+    x ^ (x >> 31)
+}
+
+impl Daemon {
+    /// Whether this is a shared mount (`--share`).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// The session a request acts on: on a shared mount the job it names (required), else the
+    /// default session. Counts as the job's sign of life.
+    pub(crate) fn session_for(&self, job: Option<&str>) -> Result<String, ProtocolError> {
+        let Some(sh) = &self.shared else {
+            return Ok(DEFAULT_SESSION.to_string());
+        };
+        let Some(job) = job else {
+            return Err(bad(
+                "this mount is shared between jobs (--share): name the job (`job`, or METFS_JOB in the Python client)".into(),
+            ));
+        };
+        match sh.jobs.lock().unwrap().get_mut(job) {
+            Some(m) => {
+                m.last_seen = Instant::now();
+                Ok(job.to_string())
+            }
+            None => Err(bad(format!(
+                "job {job:?} has not joined this shared mount (or was dropped after {} s without a request); send `hello` with its name first",
+                sh.cfg.idle_secs
+            ))),
+        }
+    }
+
+    /// The samples of `subset` (all of the source without one), each checked.
+    fn subset_samples(
+        &self,
+        job: &str,
+        subset: Option<&Subset>,
+    ) -> Result<Vec<u32>, ProtocolError> {
+        let catalog = &self.store.catalog;
+        let n = catalog.len() as u32;
+        let Some(subset) = subset else {
+            return Ok((0..n).collect());
+        };
+        let mut ids: Vec<u32> = if let Some(path) = &subset.manifest {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                bad(format!(
+                    "job {job:?}: subset manifest {path}: cannot read it: {e}"
+                ))
+            })?;
+            let mut ids = Vec::new();
+            for (i, line) in text.lines().enumerate() {
+                let line = line.trim();
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                let rel = line.trim_start_matches("./");
+                match catalog.find(rel) {
+                    Some(id) => ids.push(id),
+                    None => {
+                        return Err(bad(format!(
+                            "job {job:?}: subset manifest {path}, line {}: `{rel}` is not a sample of the source {}",
+                            i + 1,
+                            self.cfg.source
+                        )))
+                    }
+                }
+            }
+            ids
+        } else if let Some(labels) = &subset.labels {
+            let names = catalog.label_names();
+            let per_sample = catalog.labels().unwrap_or(&[]);
+            let mut wanted = HashSet::new();
+            for l in labels {
+                match names.iter().position(|x| x == l) {
+                    Some(i) => {
+                        wanted.insert(i as u32);
+                    }
+                    None => {
+                        return Err(bad(format!(
+                            "job {job:?}: subset label {l:?} is not a label of the source (labels are its first-level directories: {})",
+                            names.iter().take(20).cloned().collect::<Vec<_>>().join(", ")
+                        )))
+                    }
+                }
+            }
+            (0..n)
+                .filter(|&id| {
+                    per_sample
+                        .get(id as usize)
+                        .is_some_and(|l| wanted.contains(l))
+                })
+                .collect()
+        } else {
+            let f = subset.fraction.unwrap_or(1.0);
+            let seed = subset.seed.unwrap_or(0);
+            let k = ((f * n as f64).round() as u32).clamp(1, n);
+            let mut all: Vec<u32> = (0..n).collect();
+            all.sort_unstable_by_key(|&id| mix(seed ^ mix(u64::from(id))));
+            all.truncate(k as usize);
+            all
+        };
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.is_empty() {
+            return Err(bad(format!("job {job:?}: its subset holds no sample")));
+        }
+        Ok(ids)
+    }
+
+    /// A job joins a shared mount (`hello` with its name): see the module doc. Answers once
+    /// its first view is shown.
+    pub async fn join(
+        &self,
+        job: Option<String>,
+        subset: Option<Subset>,
+        rf_policy: Option<String>,
+        rf: Option<u32>,
+        token: Option<String>,
+    ) -> Result<Hello, ProtocolError> {
+        let sh = self.shared.as_ref().expect("a shared mount");
+        let Some(name) = job else {
+            return Err(bad(
+                "this mount is shared between jobs (--share): `hello` must name the job (`job`, or METFS_JOB in the Python client)".into(),
+            ));
+        };
+        check_job_name(&name)?;
+        if self.is_shutting_down() {
+            return Err(ProtocolError::new(
+                ErrorCode::ShuttingDown,
+                "the daemon is shutting down",
+            ));
+        }
+        let present = sh.jobs.lock().unwrap().get(&name).map(|m| m.token.clone());
+        let token = match present {
+            Some(t) if token.as_deref() == Some(t.as_str()) => {
+                self.session_for(Some(&name))?;
+                t
+            }
+            Some(_) => {
+                return Err(bad(format!(
+                    "a job named {name:?} is already on this shared mount; give each job its own name (METFS_JOB), or leave the other one first"
+                )))
+            }
+            None => self.admit(&name, subset.as_ref(), rf_policy, rf)?,
+        };
+        // Its first view: staged by the staging loop, then shown here.
+        let mut rx = self.changed.subscribe();
+        loop {
+            if self.fs.job_view(&name).is_some() || self.try_switch(&name).await {
+                break;
+            }
+            if self.is_shutting_down() {
+                return Err(ProtocolError::new(
+                    ErrorCode::ShuttingDown,
+                    "the daemon is shutting down",
+                ));
+            }
+            if !self.sessions.lock().unwrap().contains_key(&name) {
+                return Err(bad(format!(
+                    "job {name:?} left before its first view was staged"
+                )));
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await;
+        }
+        let samples = sh.jobs.lock().unwrap().get(&name).map_or(0, |m| m.samples);
+        let mut hello = self.hello(Some(name.clone()));
+        hello.share = Some(JobShare {
+            path: self.mountpoint().join(&name).display().to_string(),
+            share_bytes: 2 * sh.view_bytes,
+            view_bytes: sh.view_bytes,
+            samples,
+            token,
+        });
+        Ok(hello)
+    }
+
+    /// Takes `name` into the cohort and makes its session; returns its token.
+    fn admit(
+        &self,
+        name: &str,
+        subset: Option<&Subset>,
+        rf_policy: Option<String>,
+        rf: Option<u32>,
+    ) -> Result<String, ProtocolError> {
+        let sh = self.shared.as_ref().expect("a shared mount");
+        let dataset = self.subset_samples(name, subset)?;
+        let mut cfg = self.cfg.clone();
+        if let Some(p) = &rf_policy {
+            cfg.policy.kind = p
+                .parse()
+                .map_err(|e| bad(format!("job {name:?}: rf_policy {p:?}: {e}")))?;
+        }
+        if let Some(rf) = rf {
+            cfg.policy.rf = rf;
+        }
+        let policy = build_policy(&cfg, None).map_err(|e| bad(format!("job {name:?}: {e}")))?;
+        let mut ss = self.sessions.lock().unwrap();
+        if ss.contains_key(name) {
+            return Err(bad(format!(
+                "a job named {name:?} is already on this shared mount; give each job its own name (METFS_JOB)"
+            )));
+        }
+        sh.cohort
+            .lock()
+            .unwrap()
+            .join(name, &dataset, sh.view_bytes)
+            .map_err(|e| {
+                bad(format!(
+                    "job {name:?} cannot join: {e} (the budget is shared by at most {} jobs, `share.jobs`; each takes {} when it joins)",
+                    sh.cfg.jobs,
+                    format_bytes(2 * sh.view_bytes)
+                ))
+            })?;
+        let generation = sh.take_generation();
+        let placeholder =
+            Arc::new(View::from_files(&[], generation, 0, 0, "", &self.paths.slots).nested());
+        let token = format!(
+            "{:016x}",
+            mix(std::process::id() as u64 ^ mix(Instant::now().elapsed().as_nanos() as u64))
+                ^ mix(self.started.elapsed().as_nanos() as u64)
+        );
+        ss.insert(
+            name.to_string(),
+            Session {
+                name: name.to_string(),
+                plan_cfg: PlanConfig {
+                    strategy: self.cfg.compose,
+                    seed: self.cfg.seed,
+                    slot_bytes: sh.view_bytes,
+                    mini_epochs: None,
+                    node_rank: 0,
+                    nodes: 1,
+                },
+                nm: 1,
+                fingerprint: String::new(),
+                state_file: PathBuf::new(),
+                epoch: 0,
+                // The first view is sequence 0, the successor of this.
+                mini_epoch: u32::MAX,
+                passes: 0,
+                generation,
+                sequence: 0,
+                advance_wanted: false,
+                bonus_passes: 0,
+                next: Next::Idle,
+                plans: BTreeMap::new(),
+                policy,
+                record: MiniEpochRecord::begin(0, 0, 0),
+                history: None,
+                job: name.to_string(),
+                meter: Meter::new(),
+                view: placeholder,
+                queue: Some(QueueState::default()),
+                shared: true,
+            },
+        );
+        sh.jobs.lock().unwrap().insert(
+            name.to_string(),
+            JobMeta {
+                token: token.clone(),
+                last_seen: Instant::now(),
+                held_back: false,
+                samples: dataset.len() as u64,
+            },
+        );
+        drop(ss);
+        tracing::info!(
+            job = name,
+            samples = dataset.len(),
+            share = %format_bytes(2 * sh.view_bytes),
+            "job joined the shared store"
+        );
+        self.bump();
+        Ok(token)
+    }
+
+    /// Job `name` leaves (or is dropped): its session, views and share go; the slots only it
+    /// held are deleted once drained.
+    pub async fn leave(&self, name: &str) -> Result<(), ProtocolError> {
+        let sh = self.shared.as_ref().ok_or_else(|| {
+            bad("`leave` is for shared mounts (--share); this mount serves one job".into())
+        })?;
+        let (next_slot, current_slot) = {
+            let mut ss = self.sessions.lock().unwrap();
+            let s = ss
+                .remove(name)
+                .ok_or_else(|| bad(format!("job {name:?} is not on this shared mount")))?;
+            if let Err(e) = sh.cohort.lock().unwrap().leave(name) {
+                tracing::warn!(job = name, error = %e, "the cohort did not know the job");
+            }
+            sh.jobs.lock().unwrap().remove(name);
+            let next_slot = match &s.next {
+                Next::Ready { slot, .. } => Some(slot.clone()),
+                _ => None,
+            };
+            (
+                next_slot,
+                (!s.view.slot.is_empty()).then(|| s.view.slot.clone()),
+            )
+        };
+        if let Some(old) = self.fs.remove_job(name) {
+            self.store.retire_slot(old.generation, &old.slot, &[]);
+            // As after a switch: the slot may be held as a donor, and its deletion waits for
+            // that; nobody waits for the deletion.
+            let me = self.me.lock().unwrap().upgrade();
+            if let (true, Some(me)) = (self.fs.is_drained(&old), me) {
+                let gen = old.generation;
+                tokio::spawn(async move { me.evict_view(gen).await });
+            } else if self.read_path_now() == ReadPath::Cached {
+                if let Some(me) = self.me.lock().unwrap().upgrade() {
+                    tokio::spawn(me.release_kernel_refs(old.generation));
+                }
+            }
+        }
+        if let Some(slot) = next_slot {
+            self.drop_slot(&slot).await;
+        }
+        let kernel = self.kernel.lock().unwrap().clone();
+        if let Some(n) = kernel {
+            let job = name.to_string();
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = n.inval_entry(crate::view::ROOT_INO, &job);
+                let _ = n.inval_inode(crate::view::ROOT_INO);
+            })
+            .await;
+        }
+        tracing::info!(job = name, slot = ?current_slot, "job left the shared store");
+        self.bump();
+        Ok(())
+    }
+
+    /// Deletes a slot staged for a job that left before showing it.
+    pub(super) async fn drop_slot(&self, slot: &str) {
+        let stager = self.store.stager.clone();
+        let name = slot.to_string();
+        match tokio::task::spawn_blocking(move || stager.evict(&name)).await {
+            Ok(Ok(())) => self.store.forget_slot(slot),
+            other => {
+                tracing::error!(slot, result = ?other.map(|r| r.err()), "cannot delete a slot of a job that left")
+            }
+        }
+    }
+
+    /// Drops the jobs silent for longer than `share.idle_secs`; run by the monitor.
+    pub(super) fn reap_idle(self: &Arc<Self>) {
+        let Some(sh) = &self.shared else { return };
+        let idle = Duration::from_secs(sh.cfg.idle_secs);
+        let gone: Vec<String> = sh
+            .jobs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, m)| m.last_seen.elapsed() > idle)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in gone {
+            tracing::warn!(
+                job = %name,
+                idle_secs = sh.cfg.idle_secs,
+                "dropping a job that sent no request for share.idle_secs: its share and views are released"
+            );
+            let me = self.clone();
+            tokio::spawn(async move {
+                let _ = me.leave(&name).await;
+            });
+        }
+    }
+
+    /// Prepares the next view of every job that has none: drawn by the cohort, handed to the
+    /// session as its successor batch. Run by the staging loop.
+    pub(super) fn serve_cohort(&self) {
+        let Some(sh) = &self.shared else { return };
+        let mut ss = self.sessions.lock().unwrap();
+        for s in ss.values_mut().filter(|s| s.shared) {
+            let seq = s.mini_epoch.wrapping_add(1);
+            let Some(q) = s.queue.as_mut() else { continue };
+            if q.batches.contains_key(&seq) {
+                continue;
+            }
+            let mut cohort = sh.cohort.lock().unwrap();
+            match cohort.prepare(&s.name) {
+                Ok(CohortNext::Stage { .. }) | Ok(CohortNext::Prepared) => {
+                    let Some(v) = cohort.next_view(&s.name) else {
+                        continue;
+                    };
+                    q.batches.insert(
+                        seq,
+                        Batch {
+                            epoch: v.epoch,
+                            shards: Vec::new(),
+                            lengths: Vec::new(),
+                            samples: v.samples.clone(),
+                            bytes: v.bytes,
+                            holder: Holder {
+                                node: s.name.clone(),
+                                inc: 0,
+                            },
+                        },
+                    );
+                }
+                Ok(CohortNext::Wait) => {}
+                Err(e) => {
+                    tracing::error!(job = %s.name, error = %e, "cannot draw the job's next view");
+                    self.store.note_error(format!("job {}: {e}", s.name));
+                }
+            }
+        }
+    }
+
+    /// Whether session `s`'s switch must wait (`share.pace = wait`): its current view holds
+    /// samples another job has drawn and not staged, that no other slot holds, and the store
+    /// cannot keep the slot; unless every other job is held back too.
+    pub(super) fn holds_back(&self, ss: &Sessions, s: &Session) -> bool {
+        let Some(sh) = &self.shared else { return false };
+        if sh.cfg.pace != SharePace::Wait || s.view.slot.is_empty() {
+            return false;
+        }
+        let ahead = sh.cohort.lock().unwrap().drawn_ahead(&s.name);
+        let current = s
+            .queue
+            .as_ref()
+            .and_then(|q| q.batches.get(&s.mini_epoch))
+            .map(|b| b.samples.clone())
+            .unwrap_or_default();
+        let needed: Vec<u32> = current.into_iter().filter(|x| ahead.contains(x)).collect();
+        let held = !needed.is_empty()
+            && !self.store.elsewhere(&s.view.slot, &needed)
+            && !self.store.could_hold(&s.view.slot);
+        let mut jobs = sh.jobs.lock().unwrap();
+        let others_move = ss
+            .keys()
+            .filter(|n| n.as_str() != s.name)
+            .any(|n| jobs.get(n).is_some_and(|m| !m.held_back));
+        let held = held && others_move;
+        if let Some(m) = jobs.get_mut(&s.name) {
+            m.held_back = held;
+        }
+        held
+    }
+
+    /// Every job of a shared mount, for `status`.
+    pub(super) fn job_statuses(&self, ss: &Sessions) -> Option<Vec<JobStatus>> {
+        let sh = self.shared.as_ref()?;
+        let jobs = sh.jobs.lock().unwrap();
+        Some(
+            ss.values()
+                .filter(|s| s.shared)
+                .map(|s| {
+                    let meta = jobs.get(&s.name);
+                    JobStatus {
+                        name: s.name.clone(),
+                        epoch: s.epoch,
+                        mini_epoch: s.mini_epoch,
+                        pass: s.passes,
+                        rf_policy: s.policy.name().to_string(),
+                        rf: s.policy.expected_rf(),
+                        bonus_passes: s.bonus_passes,
+                        generation: s.generation,
+                        files: s.view.file_count() as u64,
+                        view_bytes: s.view.bytes(),
+                        samples: meta.map_or(0, |m| m.samples),
+                        share_bytes: 2 * sh.view_bytes,
+                        next_ready: s.next_ready(),
+                        held_back: meta.is_some_and(|m| m.held_back),
+                        idle_secs: meta.map_or(0.0, |m| m.last_seen.elapsed().as_secs_f64()),
+                    }
+                })
+                .collect(),
+        )
+    }
+}
