@@ -1,0 +1,241 @@
+"""Several jobs on one daemon (`metfs mount --share`): real mounts, each job a separate Python
+process using the real client and `metfs.passes`, reading its own view at MNT/<job> and
+checking every byte against the source."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from conftest import Mount, rpc, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# One job: joins, trains `epochs` MET epochs with metfs.passes, reads every file of every pass
+# through its directory and compares it with the source's digest, then leaves.
+JOB = r"""
+import hashlib, json, sys, metfs
+sock, job, digests, out, epochs, extra = sys.argv[1:7]
+digests = json.load(open(digests))
+c = metfs.Client(sock, job=job, **json.loads(extra))
+res = {"views": [], "bad": [], "share": c.info.share, "passes": 0}
+loop = metfs.passes(c, epochs=int(epochs))
+for p in loop:
+    if p.pass_in_mini_epoch == 0:
+        res["views"].append([p.epoch, p.mini_epoch, p.files])
+    assert p.mountpoint == c.info.share["path"], (p.mountpoint, c.info.share)
+    for path, rel in zip(p.paths, p.files):
+        with open(path, "rb") as f:
+            if hashlib.sha256(f.read()).hexdigest() != digests[rel]:
+                res["bad"].append(rel)
+    res["passes"] += 1
+    p.report(loss=1.0 / (1 + res["passes"]))
+res["rf"] = loop.rf_per_mini_epoch()
+res["status"] = c.status().raw
+c.leave()
+json.dump(res, open(out, "w"))
+"""
+
+
+def make_dataset(root: Path, n: int = 400) -> dict[str, str]:
+    """`n` files of 6-20 KiB in 4 class directories: {path: sha256}."""
+    rng = random.Random(11)
+    digests = {}
+    for i in range(n):
+        rel = f"c{i % 4}/s{i:04d}.bin"
+        data = rng.randbytes(rng.randrange(6 << 10, 20 << 10))
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        digests[rel] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
+def start_job(m: Mount, tmp: Path, name: str, digests: Path, epochs: int = 2, **extra: Any) -> subprocess.Popen[str]:
+    out = tmp / f"job-{name}.json"
+    out.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
+    return subprocess.Popen(
+        [sys.executable, "-c", JOB, m.socket, name, str(digests), str(out), str(epochs), json.dumps(extra)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(p: subprocess.Popen[str], tmp: Path, name: str, m: Mount, timeout: float = 240) -> dict[str, Any]:
+    try:
+        _, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+        raise AssertionError(f"job {name} did not finish: {err[-3000:]}\nstatus: {m.status()}\nlog:\n{m.log()}")
+    assert p.returncode == 0, f"job {name} failed: {err[-3000:]}\nlog:\n{m.log()}"
+    return json.loads((tmp / f"job-{name}.json").read_text())
+
+
+def check_epochs(res: dict[str, Any], dataset: set[str], epochs: int) -> None:
+    """Every epoch's views partition the job's dataset: each sample exactly once."""
+    assert not res["bad"], f"bytes differ from the source: {res['bad'][:5]}"
+    by_epoch: dict[int, list[str]] = {}
+    for epoch, _, files in res["views"]:
+        by_epoch.setdefault(epoch, []).extend(files)
+    for e in range(epochs):
+        files = by_epoch.get(e, [])
+        assert len(files) == len(set(files)), f"epoch {e}: a sample is in two views"
+        assert set(files) == dataset, f"epoch {e}: {len(set(files))} of {len(dataset)} samples, extra {sorted(set(files) - dataset)[:3]}"
+
+
+@pytest.fixture
+def shared(mounts: Callable[..., Mount], tmp_path: Path) -> tuple[Mount, dict[str, str], Path]:
+    src = tmp_path / "src"
+    digests = make_dataset(src)
+    dpath = tmp_path / "digests.json"
+    dpath.write_text(json.dumps(digests))
+    return mounts(src, "4MiB", "--share", "--share-jobs", "4", "--rf", "2", "--share-idle-secs", "4", name="s"), digests, dpath
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_jobs_read_their_own_datasets_once_per_epoch_through_one_daemon(shared: Any, tmp_path: Path, k: int) -> None:
+    m, digests, dpath = shared
+    m.mount()
+    assert os.listdir(m.mountpoint) == []
+    subsets: list[dict[str, Any]] = [{}, {}, {"subset": {"labels": ["c1", "c2"]}}, {"subset": {"fraction": 0.5, "seed": 3}}]
+    jobs = {f"j{i}": start_job(m, tmp_path, f"j{i}", dpath, **subsets[i]) for i in range(k)}
+    results = {n: finish(p, tmp_path, n, m) for n, p in jobs.items()}
+    everything = set(digests)
+    for name, res in results.items():
+        share = res["share"]
+        assert share["path"] == str(m.mountpoint / name)
+        if name in ("j0", "j1"):
+            dataset = everything
+        elif name == "j2":
+            dataset = {f for f in everything if f.split("/")[0] in ("c1", "c2")}
+        else:
+            assert share["samples"] == 200
+            dataset = {f for e, _, files in res["views"] if e == 0 for f in files}
+            assert len(dataset) == 200
+        assert share["samples"] == len(dataset)
+        check_epochs(res, dataset, 2)
+        # Views fit the job's share: at most half of it.
+        assert all(sum(os.path.getsize(m.mountpoint.parent / "src" / f) for f in files) <= share["view_bytes"] for _, _, files in res["views"])
+    st = m.status()
+    assert st["jobs"] == [], "every job left"
+    assert st["cache_bytes"] <= st["budget_bytes"]
+    # The tier serves the union of the datasets about once per epoch, not each job's: samples
+    # the jobs share are fetched once and hard-linked between their slots.
+    src = m.mountpoint.parent / "src"
+    size = {f: (src / f).stat().st_size for f in digests}
+    # What separate mounts would read for one epoch of every job.
+    separate = sum(sum(size[f] for e, _, files in r["views"] if e == 0 for f in files) for r in results.values())
+    if k == 2:
+        # Two jobs over the whole dataset: one job's two epochs and its staging ahead (a
+        # third epoch's first views), against two such jobs on separate mounts.
+        assert st["tier_bytes_read"] <= 1.3 * separate, (st["tier_bytes_read"], separate)
+        assert st["reused_bytes"] >= 1.5 * sum(size.values()), st
+    else:
+        # Overlapping subsets at different paces share less, but still less than separate
+        # mounts read in the two epochs.
+        assert st["tier_bytes_read"] < 2 * separate, (st["tier_bytes_read"], separate)
+
+
+def test_a_job_joins_mid_epoch_and_one_has_another_rf(shared: Any, tmp_path: Path) -> None:
+    m, digests, dpath = shared
+    m.mount()
+    a = start_job(m, tmp_path, "a", dpath, epochs=2, rf_policy="fixed", rf=1)
+    # b joins once a is a few views in.
+    wait_for(lambda: any(j["name"] == "a" and j["mini_epoch"] >= 2 and j["mini_epoch"] < 1000 for j in m.status()["jobs"] or []), 60, "job a a few views in")
+    b = start_job(m, tmp_path, "b", dpath, epochs=1, rf_policy="fixed", rf=3)
+    ra, rb = finish(a, tmp_path, "a", m), finish(b, tmp_path, "b", m)
+    check_epochs(ra, set(digests), 2)
+    check_epochs(rb, set(digests), 1)
+    # Each job's own rf: a one pass per view, b three (bonus passes only add).
+    assert all(n == 1 for _, _, n in ra["rf"][:-1]) or ra["status"]["bonus_passes"] > 0, ra["rf"]
+    assert all(n >= 3 for _, _, n in rb["rf"][:-1]), rb["rf"]
+    assert rb["status"]["rf_policy"] == "fixed" and rb["status"]["rf"] == 3
+
+
+def test_a_killed_job_is_dropped_after_the_idle_timeout_and_the_others_go_on(shared: Any, tmp_path: Path) -> None:
+    m, digests, dpath = shared
+    m.mount()
+    # A job that joins and never sends pass_end, and one killed with SIGKILL mid-training.
+    idle = start_job(m, tmp_path, "idle", dpath)
+    wait_for(lambda: "idle" in os.listdir(m.mountpoint), 60, "job idle joined")
+    os.kill(idle.pid, signal.SIGSTOP)
+    k = start_job(m, tmp_path, "k", dpath, epochs=5)
+    wait_for(lambda: "k" in os.listdir(m.mountpoint), 60, "job k joined")
+    time.sleep(0.5)
+    os.kill(k.pid, signal.SIGKILL)
+    k.wait()
+    a = start_job(m, tmp_path, "a", dpath, epochs=2)
+    ra = finish(a, tmp_path, "a", m)
+    check_epochs(ra, set(digests), 2)
+    wait_for(lambda: not (m.status()["jobs"] or []), 30, "idle and killed jobs dropped")
+    assert os.listdir(m.mountpoint) == []
+    log = m.log()
+    assert "dropping a job that sent no request" in log
+    os.kill(idle.pid, signal.SIGKILL)
+    idle.wait()
+    # Their shares are free again: four new jobs fit.
+    socks = [rpc(m.socket, {"op": "hello", "job": f"n{i}"}) for i in range(4)]
+    assert all(r["ok"] for r in socks), socks
+    assert sorted(os.listdir(m.mountpoint)) == ["n0", "n1", "n2", "n3"]
+
+
+def test_bad_joins_get_clear_errors_and_leave_the_others_alone(shared: Any, tmp_path: Path) -> None:
+    m, digests, dpath = shared
+    m.mount()
+    a = start_job(m, tmp_path, "a", dpath, epochs=2)
+    wait_for(lambda: "a" in os.listdir(m.mountpoint), 60, "job a joined")
+
+    def hello(**kw: Any) -> dict[str, Any]:
+        return rpc(m.socket, {"op": "hello", "v": 1, **kw})
+
+    r = hello(job="a")
+    assert not r["ok"] and "already on this shared mount" in r["error"]["message"], r
+    manifest = tmp_path / "subset.txt"
+    manifest.write_text("c0/s0000.bin\nc7/nowhere.bin\n")
+    r = hello(job="b", subset={"manifest": str(manifest)})
+    assert not r["ok"] and "line 2" in r["error"]["message"] and "c7/nowhere.bin" in r["error"]["message"], r
+    r = hello(job="b", subset={"labels": ["dogs"]})
+    assert not r["ok"] and '"dogs"' in r["error"]["message"], r
+    r = hello(job="../b")
+    assert not r["ok"] and "not valid" in r["error"]["message"], r
+    r = hello()
+    assert not r["ok"] and "name the job" in r["error"]["message"], r
+    r = rpc(m.socket, {"op": "pass_end", "metrics": {}})
+    assert not r["ok"] and "name the job" in r["error"]["message"], r
+    r = rpc(m.socket, {"op": "pass_end", "job": "ghost", "metrics": {}})
+    assert not r["ok"] and "has not joined" in r["error"]["message"], r
+    # The budget is shared by four: three more fit, a fifth is refused with the numbers.
+    for i in range(3):
+        assert hello(job=f"f{i}")["ok"]
+    r = hello(job="f3")
+    assert not r["ok"] and "cannot join" in r["error"]["message"] and "share.jobs" in r["error"]["message"], r
+    for i in range(3):
+        assert rpc(m.socket, {"op": "leave", "job": f"f{i}"})["ok"]
+    ra = finish(a, tmp_path, "a", m)
+    check_epochs(ra, set(digests), 2)
+
+
+def test_a_plain_mount_refuses_share_requests(mounts: Callable[..., Mount], tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_dataset(src, 40)
+    m = mounts(src, "4MiB", name="p")
+    m.mount()
+    r = rpc(m.socket, {"op": "hello", "job": "a", "subset": {"fraction": 0.5}})
+    assert not r["ok"] and "shared mounts" in r["error"]["message"], r
+    r = rpc(m.socket, {"op": "leave", "job": "a"})
+    assert not r["ok"] and "shared mounts" in r["error"]["message"], r
+    assert m.status()["jobs"] is None
