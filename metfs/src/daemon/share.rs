@@ -25,9 +25,9 @@
 //!   are kept as donors while the room left allows (the store's held slots) and let go, those
 //!   the other jobs need least first, when a staging needs the room.
 //! * **Pace.** With `share.pace = wait` (the default), a job whose view would retire while
-//!   another job has drawn some of its samples into a view not staged yet, and the store
-//!   cannot keep the slot, is answered `wait` (a bonus pass) instead: it never makes a slower
-//!   job read the tier again. It is never held back when every other job is held back too.
+//!   another job has drawn some of its samples into a view not staged yet (and no other slot
+//!   holds them) is answered `wait` (a bonus pass) instead: it never makes a slower job read
+//!   the tier again. It is never held back when every other job is held back too.
 //!   With `evict` it moves on.
 //!
 //! Positions are not saved: a restarted shared daemon starts each job over when it joins
@@ -160,6 +160,15 @@ impl Daemon {
         }
     }
 
+    /// Counts as a sign of life of job `name` (a request, or waiting for staging for it).
+    pub(super) fn touch_job(&self, name: &str) {
+        if let Some(sh) = &self.shared {
+            if let Some(m) = sh.jobs.lock().unwrap().get_mut(name) {
+                m.last_seen = Instant::now();
+            }
+        }
+    }
+
     /// The samples of `subset` (all of the source without one), each checked.
     fn subset_samples(
         &self,
@@ -276,6 +285,8 @@ impl Daemon {
         // Its first view: staged by the staging loop, then shown here.
         let mut rx = self.changed.subscribe();
         loop {
+            // Waiting for its first view is not being idle.
+            self.touch_job(&name);
             if self.fs.job_view(&name).is_some() || self.try_switch(&name).await {
                 break;
             }
@@ -443,7 +454,16 @@ impl Daemon {
             }
         }
         if let Some(slot) = next_slot {
-            self.drop_slot(&slot).await;
+            // Never shown, but the jobs that drew the same samples may still link from it:
+            // retired like a view, it is kept as a donor while the room allows.
+            let gen = sh.take_generation();
+            self.store.retire_slot(gen, &slot, &[]);
+            let me = self.me.lock().unwrap().upgrade();
+            if let Some(me) = me {
+                tokio::spawn(async move { me.evict_view(gen).await });
+            } else {
+                self.drop_slot(&slot).await;
+            }
         }
         let kernel = self.kernel.lock().unwrap().clone();
         if let Some(n) = kernel {
@@ -538,14 +558,21 @@ impl Daemon {
     }
 
     /// Whether session `s`'s switch must wait (`share.pace = wait`): its current view holds
-    /// samples another job has drawn and not staged, that no other slot holds, and the store
-    /// cannot keep the slot; unless every other job is held back too.
+    /// samples another job has drawn into a view of the same epoch and not staged, that no
+    /// other slot holds; unless every other job is held back too.
     pub(super) fn holds_back(&self, ss: &Sessions, s: &Session) -> bool {
         let Some(sh) = &self.shared else { return false };
         if sh.cfg.pace != SharePace::Wait || s.view.slot.is_empty() {
             return false;
         }
-        let ahead = sh.cohort.lock().unwrap().drawn_ahead(&s.name);
+        // Only what the others read in this same epoch of theirs: a job in its next epoch
+        // wants every sample again, which no store smaller than the dataset keeps anyway,
+        // and holding the slower job back for it would only stall both.
+        let ahead = sh
+            .cohort
+            .lock()
+            .unwrap()
+            .drawn_ahead(&s.name, Some(s.epoch));
         let current = s
             .queue
             .as_ref()
@@ -553,9 +580,9 @@ impl Daemon {
             .map(|b| b.samples.clone())
             .unwrap_or_default();
         let needed: Vec<u32> = current.into_iter().filter(|x| ahead.contains(x)).collect();
-        let held = !needed.is_empty()
-            && !self.store.elsewhere(&s.view.slot, &needed)
-            && !self.store.could_hold(&s.view.slot);
+        // A slot the store would hold as a donor is no help: the next staging may let it go
+        // before the slower job has linked from it.
+        let held = !needed.is_empty() && !self.store.elsewhere(&s.view.slot, &needed);
         let mut jobs = sh.jobs.lock().unwrap();
         let others_move = ss
             .keys()

@@ -45,7 +45,9 @@ impl Daemon {
             let job = {
                 let mut ss = self.sessions.lock().unwrap();
                 // No byte of a new slot while a retired one still takes space (the budget).
-                let job = if self.store.is_draining() {
+                // (On a shared mount each staging checks its own room instead: one job's
+                // frozen reader must not stop the others.)
+                let job = if !self.is_shared() && self.store.is_draining() {
                     None
                 } else {
                     ss.values_mut().find_map(|s| self.begin_staging(s))
@@ -256,9 +258,9 @@ impl Daemon {
             return None;
         }
         let (samples, bytes) = s.members(&self.store, target);
-        // On a shared mount the held slots make room for this one first (and the staging
-        // waits for their deletion).
-        if s.shared && (self.store.is_draining() || self.store.release_for(&samples)) {
+        // On a shared mount the files on the node and this slot must fit the budget, held
+        // slots let go to make room (the staging waits for their deletion).
+        if s.shared && !self.store.room_for(&samples) {
             return None;
         }
         let slot = s.slot_of(target);
@@ -290,7 +292,11 @@ impl Daemon {
     /// Evicts retired views whose last handle closed; run as a task.
     pub async fn drain_loop(self: Arc<Self>, mut rx: tokio::sync::mpsc::UnboundedReceiver<u64>) {
         while let Some(gen) = rx.recv().await {
-            self.evict_view(gen).await;
+            // Each on its own task: the eviction of a slot held as a donor waits until it is
+            // let go, which must not delay the eviction of another slot behind it (staging
+            // waits for that one, and only staging lets held slots go).
+            let me = self.clone();
+            tokio::spawn(async move { me.evict_view(gen).await });
         }
     }
 

@@ -310,21 +310,16 @@ impl Store {
         self.released.notify_waiters();
     }
 
-    /// Before a staging of `samples` on a shared mount: lets held slots go, oldest first,
-    /// until the slots on the node and what the staging adds fit the two slots' bytes. Returns
-    /// whether any was let go (the staging then waits for their deletion).
-    pub(super) fn release_for(&self, samples: &[u32]) -> bool {
+    /// Before a staging of `samples` on a shared mount: whether the files on the node (every
+    /// slot, draining ones included, each file once) and what the staging adds fit the two
+    /// slots' bytes. If not, held slots are let go, oldest first, and the staging waits for
+    /// their deletion (`false`). So a slot another job cannot let go of (a frozen reader
+    /// holds it open) costs its bytes, not every job's staging, while the budget holds.
+    pub(super) fn room_for(&self, samples: &[u32]) -> bool {
         let mut b = self.book.lock().unwrap();
         let mut released = false;
-        loop {
-            let gone: Vec<String> = b
-                .draining
-                .values()
-                .filter(|s| !b.held.contains(*s))
-                .cloned()
-                .collect();
-            let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
-            let on_node = b.on_node(self.footprints.len(), &gone);
+        let fits = loop {
+            let on_node = b.on_node(self.footprints.len(), &[]);
             let new: u64 = samples
                 .iter()
                 .filter(|&&id| !on_node[id as usize])
@@ -335,9 +330,8 @@ impl Store {
                 .iter()
                 .map(|s| self.slot_meta(b.samples.get(s).map_or(0, |x| x.len())))
                 .sum();
-            if b.distinct_bytes(&self.footprints, &gone) + new + meta <= 2 * self.budget.slot_bytes
-            {
-                break;
+            if b.distinct_bytes(&self.footprints, &[]) + new + meta <= 2 * self.budget.slot_bytes {
+                break !released;
             }
             let oldest = b.draining.values().find(|s| b.held.contains(*s)).cloned();
             match oldest {
@@ -345,14 +339,14 @@ impl Store {
                     b.held.remove(&s);
                     released = true;
                 }
-                None => break,
+                None => break false,
             };
-        }
+        };
         drop(b);
         if released {
             self.released.notify_waiters();
         }
-        released
+        fits
     }
 
     /// Whether every one of `samples` is held by a slot other than `slot` (not draining
@@ -368,27 +362,6 @@ impl Store {
         except.push(slot);
         let on = b.on_node(self.footprints.len(), &except);
         samples.iter().all(|&x| on[x as usize])
-    }
-
-    /// Whether retiring `slot` now would keep it as a donor (the held slots and it fit).
-    pub(super) fn could_hold(&self, slot: &str) -> bool {
-        let b = self.book.lock().unwrap();
-        if b.held.len() + 1 > self.max_held {
-            return false;
-        }
-        let gone: Vec<&str> = b
-            .draining
-            .values()
-            .filter(|s| !b.held.contains(*s))
-            .map(String::as_str)
-            .collect();
-        let meta: u64 = b
-            .held
-            .iter()
-            .chain([&slot.to_string()])
-            .map(|s| self.slot_meta(b.samples.get(s).map_or(0, |x| x.len())))
-            .sum();
-        b.distinct_bytes(&self.footprints, &gone) + meta <= 2 * self.budget.slot_bytes
     }
 
     /// A slot deleted without having been shown (its job left): its bytes are free.

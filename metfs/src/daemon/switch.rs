@@ -64,7 +64,7 @@ impl Daemon {
                     if let Err(e) = cohort.advance(name) {
                         tracing::error!(job = name, error = %e, "the cohort cannot advance the job");
                     }
-                    cohort.drawn_ahead(name).into_iter().collect()
+                    cohort.drawn_ahead(name, None).into_iter().collect()
                 }
                 None if s.queue.is_some() => Vec::new(),
                 None => s.members(&self.store, successor(succ, s.nm)).0,
@@ -246,6 +246,8 @@ impl Daemon {
     pub(super) async fn switch_blocking_inner(&self, name: &str) -> Result<(), ProtocolError> {
         loop {
             let mut rx = self.changed.subscribe();
+            // A job blocked for staging is not idle (a shared mount drops idle jobs).
+            self.touch_job(name);
             if self.try_switch(name).await {
                 return Ok(());
             }

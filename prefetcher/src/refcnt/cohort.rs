@@ -264,13 +264,14 @@ impl Cohort {
     }
 
     /// Samples the jobs other than `name` have drawn into views they have not reached yet
-    /// (queued, open, or prepared next): what they will still read this round of views. A
-    /// store that drops one of these makes that job fetch it again.
-    pub fn drawn_ahead(&self, name: &str) -> HashSet<u32> {
+    /// (queued, open, or prepared next), of their epoch `epoch` only if given: what they will
+    /// still read. A store that drops one of these makes that job fetch it again.
+    pub fn drawn_ahead(&self, name: &str, epoch: Option<u64>) -> HashSet<u32> {
         self.members
             .iter()
             .filter(|(n, _)| n.as_str() != name)
             .flat_map(|(_, m)| m.queue.iter().chain([&m.open]).chain(m.next.as_ref()))
+            .filter(|v| epoch.is_none_or(|e| v.epoch == e))
             .flat_map(|v| v.samples.iter().copied())
             .collect()
     }

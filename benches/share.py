@@ -1,0 +1,212 @@
+"""Several jobs on one node: one shared daemon (`metfs mount --share`) against k separate
+mounts with the same total budget, side by side in one run (issue: several jobs, one store).
+
+Each job is a separate Python process using the real client and `metfs.passes`: it reads every
+file of every pass through its view (a fixed time per sample: `--step-ms`, doubled for the slow
+job of the `slow` case) for `--epochs` MET epochs at a fixed rf of 2. The dataset is twice the
+budget. Printed per case: the capacity-tier bytes (`tier_bytes_read` from `status`, staging
+ahead included) of the shared daemon and of the separate mounts, each divided by what one job
+alone reads (the shared daemon with that job only: same view size); and, for `slow`, the fast
+job's samples/s against running alone.
+
+Cases (the goals of the issue in brackets):
+* `same2`: 2 jobs, same dataset [shared <= 1.05x one job; separate about 2x];
+* `same4`: 4 jobs, same dataset [<= 1.1x];
+* `slow`: 2 jobs, one 2x slower, `--share-pace wait` [<= 1.1x; fast job >= 0.9x alone];
+* `overlap`: 2 jobs with 75% overlap [<= 1.05 x |D1 u D2| / |D1| x one job].
+
+usage: python3 benches/share.py [--files 1000] [--kib 16] [--budget 8MiB] [--epochs 2]
+       [--step-ms 1] [--runs 3] [--cases same2,same4,slow,overlap]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import Mount, rpc  # noqa: E402
+
+JOB = r"""
+import json, sys, time, metfs
+sock, job, out, epochs, step, extra = sys.argv[1:7]
+step = float(step)
+c = metfs.Client(sock, job=job or None, **json.loads(extra))
+n, t0 = 0, time.monotonic()
+for p in metfs.passes(c, epochs=int(epochs)):
+    for path in p.paths:
+        with open(path, "rb") as f:
+            f.read()
+        n += 1
+        if step:
+            time.sleep(step)
+    p.report(loss=1.0)
+secs = time.monotonic() - t0
+st = c.status().raw
+if job:
+    c.leave()
+json.dump({"samples": n, "secs": secs, "tier": st["tier_bytes_read"]}, open(out, "w"))
+"""
+
+
+def metfs_bin() -> str:
+    return os.environ.get("METFS_BIN", str(ROOT / "target" / "release" / "metfs"))
+
+
+def make_dataset(root: Path, files: int, kib: int) -> list[str]:
+    rng = random.Random(3)
+    rels = []
+    for i in range(files):
+        rel = f"c{i % 8}/s{i:05d}.bin"
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(rng.randbytes(kib << 10))
+        rels.append(rel)
+    return rels
+
+
+def run_jobs(sock: str, work: Path, jobs: list[tuple[str, float, dict[str, Any]]], epochs: int) -> list[dict[str, Any]]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
+    procs = []
+    for i, (name, step, extra) in enumerate(jobs):
+        out = work / f"out-{i}.json"
+        s = sock if isinstance(sock, str) else sock[i]
+        procs.append((subprocess.Popen([sys.executable, "-c", JOB, s, name, str(out), str(epochs), str(step), json.dumps(extra)], env=env, stderr=subprocess.PIPE, text=True), out))
+    res = []
+    for p, out in procs:
+        _, err = p.communicate(timeout=1800)
+        if p.returncode != 0:
+            raise SystemExit(f"a job failed: {err[-2000:]}")
+        res.append(json.loads(out.read_text()))
+    return res
+
+
+def shared_run(src: Path, work: Path, budget: str, k_share: int, jobs: list[tuple[str, float, dict[str, Any]]], epochs: int) -> tuple[int, list[dict[str, Any]]]:
+    cache = work / "cache-shared"
+    cache.mkdir()
+    m = Mount(metfs_bin(), work / "mnt-shared", cache, str(src), ["--budget", budget, "--share", "--share-jobs", str(k_share), "--rf", "2", "--rf-policy", "fixed", "--history", str(work / "h.json")])
+    m.mount()
+    try:
+        res = run_jobs(m.socket, work, jobs, epochs)
+        return m.status()["tier_bytes_read"], res
+    finally:
+        m.umount()
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def separate_run(src: Path, work: Path, budget_bytes: int, jobs: list[tuple[str, float, dict[str, Any]]], epochs: int, manifests: list[Path | None]) -> int:
+    mounts = []
+    for i in range(len(jobs)):
+        cache = work / f"cache-sep{i}"
+        cache.mkdir()
+        args = ["--budget", str(budget_bytes // len(jobs)), "--rf", "2", "--rf-policy", "fixed", "--history", str(work / f"h{i}.json")]
+        if manifests[i] is not None:
+            args += ["--manifest", str(manifests[i])]
+        m = Mount(metfs_bin(), work / f"mnt-sep{i}", cache, str(src), args)
+        m.mount()
+        mounts.append(m)
+    try:
+        run_jobs([m.socket for m in mounts], work, [("", step, {}) for _, step, _ in jobs], epochs)  # type: ignore[arg-type]
+        return sum(rpc(m.socket, {"op": "status"})["tier_bytes_read"] for m in mounts)
+    finally:
+        for i, m in enumerate(mounts):
+            m.umount()
+            shutil.rmtree(work / f"cache-sep{i}", ignore_errors=True)
+
+
+def parse_size(s: str) -> int:
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    for u, f in units.items():
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * f)
+    return int(s)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", type=int, default=1000)
+    ap.add_argument("--kib", type=int, default=16)
+    ap.add_argument("--budget", default="8MiB")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--step-ms", type=float, default=1.0)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--cases", default="same2,same4,slow,overlap")
+    a = ap.parse_args()
+    step = a.step_ms / 1000
+    budget = parse_size(a.budget)
+    with tempfile.TemporaryDirectory(prefix="metfs-share-") as t:
+        tmp = Path(t)
+        src = tmp / "src"
+        rels = make_dataset(src, a.files, a.kib)
+        n = len(rels)
+        # D1 and D2 overlap in 75% of each: as subsets of the shared mount (lists of paths) and
+        # as manifests of separate mounts (CSV with sizes).
+        parts = (rels[: int(0.8 * n)], rels[int(0.2 * n) :])
+        d1, d2 = tmp / "d1.txt", tmp / "d2.txt"
+        c1, c2 = tmp / "d1.csv", tmp / "d2.csv"
+        for lst, d, c in zip(parts, (d1, d2), (c1, c2)):
+            d.write_text("\n".join(lst) + "\n")
+            c.write_text("path,size\n" + "".join(f"{r},{a.kib << 10}\n" for r in lst))
+        print(f"dataset {n} files of {a.kib} KiB ({n * a.kib / 1024:.1f} MiB), budget {a.budget}, {a.epochs} epochs at rf 2, {a.runs} runs, medians")
+        rows = []
+        for case in a.cases.split(","):
+            if case.startswith("same"):
+                k = int(case[4:])
+                jobs = [(f"j{i}", step, {}) for i in range(k)]
+                mans: list[Path | None] = [None] * k
+                ideal = 1.0
+            elif case == "slow":
+                k = 2
+                jobs = [("fast", step, {}), ("slow", 2 * step, {})]
+                mans = [None, None]
+                ideal = 1.0
+            elif case == "overlap":
+                k = 2
+                jobs = [("d1", step, {"subset": {"manifest": str(d1)}}), ("d2", step, {"subset": {"manifest": str(d2)}})]
+                mans = [c1, c2]
+                ideal = 1.0 / 0.8
+            else:
+                raise SystemExit(f"unknown case {case}")
+            ratios_sh, ratios_sep, speed = [], [], []
+            for r in range(a.runs):
+                work = tmp / f"{case}-{r}"
+                work.mkdir()
+                order = ["alone", "shared", "separate"]
+                random.Random(r).shuffle(order)
+                out: dict[str, Any] = {}
+                for what in order:
+                    if what == "alone":
+                        out["alone"] = shared_run(src, work, a.budget, k, [jobs[0]], a.epochs)
+                    elif what == "shared":
+                        out["shared"] = shared_run(src, work, a.budget, k, jobs, a.epochs)
+                    else:
+                        out["separate"] = separate_run(src, work, budget, jobs, a.epochs, mans)
+                alone = out["alone"][0]
+                ratios_sh.append(out["shared"][0] / alone)
+                ratios_sep.append(out["separate"] / alone)
+                fast_alone = out["alone"][1][0]["samples"] / out["alone"][1][0]["secs"]
+                fast_shared = out["shared"][1][0]["samples"] / out["shared"][1][0]["secs"]
+                speed.append(fast_shared / fast_alone)
+                shutil.rmtree(work, ignore_errors=True)
+            rows.append((case, statistics.median(ratios_sh), statistics.median(ratios_sep), ideal, statistics.median(speed)))
+        print()
+        print("| case | shared: tier bytes / one job's | separate mounts: tier bytes / one job's | |D1 u D2| / |D1| | first job's samples/s, shared / alone |")
+        print("|---|---|---|---|---|")
+        for case, sh, sep, ideal, sp in rows:
+            print(f"| {case} | {sh:.3f} | {sep:.3f} | {ideal:.2f} | {sp:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
