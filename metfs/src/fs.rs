@@ -3,7 +3,10 @@
 //!
 //! Invariants:
 //! * the root (inode 1) always resolves in the current view; any other inode resolves only in
-//!   the view of its generation, and only while that view is retained;
+//!   the view of its generation, and only while that view is retained. On a shared mount
+//!   ([`FsCore::new_shared`]) the root lists the jobs, each job's current view is the
+//!   directory of its name (its root an inode `generation << 32` of its own), and a switch of
+//!   one job swaps that job's view only; generations are unique across jobs;
 //! * a view switch ([`FsCore::switch`]) is one pointer swap under a write lock: a lookup sees
 //!   the old view or the new one, never a mix;
 //! * a handle pins its view: the view (and so its slot) is retained until the last handle on it
