@@ -53,7 +53,15 @@ pub(super) struct Shared {
     generation: AtomicU64,
     /// Most bytes of one view of a job (half a share).
     pub(super) view_bytes: u64,
+    /// When the last job joined: first views are drawn only [`JOIN_WINDOW`] after it.
+    last_join: Mutex<Option<Instant>>,
 }
+
+/// Jobs joining within this of each other draw their first views together. A job that joins
+/// after another has drawn views shares only part of each later view with it (dependent
+/// sampling then keeps both orders uniform, so it takes the shared samples in the same round
+/// only as often as that allows); the trials of a sweep start within a second of each other.
+pub const JOIN_WINDOW: Duration = Duration::from_secs(1);
 
 /// What the daemon keeps of a job besides its session.
 pub(super) struct JobMeta {
@@ -77,6 +85,7 @@ impl Shared {
             // Generation 1 is the root's (empty) view.
             generation: AtomicU64::new(1),
             view_bytes,
+            last_join: Mutex::new(None),
             cfg,
         }
     }
@@ -282,7 +291,10 @@ impl Daemon {
             }
             None => self.admit(&name, subset.as_ref(), rf_policy, rf)?,
         };
-        // Its first view: staged by the staging loop, then shown here.
+        // Its first view: drawn once no job has joined for the window, staged by the staging
+        // loop, then shown here.
+        tokio::time::sleep(JOIN_WINDOW).await;
+        self.bump();
         let mut rx = self.changed.subscribe();
         loop {
             // Waiting for its first view is not being idle.
@@ -395,6 +407,7 @@ impl Daemon {
                 shared: true,
             },
         );
+        *sh.last_join.lock().unwrap() = Some(Instant::now());
         sh.jobs.lock().unwrap().insert(
             name.to_string(),
             JobMeta {
@@ -520,8 +533,17 @@ impl Daemon {
     /// session as its successor batch. Run by the staging loop.
     pub(super) fn serve_cohort(&self) {
         let Some(sh) = &self.shared else { return };
+        let window_open = sh
+            .last_join
+            .lock()
+            .unwrap()
+            .is_some_and(|t| t.elapsed() < JOIN_WINDOW);
         let mut ss = self.sessions.lock().unwrap();
         for s in ss.values_mut().filter(|s| s.shared) {
+            if s.mini_epoch == u32::MAX && window_open {
+                // Its first view waits for the jobs joining with it.
+                continue;
+            }
             let seq = s.mini_epoch.wrapping_add(1);
             let Some(q) = s.queue.as_mut() else { continue };
             if q.batches.contains_key(&seq) {

@@ -349,16 +349,11 @@ impl Store {
         fits
     }
 
-    /// Whether every one of `samples` is held by a slot other than `slot` (not draining
-    /// without being held).
+    /// Whether every one of `samples` is in a live slot (shown, staging or staged) other
+    /// than `slot`. Held slots do not count: a staging may let them go at any time.
     pub(super) fn elsewhere(&self, slot: &str, samples: &[u32]) -> bool {
         let b = self.book.lock().unwrap();
-        let mut except: Vec<&str> = b
-            .draining
-            .values()
-            .filter(|s| !b.held.contains(*s))
-            .map(String::as_str)
-            .collect();
+        let mut except: Vec<&str> = b.draining.values().map(String::as_str).collect();
         except.push(slot);
         let on = b.on_node(self.footprints.len(), &except);
         samples.iter().all(|&x| on[x as usize])
