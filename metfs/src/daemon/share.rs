@@ -22,8 +22,10 @@
 //!   takes one when it joins (its current and next views, so each of its views is at most half
 //!   a share) and a join past the count is refused with the numbers. The shares granted never
 //!   exceed the budget, so every job's pinned views fit whatever the others do. Retired slots
-//!   are kept as donors while the room left allows (the store's held slots) and let go, those
-//!   the other jobs need least first, when a staging needs the room.
+//!   are kept as donors while the room left allows (the store's held slots) and let go when a
+//!   staging needs the room in RefCnt's order at the grain of slots: the slot whose samples
+//!   the jobs still need least this epoch (the cohort's reference counts) first, then the
+//!   oldest.
 //! * **Pace.** With `share.pace = wait` (the default), a job whose view would retire while
 //!   another job has drawn some of its samples into a view not staged yet (and no other slot
 //!   holds them) is answered `wait` (a bonus pass) instead: it never makes a slower job read

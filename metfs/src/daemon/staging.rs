@@ -260,8 +260,14 @@ impl Daemon {
         let (samples, bytes) = s.members(&self.store, target);
         // On a shared mount the files on the node and this slot must fit the budget, held
         // slots let go to make room (the staging waits for their deletion).
-        if s.shared && !self.store.room_for(&samples) {
-            return None;
+        if let (true, Some(sh)) = (s.shared, &self.shared) {
+            let cohort = sh.cohort.lock().unwrap();
+            if !self
+                .store
+                .room_for(&samples, |x| cohort.ledger().refcount(x))
+            {
+                return None;
+            }
         }
         let slot = s.slot_of(target);
         let progress: Arc<Progress> = Arc::default();

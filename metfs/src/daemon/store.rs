@@ -315,7 +315,11 @@ impl Store {
     /// slots' bytes. If not, held slots are let go, oldest first, and the staging waits for
     /// their deletion (`false`). So a slot another job cannot let go of (a frozen reader
     /// holds it open) costs its bytes, not every job's staging, while the budget holds.
-    pub(super) fn room_for(&self, samples: &[u32]) -> bool {
+    ///
+    /// Which held slot goes first is RefCnt's order at the grain of slots: the one whose
+    /// samples the jobs still need least this epoch (`refs`: how many jobs still need a
+    /// sample), then the oldest.
+    pub(super) fn room_for(&self, samples: &[u32], refs: impl Fn(u32) -> u32) -> bool {
         let mut b = self.book.lock().unwrap();
         let mut released = false;
         let fits = loop {
@@ -333,8 +337,18 @@ impl Store {
             if b.distinct_bytes(&self.footprints, &[]) + new + meta <= 2 * self.budget.slot_bytes {
                 break !released;
             }
-            let oldest = b.draining.values().find(|s| b.held.contains(*s)).cloned();
-            match oldest {
+            // Draining slots by generation, so `min_by_key` keeps the oldest among equals.
+            let victim = b
+                .draining
+                .values()
+                .filter(|s| b.held.contains(*s))
+                .min_by_key(|s| {
+                    b.samples
+                        .get(*s)
+                        .map_or(0, |x| x.iter().map(|&id| u64::from(refs(id))).sum::<u64>())
+                })
+                .cloned();
+            match victim {
                 Some(s) => {
                     b.held.remove(&s);
                     released = true;
