@@ -58,6 +58,8 @@ def test_follower_catches_up_at_start(two_fakes) -> None:  # type: ignore[no-unt
         "epoch": 1,
         "mini_epoch": 2,
         "wait": True,
+        # The client names its job in every request (a shared mount needs it).
+        "job": "dist",
     }
 
 
