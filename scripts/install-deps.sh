@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS=(fuse3 libhdf5-dev pkg-config fio python3-pytest
+APT_PKGS=(fuse3 libhdf5-dev pkg-config fio rsync python3-pytest
           slurm-wlm slurmctld slurmd slurm-client munge
           etcd-server protobuf-compiler)
 missing=()

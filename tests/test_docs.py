@@ -375,7 +375,8 @@ def test_every_mount_flag_is_a_config_key(tmp_path):
     not_keys = set(re.findall(r"`(--[a-z0-9-]+)`", claim.group(1))) | {"--help"}
     tables = {"": loader_keys(tmp_path), "stager": loader_keys(tmp_path, "stager"),
               "control": loader_keys(tmp_path, "control"), "s3": loader_keys(tmp_path, "s3"),
-              "transform": loader_keys(tmp_path, "transform"), "dds": loader_keys(tmp_path, "dds")}
+              "transform": loader_keys(tmp_path, "transform"), "dds": loader_keys(tmp_path, "dds"),
+              "share": loader_keys(tmp_path, "share")}
 
     def is_key(flag: str) -> bool:
         key = flag[2:].replace("-", "_")
@@ -383,7 +384,9 @@ def test_every_mount_flag_is_a_config_key(tmp_path):
             return "command" in tables["transform"]
         if key in ("dds", "node_name", "shard_done"):  # `url`, `node_name`, `shard_done` of `[dds]`
             return {"dds": "url"}.get(key, key) in tables["dds"]
-        for tb in ("stager", "control", "transform", "dds"):
+        if key == "share":  # `--share` is `enabled` of `[share]`
+            return "enabled" in tables["share"]
+        for tb in ("stager", "control", "transform", "dds", "share"):
             if key.startswith(tb + "_") and key[len(tb) + 1:] in tables[tb]:
                 return True
         return key in tables[""] or key in tables["s3"]
