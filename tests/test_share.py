@@ -4,10 +4,8 @@ checking every byte against the source."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -18,6 +16,7 @@ from typing import Any, Callable
 import pytest
 
 from conftest import Mount, rpc, wait_for
+from test_dds_mount import make_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,20 +44,6 @@ res["status"] = c.status().raw
 c.leave()
 json.dump(res, open(out, "w"))
 """
-
-
-def make_dataset(root: Path, n: int = 400) -> dict[str, str]:
-    """`n` files of 6-20 KiB in 4 class directories: {path: sha256}."""
-    rng = random.Random(11)
-    digests = {}
-    for i in range(n):
-        rel = f"c{i % 4}/s{i:04d}.bin"
-        data = rng.randbytes(rng.randrange(6 << 10, 20 << 10))
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
-        digests[rel] = hashlib.sha256(data).hexdigest()
-    return digests
 
 
 def start_job(m: Mount, tmp: Path, name: str, digests: Path, epochs: int = 2, **extra: Any) -> subprocess.Popen[str]:
@@ -100,7 +85,7 @@ def check_epochs(res: dict[str, Any], dataset: set[str], epochs: int) -> None:
 @pytest.fixture
 def shared(mounts: Callable[..., Mount], tmp_path: Path) -> tuple[Mount, dict[str, str], Path]:
     src = tmp_path / "src"
-    digests = make_dataset(src)
+    digests = make_dataset(src, 400)
     dpath = tmp_path / "digests.json"
     dpath.write_text(json.dumps(digests))
     return mounts(src, "4MiB", "--share", "--share-jobs", "4", "--rf", "2", "--share-idle-secs", "4", name="s"), digests, dpath

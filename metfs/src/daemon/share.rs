@@ -76,13 +76,15 @@ pub(super) struct JobMeta {
 impl Shared {
     pub(super) fn new(cfg: ShareConfig, budget: &Budget, footprints: Vec<u64>, seed: u64) -> Self {
         let view_bytes = budget.slot_bytes / u64::from(cfg.jobs.max(1));
-        let pace = match cfg.pace {
-            // The daemon holds a job back itself (`holds_back`): the cohort's own ledger
-            // models a pool of single samples, not the store's slots.
-            SharePace::Wait | SharePace::Evict => Pace::Evict,
-        };
         Self {
-            cohort: Mutex::new(Cohort::new(2 * budget.slot_bytes, footprints, seed, pace)),
+            // Whatever `share.pace`, the daemon holds a job back itself (`holds_back`): the
+            // cohort's own pace models a pool of single samples, not the store's slots.
+            cohort: Mutex::new(Cohort::new(
+                2 * budget.slot_bytes,
+                footprints,
+                seed,
+                Pace::Evict,
+            )),
             jobs: Mutex::default(),
             // Generation 1 is the root's (empty) view.
             generation: AtomicU64::new(1),
@@ -94,19 +96,16 @@ impl Shared {
 
     /// A generation no view has.
     pub(super) fn take_generation(&self) -> u64 {
-        let prev = self
-            .generation
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |g| {
-                Some(match next_generation(g) {
-                    1 => 2,
-                    n => n,
-                })
-            })
-            .expect("the update always succeeds");
-        match next_generation(prev) {
+        // After a wrap, 1 is the root's: skip it.
+        let after = |g| match next_generation(g) {
             1 => 2,
             n => n,
-        }
+        };
+        let prev = self
+            .generation
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |g| Some(after(g)))
+            .expect("the update always succeeds");
+        after(prev)
     }
 }
 
@@ -369,10 +368,12 @@ impl Daemon {
         let generation = sh.take_generation();
         let placeholder =
             Arc::new(View::from_files(&[], generation, 0, 0, "", &self.paths.slots).nested());
+        // Not a secret (the socket is the user's own): it tells a reconnection from another
+        // process under the same name.
         let token = format!(
             "{:016x}",
-            mix(std::process::id() as u64 ^ mix(Instant::now().elapsed().as_nanos() as u64))
-                ^ mix(self.started.elapsed().as_nanos() as u64)
+            mix(u64::from(std::process::id()) ^ mix(self.started.elapsed().as_nanos() as u64))
+                ^ mix(generation)
         );
         ss.insert(
             name.to_string(),

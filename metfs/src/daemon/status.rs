@@ -73,9 +73,9 @@ impl Daemon {
         };
         let draining_slots = self.store.draining_count();
         let idle = Next::Idle;
-        let (staging, staging_bytes_done) = match s.map_or(&idle, |s| &s.next) {
-            Next::Idle if draining_slots == 0 => (Staging::Idle, 0),
-            Next::Idle => (Staging::Draining, 0),
+        let staging = match s.map_or(&idle, |s| &s.next) {
+            Next::Idle if draining_slots == 0 => Staging::Idle,
+            Next::Idle => Staging::Draining,
             Next::Staging {
                 target,
                 slot,
@@ -96,64 +96,54 @@ impl Daemon {
                 } else {
                     None
                 };
-                (
-                    Staging::Staging {
-                        slot: slot.clone(),
-                        epoch: target.0,
-                        mini_epoch: target.1,
-                        files_done: progress.files_done.load(Ordering::Relaxed),
-                        files_total: progress.files_total.load(Ordering::Relaxed),
-                        bytes_done: done,
-                        bytes_total: total,
-                        bytes_per_s: rate,
-                        eta_s: eta,
-                        bytes_reused: progress.bytes_reused.load(Ordering::Relaxed),
-                        retries: progress.retries.load(Ordering::Relaxed),
-                        last_retry_error: progress.last_retry_error.lock().unwrap().clone(),
-                    },
-                    // Linked samples share their donor's file: on disk once.
-                    done.saturating_sub(progress.bytes_linked.load(Ordering::Relaxed)),
-                )
+                Staging::Staging {
+                    slot: slot.clone(),
+                    epoch: target.0,
+                    mini_epoch: target.1,
+                    files_done: progress.files_done.load(Ordering::Relaxed),
+                    files_total: progress.files_total.load(Ordering::Relaxed),
+                    bytes_done: done,
+                    bytes_total: total,
+                    bytes_per_s: rate,
+                    eta_s: eta,
+                    bytes_reused: progress.bytes_reused.load(Ordering::Relaxed),
+                    retries: progress.retries.load(Ordering::Relaxed),
+                    last_retry_error: progress.last_retry_error.lock().unwrap().clone(),
+                }
             }
             Next::Ready {
                 target,
                 slot,
                 report,
                 ..
-            } => (
-                Staging::Ready {
-                    slot: slot.clone(),
-                    epoch: target.0,
-                    mini_epoch: target.1,
-                    fetched: report.fetched,
-                    resumed: report.resumed,
-                    reused: report.reused,
-                    failed: report.failed.len() as u64,
-                    secs: report.elapsed.as_secs_f64(),
-                },
-                0,
-            ),
+            } => Staging::Ready {
+                slot: slot.clone(),
+                epoch: target.0,
+                mini_epoch: target.1,
+                fetched: report.fetched,
+                resumed: report.resumed,
+                reused: report.reused,
+                failed: report.failed.len() as u64,
+                secs: report.elapsed.as_secs_f64(),
+            },
             Next::Failed {
                 target,
                 error,
                 at,
                 failures,
                 pause,
-            } => (
-                Staging::Failed {
-                    epoch: target.0,
-                    mini_epoch: target.1,
-                    error: error.clone(),
-                    failures: *failures,
-                    retry_in_secs: pause.saturating_sub(at.elapsed()).as_secs_f64(),
-                },
-                0,
-            ),
+            } => Staging::Failed {
+                epoch: target.0,
+                mini_epoch: target.1,
+                error: error.clone(),
+                failures: *failures,
+                retry_in_secs: pause.saturating_sub(at.elapsed()).as_secs_f64(),
+            },
         };
         // Every session's slot being staged counts by its bytes so far, not its footprint.
         let staging_slots: Vec<&str> = ss.values().filter_map(|s| s.staging_slot()).collect();
-        // Every session's staging so far (one on a plain mount).
-        let _ = staging_bytes_done;
+        // Every session's staging so far (one on a plain mount); linked samples share their
+        // donor's file: on disk once.
         let staging_bytes_done: u64 = ss
             .values()
             .filter_map(|s| match &s.next {

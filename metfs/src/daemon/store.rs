@@ -280,22 +280,8 @@ impl Store {
                 .cloned()
                 .collect();
             let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
-            let on_node = b.on_node(self.footprints.len(), &gone);
-            let new: u64 = next
-                .iter()
-                .filter(|&&id| !on_node[id as usize])
-                .map(|&id| self.footprints[id as usize])
-                .sum();
-            // The reserve covers two slots' journals and directories; a held slot's own are
-            // counted here, and at most `MAX_HELD` are kept.
-            let meta: u64 = b
-                .held
-                .iter()
-                .map(|s| self.slot_meta(b.samples.get(s).map_or(0, |x| x.len())))
-                .sum();
             if b.held.len() <= self.max_held
-                && b.distinct_bytes(&self.footprints, &gone) + new + meta
-                    <= 2 * self.budget.slot_bytes
+                && self.bytes_with(&b, &gone, next) <= 2 * self.budget.slot_bytes
             {
                 break;
             }
@@ -323,18 +309,7 @@ impl Store {
         let mut b = self.book.lock().unwrap();
         let mut released = false;
         let fits = loop {
-            let on_node = b.on_node(self.footprints.len(), &[]);
-            let new: u64 = samples
-                .iter()
-                .filter(|&&id| !on_node[id as usize])
-                .map(|&id| self.footprints[id as usize])
-                .sum();
-            let meta: u64 = b
-                .held
-                .iter()
-                .map(|s| self.slot_meta(b.samples.get(s).map_or(0, |x| x.len())))
-                .sum();
-            if b.distinct_bytes(&self.footprints, &[]) + new + meta <= 2 * self.budget.slot_bytes {
+            if self.bytes_with(&b, &[], samples) <= 2 * self.budget.slot_bytes {
                 break !released;
             }
             // Draining slots by generation, so `min_by_key` keeps the oldest among equals.
@@ -381,6 +356,25 @@ impl Store {
         b.origins.remove(slot);
         drop(b);
         self.released.notify_waiters();
+    }
+
+    /// Bytes on the node once `next` is staged: the files of every slot but those in `gone`
+    /// (each file once), what `next` adds (its samples no such slot holds), and the held
+    /// slots' journals and directories (the reserve covers two slots' own; at most
+    /// `max_held` are kept).
+    fn bytes_with(&self, b: &Book, gone: &[&str], next: &[u32]) -> u64 {
+        let on_node = b.on_node(self.footprints.len(), gone);
+        let new: u64 = next
+            .iter()
+            .filter(|&&id| !on_node[id as usize])
+            .map(|&id| self.footprints[id as usize])
+            .sum();
+        let meta: u64 = b
+            .held
+            .iter()
+            .map(|s| self.slot_meta(b.samples.get(s).map_or(0, |x| x.len())))
+            .sum();
+        b.distinct_bytes(&self.footprints, gone) + new + meta
     }
 
     /// Bytes a slot of `n` samples takes besides its files: its journal (<= 18 bytes a line)
