@@ -4,8 +4,9 @@ mounts with the same total budget, side by side in one run (issue: several jobs,
 Each job is a separate Python process using the real client and `metfs.passes`: it reads every
 file of every pass through its view (a fixed time per sample: `--step-ms`, doubled for the slow
 job of the `slow` case) for `--epochs` MET epochs at a fixed rf of 2. The dataset is twice the
-budget. Printed per case: the capacity-tier bytes (`tier_bytes_read` from `status`, staging
-ahead included) of the shared daemon and of the separate mounts, each divided by what one job
+budget. Printed per case: the capacity-tier bytes (`tier_bytes_read` from `status`, read
+once each job's staging of the view after its last one has finished, so that every
+configuration counts one view ahead per job) of the shared daemon and of the separate mounts, each divided by what one job
 alone reads (the shared daemon with that job only: same view size); and, for `slow`, the fast
 job's samples/s against running alone.
 
@@ -54,7 +55,13 @@ for p in metfs.passes(c, epochs=int(epochs)):
             time.sleep(step)
     p.report(loss=1.0)
 secs = time.monotonic() - t0
+# Let the staging of the view after the last one finish, so that every configuration counts
+# exactly one view ahead per job (else the count depends on where a staging was cut off).
+deadline = time.monotonic() + 60
 st = c.status().raw
+while st["staging"]["state"] != "idle" and time.monotonic() < deadline:
+    time.sleep(0.05)
+    st = c.status().raw
 if job:
     c.leave()
 json.dump({"samples": n, "secs": secs, "tier": st["tier_bytes_read"]}, open(out, "w"))

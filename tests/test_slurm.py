@@ -402,6 +402,47 @@ def test_keras_job_two_nodes_agree_and_clean_up(
     check_no_leftovers(work, job)
 
 
+def test_sweep_trials_share_one_store_on_one_node(
+    cluster: Cluster, work: Work, dataset: tuple[Path, set[str]]
+) -> None:
+    # The sweep template: one shared daemon on one node, two trials with their own learning
+    # rates, each its own job of the store (METFS_JOB=trial-N) reading its own view.
+    env = dict(
+        work.env,
+        # Each trial's view holds about a third of the dataset (views of 122 KiB).
+        METFS_BUDGET="2200KiB",
+        METFS_ARGS="--share --share-jobs 2 --rf 2 --seed 3",
+        TRAIN_ARGS=f"--epochs 2 --batch-size 4 --log-dir {work.logs}",
+        LRS="0.1 0.5",
+    )
+    job = cluster.sbatch(DEPLOY / "sweep-one-node.sbatch", env, work.dir / "job.out", "--ntasks=2")
+    info = cluster.wait(job)
+    out = job.text()
+    assert info["JobState"] == "COMPLETED", f"{info['JobState']}:\n{out[-4000:]}"
+    assert "2 trials on one shared store" in out and "every trial finished" in out, out
+    node = next(n for n in ("n1", "n2") if f"metfs-node: {n}: mounted" in out)
+    assert f"metfs-node: {node}: unmounted" in out, out
+    mnt = work.dir / node / "mnt"
+    files = dataset[1]
+    for trial in ("trial-0", "trial-1"):
+        assert f"train: job {trial} on a shared store, its view at {mnt / trial}" in out, out
+        log = work.logs / f"{trial}-rank0.jsonl"
+        passes = [json.loads(line) for line in log.read_text().splitlines()]
+        assert passes and {p["node"] for p in passes} == {node}
+        # Its own views: each epoch is the whole dataset once, in views of about a third.
+        views: dict[tuple[int, int], set[str]] = {}
+        for p in passes:
+            key, fs = (p["epoch"], p["mini_epoch"]), set(p["files"])
+            assert views.setdefault(key, fs) == fs, f"{trial}: the view changed within {key}"
+        assert {e for e, _ in views} == {0, 1}, sorted(views)
+        for e in (0, 1):
+            parts = [fs for (ep, _), fs in views.items() if ep == e]
+            assert len(parts) >= 2, f"{trial}: epoch {e} in one view"
+            assert set().union(*parts) == files and sum(map(len, parts)) == len(files), (
+                f"{trial}: epoch {e} is not the dataset once")
+    check_no_leftovers(work, job)
+
+
 def test_scancel_mid_run_leaves_nothing(cluster: Cluster, work: Work) -> None:
     env = dict(work.env, TRAIN_ARGS=f"--epochs 1000 --pass-sleep 0.3 --log-dir {work.logs}")
     job = cluster.sbatch(DEPLOY / "train-pytorch.sbatch", env, work.dir / "job.out")

@@ -151,11 +151,20 @@ def load_view(
     return x, y
 
 
+def job_name(default: str) -> str:
+    """The job's name for the daemon: ``METFS_JOB`` (each trial of a sweep on a shared mount
+    sets its own), else Slurm's job name, else ``default``."""
+    return os.environ.get("METFS_JOB") or os.environ.get("SLURM_JOB_NAME") or default
+
+
 class PassLog:
-    """Appends one JSON object per pass to ``DIR/rank<R>.jsonl`` (flushed at once)."""
+    """Appends one JSON object per pass to ``DIR/rank<R>.jsonl`` (flushed at once), or to
+    ``DIR/<job>-rank<R>.jsonl`` when ``METFS_JOB`` names one of several jobs of a node."""
 
     def __init__(self, directory: Optional[str], rank: int) -> None:
-        self.path = os.path.join(directory, f"rank{rank}.jsonl") if directory else None
+        job = os.environ.get("METFS_JOB")
+        name = f"{job}-rank{rank}.jsonl" if job else f"rank{rank}.jsonl"
+        self.path = os.path.join(directory, name) if directory else None
         self.rank = rank
         if self.path:
             os.makedirs(directory or ".", exist_ok=True)

@@ -57,8 +57,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     t0 = time.monotonic()
     try:
         client = metfs.Client(metfs_job.socket_path(args.socket),
-                              job=os.environ.get("SLURM_JOB_NAME", "train_keras"))
-        mount = client.status().mountpoint or ""
+                              job=metfs_job.job_name("train_keras"))
+        mount = client.connect().view_path or ""
 
         def load(path: str) -> Any:
             rel = os.path.relpath(path, mount)
@@ -121,6 +121,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         model.fit(train, epochs=1_000_000, callbacks=[Average(), met], verbose=0)
         if rank == 0:
             print(f"train: done after {len(met.decisions)} passes (done={met.done})", flush=True)
+        if client.connect().share is not None:
+            client.leave()  # a trial of a sweep: its share of the store goes to the next one
     except metfs.MetfsError as e:
         metfs_job.fail(rank, f"metfs error ({e.code}): {e.message}")
     except Exception as e:  # noqa: BLE001 - I/O through the mount, a vanished peer, ...

@@ -65,10 +65,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
     t0 = time.monotonic()
     try:
-        client = metfs.Client(sock, job=os.environ.get("SLURM_JOB_NAME", "train_torch"))
+        client = metfs.Client(sock, job=metfs_job.job_name("train_torch"))
         run = metfs.passes(client, epochs=args.epochs)
         if rank == 0:
             print(f"train: {world} ranks, coordinator {type(run.coordinator).__name__}", flush=True)
+            share = client.connect().share
+            if share is not None:
+                print(f"train: job {client.job} on a shared store, its view at {share['path']}",
+                      flush=True)
         for p in run:
             files = p.files[local::local_world]
             paths = p.paths[local::local_world]
@@ -116,6 +120,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 time.sleep(args.pass_sleep)
         if rank == 0:
             print(f"train: done, rf per mini-epoch {run.rf_per_mini_epoch()}", flush=True)
+        if client.connect().share is not None:
+            client.leave()  # a trial of a sweep: its share of the store goes to the next one
     except metfs.MetfsError as e:
         metfs_job.fail(rank, f"metfs error ({e.code}): {e.message}")
     except RuntimeError as e:  # I/O through the mount, or a collective whose peer is gone
