@@ -325,3 +325,33 @@ fn carpool_cuts_packets_at_least_as_much_as_fig_3() {
         c.packets.len()
     );
 }
+
+#[test]
+fn demands_name_every_live_holder_and_no_dead_one() {
+    let sizes: Vec<u64> = (0..3000u64).map(|j| j % 17).collect();
+    let cfg = AggregateConfig {
+        nodes: 6,
+        seed: 21,
+        budget: 20_000,
+        extra: 0.3,
+    };
+    let a = layout(&sizes, &cfg, 4).unwrap();
+    let b = layout(&sizes, &cfg, 5).unwrap();
+    let t = transition(Some(&a), &b, &sizes, &[1]).unwrap();
+    let d = demands(&a, &t, &sizes).unwrap();
+    let peer_samples: usize = t.nodes.iter().map(|p| p.peer.len()).sum();
+    assert_eq!(d.len(), peer_samples);
+    for x in &d {
+        assert_ne!(x.receiver, 1);
+        assert_eq!(x.len, sizes[x.sample as usize]);
+        let live = NodeSet::from_ranks((0..6).filter(|&k| k != 1 && a.holds(k, x.sample)));
+        assert_eq!(x.holders, live, "sample {}", x.sample);
+        assert!(!x.holders.contains(x.receiver));
+    }
+    // Same inputs, same packets.
+    let one = carpool(&d, 8, Sender::Extra).unwrap();
+    assert_eq!(one, carpool(&d, 8, Sender::Extra).unwrap());
+    let wire = crate::wire::uncoded_peers(&t, &sizes).unwrap();
+    assert_eq!(wire.wire_bytes, t.peer_bytes());
+    assert_eq!(wire.transmissions as usize, peer_samples);
+}
