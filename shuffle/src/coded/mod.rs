@@ -212,6 +212,9 @@ pub enum CodeError {
     /// More demands than a point can index.
     #[error("{0} demands are more than 2^32")]
     TooManyDemands(usize),
+    /// A transition that does not follow the layout (or catalog) given with it.
+    #[error("{0}")]
+    Mismatch(String),
     /// A packet breaks the decoding condition.
     #[error("bad packet: {0}")]
     BadPacket(String),
@@ -270,6 +273,21 @@ pub fn demands(
     let n = prev.nodes();
     if n > MAX_NODES {
         return Err(CodeError::TooManyNodes(n));
+    }
+    let out_of_range = transition
+        .nodes
+        .iter()
+        .flat_map(|p| &p.peer)
+        .any(|&(j, _)| j >= prev.samples() || j as usize >= sizes.len());
+    if transition.nodes.len() != n as usize || out_of_range {
+        return Err(CodeError::Mismatch(format!(
+            "a transition for {} nodes does not follow a layout of {} nodes and {} samples \
+             with a catalog of {} samples",
+            transition.nodes.len(),
+            n,
+            prev.samples(),
+            sizes.len()
+        )));
     }
     // Slot of each sample in `holders`, for the samples some node needs from a peer.
     const NONE: u32 = u32::MAX;

@@ -348,6 +348,11 @@ fn demands_name_every_live_holder_and_no_dead_one() {
         assert_eq!(x.holders, live, "sample {}", x.sample);
         assert!(!x.holders.contains(x.receiver));
     }
+    let other = layout(&sizes, &AggregateConfig { nodes: 5, ..cfg }, 4).unwrap();
+    assert!(matches!(
+        demands(&other, &t, &sizes),
+        Err(CodeError::Mismatch(_))
+    ));
     // Same inputs, same packets.
     let one = carpool(&d, 8, Sender::Extra).unwrap();
     assert_eq!(one, carpool(&d, 8, Sender::Extra).unwrap());
