@@ -38,8 +38,9 @@
 //!   points; with none it opens a row of its own. Its final table is the row's `R`, a subset
 //!   of its own table, so every move is an edge of the DAG. Candidate rows are found by
 //!   looking up, for each subset `S ⊆ H`, the most recently grown row with receivers `S`
-//!   that `i` can join (or, when `H` has more subsets than there are such rows, by scanning
-//!   those rows); each lookup looks at that one row only, not all of them.
+//!   that `i` can join (or, when `H` has more than twice as many subsets as there are such
+//!   receiver sets for `i`, by scanning those sets instead); each lookup weighs that one row
+//!   only, not every row with receivers `S`.
 //! * **Never worse than the tables.** The greedy is a heuristic; when it ends with more
 //!   packets than the tables it started from (it can, by a row or two, where the tables are
 //!   nearly balanced already), the tables' rows are kept ([`Coded::fallback`]).

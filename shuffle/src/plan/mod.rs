@@ -5,9 +5,10 @@
 //! # Shares
 //!
 //! Epoch `e`'s shares `S(e, 0..n)` are a uniformly random partition of the catalog: the
-//! sample ids are permuted by [`PlanRng`](crate::rng) seeded from `(seed, e)` and the permuted
-//! order is cut into `n` contiguous runs of (as nearly as the sizes allow) equal bytes: run `i`
-//! ends at the first position where the bytes so far reach `(i+1)·T/n`. With equal sizes this
+//! sample ids are permuted by the crate's `PlanRng` (ChaCha8, as in `prefetcher`) seeded
+//! from `(seed, e)` and the permuted order is cut into `n` contiguous runs of (as nearly as
+//! the sizes allow) equal bytes: run `i` ends at the first position where the bytes so far
+//! reach `(i+1)·T/n`. With equal sizes this
 //! is the paper's equal-count split (counts differ by at most one); with mixed sizes it keeps
 //! every share within one sample of `T/n` bytes, which is what the budget cares about. An
 //! all-empty catalog (`T = 0`) is cut by count.
