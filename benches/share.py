@@ -4,9 +4,9 @@ mounts with the same total budget, side by side in one run (issue: several jobs,
 Each job is a separate Python process using the real client and `metfs.passes`: it reads every
 file of every pass through its view (a fixed time per sample: `--step-ms`, doubled for the slow
 job of the `slow` case) for `--epochs` MET epochs at a fixed rf of 2. The dataset is twice the
-budget. Printed per case: the capacity-tier bytes (`tier_bytes_read` from `status`, read
-once each job's staging of the view after its last one has finished, so that every
-configuration counts one view ahead per job) of the shared daemon and of the separate mounts, each divided by what one job
+budget. Printed per case: the capacity-tier bytes of the epochs trained (`tier_bytes_read`
+from `status` less what the event log's `staged` records fetched for later epochs: the views
+a job stages ahead once it is done depend on when it stopped, not on sharing) of the shared daemon and of the separate mounts, each divided by what one job
 alone reads (the shared daemon with that job only: same view size); and, for `slow`, the fast
 job's samples/s against running alone.
 
@@ -31,14 +31,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import Mount, rpc  # noqa: E402
+from conftest import Mount  # noqa: E402
 
 JOB = r"""
 import json, sys, time, metfs
@@ -57,9 +56,9 @@ for p in metfs.passes(c, epochs=int(epochs)):
 secs = time.monotonic() - t0
 # Let the staging of the view after the last one finish, so that every configuration counts
 # exactly one view ahead per job (else the count depends on where a staging was cut off).
-deadline = time.monotonic() + 60
+deadline = time.monotonic() + 20
 st = c.status().raw
-while st["staging"]["state"] != "idle" and time.monotonic() < deadline:
+while not st["next_ready"] and time.monotonic() < deadline:
     time.sleep(0.05)
     st = c.status().raw
 if job:
@@ -100,6 +99,19 @@ def run_jobs(sock: str, work: Path, jobs: list[tuple[str, float, dict[str, Any]]
     return res
 
 
+def trained_tier_bytes(m: Mount, epochs: int) -> int:
+    """The tier bytes of the `epochs` epochs trained: the daemon's `tier_bytes_read` less what it
+    fetched for views of later epochs (staged ahead once a job is done, which depends on
+    when it stopped, not on sharing), from the `staged` events of its event log."""
+    ahead = 0
+    events = m.cache / "run" / "events.jsonl"
+    for line in events.read_text().splitlines():
+        e = json.loads(line)
+        if e.get("event") == "staged" and e["epoch"] >= epochs:
+            ahead += e["bytes_fetched"]
+    return int(m.status()["tier_bytes_read"]) - ahead
+
+
 def shared_run(src: Path, work: Path, budget: str, k_share: int, jobs: list[tuple[str, float, dict[str, Any]]], epochs: int) -> tuple[int, list[dict[str, Any]]]:
     cache = work / "cache-shared"
     cache.mkdir()
@@ -107,7 +119,7 @@ def shared_run(src: Path, work: Path, budget: str, k_share: int, jobs: list[tupl
     m.mount()
     try:
         res = run_jobs(m.socket, work, jobs, epochs)
-        return m.status()["tier_bytes_read"], res
+        return trained_tier_bytes(m, epochs), res
     finally:
         m.umount()
         shutil.rmtree(cache, ignore_errors=True)
@@ -126,7 +138,7 @@ def separate_run(src: Path, work: Path, budget_bytes: int, jobs: list[tuple[str,
         mounts.append(m)
     try:
         run_jobs([m.socket for m in mounts], work, [("", step, {}) for _, step, _ in jobs], epochs)  # type: ignore[arg-type]
-        return sum(rpc(m.socket, {"op": "status"})["tier_bytes_read"] for m in mounts)
+        return sum(trained_tier_bytes(m, epochs) for m in mounts)
     finally:
         for i, m in enumerate(mounts):
             m.umount()

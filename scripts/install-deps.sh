@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything the tests, benchmarks and demo need on a Debian 12 machine (as root):
 # Debian packages (etcd-server for the dynamic-sharding tests; protobuf-compiler to build the
-# etcd client), Python packages, the nightly toolchain with cargo-fuzz, and the Garage S3
+# etcd client; Open MPI and libclang for metfs-shuffle, aggregate-cache mode's exchange), Python packages, the nightly toolchain with cargo-fuzz, and the Garage S3
 # server. Each step is skipped when its result is already there, so a second run takes seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PKGS=(fuse3 libhdf5-dev pkg-config fio rsync python3-pytest
           slurm-wlm slurmctld slurmd slurm-client munge
-          etcd-server protobuf-compiler)
+          etcd-server protobuf-compiler
+          libopenmpi-dev openmpi-bin libclang-dev)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -14,6 +14,8 @@ scripts/install-deps.sh
 echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
+# metfs-shuffle (aggregate-cache mode's MPI exchange) builds only with the `mpi` feature.
+cargo clippy -p metfs --features mpi --bin metfs-shuffle -q -- -D warnings
 # The Python package and its tests (settings in bindings/python/pyproject.toml).
 (cd bindings/python && python3 -m ruff check -q . && python3 -m ruff format --check -q . \
   && python3 -m mypy)
@@ -50,6 +52,7 @@ scripts/fuzz.sh --short
 
 echo "== end-to-end and Python tests"
 export METFS_BIN="$PWD/target/debug/metfs"
+cargo build -q -p metfs --features mpi --bin metfs-shuffle
 # Daemons that tests start without --history (Slurm scripts, CLI checks) keep their rf history
 # here rather than in the user's ~/.local/share/metfs.
 XDG_DATA_HOME=$(mktemp -d /tmp/metfs-test-data.XXXXXX)

@@ -376,7 +376,7 @@ def test_every_mount_flag_is_a_config_key(tmp_path):
     tables = {"": loader_keys(tmp_path), "stager": loader_keys(tmp_path, "stager"),
               "control": loader_keys(tmp_path, "control"), "s3": loader_keys(tmp_path, "s3"),
               "transform": loader_keys(tmp_path, "transform"), "dds": loader_keys(tmp_path, "dds"),
-              "share": loader_keys(tmp_path, "share")}
+              "share": loader_keys(tmp_path, "share"), "aggregate": loader_keys(tmp_path, "aggregate")}
 
     def is_key(flag: str) -> bool:
         key = flag[2:].replace("-", "_")
@@ -384,8 +384,10 @@ def test_every_mount_flag_is_a_config_key(tmp_path):
             return "command" in tables["transform"]
         if key in ("dds", "node_name", "shard_done"):  # `url`, `node_name`, `shard_done` of `[dds]`
             return {"dds": "url"}.get(key, key) in tables["dds"]
-        if key == "share":  # `--share` is `enabled` of `[share]`
-            return "enabled" in tables["share"]
+        if key in ("share", "aggregate"):  # `--share` is `enabled` of `[share]`, and so on
+            return "enabled" in tables[key]
+        if key.startswith("shuffle_"):  # `--shuffle-extra` is `extra` of `[aggregate]`
+            return key[len("shuffle_"):] in tables["aggregate"]
         for tb in ("stager", "control", "transform", "dds", "share"):
             if key.startswith(tb + "_") and key[len(tb) + 1:] in tables[tb]:
                 return True

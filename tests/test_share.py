@@ -149,6 +149,14 @@ def test_a_job_joins_mid_epoch_and_one_has_another_rf(shared: Any, tmp_path: Pat
     assert all(n == 1 for _, _, n in ra["rf"][:-1]) or ra["status"]["bonus_passes"] > 0, ra["rf"]
     assert all(n >= 3 for _, _, n in rb["rf"][:-1]), rb["rf"]
     assert rb["status"]["rf_policy"] == "fixed" and rb["status"]["rf"] == 3
+    # Each job's rf history is its own run in the mount's history file, under its name, ended
+    # by its `leave`.
+    runs = {r["job"]: r for r in json.loads((tmp_path / "rf-history.json").read_text())["runs"]}
+    assert set(runs) == {"a", "b"}, runs.keys()
+    assert runs["a"]["dataset"] == runs["b"]["dataset"] and runs["a"]["finished"] and runs["b"]["finished"]
+    for job, res, rf in (("a", ra, 1), ("b", rb, 3)):
+        recs = runs[job]["mini_epochs"]
+        assert len(recs) >= len(res["rf"]) - 1 and all(r["rf"] >= rf for r in recs), (job, recs)
 
 
 def test_a_killed_job_is_dropped_after_the_idle_timeout_and_the_others_go_on(shared: Any, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ pub mod control;
 pub mod daemon;
 pub mod dds;
 pub mod events;
+pub mod exchange;
 pub mod fs;
 pub mod fuse;
 pub mod logging;

@@ -12,6 +12,7 @@
 //! default ([`reference`]), and tests hold the README's settings table to the same
 //! declaration.
 
+pub mod aggregate;
 mod layers;
 mod read_path;
 pub mod reference;
@@ -132,6 +133,8 @@ pub struct MountConfig {
     pub dds: crate::dds::DdsConfig,
     /// Several jobs on one store (`[share]`).
     pub share: share::ShareConfig,
+    /// Aggregate-cache mode (`[aggregate]`).
+    pub aggregate: aggregate::AggregateConfig,
     /// Log file of a background daemon. Default `CACHE/metfs.log`.
     pub log_file: PathBuf,
     /// Run directory for `metfs report` (event log). Default `CACHE/run`; its files are
@@ -277,6 +280,35 @@ impl MountConfig {
                 format!("a shared mount cannot be combined with {other}"),
             ));
         }
+        let a = &s.aggregate;
+        if !(0.0..=1.0).contains(&a.extra) {
+            return Err(inv(
+                "aggregate.extra",
+                format!("{} is not a probability (0 to 1)", a.extra),
+            ));
+        }
+        if a.timeout_secs == 0 {
+            return Err(inv("aggregate.timeout_secs", "must be at least 1".into()));
+        }
+        if a.enabled {
+            let other = if s.share.enabled {
+                Some("a shared mount (share.enabled)")
+            } else if s.dds.url.is_some() {
+                Some("dynamic sharding (dds.url)")
+            } else if s.hdf5_container {
+                Some("HDF5 container mode")
+            } else if s.transform.command.is_some() {
+                Some("a transform (transform.command): peers exchange the source's bytes")
+            } else {
+                None
+            };
+            if let Some(other) = other {
+                return Err(inv(
+                    "aggregate.enabled",
+                    format!("aggregate-cache mode cannot be combined with {other}"),
+                ));
+            }
+        }
         if !prefetcher::hdf5::AVAILABLE {
             // Refused here, before anything is mounted or staged, naming the setting.
             let asked = if s.hdf5_container {
@@ -342,6 +374,7 @@ impl MountConfig {
             control: s.control,
             dds: s.dds,
             share: s.share,
+            aggregate: s.aggregate,
             reset: false,
         })
     }

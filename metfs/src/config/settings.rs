@@ -162,6 +162,9 @@ pub struct MountSettings {
     /// `[share]`: several jobs on one store.
     #[command(flatten)]
     pub share: super::share::ShareConfig,
+    /// `[aggregate]`: the nodes hold the dataset together (aggregate-cache mode).
+    #[command(flatten)]
+    pub aggregate: super::aggregate::AggregateConfig,
 }
 
 /// The settings whose absence stops a mount (there is no sensible default).

@@ -175,6 +175,7 @@ impl CachePaths {
     }
 }
 
+pub mod aggregate;
 mod kernel;
 mod queue;
 mod session;
@@ -307,25 +308,22 @@ impl Daemon {
     /// when the write starts (see `persisting`).
     fn save_session(&self, name: &str, history: bool) {
         let _order = self.persisting.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((saved, file, encoded)) = self
-            .sessions
-            .lock()
-            .unwrap()
-            .get(name)
-            .filter(|s| !s.shared)
-            .map(|s| {
-                let encoded = s
-                    .history
-                    .as_ref()
-                    .filter(|_| history)
-                    .map(|h| h.store.encode());
-                (s.saved(), s.state_file.clone(), encoded)
-            })
-        else {
+        let Some((position, encoded)) = self.sessions.lock().unwrap().get(name).map(|s| {
+            let encoded = s
+                .history
+                .as_ref()
+                .filter(|_| history)
+                .map(|h| h.store.lock().unwrap().encode());
+            // A shared mount's positions are not saved (the `share` module).
+            let position = (!s.shared).then(|| (s.saved(), s.state_file.clone()));
+            (position, encoded)
+        }) else {
             return;
         };
-        if let Err(e) = write_saved_state(&file, &saved) {
-            tracing::error!(error = %e, path = %file.display(), "cannot save the position");
+        if let Some((saved, file)) = position {
+            if let Err(e) = write_saved_state(&file, &saved) {
+                tracing::error!(error = %e, path = %file.display(), "cannot save the position");
+            }
         }
         if let Some(Err(e)) = encoded.map(|h| h.and_then(|h| h.write())) {
             tracing::warn!(session = name, error = %e, "cannot record the rf history");

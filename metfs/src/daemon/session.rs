@@ -75,6 +75,9 @@ pub(super) struct Session {
     /// A job of a shared mount (`share` module): its slots carry its name, its views are
     /// nested under `MNT/<job>`, and its position is not saved.
     pub(super) shared: bool,
+    /// In aggregate-cache mode (`aggregate` module): each epoch is one mini-epoch, its slot
+    /// the node's cache and its view the node's share, from this plan.
+    pub(super) aggregate: Option<Arc<aggregate::Aggregate>>,
 }
 
 /// A successor not claimed from the queue yet: matches no staged slot.
@@ -83,9 +86,11 @@ pub(super) const UNCLAIMED: (u64, u32) = (u64::MAX, u32::MAX);
 /// The sessions of a daemon, by name.
 pub(super) type Sessions = BTreeMap<String, Session>;
 
-/// The rf history of a session: the store, the dataset key, and the run being recorded.
+/// The rf history of a session: the store, the dataset key, and the run being recorded. The
+/// store is the daemon's one copy of the history file, shared by the jobs of a shared mount
+/// (each records its own run), so that no job's write drops another's records.
 pub(super) struct History {
-    pub(super) store: HistoryStore,
+    pub(super) store: Arc<Mutex<HistoryStore>>,
     pub(super) dataset: String,
     pub(super) run: RunId,
 }
@@ -150,6 +155,9 @@ impl Session {
     /// The samples of mini-epoch `target` and their footprint: a slice of the epoch's plan,
     /// or the claimed batch of that sequence (none if it is not claimed).
     pub(super) fn members(&mut self, store: &Store, target: (u64, u32)) -> (Vec<u32>, u64) {
+        if let Some(a) = &self.aggregate {
+            return a.cache(target.0);
+        }
         if let Some(q) = &self.queue {
             return q
                 .batches
@@ -159,6 +167,15 @@ impl Session {
         let plan = self.plan_of(store, target.0);
         let me = &plan.mini_epochs[target.1 as usize];
         (me.samples.clone(), me.bytes)
+    }
+
+    /// The samples the view of mini-epoch `target` shows: its members, but in aggregate mode
+    /// only the node's share (the slot also holds the extras kept for the exchange).
+    pub(super) fn view_members(&mut self, store: &Store, target: (u64, u32)) -> Vec<u32> {
+        match &self.aggregate {
+            Some(a) => a.share(target.0),
+            None => self.members(store, target).0,
+        }
     }
 
     /// The slot of mini-epoch `target`: on a shared mount prefixed by the job's name.

@@ -3,36 +3,46 @@
 
 use super::*;
 
+/// The rf history file of the mount (`--history`), or `None` (logged) if it cannot be used.
+pub(super) fn open_history_store(cfg: &MountConfig) -> Option<HistoryStore> {
+    if let Some(dir) = cfg.history.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match HistoryStore::open(&cfg.history) {
+        Ok((store, warnings)) => {
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
+            Some(store)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "rf history unavailable; this run is not recorded");
+            None
+        }
+    }
+}
+
 pub(super) fn open_history(
     cfg: &MountConfig,
     dataset: &str,
     job: &str,
     previous: Option<RunId>,
 ) -> (Option<History>, Option<Vec<u32>>) {
-    if let Some(dir) = cfg.history.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    match HistoryStore::open(&cfg.history) {
-        Ok((mut store, warnings)) => {
-            for w in warnings {
-                tracing::warn!("{w}");
-            }
+    match open_history_store(cfg) {
+        Some(mut store) => {
             let schedule = store.schedule_excluding(dataset, job, previous);
             let (run, resumed) = store.resume_or_start(dataset, job, previous);
             tracing::info!(history = %cfg.history.display(), run = %run, resumed, job, "recording rf history");
             (
                 Some(History {
-                    store,
+                    store: Arc::new(Mutex::new(store)),
                     dataset: dataset.to_string(),
                     run,
                 }),
                 schedule,
             )
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "rf history unavailable; this run is not recorded");
-            (None, None)
-        }
+        None => (None, None),
     }
 }
 
@@ -294,16 +304,19 @@ impl Daemon {
             }
             Err(e) => return Err(e.into()),
         };
+        // Aggregate-cache mode: one mini-epoch per epoch, from the `shuffle` planner.
+        let aggregate = if cfg.aggregate.enabled {
+            Some(Arc::new(aggregate::Aggregate::new(
+                &cfg,
+                footprints.clone(),
+                budget.slot_bytes,
+            )?))
+        } else {
+            None
+        };
+        let nm = if aggregate.is_some() { 1 } else { nm };
         let fingerprint = {
-            let mut h: u64 = 0xcbf29ce484222325;
-            for id in 0..catalog.len() as u32 {
-                let (d, n) = catalog.dir_and_name(id);
-                fnv(&mut h, d.as_bytes());
-                fnv(&mut h, b"/");
-                fnv(&mut h, n.as_bytes());
-                fnv(&mut h, &catalog.size(id).to_le_bytes());
-                fnv(&mut h, catalog.version(id).as_bytes());
-            }
+            let h = aggregate::catalog_digest(&catalog);
             // The transform's identity: a changed transform starts over, never serving the
             // old one's output. Appended last so the dataset key below is unaffected.
             let transform = cfg.transform.identity();
@@ -322,8 +335,14 @@ impl Daemon {
                     format!("|{transform}")
                 },
                 // A queue's positions are sequences of one incarnation: never resumed, and
-                // never taken for a static plan's.
-                if cfg.dds.url.is_some() { "|dds" } else { "" }
+                // never taken for a static plan's; an aggregate plan is another plan.
+                if cfg.dds.url.is_some() {
+                    "|dds".to_string()
+                } else if cfg.aggregate.enabled {
+                    format!("|aggregate:{}", cfg.aggregate.extra)
+                } else {
+                    String::new()
+                }
             )
         };
         let saved = match load_state(&paths.state, cfg.reset)? {
@@ -486,13 +505,21 @@ impl Daemon {
             labels: catalog.labels(),
             clusters: catalog.clusters(),
         };
-        let plan = Arc::new(planner::plan_epoch(&set, &plan_cfg, epoch)?);
-        let (members, members_bytes) = match &queue {
-            Some((_, first)) => (first.samples.clone(), first.bytes),
-            None => {
-                let me = &plan.mini_epochs[mini_epoch as usize];
-                (me.samples.clone(), me.bytes)
+        let plan = match &aggregate {
+            Some(_) => None,
+            None => Some(Arc::new(planner::plan_epoch(&set, &plan_cfg, epoch)?)),
+        };
+        let (members, members_bytes, shown) = match (&queue, &aggregate, &plan) {
+            (Some((_, first)), _, _) => (first.samples.clone(), first.bytes, None),
+            (None, Some(a), _) => {
+                let (c, bytes) = a.cache(epoch);
+                (c, bytes, Some(a.share(epoch)))
             }
+            (None, None, Some(plan)) => {
+                let me = &plan.mini_epochs[mini_epoch as usize];
+                (me.samples.clone(), me.bytes, None)
+            }
+            (None, None, None) => unreachable!("a plan is made unless aggregate"),
         };
         let spec = SlotSpec {
             name: slot_name(cur),
@@ -575,7 +602,12 @@ impl Daemon {
                 .iter()
                 .map(|(id, why)| (catalog.path(*id), why.clone())),
         );
-        let view = Arc::new(store.view_for(&members, cur, generation, &slot_name(cur)));
+        let view = Arc::new(store.view_for(
+            shown.as_deref().unwrap_or(&members),
+            cur,
+            generation,
+            &slot_name(cur),
+        ));
         let mean_sample = catalog.total_bytes() / (catalog.len() as u64).max(1);
         let read_path =
             cfg.read_path
@@ -597,7 +629,9 @@ impl Daemon {
             },
         ));
         let mut plans = BTreeMap::new();
-        plans.insert(epoch, plan.clone());
+        if let Some(plan) = plan {
+            plans.insert(epoch, plan);
+        }
         store.begin_slot(&slot_name(cur), &members);
         store.note_links(&slot_name(cur), &report);
         let session = Session {
@@ -626,6 +660,7 @@ impl Daemon {
                 ..Default::default()
             }),
             shared: false,
+            aggregate: aggregate.clone(),
         };
         let daemon = Self::assemble(Parts {
             tier_url: tier.url().to_string(),
@@ -639,6 +674,9 @@ impl Daemon {
             cfg,
         });
         daemon.save_state(DEFAULT_SESSION);
+        if let Some(a) = &aggregate {
+            daemon.write_exchange_spec(a)?;
+        }
         daemon.events.emit(Event::Start(event::Start {
             dataset_bytes: daemon.store.catalog.total_bytes(),
             dataset_files: daemon.store.catalog.len() as u64,
@@ -734,7 +772,8 @@ impl Daemon {
                 reserve: format_bytes(budget.reserve),
             });
         }
-        let shared = Shared::new(cfg.share.clone(), &budget, footprints.clone(), cfg.seed);
+        let mut shared = Shared::new(cfg.share.clone(), &budget, footprints.clone(), cfg.seed);
+        shared.history = open_history_store(&cfg).map(|s| Arc::new(Mutex::new(s)));
         let mean_sample = catalog.total_bytes() / (catalog.len() as u64).max(1);
         let read_path =
             cfg.read_path

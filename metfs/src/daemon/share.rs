@@ -32,8 +32,11 @@
 //!   the tier again. It is never held back when every other job is held back too.
 //!   With `evict` it moves on.
 //!
-//! Positions are not saved: a restarted shared daemon starts each job over when it joins
-//! again (the slots of the last run are removed at start).
+//! Each job records its rf history as a run of its own in the mount's one history file
+//! (`Shared::history`, one copy in memory that every job's writes snapshot), keyed by its name
+//! and its dataset; `leave` marks the run finished, a job dropped for its silence leaves it
+//! unfinished. Positions are not saved: a restarted shared daemon starts each job over when it
+//! joins again (the slots of the last run are removed at start).
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
@@ -55,6 +58,9 @@ pub(super) struct Shared {
     generation: AtomicU64,
     /// Most bytes of one view of a job (half a share).
     pub(super) view_bytes: u64,
+    /// The mount's rf history file, one copy for every job: each job records its own run under
+    /// its name and its dataset (`None` if the file cannot be used).
+    pub(super) history: Option<Arc<Mutex<HistoryStore>>>,
     /// When the last job joined: first views are drawn only [`JOIN_WINDOW`] after it.
     last_join: Mutex<Option<Instant>>,
 }
@@ -89,6 +95,7 @@ impl Shared {
             // Generation 1 is the root's (empty) view.
             generation: AtomicU64::new(1),
             view_bytes,
+            history: None,
             last_join: Mutex::new(None),
             cfg,
         }
@@ -347,13 +354,26 @@ impl Daemon {
         if let Some(rf) = rf {
             cfg.policy.rf = rf;
         }
-        let policy = build_policy(&cfg, None).map_err(|e| bad(format!("job {name:?}: {e}")))?;
         let mut ss = self.sessions.lock().unwrap();
         if ss.contains_key(name) {
             return Err(bad(format!(
                 "a job named {name:?} is already on this shared mount; give each job its own name (METFS_JOB)"
             )));
         }
+        // The job's rf history: its own run, keyed by its name and its dataset (a subset is
+        // another dataset), so `learned` replays what this job did on this data before.
+        let dataset_key = {
+            let mut h: u64 = 0xcbf29ce484222325;
+            for id in &dataset {
+                fnv(&mut h, &id.to_le_bytes());
+            }
+            format!("{}|share|{}|{h:016x}", self.cfg.source, dataset.len())
+        };
+        let schedule = sh
+            .history
+            .as_ref()
+            .and_then(|store| store.lock().unwrap().schedule(&dataset_key, name));
+        let policy = build_policy(&cfg, schedule).map_err(|e| bad(format!("job {name:?}: {e}")))?;
         sh.cohort
             .lock()
             .unwrap()
@@ -365,6 +385,12 @@ impl Daemon {
                     format_bytes(2 * sh.view_bytes)
                 ))
             })?;
+        // Started only once the join is sure, so that a refused join leaves no empty run.
+        let history = sh.history.as_ref().map(|store| History {
+            store: store.clone(),
+            run: store.lock().unwrap().start_run(&dataset_key, name),
+            dataset: dataset_key,
+        });
         let generation = sh.take_generation();
         let placeholder =
             Arc::new(View::from_files(&[], generation, 0, 0, "", &self.paths.slots).nested());
@@ -402,12 +428,13 @@ impl Daemon {
                 plans: BTreeMap::new(),
                 policy,
                 record: MiniEpochRecord::begin(0, 0, 0),
-                history: None,
+                history,
                 job: name.to_string(),
                 meter: Meter::new(),
                 view: placeholder,
                 queue: Some(QueueState::default()),
                 shared: true,
+                aggregate: None,
             },
         );
         *sh.last_join.lock().unwrap() = Some(Instant::now());
@@ -431,17 +458,35 @@ impl Daemon {
         Ok(token)
     }
 
-    /// Job `name` leaves (or is dropped): its session, views and share go; the slots only it
-    /// held are deleted once drained.
+    /// Job `name` leaves: its session, views and share go; the slots only it held are deleted
+    /// once drained. Its rf history run is recorded as finished.
     pub async fn leave(&self, name: &str) -> Result<(), ProtocolError> {
+        self.leave_as(name, true).await
+    }
+
+    /// As [`Daemon::leave`]; a job dropped for its silence (`finished` false) keeps its run
+    /// unfinished in the rf history, as a killed single-job mount's.
+    async fn leave_as(&self, name: &str, finished: bool) -> Result<(), ProtocolError> {
         let sh = self.shared.as_ref().ok_or_else(|| {
             bad("`leave` is for shared mounts (--share); this mount serves one job".into())
         })?;
-        let (next_slot, current_slot) = {
+        // Held from the snapshot of the rf history to its write (as `save_session`).
+        let order = self.persisting.lock().unwrap_or_else(|e| e.into_inner());
+        let (next_slot, current_slot, history) = {
             let mut ss = self.sessions.lock().unwrap();
             let s = ss
                 .remove(name)
                 .ok_or_else(|| bad(format!("job {name:?} is not on this shared mount")))?;
+            let history = s.history.as_ref().map(|h| {
+                let mut store = h.store.lock().unwrap();
+                if !s.record.scores.is_empty() {
+                    let _ = store.record_mini_epoch(h.run, s.record.clone());
+                }
+                if finished {
+                    let _ = store.finish_run(h.run);
+                }
+                store.encode()
+            });
             if let Err(e) = sh.cohort.lock().unwrap().leave(name) {
                 tracing::warn!(job = name, error = %e, "the cohort did not know the job");
             }
@@ -453,8 +498,13 @@ impl Daemon {
             (
                 next_slot,
                 (!s.view.slot.is_empty()).then(|| s.view.slot.clone()),
+                history,
             )
         };
+        if let Some(Err(e)) = history.map(|h| h.and_then(|h| h.write())) {
+            tracing::warn!(job = name, error = %e, "cannot record the rf history");
+        }
+        drop(order);
         if let Some(old) = self.fs.remove_job(name) {
             self.store.retire_slot(old.generation, &old.slot, &[]);
             // As after a switch: the slot may be held as a donor, and its deletion waits for
@@ -527,7 +577,7 @@ impl Daemon {
             );
             let me = self.clone();
             tokio::spawn(async move {
-                let _ = me.leave(&name).await;
+                let _ = me.leave_as(&name, false).await;
             });
         }
     }

@@ -92,7 +92,23 @@ impl Daemon {
                 bytes = %format_bytes(bytes),
                 "staging the next mini-epoch"
             );
+            let aggregate = self
+                .sessions
+                .lock()
+                .unwrap()
+                .get(&name)
+                .and_then(|s| s.aggregate.clone());
+            let exchange = match &aggregate {
+                Some(a) if target.0 > 0 => Some(self.wait_for_exchange(a, target.0).await),
+                _ => None,
+            };
+            if exchange.is_some() && self.is_shutting_down() {
+                continue;
+            }
             let result = self.store.stage(&spec, progress).await;
+            if exchange.is_some() && result.is_ok() {
+                self.close_inbox(target.0);
+            }
             let next = match result {
                 Ok(report) => {
                     retries = ((u64::MAX, 0), 0);
@@ -201,14 +217,15 @@ impl Daemon {
             // The switch also looks one mini-epoch further (what the retired slot may keep):
             // that epoch's plan is made here too, unless it is already known.
             let after = successor(target, s.nm);
-            let after = (s.queue.is_none() && !s.plans.contains_key(&after.0))
-                .then(|| (after.0, s.plan_cfg.clone()));
+            let after =
+                (s.queue.is_none() && s.aggregate.is_none() && !s.plans.contains_key(&after.0))
+                    .then(|| (after.0, s.plan_cfg.clone()));
             let generation = match &self.shared {
                 Some(sh) => sh.take_generation(),
                 None => next_generation(s.generation),
             };
             (
-                s.members(&self.store, target).0,
+                s.view_members(&self.store, target),
                 generation,
                 after,
                 s.slot_of(target),
@@ -280,11 +297,17 @@ impl Daemon {
             started: Instant::now(),
         };
         self.store.begin_slot(&slot, &samples);
-        // The store adds its slots as donors (`Store::stage`).
+        // The store adds its slots as donors (`Store::stage`); in aggregate mode the inbox the
+        // exchange fills is one too, opened now that its bytes are counted.
+        let mut reuse_from = Vec::new();
+        if s.aggregate.is_some() && target.0 > 0 {
+            self.open_inbox(target.0);
+            reuse_from.push(aggregate::inbox_of_epoch(target.0));
+        }
         let spec = SlotSpec {
             name: slot,
             samples,
-            ..Default::default()
+            reuse_from,
         };
         Some(StagingJob {
             session: s.name.clone(),

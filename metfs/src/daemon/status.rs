@@ -208,6 +208,21 @@ impl Daemon {
             transform_failed: self.store.stager.transform().map(|t| t.failed()),
             dds: self.queue.as_ref().map(|q| q.status()),
             jobs: self.job_statuses(ss),
+            aggregate: ss.values().find_map(|s| s.aggregate.as_ref()).map(|a| {
+                crate::protocol::reply::AggregateStatus {
+                    rank: a.rank,
+                    nodes: a.settings.nodes,
+                    extra: a.settings.extra,
+                    code: a.code.to_string(),
+                    last_exchange: a.last_wait.lock().unwrap().map(|w| {
+                        crate::protocol::reply::ExchangeStatus {
+                            epoch: w.epoch,
+                            complete: w.complete,
+                            wait_s: w.secs,
+                        }
+                    }),
+                }
+            }),
             source: self.tier_url.clone(),
             mountpoint: self.mountpoint().display().to_string(),
             socket: self.cfg.socket.display().to_string(),
@@ -297,9 +312,9 @@ impl Daemon {
                     continue;
                 };
                 let rec = s.record.clone();
-                if let Some(h) = s.history.as_mut() {
+                if let Some(h) = s.history.as_ref() {
                     if !rec.scores.is_empty() {
-                        if let Err(e) = h.store.record_mini_epoch(h.run, rec) {
+                        if let Err(e) = h.store.lock().unwrap().record_mini_epoch(h.run, rec) {
                             tracing::warn!(session = %name, error = %e, "cannot record the rf history");
                         }
                     }

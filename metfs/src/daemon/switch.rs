@@ -44,7 +44,7 @@ impl Daemon {
                         Some(sh) => sh.take_generation(),
                         None => next_generation(s.generation),
                     };
-                    let members = s.members(&self.store, succ).0;
+                    let members = s.view_members(&self.store, succ);
                     let v = self.store.view_for(&members, succ, generation, &slot);
                     Arc::new(if s.shared { v.nested() } else { v })
                 }
@@ -73,6 +73,9 @@ impl Daemon {
                 self.store.retire_slot(old.generation, &old.slot, &after);
             }
             let retired_batch = s.queue.as_mut().and_then(|q| q.retire(s.mini_epoch));
+            // A job of a shared mount leaving the empty view it joined with has no mini-epoch
+            // to record.
+            let from_lobby = s.shared && s.mini_epoch == u32::MAX;
             s.view = view.clone();
             s.epoch = succ.0;
             s.mini_epoch = succ.1;
@@ -89,8 +92,10 @@ impl Daemon {
                 prev_rf: rec.rf,
                 prev_wanted_rf: rec.wanted_rf,
             }));
-            let recorded = s.history.as_mut().map(|h| {
+            let recorded = s.history.as_ref().filter(|_| !from_lobby).map(|h| {
                 h.store
+                    .lock()
+                    .unwrap()
                     .record_mini_epoch(h.run, rec)
                     .inspect_err(|e| tracing::warn!(error = %e, "cannot record the rf history"))
                     .is_ok()
@@ -402,9 +407,13 @@ impl Daemon {
         }
         let fresh = s.passes == 0 && s.record.scores.is_empty();
         let untouched = fresh
-            && s.history
-                .as_ref()
-                .is_none_or(|h| h.store.run(h.run).is_none_or(|r| r.mini_epochs.is_empty()));
+            && s.history.as_ref().is_none_or(|h| {
+                h.store
+                    .lock()
+                    .unwrap()
+                    .run(h.run)
+                    .is_none_or(|r| r.mini_epochs.is_empty())
+            });
         if !untouched {
             return Err(ProtocolError::new(
                 ErrorCode::BadRequest,
@@ -416,8 +425,9 @@ impl Daemon {
         }
         let mut schedule = None;
         if let Some(h) = s.history.as_mut() {
-            schedule = h.store.schedule(&h.dataset, &job);
-            h.run = h.store.start_run(&h.dataset, &job);
+            let mut store = h.store.lock().unwrap();
+            schedule = store.schedule(&h.dataset, &job);
+            h.run = store.start_run(&h.dataset, &job);
         }
         if self.cfg.policy.kind == PolicyKind::Learned {
             s.policy = build_policy(&self.cfg, schedule)

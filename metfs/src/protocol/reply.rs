@@ -74,6 +74,33 @@ pub struct JobStatus {
     pub idle_secs: f64,
 }
 
+/// A node in aggregate-cache mode (`metfs mount --aggregate`), in `status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AggregateStatus {
+    /// This node's rank.
+    pub rank: u32,
+    /// Nodes holding the dataset together.
+    pub nodes: u32,
+    /// Probability of keeping a sample outside the share.
+    pub extra: f64,
+    /// How samples cross between nodes (`uncoded`, `uberShuffle`).
+    pub code: String,
+    /// The last staging's wait for the exchange; `null` before the first after epoch 0.
+    pub last_exchange: Option<ExchangeStatus>,
+}
+
+/// How a staging's wait for the exchange between nodes ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ExchangeStatus {
+    /// The epoch whose slot was staged.
+    pub epoch: u64,
+    /// The exchange filled the inbox; `false`: it did not within the timeout, and what it
+    /// did not bring came from the tier.
+    pub complete: bool,
+    /// Seconds the staging waited.
+    pub wait_s: f64,
+}
+
 /// A node's worker on a dynamic-sharding queue (`metfs mount --dds`), in `status`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DdsStatus {
@@ -201,6 +228,10 @@ pub struct Status {
     /// With `--dds`: this node's worker on the shard queue; `null` without.
     #[serde(default)]
     pub dds: Option<DdsStatus>,
+    /// In aggregate-cache mode (`--aggregate`): this node and its last exchange; `null`
+    /// otherwise.
+    #[serde(default)]
+    pub aggregate: Option<AggregateStatus>,
     /// On a shared mount (`--share`): every job, by name (the position fields above are then
     /// those of the job asked for, or zero); `null` on a plain mount.
     #[serde(default)]

@@ -1,0 +1,280 @@
+//! `metfs-shuffle`: the exchange of aggregate-cache mode, one MPI rank per node, beside the
+//! node's `metfs mount --aggregate` daemon (`srun --overlap`, or `mpirun -np N`).
+//!
+//! For each epoch after the first it waits until its daemon opens the epoch's inbox (the
+//! daemon's staging of that epoch has started), then every rank sends every other rank, in
+//! bulk-synchronous rounds of at most `--chunk-mib` per pair (`MPI_Alltoallv`), the samples
+//! the planner names it for, and keeps in its inbox what it receives and what passes its
+//! check. The logic is `metfs::exchange`; this file is the transport. One JSON line per epoch
+//! on stdout ([`metfs::exchange::ExchangeReport`]).
+//!
+//! Before the first exchange the ranks compare their daemons' settings and catalogs and their
+//! epochs, and all refuse to start (exit 2) if any differs. A rank that dies ends the MPI job;
+//! the daemons then stop waiting after `--shuffle-timeout-secs` and fetch from the tier.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Parser;
+use mpi::collective::SystemOperation;
+use mpi::datatype::{Partition, PartitionMut};
+use mpi::traits::*;
+use mpi::Count;
+
+use metfs::daemon::aggregate::inbox_of_epoch;
+use metfs::exchange::{Accepted, ExchangeReport, Node};
+
+#[derive(Parser)]
+#[command(
+    name = "metfs-shuffle",
+    version,
+    about = "Aggregate-cache mode's exchange between nodes (one MPI rank per node)"
+)]
+struct Args {
+    /// The node's cache directory (its daemon's `--cache`); `%r` is replaced by the MPI rank.
+    #[arg(long)]
+    cache: String,
+    /// Stop after this many exchanges (default: until the daemon is gone).
+    #[arg(long)]
+    epochs: Option<u64>,
+    /// Most bytes one rank sends another in one round.
+    #[arg(long, default_value_t = 64)]
+    chunk_mib: usize,
+    /// Fault injection for tests: flip a byte of the first sample each rank sends each peer
+    /// in each epoch (the receiver's check must refuse it and the tier serve it).
+    #[arg(long, hide = true)]
+    inject_corruption: bool,
+}
+
+fn main() {
+    let universe = match mpi::initialize() {
+        Some(u) => u,
+        None => {
+            eprintln!("metfs-shuffle: MPI was already initialised");
+            std::process::exit(1);
+        }
+    };
+    let world = universe.world();
+    let rank = world.rank();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("METFS_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let code = match run(&world) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("metfs-shuffle: rank {rank}: {e:#}");
+            2
+        }
+    };
+    drop(universe);
+    std::process::exit(code);
+}
+
+/// Whether the daemon `pid` still runs.
+fn alive(pid: u32) -> bool {
+    // Signal 0 checks existence and permission only.
+    unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
+}
+
+/// The lowest epoch whose inbox the daemon has opened, once it has opened one.
+fn first_open_inbox(node: &Node) -> Result<Option<u64>> {
+    let mut lowest = None;
+    for e in std::fs::read_dir(&node.spec.slots)
+        .with_context(|| format!("listing {}", node.spec.slots.display()))?
+        .flatten()
+    {
+        let name = e.file_name();
+        let Some(epoch) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("inbox-e"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if e.path().is_dir() && inbox_of_epoch(epoch) == name.to_string_lossy() {
+            lowest = Some(lowest.map_or(epoch, |l: u64| l.min(epoch)));
+        }
+    }
+    Ok(lowest)
+}
+
+fn run(world: &mpi::topology::SimpleCommunicator) -> Result<()> {
+    let args = Args::parse();
+    let rank = world.rank() as u32;
+    let size = world.size() as u32;
+    let cache = PathBuf::from(args.cache.replace("%r", &rank.to_string()));
+    // Every rank reaches the agreement below, even one that cannot open its node, so that no
+    // rank waits forever for it.
+    let opened = Node::open(&cache);
+    let mine: [u64; 8] = match &opened {
+        Ok(n) => {
+            let a = n.agreement();
+            [
+                1,
+                u64::from(n.spec.rank),
+                a[0],
+                a[1],
+                a[2],
+                a[3],
+                a[4],
+                a[5],
+            ]
+        }
+        Err(_) => [0; 8],
+    };
+    let mut all = vec![0u64; 8 * size as usize];
+    world.all_gather_into(&mine[..], &mut all[..]);
+    let node = opened.with_context(|| format!("node {}", cache.display()))?;
+    if node.spec.rank != rank || node.spec.nodes != size {
+        bail!(
+            "the daemon at {} is node {} of {}, but this is MPI rank {rank} of {size}: start one rank per node, rank r on node r",
+            cache.display(),
+            node.spec.rank,
+            node.spec.nodes
+        );
+    }
+    for (r, rec) in all.chunks(8).enumerate() {
+        if rec[0] == 0 {
+            bail!("rank {r} could not open its node (see its message); no exchange");
+        }
+        let other: [u64; 6] = rec[2..8].try_into().expect("6 words");
+        if let Some(why) = node.disagreement(r, &other) {
+            bail!("{why}");
+        }
+    }
+    tracing::info!(rank, nodes = size, cache = %cache.display(), code = %node.spec.code, "ranks agree; waiting for the daemon's first inbox");
+    // The epoch to fill first: every daemon must be at the same one.
+    let mut epoch = loop {
+        if let Some(e) = first_open_inbox(&node)? {
+            break e;
+        }
+        if !alive(node.spec.pid) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut epochs = vec![0u64; size as usize];
+    world.all_gather_into(&epoch, &mut epochs[..]);
+    if let Some((r, e)) = epochs.iter().enumerate().find(|(_, &e)| e != epoch) {
+        bail!("rank {r}'s daemon is staging epoch {e}, this one epoch {epoch}: mount every node afresh (or with the same saved position)");
+    }
+    let chunk = args.chunk_mib.max(1) << 20;
+    let mut done = 0u64;
+    loop {
+        // Wait for this node's inbox (the daemon's staging of `epoch` started).
+        while !node.inbox_open(epoch) {
+            if !alive(node.spec.pid) {
+                tracing::info!(rank, "the daemon is gone; stopping");
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        world.barrier();
+        let report = exchange(world, &node, epoch, chunk, args.inject_corruption)?;
+        println!("{}", serde_json::to_string(&report)?);
+        done += 1;
+        epoch += 1;
+        if args.epochs.is_some_and(|n| done >= n) {
+            return Ok(());
+        }
+    }
+}
+
+/// One epoch's exchange (module docs).
+fn exchange(
+    world: &mpi::topology::SimpleCommunicator,
+    node: &Node,
+    epoch: u64,
+    chunk: usize,
+    corrupt: bool,
+) -> Result<ExchangeReport> {
+    let t0 = Instant::now();
+    let rank = node.spec.rank;
+    let n = node.spec.nodes as usize;
+    let plan = node.transition(epoch, &[])?;
+    let outgoing = node.outgoing(&plan);
+    let mut inbox = node.inbox(epoch, node.expected(&plan))?;
+    let mut cursor = vec![0usize; n];
+    let mut report = ExchangeReport {
+        rank,
+        epoch,
+        ..Default::default()
+    };
+    let mut got = Accepted::default();
+    loop {
+        // This round's frames to each peer.
+        let mut send = Vec::new();
+        let mut counts: Vec<Count> = vec![0; n];
+        for j in 0..n {
+            if j as u32 == rank {
+                continue;
+            }
+            let (mut frames, k) = node.pack(epoch, &outgoing[j][cursor[j]..], chunk);
+            if corrupt && cursor[j] == 0 && frames.len() > metfs::exchange::HEADER {
+                frames[metfs::exchange::HEADER] ^= 0xff;
+            }
+            report.sent_samples += k as u64;
+            report.sent_bytes += frames.len() as u64;
+            report.messages += u64::from(k > 0);
+            cursor[j] += k;
+            counts[j] = Count::try_from(frames.len())
+                .map_err(|_| anyhow!("a round's frames to rank {j} exceed 2 GiB"))?;
+            send.extend_from_slice(&frames);
+        }
+        let mut recv_counts: Vec<Count> = vec![0; n];
+        world.all_to_all_into(&counts[..], &mut recv_counts[..]);
+        let displs = |c: &[Count]| -> Vec<Count> {
+            c.iter()
+                .scan(0, |acc, &x| {
+                    let d = *acc;
+                    *acc += x;
+                    Some(d)
+                })
+                .collect()
+        };
+        let (sd, rd) = (displs(&counts), displs(&recv_counts));
+        let total: usize = recv_counts.iter().map(|&c| c as usize).sum();
+        let mut recv = vec![0u8; total];
+        {
+            let sp = Partition::new(&send[..], &counts[..], &sd[..]);
+            let mut rp = PartitionMut::new(&mut recv[..], &recv_counts[..], &rd[..]);
+            world.all_to_all_varcount_into(&sp, &mut rp);
+        }
+        for j in 0..n {
+            let part = &recv[rd[j] as usize..(rd[j] + recv_counts[j]) as usize];
+            if !part.is_empty() {
+                got += inbox.accept(node, j as u32, part)?;
+            }
+        }
+        report.rounds += 1;
+        // Done when every rank has sent everything.
+        let left = (0..n).any(|j| cursor[j] < outgoing[j].len()) as u8;
+        let mut any_left = 0u8;
+        world.all_reduce_into(&left, &mut any_left, SystemOperation::max());
+        if any_left == 0 {
+            break;
+        }
+    }
+    report.received_samples = got.samples;
+    report.received_bytes = got.bytes;
+    report.rejected = got.rejected;
+    report.missing = inbox.missing() as u64;
+    inbox.complete()?;
+    report.secs = t0.elapsed().as_secs_f64();
+    tracing::info!(
+        epoch,
+        sent = report.sent_samples,
+        received = report.received_samples,
+        rejected = report.rejected,
+        missing = report.missing,
+        secs = report.secs,
+        "inbox complete"
+    );
+    Ok(report)
+}

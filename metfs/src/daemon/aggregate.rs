@@ -1,0 +1,285 @@
+//! Aggregate-cache mode (`metfs mount --aggregate`, paper 002): the nodes of a job hold the
+//! dataset together, and each epoch's new assignment of samples to nodes is filled from the
+//! other nodes' caches instead of the capacity tier.
+//!
+//! # One mini-epoch per epoch per node
+//!
+//! Epoch `e` is one mini-epoch on each node: its share `S(e, i)` of a uniformly random
+//! partition of the dataset (the `shuffle` crate's planner, a pure function of the catalog,
+//! the node count, the seed and the epoch, so every node computes every node's share). Its
+//! slot holds the node's cache `C(e, i)`: the share plus the extras, samples outside the
+//! share kept with probability `aggregate.extra` as the slot's bytes allow. The view shows
+//! the share only, so the nodes' views partition the dataset every epoch. MET's repeat and
+//! feedback run on top unchanged: the view is repeated rf times while the next epoch's slot
+//! is staged.
+//!
+//! # Where the next slot comes from
+//!
+//! Staging `C(e + 1, i)` takes each sample from, in this order:
+//! 1. the node's own slots (the current one holds `C(e, i)`): a hard link, as for any slot;
+//! 2. the **inbox** of epoch `e + 1` (`slots/inbox-e…`, a slot-like directory with a journal
+//!    of `<id> <crc>` lines): what `metfs-shuffle`, one MPI rank per node, received from the
+//!    other nodes, each sample checked against its length and the CRC-32 its sender's journal
+//!    recorded when it was fetched from the tier; the stager checks that CRC again as it links;
+//! 3. the tier, for whatever is left: epoch 0, and samples the exchange did not bring.
+//!
+//! The staging creates the inbox directory when it starts (its bytes are then already
+//! counted: the slot's reservation covers every sample the inbox can hold), which tells the
+//! node's `metfs-shuffle` that it may fill it; it then waits until the inbox's journal ends
+//! with `complete`, or `aggregate.timeout_secs` (a dead node, or no `metfs-shuffle`), and
+//! stages. A timeout is logged, shown in `status` (`last_error`, `aggregate`) and the rest
+//! fetched from the tier: a node's failure costs the others one slower epoch, never a sample.
+//! After the staging the inbox is removed (its files live on as the slot's links).
+//!
+//! # What `metfs-shuffle` reads
+//!
+//! `CACHE/aggregate.json` ([`ExchangeSpec`]), written at mount: the node's rank, the planner's
+//! settings, the catalog's digest (ranks refuse to exchange when any differs), and where the
+//! slots and the control socket are. The catalog itself is `CACHE/catalog.bin`.
+
+use super::*;
+use crate::config::aggregate::ShuffleCode;
+use prefetcher::stager::read_journal;
+use shuffle::{layout, Layout};
+
+/// The file `metfs-shuffle` reads in the cache directory.
+pub const SPEC_FILE: &str = "aggregate.json";
+
+/// Version of [`ExchangeSpec`]; `metfs-shuffle` refuses another.
+pub const SPEC_VERSION: u32 = 1;
+
+/// What the exchange of a node needs to know of its daemon (`CACHE/aggregate.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExchangeSpec {
+    /// [`SPEC_VERSION`].
+    pub v: u32,
+    /// This node's rank.
+    pub rank: u32,
+    /// Nodes in the job.
+    pub nodes: u32,
+    /// The planner's seed.
+    pub seed: u64,
+    /// Bytes one node holds for one epoch (a slot).
+    pub budget: u64,
+    /// Probability of keeping an extra sample.
+    pub extra: f64,
+    /// How samples cross between nodes.
+    pub code: ShuffleCode,
+    /// Digest of the catalog (paths, sizes, versions): the same on every node, or the ranks
+    /// refuse to exchange.
+    pub catalog_digest: String,
+    /// The capacity tier's URL.
+    pub source: String,
+    /// The stager's slot directory (slots, journals, inboxes).
+    pub slots: PathBuf,
+    /// The saved catalog.
+    pub catalog: PathBuf,
+    /// The daemon's control socket.
+    pub socket: PathBuf,
+    /// The daemon's process id: the exchange stops when it is gone.
+    pub pid: u32,
+}
+
+/// The slot of epoch `epoch` in aggregate mode (its one mini-epoch).
+pub fn slot_of_epoch(epoch: u64) -> String {
+    slot_name((epoch, 0))
+}
+
+/// The inbox the exchange fills for epoch `epoch`'s slot.
+pub fn inbox_of_epoch(epoch: u64) -> String {
+    format!("inbox-e{epoch:06}")
+}
+
+/// How a staging's wait for the exchange ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct ExchangeWait {
+    pub(super) epoch: u64,
+    pub(super) complete: bool,
+    pub(super) secs: f64,
+}
+
+/// A node's plan in aggregate mode (module docs).
+pub(super) struct Aggregate {
+    pub(super) settings: shuffle::AggregateConfig,
+    pub(super) rank: u32,
+    pub(super) code: ShuffleCode,
+    pub(super) timeout: Duration,
+    sizes: Vec<u64>,
+    /// Layouts of the last few epochs (the planner is pure; these are a cache).
+    layouts: Mutex<BTreeMap<u64, Arc<Layout>>>,
+    /// The last wait for an exchange, for `status`.
+    pub(super) last_wait: Mutex<Option<ExchangeWait>>,
+}
+
+impl Aggregate {
+    /// The plan of node `cfg.node_rank` of `cfg.nodes` over samples of `footprints`, each
+    /// epoch's cache at most `slot_bytes`. Refuses, with the numbers, a dataset that does not
+    /// fit the nodes' slots together, or whose shares could overflow a slot in some epoch.
+    pub(super) fn new(
+        cfg: &MountConfig,
+        footprints: Vec<u64>,
+        slot_bytes: u64,
+    ) -> Result<Self, DaemonError> {
+        let settings = shuffle::AggregateConfig {
+            nodes: cfg.nodes,
+            seed: cfg.seed,
+            budget: slot_bytes,
+            extra: cfg.aggregate.extra,
+        };
+        let refuse = |e: &dyn std::fmt::Display| {
+            DaemonError::Setup(format!(
+                "aggregate mode ({} nodes, {} per node for one epoch after metadata): {e}",
+                cfg.nodes,
+                format_bytes(slot_bytes)
+            ))
+        };
+        let first = layout(&footprints, &settings, 0).map_err(|e| refuse(&e))?;
+        // The random cut gives each share at most one sample more than an even split: with
+        // that much room every epoch's share fits, so no later epoch can fail.
+        let total = first.total_bytes();
+        let largest = footprints.iter().copied().max().unwrap_or(0);
+        let worst = total.div_ceil(u64::from(cfg.nodes.max(1))) + largest;
+        if worst > slot_bytes {
+            return Err(refuse(&format!(
+                "a node's share of an epoch can reach {} (the dataset's {} over {} nodes, plus \
+                 one sample of up to {}), more than a slot's {}; use more nodes or a budget of \
+                 at least {} per node",
+                format_bytes(worst),
+                format_bytes(total),
+                cfg.nodes,
+                format_bytes(largest),
+                format_bytes(slot_bytes),
+                format_bytes(cfg.budget + 2 * (worst - slot_bytes)),
+            )));
+        }
+        Ok(Self {
+            settings,
+            rank: cfg.node_rank,
+            code: cfg.aggregate.code,
+            timeout: Duration::from_secs(cfg.aggregate.timeout_secs),
+            sizes: footprints,
+            layouts: Mutex::new(BTreeMap::from([(0, Arc::new(first))])),
+            last_wait: Mutex::new(None),
+        })
+    }
+
+    /// Epoch `epoch`'s layout (every node's share and cache).
+    pub(super) fn layout(&self, epoch: u64) -> Arc<Layout> {
+        let mut ls = self.layouts.lock().unwrap();
+        if let Some(l) = ls.get(&epoch) {
+            return l.clone();
+        }
+        // `new` checked that every epoch's shares fit: the planner cannot refuse a later one.
+        let l = Arc::new(
+            layout(&self.sizes, &self.settings, epoch)
+                .expect("aggregate mode checked at mount that every epoch fits"),
+        );
+        ls.insert(epoch, l.clone());
+        while ls.len() > 4 {
+            ls.pop_first();
+        }
+        l
+    }
+
+    /// What this node's slot of epoch `epoch` holds (share and extras) and its footprint.
+    pub(super) fn cache(&self, epoch: u64) -> (Vec<u32>, u64) {
+        let l = self.layout(epoch);
+        (l.cache(self.rank).to_vec(), l.cache_bytes(self.rank))
+    }
+
+    /// What this node's view of epoch `epoch` shows: its share.
+    pub(super) fn share(&self, epoch: u64) -> Vec<u32> {
+        self.layout(epoch).share(self.rank).to_vec()
+    }
+}
+
+impl Daemon {
+    /// Writes `CACHE/aggregate.json` for the node's `metfs-shuffle`.
+    pub(super) fn write_exchange_spec(&self, a: &Aggregate) -> Result<(), DaemonError> {
+        let spec = ExchangeSpec {
+            v: SPEC_VERSION,
+            rank: a.rank,
+            nodes: a.settings.nodes,
+            seed: a.settings.seed,
+            budget: a.settings.budget,
+            extra: a.settings.extra,
+            code: a.code,
+            catalog_digest: format!("{:016x}", catalog_digest(&self.store.catalog)),
+            source: self.cfg.source.clone(),
+            slots: self.paths.slots.clone(),
+            catalog: self.paths.catalog.clone(),
+            socket: self.cfg.socket.clone(),
+            pid: std::process::id(),
+        };
+        let path = self.paths.root.join(SPEC_FILE);
+        let text = serde_json::to_vec_pretty(&spec).expect("the spec serializes");
+        durable::write(&path, &text, durable::Durability::Atomic)
+            .map_err(|e| DaemonError::Setup(format!("cannot write {}: {e}", path.display())))
+    }
+
+    /// Creates the inbox of epoch `epoch` (empty): the node's exchange may fill it now.
+    pub(super) fn open_inbox(&self, epoch: u64) {
+        let dir = self.paths.slots.join(inbox_of_epoch(epoch));
+        if let Err(e) = prefetcher::stager::create_private_dir(&dir) {
+            tracing::warn!(inbox = %dir.display(), error = %e, "cannot create the exchange's inbox; the epoch comes from the tier");
+        }
+    }
+
+    /// Waits until the exchange has filled epoch `epoch`'s inbox (its journal says
+    /// `complete`), or the timeout; says so when it gave up.
+    pub(super) async fn wait_for_exchange(&self, a: &Aggregate, epoch: u64) -> ExchangeWait {
+        let journal = self
+            .paths
+            .slots
+            .join(format!("{}.journal", inbox_of_epoch(epoch)));
+        let t0 = Instant::now();
+        let complete = loop {
+            if read_journal(&journal).complete {
+                break true;
+            }
+            if t0.elapsed() >= a.timeout || self.is_shutting_down() {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let wait = ExchangeWait {
+            epoch,
+            complete,
+            secs: t0.elapsed().as_secs_f64(),
+        };
+        if complete {
+            tracing::info!(epoch, secs = wait.secs, "the exchange filled the inbox");
+        } else if !self.is_shutting_down() {
+            let msg = format!(
+                "aggregate: the exchange for epoch {epoch} did not complete within {} s (a node died, or metfs-shuffle is not running on this node): the samples it did not bring come from the tier",
+                a.timeout.as_secs()
+            );
+            tracing::warn!("{msg}");
+            self.store.note_error(msg);
+        }
+        *a.last_wait.lock().unwrap() = Some(wait);
+        wait
+    }
+
+    /// Removes epoch `epoch`'s inbox once its slot is staged (the slot's links keep the files).
+    pub(super) fn close_inbox(&self, epoch: u64) {
+        let name = inbox_of_epoch(epoch);
+        // `remove_dir_all` does not follow symlinks inside the directory.
+        let _ = std::fs::remove_dir_all(self.paths.slots.join(&name));
+        let _ = std::fs::remove_file(self.paths.slots.join(format!("{name}.journal")));
+    }
+}
+
+/// Digest of a catalog: every sample's path, size and version, in catalog order.
+pub fn catalog_digest(catalog: &Catalog) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for id in 0..catalog.len() as u32 {
+        let (d, n) = catalog.dir_and_name(id);
+        fnv(&mut h, d.as_bytes());
+        fnv(&mut h, b"/");
+        fnv(&mut h, n.as_bytes());
+        fnv(&mut h, &catalog.size(id).to_le_bytes());
+        fnv(&mut h, catalog.version(id).as_bytes());
+    }
+    h
+}
