@@ -148,6 +148,12 @@ fn run(world: &mpi::topology::SimpleCommunicator) -> Result<()> {
             bail!("{why}");
         }
     }
+    if node.spec.code != metfs::config::aggregate::ShuffleCode::Uncoded {
+        bail!(
+            "--shuffle-code {}: this metfs-shuffle carries the uncoded exchange only; mount with --shuffle-code uncoded",
+            node.spec.code
+        );
+    }
     tracing::info!(rank, nodes = size, cache = %cache.display(), code = %node.spec.code, "ranks agree; waiting for the daemon's first inbox");
     // The epoch to fill first: every daemon must be at the same one.
     let mut epoch = loop {
