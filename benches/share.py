@@ -14,10 +14,14 @@ Cases (the goals of the issue in brackets):
 * `same2`: 2 jobs, same dataset [shared <= 1.05x one job; separate about 2x];
 * `same4`: 4 jobs, same dataset [<= 1.1x];
 * `slow`: 2 jobs, one 2x slower, `--share-pace wait` [<= 1.1x; fast job >= 0.9x alone];
-* `overlap`: 2 jobs with 75% overlap [<= 1.05 x |D1 u D2| / |D1| x one job].
+* `overlap`: 2 jobs with 75% overlap [<= 1.05 x |D1 u D2| / |D1| x one job];
+* `stagger`: paper 004's staggered arrivals, 4 jobs over random 75% subsets each starting a
+  quarter of an epoch after the one before, a budget with shares for 8 (half of it free for
+  retired slots), `--share-evict refcnt` against `lru` on the same daemon [refcnt <= 0.9x the
+  tier bytes of lru].
 
 usage: python3 benches/share.py [--files 1000] [--kib 16] [--budget 8MiB] [--epochs 2]
-       [--step-ms 1] [--runs 3] [--cases same2,same4,slow,overlap]
+       [--step-ms 1] [--runs 3] [--cases same2,same4,slow,overlap,stagger]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +91,13 @@ def make_dataset(root: Path, files: int, kib: int) -> list[str]:
 def run_jobs(sock: str, work: Path, jobs: list[tuple[str, float, dict[str, Any]]], epochs: int) -> list[dict[str, Any]]:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
     procs = []
+    t0 = time.monotonic()
     for i, (name, step, extra) in enumerate(jobs):
         out = work / f"out-{i}.json"
         s = sock if isinstance(sock, str) else sock[i]
+        # A staggered arrival: the job starts `delay` seconds after the first.
+        extra = dict(extra)
+        time.sleep(max(0.0, extra.pop("delay", 0.0) - (time.monotonic() - t0)))
         procs.append((subprocess.Popen([sys.executable, "-c", JOB, s, name, str(out), str(epochs), str(step), json.dumps(extra)], env=env, stderr=subprocess.PIPE, text=True), out))
     res = []
     for p, out in procs:
@@ -112,10 +121,11 @@ def trained_tier_bytes(m: Mount, epochs: int) -> int:
     return int(m.status()["tier_bytes_read"]) - ahead
 
 
-def shared_run(src: Path, work: Path, budget: str, k_share: int, jobs: list[tuple[str, float, dict[str, Any]]], epochs: int) -> tuple[int, list[dict[str, Any]]]:
+def shared_run(src: Path, work: Path, budget: str, k_share: int, jobs: list[tuple[str, float, dict[str, Any]]], epochs: int,
+               args: tuple[str, ...] = ()) -> tuple[int, list[dict[str, Any]]]:
     cache = work / "cache-shared"
     cache.mkdir()
-    m = Mount(metfs_bin(), work / "mnt-shared", cache, str(src), ["--budget", budget, "--share", "--share-jobs", str(k_share), "--rf", "2", "--rf-policy", "fixed", "--history", str(work / "h.json")])
+    m = Mount(metfs_bin(), work / "mnt-shared", cache, str(src), ["--budget", budget, "--share", "--share-jobs", str(k_share), "--rf", "2", "--rf-policy", "fixed", "--history", str(work / "h.json"), *args])
     m.mount()
     try:
         res = run_jobs(m.socket, work, jobs, epochs)
@@ -161,7 +171,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--step-ms", type=float, default=1.0)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--cases", default="same2,same4,slow,overlap")
+    ap.add_argument("--cases", default="same2,same4,slow,overlap,stagger")
     a = ap.parse_args()
     step = a.step_ms / 1000
     budget = parse_size(a.budget)
@@ -180,7 +190,22 @@ def main() -> None:
             c.write_text("path,size\n" + "".join(f"{r},{a.kib << 10}\n" for r in lst))
         print(f"dataset {n} files of {a.kib} KiB ({n * a.kib / 1024:.1f} MiB), budget {a.budget}, {a.epochs} epochs at rf 2, {a.runs} runs, medians")
         rows = []
+        stagger: dict[str, list[int]] = {"refcnt": [], "lru": []}
         for case in a.cases.split(","):
+            if case == "stagger":
+                # Paper 004's staggered arrivals: 4 jobs over random 75% subsets, each starting a
+                # quarter of an epoch after the one before; the budget has shares for 8, so half
+                # of it can keep retired slots, let go in RefCnt's or LRU's order.
+                step4 = 4 * step
+                epoch_s = 0.75 * n * 2 * step4
+                sjobs = [(f"s{i}", step4, {"subset": {"fraction": 0.75, "seed": i + 1}, "delay": i * epoch_s / 4}) for i in range(4)]
+                for r in range(a.runs):
+                    for policy in (["refcnt", "lru"] if r % 2 == 0 else ["lru", "refcnt"]):
+                        work = tmp / f"stagger-{policy}-{r}"
+                        work.mkdir()
+                        stagger[policy].append(shared_run(src, work, a.budget, 8, sjobs, a.epochs, ("--share-evict", policy))[0])
+                        shutil.rmtree(work, ignore_errors=True)
+                continue
             if case.startswith("same"):
                 k = int(case[4:])
                 jobs = [(f"j{i}", step, {}) for i in range(k)]
@@ -225,6 +250,12 @@ def main() -> None:
         print("|---|---|---|---|---|")
         for case, sh, sep, ideal, sp in rows:
             print(f"| {case} | {sh:.3f} | {sep:.3f} | {ideal:.2f} | {sp:.2f} |")
+        if stagger["refcnt"]:
+            rc, lru = statistics.median(stagger["refcnt"]), statistics.median(stagger["lru"])
+            print()
+            print("| staggered arrivals, 4 jobs over 75% subsets | tier MiB, --share-evict refcnt | tier MiB, lru | refcnt / lru |")
+            print("|---|---|---|---|")
+            print(f"| runs: {stagger['refcnt']} / {stagger['lru']} | {rc / 2**20:.2f} | {lru / 2**20:.2f} | {rc / lru:.3f} |")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,27 @@ impl std::fmt::Display for SharePace {
     }
 }
 
+/// Which held slot a staging lets go first when it needs room.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ShareEvict {
+    /// RefCnt (paper 004): the slot whose samples the jobs still need least this epoch, then
+    /// the oldest.
+    #[default]
+    Refcnt,
+    /// The oldest (least recently used) slot, whatever the jobs still need: the baseline.
+    Lru,
+}
+
+impl std::fmt::Display for ShareEvict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ShareEvict::Refcnt => "refcnt",
+            ShareEvict::Lru => "lru",
+        })
+    }
+}
+
 /// Several jobs on one mount (`[share]` in the config file, `--share` and `--share-*` flags).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(default, deny_unknown_fields)]
@@ -45,6 +66,11 @@ pub struct ShareConfig {
     #[arg(id = "share.pace", long = "share-pace", value_enum,
         default_value_t = ShareConfig::default().pace)]
     pub pace: SharePace,
+    /// Which retired slot kept on the node goes first when a staging needs room: `refcnt`
+    /// (the one the jobs still need least this epoch) or `lru` (the oldest), the baseline.
+    #[arg(id = "share.evict", long = "share-evict", value_enum,
+        default_value_t = ShareConfig::default().evict)]
+    pub evict: ShareEvict,
     /// Seconds without a request after which a job is dropped and its share released (a
     /// killed trainer pins nothing for longer). Above the longest pass of any job: 900 s.
     #[arg(id = "share.idle_secs", long = "share-idle-secs",
@@ -58,6 +84,7 @@ impl Default for ShareConfig {
             enabled: false,
             jobs: 4,
             pace: SharePace::Wait,
+            evict: ShareEvict::Refcnt,
             idle_secs: 900,
         }
     }

@@ -2,6 +2,7 @@
 //! slot failures, evicts drained slots, and paces the tier (fixed cap or auto pacing).
 
 use super::*;
+use crate::config::share::ShareEvict;
 
 /// Staging rate of `prefetch_rate = auto` before the first pass has been timed.
 pub const AUTO_TRICKLE: u64 = 256 << 10;
@@ -279,10 +280,14 @@ impl Daemon {
         // slots let go to make room (the staging waits for their deletion).
         if let (true, Some(sh)) = (s.shared, &self.shared) {
             let cohort = sh.cohort.lock().unwrap();
-            if !self
-                .store
-                .room_for(&samples, |x| cohort.ledger().refcount(x))
-            {
+            let room = match sh.cfg.evict {
+                ShareEvict::Refcnt => self
+                    .store
+                    .room_for(&samples, |x| cohort.ledger().refcount(x)),
+                // All equal: the oldest goes first.
+                ShareEvict::Lru => self.store.room_for(&samples, |_| 0),
+            };
+            if !room {
                 return None;
             }
         }
