@@ -62,19 +62,31 @@ def mpirun(tmp: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+# The coded exchange, with extras (α = 1/4 + 0.5 · 3/4 = 0.625): UberShuffle's side
+# information.
+CODED = ("--shuffle-code", "uberShuffle", "--shuffle-extra", "0.5")
+
+
 class Cluster:
-    def __init__(self, mounts: Callable[..., Mount], tmp: Path, src: Path, seeds: list[int] | None = None, timeout: int = 60) -> None:
+    def __init__(self, mounts: Callable[..., Mount], tmp: Path, src: Path, seeds: list[int] | None = None, timeout: int = 60,
+                 args: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
         self.nodes = [
             mounts(src, "5MiB", "--aggregate", "--nodes", str(NODES), "--node-rank", str(r),
                    "--seed", str((seeds or [7] * NODES)[r]), "--rf", "1", "--rf-policy", "fixed",
-                   "--shuffle-timeout-secs", str(timeout), name=f"n{r}", cache=tmp / f"n{r}" / "cache")
+                   "--shuffle-timeout-secs", str(timeout), *args, name=f"n{r}", cache=tmp / f"n{r}" / "cache")
             for r in range(NODES)
         ]
 
     def mount(self) -> None:
         for m in self.nodes:
             m.mount()
+
+    def epoch0_tier_bytes(self) -> list[int]:
+        """Each node's tier bytes once its epoch-0 slot is staged: its staging of epoch 1 has
+        opened the inbox and waits for the exchange, reading nothing (call before it runs)."""
+        wait_for(lambda: all((m.cache / "slots" / "inbox-e000001").is_dir() for m in self.nodes), 60, "every node staging epoch 1")
+        return [m.status()["tier_bytes_read"] for m in self.nodes]
 
     def train(self, digests: Path, epochs: int) -> list[dict[str, Any]]:
         env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
@@ -140,10 +152,37 @@ def test_four_nodes_reshuffle_from_each_other_not_the_tier(mounts: Callable[...,
     assert sum(r["sent_samples"] for r in rep) == sum(r["received_samples"] for r in rep) > 0
 
 
-def test_a_corrupted_sample_is_caught_and_fetched_from_the_tier(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any) -> None:
+def test_coded_packets_reshuffle_the_nodes_byte_exact(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any) -> None:
     src, digests, dpath = dataset
-    c = Cluster(mounts, tmp_path, src)
+    c = Cluster(mounts, tmp_path, src, args=CODED)
     c.mount()
+    first = c.epoch0_tier_bytes()
+    total = sum((src / f).stat().st_size for f in digests)
+    # Epoch 0 filled each node's whole cache, share and extras, from the tier.
+    assert sum(first) > total, (first, total)
+    ex = mpirun(tmp_path, "--epochs", "3")
+    res = c.train(dpath, 3)
+    out, err = ex.communicate(timeout=120)
+    assert ex.returncode == 0, err[-3000:]
+    check_views(res, digests, 3)
+    # The tier was read in epoch 0 only; epochs 1-3 came from the other nodes' packets.
+    assert [m.status()["tier_bytes_read"] for m in c.nodes] == first
+    rep = reports(out)
+    assert len(rep) == 3 * NODES and all(r["code"] == "uberShuffle" and r["rejected"] == 0 and r["missing"] == 0 for r in rep), rep
+    packets = sum(r["packets"] for r in rep)
+    blocks = sum(r["decoded_blocks"] for r in rep)
+    # Coded: fewer packets than blocks delivered, each packet sent once to each receiver.
+    assert 0 < packets < blocks, (packets, blocks)
+    assert sum(r["received_samples"] for r in rep) > 0
+    assert sum(r["sent_bytes"] for r in rep) > sum(r["packet_bytes"] for r in rep) > 0
+
+
+@pytest.mark.parametrize("code", ["uncoded", "uberShuffle"])
+def test_a_corrupted_sample_is_caught_and_fetched_from_the_tier(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any, code: str) -> None:
+    src, digests, dpath = dataset
+    c = Cluster(mounts, tmp_path, src, args=CODED if code == "uberShuffle" else ())
+    c.mount()
+    first = sum(c.epoch0_tier_bytes())
     # Two exchanges: epoch 1, and epoch 2, which each node stages ahead.
     ex = mpirun(tmp_path, "--epochs", "2", "--inject-corruption")
     res = c.train(dpath, 2)
@@ -152,12 +191,16 @@ def test_a_corrupted_sample_is_caught_and_fetched_from_the_tier(mounts: Callable
     check_views(res, digests, 2)
     rep = reports(out)
     rejected = sum(r["rejected"] for r in rep)
-    # Each rank corrupted the first sample it sent each peer, in each exchange.
-    assert rejected == 2 * NODES * (NODES - 1), rep
+    if code == "uncoded":
+        # Each rank corrupted the first sample it sent each peer, in each exchange.
+        assert rejected == 2 * NODES * (NODES - 1), rep
+    else:
+        # Each rank corrupted the first packet it sent each peer: the sample that peer
+        # decodes from it fails its CRC.
+        assert 0 < rejected <= 2 * NODES * (NODES - 1), rep
     assert sum(r["missing"] for r in rep) == rejected, rep
-    total = sum((src / f).stat().st_size for f in digests)
     tier = sum(m.status()["tier_bytes_read"] for m in c.nodes)
-    assert total < tier < total + rejected * (20 << 10), (tier, total, rejected)
+    assert first < tier < first + rejected * (20 << 10), (tier, first, rejected)
 
 
 def test_a_node_that_dies_leaves_the_others_to_the_tier_and_they_say_so(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any) -> None:

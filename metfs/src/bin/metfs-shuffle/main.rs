@@ -3,10 +3,14 @@
 //!
 //! For each epoch after the first it waits until its daemon opens the epoch's inbox (the
 //! daemon's staging of that epoch has started), then every rank sends every other rank, in
-//! bulk-synchronous rounds of at most `--chunk-mib` per pair (`MPI_Alltoallv`), the samples
-//! the planner names it for, and keeps in its inbox what it receives and what passes its
-//! check. The logic is `metfs::exchange`; this file is the transport. One JSON line per epoch
-//! on stdout ([`metfs::exchange::ExchangeReport`]).
+//! bulk-synchronous rounds of at most `--chunk-mib` per pair (`MPI_Alltoallv`), what the
+//! daemons' `--shuffle-code` says: uncoded, the samples the planner names it for; coded
+//! (`uberShuffle`), the XOR packets the coded plan names it the sender of, each sent directly
+//! to each of its receivers (no scatter-then-ring: `metfs::exchange::coded`), then uncoded
+//! frames for what that plan does not cover. Each rank keeps in its inbox what it receives,
+//! decodes and checks. The logic is `metfs::exchange`; this file is the transport: it counts
+//! the bytes and messages it puts on the wire. One JSON line per epoch on stdout
+//! ([`metfs::exchange::ExchangeReport`]).
 //!
 //! Before the first exchange the ranks compare their daemons' settings and catalogs and their
 //! epochs, and all refuse to start (exit 2) if any differs. A rank that dies ends the MPI job;
@@ -22,7 +26,10 @@ use mpi::datatype::{Partition, PartitionMut};
 use mpi::traits::*;
 use mpi::Count;
 
+use metfs::config::aggregate::ShuffleCode;
 use metfs::daemon::aggregate::inbox_of_epoch;
+use metfs::exchange::coded::{CodedPlan, Decoder, Encoder};
+use metfs::exchange::uncoded::Outbox;
 use metfs::exchange::{Accepted, ExchangeReport, Node};
 
 #[derive(Parser)]
@@ -41,8 +48,9 @@ struct Args {
     /// Most bytes one rank sends another in one round.
     #[arg(long, default_value_t = 64)]
     chunk_mib: usize,
-    /// Fault injection for tests: flip a byte of the first sample each rank sends each peer
-    /// in each epoch (the receiver's check must refuse it and the tier serve it).
+    /// Fault injection for tests: flip a byte of the first sample (or coded packet) each rank
+    /// sends each peer in each epoch (the receiver's check must refuse it and the tier serve
+    /// it).
     #[arg(long, hide = true)]
     inject_corruption: bool,
 }
@@ -148,12 +156,6 @@ fn run(world: &mpi::topology::SimpleCommunicator) -> Result<()> {
             bail!("{why}");
         }
     }
-    if node.spec.code != metfs::config::aggregate::ShuffleCode::Uncoded {
-        bail!(
-            "--shuffle-code {}: this metfs-shuffle carries the uncoded exchange only; mount with --shuffle-code uncoded",
-            node.spec.code
-        );
-    }
     tracing::info!(rank, nodes = size, cache = %cache.display(), code = %node.spec.code, "ranks agree; waiting for the daemon's first inbox");
     // The epoch to fill first: every daemon must be at the same one.
     let mut epoch = loop {
@@ -202,36 +204,144 @@ fn exchange(
 ) -> Result<ExchangeReport> {
     let t0 = Instant::now();
     let rank = node.spec.rank;
-    let n = node.spec.nodes as usize;
     let plan = node.transition(epoch, &[])?;
-    let outgoing = node.outgoing(&plan);
-    let mut inbox = node.inbox(epoch, node.expected(&plan))?;
-    let mut cursor = vec![0usize; n];
     let mut report = ExchangeReport {
         rank,
         epoch,
         ..Default::default()
     };
     let mut got = Accepted::default();
+    let coded = match node.spec.code {
+        ShuffleCode::Uncoded => None,
+        ShuffleCode::UberShuffle => coded_plan(world, node, epoch, &plan)?,
+    };
+    let inbox = match &coded {
+        None => {
+            let mut inbox = node.inbox(epoch, node.expected(&plan))?;
+            let mut out = Outbox::new(node, epoch, node.outgoing(&plan));
+            if corrupt {
+                out = out.corrupt_first();
+            }
+            rounds(
+                world,
+                &mut report,
+                chunk,
+                |max| (out.round(max), out.done()),
+                |from, part| {
+                    got += inbox.accept(node, from, part)?;
+                    Ok(())
+                },
+            )?;
+            report.sent_samples = out.samples;
+            inbox
+        }
+        Some(cp) => {
+            report.code = ShuffleCode::UberShuffle;
+            report.plan_secs = cp.secs;
+            let mut inbox = node.inbox(epoch, cp.uncoded_expected(rank))?;
+            inbox.expect_decoded(cp.decoded_for(rank));
+            let mut enc = Encoder::new(node, cp);
+            if corrupt {
+                enc = enc.corrupt_first();
+            }
+            let mut dec = Decoder::new(node, cp);
+            rounds(
+                world,
+                &mut report,
+                chunk,
+                |max| (enc.round(max), enc.done()),
+                |from, part| {
+                    got += dec.accept(&mut inbox, from, part)?;
+                    Ok(())
+                },
+            )?;
+            (report.packets, report.packet_bytes) = (enc.packets, enc.packet_bytes);
+            report.decoded_blocks = dec.blocks;
+            // What the coded plan does not cover goes uncoded; every rank knows whether
+            // anything does.
+            if cp.has_uncoded() {
+                let mut out = Outbox::new(node, epoch, cp.uncoded_outgoing(rank));
+                rounds(
+                    world,
+                    &mut report,
+                    chunk,
+                    |max| (out.round(max), out.done()),
+                    |from, part| {
+                        got += inbox.accept(node, from, part)?;
+                        Ok(())
+                    },
+                )?;
+                report.sent_samples = out.samples;
+            }
+            inbox
+        }
+    };
+    report.received_samples = got.samples;
+    report.received_bytes = got.bytes;
+    report.rejected = got.rejected;
+    report.missing = inbox.missing() as u64;
+    inbox.complete()?;
+    report.secs = t0.elapsed().as_secs_f64();
+    tracing::info!(
+        epoch,
+        code = %report.code,
+        sent_bytes = report.sent_bytes,
+        packets = report.packets,
+        received = report.received_samples,
+        rejected = report.rejected,
+        missing = report.missing,
+        secs = report.secs,
+        "inbox complete"
+    );
+    Ok(report)
+}
+
+/// The coded plan of `epoch`, the same on every rank (they compare digests), or `None` when
+/// it cannot be made (then on every rank alike: the plan is pure) and the epoch goes uncoded.
+fn coded_plan(
+    world: &mpi::topology::SimpleCommunicator,
+    node: &Node,
+    epoch: u64,
+    plan: &shuffle::Transition,
+) -> Result<Option<CodedPlan>> {
+    let coded = node.coded_plan(epoch, plan);
+    let digest = coded.as_ref().map_or(0, CodedPlan::digest);
+    let mut all = vec![0u64; node.spec.nodes as usize];
+    world.all_gather_into(&digest, &mut all[..]);
+    if let Some((r, d)) = all.iter().enumerate().find(|(_, &d)| d != digest) {
+        bail!("rank {r}'s coded plan of epoch {epoch} differs from this rank's (digest {d:016x} against {digest:016x}): run the same metfs-shuffle on every node");
+    }
+    match coded {
+        Ok(c) => Ok(Some(c)),
+        Err(e) => {
+            tracing::warn!(epoch, error = %e, "no coded plan; this epoch goes uncoded");
+            Ok(None)
+        }
+    }
+}
+
+/// Bulk-synchronous rounds (`MPI_Alltoallv`) until no rank has anything left: each round
+/// `next(max)` gives one part per rank (at most `max` bytes each but one frame) and whether
+/// this rank is done, and `accept(from, part)` takes each part received. Counts the messages
+/// and bytes this rank puts on the wire, and the rounds.
+fn rounds(
+    world: &mpi::topology::SimpleCommunicator,
+    report: &mut ExchangeReport,
+    chunk: usize,
+    mut next: impl FnMut(usize) -> (Vec<Vec<u8>>, bool),
+    mut accept: impl FnMut(u32, &[u8]) -> Result<(), metfs::exchange::ExchangeError>,
+) -> Result<()> {
+    let n = world.size() as usize;
     loop {
-        // This round's frames to each peer.
-        let mut send = Vec::new();
+        let (parts, done) = next(chunk);
         let mut counts: Vec<Count> = vec![0; n];
-        for j in 0..n {
-            if j as u32 == rank {
-                continue;
-            }
-            let (mut frames, k) = node.pack(epoch, &outgoing[j][cursor[j]..], chunk);
-            if corrupt && cursor[j] == 0 && frames.len() > metfs::exchange::HEADER {
-                frames[metfs::exchange::HEADER] ^= 0xff;
-            }
-            report.sent_samples += k as u64;
-            report.sent_bytes += frames.len() as u64;
-            report.messages += u64::from(k > 0);
-            cursor[j] += k;
-            counts[j] = Count::try_from(frames.len())
+        let mut send = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+        for (j, part) in parts.iter().enumerate() {
+            counts[j] = Count::try_from(part.len())
                 .map_err(|_| anyhow!("a round's frames to rank {j} exceed 2 GiB"))?;
-            send.extend_from_slice(&frames);
+            report.sent_bytes += part.len() as u64;
+            report.messages += u64::from(!part.is_empty());
+            send.extend_from_slice(part);
         }
         let mut recv_counts: Vec<Count> = vec![0; n];
         world.all_to_all_into(&counts[..], &mut recv_counts[..]);
@@ -255,32 +365,16 @@ fn exchange(
         for j in 0..n {
             let part = &recv[rd[j] as usize..(rd[j] + recv_counts[j]) as usize];
             if !part.is_empty() {
-                got += inbox.accept(node, j as u32, part)?;
+                accept(j as u32, part)?;
             }
         }
         report.rounds += 1;
         // Done when every rank has sent everything.
-        let left = (0..n).any(|j| cursor[j] < outgoing[j].len()) as u8;
+        let left = u8::from(!done);
         let mut any_left = 0u8;
         world.all_reduce_into(&left, &mut any_left, SystemOperation::max());
         if any_left == 0 {
-            break;
+            return Ok(());
         }
     }
-    report.received_samples = got.samples;
-    report.received_bytes = got.bytes;
-    report.rejected = got.rejected;
-    report.missing = inbox.missing() as u64;
-    inbox.complete()?;
-    report.secs = t0.elapsed().as_secs_f64();
-    tracing::info!(
-        epoch,
-        sent = report.sent_samples,
-        received = report.received_samples,
-        rejected = report.rejected,
-        missing = report.missing,
-        secs = report.secs,
-        "inbox complete"
-    );
-    Ok(report)
 }

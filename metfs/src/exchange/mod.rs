@@ -1,0 +1,298 @@
+//! A node's side of aggregate-cache mode's exchange, without the transport: what this node
+//! sends to each other node for an epoch's inbox, the frames that carry it, and the inbox that
+//! checks and keeps what arrives. `metfs-shuffle` moves the frames over MPI; everything here is
+//! testable without it. The daemon's side is `daemon::aggregate`.
+//!
+//! # Who sends what
+//!
+//! Every node computes the same two layouts (epochs `t − 1` and `t`, the `shuffle` planner over
+//! the daemon's catalog and settings, `CACHE/aggregate.json`) and the transition between them:
+//! for each node, each sample of its next cache comes from its own slot, from one named peer,
+//! or from the tier. What crosses the network is read from the sender's slot of epoch
+//! `t − 1`, which holds its whole cache `C(t − 1, i)` (share and extras), and travels with the
+//! CRC-32 that slot's journal recorded when the sample was fetched from the tier (not
+//! recomputed: what is sent is checked once, where it arrives).
+//!
+//! * **Uncoded** ([`uncoded`], the default): a node sends each peer the samples the
+//!   transition names it for, one frame per sample.
+//! * **Coded** ([`coded`], `--shuffle-code uberShuffle`): every node computes the same
+//!   UberShuffle plan for the epoch (the demands of the transition, the carpool in peers mode,
+//!   each packet's sender); a node encodes the packets it is the sender of and sends each to
+//!   its receivers, which decode their blocks with what they hold and reassemble the samples.
+//!   What the coded plan does not cover (zero-byte samples) goes uncoded.
+//!
+//! # Rounds
+//!
+//! The transport is bulk-synchronous: in each round every rank hands every other rank one
+//! part of at most the chunk size ([`uncoded::Outbox::round`], [`coded::Encoder::round`]) and
+//! passes each part it receives to [`Inbox::accept`] or [`coded::Decoder::accept`], until no
+//! rank has anything left. It counts what it puts on the wire ([`ExchangeReport`]).
+//!
+//! # The inbox
+//!
+//! A sample enters the inbox ([`inbox`]) only if it is one this node expects (from that
+//! sender, for an uncoded frame), its length is the catalog's and the CRC-32 of its bytes is
+//! its sender's; it is written to a temporary file, made read-only and renamed into place,
+//! then journaled (`<id> <crc>`), so the daemon's stager, which links from the inbox like from
+//! any slot and checks the CRC again, never sees a partial file. Anything else is counted as
+//! rejected and left to the tier. [`Inbox::complete`] appends `complete`: the daemon's
+//! staging waits for that line.
+
+pub mod coded;
+mod inbox;
+mod slot;
+pub mod uncoded;
+
+#[cfg(test)]
+mod tests;
+
+pub use inbox::{Accepted, Inbox};
+pub use slot::Held;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use prefetcher::catalog::Catalog;
+use shuffle::{layout, transition, Layout, Transition};
+use thiserror::Error;
+
+use crate::config::aggregate::ShuffleCode;
+use crate::daemon::aggregate::{inbox_of_epoch, ExchangeSpec, SPEC_FILE, SPEC_VERSION};
+
+/// Errors of the exchange, each naming what it is about.
+#[derive(Debug, Error)]
+pub enum ExchangeError {
+    #[error("{path}: {reason}")]
+    Spec { path: String, reason: String },
+    #[error("catalog {path}: {reason}")]
+    Catalog { path: String, reason: String },
+    #[error("planning epoch {epoch}: {source}")]
+    Plan {
+        epoch: u64,
+        source: shuffle::PlanError,
+    },
+    #[error("inbox {path}: {source}")]
+    Inbox {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("a frame from rank {from} is cut short ({have} bytes left, {need} needed)")]
+    Truncated { from: u32, have: usize, need: usize },
+    /// The coded plan of an epoch cannot be made (every rank fails alike: it is pure).
+    #[error("the coded exchange of epoch {epoch}: {reason}")]
+    Coded { epoch: u64, reason: String },
+}
+
+/// What one node's exchange for one epoch did: one JSON line on `metfs-shuffle`'s stdout.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ExchangeReport {
+    /// This node's rank.
+    pub rank: u32,
+    /// The epoch whose inbox was filled.
+    pub epoch: u64,
+    /// How samples crossed: `uncoded`, or `uberShuffle` (coded packets, plus uncoded frames
+    /// for what the coded plan does not cover).
+    pub code: ShuffleCode,
+    /// Samples this node sent uncoded, one frame each.
+    pub sent_samples: u64,
+    /// Bytes this node put on the wire: every frame to every peer, headers included (a coded
+    /// packet counts once for each receiver it was sent to).
+    pub sent_bytes: u64,
+    /// Coded packets this node encoded and sent, each counted once however many receivers
+    /// it went to.
+    pub packets: u64,
+    /// Their payload bytes, each packet once: what one broadcast of each would carry.
+    pub packet_bytes: u64,
+    /// Blocks this node decoded from coded packets.
+    pub decoded_blocks: u64,
+    /// Samples and bytes it kept in its inbox.
+    pub received_samples: u64,
+    pub received_bytes: u64,
+    /// Samples that arrived and failed their check (or were sent as unreadable).
+    pub rejected: u64,
+    /// Samples expected from peers and not received (rejected ones included): the daemon
+    /// fetches these from the tier.
+    pub missing: u64,
+    /// Messages this node sent (one per peer and round with something to send).
+    pub messages: u64,
+    /// Rounds of the exchange (each at most the chunk size per peer).
+    pub rounds: u64,
+    /// Seconds this node spent computing the coded plan (each rank computes all of it).
+    pub plan_secs: f64,
+    /// Seconds from the inbox's opening on every node to its completion here.
+    pub secs: f64,
+}
+
+/// One node of the exchange: its daemon's spec, catalog and footprints.
+pub struct Node {
+    pub spec: ExchangeSpec,
+    pub catalog: Catalog,
+    settings: shuffle::AggregateConfig,
+    sizes: Vec<u64>,
+}
+
+impl Node {
+    /// Reads `CACHE/aggregate.json` and the catalog it names; refuses a spec of another
+    /// version and a catalog whose digest is not the daemon's.
+    pub fn open(cache: &Path) -> Result<Self, ExchangeError> {
+        let path = cache.join(SPEC_FILE);
+        let bad = |reason: String| ExchangeError::Spec {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read(&path).map_err(|e| {
+            bad(format!(
+                "{e} (is the daemon of this node mounted with --aggregate?)"
+            ))
+        })?;
+        let spec: ExchangeSpec =
+            serde_json::from_slice(&text).map_err(|e| bad(format!("not a valid spec: {e}")))?;
+        if spec.v != SPEC_VERSION {
+            return Err(bad(format!(
+                "version {} where this metfs-shuffle reads {SPEC_VERSION}; use the daemon's metfs-shuffle",
+                spec.v
+            )));
+        }
+        let catalog = Catalog::load(&spec.catalog).map_err(|e| ExchangeError::Catalog {
+            path: spec.catalog.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let digest = format!(
+            "{:016x}",
+            crate::daemon::aggregate::catalog_digest(&catalog)
+        );
+        if digest != spec.catalog_digest {
+            return Err(ExchangeError::Catalog {
+                path: spec.catalog.display().to_string(),
+                reason: format!(
+                    "digest {digest}, but the daemon planned with {}: the source changed; remount",
+                    spec.catalog_digest
+                ),
+            });
+        }
+        // As the daemon: footprints are sizes rounded up to whole blocks (aggregate mode
+        // refuses a transform).
+        let sizes = catalog
+            .sizes()
+            .iter()
+            .map(|&s| prefetcher::budget::round_up(s))
+            .collect();
+        let settings = shuffle::AggregateConfig {
+            nodes: spec.nodes,
+            seed: spec.seed,
+            budget: spec.budget,
+            extra: spec.extra,
+        };
+        Ok(Self {
+            spec,
+            catalog,
+            settings,
+            sizes,
+        })
+    }
+
+    /// What every rank must agree on before exchanging: the planner's settings, the code and
+    /// the catalog. Compared field by field ([`Node::disagreement`]).
+    pub fn agreement(&self) -> [u64; 6] {
+        [
+            self.spec.seed,
+            u64::from(self.spec.nodes),
+            self.spec.budget,
+            self.spec.extra.to_bits(),
+            u64::from_str_radix(&self.spec.catalog_digest, 16).unwrap_or(0),
+            self.spec.code as u64,
+        ]
+    }
+
+    /// The first field where `other` (rank `rank`'s [`Node::agreement`]) differs from this
+    /// node's, as a sentence, or `None`.
+    pub fn disagreement(&self, rank: usize, other: &[u64; 6]) -> Option<String> {
+        const NAMES: [&str; 6] = [
+            "seed",
+            "node count",
+            "budget per node",
+            "extra probability",
+            "catalog digest",
+            "shuffle code",
+        ];
+        let mine = self.agreement();
+        (0..6).find(|&i| mine[i] != other[i]).map(|i| {
+            format!(
+                "rank {rank}'s {} differs from rank {}'s ({:#x} against {:#x}): every node must mount the same source with the same --seed, --budget, --nodes, --shuffle-extra and --shuffle-code",
+                NAMES[i], self.spec.rank, other[i], mine[i]
+            )
+        })
+    }
+
+    fn layout(&self, epoch: u64) -> Result<Layout, ExchangeError> {
+        layout(&self.sizes, &self.settings, epoch)
+            .map_err(|source| ExchangeError::Plan { epoch, source })
+    }
+
+    /// The transition into epoch `epoch` (from `epoch − 1`), with `dead` nodes.
+    pub fn transition(&self, epoch: u64, dead: &[u32]) -> Result<Transition, ExchangeError> {
+        let next = self.layout(epoch)?;
+        let prev = if epoch == 0 {
+            None
+        } else {
+            Some(self.layout(epoch - 1)?)
+        };
+        transition(prev.as_ref(), &next, &self.sizes, dead)
+            .map_err(|source| ExchangeError::Plan { epoch, source })
+    }
+
+    /// For each node, the samples this node sends it for epoch `epoch`'s inbox.
+    pub fn outgoing(&self, t: &Transition) -> Vec<Vec<u32>> {
+        let me = self.spec.rank;
+        (0..self.spec.nodes)
+            .map(|j| {
+                t.nodes
+                    .get(j as usize)
+                    .map(|p| {
+                        p.peer
+                            .iter()
+                            .filter(|&&(_, from)| from == me)
+                            .map(|&(s, _)| s)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// What this node expects for epoch `epoch`'s inbox: each sample and its sender.
+    pub fn expected(&self, t: &Transition) -> HashMap<u32, u32> {
+        t.nodes
+            .get(self.spec.rank as usize)
+            .map(|p| p.peer.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Opens the inbox of epoch `epoch` (the daemon creates it when its staging starts),
+    /// expecting each sample of `expected` uncoded from the rank it names.
+    pub fn inbox(&self, epoch: u64, expected: HashMap<u32, u32>) -> Result<Inbox, ExchangeError> {
+        let name = inbox_of_epoch(epoch);
+        let dir = self.spec.slots.join(&name);
+        let journal_path = self.spec.slots.join(format!("{name}.journal"));
+        let err = |source| ExchangeError::Inbox {
+            path: dir.display().to_string(),
+            source,
+        };
+        let journal = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&journal_path)
+            .map_err(err)?;
+        Ok(Inbox::new(dir, journal, expected))
+    }
+
+    /// Whether the inbox of epoch `epoch` is open (the daemon is staging that epoch).
+    pub fn inbox_open(&self, epoch: u64) -> bool {
+        self.spec.slots.join(inbox_of_epoch(epoch)).is_dir()
+    }
+
+    /// The catalog path of a sample (for messages).
+    pub fn path_of(&self, id: u32) -> String {
+        self.catalog.path(id)
+    }
+}
