@@ -1,0 +1,182 @@
+"""Aggregate-cache mode's exchange on the wire: uncoded against UberShuffle's coded packets
+(`--shuffle-code uberShuffle`, peers mode: the holders send, each packet directly to each of
+its receivers). Four daemons with real mounts on this machine and `mpirun -np 4 metfs-shuffle`,
+one run per code and per cache size α, the fraction of the dataset a node holds:
+α = 1/n + p(1 − 1/n), so each run mounts with `--shuffle-extra p = (α − 1/n)/(1 − 1/n)`, for
+α = 1/4 (p = 0), 0.5 and 0.75. Each node's trainer is a separate process using the real client
+and `metfs.passes` at rf 1, reading every file of its view; the exchanges fill epochs
+1..`--epochs` (the last one staged ahead of the last trained epoch).
+
+Printed per α, per exchange (mean over the exchanges, all nodes together; `metfs-shuffle`'s
+reports):
+
+* `α held`: the nodes' epoch-0 tier bytes (their whole caches) over the dataset's;
+* `uncoded MiB`, `coded MiB`: bytes put on the wire, frames and headers (a coded packet once for
+  each receiver it was sent to), and their ratio;
+* `broadcast MiB`: the coded packets' payload bytes, each packet once: what a network that
+  delivers one transmission to all of a packet's receivers would carry;
+* `blocks`: 4 KiB blocks the coded exchange delivered (decoded by their receivers); `packets`:
+  coded packets sent, each counted once; `packets/blocks`: the paper's measure, the coded transmissions
+  per uncoded one (a block, the coding unit);
+* `Theorem 1`: its predicted coded/uncoded ratio of transmissions for the paper's extra rank,
+  which holds everything, `E[1/(K + 2)]` with `K ~ Bin(n − 2, p)` (`shuffle::theory::coded_ratio`;
+  the script checks it against Theorem 1 as printed for p > 0).
+
+usage: python3 benches/aggregate_wire.py [--files 480] [--epochs 3] [--seed 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import Mount  # noqa: E402
+
+NODES = 4
+
+TRAINER = r"""
+import sys, metfs
+sock, epochs = sys.argv[1:3]
+c = metfs.Client(sock)
+for p in metfs.passes(c, epochs=int(epochs)):
+    for path in p.paths:
+        with open(path, "rb") as f:
+            f.read()
+    p.report(loss=1.0)
+"""
+
+
+def metfs_bin() -> str:
+    return os.environ.get("METFS_BIN", str(ROOT / "target" / "release" / "metfs"))
+
+
+def make_dataset(root: Path, files: int) -> int:
+    """`files` samples of 16-112 KiB (mean 64 KiB, not whole blocks); returns their bytes."""
+    rng = random.Random(11)
+    total = 0
+    for i in range(files):
+        p = root / f"c{i % 8}" / f"s{i:05d}.bin"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        data = rng.randbytes(rng.randrange(16 << 10, 112 << 10))
+        p.write_bytes(data)
+        total += len(data)
+    return total
+
+
+def theorem1(n: int, p: float) -> float:
+    """`shuffle::theory::coded_ratio`: E[1/(K + 2)], K ~ Bin(n − 2, p)."""
+    m = n - 2
+    return sum(math.comb(m, k) * p**k * (1 - p) ** (m - k) / (k + 2) for k in range(m + 1))
+
+
+def theorem1_as_printed(n: int, p: float) -> float:
+    """Theorem 1's R_c over the uncoded q(1 − α), for q = 1 and p > 0."""
+    r = 1 - p
+    rc = 1 / (n * p) ** 2 * (r ** (n + 1) + (n - 1) * p * r - r * r)
+    return rc / ((1 - 1 / n) * r)
+
+
+def run(code: str, p: float, src: Path, work: Path, a: argparse.Namespace) -> dict[str, Any]:
+    args = ["--budget", "96MiB", "--nodes", str(NODES), "--rf", "1", "--rf-policy", "fixed", "--seed", str(a.seed),
+            "--history", str(work / "h.json"), "--aggregate", "--shuffle-extra", f"{p:.6f}", "--shuffle-code", code,
+            "--shuffle-timeout-secs", "300"]
+    mounts = [Mount(metfs_bin(), work / f"n{r}" / "mnt", work / f"n{r}" / "cache", str(src), [*args, "--node-rank", str(r)])
+              for r in range(NODES)]
+    ex = None
+    try:
+        for m in mounts:
+            m.cache.mkdir(parents=True)
+            m.mount()
+        # Epoch 0 is staged once every node has opened epoch 1's inbox (its staging waits for
+        # the exchange, reading nothing): the tier bytes then are the nodes' whole caches.
+        deadline = time.monotonic() + 300
+        while not all((m.cache / "slots" / "inbox-e000001").is_dir() for m in mounts):
+            if time.monotonic() > deadline:
+                raise SystemExit("the nodes did not stage epoch 0")
+            time.sleep(0.05)
+        first = [m.status()["tier_bytes_read"] for m in mounts]
+        shuffle = str(Path(metfs_bin()).with_name("metfs-shuffle"))
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+        ex = subprocess.Popen(["mpirun", "-np", str(NODES), shuffle, "--cache", str(work / "n%r" / "cache"), "--epochs", str(a.epochs)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
+        procs = [subprocess.Popen([sys.executable, "-c", TRAINER, m.socket, str(a.epochs)], env=env) for m in mounts]
+        for pr in procs:
+            if pr.wait(timeout=1800) != 0:
+                raise SystemExit(f"a trainer failed ({code}, p {p})")
+        out, err = ex.communicate(timeout=600)
+        if ex.returncode != 0:
+            raise SystemExit(f"metfs-shuffle failed: {err[-2000:]}")
+        rep = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        if len(rep) != NODES * a.epochs or any(r["rejected"] or r["missing"] or r["code"] != code for r in rep):
+            raise SystemExit(f"an exchange did not bring everything: {rep}")
+        later = sum(m.status()["tier_bytes_read"] for m in mounts) - sum(first)
+        if later:
+            raise SystemExit(f"{later} tier bytes after epoch 0 ({code}, p {p})")
+        k = a.epochs
+        return {
+            "first": sum(first),
+            "wire": sum(r["sent_bytes"] for r in rep) / k,
+            "packets": sum(r["packets"] for r in rep) / k,
+            "packet_bytes": sum(r["packet_bytes"] for r in rep) / k,
+            "blocks": sum(r["decoded_blocks"] for r in rep) / k,
+            "samples": sum(r["received_samples"] for r in rep) / k,
+            "plan_secs": max(r["plan_secs"] for r in rep),
+            "secs": max(r["secs"] for r in rep),
+        }
+    finally:
+        if ex is not None and ex.poll() is None:
+            ex.kill()
+        for m in mounts:
+            try:
+                m.umount()
+            except AssertionError:
+                pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", type=int, default=480)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=7)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="metfs-wire-") as t:
+        tmp = Path(t)
+        src = tmp / "tier"
+        total = make_dataset(src, a.files)
+        print(f"dataset {a.files} files of 16-112 KiB ({total / 2**20:.1f} MiB), {NODES} nodes, "
+              f"{a.epochs} exchanges per run, one run per code and α; per exchange, all nodes")
+        print()
+        print("| α | p | α held | uncoded MiB | coded MiB | coded/uncoded | broadcast MiB | blocks | packets | packets/blocks | Theorem 1 | plan s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for alpha in (1 / NODES, 0.5, 0.75):
+            p = (alpha - 1 / NODES) / (1 - 1 / NODES)
+            if p > 0:
+                assert abs(theorem1(NODES, p) - theorem1_as_printed(NODES, p)) < 1e-9
+            got = {}
+            for code in ("uncoded", "uberShuffle"):
+                work = tmp / f"{code}-{alpha:.3f}"
+                work.mkdir()
+                got[code] = run(code, p, src, work, a)
+            u, c = got["uncoded"], got["uberShuffle"]
+            held = c["first"] / NODES / total
+            mib = 2**20
+            print(f"| {alpha:.3f} | {p:.3f} | {held:.3f} | {u['wire'] / mib:.2f} | {c['wire'] / mib:.2f} | {c['wire'] / u['wire']:.3f} "
+                  f"| {c['packet_bytes'] / mib:.2f} | {c['blocks']:.0f} | {c['packets']:.0f} | {c['packets'] / c['blocks']:.3f} | {theorem1(NODES, p):.3f} "
+                  f"| {c['plan_secs']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
