@@ -13,7 +13,8 @@
 //! ([`metfs::exchange::ExchangeReport`]).
 //!
 //! Before the first exchange the ranks compare their daemons' settings and catalogs and their
-//! epochs, and all refuse to start (exit 2) if any differs. A rank that dies ends the MPI job;
+//! epochs, and all refuse to start (exit 2) if any differs; before each coded exchange, the
+//! digests of their coded plans. A rank that dies ends the MPI job;
 //! the daemons then stop waiting after `--shuffle-timeout-secs` and fetch from the tier.
 
 use std::path::PathBuf;
@@ -257,6 +258,14 @@ fn exchange(
             )?;
             (report.packets, report.packet_bytes) = (enc.packets, enc.packet_bytes);
             report.decoded_blocks = dec.blocks;
+            let incomplete = dec.incomplete();
+            if incomplete > 0 {
+                tracing::warn!(
+                    epoch,
+                    incomplete,
+                    "samples whose blocks did not all arrive; the tier serves them"
+                );
+            }
             // What the coded plan does not cover goes uncoded; every rank knows whether
             // anything does.
             if cp.has_uncoded() {
