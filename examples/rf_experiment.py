@@ -405,14 +405,17 @@ def table(configs: List[Config], results: List[Result], dataset_bytes: int) -> s
     return "\n".join(rows)
 
 
-def histogram(name: str, rfs: List[int], width: int = 40, bin_width: int = 4) -> str:
-    """A text histogram of rf over mini-epochs: bins 1-4, 5-8, ... up to the largest rf."""
+def histogram(
+    name: str, rfs: List[int], width: int = 40, bin_width: int = 4, top: Optional[int] = None
+) -> str:
+    """A text histogram of rf over mini-epochs: bins 1-4, 5-8, ... up to the largest rf (at
+    least ``top``, default the fixed rf)."""
     if not rfs:
         return f"{name}: no completed mini-epoch"
     arr = np.array(rfs)
     if arr.min() == arr.max():
         return f"{name}: {len(rfs)} mini-epochs, rf {arr.min()} each"
-    top_rf = max(int(arr.max()), RF_FIXED)
+    top_rf = max(int(arr.max()), RF_FIXED if top is None else top)
     counts = []
     for lo in range(1, top_rf + 1, bin_width):
         hi = lo + bin_width - 1
