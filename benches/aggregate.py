@@ -11,8 +11,10 @@ paces tier reads only):
 Each node's trainer is a separate process using the real client and `metfs.passes` at a fixed
 rf of 1, reading every file of every pass through the mount. Printed per mode (medians over
 `--runs`, the order of the modes rotating): the tier bytes per epoch after epoch 0 (all nodes,
-`tier_bytes_read` from `status` once the epoch after the last is staged too), the seconds per epoch after epoch 0 (the trainers wait for the
-next share: the time to fill it), and their ratio to `tier`; for aggregate mode also the bytes
+`tier_bytes_read` from `status` less what the event log's `staged` records fetched for epochs
+after the trained ones), the seconds to fill a node's next slot (the slowest node's staging
+of each epoch after the first, the wait for the exchange included, from the same records), the
+seconds per epoch after epoch 0 as the trainers see them, and their ratios to `tier`; for aggregate mode also the bytes
 the exchange sent per epoch (`metfs-shuffle`'s reports).
 
 usage: python3 benches/aggregate.py [--files 480] [--kib 64] [--epochs 4] [--cap 16MiB/s]
@@ -52,12 +54,7 @@ for p in metfs.passes(c, epochs=int(epochs)):
             f.read()
     p.report(loss=1.0)
 end = time.monotonic()
-# The epoch after the last is staged ahead in every mode: count it whole.
-st = c.status().raw
-while not st["next_ready"] and time.monotonic() < end + 120:
-    time.sleep(0.05)
-    st = c.status().raw
-json.dump({"starts": [starts[e] for e in sorted(starts)], "end": end, "tier": st["tier_bytes_read"]}, open(out, "w"))
+json.dump({"starts": [starts[e] for e in sorted(starts)], "end": end}, open(out, "w"))
 """
 
 
@@ -71,6 +68,12 @@ def make_dataset(root: Path, files: int, kib: int) -> None:
         p = root / f"c{i % 8}" / f"s{i:05d}.bin"
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(rng.randbytes(kib << 10))
+
+
+def staged(m: Mount) -> list[dict[str, Any]]:
+    """The `staged` records of a daemon's event log."""
+    lines = (m.cache / "run" / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e.get("event") == "staged"]
 
 
 def run(mode: str, src: Path, work: Path, a: argparse.Namespace) -> dict[str, Any]:
@@ -88,6 +91,7 @@ def run(mode: str, src: Path, work: Path, a: argparse.Namespace) -> dict[str, An
         if mode == "aggregate":
             shuffle = str(Path(metfs_bin()).with_name("metfs-shuffle"))
             env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+            # Epochs 1 to `epochs`: the trained ones and the one each node stages once done.
             ex = subprocess.Popen(["mpirun", "-np", str(NODES), shuffle, "--cache", str(work / "n%r" / "cache"), "--epochs", str(a.epochs)],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
@@ -97,17 +101,24 @@ def run(mode: str, src: Path, work: Path, a: argparse.Namespace) -> dict[str, An
             if p.wait(timeout=1800) != 0:
                 raise SystemExit(f"a trainer failed in mode {mode}")
         res = [json.loads((work / f"t{r}.json").read_text()) for r in range(NODES)]
-        tier = [m.status()["tier_bytes_read"] for m in mounts]
         sent = 0
         if ex is not None:
             out, err = ex.communicate(timeout=600)
             if ex.returncode != 0:
                 raise SystemExit(f"metfs-shuffle failed: {err[-2000:]}")
             sent = sum(json.loads(line)["sent_bytes"] for line in out.splitlines() if line.startswith("{"))
+        # Tier bytes of the epochs trained: what each daemon read, less what it fetched for
+        # epochs after them (staged once its trainer was done).
+        events = [staged(m) for m in mounts]
+        tier = [m.status()["tier_bytes_read"] - sum(e["bytes_fetched"] for e in ev if e["epoch"] >= a.epochs)
+                for m, ev in zip(mounts, events)]
+        # The time to fill a node's next slot (the exchange's wait included): per epoch after
+        # the first, the slowest node's staging.
+        fill = [max(e["secs"] for ev in events for e in ev if e["epoch"] == k) for k in range(1, a.epochs)]
         # Per epoch after the first: the slowest node's time from its start to the next's.
         starts = [r["starts"] + [r["end"]] for r in res]
         per_epoch = [max(s[e + 1] - s[e] for s in starts) for e in range(1, a.epochs)]
-        return {"tier": sum(tier), "secs": statistics.median(per_epoch), "sent": sent}
+        return {"tier": sum(tier), "secs": statistics.median(per_epoch), "fill": statistics.median(fill), "sent": sent}
     finally:
         if ex is not None and ex.poll() is None:
             ex.kill()
@@ -142,16 +153,17 @@ def main() -> None:
                 got[mode].append(run(mode, src, work, a))
                 shutil.rmtree(work, ignore_errors=True)
         print()
-        print("| mode | tier bytes per epoch after epoch 0 | seconds per epoch after epoch 0 | ratio to tier | exchange bytes per epoch |")
-        print("|---|---|---|---|---|")
+        print("| mode | tier bytes per epoch after epoch 0 | seconds to fill the next slot | ratio to tier | seconds per epoch | ratio to tier | exchange bytes per epoch |")
+        print("|---|---|---|---|---|---|---|")
         base = statistics.median(g["secs"] for g in got["tier"])
+        base_fill = statistics.median(g["fill"] for g in got["tier"])
         for mode, g in got.items():
-            # Epoch 0 is read from the tier in every mode; the epochs after it are the
-            # `epochs - 1` trained and the one staged ahead of the last.
-            later = statistics.median((x["tier"] - total) / a.epochs for x in g)
+            # Epoch 0 is read from the tier in every mode.
+            later = statistics.median((x["tier"] - total) / (a.epochs - 1) for x in g)
             secs = statistics.median(x["secs"] for x in g)
+            fill = statistics.median(x["fill"] for x in g)
             sent = statistics.median(x["sent"] / a.epochs for x in g)
-            print(f"| {mode} | {later / 2**20:.2f} MiB | {secs:.2f} | {secs / base:.2f}x | {sent / 2**20:.2f} MiB |")
+            print(f"| {mode} | {later / 2**20:.2f} MiB | {fill:.2f} | {fill / base_fill:.2f}x | {secs:.2f} | {secs / base:.2f}x | {sent / 2**20:.2f} MiB |")
 
 
 if __name__ == "__main__":

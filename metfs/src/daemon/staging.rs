@@ -136,7 +136,8 @@ impl Daemon {
                         bytes,
                         bytes_fetched: report.bytes_fetched,
                         bytes_reused: report.bytes_reused,
-                        secs: report.elapsed.as_secs_f64(),
+                        // In aggregate mode the wait for the exchange is part of filling the slot.
+                        secs: report.elapsed.as_secs_f64() + exchange.map_or(0.0, |w| w.secs),
                     }));
                     Next::Ready {
                         target,

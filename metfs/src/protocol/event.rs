@@ -117,7 +117,7 @@ pub struct Staged {
     /// samples were reused).
     #[serde(default)]
     pub bytes_reused: u64,
-    /// Seconds staging took.
+    /// Seconds staging took (in aggregate mode, the wait for the exchange included).
     pub secs: f64,
 }
 
