@@ -9,7 +9,8 @@
 //!
 //! Keys are opaque strings chosen by the daemon. The dataset key should change whenever the
 //! sequence of mini-epochs would (source, catalog identity, budget, planning strategy, node
-//! count), because a schedule is indexed by mini-epoch sequence; the job key is what the client
+//! count), because a schedule is indexed by mini-epoch sequence, and only then (not with the
+//! seed or the node's rank, which change what a mini-epoch holds); the job key is what the client
 //! says in `hello` (e.g. the model name). A file whose runs are all for other keys is valid and
 //! simply has no schedule for this one.
 //!

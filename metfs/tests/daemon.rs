@@ -823,3 +823,40 @@ async fn a_retired_view_held_by_the_kernel_is_pruned_until_it_drains() {
         r.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learned_replays_a_schedule_recorded_under_another_seed() {
+    // A run at a fixed rf of 3 records its schedule; a run with another seed over the same data
+    // replays it: the seed reorders the samples, not the sequence of mini-epochs, so it is not
+    // part of the rf history's dataset key.
+    let t = setup(3);
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    for _ in 0..2 {
+        wait_next_ready(&d).await;
+        for _ in 0..3 {
+            d.pass_end(None, Default::default(), false).await.unwrap();
+        }
+    }
+    r.stop().await;
+    let mut cfg = t.cfg.clone();
+    cfg.seed = 8;
+    cfg.policy.kind = feedback::config::PolicyKind::Learned;
+    let r = start(cfg).await;
+    let d = r.daemon.clone();
+    let st = serde_json::to_value(d.status()).unwrap();
+    assert_eq!(st["rf_policy"], "learned", "{st}");
+    assert_eq!(
+        st["rf"], 3.0,
+        "the recorded rf of the first mini-epoch: {st}"
+    );
+    // The fallback (score) wants metrics; the schedule decides.
+    let metrics = [("loss", 1.0), ("accuracy", 0.5), ("val_accuracy", 0.5)]
+        .map(|(k, v)| (k.to_string(), v))
+        .into();
+    let first = d.pass_end(None, metrics, false).await.unwrap();
+    let reason = first.reason.expect("a policy decision has a reason");
+    assert_eq!(reason["source"], "history", "{reason}");
+    assert_eq!(reason["rf"], 3, "{reason}");
+    r.stop().await;
+}

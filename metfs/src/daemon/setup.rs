@@ -469,10 +469,13 @@ impl Daemon {
                 }
             }
         }
+        // The rf history's dataset key: the fingerprint but the seed and the node's rank, which
+        // change which samples a mini-epoch holds, not the sequence of mini-epochs a schedule
+        // is indexed by (so `learned` replays a schedule on another seed, and on every node).
         let dataset_key = fingerprint
             .split('|')
             .enumerate()
-            .filter(|(i, _)| *i != 5)
+            .filter(|(i, _)| *i != 4 && *i != 5)
             .map(|(_, p)| p)
             .collect::<Vec<_>>()
             .join("|");
