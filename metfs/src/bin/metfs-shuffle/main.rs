@@ -31,7 +31,7 @@ use metfs::config::aggregate::ShuffleCode;
 use metfs::daemon::aggregate::inbox_of_epoch;
 use metfs::exchange::coded::{CodedPlan, Decoder, Encoder};
 use metfs::exchange::uncoded::Outbox;
-use metfs::exchange::{Accepted, ExchangeReport, Node};
+use metfs::exchange::{Accepted, ExchangeReport, Inbox, Node};
 
 #[derive(Parser)]
 #[command(
@@ -223,17 +223,7 @@ fn exchange(
             if corrupt {
                 out = out.corrupt_first();
             }
-            rounds(
-                world,
-                &mut report,
-                chunk,
-                |max| (out.round(max), out.done()),
-                |from, part| {
-                    got += inbox.accept(node, from, part)?;
-                    Ok(())
-                },
-            )?;
-            report.sent_samples = out.samples;
+            send_uncoded(world, node, &mut report, chunk, out, &mut inbox, &mut got)?;
             inbox
         }
         Some(cp) => {
@@ -269,18 +259,8 @@ fn exchange(
             // What the coded plan does not cover goes uncoded; every rank knows whether
             // anything does.
             if cp.has_uncoded() {
-                let mut out = Outbox::new(node, epoch, cp.uncoded_outgoing(rank));
-                rounds(
-                    world,
-                    &mut report,
-                    chunk,
-                    |max| (out.round(max), out.done()),
-                    |from, part| {
-                        got += inbox.accept(node, from, part)?;
-                        Ok(())
-                    },
-                )?;
-                report.sent_samples = out.samples;
+                let out = Outbox::new(node, epoch, cp.uncoded_outgoing(rank));
+                send_uncoded(world, node, &mut report, chunk, out, &mut inbox, &mut got)?;
             }
             inbox
         }
@@ -333,6 +313,30 @@ fn coded_plan(
 /// `next(max)` gives one part per rank (at most `max` bytes each but one frame) and whether
 /// this rank is done, and `accept(from, part)` takes each part received. Counts the messages
 /// and bytes this rank puts on the wire, and the rounds.
+/// The uncoded exchange of `out`'s samples, and of every peer's to this node's `inbox`.
+fn send_uncoded(
+    world: &mpi::topology::SimpleCommunicator,
+    node: &Node,
+    report: &mut ExchangeReport,
+    chunk: usize,
+    mut out: Outbox<'_>,
+    inbox: &mut Inbox,
+    got: &mut Accepted,
+) -> Result<()> {
+    rounds(
+        world,
+        report,
+        chunk,
+        |max| (out.round(max), out.done()),
+        |from, part| {
+            *got += inbox.accept(node, from, part)?;
+            Ok(())
+        },
+    )?;
+    report.sent_samples = out.samples;
+    Ok(())
+}
+
 fn rounds(
     world: &mpi::topology::SimpleCommunicator,
     report: &mut ExchangeReport,
