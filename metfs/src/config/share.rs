@@ -24,15 +24,16 @@ impl std::fmt::Display for SharePace {
     }
 }
 
-/// Which held slot a staging lets go first when it needs room.
+/// Which samples of the retired slots kept on the node a staging deletes first when it needs
+/// room (one by one; whole slots only when those still read must go too).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum ShareEvict {
-    /// RefCnt (paper 004): the slot whose samples the jobs still need least this epoch, then
-    /// the oldest.
+    /// RefCnt (paper 004): the samples the jobs still need least this epoch, then the oldest
+    /// slot's.
     #[default]
     Refcnt,
-    /// The oldest (least recently used) slot, whatever the jobs still need: the baseline.
+    /// The oldest slot's samples, whatever the jobs still need: the baseline.
     Lru,
 }
 

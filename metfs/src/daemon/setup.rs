@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// Retired slots a shared mount keeps on the node per job share, at most. Jobs over one
+/// dataset take their common samples in the same round, so their slots are links of the same
+/// files: many slots of few bytes each, which only the budget should bound.
+const MAX_HELD_PER_SHARE: usize = 16;
+
 /// The rf history file of the mount (`--history`), or `None` (logged) if it cannot be used.
 pub(super) fn open_history_store(cfg: &MountConfig) -> Option<HistoryStore> {
     if let Some(dir) = cfg.history.parent() {
@@ -794,7 +799,10 @@ impl Daemon {
             budget,
             stager,
         );
-        store.max_held = 2 * cfg.share.jobs as usize;
+        // The budget bounds what kept slots hold (`Store::room_for`); the count only bounds
+        // the book's work and the journals a staging reads.
+        store.max_held = MAX_HELD_PER_SHARE * cfg.share.jobs as usize;
+        store.room_on_demand = true;
         // The root stands for this empty view; jobs' views take generations from 2 on.
         let lobby = Arc::new(View::from_files(&[], 1, 0, 0, "", &paths.slots));
         let fs = Arc::new(FsCore::new_shared(

@@ -22,10 +22,11 @@
 //!   takes one when it joins (its current and next views, so each of its views is at most half
 //!   a share) and a join past the count is refused with the numbers. The shares granted never
 //!   exceed the budget, so every job's pinned views fit whatever the others do. Retired slots
-//!   are kept as donors while the room left allows (the store's held slots) and let go when a
-//!   staging needs the room in RefCnt's order at the grain of slots: the slot whose samples
-//!   the jobs still need least this epoch (the cohort's reference counts) first, then the
-//!   oldest.
+//!   are kept as donors (the store's held slots, up to two per share) whatever their bytes,
+//!   and a staging that needs room takes it from them in RefCnt's order at the grain of
+//!   samples (`Store::room_for`): single samples of kept slots nobody reads any more, those
+//!   the fewest jobs still need this epoch (the cohort's reference counts) first, then the
+//!   oldest slot's; whole slots only if that is not enough.
 //! * **Pace.** With `share.pace = wait` (the default), a job whose view would retire while
 //!   another job has drawn some of its samples into a view not staged yet (and no other slot
 //!   holds them) is answered `wait` (a bonus pass) instead: it never makes a slower job read

@@ -1,6 +1,7 @@
 //! The staging loop: stages the successor into its slot as the budget allows, backs off on
 //! slot failures, evicts drained slots, and paces the tier (fixed cap or auto pacing).
 
+use super::store::{self, Room};
 use super::*;
 use crate::config::share::ShareEvict;
 
@@ -288,8 +289,13 @@ impl Daemon {
                 // All equal: the oldest goes first.
                 ShareEvict::Lru => self.store.room_for(&samples, |_| 0),
             };
-            if !room {
-                return None;
+            match room {
+                Room::Fits => {}
+                Room::Wait => return None,
+                Room::Trim(t) => {
+                    self.trim_soon(t);
+                    return None;
+                }
             }
         }
         let slot = s.slot_of(target);
@@ -322,6 +328,30 @@ impl Daemon {
             progress,
             bytes,
         })
+    }
+
+    /// Deletes the files of samples trimmed from held slots on a blocking thread, then tells
+    /// the store and wakes the staging loop (the staging that asked for the room retries).
+    fn trim_soon(&self, trim: store::Trim) {
+        let run = |me: &Daemon, trim: store::Trim| {
+            let t0 = Instant::now();
+            let ok = trim.run();
+            tracing::debug!(
+                samples = trim.samples,
+                secs = t0.elapsed().as_secs_f64(),
+                ok,
+                "trimmed held slots"
+            );
+            me.store.trimmed(&trim, ok);
+            me.bump();
+        };
+        let me = self.me.lock().unwrap().upgrade();
+        match (me, tokio::runtime::Handle::try_current()) {
+            (Some(me), Ok(rt)) => {
+                rt.spawn_blocking(move || run(&me, trim));
+            }
+            _ => run(self, trim),
+        }
     }
 
     /// Evicts retired views whose last handle closed; run as a task.

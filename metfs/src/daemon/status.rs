@@ -198,6 +198,7 @@ impl Daemon {
             prefetch_rate: self.store.stager.pacer().rate(),
             staging,
             kept_slots: self.store.kept_count() as u64,
+            trimmed_samples: self.store.trimmed_count(),
             draining_slots: draining_slots as u64,
             draining: self.draining_detail(),
             open_handles: self.fs.open_handles() as u64,

@@ -33,7 +33,8 @@
 //! never while waiting for anything; the daemon may hold its sessions' lock when it calls
 //! them (sessions lock, then store lock; never the other way).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
 
 use prefetcher::budget::BLOCK;
 
@@ -42,6 +43,50 @@ use super::*;
 /// Most retired slots kept on the node as donors at once (of a plain mount; a shared one
 /// keeps up to two per job share).
 const MAX_HELD: usize = 2;
+
+/// What [`Store::room_for`] answers a staging on a shared mount.
+#[derive(Debug)]
+pub(super) enum Room {
+    /// The files on the node and the staging fit the budget: stage.
+    Fits,
+    /// Held slots were let go (or nothing can go yet): stage once they are deleted.
+    Wait,
+    /// Samples were trimmed from held slots: stage once [`Trim::run`] has deleted their files
+    /// and [`Store::trimmed`] has been told.
+    Trim(Trim),
+}
+
+/// Samples trimmed from held slots, whose files are to be deleted (see [`Store::room_for`]).
+#[derive(Debug)]
+pub(super) struct Trim {
+    /// Every name of every trimmed sample.
+    files: Vec<PathBuf>,
+    /// The slots they are in.
+    slots: BTreeSet<String>,
+    /// The bytes their deletion frees.
+    bytes: u64,
+    /// How many samples were trimmed.
+    pub(super) samples: usize,
+}
+
+impl Trim {
+    /// Deletes the trimmed files (one already gone is fine); whether every one is gone.
+    /// Blocking.
+    pub(super) fn run(&self) -> bool {
+        let mut ok = true;
+        for f in &self.files {
+            match std::fs::remove_file(f) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::error!(path = %f.display(), error = %e, "cannot delete a trimmed sample; its bytes stay counted until its slot is deleted");
+                    ok = false;
+                }
+            }
+        }
+        ok
+    }
+}
 
 /// The staged samples of a node and their budget (see the module doc).
 pub struct Store {
@@ -55,6 +100,10 @@ pub struct Store {
     book: Mutex<Book>,
     /// Most retired slots kept as donors at once.
     pub(super) max_held: usize,
+    /// A shared mount: a retired slot is kept whatever its bytes, and each staging makes its
+    /// own room ([`Store::room_for`], in RefCnt's order) instead of [`Store::retire_slot`]
+    /// letting the oldest go.
+    pub(super) room_on_demand: bool,
     /// Woken when held slots are released.
     released: tokio::sync::Notify,
 }
@@ -78,6 +127,14 @@ struct Book {
     /// The samples of each slot that are hard links, with the slot whose fetch made the file
     /// (their *origin*): every name of one sample with one origin is one file on disk.
     origins: BTreeMap<String, HashMap<u32, Arc<str>>>,
+    /// Bytes of samples trimmed from held slots whose files are being deleted now: gone from
+    /// `samples`, still on disk, so still counted.
+    trimming: u64,
+    /// Trims whose deletion failed for some file: their bytes count until every slot they
+    /// named is deleted whole.
+    stuck: Vec<(BTreeSet<String>, u64)>,
+    /// Samples trimmed since the mount.
+    trimmed_samples: u64,
 }
 
 impl Book {
@@ -156,6 +213,13 @@ impl Book {
         total
     }
 
+    /// Bytes of trimmed samples still on disk: those whose deletion failed, and with
+    /// `pending` those being deleted now.
+    fn trimmed_not_freed(&self, pending: bool) -> u64 {
+        let stuck: u64 = self.stuck.iter().map(|x| x.1).sum();
+        stuck + if pending { self.trimming } else { 0 }
+    }
+
     /// Which samples some slot outside `except` holds, indexed by sample id.
     fn on_node(&self, samples_in_catalog: usize, except: &[&str]) -> Vec<bool> {
         let mut on = vec![false; samples_in_catalog];
@@ -188,6 +252,7 @@ impl Store {
             stager,
             book: Mutex::default(),
             max_held: MAX_HELD,
+            room_on_demand: false,
             released: tokio::sync::Notify::new(),
         }
     }
@@ -219,9 +284,20 @@ impl Store {
         progress: Arc<Progress>,
     ) -> Result<StageReport, prefetcher::stager::StageError> {
         let mut spec = spec.clone();
-        for slot in self.book.lock().unwrap().footprints.keys() {
-            if *slot != spec.name && !spec.reuse_from.contains(slot) {
-                spec.reuse_from.push(slot.clone());
+        {
+            // Only slots holding some sample of this one: each donor's journal is read.
+            let b = self.book.lock().unwrap();
+            let mut wanted = vec![false; self.footprints.len()];
+            for &id in &spec.samples {
+                wanted[id as usize] = true;
+            }
+            for (slot, held) in &b.samples {
+                if *slot != spec.name
+                    && !spec.reuse_from.contains(slot)
+                    && held.iter().any(|&id| wanted[id as usize])
+                {
+                    spec.reuse_from.push(slot.clone());
+                }
             }
         }
         let report = match &self.containers {
@@ -267,6 +343,8 @@ impl Store {
     /// is *held* (kept on the node as a donor for the stagings to come) as long as the held
     /// slots, the current one and what `next` (the samples staged next) adds, each file once,
     /// fit the two slots' bytes; when they do not, the oldest held slots are let go first.
+    /// On a shared mount (`room_on_demand`) only their count is bounded here: the bytes are
+    /// already on the node, and the next staging makes its room in RefCnt's order.
     pub(super) fn retire_slot(&self, gen: u64, slot: &str, next: &[u32]) {
         let mut b = self.book.lock().unwrap();
         b.draining.insert(gen, slot.to_string());
@@ -281,7 +359,8 @@ impl Store {
                 .collect();
             let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
             if b.held.len() <= self.max_held
-                && self.bytes_with(&b, &gone, next) <= 2 * self.budget.slot_bytes
+                && (self.room_on_demand
+                    || self.bytes_with(&b, &gone, next, true) <= 2 * self.budget.slot_bytes)
             {
                 break;
             }
@@ -298,20 +377,46 @@ impl Store {
 
     /// Before a staging of `samples` on a shared mount: whether the files on the node (every
     /// slot, draining ones included, each file once) and what the staging adds fit the two
-    /// slots' bytes. If not, held slots are let go, oldest first, and the staging waits for
-    /// their deletion (`false`). So a slot another job cannot let go of (a frozen reader
-    /// holds it open) costs its bytes, not every job's staging, while the budget holds.
+    /// slots' bytes ([`Room::Fits`]). If they will once the deletions under way are done, the
+    /// staging waits ([`Room::Wait`]). If not, room is made, in RefCnt's order (paper 004):
     ///
-    /// Which held slot goes first is RefCnt's order at the grain of slots: the one whose
-    /// samples the jobs still need least this epoch (`refs`: how many jobs still need a
-    /// sample), then the oldest.
-    pub(super) fn room_for(&self, samples: &[u32], refs: impl Fn(u32) -> u32) -> bool {
+    /// 1. **Single samples of held slots** no view can read any more (their last handle has
+    ///    closed) and no other slot holds: lowest reference count first (`refs`: how many jobs
+    ///    still need the sample this epoch), then the oldest slot's, then the lowest id. Their
+    ///    files are deleted by the caller ([`Room::Trim`], [`Trim::run`], [`Store::trimmed`]);
+    ///    the rest of each slot stays a donor. A slot's samples are needed by the other jobs
+    ///    about as much as another slot's, so it is at the grain of samples that the order
+    ///    keeps what a slower job will still read.
+    /// 2. If that is not enough, **whole held slots** (those still read, or in container mode),
+    ///    the one whose samples are needed least first, then the oldest; the staging waits for
+    ///    their deletion.
+    ///
+    /// So a slot another job cannot let go of (a frozen reader holds it open) costs its bytes,
+    /// not every job's staging, while the budget holds.
+    pub(super) fn room_for(&self, samples: &[u32], refs: impl Fn(u32) -> u32) -> Room {
+        let limit = 2 * self.budget.slot_bytes;
         let mut b = self.book.lock().unwrap();
+        if self.bytes_with(&b, &[], samples, true) <= limit {
+            return Room::Fits;
+        }
+        // What the node will hold once the slots let go are deleted and the trims under way
+        // are done.
+        let after = |b: &Book| {
+            let deleting: Vec<&str> = b
+                .draining
+                .values()
+                .filter(|s| !b.held.contains(*s))
+                .map(String::as_str)
+                .collect();
+            self.bytes_with(b, &deleting, samples, false)
+        };
+        let short = after(&b);
+        if short <= limit {
+            return Room::Wait;
+        }
+        let trim = self.trim_held(&mut b, short - limit, &refs);
         let mut released = false;
-        let fits = loop {
-            if self.bytes_with(&b, &[], samples) <= 2 * self.budget.slot_bytes {
-                break !released;
-            }
+        while after(&b) > limit {
             // Draining slots by generation, so `min_by_key` keeps the oldest among equals.
             let victim = b
                 .draining
@@ -328,14 +433,122 @@ impl Store {
                     b.held.remove(&s);
                     released = true;
                 }
-                None => break false,
+                None => break,
             };
-        };
+        }
         drop(b);
         if released {
             self.released.notify_waiters();
         }
-        fits
+        match trim {
+            Some(t) => Room::Trim(t),
+            None => Room::Wait,
+        }
+    }
+
+    /// Takes samples out of held slots whose views nobody reads any more (step 1 of
+    /// [`Store::room_for`]) until their files free `deficit` bytes or none is left: removes
+    /// them from the book, counts their bytes as being deleted, and returns their files.
+    fn trim_held(&self, b: &mut Book, deficit: u64, refs: &impl Fn(u32) -> u32) -> Option<Trim> {
+        // A container holds many samples: it cannot lose one.
+        if self.containers.is_some() {
+            return None;
+        }
+        // Held slots whose deletion is claimed: their last handle has closed.
+        let slots: Vec<(u64, String)> = b
+            .draining
+            .iter()
+            .filter(|(g, s)| b.held.contains(*s) && b.evicting.contains(*g))
+            .map(|(g, s)| (*g, s.clone()))
+            .collect();
+        if slots.is_empty() {
+            return None;
+        }
+        let names: Vec<&str> = slots.iter().map(|(_, s)| s.as_str()).collect();
+        // A sample another slot also holds frees nothing (or is read): not a candidate.
+        let elsewhere = b.on_node(self.footprints.len(), &names);
+        // Each candidate: the oldest generation that holds it, and its files (one per origin).
+        let mut cands: HashMap<u32, (u64, Vec<&str>)> = HashMap::new();
+        for (gen, slot) in &slots {
+            let origins = b.origins.get(slot);
+            for &id in b.samples.get(slot).map_or(&[][..], |x| &x[..]) {
+                if elsewhere[id as usize] {
+                    continue;
+                }
+                let origin = origins
+                    .and_then(|o| o.get(&id))
+                    .map_or(slot.as_str(), |o| &**o);
+                let e = cands.entry(id).or_insert((*gen, Vec::new()));
+                if !e.1.contains(&origin) {
+                    e.1.push(origin);
+                }
+            }
+        }
+        let mut order: Vec<(u32, u64, u32, u64)> = cands
+            .iter()
+            .map(|(&id, (gen, files))| {
+                let bytes = self.footprints[id as usize] * files.len() as u64;
+                (refs(id), *gen, id, bytes)
+            })
+            .collect();
+        drop(cands);
+        order.sort_unstable();
+        let mut victim = vec![false; self.footprints.len()];
+        let (mut bytes, mut count) = (0u64, 0usize);
+        for (_, _, id, freed) in order {
+            if bytes >= deficit {
+                break;
+            }
+            victim[id as usize] = true;
+            bytes += freed;
+            count += 1;
+        }
+        if count == 0 {
+            return None;
+        }
+        let mut trim = Trim {
+            files: Vec::new(),
+            slots: BTreeSet::new(),
+            bytes,
+            samples: count,
+        };
+        for (_, slot) in &slots {
+            let Some(held) = b.samples.get(slot).cloned() else {
+                continue;
+            };
+            let (gone, kept): (Vec<u32>, Vec<u32>) =
+                held.iter().partition(|&&id| victim[id as usize]);
+            if gone.is_empty() {
+                continue;
+            }
+            let dir = self.stager.slot_path(slot);
+            trim.files
+                .extend(gone.iter().map(|&id| dir.join(self.stager.staged_path(id))));
+            if let Some(f) = b.footprints.get_mut(slot) {
+                *f = f.saturating_sub(self.footprint(&gone));
+            }
+            if kept.is_empty() {
+                // Nothing left to give: the slot goes whole (its deletion is claimed already).
+                b.held.remove(slot);
+            }
+            b.samples.insert(slot.clone(), Arc::new(kept));
+            trim.slots.insert(slot.clone());
+        }
+        b.trimming += bytes;
+        b.trimmed_samples += count as u64;
+        Some(trim)
+    }
+
+    /// The files of `trim` are deleted (`ok`: every one of them); their bytes are free. If some
+    /// could not be deleted, the trim's bytes count until each of its slots is deleted whole.
+    pub(super) fn trimmed(&self, trim: &Trim, ok: bool) {
+        let mut b = self.book.lock().unwrap();
+        b.trimming = b.trimming.saturating_sub(trim.bytes);
+        if !ok {
+            b.stuck.push((trim.slots.clone(), trim.bytes));
+        }
+        drop(b);
+        self.released.notify_waiters();
     }
 
     /// Whether every one of `samples` is in a live slot (shown, staging or staged) other
@@ -359,10 +572,11 @@ impl Store {
     }
 
     /// Bytes on the node once `next` is staged: the files of every slot but those in `gone`
-    /// (each file once), what `next` adds (its samples no such slot holds), and the held
+    /// (each file once), what `next` adds (its samples no such slot holds), the held
     /// slots' journals and directories (the reserve covers two slots' own; at most
-    /// `max_held` are kept).
-    fn bytes_with(&self, b: &Book, gone: &[&str], next: &[u32]) -> u64 {
+    /// `max_held` are kept), and trimmed samples not deleted: those whose deletion failed, and
+    /// with `pending` those being deleted now.
+    fn bytes_with(&self, b: &Book, gone: &[&str], next: &[u32], pending: bool) -> u64 {
         let on_node = b.on_node(self.footprints.len(), gone);
         let new: u64 = next
             .iter()
@@ -374,7 +588,7 @@ impl Store {
             .iter()
             .map(|s| self.slot_meta(b.samples.get(s).map_or(0, |x| x.len())))
             .sum();
-        b.distinct_bytes(&self.footprints, gone) + new + meta
+        b.distinct_bytes(&self.footprints, gone) + new + meta + b.trimmed_not_freed(pending)
     }
 
     /// Bytes a slot of `n` samples takes besides its files: its journal (<= 18 bytes a line)
@@ -410,6 +624,11 @@ impl Store {
         b.draining.values().filter(|s| !b.held.contains(*s)).count()
     }
 
+    /// How many samples were trimmed from held slots since the mount.
+    pub(super) fn trimmed_count(&self) -> u64 {
+        self.book.lock().unwrap().trimmed_samples
+    }
+
     /// How many retired slots are kept on the node as donors (held).
     pub(super) fn kept_count(&self) -> usize {
         self.book.lock().unwrap().held.len()
@@ -438,6 +657,10 @@ impl Store {
         b.held.remove(slot);
         // Links into this slot from others keep its name as their origin: the file lives on.
         b.origins.remove(slot);
+        for (slots, _) in &mut b.stuck {
+            slots.remove(slot);
+        }
+        b.stuck.retain(|(slots, _)| !slots.is_empty());
     }
 
     /// Records an error for `status`.
@@ -468,7 +691,7 @@ impl Store {
     /// far the caller counts itself (less what they linked). A hard-linked file counts once.
     pub(super) fn slot_bytes_except(&self, staging: &[&str]) -> u64 {
         let b = self.book.lock().unwrap();
-        b.distinct_bytes(&self.footprints, staging)
+        b.distinct_bytes(&self.footprints, staging) + b.trimmed_not_freed(true)
     }
 
     /// Builds the view of mini-epoch `target` over its slot, at `generation`: its `members`

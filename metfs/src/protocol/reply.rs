@@ -207,6 +207,10 @@ pub struct Status {
     pub staging: Staging,
     /// Retired slots kept on the node as donors of samples the next slots need.
     pub kept_slots: u64,
+    /// Samples taken out of kept slots one by one to make room (a shared mount, RefCnt's or
+    /// LRU's order), since the mount.
+    #[serde(default)]
+    pub trimmed_samples: u64,
     /// Retired views not evicted yet.
     pub draining_slots: u64,
     /// What holds each retired view.
