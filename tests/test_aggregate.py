@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import Mount, wait_for
+from conftest import Mount, is_mounted, wait_for
 from test_dds_mount import make_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,12 +54,21 @@ def shuffle_bin() -> str:
     return str(exe)
 
 
-def mpirun(tmp: Path, *args: str) -> subprocess.Popen[str]:
+def as_user(user: str, home: Path, **env: str) -> list[str]:
+    """The prefix that runs a command as `user` with a clean environment."""
+    return ["runuser", "-u", user, "--", "env", "-i", "PATH=/usr/bin:/bin", f"HOME={home}", f"TMPDIR={home}",
+            *(f"{k}={v}" for k, v in env.items())]
+
+
+def mpirun(tmp: Path, *args: str, user: str | None = None) -> subprocess.Popen[str]:
+    """`metfs-shuffle` on one rank per node, and one more with `--sender extra`."""
+    np = NODES + (1 if "extra" in args else 0)
+    cmd = ["mpirun", "-np", str(np), shuffle_bin(), "--cache", str(tmp / "n%r" / "cache"), *args]
+    if user:
+        return subprocess.Popen([*as_user(user, tmp, OMPI_MCA_rmaps_base_oversubscribe="1"), *cmd],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
-    return subprocess.Popen(
-        ["mpirun", "-np", str(NODES), shuffle_bin(), "--cache", str(tmp / "n%r" / "cache"), *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 # The coded exchange, with extras (α = 1/4 + 0.5 · 3/4 = 0.625): UberShuffle's side
@@ -88,12 +97,15 @@ class Cluster:
         wait_for(lambda: all((m.cache / "slots" / "inbox-e000001").is_dir() for m in self.nodes), 60, "every node staging epoch 1")
         return [m.status()["tier_bytes_read"] for m in self.nodes]
 
-    def train(self, digests: Path, epochs: int) -> list[dict[str, Any]]:
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
+    def train(self, digests: Path, epochs: int, user: str | None = None) -> list[dict[str, Any]]:
+        pythonpath = str(ROOT / "bindings" / "python" / "src")
+        env = dict(os.environ, PYTHONPATH=pythonpath)
+        # The user's trainer runs the system's Python (this one may be in root's home).
+        prefix = [*as_user(user, self.tmp, PYTHONPATH=pythonpath, PYTHONDONTWRITEBYTECODE="1"), "/usr/bin/python3"] if user else [sys.executable]
         procs = []
         for r, m in enumerate(self.nodes):
             out = self.tmp / f"trainer{r}.json"
-            procs.append((subprocess.Popen([sys.executable, "-c", TRAINER, m.socket, str(digests), str(out), str(epochs)],
+            procs.append((subprocess.Popen([*prefix, "-c", TRAINER, m.socket, str(digests), str(out), str(epochs)],
                                            env=env, stderr=subprocess.PIPE, text=True), out))
         res = []
         for p, out in procs:
@@ -177,30 +189,89 @@ def test_coded_packets_reshuffle_the_nodes_byte_exact(mounts: Callable[..., Moun
     assert sum(r["sent_bytes"] for r in rep) > sum(r["packet_bytes"] for r in rep) > 0
 
 
-@pytest.mark.parametrize("code", ["uncoded", "uberShuffle"])
-def test_a_corrupted_sample_is_caught_and_fetched_from_the_tier(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any, code: str) -> None:
+# Who sends (`--sender`) and how coded packets travel (`--broadcast`), beside the defaults.
+EXTRA = ("--sender", "extra")
+RING = ("--broadcast", "ring")
+
+
+@pytest.mark.parametrize("code,flags", [
+    ("uncoded", ()), ("uberShuffle", ()), ("uncoded", EXTRA), ("uberShuffle", EXTRA), ("uberShuffle", RING),
+    ("uberShuffle", EXTRA + RING),
+], ids=["uncoded", "coded", "uncoded-extra", "coded-extra", "coded-ring", "coded-extra-ring"])
+def test_a_corrupted_sample_is_caught_and_fetched_from_the_tier(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any, code: str,
+                                                                flags: tuple[str, ...]) -> None:
     src, digests, dpath = dataset
     c = Cluster(mounts, tmp_path, src, args=CODED if code == "uberShuffle" else ())
     c.mount()
     first = sum(c.epoch0_tier_bytes())
     # Two exchanges: epoch 1, and epoch 2, which each node stages ahead.
-    ex = mpirun(tmp_path, "--epochs", "2", "--inject-corruption")
+    ex = mpirun(tmp_path, "--epochs", "2", "--inject-corruption", *flags)
     res = c.train(dpath, 2)
     out, err = ex.communicate(timeout=120)
     assert ex.returncode == 0, err[-3000:]
     check_views(res, digests, 2)
     rep = reports(out)
     rejected = sum(r["rejected"] for r in rep)
+    # Each sending rank corrupts the first frame it sends each node in each exchange: the
+    # nodes themselves, or the extra rank alone.
+    frames = 2 * (NODES if flags[:2] == EXTRA else NODES * (NODES - 1))
     if code == "uncoded":
-        # Each rank corrupted the first sample it sent each peer, in each exchange.
-        assert rejected == 2 * NODES * (NODES - 1), rep
+        assert rejected == frames, rep
     else:
-        # Each rank corrupted the first packet it sent each peer: the sample that peer
-        # decodes from it fails its CRC.
-        assert 0 < rejected <= 2 * NODES * (NODES - 1), rep
+        # The sample its receiver decodes from a corrupted packet fails its CRC; a corrupted
+        # ring part reaches every receiver of its packet.
+        assert 0 < rejected <= frames * (NODES if RING[1] in flags else 1), rep
     assert sum(r["missing"] for r in rep) == rejected, rep
     tier = sum(m.status()["tier_bytes_read"] for m in c.nodes)
     assert first < tier < first + rejected * (20 << 10), (tier, first, rejected)
+
+
+@pytest.mark.parametrize("code,flags", [("uncoded", EXTRA), ("uberShuffle", EXTRA), ("uberShuffle", RING), ("uberShuffle", EXTRA + RING)],
+                         ids=["uncoded-extra", "coded-extra", "coded-ring", "coded-extra-ring"])
+def test_the_extra_rank_and_the_ring_reshuffle_the_nodes_byte_exact(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any,
+                                                                   code: str, flags: tuple[str, ...]) -> None:
+    """The paper's extra rank (`mpirun -np 5` for 4 nodes: it reads what it sends from the
+    tier) and scatter-then-ring: every view is the node's share with the tier's bytes for 3
+    epochs, and the daemons read the tier in epoch 0 only."""
+    src, digests, dpath = dataset
+    coded = code == "uberShuffle"
+    extra, ring = flags[:2] == EXTRA, RING[1] in flags
+    c = Cluster(mounts, tmp_path, src, args=CODED if coded else ())
+    c.mount()
+    first = c.epoch0_tier_bytes()
+    ex = mpirun(tmp_path, "--epochs", "3", *flags)
+    res = c.train(dpath, 3)
+    out, err = ex.communicate(timeout=120)
+    assert ex.returncode == 0, out + err[-6000:]
+    check_views(res, digests, 3)
+    assert [m.status()["tier_bytes_read"] for m in c.nodes] == first
+    rep = reports(out)
+    ranks = NODES + extra
+    assert len(rep) == 3 * ranks, rep
+    assert all(r["sender"] == ("extra" if extra else "peers") and r["broadcast"] == ("ring" if ring else "direct") for r in rep)
+    nodes = [r for r in rep if r["rank"] < NODES]
+    assert all(r["rejected"] == 0 and r["missing"] == 0 and r["code"] == code for r in nodes), nodes
+    received = sum(r["received_bytes"] for r in nodes)
+    assert received > 0
+    # Every byte sent was received, and counted message by message.
+    assert sum(r["sent_bytes"] for r in rep) == sum(r["recv_bytes"] for r in rep) > 0
+    assert all(r["messages"] > 0 for r in rep if r["sent_bytes"] > 0)
+    if extra:
+        x = [r for r in rep if r["rank"] == NODES]
+        # The nodes send nothing of their own (on a ring they forward parts only).
+        assert all(r["payload_bytes"] == r["forwarded_bytes"] and r["packets"] == 0 and r["tier_bytes"] == 0 for r in nodes), nodes
+        tier = sum(r["tier_bytes"] for r in x)
+        if coded:
+            # Each operand read once per exchange: at most what the nodes decoded.
+            assert 0 < tier <= received and sum(r["packets"] for r in x) > 0, x
+        else:
+            # Without extras each sample goes to one node: read once, sent once.
+            assert tier == received, (tier, received)
+    if ring:
+        # Each packet's sender sends it once, in parts; its receivers forward the rest.
+        assert sum(r["stages"] for r in rep) > 0 and sum(r["forwarded"] for r in rep) > 0
+        senders = [r for r in rep if r["packets"] > 0]
+        assert all(r["payload_bytes"] - r["forwarded_bytes"] == r["packet_bytes"] for r in senders), senders
 
 
 def test_a_node_that_dies_leaves_the_others_to_the_tier_and_they_say_so(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any) -> None:
@@ -225,6 +296,119 @@ def test_a_node_that_dies_leaves_the_others_to_the_tier_and_they_say_so(mounts: 
         st = m.status()
         assert st["aggregate"]["last_exchange"]["complete"] is False, st["aggregate"]
         assert "did not complete within 3 s" in (st["last_error"] or ""), st["last_error"]
+
+
+USER = "metfs-user"
+
+
+def user_problem() -> str | None:
+    """Why aggregate mode cannot be run as USER here, or None (scripts/test.sh creates the user
+    and lets it open /dev/fuse)."""
+    if os.geteuid() != 0:
+        return "needs root to switch to another user"
+    if subprocess.run(["id", "-u", USER], capture_output=True).returncode != 0:
+        return f"no user {USER} (scripts/test.sh creates it)"
+    if subprocess.run(["runuser", "-u", USER, "--", "test", "-r", "/dev/fuse", "-a", "-w", "/dev/fuse"]).returncode != 0:
+        return f"{USER} may not open /dev/fuse (scripts/test.sh grants it)"
+    return None
+
+
+@pytest.mark.skipif(user_problem() is not None, reason=str(user_problem()))
+@pytest.mark.parametrize("flags", [(), EXTRA], ids=["peers", "extra"])
+def test_aggregate_mode_runs_as_an_ordinary_user(metfs: str, flags: tuple[str, ...]) -> None:
+    """Daemons (FUSE through fusermount3), `mpirun` with its ranks and the trainers all run as
+    an ordinary user, as on an HPC node; coded, so that both exchanges' paths are used."""
+    import pwd
+    import tempfile
+
+    uid = pwd.getpwnam(USER).pw_uid
+    base = Path(tempfile.mkdtemp(prefix="metfs-aggregate-user-"))
+    base.chmod(0o755)
+    src = base / "tier"
+    digests = make_dataset(src, SAMPLES)
+    dpath = base / "digests.json"
+    dpath.write_text(json.dumps(digests))
+    # The daemon as the user, and its `metfs` commands.
+    wrapper = base / "metfs-as-user"
+    wrapper.write_text("#!/bin/sh\nexec " + " ".join(as_user(USER, base, XDG_DATA_HOME=str(base / "data"))) + f" {metfs} \"$@\"\n")
+    wrapper.chmod(0o755)
+    made: list[Mount] = []
+
+    def mounts(source: Path, budget: str, *extra: str, name: str, cache: Path) -> Mount:
+        m = Mount(str(wrapper), base / f"mnt-{name}", cache, str(source), ["--budget", budget, "--history", str(base / "h.json"), *extra])
+        for d in (cache, m.mountpoint):
+            d.mkdir(parents=True, exist_ok=True)
+        made.append(m)
+        return m
+
+    try:
+        c = Cluster(mounts, base, src, args=CODED)
+        for dirpath, dirnames, filenames in os.walk(base):
+            for n in [dirpath, *(os.path.join(dirpath, f) for f in dirnames + filenames)]:
+                os.chown(n, uid, -1)
+        c.mount()
+        assert all(os.stat(f"/proc/{m.pid()}").st_uid == uid for m in c.nodes)
+        first = c.epoch0_tier_bytes()
+        ex = mpirun(base, "--epochs", "3", *flags, user=USER)
+        res = c.train(dpath, 3, user=USER)
+        out, err = ex.communicate(timeout=120)
+        assert ex.returncode == 0, err[-3000:]
+        check_views(res, digests, 3)
+        assert [m.status()["tier_bytes_read"] for m in c.nodes] == first
+        rep = reports(out)
+        assert len(rep) == 3 * (NODES + bool(flags)) and all(r["rejected"] == 0 and r["missing"] == 0 for r in rep), rep
+        assert sum(r["received_samples"] for r in rep) > 0
+        # What the exchange wrote is the user's.
+        assert all(os.stat(m.cache / "aggregate.json").st_uid == uid for m in c.nodes)
+    finally:
+        for m in made:
+            if is_mounted(m.mountpoint):
+                subprocess.run([metfs, "umount", str(m.mountpoint)], capture_output=True, timeout=120)
+                if is_mounted(m.mountpoint):
+                    subprocess.run(["umount", "-l", str(m.mountpoint)], capture_output=True)
+            lock = m.cache / "metfs.lock"
+            try:
+                os.kill(int(lock.read_text().strip() or 0), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("code", ["uncoded", "uberShuffle"])
+def test_a_tier_outage_during_epoch_0_is_ridden_out_and_the_views_stay_exact(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any,
+                                                                            code: str) -> None:
+    """The whole tier goes away while the nodes train epoch 0. The exchange of epoch 1 runs
+    (it needs no tier) with corrupted frames, so each node's staging of epoch 1 needs a few
+    samples from the tier: with `--stager-retry-secs 1` the slot fails on the outage, says
+    so, keeps what it linked, and resumes after its pause once the tier is back; every view
+    is exact and nothing is left out."""
+    src, digests, dpath = dataset
+    c = Cluster(mounts, tmp_path, src, timeout=30, args=("--stager-retry-secs", "1", *(CODED if code == "uberShuffle" else ())))
+    c.mount()
+    first = sum(c.epoch0_tier_bytes())
+    away = tmp_path / "tier-away"
+    src.rename(away)
+    # Two exchanges: epoch 1 now, and epoch 2, which each node stages ahead.
+    ex = mpirun(tmp_path, "--epochs", "2", "--inject-corruption")
+    try:
+        # Every node is sent a corrupted frame, so every node's staging of epoch 1 needs the
+        # tier, fails on the outage and waits to resume.
+        wait_for(lambda: all("missing" in (m.status()["last_error"] or "") for m in c.nodes), 60, "the staging to fail on the outage")
+        assert not any(m.status()["next_ready"] for m in c.nodes)
+    finally:
+        away.rename(src)
+    res = c.train(dpath, 2)
+    out, err = ex.communicate(timeout=120)
+    assert ex.returncode == 0, err[-3000:]
+    check_views(res, digests, 2)
+    st = [m.status() for m in c.nodes]
+    assert not any(s["failed_samples"] for s in st), [s["failed_samples"] for s in st]
+    # After epoch 0 only the refused samples came from the tier.
+    rep = reports(out)
+    missing = sum(r["missing"] for r in rep)
+    assert missing > 0 and all(r["rejected"] == r["missing"] for r in rep), rep
+    tier = sum(s["tier_bytes_read"] for s in st)
+    assert first < tier < first + missing * (20 << 10), (tier, first, missing)
 
 
 def test_mismatched_seed_is_refused_by_every_rank(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any) -> None:

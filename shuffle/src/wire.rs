@@ -15,7 +15,11 @@
 //! A packet of `P` bytes reaches a group of `m` receivers by scatter-then-ring
 //! ([`scatter_ring`]): the sender cuts it into `m` parts and sends part `k` to receiver `k`
 //! (`P` bytes, `m` messages); then in `m − 1` stages each receiver forwards to the next one
-//! the part it got in the stage before (`(m−1)·P` bytes, `m(m−1)` messages). The paper prints
+//! the part it got in the stage before (`(m−1)·P` bytes, `m(m−1)` messages). A packet shorter
+//! than its group has empty parts: the ring does not forward them, but the scatter still sends
+//! each receiver a message, since that message also tells it its sample's checksum (the
+//! transport, `metfs-shuffle --broadcast ring`, does exactly this; a test there checks its
+//! counts against [`scatter_ring`]). The paper prints
 //! the part worker `i` sends in stage `j + 1` as `((i + j − 2) mod n) + 1`, which is right for
 //! `j = 1` only: worker `i` holds, and forwards, part `((i − j) mod n) + 1`. Each receiver
 //! receives `P`; the sender's port carries `P` however large `m` is, which is where the
@@ -91,7 +95,8 @@ pub enum Fanout {
 pub struct ScatterRing {
     /// Bytes over all links: `group × bytes`.
     pub wire_bytes: u64,
-    /// Messages (empty parts are not sent).
+    /// Messages: one scatter message per receiver, then the ring's (empty parts are not
+    /// forwarded).
     pub messages: u64,
     /// Bytes on the critical path, scatter then `group − 1` ring stages of the largest part:
     /// Theorem 3's `(2m − 1)/m` unicast times when `m` divides the packet.
@@ -99,8 +104,8 @@ pub struct ScatterRing {
 }
 
 /// The part sizes of a packet of `bytes` cut for `m` receivers: the first `bytes mod m` get
-/// one byte more.
-fn parts(bytes: u64, m: u64) -> impl Iterator<Item = u64> {
+/// one byte more. Part `k` goes to the `k`-th receiver by ascending rank.
+pub fn parts(bytes: u64, m: u64) -> impl Iterator<Item = u64> {
     (0..m).map(move |k| bytes / m + u64::from(k < bytes % m))
 }
 
@@ -110,7 +115,7 @@ pub fn scatter_ring(bytes: u64, group: u32) -> ScatterRing {
     let sent_parts = parts(bytes, m).filter(|&p| p > 0).count() as u64;
     ScatterRing {
         wire_bytes: m * bytes,
-        messages: sent_parts * m,
+        messages: m + sent_parts * (m - 1),
         stage_bytes: bytes + (m - 1) * bytes.div_ceil(m),
     }
 }
@@ -144,9 +149,7 @@ impl Ports {
         let m = members.len() as u64;
         let part: Vec<u64> = parts(bytes, m).collect();
         for (k, &r) in members.iter().enumerate() {
-            if part[k] > 0 {
-                self.unicast(from, r, part[k]);
-            }
+            self.unicast(from, r, part[k]);
         }
         // Stage s: member k forwards the part that started at member k − s + 1.
         for s in 1..members.len() {
@@ -289,9 +292,14 @@ mod tests {
         let s = scatter_ring(400, 4);
         assert_eq!(s.wire_bytes, 1600);
         assert_eq!(s.messages, 16);
-        assert_eq!(s.stage_bytes, 700); // (2·4 − 1)/4 × 400
-                                        // Fewer bytes than receivers: empty parts are not sent.
-        assert_eq!(scatter_ring(2, 4).messages, 8);
+        // (2·4 − 1)/4 × 400
+        assert_eq!(s.stage_bytes, 700);
+        // Fewer bytes than receivers: every receiver gets a scatter message, empty parts are
+        // not forwarded.
+        assert_eq!(scatter_ring(2, 4).messages, 4 + 2 * 3);
+        let mut ports = Ports::new(5);
+        ports.scatter_ring(4, NodeSet::from_ranks([0, 1, 2, 3]), 2);
+        assert_eq!(ports.finish().messages, 10);
         assert_eq!(scatter_ring(10, 1).messages, 1);
 
         let mut ports = Ports::new(5);

@@ -50,7 +50,7 @@ pub use inbox::{Accepted, Inbox};
 pub use slot::Held;
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use prefetcher::catalog::Catalog;
 use shuffle::{layout, transition, Layout, Transition};
@@ -78,6 +78,12 @@ pub enum ExchangeError {
     },
     #[error("a frame from rank {from} is cut short ({have} bytes left, {need} needed)")]
     Truncated { from: u32, have: usize, need: usize },
+    /// A rank sent frames to the extra rank, which only sends (another build, or a bug).
+    #[error("rank {from} sent frames to the extra rank, which only sends")]
+    ToExtra { from: u32 },
+    /// The extra rank's tier cannot be read.
+    #[error("tier {path}: {reason}")]
+    Tier { path: String, reason: String },
     /// The coded plan of an epoch cannot be made (every rank fails alike: it is pure).
     #[error("the coded exchange of epoch {epoch}: {reason}")]
     Coded { epoch: u64, reason: String },
@@ -113,8 +119,29 @@ pub struct ExchangeReport {
     /// Samples expected from peers and not received (rejected ones included): the daemon
     /// fetches these from the tier.
     pub missing: u64,
-    /// Messages this node sent (one per peer and round with something to send).
+    /// Messages this node sent (one per peer and stage with something to send).
     pub messages: u64,
+    /// Bytes this node received on the wire, headers included: with [`sent_bytes`]
+    /// (Self::sent_bytes), its port's load.
+    pub recv_bytes: u64,
+    /// Frames this node sent: uncoded samples, coded packets to one receiver each (direct),
+    /// or parts of packets (scatter-then-ring, forwarded parts included). With
+    /// [`payload_bytes`](Self::payload_bytes), what `shuffle::wire` counts as messages and
+    /// wire bytes.
+    pub frames: u64,
+    /// Their payload, headers left out.
+    pub payload_bytes: u64,
+    /// Of those, the parts this node forwarded along a ring, and their payload.
+    pub forwarded: u64,
+    pub forwarded_bytes: u64,
+    /// Bytes this rank read from the capacity tier (the extra rank: every operand it sends).
+    pub tier_bytes: u64,
+    /// Who sent: the holders (`peers`) or the extra rank (`extra`).
+    pub sender: SenderMode,
+    /// How coded packets reached their receivers: `direct` or `ring`.
+    pub broadcast: Broadcast,
+    /// Ring stages after the scatters (0 for direct).
+    pub stages: u64,
     /// Rounds of the exchange (each at most the chunk size per peer).
     pub rounds: u64,
     /// Seconds this node spent computing the coded plan (each rank computes all of it).
@@ -123,12 +150,63 @@ pub struct ExchangeReport {
     pub secs: f64,
 }
 
-/// One node of the exchange: its daemon's spec, catalog and footprints.
+/// Who sends what the nodes need (`metfs-shuffle --sender`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum SenderMode {
+    /// The nodes that hold a sample send it (or the packets of it); no extra rank.
+    #[default]
+    Peers,
+    /// The paper's model: one more rank than nodes, the last, holds no cache and reads from
+    /// the capacity tier every sample (uncoded) or every operand (coded) it sends.
+    Extra,
+}
+
+/// How a coded packet reaches its receivers (`metfs-shuffle --broadcast`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Broadcast {
+    /// The sender sends the whole packet to each receiver.
+    #[default]
+    Direct,
+    /// Scatter-then-ring (Theorem 3): the sender sends each receiver one part, then the
+    /// receivers pass the parts around a ring.
+    Ring,
+}
+
+/// One node of the exchange: its daemon's spec, catalog and footprints; or the extra rank,
+/// which has the spec and catalog of rank 0 and reads the tier instead of a slot.
 pub struct Node {
     pub spec: ExchangeSpec,
     pub catalog: Catalog,
     settings: shuffle::AggregateConfig,
     sizes: Vec<u64>,
+    /// Who sends ([`Node::with_modes`]).
+    pub sender: SenderMode,
+    /// How coded packets travel.
+    pub broadcast: Broadcast,
+    /// The extra rank's tier (its resolved root); `None` on a node.
+    tier: Option<PathBuf>,
 }
 
 impl Node {
@@ -145,18 +223,70 @@ impl Node {
                 "{e} (is the daemon of this node mounted with --aggregate?)"
             ))
         })?;
-        let spec: ExchangeSpec =
-            serde_json::from_slice(&text).map_err(|e| bad(format!("not a valid spec: {e}")))?;
-        if spec.v != SPEC_VERSION {
-            return Err(bad(format!(
-                "version {} where this metfs-shuffle reads {SPEC_VERSION}; use the daemon's metfs-shuffle",
-                spec.v
-            )));
-        }
+        let spec = parse_spec(&text).map_err(bad)?;
         let catalog = Catalog::load(&spec.catalog).map_err(|e| ExchangeError::Catalog {
             path: spec.catalog.display().to_string(),
             reason: e.to_string(),
         })?;
+        Self::from_parts(spec, catalog)
+    }
+
+    /// The extra rank (rank `nodes`), from rank 0's spec (`aggregate.json`'s bytes) and
+    /// catalog (`catalog.bin`'s bytes), reading samples from the POSIX directory `tier`
+    /// (the daemons' source). Refuses a spec of another version, a catalog whose digest is
+    /// not the spec's, and a tier that is not a directory.
+    pub fn extra(spec: &[u8], catalog: &[u8], tier: &Path) -> Result<Self, ExchangeError> {
+        let bad = |reason: String| ExchangeError::Spec {
+            path: "rank 0's aggregate.json".into(),
+            reason,
+        };
+        let mut spec = parse_spec(spec).map_err(bad)?;
+        let catalog = Catalog::from_bytes(catalog, "rank 0's catalog").map_err(|e| {
+            ExchangeError::Catalog {
+                path: "rank 0's catalog".into(),
+                reason: e.to_string(),
+            }
+        })?;
+        let root = std::fs::canonicalize(tier)
+            .ok()
+            .filter(|p| p.is_dir())
+            .ok_or_else(|| ExchangeError::Tier {
+                path: tier.display().to_string(),
+                reason: "not a directory this rank can read (the extra rank reads a POSIX \
+                         tier: the daemons' source, or --tier)"
+                    .into(),
+            })?;
+        spec.rank = spec.nodes;
+        let mut node = Self::from_parts(spec, catalog)?;
+        node.tier = Some(root);
+        node.sender = SenderMode::Extra;
+        Ok(node)
+    }
+
+    /// Sets who sends and how coded packets travel (the transport's flags, the same on every
+    /// rank: they are part of [`Node::agreement`]'s check in `metfs-shuffle`).
+    pub fn with_modes(mut self, sender: SenderMode, broadcast: Broadcast) -> Self {
+        self.sender = sender;
+        self.broadcast = broadcast;
+        self
+    }
+
+    /// Whether this is the extra rank.
+    pub fn is_extra(&self) -> bool {
+        self.tier.is_some()
+    }
+
+    /// The extra rank's tier root.
+    pub(crate) fn tier(&self) -> Option<&Path> {
+        self.tier.as_deref()
+    }
+
+    /// Ranks in the exchange: the nodes, and the extra rank in [`SenderMode::Extra`].
+    pub fn ranks(&self) -> u32 {
+        self.spec.nodes + u32::from(self.sender == SenderMode::Extra)
+    }
+
+    fn from_parts(spec: ExchangeSpec, catalog: Catalog) -> Result<Self, ExchangeError> {
         let digest = format!(
             "{:016x}",
             crate::daemon::aggregate::catalog_digest(&catalog)
@@ -188,6 +318,9 @@ impl Node {
             catalog,
             settings,
             sizes,
+            sender: SenderMode::Peers,
+            broadcast: Broadcast::Direct,
+            tier: None,
         })
     }
 
@@ -241,17 +374,26 @@ impl Node {
             .map_err(|source| ExchangeError::Plan { epoch, source })
     }
 
-    /// For each node, the samples this node sends it for epoch `epoch`'s inbox.
+    /// For each rank, the samples this rank sends it uncoded for epoch `epoch`'s inbox: in
+    /// peers mode what the transition names it the source of; in extra mode everything a node
+    /// gets from a peer, all sent by the extra rank (and nothing by the nodes).
     pub fn outgoing(&self, t: &Transition) -> Vec<Vec<u32>> {
         let me = self.spec.rank;
-        (0..self.spec.nodes)
+        let extra = self.sender == SenderMode::Extra;
+        (0..self.ranks())
             .map(|j| {
                 t.nodes
                     .get(j as usize)
                     .map(|p| {
                         p.peer
                             .iter()
-                            .filter(|&&(_, from)| from == me)
+                            .filter(|&&(_, from)| {
+                                if extra {
+                                    me == self.spec.nodes
+                                } else {
+                                    from == me
+                                }
+                            })
                             .map(|&(s, _)| s)
                             .collect()
                     })
@@ -260,11 +402,18 @@ impl Node {
             .collect()
     }
 
-    /// What this node expects for epoch `epoch`'s inbox: each sample and its sender.
+    /// What this node expects for epoch `epoch`'s inbox: each sample and its sender (the
+    /// extra rank, `nodes`, in extra mode).
     pub fn expected(&self, t: &Transition) -> HashMap<u32, u32> {
+        let extra = self.sender == SenderMode::Extra;
         t.nodes
             .get(self.spec.rank as usize)
-            .map(|p| p.peer.iter().copied().collect())
+            .map(|p| {
+                p.peer
+                    .iter()
+                    .map(|&(s, from)| (s, if extra { self.spec.nodes } else { from }))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -295,4 +444,17 @@ impl Node {
     pub fn path_of(&self, id: u32) -> String {
         self.catalog.path(id)
     }
+}
+
+/// Reads an [`ExchangeSpec`], refusing another version.
+fn parse_spec(text: &[u8]) -> Result<ExchangeSpec, String> {
+    let spec: ExchangeSpec =
+        serde_json::from_slice(text).map_err(|e| format!("not a valid spec: {e}"))?;
+    if spec.v != SPEC_VERSION {
+        return Err(format!(
+            "version {} where this metfs-shuffle reads {SPEC_VERSION}; use the daemon's metfs-shuffle",
+            spec.v
+        ));
+    }
+    Ok(spec)
 }

@@ -7,13 +7,24 @@
 //! [`Held::DEFAULT_CAP`] bytes: a sample is read once for all its blocks, and memory stays
 //! bounded however large the slot. A sample is *unreadable* when its journal has no CRC for
 //! it (not committed) or its file cannot be read; that is remembered too, so it is tried once.
+//!
+//! # The extra rank's tier
+//!
+//! The extra rank ([`super::SenderMode::Extra`]) has no slot: [`Held::open`] gives it the
+//! daemons' POSIX tier instead, read the same way. A sample is read there only if its path
+//! stays inside the tier's root, and is readable only if its length is the catalog's and its
+//! version (modification time) the one the daemons catalogued: a changed source is not sent,
+//! and the nodes' daemons find out for themselves when they fetch it. Its CRC-32 is computed
+//! from the bytes read (the tier has no journal); the receiver checks it as any other. The
+//! bytes read are counted ([`Held::tier_bytes`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use prefetcher::catalog::Catalog;
 use prefetcher::stager::read_journal;
+use prefetcher::tier::posix_version;
 use shuffle::coded::Samples;
 
 use crate::daemon::aggregate::slot_of_epoch;
@@ -24,7 +35,12 @@ use super::Node;
 pub struct Held<'a> {
     catalog: &'a Catalog,
     dir: PathBuf,
+    /// Journaled CRCs (a slot), or those of the samples read so far (the tier).
     crcs: HashMap<u32, u32>,
+    /// Reading the extra rank's tier, not a slot.
+    tier: bool,
+    /// Bytes read from the tier.
+    tier_bytes: u64,
     /// Loaded samples (`None`: unreadable) and when each was last asked for.
     loaded: HashMap<u32, (Option<Vec<u8>>, u64)>,
     /// Last use → sample, for eviction.
@@ -40,12 +56,23 @@ impl<'a> Held<'a> {
 
     /// The node's slot of epoch `epoch` (with its journal read once), keeping at most `cap`
     /// bytes loaded (besides the samples of one call to [`Held::load`]).
+    /// On the extra rank: its tier (module docs), whatever the epoch.
     pub fn open(node: &'a Node, epoch: u64, cap: usize) -> Self {
         let slot = slot_of_epoch(epoch);
+        let (dir, crcs, tier) = match node.tier() {
+            Some(root) => (root.to_path_buf(), HashMap::new(), true),
+            None => (
+                node.spec.slots.join(&slot),
+                read_journal(&node.spec.slots.join(format!("{slot}.journal"))).staged,
+                false,
+            ),
+        };
         Self {
             catalog: &node.catalog,
-            dir: node.spec.slots.join(&slot),
-            crcs: read_journal(&node.spec.slots.join(format!("{slot}.journal"))).staged,
+            dir,
+            crcs,
+            tier,
+            tier_bytes: 0,
             loaded: HashMap::new(),
             by_use: BTreeMap::new(),
             bytes: 0,
@@ -59,18 +86,73 @@ impl<'a> Held<'a> {
         self.crcs.get(&id).copied()
     }
 
-    /// Reads `id` whole from the slot, with its journaled CRC, without keeping it (the
-    /// uncoded exchange sends each sample once).
-    pub fn read(&self, id: u32) -> Option<(u32, Vec<u8>)> {
-        let crc = self.crc(id)?;
-        Some((crc, self.read_file(id)?))
+    /// Bytes read from the tier so far (0 for a slot).
+    pub fn tier_bytes(&self) -> u64 {
+        self.tier_bytes
     }
 
-    fn read_file(&self, id: u32) -> Option<Vec<u8>> {
-        let mut f = std::fs::File::open(self.dir.join(self.catalog.path(id))).ok()?;
+    /// Reads `id` whole from the slot, with its journaled CRC, without keeping it (a node sends
+    /// each sample once); from the tier with the CRC of what was read, kept loaded (the extra
+    /// rank sends a sample to each node that needs it).
+    pub fn read(&mut self, id: u32) -> Option<(u32, Vec<u8>)> {
+        if self.tier {
+            // Kept loaded: a sample several nodes need is read from the tier once.
+            if !self.load(&[id]) {
+                return None;
+            }
+            return Some((self.crc(id)?, self.sample(id)?.to_vec()));
+        }
+        let crc = self.crc(id)?;
+        Some((
+            crc,
+            self.read_file(&self.dir.join(self.catalog.path(id)), id)?,
+        ))
+    }
+
+    fn read_file(&self, path: &Path, id: u32) -> Option<Vec<u8>> {
+        let mut f = std::fs::File::open(path).ok()?;
         let mut b = Vec::with_capacity(self.catalog.size(id) as usize);
         f.read_to_end(&mut b).ok()?;
         Some(b)
+    }
+
+    /// Reads `id` from the tier if it is the catalogued sample (module docs).
+    fn read_tier(&mut self, id: u32) -> Option<Vec<u8>> {
+        let rel = self.catalog.path(id);
+        let why = match std::fs::canonicalize(self.dir.join(&rel)) {
+            Err(e) => e.to_string(),
+            Ok(p) if !p.starts_with(&self.dir) => "it resolves outside the tier".into(),
+            Ok(p) => match std::fs::metadata(&p) {
+                Err(e) => e.to_string(),
+                Ok(md) => {
+                    let version = self.catalog.version(id);
+                    if md.len() != self.catalog.size(id) {
+                        format!(
+                            "{} bytes, the catalog says {}",
+                            md.len(),
+                            self.catalog.size(id)
+                        )
+                    } else if !version.is_empty() && posix_version(&md) != version {
+                        "modified since the daemons catalogued it".into()
+                    } else {
+                        match self.read_file(&p, id) {
+                            Some(b) if b.len() as u64 == self.catalog.size(id) => {
+                                self.tier_bytes += b.len() as u64;
+                                return Some(b);
+                            }
+                            Some(b) => format!(
+                                "{} bytes read, the catalog says {}",
+                                b.len(),
+                                self.catalog.size(id)
+                            ),
+                            None => "cannot be read".into(),
+                        }
+                    }
+                }
+            },
+        };
+        tracing::warn!(sample = %rel, "the extra rank cannot send it from the tier ({why}); its receivers fetch it themselves");
+        None
     }
 
     /// Makes `ids` available to [`Samples::sample`], evicting the least recently used others
@@ -87,7 +169,16 @@ impl<'a> Held<'a> {
                 all &= data.is_some();
                 continue;
             }
-            let data = self.crc(id).and(self.read_file(id));
+            let data = if self.tier {
+                let data = self.read_tier(id);
+                if let Some(b) = &data {
+                    self.crcs.insert(id, crc32fast::hash(b));
+                }
+                data
+            } else {
+                self.crc(id)
+                    .and_then(|_| self.read_file(&self.dir.join(self.catalog.path(id)), id))
+            };
             all &= data.is_some();
             self.bytes += data.as_ref().map_or(0, Vec::len);
             self.loaded.insert(id, (data, now));

@@ -6,7 +6,7 @@ use prefetcher::catalog::{Catalog, CatalogEntry};
 use prefetcher::stager::{create_private_dir, read_journal};
 use shuffle::coded::Samples;
 
-use super::coded::{CodedPlan, Decoder, Encoder, BLOCK, CODED_HEADER};
+use super::coded::{CodedPlan, Decoder, Encoder, BLOCK, CODED_HEADER, RING_HEADER};
 use super::uncoded::{Outbox, HEADER};
 use super::*;
 use crate::config::aggregate::ShuffleCode;
@@ -237,44 +237,54 @@ fn mixed_sizes() -> Vec<u64> {
         .collect()
 }
 
-/// What one node's coded exchange did.
+/// What one rank's coded exchange did.
 #[derive(Debug, Default)]
 struct Outcome {
     got: Accepted,
     missing: usize,
+    /// Bytes put on the wire, headers included.
     wire: u64,
     packets: u64,
     packet_bytes: u64,
     blocks: u64,
+    /// Frames sent (whole packets, parts, forwarded parts) and their payload bytes.
+    frames: u64,
+    payload: u64,
+    /// Bytes read from the tier (the extra rank).
+    tier: u64,
 }
 
-/// One epoch's coded exchange between `nodes` in process, as `metfs-shuffle` runs it: rounds
-/// of at most `chunk` bytes per part, each part passed through `tamper(from, to, part)` on its
-/// way, then the uncoded rounds for what the plan does not cover. Every inbox is completed.
+/// One epoch's coded exchange between `ranks` in process, as `metfs-shuffle` runs it: the
+/// nodes, then the extra rank if it is the last (it only sends); rounds of at most `chunk`
+/// bytes per part, each part passed through `tamper(from, to, part)` on its way, each round
+/// followed by ring stages while any rank has a part to forward; then the uncoded rounds for
+/// what the plan does not cover. Every inbox is completed.
 fn run_coded(
-    nodes: &[Node],
+    ranks: &[Node],
     epoch: u64,
     chunk: usize,
     corrupt: Option<u32>,
     mut tamper: impl FnMut(u32, u32, &mut Vec<u8>),
 ) -> (Vec<CodedPlan>, Vec<Outcome>) {
-    let t = nodes[0].transition(epoch, &[]).unwrap();
-    let plans: Vec<CodedPlan> = nodes
+    let t = ranks[0].transition(epoch, &[]).unwrap();
+    let plans: Vec<CodedPlan> = ranks
         .iter()
         .map(|n| n.coded_plan(epoch, &t).unwrap())
         .collect();
     assert!(plans.iter().all(|p| p.digest() == plans[0].digest()));
-    let mut inboxes: Vec<Inbox> = nodes
+    let mut inboxes: Vec<Option<Inbox>> = ranks
         .iter()
         .zip(&plans)
         .map(|(n, p)| {
-            create_private_dir(&n.spec.slots.join(inbox_of_epoch(epoch))).unwrap();
-            let mut inbox = n.inbox(epoch, p.uncoded_expected(n.spec.rank)).unwrap();
-            inbox.expect_decoded(p.decoded_for(n.spec.rank));
-            inbox
+            (!n.is_extra()).then(|| {
+                create_private_dir(&n.spec.slots.join(inbox_of_epoch(epoch))).unwrap();
+                let mut inbox = n.inbox(epoch, p.uncoded_expected(n.spec.rank)).unwrap();
+                inbox.expect_decoded(p.decoded_for(n.spec.rank));
+                inbox
+            })
         })
         .collect();
-    let mut enc: Vec<Encoder> = nodes
+    let mut enc: Vec<Encoder> = ranks
         .iter()
         .zip(&plans)
         .map(|(n, p)| {
@@ -286,46 +296,128 @@ fn run_coded(
             }
         })
         .collect();
-    let mut dec: Vec<Decoder> = nodes
+    let mut dec: Vec<Decoder> = ranks
         .iter()
         .zip(&plans)
         .map(|(n, p)| Decoder::new(n, p))
         .collect();
-    let mut out: Vec<Outcome> = nodes.iter().map(|_| Outcome::default()).collect();
-    while enc.iter().any(|e| !e.done()) {
-        let rounds: Vec<Vec<Vec<u8>>> = enc.iter_mut().map(|e| e.round(chunk)).collect();
+    let mut out: Vec<Outcome> = ranks.iter().map(|_| Outcome::default()).collect();
+    let mut deliver = |rounds: Vec<Vec<Vec<u8>>>,
+                       dec: &mut Vec<Decoder>,
+                       inboxes: &mut Vec<Option<Inbox>>,
+                       out: &mut Vec<Outcome>| {
         for (from, parts) in rounds.into_iter().enumerate() {
             for (to, mut part) in parts.into_iter().enumerate() {
                 assert!(part.is_empty() || to != from);
                 out[from].wire += part.len() as u64;
                 tamper(from as u32, to as u32, &mut part);
                 if !part.is_empty() {
-                    out[to].got += dec[to]
-                        .accept(&mut inboxes[to], from as u32, &part)
-                        .unwrap();
+                    let inbox = inboxes[to].as_mut().expect("only nodes receive");
+                    out[to].got += dec[to].accept(inbox, from as u32, &part).unwrap();
                 }
             }
         }
+    };
+    while enc.iter().any(|e| !e.done()) {
+        let rounds: Vec<Vec<Vec<u8>>> = enc.iter_mut().map(|e| e.round(chunk)).collect();
+        deliver(rounds, &mut dec, &mut inboxes, &mut out);
+        while dec.iter().any(|d| d.has_forwards()) {
+            let rounds = dec.iter_mut().map(|d| d.forwards()).collect();
+            deliver(rounds, &mut dec, &mut inboxes, &mut out);
+        }
     }
-    for (i, n) in nodes.iter().enumerate() {
+    for (i, n) in ranks.iter().enumerate() {
         let mut ob = Outbox::new(n, epoch, plans[i].uncoded_outgoing(n.spec.rank));
         while !ob.done() {
             for (to, part) in ob.round(chunk).into_iter().enumerate() {
                 out[i].wire += part.len() as u64;
                 if !part.is_empty() {
-                    out[to].got += inboxes[to].accept(&nodes[to], i as u32, &part).unwrap();
+                    let inbox = inboxes[to].as_mut().expect("only nodes receive");
+                    out[to].got += inbox.accept(&ranks[to], i as u32, &part).unwrap();
                 }
             }
         }
+        out[i].tier += ob.tier_bytes();
     }
     for (i, inbox) in inboxes.into_iter().enumerate() {
-        out[i].missing = inbox.missing();
+        if let Some(inbox) = inbox {
+            out[i].missing = inbox.missing();
+            inbox.complete().unwrap();
+        }
         out[i].packets = enc[i].packets;
         out[i].packet_bytes = enc[i].packet_bytes;
         out[i].blocks = dec[i].blocks;
-        inbox.complete().unwrap();
+        out[i].frames = enc[i].frames + dec[i].forwarded;
+        out[i].payload = enc[i].frame_bytes + dec[i].forwarded_bytes;
+        out[i].tier += enc[i].tier_bytes();
     }
     (plans, out)
+}
+
+/// The extra rank beside `nodes`, with the same modes, reading a tier made under `dir` of
+/// every sample's bytes.
+fn extra_rank(dir: &Path, nodes: &[Node]) -> Node {
+    let n0 = &nodes[0];
+    let tier = dir.join("tier");
+    for id in 0..n0.catalog.len() as u32 {
+        let p = tier.join(n0.catalog.path(id));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, content(id, n0.catalog.size(id))).unwrap();
+    }
+    let spec = std::fs::read(n0.spec.slots.parent().unwrap().join(SPEC_FILE)).unwrap();
+    let cat = std::fs::read(&n0.spec.catalog).unwrap();
+    Node::extra(&spec, &cat, &tier)
+        .unwrap()
+        .with_modes(SenderMode::Extra, n0.broadcast)
+}
+
+/// `n` nodes with these modes, and the extra rank last in extra mode: 160 samples of mixed
+/// sizes, extras kept with probability 0.6, so that packets reach up to three receivers.
+fn ranks(dir: &Path, n: u32, sender: SenderMode, broadcast: Broadcast) -> Vec<Node> {
+    let sizes: Vec<u64> = (0..160u64)
+        .map(|i| {
+            if i % 29 == 5 {
+                0
+            } else {
+                300 + (i * 2903) % 15000
+            }
+        })
+        .collect();
+    let mut ns: Vec<Node> = nodes(dir, n, 0.6, &sizes)
+        .into_iter()
+        .map(|n| n.with_modes(sender, broadcast))
+        .collect();
+    if sender == SenderMode::Extra {
+        let x = extra_rank(dir, &ns);
+        ns.push(x);
+    }
+    ns
+}
+
+/// Every node received every sample it needed byte-exact and journaled, nothing refused.
+fn check_delivered(ns: &[Node], out: &[Outcome], epoch: u64) {
+    let t = ns[0].transition(epoch, &[]).unwrap();
+    for (i, n) in ns.iter().enumerate().filter(|(_, n)| !n.is_extra()) {
+        let o = &out[i];
+        assert_eq!((o.got.rejected, o.missing), (0, 0), "node {i}: {o:?}");
+        let wanted = &t.nodes[i].peer;
+        assert_eq!(o.got.samples as usize, wanted.len());
+        let j = read_journal(
+            &n.spec
+                .slots
+                .join(format!("{}.journal", inbox_of_epoch(epoch))),
+        );
+        assert!(j.complete);
+        for &(id, _) in wanted {
+            let bytes = std::fs::read(inbox_file(n, epoch, id)).unwrap();
+            assert_eq!(
+                bytes,
+                content(id, n.catalog.size(id)),
+                "sample {id} at node {i}"
+            );
+            assert_eq!(j.staged[&id], crc32fast::hash(&bytes));
+        }
+    }
 }
 
 #[test]
@@ -502,4 +594,237 @@ fn held_samples_stay_within_their_cap_and_unreadable_ones_say_so() {
     let other = (0..40).find(|id| !mine.contains(id)).unwrap();
     assert!(!held.load(&[other]));
     assert!(held.sample(other).is_none());
+}
+
+/// For each packet of `plan`, its payload and its receivers.
+fn packet_groups(plan: &CodedPlan) -> impl Iterator<Item = (u64, u32)> + '_ {
+    (0..plan.coded.packets.len()).map(|p| {
+        (
+            plan.payload_len(p) as u64,
+            plan.coded.packets[p].entries.len() as u32,
+        )
+    })
+}
+
+#[test]
+fn scatter_then_ring_delivers_byte_exact_with_the_models_counts() {
+    for sender in [SenderMode::Peers, SenderMode::Extra] {
+        let dir = tempfile::tempdir().unwrap();
+        let ns = ranks(dir.path(), 4, sender, Broadcast::Ring);
+        // Small rounds: several rounds, each with its ring stages.
+        let (plans, out) = run_coded(&ns, 1, 3 * 4096, None, |_, _, _| {});
+        check_delivered(&ns, &out, 1);
+        let plan = &plans[0];
+        assert!(plan.coded.packets.iter().any(|p| p.entries.len() >= 3));
+        // What went on the wire is what `shuffle::wire::scatter_ring` counts, packet by packet:
+        // payload bytes and messages (scatter frames and forwarded parts).
+        let model = packet_groups(plan).fold((0, 0), |(b, m), (len, group)| {
+            let s = shuffle::wire::scatter_ring(len, group);
+            (b + s.wire_bytes, m + s.messages)
+        });
+        let payload: u64 = out.iter().map(|o| o.payload).sum();
+        let frames: u64 = out.iter().map(|o| o.frames).sum();
+        assert_eq!((payload, frames), model, "{sender:?}");
+        // A sender's port carries each packet once; the receivers forward the rest.
+        let sent_by_senders: u64 = packet_groups(plan).map(|(len, _)| len).sum();
+        let forwarded: u64 = packet_groups(plan)
+            .map(|(len, m)| len * u64::from(m - 1))
+            .sum();
+        assert_eq!(payload, sent_by_senders + forwarded);
+        if sender == SenderMode::Extra {
+            let x = &out[4];
+            assert_eq!(x.payload, sent_by_senders, "the extra rank only scatters");
+            assert!(out[..4].iter().all(|o| o.packets == 0));
+        }
+    }
+}
+
+#[test]
+fn direct_sending_counts_each_packet_once_per_receiver() {
+    let dir = tempfile::tempdir().unwrap();
+    let ns = ranks(dir.path(), 4, SenderMode::Peers, Broadcast::Direct);
+    let (plans, out) = run_coded(&ns, 1, 3 * 4096, None, |_, _, _| {});
+    check_delivered(&ns, &out, 1);
+    let (bytes, frames) = packet_groups(&plans[0]).fold((0, 0), |(b, f), (len, m)| {
+        (b + len * u64::from(m), f + u64::from(m))
+    });
+    let payload: u64 = out.iter().map(|o| o.payload).sum();
+    let sent: u64 = out.iter().map(|o| o.frames).sum();
+    assert_eq!((payload, sent), (bytes, frames));
+}
+
+#[test]
+fn the_extra_rank_reads_every_operand_from_the_tier_and_the_nodes_only_receive() {
+    for broadcast in [Broadcast::Direct, Broadcast::Ring] {
+        let dir = tempfile::tempdir().unwrap();
+        let ns = ranks(dir.path(), 3, SenderMode::Extra, broadcast);
+        assert!(ns[3].is_extra() && ns[3].spec.rank == 3 && ns[3].ranks() == 4);
+        let (plans, out) = run_coded(&ns, 1, 3 * 4096, None, |_, _, _| {});
+        check_delivered(&ns, &out, 1);
+        let plan = &plans[0];
+        assert!(plan.senders.iter().all(|&s| s == 3));
+        // The extra rank's carpool: no common holder needed, so no more packets than peers'.
+        let peers = ranks(&dir.path().join("p"), 3, SenderMode::Peers, broadcast);
+        let t = peers[0].transition(1, &[]).unwrap();
+        assert!(
+            plan.coded.packets.len() <= peers[0].coded_plan(1, &t).unwrap().coded.packets.len()
+        );
+        // Each operand read once from the tier: the model's tier bytes.
+        let model = shuffle::wire::coded_extra(
+            &plan.coded,
+            &plan.demands,
+            3,
+            shuffle::wire::Fanout::Receivers,
+        )
+        .unwrap();
+        assert_eq!(out[3].tier, model.tier_bytes);
+        assert!(out[..3].iter().all(|o| o.tier == 0 && o.packets == 0));
+        assert_eq!(out[3].packets as usize, plan.coded.packets.len());
+    }
+}
+
+#[test]
+fn the_extra_rank_sends_uncoded_samples_from_the_tier_and_refuses_a_changed_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let ns = ranks(dir.path(), 3, SenderMode::Extra, Broadcast::Direct);
+    let t = ns[0].transition(1, &[]).unwrap();
+    // The nodes send nothing; every sample a node gets from a peer comes from rank 3.
+    assert!(ns[..3]
+        .iter()
+        .all(|n| n.outgoing(&t).iter().all(Vec::is_empty)));
+    let lists = ns[3].outgoing(&t);
+    assert_eq!(lists.len(), 4);
+    for (i, n) in ns[..3].iter().enumerate() {
+        let want: Vec<u32> = t.nodes[i].peer.iter().map(|&(s, _)| s).collect();
+        assert_eq!(lists[i], want);
+        assert!(n.expected(&t).values().all(|&f| f == 3));
+    }
+    // A sample changed at the source after the catalog: sent as missing, its receiver
+    // leaves it to its daemon, the rest arrives.
+    let changed = lists[0][0];
+    assert!(ns[3].catalog.size(changed) > 0);
+    let path = dir.path().join("tier").join(ns[3].catalog.path(changed));
+    std::fs::write(&path, b"changed").unwrap();
+    let mut inboxes: Vec<Inbox> = ns[..3].iter().map(|n| open_inbox(n, 1)).collect();
+    let mut out = Outbox::new(&ns[3], 1, lists.clone()).corrupt_first();
+    let mut got = [Accepted::default(); 3];
+    while !out.done() {
+        for (to, part) in out.round(8192).into_iter().enumerate() {
+            if !part.is_empty() {
+                got[to] += inboxes[to].accept(&ns[to], 3, &part).unwrap();
+            }
+        }
+    }
+    // One refused for the change, and for the injected corruption the first sample to each
+    // node unless it has no bytes to flip (node 0's first is the changed one, sent as
+    // missing; an empty sample).
+    let corrupted = lists[..3]
+        .iter()
+        .filter(|l| l[0] != changed && ns[3].catalog.size(l[0]) > 0)
+        .count();
+    assert!(corrupted >= 1);
+    let rejected: usize = got.iter().map(|g| g.rejected as usize).sum();
+    assert_eq!(rejected, 1 + corrupted);
+    let sent: usize = lists.iter().map(Vec::len).sum();
+    assert_eq!(
+        got.iter().map(|g| g.samples as usize).sum::<usize>(),
+        sent - rejected
+    );
+    // Each distinct sample read once (the changed one not at all).
+    let mut distinct: Vec<u32> = lists.iter().flatten().copied().collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let bytes: u64 = distinct
+        .iter()
+        .filter(|&&s| s != changed)
+        .map(|&s| ns[3].catalog.size(s))
+        .sum();
+    assert_eq!(out.tier_bytes(), bytes);
+    for (n, inbox) in ns[..3].iter().zip(inboxes) {
+        assert_eq!(inbox.missing(), got[n.spec.rank as usize].rejected as usize);
+    }
+}
+
+#[test]
+fn a_corrupted_ring_part_fails_every_receiver_of_its_packet_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let ns = ranks(dir.path(), 3, SenderMode::Extra, Broadcast::Ring);
+    let t = ns[0].transition(1, &[]).unwrap();
+    let moved: usize = t.nodes.iter().map(|p| p.peer.len()).sum();
+    let (_, out) = run_coded(&ns, 1, 3 * 4096, Some(3), |_, _, _| {});
+    let rejected: usize = out.iter().map(|o| o.got.rejected as usize).sum();
+    // The extra rank corrupted its first part to each of 3 nodes: each corrupted part reaches
+    // every receiver of its packet, whose samples then fail their CRC.
+    assert!((3..=3 * 3).contains(&rejected), "{out:?}");
+    assert_eq!(out.iter().map(|o| o.missing).sum::<usize>(), rejected);
+    assert_eq!(
+        out.iter().map(|o| o.got.samples as usize).sum::<usize>(),
+        moved - rejected
+    );
+    // A part from a rank that is not the ring's predecessor is refused, and not forwarded.
+    let plan = ns[0].coded_plan(1, &t).unwrap();
+    let (p, packet) = plan
+        .coded
+        .packets
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.entries.len() == 3)
+        .unwrap();
+    let members: Vec<u32> = packet
+        .entries
+        .iter()
+        .map(|e| plan.demands[e.demand as usize].receiver)
+        .collect();
+    let me = members[0];
+    let not_pred = members[1];
+    let len = plan.payload_len(p);
+    let n = shuffle::wire::parts(len as u64, 3).nth(2).unwrap() as u32;
+    let mut frame = Vec::new();
+    for w in [p as u32, 2, n, 0] {
+        frame.extend_from_slice(&w.to_le_bytes());
+    }
+    frame.resize(RING_HEADER + n as usize, 7);
+    let node = &ns[me as usize];
+    let mut d = Decoder::new(node, &plan);
+    let mut inbox = node.inbox(1, HashMap::new()).unwrap();
+    let got = d.accept(&mut inbox, not_pred, &frame).unwrap();
+    assert_eq!(got.rejected, 1);
+    assert!(!d.has_forwards());
+    // From the predecessor it is taken and passed on (it has one hop left).
+    let got = d.accept(&mut inbox, members[2], &frame).unwrap();
+    assert_eq!(got.rejected, 0);
+    assert!(d.has_forwards());
+    // Cut short: an error naming the sender.
+    let e = d
+        .accept(&mut inbox, members[2], &frame[..frame.len() - 1])
+        .unwrap_err();
+    assert!(
+        e.to_string().contains(&format!("rank {}", members[2])),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_extra_rank_refuses_a_spec_or_catalog_it_cannot_trust() {
+    let dir = tempfile::tempdir().unwrap();
+    let ns = nodes(dir.path(), 2, 0.0, &mixed_sizes());
+    let spec = std::fs::read(ns[0].spec.slots.parent().unwrap().join(SPEC_FILE)).unwrap();
+    let cat = std::fs::read(&ns[0].spec.catalog).unwrap();
+    let tier = dir.path().join("tier");
+    std::fs::create_dir_all(&tier).unwrap();
+    let e = Node::extra(&spec, &cat[..cat.len() / 2], &tier)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("rank 0's catalog"), "{e}");
+    let other = String::from_utf8(spec.clone())
+        .unwrap()
+        .replace("\"v\":1", "\"v\":9");
+    let e = Node::extra(other.as_bytes(), &cat, &tier).err().unwrap();
+    assert!(e.to_string().contains("version 9"), "{e}");
+    let e = Node::extra(&spec, &cat, &dir.path().join("nowhere"))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("not a directory"), "{e}");
+    let x = Node::extra(&spec, &cat, &tier).unwrap();
+    assert!(x.is_extra() && x.spec.rank == 2 && x.sender == SenderMode::Extra);
 }

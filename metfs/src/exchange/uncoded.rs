@@ -1,5 +1,6 @@
 //! The uncoded exchange: each sample a peer needs is sent whole by the one node the transition
-//! names, read from its slot of epoch `t − 1`.
+//! names, read from its slot of epoch `t − 1`; in extra mode by the extra rank, read from the
+//! tier (the paper's uncoded scheme, §2.1).
 //!
 //! # Frames
 //!
@@ -21,8 +22,9 @@ pub struct Outbox<'a> {
     /// For each rank, how many of them have been sent.
     cursor: Vec<usize>,
     corrupt: bool,
-    /// Samples sent so far.
+    /// Samples sent so far, and their bytes (headers left out).
     pub samples: u64,
+    pub bytes: u64,
 }
 
 impl<'a> Outbox<'a> {
@@ -32,11 +34,20 @@ impl<'a> Outbox<'a> {
         let cursor = vec![0; lists.len()];
         Self {
             node,
-            held: Held::open(node, epoch.saturating_sub(1), 0),
+            held: Held::open(
+                node,
+                epoch.saturating_sub(1),
+                if node.is_extra() {
+                    Held::DEFAULT_CAP
+                } else {
+                    0
+                },
+            ),
             lists,
             cursor,
             corrupt: false,
             samples: 0,
+            bytes: 0,
         }
     }
 
@@ -63,6 +74,7 @@ impl<'a> Outbox<'a> {
                         part.extend_from_slice(&(b.len() as u64).to_le_bytes());
                         part.extend_from_slice(&crc.to_le_bytes());
                         part.extend_from_slice(&b);
+                        self.bytes += b.len() as u64;
                     }
                     None => {
                         part.extend_from_slice(&u64::MAX.to_le_bytes());
@@ -83,6 +95,11 @@ impl<'a> Outbox<'a> {
             }
         }
         parts
+    }
+
+    /// Bytes read from the tier (the extra rank).
+    pub fn tier_bytes(&self) -> u64 {
+        self.held.tier_bytes()
     }
 
     /// Whether everything has been sent.

@@ -29,8 +29,15 @@ impl Catalog {
                 path: path.display().to_string(),
                 source,
             })?;
+        Self::from_bytes(&buf, &path.display().to_string())
+    }
+
+    /// Reads the bytes of a file written by [`Catalog::save`] (received rather than read, as
+    /// `metfs-shuffle`'s extra rank receives rank 0's), with the same checks as
+    /// [`Catalog::load`]; `name` says where they came from in errors.
+    pub fn from_bytes(buf: &[u8], name: &str) -> Result<Self, CatalogError> {
         let corrupt = |reason: String| CatalogError::Corrupt {
-            path: path.display().to_string(),
+            path: name.to_string(),
             reason,
         };
         if buf.len() < MAGIC.len() || &buf[..MAGIC.len()] != MAGIC {
