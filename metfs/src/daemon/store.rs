@@ -29,6 +29,14 @@
 //! ([`Store::retire_slot`], [`Store::wait_unheld`]). A dataset that fits the budget but not one
 //! slot is then read from the tier in its first epoch only.
 //!
+//! On a shared mount every retired slot is held (up to a count), and each staging makes its own
+//! room ([`Store::room_for`]): it deletes single samples of held slots no view reads any more,
+//! in RefCnt's order (paper 004: the fewest jobs still need it this epoch, then the oldest
+//! slot's), and lets whole slots go only when that is not enough. A trimmed sample leaves the
+//! book at once but counts as taking space until its files are deleted ([`Trim`]), so the
+//! budget holds at every instant; a held slot's journal may then list files it no longer
+//! has, which the stager's donor check passes over.
+//!
 //! Locking. The book is behind the store's own lock, taken only inside these methods and
 //! never while waiting for anything; the daemon may hold its sessions' lock when it calls
 //! them (sessions lock, then store lock; never the other way).
