@@ -1,6 +1,6 @@
 """Aggregate-cache mode's exchange on the wire: uncoded against UberShuffle's coded packets
 (`--shuffle-code uberShuffle`, peers mode: the holders send, each packet directly to each of
-its receivers). Four daemons with real mounts on this machine and `mpirun -np 4 metfs-shuffle`,
+its receivers, `--broadcast direct`). Four daemons with real mounts on this machine and `mpirun -np 4 metfs-shuffle`,
 one run per code and per cache size α, the fraction of the dataset a node holds:
 α = 1/n + p(1 − 1/n), so each run mounts with `--shuffle-extra p = (α − 1/n)/(1 − 1/n)`, for
 α = 1/4 (p = 0), 0.5 and 0.75. Each node's trainer is a separate process using the real client
@@ -22,7 +22,22 @@ reports):
   which holds everything, `E[1/(K + 2)]` with `K ~ Bin(n − 2, p)` (`shuffle::theory::coded_ratio`;
   the script checks it against Theorem 1 as printed for p > 0).
 
-usage: python3 benches/aggregate_wire.py [--files 480] [--epochs 3] [--seed 7]
+Then (`--table modes`, or `both`, the default) who sends and how coded packets travel, side by
+side at α = 0.5 and 0.75: the holders (`--sender peers`, `mpirun -np 4`) or the paper's extra
+rank (`--sender extra`, `mpirun -np 5`: it reads what it sends from the tier), and coded
+packets sent whole to each receiver (`--broadcast direct`) or by scatter-then-ring (`ring`,
+Theorem 3). Per exchange (mean over the exchanges), all ranks together:
+
+* `wire MiB`: bytes put on the wire, headers included; `payload MiB`: the frames' payload
+  (what `shuffle::wire` counts; a unit test checks the ring's counts against its model);
+* `messages`: MPI messages (one per pair and stage with something to send); `frames`: samples,
+  whole packets to one receiver, or packet parts (forwarded ones included);
+* `busiest port MiB`: the largest of any rank's bytes sent and received (an exchange takes at
+  least that long at link bandwidth), and that rank (`x` for the extra rank);
+* `tier MiB`: what the extra rank read from the tier; `stages`: ring stages;
+* `secs`: the slowest rank's time per exchange (every rank on this one machine).
+
+usage: python3 benches/aggregate_wire.py [--files 480] [--epochs 3] [--seed 7] [--table codes|modes|both]
 """
 
 from __future__ import annotations
@@ -88,7 +103,7 @@ def theorem1_as_printed(n: int, p: float) -> float:
     return rc / ((1 - 1 / n) * r)
 
 
-def run(code: str, p: float, src: Path, work: Path, a: argparse.Namespace) -> dict[str, Any]:
+def run(code: str, p: float, src: Path, work: Path, a: argparse.Namespace, flags: tuple[str, ...] = ()) -> dict[str, Any]:
     args = ["--budget", "96MiB", "--nodes", str(NODES), "--rf", "1", "--rf-policy", "fixed", "--seed", str(a.seed),
             "--history", str(work / "h.json"), "--aggregate", "--shuffle-extra", f"{p:.6f}", "--shuffle-code", code,
             "--shuffle-timeout-secs", "300"]
@@ -109,7 +124,8 @@ def run(code: str, p: float, src: Path, work: Path, a: argparse.Namespace) -> di
         first = [m.status()["tier_bytes_read"] for m in mounts]
         shuffle = str(Path(metfs_bin()).with_name("metfs-shuffle"))
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
-        ex = subprocess.Popen(["mpirun", "-np", str(NODES), shuffle, "--cache", str(work / "n%r" / "cache"), "--epochs", str(a.epochs)],
+        ranks = NODES + ("extra" in flags)
+        ex = subprocess.Popen(["mpirun", "-np", str(ranks), shuffle, "--cache", str(work / "n%r" / "cache"), "--epochs", str(a.epochs), *flags],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
         procs = [subprocess.Popen([sys.executable, "-c", TRAINER, m.socket, str(a.epochs)], env=env) for m in mounts]
@@ -120,8 +136,11 @@ def run(code: str, p: float, src: Path, work: Path, a: argparse.Namespace) -> di
         if ex.returncode != 0:
             raise SystemExit(f"metfs-shuffle failed: {err[-2000:]}")
         rep = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        if len(rep) != NODES * a.epochs or any(r["rejected"] or r["missing"] or r["code"] != code for r in rep):
+        if len(rep) != ranks * a.epochs or any(r["rejected"] or r["missing"] or r["code"] != code for r in rep):
             raise SystemExit(f"an exchange did not bring everything: {rep}")
+        # Each exchange's busiest port: the largest of any rank's bytes sent and received.
+        ports = [max((max(r["sent_bytes"], r["recv_bytes"]), r["rank"]) for r in rep if r["epoch"] == e)
+                 for e in sorted({r["epoch"] for r in rep})]
         later = sum(m.status()["tier_bytes_read"] for m in mounts) - sum(first)
         if later:
             raise SystemExit(f"{later} tier bytes after epoch 0 ({code}, p {p})")
@@ -135,6 +154,14 @@ def run(code: str, p: float, src: Path, work: Path, a: argparse.Namespace) -> di
             "samples": sum(r["received_samples"] for r in rep) / k,
             "plan_secs": max(r["plan_secs"] for r in rep),
             "secs": max(r["secs"] for r in rep),
+            "payload": sum(r["payload_bytes"] for r in rep) / k,
+            "messages": sum(r["messages"] for r in rep) / k,
+            "frames": sum(r["frames"] for r in rep) / k,
+            "port": sum(b for b, _ in ports) / k,
+            "port_rank": max(set(r for _, r in ports), key=[r for _, r in ports].count),
+            "tier": sum(r["tier_bytes"] for r in rep) / k,
+            "stages": sum(r["stages"] for r in rep) / k,
+            "exchange_secs": sum(max(r["secs"] for r in rep if r["epoch"] == e) for e in {r["epoch"] for r in rep}) / k,
         }
     finally:
         if ex is not None and ex.poll() is None:
@@ -146,19 +173,46 @@ def run(code: str, p: float, src: Path, work: Path, a: argparse.Namespace) -> di
                 pass
 
 
+# (code, --sender, --broadcast) side by side in the modes table.
+MODES = [("uncoded", "peers", "direct"), ("uncoded", "extra", "direct"), ("uberShuffle", "peers", "direct"),
+         ("uberShuffle", "peers", "ring"), ("uberShuffle", "extra", "direct"), ("uberShuffle", "extra", "ring")]
+
+
+def modes_table(src: Path, tmp: Path, a: argparse.Namespace) -> None:
+    mib = 2**20
+    print("| α | code | sender | broadcast | wire MiB | payload MiB | messages | frames | busiest port MiB (rank) | tier MiB | stages | secs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for alpha in (0.5, 0.75):
+        p = (alpha - 1 / NODES) / (1 - 1 / NODES)
+        for code, sender, broadcast in MODES:
+            work = tmp / f"{code}-{sender}-{broadcast}-{alpha:.3f}"
+            work.mkdir()
+            r = run(code, p, src, work, a, ("--sender", sender, "--broadcast", broadcast))
+            rank = "x" if r["port_rank"] == NODES else str(r["port_rank"])
+            print(f"| {alpha:.3f} | {code} | {sender} | {broadcast} | {r['wire'] / mib:.2f} | {r['payload'] / mib:.2f} | {r['messages']:.0f} "
+                  f"| {r['frames']:.0f} | {r['port'] / mib:.2f} ({rank}) | {r['tier'] / mib:.2f} | {r['stages']:.0f} | {r['exchange_secs']:.3f} |",
+                  flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=480)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--table", choices=("codes", "modes", "both"), default="both")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="metfs-wire-") as t:
         tmp = Path(t)
         src = tmp / "tier"
         total = make_dataset(src, a.files)
         print(f"dataset {a.files} files of 16-112 KiB ({total / 2**20:.1f} MiB), {NODES} nodes, "
-              f"{a.epochs} exchanges per run, one run per code and α; per exchange, all nodes")
+              f"{a.epochs} exchanges per run; per exchange, all ranks")
         print()
+        if a.table != "codes":
+            modes_table(src, tmp, a)
+            print()
+        if a.table == "modes":
+            return
         print("| α | p | α held | uncoded MiB | coded MiB | coded/uncoded | broadcast MiB | blocks | packets | packets/blocks | Theorem 1 | plan s |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for alpha in (1 / NODES, 0.5, 0.75):
@@ -169,7 +223,7 @@ def main() -> None:
             for code in ("uncoded", "uberShuffle"):
                 work = tmp / f"{code}-{alpha:.3f}"
                 work.mkdir()
-                got[code] = run(code, p, src, work, a)
+                got[code] = run(code, p, src, work, a, ("--broadcast", "direct"))
             u, c = got["uncoded"], got["uberShuffle"]
             held = c["first"] / NODES / total
             mib = 2**20

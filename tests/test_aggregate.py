@@ -192,10 +192,16 @@ def test_coded_packets_reshuffle_the_nodes_byte_exact(mounts: Callable[..., Moun
 # Who sends (`--sender`) and how coded packets travel (`--broadcast`), beside the defaults.
 EXTRA = ("--sender", "extra")
 RING = ("--broadcast", "ring")
+DIRECT = ("--broadcast", "direct")
+
+
+def is_ring(code: str, flags: tuple[str, ...]) -> bool:
+    """Whether coded packets go by scatter-then-ring (the default)."""
+    return code == "uberShuffle" and DIRECT[1] not in flags
 
 
 @pytest.mark.parametrize("code,flags", [
-    ("uncoded", ()), ("uberShuffle", ()), ("uncoded", EXTRA), ("uberShuffle", EXTRA), ("uberShuffle", RING),
+    ("uncoded", ()), ("uberShuffle", DIRECT), ("uncoded", EXTRA), ("uberShuffle", EXTRA + DIRECT), ("uberShuffle", ()),
     ("uberShuffle", EXTRA + RING),
 ], ids=["uncoded", "coded", "uncoded-extra", "coded-extra", "coded-ring", "coded-extra-ring"])
 def test_a_corrupted_sample_is_caught_and_fetched_from_the_tier(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any, code: str,
@@ -220,13 +226,13 @@ def test_a_corrupted_sample_is_caught_and_fetched_from_the_tier(mounts: Callable
     else:
         # The sample its receiver decodes from a corrupted packet fails its CRC; a corrupted
         # ring part reaches every receiver of its packet.
-        assert 0 < rejected <= frames * (NODES if RING[1] in flags else 1), rep
+        assert 0 < rejected <= frames * (NODES if is_ring(code, flags) else 1), rep
     assert sum(r["missing"] for r in rep) == rejected, rep
     tier = sum(m.status()["tier_bytes_read"] for m in c.nodes)
     assert first < tier < first + rejected * (20 << 10), (tier, first, rejected)
 
 
-@pytest.mark.parametrize("code,flags", [("uncoded", EXTRA), ("uberShuffle", EXTRA), ("uberShuffle", RING), ("uberShuffle", EXTRA + RING)],
+@pytest.mark.parametrize("code,flags", [("uncoded", EXTRA), ("uberShuffle", EXTRA + DIRECT), ("uberShuffle", ()), ("uberShuffle", EXTRA)],
                          ids=["uncoded-extra", "coded-extra", "coded-ring", "coded-extra-ring"])
 def test_the_extra_rank_and_the_ring_reshuffle_the_nodes_byte_exact(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any,
                                                                    code: str, flags: tuple[str, ...]) -> None:
@@ -235,7 +241,7 @@ def test_the_extra_rank_and_the_ring_reshuffle_the_nodes_byte_exact(mounts: Call
     epochs, and the daemons read the tier in epoch 0 only."""
     src, digests, dpath = dataset
     coded = code == "uberShuffle"
-    extra, ring = flags[:2] == EXTRA, RING[1] in flags
+    extra, ring = flags[:2] == EXTRA, is_ring(code, flags)
     c = Cluster(mounts, tmp_path, src, args=CODED if coded else ())
     c.mount()
     first = c.epoch0_tier_bytes()
@@ -248,7 +254,7 @@ def test_the_extra_rank_and_the_ring_reshuffle_the_nodes_byte_exact(mounts: Call
     rep = reports(out)
     ranks = NODES + extra
     assert len(rep) == 3 * ranks, rep
-    assert all(r["sender"] == ("extra" if extra else "peers") and r["broadcast"] == ("ring" if ring else "direct") for r in rep)
+    assert all(r["sender"] == ("extra" if extra else "peers") and r["broadcast"] == ("direct" if DIRECT[1] in flags else "ring") for r in rep)
     nodes = [r for r in rep if r["rank"] < NODES]
     assert all(r["rejected"] == 0 and r["missing"] == 0 and r["code"] == code for r in nodes), nodes
     received = sum(r["received_bytes"] for r in nodes)

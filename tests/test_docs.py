@@ -268,10 +268,24 @@ def test_documented_invocations_exist():
     assert len(found) >= 10, found
 
 
+@lru_cache(maxsize=None)
+def shuffle_options() -> frozenset[str]:
+    """The flags of `metfs-shuffle --help` (aggregate mode's MPI exchange, built with the `mpi`
+    feature beside the metfs binary; the test command builds it)."""
+    exe = Path(metfs_bin()).with_name("metfs-shuffle")
+    if not exe.exists():
+        subprocess.run(["cargo", "build", "-q", "-p", "metfs", "--features", "mpi", "--bin", "metfs-shuffle"], cwd=ROOT, check=True)
+    r = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return frozenset(re.findall(r"(?m)^\s+(?:-\w, )?(--[a-z0-9][a-z0-9-]*)", r.stdout))
+
+
 def test_readme_flags_exist():
-    """Every `--flag` in README.md's inline code is a flag of some metfs subcommand (the
-    README names flags in prose, e.g. the rf policies' knobs, without the command)."""
-    known = {f for sub in subcommands() - {"help"} for f in options(sub)}
+    """Every `--flag` in README.md's inline code is a flag of some metfs subcommand or of
+    `metfs-shuffle` (the README names flags in prose, e.g. the rf policies' knobs, without the
+    command)."""
+    known = {f for sub in subcommands() - {"help"} for f in options(sub)} | shuffle_options()
+    assert {"--sender", "--broadcast", "--cache"} <= shuffle_options(), shuffle_options()
     spans = re.findall(r"`([^`]+)`", prose(ROOT / "README.md"))
     named = {f for span in spans for f in re.findall(r"(?:^|[\s\[])(--[a-z0-9][a-z0-9-]*)", span)}
     assert len(named) >= 20, named

@@ -21,12 +21,29 @@
 //!   its receivers, which decode their blocks with what they hold and reassemble the samples.
 //!   What the coded plan does not cover (zero-byte samples) goes uncoded.
 //!
+//! # The extra rank
+//!
+//! With [`SenderMode::Extra`] (`metfs-shuffle --sender extra`, the paper's model) the job has
+//! one rank more than nodes, rank `nodes`, which is no node: no daemon, no cache. It is built
+//! from rank 0's spec and catalog ([`Node::extra`], which refuses another spec version or a
+//! catalog whose digest is not the spec's) and reads from the capacity tier (the daemons'
+//! POSIX source) every sample it sends uncoded ([`Node::outgoing`]: everything a node would
+//! get from a peer) or every operand of the coded packets (the carpool for the extra rank,
+//! every packet's sender). The nodes send nothing and expect everything from it
+//! ([`Node::expected`]); what they receive goes through the same checks. What it reads is
+//! the catalogued sample or nothing (the `slot` module docs): a sample changed at the source
+//! is sent as missing and its node's daemon finds out for itself. The transport's flags are
+//! the same on every rank, and part of what the ranks agree on before the first exchange.
+//!
 //! # Rounds
 //!
 //! The transport is bulk-synchronous: in each round every rank hands every other rank one
 //! part of at most the chunk size ([`uncoded::Outbox::round`], [`coded::Encoder::round`]) and
-//! passes each part it receives to [`Inbox::accept`] or [`coded::Decoder::accept`], until no
-//! rank has anything left. It counts what it puts on the wire ([`ExchangeReport`]).
+//! passes each part it receives to [`Inbox::accept`] or [`coded::Decoder::accept`]; with
+//! [`Broadcast::Ring`] the round is followed by ring stages, each handing on the parts
+//! [`coded::Decoder::forwards`] queued, until no rank has a part to forward; all this until no
+//! rank has anything left. It counts what it puts on the wire and takes off it, frame by
+//! frame and message by message ([`ExchangeReport`]).
 //!
 //! # The inbox
 //!
@@ -121,8 +138,8 @@ pub struct ExchangeReport {
     pub missing: u64,
     /// Messages this node sent (one per peer and stage with something to send).
     pub messages: u64,
-    /// Bytes this node received on the wire, headers included: with [`sent_bytes`]
-    /// (Self::sent_bytes), its port's load.
+    /// Bytes this node received on the wire, headers included: with
+    /// [`sent_bytes`](Self::sent_bytes), its port's load.
     pub recv_bytes: u64,
     /// Frames this node sent: uncoded samples, coded packets to one receiver each (direct),
     /// or parts of packets (scatter-then-ring, forwarded parts included). With

@@ -14,9 +14,9 @@
 //!   0's spec and catalog over MPI, reads every sample (uncoded) or operand (coded) it sends
 //!   from the tier (the daemons' POSIX source, or `--tier`), and the nodes only receive.
 //!
-//! Coded packets go `--broadcast direct` (whole, to each receiver) or `ring`
-//! (scatter-then-ring, Theorem 3: after each round's scatter, ring stages, one
-//! `MPI_Alltoallv` each, until no rank has a part to forward). Each node keeps in its inbox
+//! Coded packets go `--broadcast ring` (the default: scatter-then-ring, Theorem 3: after each
+//! round's scatter, ring stages, one `MPI_Alltoallv` each, until no rank has a part to
+//! forward) or `direct` (whole, to each receiver). Each node keeps in its inbox
 //! what it receives, decodes and checks. The logic is `metfs::exchange`; this file is the
 //! transport: it counts the bytes and messages it puts on the wire. One JSON line per epoch
 //! and rank on stdout ([`metfs::exchange::ExchangeReport`]).
@@ -61,9 +61,11 @@ struct Args {
     /// nodes (the last), which reads what it sends from the tier (the paper's model).
     #[arg(long, value_enum, default_value_t = SenderMode::Peers)]
     sender: SenderMode,
-    /// How coded packets reach their receivers: `direct` (whole, to each) or `ring`
-    /// (scatter-then-ring, Theorem 3). docs/BENCHMARKS.md compares them.
-    #[arg(long, value_enum, default_value_t = Broadcast::Direct)]
+    /// How coded packets reach their receivers: `ring` (scatter-then-ring, Theorem 3: the
+    /// sender's port carries each packet once) or `direct` (whole, to each receiver). Ring by
+    /// default: it put 11-15% fewer bytes through the busiest port with peers sending and
+    /// 2.3-2.6x fewer with the extra rank, for the same payload (docs/BENCHMARKS.md).
+    #[arg(long, value_enum, default_value_t = Broadcast::Ring)]
     broadcast: Broadcast,
     /// The extra rank's tier: the daemons' POSIX source as this rank sees it (default: the
     /// source in rank 0's spec).
