@@ -44,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import Mount  # noqa: E402
+from conftest import Mount
 
 JOB = r"""
 import json, sys, time, metfs
@@ -210,7 +210,7 @@ def main() -> None:
                 continue
             if case.startswith("same"):
                 k = int(case[4:])
-                jobs = [(f"j{i}", step, {}) for i in range(k)]
+                jobs: list[tuple[str, float, dict[str, Any]]] = [(f"j{i}", step, {}) for i in range(k)]
                 mans: list[Path | None] = [None] * k
                 ideal = 1.0
             elif case == "slow":
