@@ -374,11 +374,14 @@ impl Daemon {
         let Some(slot) = self.store.claim_eviction(gen) else {
             return;
         };
+        // Nothing reads the view any more (its last handle and kernel reference are gone): its
+        // cached descriptors and backing ids go now, not when the slot is deleted, so that a
+        // sample trimmed from the slot while it is held frees its blocks when it is unlinked.
+        self.fs.retire(gen);
         // A slot held for the next staging goes once that staging has taken its samples.
         self.store
             .wait_unheld(&slot, || self.is_shutting_down())
             .await;
-        self.fs.retire(gen);
         let mut pause = Duration::from_millis(200);
         loop {
             let stager = self.store.stager.clone();

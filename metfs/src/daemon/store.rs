@@ -420,6 +420,15 @@ impl Store {
         };
         let short = after(&b);
         if short <= limit {
+            tracing::debug!(
+                now = self.bytes_with(&b, &[], samples, true),
+                after = short,
+                limit,
+                trimming = b.trimming,
+                stuck = b.trimmed_not_freed(false),
+                held = b.held.len(),
+                "room_for: wait for deletions under way"
+            );
             return Room::Wait;
         }
         let trim = self.trim_held(&mut b, short - limit, &refs);
@@ -444,6 +453,15 @@ impl Store {
                 None => break,
             };
         }
+        tracing::debug!(
+            short,
+            limit,
+            trimmed = trim.as_ref().map(|t| t.samples),
+            released,
+            held = b.held.len(),
+            after = after(&b),
+            "room_for: made room"
+        );
         drop(b);
         if released {
             self.released.notify_waiters();
