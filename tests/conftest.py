@@ -57,8 +57,10 @@ def make_tree(root: Path, n: int = 300, seed: int = 7, max_size: int = 48 * 1024
     return files
 
 
-def footprint(path: Path) -> int:
-    """Bytes a directory tree takes on disk: allocated blocks of every file and directory."""
+def footprint(path: Path, each_file_once: bool = False) -> int:
+    """Bytes a directory tree takes on disk: allocated blocks of every file and directory (with
+    `each_file_once`, a file with several names, hard links, counts once)."""
+    seen: set[tuple[int, int]] = set()
     total = 0
     for dirpath, dirnames, filenames in os.walk(path):
         for name in dirnames + filenames:
@@ -66,6 +68,10 @@ def footprint(path: Path) -> int:
                 st = os.lstat(os.path.join(dirpath, name))
             except FileNotFoundError:
                 continue
+            if each_file_once:
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
             total += st.st_blocks * 512
     return total
 

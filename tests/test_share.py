@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import Mount, rpc, wait_for
+from conftest import Mount, footprint, rpc, wait_for
 from test_dds_mount import make_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,22 +187,6 @@ def test_a_killed_job_is_dropped_after_the_idle_timeout_and_the_others_go_on(sha
     assert sorted(os.listdir(m.mountpoint)) == ["n0", "n1", "n2", "n3"]
 
 
-def distinct_footprint(path: Path) -> int:
-    """Bytes a tree takes on disk, each file once however many names (hard links) it has."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in dirnames + filenames:
-            try:
-                st = os.lstat(os.path.join(dirpath, name))
-            except FileNotFoundError:
-                continue
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
-    return total
-
-
 def test_kept_slots_are_trimmed_sample_by_sample_within_the_budget(mounts: Callable[..., Mount], tmp_path: Path) -> None:
     """Staggered jobs over one store whose budget keeps retired slots: when a staging needs room,
     single samples of kept slots go (RefCnt's order), the budget holds at every sample of the
@@ -219,7 +203,7 @@ def test_kept_slots_are_trimmed_sample_by_sample_within_the_budget(mounts: Calla
 
     def watch() -> None:
         while not stop.is_set():
-            peak[0] = max(peak[0], distinct_footprint(m.cache))
+            peak[0] = max(peak[0], footprint(m.cache, each_file_once=True))
             time.sleep(0.02)
 
     w = threading.Thread(target=watch, daemon=True)

@@ -135,6 +135,15 @@ def test_shared_store_under_readers_outage_and_full_disk(mounts: Any, tmp_path: 
                 # The tier goes away while the jobs switch (each switch stages a view).
                 errors_seen: set[str] = set()
 
+                def note_errors(secs: float) -> None:
+                    # What `status` reports while a fault lasts.
+                    t = time.monotonic()
+                    while time.monotonic() - t < secs:
+                        e = m.status()["last_error"]
+                        if e:
+                            errors_seen.add(e[:200])
+                        time.sleep(0.1)
+
                 def views() -> dict[str, tuple[int, int]]:
                     # Each job's position (jobs between views report no mini-epoch of theirs).
                     return {j["name"]: (j["epoch"], j["mini_epoch"]) for j in m.status()["jobs"] or [] if j["mini_epoch"] < 1 << 31}
@@ -142,12 +151,7 @@ def test_shared_store_under_readers_outage_and_full_disk(mounts: Any, tmp_path: 
                 v0 = views()
                 src.rename(away)
                 try:
-                    t = time.monotonic()
-                    while time.monotonic() - t < OUTAGE_S:
-                        e = m.status()["last_error"]
-                        if e:
-                            errors_seen.add(e[:200])
-                        time.sleep(0.1)
+                    note_errors(OUTAGE_S)
                     v1 = views()
                 finally:
                     away.rename(src)
@@ -161,12 +165,7 @@ def test_shared_store_under_readers_outage_and_full_disk(mounts: Any, tmp_path: 
                 disk_use.paused.set()
                 filled = fill(filler)
                 try:
-                    t = time.monotonic()
-                    while time.monotonic() - t < OUTAGE_S:
-                        e = m.status()["last_error"]
-                        if e:
-                            errors_seen.add(e[:200])
-                        time.sleep(0.1)
+                    note_errors(OUTAGE_S)
                 finally:
                     filler.unlink()
                     disk_use.paused.clear()

@@ -515,25 +515,11 @@ impl<'a> Decoder<'a> {
     ) -> Result<Accepted, ExchangeError> {
         let mut got = Accepted::default();
         while !part.is_empty() {
-            if part.len() < CODED_HEADER {
-                return Err(ExchangeError::Truncated {
-                    from,
-                    have: part.len(),
-                    need: CODED_HEADER,
-                });
-            }
-            let word = |k: usize| u32::from_le_bytes(part[k..k + 4].try_into().expect("4 bytes"));
+            let (head, rest) = super::take(part, CODED_HEADER, from)?;
+            let word = |k: usize| u32::from_le_bytes(head[k..k + 4].try_into().expect("4 bytes"));
             let (p, len, crc) = (word(0), word(4), word(8));
-            part = &part[CODED_HEADER..];
             let body = if len == LOST { 0 } else { len as usize };
-            if part.len() < body {
-                return Err(ExchangeError::Truncated {
-                    from,
-                    have: part.len(),
-                    need: body,
-                });
-            }
-            let (payload, rest) = part.split_at(body);
+            let (payload, rest) = super::take(rest, body, from)?;
             part = rest;
             self.frame(inbox, from, p, len, crc, payload, &mut got)?;
         }
@@ -548,25 +534,12 @@ impl<'a> Decoder<'a> {
     ) -> Result<Accepted, ExchangeError> {
         let mut got = Accepted::default();
         while !part.is_empty() {
-            if part.len() < RING_HEADER {
-                return Err(ExchangeError::Truncated {
-                    from,
-                    have: part.len(),
-                    need: RING_HEADER,
-                });
-            }
-            let word = |k: usize| u32::from_le_bytes(part[k..k + 4].try_into().expect("4 bytes"));
+            let (head, rest) = super::take(part, RING_HEADER, from)?;
+            let word = |k: usize| u32::from_le_bytes(head[k..k + 4].try_into().expect("4 bytes"));
             let (p, k, n, crc) = (word(0), word(4), word(8), word(12));
             let body = if n == LOST { 0 } else { n as usize };
-            if part.len() - RING_HEADER < body {
-                return Err(ExchangeError::Truncated {
-                    from,
-                    have: part.len() - RING_HEADER,
-                    need: body,
-                });
-            }
-            let bytes = &part[RING_HEADER..RING_HEADER + body];
-            part = &part[RING_HEADER + body..];
+            let (bytes, rest) = super::take(rest, body, from)?;
+            part = rest;
             self.ring_frame(inbox, from, p, k, n, crc, bytes, &mut got)?;
         }
         Ok(got)

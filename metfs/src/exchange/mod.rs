@@ -167,6 +167,18 @@ pub struct ExchangeReport {
     pub secs: f64,
 }
 
+/// Splits `need` bytes off the front of what rank `from` sent, or says the frame is cut short.
+fn take(buf: &[u8], need: usize, from: u32) -> Result<(&[u8], &[u8]), ExchangeError> {
+    if buf.len() < need {
+        return Err(ExchangeError::Truncated {
+            from,
+            have: buf.len(),
+            need,
+        });
+    }
+    Ok(buf.split_at(need))
+}
+
 /// Who sends what the nodes need (`metfs-shuffle --sender`).
 #[derive(
     Debug,
