@@ -142,6 +142,41 @@ def test_umount_and_mount_resume_without_refetching(mounts, dataset, make_tier):
     assert view and all(files[k] == v for k, v in view.items())
 
 
+@pytest.mark.parametrize("how", ["fusermount3 -u", "umount -l"])
+def test_an_unmount_from_outside_ends_the_daemon(mounts, dataset, how):
+    """`fusermount3 -u` (a user) or `umount -l` (an admin, an epilog) ends the mount without
+    the daemon's socket: the daemon must still exit and free its cache for the next mount,
+    not linger holding the cache's lock."""
+    if how.startswith("umount") and os.geteuid() != 0:
+        pytest.skip("umount needs root")
+    src, files = dataset
+    m = mounts(src, "6MiB", "--rf", "1")
+    m.mount()
+    m.wait_next_ready()
+    before = m.status()
+    pid = m.pid()
+    name = sorted(m.files()["files"])[0]
+    if how == "umount -l":
+        # Detached, not gone: a file open in it is still served until it is closed.
+        with open(m.mountpoint / name, "rb") as fh:
+            subprocess.run(["umount", "-l", str(m.mountpoint)], check=True)
+            assert not is_mounted(m.mountpoint)
+            time.sleep(0.5)
+            assert Path(f"/proc/{pid}").exists(), "the daemon serves the open file"
+            assert fh.read() == files[name]
+    else:
+        subprocess.run(["fusermount3", "-u", str(m.mountpoint)], check=True)
+        assert not is_mounted(m.mountpoint)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), what="the daemon to exit")
+    assert "unmounted from outside" in m.log()
+    assert not Path(m.socket).exists()
+    m.mount()
+    after = m.status()
+    assert (after["epoch"], after["mini_epoch"]) == (before["epoch"], before["mini_epoch"])
+    view = read_view(m.mountpoint)
+    assert view and all(files[k] == v for k, v in view.items())
+
+
 def footprint_once(path: Path) -> int:
     """Bytes the files under `path` take on disk, each inode once (a hard link is one file)."""
     seen: set[int] = set()

@@ -129,6 +129,8 @@ pub struct FuseAdapter {
     core: Arc<FsCore>,
     /// The read path in use, shared with the daemon, which reports it.
     path: Arc<ActiveReadPath>,
+    /// Called once when the session ends, whoever ended it.
+    on_end: Option<Box<dyn FnOnce() + Send + Sync>>,
     uid: u32,
     gid: u32,
 }
@@ -143,9 +145,16 @@ impl FuseAdapter {
         Self {
             core,
             path,
+            on_end: None,
             uid,
             gid,
         }
+    }
+
+    /// Calls `f` once the session has ended: after an unmount by the daemon, and also after
+    /// one from outside (`umount`, `fusermount3 -u`), which the daemon learns of only so.
+    pub fn on_session_end(&mut self, f: impl FnOnce() + Send + Sync + 'static) {
+        self.on_end = Some(Box::new(f));
     }
 
     /// The attributes the kernel sees: the source's mode without write bits, owner and times
@@ -252,6 +261,12 @@ impl Filesystem for FuseAdapter {
             tracing::info!("kernel does not offer READDIRPLUS; each file costs one lookup");
         }
         Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Some(f) = self.on_end.take() {
+            f();
+        }
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {

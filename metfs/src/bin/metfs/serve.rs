@@ -70,7 +70,10 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
         let fs = daemon.fs();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         fs.set_drained_sender(tx);
-        let adapter = fuse::FuseAdapter::new(fs, daemon.active_read_path());
+        let mut adapter = fuse::FuseAdapter::new(fs, daemon.active_read_path());
+        let ended = Arc::new(tokio::sync::Notify::new());
+        let on_end = ended.clone();
+        adapter.on_session_end(move || on_end.notify_one());
         let mut fcfg = fuser::Config::default();
         fcfg.mount_options = vec![
             fuser::MountOption::FSName("metfs".into()),
@@ -108,9 +111,9 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
         tokio::spawn(daemon.clone().stager_loop());
         tokio::spawn(daemon.clone().drain_loop(rx));
         tokio::spawn(daemon.clone().monitor_loop());
-        anyhow::Ok((daemon, session, lock))
+        anyhow::Ok((daemon, session, lock, ended))
     };
-    let (daemon, session, _lock) = match setup.await {
+    let (daemon, session, _lock, ended) = match setup.await {
         Ok(x) => x,
         Err(e) => {
             tracing::error!("{}", message(&e));
@@ -129,25 +132,43 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
     );
     mount::signal_ready(ready_fd, Ok(()));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut unmounted = false;
     tokio::select! {
         _ = daemon.shutdown.notified() => {}
         _ = term.recv() => tracing::info!("SIGTERM"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+        _ = ended.notified() => {
+            tracing::warn!("unmounted from outside (umount or fusermount3 -u)");
+            unmounted = true;
+        }
     }
-    shutdown(daemon, session, &mountpoint).await;
+    shutdown(daemon, session, &mountpoint, unmounted).await;
     Ok(())
 }
 
+/// Ends the daemon. `unmounted`: the kernel has already ended the session (an unmount from
+/// outside), so there is nothing to unmount.
 async fn shutdown(
     daemon: Arc<daemon::Daemon>,
-    session: fuser::BackgroundSession,
+    mut session: fuser::BackgroundSession,
     mp: &std::path::Path,
+    unmounted: bool,
 ) {
     tracing::info!("shutting down; the cache is kept for a later mount");
     daemon.begin_shutdown();
     daemon.persist();
     let _ = std::fs::remove_file(&daemon.cfg.socket);
     mount::unregister(mp);
+    if unmounted {
+        // The mountpoint may already hold another mount, which the session's own unmount (on
+        // join or drop) would take away: only the session's thread is joined, and the session
+        // is let go without its drop.
+        let guard = std::mem::replace(&mut session.guard, std::thread::spawn(|| Ok(())));
+        std::mem::forget(session);
+        let _ = tokio::task::spawn_blocking(move || guard.join()).await;
+        tracing::info!("session ended");
+        return;
+    }
     let mp2 = mp.to_path_buf();
     // An unmount with files still open fails with EBUSY; then detach lazily: the kernel
     // finishes the unmount when the last file closes, and our exit closes /dev/fuse.
