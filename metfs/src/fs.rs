@@ -135,8 +135,20 @@ pub struct Opened {
 /// Something a handle keeps alive while it is open (a passthrough backing id).
 pub type Pinned = Arc<dyn Any + Send + Sync>;
 
+/// Where a read is served from ([`FsCore::read_source`]).
+pub struct ReadSource {
+    /// The slot file.
+    pub file: Arc<File>,
+    /// How many of the bytes asked for it holds (fewer only at its end).
+    pub len: u32,
+    /// Its size.
+    pub file_size: u64,
+}
+
 struct Handle {
     view: Arc<View>,
+    /// The node opened.
+    idx: u32,
     file: Option<Arc<File>>,
     /// Passthrough backing id, kept registered while the handle lives (never read: holding it
     /// is the point).
@@ -194,8 +206,10 @@ pub struct FsCore {
     /// id evicted from the cache while open is reused, never registered twice.
     live_backing: Mutex<HashMap<(u64, u32), std::sync::Weak<dyn Any + Send + Sync>>>,
     drained: Mutex<Option<tokio::sync::mpsc::UnboundedSender<u64>>>,
-    /// Bytes served by the pread path.
+    /// Bytes the daemon read for the kernel (pread path, cached-path misses).
     pub bytes_read: AtomicU64,
+    /// Of `bytes_read`, those answered by splice from the slot file (see `fuse`).
+    pub bytes_spliced: AtomicU64,
     /// Files opened through the mount.
     pub opens: AtomicU64,
     /// Time used as mtime/ctime of every node.
@@ -265,6 +279,7 @@ impl FsCore {
             settings,
             drained: Mutex::new(None),
             bytes_read: AtomicU64::new(0),
+            bytes_spliced: AtomicU64::new(0),
             opens: AtomicU64::new(0),
             mtime: SystemTime::now(),
         }
@@ -502,6 +517,7 @@ impl FsCore {
             fh,
             Handle {
                 view,
+                idx,
                 file: None,
                 _pinned: None,
             },
@@ -656,6 +672,7 @@ impl FsCore {
             fh,
             Handle {
                 view,
+                idx,
                 file,
                 _pinned: pinned,
             },
@@ -689,9 +706,9 @@ impl FsCore {
         Ok(f)
     }
 
-    /// Reads up to `size` bytes at `offset` of a slot file: short only at its end.
-    fn pread(&self, file: &File, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        let mut buf = vec![0u8; size as usize];
+    /// Reads `len` bytes at `offset` of a slot file (as [`FsCore::read_source`] gave them).
+    pub fn pread(&self, file: &File, offset: u64, len: u32) -> Result<Vec<u8>, FsError> {
+        let mut buf = vec![0u8; len as usize];
         let mut done = 0;
         while done < buf.len() {
             match file.read_at(&mut buf[done..], offset + done as u64) {
@@ -702,34 +719,65 @@ impl FsCore {
             }
         }
         buf.truncate(done);
-        self.bytes_read.fetch_add(done as u64, Ordering::Relaxed);
+        self.count_read(done);
         Ok(buf)
+    }
+
+    /// Counts `n` bytes the daemon read for the kernel (the status's `daemon_bytes_read`).
+    pub fn count_read(&self, n: usize) {
+        self.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Counts `n` bytes the daemon answered by splice (read for the kernel too).
+    pub fn count_spliced(&self, n: usize) {
+        self.count_read(n);
+        self.bytes_spliced.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// The slot file a read of `size` bytes at `offset` is served from. The read comes through
+    /// handle `fh` (the pread path), or, with `fh` 0, by inode `ino` (the kernel sends no
+    /// `open` on the cached path).
+    pub fn read_source(
+        &self,
+        fh: u64,
+        ino: u64,
+        offset: u64,
+        size: u32,
+    ) -> Result<ReadSource, FsError> {
+        let (file, len) = if fh != 0 {
+            let handles = self.handles.lock().unwrap();
+            let h = handles.get(&fh).ok_or(FsError::BadHandle)?;
+            let file = h.file.clone().ok_or(FsError::BadHandle)?;
+            (file, h.view.file_size(h.idx))
+        } else {
+            let (view, idx) = self.view_of(ino)?;
+            let NodeKind::File { size, .. } = view.node(idx).kind else {
+                return Err(FsError::IsDir);
+            };
+            let file = self.backing_file(&view, idx)?;
+            if offset == 0 {
+                view.touch(idx);
+            }
+            (file, size)
+        };
+        Ok(ReadSource {
+            file,
+            len: len.saturating_sub(offset).min(u64::from(size)) as u32,
+            file_size: len,
+        })
     }
 
     /// Reads up to `size` bytes at `offset` through handle `fh` (the pread path).
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        let file = self
-            .handles
-            .lock()
-            .unwrap()
-            .get(&fh)
-            .and_then(|h| h.file.clone())
-            .ok_or(FsError::BadHandle)?;
-        self.pread(&file, offset, size)
+        let src = self.read_source(fh, 0, offset, size)?;
+        self.pread(&src.file, offset, src.len)
     }
 
     /// Reads up to `size` bytes at `offset` of file `ino` without a handle (the kernel sends no
     /// `open` when the filesystem does not implement it).
     pub fn read_ino(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        let (view, idx) = self.view_of(ino)?;
-        if matches!(view.node(idx).kind, NodeKind::Dir { .. }) {
-            return Err(FsError::IsDir);
-        }
-        let file = self.backing_file(&view, idx)?;
-        if offset == 0 {
-            view.touch(idx);
-        }
-        self.pread(&file, offset, size)
+        let src = self.read_source(0, ino, offset, size)?;
+        self.pread(&src.file, offset, src.len)
     }
 
     /// Drops the page-cache pages of every slot file of `view`, once the kernel holds the

@@ -144,6 +144,7 @@ pub const METRICS: &[Metric] = &[
     m("metfs_open_handles", Gauge, "open_handles", |s| Some(Int(s.open_handles)), "File handles open on the mount."),
     m("metfs_passthrough", Gauge, "passthrough", |s| Some(Flag(s.passthrough)), "1 when reads use kernel FUSE passthrough."),
     m("metfs_daemon_read_bytes_total", Counter, "daemon_bytes_read", |s| Some(Int(s.daemon_bytes_read)), "Bytes the daemon read for the kernel (cache misses on the cached path, every read on the pread path)."),
+    m("metfs_daemon_spliced_bytes_total", Counter, "daemon_bytes_spliced", |s| Some(Int(s.daemon_bytes_spliced)), "Of the bytes the daemon read for the kernel, those answered by splice from the slot file (no copy in the daemon)."),
     m("metfs_failed_samples", Gauge, "failed_samples", |s| Some(Int(s.failed_samples.len() as u64)), "Samples that recently failed to stage (at most the last 100 are remembered)."),
     m("metfs_error", Gauge, "last_error", |s| Some(Flag(s.last_error.is_some())), "1 when the daemon has an error to report (see metfs status)."),
     m("metfs_nodes", Gauge, "nodes", |s| Some(Int(u64::from(s.nodes))), "Nodes in the job."),

@@ -260,6 +260,13 @@ impl View {
     pub fn node(&self, idx: u32) -> &Node {
         &self.nodes[idx as usize]
     }
+    /// The size of file `idx` (0 for a directory).
+    pub fn file_size(&self, idx: u32) -> u64 {
+        match self.nodes[idx as usize].kind {
+            NodeKind::File { size, .. } => size,
+            NodeKind::Dir { .. } => 0,
+        }
+    }
     /// Looks `name` up in directory `dir`.
     pub fn lookup(&self, dir: u32, name: &str) -> Result<u32, Miss> {
         match &self.nodes[dir as usize].kind {

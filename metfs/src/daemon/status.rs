@@ -182,6 +182,7 @@ impl Daemon {
             tier_bytes_read: self.store.stager.tier_bytes_read(),
             reused_bytes: self.store.stager.reused_bytes(),
             daemon_bytes_read: self.fs.bytes_read.load(Ordering::Relaxed),
+            daemon_bytes_spliced: self.fs.bytes_spliced.load(Ordering::Relaxed),
             daemon_opens: self.fs.opens.load(Ordering::Relaxed),
             view_files: view.file_count() as u64,
             view_bytes: view.bytes(),

@@ -175,6 +175,10 @@ pub struct Status {
     pub reused_bytes: u64,
     /// Bytes the daemon read for the kernel.
     pub daemon_bytes_read: u64,
+    /// Of `daemon_bytes_read`, those answered by splice from the slot file, without a copy in
+    /// the daemon (all of them unless the kernel or the pipe refused).
+    #[serde(default)]
+    pub daemon_bytes_spliced: u64,
     /// Opens the daemon served.
     pub daemon_opens: u64,
     /// Files in the current view.

@@ -74,6 +74,7 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
         let ended = Arc::new(tokio::sync::Notify::new());
         let on_end = ended.clone();
         adapter.on_session_end(move || on_end.notify_one());
+        let splice = adapter.splice_replies();
         let mut fcfg = fuser::Config::default();
         fcfg.mount_options = vec![
             fuser::MountOption::FSName("metfs".into()),
@@ -90,10 +91,15 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
                 .push(fuser::MountOption::DefaultPermissions);
         }
         fcfg.n_threads = Some(daemon.cfg.fuse_threads);
-        fcfg.clone_fd = true;
+        // Every FUSE thread reads the session's one descriptor: a spliced reply must be written
+        // on the descriptor that read its request (see `fuse::splice`).
+        fcfg.clone_fd = false;
         let mp = mountpoint.clone();
         let (session, notifier) = tokio::task::spawn_blocking(move || {
             let s = fuser::Session::new(adapter, &mp, &fcfg)?;
+            if let Err(e) = splice.start(&s) {
+                tracing::warn!(error = %e, "read replies are copied, not spliced");
+            }
             let notifier = fuse::KernelNotifier::new(&s);
             s.spawn().map(|s| (s, notifier))
         })

@@ -35,9 +35,11 @@
 //! no longer current get a zero TTL, so the kernel drops them once unused and forgets the
 //! inodes, which lets the view drain.
 
+mod splice;
+
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -129,10 +131,30 @@ pub struct FuseAdapter {
     core: Arc<FsCore>,
     /// The read path in use, shared with the daemon, which reports it.
     path: Arc<ActiveReadPath>,
+    /// Splices read replies once the session's device is known (see [`SpliceReplies`]).
+    splicer: Arc<OnceLock<splice::Splicer>>,
     /// Called once when the session ends, whoever ended it.
     on_end: Option<Box<dyn FnOnce() + Send + Sync>>,
     uid: u32,
     gid: u32,
+}
+
+/// Lets reads the daemon serves be answered by splice once the session is made; until then
+/// (and if it cannot be set up) they are answered from a buffer.
+#[derive(Clone)]
+pub struct SpliceReplies(Arc<OnceLock<splice::Splicer>>);
+
+impl SpliceReplies {
+    /// Starts splicing replies into `session`'s device. The session must read every request
+    /// on that one descriptor (`clone_fd` off): the kernel takes a reply only on the
+    /// descriptor that read its request.
+    pub fn start<FS: fuser::Filesystem>(
+        &self,
+        session: &fuser::Session<FS>,
+    ) -> std::io::Result<()> {
+        let _ = self.0.set(splice::Splicer::new(session.as_fd())?);
+        Ok(())
+    }
 }
 
 impl FuseAdapter {
@@ -145,6 +167,7 @@ impl FuseAdapter {
         Self {
             core,
             path,
+            splicer: Arc::new(OnceLock::new()),
             on_end: None,
             uid,
             gid,
@@ -155,6 +178,11 @@ impl FuseAdapter {
     /// one from outside (`umount`, `fusermount3 -u`), which the daemon learns of only so.
     pub fn on_session_end(&mut self, f: impl FnOnce() + Send + Sync + 'static) {
         self.on_end = Some(Box::new(f));
+    }
+
+    /// The handle that turns on splice replies once the session exists.
+    pub fn splice_replies(&self) -> SpliceReplies {
+        SpliceReplies(self.splicer.clone())
     }
 
     /// The attributes the kernel sees: the source's mode without write bits, owner and times
@@ -251,6 +279,8 @@ impl Filesystem for FuseAdapter {
                 tracing::info!("kernel does not offer FUSE passthrough; reads use pread");
             }
         }
+        // The kernel offers the mount's own readahead (128 KiB unless root raised the mount's
+        // `read_ahead_kb`) and takes no more; asking for 1 MiB keeps whatever it offers.
         let _ = config.set_max_readahead(1 << 20);
         // Listings return each entry's attributes too, so that a reader that lists a directory
         // and then opens its files (as dataset loaders do) needs no lookup round trip per file.
@@ -345,7 +375,7 @@ impl Filesystem for FuseAdapter {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -355,12 +385,23 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         // Handles start at 1: a read without one comes from the cached path.
-        let r = if fh.0 == 0 {
-            self.core.read_ino(ino.0, offset, size)
-        } else {
-            self.core.read(fh.0, offset, size)
+        let src = match self.core.read_source(fh.0, ino.0, offset, size) {
+            Ok(x) => x,
+            Err(e) => return reply.error(errno(e)),
         };
-        match r {
+        let len = src.len as usize;
+        if let (true, Some(s)) = (len > 0, self.splicer.get()) {
+            if s.reply(req.unique().0, &src.file, offset, len) {
+                self.core.count_spliced(len);
+                // The request is answered. Dropping the reply would send a second one
+                // (fuser answers EIO for a reply never sent); it holds only the channel's
+                // reference count, so forgetting it frees nothing but leaves that count
+                // raised, which keeps the device open until the process ends.
+                std::mem::forget(reply);
+                return;
+            }
+        }
+        match self.core.pread(&src.file, offset, src.len) {
             Ok(buf) => reply.data(&buf),
             Err(e) => reply.error(errno(e)),
         }
