@@ -20,6 +20,9 @@
 //! * **pread**: reads come to the daemon, which `pread`s the slot file; `FOPEN_KEEP_CACHE` keeps
 //!   the kernel's page cache across opens, which is safe because slot files never change.
 //!
+//! Every read the daemon serves (cached-path misses, pread) is answered by splicing the slot
+//! file's pages into the device (`splice`), with a buffer only where that cannot be set up.
+//!
 //! Either fall-back is recorded in the [`ActiveReadPath`] shared with the daemon, so that
 //! `metfs status` reports the path actually serving reads.
 //!
