@@ -105,30 +105,18 @@ impl Inbox {
     ) -> Result<Accepted, ExchangeError> {
         let mut got = Accepted::default();
         while !frames.is_empty() {
-            if frames.len() < HEADER {
-                return Err(ExchangeError::Truncated {
-                    from,
-                    have: frames.len(),
-                    need: HEADER,
-                });
-            }
-            let id = u32::from_le_bytes(frames[0..4].try_into().expect("4 bytes"));
-            let len = u64::from_le_bytes(frames[4..12].try_into().expect("8 bytes"));
-            let crc = u32::from_le_bytes(frames[12..16].try_into().expect("4 bytes"));
-            frames = &frames[HEADER..];
+            let (header, rest) = super::take(frames, HEADER, from)?;
+            let id = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
+            let len = u64::from_le_bytes(header[4..12].try_into().expect("8 bytes"));
+            let crc = u32::from_le_bytes(header[12..16].try_into().expect("4 bytes"));
+            frames = rest;
             if len == u64::MAX {
                 tracing::warn!(sample = %node.path_of(id), from, "the sender could not read the sample; the tier serves it");
                 got.rejected += 1;
                 continue;
             }
-            if (frames.len() as u64) < len {
-                return Err(ExchangeError::Truncated {
-                    from,
-                    have: frames.len(),
-                    need: len as usize,
-                });
-            }
-            let (bytes, rest) = frames.split_at(len as usize);
+            let (bytes, rest) =
+                super::take(frames, usize::try_from(len).unwrap_or(usize::MAX), from)?;
             frames = rest;
             let expected = self.expected.get(&id) == Some(&from);
             let size_ok = (id as usize) < node.catalog.len() && node.catalog.size(id) == len;
