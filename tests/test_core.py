@@ -155,7 +155,7 @@ def test_an_unmount_from_outside_ends_the_daemon(mounts, dataset, how):
     m.wait_next_ready()
     before = m.status()
     pid = m.pid()
-    name = sorted(m.files()["files"])[0]
+    name = min(m.files()["files"])
     if how == "umount -l":
         # Detached, not gone: a file open in it is still served until it is closed.
         with open(m.mountpoint / name, "rb") as fh:
