@@ -8,9 +8,10 @@
 //! reply header, then splices the pipe into the device, which copies each page once into the
 //! reply. libfuse answers reads so when a filesystem asks for it; fuser has no such reply, so
 //! the adapter writes it on the session's device descriptor itself. Measured as an ordinary
-//! user (docs/BENCHMARKS.md): cold reads of 4 MiB files 0.77x -> 0.86x native, small files
-//! unchanged. The device is not asked to move the pages (`SPLICE_F_MOVE`): taking them out of
-//! the slot file's page cache cost small files a tenth of their cold rate.
+//! user (docs/BENCHMARKS.md): cold reads of 4 MiB files gained in each of seven interleaved
+//! runs (medians +0.09 and +0.08 of native, to about 0.86x), small files did not change. The
+//! device is not asked to move the pages (`SPLICE_F_MOVE`): taking them out of the slot file's
+//! page cache cost small files 6-7% of their cold rate side by side.
 //!
 //! Invariants:
 //! * **One message per pipe.** The header and every data page are in the pipe before the one
