@@ -51,6 +51,17 @@ echo "== fuzzing (20 s per target)"
 scripts/fuzz.sh --short
 
 echo "== end-to-end and Python tests"
+# An ordinary user for the tests that run a daemon as one (here and again below). fusermount3
+# opens /dev/fuse with the user's own rights; where the device is root-only (0600), grant it to
+# a `fuse` group, as sites that allow user mounts do.
+TEST_USER=metfs-user
+id -u "$TEST_USER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$TEST_USER"
+if ! runuser -u "$TEST_USER" -- test -r /dev/fuse -a -w /dev/fuse; then
+  getent group fuse >/dev/null || groupadd --system fuse
+  chgrp fuse /dev/fuse
+  chmod g+rw /dev/fuse
+  usermod -aG fuse "$TEST_USER"
+fi
 export METFS_BIN="$PWD/target/debug/metfs"
 cargo build -q -p metfs --features mpi --bin metfs-shuffle
 # Daemons that tests start without --history (Slurm scripts, CLI checks) keep their rf history
@@ -62,17 +73,7 @@ python3 -m pytest -q -p no:cacheprovider tests bindings/python/tests
 
 echo "== core end-to-end tests again, as an ordinary user"
 # Users on HPC nodes are not root: their mounts go through fusermount3 and passthrough is
-# refused (EPERM), so they get the cached or pread path. fusermount3 opens /dev/fuse with the
-# user's own rights; where the device is root-only (0600), grant it to a `fuse` group, as sites
-# that allow user mounts do.
-TEST_USER=metfs-user
-id -u "$TEST_USER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$TEST_USER"
-if ! runuser -u "$TEST_USER" -- test -r /dev/fuse -a -w /dev/fuse; then
-  getent group fuse >/dev/null || groupadd --system fuse
-  chgrp fuse /dev/fuse
-  chmod g+rw /dev/fuse
-  usermod -aG fuse "$TEST_USER"
-fi
+# refused (EPERM), so they get the cached or pread path.
 USER_DIR=$(mktemp -d /tmp/metfs-user-test.XXXXXX)
 chown "$TEST_USER" "$USER_DIR"
 trap 'rm -rf "$XDG_DATA_HOME" "$USER_DIR"' EXIT

@@ -136,6 +136,56 @@ def test_reads_the_daemon_serves_are_spliced_and_exact(mounts, tmp_path, path):
     assert st["daemon_bytes_spliced"] == st["daemon_bytes_read"], st
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="sets a system limit and runs the daemon as a user")
+def test_a_user_over_the_pipe_limit_gets_copied_replies(metfs):
+    """Splicing needs pipes that hold a 128 KiB reply. A user whose pipes already take their
+    share of `pipe-user-pages-soft` gets pipes of one page that cannot be grown: the daemon
+    says its replies are copied, and every read is still served, exact."""
+    import shutil as sh
+    import subprocess
+    import tempfile
+
+    from conftest import rpc
+
+    user = "metfs-user"
+    ok = subprocess.run(["runuser", "-u", user, "--", "test", "-r", "/dev/fuse", "-a", "-w", "/dev/fuse"],
+                        capture_output=True)
+    if ok.returncode != 0:
+        pytest.skip(f"no user {user} who may open /dev/fuse (scripts/test.sh makes one)")
+    base = Path(tempfile.mkdtemp(prefix="metfs-pipes-"))
+    for sub in ("src", "cache", "mnt"):
+        (base / sub).mkdir()
+    want = {f"f{i}": os.urandom((1 << 20) + 777 * i) for i in range(6)}
+    for n, b in want.items():
+        (base / "src" / n).write_bytes(b)
+    sh.chown(base, user)
+    for p in base.rglob("*"):
+        sh.chown(p, user)
+    limit = Path("/proc/sys/fs/pipe-user-pages-soft")
+    old = limit.read_text()
+    mnt = base / "mnt"
+    limit.write_text("16\n")
+    try:
+        r = subprocess.run(["runuser", "-u", user, "--", metfs, "mount", "--source", str(base / "src"),
+                            "--cache", str(base / "cache"), "--budget", "64MiB", "--mini-epochs", "1",
+                            "--read-path", "pread", "--history", str(base / "h.json"), str(mnt)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        for n in want:
+            r = subprocess.run(["runuser", "-u", user, "--", "cmp", str(base / "src" / n), str(mnt / n)],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, f"{n}: {r.stdout}{r.stderr}"
+        st = rpc(str(base / "cache" / "metfs.sock"), {"op": "status"}, timeout=10)
+        assert st["daemon_bytes_read"] >= sum(len(b) for b in want.values()), st
+        assert st["daemon_bytes_spliced"] == 0, st
+        assert "read replies are copied, not spliced" in (base / "cache" / "metfs.log").read_text()
+    finally:
+        limit.write_text(old)
+        subprocess.run(["runuser", "-u", user, "--", "fusermount3", "-u", str(mnt)], capture_output=True)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        sh.rmtree(base, ignore_errors=True)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="passthrough needs CAP_SYS_ADMIN")
 def test_concurrent_first_opens_share_one_backing_file(mounts, tmp_path):
     """16 threads opening the same files at once on passthrough (root only): every open
