@@ -767,7 +767,8 @@ impl FsCore {
         })
     }
 
-    /// Reads up to `size` bytes at `offset` through handle `fh` (the pread path).
+    /// Reads up to `size` bytes at `offset` through handle `fh` into a buffer (the core's read
+    /// without FUSE; the adapter goes through [`FsCore::read_source`] to splice).
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
         let src = self.read_source(fh, 0, offset, size)?;
         self.pread(&src.file, offset, src.len)

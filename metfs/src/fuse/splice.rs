@@ -149,35 +149,25 @@ impl Splicer {
     /// the file). `true` if the request needs no other reply; `false` if nothing was sent and
     /// the caller must reply.
     pub fn reply(&self, unique: u64, file: &File, offset: u64, len: usize) -> bool {
+        let total = HEADER + len;
         let mut header = [0u8; HEADER];
-        header[..4].copy_from_slice(&((HEADER + len) as u32).to_ne_bytes());
+        header[..4].copy_from_slice(&(total as u32).to_ne_bytes());
         header[8..].copy_from_slice(&unique.to_ne_bytes());
-        match self.send(&header, file, offset, len) {
-            Sent::Yes => true,
-            // ENOENT: the request is gone (interrupted); it needs no reply.
-            Sent::Refused(e) => e == libc::ENOENT,
-            Sent::No => false,
-        }
-    }
-
-    /// Writes `header` and `len` bytes of `file` at `offset` to the device as one message.
-    fn send(&self, header: &[u8], file: &File, offset: u64, len: usize) -> Sent {
         PIPE.with(|cell| {
             let mut cell = cell.borrow_mut();
             if cell.is_none() {
                 *cell = Pipe::new().ok();
             }
             let Some(pipe) = cell.as_ref() else {
-                return Sent::No;
+                return false;
             };
             let pages = (offset as usize % PAGE + len).div_ceil(PAGE);
             if pages + 1 > pipe.pages {
-                return Sent::No;
+                return false;
             }
-            let total = header.len() + len;
-            if !pipe.fill(header, file, offset, len) {
+            if !pipe.fill(&header, file, offset, len) {
                 *cell = None;
-                return Sent::No;
+                return false;
             }
             // SAFETY: splice between descriptors we hold; the device takes the whole message.
             let n = unsafe {
@@ -191,32 +181,15 @@ impl Splicer {
                 )
             };
             if n == total as isize {
-                return Sent::Yes;
+                return true;
             }
-            let e = if n < 0 {
-                std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EIO)
-            } else {
-                libc::EIO
-            };
+            // ENOENT: the request is gone (interrupted) and needs no reply.
+            let gone =
+                n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT);
             *cell = None;
-            if n < 0 {
-                Sent::Refused(e)
-            } else {
-                Sent::No
-            }
+            gone
         })
     }
-}
-
-/// What became of a message.
-enum Sent {
-    Yes,
-    /// The device refused it with this errno.
-    Refused(i32),
-    /// Nothing reached the device.
-    No,
 }
 
 #[cfg(test)]
