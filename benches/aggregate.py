@@ -111,7 +111,7 @@ def run(mode: str, src: Path, work: Path, a: argparse.Namespace) -> dict[str, An
         # epochs after them (staged once its trainer was done).
         events = [staged(m) for m in mounts]
         tier = [m.status()["tier_bytes_read"] - sum(e["bytes_fetched"] for e in ev if e["epoch"] >= a.epochs)
-                for m, ev in zip(mounts, events)]
+                for m, ev in zip(mounts, events, strict=True)]
         # The time to fill a node's next slot (the exchange's wait included): per epoch after
         # the first, the slowest node's staging.
         fill = [max(e["secs"] for ev in events for e in ev if e["epoch"] == k) for k in range(1, a.epochs)]

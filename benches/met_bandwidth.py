@@ -108,7 +108,6 @@ def met(src: Path, rf: int | None) -> dict:
     try:
         tier0 = rpc(sock, {"op": "status"})["tier_bytes_read"]
         consumer = Paced(EB1)
-        samples_start = 0
         windows: list[tuple[float, int]] = []
         seq = 0
         while seq < MINI_EPOCHS_RUN:

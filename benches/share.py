@@ -187,7 +187,7 @@ def main() -> None:
         parts = (rels[: int(0.8 * n)], rels[int(0.2 * n) :])
         d1, d2 = tmp / "d1.txt", tmp / "d2.txt"
         c1, c2 = tmp / "d1.csv", tmp / "d2.csv"
-        for lst, d, c in zip(parts, (d1, d2), (c1, c2)):
+        for lst, d, c in zip(parts, (d1, d2), (c1, c2), strict=True):
             d.write_text("\n".join(lst) + "\n")
             c.write_text("path,size\n" + "".join(f"{r},{a.kib << 10}\n" for r in lst))
         print(f"dataset {n} files of {a.kib} KiB ({n * a.kib / 1024:.1f} MiB), budget {a.budget}, {a.epochs} epochs at rf 2, {a.runs} runs, medians")

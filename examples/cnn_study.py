@@ -190,7 +190,7 @@ def build_dataset(train_dir: str) -> None:
     x, y = glyphs(TRAIN, seed=0)
     for c in range(CLASSES):
         os.makedirs(os.path.join(train_dir, str(c)), exist_ok=True)
-    for i, (img, c) in enumerate(zip(x, y)):
+    for i, (img, c) in enumerate(zip(x, y, strict=True)):
         np.save(os.path.join(train_dir, str(c), f"{c}_{i:05d}.npy"), img)
 
 
@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
             rfs = [n for r in rs for n in r.rfs]
             print(rfx.histogram(cfg.name, rfs, bin_width=2, top=RF_FIXED))
             print(
-                rfx.by_quarter([(f, n) for r in rs for f, n in zip(r.rf_starts, r.rfs)])
+                rfx.by_quarter([(f, n) for r in rs for f, n in zip(r.rf_starts, r.rfs, strict=False)])
             )
     print("```\n")
     print("\n".join(verdict(results)))

@@ -53,7 +53,7 @@ def load_folder(root: str) -> Tuple[np.ndarray, np.ndarray]:
     )
     if not paths:
         raise SystemExit(f"error: no .npy samples under {root}")
-    xs, ys = zip(*[load_sample(p)[:2] for p in paths])
+    xs, ys = zip(*[load_sample(p)[:2] for p in paths], strict=True)
     return np.stack(xs), np.array(ys)
 
 

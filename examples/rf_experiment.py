@@ -589,7 +589,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if cfg.flags is not None:
             rs = [r for r in results if r.config == cfg.name]
             print(histogram(cfg.name, [n for r in rs for n in r.rfs]))
-            print(by_quarter([(f, n) for r in rs for f, n in zip(r.rf_starts, r.rfs)]))
+            print(by_quarter([(f, n) for r in rs for f, n in zip(r.rf_starts, r.rfs, strict=False)]))
     print("```")
     v = verdict(configs, results)
     if v:

@@ -113,7 +113,7 @@ def build_dataset(root: str, ratio: float) -> dict[str, object]:
         f.write("path,size,cluster\n")
         f.writelines(
             f"{os.path.relpath(p, train)},{os.path.getsize(p)},k{c}\n"
-            for p, c in zip(files, km.labels_)
+            for p, c in zip(files, km.labels_, strict=True)
         )
     sizes = np.bincount(km.labels_, minlength=CLUSTERS)
     return {"ratio": ratio, "train_per_class": counts, "cluster_sizes": sizes.tolist()}

@@ -19,6 +19,8 @@ cargo clippy -p metfs --features mpi --bin metfs-shuffle -q -- -D warnings
 # The Python package and its tests (settings in bindings/python/pyproject.toml).
 (cd bindings/python && python3 -m ruff check -q . && python3 -m ruff format --check -q . \
   && python3 -m mypy)
+# Everything else in Python: tests, benchmarks, examples (settings in ruff.toml).
+python3 -m ruff check -q .
 
 echo "== Rust tests"
 cargo build --workspace --all-targets -q

@@ -5,6 +5,7 @@ every file of its view and checking it against the source."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -135,7 +136,7 @@ def check_views(res: list[dict[str, Any]], digests: dict[str, str], epochs: int)
         union = set().union(*views)
         assert union == set(digests) and sum(map(len, views)) == len(digests), f"epoch {e} is not the dataset once"
         parts.append(views)
-    for a, b in zip(parts, parts[1:]):
+    for a, b in itertools.pairwise(parts):
         assert a != b, "the shares did not change between epochs"
 
 

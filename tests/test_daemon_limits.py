@@ -149,7 +149,7 @@ def test_budget_holds_through_switches(mounts, tmp_path):
         m.mount()
         nm = m.status()["mini_epochs"]
         assert nm >= 6, nm
-        for i in range(24):
+        for _ in range(24):
             r = m.rpc({"op": "advance", "wait": True})
             assert r["ok"] and r["decision"] == "advance", r
             # At least two walks of the cache between switches, however fast they come.

@@ -313,7 +313,7 @@ def config_table() -> list[tuple[str, str, str]]:
         assert keys, f"configuration table row without a key: {row}"
         defaults = [d.strip() for d in cells[1].split(",")]
         if len(keys) > 1 and len(defaults) == len(keys):
-            out += [(tb, k, d) for (tb, k), d in zip(keys, defaults)]
+            out += [(tb, k, d) for (tb, k), d in zip(keys, defaults, strict=True)]
         else:
             out += [(tb, k, cells[1]) for tb, k in keys]
     return out

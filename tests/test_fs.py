@@ -57,8 +57,8 @@ def test_retired_views_drain_under_64_readers(mounts, tmp_path, layout):
         for i in range(8):
             try:
                 r = m.rpc({"op": "advance", "wait": True}, timeout=30)
-            except TimeoutError:
-                raise AssertionError(f"advance {i} hangs: {m.status()}")
+            except TimeoutError as e:
+                raise AssertionError(f"advance {i} hangs: {m.status()}") from e
             assert r["ok"], r
             time.sleep(0.3)
     finally:
@@ -75,8 +75,8 @@ def test_retired_views_drain_under_64_readers(mounts, tmp_path, layout):
 
     try:
         wait_for(drained, timeout=20, what="retired views to drain once readers stopped")
-    except AssertionError:
-        raise AssertionError(f"stuck: {m.status()}")
+    except AssertionError as e:
+        raise AssertionError(f"stuck: {m.status()}") from e
 
 
 @pytest.mark.parametrize("path", ["pread", "cached"])
@@ -212,7 +212,7 @@ def test_concurrent_first_opens_share_one_backing_file(mounts, tmp_path):
         assert len(names) >= 100, len(names)
         barrier = threading.Barrier(16)
 
-        def worker() -> None:
+        def worker(barrier: threading.Barrier, names: list[str]) -> None:
             barrier.wait()
             for j in range(400):
                 n = names[j % len(names)]
@@ -223,7 +223,7 @@ def test_concurrent_first_opens_share_one_backing_file(mounts, tmp_path):
                 except OSError as e:
                     failures.append(f"{n}: {e}")
 
-        threads = [threading.Thread(target=worker) for _ in range(16)]
+        threads = [threading.Thread(target=worker, args=(barrier, names)) for _ in range(16)]
         for t in threads:
             t.start()
         for t in threads:

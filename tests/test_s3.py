@@ -5,7 +5,6 @@ fault-injecting proxy. (The core end-to-end tests in test_core.py also run again
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

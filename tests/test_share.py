@@ -63,10 +63,12 @@ def start_job(m: Mount, tmp: Path, name: str, digests: Path, epochs: int = 2, **
 def finish(p: subprocess.Popen[str], tmp: Path, name: str, m: Mount, timeout: float = 240) -> dict[str, Any]:
     try:
         _, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:
         p.kill()
         _, err = p.communicate()
-        raise AssertionError(f"job {name} did not finish: {err[-3000:]}\nstatus: {m.status()}\nlog:\n{m.log()}")
+        raise AssertionError(
+            f"job {name} did not finish: {err[-3000:]}\nstatus: {m.status()}\nlog:\n{m.log()}"
+        ) from e
     assert p.returncode == 0, f"job {name} failed: {err[-3000:]}\nlog:\n{m.log()}"
     return json.loads((tmp / f"job-{name}.json").read_text())
 

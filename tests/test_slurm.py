@@ -300,10 +300,10 @@ def check_agreement(work: Work, files: set[str], epochs: int) -> None:
     assert {e for e, _ in pos0} == set(range(epochs)), pos0
     assert {p["node"] for p in r0} == {"n1"} and {p["node"] for p in r1} == {"n2"}
     # A view switch on one node is a view switch on the other: generations move together.
-    for a, b in zip(r0, r1):
+    for a, b in zip(r0, r1, strict=True):
         assert a["generation"] - r0[0]["generation"] == b["generation"] - r1[0]["generation"]
     views: dict[tuple[int, int], list[set[str]]] = {}
-    for a, b in zip(r0, r1):
+    for a, b in zip(r0, r1, strict=True):
         key = (a["epoch"], a["mini_epoch"])
         fa, fb = set(a["files"]), set(b["files"])
         assert fa and fb, f"an empty view at {key}"
@@ -338,8 +338,8 @@ def test_pytorch_job_two_nodes_agree_and_clean_up(
     check_agreement(work, dataset[1], epochs=2)
     # Uneven views (DDP under Join): some pass had more files on one node than on the other.
     r0, r1 = work.ranks()
-    assert any(len(a["files"]) != len(b["files"]) for a, b in zip(r0, r1)), [
-        (len(a["files"]), len(b["files"])) for a, b in zip(r0, r1)]
+    assert any(len(a["files"]) != len(b["files"]) for a, b in zip(r0, r1, strict=True)), [
+        (len(a["files"]), len(b["files"])) for a, b in zip(r0, r1, strict=True)]
     check_no_leftovers(work, job)
 
 

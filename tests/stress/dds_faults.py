@@ -168,8 +168,8 @@ def run_trial(seed: int, workdir: Path, src: Path, n_samples: int, epochs: int =
             if n.proc is not None:
                 try:
                     n.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    raise AssertionError(f"trial {seed}: {n.name} did not finish: {log}")
+                except subprocess.TimeoutExpired as e:
+                    raise AssertionError(f"trial {seed}: {n.name} did not finish: {log}") from e
         elapsed = time.monotonic() - t0
         r = check(seed, etcd, prefix, nodes, n_samples, epochs, requeue_s, unmeasured, elapsed, log)
         worst = max(requeue_after_etcd_s, default=0.0)

@@ -145,7 +145,7 @@ def load_view(
     """Features and labels of the given files of the view (read through the mount)."""
     x = np.zeros((len(paths), FEATURES), dtype=np.float32)
     y = np.zeros((len(paths),), dtype=np.int64)
-    for i, (p, rel) in enumerate(zip(paths, files)):
+    for i, (p, rel) in enumerate(zip(paths, files, strict=True)):
         x[i] = features(p, read_or_explain(p, client))
         y[i] = label_of(rel, classes)
     return x, y

@@ -93,7 +93,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     if world > 1:
                         dist.all_reduce(vals)
                         vals /= world
-                    for k, v in zip(keys, vals.tolist()):
+                    for k, v in zip(keys, vals.tolist(), strict=True):
                         logs[k] = v
                 view = train.view
                 log.write(
