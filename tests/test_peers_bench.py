@@ -39,6 +39,10 @@ def test_peer_benchmark_quick(tmp_path: Path) -> None:
         # Every byte a direct GET consumes crosses the proxy once (plus headers).
         assert 1.0 <= direct["tier_bytes"] / direct["bytes"] < 1.1, direct
         m = next(x for x in rows if x["case"] == case and x["tool"] == "metfs")
-        assert m["tier_bytes"] < m["bytes"], m
+        # A quick run consumes at most one dataset-equivalent, about as much as metfs stages
+        # (the mini-epochs read and the one staged ahead), so whether it consumed more than it
+        # fetched depends on when the run ends. What must hold: no sample fetched twice (the
+        # listing and the requests' headers are a few percent).
+        assert m["tier_bytes"] <= 1.05 * m["dataset_bytes"], m
         assert 0 < m["peak_cache"] <= 64 << 20, m
     assert r.stdout.count("| metfs |") == 2, r.stdout

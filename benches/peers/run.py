@@ -597,7 +597,7 @@ def one(cfg, tier: Tier, ds: Dataset, tool: str, count: int, rep: int) -> dict:
     shutil.rmtree(base, ignore_errors=True)
     row = {"case": ds.name, "tool": tool, "rep": rep, "secs": secs, "samples": run.samples,
            "bytes": run.bytes, "tier_bytes": tier_bytes, "peak_cache": cache_peak, "note": run.note,
-           "error": error}
+           "dataset_bytes": ds.bytes, "error": error}
     if error is None and run.samples < count:
         if secs >= cfg.max_secs and run.samples > 0:
             row["note"] = (row["note"] + "; " if row["note"] else "") + (
