@@ -3,8 +3,8 @@
 //! plans balance over mini-epochs first and then over each mini-epoch's nodes.
 
 use super::{
-    balance::balance, balance::Scratch, layout::Layout, rng::PlanRng, sequential::sequential_cuts,
-    PlanConfig, SampleSet, Strategy, NONE,
+    balance::balance, balance::Scratch, layout::Layout, sequential::sequential_cuts, PlanConfig,
+    SampleSet, Strategy, NONE,
 };
 
 /// Share of every sample (`m × nodes + r`), or [`NONE`] for a sample copied into every share.
@@ -27,7 +27,7 @@ pub(super) fn assign(
             }
         }
         Strategy::Random => {
-            let mut rng = PlanRng::new(cfg.seed, epoch);
+            let mut rng = super::rng::stream(cfg.seed, epoch);
             let mut ids: Vec<u32> = (0..n as u32).collect();
             let mut sc = Scratch::default();
             balance(
@@ -75,7 +75,7 @@ pub(super) fn two_level(
     epoch: u64,
     part_of: &mut [u32],
 ) {
-    let mut rng = PlanRng::new(seed, epoch);
+    let mut rng = super::rng::stream(seed, epoch);
     let is_copied = |c: u32| copied.get(c as usize).copied().unwrap_or(false);
     let ncls = classes.iter().max().map_or(0, |&m| m as usize + 1);
     // Counting sort of the planned samples by class: group g = class g.

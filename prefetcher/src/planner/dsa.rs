@@ -153,7 +153,7 @@ impl DependentSampler {
 
     pub(super) fn with_rule(seed: u64, epoch: u64, rule: Rule) -> Self {
         Self {
-            rng: PlanRng::new(seed ^ 0x4453_415F_4A4F_4253, epoch),
+            rng: super::rng::stream(seed ^ 0x4453_415F_4A4F_4253, epoch),
             rule,
             ids: Vec::new(),
             local: HashMap::new(),

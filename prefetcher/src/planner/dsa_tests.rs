@@ -363,7 +363,7 @@ fn tree_of_nested_datasets() {
 #[test]
 fn tree_of_random_datasets_matches_the_sampler() {
     // The paper's random case: four samples of 10 000 from 0..13 333 (scaled down by 10).
-    let mut rng = super::super::rng::PlanRng::new(1, 2);
+    let mut rng = super::super::rng::stream(1, 2);
     let d: Vec<Vec<u32>> = (0..4)
         .map(|i| {
             let mut all: Vec<u32> = (0..1333).collect();

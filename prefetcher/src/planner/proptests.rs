@@ -6,9 +6,9 @@ use proptest::prelude::{prop, prop_assert, prop_assert_eq, prop_oneof, proptest,
 use proptest::strategy::Strategy as _;
 
 use super::balance::{balance, Scratch};
-use super::rng::{splitmix64, PlanRng};
 use super::tests::{all_nodes, cfg, check, set};
 use super::*;
+use planrng::splitmix64;
 
 fn arb_sizes(n: usize) -> impl proptest::strategy::Strategy<Value = Vec<u64>> {
     prop_oneof![
@@ -166,7 +166,7 @@ proptest! {
         }
         let mut ids: Vec<u32> = (0..sizes.len() as u32).collect();
         let mut color = vec![NONE; sizes.len()];
-        let mut rng = PlanRng::new(seed, 0);
+        let mut rng = super::rng::stream(seed, 0);
         let mut sc = Scratch::default();
         balance(k, &mut ids, &bounds, &sizes, &mut rng, &mut sc, |id, c| {
             assert_eq!(color[id as usize], NONE);

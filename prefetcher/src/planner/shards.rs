@@ -21,7 +21,6 @@ use super::{
     balance::{balance, Scratch},
     bound::validate,
     layout::{layout, too_many},
-    rng::PlanRng,
     sequential::sequential_cuts,
     PlanConfig, PlanError, SampleSet, Strategy,
 };
@@ -160,7 +159,7 @@ pub fn epoch_order(
             }
         }
         Strategy::Random => {
-            let mut rng = PlanRng::new(spec.seed, epoch);
+            let mut rng = super::rng::stream(spec.seed, epoch);
             let mut ids: Vec<u32> = (0..n as u32).collect();
             let mut sc = Scratch::default();
             balance(k, &mut ids, &[0, n], sizes, &mut rng, &mut sc, |id, c| {

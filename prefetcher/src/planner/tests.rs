@@ -4,7 +4,6 @@
 use super::balance::{balance, Scratch};
 use super::bound::{share_bound, SizeStats};
 use super::layout::fewest_runs;
-use super::rng::PlanRng;
 use super::*;
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicUsize;
@@ -611,7 +610,7 @@ fn alternating_paths_are_exercised() {
         &mut ids,
         &bounds,
         &sizes,
-        &mut PlanRng::new(1, 1),
+        &mut super::rng::stream(1, 1),
         &mut Scratch::default(),
         |id, c| color[id as usize] = c,
     );
@@ -629,12 +628,12 @@ fn alternating_paths_are_exercised() {
 
 #[test]
 fn rng_is_stable() {
-    let mut r = PlanRng::new(1, 2);
+    let mut r = super::rng::stream(1, 2);
     let v: Vec<u32> = (0..4).map(|_| r.below(1000)).collect();
-    let mut r2 = PlanRng::new(1, 2);
+    let mut r2 = super::rng::stream(1, 2);
     assert_eq!(v, (0..4).map(|_| r2.below(1000)).collect::<Vec<_>>());
     assert_ne!(
-        PlanRng::new(1, 3).below(u32::MAX),
-        PlanRng::new(1, 2).below(u32::MAX)
+        super::rng::stream(1, 3).below(u32::MAX),
+        super::rng::stream(1, 2).below(u32::MAX)
     );
 }

@@ -1,7 +1,7 @@
 //! One epoch's layout: the shares and what each node holds (see the module docs of `plan`).
 
 use super::{AggregateConfig, PlanError};
-use crate::rng::{keep_draw, PlanRng};
+use crate::rng::{keep_draw, stream};
 
 /// What every node holds in one epoch: its share and its cache (share plus extras).
 #[derive(Debug, Clone, PartialEq)]
@@ -122,7 +122,7 @@ pub fn layout(sizes: &[u64], config: &AggregateConfig, epoch: u64) -> Result<Lay
     }
 
     let mut order: Vec<u32> = (0..samples).collect();
-    PlanRng::new(config.seed, epoch).shuffle(&mut order);
+    stream(config.seed, epoch).shuffle(&mut order);
     let owner = cut(&order, sizes, n, total);
 
     let mut shares = vec![Vec::new(); n as usize];
