@@ -241,6 +241,7 @@ def bench_read() -> list[str]:
                     name = (used[p] if used[p] == p else f"{p} -> {used[p]}") + (" (auto)" if p == auto else "")
                     rows.append(f"| read {label}, {cache} | {name} | {n:,.0f} {unit} | {x:,.0f} {unit} | {x / n:.2f}x |")
                     print(rows[-1], flush=True)
+            shutil.rmtree(slot, ignore_errors=True)
     return rows
 
 
