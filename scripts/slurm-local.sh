@@ -35,11 +35,14 @@ NODES=(n1 n2)
 log() { printf 'slurm-local: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
+# A zombie (a daemon killed and not reaped yet) is not alive: `start` must start it again.
 pid_alive() {
-  local f=$1 pid
+  local f=$1 pid state
   [ -s "$f" ] || return 1
   pid=$(cat "$f")
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+  state=$(ps -o stat= -p "$pid" 2>/dev/null) || return 1
+  [ "${state:0:1}" != Z ]
 }
 
 install_if_needed() {
