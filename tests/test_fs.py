@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import os
 import random
+import shutil as sh
+import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import make_tree, wait_for
+from conftest import make_tree, rpc, wait_for
 
 
 def reader_loop(mnt: Path, stop: threading.Event, errors: list[str]) -> None:
@@ -141,12 +144,6 @@ def test_a_user_over_the_pipe_limit_gets_copied_replies(metfs):
     """Splicing needs pipes that hold a 128 KiB reply. A user whose pipes already take their
     share of `pipe-user-pages-soft` gets pipes of one page that cannot be grown: the daemon
     says its replies are copied, and every read is still served, exact."""
-    import shutil as sh
-    import subprocess
-    import tempfile
-
-    from conftest import rpc
-
     user = "metfs-user"
     ok = subprocess.run(["runuser", "-u", user, "--", "test", "-r", "/dev/fuse", "-a", "-w", "/dev/fuse"],
                         capture_output=True)
@@ -239,9 +236,6 @@ def test_mount_without_access_to_dev_fuse_says_why(metfs, tmp_path):
     with the user's rights too): the mount fails before staging with a reason naming the
     device, not a bare "Permission denied"."""
     import pwd
-    import shutil as sh
-    import subprocess
-    import tempfile
 
     user = "nobody"
     if os.stat("/dev/fuse").st_mode & 0o006 == 0o006:
@@ -269,7 +263,6 @@ def test_requests_a_read_only_fs_does_not_serve_are_answered_quietly(mounts, tmp
     nothing per request reaches the log."""
     import errno
     import fcntl
-    import subprocess
     import termios
 
     src = tmp_path / "tier"
@@ -307,9 +300,7 @@ def test_stat_through_the_view_mirrors_the_source(mounts, tmp_path):
     """Mode (write bits cleared), mtime, ctime, size and type of every file and directory in
     the view are the source's, so `rsync -t` between the view and a copy of the source finds
     nothing to transfer."""
-    import shutil as sh
     import stat
-    import subprocess
 
     src = tmp_path / "tier"
     make_tree(src, n=60, max_size=4096)
@@ -352,8 +343,6 @@ def test_stat_through_the_view_mirrors_the_source(mounts, tmp_path):
 def test_allow_other_enforces_the_source_modes(metfs, tmp_path):
     """With --allow-other, another user reads only what the source's modes let them read: a
     root-only 0600 file and a file in a 0700 directory give EACCES, a 0644 file reads."""
-    import subprocess
-    import tempfile
 
     user = "metfs-user"
     if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
@@ -391,7 +380,6 @@ def test_allow_other_enforces_the_source_modes(metfs, tmp_path):
     finally:
         subprocess.run([metfs, "umount", str(mnt)], capture_output=True, timeout=120)
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-        import shutil as sh
         sh.rmtree(base, ignore_errors=True)
 
 
@@ -400,7 +388,6 @@ def test_a_low_descriptor_limit_does_not_break_reads(metfs, tmp_path):
     kept a backing file open per file read ran out (EMFILE on every read and accept). Here the
     limit is 256 and 600 files are read twice on the cached path."""
     import resource
-    import subprocess
 
     src = tmp_path / "tier"
     src.mkdir()

@@ -8,7 +8,7 @@
 //!   It is a counter-based draw rather than a stream because each node decides on every sample
 //!   independently and the other nodes must reach the same decision without replaying a stream.
 
-pub(crate) use planrng::{splitmix64, PlanRng};
+use planrng::{splitmix64, PlanRng};
 
 /// The aggregate planner's domain (see `planrng`): other words than `prefetcher`'s, so the
 /// shares are not the single-node order. Changing it changes every node's shares.

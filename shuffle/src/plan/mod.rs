@@ -5,7 +5,7 @@
 //! # Shares
 //!
 //! Epoch `e`'s shares `S(e, 0..n)` are a uniformly random partition of the catalog: the
-//! sample ids are permuted by the crate's `PlanRng` (ChaCha8, as in `prefetcher`) seeded
+//! sample ids are permuted by `planrng`'s stream (ChaCha8, as in `prefetcher`) seeded
 //! from `(seed, e)` and the permuted order is cut into `n` contiguous runs of (as nearly as
 //! the sizes allow) equal bytes: run `i` ends at the first position where the bytes so far
 //! reach `(i+1)·T/n`. With equal sizes this
