@@ -3,24 +3,39 @@
 # "capacity tier" directory, mounts a MET view of it, trains a real model through the mount
 # (scikit-learn SGDClassifier, one partial_fit per pass), and reports what MET did.
 #
-#   scripts/demo.sh            # everything under /tmp/metfs-demo
+#   scripts/demo.sh              # everything under /tmp/metfs-demo
+#   scripts/demo.sh --installed  # the metfs on PATH (pip install dist/metfs-*.whl), no build
 #   METFS_DEMO_DIR=... RF=4 EPOCHS=3 BUDGET=6MiB scripts/demo.sh
+#
+# It installs what it needs itself: `scripts/install-deps.sh --list demo` (or `run` with
+# --installed) prints the packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+INSTALLED=0
+case "${1:-}" in
+--installed) INSTALLED=1 ;;
+"") ;;
+*) echo "usage: scripts/demo.sh [--installed]" >&2; exit 2 ;;
+esac
 DIR=${METFS_DEMO_DIR:-/tmp/metfs-demo}
 RF=${RF:-3}
 EPOCHS=${EPOCHS:-3}
 BUDGET=${BUDGET:-6MiB}
 PER_CLASS=${PER_CLASS:-150}
 
-# What the demo needs: FUSE tools, numpy and scikit-learn.
-dpkg -s fuse3 >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 >/dev/null; }
-python3 -c "import numpy, sklearn" 2>/dev/null || python3 -m pip install -q numpy scikit-learn
-python3 -m pip install -q --no-deps -e bindings/python >/dev/null 2>&1 || true
-
-cargo build --release -q -p metfs
-METFS=$ROOT/target/release/metfs
+if [ "$INSTALLED" = 1 ]; then
+  scripts/install-deps.sh run
+  METFS=$(command -v metfs) || { echo "demo: no metfs on PATH (pip install dist/metfs-*.whl)" >&2; exit 1; }
+  # The installed package, not this tree's copy.
+  PYPATH=${PYTHONPATH:-}
+else
+  scripts/install-deps.sh demo
+  cargo build --release -q -p metfs
+  METFS=$ROOT/target/release/metfs
+  PYPATH=bindings/python/src
+fi
+echo "== metfs: $METFS ($("$METFS" --version))"
 
 mnt=$DIR/mnt
 if grep -q " $mnt " /proc/mounts 2>/dev/null; then "$METFS" umount "$mnt" || umount -l "$mnt"; fi
@@ -35,7 +50,7 @@ trap '"$METFS" umount "$mnt" >/dev/null 2>&1 || true' EXIT
 "$METFS" status --socket "$DIR/cache/metfs.sock"
 
 echo "== training through the mount"
-PYTHONPATH=bindings/python/src python3 examples/met_sklearn.py \
+PYTHONPATH=$PYPATH python3 examples/met_sklearn.py \
   --mount "$mnt" --socket "$DIR/cache/metfs.sock" --val "$DIR/val" --epochs "$EPOCHS"
 
 "$METFS" umount "$mnt"

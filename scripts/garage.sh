@@ -5,7 +5,8 @@
 #   scripts/garage.sh start DIR [PORT [RPC_PORT]]
 #                                          start a server with its state in DIR; S3 on
 #                                          127.0.0.1:PORT (default 3900), RPC on RPC_PORT
-#                                          (default PORT+1); prints the S3 endpoint when ready
+#                                          (default PORT+1); prints the S3 endpoint once the
+#                                          server answers a signed S3 request
 #   scripts/garage.sh env DIR              print `export AWS_...` lines for the server in DIR
 #   scripts/garage.sh stop DIR             stop the server started in DIR
 #
@@ -69,8 +70,15 @@ rand_hex() { # bytes
 }
 
 port_answers() { # port
-    # Any HTTP answer (Garage says 403 to an unsigned request) means the S3 API is up.
+    # Any HTTP answer (Garage says 403 to an unsigned request): something serves HTTP there.
     curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$1/" 2>/dev/null
+}
+
+s3_ready() { # port key secret bucket
+    # Garage's own answer to a signed ListObjectsV2 of the default bucket: it comes only once
+    # the server has made the key and the bucket and serves S3, not when the port first opens.
+    curl -sf -o /dev/null --max-time 2 --aws-sigv4 "aws:amz:garage:s3" --user "$2:$3" \
+        "http://127.0.0.1:$1/$4?list-type=2&max-keys=1" 2>/dev/null
 }
 
 cmd_start() {
@@ -124,13 +132,14 @@ EOF
     local pid=$!
     echo "$pid" >"$dir/garage.pid"
     local i
-    for i in $(seq 1 300); do
+    for i in $(seq 1 600); do
         if ! running "$pid"; then
             tail -n 20 "$dir/garage.log" >&2
             rm -f "$dir/garage.pid"
             die "garage exited during start (log: $dir/garage.log)"
         fi
-        if port_answers "$port"; then
+        if s3_ready "$port" "$GARAGE_DEFAULT_ACCESS_KEY" "$GARAGE_DEFAULT_SECRET_KEY" \
+            "$GARAGE_DEFAULT_BUCKET"; then
             echo "http://127.0.0.1:$port"
             return 0
         fi
@@ -138,7 +147,8 @@ EOF
     done
     kill "$pid" 2>/dev/null || true
     rm -f "$dir/garage.pid"
-    die "garage did not answer on 127.0.0.1:$port within 30 s (log: $dir/garage.log)"
+    tail -n 20 "$dir/garage.log" >&2
+    die "garage on 127.0.0.1:$port did not answer a signed S3 request within 60 s (log: $dir/garage.log)"
 }
 
 cmd_env() {

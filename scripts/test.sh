@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests need, then runs every test: formatting and lints, the Rust unit,
-# property and integration tests (a real Garage S3 server included), a build without HDF5, a
-# short fuzzing run of every parser of untrusted input, and the end-to-end, stress and Python
-# tests on real FUSE mounts (tests/stress runs briefly here; scripts/stress.sh runs it at full
+# property and integration tests (a real Garage S3 server and etcd included), a build without
+# HDF5, a short fuzzing run of every parser of untrusted input, the wheel built and installed
+# into a fresh virtual environment, and the end-to-end, stress and Python tests on real FUSE
+# mounts (tests/stress runs briefly here; scripts/stress.sh runs it at full
 # size).
 # `.ci/run` calls exactly this.
 set -euo pipefail
@@ -10,6 +11,13 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
 scripts/install-deps.sh
+# The demo's own dependency step, run on its own as `scripts/demo.sh` runs it first thing, then
+# checked: every package its build needs is there (the list lives once, in install-deps.sh).
+scripts/install-deps.sh demo
+scripts/install-deps.sh --check demo
+# The tests that need a server (Garage, etcd) or the wheel are mandatory here; a contributor's
+# plain `cargo test` without them passes and names what it did not run.
+export METFS_REQUIRE_SERVERS=1
 
 echo "== format and lints"
 cargo fmt --all -- --check
@@ -51,6 +59,11 @@ rm -rf "$NOHDF5_DIR"
 
 echo "== fuzzing (20 s per target)"
 scripts/fuzz.sh --short
+
+echo "== the wheel (metfs binary and Python package; tests/test_wheel.py installs it)"
+scripts/wheel.sh
+METFS_WHEEL=$(ls "$PWD"/dist/metfs-*-manylinux_*_x86_64.whl)
+export METFS_WHEEL
 
 echo "== end-to-end and Python tests"
 # An ordinary user for the tests that run a daemon as one (here and again below). fusermount3

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -325,6 +326,31 @@ def wait_for(cond: Callable[[], bool], timeout: float = 30, what: str = "conditi
 __all__ = ["make_tree", "footprint", "rpc", "Mount", "read_view", "wait_for", "is_mounted", "shutil"]
 
 
+def wait_etcd_healthy(port: int, proc: "subprocess.Popen[bytes]", log: Path, timeout: float = 60) -> None:
+    """Waits for etcd's own health answer (`GET /health` says `"health":"true"`, which etcd
+    gives once it has a leader and has served a read), not for an open port: etcd accepts TCP
+    before it serves, and a client that connects then fails on a busy machine. Fails naming etcd
+    with its log when the process exits or the answer does not come."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"etcd on 127.0.0.1:{port} exited ({proc.returncode}) before it was "
+                                 f"healthy; its log ({log}):\n{log.read_text(errors='replace')[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                body = r.read().decode(errors="replace")
+            if json.loads(body).get("health") == "true":
+                return
+            last = body
+        except (OSError, ValueError) as e:
+            last = repr(e)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"etcd on 127.0.0.1:{port} not healthy after {timeout:.0f} s (last: {last}); "
+                                 f"its log ({log}):\n{log.read_text(errors='replace')[-4000:]}")
+        time.sleep(0.1)
+
+
 @dataclass
 class Etcd:
     """A real etcd (Debian's etcd-server) on free loopback ports with its data in `dir`."""
@@ -351,14 +377,7 @@ class Etcd:
              "--initial-cluster", f"t={p}"],
             stdout=subprocess.DEVNULL, stderr=log)
         log.close()
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.client_port), timeout=0.5).close()
-                return
-            except OSError:
-                assert time.monotonic() < deadline, (self.dir / "etcd.log").read_text()
-                time.sleep(0.05)
+        wait_etcd_healthy(self.client_port, self.proc, self.dir / "etcd.log")
 
     def kill(self) -> None:
         """`kill -9`."""

@@ -11,7 +11,7 @@
 //! back to it when `mount(2)` is refused), but `fusermount3` opens `/dev/fuse` as the calling
 //! user, like every libfuse mount: where the device is 0600 (as on some nodes) no ordinary user
 //! can mount FUSE at all. [`check_fuse_device`] says so up front instead of a bare "Permission
-//! denied".
+//! denied", and likewise for a kernel without FUSE and a node without `fusermount3`.
 //!
 //! Background start. `metfs mount` without `--foreground` re-executes itself with
 //! `--foreground --ready-fd N` in a new session, stdio detached, and waits on the pipe: the
@@ -174,33 +174,118 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
-/// Checks that this process may open `/dev/fuse`, which every FUSE mount needs (root, or an
-/// ordinary user through `fusermount3`, which opens it with the user's own rights).
-pub fn check_fuse_device() -> Result<(), MountError> {
-    // SAFETY: access on a constant C string; geteuid cannot fail.
-    let (ok, uid) = unsafe {
-        (
-            libc::access(c"/dev/fuse".as_ptr(), libc::R_OK | libc::W_OK) == 0,
-            libc::geteuid(),
-        )
-    };
-    if ok || uid == 0 {
-        return Ok(());
-    }
-    let mode = std::fs::metadata("/dev/fuse")
-        .map(|m| {
-            format!(
-                "{:o}",
-                std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777
+/// What a FUSE mount needs of the node, read once so that [`fuse_prerequisites`] can judge it
+/// without touching the system (and be tested so).
+#[derive(Debug, Clone)]
+pub struct FuseNode {
+    /// `/proc/filesystems`, or `None` where it cannot be read.
+    pub filesystems: Option<String>,
+    /// Whether `/dev/fuse` exists, and its permission bits.
+    pub device_mode: Option<u32>,
+    /// Whether this process may open `/dev/fuse` for reading and writing.
+    pub device_access: bool,
+    /// The effective uid.
+    pub uid: u32,
+    /// The mount helper an ordinary user's mount would run (`FUSERMOUNT_PATH`, else the first
+    /// `fusermount3`/`fusermount` that fuser would find), if any.
+    pub helper: Option<PathBuf>,
+}
+
+impl FuseNode {
+    /// Reads this node's facts.
+    pub fn probe() -> Self {
+        // SAFETY: access on a constant C string; geteuid cannot fail.
+        let (device_access, uid) = unsafe {
+            (
+                libc::access(c"/dev/fuse".as_ptr(), libc::R_OK | libc::W_OK) == 0,
+                libc::geteuid(),
             )
-        })
-        .unwrap_or_else(|e| e.to_string());
-    Err(MountError::Daemon(format!(
-        "/dev/fuse (mode {mode}) cannot be opened by uid {uid}: FUSE is reserved to root on this \
-         node. fusermount3 opens the device as the calling user too, so no FUSE mount can work; \
-         ask the administrators for access (most distributions make /dev/fuse 0666; a site may \
-         grant a group read and write)"
-    )))
+        };
+        FuseNode {
+            filesystems: std::fs::read_to_string("/proc/filesystems").ok(),
+            device_mode: std::fs::metadata("/dev/fuse")
+                .ok()
+                .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777),
+            device_access,
+            uid,
+            helper: find_fusermount(
+                std::env::var_os("FUSERMOUNT_PATH"),
+                std::env::var_os("PATH"),
+            ),
+        }
+    }
+}
+
+/// The mount helper fuser runs for an ordinary user: `FUSERMOUNT_PATH` if set, else
+/// `fusermount3` or `fusermount` on `PATH`, then in `/sbin` and `/bin` (fuser's own order).
+fn find_fusermount(
+    explicit: Option<std::ffi::OsString>,
+    path: Option<std::ffi::OsString>,
+) -> Option<PathBuf> {
+    let executable = |p: &Path| {
+        let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else {
+            return false;
+        };
+        // SAFETY: access on a valid C string.
+        p.is_file() && unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0
+    };
+    if let Some(e) = explicit {
+        let p = PathBuf::from(e);
+        return executable(&p).then_some(p);
+    }
+    let mut dirs: Vec<PathBuf> = path
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    dirs.extend([PathBuf::from("/sbin"), PathBuf::from("/bin")]);
+    ["fusermount3", "fusermount"]
+        .iter()
+        .flat_map(|name| dirs.iter().map(move |d| d.join(name)))
+        .find(|p| executable(p))
+}
+
+/// Judges whether a FUSE mount can work on `node`, with an error that names what is missing and
+/// what provides it: a kernel without FUSE, a device this user may not open, or no
+/// `fusermount3` for an ordinary user (root mounts with mount(2) and needs none).
+pub fn fuse_prerequisites(node: &FuseNode) -> Result<(), MountError> {
+    let in_kernel = node.filesystems.as_deref().is_none_or(|f| {
+        f.lines()
+            .any(|l| l.split_whitespace().last() == Some("fuse"))
+    });
+    if !in_kernel || node.device_mode.is_none() {
+        let why = match (in_kernel, node.device_mode) {
+            (false, None) => "fuse is not in /proc/filesystems and there is no /dev/fuse",
+            (false, Some(_)) => "fuse is not in /proc/filesystems",
+            _ => "there is no /dev/fuse",
+        };
+        return Err(MountError::Daemon(format!(
+            "this kernel offers no FUSE ({why}): load the `fuse` module (`modprobe fuse`, root) \
+             or ask the administrators; in a container, pass the host's /dev/fuse into it"
+        )));
+    }
+    let uid = node.uid;
+    if uid != 0 && !node.device_access {
+        let mode = node.device_mode.unwrap_or(0) & 0o777;
+        return Err(MountError::Daemon(format!(
+            "/dev/fuse (mode {mode:o}) cannot be opened by uid {uid}: FUSE is reserved to root on \
+             this node. fusermount3 opens the device as the calling user too, so no FUSE mount can \
+             work; ask the administrators for access (most distributions make /dev/fuse 0666; a \
+             site may grant a group read and write)"
+        )));
+    }
+    if uid != 0 && node.helper.is_none() {
+        return Err(MountError::Daemon(format!(
+            "no fusermount3 found (FUSERMOUNT_PATH unset; not on PATH, /sbin or /bin): uid {uid} \
+             is not root, and an ordinary user mounts FUSE through the setuid fusermount3 of the \
+             `fuse3` package (Debian and Ubuntu: apt-get install fuse3; RHEL and Fedora: dnf \
+             install fuse3)"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that a FUSE mount can work here ([`fuse_prerequisites`] on this node's facts).
+pub fn check_fuse_device() -> Result<(), MountError> {
+    fuse_prerequisites(&FuseNode::probe())
 }
 
 fn detach(mountpoint: &Path) -> Result<(), MountError> {
@@ -419,5 +504,87 @@ mod tests {
             .to_string();
         assert!(e.contains("not a directory"), "{e}");
         assert!(check_mountpoint(&d.path().join("missing")).is_err());
+    }
+
+    fn node() -> FuseNode {
+        FuseNode {
+            filesystems: Some("nodev\tsysfs\nnodev\tfuse\n\tfuseblk\n".into()),
+            device_mode: Some(0o666),
+            device_access: true,
+            uid: 1000,
+            helper: Some(PathBuf::from("/usr/bin/fusermount3")),
+        }
+    }
+
+    #[test]
+    fn fuse_prerequisites_name_what_is_missing_and_its_package() {
+        assert!(fuse_prerequisites(&node()).is_ok());
+        // A kernel without FUSE, for root and users alike.
+        for uid in [0, 1000] {
+            let n = FuseNode {
+                filesystems: Some("nodev\tsysfs\n\tfuseblk\n".into()),
+                device_mode: None,
+                uid,
+                ..node()
+            };
+            let e = fuse_prerequisites(&n).unwrap_err().to_string();
+            assert!(e.contains("this kernel offers no FUSE"), "{e}");
+            assert!(e.contains("modprobe fuse"), "{e}");
+        }
+        let e = fuse_prerequisites(&FuseNode {
+            device_mode: None,
+            ..node()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("there is no /dev/fuse"), "{e}");
+        // An ordinary user without fusermount3; root needs none.
+        let no_helper = FuseNode {
+            helper: None,
+            ..node()
+        };
+        let e = fuse_prerequisites(&no_helper).unwrap_err().to_string();
+        assert!(
+            e.contains("no fusermount3 found") && e.contains("apt-get install fuse3"),
+            "{e}"
+        );
+        assert!(fuse_prerequisites(&FuseNode {
+            uid: 0,
+            ..no_helper
+        })
+        .is_ok());
+        // A device reserved to root.
+        let e = fuse_prerequisites(&FuseNode {
+            device_mode: Some(0o600),
+            device_access: false,
+            ..node()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("/dev/fuse (mode 600) cannot be opened"), "{e}");
+    }
+
+    #[test]
+    fn fusermount_is_found_as_fuser_finds_it() {
+        let d = tempfile::tempdir().unwrap();
+        let helper = d.path().join("fusermount3");
+        std::fs::write(&helper, b"#!/bin/sh\n").unwrap();
+        let path = Some(d.path().as_os_str().to_owned());
+        // Not executable: not a helper.
+        std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        assert_ne!(find_fusermount(None, path.clone()), Some(helper.clone()));
+        std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        assert_eq!(find_fusermount(None, path), Some(helper.clone()));
+        // FUSERMOUNT_PATH wins, and a missing one is no helper at all.
+        assert_eq!(
+            find_fusermount(Some(helper.as_os_str().to_owned()), None),
+            Some(helper.clone())
+        );
+        assert_eq!(
+            find_fusermount(Some(d.path().join("missing").into_os_string()), None),
+            None
+        );
     }
 }

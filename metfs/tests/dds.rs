@@ -34,8 +34,45 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// The body of etcd's `GET /health` on `port` (HTTP/1.0, so the server closes the connection
+/// after the answer and the whole reply is what the socket yields).
+fn health(port: u16) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply)?;
+    Ok(reply
+        .split_once("\r\n\r\n")
+        .map_or(reply.clone(), |(_, b)| b.to_string()))
+}
+
 impl Etcd {
-    fn start() -> Self {
+    /// Starts etcd, or returns `None` (after saying so on stderr) when it is not installed and
+    /// `METFS_REQUIRE_SERVERS` is unset: a contributor's plain `cargo test` passes and names the
+    /// tests it did not run; `scripts/test.sh` sets the variable, so they are never skipped there.
+    fn start(test: &str) -> Option<Self> {
+        let have = Command::new("etcd")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        let required = std::env::var_os("METFS_REQUIRE_SERVERS").is_some_and(|v| v != "0");
+        let why =
+            "etcd is not installed (Debian's etcd-server; scripts/install-deps.sh installs it)";
+        if !have {
+            assert!(!required, "{why} (METFS_REQUIRE_SERVERS is set)");
+            // Straight to the process's stderr: the harness captures eprintln! of a passing test.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "not run: dds::{test}: {why}; set METFS_REQUIRE_SERVERS=1 to make this a failure"
+            );
+            return None;
+        }
         let mut e = Etcd {
             dir: tempfile::tempdir().unwrap(),
             client: free_port(),
@@ -43,7 +80,7 @@ impl Etcd {
             child: None,
         };
         e.run();
-        e
+        Some(e)
     }
 
     fn data(&self) -> PathBuf {
@@ -73,14 +110,41 @@ impl Etcd {
             .spawn()
             .expect("etcd (Debian's etcd-server; scripts/install-deps.sh installs it)");
         self.child = Some(child);
+        self.wait_healthy(Duration::from_secs(60));
+    }
+
+    /// Waits for etcd's own health answer (`GET /health` with `"health":"true"`, given once it
+    /// has a leader and has served a read), not for an open port: etcd accepts TCP before it
+    /// serves, and a client connecting then fails on a busy machine. Panics naming etcd, with
+    /// its log, when the process exits or the answer does not come.
+    fn wait_healthy(&mut self, limit: Duration) {
+        let log = self.dir.path().join("etcd.log");
         let t = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.client)).is_err() {
+        let mut last = String::from("no answer");
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "etcd on 127.0.0.1:{} exited ({status}) before it was healthy; its log:\n{}",
+                    self.client,
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            match health(self.client) {
+                Ok(body) if body.contains(r#""health":"true""#) => return,
+                Ok(body) => last = body,
+                Err(e) => last = e.to_string(),
+            }
             assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "etcd did not start: {}",
-                std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+                t.elapsed() < limit,
+                "etcd on 127.0.0.1:{} not healthy after {limit:?} (last: {last}); its log:\n{}",
+                self.client,
+                std::fs::read_to_string(&log).unwrap_or_default()
             );
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 
@@ -226,7 +290,9 @@ fn assert_exactly_once(s: &OwnedSamples, m: &QueueMeta, epoch: u64, done: &BTree
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claims_are_exclusive_under_concurrency() {
-    let etcd = Etcd::start();
+    let Some(etcd) = Etcd::start("claims_are_exclusive_under_concurrency") else {
+        return;
+    };
     let s = samples(2_000);
     let (q, m) = queue(&etcd, "excl", &meta(&s, 80, 1)).await;
     let mut tasks = Vec::new();
@@ -265,7 +331,10 @@ async fn claims_are_exclusive_under_concurrency() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_takes_what_fits_and_only_after_the_previous_batches() {
-    let etcd = Etcd::start();
+    let Some(etcd) = Etcd::start("a_claim_takes_what_fits_and_only_after_the_previous_batches")
+    else {
+        return;
+    };
     let s = samples(400);
     let (q, m) = queue(&etcd, "fit", &meta(&s, 20, 2)).await;
     let mut w = Worker::join(q.clone(), m.clone(), s.clone(), cfg("a", 5, 0))
@@ -297,7 +366,10 @@ async fn a_claim_takes_what_fits_and_only_after_the_previous_batches() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_workers_shards_come_back_within_the_lease_and_a_second() {
-    let etcd = Etcd::start();
+    let Some(etcd) = Etcd::start("a_dead_workers_shards_come_back_within_the_lease_and_a_second")
+    else {
+        return;
+    };
     let s = samples(600);
     let (q, m) = queue(&etcd, "lease", &meta(&s, 30, 3)).await;
     let ttl = 2;
@@ -357,7 +429,11 @@ async fn a_dead_workers_shards_come_back_within_the_lease_and_a_second() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_survives_etcd_killed_and_restarted_on_its_data_dir() {
-    let mut etcd = Etcd::start();
+    let Some(mut etcd) =
+        Etcd::start("the_queue_survives_etcd_killed_and_restarted_on_its_data_dir")
+    else {
+        return;
+    };
     let s = samples(500);
     let (q, m) = queue(&etcd, "restart", &meta(&s, 25, 4)).await;
     let w = Worker::join(q.clone(), m.clone(), s.clone(), cfg("a", 10, 0))
@@ -407,7 +483,10 @@ async fn the_queue_survives_etcd_killed_and_restarted_on_its_data_dir() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_job_resumed_on_fewer_workers_completes_the_epoch_exactly_once() {
-    let etcd = Etcd::start();
+    let Some(etcd) = Etcd::start("a_job_resumed_on_fewer_workers_completes_the_epoch_exactly_once")
+    else {
+        return;
+    };
     let s = samples(1_200);
     let (q, m) = queue(&etcd, "resume", &meta(&s, 60, 5)).await;
     // Three nodes for about half the epoch; each dies holding one more batch.
@@ -452,7 +531,10 @@ async fn a_job_resumed_on_fewer_workers_completes_the_epoch_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_of_another_dataset_or_seed_is_refused_naming_both() {
-    let etcd = Etcd::start();
+    let Some(etcd) = Etcd::start("a_queue_of_another_dataset_or_seed_is_refused_naming_both")
+    else {
+        return;
+    };
     let s = samples(100);
     let (q, _) = queue(&etcd, "mine", &meta(&s, 10, 6)).await;
     let e = q.init(&meta(&s, 10, 7)).await.unwrap_err().to_string();

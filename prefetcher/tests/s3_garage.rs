@@ -53,7 +53,11 @@ struct Garage {
 }
 
 impl Garage {
-    fn start() -> Self {
+    /// Starts a server, or returns `None` (after saying so on stderr) when Garage is not
+    /// installed and `METFS_REQUIRE_SERVERS` is unset: a contributor's plain `cargo test` passes
+    /// and names the S3 tests it did not run, while `scripts/test.sh` sets the variable, so that
+    /// the test command can never skip them silently.
+    fn start(test: &str) -> Option<Self> {
         let have = Command::new("sh")
             .args([
                 "-c",
@@ -62,11 +66,19 @@ impl Garage {
             .status()
             .map(|s| s.success())
             .unwrap_or(false);
-        assert!(
-            have,
-            "Garage is not installed: run `scripts/garage.sh install` once on this machine \
-             (cargo install garage --version 2.5.0 --locked, about 16 minutes on 2 cores)"
-        );
+        let required = std::env::var_os("METFS_REQUIRE_SERVERS").is_some_and(|v| v != "0");
+        let why = "Garage is not installed: run `scripts/garage.sh install` once on this machine \
+             (cargo install garage --version 2.5.0 --locked, about 16 minutes on 2 cores)";
+        if !have {
+            assert!(!required, "{why} (METFS_REQUIRE_SERVERS is set)");
+            // Straight to the process's stderr: the harness captures eprintln! of a passing test.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "not run: s3_garage::{test}: {why}; set METFS_REQUIRE_SERVERS=1 to make this a failure"
+            );
+            return None;
+        }
         let dir = tempfile::tempdir().unwrap();
         let mut g = Self {
             dir,
@@ -86,7 +98,7 @@ impl Garage {
         };
         g.key = field("GARAGE_DEFAULT_ACCESS_KEY");
         g.secret = field("GARAGE_DEFAULT_SECRET_KEY");
-        g
+        Some(g)
     }
 
     fn script(&self, args: &[&str]) -> std::process::Output {
@@ -255,7 +267,9 @@ fn tree() -> Vec<(String, Vec<u8>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_fetches_and_verifies_a_tree() {
-    let g = Garage::start();
+    let Some(g) = Garage::start("lists_fetches_and_verifies_a_tree") else {
+        return;
+    };
     let tier = g.tier("ds");
     let objects = tree();
     upload(&tier, &objects).await;
@@ -306,7 +320,9 @@ async fn lists_fetches_and_verifies_a_tree() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paginates_and_reads_the_environment() {
-    let g = Garage::start();
+    let Some(g) = Garage::start("paginates_and_reads_the_environment") else {
+        return;
+    };
     // Credentials and endpoint only from AWS_* variables (passed in, not set process-wide).
     let env = vec![
         ("AWS_ENDPOINT_URL".to_string(), g.endpoint()),
@@ -330,7 +346,9 @@ async fn paginates_and_reads_the_environment() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_objects_come_in_ranged_parts() {
-    let g = Garage::start();
+    let Some(g) = Garage::start("large_objects_come_in_ranged_parts") else {
+        return;
+    };
     let cfg = S3Config {
         part_size: 1 << 20,
         max_parallel_parts: 4,
@@ -383,7 +401,9 @@ async fn large_objects_come_in_ranged_parts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changed_and_deleted_objects_are_reported() {
-    let g = Garage::start();
+    let Some(g) = Garage::start("changed_and_deleted_objects_are_reported") else {
+        return;
+    };
     let cfg = S3Config {
         part_size: 1 << 20,
         ..g.config()
@@ -443,7 +463,9 @@ async fn changed_and_deleted_objects_are_reported() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_and_missing_bucket() {
-    let g = Garage::start();
+    let Some(g) = Garage::start("wrong_credentials_and_missing_bucket") else {
+        return;
+    };
     let good = g.tier("ds");
     upload(&good, &[("ds/x".into(), data(1, 100))]).await;
     let l = good.list().await.unwrap();
@@ -509,7 +531,9 @@ async fn wrong_credentials_and_missing_bucket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_that_escape_the_view_are_left_out_and_named() {
-    let g = Garage::start();
+    let Some(g) = Garage::start("keys_that_escape_the_view_are_left_out_and_named") else {
+        return;
+    };
     let tier = g.tier("ds");
     upload(
         &tier,
@@ -612,7 +636,9 @@ impl Drop for FaultProxy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fetches_complete_through_a_faulty_network() {
-    let g = Garage::start();
+    let Some(g) = Garage::start("fetches_complete_through_a_faulty_network") else {
+        return;
+    };
     let direct = g.tier("ds");
     let mut objects: Vec<(String, Vec<u8>)> = (0..120)
         .map(|i| {
@@ -671,7 +697,9 @@ async fn fetches_complete_through_a_faulty_network() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_crash_and_restart_during_fetch() {
-    let g = Garage::start();
+    let Some(g) = Garage::start("server_crash_and_restart_during_fetch") else {
+        return;
+    };
     let cfg = S3Config {
         part_size: 1 << 20,
         ..g.config()

@@ -32,9 +32,10 @@ from .coordinator import (
     TorchDistributedCoordinator,
     default_coordinator,
 )
+from . import _version
 from .loop import Pass, Passes, PassRecord, passes
 
-__version__ = "0.1.0"
+__version__ = _version.version()
 
 __all__ = [
     "PROTOCOL_VERSION",
