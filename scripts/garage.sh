@@ -18,6 +18,7 @@
 set -euo pipefail
 
 GARAGE_VERSION=2.5.0
+EMPTY_SHA256=e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855
 BUILD_LOG=/tmp/setup/garage.log
 
 die() {
@@ -77,7 +78,9 @@ port_answers() { # port
 s3_ready() { # port key secret bucket
     # Garage's own answer to a signed ListObjectsV2 of the default bucket: it comes only once
     # the server has made the key and the bucket and serves S3, not when the port first opens.
+    # (curl signs the x-amz-* headers it is given; S3 wants the payload's hash, here of nothing.)
     curl -sf -o /dev/null --max-time 2 --aws-sigv4 "aws:amz:garage:s3" --user "$2:$3" \
+        -H "x-amz-content-sha256: $EMPTY_SHA256" \
         "http://127.0.0.1:$1/$4?list-type=2&max-keys=1" 2>/dev/null
 }
 

@@ -103,6 +103,7 @@ def test_mount_and_pass_loop_from_the_wheel(venv: Path, tmp_path: Path) -> None:
     files = make_tree(tmp_path / "tier", n=120)
     cache, mnt = tmp_path / "cache", tmp_path / "mnt"
     mnt.mkdir()
+    cache.mkdir()
     run(["metfs", "mount", "--source", str(tmp_path / "tier"), "--cache", str(cache), "--budget", "2MiB",
          "--rf", "2", str(mnt)], env)
     try:
@@ -116,12 +117,17 @@ def test_mount_and_pass_loop_from_the_wheel(venv: Path, tmp_path: Path) -> None:
     assert not is_mounted(mnt)
 
 
-def test_hdf5_containers_with_the_wheels_binary(venv: Path, tmp_path: Path) -> None:
+def test_hdf5_containers_with_the_wheels_binary(venv: Path) -> None:
     """The HDF5 container test's case, its files written and read back by h5py from the
     environment, served by the wheel's statically linked HDF5."""
     env = plain_env(venv, METFS_BIN=str(venv / "bin" / "metfs"), PYTHONDONTWRITEBYTECODE="1")
-    r = run(["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'pt'}",
-             str(ROOT / "tests" / "test_hdf5.py::test_container_mode_rows_per_mini_epoch")], env, ok=False)
+    # A short base directory: the mount's control socket must fit in sun_path.
+    base = Path(tempfile.mkdtemp(prefix="mw."))
+    try:
+        r = run(["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={base / 'p'}",
+                 str(ROOT / "tests" / "test_hdf5.py::test_container_mode_rows_per_mini_epoch")], env, ok=False)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
 
 
@@ -159,6 +165,7 @@ def test_a_kernel_without_fuse_is_named_not_a_panic(venv: Path) -> None:
         (work / "src").mkdir()
         (work / "src" / "a").write_bytes(b"x" * 100)
         (work / "mnt").mkdir()
+        (work / "cache").mkdir()
         (work / "filesystems").write_text("nodev\tsysfs\nnodev\tproc\n\text4\n")
         r = mount_in_namespace(
             f"mount --bind {work / 'filesystems'} /proc/filesystems",
@@ -182,6 +189,7 @@ def test_a_user_without_fusermount3_is_told_which_package(venv: Path) -> None:
         (work / "src").mkdir()
         (work / "src" / "a").write_bytes(b"x" * 100)
         (work / "mnt").mkdir()
+        (work / "cache").mkdir()
         blank = work / "blank"
         blank.write_bytes(b"")
         blank.chmod(0o644)

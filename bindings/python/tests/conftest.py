@@ -6,8 +6,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
-from typing import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 

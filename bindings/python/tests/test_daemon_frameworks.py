@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 from realmount import RealMount
 from training import keras_training, lightning_training, torch_training

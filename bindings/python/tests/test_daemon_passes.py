@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from realmount import REPO, RealMount, is_mounted

@@ -15,10 +15,12 @@ reports its metrics over the control socket and the daemon answers ``repeat``, `
   (ADJUST_BS, paper 003 Eq. 3).
 """
 
+from . import _version
 from .client import (
     PROTOCOL_VERSION,
     Client,
     Decision,
+    DecisionKind,
     FilesView,
     Hello,
     MetfsConnectionError,
@@ -32,7 +34,6 @@ from .coordinator import (
     TorchDistributedCoordinator,
     default_coordinator,
 )
-from . import _version
 from .loop import Pass, Passes, PassRecord, passes
 
 __version__ = _version.version()
@@ -42,6 +43,7 @@ __all__ = [
     "Client",
     "Coordinator",
     "Decision",
+    "DecisionKind",
     "FilesView",
     "Hello",
     "LocalCoordinator",

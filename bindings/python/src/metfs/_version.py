@@ -22,10 +22,12 @@ def _from_workspace(cargo_toml: Path) -> str | None:
     except OSError:
         return None
     # The `version` of `[workspace.package]`, the only version the workspace declares.
-    section = re.search(r"^\[workspace\.package\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    section = re.search(
+        r"^\[workspace\.package\]\s*$(.*?)(?=^\[|\Z)", text, re.MULTILINE | re.DOTALL
+    )
     if section is None:
         return None
-    m = re.search(r'^version\s*=\s*"([^"]+)"', section.group(1), re.M)
+    m = re.search(r'^version\s*=\s*"([^"]+)"', section.group(1), re.MULTILINE)
     return m.group(1) if m else None
 
 

@@ -17,7 +17,6 @@ This module uses the standard library only.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import math
@@ -27,15 +26,16 @@ import socket as _socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast, get_args
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
 __all__ = [
     "PROTOCOL_VERSION",
     "Client",
     "Decision",
+    "DecisionKind",
     "FilesView",
     "Hello",
     "MetfsConnectionError",
@@ -62,7 +62,9 @@ MAX_RESPONSE_BYTES = 1 << 30
 _IDEMPOTENT_OPS = frozenset({"hello", "status", "files", "apply"})
 
 #: Decisions the daemon may answer to ``pass_end``, ``advance`` and ``apply``.
-DECISIONS = ("repeat", "advance", "wait")
+#: What ``pass_end``, ``advance`` and ``apply`` may answer.
+DecisionKind = Literal["repeat", "advance", "wait"]
+DECISIONS: tuple[DecisionKind, ...] = get_args(DecisionKind)
 
 
 class MetfsError(Exception):
@@ -300,7 +302,7 @@ class Decision:
     are those *after* the decision; ``passes_done`` is the protocol's ``pass``.
     """
 
-    decision: str
+    decision: DecisionKind
     generation: int
     epoch: int
     mini_epoch: int
@@ -323,7 +325,7 @@ class Decision:
             )
         reason = obj.get("reason")
         return cls(
-            decision=decision,
+            decision=cast(DecisionKind, decision),
             generation=_req_int(obj, "generation", op),
             epoch=_req_int(obj, "epoch", op),
             mini_epoch=_req_int(obj, "mini_epoch", op),
@@ -506,7 +508,7 @@ class Client:
                 f"nothing listens on metfs control socket {self.socket_path}: "
                 "the daemon has exited (see its log) or the mount was unmounted",
             ) from None
-        except _socket.timeout:
+        except TimeoutError:
             sock.close()
             raise MetfsConnectionError(
                 "timeout",
@@ -588,12 +590,6 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        # Also runs for a client whose __init__ failed before the socket existed, and at
-        # interpreter exit; nothing raised here could reach anyone.
-        with contextlib.suppress(Exception):
-            self._close_socket()
-
     def __repr__(self) -> str:
         return f"Client(socket={self.socket_path!r}, job={self.job!r})"
 
@@ -637,7 +633,7 @@ class Client:
                 )
             try:
                 chunk = self._sock.recv(1 << 16)
-            except _socket.timeout:
+            except TimeoutError:
                 raise MetfsError(
                     "timeout", f"no answer to `{op}` from {self.socket_path} within {timeout} s"
                 ) from None

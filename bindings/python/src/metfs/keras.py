@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 import numpy as np

@@ -25,8 +25,8 @@ of what ``step_fn`` returns (plus ``eval_fn()``'s metrics) after each pass.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler

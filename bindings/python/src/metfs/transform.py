@@ -46,11 +46,12 @@ from __future__ import annotations
 import importlib
 import struct
 import sys
-from typing import BinaryIO, Callable, Union, cast
+from collections.abc import Callable
+from typing import BinaryIO, cast
 
 __all__ = ["Transform", "load", "main", "serve", "transform"]
 
-Output = Union[bytes, bytearray, memoryview]
+Output = bytes | bytearray | memoryview
 Transform = Callable[[bytes, str], Output]
 
 #: Longest relative path a request carries (the kernel's PATH_MAX).
