@@ -120,7 +120,6 @@ impl Etcd {
     fn wait_healthy(&mut self, limit: Duration) {
         let log = self.dir.path().join("etcd.log");
         let t = Instant::now();
-        let mut last = String::from("no answer");
         loop {
             if let Some(status) = self
                 .child
@@ -133,11 +132,11 @@ impl Etcd {
                     std::fs::read_to_string(&log).unwrap_or_default()
                 );
             }
-            match health(self.client) {
+            let last = match health(self.client) {
                 Ok(body) if body.contains(r#""health":"true""#) => return,
-                Ok(body) => last = body,
-                Err(e) => last = e.to_string(),
-            }
+                Ok(body) => body,
+                Err(e) => e.to_string(),
+            };
             assert!(
                 t.elapsed() < limit,
                 "etcd on 127.0.0.1:{} not healthy after {limit:?} (last: {last}); its log:\n{}",
