@@ -27,8 +27,8 @@ use thiserror::Error;
 #[cfg(feature = "clap")]
 use crate::policy::DEFAULT_TERMS;
 use crate::policy::{
-    default_terms, Bollinger, Bounded, Fixed, Learned, MetricTerm, PolicyError, RfPolicy, Scope,
-    Score, WeightedScore,
+    default_terms, Bollinger, Bounded, Fixed, Learned, MetricTerm, PolicyError, ReplayMetric,
+    RfPolicy, Scope, Score, WeightedScore,
 };
 
 /// Errors of the config module: a key whose value cannot be used.
@@ -262,6 +262,24 @@ pub struct PolicyConfig {
     /// policy the paper pairs with remembering the strategy.
     #[cfg_attr(feature = "clap", arg(long, default_value_t))]
     pub learned_fallback: FallbackKind,
+
+    /// `learned`: the metric that picks the earlier run to replay, `min:TERM` (lower is
+    /// better, a loss) or `max:TERM` (higher is better, an accuracy), TERM as in
+    /// `score_metrics`; the run with the best final value is replayed [default: the first
+    /// score term].
+    ///
+    /// Default: the first term of `score_metrics` with a non-zero weight, lower being better
+    /// when its weight is positive (the score is minimised) and higher when negative, so the
+    /// run replayed is the one that ended best at what the score policy optimised (with the
+    /// paper's terms, the lowest final training loss). Name a validation metric here when the
+    /// job sends one: it says more about the model than a training loss. A run's final value
+    /// is the metric's value in the last mini-epoch that recorded it. Finished runs (a shared
+    /// mount's jobs that left) are ranked before the others; a plain mount's runs never finish
+    /// and are ranked among themselves. When no run recorded the metric, the latest finished
+    /// run is replayed, else the one that got furthest; a metric named here that the earlier
+    /// runs did not record, while they recorded others, is refused at mount.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub learned_metric: Option<ReplayMetric>,
 }
 
 /// Default of [`PolicyConfig::rf`].
@@ -292,6 +310,7 @@ impl Default for PolicyConfig {
             bollinger_k: DEFAULT_BOLLINGER_K,
             bollinger_scope: Scope::Run,
             learned_fallback: FallbackKind::Score,
+            learned_metric: None,
         }
     }
 }
@@ -320,6 +339,20 @@ impl PolicyConfig {
         self.score_weights
             .clone()
             .unwrap_or_else(|| vec![1.0; self.score_metrics.len()])
+    }
+
+    /// The metric `learned` ranks earlier runs by: `learned_metric`, else the score's first
+    /// term with a non-zero weight.
+    pub fn replay_metric(&self) -> Result<ReplayMetric, ConfigError> {
+        if let Some(m) = &self.learned_metric {
+            return Ok(m.clone());
+        }
+        ReplayMetric::of_score(&self.weighted_score()?).ok_or_else(|| {
+            invalid(
+                "score_weights",
+                "all weights are zero, so no term ranks earlier runs",
+            )
+        })
     }
 
     /// The deciding policy: `kind`, or `learned_fallback` for `learned`.
@@ -501,8 +534,9 @@ fn build_base(cfg: &PolicyConfig, base: Base) -> Result<Box<dyn RfPolicy>, Confi
 /// Validates `cfg` and builds its policy, wrapped in [`Bounded`] (`rf_min`, `rf_max`).
 ///
 /// `learned_schedule` is the rf sequence to replay for `kind = learned` (from
-/// `HistoryStore::schedule`); `None` or empty means no history yet, so the fallback decides
-/// every mini-epoch (and that run becomes the history). Other kinds ignore it.
+/// `HistoryStore::replay`, ranked by [`PolicyConfig::replay_metric`]); `None` or empty means no
+/// history yet, so the fallback decides every mini-epoch (and that run becomes the history).
+/// Other kinds ignore it.
 pub fn build_policy(
     cfg: &PolicyConfig,
     learned_schedule: Option<Vec<u32>>,
@@ -560,6 +594,9 @@ mod tests {
         assert_eq!((c.bollinger_window, c.bollinger_k), (5, 2.0));
         assert_eq!(c.bollinger_scope, Scope::Run);
         assert_eq!(c.learned_fallback, FallbackKind::Score);
+        assert_eq!(c.learned_metric, None);
+        assert_eq!(c.replay_metric().unwrap().to_string(), "min:loss");
+        assert!(!c.replay_metric().unwrap().is_named());
         c.validate().unwrap();
         // An empty table is the default config.
         assert_eq!(toml::from_str::<PolicyConfig>("").unwrap(), c);
@@ -581,6 +618,7 @@ mod tests {
             bollinger_k = 1.5
             bollinger_scope = "per_mini_epoch"
             learned_fallback = "bollinger"
+            learned_metric = "max:val_accuracy"
             "#,
         )
         .unwrap();
@@ -591,6 +629,10 @@ mod tests {
         assert_eq!(
             (c.best_scope, c.bollinger_scope),
             (Scope::PerMiniEpoch, Scope::PerMiniEpoch)
+        );
+        assert_eq!(
+            c.replay_metric().unwrap(),
+            "max:val_accuracy".parse().unwrap()
         );
         // Round trip through TOML.
         let back: PolicyConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
@@ -607,6 +649,7 @@ mod tests {
             ("score_metrics = [\"1 - \"]", "score_metrics"),
             ("best_scope = \"epoch\"", "epoch"),
             ("learned_fallback = \"learned\"", "learned"),
+            ("learned_metric = \"val_accuracy\"", "learned_metric"),
         ] {
             let e = toml::from_str::<PolicyConfig>(text)
                 .unwrap_err()

@@ -4,8 +4,18 @@
 //! automatically reflected in subsequent training runs". [`HistoryStore`] is that memory: one
 //! JSON file holding runs, each keyed by a dataset key and a job key, each a list of
 //! [`MiniEpochRecord`]s (sequence index, epoch, mini-epoch index, rf, the score of every pass,
-//! the decision and reason at the last pass, timestamps). [`HistoryStore::schedule`] turns the
-//! best-suited earlier run into the rf sequence that `learned` replays.
+//! the last value of every metric the job sent, the decision and reason at the last pass,
+//! timestamps). [`HistoryStore::replay`] picks the earlier run to replay and turns it into the
+//! rf sequence that `learned` replays.
+//!
+//! Which run: the *best* run by a [`ReplayMetric`] (the `learned_metric` setting, or the
+//! score's first term), compared by each run's final value of it (its value in the last
+//! mini-epoch that recorded it), among the finished runs that recorded it or, when none of
+//! those finished, among all that did (a plain mount's runs never finish; a shared mount's job
+//! finishes its run by leaving, and a job killed at its time limit never does). When no run
+//! recorded the metric, the latest finished run; when none finished either, the one that got
+//! furthest. The choice and its reason ([`Replay`]) are recorded on the run that
+//! replays it (`replayed`) and shown by `metfs status`.
 //!
 //! Keys are opaque strings chosen by the daemon. The dataset key should change whenever the
 //! sequence of mini-epochs would (source, catalog identity, budget, planning strategy, node
@@ -29,8 +39,9 @@
 //!   kept, e.g. in its staging journal) or starts a new one. Recording a mini-epoch whose
 //!   sequence the run already has replaces that record, so re-recording after a restart does
 //!   not duplicate it.
-//! * **Bounded size**: at most [`MAX_RUNS_PER_KEY`] runs are kept per (dataset, job); starting
-//!   another drops the oldest, never the one [`HistoryStore::schedule`] would replay.
+//! * **Bounded size**: at most [`MAX_RUNS_PER_KEY`] runs are kept per (dataset, job), plus
+//!   the runs kept for replay; starting another drops the oldest, never the one the latest
+//!   run replayed (the best so far) nor the latest finished one.
 //! * **One writer per file**: the store rewrites the whole file; two daemons sharing one
 //!   history file would overwrite each other's runs (give each its own file, or let only the
 //!   deciding rank record).
@@ -42,11 +53,18 @@
 //!   {"id":1,"dataset":"…","job":"resnet50","started_unix_ms":…,"updated_unix_ms":…,
 //!    "finished":true,"mini_epochs":[
 //!      {"sequence":0,"epoch":0,"mini_epoch":0,"rf":5,"wanted_rf":4,
-//!       "scores":[1.2,1.1,1.1,1.15,1.1],"verdict":"advance",
-//!       "reason":{"policy":"score",…},"started_unix_ms":…,"ended_unix_ms":…}]}]}
+//!       "scores":[1.2,1.1,1.1,1.15,1.1],"metrics":{"loss":0.6,"val_accuracy":0.55},
+//!       "verdict":"advance","reason":{"policy":"score",…},
+//!       "started_unix_ms":…,"ended_unix_ms":…}]},
+//!   {"id":2,…,"replayed":{"run":1,"mini_epochs":40,"why":"best","metric":"min:loss",
+//!    "value":0.21,"finished":true,"compared":1},"mini_epochs":[…]}]}
 //! ```
+//!
+//! `metrics` and `replayed` may be absent (a job that sends no metrics, a run that replays
+//! nothing, a file written before they were recorded).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -56,7 +74,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::policy::{PolicyDecision, Verdict};
+use crate::policy::{PolicyDecision, ReplayMetric, Verdict};
+use crate::Metrics;
 
 /// The `format` field of a history file.
 pub const FORMAT: &str = "metfs-rf-history";
@@ -93,10 +112,41 @@ pub enum HistoryError {
     /// A run id that the store does not hold.
     #[error("rf history has no run {0}")]
     UnknownRun(RunId),
+    /// The `learned_metric` setting names a metric that the earlier runs, which did record
+    /// metrics, never recorded: most likely a misspelt or renamed metric, which would
+    /// otherwise silently replay the latest run instead of the best.
+    #[error(
+        "rf policy config `learned_metric`: `{setting}` ranks earlier runs by metric `{metric}`, \
+         which no earlier run of job `{job}` on this dataset recorded (they recorded: \
+         {recorded}); name one of those, or leave `learned_metric` unset to rank by the first \
+         score term"
+    )]
+    UnrecordedMetric {
+        /// The setting's value as given (`max:val_accuracy`).
+        setting: String,
+        /// The metric it reads.
+        metric: String,
+        /// The job key whose runs were searched.
+        job: String,
+        /// The metric names those runs did record, comma-separated.
+        recorded: String,
+    },
 }
 
 /// Identifies a run within one history file (ids grow and are never reused in that file).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(transparent)]
 pub struct RunId(pub u64);
 
@@ -126,6 +176,12 @@ pub struct MiniEpochRecord {
     pub wanted_rf: Option<u32>,
     /// The score of each pass, in order (`null` for policies without a score).
     pub scores: Vec<Option<f64>>,
+    /// The last value of each metric the job sent during the mini-epoch (a metric sent only
+    /// at some passes, like a validation accuracy, keeps its latest value). What `learned`
+    /// ranks runs by; kept per mini-epoch rather than per pass so the file grows with the
+    /// mini-epochs, not with the passes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, f64>,
     /// The policy's verdict at the last pass.
     pub verdict: Option<Verdict>,
     /// The policy's reason at the last pass.
@@ -148,6 +204,7 @@ impl MiniEpochRecord {
             rf: 0,
             wanted_rf: None,
             scores: Vec::new(),
+            metrics: BTreeMap::new(),
             verdict: None,
             reason: Value::Null,
             started_unix_ms: now,
@@ -155,11 +212,17 @@ impl MiniEpochRecord {
         }
     }
 
-    /// Adds a pass with the decision the (bounded) policy made for it.
-    pub fn add_pass(&mut self, decision: &PolicyDecision) {
-        // A non-finite score cannot be written as JSON; policies never produce one, but a
-        // record must stay encodable whatever it is fed.
+    /// Adds a pass: the metrics the job sent for it and the decision the (bounded) policy made.
+    pub fn add_pass(&mut self, metrics: &Metrics, decision: &PolicyDecision) {
+        // A non-finite number cannot be written as JSON; the protocol refuses such metrics and
+        // policies never produce such a score, but a record must stay encodable whatever it
+        // is fed.
         self.scores.push(decision.score.filter(|s| s.is_finite()));
+        for (name, value) in metrics {
+            if value.is_finite() {
+                self.metrics.insert(name.clone(), *value);
+            }
+        }
         self.rf = u32::try_from(self.scores.len()).unwrap_or(u32::MAX);
         if decision.verdict == Verdict::Advance && self.wanted_rf.is_none() {
             self.wanted_rf = Some(self.rf);
@@ -191,6 +254,9 @@ pub struct RunRecord {
     /// Whether the run ended normally ([`HistoryStore::finish_run`]).
     #[serde(default)]
     pub finished: bool,
+    /// The earlier run this one replayed (a `learned` run) and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed: Option<Replay>,
     /// Its mini-epochs, sorted by sequence, one per sequence.
     pub mini_epochs: Vec<MiniEpochRecord>,
 }
@@ -206,6 +272,87 @@ impl RunRecord {
             .take_while(|(i, r)| r.sequence == *i as u64 && r.replay_rf() > 0)
             .map(|(_, r)| r.replay_rf())
             .collect()
+    }
+
+    /// The run's final value of metric `name`: its value in the last mini-epoch that recorded
+    /// it.
+    pub fn final_metric(&self, name: &str) -> Option<f64> {
+        self.mini_epochs
+            .iter()
+            .rev()
+            .find_map(|m| m.metrics.get(name).copied())
+    }
+
+    /// The run's final value of `metric`'s term (`1 - accuracy` from `accuracy`).
+    fn final_value(&self, metric: &ReplayMetric) -> Option<f64> {
+        self.final_metric(metric.term().metric())
+            .map(|v| metric.term().apply(v))
+    }
+}
+
+/// Why `learned` replays the run it replays ([`Replay::why`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayWhy {
+    /// It has the best final value of the metric among the runs that recorded it: the
+    /// finished ones, or all of them when none of those finished.
+    Best,
+    /// No run recorded the metric: the latest finished run.
+    Latest,
+    /// No run recorded the metric and none finished: the one that got furthest (ties: the
+    /// latest).
+    Furthest,
+}
+
+/// The earlier run `learned` replays and why: recorded on the replaying run (`replayed` in
+/// the history file) and reported by `status` (`replay`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Replay {
+    /// The replayed run's id in the history file.
+    pub run: RunId,
+    /// Mini-epochs its schedule covers; the fallback policy decides after them.
+    pub mini_epochs: u64,
+    /// Why this run: `best`, `latest` (no run recorded the metric) or `furthest` (no run
+    /// recorded it and none finished).
+    pub why: ReplayWhy,
+    /// The metric runs were ranked by, `min:TERM` or `max:TERM`.
+    pub metric: String,
+    /// The replayed run's final value of the metric; `null` if it did not record it.
+    pub value: Option<f64>,
+    /// Whether the replayed run ended normally (a shared mount's job that left).
+    pub finished: bool,
+    /// Runs that recorded the metric, among which the best was taken: the finished ones, or
+    /// all of them when none finished (0 unless `why` is `best`).
+    pub compared: u64,
+}
+
+impl fmt::Display for Replay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "run {} ({} mini-epochs): ", self.run, self.mini_epochs)?;
+        match (self.why, self.value) {
+            (ReplayWhy::Best, Some(v)) => write!(
+                f,
+                "the best final {} ({v}) of {} {} run(s) that recorded it",
+                self.metric,
+                self.compared,
+                if self.finished {
+                    "finished"
+                } else {
+                    "unfinished"
+                }
+            ),
+            (ReplayWhy::Best, None) => write!(f, "the best final {}", self.metric),
+            (ReplayWhy::Latest, _) => write!(
+                f,
+                "the latest finished run (no run recorded {})",
+                self.metric
+            ),
+            (ReplayWhy::Furthest, _) => write!(
+                f,
+                "the one that got furthest (no run recorded {} and none finished)",
+                self.metric
+            ),
+        }
     }
 }
 
@@ -378,10 +525,19 @@ impl HistoryStore {
     }
 
     /// Starts a new, empty run for (dataset, job) and returns its id. If the key then has more
-    /// than [`MAX_RUNS_PER_KEY`] runs, the oldest are dropped, except the one
-    /// [`HistoryStore::schedule`] currently selects. Not saved until [`HistoryStore::save`].
+    /// than [`MAX_RUNS_PER_KEY`] runs, the oldest are dropped, except the latest finished one
+    /// (or the furthest, if none finished) and the one the key's latest replaying run
+    /// replayed. Not saved until [`HistoryStore::save`].
     pub fn start_run(&mut self, dataset_key: &str, job_key: &str) -> RunId {
-        let keep = self.chosen_run(dataset_key, job_key, None).map(|r| r.id);
+        // The best run by a metric is only known to the caller; the latest replaying run
+        // recorded the best of its day, and a better one since is newer, so not the oldest.
+        let keep = [
+            self.fallback_run(dataset_key, job_key, None).map(|r| r.id),
+            self.runs(dataset_key, job_key)
+                .filter_map(|r| r.replayed.as_ref())
+                .last()
+                .map(|p| p.run),
+        ];
         let id = RunId(self.file.next_run_id);
         self.file.next_run_id += 1;
         let now = now_unix_ms();
@@ -392,6 +548,7 @@ impl HistoryStore {
             started_unix_ms: now,
             updated_unix_ms: now,
             finished: false,
+            replayed: None,
             mini_epochs: Vec::new(),
         });
         let mut excess = self.runs(dataset_key, job_key).count();
@@ -400,7 +557,7 @@ impl HistoryStore {
             let drop = excess > MAX_RUNS_PER_KEY
                 && r.dataset == dataset_key
                 && r.job == job_key
-                && Some(r.id) != keep
+                && !keep.contains(&Some(r.id))
                 && r.id != id;
             if drop {
                 excess -= 1;
@@ -448,7 +605,7 @@ impl HistoryStore {
         Ok(())
     }
 
-    /// Marks `run` as ended normally (preferred by [`HistoryStore::schedule`]).
+    /// Marks `run` as ended normally (only finished runs are ranked by [`HistoryStore::replay`]).
     pub fn finish_run(&mut self, run: RunId) -> Result<(), HistoryError> {
         let r = self.run_mut(run)?;
         r.finished = true;
@@ -469,45 +626,120 @@ impl HistoryStore {
         keys
     }
 
-    fn chosen_run(
-        &self,
-        dataset_key: &str,
-        job_key: &str,
+    /// Records on `run` which earlier run it replays and why (or that it replays none).
+    pub fn set_replayed(&mut self, run: RunId, replay: Option<Replay>) -> Result<(), HistoryError> {
+        self.run_mut(run)?.replayed = replay;
+        Ok(())
+    }
+
+    /// The runs of (dataset, job) but `exclude` that have something to replay.
+    fn replayable<'a>(
+        &'a self,
+        dataset_key: &'a str,
+        job_key: &'a str,
         exclude: Option<RunId>,
-    ) -> Option<&RunRecord> {
-        let eligible = || {
-            self.file.runs.iter().filter(|r| {
-                r.dataset == dataset_key
-                    && r.job == job_key
-                    && Some(r.id) != exclude
-                    && !r.schedule().is_empty()
-            })
-        };
-        eligible()
+    ) -> impl Iterator<Item = &'a RunRecord> + 'a {
+        self.runs(dataset_key, job_key)
+            .filter(move |r| Some(r.id) != exclude && !r.schedule().is_empty())
+    }
+
+    /// The run replayed when no run can be ranked: the latest finished, else the one that got
+    /// furthest (ties: the latest). A finished run is a whole training whose schedule held up
+    /// end to end; without one, the longest run covers the most mini-epochs.
+    fn fallback_run<'a>(
+        &'a self,
+        dataset_key: &'a str,
+        job_key: &'a str,
+        exclude: Option<RunId>,
+    ) -> Option<&'a RunRecord> {
+        self.replayable(dataset_key, job_key, exclude)
             .filter(|r| r.finished)
             .max_by_key(|r| r.id)
-            .or_else(|| eligible().max_by_key(|r| (r.schedule().len(), r.id)))
+            .or_else(|| {
+                self.replayable(dataset_key, job_key, exclude)
+                    .max_by_key(|r| (r.schedule().len(), r.id))
+            })
     }
 
-    /// The rf sequence to replay for (dataset, job), from the most recent *finished* run; if no
-    /// run finished (a job killed at its time limit never finishes), from the run that got
-    /// furthest (ties: the most recent). A finished run is a whole training whose schedule
-    /// held up end to end; without one, the longest run covers the most mini-epochs. `None` if
-    /// the store has no usable run for this key (e.g. only runs of other datasets).
-    pub fn schedule(&self, dataset_key: &str, job_key: &str) -> Option<Vec<u32>> {
-        self.schedule_excluding(dataset_key, job_key, None)
-    }
-
-    /// As [`HistoryStore::schedule`], ignoring run `exclude` (the current run, when a restarted
-    /// daemon resumes it and must not replay its own partial record).
-    pub fn schedule_excluding(
+    /// The earlier run `learned` replays for (dataset, job), why, and its rf sequence; `None`
+    /// if the store has no usable run for this key (e.g. only runs of other datasets).
+    /// `exclude` is the current run, when a restarted daemon resumes it and must not replay
+    /// its own partial record.
+    ///
+    /// The run with the best final value of `metric` (ties: the latest) among the finished
+    /// runs that recorded it, or among all that recorded it when none of those finished; if no
+    /// run recorded it, the latest finished run; if none finished, the one that got furthest.
+    /// A metric the `learned_metric` setting named ([`ReplayMetric::is_named`]) that
+    /// none of these runs recorded, while they did record other metrics, is an error naming
+    /// the setting: a misspelt metric would otherwise replay the latest run unnoticed. Runs
+    /// that recorded no metric at all (a job that sends none, a file of an older format) do
+    /// not refuse it, so that such a history can still be replayed and a new run record one.
+    pub fn replay(
         &self,
         dataset_key: &str,
         job_key: &str,
         exclude: Option<RunId>,
-    ) -> Option<Vec<u32>> {
-        self.chosen_run(dataset_key, job_key, exclude)
-            .map(RunRecord::schedule)
+        metric: &ReplayMetric,
+    ) -> Result<Option<(Replay, Vec<u32>)>, HistoryError> {
+        let runs = || self.replayable(dataset_key, job_key, exclude);
+        if metric.is_named() && runs().all(|r| r.final_value(metric).is_none()) {
+            let recorded: BTreeSet<&str> = runs()
+                .flat_map(|r| r.mini_epochs.iter().flat_map(|m| m.metrics.keys()))
+                .map(String::as_str)
+                .collect();
+            if !recorded.is_empty() {
+                return Err(HistoryError::UnrecordedMetric {
+                    setting: metric.to_string(),
+                    metric: metric.term().metric().to_string(),
+                    job: job_key.to_string(),
+                    recorded: recorded.into_iter().collect::<Vec<_>>().join(", "),
+                });
+            }
+        }
+        let comparable: Vec<(&RunRecord, f64)> = runs()
+            .filter_map(|r| r.final_value(metric).map(|v| (r, v)))
+            .collect();
+        // A finished run trained to its end, so its final value is the model's; an unfinished
+        // one's is where it stopped. Unfinished runs are ranked only when no finished run can
+        // be (a plain mount's runs never finish: only a shared mount's `leave` says a job ended).
+        let finished: Vec<(&RunRecord, f64)> = comparable
+            .iter()
+            .copied()
+            .filter(|(r, _)| r.finished)
+            .collect();
+        let ranked = if finished.is_empty() {
+            comparable
+        } else {
+            finished
+        };
+        let best = ranked
+            .iter()
+            .max_by(|(a, va), (b, vb)| metric.compare(*va, *vb).then(a.id.cmp(&b.id)));
+        let (run, why) = match best {
+            Some((r, _)) => (*r, ReplayWhy::Best),
+            None => match self.fallback_run(dataset_key, job_key, exclude) {
+                Some(r) if r.finished => (r, ReplayWhy::Latest),
+                Some(r) => (r, ReplayWhy::Furthest),
+                None => return Ok(None),
+            },
+        };
+        let schedule = run.schedule();
+        Ok(Some((
+            Replay {
+                run: run.id,
+                mini_epochs: schedule.len() as u64,
+                why,
+                metric: metric.to_string(),
+                value: run.final_value(metric),
+                finished: run.finished,
+                compared: if why == ReplayWhy::Best {
+                    ranked.len() as u64
+                } else {
+                    0
+                },
+            },
+            schedule,
+        )))
     }
 
     /// Writes the store to its file atomically (`durable`: temporary file in the same
@@ -582,9 +814,34 @@ mod tests {
             } else {
                 Verdict::Repeat
             };
-            r.add_pass(&decision(v, Some(10.0 - p as f64)));
+            r.add_pass(&Metrics::new(), &decision(v, Some(10.0 - p as f64)));
         }
         r
+    }
+
+    /// A metric no test run records unless it says so: the rank falls back to the latest
+    /// finished run, as before any metric was recorded.
+    fn unrecorded() -> ReplayMetric {
+        ReplayMetric::of_score(
+            &crate::policy::WeightedScore::new(vec!["loss".parse().unwrap()], vec![1.0]).unwrap(),
+        )
+        .unwrap()
+    }
+
+    /// The schedule `learned` replays, ranked by a metric the runs did not record.
+    fn schedule(h: &HistoryStore, ds: &str, job: &str) -> Option<Vec<u32>> {
+        schedule_excluding(h, ds, job, None)
+    }
+
+    fn schedule_excluding(
+        h: &HistoryStore,
+        ds: &str,
+        job: &str,
+        exclude: Option<RunId>,
+    ) -> Option<Vec<u32>> {
+        h.replay(ds, job, exclude, &unrecorded())
+            .unwrap()
+            .map(|(_, s)| s)
     }
 
     /// Files in `dir`, by name.
@@ -609,8 +866,8 @@ mod tests {
         let forced = mini_epoch(0, 3, None);
         assert_eq!((forced.wanted_rf, forced.replay_rf()), (None, 3));
         let mut r = MiniEpochRecord::begin(0, 0, 0);
-        r.add_pass(&decision(Verdict::Repeat, None));
-        r.add_pass(&decision(Verdict::Repeat, Some(f64::NAN)));
+        r.add_pass(&Metrics::new(), &decision(Verdict::Repeat, None));
+        r.add_pass(&Metrics::new(), &decision(Verdict::Repeat, Some(f64::NAN)));
         assert_eq!(r.scores, [None, None]);
     }
 
@@ -621,7 +878,7 @@ mod tests {
         let (mut h, warnings) = HistoryStore::open(&path).unwrap();
         assert!(warnings.is_empty());
         assert!(h.all_runs().is_empty());
-        assert_eq!(h.schedule("ds", "job"), None);
+        assert_eq!(schedule(&h, "ds", "job"), None);
         let run = h.start_run("ds", "job");
         h.record_mini_epoch(run, mini_epoch(0, 5, Some(3))).unwrap();
         h.record_mini_epoch(run, mini_epoch(1, 2, Some(2))).unwrap();
@@ -631,7 +888,7 @@ mod tests {
         let (h2, warnings) = HistoryStore::open(&path).unwrap();
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(h2.all_runs(), h.all_runs());
-        assert_eq!(h2.schedule("ds", "job"), Some(vec![3, 2]));
+        assert_eq!(schedule(&h2, "ds", "job"), Some(vec![3, 2]));
         let r = h2.run(run).unwrap();
         assert!(r.finished);
         assert_eq!(r.mini_epochs[0].scores.len(), 5);
@@ -667,7 +924,7 @@ mod tests {
             // Every save is a complete, parseable file.
             let (again, w) = HistoryStore::open(&path).unwrap();
             assert!(w.is_empty());
-            assert_eq!(again.schedule("ds", "job").unwrap().len() as u64, seq + 1);
+            assert_eq!(schedule(&again, "ds", "job").unwrap().len() as u64, seq + 1);
         }
         // A save into a missing directory fails cleanly, naming the file.
         let (h, _) = HistoryStore::open(dir.path().join("no/such/dir/h.json")).unwrap();
@@ -730,7 +987,7 @@ mod tests {
             h.save().unwrap();
             let (h, w) = HistoryStore::open(&path).unwrap();
             assert!(w.is_empty());
-            assert_eq!(h.schedule("ds", "job"), Some(vec![2]));
+            assert_eq!(schedule(&h, "ds", "job"), Some(vec![2]));
         }
     }
 
@@ -765,13 +1022,13 @@ mod tests {
         h.save().unwrap();
         let (h, warnings) = HistoryStore::open(&path).unwrap();
         assert!(warnings.is_empty());
-        assert_eq!(h.schedule("cifar@def", "resnet50"), None);
-        assert_eq!(h.schedule("imagenet@abc", "efficientnet"), None);
-        assert_eq!(h.schedule("imagenet@abc", "resnet50"), Some(vec![7]));
+        assert_eq!(schedule(&h, "cifar@def", "resnet50"), None);
+        assert_eq!(schedule(&h, "imagenet@abc", "efficientnet"), None);
+        assert_eq!(schedule(&h, "imagenet@abc", "resnet50"), Some(vec![7]));
         // An empty run (started, nothing recorded) has nothing to replay.
         let (mut h, _) = HistoryStore::open(&path).unwrap();
         h.start_run("cifar@def", "resnet50");
-        assert_eq!(h.schedule("cifar@def", "resnet50"), None);
+        assert_eq!(schedule(&h, "cifar@def", "resnet50"), None);
     }
 
     #[test]
@@ -806,9 +1063,9 @@ mod tests {
             .map(|m| m.sequence)
             .collect();
         assert_eq!(seqs, [0, 1, 2]);
-        assert_eq!(h.schedule("ds", "job"), Some(vec![4, 5, 3]));
+        assert_eq!(schedule(&h, "ds", "job"), Some(vec![4, 5, 3]));
         // A resumed run does not replay itself.
-        assert_eq!(h.schedule_excluding("ds", "job", Some(run)), None);
+        assert_eq!(schedule_excluding(&h, "ds", "job", Some(run)), None);
         // An unknown id, or one of another key, starts a new run.
         let (other, resumed) = h.resume_or_start("ds", "job", Some(RunId(42)));
         assert!(!resumed && other != run);
@@ -817,7 +1074,7 @@ mod tests {
     }
 
     #[test]
-    fn schedule_prefers_the_latest_finished_run_then_the_longest() {
+    fn without_a_ranked_run_the_latest_finished_run_then_the_longest_is_replayed() {
         let mut h = HistoryStore {
             path: PathBuf::from("unused.json"),
             file: HistoryFile::empty(),
@@ -831,23 +1088,339 @@ mod tests {
         h.record_mini_epoch(short, mini_epoch(0, 7, Some(7)))
             .unwrap();
         // No run finished: the one that got furthest.
-        assert_eq!(h.schedule("ds", "job"), Some(vec![2; 4]));
+        assert_eq!(schedule(&h, "ds", "job"), Some(vec![2; 4]));
         // Equal length: the most recent.
         let tie = h.start_run("ds", "job");
         for seq in 0..4 {
             h.record_mini_epoch(tie, mini_epoch(seq, 3, Some(3)))
                 .unwrap();
         }
-        assert_eq!(h.schedule("ds", "job"), Some(vec![3; 4]));
+        assert_eq!(schedule(&h, "ds", "job"), Some(vec![3; 4]));
         // A finished run wins over longer unfinished ones; the latest finished one among them.
         h.finish_run(short).unwrap();
-        assert_eq!(h.schedule("ds", "job"), Some(vec![7]));
+        assert_eq!(schedule(&h, "ds", "job"), Some(vec![7]));
         h.finish_run(long).unwrap();
-        assert_eq!(h.schedule("ds", "job"), Some(vec![7]));
+        assert_eq!(schedule(&h, "ds", "job"), Some(vec![7]));
         assert_eq!(
-            h.schedule_excluding("ds", "job", Some(short)),
+            schedule_excluding(&h, "ds", "job", Some(short)),
             Some(vec![2; 4])
         );
+        // Why is said: no run recorded the metric, so the latest finished one.
+        let (replay, _) = h.replay("ds", "job", None, &unrecorded()).unwrap().unwrap();
+        assert_eq!(
+            (replay.run, replay.why, replay.value, replay.compared),
+            (short, ReplayWhy::Latest, None, 0)
+        );
+        assert_eq!(replay.metric, "min:loss");
+        assert!(replay.to_string().contains("latest finished"), "{replay}");
+    }
+
+    /// A store in memory.
+    fn store() -> HistoryStore {
+        HistoryStore {
+            path: PathBuf::from("unused.json"),
+            file: HistoryFile::empty(),
+        }
+    }
+
+    /// A run of `rf` passes per mini-epoch over two mini-epochs whose last pass sent
+    /// `metrics` (the first sent others, which a final value must not read).
+    fn run_ending_with(
+        h: &mut HistoryStore,
+        rf: u32,
+        metrics: &[(&str, f64)],
+        finished: bool,
+    ) -> RunId {
+        let run = h.start_run("ds", "job");
+        for seq in 0..2 {
+            let mut rec = MiniEpochRecord::begin(seq, 0, seq as u32);
+            for p in 1..=rf {
+                let sent: Metrics = if seq == 1 && p == rf {
+                    metrics.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+                } else {
+                    [
+                        ("loss".to_string(), 9.0),
+                        ("val_accuracy".to_string(), 0.01),
+                    ]
+                    .into()
+                };
+                let v = if p == rf {
+                    Verdict::Advance
+                } else {
+                    Verdict::Repeat
+                };
+                rec.add_pass(&sent, &decision(v, Some(1.0)));
+            }
+            h.record_mini_epoch(run, rec).unwrap();
+        }
+        if finished {
+            h.finish_run(run).unwrap();
+        }
+        run
+    }
+
+    fn ranked_by(
+        h: &HistoryStore,
+        metric: &str,
+    ) -> Result<Option<(Replay, Vec<u32>)>, HistoryError> {
+        h.replay("ds", "job", None, &metric.parse().unwrap())
+    }
+
+    #[test]
+    fn a_record_keeps_the_last_value_of_each_metric() {
+        let mut r = MiniEpochRecord::begin(0, 0, 0);
+        let pass = |loss: f64, val: Option<f64>| -> Metrics {
+            let mut m: Metrics = [("loss".to_string(), loss)].into();
+            if let Some(v) = val {
+                m.insert("val_accuracy".into(), v);
+            }
+            m
+        };
+        r.add_pass(&pass(2.0, Some(0.5)), &decision(Verdict::Repeat, None));
+        r.add_pass(&pass(1.5, None), &decision(Verdict::Repeat, None));
+        r.add_pass(
+            &pass(f64::INFINITY, None),
+            &decision(Verdict::Advance, None),
+        );
+        // Validation sent at the first pass only keeps that value; a non-finite one is not
+        // kept over the last finite one.
+        assert_eq!(
+            r.metrics,
+            [("loss".into(), 1.5), ("val_accuracy".into(), 0.5)].into()
+        );
+        let run = RunRecord {
+            id: RunId(1),
+            dataset: "ds".into(),
+            job: "job".into(),
+            started_unix_ms: 0,
+            updated_unix_ms: 0,
+            finished: true,
+            replayed: None,
+            mini_epochs: vec![r, MiniEpochRecord::begin(1, 0, 1)],
+        };
+        assert_eq!(run.final_metric("loss"), Some(1.5));
+        assert_eq!(run.final_metric("accuracy"), None);
+    }
+
+    #[test]
+    fn the_best_run_by_a_lower_is_better_metric_is_replayed() {
+        let mut h = store();
+        let worse = run_ending_with(&mut h, 2, &[("val_loss", 0.5)], true);
+        let best = run_ending_with(&mut h, 3, &[("val_loss", 0.2)], true);
+        let latest = run_ending_with(&mut h, 4, &[("val_loss", 0.9)], true);
+        // An unfinished run is not ranked against finished ones, however good its last value.
+        let unfinished = run_ending_with(&mut h, 5, &[("val_loss", 0.01)], false);
+        let (replay, schedule) = ranked_by(&h, "min:val_loss").unwrap().unwrap();
+        assert_eq!(schedule, [3, 3]);
+        assert_eq!(
+            replay,
+            Replay {
+                run: best,
+                mini_epochs: 2,
+                why: ReplayWhy::Best,
+                metric: "min:val_loss".into(),
+                value: Some(0.2),
+                finished: true,
+                compared: 3,
+            }
+        );
+        assert!(
+            replay
+                .to_string()
+                .contains("best final min:val_loss (0.2) of 3 finished"),
+            "{replay}"
+        );
+        // Ties go to the latest run.
+        let tie = run_ending_with(&mut h, 6, &[("val_loss", 0.2)], true);
+        assert_eq!(ranked_by(&h, "min:val_loss").unwrap().unwrap().0.run, tie);
+        // A resumed run is not ranked against the others.
+        let (r, _) = h
+            .replay("ds", "job", Some(tie), &"min:val_loss".parse().unwrap())
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.run, best);
+        let _ = (worse, latest, unfinished);
+    }
+
+    #[test]
+    fn the_best_run_by_a_higher_is_better_metric_is_replayed() {
+        let mut h = store();
+        let low = run_ending_with(&mut h, 2, &[("val_accuracy", 0.6)], true);
+        let high = run_ending_with(&mut h, 3, &[("val_accuracy", 0.9)], true);
+        run_ending_with(&mut h, 4, &[("val_accuracy", 0.7)], true);
+        let (replay, schedule) = ranked_by(&h, "max:val_accuracy").unwrap().unwrap();
+        assert_eq!(
+            (replay.run, replay.why, schedule),
+            (high, ReplayWhy::Best, vec![3, 3])
+        );
+        // The same ranking as a complement to minimise, and the opposite direction.
+        assert_eq!(
+            ranked_by(&h, "min:1 - val_accuracy")
+                .unwrap()
+                .unwrap()
+                .0
+                .run,
+            high
+        );
+        assert_eq!(
+            ranked_by(&h, "min:val_accuracy").unwrap().unwrap().0.run,
+            low
+        );
+        // By default the score's first term: `1 - val_accuracy` weighted 1 is minimised, so
+        // the highest accuracy wins; weighted -1 the score rewards it, so the lowest.
+        let score = |w: f64| {
+            crate::policy::WeightedScore::new(
+                vec!["1 - val_accuracy".parse().unwrap(), "loss".parse().unwrap()],
+                vec![w, 1.0],
+            )
+            .unwrap()
+        };
+        for (w, want) in [(1.0, high), (-1.0, low)] {
+            let m = ReplayMetric::of_score(&score(w)).unwrap();
+            assert!(!m.is_named());
+            let (r, _) = h.replay("ds", "job", None, &m).unwrap().unwrap();
+            assert_eq!(r.run, want, "weight {w}");
+        }
+        // A zero weight does not rank: the next term does.
+        let zero = crate::policy::WeightedScore::new(
+            vec!["1 - val_accuracy".parse().unwrap(), "loss".parse().unwrap()],
+            vec![0.0, 1.0],
+        )
+        .unwrap();
+        assert_eq!(
+            ReplayMetric::of_score(&zero).unwrap().to_string(),
+            "min:loss"
+        );
+    }
+
+    #[test]
+    fn without_a_finished_run_that_recorded_it_the_unfinished_runs_are_ranked() {
+        // A plain mount's runs: none finishes.
+        let mut h = store();
+        run_ending_with(&mut h, 2, &[("loss", 0.4)], false);
+        let best = run_ending_with(&mut h, 3, &[("loss", 0.1)], false);
+        run_ending_with(&mut h, 4, &[("loss", 0.3)], false);
+        // A finished run that did not record the metric does not outrank them.
+        let done = h.start_run("ds", "job");
+        h.record_mini_epoch(done, mini_epoch(0, 7, Some(7)))
+            .unwrap();
+        h.finish_run(done).unwrap();
+        let (r, schedule) = ranked_by(&h, "min:loss").unwrap().unwrap();
+        assert_eq!(
+            (r.run, r.why, r.value, r.finished, r.compared, schedule),
+            (best, ReplayWhy::Best, Some(0.1), false, 3, vec![3, 3])
+        );
+        assert!(r.to_string().contains("of 3 unfinished"), "{r}");
+    }
+
+    #[test]
+    fn without_a_run_that_recorded_the_metric_the_latest_finished_run_is_replayed() {
+        // The default metric (the score's first term) is never refused, whatever the runs
+        // recorded.
+        let top1 = || {
+            let score =
+                crate::policy::WeightedScore::new(vec!["1 - top1".parse().unwrap()], vec![1.0])
+                    .unwrap();
+            ReplayMetric::of_score(&score).unwrap()
+        };
+        let mut h = store();
+        run_ending_with(&mut h, 2, &[("loss", 0.1)], true);
+        let latest = run_ending_with(&mut h, 3, &[("loss", 0.3)], true);
+        run_ending_with(&mut h, 4, &[("loss", 0.2)], false);
+        let (r, schedule) = h.replay("ds", "job", None, &top1()).unwrap().unwrap();
+        assert_eq!(
+            (r.run, r.why, r.value, r.finished, r.compared, schedule),
+            (latest, ReplayWhy::Latest, None, true, 0, vec![3, 3])
+        );
+        assert!(
+            r.to_string()
+                .contains("latest finished run (no run recorded min:1 - top1)"),
+            "{r}"
+        );
+        // No run finished either: the one that got furthest.
+        let mut h = store();
+        let long = run_ending_with(&mut h, 2, &[("loss", 0.1)], false);
+        h.record_mini_epoch(long, mini_epoch(2, 2, Some(2)))
+            .unwrap();
+        run_ending_with(&mut h, 5, &[("loss", 0.1)], false);
+        let (r, schedule) = h.replay("ds", "job", None, &top1()).unwrap().unwrap();
+        assert_eq!(
+            (r.run, r.why, schedule),
+            (long, ReplayWhy::Furthest, vec![2, 2, 2])
+        );
+        assert!(r.to_string().contains("got furthest"), "{r}");
+        // Nothing to replay for another key, whatever the metric.
+        assert!(h
+            .replay("ds", "other", None, &"max:nope".parse().unwrap())
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn a_named_metric_no_run_recorded_is_refused_naming_the_setting() {
+        let mut h = store();
+        run_ending_with(&mut h, 2, &[("loss", 0.1), ("val_accuracy", 0.8)], true);
+        let e = ranked_by(&h, "max:val_acuracy").unwrap_err();
+        assert!(matches!(e, HistoryError::UnrecordedMetric { .. }), "{e}");
+        let text = e.to_string();
+        for needle in [
+            "learned_metric",
+            "`max:val_acuracy`",
+            "`val_acuracy`",
+            "job `job`",
+            "loss, val_accuracy",
+        ] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+        // Runs that recorded no metric at all do not refuse it: they are replayed as the
+        // latest, and the new run records the metric for the next one.
+        let mut h = store();
+        let old = h.start_run("ds", "job");
+        h.record_mini_epoch(old, mini_epoch(0, 4, Some(4))).unwrap();
+        h.finish_run(old).unwrap();
+        let (r, _) = ranked_by(&h, "max:val_accuracy").unwrap().unwrap();
+        assert_eq!((r.run, r.why), (old, ReplayWhy::Latest));
+        // And a first run has nothing to refuse.
+        assert!(ranked_by(&store(), "max:val_accuracy").unwrap().is_none());
+    }
+
+    #[test]
+    fn the_replayed_run_is_recorded_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.json");
+        let (mut h, _) = HistoryStore::open(&path).unwrap();
+        let best = run_ending_with(&mut h, 3, &[("loss", 0.1)], true);
+        let (replay, _) = ranked_by(&h, "min:loss").unwrap().unwrap();
+        // Runs after it, each replaying it and ending worse, push it to the oldest.
+        for _ in 0..2 * MAX_RUNS_PER_KEY {
+            let run = run_ending_with(&mut h, 2, &[("loss", 0.5)], true);
+            h.set_replayed(run, Some(replay.clone())).unwrap();
+        }
+        assert!(h.run(best).is_some(), "the best run is kept");
+        assert!(h.runs("ds", "job").count() <= MAX_RUNS_PER_KEY + 1);
+        assert_eq!(ranked_by(&h, "min:loss").unwrap().unwrap().0.run, best);
+        h.save().unwrap();
+        let v: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        let last = v["runs"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!(
+            last["replayed"],
+            json!({"run": best.0, "mini_epochs": 2, "why": "best", "metric": "min:loss",
+                   "value": 0.1, "finished": true, "compared": 1})
+        );
+        // The last value of each metric in the mini-epoch: the last pass sent only the loss.
+        assert_eq!(
+            last["mini_epochs"][1]["metrics"],
+            json!({"loss": 0.5, "val_accuracy": 0.01})
+        );
+        let (again, w) = HistoryStore::open(&path).unwrap();
+        assert!(w.is_empty());
+        assert_eq!(again.all_runs(), h.all_runs());
+        // A run that replays nothing has no such field.
+        assert!(v["runs"][0].get("replayed").is_none());
+        assert!(matches!(
+            h.set_replayed(RunId(999), None),
+            Err(HistoryError::UnknownRun(_))
+        ));
     }
 
     #[test]
@@ -861,12 +1434,12 @@ mod tests {
         h.record_mini_epoch(run, mini_epoch(0, 8, Some(3))).unwrap();
         h.record_mini_epoch(run, mini_epoch(1, 4, None)).unwrap();
         h.record_mini_epoch(run, mini_epoch(3, 6, Some(6))).unwrap();
-        assert_eq!(h.schedule("ds", "job"), Some(vec![3, 4]));
+        assert_eq!(schedule(&h, "ds", "job"), Some(vec![3, 4]));
         // A run that starts mid-way (no sequence 0) has nothing to replay.
         let late = h.start_run("ds2", "job");
         h.record_mini_epoch(late, mini_epoch(5, 2, Some(2)))
             .unwrap();
-        assert_eq!(h.schedule("ds2", "job"), None);
+        assert_eq!(schedule(&h, "ds2", "job"), None);
     }
 
     #[test]
@@ -888,7 +1461,7 @@ mod tests {
         assert!(h.run(first).is_some(), "the run schedule() replays is kept");
         assert!(h.run(last).is_some());
         assert!(h.run(other).is_some(), "other keys are untouched");
-        assert_eq!(h.schedule("ds", "job"), Some(vec![5]));
+        assert_eq!(schedule(&h, "ds", "job"), Some(vec![5]));
         // Ids keep growing across keys and pruning.
         assert!(last.0 > other.0);
     }
@@ -921,7 +1494,7 @@ mod tests {
             let run = h.start_run("ds", "job");
             let mut rec = MiniEpochRecord::begin(0, 0, 0);
             for &s in &scores {
-                rec.add_pass(&decision(Verdict::Repeat, Some(s)));
+                rec.add_pass(&Metrics::new(), &decision(Verdict::Repeat, Some(s)));
             }
             h.record_mini_epoch(run, rec).unwrap();
             h.save().unwrap();
@@ -962,7 +1535,7 @@ mod tests {
                 .map(|&(rf, wanted)| wanted.filter(|w| *w <= rf).unwrap_or(rf))
                 .collect();
             prop_assert_eq!(
-                h2.schedule(&dataset, &job),
+                schedule(&h2, &dataset, &job),
                 (!expected.is_empty()).then_some(expected)
             );
             prop_assert_eq!(listing(dir.path()), vec!["h.json".to_string()]);

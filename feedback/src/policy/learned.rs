@@ -1,11 +1,126 @@
 //! [`Learned`]: replays the rf sequence an earlier run recorded in the rf history, and hands
 //! over to a fallback policy where the recording runs out. The fallback sees every pass all
 //! along, so it is warm when it takes over and a metric it lacks fails on the first pass.
+//! [`ReplayMetric`] is how the run to replay is chosen: the earlier run that ended best by it.
 
+use std::cmp::Ordering;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{PassState, PolicyDecision, PolicyError, RfPolicy, Verdict};
+use super::{MetricTerm, PassState, PolicyDecision, PolicyError, RfPolicy, Verdict, WeightedScore};
 use crate::Metrics;
+
+/// The metric that ranks earlier runs for `learned`, and which way is better.
+///
+/// Spelled `min:TERM` or `max:TERM`, TERM as in `score_metrics` (`NAME` or `1 - NAME`):
+/// `min:val_loss`, `max:val_accuracy`. The direction is part of the spelling because a loss
+/// improves downwards and an accuracy upwards, and a name alone does not say which it is;
+/// guessing wrong would replay the worst run. Serialized as that spelling.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ReplayMetric {
+    term: MetricTerm,
+    higher_is_better: bool,
+    named: bool,
+}
+
+impl ReplayMetric {
+    /// What the score ranks by: its first term with a non-zero weight, better lower when the
+    /// weight is positive (the score is minimised) and higher when it is negative. `None` only
+    /// for a score whose weights are all zero, which [`WeightedScore::new`] refuses.
+    pub fn of_score(score: &WeightedScore) -> Option<Self> {
+        score
+            .terms()
+            .iter()
+            .zip(score.weights())
+            .find(|(_, w)| **w != 0.0)
+            .map(|(t, w)| Self {
+                term: t.clone(),
+                higher_is_better: *w < 0.0,
+                named: false,
+            })
+    }
+
+    /// The term whose value is compared.
+    pub fn term(&self) -> &MetricTerm {
+        &self.term
+    }
+
+    /// Whether a larger value is better (`max:`).
+    pub fn higher_is_better(&self) -> bool {
+        self.higher_is_better
+    }
+
+    /// Whether the `learned_metric` setting named it (rather than the score implying it): a
+    /// named metric that earlier runs did not record is a mistake worth refusing, an implied
+    /// one merely leaves the runs uncompared.
+    pub fn is_named(&self) -> bool {
+        self.named
+    }
+
+    /// How value `a` ranks against value `b`: `Greater` when `a` is better.
+    pub fn compare(&self, a: f64, b: f64) -> Ordering {
+        if self.higher_is_better {
+            a.total_cmp(&b)
+        } else {
+            b.total_cmp(&a)
+        }
+    }
+}
+
+impl FromStr for ReplayMetric {
+    type Err = PolicyError;
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        let bad = |why: String| PolicyError::BadParameter {
+            name: "learned_metric",
+            reason: format!("`{spec}`: {why}"),
+        };
+        let s = spec.trim();
+        let (higher_is_better, term) = if let Some(t) = s.strip_prefix("min:") {
+            (false, t)
+        } else if let Some(t) = s.strip_prefix("max:") {
+            (true, t)
+        } else {
+            return Err(bad(
+                "expected `min:TERM` (lower is better, a loss) or `max:TERM` (higher is better, \
+                 an accuracy)"
+                    .into(),
+            ));
+        };
+        let term = term.parse::<MetricTerm>().map_err(|e| match e {
+            PolicyError::BadParameter { reason, .. } => bad(reason),
+            other => bad(other.to_string()),
+        })?;
+        Ok(Self {
+            term,
+            higher_is_better,
+            named: true,
+        })
+    }
+}
+
+impl TryFrom<String> for ReplayMetric {
+    type Error = PolicyError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<ReplayMetric> for String {
+    fn from(m: ReplayMetric) -> String {
+        m.to_string()
+    }
+}
+
+impl fmt::Display for ReplayMetric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dir = if self.higher_is_better { "max" } else { "min" };
+        write!(f, "{dir}:{}", self.term)
+    }
+}
 
 /// Replays a learned rf schedule: mini-epoch `i` of the run (its [`PassState::sequence`]) runs
 /// `schedule[i]` passes; past the end of the schedule, `fallback` decides.

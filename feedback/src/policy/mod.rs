@@ -16,8 +16,9 @@
 //! * [`Bollinger`]: III.C.2. The mini-epoch is left when the score falls below the lower
 //!   Bollinger band `MA - K * std` of the previous `N` scores.
 //! * [`Learned`]: replays the rf sequence an earlier run recorded in the rf history ("remember
-//!   the optimal strategy for given dataset and model"), falling back to another policy where
-//!   the recorded sequence runs out.
+//!   the optimal strategy for given dataset and model"): the run that ended best by a
+//!   [`ReplayMetric`] (the history chooses it), falling back to another policy where the
+//!   recorded sequence runs out.
 //!
 //! Invariants every policy keeps:
 //!
@@ -56,7 +57,7 @@ mod score;
 pub use bollinger::Bollinger;
 pub use bounded::Bounded;
 pub use fixed::Fixed;
-pub use learned::Learned;
+pub use learned::{Learned, ReplayMetric};
 pub use metric::{default_terms, MetricTerm, WeightedScore, DEFAULT_TERMS};
 pub use score::Score;
 

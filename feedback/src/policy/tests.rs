@@ -433,6 +433,64 @@ fn learned_fallback_sees_every_pass() {
 }
 
 #[test]
+fn replay_metric_spelling_says_the_direction() {
+    for (spec, metric, complement, higher, shown) in [
+        ("min:val_loss", "val_loss", false, false, "min:val_loss"),
+        (
+            "max:val_accuracy",
+            "val_accuracy",
+            false,
+            true,
+            "max:val_accuracy",
+        ),
+        (
+            " min:1-accuracy ",
+            "accuracy",
+            true,
+            false,
+            "min:1 - accuracy",
+        ),
+        ("max: 1 - error", "error", true, true, "max:1 - error"),
+    ] {
+        let m: ReplayMetric = spec.parse().unwrap();
+        assert_eq!(
+            (
+                m.term().metric(),
+                m.term().is_complement(),
+                m.higher_is_better()
+            ),
+            (metric, complement, higher),
+            "{spec}"
+        );
+        assert!(m.is_named());
+        assert_eq!(m.to_string(), shown);
+        assert_eq!(shown.parse::<ReplayMetric>().unwrap(), m);
+    }
+    let min: ReplayMetric = "min:loss".parse().unwrap();
+    let max: ReplayMetric = "max:loss".parse().unwrap();
+    assert_eq!(min.compare(0.1, 0.2), std::cmp::Ordering::Greater);
+    assert_eq!(max.compare(0.1, 0.2), std::cmp::Ordering::Less);
+    // A bare name does not say whether lower or higher is better: refused, naming the key.
+    for (spec, needle) in [
+        ("val_accuracy", "min:TERM"),
+        ("best:loss", "min:TERM"),
+        ("min:", "empty"),
+        ("max:val acc", "whitespace"),
+        ("min:-loss", "signs"),
+    ] {
+        let e = spec.parse::<ReplayMetric>().unwrap_err();
+        let PolicyError::BadParameter { name, reason } = &e else {
+            panic!("{spec}: {e}");
+        };
+        assert_eq!(*name, "learned_metric", "{spec}");
+        assert!(
+            reason.contains(needle) && reason.contains(spec.trim()),
+            "{spec}: {reason}"
+        );
+    }
+}
+
+#[test]
 fn learned_rf_is_bounded() {
     let l = Learned::new(vec![200, 1], Box::new(Fixed::new(4).unwrap())).unwrap();
     let mut b = Bounded::new(Box::new(l), 2, 128).unwrap();

@@ -74,8 +74,8 @@ use crate::protocol::{
     Choice, Decision, Draining, ErrorCode, FilesView, Hello, Metrics, ProtocolError, Staging,
     Status,
 };
-use feedback::config::PolicyKind;
-use feedback::history::{HistoryStore, MiniEpochRecord, RunId};
+use feedback::config::{PolicyConfig, PolicyKind};
+use feedback::history::{HistoryStore, MiniEpochRecord, Replay, RunId};
 use feedback::policy::{PassState, RfPolicy, Verdict};
 use prefetcher::budget::{round_up, Budget, BudgetError};
 use prefetcher::catalog::Catalog;

@@ -93,6 +93,8 @@ pub(super) struct History {
     pub(super) store: Arc<Mutex<HistoryStore>>,
     pub(super) dataset: String,
     pub(super) run: RunId,
+    /// The earlier run a `learned` policy replays and why (`status` reports it).
+    pub(super) replay: Option<Replay>,
 }
 
 /// Measurements of a session's run (issue: bandwidth-conscious MET).

@@ -27,28 +27,67 @@ pub(super) fn open_history_store(cfg: &MountConfig) -> Option<HistoryStore> {
     }
 }
 
+/// What a `learned` policy replays for (dataset, job): the earlier run, why, and its rf
+/// schedule; nothing for the other policies. `exclude` is a resumed run, which must not
+/// replay itself. The error (a `learned_metric` no earlier run recorded) names the setting.
+pub(super) fn learned_replay(
+    policy: &PolicyConfig,
+    store: &HistoryStore,
+    dataset: &str,
+    job: &str,
+    exclude: Option<RunId>,
+) -> Result<Option<(Replay, Vec<u32>)>, String> {
+    if policy.kind != PolicyKind::Learned {
+        return Ok(None);
+    }
+    let metric = policy.replay_metric().map_err(|e| e.to_string())?;
+    let replay = store
+        .replay(dataset, job, exclude, &metric)
+        .map_err(|e| e.to_string())?;
+    match &replay {
+        Some((r, _)) => tracing::info!(job, "learned replays {r}"),
+        None => tracing::info!(job, "learned: no earlier run to replay"),
+    }
+    Ok(replay)
+}
+
+/// Starts (or resumes) a run of (dataset, job) in `store` and records on it what it replays.
+pub(super) fn start_recording(
+    store: &mut HistoryStore,
+    dataset: &str,
+    job: &str,
+    previous: Option<RunId>,
+    replay: Option<Replay>,
+) -> (RunId, bool) {
+    let (run, resumed) = store.resume_or_start(dataset, job, previous);
+    // Cannot fail: the run was just found or started.
+    let _ = store.set_replayed(run, replay);
+    (run, resumed)
+}
+
 pub(super) fn open_history(
     cfg: &MountConfig,
     dataset: &str,
     job: &str,
     previous: Option<RunId>,
-) -> (Option<History>, Option<Vec<u32>>) {
-    match open_history_store(cfg) {
-        Some(mut store) => {
-            let schedule = store.schedule_excluding(dataset, job, previous);
-            let (run, resumed) = store.resume_or_start(dataset, job, previous);
-            tracing::info!(history = %cfg.history.display(), run = %run, resumed, job, "recording rf history");
-            (
-                Some(History {
-                    store: Arc::new(Mutex::new(store)),
-                    dataset: dataset.to_string(),
-                    run,
-                }),
-                schedule,
-            )
-        }
-        None => (None, None),
-    }
+) -> Result<(Option<History>, Option<Vec<u32>>), DaemonError> {
+    let Some(mut store) = open_history_store(cfg) else {
+        return Ok((None, None));
+    };
+    let (replay, schedule) = learned_replay(&cfg.policy, &store, dataset, job, previous)
+        .map_err(|e| DaemonError::Setup(format!("rf policy: {e}")))?
+        .unzip();
+    let (run, resumed) = start_recording(&mut store, dataset, job, previous, replay.clone());
+    tracing::info!(history = %cfg.history.display(), run = %run, resumed, job, "recording rf history");
+    Ok((
+        Some(History {
+            store: Arc::new(Mutex::new(store)),
+            dataset: dataset.to_string(),
+            run,
+            replay,
+        }),
+        schedule,
+    ))
 }
 
 pub(super) fn build_policy(
@@ -489,7 +528,7 @@ impl Daemon {
             .and_then(|s| s.job.clone())
             .unwrap_or_else(|| cfg.job.clone());
         let (history, schedule) =
-            open_history(&cfg, &dataset_key, &job, saved.as_ref().and_then(|s| s.run));
+            open_history(&cfg, &dataset_key, &job, saved.as_ref().and_then(|s| s.run))?;
         let policy = build_policy(&cfg, schedule)?;
         if saved.is_none() {
             // Saved before the first mini-epoch is staged: a daemon killed while staging it

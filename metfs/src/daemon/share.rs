@@ -370,10 +370,18 @@ impl Daemon {
             }
             format!("{}|share|{}|{h:016x}", self.cfg.source, dataset.len())
         };
-        let schedule = sh
-            .history
-            .as_ref()
-            .and_then(|store| store.lock().unwrap().schedule(&dataset_key, name));
+        let (replay, schedule) = match &sh.history {
+            Some(store) => learned_replay(
+                &cfg.policy,
+                &store.lock().unwrap(),
+                &dataset_key,
+                name,
+                None,
+            )
+            .map_err(|e| bad(format!("job {name:?}: {e}")))?,
+            None => None,
+        }
+        .unzip();
         let policy = build_policy(&cfg, schedule).map_err(|e| bad(format!("job {name:?}: {e}")))?;
         sh.cohort
             .lock()
@@ -389,8 +397,16 @@ impl Daemon {
         // Started only once the join is sure, so that a refused join leaves no empty run.
         let history = sh.history.as_ref().map(|store| History {
             store: store.clone(),
-            run: store.lock().unwrap().start_run(&dataset_key, name),
+            run: start_recording(
+                &mut store.lock().unwrap(),
+                &dataset_key,
+                name,
+                None,
+                replay.clone(),
+            )
+            .0,
             dataset: dataset_key,
+            replay,
         });
         let generation = sh.take_generation();
         let placeholder =

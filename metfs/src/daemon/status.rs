@@ -172,6 +172,9 @@ impl Daemon {
             rf: s.map_or(0.0, |s| s.policy.expected_rf()),
             rf_policy: s.map_or(String::new(), |s| s.policy.name().to_string()),
             job: s.map_or(String::new(), |s| s.job.clone()),
+            replay: s
+                .and_then(|s| s.history.as_ref())
+                .and_then(|h| h.replay.clone()),
             advance_wanted: s.is_some_and(|s| s.advance_wanted),
             generation: s.map_or(view.generation, |s| s.generation),
             next_ready: s.is_some_and(|s| s.next_ready()),

@@ -300,7 +300,7 @@ impl Daemon {
                 .on_pass_end(&metrics, &state)
                 .map_err(|e| ProtocolError::new(ErrorCode::BadMetrics, e.to_string()))?;
             s.passes = state.passes;
-            s.record.add_pass(&d);
+            s.record.add_pass(&metrics, &d);
             let secs = pass_start(s).elapsed().as_secs_f64();
             s.meter.pass_started = Instant::now();
             s.meter.pass_secs.push_back(secs);
@@ -426,8 +426,14 @@ impl Daemon {
         let mut schedule = None;
         if let Some(h) = s.history.as_mut() {
             let mut store = h.store.lock().unwrap();
-            schedule = store.schedule(&h.dataset, &job);
-            h.run = store.start_run(&h.dataset, &job);
+            let (replay, sched) = learned_replay(&self.cfg.policy, &store, &h.dataset, &job, None)
+                .map_err(|e| {
+                    ProtocolError::new(ErrorCode::BadRequest, format!("job `{job}`: {e}"))
+                })?
+                .unzip();
+            h.run = start_recording(&mut store, &h.dataset, &job, None, replay.clone()).0;
+            h.replay = replay;
+            schedule = sched;
         }
         if self.cfg.policy.kind == PolicyKind::Learned {
             s.policy = build_policy(&self.cfg, schedule)

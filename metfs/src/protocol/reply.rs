@@ -5,6 +5,7 @@
 //! A value that is not known yet (no pass measured, no staging finished) is `null`, never
 //! left out, so a reader can tell "not measured" from "not sent by this version".
 
+use feedback::history::Replay;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -155,6 +156,11 @@ pub struct Status {
     pub rf_policy: String,
     /// The job (the rf history's key) whose position this is.
     pub job: String,
+    /// With `rf_policy` `learned`: the earlier run of the rf history it replays and why (the
+    /// same record the history file keeps on this run as `replayed`); `null` for other
+    /// policies and while there is no earlier run to replay.
+    #[serde(default)]
+    pub replay: Option<Replay>,
     /// The policy wants to advance and the job waits for the next mini-epoch.
     pub advance_wanted: bool,
     /// Generation of the view: grows by one at every switch.

@@ -330,6 +330,9 @@ fn print_status(st: &Status) {
         "epoch {} mini-epoch {}/{}  pass {} (rf {} {})  generation {}",
         st.epoch, st.mini_epoch, st.mini_epochs, st.pass, st.rf, st.rf_policy, st.generation
     );
+    if let Some(r) = &st.replay {
+        println!("replaying {r}");
+    }
     let next = match &st.staging {
         Staging::Idle => "idle",
         Staging::Draining => "draining",
