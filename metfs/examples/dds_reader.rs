@@ -175,6 +175,7 @@ async fn main() {
             mini_epochs: None,
             node_rank: rank,
             nodes,
+            cluster_copies: Default::default(),
         };
         for e in 0..a.epochs {
             let plan = plan_epoch(&samples.set(), &cfg, e).unwrap();

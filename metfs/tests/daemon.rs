@@ -221,6 +221,7 @@ fn planned(cfg: &MountConfig, d: &Daemon, epoch: u64) -> Vec<BTreeSet<String>> {
         mini_epochs: cfg.mini_epochs,
         node_rank: cfg.node_rank,
         nodes: cfg.nodes,
+        cluster_copies: cfg.cluster_copies,
     };
     planner::plan_epoch(&set, &plan_cfg, epoch)
         .unwrap()

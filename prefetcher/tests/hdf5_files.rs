@@ -276,6 +276,7 @@ fn stratified_mini_epochs_by_label_dataset() {
         mini_epochs: Some(3),
         node_rank: 0,
         nodes: 1,
+        cluster_copies: Default::default(),
     };
     let set = SampleSet {
         sizes: cat.sizes(),

@@ -22,7 +22,7 @@ pub mod share;
 use std::path::PathBuf;
 
 use feedback::config::PolicyConfig;
-use prefetcher::planner::Strategy;
+use prefetcher::planner::{ClusterCopies, Strategy};
 use prefetcher::s3::S3Config;
 use prefetcher::stager::StagerConfig;
 use thiserror::Error;
@@ -93,6 +93,11 @@ pub struct MountConfig {
     pub job: String,
     /// Composition strategy. Default `random`: recomposed each epoch, the least biased choice.
     pub compose: Strategy,
+    /// `clustered`: how small clusters are copied. Default `per-node`, paper 000's rule: a
+    /// copied sample is read `nodes` times an epoch, where `per-share` reads it `mini-epochs ×
+    /// nodes` times and its copies took 92 to 99.9 % of an epoch's reads on skewed cluster
+    /// sizes (docs/EXPERIMENTS.md).
+    pub cluster_copies: ClusterCopies,
     /// Seed of every random choice. Default 0; every node of a job must use the same seed.
     pub seed: u64,
     /// Control socket. Default `CACHE/metfs.sock`.
@@ -358,6 +363,7 @@ impl MountConfig {
             history: s.history.unwrap_or_else(default_history),
             job: s.job,
             compose: s.compose,
+            cluster_copies: s.cluster_copies,
             seed: s.seed,
             node_rank,
             nodes,
@@ -383,6 +389,17 @@ impl MountConfig {
     /// errors. For tests and tools that build a mount from a file.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
         Self::resolve(&Layers::new().toml(text, origin)?)
+    }
+
+    /// The composition as a saved position's fingerprint records it: the strategy's name, with
+    /// `per-node` for `clustered` plans with that copy rule. Another copy rule is another plan,
+    /// and `per-share` plans keep the text they had before the rule was a setting, so their
+    /// saved positions still resume.
+    pub fn compose_fingerprint(&self) -> String {
+        match (self.compose, self.cluster_copies) {
+            (Strategy::Clustered, ClusterCopies::PerNode) => format!("{:?}/per-node", self.compose),
+            (compose, _) => format!("{compose:?}"),
+        }
     }
 }
 

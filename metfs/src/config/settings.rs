@@ -23,7 +23,7 @@ use std::str::FromStr;
 
 use clap::{ArgAction, Args, CommandFactory, FromArgMatches};
 use feedback::config::PolicyConfig;
-use prefetcher::planner::Strategy;
+use prefetcher::planner::{ClusterCopies, Strategy};
 use prefetcher::s3::S3Config;
 use prefetcher::size::{parse_rate, parse_size};
 use prefetcher::stager::StagerConfig;
@@ -55,6 +55,14 @@ pub struct MountSettings {
     /// each epoch from (seed, epoch). `random` is the least biased choice.
     #[arg(long, default_value_t)]
     pub compose: Strategy,
+    /// With compose = clustered, how clusters too small to spread are copied: per-node (paper
+    /// 000: a cluster with fewer samples than nodes goes whole to every node, into one of its
+    /// mini-epochs) or per-share (a cluster with fewer samples than mini-epochs × nodes goes
+    /// into every mini-epoch of every node). per-node, because its copies are read nodes times
+    /// an epoch and per-share's mini-epochs × nodes times: on skewed cluster sizes per-share's
+    /// copies took 92 to 99.9 % of an epoch's reads, per-node's 0 to 22 % (docs/EXPERIMENTS.md).
+    #[arg(long, default_value_t)]
+    pub cluster_copies: ClusterCopies,
     /// Seed of every random choice; every node of a job must use the same seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

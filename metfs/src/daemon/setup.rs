@@ -329,6 +329,7 @@ impl Daemon {
             mini_epochs: cfg.mini_epochs,
             node_rank: cfg.node_rank,
             nodes: cfg.nodes,
+            cluster_copies: cfg.cluster_copies,
         };
         let set = SampleSet {
             sizes: &footprints,
@@ -365,11 +366,11 @@ impl Daemon {
             // old one's output. Appended last so the dataset key below is unaffected.
             let transform = cfg.transform.identity();
             format!(
-                "{}|{}|{}|{:?}|{}|{}|{}|{h:016x}{}{}",
+                "{}|{}|{}|{}|{}|{}|{}|{h:016x}{}{}",
                 cfg.source,
                 budget.slot_bytes,
                 nm,
-                cfg.compose,
+                cfg.compose_fingerprint(),
                 cfg.seed,
                 cfg.node_rank,
                 cfg.nodes,

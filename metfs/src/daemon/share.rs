@@ -429,6 +429,7 @@ impl Daemon {
                     mini_epochs: None,
                     node_rank: 0,
                     nodes: 1,
+                    cluster_copies: self.cfg.cluster_copies,
                 },
                 nm: 1,
                 fingerprint: String::new(),

@@ -1,20 +1,21 @@
 //! Choosing nm: the epoch-independent [`Layout`] of a plan (the mini-epoch count and, for
-//! `clustered`, which clusters are copied into every share). Each strategy gets the smallest
-//! count its guarantee allows, and a requested count the guarantee cannot meet is refused
-//! naming the smallest one that can.
+//! `clustered`, which clusters are copied). Each strategy gets the smallest count its
+//! guarantee allows, and a requested count the guarantee cannot meet is refused naming the
+//! smallest one that can.
 
 use super::{
     bound::share_bound, bound::validate, bound::SizeStats, sequential::even_cuts_largest,
-    PlanConfig, PlanError, SampleSet, Strategy,
+    ClusterCopies, PlanConfig, PlanError, SampleSet, Strategy,
 };
 
 /// The epoch-independent shape of a plan.
 #[derive(Debug, Clone)]
 pub(super) struct Layout {
     pub(super) nm: u32,
-    /// `clustered`: per cluster id, whether it is copied into every share; empty otherwise.
+    /// `clustered`: per cluster id, whether it is copied; empty otherwise.
     pub(super) copied: Vec<bool>,
-    /// Bytes of the copies in every share.
+    /// Bytes of the copied clusters: in every share (`per-share`), or in each node's epoch
+    /// (`per-node`).
     pub(super) copied_bytes: u64,
     /// Guaranteed largest share, copies included (permuting strategies; `None` for
     /// `sequential`, whose shares are known exactly once cut).
@@ -225,17 +226,85 @@ pub(super) fn clustered_layout(
     cfg: &PlanConfig,
 ) -> Result<Layout, PlanError> {
     let clusters = samples.clusters.expect("validated");
-    let n = samples.sizes.len() as u64;
+    let table = ClusterTable::new(samples.sizes, clusters);
+    match cfg.cluster_copies {
+        ClusterCopies::PerNode => per_node_layout(&table, cfg),
+        ClusterCopies::PerShare => per_share_layout(&table, cfg),
+    }
+}
+
+/// `per-node` copies: the clusters with fewer samples than nodes, whatever `nm`. A share holds
+/// at most the bound of the rest over `nm × nodes` shares plus the heaviest mini-epoch of the
+/// copies balanced over `nm` (the balancing step's bound with the clusters as items); both fall
+/// as `nm` grows, so the smallest count that fits is found by binary search.
+fn per_node_layout(table: &ClusterTable, cfg: &PlanConfig) -> Result<Layout, PlanError> {
+    let n = table.all.n;
     let nodes = u64::from(cfg.nodes);
     let slot = cfg.slot_bytes;
-    let table = ClusterTable::new(samples.sizes, clusters);
+    let idx = table
+        .by_count
+        .partition_point(|&c| table.count[c as usize] < nodes);
+    let small = &table.by_count[..idx];
+    let copied_n: u64 = small.iter().map(|&c| table.count[c as usize]).sum();
+    let copies = SizeStats::of(small.iter().map(|&c| table.bytes[c as usize]));
+    let bound = |nm: u64| {
+        let rest = share_bound(
+            n - copied_n,
+            table.all.total - copies.total,
+            table.suffix_max[idx],
+            &table.all,
+            nm * nodes,
+        );
+        rest.saturating_add(share_bound(copies.n, copies.total, copies.max, &copies, nm))
+    };
+    // The bound falls with nm, so if the most mini-epochs allowed do not fit, none does.
+    let best = bound(n);
+    if best > slot {
+        return Err(PlanError::ClustersTooLarge {
+            best,
+            slot_bytes: slot,
+            copies: cfg.cluster_copies,
+        });
+    }
+    let needed = smallest(n, |nm| bound(nm) <= slot);
+    let nm = match cfg.mini_epochs {
+        None => needed,
+        Some(req) if req == 0 || bound(u64::from(req)) > slot => {
+            return Err(PlanError::TooFewMiniEpochs {
+                requested: req,
+                bytes: bound(u64::from(req.max(1))),
+                slot_bytes: slot,
+                needed: needed as u32,
+            });
+        }
+        Some(req) => u64::from(req),
+    };
+    let mut copied = vec![false; table.count.len()];
+    for &c in small {
+        copied[c as usize] = true;
+    }
+    Ok(Layout {
+        nm: nm as u32,
+        copied,
+        copied_bytes: copies.total,
+        bound: Some(bound(nm)),
+    })
+}
+
+/// `per-share` copies: the clusters with fewer samples than `nm × nodes`, in every share.
+fn per_share_layout(table: &ClusterTable, cfg: &PlanConfig) -> Result<Layout, PlanError> {
+    let n = table.all.n;
+    let nodes = u64::from(cfg.nodes);
+    let slot = cfg.slot_bytes;
+    let too_large = |best| PlanError::ClustersTooLarge {
+        best,
+        slot_bytes: slot,
+        copies: cfg.cluster_copies,
+    };
     let nm = match cfg.mini_epochs {
         None => {
             let (found, best) = table.first_fit(nodes, 1, n, slot);
-            found.ok_or(PlanError::ClustersTooLarge {
-                best,
-                slot_bytes: slot,
-            })?
+            found.ok_or_else(|| too_large(best))?
         }
         Some(req) => {
             let mut need = u64::MAX;
@@ -253,10 +322,7 @@ pub(super) fn clustered_layout(
                 // when larger ones do not, so fall back to the smallest overall.
                 let above = table.first_fit(nodes, u64::from(req) + 1, n, slot).0;
                 let (overall, best) = table.first_fit(nodes, 1, n, slot);
-                let needed = above.or(overall).ok_or(PlanError::ClustersTooLarge {
-                    best,
-                    slot_bytes: slot,
-                })?;
+                let needed = above.or(overall).ok_or_else(|| too_large(best))?;
                 return Err(PlanError::TooFewMiniEpochs {
                     requested: req,
                     bytes: need,

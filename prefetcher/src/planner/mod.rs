@@ -23,9 +23,18 @@
 //! * `stratified`: each class is spread over the mini-epochs so that every mini-epoch holds
 //!   `⌊n_c/nm⌋` or `⌈n_c/nm⌉` samples of class `c` (paper 000, Fig. 4), then inside each
 //!   mini-epoch over the nodes the same way; composed afresh each epoch.
-//! * `clustered`: as stratified over cluster ids; clusters with fewer samples than shares
-//!   (`n_c < P`) are copied into every share (paper 000: strata smaller than the number of
-//!   parts go to every part). Their bytes count against every share's budget.
+//! * `clustered`: as stratified over cluster ids, with small clusters copied by one of two
+//!   rules ([`ClusterCopies`]). `per-node`, the default and paper 000's rule (its workers are
+//!   our nodes): a cluster with fewer samples than nodes (`n_c < nodes`) is copied once to
+//!   every node, the whole cluster into one mini-epoch of that node. The copies are spread
+//!   over node 0's mini-epochs by the balancing step (one class, `k = nm`, the clusters as
+//!   items, from the epoch's stream after the other samples are placed), so mini-epochs hold
+//!   within one of the same number of copied clusters and their copy bytes are within the
+//!   largest copied cluster of each other; node `r` uses node 0's placement shifted by
+//!   `⌊r·nm/nodes⌋` mini-epochs, which keeps its loads the same and puts the nodes' copies of
+//!   one cluster in different mini-epochs whenever `nm ≥ nodes`. `per-share`: a cluster with
+//!   fewer samples than shares (`n_c < P`) is copied into every share, so each of its samples
+//!   is read `P` times an epoch (docs/EXPERIMENTS.md measures what each rule over-weights).
 //!
 //! # The balancing step and its bound
 //!
@@ -67,9 +76,13 @@
 //! * `random`, `stratified`: the smallest `nm` whose guaranteed bound above is at most
 //!   `slot_bytes` (the bound falls as `nm` grows, so a binary search finds it; when only single
 //!   samples fit, that is `⌈n/nodes⌉`, where every share holds at most one sample);
-//! * `clustered`: the smallest `nm` for which the bound over the clusters that are not copied,
-//!   plus the copies, is at most `slot_bytes`. Copies grow with `nm`, so this is not monotone;
-//!   every count from 1 up is tried until one fits.
+//! * `clustered`, `per-node`: the smallest `nm` for which the bound over the clusters that
+//!   are not copied plus the bound of the balancing step over the copied clusters (`k = nm`,
+//!   each cluster an item of its bytes) is at most `slot_bytes`; which clusters are copied
+//!   does not depend on `nm`, both bounds fall as `nm` grows, and a binary search finds it.
+//! * `clustered`, `per-share`: the smallest `nm` for which the bound over the clusters that
+//!   are not copied, plus the copies, is at most `slot_bytes`. Copies grow with `nm`, so this
+//!   is not monotone; every count from 1 up is tried until one fits.
 //!
 //! A requested `nm` that these rules cannot guarantee is refused with
 //! [`PlanError::TooFewMiniEpochs`], naming the smallest count that is guaranteed.
@@ -131,9 +144,25 @@ pub enum Strategy {
     Random,
     /// Each class spread round-robin over the mini-epochs (paper 000).
     Stratified,
-    /// As stratified, over cluster ids; clusters smaller than the number of parts are copied to
-    /// every part.
+    /// As stratified, over cluster ids; small clusters are copied as [`ClusterCopies`] says.
     Clustered,
+}
+
+/// `clustered`: which small clusters are copied, and where the copies go. The default is
+/// paper 000's rule, which reads a copied sample `nodes` times an epoch: `per-share` reads it
+/// `mini-epochs × nodes` times, and on skewed cluster sizes its copies took 92 to 99.9 % of
+/// the epoch's reads (docs/EXPERIMENTS.md, "Copies of small clusters").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClusterCopies {
+    /// Paper 000's rule: a cluster with fewer samples than nodes is copied once to every node,
+    /// the whole cluster into one mini-epoch of that node. A sample of a copied cluster is
+    /// read `nodes` times an epoch, whatever the mini-epoch count.
+    #[default]
+    PerNode,
+    /// A cluster with fewer samples than shares (mini-epochs × nodes) is copied into every
+    /// share: each of its samples is read mini-epochs × nodes times an epoch.
+    PerShare,
 }
 
 /// What the planner knows of each sample, indexed by sample id.
@@ -162,6 +191,9 @@ pub struct PlanConfig {
     pub node_rank: u32,
     /// Number of nodes sharing the epoch.
     pub nodes: u32,
+    /// `clustered`: how small clusters are copied; the other strategies ignore it.
+    #[serde(default)]
+    pub cluster_copies: ClusterCopies,
 }
 
 /// One mini-epoch as seen by one node.
@@ -173,6 +205,8 @@ pub struct MiniEpoch {
     /// Sum of the sizes of `samples` (copies included); never more than the slot budget.
     pub bytes: u64,
     /// The part of `bytes` that is copies of small clusters (`clustered` only; 0 otherwise).
+    /// With `per-share` copies it is the same in every mini-epoch; with `per-node` copies it is
+    /// the copied clusters this node was given in this mini-epoch.
     #[serde(default)]
     pub copied_bytes: u64,
 }
@@ -184,8 +218,9 @@ pub struct EpochPlan {
     pub epoch: u64,
     /// The mini-epochs in order; always `mini_epochs` of them.
     pub mini_epochs: Vec<MiniEpoch>,
-    /// Samples copied into every share of every mini-epoch (`clustered`: the clusters with
-    /// fewer samples than there are shares), ascending; empty otherwise.
+    /// The samples of the copied clusters (`clustered`), ascending; empty otherwise. With
+    /// `per-share` copies every mini-epoch holds all of them; with `per-node` copies each is
+    /// in exactly one of this node's mini-epochs (every other node holds it once too).
     #[serde(default)]
     pub copied: Vec<u32>,
 }
@@ -225,10 +260,14 @@ pub enum PlanError {
     /// More mini-epochs than samples (or more shares than share ids can count).
     #[error("{requested} mini-epochs is more than the {samples} samples")]
     TooManyMiniEpochs { requested: u32, samples: usize },
-    /// `clustered`: at every mini-epoch count, the clusters that must be copied into every
-    /// share plus the share of the rest exceed the budget.
-    #[error("clustered: no mini-epoch count fits: clusters smaller than the number of shares are copied into every share, and the best count still needs {best} bytes per share, more than {slot_bytes}")]
-    ClustersTooLarge { best: u64, slot_bytes: u64 },
+    /// `clustered`: at every mini-epoch count, the copies of the small clusters plus the share
+    /// of the rest exceed the budget.
+    #[error("clustered: no mini-epoch count fits: {}, and the best count still needs {best} bytes per share, more than {slot_bytes}", copies.rule())]
+    ClustersTooLarge {
+        best: u64,
+        slot_bytes: u64,
+        copies: ClusterCopies,
+    },
     /// `labels` or `clusters` does not have one entry per sample.
     #[error("the sample set has {samples} sizes but {len} {what}")]
     LengthMismatch {
@@ -267,7 +306,43 @@ impl std::str::FromStr for Strategy {
     }
 }
 
-/// Marks an empty table slot, and a sample copied into every share in an assignment.
+impl ClusterCopies {
+    /// The rule in words, for errors.
+    fn rule(self) -> &'static str {
+        match self {
+            ClusterCopies::PerNode => {
+                "clusters smaller than the number of nodes are copied once to every node"
+            }
+            ClusterCopies::PerShare => {
+                "clusters smaller than the number of shares are copied into every share"
+            }
+        }
+    }
+}
+
+impl fmt::Display for ClusterCopies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ClusterCopies::PerNode => "per-node",
+            ClusterCopies::PerShare => "per-share",
+        })
+    }
+}
+
+impl std::str::FromStr for ClusterCopies {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "per-node" => Ok(ClusterCopies::PerNode),
+            "per-share" => Ok(ClusterCopies::PerShare),
+            other => Err(format!(
+                "unknown cluster copy rule `{other}`; expected per-node or per-share"
+            )),
+        }
+    }
+}
+
+/// Marks an empty table slot, and a sample of a copied cluster in an assignment.
 const NONE: u32 = u32::MAX;
 
 /// The number of mini-epochs per epoch for this dataset and configuration: the same for every
@@ -289,15 +364,24 @@ pub fn plan_epoch(
     epoch: u64,
 ) -> Result<EpochPlan, PlanError> {
     let layout = layout(samples, cfg)?;
-    let part_of = assign(samples, cfg, &layout, epoch);
+    let a = assign(samples, cfg, &layout, epoch);
     let (nodes, rank) = (cfg.nodes, cfg.node_rank);
     let nm = layout.nm as usize;
+    // This node's mini-epoch of a copied sample; `None`: every mini-epoch holds it.
+    let copy_in = |id: usize| {
+        let cluster = samples.clusters?[id];
+        a.copy_mini_epoch(cluster, rank).map(|m| m as usize)
+    };
     // Count first so every share is allocated once at its final size.
     let mut counts = vec![0usize; nm];
-    let mut copied = Vec::new();
-    for (id, &p) in part_of.iter().enumerate() {
+    let (mut copied, mut everywhere) = (Vec::new(), 0usize);
+    for (id, &p) in a.part_of.iter().enumerate() {
         if p == NONE {
             copied.push(id as u32);
+            match copy_in(id) {
+                Some(m) => counts[m] += 1,
+                None => everywhere += 1,
+            }
         } else if p % nodes == rank {
             counts[(p / nodes) as usize] += 1;
         }
@@ -305,15 +389,19 @@ pub fn plan_epoch(
     let mut mini_epochs: Vec<MiniEpoch> = counts
         .iter()
         .map(|&c| MiniEpoch {
-            samples: Vec::with_capacity(c + copied.len()),
+            samples: Vec::with_capacity(c + everywhere),
             bytes: 0,
             copied_bytes: 0,
         })
         .collect();
-    for (id, &p) in part_of.iter().enumerate() {
+    for (id, &p) in a.part_of.iter().enumerate() {
         let size = samples.sizes[id];
         if p == NONE {
-            for me in &mut mini_epochs {
+            let into = match copy_in(id) {
+                Some(m) => &mut mini_epochs[m..=m],
+                None => &mut mini_epochs[..],
+            };
+            for me in into {
                 me.samples.push(id as u32);
                 me.bytes += size;
                 me.copied_bytes += size;

@@ -6,7 +6,7 @@ use proptest::prelude::{prop, prop_assert, prop_assert_eq, prop_oneof, proptest,
 use proptest::strategy::Strategy as _;
 
 use super::balance::{balance, Scratch};
-use super::tests::{all_nodes, cfg, check, set};
+use super::tests::{all_nodes, cfg, check, set, with_copies};
 use super::*;
 use planrng::splitmix64;
 
@@ -35,6 +35,7 @@ fn arb_input(
 
 fn run_property(
     strategy: Strategy,
+    copies: ClusterCopies,
     input: (Vec<u64>, Vec<u32>, Vec<u32>, u32, u64, Option<u32>),
 ) -> Result<(), String> {
     let (sizes, labels, clusters, nodes, frac, req) = input;
@@ -44,7 +45,7 @@ fn run_property(
     let slot = max + total * frac / 1000;
     let c = PlanConfig {
         mini_epochs: req,
-        ..cfg(strategy, slot, nodes)
+        ..with_copies(cfg(strategy, slot, nodes), copies)
     };
     match layout(&s, &c) {
         Err(PlanError::TooFewMiniEpochs { needed, .. }) => {
@@ -58,6 +59,17 @@ fn run_property(
         Err(PlanError::TooManyMiniEpochs { .. }) if req.is_some() => return Ok(()),
         Err(PlanError::ClustersTooLarge { .. }) if strategy == Strategy::Clustered => return Ok(()),
         Err(e) => return Err(e.to_string()),
+        Ok(lay) if req.is_none() && lay.nm > 1 => {
+            // The count is the smallest: one fewer is refused, naming it.
+            let fewer = PlanConfig {
+                mini_epochs: Some(lay.nm - 1),
+                ..c.clone()
+            };
+            match layout(&s, &fewer) {
+                Err(PlanError::TooFewMiniEpochs { needed, .. }) if needed == lay.nm => {}
+                other => return Err(format!("nm {} not the smallest: {other:?}", lay.nm)),
+            }
+        }
         Ok(_) => {}
     }
     let a = check(&s, &c, 0)?;
@@ -101,11 +113,12 @@ proptest! {
         ],
         nodes in 1u32..4,
         req in prop::option::weighted(0.3, 1u32..6),
+        copies in prop_oneof![Just(ClusterCopies::PerNode), Just(ClusterCopies::PerShare)],
     ) {
         let labels: Vec<u32> = (0..sizes.len() as u32).map(|i| i % 3).collect();
         let clusters: Vec<u32> = (0..sizes.len() as u32).map(|i| i % 2).collect();
         let s = set(&sizes, &labels, &clusters);
-        let c = PlanConfig { mini_epochs: req, ..cfg(strategy, slot, nodes) };
+        let c = PlanConfig { mini_epochs: req, ..with_copies(cfg(strategy, slot, nodes), copies) };
         let total = sizes.iter().try_fold(0u64, |a, &b| a.checked_add(b));
         match plan_epoch(&s, &c, 1) {
             Err(PlanError::TotalTooLarge { .. }) => prop_assert!(total.is_none()),
@@ -128,22 +141,29 @@ proptest! {
 
     #[test]
     fn prop_sequential(input in arb_input()) {
-        prop_assert_eq!(run_property(Strategy::Sequential, input), Ok(()));
+        prop_assert_eq!(run_property(Strategy::Sequential, ClusterCopies::default(), input), Ok(()));
     }
 
     #[test]
     fn prop_random(input in arb_input()) {
-        prop_assert_eq!(run_property(Strategy::Random, input), Ok(()));
+        prop_assert_eq!(run_property(Strategy::Random, ClusterCopies::default(), input), Ok(()));
     }
 
     #[test]
     fn prop_stratified(input in arb_input()) {
-        prop_assert_eq!(run_property(Strategy::Stratified, input), Ok(()));
+        prop_assert_eq!(run_property(Strategy::Stratified, ClusterCopies::default(), input), Ok(()));
+    }
+
+    /// Per node: every small cluster (fewer samples than nodes) once on every node, whole in
+    /// one of its mini-epochs, spread within one over them (checked by `check`).
+    #[test]
+    fn prop_clustered_per_node(input in arb_input()) {
+        prop_assert_eq!(run_property(Strategy::Clustered, ClusterCopies::PerNode, input), Ok(()));
     }
 
     #[test]
-    fn prop_clustered(input in arb_input()) {
-        prop_assert_eq!(run_property(Strategy::Clustered, input), Ok(()));
+    fn prop_clustered_per_share(input in arb_input()) {
+        prop_assert_eq!(run_property(Strategy::Clustered, ClusterCopies::PerShare, input), Ok(()));
     }
 
     /// The balancing step itself: class counts within one, colour counts within one,

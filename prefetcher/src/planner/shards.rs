@@ -22,7 +22,7 @@ use super::{
     bound::validate,
     layout::{layout, too_many},
     sequential::sequential_cuts,
-    PlanConfig, PlanError, SampleSet, Strategy,
+    ClusterCopies, PlanConfig, PlanError, SampleSet, Strategy,
 };
 
 /// What an epoch's order depends on besides the samples and the epoch. Stored with a queue.
@@ -95,6 +95,8 @@ fn one_node(spec_strategy: Strategy, seed: u64, slot_bytes: u64, nm: Option<u32>
         mini_epochs: nm,
         node_rank: 0,
         nodes: 1,
+        // Laid out as stratified, which copies nothing.
+        cluster_copies: ClusterCopies::default(),
     }
 }
 
@@ -168,7 +170,15 @@ pub fn epoch_order(
         }
         Strategy::Stratified | Strategy::Clustered => {
             let labels = samples.labels.expect("validated");
-            two_level(labels, &[], sizes, k, 1, spec.seed, epoch, &mut part_of);
+            two_level(
+                labels,
+                &[],
+                sizes,
+                k,
+                1,
+                &mut super::rng::stream(spec.seed, epoch),
+                &mut part_of,
+            );
         }
     }
     // A counting sort by part keeps ascending ids inside each shard.

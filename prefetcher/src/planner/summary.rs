@@ -10,9 +10,9 @@ use serde::Serialize;
 
 use crate::size::format_bytes;
 
-use super::assign::assign;
+use super::assign::{assign, Assignment};
 use super::layout::layout;
-use super::{PlanConfig, PlanError, SampleSet, Strategy, NONE};
+use super::{ClusterCopies, PlanConfig, PlanError, SampleSet, Strategy, NONE};
 
 /// Smallest, largest and mean of a set of byte counts.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -77,7 +77,8 @@ pub struct ClassSpread {
     pub min: u64,
     /// Most samples of the class in one mini-epoch (all nodes).
     pub max: u64,
-    /// Copied into every share (`clustered`, small clusters): each mini-epoch holds all of it.
+    /// A small cluster of `clustered`, copied to every node (see
+    /// [`PlanSummary::cluster_copies`]); its counts are of the copies.
     pub copied: bool,
 }
 
@@ -97,7 +98,7 @@ pub struct ClassSummary {
     pub by: &'static str,
     /// Distinct classes with at least one sample.
     pub classes: usize,
-    /// Classes copied into every share.
+    /// Classes copied (small clusters of `clustered`).
     pub copied_classes: usize,
     /// Largest `|count − ideal|` over the classes that are not copied and the mini-epochs.
     pub max_deviation: f64,
@@ -154,9 +155,12 @@ pub struct PlanSummary {
     pub share_samples: (u64, u64),
     /// Per node.
     pub node_bytes: Vec<NodeBytes>,
-    /// Samples copied into every share.
+    /// `clustered`: how small clusters are copied; `None` for the other strategies.
+    pub cluster_copies: Option<ClusterCopies>,
+    /// Samples of the copied clusters. Every node holds each of them: in every share
+    /// (`per-share`), or in one of its mini-epochs (`per-node`).
     pub copied_samples: u64,
-    /// Bytes of those copies in every share.
+    /// Their bytes: in every share (`per-share`), or over each node's epoch (`per-node`).
     pub copied_bytes: u64,
     /// Class balance, when the samples have labels (or clusters, for `clustered`).
     pub classes: Option<ClassSummary>,
@@ -173,28 +177,44 @@ pub fn summarize(
     label_names: Option<&[String]>,
 ) -> Result<PlanSummary, PlanError> {
     let layout = layout(samples, cfg)?;
-    let part_of = assign(samples, cfg, &layout, epoch);
+    let a = assign(samples, cfg, &layout, epoch);
     let sizes = samples.sizes;
     let (nm, nodes) = (layout.nm as usize, cfg.nodes as usize);
     let parts = nm * nodes;
     let mut share = vec![0u64; parts];
     let mut count = vec![0u64; parts];
     let (mut copied_samples, mut copied_bytes) = (0u64, 0u64);
-    for (&p, &s) in part_of.iter().zip(sizes) {
-        if p == NONE {
-            copied_samples += 1;
-            copied_bytes += s;
-        } else {
+    let (mut everywhere_samples, mut everywhere_bytes) = (0u64, 0u64);
+    for (id, (&p, &s)) in a.part_of.iter().zip(sizes).enumerate() {
+        if p != NONE {
             share[p as usize] += s;
             count[p as usize] += 1;
+            continue;
+        }
+        copied_samples += 1;
+        copied_bytes += s;
+        let cluster = samples.clusters.map_or(0, |c| c[id]);
+        for r in 0..nodes {
+            match a.copy_mini_epoch(cluster, r as u32) {
+                Some(m) => {
+                    let p = m as usize * nodes + r;
+                    share[p] += s;
+                    count[p] += 1;
+                }
+                None => {
+                    everywhere_samples += 1;
+                    everywhere_bytes += s;
+                    break;
+                }
+            }
         }
     }
     debug_assert_eq!(copied_bytes, layout.copied_bytes);
     // Shares fit (validated), but totals over nodes and mini-epochs count the copies of small
     // clusters many times; these are report figures, so they saturate rather than wrap.
     for (b, c) in share.iter_mut().zip(count.iter_mut()) {
-        *b = b.saturating_add(copied_bytes);
-        *c += copied_samples;
+        *b = b.saturating_add(everywhere_bytes);
+        *c += everywhere_samples;
     }
     let me_bytes: Vec<u64> = share
         .chunks(nodes)
@@ -217,7 +237,7 @@ pub fn summarize(
         Strategy::Clustered => samples.clusters.map(|c| ("cluster", c)),
         _ => samples.labels.map(|l| ("label", l)),
     }
-    .and_then(|(by, col)| class_summary(by, col, &part_of, &layout.copied, nm, nodes, label_names));
+    .and_then(|(by, col)| class_summary(by, col, &a, &layout.copied, nm, nodes, label_names));
     Ok(PlanSummary {
         strategy: cfg.strategy,
         epoch,
@@ -237,6 +257,7 @@ pub fn summarize(
             count.iter().copied().max().unwrap_or(0),
         ),
         node_bytes,
+        cluster_copies: (cfg.strategy == Strategy::Clustered).then_some(cfg.cluster_copies),
         copied_samples,
         copied_bytes,
         classes,
@@ -246,7 +267,7 @@ pub fn summarize(
 pub(super) fn class_summary(
     by: &'static str,
     col: &[u32],
-    part_of: &[u32],
+    a: &Assignment,
     copied: &[bool],
     nm: usize,
     nodes: usize,
@@ -258,16 +279,22 @@ pub(super) fn class_summary(
     }
     let mut counts = vec![0u64; ncls * nm];
     let mut totals = vec![0u64; ncls];
-    for (&c, &p) in col.iter().zip(part_of) {
+    for (&c, &p) in col.iter().zip(&a.part_of) {
         totals[c as usize] += 1;
         if p != NONE {
             counts[c as usize * nm + p as usize / nodes] += 1;
         }
     }
     let is_copied = |c: usize| copied.get(c).copied().unwrap_or(false);
-    for c in 0..ncls {
-        if is_copied(c) {
-            counts[c * nm..(c + 1) * nm].fill(totals[c]);
+    for c in (0..ncls).filter(|&c| is_copied(c)) {
+        for r in 0..nodes {
+            match a.copy_mini_epoch(c as u32, r as u32) {
+                Some(m) => counts[c * nm + m as usize] += totals[c],
+                None => {
+                    counts[c * nm..(c + 1) * nm].fill(totals[c]);
+                    break;
+                }
+            }
         }
     }
     let name = |c: usize| {
@@ -382,7 +409,13 @@ impl fmt::Display for PlanSummary {
         if self.copied_samples > 0 {
             writeln!(
                 f,
-                "copied into every share: {} samples, {}",
+                "{}: {} samples, {}",
+                match self.cluster_copies {
+                    Some(ClusterCopies::PerNode) => {
+                        "copied once to every node, each copy in one of its mini-epochs"
+                    }
+                    _ => "copied into every share",
+                },
                 self.copied_samples,
                 b(self.copied_bytes)
             )?;

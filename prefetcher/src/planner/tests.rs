@@ -19,6 +19,15 @@ pub(super) fn cfg(strategy: Strategy, slot_bytes: u64, nodes: u32) -> PlanConfig
         mini_epochs: None,
         node_rank: 0,
         nodes,
+        cluster_copies: ClusterCopies::default(),
+    }
+}
+
+/// `cfg` with the other cluster copy rule spelled out.
+pub(super) fn with_copies(c: PlanConfig, cluster_copies: ClusterCopies) -> PlanConfig {
+    PlanConfig {
+        cluster_copies,
+        ..c
     }
 }
 
@@ -56,8 +65,11 @@ pub(super) fn check(
     let plans = all_nodes(s, c, epoch);
     let copied: Vec<u32> = plans[0].copied.clone();
     let is_copied = |id: u32| copied.binary_search(&id).is_ok();
+    let per_node = c.strategy == Strategy::Clustered && c.cluster_copies == ClusterCopies::PerNode;
     let mut seen = vec![0u32; n];
     let mut shares = vec![vec![Vec::new(); nodes]; nm];
+    // per-node copies: the mini-epoch of each node holding each copied sample.
+    let mut copy_me = vec![vec![None; n]; nodes];
     for (r, plan) in plans.iter().enumerate() {
         if plan.epoch != epoch || plan.mini_epochs.len() != nm || plan.copied != copied {
             return Err(format!("node {r}: wrong shape"));
@@ -67,7 +79,12 @@ pub(super) fn check(
                 return Err(format!("share ({m},{r}) not ascending"));
             }
             let bytes: u64 = me.samples.iter().map(|&i| s.sizes[i as usize]).sum();
-            let cb: u64 = copied.iter().map(|&i| s.sizes[i as usize]).sum();
+            let cb: u64 = me
+                .samples
+                .iter()
+                .filter(|&&i| is_copied(i))
+                .map(|&i| s.sizes[i as usize])
+                .sum();
             if bytes != me.bytes || cb != me.copied_bytes {
                 return Err(format!("share ({m},{r}) bytes wrong"));
             }
@@ -86,15 +103,21 @@ pub(super) fn check(
                 if !is_copied(id) {
                     seen[id as usize] += 1;
                     shares[m][r].push(id);
+                } else if per_node && copy_me[r][id as usize].replace(m).is_some() {
+                    return Err(format!("node {r} holds sample {id} twice"));
                 }
             }
-            if copied
-                .iter()
-                .any(|id| me.samples.binary_search(id).is_err())
+            if !per_node
+                && copied
+                    .iter()
+                    .any(|id| me.samples.binary_search(id).is_err())
             {
                 return Err(format!("share ({m},{r}) lacks a copy"));
             }
         }
+    }
+    if per_node {
+        check_per_node_copies(s, &copied, &copy_me, nm)?;
     }
     for (id, &k) in seen.iter().enumerate() {
         if !is_copied(id as u32) && k != 1 {
@@ -169,18 +192,62 @@ pub(super) fn check(
         }
     }
     if c.strategy == Strategy::Clustered {
-        let parts = nm * nodes;
+        let below = match c.cluster_copies {
+            ClusterCopies::PerShare => nm * nodes,
+            ClusterCopies::PerNode => nodes,
+        };
         let mut count: BTreeMap<u32, usize> = BTreeMap::new();
         for &cl in s.clusters.unwrap() {
             *count.entry(cl).or_default() += 1;
         }
         for (id, &cl) in s.clusters.unwrap().iter().enumerate() {
-            if is_copied(id as u32) != (count[&cl] < parts) {
+            if is_copied(id as u32) != (count[&cl] < below) {
                 return Err(format!("cluster {cl} copied wrongly"));
             }
         }
     }
     Ok(shares)
+}
+
+/// `per-node` copies: every node holds every copied sample once, a cluster's copy whole in one
+/// of its mini-epochs, mini-epochs within one of the same number of copied clusters, and the
+/// nodes' copies of a cluster in distinct mini-epochs when there are as many as nodes.
+fn check_per_node_copies(
+    s: &SampleSet<'_>,
+    copied: &[u32],
+    copy_me: &[Vec<Option<usize>>],
+    nm: usize,
+) -> Result<(), String> {
+    let clusters = s.clusters.unwrap();
+    for (r, at) in copy_me.iter().enumerate() {
+        let mut cluster_at: BTreeMap<u32, usize> = BTreeMap::new();
+        for &id in copied {
+            let m = at[id as usize].ok_or(format!("node {r} lacks copied sample {id}"))?;
+            let cl = clusters[id as usize];
+            if *cluster_at.entry(cl).or_insert(m) != m {
+                return Err(format!("node {r}: cluster {cl} split over mini-epochs"));
+            }
+        }
+        let mut per_me = vec![0usize; nm];
+        cluster_at.values().for_each(|&m| per_me[m] += 1);
+        let (lo, hi) = (per_me.iter().min().unwrap(), per_me.iter().max().unwrap());
+        if hi - lo > 1 {
+            return Err(format!(
+                "node {r}: copied clusters per mini-epoch {lo}..{hi}"
+            ));
+        }
+    }
+    if nm >= copy_me.len() {
+        for &id in copied {
+            let mut ms: Vec<usize> = copy_me.iter().map(|at| at[id as usize].unwrap()).collect();
+            ms.sort_unstable();
+            ms.dedup();
+            if ms.len() != copy_me.len() {
+                return Err(format!("copies of sample {id} share mini-epochs: {ms:?}"));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn digest(plans: &[EpochPlan]) -> u64 {
@@ -230,20 +297,34 @@ fn every_strategy_keeps_its_promises_on_a_fixture() {
     let (sizes, labels, clusters) = fixture();
     let s = set(&sizes, &labels, &clusters);
     let total: u64 = sizes.iter().sum();
-    for strategy in [
+    for c in every_config(total / 9) {
+        for nodes in [1, 2, 3] {
+            let c = PlanConfig { nodes, ..c.clone() };
+            for epoch in 0..3 {
+                check(&s, &c, epoch).unwrap_or_else(|e| {
+                    panic!("{} {} x{nodes} e{epoch}: {e}", c.strategy, c.cluster_copies)
+                });
+            }
+        }
+    }
+}
+
+/// One config per strategy, `clustered` once per copy rule.
+fn every_config(slot: u64) -> Vec<PlanConfig> {
+    let mut v: Vec<PlanConfig> = [
         Strategy::Sequential,
         Strategy::Random,
         Strategy::Stratified,
         Strategy::Clustered,
-    ] {
-        for nodes in [1, 2, 3] {
-            let c = cfg(strategy, total / 9, nodes);
-            for epoch in 0..3 {
-                check(&s, &c, epoch)
-                    .unwrap_or_else(|e| panic!("{strategy} x{nodes} e{epoch}: {e}"));
-            }
-        }
-    }
+    ]
+    .into_iter()
+    .map(|st| with_copies(cfg(st, slot, 1), ClusterCopies::PerShare))
+    .collect();
+    v.push(with_copies(
+        cfg(Strategy::Clustered, slot, 1),
+        ClusterCopies::PerNode,
+    ));
+    v
 }
 
 #[test]
@@ -273,13 +354,9 @@ fn compositions_change_between_epochs_but_not_between_calls() {
     let (sizes, labels, clusters) = fixture();
     let s = set(&sizes, &labels, &clusters);
     let total: u64 = sizes.iter().sum();
-    for strategy in [
-        Strategy::Random,
-        Strategy::Stratified,
-        Strategy::Clustered,
-        Strategy::Sequential,
-    ] {
-        let c = cfg(strategy, total / 6, 2);
+    for c in every_config(total / 6) {
+        let c = PlanConfig { nodes: 2, ..c };
+        let strategy = c.strategy;
         let e0 = all_nodes(&s, &c, 0);
         assert_eq!(e0, all_nodes(&s, &c, 0), "{strategy} not deterministic");
         let e1 = all_nodes(&s, &c, 1);
@@ -306,15 +383,20 @@ fn fixture_digests() -> Vec<u64> {
     let (sizes, labels, clusters) = fixture();
     let s = set(&sizes, &labels, &clusters);
     let total: u64 = sizes.iter().sum();
-    [
-        Strategy::Sequential,
-        Strategy::Random,
-        Strategy::Stratified,
-        Strategy::Clustered,
-    ]
-    .into_iter()
-    .map(|st| digest(&all_nodes(&s, &cfg(st, total / 7, 3), 5)))
-    .collect()
+    let mut v: Vec<u64> = every_config(total / 7)
+        .into_iter()
+        .map(|c| digest(&all_nodes(&s, &PlanConfig { nodes: 3, ..c }, 5)))
+        .collect();
+    // The fixture has no cluster smaller than 3 nodes; this one has 180 on 4 nodes.
+    let (sizes, clusters) = small_clusters();
+    let s = SampleSet {
+        sizes: &sizes,
+        labels: None,
+        clusters: Some(&clusters),
+    };
+    let c = cfg(Strategy::Clustered, sizes.iter().sum::<u64>() / 20, 4);
+    v.push(digest(&all_nodes(&s, &c, 5)));
+    v
 }
 
 /// Plans must not change between builds, machines or library updates: a restarted daemon
@@ -325,11 +407,16 @@ fn plans_match_pinned_digests() {
     assert_eq!(fixture_digests(), PINNED);
 }
 
-const PINNED: [u64; 4] = [
+/// Sequential, random, stratified, clustered with `per-share` copies (the four pinned before
+/// `per-node` copies existed), clustered with `per-node` copies (the same plan: no cluster of
+/// the fixture is copied), and `per-node` copies of small clusters.
+const PINNED: [u64; 6] = [
     8111104992998749077,
     15552393013689220745,
     6332503907179678073,
     17213624272201197621,
+    17213624272201197621,
+    11829231214719424845,
 ];
 
 #[test]
@@ -515,13 +602,40 @@ fn errors() {
         labels: None,
         clusters: Some(&clusters),
     };
+    let per_share = with_copies(cfg(Strategy::Clustered, 100, 1), ClusterCopies::PerShare);
+    let e = mini_epoch_count(&s, &per_share).unwrap_err();
     assert_eq!(
-        mini_epoch_count(&s, &cfg(Strategy::Clustered, 100, 1)),
-        Err(PlanError::ClustersTooLarge {
+        e,
+        PlanError::ClustersTooLarge {
             best: 112,
-            slot_bytes: 100
-        })
+            slot_bytes: 100,
+            copies: ClusterCopies::PerShare,
+        }
     );
+    assert!(e.to_string().contains("every share"), "{e}");
+    // Once per node, the same clusters spread over the mini-epochs fit.
+    let per_node = with_copies(cfg(Strategy::Clustered, 100, 2), ClusterCopies::PerNode);
+    check(&s, &per_node, 0).unwrap();
+    // A copied cluster larger than a share fits no count.
+    let sizes = [40u64, 40, 40, 10, 10, 10, 10];
+    let clusters = [0u32, 0, 0, 1, 1, 1, 1];
+    let s = SampleSet {
+        sizes: &sizes,
+        labels: None,
+        clusters: Some(&clusters),
+    };
+    let e = mini_epoch_count(&s, &cfg(Strategy::Clustered, 100, 4)).unwrap_err();
+    assert_eq!(
+        e,
+        PlanError::ClustersTooLarge {
+            // The 120-byte copy plus the bound of a share of the rest (at most one 10-byte
+            // sample; the bound allows 11).
+            best: 131,
+            slot_bytes: 100,
+            copies: ClusterCopies::PerNode,
+        }
+    );
+    assert!(e.to_string().contains("once to every node"), "{e}");
 }
 
 #[test]
@@ -534,7 +648,7 @@ fn clustered_copies_small_clusters_everywhere_and_counts_them() {
         labels: None,
         clusters: Some(&clusters),
     };
-    let c = cfg(Strategy::Clustered, 1200, 2);
+    let c = with_copies(cfg(Strategy::Clustered, 1200, 2), ClusterCopies::PerShare);
     let nm = mini_epoch_count(&s, &c).unwrap();
     assert!(nm * 2 > 2);
     check(&s, &c, 0).unwrap();
@@ -543,8 +657,193 @@ fn clustered_copies_small_clusters_everywhere_and_counts_them() {
     assert!(plan.mini_epochs.iter().all(|m| m.copied_bytes == 281));
     let sum = summarize(&s, &c, 0, None).unwrap();
     assert_eq!((sum.copied_samples, sum.copied_bytes), (2, 281));
-    let cl = sum.classes.unwrap();
+    assert_eq!(sum.cluster_copies, Some(ClusterCopies::PerShare));
+    let cl = sum.classes.as_ref().unwrap();
     assert_eq!((cl.by, cl.classes, cl.copied_classes), ("cluster", 2, 1));
+    assert!(sum
+        .to_string()
+        .contains("copied into every share: 2 samples"));
+}
+
+/// Clusters of 1 to 9 samples, 60 of each size, then 3 large ones: on 4 nodes the 180 clusters
+/// of 1 to 3 samples are small under the paper's rule.
+fn small_clusters() -> (Vec<u64>, Vec<u32>) {
+    let (mut sizes, mut clusters) = (Vec::new(), Vec::new());
+    let mut cl = 0u32;
+    for len in 1..=9u64 {
+        for j in 0..60u64 {
+            for k in 0..len {
+                sizes.push(1000 + (len * 31 + j * 7 + k * 13) % 400);
+                clusters.push(cl);
+            }
+            cl += 1;
+        }
+    }
+    for big in 0..3u64 {
+        for k in 0..500u64 {
+            sizes.push(800 + (big * 97 + k * 53) % 900);
+            clusters.push(cl);
+        }
+        cl += 1;
+    }
+    (sizes, clusters)
+}
+
+#[test]
+fn per_node_copies_small_clusters_once_to_every_node() {
+    let (sizes, clusters) = small_clusters();
+    let s = SampleSet {
+        sizes: &sizes,
+        labels: None,
+        clusters: Some(&clusters),
+    };
+    let total: u64 = sizes.iter().sum();
+    let nodes = 4u32;
+    let small: Vec<u32> = (0..sizes.len() as u32)
+        .filter(|&i| clusters[i as usize] < 180)
+        .collect();
+    for nm in [1u32, 3, 4, 16, 40] {
+        let c = PlanConfig {
+            mini_epochs: Some(nm),
+            ..cfg(Strategy::Clustered, total, nodes)
+        };
+        assert_eq!(c.cluster_copies, ClusterCopies::PerNode, "the default");
+        for epoch in 0..2 {
+            // Also: each copy in exactly one mini-epoch of each node, the other samples once
+            // an epoch, clusters of 4 samples or more (4 = nodes) not copied.
+            check(&s, &c, epoch).unwrap_or_else(|e| panic!("nm {nm} e{epoch}: {e}"));
+            let plans = all_nodes(&s, &c, epoch);
+            assert_eq!(plans[0].copied, small, "nm {nm}");
+            let mut times = vec![0u32; sizes.len()];
+            for p in &plans {
+                for me in &p.mini_epochs {
+                    me.samples.iter().for_each(|&i| times[i as usize] += 1);
+                }
+            }
+            for (id, &t) in times.iter().enumerate() {
+                let want = if clusters[id] < 180 { nodes } else { 1 };
+                assert_eq!(t, want, "nm {nm}: sample {id} (cluster {})", clusters[id]);
+            }
+            // 180 copied clusters over nm mini-epochs: within one of even on every node.
+            for p in &plans {
+                let per_me: Vec<usize> = p
+                    .mini_epochs
+                    .iter()
+                    .map(|me| {
+                        let mut cl: Vec<u32> = me
+                            .samples
+                            .iter()
+                            .filter(|&&i| clusters[i as usize] < 180)
+                            .map(|&i| clusters[i as usize])
+                            .collect();
+                        cl.dedup();
+                        cl.len()
+                    })
+                    .collect();
+                let even = 180 / nm as usize;
+                assert!(
+                    per_me
+                        .iter()
+                        .all(|&k| k == even || k == 180usize.div_ceil(nm as usize)),
+                    "nm {nm}: {per_me:?}"
+                );
+            }
+        }
+    }
+    // One node: nothing is smaller than one node, so nothing is copied.
+    let c = cfg(Strategy::Clustered, total, 1);
+    assert!(plan_epoch(&s, &c, 0).unwrap().copied.is_empty());
+}
+
+#[test]
+fn per_node_copies_choose_the_smallest_count_that_fits() {
+    let (sizes, clusters) = small_clusters();
+    let s = SampleSet {
+        sizes: &sizes,
+        labels: None,
+        clusters: Some(&clusters),
+    };
+    let total: u64 = sizes.iter().sum();
+    for slot in [total / 4, total / 20, total / 100] {
+        let c = cfg(Strategy::Clustered, slot, 4);
+        let lay = layout(&s, &c).unwrap();
+        assert!(lay.bound.unwrap() <= slot);
+        check(&s, &c, 0).unwrap();
+        if lay.nm > 1 {
+            let ask = PlanConfig {
+                mini_epochs: Some(lay.nm - 1),
+                ..c.clone()
+            };
+            match mini_epoch_count(&s, &ask) {
+                Err(PlanError::TooFewMiniEpochs { needed, bytes, .. }) => {
+                    assert_eq!(needed, lay.nm);
+                    assert!(bytes > slot);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // The copies of per-share copying take budget the per-node rule leaves to the rest.
+        let ps = with_copies(c.clone(), ClusterCopies::PerShare);
+        if let Ok(nm) = mini_epoch_count(&s, &ps) {
+            assert!(
+                nm >= lay.nm,
+                "slot {slot}: per-share {nm} < per-node {}",
+                lay.nm
+            );
+        }
+    }
+}
+
+#[test]
+fn per_node_summary_counts_each_copy_once_per_node() {
+    let (sizes, clusters) = small_clusters();
+    let s = SampleSet {
+        sizes: &sizes,
+        labels: None,
+        clusters: Some(&clusters),
+    };
+    let total: u64 = sizes.iter().sum();
+    let c = PlanConfig {
+        mini_epochs: Some(8),
+        ..cfg(Strategy::Clustered, total, 4)
+    };
+    let sum = summarize(&s, &c, 0, None).unwrap();
+    let small: u64 = (0..60).map(|_| 1 + 2 + 3).sum();
+    let small_bytes: u64 = sizes
+        .iter()
+        .zip(&clusters)
+        .filter(|(_, &cl)| cl < 180)
+        .map(|(&b, _)| b)
+        .sum();
+    assert_eq!(sum.cluster_copies, Some(ClusterCopies::PerNode));
+    assert_eq!((sum.copied_samples, sum.copied_bytes), (small, small_bytes));
+    // Each node holds the dataset's share of the rest plus every copy once.
+    let held: u64 = sum.node_bytes.iter().map(|n| n.bytes).sum();
+    assert_eq!(held, total + 3 * small_bytes);
+    let all: u64 = sum.node_bytes.iter().map(|n| n.samples).sum();
+    assert_eq!(all, sizes.len() as u64 + 3 * small);
+    let cl = sum.classes.as_ref().unwrap();
+    assert_eq!(cl.copied_classes, 180);
+    for r in cl.spread.iter().filter(|r| r.copied) {
+        // Four copies of a cluster, in four different mini-epochs (nm = 8 ≥ 4 nodes).
+        assert_eq!((r.min, r.max), (0, r.samples), "{r:?}");
+    }
+    assert!(sum
+        .to_string()
+        .contains("copied once to every node, each copy in one of its mini-epochs"));
+    let json = serde_json::to_value(&sum).unwrap();
+    assert_eq!(json["cluster_copies"], "per-node");
+}
+
+#[test]
+fn cluster_copies_parse_and_print() {
+    for c in [ClusterCopies::PerNode, ClusterCopies::PerShare] {
+        assert_eq!(c.to_string().parse::<ClusterCopies>(), Ok(c));
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(json, format!("\"{c}\""));
+    }
+    let e = "every".parse::<ClusterCopies>().unwrap_err();
+    assert!(e.contains("per-node or per-share"), "{e}");
 }
 
 #[test]

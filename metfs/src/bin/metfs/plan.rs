@@ -38,6 +38,10 @@ pub(super) struct PlanArgs {
     /// Composition strategy.
     #[arg(long, alias = "strategy", default_value_t)]
     compose: Strategy,
+    /// With --compose clustered, how small clusters are copied: per-node or per-share (as
+    /// `metfs mount --cluster-copies`).
+    #[arg(long, default_value_t)]
+    cluster_copies: prefetcher::planner::ClusterCopies,
     /// Mini-epochs per epoch [default: the smallest that fits].
     #[arg(long)]
     mini_epochs: Option<u32>,
@@ -184,6 +188,7 @@ pub(super) fn plan_cmd(a: PlanArgs) -> Result<()> {
         mini_epochs: a.mini_epochs,
         node_rank: a.node_rank,
         nodes: a.nodes,
+        cluster_copies: a.cluster_copies,
     };
     let names: Option<Vec<String>> = match strategy {
         Strategy::Clustered => cat.clusters().map(|c| {
