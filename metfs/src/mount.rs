@@ -72,11 +72,7 @@ fn registry_dir() -> PathBuf {
 }
 
 fn registry_file(mountpoint: &Path) -> PathBuf {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in mountpoint.as_os_str().as_encoded_bytes() {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
+    let h = prefetcher::digest::Fnv1a::of(mountpoint.as_os_str().as_encoded_bytes());
     registry_dir().join(format!("{h:016x}.json"))
 }
 

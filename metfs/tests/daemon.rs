@@ -67,8 +67,13 @@ fn setup_with(rf: u32, extra_toml: &str) -> Setup {
 
 /// As [`setup`], with another budget and more lines of the TOML configuration.
 fn setup_full(rf: u32, budget: u64, extra_toml: &str) -> Setup {
+    setup_in(rf, budget, extra_toml, "src")
+}
+
+/// As [`setup_full`], with the source directory named `source_dir`.
+fn setup_in(rf: u32, budget: u64, extra_toml: &str, source_dir: &str) -> Setup {
     let dirs = tempfile::tempdir().unwrap();
-    let src = dirs.path().join("src");
+    let src = dirs.path().join(source_dir);
     let cache = dirs.path().join("cache");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::create_dir_all(&cache).unwrap();
@@ -251,6 +256,59 @@ async fn first_view_holds_exactly_the_planned_files_with_source_bytes() {
     r.stop().await;
 }
 
+/// A run directory whose writes block (its `events.jsonl` a FIFO nobody reads, so opening it
+/// blocks) delays no `pass_end`: the event log writes on its own thread, outside the sessions
+/// lock. Before, the first event blocked the daemon, and every reply with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_directory_whose_writes_block_does_not_delay_pass_end() {
+    let runs = tempfile::tempdir().unwrap();
+    let fifo = runs.path().join("events.jsonl");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo on a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let t = setup_with(
+        2,
+        &format!("run_dir = {:?}", runs.path().display().to_string()),
+    );
+    let r = tokio::time::timeout(Duration::from_secs(120), start(t.cfg.clone()))
+        .await
+        .expect("prepare finished with the run directory blocked");
+    let d = r.daemon.clone();
+    wait_next_ready(&d).await;
+    for i in 0..6 {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(60),
+            d.pass_end(None, Default::default(), true),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("pass_end {i} did not answer with the run directory blocked"))
+        .unwrap();
+        assert!(
+            reply.decision == Choice::Repeat || reply.decision == Choice::Advance,
+            "{reply:?}"
+        );
+    }
+    assert!(status_u64(&d, "generation") >= 3, "the view advanced");
+    // Unblock the log's writer: open the FIFO for reading and take what it writes.
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let mut f = std::fs::File::open(&fifo).unwrap();
+        std::io::Read::read_to_string(&mut f, &mut text).unwrap();
+        text
+    });
+    assert!(
+        d.events.close(Duration::from_secs(60)),
+        "the queued events are written once the directory unblocks"
+    );
+    drop(d);
+    r.stop().await;
+    let text = reader.join().unwrap();
+    assert!(
+        text.lines().any(|l| l.contains(r#""event":"pass_end""#)),
+        "the queued events are written once the directory unblocks: {text}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pass_end_and_advance_walk_an_epoch_serving_every_sample_once() {
     let t = setup(2);
@@ -305,6 +363,73 @@ async fn pass_end_and_advance_walk_an_epoch_serving_every_sample_once() {
     assert_eq!(keys(&view), planned(&t.cfg, &d, 1)[0]);
     check_bytes(&view, &t.source);
     r.stop().await;
+}
+
+/// A `|` in the source path (the fingerprint was once a `|`-joined string split by position):
+/// the mount resumes, and its rf history's dataset key is the same on another seed, which the
+/// key leaves out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_path_with_bars_resumes_and_keeps_its_history_key() {
+    let t = setup_in(1, BUDGET, "", "data|v2|x");
+    let source = t.cfg.source.clone();
+    assert!(source.ends_with("data|v2|x"), "{source}");
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    d.advance(true).await.unwrap();
+    let before = d.status();
+    drop(d);
+    r.stop().await;
+
+    let r = start(t.cfg.clone()).await;
+    let after = r.daemon.status();
+    assert_eq!(
+        (after.epoch, after.mini_epoch, after.generation),
+        (before.epoch, before.mini_epoch, before.generation),
+        "the position after the restart"
+    );
+    assert_eq!(after.tier_bytes_read, 0, "the current slot was refetched");
+    r.stop().await;
+
+    // Another seed is another plan (a new run at epoch 0), but the same dataset for the history.
+    let mut other = t.cfg.clone();
+    other.seed += 1;
+    let r = start(other).await;
+    assert_eq!(
+        (r.daemon.status().epoch, r.daemon.status().mini_epoch),
+        (0, 0)
+    );
+    r.stop().await;
+
+    let history: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&t.cfg.history).unwrap()).unwrap();
+    let mut keys = BTreeSet::new();
+    fn datasets(v: &serde_json::Value, out: &mut BTreeSet<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let (Some(serde_json::Value::String(d)), Some(_)) =
+                    (m.get("dataset"), m.get("job"))
+                {
+                    out.insert(d.clone());
+                }
+                m.values().for_each(|x| datasets(x, out));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| datasets(x, out)),
+            _ => {}
+        }
+    }
+    datasets(&history, &mut keys);
+    assert_eq!(keys.len(), 1, "one dataset key for both seeds: {keys:?}");
+    let key = keys.into_iter().next().unwrap();
+    let rest = key
+        .strip_prefix(&format!("{source}|"))
+        .unwrap_or_else(|| panic!("the key starts with the whole source path: {key}"));
+    let slot_bytes: u64 = rest
+        .split('|')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("the field after the source is the slot's bytes: {key}"));
+    assert!(slot_bytes > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,6 +20,8 @@
 //! * [`transform`]: preprocessed mini-epochs: a user's program run as long-lived workers on
 //!   each sample while it is staged (worker protocol, per-sample failures, identity).
 //! * [`size`]: `512MiB`-style byte sizes and `SIZE/s` rates.
+//! * [`digest`]: stable digests (FNV-1a, and the catalog's) for values that are stored or
+//!   compared between nodes.
 //!
 //! This crate never depends on `metfs` or `feedback`.
 //!
@@ -30,6 +32,7 @@
 
 pub mod budget;
 pub mod catalog;
+pub mod digest;
 pub mod hdf5;
 pub mod manifest;
 pub mod model;

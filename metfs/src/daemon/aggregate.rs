@@ -292,16 +292,7 @@ fn ends_complete(journal: &Path) -> bool {
 
 /// Digest of a catalog: every sample's path, size and version, in catalog order.
 pub fn catalog_digest(catalog: &Catalog) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for id in 0..catalog.len() as u32 {
-        let (d, n) = catalog.dir_and_name(id);
-        fnv(&mut h, d.as_bytes());
-        fnv(&mut h, b"/");
-        fnv(&mut h, n.as_bytes());
-        fnv(&mut h, &catalog.size(id).to_le_bytes());
-        fnv(&mut h, catalog.version(id).as_bytes());
-    }
-    h
+    prefetcher::digest::catalog_digest(catalog, prefetcher::digest::CatalogDigest::Contents)
 }
 
 #[cfg(test)]

@@ -176,6 +176,7 @@ impl CachePaths {
 }
 
 pub mod aggregate;
+mod fingerprint;
 mod kernel;
 mod queue;
 mod session;
@@ -188,6 +189,7 @@ mod status;
 mod store;
 mod switch;
 
+use fingerprint::{Fingerprint, PlanKind, SavedFingerprint};
 pub use kernel::KernelCache;
 use queue::{QueueFeed, QueueState};
 pub use session::DEFAULT_SESSION;
@@ -242,13 +244,6 @@ pub struct Daemon {
 
 fn slot_name(target: (u64, u32)) -> String {
     format!("e{:06}-m{:05}", target.0, target.1)
-}
-
-fn fnv(hash: &mut u64, bytes: &[u8]) {
-    for b in bytes {
-        *hash ^= *b as u64;
-        *hash = hash.wrapping_mul(0x100000001b3);
-    }
 }
 
 impl Daemon {
@@ -314,9 +309,7 @@ impl Daemon {
                 .as_ref()
                 .filter(|_| history)
                 .map(|h| h.store.lock().unwrap().encode());
-            // A shared mount's positions are not saved (the `share` module).
-            let position = (!s.shared).then(|| (s.saved(), s.state_file.clone()));
-            (position, encoded)
+            (s.saved(), encoded)
         }) else {
             return;
         };

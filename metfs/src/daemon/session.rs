@@ -46,10 +46,9 @@ pub(super) struct Session {
     /// The plan settings this session follows, and its mini-epochs per epoch.
     pub(super) plan_cfg: PlanConfig,
     pub(super) nm: u32,
-    /// Everything the plan depends on; saved with the position.
-    pub(super) fingerprint: String,
-    /// Where the position is saved (`CACHE/state.json` for the default session).
-    pub(super) state_file: PathBuf,
+    /// Where the position is saved, with the fingerprint saved beside it: `None` for a job of
+    /// a shared mount, whose position is not saved (the `share` module).
+    pub(super) persist: Option<Persist>,
     pub(super) epoch: u64,
     pub(super) mini_epoch: u32,
     pub(super) passes: u32,
@@ -78,6 +77,14 @@ pub(super) struct Session {
     /// In aggregate-cache mode (`aggregate` module): each epoch is one mini-epoch, its slot
     /// the node's cache and its view the node's share, from this plan.
     pub(super) aggregate: Option<Arc<aggregate::Aggregate>>,
+}
+
+/// Where a session's position is saved, and the fingerprint of the plan it follows.
+pub(super) struct Persist {
+    /// Everything the plan depends on; saved with the position.
+    pub(super) fingerprint: Fingerprint,
+    /// The state file (`CACHE/state.json` for the default session).
+    pub(super) file: PathBuf,
 }
 
 /// A successor not claimed from the queue yet: matches no staged slot.
@@ -227,17 +234,20 @@ impl Session {
         }
     }
 
-    /// The position to save in the session's state file.
-    pub(super) fn saved(&self) -> SavedState {
-        SavedState {
-            fingerprint: self.fingerprint.clone(),
+    /// The position to save, and the file to save it in; `None` for a session whose
+    /// position is not saved.
+    pub(super) fn saved(&self) -> Option<(SavedState, PathBuf)> {
+        let persist = self.persist.as_ref()?;
+        let state = SavedState {
+            fingerprint: SavedFingerprint::Current(persist.fingerprint.clone()),
             epoch: self.epoch,
             mini_epoch: self.mini_epoch,
             generation: self.generation,
             sequence: self.sequence,
             run: self.history.as_ref().map(|h| h.run),
             job: Some(self.job.clone()),
-        }
+        };
+        Some((state, persist.file.clone()))
     }
 }
 

@@ -361,38 +361,31 @@ impl Daemon {
         };
         let nm = if aggregate.is_some() { 1 } else { nm };
         let fingerprint = {
-            let h = aggregate::catalog_digest(&catalog);
-            // The transform's identity: a changed transform starts over, never serving the
-            // old one's output. Appended last so the dataset key below is unaffected.
             let transform = cfg.transform.identity();
-            format!(
-                "{}|{}|{}|{}|{}|{}|{}|{h:016x}{}{}",
-                cfg.source,
-                budget.slot_bytes,
-                nm,
-                cfg.compose_fingerprint(),
-                cfg.seed,
-                cfg.node_rank,
-                cfg.nodes,
-                if transform.is_empty() {
-                    String::new()
-                } else {
-                    format!("|{transform}")
-                },
-                // A queue's positions are sequences of one incarnation: never resumed, and
-                // never taken for a static plan's; an aggregate plan is another plan.
-                if cfg.dds.url.is_some() {
-                    "|dds".to_string()
+            Fingerprint {
+                source: cfg.source.to_string(),
+                slot_bytes: budget.slot_bytes,
+                mini_epochs: nm,
+                compose: cfg.compose_fingerprint(),
+                seed: cfg.seed,
+                node_rank: cfg.node_rank,
+                nodes: cfg.nodes,
+                catalog: format!("{:016x}", aggregate::catalog_digest(&catalog)),
+                transform: (!transform.is_empty()).then_some(transform),
+                plan: if cfg.dds.url.is_some() {
+                    PlanKind::Dds
                 } else if cfg.aggregate.enabled {
-                    format!("|aggregate:{}", cfg.aggregate.extra)
+                    PlanKind::Aggregate {
+                        extra: cfg.aggregate.extra,
+                    }
                 } else {
-                    String::new()
-                }
-            )
+                    PlanKind::Static
+                },
+            }
         };
         let saved = match load_state(&paths.state, cfg.reset)? {
             Some(_) if cfg.dds.url.is_some() => None,
-            Some(s) if s.fingerprint == fingerprint => {
+            Some(s) if s.fingerprint.matches(&fingerprint) => {
                 s.check_plan(nm).map_err(|e| match e {
                     DaemonError::CorruptState { reason, .. } => DaemonError::CorruptState {
                         path: paths.state.display().to_string(),
@@ -514,16 +507,7 @@ impl Daemon {
                 }
             }
         }
-        // The rf history's dataset key: the fingerprint but the seed and the node's rank, which
-        // change which samples a mini-epoch holds, not the sequence of mini-epochs a schedule
-        // is indexed by (so `learned` replays a schedule on another seed, and on every node).
-        let dataset_key = fingerprint
-            .split('|')
-            .enumerate()
-            .filter(|(i, _)| *i != 4 && *i != 5)
-            .map(|(_, p)| p)
-            .collect::<Vec<_>>()
-            .join("|");
+        let dataset_key = fingerprint.dataset_key();
         let job = saved
             .as_ref()
             .and_then(|s| s.job.clone())
@@ -536,7 +520,7 @@ impl Daemon {
             // then finds its plan on restart and resumes the slot from its journal, instead of
             // discarding it as a slot of an unknown plan.
             let first = SavedState {
-                fingerprint: fingerprint.clone(),
+                fingerprint: SavedFingerprint::Current(fingerprint.clone()),
                 epoch,
                 mini_epoch,
                 generation,
@@ -686,8 +670,10 @@ impl Daemon {
             name: DEFAULT_SESSION.to_string(),
             plan_cfg,
             nm,
-            fingerprint,
-            state_file: paths.state.clone(),
+            persist: Some(Persist {
+                fingerprint,
+                file: paths.state.clone(),
+            }),
             epoch,
             mini_epoch,
             passes: 0,

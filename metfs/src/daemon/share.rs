@@ -141,12 +141,9 @@ fn bad(message: String) -> ProtocolError {
     ProtocolError::new(ErrorCode::BadRequest, message)
 }
 
-/// A 64-bit mix (splitmix64), for the `fraction` subset's draw.
+/// A 64-bit mix (one SplitMix64 step from `x`), for the `fraction` subset's draw.
 fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e3779b97f4a7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d049bb133111eb);
-    x ^ (x >> 31)
+    planrng::splitmix64(&mut x)
 }
 
 impl Daemon {
@@ -364,11 +361,16 @@ impl Daemon {
         // The job's rf history: its own run, keyed by its name and its dataset (a subset is
         // another dataset), so `learned` replays what this job did on this data before.
         let dataset_key = {
-            let mut h: u64 = 0xcbf29ce484222325;
+            let mut h = prefetcher::digest::Fnv1a::new();
             for id in &dataset {
-                fnv(&mut h, &id.to_le_bytes());
+                h.write(&id.to_le_bytes());
             }
-            format!("{}|share|{}|{h:016x}", self.cfg.source, dataset.len())
+            format!(
+                "{}|share|{}|{:016x}",
+                self.cfg.source,
+                dataset.len(),
+                h.finish()
+            )
         };
         let (replay, schedule) = match &sh.history {
             Some(store) => learned_replay(
@@ -432,8 +434,7 @@ impl Daemon {
                     cluster_copies: self.cfg.cluster_copies,
                 },
                 nm: 1,
-                fingerprint: String::new(),
-                state_file: PathBuf::new(),
+                persist: None,
                 epoch: 0,
                 // The first view is sequence 0, the successor of this.
                 mini_epoch: u32::MAX,

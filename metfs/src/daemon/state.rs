@@ -32,7 +32,7 @@ pub fn next_generation(g: u64) -> u64 {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SavedState {
     /// Everything the plan depends on; a different fingerprint starts over (not an error).
-    pub fingerprint: String,
+    pub fingerprint: SavedFingerprint,
     /// Current epoch.
     pub epoch: u64,
     /// Current mini-epoch within the epoch.
@@ -83,7 +83,7 @@ impl SavedState {
                 s.sequence
             )));
         }
-        if s.fingerprint.is_empty() {
+        if s.fingerprint == SavedFingerprint::Legacy(String::new()) {
             return Err(bad("fingerprint is empty".into()));
         }
         Ok(s)

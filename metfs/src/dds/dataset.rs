@@ -3,36 +3,17 @@
 //! the queue record with its shard count.
 
 use prefetcher::catalog::Catalog;
+use prefetcher::digest::{catalog_digest, CatalogDigest};
 use prefetcher::planner::{shard_count, Strategy};
 
 use super::keys::{QueueMeta, LAYOUT_VERSION};
 use super::{DdsError, OwnedSamples};
 
-fn fnv(h: &mut u64, bytes: &[u8]) {
-    for &b in bytes {
-        *h ^= u64::from(b);
-        *h = h.wrapping_mul(0x100_0000_01b3);
-    }
-}
-
 /// The dataset's identity: sample count, total bytes and a hash of every sample's relative
 /// path, size, content version and class. The source URL is left out: nodes may mount the
 /// same dataset under different paths.
 pub fn fingerprint(cat: &Catalog) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let labels = cat.labels();
-    for id in 0..cat.len() as u32 {
-        let (d, n) = cat.dir_and_name(id);
-        fnv(&mut h, d.as_bytes());
-        fnv(&mut h, b"/");
-        fnv(&mut h, n.as_bytes());
-        fnv(&mut h, &cat.size(id).to_le_bytes());
-        fnv(&mut h, cat.version(id).as_bytes());
-        if let Some(l) = labels {
-            fnv(&mut h, cat.label_name(l[id as usize]).as_bytes());
-        }
-        fnv(&mut h, b"\n");
-    }
+    let h = catalog_digest(cat, CatalogDigest::ContentsAndLabels);
     let total: u64 = cat.sizes().iter().sum();
     format!("{}:{}:{h:016x}", cat.len(), total)
 }

@@ -238,12 +238,9 @@ impl CodedPlan {
     /// A digest of everything the ranks must agree on: block, demands, packets, senders and
     /// what goes uncoded (FNV-1a, stable across builds).
     pub fn digest(&self) -> u64 {
-        let mut h: u64 = 0xcbf29ce484222325;
+        let mut h = prefetcher::digest::Fnv1a::new();
         let mut put = |x: u64| {
-            for b in x.to_le_bytes() {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x100000001b3);
-            }
+            h.write_u64(x);
         };
         put(self.epoch);
         put(u64::from(BLOCK));
@@ -264,7 +261,7 @@ impl CodedPlan {
                 put(i as u64 | u64::from(s) << 16 | u64::from(from) << 48);
             }
         }
-        h
+        h.finish()
     }
 }
 
