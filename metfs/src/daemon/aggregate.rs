@@ -227,13 +227,10 @@ impl Daemon {
     /// Waits until the exchange has filled epoch `epoch`'s inbox (its journal says
     /// `complete`), or the timeout; says so when it gave up.
     pub(super) async fn wait_for_exchange(&self, a: &Aggregate, epoch: u64) -> ExchangeWait {
-        let journal = self
-            .paths
-            .slots
-            .join(format!("{}.journal", inbox_of_epoch(epoch)));
+        let journal = SlotJournal::of(&self.paths.slots, &inbox_of_epoch(epoch));
         let t0 = Instant::now();
         let complete = loop {
-            if ends_complete(&journal) {
+            if journal.is_complete() {
                 break true;
             }
             if t0.elapsed() >= a.timeout || self.is_shutting_down() {
@@ -265,61 +262,11 @@ impl Daemon {
         let name = inbox_of_epoch(epoch);
         // `remove_dir_all` does not follow symlinks inside the directory.
         let _ = std::fs::remove_dir_all(self.paths.slots.join(&name));
-        let _ = std::fs::remove_file(self.paths.slots.join(format!("{name}.journal")));
+        let _ = SlotJournal::of(&self.paths.slots, &name).remove();
     }
-}
-
-/// Whether a journal's last line is `complete`: read from its end, so polling an inbox of many
-/// thousand samples does not read its whole journal again every time.
-fn ends_complete(journal: &Path) -> bool {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(journal) else {
-        return false;
-    };
-    let Ok(len) = f.seek(SeekFrom::End(0)) else {
-        return false;
-    };
-    // Enough for `\ncomplete\n`; the last line as `read_journal` sees it.
-    let take = len.min(10);
-    let mut tail = vec![0u8; take as usize];
-    if f.seek(SeekFrom::End(-(take as i64))).is_err() || f.read_exact(&mut tail).is_err() {
-        return false;
-    }
-    let tail = tail.strip_suffix(b"\n").unwrap_or(&tail);
-    let last = tail.rsplit(|&b| b == b'\n').next().unwrap_or(tail);
-    last == b"complete" && (tail.len() > last.len() || take == len)
 }
 
 /// Digest of a catalog: every sample's path, size and version, in catalog order.
 pub fn catalog_digest(catalog: &Catalog) -> u64 {
     prefetcher::digest::catalog_digest(catalog, prefetcher::digest::CatalogDigest::Contents)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_inbox_is_complete_only_once_its_journal_ends_so() {
-        let d = tempfile::tempdir().unwrap();
-        let j = d.path().join("inbox-e000001.journal");
-        assert!(!ends_complete(&j), "missing");
-        for (text, done) in [
-            ("", false),
-            ("complete\n", true),
-            ("3 0000abcd\n", false),
-            ("3 0000abcd\ncomplete", true),
-            ("3 0000abcd\ncomplete\n", true),
-            ("3 0000abcd\nnotcomplete\n", false),
-        ] {
-            std::fs::write(&j, text).unwrap();
-            assert_eq!(ends_complete(&j), done, "{text:?}");
-            // The stager's reader agrees.
-            assert_eq!(
-                prefetcher::stager::read_journal(&j).complete,
-                done,
-                "{text:?}"
-            );
-        }
-    }
 }

@@ -83,7 +83,7 @@ use prefetcher::hdf5::Containers;
 use prefetcher::pacer::{JustInTime, Pacer};
 use prefetcher::planner::{self, EpochPlan, PlanConfig, PlanError, SampleSet, Strategy};
 use prefetcher::size::format_bytes;
-use prefetcher::stager::{journal_failures, Progress, SlotSpec, StageReport, Stager};
+use prefetcher::stager::{Progress, SlotJournal, SlotSpec, StageReport, Stager};
 use prefetcher::tier::{CapacityTier, PosixTier, TierError};
 use prefetcher::transform::Transformer;
 use serde::{Deserialize, Serialize};

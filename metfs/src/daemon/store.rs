@@ -747,7 +747,7 @@ impl Store {
                 .collect();
             return View::from_files(&files, generation, target.0, target.1, &name, &dir);
         }
-        let failed = journal_failures(&self.paths.slots, &name);
+        let failed = SlotJournal::of(&self.paths.slots, &name).failures();
         let samples: Vec<u32> = members
             .iter()
             .copied()

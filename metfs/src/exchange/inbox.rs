@@ -8,7 +8,7 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use prefetcher::stager::create_private_dir;
+use prefetcher::stager::{create_private_dir, JournalWriter};
 
 use super::uncoded::HEADER;
 use super::{ExchangeError, Node};
@@ -35,7 +35,7 @@ impl std::ops::AddAssign for Accepted {
 /// An epoch's inbox being filled (module docs).
 pub struct Inbox {
     dir: PathBuf,
-    journal: std::fs::File,
+    journal: JournalWriter,
     /// Sample → the rank it must come from, uncoded.
     expected: HashMap<u32, u32>,
     /// Samples that must come decoded from coded packets.
@@ -44,7 +44,7 @@ pub struct Inbox {
 }
 
 impl Inbox {
-    pub(super) fn new(dir: PathBuf, journal: std::fs::File, expected: HashMap<u32, u32>) -> Self {
+    pub(super) fn new(dir: PathBuf, journal: JournalWriter, expected: HashMap<u32, u32>) -> Self {
         Self {
             dir,
             journal,
@@ -177,7 +177,7 @@ impl Inbox {
             let _ = std::fs::remove_file(&tmp);
             return Err(err(e));
         }
-        writeln!(self.journal, "{id} {crc:08x}").map_err(err)
+        self.journal.staged(id, crc).map_err(err)
     }
 
     /// Samples still expected and not received.
@@ -186,11 +186,13 @@ impl Inbox {
     }
 
     /// Marks the inbox complete: the daemon's staging takes it now.
-    pub fn complete(mut self) -> Result<(), ExchangeError> {
-        let path = self.dir.clone();
-        writeln!(self.journal, "complete").map_err(|source| ExchangeError::Inbox {
-            path: path.display().to_string(),
-            source,
-        })
+    pub fn complete(self) -> Result<(), ExchangeError> {
+        let path = self.dir;
+        self.journal
+            .complete()
+            .map_err(|source| ExchangeError::Inbox {
+                path: path.display().to_string(),
+                source,
+            })
     }
 }

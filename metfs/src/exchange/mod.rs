@@ -451,15 +451,12 @@ impl Node {
     pub fn inbox(&self, epoch: u64, expected: HashMap<u32, u32>) -> Result<Inbox, ExchangeError> {
         let name = inbox_of_epoch(epoch);
         let dir = self.spec.slots.join(&name);
-        let journal_path = self.spec.slots.join(format!("{name}.journal"));
         let err = |source| ExchangeError::Inbox {
             path: dir.display().to_string(),
             source,
         };
-        let journal = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&journal_path)
+        let journal = prefetcher::stager::SlotJournal::of(&self.spec.slots, &name)
+            .append()
             .map_err(err)?;
         Ok(Inbox::new(dir, journal, expected))
     }

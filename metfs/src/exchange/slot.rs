@@ -23,7 +23,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use prefetcher::catalog::Catalog;
-use prefetcher::stager::read_journal;
+use prefetcher::stager::SlotJournal;
 use prefetcher::tier::posix_version;
 use shuffle::coded::Samples;
 
@@ -63,7 +63,7 @@ impl<'a> Held<'a> {
             Some(root) => (root.to_path_buf(), HashMap::new(), true),
             None => (
                 node.spec.slots.join(&slot),
-                read_journal(&node.spec.slots.join(format!("{slot}.journal"))).staged,
+                SlotJournal::of(&node.spec.slots, &slot).read().staged,
                 false,
             ),
         };

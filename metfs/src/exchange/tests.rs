@@ -3,7 +3,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use prefetcher::catalog::{Catalog, CatalogEntry};
-use prefetcher::stager::{create_private_dir, read_journal};
+use prefetcher::stager::{create_private_dir, SlotJournal};
 use shuffle::coded::Samples;
 
 use super::coded::{CodedPlan, Decoder, Encoder, BLOCK, CODED_HEADER, RING_HEADER};
@@ -136,7 +136,7 @@ fn what_one_node_sends_the_other_arrives_whole_and_journaled() {
     assert_eq!(got.rejected, 0);
     assert_eq!(inbox.missing(), b.expected(&t).len() - to_b.len());
     inbox.complete().unwrap();
-    let j = read_journal(&b.spec.slots.join(format!("{}.journal", inbox_of_epoch(1))));
+    let j = SlotJournal::of(&b.spec.slots, &inbox_of_epoch(1)).read();
     assert!(j.complete);
     for &id in &to_b {
         let p = inbox_file(&b, 1, id);
@@ -402,11 +402,7 @@ fn check_delivered(ns: &[Node], out: &[Outcome], epoch: u64) {
         assert_eq!((o.got.rejected, o.missing), (0, 0), "node {i}: {o:?}");
         let wanted = &t.nodes[i].peer;
         assert_eq!(o.got.samples as usize, wanted.len());
-        let j = read_journal(
-            &n.spec
-                .slots
-                .join(format!("{}.journal", inbox_of_epoch(epoch))),
-        );
+        let j = SlotJournal::of(&n.spec.slots, &inbox_of_epoch(epoch)).read();
         assert!(j.complete);
         for &(id, _) in wanted {
             let bytes = std::fs::read(inbox_file(n, epoch, id)).unwrap();
@@ -450,7 +446,7 @@ fn coded_packets_between_three_nodes_decode_byte_exact() {
         assert_eq!((o.got.rejected, o.missing), (0, 0), "node {i}: {o:?}");
         let wanted = &t.nodes[i].peer;
         assert_eq!(o.got.samples as usize, wanted.len());
-        let j = read_journal(&n.spec.slots.join(format!("{}.journal", inbox_of_epoch(1))));
+        let j = SlotJournal::of(&n.spec.slots, &inbox_of_epoch(1)).read();
         assert!(j.complete);
         for &(id, _) in wanted {
             let bytes = std::fs::read(inbox_file(n, 1, id)).unwrap();

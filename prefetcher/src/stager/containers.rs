@@ -17,25 +17,12 @@ impl Stager {
         progress: Arc<Progress>,
     ) -> Result<StageReport, StageError> {
         let start = Instant::now();
-        let (dir, jpath) = self.prepare_slot(slot)?;
+        let (dir, slot_journal) = self.prepare_slot(slot)?;
+        let jpath = slot_journal.path().to_path_buf();
         self.clean_tmp_matching(&format!("{}-", slot.name))?;
         // Container index -> (size, CRC-32) of its staged file. Entries without a CRC (older
         // journals) cannot be checked and are staged again.
-        let mut done: HashMap<usize, (u64, u32)> = Default::default();
-        if let Ok(f) = std::fs::File::open(&jpath) {
-            for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
-                let mut it = line.split_whitespace();
-                if let (Some("file"), Some(i), Some(n), Some(c)) =
-                    (it.next(), it.next(), it.next(), it.next())
-                {
-                    if let (Ok(i), Ok(n), Ok(c)) =
-                        (i.parse(), n.parse(), u32::from_str_radix(c, 16))
-                    {
-                        done.insert(i, (n, c));
-                    }
-                }
-            }
-        }
+        let done = slot_journal.read().files;
         // Every container appears in every view (with zero rows if the mini-epoch has none of
         // its rows), so that user code opening a container by name always finds it.
         let mut rows_of: Vec<Vec<u64>> = vec![Vec::new(); containers.files().len()];
@@ -51,12 +38,7 @@ impl Stager {
         progress.files_done.store(0, Ordering::Relaxed);
         progress.bytes_done.store(0, Ordering::Relaxed);
         progress.bytes_settled.store(0, Ordering::Relaxed);
-        let mut journal = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(&jpath)
-            .map_err(cache_err(&jpath))?;
+        let mut journal = slot_journal.append().map_err(cache_err(&jpath))?;
         let mut report = StageReport::default();
         for (fi, rows) in by_file {
             let rel = containers.files()[fi].path.clone();
@@ -83,7 +65,9 @@ impl Stager {
                 match self.stage_container(slot, &containers, fi, rows).await? {
                     Ok((tmp, n, crc)) => {
                         std::fs::rename(&tmp, &dst).map_err(cache_err(&dst))?;
-                        writeln!(journal, "file {fi} {n} {crc:08x}").map_err(cache_err(&jpath))?;
+                        let mut entry = JournalBatch::default();
+                        entry.file(fi, n, crc);
+                        journal.write(&entry).map_err(cache_err(&jpath))?;
                         self.tier_bytes.fetch_add(planned, Ordering::Relaxed);
                         progress.bytes_fetched.fetch_add(planned, Ordering::Relaxed);
                         report.fetched += 1;
@@ -103,8 +87,7 @@ impl Stager {
             progress.bytes_done.fetch_add(planned, Ordering::Relaxed);
             progress.bytes_settled.fetch_add(planned, Ordering::Relaxed);
         }
-        writeln!(journal, "complete").map_err(cache_err(&jpath))?;
-        journal.sync_all().map_err(cache_err(&jpath))?;
+        journal.complete().map_err(cache_err(&jpath))?;
         report.elapsed = start.elapsed();
         Ok(report)
     }

@@ -383,8 +383,9 @@ impl Stager {
         self.slots_dir.join(name)
     }
 
-    fn journal_path(&self, name: &str) -> PathBuf {
-        self.slots_dir.join(format!("{name}.journal"))
+    /// The journal of slot `name`.
+    pub fn journal(&self, name: &str) -> SlotJournal {
+        SlotJournal::of(&self.slots_dir, name)
     }
 
     /// Removes temporary files left by an interrupted run. Never follows a symlink: a `tmp`
@@ -425,18 +426,14 @@ impl Stager {
 
     /// True when the slot's journal says it is complete.
     pub fn is_complete(&self, name: &str) -> bool {
-        read_journal(&self.journal_path(name)).complete
+        self.journal(name).read().complete
     }
 
     /// Deletes a slot and its journal.
     pub fn evict(&self, name: &str) -> Result<(), StageError> {
         let p = self.slot_path(name);
         // Journal first: a half-deleted slot must never look complete.
-        match std::fs::remove_file(self.journal_path(name)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(cache_err(&p)(e)),
-        }
+        self.journal(name).remove().map_err(cache_err(&p))?;
         match std::fs::remove_dir_all(&p) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -677,7 +674,7 @@ mod tests {
         assert!(r.failed[0].1.contains("changed"), "{}", r.failed[0].1);
         assert!(!st.slot_path("s").join(cat.path(victim)).exists());
         assert_eq!(
-            journal_failures(&d.path().join("cache/slots"), "s"),
+            SlotJournal::of(&d.path().join("cache/slots"), "s").failures(),
             vec![victim]
         );
     }
@@ -856,7 +853,7 @@ mod tests {
         let err = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap_err();
         assert!(err.is_out_of_space(), "{err}");
         assert!(!st.is_complete("s"));
-        let kept = read_journal(&st.journal_path("s")).staged.len();
+        let kept = st.journal("s").read().staged.len();
         assert!(kept < 24);
         fs.resize("4m");
         let r = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap();

@@ -48,7 +48,7 @@ impl Stager {
             .reuse_from
             .iter()
             .filter(|d| **d != slot.name)
-            .map(|d| (d.clone(), read_journal(&self.journal_path(d)).staged))
+            .map(|d| (d.clone(), self.journal(d).read().staged))
             .filter(|(_, j)| !j.is_empty())
             .collect();
         let mut out = Taken {

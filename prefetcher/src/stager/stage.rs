@@ -9,12 +9,15 @@ use super::*;
 
 impl Stager {
     /// Creates `slot`'s directory and the temporary directory; returns the slot's directory
-    /// and its journal's path.
-    pub(super) fn prepare_slot(&self, slot: &SlotSpec) -> Result<(PathBuf, PathBuf), StageError> {
+    /// and its journal.
+    pub(super) fn prepare_slot(
+        &self,
+        slot: &SlotSpec,
+    ) -> Result<(PathBuf, SlotJournal), StageError> {
         let dir = self.slot_path(&slot.name);
         create_private_dir(&dir).map_err(cache_err(&dir))?;
         create_private_dir(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
-        Ok((dir, self.journal_path(&slot.name)))
+        Ok((dir, self.journal(&slot.name)))
     }
 
     /// Stages `slot`, resuming from its journal. Returns when every sample is in the slot or has
@@ -27,10 +30,11 @@ impl Stager {
         progress: Arc<Progress>,
     ) -> Result<StageReport, StageError> {
         let start = Instant::now();
-        let (dir, jpath) = self.prepare_slot(slot)?;
+        let (dir, slot_journal) = self.prepare_slot(slot)?;
+        let jpath = slot_journal.path().to_path_buf();
         // Copies of an earlier, failed attempt at this slot.
         self.clean_tmp_matching(&format!("{}-", slot.name))?;
-        let journal_state = read_journal(&jpath);
+        let journal_state = slot_journal.read();
         self.transient.store(0, Ordering::Relaxed);
         let total_bytes: u64 = slot.samples.iter().map(|&s| self.catalog.size(s)).sum();
         progress
@@ -68,12 +72,7 @@ impl Stager {
             report.elapsed = start.elapsed();
             return Ok(report);
         }
-        let mut journal = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(&jpath)
-            .map_err(cache_err(&jpath))?;
+        let mut journal = slot_journal.append().map_err(cache_err(&jpath))?;
         // What the node already holds is never fetched again: samples in another slot are
         // linked (or copied) from it first, and journaled like fetched ones.
         if !slot.reuse_from.is_empty() && !todo.is_empty() && self.transform.is_none() {
@@ -81,10 +80,10 @@ impl Stager {
             let t = tokio::task::spawn_blocking(move || st.take_from_donors(&spec, &d, todo))
                 .await
                 .expect("reuse task panicked");
-            let mut lines = String::with_capacity(t.taken.len() * 20);
+            let mut lines = JournalBatch::with_capacity(t.taken.len());
             for (id, crc, donor, linked) in t.taken {
                 let size = self.catalog.size(id);
-                lines.push_str(&format!("{id} {crc:08x}\n"));
+                lines.staged(id, crc);
                 report.reused += 1;
                 report.bytes_reused += size;
                 progress.files_done.fetch_add(1, Ordering::Relaxed);
@@ -102,9 +101,7 @@ impl Stager {
             }
             self.reused_bytes
                 .fetch_add(report.bytes_reused, Ordering::Relaxed);
-            journal
-                .write_all(lines.as_bytes())
-                .map_err(cache_err(&jpath))?;
+            journal.write(&lines).map_err(cache_err(&jpath))?;
             todo = t.todo;
             if report.reused > 0 {
                 tracing::info!(slot = %slot.name, samples = report.reused, bytes = report.bytes_reused, "samples taken from the node's store instead of the tier");
@@ -202,11 +199,12 @@ impl Stager {
         report.failed.extend(too_long);
         report.failed.sort();
         // Failed samples are recorded so a resumed run reports them without refetching.
+        let mut failed = JournalBatch::with_capacity(report.failed.len());
         for (id, _) in &report.failed {
-            writeln!(journal, "failed {id}").map_err(cache_err(&jpath))?;
+            failed.failed(*id);
         }
-        writeln!(journal, "complete").map_err(cache_err(&jpath))?;
-        journal.sync_all().map_err(cache_err(&jpath))?;
+        journal.write(&failed).map_err(cache_err(&jpath))?;
+        journal.complete().map_err(cache_err(&jpath))?;
         report.elapsed = start.elapsed();
         Ok(report)
     }
@@ -516,14 +514,14 @@ pub(super) fn is_samples_own(e: &TierError) -> bool {
 
 /// What `commit_batches` returns: files and bytes committed, the journal, and samples whose
 /// slot path the cache's file system refused as too long.
-type Committed = (u64, u64, std::fs::File, Vec<(u32, String)>);
+type Committed = (u64, u64, JournalWriter, Vec<(u32, String)>);
 
 /// Commits batches of fetched files until the channel closes: makes each durable (one `syncfs`
 /// of the cache file system, or nothing with `fsync = false`), renames its files into the slot
 /// and journals them. Blocking.
 pub(super) fn commit_batches(
     mut rx: tokio::sync::mpsc::Receiver<Vec<Fetched>>,
-    mut journal: std::fs::File,
+    mut journal: JournalWriter,
     jpath: &Path,
     tmp_dir: &Path,
     fsync: bool,
@@ -540,7 +538,7 @@ pub(super) fn commit_batches(
                 return Err(cache_err(tmp_dir)(std::io::Error::last_os_error()));
             }
         }
-        let mut lines = String::with_capacity(batch.len() * 20);
+        let mut lines = JournalBatch::with_capacity(batch.len());
         for f in batch {
             match std::fs::rename(&f.tmp, &f.dst) {
                 Ok(()) => {}
@@ -551,16 +549,14 @@ pub(super) fn commit_batches(
                 }
                 Err(e) => return Err(cache_err(&f.dst)(e)),
             }
-            lines.push_str(&format!("{} {:08x}\n", f.id, f.crc));
+            lines.staged(f.id, f.crc);
             progress.files_done.fetch_add(1, Ordering::Relaxed);
             progress.bytes_done.fetch_add(f.bytes, Ordering::Relaxed);
             files += 1;
             bytes += f.bytes;
         }
         // Entries only ever follow the renames they record; a lost tail costs a refetch.
-        journal
-            .write_all(lines.as_bytes())
-            .map_err(cache_err(jpath))?;
+        journal.write(&lines).map_err(cache_err(jpath))?;
     }
     Ok((files, bytes, journal, too_long))
 }
