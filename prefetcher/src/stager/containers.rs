@@ -31,13 +31,7 @@ impl Stager {
         }
         let by_file: Vec<(usize, Vec<u64>)> = rows_of.into_iter().enumerate().collect();
         let total: u64 = slot.samples.iter().map(|&s| self.catalog.size(s)).sum();
-        progress
-            .files_total
-            .store(by_file.len() as u64, Ordering::Relaxed);
-        progress.bytes_total.store(total, Ordering::Relaxed);
-        progress.files_done.store(0, Ordering::Relaxed);
-        progress.bytes_done.store(0, Ordering::Relaxed);
-        progress.bytes_settled.store(0, Ordering::Relaxed);
+        progress.start(by_file.len() as u64, total);
         let mut journal = slot_journal.append().map_err(cache_err(&jpath))?;
         let mut report = StageReport::default();
         for (fi, rows) in by_file {

@@ -200,6 +200,25 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// Starts a staging of `files` entries and `bytes` bytes: every counter of an earlier
+    /// attempt back to zero (the totals set), so that one staging's numbers never carry into
+    /// the next. The last retry error is kept for status until a new one replaces it.
+    pub fn start(&self, files: u64, bytes: u64) {
+        self.files_total.store(files, Ordering::Relaxed);
+        self.bytes_total.store(bytes, Ordering::Relaxed);
+        for c in [
+            &self.files_done,
+            &self.bytes_done,
+            &self.bytes_fetched,
+            &self.bytes_reused,
+            &self.bytes_linked,
+            &self.bytes_settled,
+            &self.retries,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Bytes of the slot still to fetch: what pacing has to move before the slot is staged.
     pub fn bytes_to_fetch(&self) -> u64 {
         self.bytes_total

@@ -37,17 +37,7 @@ impl Stager {
         let journal_state = slot_journal.read();
         self.transient.store(0, Ordering::Relaxed);
         let total_bytes: u64 = slot.samples.iter().map(|&s| self.catalog.size(s)).sum();
-        progress
-            .files_total
-            .store(slot.samples.len() as u64, Ordering::Relaxed);
-        progress.bytes_total.store(total_bytes, Ordering::Relaxed);
-        progress.files_done.store(0, Ordering::Relaxed);
-        progress.bytes_done.store(0, Ordering::Relaxed);
-        progress.bytes_fetched.store(0, Ordering::Relaxed);
-        progress.bytes_reused.store(0, Ordering::Relaxed);
-        progress.bytes_linked.store(0, Ordering::Relaxed);
-        progress.bytes_settled.store(0, Ordering::Relaxed);
-        progress.retries.store(0, Ordering::Relaxed);
+        progress.start(slot.samples.len() as u64, total_bytes);
 
         let mut report = StageReport::default();
         let kept = self
