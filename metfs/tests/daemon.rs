@@ -365,6 +365,123 @@ async fn pass_end_and_advance_walk_an_epoch_serving_every_sample_once() {
     r.stop().await;
 }
 
+/// A fixed rf is a minimum with a non-blocking `pass_end`: while a slow tier stages the next
+/// mini-epoch, pass ends answer `wait` and the job trains bonus passes. Status shows the
+/// effective rf above the policy's, the event log has one `stall_rf` for that mini-epoch, and
+/// a blocking `pass_end` keeps the rf exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_tier_raises_a_fixed_rf_unless_pass_end_blocks() {
+    // A mini-epoch (about 1 MiB) takes about half a second to stage at this cap, far longer
+    // than the passes below.
+    let t = setup_with(2, "prefetch_rate = \"2MiB/s\"");
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    let pass = |block: bool| {
+        let d = d.clone();
+        async move { d.pass_end(None, Default::default(), block).await.unwrap() }
+    };
+
+    // Mini-epoch 0: its successor is staged before the first pass, so rf 2 exactly.
+    wait_next_ready(&d).await;
+    assert_eq!(pass(false).await.decision, Choice::Repeat);
+    assert_eq!(pass(false).await.decision, Choice::Advance);
+    let st = d.status();
+    assert_eq!(
+        (st.effective_rf, st.last_rf, st.completed_mini_epochs),
+        (Some(2.0), Some(2), 1)
+    );
+    assert_eq!(st.stalled_mini_epochs, 0);
+
+    // Mini-epoch 1: its successor stages at the cap while passes of ~10 ms end.
+    let (mut passes, mut waits) = (0u32, 0u32);
+    loop {
+        let reply = pass(false).await;
+        passes += 1;
+        match reply.decision {
+            Choice::Repeat => assert_eq!(passes, 1, "{reply:?}"),
+            Choice::Wait => waits += 1,
+            Choice::Advance => break,
+        }
+        if waits == 1 && reply.decision == Choice::Wait {
+            let st = d.status();
+            assert_eq!((st.pass, st.mini_epoch_bonus_passes), (2, 1), "{st:?}");
+            assert_eq!(st.rf, 2.0);
+        }
+        assert!(passes < 5000, "mini-epoch 2 was not staged");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        waits > 0,
+        "the successor was staged before the second pass ended"
+    );
+    assert_eq!(
+        passes,
+        2 + waits,
+        "every pass after the second is a bonus pass"
+    );
+    let st = d.status();
+    assert_eq!(st.rf, 2.0, "the policy's rf is unchanged");
+    assert_eq!(st.last_rf, Some(passes));
+    assert_eq!(st.completed_mini_epochs, 2);
+    assert_eq!(st.effective_rf, Some(f64::from(2 + passes) / 2.0));
+    assert!(st.effective_rf.unwrap() > 2.0);
+    assert_eq!((st.stalled_mini_epochs, st.mini_epoch_bonus_passes), (1, 0));
+
+    // Mini-epoch 2 with a blocking pass_end: no bonus pass, the rf is the policy's.
+    assert_eq!(pass(false).await.decision, Choice::Repeat);
+    assert_eq!(pass(true).await.decision, Choice::Advance);
+    let st = d.status();
+    assert_eq!(st.last_rf, Some(2));
+    assert_eq!((st.completed_mini_epochs, st.stalled_mini_epochs), (3, 1));
+    assert_eq!(st.effective_rf, Some(f64::from(4 + passes) / 3.0));
+
+    assert!(
+        d.events.flush(Duration::from_secs(30)),
+        "the event log wrote"
+    );
+    let log = std::fs::read_to_string(t.cache.join("run").join("events.jsonl")).unwrap();
+    let events: Vec<metfs::protocol::Event> = log
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<metfs::protocol::Record>(l)
+                .unwrap()
+                .event
+        })
+        .collect();
+    let stalls: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            metfs::protocol::Event::StallRf(s) => Some(s.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        stalls.len(),
+        1,
+        "one stall_rf, for mini-epoch 1: {stalls:?}"
+    );
+    let s = &stalls[0];
+    assert_eq!((s.epoch, s.mini_epoch, s.sequence), (0, 1, 1), "{s:?}");
+    assert_eq!(
+        (s.policy_rf, s.effective_rf, s.bonus_passes),
+        (2, passes, waits)
+    );
+    assert!(
+        s.stall_free_rf.is_some_and(|sf| sf > 2),
+        "the stall-free rf is measured and above the fixed rf: {s:?}"
+    );
+    let prev_rfs: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match e {
+            metfs::protocol::Event::Switch(s) => Some(s.prev_rf),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(prev_rfs, [2, passes, 2], "each switch's effective rf");
+    drop(d);
+    r.stop().await;
+}
+
 /// A `|` in the source path (the fingerprint was once a `|`-joined string split by position):
 /// the mount resumes, and its rf history's dataset key is the same on another seed, which the
 /// key leaves out.

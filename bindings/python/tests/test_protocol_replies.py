@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -136,6 +137,12 @@ def test_every_field_the_client_reads_is_in_the_real_replies(
         for name in ("cache_bytes", "budget_bytes", "tier_bytes_read", "view_files"):
             assert isinstance(getattr(st, name), int), (key, name)
         assert os.path.realpath(st.mountpoint or "") == os.path.realpath(m.mountpoint)
+    # By the CLI's status, mini-epoch 0 got its 2 passes (the last one blocking) and mini-epoch 1
+    # none (an advance): the effective rf counts the first only.
+    after: Status = parsed["metfs status --json"][0]
+    assert (after.effective_rf, after.last_rf) == (2.0, 2), after.raw
+    assert (after.completed_mini_epochs, after.stalled_mini_epochs) == (1, 0), after.raw
+    assert after.mini_epoch_bonus_passes == 0, after.raw
     view: FilesView = parsed["files"][0]
     assert len(view) == parsed["status"][0].view_files
     first: Decision = parsed["pass_end"][0]
@@ -179,3 +186,40 @@ def test_the_event_log_follows_the_schema(real_mount: Callable[..., RealMount]) 
     for r in records:
         assert r["v"] == 1, r
         check.validate(r)
+
+
+def test_bonus_passes_raise_the_effective_rf_and_log_stall_rf(
+    real_mount: Callable[..., RealMount],
+) -> None:
+    """A slow tier and a non-blocking ``pass_end``: the fixed rf 2 becomes more, and says so."""
+    # A mini-epoch (about 36 KiB) takes about half a second to stage at this cap.
+    m = real_mount(per_class=5, mini_epochs=3, rf=2, extra_args=["--prefetch-rate", "64KiB/s"])
+    with metfs.Client(m.socket) as c:
+        assert c.pass_end({"loss": 1.0}).decision == "repeat"
+        assert c.pass_end({"loss": 1.0}, block=True).advanced
+        passes = 0
+        while True:
+            d = c.pass_end({"loss": 1.0})
+            passes += 1
+            if d.advanced:
+                break
+            assert passes < 3000, "mini-epoch 2 was not staged"
+            time.sleep(0.01)
+        st = c.status()
+    assert passes > 2, "the successor was staged before the second pass ended"
+    assert st.rf == 2.0 and st.last_rf == passes, st.raw
+    assert st.effective_rf == (2 + passes) / 2 and st.stalled_mini_epochs == 1, st.raw
+    log = os.path.join(m.cache, "run", "events.jsonl")
+    # The event log writes on a thread of its own; the stall_rf precedes the switch it records.
+    stalls: list[dict[str, Any]] = []
+    for _ in range(500):
+        with open(log) as f:
+            records = [json.loads(line) for line in f if line.endswith("\n")]
+        stalls = [r for r in records if r["event"] == "stall_rf"]
+        if stalls:
+            break
+        time.sleep(0.01)
+    assert len(stalls) == 1, stalls
+    validator("Record").validate(stalls[0])
+    assert stalls[0]["sequence"] == 1 and stalls[0]["policy_rf"] == 2, stalls
+    assert stalls[0]["effective_rf"] == passes and stalls[0]["bonus_passes"] == passes - 2, stalls

@@ -120,6 +120,14 @@ pub(super) struct Meter {
     pub(super) blocked_secs: f64,
     /// The stall-free rf last warned about.
     pub(super) warned_rf: Option<u32>,
+    /// Pass ends of the current mini-epoch answered `wait`: its bonus passes so far.
+    pub(super) mini_epoch_bonus: u32,
+    /// The effective rf (`status`): mini-epochs completed since the start, their passes, the
+    /// last one's, and how many got bonus passes.
+    pub(super) completed: u64,
+    pub(super) completed_passes: u64,
+    pub(super) last_rf: Option<u32>,
+    pub(super) stalled: u64,
 }
 
 impl Meter {
@@ -132,6 +140,11 @@ impl Meter {
             last_b2: None,
             blocked_secs: 0.0,
             warned_rf: None,
+            mini_epoch_bonus: 0,
+            completed: 0,
+            completed_passes: 0,
+            last_rf: None,
+            stalled: 0,
         }
     }
     pub(super) fn mean_pass(&self) -> Option<f64> {
@@ -140,6 +153,27 @@ impl Meter {
     }
     pub(super) fn b2(&self) -> Option<f64> {
         (self.staged_secs > 0.0).then(|| self.staged_bytes as f64 / self.staged_secs)
+    }
+
+    /// Counts a mini-epoch the view leaves after `passes` passes and starts the next one's
+    /// bonus passes at 0. One left without a pass (an `advance` before any) is skipped, as
+    /// the report skips it: it says nothing of how many passes a mini-epoch takes.
+    pub(super) fn end_mini_epoch(&mut self, passes: u32) {
+        let bonus = std::mem::take(&mut self.mini_epoch_bonus);
+        if passes == 0 {
+            return;
+        }
+        self.completed += 1;
+        self.completed_passes += u64::from(passes);
+        self.last_rf = Some(passes);
+        if bonus > 0 {
+            self.stalled += 1;
+        }
+    }
+
+    /// Mean passes per completed mini-epoch, bonus passes included.
+    pub(super) fn effective_rf(&self) -> Option<f64> {
+        (self.completed > 0).then(|| self.completed_passes as f64 / self.completed as f64)
     }
 }
 

@@ -76,6 +76,20 @@ impl Daemon {
             // A job of a shared mount leaving the empty view it joined with has no mini-epoch
             // to record.
             let from_lobby = s.shared && s.mini_epoch == u32::MAX;
+            let passes = if from_lobby { 0 } else { s.passes };
+            let bonus = s.meter.mini_epoch_bonus;
+            if bonus > 0 && passes > 0 {
+                self.events.emit(Event::StallRf(event::StallRf {
+                    epoch: s.epoch,
+                    mini_epoch: s.mini_epoch,
+                    sequence: s.sequence,
+                    policy_rf: passes.saturating_sub(bonus),
+                    effective_rf: passes,
+                    bonus_passes: bonus,
+                    stall_free_rf: self.stall_free_rf(s),
+                }));
+            }
+            s.meter.end_mini_epoch(passes);
             s.view = view.clone();
             s.epoch = succ.0;
             s.mini_epoch = succ.1;
@@ -351,7 +365,10 @@ impl Daemon {
             self.switch_blocking(name).await?;
             Choice::Advance
         } else {
-            session_mut(&mut self.sessions.lock().unwrap(), name)?.bonus_passes += 1;
+            let mut ss = self.sessions.lock().unwrap();
+            let s = session_mut(&mut ss, name)?;
+            s.bonus_passes += 1;
+            s.meter.mini_epoch_bonus += 1;
             Choice::Wait
         };
         if let Some(view) = first_pass_of.filter(|_| decision != Choice::Advance) {

@@ -40,6 +40,9 @@ pub enum Event {
     StageFailed(StageFailed),
     /// The view advanced to the next mini-epoch.
     Switch(Switch),
+    /// The mini-epoch the view just left got more passes than its policy's rf: bonus passes
+    /// while its successor was staged.
+    StallRf(StallRf),
     /// The cumulative bytes read from the capacity tier (every few seconds while it grows).
     Tier(Tier),
     /// A kind this build does not know; skipped by readers.
@@ -149,10 +152,33 @@ pub struct Switch {
     pub generation: u64,
     /// The new mini-epoch's number in the run.
     pub sequence: u64,
-    /// Passes the previous mini-epoch got (its rf).
+    /// Passes the previous mini-epoch got: its effective rf, bonus passes included (above
+    /// the policy's rf when a `stall_rf` event precedes this one).
     pub prev_rf: u32,
     /// The pass at which its policy first wanted to advance.
     pub prev_wanted_rf: Option<u32>,
+}
+
+/// `stall_rf`: bonus passes raised a mini-epoch's rf above its policy's. Written once per such
+/// mini-epoch, just before the `switch` that leaves it, so that the effective rf it carries is
+/// final (while it grows, `metfs status` shows it: `pass` and `mini_epoch_bonus_passes`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StallRf {
+    /// The mini-epoch's epoch.
+    pub epoch: u64,
+    /// The mini-epoch.
+    pub mini_epoch: u32,
+    /// Its number in the run.
+    pub sequence: u64,
+    /// The passes it would have got with its successor staged in time: the pass at which its
+    /// policy wanted to advance (`--rf` for `fixed`).
+    pub policy_rf: u32,
+    /// The passes it got: `policy_rf` plus `bonus_passes`.
+    pub effective_rf: u32,
+    /// Pass ends answered `wait` because its successor was not staged.
+    pub bonus_passes: u32,
+    /// ceil(EB1 / B2), the smallest rf that would not have waited, once both are measured.
+    pub stall_free_rf: Option<u32>,
 }
 
 /// `tier`: cumulative bytes read from the capacity tier since the daemon started.

@@ -197,6 +197,25 @@ pub struct Status {
     pub dataset_bytes: u64,
     /// Passes that ended waiting for the next mini-epoch.
     pub bonus_passes: u64,
+    /// Of those, the current mini-epoch's: each gives it one pass more than the policy's rf
+    /// (the pass after the `wait`).
+    #[serde(default)]
+    pub mini_epoch_bonus_passes: u32,
+    /// The effective rf: passes per mini-epoch, bonus passes included, averaged over the
+    /// mini-epochs completed since the daemon started; `null` before the first. Above `rf`
+    /// when staging does not keep up and `pass_end` does not block.
+    #[serde(default)]
+    pub effective_rf: Option<f64>,
+    /// Passes the last completed mini-epoch got (its effective rf); `null` before the first.
+    #[serde(default)]
+    pub last_rf: Option<u32>,
+    /// Mini-epochs completed since the daemon started (those `effective_rf` averages).
+    #[serde(default)]
+    pub completed_mini_epochs: u64,
+    /// Of those, the ones whose rf bonus passes raised above the policy's (each logged as a
+    /// `stall_rf` event).
+    #[serde(default)]
+    pub stalled_mini_epochs: u64,
     /// Seconds callers spent blocked waiting for the next mini-epoch.
     pub blocked_seconds: f64,
     /// Duration of the last pass.

@@ -37,6 +37,8 @@ pub(super) struct Analysis {
     pub(super) staged: u64,
     pub(super) staged_fetched: u64,
     pub(super) staged_secs: f64,
+    /// `stall_rf` events: mini-epochs whose rf bonus passes raised.
+    pub(super) stalled: u64,
     pub(super) warnings: Vec<String>,
 }
 
@@ -61,6 +63,7 @@ pub(super) fn analyse(log: EventLog) -> Analysis {
     let (mut tier_offset, mut tier_last) = (0u64, 0u64);
     let (mut staged, mut staged_fetched, mut staged_secs) = (0u64, 0u64, 0.0f64);
     let mut staged_points: Vec<(f64, f64)> = Vec::new();
+    let mut stalled = 0u64;
     // The time the current pass began, when known: the previous pass_end or start.
     let mut pass_origin: Option<f64> = None;
     let first_is_start = matches!(log.events.first().map(|e| &e.ev), Some(Event::Start(_)));
@@ -121,6 +124,7 @@ pub(super) fn analyse(log: EventLog) -> Analysis {
                 tier_last = x.tier_bytes_read;
                 tier.push((t, (tier_offset + tier_last) as f64));
             }
+            Event::StallRf(_) => stalled += 1,
             // Kinds the report does not use.
             Event::StageFailed(_) | Event::Other => {}
         }
@@ -151,6 +155,7 @@ pub(super) fn analyse(log: EventLog) -> Analysis {
         staged,
         staged_fetched,
         staged_secs,
+        stalled,
         warnings,
     }
 }
@@ -297,6 +302,7 @@ pub(super) fn summarise(
             .filter(|p| p.decision == Some(Choice::Wait))
             .count() as u64,
         rf: rf_stats(&a.rows),
+        stalled_mini_epochs: a.stalled,
         wanted_rf_mean: (!wanted.is_empty())
             .then(|| wanted.iter().sum::<f64>() / wanted.len() as f64),
         tier_bytes_read: a.tier_bytes_read,

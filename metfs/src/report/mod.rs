@@ -11,8 +11,10 @@
 //!   the pass's duration, and `verdict`, the policy's wish, not the decision).
 //! * `decision`: the answer to the `pass_end` just before it: `repeat`, `advance` or `wait`.
 //! * `staged`: a mini-epoch finished staging (`bytes_fetched` in `secs`).
-//! * `switch`: the view advanced; `prev_rf` is the passes the previous mini-epoch got,
-//!   `prev_wanted_rf` the pass at which its policy first wanted to advance.
+//! * `switch`: the view advanced; `prev_rf` is the passes the previous mini-epoch got (its
+//!   effective rf), `prev_wanted_rf` the pass at which its policy first wanted to advance.
+//! * `stall_rf`: the mini-epoch being left got bonus passes (pass ends answered `wait` while
+//!   its successor staged), so its effective rf exceeds its policy's.
 //! * `tier`: the cumulative bytes read from the capacity tier, every few seconds while staging.
 //!
 //! Unknown event kinds and unknown fields are ignored (a newer daemon may add them within a
@@ -24,8 +26,9 @@
 //!
 //! Output in `OUT_DIR`:
 //!
-//! * `rf_per_mini_epoch.png`: rf of each completed mini-epoch against its sequence number,
-//!   with the rf the policy wanted, the mean and the stall-free rf (the paper's Fig. 11);
+//! * `rf_per_mini_epoch.png`: the effective rf of each completed mini-epoch against its
+//!   sequence number, with the rf the policy wanted where bonus passes raised it, the mean and
+//!   the stall-free rf (the paper's Fig. 11);
 //! * `rf_histogram.png`: the distribution of rf (Fig. 11);
 //! * `tier_bandwidth.png`: capacity-tier bandwidth over time (the derivative of the cumulative
 //!   tier bytes, averaged over a sliding window) against the bandwidth that reading every pass
@@ -36,6 +39,8 @@
 //!
 //! * A mini-epoch is **completed** when a `switch` leaves it. Its rf is the switch's `prev_rf`;
 //!   where the switch was rotated out of the log, the highest `pass` seen for that sequence.
+//!   That is the **effective rf**, bonus passes included: with a non-blocking `pass_end` it
+//!   exceeds the policy's rf (`prev_wanted_rf`) by the mini-epoch's bonus passes.
 //! * **Bytes consumed** through the mount: `view_bytes` summed over passes (each pass reads the
 //!   whole view once).
 //! * **Tier bytes read**: the last cumulative `tier` value, adding the value before each reset
@@ -131,7 +136,7 @@ pub struct MiniEpochRow {
     pub epoch: Option<u64>,
     /// Index within the epoch, when the log says.
     pub mini_epoch: Option<u32>,
-    /// Passes it got.
+    /// Passes it got: its effective rf, bonus passes included.
     pub rf: u32,
     /// The pass at which the policy first wanted to advance, if it did.
     pub wanted_rf: Option<u32>,
@@ -197,8 +202,12 @@ pub struct ReportSummary {
     pub passes: u64,
     /// Passes that ended with `wait`.
     pub bonus_passes: u64,
-    /// rf distribution over completed mini-epochs.
+    /// Distribution of the effective rf over completed mini-epochs: the passes each got,
+    /// bonus passes included.
     pub rf: Option<RfStats>,
+    /// Mini-epochs whose rf bonus passes raised above the policy's (`stall_rf` events; 0 in
+    /// logs written before the daemon logged them, where the rows' `bonus_passes` tell).
+    pub stalled_mini_epochs: u64,
     /// Mean of the rf the policy wanted, over mini-epochs where it wanted to advance.
     pub wanted_rf_mean: Option<f64>,
     /// Bytes read from the capacity tier.

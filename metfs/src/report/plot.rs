@@ -141,7 +141,7 @@ pub(super) fn draw_rf(root: &Root<'_>, s: &ReportSummary) -> DrawResult {
             pts.iter().copied(),
             RF_COLOR.stroke_width(2),
         ))?
-        .label("rf (passes the mini-epoch got)")
+        .label("effective rf (passes the mini-epoch got, bonus passes included)")
         .legend(legend_line(RF_COLOR));
     let marker = if rows.len() <= 300 { 4 } else { 2 };
     chart.draw_series(
@@ -173,7 +173,7 @@ pub(super) fn draw_rf(root: &Root<'_>, s: &ReportSummary) -> DrawResult {
                 6,
                 MEAN_COLOR.stroke_width(2),
             ))?
-            .label(format!("mean rf {:.1}", st.mean))
+            .label(format!("mean effective rf {:.1}", st.mean))
             .legend(legend_line(MEAN_COLOR));
     }
     if let Some(sf) = s.stall_free_rf {

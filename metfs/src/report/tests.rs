@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::analysis::{percentile, Pass};
 use super::series::{mount_curve, smoothed_rate};
 use super::*;
-use crate::protocol::event::{DecisionEvent, PassEnd, Staged, Start, Switch, Tier};
+use crate::protocol::event::{DecisionEvent, PassEnd, Staged, StallRf, Start, Switch, Tier};
 use crate::protocol::{Choice, Event, Record, Version};
 use feedback::policy::Verdict;
 use serde_json::json;
@@ -164,6 +164,21 @@ fn synthetic() -> (Vec<Value>, Vec<u32>) {
                 ev.push(staged(t, view, 8.0));
             }
         }
+        // As the daemon writes it: before the switch leaving a mini-epoch with bonus passes.
+        if wanted < rf {
+            ev.push(rec(
+                t,
+                Event::StallRf(StallRf {
+                    epoch: seq / 4,
+                    mini_epoch: (seq % 4) as u32,
+                    sequence: seq,
+                    policy_rf: wanted,
+                    effective_rf: rf,
+                    bonus_passes: rf - wanted,
+                    stall_free_rf: Some(4),
+                }),
+            ));
+        }
         ev.push(rec(
             t,
             Event::Switch(Switch {
@@ -228,6 +243,7 @@ fn synthetic_run_gives_plots_and_right_numbers() {
     assert_eq!(j["rf"]["p90"], 8);
     assert_eq!(j["rf"]["max"], 8);
     assert_eq!(j["wanted_rf_mean"], 2.0);
+    assert_eq!(j["stalled_mini_epochs"], 2);
     assert_eq!(j["bytes_consumed"], u64::from(passes) * 256 * MIB);
     assert_eq!(j["tier_bytes_read"], 8 * 256 * MIB);
     assert_eq!(j["tier_bytes_source"], "tier events");
@@ -255,6 +271,14 @@ fn synthetic_run_gives_plots_and_right_numbers() {
         "{text}"
     );
     assert!(text.contains("stall-free rf:          4"), "{text}");
+    assert!(
+        text.contains("effective rf:           mean 5.50;"),
+        "{text}"
+    );
+    assert!(
+        text.contains("2 of 8 mini-epochs got bonus passes"),
+        "{text}"
+    );
     // The returned summary is what the JSON file holds.
     assert_eq!(
         serde_json::to_vec_pretty(&s).unwrap(),
@@ -408,7 +432,7 @@ fn empty_or_missing_logs() {
     for name in [RF_PLOT, RF_HISTOGRAM, BANDWIDTH_PLOT] {
         assert_eq!(png_dims(&out.path().join(name)), PLOT_SIZE);
     }
-    assert!(summary_text(&s).contains("rf:                     n/a"));
+    assert!(summary_text(&s).contains("effective rf:           n/a"));
 }
 
 #[test]

@@ -55,12 +55,17 @@ pub fn summary_text(s: &ReportSummary) -> String {
         Some(r) => {
             let _ = writeln!(
                 o,
-                "rf:                     mean {:.2}; min {} p10 {} p25 {} median {} p75 {} p90 {} max {}",
+                "effective rf:           mean {:.2}; min {} p10 {} p25 {} median {} p75 {} p90 {} max {}",
                 r.mean, r.min, r.p10, r.p25, r.p50, r.p75, r.p90, r.max
+            );
+            let _ = writeln!(
+                o,
+                "                        (passes per mini-epoch, bonus passes included; {} of {} mini-epochs got bonus passes, stall_rf events)",
+                s.stalled_mini_epochs, s.mini_epochs_completed
             );
         }
         None => {
-            let _ = writeln!(o, "rf:                     n/a (no completed mini-epoch)");
+            let _ = writeln!(o, "effective rf:           n/a (no completed mini-epoch)");
         }
     }
     if let Some(w) = s.wanted_rf_mean {

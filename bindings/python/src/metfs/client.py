@@ -193,6 +193,13 @@ class Status:
     fractional estimate). ``policy`` is the protocol's ``rf_policy`` (``fixed``, ``score``,
     ``bollinger``). Fields the daemon may leave out are ``None``; every field it sent is
     in ``raw``.
+
+    ``effective_rf`` is the passes a mini-epoch actually got, averaged over those completed
+    since the daemon started: with a non-blocking ``pass_end``, passes answered ``wait`` while
+    the next mini-epoch stages (bonus passes) raise it above ``rf``. ``last_rf`` is the last
+    completed mini-epoch's, ``mini_epoch_bonus_passes`` the current one's bonus passes so far,
+    ``stalled_mini_epochs`` how many completed mini-epochs got bonus passes (each a
+    ``stall_rf`` event in the daemon's event log).
     """
 
     epoch: int
@@ -208,6 +215,11 @@ class Status:
     view_files: int | None
     mountpoint: str | None
     policy: str | None
+    effective_rf: float | None
+    last_rf: int | None
+    mini_epoch_bonus_passes: int | None
+    completed_mini_epochs: int | None
+    stalled_mini_epochs: int | None
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     #: Fields named differently from the protocol: attribute -> protocol field.
@@ -236,6 +248,11 @@ class Status:
             view_files=_opt_int(obj, "view_files"),
             mountpoint=_opt_str(obj, "mountpoint"),
             policy=_opt_str(obj, "rf_policy"),
+            effective_rf=_opt_number(obj, "effective_rf"),
+            last_rf=_opt_int(obj, "last_rf"),
+            mini_epoch_bonus_passes=_opt_int(obj, "mini_epoch_bonus_passes"),
+            completed_mini_epochs=_opt_int(obj, "completed_mini_epochs"),
+            stalled_mini_epochs=_opt_int(obj, "stalled_mini_epochs"),
             raw=obj,
         )
 

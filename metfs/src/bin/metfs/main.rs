@@ -333,6 +333,25 @@ fn print_status(st: &Status) {
     if let Some(r) = &st.replay {
         println!("replaying {r}");
     }
+    // Bonus passes make the rf a job gets differ from the policy's: say so beside it.
+    if st.effective_rf.is_some() || st.mini_epoch_bonus_passes > 0 {
+        let done = st
+            .effective_rf
+            .map_or("no mini-epoch completed".into(), |e| {
+                format!(
+                    "{e:.2} over {} mini-epoch(s) (last {}), {} raised by bonus passes",
+                    st.completed_mini_epochs,
+                    st.last_rf.unwrap_or(0),
+                    st.stalled_mini_epochs
+                )
+            });
+        println!(
+            "effective rf: {done}; this mini-epoch: {} bonus pass(es) so far{}",
+            st.mini_epoch_bonus_passes,
+            st.stall_free_rf
+                .map_or(String::new(), |r| format!("; stall-free rf {r}"))
+        );
+    }
     let next = match &st.staging {
         Staging::Idle => "idle",
         Staging::Draining => "draining",
