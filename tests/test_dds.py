@@ -79,7 +79,7 @@ def test_queue_under_kill_9_of_readers_and_etcd(metfs: str, tmp_path: Path) -> N
 def test_throughputs_for_adjust_bs_come_from_the_queue(metfs: str, etcd: Etcd, tmp_path: Path) -> None:
     """Two reader nodes finish an epoch on a real queue; `metfs.dds.queue_throughputs` (the Python
     package of this checkout) reads each node's throughput from `metfs dds status --json` and
-    `local_batch_sizes` splits a global batch over them (Eq. 3)."""
+    `rank_batch_sizes` splits a global batch over their ranks (Eq. 3)."""
     import os
     import sys
 
@@ -98,9 +98,9 @@ def test_throughputs_for_adjust_bs_come_from_the_queue(metfs: str, etcd: Etcd, t
         assert p.wait(timeout=120) == 0
     code = (
         "import json, sys\n"
-        "from metfs.dds import local_batch_sizes, queue_throughputs\n"
+        "from metfs.dds import rank_batch_sizes, queue_throughputs\n"
         "v = queue_throughputs(sys.argv[1], metfs=sys.argv[2])\n"
-        "print(json.dumps({'v': v, 'sizes': local_batch_sizes(64, [v['fast'], v['slow']])}))\n"
+        "print(json.dumps({'v': v, 'sizes': rank_batch_sizes(64, v, {'fast': 2, 'slow': 2})}))\n"
         "try:\n"
         "    queue_throughputs(sys.argv[3], metfs=sys.argv[2])\n"
         "except RuntimeError as e:\n"
@@ -113,7 +113,11 @@ def test_throughputs_for_adjust_bs_come_from_the_queue(metfs: str, etcd: Etcd, t
     out, err_line = r.stdout.splitlines()
     got = json.loads(out)
     assert sorted(got["v"]) == ["fast", "slow"] and all(x > 0 for x in got["v"].values()), got
-    assert sum(got["sizes"]) == 64 and min(got["sizes"]) >= 1
+    sizes = got["sizes"]
+    assert sum(map(sum, sizes.values())) == 64 and len(sizes["fast"]) == len(sizes["slow"]) == 2
+    # The faster node by the queue's numbers takes the larger share, every rank at least one.
+    faster, slower = sorted(got["v"], key=lambda n: -got["v"][n])
+    assert sum(sizes[faster]) >= sum(sizes[slower]) and min(sizes[slower]) >= 1, got
     assert "is unreachable" in err_line, err_line
 
 

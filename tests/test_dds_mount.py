@@ -222,45 +222,61 @@ def test_a_short_fault_trial_through_mounts(tmp_path: Path) -> None:
     assert r["samples_lost"] == 0 and r["epochs"] == 2, r
 
 
-def test_the_local_batch_size_comes_from_the_daemons(
-    mounts: Any, etcd: Etcd, tmp_path: Path, metfs: str, monkeypatch: Any
+def test_adjust_bs_takes_each_ranks_node_from_its_daemon(
+    mounts: Any, etcd: Etcd, tmp_path: Path
 ) -> None:
-    """ADJUST_BS through the real Python package: each rank's callback object asks its own
-    daemon for the queue and its node, and the sizes of the two ranks add up to the global
-    batch."""
+    """ADJUST_BS through the real Python package: two ranks of a job, each on its own node's
+    mount, take their node names from their daemons' queue (`--node-name`) at the start step
+    and split the global batch between the nodes; a rank on a mount without `--dds` takes
+    Slurm's node name instead."""
     pkg = str(Path(__file__).resolve().parents[1] / "bindings" / "python" / "src")
     sys.path.insert(0, pkg)
-    import metfs as pkg_metfs
+    from metfs import Client
+    from metfs.coordinator import Coordinator
+    from metfs.dds import AdjustBs
 
-    monkeypatch.setenv("METFS_BIN", metfs)
+    class Threads(Coordinator):
+        """The collective of ranks that are threads of this test."""
+
+        def __init__(self, world: int) -> None:
+            self.slots: list[Any] = [None] * world
+            self.barrier = threading.Barrier(world, timeout=30)
+            self.rank = threading.local()
+
+        def pass_end(self, client: Any, metrics: Any, block: bool) -> Any:
+            raise NotImplementedError
+
+        def all_gather(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+            self.slots[self.rank.value] = obj
+            self.barrier.wait()
+            out = list(self.slots)
+            self.barrier.wait()
+            return out
+
     src = tmp_path / "tier"
-    make_dataset(src, 120)
+    make_dataset(src, 40)
     ms = dds_mounts(mounts, src, etcd, "bs", 2)
-    for m in ms:
-        m.mount()
-    readers = [Reader(m) for m in ms]
-    for r in readers:
-        r.start()
-    wait_epoch_done(etcd, "bs", 0, 90)
-    for r in readers:
-        r.stop.set()
-        r.join(timeout=30)
-    env = dict(os.environ)
-    sizes = []
-    for m in ms:
-        with pkg_metfs.Client(m.socket) as c:
-            sizes.append(pkg_metfs.Passes(c).local_batch_size(64))
-    assert sum(sizes) == 64 and min(sizes) >= 1, sizes
-    # Without --dds there is no queue: a clear error.
     plain = mounts(src, "2MiB", name="plain")
-    plain.mount()
-    with pkg_metfs.Client(plain.socket) as c:
-        try:
-            pkg_metfs.dds.local_batch_size(c, 64, env=env)
-        except ValueError as e:
-            assert "--dds" in str(e)
-        else:
-            raise AssertionError("a mount without --dds gave a batch size")
+    for m in [*ms, plain]:
+        m.mount()
+    socks = [ms[0].socket, ms[1].socket, plain.socket]
+    job = Threads(3)
+    got: list[Any] = [None] * 3
+
+    def rank(r: int) -> None:
+        job.rank.value = r
+        with Client(socks[r]) as c:
+            bs = AdjustBs(63, env={"SLURMD_NODENAME": "slurm-node"})
+            bs.start(job, c)
+            got[r] = (bs.node, bs.batch_size, bs.sizes)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [g[:2] for g in got] == [("n0", 21), ("n1", 21), ("slurm-node", 21)], got
+    assert all(g[2] == {"n0": [21], "n1": [21], "slurm-node": [21]} for g in got), got
 
 
 def test_resume_on_fewer_nodes_through_mounts(etcd: Etcd, tmp_path: Path) -> None:

@@ -177,7 +177,7 @@ class Cluster:
                            text=True, timeout=120)
         assert r.returncode == 0, f"slurm-local.sh start failed:\n{r.stderr}"
         if "starting slurmd" in r.stderr:
-            print(f"a slurmd had died (log and core in {self.dir / 'slurm' / 'log'}):\n{r.stderr}",
+            print(f"a slurmd had died (log and core in {self.env['SLURM_LOCAL_DIR']}/log):\n{r.stderr}",
                   file=sys.stderr)
 
     def wait(self, job: Job, timeout: float = JOB_TIMEOUT) -> dict[str, str]:
@@ -193,10 +193,13 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     d = Path(tempfile.mkdtemp(prefix="metfs-slurm-", dir="/tmp"))
+    # The cluster's directory and port: SLURM_LOCAL_DIR and SLURM_LOCAL_PORT when set (to run
+    # these tests beside another local cluster), else a directory of the test's own and free
+    # ports. Either way the module starts the cluster and stops it at its end.
     env = dict(
         os.environ,
-        SLURM_LOCAL_DIR=str(d / "slurm"),
-        SLURM_LOCAL_PORT=str(_free_port_base()),
+        SLURM_LOCAL_DIR=os.environ.get("SLURM_LOCAL_DIR") or str(d / "slurm"),
+        SLURM_LOCAL_PORT=os.environ.get("SLURM_LOCAL_PORT") or str(_free_port_base()),
         SLURM_LOCAL_KILLWAIT=str(KILLWAIT),
     )
     try:
@@ -402,6 +405,61 @@ def test_pytorch_job_with_dynamic_sharding_on_the_jobs_own_etcd(
             break
         time.sleep(0.2)
     assert not etcds, f"the job's etcd is still running: {etcds}"
+
+
+def test_adjust_bs_three_ranks_per_node_a_capped_node_gets_smaller_batches(
+    cluster: Cluster, work: Work
+) -> None:
+    """ADJUST_BS (paper 003) on two nodes with three ranks each (torchrun), on the job's own
+    shard queue: every rank paced at 200 samples per second, n2's capped at 25 from pass 8.
+    Every rank sees the same sizes at every pass, adding up to the global batch; they stay the
+    even split until AntDT's trigger finds n2 a straggler over the 1 s window, then all ranks
+    adopt smaller batches for n2 at the same pass, and only after the cap."""
+    t0 = time.monotonic()
+    batch, passes, slow_from = 24, 24, 8
+    train_args = (f"--global-batch {batch} --passes {passes} --steps 4 --rate 200 "
+                  f"--slow n2:25:{slow_from} --window 1 --slowness 1.5 --log-dir {work.logs}")
+    env = dict(work.env, METFS_DDS="auto", METFS_BUDGET="2MiB",
+               METFS_ARGS="--rf 2 --compose random --seed 3", METFS_ETCD_PORT=str(free_port()),
+               MASTER_PORT=str(free_port()), TRAIN=str(ROOT / "tests" / "adjust_bs_rank.py"),
+               TRAIN_ARGS=train_args, LAUNCHER="torchrun", GPUS_PER_NODE="3")
+    # One torchrun per node starts its three ranks (LOCAL_WORLD_SIZE=3): the local cluster's
+    # nodes have two CPUs, and Slurm refuses three tasks per node even with --overcommit.
+    job = cluster.sbatch(DEPLOY / "train-pytorch.sbatch", env, work.dir / "job.out")
+    info = cluster.wait(job)
+    out = job.text()
+    assert info["JobState"] == "COMPLETED", f"{info['JobState']}:\n{out[-4000:]}"
+    logs = {r: [json.loads(line) for line in (work.logs / f"bs-rank{r}.jsonl").read_text().splitlines()]
+            for r in range(6)}
+    assert all(len(v) == passes for v in logs.values()), {r: len(v) for r, v in logs.items()}
+    assert sorted((v[0]["node"], v[0]["local"]) for v in logs.values()) == [
+        (n, i) for n in ("n1", "n2") for i in range(3)]
+    even = {"n1": [4, 4, 4], "n2": [4, 4, 4]}
+    sizes = []
+    for i in range(passes):
+        at = [logs[r][i] for r in range(6)]
+        s = at[0]["sizes"]
+        # One collective step: the same sizes on every rank, each rank taking its own.
+        assert all(a["sizes"] == s for a in at), at
+        assert all(a["batch_size"] == s[a["node"]][a["local"]] for a in at), at
+        assert sum(map(sum, s.values())) == batch, s
+        sizes.append(s)
+    changed = [i for i in range(1, passes) if sizes[i] != sizes[i - 1]]
+    assert changed, f"the sizes never changed: {sizes[-1]}\n{out[-3000:]}"
+    first = changed[0]
+    # Even until the trigger; the trigger only after the cap (its sizes hold from the next pass).
+    assert all(s == even for s in sizes[:first]), sizes
+    assert first > slow_from, (first, out[-3000:])
+    for s in sizes[first:]:
+        assert max(s["n2"]) < min(s["n1"]), s
+    changes = [json.loads(line.split("adjust-bs: change ", 1)[1])
+               for line in out.splitlines() if "adjust-bs: change " in line]
+    assert changes and changes[0]["boundary"] == first - 1, (changes, first)
+    assert changes[0]["stragglers"] == ["n2"] and changes[0]["window_s"] >= 1.0, changes[0]
+    assert changes[0]["bpt"]["n2"] >= 1.5 * changes[0]["mean_bpt"], changes[0]
+    check_no_leftovers(work, job)
+    print(f"ADJUST_BS job: {time.monotonic() - t0:.1f} s, sizes {sizes[first - 1]} -> "
+          f"{sizes[first]} at pass {first}, {len(changes)} change(s)")
 
 
 def test_keras_job_two_nodes_agree_and_clean_up(

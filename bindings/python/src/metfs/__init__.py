@@ -11,8 +11,8 @@ reports its metrics over the control socket and the daemon answers ``repeat``, `
 - :mod:`metfs.keras`, :mod:`metfs.torch`, :mod:`metfs.lightning`: framework integrations
   (imported on demand; the core needs only the standard library).
 - :mod:`metfs.coordinator`: agreement across the ranks of a multi-node job.
-- :mod:`metfs.dds`: per-rank batch sizes from a dynamic-sharding queue's node throughputs
-  (ADJUST_BS, paper 003 Eq. 3).
+- :mod:`metfs.dds`: ADJUST_BS (paper 003): per-rank batch sizes from the nodes' throughputs,
+  changed by every rank together when AntDT's trigger finds a straggler.
 """
 
 from . import _version

@@ -56,6 +56,12 @@ class Coordinator(abc.ABC):
         When the decision is ``advance``, this rank's view already shows the new mini-epoch.
         """
 
+    def all_gather(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every rank's ``obj``, in rank order, the same list on every rank. Collective: every
+        rank calls it at the same point (``metfs.dds.AdjustBs`` does, at the start and at each
+        pass boundary). One process alone: ``[obj]``."""
+        return [obj]
+
 
 class LocalCoordinator(Coordinator):
     """The local daemon decides: ``pass_end`` goes straight to it."""
@@ -195,6 +201,9 @@ class TorchDistributedCoordinator(Coordinator):
         return info
 
     # -- Coordinator --------------------------------------------------------------------------
+
+    def all_gather(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        return self._gather(obj)
 
     def start(self, client: Client) -> Status:
         st, info = self._local_status(client)

@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 from .client import Client, FilesView, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
+from .dds import AdjustBs
 from .tracker import PassTracker, TracksPasses
 
 __all__ = ["MetCallback", "MetSequence", "default_collate"]
@@ -154,6 +155,8 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
     daemon to wait for staging instead of answering ``wait``. ``datasets`` are
     :class:`MetSequence` objects to refresh at the start of each pass. ``coordinator`` decides
     across ranks (default: the local daemon, or rank 0 under ``torch.distributed``).
+    ``adjust_bs`` (:class:`metfs.dds.AdjustBs`) sizes each rank's batch under ADJUST_BS, read
+    with :meth:`local_batch_size` and changed by all ranks together at a pass's end.
 
     After training, ``decisions`` holds the decision after each pass and ``done`` says whether
     the requested MET epochs were completed.
@@ -168,6 +171,7 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
         block: bool = False,
         datasets: Sequence[MetSequence] = (),
         coordinator: Coordinator | None = None,
+        adjust_bs: AdjustBs | None = None,
         verbose: int = 0,
     ) -> None:
         super().__init__()
@@ -180,12 +184,15 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
         self.block = block
         self.datasets = list(datasets)
         self.coordinator = coordinator
+        self.adjust_bs = adjust_bs
         self.verbose = verbose
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self.coordinator is None:
             self.coordinator = default_coordinator()
         self.tracker.start(self.coordinator.start(self.client))
+        if self.adjust_bs is not None:
+            self.adjust_bs.start(self.coordinator, self.client)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         for ds in self.datasets:
@@ -205,6 +212,8 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         assert self.coordinator is not None
         decision = self.coordinator.pass_end(self.client, self._select(logs), self.block)
+        if self.adjust_bs is not None:
+            self.adjust_bs.boundary(self.coordinator)
         done = self.tracker.record(decision)
         if self.verbose and self.coordinator.is_leader:
             print(

@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - the older package name
 
 from .client import Client, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
+from .dds import AdjustBs
 from .tracker import PassTracker, TracksPasses
 
 __all__ = ["MetCallback"]
@@ -49,6 +50,8 @@ class MetCallback(pl.Callback, TracksPasses):
     asks the daemon to wait for staging instead of answering ``wait``. ``coordinator`` decides
     across ranks (default: the local daemon, or rank 0 under ``torch.distributed``, which
     Lightning's DDP strategies initialise).
+    ``adjust_bs`` (:class:`metfs.dds.AdjustBs`) sizes each rank's batch under ADJUST_BS, read
+    with :meth:`local_batch_size` and changed by all ranks together at a pass's end.
 
     After training, ``decisions`` holds the decision after each pass, ``generations`` the
     generation after each pass, and ``done`` whether the requested MET epochs were completed.
@@ -62,6 +65,7 @@ class MetCallback(pl.Callback, TracksPasses):
         metrics: Sequence[str] | None = None,
         block: bool = False,
         coordinator: Coordinator | None = None,
+        adjust_bs: AdjustBs | None = None,
     ) -> None:
         super().__init__()
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
@@ -72,6 +76,7 @@ class MetCallback(pl.Callback, TracksPasses):
         self.metrics = list(metrics) if metrics is not None else None
         self.block = block
         self.coordinator = coordinator
+        self.adjust_bs = adjust_bs
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # A plain attribute the Trainer's data connector sets in __init__; a new view (other
@@ -84,6 +89,8 @@ class MetCallback(pl.Callback, TracksPasses):
         if self.coordinator is None:
             self.coordinator = default_coordinator()
         self.tracker.start(self.coordinator.start(self.client))
+        if self.adjust_bs is not None:
+            self.adjust_bs.start(self.coordinator, self.client)
 
     def _select(self, trainer: pl.Trainer) -> dict[str, float]:
         logged: dict[str, Any] = dict(trainer.callback_metrics)
@@ -100,6 +107,8 @@ class MetCallback(pl.Callback, TracksPasses):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.coordinator is not None
         decision = self.coordinator.pass_end(self.client, self._select(trainer), self.block)
+        if self.adjust_bs is not None:
+            self.adjust_bs.boundary(self.coordinator)
         done = self.tracker.record(decision)
         if done:
             trainer.should_stop = True

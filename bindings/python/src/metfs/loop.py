@@ -25,6 +25,7 @@ from typing import Any
 
 from .client import Client, Decision, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
+from .dds import AdjustBs
 from .tracker import PassTracker, TracksPasses
 
 __all__ = ["Pass", "PassRecord", "Passes", "passes"]
@@ -50,6 +51,8 @@ class Pass:
     paths: list[str] = field(repr=False)
     metrics: dict[str, Any] = field(default_factory=dict)
     decision: Decision | None = None
+    #: This rank's local batch size for this pass with ``adjust_bs`` (ADJUST_BS), else ``None``.
+    batch_size: int | None = None
 
     def report(self, metrics: Mapping[str, Any] | None = None, **named: Any) -> None:
         """Adds metrics of this pass, e.g. ``p.report(loss=0.3, accuracy=0.9)``.
@@ -91,7 +94,10 @@ class Passes(TracksPasses):
     ``decisions`` and ``generations`` tell what happened. ``start_epoch`` is the daemon's epoch
     when iteration began and ``target_epoch = start_epoch + epochs``: the loop ends after the
     pass whose decision reaches it. ``max_passes`` caps the number of passes (``None``: no
-    cap). The counting is :class:`metfs.tracker.PassTracker`'s (``tracker``).
+    cap). The counting is :class:`metfs.tracker.PassTracker`'s (``tracker``). With
+    ``adjust_bs`` (:class:`metfs.dds.AdjustBs`), each pass carries this rank's local batch size
+    (``Pass.batch_size``, also :meth:`local_batch_size`), which every rank changes together at a
+    pass boundary when a straggler is found.
     """
 
     def __init__(
@@ -102,6 +108,7 @@ class Passes(TracksPasses):
         block: bool = False,
         coordinator: Coordinator | None = None,
         max_passes: int | None = None,
+        adjust_bs: AdjustBs | None = None,
     ) -> None:
         #: The pass-tracking state: target epoch, decisions, generations, done.
         self.tracker = PassTracker(epochs, max_passes=max_passes)
@@ -109,6 +116,7 @@ class Passes(TracksPasses):
         self.block = block
         self.coordinator = coordinator if coordinator is not None else default_coordinator()
         self.records: list[PassRecord] = []
+        self.adjust_bs = adjust_bs
         self._started = False
 
     @property
@@ -140,6 +148,8 @@ class Passes(TracksPasses):
     def _run(self) -> Iterator[Pass]:
         tracker = self.tracker
         tracker.start(self.coordinator.start(self.client))
+        if self.adjust_bs is not None:
+            self.adjust_bs.start(self.coordinator, self.client)
         while tracker.wants_pass:
             view = self.coordinator.files(self.client)
             p = Pass(
@@ -151,11 +161,16 @@ class Passes(TracksPasses):
                 mountpoint=view.mountpoint,
                 files=view.files,
                 paths=view.paths,
+                batch_size=None if self.adjust_bs is None else self.adjust_bs.batch_size,
             )
             yield p
             metrics = metrics_to_floats(p.metrics)
             decision = self.coordinator.pass_end(self.client, metrics, self.block)
             p.decision = decision
+            if self.adjust_bs is not None:
+                # Collective, right after pass_end on every rank: new sizes hold from the next
+                # pass on, on every rank at once.
+                self.adjust_bs.boundary(self.coordinator)
             self.records.append(
                 PassRecord(
                     index=p.index,
@@ -177,6 +192,7 @@ def passes(
     block: bool = False,
     coordinator: Coordinator | None = None,
     max_passes: int | None = None,
+    adjust_bs: AdjustBs | None = None,
 ) -> Passes:
     """Passes over the current view until ``epochs`` full MET epochs have completed.
 
@@ -187,6 +203,15 @@ def passes(
     decision history (``.decisions``, ``.records``, ``.rf_per_mini_epoch()``).
 
     ``coordinator`` decides across ranks; by default the local daemon decides, or rank 0's when
-    ``torch.distributed`` is initialised (see :mod:`metfs.coordinator`).
+    ``torch.distributed`` is initialised (see :mod:`metfs.coordinator`). ``adjust_bs``
+    (:class:`metfs.dds.AdjustBs`) gives each pass this rank's local batch size
+    (``p.batch_size``) under ADJUST_BS; record the rank's work with ``adjust_bs.record``.
     """
-    return Passes(client, epochs, block=block, coordinator=coordinator, max_passes=max_passes)
+    return Passes(
+        client,
+        epochs,
+        block=block,
+        coordinator=coordinator,
+        max_passes=max_passes,
+        adjust_bs=adjust_bs,
+    )

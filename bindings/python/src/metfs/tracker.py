@@ -17,7 +17,12 @@ feeds them in, so the same rules hold for every integration and can be tested on
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .client import Client, Decision, Status
+
+if TYPE_CHECKING:
+    from .dds import AdjustBs
 
 __all__ = ["PassTracker", "TracksPasses"]
 
@@ -112,15 +117,26 @@ class TracksPasses:
 
     tracker: PassTracker
     client: Client
+    #: ADJUST_BS for this rank (``adjust_bs=`` of the loop or callback), or ``None``.
+    adjust_bs: AdjustBs | None = None
 
-    def local_batch_size(self, global_batch: int) -> int:
-        """This rank's share of ``global_batch`` when the mount shards dynamically
-        (``metfs mount --dds``): proportional to its node's throughput among the nodes working
-        on the queue now, so that steps take equal time across ranks (ADJUST_BS, paper 003
-        Eq. 3; :func:`metfs.dds.local_batch_size`). Raises ``ValueError`` without a queue."""
-        from .dds import local_batch_size
-
-        return local_batch_size(self.client, global_batch)
+    def local_batch_size(self, global_batch: int | None = None) -> int:
+        """This rank's local batch size under ADJUST_BS (paper 003; :class:`metfs.dds.AdjustBs`
+        given as ``adjust_bs=``): its node's share of the global batch by the nodes'
+        throughputs, split over the node's ranks, the same sizes on every rank and changed by
+        all ranks together at a pass boundary when a straggler is found. ``global_batch``, if
+        given, must be the ``AdjustBs``'s. Raises ``ValueError`` without ``adjust_bs`` and
+        ``RuntimeError`` before training starts."""
+        if self.adjust_bs is None:
+            raise ValueError(
+                "local_batch_size needs ADJUST_BS: pass adjust_bs=metfs.dds.AdjustBs(GLOBAL_BATCH) "
+                "to metfs.passes() or to the callback"
+            )
+        if global_batch is not None and global_batch != self.adjust_bs.global_batch:
+            raise ValueError(
+                f"global_batch {global_batch} is not the adjust_bs's {self.adjust_bs.global_batch}"
+            )
+        return self.adjust_bs.batch_size
 
     @property
     def epochs(self) -> int:
