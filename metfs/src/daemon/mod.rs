@@ -20,8 +20,8 @@
 //! replaces it in one step (the core's pointer swap) and the old slot drains. The cache holds
 //! at most the budget: staging waits while any slot drains (unless the store keeps it as a
 //! donor within the budget, each hard-linked file counted once), and a slot leaves `draining`
-//! only once its files are deleted (see the store's doc). Locks: the sessions' lock, then the
-//! store's; never the other way, and neither is held across an `await`.
+//! only once its files are deleted (see the store's doc). Locks are taken in one order (*Lock
+//! order*, at the end).
 //!
 //! State machine of a session. It is at (epoch, mini-epoch) with `passes` completed over it.
 //! The *successor* is the next mini-epoch of the same epoch, or mini-epoch 0 of the next
@@ -62,6 +62,75 @@
 //! the switch and kernel invalidation), `status` (status, files, metrics, shutdown), `queue`
 //! (with `--dds`, mini-epochs claimed from a shard queue in etcd), `budget`,
 //! `state` (`state.json`, the generation's range).
+//!
+//! # Lock order
+//!
+//! Every lock the daemon takes, outermost first. A lock may only be taken while holding locks
+//! earlier in this list (or none), never while holding a later one.
+//!
+//! 1. `QueueFeed::worker` (tokio, `--dds`): the node's etcd worker; only the staging loop takes
+//!    it (`serve_queue`), across its round trips.
+//! 2. `Daemon::persisting`: the order of the position and rf-history writes; held across those
+//!    writes (`save_session`, `leave_as`).
+//! 3. `Daemon::sessions`: every session (position, policy, meter, staging, view).
+//! 4. `Shared::cohort` (`--share`): the jobs' views, shares and reference counts.
+//! 5. `Shared::jobs`: each job's token, last request and held-back flag.
+//! 6. `Shared::last_join`: when the last job joined.
+//! 7. `History::store` (on a shared mount the one `Shared::history`): the rf history in memory.
+//! 8. `Aggregate::layouts` (`--aggregate`): the layouts of the last epochs.
+//! 9. `Aggregate::last_wait`: the last wait for the exchange.
+//! 10. `Store::book`: each slot's bytes and samples, held, draining and trimmed slots, errors.
+//! 11. `Daemon::me`: the daemon's weak handle on itself.
+//! 12. `FsCore::reply_gate`: shared while an entry is resolved and replied, exclusive while a
+//!     view switches (or a job's view goes).
+//! 13. `FsCore::root_listings`: a shared mount's root listings, by handle.
+//! 14. `FsCore::views`: the current view, the jobs' views and the retained ones.
+//! 15. `FsCore::handles`: the open handles and the views they pin.
+//! 16. `FsCore::live_backing`: the passthrough backing ids registered.
+//! 17. `FsCore::drained`: where the generations of drained views are sent.
+//! 18. `QueueFeed::retry_at`: when etcd is asked again after a failure.
+//! 19. `QueueFeed::pending_done`: the batches to mark DONE.
+//! 20. `QueueFeed::snapshot`: the worker's state for `status`.
+//! 21. The dds worker's `last_error` (`crate::dds`): its last etcd error.
+//! 22. The stager's `Progress::last_retry_error`: a staging's last retried tier error.
+//! 23. `Pacer::turn` (tokio, the stager's): fetches waiting for the rate take turns; held
+//!     across the wait.
+//! 24. `Pacer::inner`: the staging rate's token bucket.
+//! 25. `EventLog::queue`: the event log's queue to its writer.
+//! 26. The event log's `written` (with the condition variable `wrote`): lines written so far.
+//! 27. `EventLog::done`: the writer's end, taken at close.
+//! 28. `Daemon::kernel`: the kernel's caches, once mounted.
+//! 29. `Daemon::mountpoint`: the mountpoint.
+//! 30. The log file's writer (`crate::logging`): every `tracing` line takes it, under whatever
+//!     locks its caller holds.
+//!
+//! Where locks nest: `worker` holds `sessions`, `book` and the queue's locks (between its
+//! awaits); `persisting` holds `sessions`; `sessions` holds `cohort`, `jobs`, `last_join`, the
+//! rf history, the layouts, `last_wait`, `book`, the core's locks (a switch takes
+//! `reply_gate`, then `views`), `pending_done`, `snapshot`, `last_retry_error`, the pacer's
+//! bucket, the event log and `mountpoint`; `cohort` holds `book` (`Store::room_for` in
+//! `begin_staging`, `note_error` in `serve_cohort`) and `me` (`trim_soon`); the FUSE adapter's
+//! lookups and READDIRPLUS hold `reply_gate` over `root_listings` (which holds `views` in
+//! `opendir`), `views` and `handles`; `pending_done` holds `snapshot` and the worker's
+//! `last_error` (`QueueFeed::refresh`); `Pacer::turn` holds `Pacer::inner`. Every other lock
+//! holds none but the log writer.
+//!
+//! Await. All but the two tokio mutexes (`worker`, `Pacer::turn`) are `std` locks and none is
+//! held across an `.await`; those two are taken with no other lock held.
+//!
+//! Waiting under a lock. The event log is written by a thread of its own (`crate::events`), so
+//! an `emit` under any lock never writes the disk itself: it waits at most 100 ms
+//! (`WRITE_WAIT`) for its line, once, since after such a wait runs out emits do not wait until
+//! the writer has caught up. What does wait under a lock: a switch under `sessions` waits for
+//! the replies in flight under `reply_gate`; a switch whose successor's view was not built
+//! ahead reads the slot's journal under `sessions` (`Store::view_for`); `persisting` is held
+//! across the durable writes of the state file and the rf history (`leave` waits for it); a
+//! `tracing` line writes the log file in the caller's thread.
+//!
+//! Not in the list: locks inside a staging (the stager's `made_dirs`, the transform's idle
+//! workers), which runs under none of these; `moka`'s caches inside `FsCore`; the `changed`
+//! watch channel; and the control socket's connection semaphore, taken with `try_acquire`,
+//! never waited for.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
