@@ -3,13 +3,13 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use metfs::daemon::SavedState;
+use metfs::daemon::{SavedFingerprint, SavedState};
 
 fuzz_target!(|data: &[u8]| {
     match SavedState::from_json(data) {
         Ok(s) => {
             assert!(s.generation >= 1, "generation 0 accepted");
-            assert!(!s.fingerprint.is_empty());
+            assert!(s.fingerprint != SavedFingerprint::Legacy(String::new()));
             for nm in [1, 4, u32::MAX] {
                 let _ = s.check_plan(nm).map_err(|e| e.to_string());
             }

@@ -258,7 +258,7 @@ mod status;
 mod store;
 mod switch;
 
-use fingerprint::{Fingerprint, PlanKind, SavedFingerprint};
+pub use fingerprint::{Fingerprint, PlanKind, SavedFingerprint};
 pub use kernel::KernelCache;
 use queue::{QueueFeed, QueueState};
 pub use session::DEFAULT_SESSION;
