@@ -57,7 +57,13 @@ impl SlotJournal {
             return out;
         };
         let mut last_complete = false;
-        for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
+        // Lines as bytes: a line that is not UTF-8 (a torn write) is a line like any other,
+        // ignored as an entry, so that the last line is the same one `is_complete` sees.
+        for line in std::io::BufReader::new(f).split(b'\n').map_while(Result::ok) {
+            let Ok(line) = std::str::from_utf8(&line) else {
+                last_complete = false;
+                continue;
+            };
             last_complete = line == "complete";
             if last_complete {
                 continue;
@@ -234,10 +240,14 @@ mod tests {
             ("1 0000abcd\nxcomplete\n", false),
             ("1 0000abcd\ncompl", false),
             ("incomplete\n", false),
+            ("complete\n\n", false),
         ] {
             std::fs::write(j.path(), text).unwrap();
             assert_eq!(j.read().complete, complete, "{text:?}");
             assert_eq!(j.is_complete(), complete, "{text:?}");
         }
+        // A torn last line that is not UTF-8 (found by the fuzz target).
+        std::fs::write(j.path(), b"complete\n\xf4").unwrap();
+        assert!(!j.read().complete && !j.is_complete());
     }
 }
