@@ -59,7 +59,10 @@ impl SlotJournal {
         let mut last_complete = false;
         // Lines as bytes: a line that is not UTF-8 (a torn write) is a line like any other,
         // ignored as an entry, so that the last line is the same one `is_complete` sees.
-        for line in std::io::BufReader::new(f).split(b'\n').map_while(Result::ok) {
+        for line in std::io::BufReader::new(f)
+            .split(b'\n')
+            .map_while(Result::ok)
+        {
             let Ok(line) = std::str::from_utf8(&line) else {
                 last_complete = false;
                 continue;
