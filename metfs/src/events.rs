@@ -174,40 +174,27 @@ impl EventLog {
         if self.shared.stalled.load(Ordering::Acquire) {
             return;
         }
-        let deadline = Instant::now() + WRITE_WAIT;
-        let mut written = self
-            .shared
-            .written
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        while *written < seq {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                if !self.shared.stalled.swap(true, Ordering::AcqRel) {
-                    tracing::warn!(path = %self.path.display(), "the run's event log is slow to write; events are written behind the replies until it catches up");
-                }
-                return;
-            }
-            written = self
-                .shared
-                .wrote
-                .wait_timeout(written, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+        if !self.wait_written(seq, WRITE_WAIT) && !self.shared.stalled.swap(true, Ordering::AcqRel)
+        {
+            tracing::warn!(path = %self.path.display(), "the run's event log is slow to write; events are written behind the replies until it catches up");
         }
     }
 
     /// Waits up to `limit` for every event emitted so far to be written; returns whether they
     /// were.
     pub fn flush(&self, limit: Duration) -> bool {
-        let target = self.shared.sent.load(Ordering::Acquire);
+        self.wait_written(self.shared.sent.load(Ordering::Acquire), limit)
+    }
+
+    /// Waits up to `limit` for the writer to have written line `seq`; returns whether it has.
+    fn wait_written(&self, seq: u64, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
         let mut written = self
             .shared
             .written
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        while *written < target {
+        while *written < seq {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
