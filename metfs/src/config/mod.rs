@@ -22,7 +22,7 @@ pub mod share;
 use std::path::PathBuf;
 
 use feedback::config::PolicyConfig;
-use prefetcher::planner::{ClusterCopies, Strategy};
+use prefetcher::planner::{ClusterCopies, Strategy, MAX_JOBS};
 use prefetcher::s3::S3Config;
 use prefetcher::stager::StagerConfig;
 use thiserror::Error;
@@ -265,10 +265,13 @@ impl MountConfig {
         if s.dds.shards_per_slot == 0 {
             return Err(inv("dds.shards_per_slot", "must be at least 1".into()));
         }
-        if s.share.jobs == 0 || s.share.jobs > 64 {
+        if s.share.jobs == 0 || s.share.jobs as usize > MAX_JOBS {
             return Err(inv(
                 "share.jobs",
-                format!("{} must be between 1 and 64", s.share.jobs),
+                format!(
+                    "{} must be between 1 and {MAX_JOBS} (the jobs one dependent sampler holds)",
+                    s.share.jobs
+                ),
             ));
         }
         if s.share.idle_secs == 0 {
@@ -620,6 +623,22 @@ mod tests {
                 vec![],
                 vec!["`score_metrics`"],
             ),
+            (
+                "",
+                vec![],
+                vec!["--share-jobs", "257"],
+                vec![
+                    "`share.jobs`",
+                    "--share-jobs",
+                    "257 must be between 1 and 256",
+                ],
+            ),
+            (
+                "[share]\njobs = 0\n",
+                vec![],
+                vec![],
+                vec!["`share.jobs`", "config file", "0 must be between 1 and 256"],
+            ),
         ] {
             let err = resolve(file, &env, &args).unwrap_err();
             for n in needles {
@@ -677,6 +696,12 @@ mod tests {
         assert_eq!(c.s3.region.as_deref(), Some("garage"));
         assert_eq!(c.s3.endpoint.as_deref(), Some("http://127.0.0.1:3900"));
         assert_eq!((c.s3.allow_http, c.s3.part_size), (Some(true), 1 << 20));
+    }
+
+    #[test]
+    fn share_jobs_go_up_to_what_one_sampler_holds() {
+        let c = resolve("", &[], &["--share", "--share-jobs", "256"]).unwrap();
+        assert_eq!(c.share.jobs as usize, MAX_JOBS);
     }
 
     #[test]

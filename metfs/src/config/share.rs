@@ -55,9 +55,9 @@ pub struct ShareConfig {
     #[arg(id = "share.enabled", long = "share", action = clap::ArgAction::Set, num_args = 0..=1,
         require_equals = true, default_missing_value = "true", default_value_t = false)]
     pub enabled: bool,
-    /// Jobs the budget is shared between: each job joining gets 1/jobs of what the budget
-    /// leaves after metadata, for its current and next views (so its views are at most half
-    /// of that); a job that would pass the count is refused. 4 is one trial per GPU of a
+    /// Jobs the budget is shared between, 1 to 256: each job joining gets 1/jobs of what the
+    /// budget leaves after metadata, for its current and next views (so its views are at most
+    /// half of that); a job that would pass the count is refused. 4 is one trial per GPU of a
     /// common node.
     #[arg(id = "share.jobs", long = "share-jobs",
         default_value_t = ShareConfig::default().jobs)]

@@ -1,7 +1,8 @@
 //! Tests of dependent sampling: each job's order is a uniformly random permutation of its
 //! dataset (chi-square over fixed seeds, with lockstep and with partial rounds), the printed
 //! Algorithm 1 is not, shared samples are drawn together as often as Theorem 1 allows, views
-//! partition each dataset (proptest), Definition 1's tree, and the errors.
+//! partition each dataset (proptest), Definition 1's tree, the sampler's groups against its
+//! sets of jobs after any sequence of calls (proptest), the same at 256 jobs, and the errors.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -28,7 +29,12 @@ fn factorial(n: usize) -> u64 {
 /// The critical value at p = 0.001: a uniform sampler exceeds it once in a thousand seeds'
 /// worth of experiments, and the seeds are fixed, so the test is deterministic.
 fn critical(df: u64) -> f64 {
-    ChiSquared::new(df as f64).unwrap().inverse_cdf(0.999)
+    critical_at(df, 0.001)
+}
+
+/// The critical value at p = `alpha`.
+fn critical_at(df: u64, alpha: f64) -> f64 {
+    ChiSquared::new(df as f64).unwrap().inverse_cdf(1.0 - alpha)
 }
 
 /// Counts each job's whole order over `trials` epochs; `schedule(round)` says which jobs draw
@@ -78,6 +84,17 @@ fn uniformity(
     trials: u64,
     schedule: impl Fn(usize, usize) -> bool,
 ) -> Vec<(f64, f64)> {
+    uniformity_at(datasets, rule, trials, schedule, 0.001)
+}
+
+/// [`uniformity`] with the critical value at p = `alpha`.
+fn uniformity_at(
+    datasets: &[&[u32]],
+    rule: Rule,
+    trials: u64,
+    schedule: impl Fn(usize, usize) -> bool,
+    alpha: f64,
+) -> Vec<(f64, f64)> {
     let counts = permutation_counts(datasets, rule, trials, schedule);
     counts
         .iter()
@@ -91,7 +108,7 @@ fn uniformity(
                 want.sort_unstable();
                 assert_eq!(sorted, want, "an order is not a permutation of the dataset");
             }
-            (chi_square(c, cells, trials), critical(cells - 1))
+            (chi_square(c, cells, trials), critical_at(cells - 1, alpha))
         })
         .collect()
 }
@@ -378,19 +395,23 @@ fn tree_of_random_datasets_matches_the_sampler() {
         t.spine[0].len() > 200,
         "four random samples of 64% to 75% share about 23%"
     );
-    // Each vertex is the union of the sampler's buckets the module docs name.
+    // Each spine vertex is one of the sampler's groups, as the module docs say: the samples
+    // every job needs, then those whose last job not needing them is order[k − 1].
     let mut s = DependentSampler::new(0, 0);
     for x in &ds {
         s.add_job(x).unwrap();
     }
-    let suffix = |k: usize| t.order[k..].iter().fold(0u64, |m, &j| m | 1 << j);
+    s.sync(&t.order);
+    check_state(&s).unwrap();
     for k in 0..ds.len() {
-        let (t_k, prev) = (suffix(k), (k > 0).then(|| suffix(k - 1)));
-        let mut v: Vec<u32> = s
-            .buckets
+        let g = if k == 0 {
+            ALL
+        } else {
+            group_of(t.order[k - 1])
+        };
+        let mut v: Vec<u32> = s.groups[g as usize]
             .iter()
-            .filter(|b| b.mask & t_k == t_k && prev.is_none_or(|p| b.mask & p != p))
-            .flat_map(|b| b.items.iter().map(|&l| s.ids[l as usize]))
+            .map(|&l| s.samples[l as usize].id)
             .collect();
         v.sort_unstable();
         assert_eq!(v, t.spine[k], "vertex {k}");
@@ -438,8 +459,9 @@ fn leaving_and_joining_mid_epoch() {
     got_c.sort_unstable();
     assert_eq!(got_a, a);
     assert_eq!(got_c, b);
+    check_state(&s).unwrap();
     assert!(
-        s.buckets.is_empty(),
+        s.groups.iter().all(Vec::is_empty),
         "nothing left once every job drew everything"
     );
 }
@@ -458,7 +480,10 @@ fn bad_input_names_the_job() {
     let many = vec![&d[..]; MAX_JOBS + 1];
     assert_eq!(
         dependent_orders(&many, 0, 0),
-        Err(DsaError::TooManyJobs { jobs: 65, max: 64 })
+        Err(DsaError::TooManyJobs {
+            jobs: 257,
+            max: 256
+        })
     );
     assert_eq!(
         dependent_views(&[&d], &[1, 1, 9, 1], &[5], 0, 0),
@@ -492,4 +517,378 @@ fn bad_input_names_the_job() {
         s.draw(&[j]).unwrap();
     }
     assert_eq!(s.draw(&[j]), Err(DsaError::Exhausted { job: j }));
+}
+
+/// Checks the sampler's bookkeeping against its sets of jobs: the order and ranks agree, every
+/// sample a job still needs is in the group its level gives (computed afresh) and nowhere else,
+/// and each sample's count of jobs and each job's counts agree with the jobs' bitmaps.
+fn check_state(s: &DependentSampler) -> Result<(), String> {
+    for (k, &j) in s.order.iter().enumerate() {
+        if s.rank[j] != k as u32 || s.jobs[j].is_none() {
+            return Err(format!("order[{k}] = {j} has rank {}", s.rank[j]));
+        }
+    }
+    for (j, &r) in s.rank.iter().enumerate() {
+        if r != NO_RANK && s.order.get(r as usize) != Some(&j) {
+            return Err(format!("job {j} has rank {r} but is not there"));
+        }
+    }
+    let mut listed = 0;
+    for (g, list) in s.groups.iter().enumerate() {
+        if g > 0 && s.rank[g - 1] == NO_RANK && !list.is_empty() {
+            return Err(format!("job {} is not in the order but has a group", g - 1));
+        }
+        for (p, &l) in list.iter().enumerate() {
+            let x = s.samples[l as usize];
+            if x.group as usize != g || x.pos != p as u32 {
+                return Err(format!("sample {l} at {g}/{p} says {x:?}"));
+            }
+        }
+        listed += list.len();
+    }
+    let mut live = 0;
+    for l in 0..s.samples.len() as u32 {
+        let x = s.samples[l as usize];
+        let holders = (0..s.jobs.len()).filter(|&j| s.needs(l, j)).count();
+        if usize::from(x.jobs) != holders {
+            return Err(format!("sample {l}: {x:?} but {holders} jobs need it"));
+        }
+        let want = if holders > 0 {
+            live += 1;
+            s.last_missing(l, s.order.len())
+        } else {
+            GONE
+        };
+        if x.group != want {
+            return Err(format!("sample {l}: group {} instead of {want}", x.group));
+        }
+    }
+    if listed != live {
+        return Err(format!("{listed} samples in groups, {live} needed"));
+    }
+    for (j, c) in s.jobs.iter().enumerate() {
+        let Some(c) = c else { continue };
+        let ones = |w: &[u64]| w.iter().map(|x| u64::from(x.count_ones())).sum::<u64>();
+        let blocks_ok = c
+            .bits
+            .chunks(BLOCK)
+            .zip(&c.blocks)
+            .all(|(w, &b)| ones(w) == u64::from(b));
+        let supers_ok = c
+            .bits
+            .chunks(BLOCK * SUPER)
+            .zip(&c.supers)
+            .all(|(w, &n)| ones(w) == u64::from(n));
+        if !blocks_ok || !supers_ok || ones(&c.bits) != c.len || c.iter().count() as u64 != c.len {
+            return Err(format!("job {j}: counts disagree with its bitmap"));
+        }
+        for r in [0, c.len / 2, c.len.saturating_sub(1)] {
+            if c.len > 0 && c.iter().nth(r as usize) != Some(c.select(r)) {
+                return Err(format!("job {j}: select({r}) is not its {r}-th sample"));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Add(BTreeSet<u32>),
+    Remove(usize),
+    /// A round for the jobs (by position among the live ones) marked true that have samples
+    /// left; all of them if none is marked.
+    Draw(Vec<bool>),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::Strategy;
+    proptest::prop_oneof![
+        1 => prop::collection::btree_set(0u32..40, 1..30).prop_map(Op::Add),
+        1 => (0usize..8).prop_map(Op::Remove),
+        6 => prop::collection::vec(proptest::prelude::any::<bool>(), 8).prop_map(Op::Draw),
+    ]
+}
+
+/// Runs `ops` on a sampler, checking its state after each, every round's picks (each job of
+/// the round once, a sample of its dataset it has not drawn), and at the end that every job
+/// drawing to the end drew its dataset exactly.
+fn run_ops(ops: &[Op], seed: u64) -> Result<(), String> {
+    let mut s = DependentSampler::new(seed, 0);
+    // Job index → (dataset, drawn so far).
+    let mut model: Vec<Option<(BTreeSet<u32>, Vec<u32>)>> = Vec::new();
+    let live = |model: &Vec<Option<(BTreeSet<u32>, Vec<u32>)>>| -> Vec<usize> {
+        (0..model.len()).filter(|&j| model[j].is_some()).collect()
+    };
+    let round = |s: &mut DependentSampler,
+                 model: &mut Vec<Option<(BTreeSet<u32>, Vec<u32>)>>,
+                 jobs: &[usize]|
+     -> Result<(), String> {
+        let picks = s.draw(jobs).map_err(|e| e.to_string())?;
+        let mut who: Vec<usize> = picks.iter().map(|p| p.0).collect();
+        who.sort_unstable();
+        let mut want = jobs.to_vec();
+        want.sort_unstable();
+        if who != want {
+            return Err(format!("round for {want:?} drew for {who:?}"));
+        }
+        for (j, e) in picks {
+            let (d, got) = model[j].as_mut().expect("live");
+            if !d.contains(&e) || got.contains(&e) {
+                return Err(format!("job {j} drew {e}: not in its dataset, or twice"));
+            }
+            got.push(e);
+        }
+        Ok(())
+    };
+    for o in ops {
+        match o {
+            Op::Add(d) => {
+                let v: Vec<u32> = d.iter().copied().collect();
+                let j = s.add_job(&v).map_err(|e| e.to_string())?;
+                if j >= model.len() {
+                    model.resize(j + 1, None);
+                }
+                if model[j].is_some() {
+                    return Err(format!("index {j} handed out twice"));
+                }
+                model[j] = Some((d.clone(), Vec::new()));
+            }
+            Op::Remove(k) => {
+                let l = live(&model);
+                if let Some(&j) = l.get(k % l.len().max(1)) {
+                    s.remove_job(j);
+                    model[j] = None;
+                }
+            }
+            Op::Draw(marks) => {
+                let able: Vec<usize> = live(&model)
+                    .into_iter()
+                    .filter(|&j| s.remaining(j) > 0)
+                    .collect();
+                let mut jobs: Vec<usize> = able
+                    .iter()
+                    .enumerate()
+                    .filter(|&(k, _)| marks[k % marks.len()])
+                    .map(|(_, &j)| j)
+                    .collect();
+                if jobs.is_empty() {
+                    jobs = able;
+                }
+                if !jobs.is_empty() {
+                    round(&mut s, &mut model, &jobs)?;
+                }
+            }
+        }
+        check_state(&s)?;
+    }
+    loop {
+        let jobs: Vec<usize> = live(&model)
+            .into_iter()
+            .filter(|&j| s.remaining(j) > 0)
+            .collect();
+        if jobs.is_empty() {
+            break;
+        }
+        round(&mut s, &mut model, &jobs)?;
+        check_state(&s)?;
+    }
+    for (j, m) in model.iter().enumerate() {
+        if let Some((d, got)) = m {
+            let mut got = got.clone();
+            got.sort_unstable();
+            if got != d.iter().copied().collect::<Vec<_>>() {
+                return Err(format!("job {j} drew {got:?}, not its dataset {d:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn groups_follow_any_sequence_of_calls(
+        ops in prop::collection::vec(op(), 1..80),
+        seed in 0u64..1000,
+    ) {
+        let r = run_ops(&ops, seed);
+        prop_assert!(r.is_ok(), "{:?}", r);
+    }
+}
+
+/// Job `j` of 256 over six samples: two or three of them, in a pattern of its own.
+fn small_overlapping(jobs: usize) -> Vec<Vec<u32>> {
+    let mut rng = super::super::rng::stream(7, 0);
+    (0..jobs)
+        .map(|j| {
+            let mut all: Vec<u32> = (0..6).collect();
+            rng.shuffle(&mut all);
+            all.truncate(2 + j % 2);
+            all
+        })
+        .collect()
+}
+
+#[test]
+fn two_hundred_fifty_six_jobs_each_draw_a_uniform_permutation() {
+    // The uniformity test above at the most jobs a sampler holds, over tiny overlapping
+    // datasets (every pair of jobs shares something, most share all they have). With 256
+    // jobs tested at once the critical value is Bonferroni's, p = 0.001 / 256, so that a
+    // uniform sampler fails the whole test about as rarely as the three-job one.
+    let d = small_overlapping(MAX_JOBS);
+    let ds: Vec<&[u32]> = d.iter().map(Vec::as_slice).collect();
+    let alpha = 0.001 / MAX_JOBS as f64;
+    let lockstep = uniformity_at(&ds, Rule::Corrected, 2_000, |_, _| true, alpha);
+    // Rounds for some of the jobs: the sampler regroups its samples whenever the order of a
+    // round differs from the last.
+    let partial = |round: usize, j: usize| !(round + j).is_multiple_of(3);
+    let partial = uniformity_at(&ds, Rule::Corrected, 2_000, partial, alpha);
+    for (how, res) in [("lockstep", lockstep), ("partial", partial)] {
+        for (j, (stat, crit)) in res.into_iter().enumerate() {
+            assert!(
+                stat < crit,
+                "{how}, job {j}: chi-square {stat:.1} ≥ {crit:.1}"
+            );
+        }
+    }
+}
+
+#[test]
+fn two_hundred_fifty_six_jobs_take_shared_samples_in_one_round() {
+    // 256 jobs over one dataset draw one order.
+    let d: Vec<u32> = (0..300).map(|i| i * 5).collect();
+    let orders = dependent_orders(&vec![&d[..]; MAX_JOBS], 3, 1).unwrap();
+    assert!(orders.iter().all(|o| o == &orders[0]));
+    // Theorem 1 with 128 jobs on each side: |D1| = 100 inside |D2| = 125. The D1 jobs always
+    // take one sample together (each takes I with probability |D_j − S| / |D_j − S| = 1 after
+    // the first), and all 256 do with probability |I| / max = 0.8.
+    let d1: Vec<u32> = (0..100).collect();
+    let d2: Vec<u32> = (0..125).collect();
+    let trials = 1_000u64;
+    let mut all = 0;
+    for epoch in 0..trials {
+        let mut s = DependentSampler::new(3, epoch);
+        let idx: Vec<usize> = (0..MAX_JOBS)
+            .map(|j| s.add_job(if j % 2 == 0 { &d1 } else { &d2 }).unwrap())
+            .collect();
+        let picks = s.draw(&idx).unwrap();
+        let first = picks[0].1;
+        assert!(
+            picks.iter().filter(|p| p.0 % 2 == 0).all(|p| p.1 == first),
+            "epoch {epoch}: the D1 jobs drew apart"
+        );
+        all += u64::from(picks.iter().all(|p| p.1 == first));
+    }
+    let rate = all as f64 / trials as f64;
+    assert!((rate - 0.8).abs() < 0.05, "all 256 shared at rate {rate}");
+}
+
+#[test]
+fn two_hundred_fifty_six_jobs_over_random_subsets_keep_the_books() {
+    // Jobs over random halves of 400 samples, more than 64 of them so that a sample's jobs
+    // take several words; some leave and others take their indices mid-epoch, some rounds are
+    // partial. The groups are checked against the sets of jobs along the way, and each job
+    // that drew to the end drew its dataset.
+    let mut rng = super::super::rng::stream(9, 0);
+    let subset = |rng: &mut super::super::rng::PlanRng| {
+        let mut all: Vec<u32> = (0..400).collect();
+        rng.shuffle(&mut all);
+        all.truncate(150 + rng.below(100) as usize);
+        all.into_iter().collect::<BTreeSet<u32>>()
+    };
+    let mut ops: Vec<Op> = (0..MAX_JOBS).map(|_| Op::Add(subset(&mut rng))).collect();
+    for round in 0..60 {
+        let marks = (0..8).map(|k| round % 4 != 0 || k % 3 != 0).collect();
+        ops.push(Op::Draw(marks));
+        if round % 20 == 5 {
+            ops.push(Op::Remove(round));
+            ops.push(Op::Add(subset(&mut rng)));
+        }
+    }
+    run_ops(&ops, 4).unwrap();
+}
+
+#[test]
+fn the_job_after_the_most_is_refused_with_the_numbers() {
+    let d: Vec<u32> = vec![1, 2, 3];
+    let mut s = DependentSampler::new(0, 0);
+    for j in 0..MAX_JOBS {
+        assert_eq!(s.add_job(&d), Ok(j));
+    }
+    let e = s.add_job(&d).unwrap_err();
+    assert_eq!(
+        e,
+        DsaError::TooManyJobs {
+            jobs: MAX_JOBS + 1,
+            max: MAX_JOBS
+        }
+    );
+    assert_eq!(
+        e.to_string(),
+        "257 jobs is more than the 256 one sampler can hold"
+    );
+    // One leaves, one more fits, in its index.
+    s.remove_job(100);
+    assert_eq!(s.add_job(&d), Ok(100));
+    check_state(&s).unwrap();
+}
+
+proptest! {
+    #[test]
+    fn a_column_selects_its_samples_in_order(
+        locals in prop::collection::btree_set(0u32..200_000, 1..3_000),
+        drop in prop::collection::vec(proptest::prelude::any::<prop::sample::Index>(), 0..500),
+    ) {
+        let v: Vec<u32> = locals.iter().copied().collect();
+        let mut c = Column::of(&v);
+        let mut left = locals;
+        for d in drop {
+            if left.is_empty() {
+                break;
+            }
+            let l = *left.iter().nth(d.index(left.len())).expect("in range");
+            c.remove(l);
+            left.remove(&l);
+        }
+        let want: Vec<u32> = left.iter().copied().collect();
+        prop_assert_eq!(c.len, want.len() as u64);
+        prop_assert_eq!(c.iter().collect::<Vec<_>>(), want.clone());
+        for (r, &l) in want.iter().enumerate() {
+            prop_assert_eq!(c.select(r as u64), l);
+            prop_assert!(c.contains(l));
+        }
+    }
+
+    #[test]
+    fn select_in_word_finds_each_set_bit(w in proptest::prelude::any::<u64>()) {
+        let mut rest = w;
+        for r in 0..w.count_ones() {
+            prop_assert_eq!(select_in_word(w, r), rest.trailing_zeros());
+            rest &= rest - 1;
+        }
+    }
+}
+
+#[test]
+fn a_job_sitting_out_regroups_what_it_alone_missed() {
+    // A's group (B's samples A does not have) is half the samples, so A sitting a round out
+    // regroups everything rather than that group sample by sample; small groups take the
+    // other way. Both leave the books as a fresh build would.
+    let a: BTreeSet<u32> = (0..1000).collect();
+    let b: BTreeSet<u32> = (0..2000).collect();
+    let c: BTreeSet<u32> = (0..1000).step_by(3).chain(1500..1510).collect();
+    let both = vec![true; 8];
+    let b_only = vec![false, true, false, false, false, false, false, false];
+    let ops = vec![
+        Op::Add(a),
+        Op::Add(b),
+        Op::Add(c),
+        Op::Draw(both.clone()),
+        Op::Draw(b_only),
+        Op::Draw(both),
+        Op::Remove(2),
+        Op::Draw(vec![true; 8]),
+    ];
+    run_ops(&ops, 1).unwrap();
 }

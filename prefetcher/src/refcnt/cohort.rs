@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use thiserror::Error;
 
 use super::{JobId, Ledger, LedgerError, Policy};
-use crate::planner::{DependentSampler, DsaError};
+use crate::planner::{DependentSampler, DsaError, MAX_JOBS};
 
 /// What a job that runs ahead of the store does (module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -179,6 +179,17 @@ impl Cohort {
     ) -> Result<(), CohortError> {
         if self.members.contains_key(name) {
             return Err(CohortError::DuplicateJob(name.to_string()));
+        }
+        // Counted here, not by the sampler alone: a job between epochs is out of the sampler,
+        // and would find it full when it comes back.
+        if self.members.len() >= MAX_JOBS {
+            return Err(CohortError::Sampler {
+                job: name.to_string(),
+                source: DsaError::TooManyJobs {
+                    jobs: self.members.len() + 1,
+                    max: MAX_JOBS,
+                },
+            });
         }
         for &s in dataset {
             let size = *self
@@ -445,7 +456,7 @@ impl Cohort {
                 .filter_map(|(n, m)| m.idx.map(|i| (n.clone(), i)))
                 .collect();
             let idx: Vec<usize> = drawing.iter().map(|d| d.1).collect();
-            let mut owner = [usize::MAX; crate::planner::MAX_JOBS];
+            let mut owner = [usize::MAX; MAX_JOBS];
             for (k, &i) in idx.iter().enumerate() {
                 owner[i] = k;
             }

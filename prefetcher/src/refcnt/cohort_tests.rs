@@ -1,5 +1,6 @@
 //! Tests of the cohort: the sharing cases through one store against separate stores
-//! of the same total budget, pace, joins mid-epoch, leaving, and bad input.
+//! of the same total budget, pace, joins mid-epoch, leaving, the most jobs a sampler holds, and
+//! bad input.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -275,4 +276,40 @@ fn bad_input_names_the_job() {
     // Nothing of the refused joins stayed behind: "b" can join now.
     c.join("b", &[3, 4], 10_000).unwrap();
     assert_eq!(c.ledger().unshared(), 100_000 - 40_000);
+}
+
+#[test]
+fn the_most_jobs_read_their_datasets_and_one_more_is_refused() {
+    // 256 jobs over overlapping halves of 200 samples, each through two epochs at its own
+    // pace (job j prepares in every (1 + j % 3)-th sweep); the 257th is refused with the
+    // numbers, also while some of the others are between epochs and out of the sampler.
+    let sz = sizes(200);
+    let d: Vec<Vec<u32>> = (0..MAX_JOBS as u32)
+        .map(|j| (0..200).filter(|s| (s * 7 + j * 13) % 10 < 5).collect())
+        .collect();
+    let names: Vec<String> = (0..MAX_JOBS).map(|j| format!("job{j}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let view = 100_000;
+    let mut c = Cohort::new(2 * view * MAX_JOBS as u64, sz, 5, Pace::Wait);
+    for (n, d) in names.iter().zip(&d) {
+        c.join(n, d, view).unwrap();
+    }
+    let steps: Vec<usize> = (0..30 * MAX_JOBS)
+        .filter(|&i| (i / MAX_JOBS).is_multiple_of(1 + (i % MAX_JOBS) % 3))
+        .collect();
+    let mut seen = BTreeMap::new();
+    drive(&mut c, &names, &d, &steps, &mut seen);
+    assert!(
+        (0..MAX_JOBS).all(|j| seen.contains_key(&(j, 1))),
+        "every job finished an epoch"
+    );
+    // The sampler alone would take one more then: these jobs have left it until their next
+    // epoch.
+    let between = c.members.values().filter(|m| m.idx.is_none()).count();
+    assert!(between > 0, "no job between epochs");
+    let e = c.join("one-more", &d[0], view).unwrap_err().to_string();
+    assert!(
+        e.contains("\"one-more\"") && e.contains("257 jobs is more than the 256"),
+        "{e}"
+    );
 }
