@@ -32,7 +32,7 @@ res = {"views": [], "bad": [], "share": c.info.share, "passes": 0}
 loop = metfs.passes(c, epochs=int(epochs))
 for p in loop:
     if p.pass_in_mini_epoch == 0:
-        res["views"].append([p.epoch, p.mini_epoch, p.files])
+        res["views"].append([p.epoch, p.mini_epoch, list(p.files)])
     assert p.mountpoint == c.info.share["path"], (p.mountpoint, c.info.share)
     for path, rel in zip(p.paths, p.files):
         with open(path, "rb") as f:

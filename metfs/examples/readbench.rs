@@ -2,7 +2,10 @@
 //! line: bytes, files, seconds, bytes/s, files/s. Used by `benches/core_bench.py` to read the
 //! same slot natively and through the mount, so both sides use an identical reader.
 //!
-//! usage: readbench DIR [--threads 4] [--buf 131072] [--passes 1]
+//! usage: readbench DIR [--threads 4] [--buf 131072] [--passes 1] [--list FILE]
+//!
+//! With `--list FILE` only the files named there (paths relative to DIR, one per line) are
+//! read, in that order, and DIR is not walked: a sample of a large view, every lookup cold.
 //!
 //! With `--passes N` every file is read N times (each time opened, read to the end and closed),
 //! as a training job re-reads a mini-epoch; files and bytes count every pass.
@@ -36,19 +39,30 @@ fn main() {
     let mut threads = 4usize;
     let mut buf = 131072usize;
     let mut passes = 1usize;
+    let mut list: Option<PathBuf> = None;
     let mut i = 2;
     while i < args.len() {
         match args[i].as_str() {
             "--threads" => threads = args[i + 1].parse().expect("threads"),
             "--buf" => buf = args[i + 1].parse().expect("buf"),
             "--passes" => passes = args[i + 1].parse().expect("passes"),
+            "--list" => list = Some(PathBuf::from(&args[i + 1])),
             other => panic!("unknown argument {other}"),
         }
         i += 2;
     }
     let t0 = Instant::now();
     let mut files = Vec::new();
-    walk(&dir, &mut files);
+    match &list {
+        Some(l) => files.extend(
+            std::fs::read_to_string(l)
+                .expect("--list file")
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(|l| dir.join(l)),
+        ),
+        None => walk(&dir, &mut files),
+    }
     let reads = files.len() * passes;
     let files = Arc::new(files);
     let next = Arc::new(AtomicUsize::new(0));

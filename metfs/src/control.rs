@@ -199,6 +199,7 @@ async fn connection(
         let Some(line) = line? else {
             return Ok(());
         };
+        let mut payload = None;
         let response = match line {
             Line::TooLong => ProtocolError::new(
                 ErrorCode::LineTooLong,
@@ -211,10 +212,9 @@ async fn connection(
                 Err(e) => e.into(),
                 Ok(req) => {
                     let shutdown = matches!(req, Request::Shutdown);
-                    let r = handle(&daemon, req).await;
-                    let out = match r {
+                    let (out, after) = match handle(&daemon, req).await {
                         Ok(a) => a,
-                        Err(e) => e.into(),
+                        Err(e) => (e.into(), None),
                     };
                     if shutdown {
                         let mut bytes = serde_json::to_vec(&out).unwrap();
@@ -223,6 +223,7 @@ async fn connection(
                         daemon.begin_shutdown();
                         return Ok(());
                     }
+                    payload = after;
                     out
                 }
             },
@@ -230,10 +231,39 @@ async fn connection(
         let mut bytes = serde_json::to_vec(&response).unwrap();
         bytes.push(b'\n');
         wr.write_all(&bytes).await?;
+        if let Some(p) = payload.take() {
+            wr.write_all(&p).await?;
+        }
     }
 }
 
-async fn handle(daemon: &Daemon, req: Request) -> Result<Answer, ProtocolError> {
+/// Answers one request: the reply, and for a packed `files` list the bytes that follow its line.
+async fn handle(daemon: &Daemon, req: Request) -> Result<(Answer, Option<Vec<u8>>), ProtocolError> {
+    // Saving the position and unmounting take a while (an fsync on a busy disk: seconds);
+    // meanwhile a job must learn at once that this daemon is going, not train on.
+    if daemon.is_shutting_down() && !matches!(req, Request::Shutdown) {
+        return Err(ProtocolError::new(
+            ErrorCode::ShuttingDown,
+            "the metfs daemon is shutting down",
+        ));
+    }
+    if let Request::Files {
+        job,
+        known_generation,
+        form,
+    } = req
+    {
+        let (view, payload) = if daemon.is_shared() {
+            daemon.files_of(&daemon.session_for(job.as_deref())?, known_generation, form)?
+        } else {
+            daemon.files(known_generation, form)
+        };
+        return Ok((Answer::Files(Reply::new(view)), payload));
+    }
+    handle_op(daemon, req).await.map(|a| (a, None))
+}
+
+async fn handle_op(daemon: &Daemon, req: Request) -> Result<Answer, ProtocolError> {
     let shared = daemon.is_shared();
     match req {
         Request::Hello {
@@ -275,11 +305,10 @@ async fn handle(daemon: &Daemon, req: Request) -> Result<Answer, ProtocolError> 
             Some(j) if shared => daemon.status_of(&daemon.session_for(Some(&j))?)?,
             _ => daemon.status(),
         })))),
-        Request::Files { job } => Ok(Answer::Files(Reply::new(if shared {
-            daemon.files_of(&daemon.session_for(job.as_deref())?)?
-        } else {
-            daemon.files()
-        }))),
+        Request::Files { .. } => Err(ProtocolError::new(
+            ErrorCode::Internal,
+            "`files` is answered by `handle`, with its packed bytes",
+        )),
         Request::PassEnd {
             job,
             metrics,

@@ -18,6 +18,9 @@ use std::time::Instant;
 
 use prefetcher::catalog::{Catalog, Meta};
 
+use crate::protocol::reply::PackedBuilder;
+use crate::protocol::PackedList;
+
 /// Inode number of the root directory.
 pub const ROOT_INO: u64 = 1;
 
@@ -307,10 +310,16 @@ impl View {
     /// Relative paths of every file, in path order.
     pub fn file_paths(&self) -> Vec<String> {
         let mut out = Vec::with_capacity(self.files);
-        self.walk(0, &mut String::new(), &mut out);
+        self.walk_files(0, &mut String::new(), &mut |p| out.push(p.to_string()));
         out
     }
-    fn walk(&self, dir: u32, prefix: &mut String, out: &mut Vec<String>) {
+    /// The same paths packed for the socket ([`PackedList`]), without a string per file.
+    pub fn packed_paths(&self) -> (PackedList, Vec<u8>) {
+        let mut b = PackedBuilder::with_count(self.files);
+        self.walk_files(0, &mut String::new(), &mut |p| b.push(p));
+        b.finish()
+    }
+    fn walk_files(&self, dir: u32, prefix: &mut String, out: &mut impl FnMut(&str)) {
         if let NodeKind::Dir { children } = &self.nodes[dir as usize].kind {
             for &c in children {
                 let n = &self.nodes[c as usize];
@@ -320,8 +329,8 @@ impl View {
                 }
                 prefix.push_str(&n.name);
                 match n.kind {
-                    NodeKind::Dir { .. } => self.walk(c, prefix, out),
-                    NodeKind::File { .. } => out.push(prefix.clone()),
+                    NodeKind::Dir { .. } => self.walk_files(c, prefix, out),
+                    NodeKind::File { .. } => out(prefix),
                 }
                 prefix.truncate(len);
             }

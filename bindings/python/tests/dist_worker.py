@@ -55,7 +55,7 @@ def main() -> int:
                     "epoch": p.epoch,
                     "mini_epoch": p.mini_epoch,
                     "generation": p.generation,
-                    "files": p.files,
+                    "files": list(p.files),
                     "bytes": nbytes,
                 }
             )

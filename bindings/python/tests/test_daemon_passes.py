@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import pytest
 from realmount import REPO, RealMount, is_mounted
 
 import metfs
+from metfs.pathlist import PathList
 
 
 def _read(path: str) -> bytes:
@@ -41,6 +43,56 @@ def test_hello_status_files(real_mount: Callable[..., RealMount]) -> None:
         for rel, path in zip(v.files, v.paths):
             assert not os.path.isabs(rel) and path == os.path.join(v.mountpoint, rel)
             assert _read(path) == _read(os.path.join(m.source, rel))
+
+
+def test_the_list_comes_packed_and_only_when_the_view_changed(
+    real_mount: Callable[..., RealMount],
+) -> None:
+    m = real_mount(per_class=10, mini_epochs=3, rf=2)
+    with metfs.Client(m.socket) as c:
+        v = c.files()
+        assert isinstance(v.files, PathList) and isinstance(v.paths, PathList)
+        # The packed list is the JSON list, in the same order.
+        listed = c.request({"op": "files"})
+        assert listed["count"] == len(v) and v.files == listed["files"]
+        assert list(v.paths) == [os.path.join(v.mountpoint, f) for f in listed["files"]]
+        # Unchanged: no list on the wire, the view held comes back.
+        raw = c.request({"op": "files", "known_generation": v.generation})
+        assert raw["unchanged"] is True and raw["files"] == [] and raw["packed"] is None
+        assert c.files(v) is v
+        d = c.advance(wait=True)
+        after = c.files(v)
+        assert after.generation == d.generation != v.generation
+        assert sorted(after.files) == m.view_files() and set(after.files).isdisjoint(v.files)
+        # A worker process started by spawn gets the list by pickle, the buffer once.
+        assert pickle.loads(pickle.dumps(after.paths)) == after.paths
+        # The pass loop hands every pass over one view the same list object.
+        run = metfs.passes(c, epochs=1, block=True)
+        seen: dict[int, int] = {}
+        for p in run:
+            assert seen.setdefault(p.generation, id(p.files)) == id(p.files), p
+            for rel, path in zip(p.files, p.paths, strict=True):
+                assert _read(path) == _read(os.path.join(m.source, rel))
+        assert len(seen) >= 2
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("known_generation", -1, "field `known_generation` must be a non-negative integer"),
+        ("known_generation", "3", "field `known_generation` must be a non-negative integer"),
+        ("form", "xml", 'field `form` must be "list" or "packed", got "xml"'),
+    ],
+)
+def test_a_bad_files_request_is_refused_naming_the_field(
+    real_mount: Callable[..., RealMount], field: str, value: object, message: str
+) -> None:
+    m = real_mount(per_class=4, mini_epochs=2, rf=2)
+    with metfs.Client(m.socket) as c:
+        with pytest.raises(metfs.MetfsError) as e:
+            c.request({"op": "files", field: value})
+        assert e.value.code == "bad_request" and message in e.value.message, e.value
+        assert sorted(c.files().files) == m.view_files()
 
 
 def test_passes_cover_each_epoch_and_advance_the_view(real_mount: Callable[..., RealMount]) -> None:
@@ -230,3 +282,22 @@ def test_block_waits_for_staging_instead(real_mount: Callable[..., RealMount]) -
         assert d.advanced and d.position == (0, 1) and d.passes_done == 0
         assert waited > 0.2, waited
         assert sorted(c.files().files) == m.view_files()
+
+
+def test_after_shutdown_every_request_is_refused(real_mount: Callable[..., RealMount]) -> None:
+    """Saving the position and unmounting may take seconds on a busy disk; a job must not
+    train on meanwhile: every request from the shutdown on is refused, on any connection."""
+    m = real_mount(per_class=4, mini_epochs=2, rf=2)
+    with metfs.Client(m.socket) as c, metfs.Client(m.socket) as other:
+        assert c.request({"op": "shutdown"})["shutting_down"] is True
+        for _ in range(20):
+            with pytest.raises(metfs.MetfsConnectionError) as e:
+                other.status()
+            assert e.value.code in ("shutting_down", "connection_failed", "connection_lost"), (
+                e.value
+            )
+    # The daemon unmounts on its own; teardown's `metfs umount` finds nothing left to do.
+    deadline = time.monotonic() + 60
+    while is_mounted(m.mountpoint) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not is_mounted(m.mountpoint)

@@ -140,8 +140,8 @@ use std::time::{Duration, Instant};
 
 use crate::protocol::event::{self, Event};
 use crate::protocol::{
-    Choice, Decision, Draining, ErrorCode, FilesView, Hello, Metrics, ProtocolError, Staging,
-    Status,
+    Choice, Decision, Draining, ErrorCode, FilesForm, FilesView, Hello, Metrics, ProtocolError,
+    Staging, Status,
 };
 use feedback::config::{PolicyConfig, PolicyKind};
 use feedback::history::{HistoryStore, MiniEpochRecord, Replay, RunId};
@@ -359,7 +359,9 @@ impl Daemon {
         self.mountpoint.lock().unwrap().clone()
     }
 
-    fn is_shutting_down(&self) -> bool {
+    /// Whether a shutdown has begun (a `shutdown` request, SIGTERM, an unmount): from then on
+    /// the control socket answers every request `shutting_down`.
+    pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
     }
 

@@ -269,29 +269,32 @@ impl Daemon {
             .collect()
     }
 
-    /// The `files` object: the files of the view the mount's root shows.
-    pub fn files(&self) -> FilesView {
+    /// The `files` object: the files of the view the mount's root shows, and with
+    /// [`FilesForm::Packed`] the bytes that follow its line.
+    pub fn files(&self, known: Option<u64>, form: FilesForm) -> (FilesView, Option<Vec<u8>>) {
         let view = self.fs.current();
-        FilesView {
-            generation: view.generation,
-            epoch: view.epoch,
-            mini_epoch: view.mini_epoch,
-            mountpoint: self.mountpoint().display().to_string(),
-            files: view.file_paths(),
-        }
+        let mountpoint = self.mountpoint().display().to_string();
+        files_answer(&view, view.epoch, view.mini_epoch, mountpoint, known, form)
     }
 
     /// The `files` object of job `name` on a shared mount: its view, under `MNT/<job>`.
-    pub fn files_of(&self, name: &str) -> Result<FilesView, ProtocolError> {
-        let ss = self.sessions.lock().unwrap();
-        let s = session_ref(&ss, name)?;
-        Ok(FilesView {
-            generation: s.view.generation,
-            epoch: s.epoch,
-            mini_epoch: s.mini_epoch,
-            mountpoint: self.mountpoint().join(name).display().to_string(),
-            files: s.view.file_paths(),
-        })
+    pub fn files_of(
+        &self,
+        name: &str,
+        known: Option<u64>,
+        form: FilesForm,
+    ) -> Result<(FilesView, Option<Vec<u8>>), ProtocolError> {
+        // The list is built after the lock is let go: a walk of a large view must not hold up
+        // every other request of every job.
+        let (view, epoch, mini_epoch) = {
+            let ss = self.sessions.lock().unwrap();
+            let s = session_ref(&ss, name)?;
+            (s.view.clone(), s.epoch, s.mini_epoch)
+        };
+        let mountpoint = self.mountpoint().join(name).display().to_string();
+        Ok(files_answer(
+            &view, epoch, mini_epoch, mountpoint, known, form,
+        ))
     }
 
     /// The `hello` object.
@@ -331,6 +334,43 @@ impl Daemon {
                 }
             }
             self.save_session(&name, true);
+        }
+    }
+}
+
+/// A `files` answer over `view`: no list when the client already holds this generation's, else
+/// the list in the form asked for.
+fn files_answer(
+    view: &View,
+    epoch: u64,
+    mini_epoch: u32,
+    mountpoint: String,
+    known: Option<u64>,
+    form: FilesForm,
+) -> (FilesView, Option<Vec<u8>>) {
+    let mut answer = FilesView {
+        generation: view.generation,
+        epoch,
+        mini_epoch,
+        mountpoint,
+        files: Vec::new(),
+        count: view.file_count() as u64,
+        unchanged: false,
+        packed: None,
+    };
+    if known == Some(view.generation) {
+        answer.unchanged = true;
+        return (answer, None);
+    }
+    match form {
+        FilesForm::List => {
+            answer.files = view.file_paths();
+            (answer, None)
+        }
+        FilesForm::Packed => {
+            let (header, bytes) = view.packed_paths();
+            answer.packed = Some(header);
+            (answer, Some(bytes))
         }
     }
 }

@@ -11,7 +11,12 @@
 //!
 //! Framing: newline-delimited JSON over a Unix socket, one request object per line with an
 //! `"op"`, one reply object per line with `"ok"`; a failure carries `"error": {"code",
-//! "message"}` with a stable [`ErrorCode`]. The event log is one [`Record`] per line.
+//! "message"}` with a stable [`ErrorCode`]. The event log is one [`Record`] per line. One
+//! exception to "one line": a `files` request with `"form": "packed"` gets its list as raw bytes
+//! right after the reply's line, as many as the reply's `packed.bytes` says ([`PackedList`]), so
+//! a view of a million files costs neither side a JSON string per file. A client that sends
+//! `known_generation` and still holds that generation's list gets `"unchanged": true` and no
+//! list: a pass over an unchanged view costs one short round trip.
 //!
 //! Versioning: every message carries `"v"`, the protocol's major version ([`VERSION`]). Fields
 //! may be added within a version (readers ignore fields they do not know); renaming or
@@ -35,11 +40,11 @@ use serde_json::Value;
 
 pub use event::{Event, Record};
 pub use reply::{
-    Choice, Decision, Draining, FilesView, Hello, JobShare, JobStatus, Left, ShuttingDown, Staging,
-    Status,
+    Choice, Decision, Draining, FilesView, Hello, JobShare, JobStatus, Left, PackedList,
+    ShuttingDown, Staging, Status,
 };
 pub use request::{
-    parse_metrics, parse_request, ErrorCode, Metrics, ProtocolError, Request, Subset,
+    parse_metrics, parse_request, ErrorCode, FilesForm, Metrics, ProtocolError, Request, Subset,
     MAX_LINE_BYTES,
 };
 

@@ -382,8 +382,108 @@ pub struct FilesView {
     pub mini_epoch: u32,
     /// Where it is mounted.
     pub mountpoint: String,
-    /// Its files, relative to the mount.
+    /// Its files, relative to the mount; empty when the reply is `unchanged` or `packed`.
     pub files: Vec<String>,
+    /// How many files the view holds (also when `files` is empty).
+    #[serde(default)]
+    pub count: u64,
+    /// The request's `known_generation` is still the view's: no list is sent, the client keeps
+    /// the one it holds.
+    #[serde(default)]
+    pub unchanged: bool,
+    /// With `form: "packed"` (and a changed view): the list follows this line as raw bytes.
+    #[serde(default)]
+    pub packed: Option<PackedList>,
+}
+
+/// Builds a packed list one path at a time (a view walks its tree into one).
+#[derive(Debug)]
+pub struct PackedBuilder {
+    offsets: Vec<u8>,
+    names: Vec<u8>,
+}
+
+impl PackedBuilder {
+    /// An empty list with room for `count` offsets.
+    pub fn with_count(count: usize) -> Self {
+        let mut offsets = Vec::with_capacity(8 * (count + 1));
+        offsets.extend_from_slice(&0u64.to_le_bytes());
+        Self {
+            offsets,
+            names: Vec::new(),
+        }
+    }
+
+    /// Appends one path.
+    pub fn push(&mut self, path: &str) {
+        self.names.extend_from_slice(path.as_bytes());
+        self.offsets
+            .extend_from_slice(&(self.names.len() as u64).to_le_bytes());
+    }
+
+    /// The header and the bytes to send after the reply's line.
+    pub fn finish(mut self) -> (PackedList, Vec<u8>) {
+        let header = PackedList {
+            bytes: (self.offsets.len() + self.names.len()) as u64,
+            names_bytes: self.names.len() as u64,
+        };
+        self.offsets.extend_from_slice(&self.names);
+        (header, self.offsets)
+    }
+}
+
+/// The layout of a packed file list: `count + 1` little-endian u64 offsets into the names
+/// block, then the names block, every relative path's UTF-8 bytes back to back; path `i` is
+/// `names[offsets[i]..offsets[i + 1]]`. Sent on the socket right after the reply's newline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PackedList {
+    /// Length of what follows the reply's line: `8 * (count + 1) + names_bytes`.
+    pub bytes: u64,
+    /// Length of the names block.
+    pub names_bytes: u64,
+}
+
+impl PackedList {
+    /// Packs relative paths in the order given, with the header describing them.
+    pub fn pack<'a>(paths: impl ExactSizeIterator<Item = &'a str>) -> (PackedList, Vec<u8>) {
+        let mut b = PackedBuilder::with_count(paths.len());
+        paths.for_each(|p| b.push(p));
+        b.finish()
+    }
+
+    /// Reads a packed list back (what a Rust client does with the bytes after the line),
+    /// checking every offset, so a short or garbled payload is an error, not a panic.
+    pub fn unpack(&self, count: u64, payload: &[u8]) -> Result<Vec<String>, String> {
+        let head = usize::try_from(count)
+            .ok()
+            .and_then(|c| c.checked_add(1))
+            .and_then(|c| c.checked_mul(8))
+            .ok_or_else(|| format!("packed list of {count} files is too large"))?;
+        if payload.len() as u64 != self.bytes || head as u64 + self.names_bytes != self.bytes {
+            return Err(format!(
+                "packed list is {} bytes; its header says {} ({} files, {} bytes of names)",
+                payload.len(),
+                self.bytes,
+                count,
+                self.names_bytes
+            ));
+        }
+        let (offs, names) = payload.split_at(head);
+        let at = |i: usize| u64::from_le_bytes(offs[8 * i..8 * i + 8].try_into().unwrap());
+        let mut out = Vec::with_capacity(count as usize);
+        for i in 0..count as usize {
+            let (a, b) = (at(i), at(i + 1));
+            if a > b || b > names.len() as u64 {
+                return Err(format!(
+                    "packed list: offsets {a}..{b} of file {i} are out of order"
+                ));
+            }
+            let name = std::str::from_utf8(&names[a as usize..b as usize])
+                .map_err(|_| format!("packed list: file {i} is not UTF-8"))?;
+            out.push(name.to_string());
+        }
+        Ok(out)
+    }
 }
 
 /// What the job does next.

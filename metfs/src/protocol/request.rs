@@ -208,6 +208,24 @@ fn opt_u32(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>, Protocol
     }
 }
 
+/// How a `files` reply carries the view's list.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FilesForm {
+    /// In the reply's JSON line, as `files`: simple, and what every client understands.
+    #[default]
+    List,
+    /// As raw bytes after the reply's line ([`crate::protocol::PackedList`]): no JSON to build
+    /// or parse, and a client can keep it as one buffer instead of a string per file.
+    Packed,
+}
+
+impl FilesForm {
+    fn is_list(&self) -> bool {
+        *self == FilesForm::List
+    }
+}
+
 /// A request. Serialized with its `op`; read by [`parse_request`].
 #[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -251,6 +269,15 @@ pub enum Request {
         /// Shared mount: the job whose view to list.
         #[serde(skip_serializing_if = "Option::is_none")]
         job: Option<String>,
+        /// The generation of the list the client already holds: when it is still the view's,
+        /// the reply says `unchanged` and carries no list, so a pass over an unchanged view
+        /// costs one short round trip whatever the view's size.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        known_generation: Option<u64>,
+        /// How the list travels: in the JSON line (`list`, the default) or as raw bytes after
+        /// it (`packed`, see [`crate::protocol::PackedList`]).
+        #[serde(default, skip_serializing_if = "FilesForm::is_list")]
+        form: FilesForm,
     },
     /// The end of one pass over the current mini-epoch.
     PassEnd {
@@ -289,6 +316,18 @@ pub enum Request {
 
 fn field<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     obj.get(name).filter(|v| !v.is_null())
+}
+
+fn opt_generation(obj: &Map<String, Value>) -> Result<Option<u64>, ProtocolError> {
+    match field(obj, "known_generation") {
+        None => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            ProtocolError::new(
+                ErrorCode::BadRequest,
+                format!("field `known_generation` must be a non-negative integer, got {v}"),
+            )
+        }),
+    }
 }
 
 fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<bool, ProtocolError> {
@@ -430,6 +469,18 @@ pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
         },
         "files" => Request::Files {
             job: opt_string(&obj, "job")?,
+            known_generation: opt_generation(&obj)?,
+            form: match field(&obj, "form") {
+                None => FilesForm::List,
+                Some(Value::String(s)) if s == "list" => FilesForm::List,
+                Some(Value::String(s)) if s == "packed" => FilesForm::Packed,
+                Some(other) => {
+                    return Err(ProtocolError::new(
+                        ErrorCode::BadRequest,
+                        format!("field `form` must be \"list\" or \"packed\", got {other}"),
+                    ))
+                }
+            },
         },
         "pass_end" => Request::PassEnd {
             job: opt_string(&obj, "job")?,
@@ -642,7 +693,16 @@ mod tests {
             Request::Status {
                 job: Some("j".into()),
             },
-            Request::Files { job: None },
+            Request::Files {
+                job: None,
+                known_generation: None,
+                form: FilesForm::List,
+            },
+            Request::Files {
+                job: Some("j".into()),
+                known_generation: Some(7),
+                form: FilesForm::Packed,
+            },
             Request::PassEnd {
                 job: Some("j".into()),
                 metrics: [("loss".to_string(), 0.25)].into_iter().collect(),

@@ -81,14 +81,20 @@ fn replies_read_back_and_errors_become_the_daemons() {
         mini_epoch: 0,
         mountpoint: "/m".into(),
         files: vec!["a/b".into()],
+        count: 1,
+        unchanged: false,
+        packed: None,
     };
     let line = serde_json::to_string(&Reply::new(view.clone())).unwrap();
     assert!(line.starts_with(r#"{"v":1,"ok":true,"#), "{line}");
     assert_eq!(read_reply::<FilesView>(&line).unwrap(), view);
-    // Written before `v` existed: read as version 1.
+    // Written before `v` (and `count`, `unchanged`, `packed`) existed: read as version 1.
     let old =
         r#"{"ok":true,"generation":3,"epoch":1,"mini_epoch":0,"mountpoint":"/m","files":["a/b"]}"#;
-    assert_eq!(read_reply::<FilesView>(old).unwrap(), view);
+    assert_eq!(
+        read_reply::<FilesView>(old).unwrap(),
+        FilesView { count: 0, ..view }
+    );
     let err = serde_json::to_string(&ProtocolError::new(ErrorCode::ShuttingDown, "bye").to_reply())
         .unwrap();
     let e = read_reply::<FilesView>(&err).unwrap_err();
@@ -125,4 +131,31 @@ fn records_round_trip_and_unknown_kinds_are_other() {
     assert_eq!(t.event, Event::Tier(Tier { tier_bytes_read: 7 }));
     let o: Record = serde_json::from_str(r#"{"v":1,"t":1,"event":"new_kind","x":1}"#).unwrap();
     assert_eq!(o.event, Event::Other);
+}
+
+proptest::proptest! {
+    /// A packed list reads back as the paths packed, in order, whatever their bytes; a payload
+    /// cut short, grown, or with an offset changed is refused, never read wrong or panicked on.
+    #[test]
+    fn packed_lists_read_back_and_damage_is_refused(
+        paths in proptest::collection::vec("[a-z/\u{e9}\u{4e2d} ]{0,12}", 0..40),
+        cut in 1usize..16,
+        poke in proptest::prelude::any::<(usize, u8)>(),
+    ) {
+        let (header, bytes) = PackedList::pack(paths.iter().map(String::as_str));
+        let count = paths.len() as u64;
+        proptest::prop_assert_eq!(header.bytes as usize, bytes.len());
+        proptest::prop_assert_eq!(header.unpack(count, &bytes).unwrap(), paths.clone());
+        let short = &bytes[..bytes.len().saturating_sub(cut)];
+        proptest::prop_assert!(header.unpack(count, short).is_err());
+        let mut long = bytes.clone();
+        long.push(0);
+        proptest::prop_assert!(header.unpack(count, &long).is_err());
+        // Damage one offset: either refused, or (when the damage keeps them ordered and in
+        // bounds) read as other valid UTF-8 strings, never a panic.
+        let mut bad = bytes.clone();
+        let at = poke.0 % (8 * (paths.len() + 1));
+        bad[at] ^= poke.1 | 1;
+        let _ = header.unpack(count, &bad);
+    }
 }

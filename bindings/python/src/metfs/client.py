@@ -24,9 +24,11 @@ import numbers
 import os
 import socket as _socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast, get_args
+
+from .pathlist import PathList
 
 if TYPE_CHECKING:
     from typing import Self
@@ -56,6 +58,9 @@ JOB_ENV = "METFS_JOB"
 
 #: Longest response line accepted from the daemon (a ``files`` answer for a large view is long).
 MAX_RESPONSE_BYTES = 1 << 30
+
+#: Largest packed file list accepted after a ``files`` reply (10M paths take ~1 GB).
+MAX_PACKED_BYTES = 1 << 34
 
 #: Ops whose repetition has no further effect; they are retried once after a dropped connection
 #: even when the request may already have reached the daemon.
@@ -270,42 +275,68 @@ class FilesView:
     """The current view: its position, generation and files.
 
     ``files`` are paths relative to the mount, as the daemon sends them; ``paths`` are the same
-    files as absolute paths under ``mountpoint``. Iterating yields the absolute paths.
+    files as absolute paths under ``mountpoint``. Iterating yields the absolute paths. Both are
+    read-only sequences of ``str``: for a list the daemon sent packed (what :meth:`Client.files`
+    asks for), a :class:`metfs.pathlist.PathList` over one shared buffer, which builds each
+    string when it is read; ``list(view.files)`` gives a plain list.
     """
 
     generation: int
     epoch: int
     mini_epoch: int
     mountpoint: str
-    files: list[str]
-    paths: list[str] = field(repr=False)
+    files: Sequence[str]
+    #: How many files the view holds.
+    count: int = 0
+    paths: Sequence[str] = field(default=(), repr=False)
 
     #: Fields computed here rather than sent by the daemon.
     DERIVED: ClassVar[frozenset[str]] = frozenset({"paths"})
 
     @classmethod
-    def from_response(cls, obj: dict[str, Any]) -> FilesView:
-        """Builds the view from a response object."""
-        files = obj.get("files")
-        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-            raise MetfsError("bad_response", "`files` response has no list of strings `files`")
+    def from_response(
+        cls, obj: dict[str, Any], payload: bytes | bytearray | None = None
+    ) -> FilesView:
+        """Builds the view from a response object, and the bytes after it for a packed list."""
         mountpoint = obj.get("mountpoint")
         if not isinstance(mountpoint, str) or not mountpoint:
             raise MetfsError("bad_response", "`files` response has no string `mountpoint`")
-        paths = [os.path.join(mountpoint, f.lstrip("/")) for f in files]
+        prefix = mountpoint.rstrip("/") + "/"
+        files: Sequence[str]
+        paths: Sequence[str]
+        if payload is not None:
+            count = _req_int(obj, "count", "files")
+            packed = obj.get("packed")
+            names_bytes = packed.get("names_bytes") if isinstance(packed, dict) else None
+            if isinstance(names_bytes, bool) or not isinstance(names_bytes, int):
+                raise MetfsError("bad_response", "`files` response has no `packed.names_bytes`")
+            try:
+                relative = PathList(payload, count, names_bytes)
+            except ValueError as e:
+                raise MetfsError("bad_response", f"`files` packed list: {e}") from None
+            files, paths = relative, relative.with_prefix(prefix)
+        else:
+            listed = obj.get("files")
+            if not isinstance(listed, list) or not all(isinstance(f, str) for f in listed):
+                raise MetfsError("bad_response", "`files` response has no list of strings `files`")
+            files = list(listed)
+            paths = [os.path.join(mountpoint, f.lstrip("/")) for f in listed]
+        sent = obj.get("count")
         return cls(
             generation=_req_int(obj, "generation", "files"),
             epoch=_req_int(obj, "epoch", "files"),
             mini_epoch=_req_int(obj, "mini_epoch", "files"),
             mountpoint=mountpoint,
-            files=list(files),
+            files=files,
+            # A daemon older than `count` sends none: the list's length is the count.
+            count=sent if isinstance(sent, int) and not isinstance(sent, bool) else len(files),
             paths=paths,
         )
 
     def __len__(self) -> int:
         return len(self.files)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[str]:
         return iter(self.paths)
 
 
@@ -670,12 +701,54 @@ class Client:
         check_version(obj, f"`{op}` reply")
         return obj
 
+    def _recv_packed(
+        self, resp: Mapping[str, Any], timeout: float | None, op: str
+    ) -> bytearray | None:
+        """The bytes after a reply whose ``packed`` says a list follows (else ``None``)."""
+        packed = resp.get("packed")
+        if not resp.get("ok") or not isinstance(packed, dict):
+            return None
+        n = packed.get("bytes")
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_PACKED_BYTES:
+            raise MetfsError(
+                "bad_response",
+                f"`{op}` reply announces a packed list of {n!r} bytes "
+                f"(at most {MAX_PACKED_BYTES} are read)",
+            )
+        assert self._sock is not None
+        out = bytearray(n)
+        have = min(len(self._buf), n)
+        out[:have] = self._buf[:have]
+        del self._buf[:have]
+        mv = memoryview(out)
+        self._sock.settimeout(timeout)
+        while have < n:
+            try:
+                got = self._sock.recv_into(mv[have:], min(n - have, 1 << 22))
+            except TimeoutError:
+                raise MetfsError(
+                    "timeout",
+                    f"the packed list after `{op}` stopped after {have} of {n} bytes "
+                    f"({self.socket_path}, {timeout} s)",
+                ) from None
+            if not got:
+                raise ConnectionResetError(errno.ECONNRESET, "daemon closed the connection")
+            have += got
+        mv.release()
+        return out
+
     def request(self, request: Mapping[str, Any], *, wait: bool = False) -> dict[str, Any]:
         """Sends one request object and returns the successful response object.
 
         Raises ``MetfsError`` with the daemon's code when the response has ``"ok": false``.
         ``wait`` marks a request that may wait for staging (``wait_timeout`` applies to it).
         """
+        return self._exchange(request, wait=wait)[0]
+
+    def _exchange(
+        self, request: Mapping[str, Any], *, wait: bool = False
+    ) -> tuple[dict[str, Any], bytearray | None]:
+        """:meth:`request`, with the packed bytes that follow a ``files`` reply in that form."""
         op = str(request.get("op", "?"))
         timeout = self.wait_timeout if wait else self.timeout
         with self._lock:
@@ -690,6 +763,7 @@ class Client:
                     self._send(request)
                     sent = True
                     resp = self._recv(timeout, op)
+                    payload = self._recv_packed(resp, timeout, op)
                 except MetfsError as e:
                     if e.code == "timeout":
                         # The answer may still come; the stream is out of step, start afresh.
@@ -712,7 +786,7 @@ class Client:
                     ) from None
                 if not resp["ok"]:
                     raise _error_from(resp)
-                return resp
+                return resp, payload
         raise AssertionError("unreachable")
 
     # -- ops --------------------------------------------------------------------------------
@@ -739,9 +813,27 @@ class Client:
         """The daemon's state: position, generation, staging readiness, bytes."""
         return Status.from_response(self.request(self._with_job({"op": "status"})))
 
-    def files(self) -> FilesView:
-        """The current view's files (relative and absolute) with its generation and position."""
-        return FilesView.from_response(self.request(self._with_job({"op": "files"})))
+    def files(self, known: FilesView | None = None) -> FilesView:
+        """The current view's files (relative and absolute) with its generation and position.
+
+        The list comes packed (one buffer, a string built only for the path read: see
+        :class:`metfs.pathlist.PathList`). With ``known``, a view read earlier, the daemon sends
+        no list while its generation is still ``known``'s, and ``known`` itself is returned:
+        asking at every pass costs one short round trip, whatever the view's size.
+        """
+        req: dict[str, Any] = {"op": "files", "form": "packed"}
+        if known is not None:
+            req["known_generation"] = known.generation
+        resp, payload = self._exchange(self._with_job(req))
+        if known is not None and resp.get("unchanged") is True:
+            if resp.get("generation") != known.generation:
+                raise MetfsError(
+                    "bad_response",
+                    f"`files` reply says unchanged for generation {resp.get('generation')!r}; "
+                    f"the list held is of generation {known.generation}",
+                )
+            return known
+        return FilesView.from_response(resp, payload)
 
     def pass_end(self, metrics: Mapping[str, Any] | None = None, block: bool = False) -> Decision:
         """Reports the end of one pass over the current mini-epoch and returns the decision.

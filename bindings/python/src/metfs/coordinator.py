@@ -45,9 +45,13 @@ class Coordinator(abc.ABC):
         """
         return client.status()
 
-    def files(self, client: Client) -> FilesView:
-        """The view this rank trains on in the coming pass (this rank's own daemon's)."""
-        return client.files()
+    def files(self, client: Client, known: FilesView | None = None) -> FilesView:
+        """The view this rank trains on in the coming pass (this rank's own daemon's).
+
+        ``known`` is the view of the last pass: while the generation is unchanged it is
+        returned as is, without the list crossing the socket again.
+        """
+        return client.files(known)
 
     @abc.abstractmethod
     def pass_end(self, client: Client, metrics: Mapping[str, Any] | None, block: bool) -> Decision:
@@ -223,12 +227,12 @@ class TorchDistributedCoordinator(Coordinator):
             mine = dataclasses.replace(mine, epoch=leader_epoch)
         return mine
 
-    def files(self, client: Client) -> FilesView:
+    def files(self, client: Client, known: FilesView | None = None) -> FilesView:
         # Collective, so that a daemon failing here fails every rank, not just this one.
         info: dict[str, Any] = {"rank": self.rank, "host": self.host}
         view: FilesView | None = None
         try:
-            view = client.files()
+            view = client.files(known)
             info["position"] = (view.epoch, view.mini_epoch)
         except MetfsError as e:
             info["error"] = f"{e} (socket {client.socket_path})"

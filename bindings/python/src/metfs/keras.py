@@ -115,8 +115,9 @@ class MetSequence(keras.utils.PyDataset):
         self.generations.append(self.view.generation)
 
     def refresh(self) -> FilesView:
-        """Re-reads the view's files from the daemon and re-shuffles them."""
-        self.view = self.client.files()
+        """Brings the view's files up to date (the list crosses the socket only when the
+        generation changed) and re-shuffles them."""
+        self.view = self.client.files(self.view)
         self._split()
         self._refreshed = True
         return self.view

@@ -19,11 +19,11 @@ the next mini-epoch (``advance``). It stops once the requested number of MET epo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import Client, Decision, metrics_to_floats
+from .client import Client, Decision, FilesView, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
 from .dds import AdjustBs
 from .tracker import PassTracker, TracksPasses
@@ -37,7 +37,8 @@ class Pass:
 
     ``index`` counts the passes of this loop from 0; ``pass_in_mini_epoch`` counts the passes
     already completed over this mini-epoch before this one. ``files`` are relative to the mount,
-    ``paths`` absolute. Set ``metrics`` (or call :meth:`report`) before the next iteration; the
+    ``paths`` absolute: read-only sequences of ``str`` (see :class:`metfs.FilesView`), the same
+    objects for every pass over one view. Set ``metrics`` (or call :meth:`report`) before the next iteration; the
     loop sends them with ``pass_end``. ``decision`` holds the daemon's answer once it is known.
     """
 
@@ -47,8 +48,8 @@ class Pass:
     mini_epoch: int
     pass_in_mini_epoch: int
     mountpoint: str
-    files: list[str] = field(repr=False)
-    paths: list[str] = field(repr=False)
+    files: Sequence[str] = field(repr=False)
+    paths: Sequence[str] = field(repr=False)
     metrics: dict[str, Any] = field(default_factory=dict)
     decision: Decision | None = None
     #: This rank's local batch size for this pass with ``adjust_bs`` (ADJUST_BS), else ``None``.
@@ -150,8 +151,11 @@ class Passes(TracksPasses):
         tracker.start(self.coordinator.start(self.client))
         if self.adjust_bs is not None:
             self.adjust_bs.start(self.coordinator, self.client)
+        view: FilesView | None = None
         while tracker.wants_pass:
-            view = self.coordinator.files(self.client)
+            # The list is sent again only when the generation moved: a pass over an unchanged
+            # view costs one short round trip, whatever the view's size.
+            view = self.coordinator.files(self.client, view)
             p = Pass(
                 index=tracker.passes,
                 generation=view.generation,
@@ -196,8 +200,8 @@ def passes(
 ) -> Passes:
     """Passes over the current view until ``epochs`` full MET epochs have completed.
 
-    Yields one :class:`Pass` per pass with the view's files (re-read from the daemon for every
-    pass), generation and position. Set ``p.metrics`` or call ``p.report(...)`` in the loop
+    Yields one :class:`Pass` per pass with the view's files (asked of the daemon at every pass,
+    and sent again only when the view's generation changed), generation and position. Set ``p.metrics`` or call ``p.report(...)`` in the loop
     body; before yielding the next pass, the loop reports them with ``pass_end`` (``block``:
     wait for staging instead of answering ``wait``). The returned object also keeps the
     decision history (``.decisions``, ``.records``, ``.rf_per_mini_epoch()``).

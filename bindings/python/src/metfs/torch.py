@@ -16,8 +16,9 @@
     run = met_train(client, ds, step, epochs=2, batch_size=32)
     print(run.rf_per_mini_epoch())
 
-:class:`MetSampler` re-reads the view's file list every time a ``DataLoader`` starts iterating
-(the start of a pass) and yields *paths*; :class:`MetDataset` loads whatever path it is given.
+:class:`MetSampler` asks for the view's file list every time a ``DataLoader`` starts iterating
+(the start of a pass; the list crosses the socket again only when the view's generation
+changed) and yields *paths*; :class:`MetDataset` loads whatever path it is given.
 So the view is followed across switches also with worker processes, persistent or not.
 :func:`met_train` runs :func:`metfs.passes` with a fresh loader per pass and reports the mean
 of what ``step_fn`` returns (plus ``eval_fn()``'s metrics) after each pass.
@@ -25,7 +26,7 @@ of what ``step_fn`` returns (plus ``eval_fn()``'s metrics) after each pass.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -53,7 +54,7 @@ class MetDataset(Dataset[Any]):
         self.view: FilesView = client.files()
 
     @property
-    def paths(self) -> list[str]:
+    def paths(self) -> Sequence[str]:
         """Absolute paths of the view as of the last refresh."""
         return self.view.paths
 
@@ -65,13 +66,12 @@ class MetDataset(Dataset[Any]):
     def refresh(self, force: bool = False) -> FilesView:
         """Brings the file list up to date with the daemon's current view.
 
-        Asks for ``status`` first and re-reads the (possibly long) file list only when the
-        generation changed, or always with ``force``.
+        One short round trip: the daemon sends the (possibly long) file list again only when
+        the generation changed, or always with ``force``.
         """
         if self.client is None:
             raise RuntimeError("MetDataset.refresh() in a worker process: refresh in the parent")
-        if force or self.client.status().generation != self.view.generation:
-            self.view = self.client.files()
+        self.view = self.client.files(None if force else self.view)
         return self.view
 
     def set_view(self, view: FilesView) -> None:
@@ -121,10 +121,11 @@ class MetSampler(Sampler[str]):
         view = self.dataset.refresh()
         self.generations.append(view.generation)
         paths = view.paths
-        if self.shuffle:
-            order = torch.randperm(len(paths), generator=self._gen).tolist()
-            paths = [paths[i] for i in order]
-        return iter(paths)
+        if not self.shuffle:
+            return iter(paths)
+        order = torch.randperm(len(paths), generator=self._gen)
+        # Each path is built as the loader asks for it, not a list of the whole view per pass.
+        return (paths[i] for i in order.tolist())
 
 
 def met_loader(
@@ -179,7 +180,15 @@ def met_train(
     loader_kwargs.setdefault("shuffle", True)
     for p in run:
         dataset.set_view(
-            FilesView(p.generation, p.epoch, p.mini_epoch, p.mountpoint, p.files, p.paths)
+            FilesView(
+                generation=p.generation,
+                epoch=p.epoch,
+                mini_epoch=p.mini_epoch,
+                mountpoint=p.mountpoint,
+                files=p.files,
+                count=len(p.files),
+                paths=p.paths,
+            )
         )
         loader = DataLoader(dataset, batch_size=batch_size, **loader_kwargs)
         sums: dict[str, float] = {}

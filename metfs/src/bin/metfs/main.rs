@@ -287,7 +287,7 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
             Ok(())
         }
         Cmd::Files { sock, json, job } => {
-            let view: FilesView = client::request(&sock.socket, &Request::Files { job })?;
+            let view: FilesView = client::files(&sock.socket, job)?;
             if json {
                 println!("{}", serde_json::to_string(&Reply::new(view))?);
             } else {
