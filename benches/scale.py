@@ -1,0 +1,463 @@
+#!/usr/bin/env python3
+"""metfs at scale: a view of 500,000 small files, each row beside its native baseline.
+
+    python3 benches/scale.py                      # 1,000,000 files of 1-4 KiB, two mini-epochs
+    python3 benches/scale.py --files 200000 --size 112640   # ImageNet-like 110 KiB files
+    python3 benches/scale.py --quick              # 20,000 files; checks, for the test command
+
+The tier is `--files` files in directories of 1,000 (ImageNet's layout) of random bytes, made
+once under the work directory ($METFS_BENCH_DIR or /tmp/metfs-scale) and kept for later runs.
+The mount has a budget for two mini-epochs of half the files each, `--rf 100` (the benchmark
+advances the view itself, so no pass ends a mini-epoch by surprise) and the default read path.
+
+Rows (medians of `--reps`; "cold" drops the page cache first, which needs root):
+
+- mount: the catalog of every file and the first mini-epoch's staging; the daemon's RSS then,
+  and after a pass and a switch, per catalogued file;
+- staging the next mini-epoch against `cp -r` of as many files (the slot just staged, cold) and
+  a `sync`;
+- `Client.files()`: the packed list against the JSON list the client asked for before; a pass
+  of `metfs.passes()` over an unchanged view (the loop's own cost per pass, an empty body);
+  `metfs files`;
+- `os.walk` of the view against the same files in a directory (the slot), cold and warm, and
+  the first walk after a switch against a cold native walk;
+- reading every file of a 30,000-file sample once (`metfs/examples/readbench.rs --list`),
+  4 and 16 threads, cold and warm, mount against the slot;
+- a remount of the same cache (resume);
+- a PyTorch `DataLoader` with 16 worker processes over the view (`metfs.torch`) against the
+  same loader over a plain list of the slot's paths: samples/s, and the workers' total RSS and
+  PSS at a tenth of the pass and at its end (growth is what the workers copied while reading).
+
+`--quick` also checks what must hold at any size and exits non-zero when it does not: the
+packed list is the JSON list, a pass over an unchanged view receives no list, a switch
+receives exactly one, and the loaders read every sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bindings" / "python" / "src"))
+
+import metfs  # noqa: E402
+from metfs.client import Client, FilesView  # noqa: E402
+
+WORK = Path(os.environ.get("METFS_BENCH_DIR", "/tmp/metfs-scale"))
+RELEASE = ROOT / "target" / "release"
+# Binaries already built (the test command's debug build): no release build then.
+METFS = Path(os.environ.get("METFS_BIN", RELEASE / "metfs"))
+READER = Path(os.environ.get("METFS_READBENCH", RELEASE / "examples" / "readbench"))
+FAILURES: list[str] = []
+
+
+def check(ok: bool, what: str) -> None:
+    if not ok:
+        FAILURES.append(what)
+        print(f"CHECK FAILED: {what}", flush=True)
+
+
+def build() -> None:
+    if "METFS_BIN" in os.environ and "METFS_READBENCH" in os.environ:
+        return
+    subprocess.run(
+        ["cargo", "build", "--release", "-q", "-p", "metfs", "--bin", "metfs", "--example", "readbench"],
+        cwd=ROOT,
+        check=True,
+    )
+
+
+def drop_caches() -> None:
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        pass  # not root: "cold" rows are then warm-ish; the header says so
+
+
+def make_tier(root: Path, files: int, lo: int, hi: int, per_dir: int) -> None:
+    stamp = root / ".complete"
+    want = f"{files} {lo} {hi} {per_dir}\n"
+    if stamp.exists() and stamp.read_text() == want:
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    rng = random.Random(7)
+    blob = os.urandom(hi + 4096)
+    t = time.perf_counter()
+    for i in range(files):
+        d = root / f"d{i // per_dir:05d}"
+        if i % per_dir == 0:
+            d.mkdir(parents=True)
+        size = rng.randint(lo, hi)
+        off = rng.randrange(4096)
+        with open(d / f"f{i:07d}.bin", "wb") as f:
+            f.write(blob[off : off + size])
+    os.sync()
+    stamp.write_text(want)
+    print(f"made the tier: {files:,} files in {time.perf_counter() - t:.0f} s", flush=True)
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def pss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
+class Mount:
+    def __init__(self, tier: Path, files: int, footprint: int) -> None:
+        self.tier = tier
+        self.mnt = WORK / "mnt"
+        self.cache = WORK / "cache"
+        # Two mini-epochs of half the files each, at their on-disk footprint, plus room for the
+        # catalog and journals.
+        self.budget = f"{(files * footprint * 5 // 4 + (512 << 20)) >> 20}MiB"
+
+    def mount(self, reset: bool) -> float:
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        self.cache.mkdir(parents=True, exist_ok=True)
+        cmd = [str(METFS), "mount", "--source", str(self.tier), "--cache", str(self.cache)]
+        cmd += ["--budget", self.budget, "--mini-epochs", "2", "--rf", "100"]
+        cmd += ["--history", str(WORK / "rf-history.json"), str(self.mnt)]
+        if reset:
+            cmd.insert(2, "--reset")
+        t = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        return time.perf_counter() - t
+
+    def umount(self) -> None:
+        mounted = any(
+            line.split()[1] == str(self.mnt) for line in Path("/proc/self/mounts").read_text().splitlines()
+        )
+        if mounted:
+            subprocess.run([str(METFS), "umount", str(self.mnt)], capture_output=True)
+            subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+
+    @property
+    def socket(self) -> str:
+        return str(self.cache / "metfs.sock")
+
+    def slot(self, c: Client) -> Path:
+        st = c.status()
+        return self.cache / "slots" / f"e{st.epoch:06d}-m{st.mini_epoch:05d}"
+
+    def wait_next(self, c: Client) -> float:
+        t = time.perf_counter()
+        while not c.status().next_ready:
+            time.sleep(0.05)
+        return time.perf_counter() - t
+
+
+class CountingClient(Client):
+    """A client that counts the packed-list bytes it receives (what a pass costs the wire)."""
+
+    list_bytes = 0
+    lists = 0
+
+    def _recv_packed(self, resp: Any, timeout: float | None, op: str) -> bytearray | None:
+        out = super()._recv_packed(resp, timeout, op)
+        if out is not None:
+            self.list_bytes += len(out)
+            self.lists += 1
+        return out
+
+
+def walk(top: Path) -> int:
+    n = 0
+    for _, _, files in os.walk(top):
+        n += len(files)
+    return n
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def readbench(top: Path, listing: Path, threads: int) -> float:
+    out = subprocess.run(
+        [str(READER), str(top), "--threads", str(threads), "--list", str(listing)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return float(json.loads(out)["files_per_s"])
+
+
+def row(what: str, metfs_side: str, base: str, ratio: str) -> str:
+    line = f"| {what} | {metfs_side} | {base} | {ratio} |"
+    print(line, flush=True)
+    return line
+
+
+def pair(reps: int, cold: bool, native: Callable[[], float], mounted: Callable[[], float]) -> tuple[float, float]:
+    """Interleaves the two sides so that noise hits both alike; returns their medians."""
+    a: list[float] = []
+    b: list[float] = []
+    for r in range(reps):
+        order = [(a, native), (b, mounted)] if r % 2 == 0 else [(b, mounted), (a, native)]
+        for acc, fn in order:
+            if cold:
+                drop_caches()
+            acc.append(fn())
+    return med(a), med(b)
+
+
+def read_len(path: str) -> int:
+    with open(path, "rb") as f:
+        return len(f.read())
+
+
+def total(batch: list[int]) -> int:
+    return sum(batch)
+
+
+class PathsDataset:
+    """What a user writes over a directory: a list of path strings, one sample per path."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> int:
+        return read_len(self.paths[i])
+
+
+def loader_run(loader: Any, n: int) -> tuple[float, int, int, int, int]:
+    """One pass of a DataLoader: samples/s, its workers' RSS and PSS (KiB) at a tenth of the
+    pass and near its end."""
+    it = iter(loader)
+    batches = len(loader)
+
+    def mem() -> tuple[int, int]:
+        pids = [w.pid for w in it._workers]  # type: ignore[attr-defined]
+        return sum(rss_kib(p) for p in pids), sum(pss_kib(p) for p in pids)
+
+    early = late = (0, 0)
+    read = 0
+    t = time.perf_counter()
+    for i, nbytes in enumerate(it, 1):
+        read += 1 if nbytes >= 0 else 0
+        if i == max(1, batches // 10):
+            early = mem()
+        if i == max(1, batches - 1):
+            late = mem()
+    dt = time.perf_counter() - t
+    check(read == batches, f"the loader read {read} of {batches} batches")
+    return n / dt, early[0], early[1], late[0], late[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", type=int, default=1_000_000)
+    ap.add_argument("--min-size", type=int, default=1024)
+    ap.add_argument("--max-size", type=int, default=4096)
+    ap.add_argument("--size", type=int, help="every file this many bytes (e.g. 112640)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--sample", type=int, default=30_000, help="files read in the read rows")
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--quick", action="store_true", help="20,000 files, one repetition, checks")
+    a = ap.parse_args()
+    if a.quick:
+        a.files, a.reps, a.sample, a.workers = 20_000, 1, 3_000, 2
+    lo, hi = (a.size, a.size) if a.size else (a.min_size, a.max_size)
+    footprint = (hi + 4095) // 4096 * 4096
+    build()
+    WORK.mkdir(parents=True, exist_ok=True)
+    tier = WORK / f"tier-{a.files}-{lo}-{hi}"
+    make_tier(tier, a.files, lo, hi, 1000)
+    m = Mount(tier, a.files, footprint)
+    m.umount()
+    shutil.rmtree(m.cache, ignore_errors=True)
+    root = os.geteuid() == 0
+    print(
+        f"\n{a.files:,} files of {lo}-{hi} B in directories of 1,000; two mini-epochs of "
+        f"{a.files // 2:,}; medians of {a.reps}; {os.cpu_count()} cores"
+        + ("" if root else "; not root: cold rows are not cold"),
+        flush=True,
+    )
+    rows = [row("what", "metfs", "baseline", "ratio"), "|---|---|---|---|"]
+    try:
+        drop_caches()
+        t_mount = m.mount(reset=True)
+        with CountingClient(m.socket) as c:
+            pid = int(c.status().raw["pid"])
+            rss0 = rss_kib(pid)
+            t_stage = m.wait_next(c)
+            half = c.status().view_files or a.files // 2
+            rows.append(row("mount (catalog + first staging)", f"{t_mount:.1f} s", "", ""))
+            slot = m.slot(c)
+            cp_dst = WORK / "cp-dst"
+
+            def cp() -> float:
+                shutil.rmtree(cp_dst, ignore_errors=True)
+                drop_caches()
+                t = time.perf_counter()
+                subprocess.run(["cp", "-r", str(slot), str(cp_dst)], check=True)
+                os.sync()
+                return time.perf_counter() - t
+
+            t_cp = cp()
+            shutil.rmtree(cp_dst, ignore_errors=True)
+            rows.append(
+                row(
+                    f"staging the next mini-epoch ({half:,} files)",
+                    f"{t_stage:.1f} s ({half / t_stage:,.0f} files/s)",
+                    f"cp -r + sync: {t_cp:.1f} s",
+                    f"{t_cp / t_stage:.2f}x cp",
+                )
+            )
+
+            # The file list: packed against the JSON list the client read before.
+            def json_list() -> float:
+                t = time.perf_counter()
+                FilesView.from_response(c.request({"op": "files"}))
+                return time.perf_counter() - t
+
+            json_t, packed_t = pair(a.reps, False, json_list, lambda: timed(c.files))
+            rows.append(
+                row(
+                    f"`Client.files()`, {half:,} paths",
+                    f"packed {packed_t * 1e3:,.0f} ms",
+                    f"JSON list {json_t * 1e3:,.0f} ms",
+                    f"{json_t / packed_t:.1f}x faster",
+                )
+            )
+            view = c.files()
+            listed = c.request({"op": "files"})["files"]
+            check(view.files == listed, "the packed list is the JSON list")
+
+            # The pass loop over an unchanged view: its own cost per pass, and what crossed the
+            # socket (one list, for the first pass).
+            before = (c.list_bytes, c.lists)
+            k = 10 if a.quick else 30
+            stamps = []
+            for _ in metfs.passes(c, epochs=1000, max_passes=k):
+                stamps.append(time.perf_counter())
+            per_pass = med([y - x for x, y in zip(stamps, stamps[1:], strict=False)])
+            lists = c.lists - before[1]
+            check(lists == 1, f"{k} passes over one view read {lists} lists, not 1")
+            rows.append(
+                row(
+                    "a pass of `metfs.passes()` over an unchanged view (the loop's own cost)",
+                    f"{per_pass * 1e3:.2f} ms; {lists} list of {(c.list_bytes - before[0]) >> 10:,} KiB in {k} passes",
+                    "",
+                    "",
+                )
+            )
+            cli = med([timed(lambda: subprocess.run([str(METFS), "files", "--socket", m.socket], check=True, stdout=subprocess.DEVNULL)) for _ in range(a.reps)])
+            rows.append(row("`metfs files`", f"{cli:.2f} s", "", ""))
+
+            nat, mnt = pair(a.reps, True, lambda: timed(lambda: walk(slot)), lambda: timed(lambda: walk(m.mnt)))
+            rows.append(row("`os.walk` of the view, cold", f"{mnt:.2f} s", f"the slot: {nat:.2f} s", f"{nat / mnt:.2f}x"))
+            walk(m.mnt)
+            walk(slot)
+            nat_w, mnt_w = pair(a.reps, False, lambda: timed(lambda: walk(slot)), lambda: timed(lambda: walk(m.mnt)))
+            rows.append(row("`os.walk` of the view, warm", f"{mnt_w:.2f} s", f"the slot: {nat_w:.2f} s", f"{nat_w / mnt_w:.2f}x"))
+
+            # Reads of a sample of the view.
+            rel = list(view.files)
+            random.Random(3).shuffle(rel)
+            listing = WORK / "sample.txt"
+            listing.write_text("\n".join(rel[: a.sample]) + "\n")
+            for threads in (4, 16):
+                for cold in (True, False):
+                    if not cold:
+                        readbench(slot, listing, threads)
+                        readbench(m.mnt, listing, threads)
+                    nat_r, mnt_r = pair(
+                        a.reps, cold, lambda t=threads: readbench(slot, listing, t), lambda t=threads: readbench(m.mnt, listing, t)
+                    )
+                    rows.append(
+                        row(
+                            f"reading {min(a.sample, len(rel)):,} files once, {threads} threads, {'cold' if cold else 'warm'}",
+                            f"{mnt_r:,.0f} files/s",
+                            f"the slot: {nat_r:,.0f} files/s",
+                            f"{mnt_r / nat_r:.2f}x",
+                        )
+                    )
+
+            # The loaders: metfs.torch over the view, and a list of paths over the slot.
+            from torch.utils.data import DataLoader
+
+            from metfs.torch import MetDataset, met_loader
+
+            ds = MetDataset(c, read_len)
+            check(len(ds) == len(rel), "the loader's dataset is the view")
+            kw: dict[str, Any] = {"num_workers": a.workers, "collate_fn": total}
+            native = DataLoader(PathsDataset([str(slot / r) for r in rel]), batch_size=256, shuffle=True, **kw)  # type: ignore[arg-type]
+            nat_l = loader_run(native, len(rel))
+            met_l = loader_run(met_loader(ds, batch_size=256, **kw), len(ds))
+            rows.append(
+                row(
+                    f"`DataLoader`, {a.workers} workers, one pass ({len(ds):,} samples)",
+                    f"{met_l[0]:,.0f} samples/s; workers' RSS {met_l[1] >> 10:,} -> {met_l[3] >> 10:,} MiB, PSS {met_l[2] >> 10:,} -> {met_l[4] >> 10:,} MiB",
+                    f"list of paths: {nat_l[0]:,.0f} samples/s; RSS {nat_l[1] >> 10:,} -> {nat_l[3] >> 10:,} MiB, PSS {nat_l[2] >> 10:,} -> {nat_l[4] >> 10:,} MiB",
+                    f"{met_l[0] / nat_l[0]:.2f}x",
+                )
+            )
+
+            # A switch, then the first walk of the new view.
+            drop_caches()
+            before_switch = c.lists
+            d = c.advance(wait=True)
+            check(d.advanced, "the benchmark's advance switched the view")
+            t_first = timed(lambda: walk(m.mnt))
+            after = c.files(view)
+            check(after.generation == d.generation and c.lists == before_switch + 1, "a switch sends the list once")
+            new_slot = m.slot(c)
+            drop_caches()
+            t_native = timed(lambda: walk(new_slot))
+            rows.append(row("first walk after a switch", f"{t_first:.2f} s", f"cold native walk: {t_native:.2f} s", f"{t_native / t_first:.2f}x"))
+            for _ in metfs.passes(c, epochs=1000, max_passes=2):
+                pass
+            rss1 = rss_kib(pid)
+            rows.append(
+                row(
+                    "daemon RSS after mount / after a pass and a switch",
+                    f"{rss0 >> 10:,} / {rss1 >> 10:,} MiB",
+                    "",
+                    f"{rss0 * 1024 / a.files:.0f} / {rss1 * 1024 / a.files:.0f} B per catalogued file",
+                )
+            )
+            m.wait_next(c)
+        m.umount()
+        drop_caches()
+        t_resume = m.mount(reset=False)
+        rows.append(row("remount of the same cache (resume)", f"{t_resume:.1f} s", f"first mount: {t_mount:.1f} s", f"{t_mount / t_resume:.2f}x"))
+    finally:
+        m.umount()
+    print("\n" + "\n".join(rows))
+    if FAILURES:
+        print("\nfailed checks:\n  " + "\n  ".join(FAILURES))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
