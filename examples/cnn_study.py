@@ -19,7 +19,9 @@ torch thread. Configurations, as in ``rf_experiment.py``:
 
 * ``full shuffle``: no metfs, the training set read from the source directory every pass;
 * ``fixed rf 16``: ``--mini-epochs 64 --rf-policy fixed --rf 16``;
-* ``score``, ``bollinger``: the adaptive policies with ``--rf-max 16``;
+* ``score``, ``bollinger``: the adaptive policies with ``--rf-max 16``; ``bollinger either``:
+  the band rule's other reading (``--bollinger-side either``: also leave when the score rises
+  above the band);
 * ``learned``: ``--rf-policy learned`` replaying the rf schedule of the best ``score`` or
   ``bollinger`` run (the one with the highest test accuracy): its ``--history`` file is given
   to the new mount, with the same ``--seed`` (the history is keyed by the plan, which the mount
@@ -83,6 +85,8 @@ FULL_EPOCHS = RF_FIXED
 ADAPTIVE: dict[str, str] = {
     "score": f"--rf-policy score --score-wait 6 --rf-max {RF_FIXED}",
     "bollinger": f"--rf-policy bollinger --rf-max {RF_FIXED}",
+    # The other reading of the band rule: leave on either side (issue 33, item 4).
+    "bollinger either": f"--rf-policy bollinger --bollinger-side either --rf-max {RF_FIXED}",
 }
 LEARNED = (
     f"--rf-policy learned --learned-fallback score --score-wait 6 --rf-max {RF_FIXED}"

@@ -27,8 +27,8 @@ use thiserror::Error;
 #[cfg(feature = "clap")]
 use crate::policy::DEFAULT_TERMS;
 use crate::policy::{
-    default_terms, Bollinger, Bounded, Fixed, Learned, MetricTerm, PolicyError, ReplayMetric,
-    RfPolicy, Scope, Score, WeightedScore,
+    default_terms, BandSide, Bollinger, Bounded, Fixed, Learned, MetricTerm, PolicyError,
+    ReplayMetric, RfPolicy, Scope, Score, WeightedScore,
 };
 
 /// Errors of the config module: a key whose value cannot be used.
@@ -254,6 +254,16 @@ pub struct PolicyConfig {
     #[cfg_attr(feature = "clap", arg(long, default_value_t))]
     pub bollinger_scope: Scope,
 
+    /// `bollinger`: which exit from the band ends a mini-epoch: `below` (the score falls
+    /// below `MA - K * std`) or `either` (also when it rises above `MA + K * std`).
+    ///
+    /// Default `below`: a lower-is-better score that drops out of its range is the breakout
+    /// the paper's rule describes; `either` also leaves a mini-epoch whose score jumps up (a
+    /// setback), which the paper's wording allows. docs/EXPERIMENTS.md measures both on the
+    /// CNN study.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t))]
+    pub bollinger_side: BandSide,
+
     /// `learned`: the policy deciding where the recorded schedule runs out (or when there is
     /// none yet): `fixed`, `score` or `bollinger`, with the knobs above.
     ///
@@ -309,6 +319,7 @@ impl Default for PolicyConfig {
             bollinger_window: DEFAULT_BOLLINGER_WINDOW,
             bollinger_k: DEFAULT_BOLLINGER_K,
             bollinger_scope: Scope::Run,
+            bollinger_side: BandSide::Below,
             learned_fallback: FallbackKind::Score,
             learned_metric: None,
         }
@@ -522,12 +533,15 @@ fn build_base(cfg: &PolicyConfig, base: Base) -> Result<Box<dyn RfPolicy>, Confi
             cfg.score_wait,
             cfg.best_scope,
         )?),
-        Base::Bollinger => Box::new(Bollinger::new(
-            cfg.weighted_score()?,
-            cfg.bollinger_window as usize,
-            cfg.bollinger_k,
-            cfg.bollinger_scope,
-        )?),
+        Base::Bollinger => Box::new(
+            Bollinger::new(
+                cfg.weighted_score()?,
+                cfg.bollinger_window as usize,
+                cfg.bollinger_k,
+                cfg.bollinger_scope,
+            )?
+            .with_side(cfg.bollinger_side),
+        ),
     })
 }
 

@@ -9,7 +9,8 @@ use serde_json::json;
 use statrs::statistics::Statistics;
 
 use super::{
-    PassState, PolicyDecision, PolicyError, RfPolicy, RfTracker, Scope, Verdict, WeightedScore,
+    BandSide, PassState, PolicyDecision, PolicyError, RfPolicy, RfTracker, Scope, Verdict,
+    WeightedScore,
 };
 use crate::Metrics;
 
@@ -39,12 +40,15 @@ use crate::Metrics;
 ///   run. `rf_max` (via [`Bounded`](super::Bounded)) still applies.
 /// * A window of identical scores has `std = 0`: any strictly lower score then advances, an
 ///   equal one does not.
+/// * **Which side** ([`BandSide`]): below the band by default; [`Bollinger::with_side`] with
+///   [`BandSide::Either`] also advances when the score rises above `MA + K * std`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bollinger {
     score: WeightedScore,
     window: usize,
     k: f64,
     scope: Scope,
+    side: BandSide,
     /// The last `window` scores, oldest first, not including the pass being decided.
     pub(super) recent: VecDeque<f64>,
     rf: RfTracker,
@@ -77,10 +81,17 @@ impl Bollinger {
             window,
             k,
             scope,
+            side: BandSide::Below,
             recent: VecDeque::new(),
             // The first mini-epoch needs window + 1 passes before the band exists.
             rf: RfTracker::new(window as f64 + 1.0),
         })
+    }
+
+    /// The same policy, advancing when the score leaves the band on `side`.
+    pub fn with_side(mut self, side: BandSide) -> Self {
+        self.side = side;
+        self
     }
 
     /// The band `(ma, std, lower, upper)` of the current window, once it is full.
@@ -120,7 +131,7 @@ impl RfPolicy for Bollinger {
                 }),
             ),
             Some((ma, std, lower, upper)) => (
-                if current < lower {
+                if current < lower || (self.side == BandSide::Either && current > upper) {
                     Verdict::Advance
                 } else {
                     Verdict::Repeat
@@ -135,6 +146,7 @@ impl RfPolicy for Bollinger {
                     "window": self.window,
                     "k": self.k,
                     "window_scope": self.scope.as_str(),
+                    "side": self.side.as_str(),
                     "passes": state.passes,
                 }),
             ),

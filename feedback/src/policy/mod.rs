@@ -181,6 +181,51 @@ impl FromStr for Scope {
     }
 }
 
+/// Which exit from the Bollinger band ends a mini-epoch.
+///
+/// The paper advances when the score "fluctuates out of the normal range" without saying
+/// which side; with the score lower-is-better, leaving below is a sudden improvement and
+/// leaving above a sudden setback. Both readings are kept: `below` (the default, what the
+/// project measured first) and `either`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BandSide {
+    /// Advance when the score falls below `MA - K * std`.
+    #[default]
+    Below,
+    /// Advance when the score leaves the band on either side.
+    Either,
+}
+
+impl BandSide {
+    /// The config spelling (`below`, `either`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BandSide::Below => "below",
+            BandSide::Either => "either",
+        }
+    }
+}
+
+impl fmt::Display for BandSide {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for BandSide {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "below" => Ok(BandSide::Below),
+            "either" => Ok(BandSide::Either),
+            other => Err(format!(
+                "unknown band side `{other}`; expected `below` or `either`"
+            )),
+        }
+    }
+}
+
 /// How many completed mini-epochs [`RfTracker`] averages: enough to smooth one odd mini-epoch,
 /// few enough to follow the trend the paper describes (rf tends to grow as training settles).
 const RF_MEMORY: usize = 8;

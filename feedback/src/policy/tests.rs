@@ -334,6 +334,51 @@ fn bollinger_current_score_is_not_in_its_own_band() {
 }
 
 #[test]
+fn bollinger_either_side_also_leaves_above_the_band() {
+    // Window [1.0, 0.9, 0.8, 0.85, 0.75]: upper = 1.052354 (see the test above).
+    let mut below = Bollinger::new(loss_score(), 5, 2.0, Scope::Run).unwrap();
+    feed(&mut below, 0, &[1.0, 0.9, 0.8, 0.85, 0.75]);
+    let mut either = below.clone().with_side(BandSide::Either);
+    let (_, _, lower, upper) = either.band().unwrap();
+    // A jump above the band: a setback. `below` repeats, `either` advances.
+    let d = below
+        .clone()
+        .on_pass_end(&loss(upper + 1e-9), &st(6))
+        .unwrap();
+    assert_eq!((d.verdict, d.reason["side"].as_str()), (R, Some("below")));
+    let d = either
+        .clone()
+        .on_pass_end(&loss(upper + 1e-9), &st(6))
+        .unwrap();
+    assert_eq!((d.verdict, d.reason["side"].as_str()), (A, Some("either")));
+    // On the edge and inside, both repeat; below the band, both advance.
+    for (score, want) in [(upper, R), (0.9, R), (lower, R), (lower - 1e-9, A)] {
+        assert_eq!(
+            either
+                .clone()
+                .on_pass_end(&loss(score), &st(6))
+                .unwrap()
+                .verdict,
+            want
+        );
+        assert_eq!(
+            below
+                .clone()
+                .on_pass_end(&loss(score), &st(6))
+                .unwrap()
+                .verdict,
+            want
+        );
+    }
+    assert_eq!("either".parse::<BandSide>(), Ok(BandSide::Either));
+    assert!("above"
+        .parse::<BandSide>()
+        .unwrap_err()
+        .contains("`below` or `either`"));
+    let _ = either.on_pass_end(&loss(0.8), &st(6)).unwrap();
+}
+
+#[test]
 fn bollinger_window_scope() {
     // Run scope: the window survives the advance, so the next mini-epoch is judged at once.
     let mut p = Bollinger::new(loss_score(), 3, 1.0, Scope::Run).unwrap();

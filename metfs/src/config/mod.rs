@@ -618,6 +618,18 @@ mod tests {
                 vec!["`prefetch_rate`", "config file"],
             ),
             (
+                "bollinger_side = 'sideways'\n",
+                vec![],
+                vec![],
+                vec!["`bollinger_side`", "config file", "`below` or `either`"],
+            ),
+            (
+                "",
+                vec![("METFS_BOLLINGER_SIDE", "up")],
+                vec![],
+                vec!["`bollinger_side`", "METFS_BOLLINGER_SIDE"],
+            ),
+            (
                 "score_metrics = ['1 - ']\n",
                 vec![],
                 vec![],
