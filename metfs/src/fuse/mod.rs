@@ -426,7 +426,19 @@ impl Filesystem for FuseAdapter {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.core.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok(fh) => {
+                // A view's directories never change: the kernel may keep their listings, so a
+                // walk repeated within a generation never reaches the daemon. The root is the
+                // one directory whose listing changes, and every switch invalidates it (see
+                // `daemon::switch`); a shared mount's root lists the jobs, which come and go
+                // without a switch, so it is listed afresh each time.
+                let flags = if ino.0 == crate::view::ROOT_INO && self.core.is_shared() {
+                    FopenFlags::empty()
+                } else {
+                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+                };
+                reply.opened(FileHandle(fh), flags)
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
