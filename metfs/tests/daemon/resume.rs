@@ -1,0 +1,115 @@
+//! A new daemon on an existing cache resumes where the last one stopped.
+
+use std::collections::BTreeSet;
+
+use metfs::protocol::Choice;
+
+use crate::common::*;
+
+/// A `|` in the source path (the fingerprint was once a `|`-joined string split by position):
+/// the mount resumes, and its rf history's dataset key is the same on another seed, which the
+/// key leaves out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_path_with_bars_resumes_and_keeps_its_history_key() {
+    let t = setup_in(1, BUDGET, "", "data|v2|x");
+    let source = t.cfg.source.clone();
+    assert!(source.ends_with("data|v2|x"), "{source}");
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    d.advance(true).await.unwrap();
+    let before = d.status();
+    drop(d);
+    r.stop().await;
+
+    let r = start(t.cfg.clone()).await;
+    let after = r.daemon.status();
+    assert_eq!(
+        (after.epoch, after.mini_epoch, after.generation),
+        (before.epoch, before.mini_epoch, before.generation),
+        "the position after the restart"
+    );
+    assert_eq!(after.tier_bytes_read, 0, "the current slot was refetched");
+    r.stop().await;
+
+    // Another seed is another plan (a new run at epoch 0), but the same dataset for the history.
+    let mut other = t.cfg.clone();
+    other.seed += 1;
+    let r = start(other).await;
+    assert_eq!(
+        (r.daemon.status().epoch, r.daemon.status().mini_epoch),
+        (0, 0)
+    );
+    r.stop().await;
+
+    let history: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&t.cfg.history).unwrap()).unwrap();
+    let mut keys = BTreeSet::new();
+    fn datasets(v: &serde_json::Value, out: &mut BTreeSet<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let (Some(serde_json::Value::String(d)), Some(_)) =
+                    (m.get("dataset"), m.get("job"))
+                {
+                    out.insert(d.clone());
+                }
+                m.values().for_each(|x| datasets(x, out));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| datasets(x, out)),
+            _ => {}
+        }
+    }
+    datasets(&history, &mut keys);
+    assert_eq!(keys.len(), 1, "one dataset key for both seeds: {keys:?}");
+    let key = keys.into_iter().next().unwrap();
+    let rest = key
+        .strip_prefix(&format!("{source}|"))
+        .unwrap_or_else(|| panic!("the key starts with the whole source path: {key}"));
+    let slot_bytes: u64 = rest
+        .split('|')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("the field after the source is the slot's bytes: {key}"));
+    assert!(slot_bytes > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_daemon_on_the_same_cache_resumes_without_refetching() {
+    let t = setup(1);
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    d.advance(true).await.unwrap();
+    // The successor of the new position, staged too, must survive the restart.
+    wait_next_ready(&d).await;
+    let before = d.status();
+    let view_before = read_view(&d.fs());
+    assert!(status_u64(&d, "tier_bytes_read") > 0);
+    drop(d);
+    r.stop().await;
+
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    let after = d.status();
+    assert_eq!(
+        (after.epoch, after.mini_epoch, after.generation),
+        (before.epoch, before.mini_epoch, before.generation),
+        "the position after the restart"
+    );
+    assert_eq!(after.tier_bytes_read, 0, "the current slot was refetched");
+    let view_after = read_view(&d.fs());
+    assert!(view_after == view_before, "the resumed view differs");
+    check_bytes(&view_after, &t.source);
+    // The successor is resumed from its journal, not fetched again, and the switch to it works.
+    wait_next_ready(&d).await;
+    assert_eq!(
+        status_u64(&d, "tier_bytes_read"),
+        0,
+        "the successor was refetched"
+    );
+    let reply = d.advance(true).await.unwrap();
+    assert_eq!(reply.decision, Choice::Advance);
+    assert_eq!(reply.generation, before.generation + 1);
+    check_bytes(&read_view(&d.fs()), &t.source);
+    drop(d);
+    r.stop().await;
+}
