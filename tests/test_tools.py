@@ -80,6 +80,12 @@ def test_mount_from_manifest(mounts, tmp_path, metfs):
     view = m.files()["files"]
     assert view and set(view) <= set(files)
     assert (m.mountpoint / view[0]).read_bytes() == files[view[0]]
+    # `metfs files` (which reads the list packed) prints the same paths, one per line, names
+    # with spaces and non-ASCII included; `--json` carries the list and its count.
+    r = run(metfs, "files", "--socket", m.socket)
+    assert r.returncode == 0 and r.stdout.splitlines() == view, r.stderr
+    j = json.loads(run(metfs, "files", "--socket", m.socket, "--json").stdout)
+    assert j["files"] == view and j["count"] == len(view) and j["packed"] is None
 
 
 def is_png(p: Path) -> bool:

@@ -291,9 +291,14 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string(&Reply::new(view))?);
             } else {
+                // One buffered writer: `println!` takes the stdout lock and may write once per
+                // line, which is most of the time for a view of 500,000 files.
+                use std::io::Write;
+                let mut out = std::io::BufWriter::new(std::io::stdout().lock());
                 for f in &view.files {
-                    println!("{f}");
+                    writeln!(out, "{f}")?;
                 }
+                out.flush()?;
             }
             Ok(())
         }
