@@ -221,13 +221,15 @@ impl Stager {
             .collect();
         let checks = todo.into_iter().map(|(id, crc, path, size)| {
             async move {
-                let ok = tokio::task::spawn_blocking(move || {
+                let checked = tokio::task::spawn_blocking(move || {
                     std::fs::metadata(&path).is_ok_and(|m| size.is_none_or(|s| m.len() == s))
                         && crc_of_file(&path).is_ok_and(|c| c == crc)
                 })
-                .await
-                .unwrap_or(false);
-                if !ok {
+                .await;
+                // A check the runtime cancelled (the daemon is shutting down) keeps nothing and
+                // says nothing: the copy was not found wanting, only not checked.
+                let ok = matches!(checked, Ok(true));
+                if matches!(checked, Ok(false)) {
                     tracing::warn!(sample = id, "a journaled copy is missing or differs from what was staged; fetching it again");
                 }
                 (id, ok)
