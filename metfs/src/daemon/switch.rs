@@ -404,7 +404,9 @@ impl Daemon {
         };
         if self.cfg.policy.kind == PolicyKind::Fixed
             && self.cfg.policy.rf < sf
-            && s.meter.warned_rf != Some(sf)
+            // Once, then again only when it has doubled: the estimate moves with every pass,
+            // and a warning per pass (seen: hundreds a second with short passes) buries the log.
+            && s.meter.warned_rf.is_none_or(|w| sf >= w.saturating_mul(2))
         {
             s.meter.warned_rf = Some(sf);
             tracing::warn!(
