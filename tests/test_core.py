@@ -233,8 +233,10 @@ def test_samples_on_the_node_are_never_fetched_again(mounts, dataset):
 def test_kill9_during_staging_then_mount_resumes(mounts, tmp_path):
     src = tmp_path / "tier"
     files = make_tree(src, n=120, max_size=64 * 1024)
-    # A slow tier (paced staging) so that the kill lands in the middle of a slot.
-    m = mounts(src, "6MiB", "--rf", "1", "--compose", "sequential", "--prefetch-rate", "1MiB/s")
+    # A slow tier (paced staging) so that the kill lands in the middle of a slot: at 256 KiB/s
+    # a slot of ~1.7 MB takes ~7 s, time enough for the status polls on a busy machine (at
+    # 1 MiB/s the loaded test command once saw the slot complete before the kill).
+    m = mounts(src, "6MiB", "--rf", "1", "--compose", "sequential", "--prefetch-rate", "256KiB/s")
     m.mount()
     wait_for(lambda: m.status()["staging"].get("files_done", 0) >= 3, what="staging to start")
     st = m.status()["staging"]
