@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 from realmount import REPO, RealMount, is_mounted
+from realmount import _daemon_pids as daemon_pids
 
 import metfs
 from metfs.pathlist import PathList
@@ -296,8 +297,9 @@ def test_after_shutdown_every_request_is_refused(real_mount: Callable[..., RealM
             assert e.value.code in ("shutting_down", "connection_failed", "connection_lost"), (
                 e.value
             )
-    # The daemon unmounts on its own; teardown's `metfs umount` finds nothing left to do.
+    # The daemon unmounts and exits on its own; teardown's `metfs umount` then finds nothing
+    # left to do (it runs only while a mount or a daemon process remains).
     deadline = time.monotonic() + 60
-    while is_mounted(m.mountpoint) and time.monotonic() < deadline:
+    while (is_mounted(m.mountpoint) or daemon_pids(m.mountpoint)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not is_mounted(m.mountpoint)
+    assert not is_mounted(m.mountpoint) and not daemon_pids(m.mountpoint)
