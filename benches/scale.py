@@ -248,9 +248,9 @@ class PathsDataset:
         return read_len(self.paths[i])
 
 
-def loader_run(loader: Any, n: int) -> tuple[float, int, int, int, int]:
+def loader_run(loader: Any, n: int) -> tuple[float, int, int, int, int, int]:
     """One pass of a DataLoader: samples/s, its workers' RSS and PSS (KiB) at a tenth of the
-    pass and near its end."""
+    pass and near its end, and the bytes it read."""
     it = iter(loader)
     batches = len(loader)
 
@@ -259,17 +259,17 @@ def loader_run(loader: Any, n: int) -> tuple[float, int, int, int, int]:
         return sum(rss_kib(p) for p in pids), sum(pss_kib(p) for p in pids)
 
     early = late = (0, 0)
-    read = 0
+    read = total_bytes = 0
     t = time.perf_counter()
-    for i, nbytes in enumerate(it, 1):
-        read += 1 if nbytes >= 0 else 0
-        if i == max(1, batches // 10):
+    for read, nbytes in enumerate(it, 1):
+        total_bytes += nbytes
+        if read == max(1, batches // 10):
             early = mem()
-        if i == max(1, batches - 1):
+        if read == max(1, batches - 1):
             late = mem()
     dt = time.perf_counter() - t
     check(read == batches, f"the loader read {read} of {batches} batches")
-    return n / dt, early[0], early[1], late[0], late[1]
+    return n / dt, early[0], early[1], late[0], late[1], total_bytes
 
 
 def main() -> int:
@@ -435,6 +435,7 @@ def main() -> int:
                 native = DataLoader(PathsDataset([str(slot / r) for r in rel]), batch_size=256, shuffle=True, **kw)  # type: ignore[arg-type]
                 nat_l = loader_run(native, len(rel))
                 met_l = loader_run(met_loader(ds, batch_size=256, **kw), len(ds))
+                check(met_l[5] == nat_l[5], f"the loaders read {met_l[5]} and {nat_l[5]} bytes")
                 rows.append(
                     row(
                         f"`DataLoader`, {a.workers} workers, one pass ({len(ds):,} samples)",

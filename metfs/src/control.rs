@@ -247,25 +247,20 @@ async fn handle(daemon: &Daemon, req: Request) -> Result<(Answer, Option<Vec<u8>
             "the metfs daemon is shutting down",
         ));
     }
-    if let Request::Files {
-        job,
-        known_generation,
-        form,
-    } = req
-    {
-        let (view, payload) = if daemon.is_shared() {
-            daemon.files_of(&daemon.session_for(job.as_deref())?, known_generation, form)?
-        } else {
-            daemon.files(known_generation, form)
-        };
-        return Ok((Answer::Files(Reply::new(view)), payload));
-    }
-    handle_op(daemon, req).await.map(|a| (a, None))
-}
-
-async fn handle_op(daemon: &Daemon, req: Request) -> Result<Answer, ProtocolError> {
     let shared = daemon.is_shared();
-    match req {
+    let answer = match req {
+        Request::Files {
+            job,
+            known_generation,
+            form,
+        } => {
+            let (view, packed) = if shared {
+                daemon.files_of(&daemon.session_for(job.as_deref())?, known_generation, form)?
+            } else {
+                daemon.files(known_generation, form)
+            };
+            return Ok((Answer::Files(Reply::new(view)), packed));
+        }
         Request::Hello {
             version,
             job,
@@ -285,17 +280,17 @@ async fn handle_op(daemon: &Daemon, req: Request) -> Result<Answer, ProtocolErro
                 }
             }
             if shared {
-                return Ok(Answer::Hello(Reply::new(
+                Ok(Answer::Hello(Reply::new(
                     daemon.join(job, subset, rf_policy, rf, token).await?,
-                )));
-            }
-            if subset.is_some() || rf_policy.is_some() || rf.is_some() {
-                return Err(ProtocolError::new(
+                )))
+            } else if subset.is_some() || rf_policy.is_some() || rf.is_some() {
+                Err(ProtocolError::new(
                     ErrorCode::BadRequest,
                     "`subset`, `rf_policy` and `rf` in `hello` are for shared mounts (metfs mount --share); this mount serves one job with the mount's settings",
-                ));
+                ))
+            } else {
+                Ok(Answer::Hello(Reply::new(daemon.hello(job))))
             }
-            Ok(Answer::Hello(Reply::new(daemon.hello(job))))
         }
         Request::Leave { job } => {
             daemon.leave(&job).await?;
@@ -305,10 +300,6 @@ async fn handle_op(daemon: &Daemon, req: Request) -> Result<Answer, ProtocolErro
             Some(j) if shared => daemon.status_of(&daemon.session_for(Some(&j))?)?,
             _ => daemon.status(),
         })))),
-        Request::Files { .. } => Err(ProtocolError::new(
-            ErrorCode::Internal,
-            "`files` is answered by `handle`, with its packed bytes",
-        )),
         Request::PassEnd {
             job,
             metrics,
@@ -333,7 +324,8 @@ async fn handle_op(daemon: &Daemon, req: Request) -> Result<Answer, ProtocolErro
         Request::Shutdown => Ok(Answer::ShuttingDown(Reply::new(ShuttingDown {
             shutting_down: true,
         }))),
-    }
+    };
+    answer.map(|a| (a, None))
 }
 
 fn decision(d: Result<Decision, ProtocolError>) -> Result<Answer, ProtocolError> {
