@@ -38,8 +38,8 @@ class Pass:
     ``index`` counts the passes of this loop from 0; ``pass_in_mini_epoch`` counts the passes
     already completed over this mini-epoch before this one. ``files`` are relative to the mount,
     ``paths`` absolute: read-only sequences of ``str`` (see :class:`metfs.FilesView`), the same
-    objects for every pass over one view. Set ``metrics`` (or call :meth:`report`) before the next iteration; the
-    loop sends them with ``pass_end``. ``decision`` holds the daemon's answer once it is known.
+    objects for every pass over one view. Set ``metrics`` (or call :meth:`report`) before the
+    next iteration; the loop sends them with ``pass_end``. ``decision`` holds the daemon's answer once it is known.
     """
 
     index: int
@@ -201,8 +201,8 @@ def passes(
     """Passes over the current view until ``epochs`` full MET epochs have completed.
 
     Yields one :class:`Pass` per pass with the view's files (asked of the daemon at every pass,
-    and sent again only when the view's generation changed), generation and position. Set ``p.metrics`` or call ``p.report(...)`` in the loop
-    body; before yielding the next pass, the loop reports them with ``pass_end`` (``block``:
+    and sent again only when the view's generation changed), generation and position. Set
+    ``p.metrics`` or call ``p.report(...)`` in the loop body; before yielding the next pass, the loop reports them with ``pass_end`` (``block``:
     wait for staging instead of answering ``wait``). The returned object also keeps the
     decision history (``.decisions``, ``.records``, ``.rf_per_mini_epoch()``).
 
