@@ -39,7 +39,8 @@ class Pass:
     already completed over this mini-epoch before this one. ``files`` are relative to the mount,
     ``paths`` absolute: read-only sequences of ``str`` (see :class:`metfs.FilesView`), the same
     objects for every pass over one view. Set ``metrics`` (or call :meth:`report`) before the
-    next iteration; the loop sends them with ``pass_end``. ``decision`` holds the daemon's answer once it is known.
+    next iteration; the loop sends them with ``pass_end``. ``decision`` holds the daemon's
+    answer once it is known.
     """
 
     index: int
@@ -202,9 +203,9 @@ def passes(
 
     Yields one :class:`Pass` per pass with the view's files (asked of the daemon at every pass,
     and sent again only when the view's generation changed), generation and position. Set
-    ``p.metrics`` or call ``p.report(...)`` in the loop body; before yielding the next pass, the loop reports them with ``pass_end`` (``block``:
-    wait for staging instead of answering ``wait``). The returned object also keeps the
-    decision history (``.decisions``, ``.records``, ``.rf_per_mini_epoch()``).
+    ``p.metrics`` or call ``p.report(...)`` in the loop body; before yielding the next pass,
+    the loop reports them with ``pass_end`` (``block``: wait for staging instead of answering
+    ``wait``). The returned object also keeps the decision history (``.decisions``, ``.records``, ``.rf_per_mini_epoch()``).
 
     ``coordinator`` decides across ranks; by default the local daemon decides, or rank 0's when
     ``torch.distributed`` is initialised (see :mod:`metfs.coordinator`). ``adjust_bs``
