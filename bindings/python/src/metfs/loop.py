@@ -205,7 +205,8 @@ def passes(
     and sent again only when the view's generation changed), generation and position. Set
     ``p.metrics`` or call ``p.report(...)`` in the loop body; before yielding the next pass,
     the loop reports them with ``pass_end`` (``block``: wait for staging instead of answering
-    ``wait``). The returned object also keeps the decision history (``.decisions``, ``.records``, ``.rf_per_mini_epoch()``).
+    ``wait``). The returned object also keeps the decision history (``.decisions``,
+    ``.records``, ``.rf_per_mini_epoch()``).
 
     ``coordinator`` decides across ranks; by default the local daemon decides, or rank 0's when
     ``torch.distributed`` is initialised (see :mod:`metfs.coordinator`). ``adjust_bs``
