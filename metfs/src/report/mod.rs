@@ -54,7 +54,8 @@
 //!
 //! Layout: this file holds the public types and [`report`]; `events` reads the log,
 //! `analysis` turns it into the summary (pure), `text` writes `summary.txt`, `series` computes
-//! the bandwidth curve (pure) and `plot` draws the PNGs.
+//! the bandwidth curve (pure) and `plot` draws the PNGs. `curves` draws a benchmark's named
+//! curves (`metfs plot`) with the same plotting.
 
 use std::path::{Path, PathBuf};
 
@@ -62,11 +63,13 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 mod analysis;
+mod curves;
 mod events;
 mod plot;
 mod series;
 mod text;
 
+pub use curves::{plot_curves, Curves, HLine, Series};
 pub use text::summary_text;
 
 use analysis::{analyse, summarise, Analysis};
@@ -112,6 +115,14 @@ pub enum ReportError {
         /// 1-based line number.
         line: u64,
         /// What is wrong.
+        message: String,
+    },
+    /// A curves document for `metfs plot` cannot be drawn.
+    #[error("{path}: {message}")]
+    BadCurves {
+        /// The curves file.
+        path: PathBuf,
+        /// What is wrong with it.
         message: String,
     },
     /// The embedded font could not be loaded.

@@ -72,6 +72,15 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Draw named curves (a benchmark's results) from a JSON document as a PNG: {"title",
+    /// "x_label", "y_label", "series": [{"name", "points": [[x, y], ...]}], "hlines": [{"y",
+    /// "label"}]}.
+    Plot {
+        /// The curves document (JSON).
+        curves: PathBuf,
+        /// The PNG to write.
+        out: PathBuf,
+    },
     /// Unmount, stop the daemon, and keep the cache so that a later mount resumes.
     Umount {
         /// The mountpoint.
@@ -242,6 +251,11 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
                 print!("{}", report::summary_text(&s));
                 println!("plots and summary in {}", out.display());
             }
+            Ok(())
+        }
+        Cmd::Plot { curves, out } => {
+            report::plot_curves(&curves, &out)?;
+            println!("{}", out.display());
             Ok(())
         }
         Cmd::Umount {
