@@ -110,7 +110,9 @@ def test_concurrent_readers_across_switches(mounts, tmp_path, read_path):
     write_result(f"readers-{read_path}", result)
     assert not total["mismatches"], f"bytes read differ from the source: {total['mismatches']}"
     assert not total["unknown"], f"files read that are not in the source: {total['unknown']}"
-    others = {k: v for k, v in total["errors"].items() if k != "open ESTALE"}
+    # ESTALE at open is allowed below, whether a reader thread or a burst thread met it.
+    stale_kinds = ("open ESTALE", "burst open ESTALE")
+    others = {k: v for k, v in total["errors"].items() if k not in stale_kinds}
     assert not others, f"read errors other than ENOENT across a switch: {total['errors']}"
     assert total["files"] > 0
     views_union = set().union(*ledger.views.values())
@@ -124,6 +126,8 @@ def test_concurrent_readers_across_switches(mounts, tmp_path, read_path):
     # in the current view (docs/READ_PATHS.md); only a walk that straddles a second switch gets
     # ESTALE back. With a switch every 0.2 s that was at most 4 in 2 x 10^5 opens; in training,
     # switches are minutes apart. More than 1 in 10^4 would mean the retry is not happening.
-    estale = total["errors"].get("open ESTALE", 0)
+    # Burst threads open paths from a walk up to 50 turns old, which can be several switches
+    # old: the same by-design ESTALE, counted against the same allowance.
+    estale = sum(total["errors"].get(k, 0) for k in stale_kinds)
     assert estale * 10_000 <= max(total["files"], 10_000), f"ESTALE on {estale} of {total['files']} opens"
 
