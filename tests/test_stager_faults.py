@@ -9,6 +9,7 @@ while the current view keeps serving.
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import re
@@ -273,11 +274,18 @@ def test_kill_during_the_first_staging_resumes_from_the_journal(mounts, tmp_path
 
 
 def test_a_copy_corrupted_in_place_is_not_served_after_a_restart(mounts, tmp_path):
+    """A clean unmount seals the slots, so the remount reads none of their copies; the copy
+    damaged meanwhile (in place: same inode, same size, its directory untouched) is caught at
+    its first open, before any byte is served, and fetched again from the tier. Its hard link
+    in the successor slot (staged by linking from the current one) shares the damage, and is
+    caught and fetched again when the view reaches it."""
     src = tmp_path / "tier"
     files = make_tree(src, n=30, max_size=8192)
     m = mounts(src, "16MiB")
     m.mount()
+    wait_for(lambda: m.status()["next_ready"], timeout=60, what="the successor staged")
     m.umount()
+    assert list((m.cache / "slots").glob("*.seal")), "a clean unmount seals the slots"
     slot = m.cache / "slots" / "e000000-m00000"
     rel = next(k for k, v in sorted(files.items()) if len(v) > 100)
     p = slot / rel
@@ -286,9 +294,47 @@ def test_a_copy_corrupted_in_place_is_not_served_after_a_restart(mounts, tmp_pat
     with open(p, "r+b") as f:  # in place, same size
         f.seek(50)
         f.write(bytes([data[50]]))
+    log = m.cache / "metfs.log"
+    at = len(log.read_text())
     m.mount()
+    assert "resumed from its seal" in log.read_text()[at:]
+    assert m.status()["tier_bytes_read"] == 0
     assert (m.mountpoint / rel).read_bytes() == files[rel]
+    text = log.read_text()[at:]
+    assert "changed on disk while the cache was unmounted" in text, text[-3000:]
+    assert "fetched again from the tier" in text
+    assert m.status()["tier_bytes_read"] == len(files[rel])
     assert read_view(m.mountpoint) == files
+    # The successor's link to the damaged copy.
+    assert m.rpc({"op": "advance", "wait": True})["ok"]
+    assert read_view(m.mountpoint) == files
+    assert m.status()["tier_bytes_read"] == 2 * len(files[rel])
+    # Repaired copies are sealed again: the next start resumes without fetching anything.
+    m.umount()
+    m.mount()
+    assert read_view(m.mountpoint) == files
+    assert m.status()["tier_bytes_read"] == 0
+
+
+def test_a_copy_deleted_while_unmounted_is_fetched_again_at_the_remount(mounts, tmp_path):
+    """A deletion changes the slot's directory, so its seal does not hold: every copy is
+    checked at the remount, as after a crash, and the missing one is staged again."""
+    src = tmp_path / "tier"
+    files = make_tree(src, n=30, max_size=8192)
+    m = mounts(src, "16MiB")
+    m.mount()
+    m.umount()
+    rel = sorted(files)[3]
+    (m.cache / "slots" / "e000000-m00000" / rel).unlink()
+    log = m.cache / "metfs.log"
+    at = len(log.read_text())
+    m.mount()
+    text = log.read_text()[at:]
+    assert re.search(r"seal does not hold.*slot=e000000-m00000", text), text[-3000:]
+    assert "resumed from its seal; each copy is checked at its first open slot=e000000-m00000" not in text
+    assert read_view(m.mountpoint) == files
+    # Taken again by a hard link from the successor slot, which holds it too, or fetched.
+    assert m.status()["tier_bytes_read"] <= len(files[rel])
 
 
 def test_a_container_corrupted_in_place_is_staged_again_after_a_restart(mounts, tmp_path):

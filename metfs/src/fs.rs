@@ -40,12 +40,13 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::SystemTime;
 
 use thiserror::Error;
 
 use crate::view::{Miss, NodeKind, View, ROOT_INO};
+use prefetcher::stager::CopyState;
 
 /// Errors at the filesystem boundary; each maps to one errno.
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
@@ -214,7 +215,14 @@ pub struct FsCore {
     pub opens: AtomicU64,
     /// Time used as mtime/ctime of every node.
     pub mtime: SystemTime,
+    /// Fetches a damaged copy of a sealed slot again (`set_copy_repair`).
+    copy_repair: OnceLock<CopyRepair>,
 }
+
+/// Fetches sample `sample` of slot `slot` again from the tier, replacing a copy its first
+/// open found damaged (`prefetcher::stager::Stager::repair`); blocking; the error says why it
+/// could not.
+pub type CopyRepair = Arc<dyn Fn(&str, u32) -> Result<(), String> + Send + Sync>;
 
 /// Raises this process's soft limit on open descriptors to its hard limit and returns the
 /// soft limit now in force. An ordinary user's session typically starts at 1,024 (with a hard
@@ -282,6 +290,7 @@ impl FsCore {
             bytes_spliced: AtomicU64::new(0),
             opens: AtomicU64::new(0),
             mtime: SystemTime::now(),
+            copy_repair: OnceLock::new(),
         }
     }
 
@@ -692,18 +701,59 @@ impl FsCore {
         Ok(Opened { fh, file, key })
     }
 
-    /// The slot file of node `idx`, from the cache of open backing files.
+    /// The slot file of node `idx`, from the cache of open backing files. A copy its slot's
+    /// seal vouched for is read once and its CRC checked before it first enters the cache
+    /// (`prefetcher::stager` `seal` module): a damaged copy answers EIO, never its bytes.
     fn backing_file(&self, view: &View, idx: u32) -> Result<Arc<File>, FsError> {
         let key = (view.generation, idx);
         if let Some(f) = self.files.get(&key) {
             return Ok(f);
         }
-        let f = Arc::new(
+        let open = || {
             File::open(view.backing_path(idx))
-                .map_err(|e| FsError::Io(e.raw_os_error().unwrap_or(libc::EIO)))?,
-        );
+                .map_err(|e| FsError::Io(e.raw_os_error().unwrap_or(libc::EIO)))
+        };
+        let f = match (view.copy_checks(), &view.node(idx).kind) {
+            (Some(c), NodeKind::File { sample, .. }) => match c.state(*sample) {
+                CopyState::Good => open()?,
+                // An earlier repair failed (the tier was down): try again.
+                CopyState::Damaged => {
+                    self.repair_copy(view, *sample)?;
+                    open()?
+                }
+                CopyState::Unchecked(_) => {
+                    let f = open()?;
+                    // The check logs a damaged copy itself, once, and deletes it.
+                    if c.check(*sample, &view.rel_path(idx), &f).is_ok() {
+                        f
+                    } else {
+                        self.repair_copy(view, *sample)?;
+                        open()?
+                    }
+                }
+            },
+            _ => open()?,
+        };
+        let f = Arc::new(f);
         self.files.insert(key, f.clone());
         Ok(f)
+    }
+
+    /// Has a damaged copy of `view`'s slot fetched again; EIO when that cannot be done.
+    fn repair_copy(&self, view: &View, sample: u32) -> Result<(), FsError> {
+        let Some(repair) = self.copy_repair.get() else {
+            return Err(FsError::Io(libc::EIO));
+        };
+        repair(&view.slot, sample).map_err(|e| {
+            tracing::error!(slot = %view.slot, error = %e, "a damaged copy could not be fetched again; reads of it fail (EIO) until it is");
+            FsError::Io(libc::EIO)
+        })
+    }
+
+    /// Sets how a damaged copy of a sealed slot is fetched again (once, by the daemon); without
+    /// it, such a copy answers EIO.
+    pub fn set_copy_repair(&self, repair: CopyRepair) {
+        let _ = self.copy_repair.set(repair);
     }
 
     /// Reads `len` bytes at `offset` of a slot file (as [`FsCore::read_source`] gave them).

@@ -13,10 +13,11 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use prefetcher::catalog::{Catalog, Meta};
+use prefetcher::stager::CopyChecks;
 
 use crate::protocol::reply::PackedBuilder;
 use crate::protocol::PackedList;
@@ -78,6 +79,9 @@ pub struct View {
     touched: Box<[AtomicU64]>,
     touched_files: AtomicUsize,
     first_touch: OnceLock<Instant>,
+    /// The slot's copies kept on the strength of its seal, checked at their first open
+    /// (`prefetcher::stager::CopyChecks`); `None` when staging checked every copy.
+    copy_checks: Option<Arc<CopyChecks>>,
 }
 
 /// Errors of view lookups, mapped to errno by the FUSE adapter.
@@ -176,6 +180,7 @@ impl View {
             touched,
             touched_files: AtomicUsize::new(0),
             first_touch: OnceLock::new(),
+            copy_checks: None,
         }
     }
 
@@ -215,6 +220,19 @@ impl View {
                 slot_dir,
             ),
         }
+    }
+
+    /// This view with its files' copies checked at their first open against `checks` (the
+    /// slot was resumed from its seal). Only for a view built from the stager's catalog, whose
+    /// sample ids `checks` uses.
+    pub fn with_copy_checks(mut self, checks: Option<Arc<CopyChecks>>) -> Self {
+        self.copy_checks = checks;
+        self
+    }
+
+    /// The copies to check at their first open, if the slot was resumed from its seal.
+    pub fn copy_checks(&self) -> Option<&Arc<CopyChecks>> {
+        self.copy_checks.as_ref()
     }
 
     /// This view as a job's directory on a shared mount: its root gets an inode of its own.

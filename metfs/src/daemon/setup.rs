@@ -9,6 +9,22 @@ use super::*;
 const MAX_HELD_PER_SHARE: usize = 16;
 
 /// The rf history file of the mount (`--history`), or `None` (logged) if it cannot be used.
+/// How the mount fetches again a copy of a sealed slot that its first open found damaged: the
+/// stager's repair, run to completion on the daemon's runtime from the FUSE thread that asked
+/// (a runtime thread, in tests that call the core directly, gives its place up meanwhile).
+pub(super) fn copy_repair(stager: &Stager) -> crate::fs::CopyRepair {
+    let stager = stager.clone();
+    let rt = tokio::runtime::Handle::current();
+    Arc::new(move |slot: &str, sample: u32| {
+        let fut = stager.repair(slot, sample);
+        let done = match tokio::runtime::Handle::try_current() {
+            Ok(_) => tokio::task::block_in_place(|| rt.block_on(fut)),
+            Err(_) => rt.block_on(fut),
+        };
+        done.map_err(|e| e.to_string())
+    })
+}
+
 pub(super) fn open_history_store(cfg: &MountConfig) -> Option<HistoryStore> {
     if let Some(dir) = cfg.history.parent() {
         let _ = std::fs::create_dir_all(dir);
@@ -494,18 +510,25 @@ impl Daemon {
         let cur = (epoch, mini_epoch);
         let succ = successor(cur, nm);
         // Slots that belong to neither the current nor the successor mini-epoch are stale.
+        // They are deleted in the background: a retired slot of 500k files takes minutes to
+        // delete, and the mount need not wait for it (staging fetches nothing until it is).
         for name in stager.present_slots() {
             if saved.is_none() || (name != slot_name(cur) && name != slot_name(succ)) {
-                stager.evict(&name)?;
+                stager.evict_in_background(&name)?;
             }
         }
         if saved.is_none() {
-            // Journals without slot directories, from a different plan.
+            // Journals (and seals) without slot directories, from a different plan.
             if let Ok(rd) = std::fs::read_dir(&paths.slots) {
                 for e in rd.flatten() {
                     let _ = std::fs::remove_file(e.path());
                 }
             }
+        }
+        // The slots kept whose seal holds resume without reading their copies.
+        let sealed = stager.take_seals();
+        if !sealed.is_empty() {
+            tracing::info!(slots = ?sealed, "sealed at the last clean shutdown");
         }
         let dataset_key = fingerprint.dataset_key();
         let job = saved
@@ -660,6 +683,7 @@ impl Daemon {
                 track_kernel_refs: read_path == ReadPath::Cached,
             },
         ));
+        fs.set_copy_repair(copy_repair(&store.stager));
         let mut plans = BTreeMap::new();
         if let Some(plan) = plan {
             plans.insert(epoch, plan);
@@ -781,7 +805,7 @@ impl Daemon {
         stager: Stager,
     ) -> Result<Arc<Daemon>, DaemonError> {
         for name in stager.present_slots() {
-            stager.evict(&name)?;
+            stager.evict_in_background(&name)?;
         }
         if let Ok(rd) = std::fs::read_dir(&paths.slots) {
             for e in rd.flatten() {

@@ -120,6 +120,8 @@ impl Running {
     pub(crate) async fn stop(self) {
         self.daemon.begin_shutdown();
         self.daemon.persist();
+        let d = self.daemon.clone();
+        let _ = tokio::task::spawn_blocking(move || d.store().seal_slots()).await;
         for t in self.tasks {
             t.abort();
             let _ = t.await;

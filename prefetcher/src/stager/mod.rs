@@ -18,9 +18,11 @@
 //! The re-read costs one read of what the slot holds at each start, at the cache disk's speed
 //! (for example about 30 s for 100 GB at 3.5 GB/s), paid only by a restart and far cheaper than
 //! refetching from the tier. Computing the CRC while staging costs one read of each copy from
-//! the page cache, where it still is right after the write. The journal is not fsynced per line: an entry is only ever written after the
-//! rename it records, and the resume check re-reads every journaled file, so a lost tail only
-//! costs a refetch.
+//! the page cache, where it still is right after the write. The journal is not fsynced per
+//! line: an entry is only ever written after the rename it records, and the resume check
+//! re-reads every journaled file, so a lost tail only costs a refetch. After a clean shutdown
+//! the re-read is skipped for each slot whose seal still holds, and moved to each copy's first
+//! open instead (`seal` module).
 //!
 //! What the node already holds is not fetched again: a sample that a slot named in
 //! [`SlotSpec::reuse_from`] holds a journaled copy of is hard-linked from it (copied, and the
@@ -76,9 +78,11 @@ use crate::transform::Transformer;
 mod containers;
 mod journal;
 mod reuse;
+mod seal;
 mod stage;
 
 pub use journal::*;
+pub use seal::{CopyChecks, CopyState};
 
 /// Errors of the stager.
 #[derive(Debug, Error)]
@@ -97,6 +101,9 @@ pub enum StageError {
         #[source]
         source: TierError,
     },
+    /// A copy kept on the strength of its slot's seal is not what was staged (`seal` module).
+    #[error("{path}: the staged copy is damaged: {reason}")]
+    Damaged { path: String, reason: String },
 }
 
 impl StageError {
@@ -277,6 +284,9 @@ enum Miss {
 }
 
 /// Longest path the kernel takes (`PATH_MAX`, with its NUL) and longest name (`NAME_MAX`).
+/// Name prefix, in `tmp/`, of a slot directory being deleted in the background.
+const EVICTED: &str = "evicted-";
+
 const PATH_MAX: usize = 4096;
 const NAME_MAX: usize = 255;
 
@@ -324,6 +334,13 @@ pub struct Stager {
     /// The transform run on each fetched sample before it enters the slot (`transform`
     /// module), if any.
     transform: Option<Transformer>,
+    /// Slots whose seal held at start and that have not been staged since (`seal` module).
+    sealed: Arc<Mutex<HashSet<String>>>,
+    /// Per slot resumed from its seal: the copies still to check at their first open.
+    checks: Arc<Mutex<HashMap<String, Arc<CopyChecks>>>>,
+    /// Slot directories being deleted in the background ([`Stager::evict_in_background`]):
+    /// staging fetches nothing while any is, so the cache never holds more than the budget.
+    evicting: Arc<AtomicU64>,
 }
 
 fn cache_err(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
@@ -356,6 +373,9 @@ impl Stager {
             attempt_seq: Arc::new(AtomicU64::new(0)),
             transient: Arc::new(AtomicU64::new(0)),
             transform: None,
+            sealed: Arc::default(),
+            checks: Arc::default(),
+            evicting: Arc::default(),
         }
     }
 
@@ -436,6 +456,11 @@ impl Stager {
             // `file_type` of a directory entry is the entry's own type (lstat), never its
             // target's; `remove_dir_all` does not follow symlinks inside the tree either.
             let _ = match ent.file_type() {
+                // A slot an earlier run was deleting in the background: deleted the same way.
+                Ok(t) if t.is_dir() && ent.file_name().to_string_lossy().starts_with(EVICTED) => {
+                    self.delete_in_background(ent.path());
+                    Ok(())
+                }
                 Ok(t) if t.is_dir() => std::fs::remove_dir_all(ent.path()),
                 _ => std::fs::remove_file(ent.path()),
             };
@@ -451,12 +476,61 @@ impl Stager {
     /// Deletes a slot and its journal.
     pub fn evict(&self, name: &str) -> Result<(), StageError> {
         let p = self.slot_path(name);
+        self.forget_seal(name);
         // Journal first: a half-deleted slot must never look complete.
         self.journal(name).remove().map_err(cache_err(&p))?;
         match std::fs::remove_dir_all(&p) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(cache_err(&p)(e)),
+        }
+    }
+
+    /// Evicts a slot at once from the caller's point of view: its journal is deleted and its
+    /// directory renamed into `tmp/`, then deleted on a thread of its own (hundreds of
+    /// thousands of files take minutes to delete). Until that ends, [`Stager::stage`] fetches
+    /// nothing, so the space the slot held is free before it is used again. A daemon that
+    /// stops meanwhile leaves the directory in `tmp/`, which the next start deletes the same
+    /// way.
+    pub fn evict_in_background(&self, name: &str) -> Result<(), StageError> {
+        let p = self.slot_path(name);
+        self.forget_seal(name);
+        self.journal(name).remove().map_err(cache_err(&p))?;
+        create_private_dir(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
+        let seq = self.attempt_seq.fetch_add(1, Ordering::Relaxed);
+        let trash = self.tmp_dir.join(format!("{EVICTED}{name}.{seq}"));
+        match std::fs::rename(&p, &trash) {
+            Ok(()) => {
+                self.delete_in_background(trash);
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(cache_err(&p)(e)),
+        }
+    }
+
+    fn delete_in_background(&self, dir: PathBuf) {
+        self.evicting.fetch_add(1, Ordering::AcqRel);
+        let evicting = self.evicting.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::error!(path = %dir.display(), error = %e, "cannot delete an evicted slot");
+            }
+            tracing::info!(path = %dir.display(), secs = t.elapsed().as_secs_f64(), "evicted slot deleted");
+            evicting.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+
+    /// Waits until no slot is being deleted in the background.
+    pub async fn evictions_done(&self) {
+        let mut logged = false;
+        while self.evicting.load(Ordering::Acquire) > 0 {
+            if !logged {
+                tracing::info!("waiting for an evicted slot's deletion before fetching");
+                logged = true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -482,7 +556,7 @@ mod tests {
     use super::*;
     use crate::tier::PosixTier;
 
-    async fn setup(n: usize) -> (tempfile::TempDir, Stager, Arc<Catalog>) {
+    pub(super) async fn setup(n: usize) -> (tempfile::TempDir, Stager, Arc<Catalog>) {
         let d = tempfile::tempdir().unwrap();
         let src = d.path().join("src");
         for i in 0..n {
@@ -714,7 +788,7 @@ mod tests {
         (st, cat)
     }
 
-    fn all(cat: &Catalog, name: &str) -> SlotSpec {
+    pub(super) fn all(cat: &Catalog, name: &str) -> SlotSpec {
         SlotSpec {
             name: name.into(),
             samples: (0..cat.len() as u32).collect(),
@@ -722,7 +796,7 @@ mod tests {
         }
     }
 
-    fn assert_slot_equals_source(st: &Stager, cat: &Catalog, src: &Path, slot: &str) {
+    pub(super) fn assert_slot_equals_source(st: &Stager, cat: &Catalog, src: &Path, slot: &str) {
         assert_slot_equals_source_for(st, cat, src, slot, 0..cat.len() as u32)
     }
 

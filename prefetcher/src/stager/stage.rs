@@ -40,9 +40,24 @@ impl Stager {
         progress.start(slot.samples.len() as u64, total_bytes);
 
         let mut report = StageReport::default();
-        let kept = self
-            .verify_journaled(&dir, &slot.samples, &journal_state.staged)
-            .await;
+        let sealed = self.take_sealed(&slot.name);
+        let kept = if sealed && journal_state.complete && self.transform.is_none() {
+            // Kept without reading them; each is checked at its first open instead.
+            let crcs: Vec<(u32, u32)> = slot
+                .samples
+                .iter()
+                .filter_map(|&id| Some((id, *journal_state.staged.get(&id)?)))
+                .collect();
+            let kept: HashSet<u32> = crcs.iter().map(|e| e.0).collect();
+            tracing::info!(slot = %slot.name, copies = kept.len(), "resumed from its seal; each copy is checked at its first open");
+            self.register_checks(&slot.name, crcs);
+            kept
+        } else {
+            // Staged afresh: every journaled copy is read now, so none is left to check later.
+            self.checks.lock().unwrap().remove(&slot.name);
+            self.verify_journaled(&dir, &slot.samples, &journal_state.staged)
+                .await
+        };
         let mut todo = Vec::new();
         for &id in &slot.samples {
             if kept.contains(&id) {
@@ -62,6 +77,8 @@ impl Stager {
             report.elapsed = start.elapsed();
             return Ok(report);
         }
+        // Space freed by a background eviction is used only once it is free.
+        self.evictions_done().await;
         let mut journal = slot_journal.append().map_err(cache_err(&jpath))?;
         // What the node already holds is never fetched again: samples in another slot are
         // linked (or copied) from it first, and journaled like fetched ones.

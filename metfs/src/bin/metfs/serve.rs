@@ -163,6 +163,8 @@ async fn shutdown(
     tracing::info!("shutting down; the cache is kept for a later mount");
     daemon.begin_shutdown();
     daemon.persist();
+    let d = daemon.clone();
+    let _ = tokio::task::spawn_blocking(move || d.store().seal_slots()).await;
     // The run's last events (written by the log's own thread) reach the file before the exit.
     daemon.events.close(std::time::Duration::from_secs(5));
     let _ = std::fs::remove_file(&daemon.cfg.socket);
