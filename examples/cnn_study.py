@@ -137,8 +137,12 @@ def configs() -> list[Config]:
 # ---------------------------------------------------------------------------------------------
 
 
-def render(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Draws one glyph image per label (uint8, SIDE x SIDE)."""
+def render(
+    labels: np.ndarray, rng: np.random.Generator, side: int = SIDE
+) -> np.ndarray:
+    """Draws one glyph image per label (uint8, ``side`` x ``side``). Stroke widths scale with
+    ``side``, so a larger side draws the same glyphs at a finer resolution (pixel noise stays
+    per pixel); the default side is the study's own."""
     protos = np.random.default_rng(1234).uniform(
         0.15, 0.85, size=(CLASSES, STYLES, 3, 2, 2)
     )
@@ -167,25 +171,27 @@ def render(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         ],
         1,
     )
-    width = rng.uniform(0.8, 1.6, size=(n, 1))
-    g = (np.arange(SIDE) + 0.5) / SIDE
+    width = rng.uniform(0.8, 1.6, size=(n, 1)) * (side / SIDE)
+    g = (np.arange(side) + 0.5) / side
     pix = np.stack(np.meshgrid(g, g, indexing="ij"), -1).reshape(-1, 2)
     a, b = strokes[:, :, 0][:, :, None, :], strokes[:, :, 1][:, :, None, :]
     ab, ap = b - a, pix[None, None] - a
     t = np.clip((ap * ab).sum(-1) / np.maximum((ab * ab).sum(-1), 1e-9), 0.0, 1.0)
-    dist = np.linalg.norm(ap - t[..., None] * ab, axis=-1) * SIDE
+    dist = np.linalg.norm(ap - t[..., None] * ab, axis=-1) * side
     ink = np.clip(width[:, :, None] / 2 + 0.5 - dist, 0.0, 1.0) * intensity[:, :, None]
-    img = ink.max(1).reshape(n, SIDE, SIDE) + rng.normal(
-        0.0, 0.15, size=(n, SIDE, SIDE)
+    img = ink.max(1).reshape(n, side, side) + rng.normal(
+        0.0, 0.15, size=(n, side, side)
     )
     return (np.clip(img, 0.0, 1.0) * 255).round().astype(np.uint8)
 
 
-def glyphs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def glyphs(n: int, seed: int, side: int = SIDE) -> tuple[np.ndarray, np.ndarray]:
     """``n`` samples, ``n / CLASSES`` per class in a random order; deterministic per seed."""
     rng = np.random.default_rng(seed)
     labels = rng.permutation(np.arange(n) % CLASSES)
-    x = np.concatenate([render(labels[i : i + 2000], rng) for i in range(0, n, 2000)])
+    x = np.concatenate(
+        [render(labels[i : i + 2000], rng, side) for i in range(0, n, 2000)]
+    )
     return x, labels
 
 

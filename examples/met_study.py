@@ -160,15 +160,19 @@ def met_passes(
     train_pass: Callable[[list[str]], tuple[dict[str, float], int]],
     seen: Callable[[], int],
     budget: int,
+    block: bool = False,
 ) -> MetRun:
     """Trains over the mount's views until ``seen()`` reaches ``budget`` samples.
 
     ``train_pass(paths)`` reads the files (through the mount), trains one pass and returns its
     metrics and the bytes it read. The pass that spends the budget is not reported (the run
     ends inside its mini-epoch, which is then counted in ``last_partial``, not in ``rfs``).
+    ``block`` sends ``pass_end(block=true)``: the job waits for the next mini-epoch instead of
+    making a bonus pass over the current one when the policy wants to leave it before it is
+    staged.
     """
     client = metfs.Client(mount.socket, job=job)
-    loop = metfs.passes(client, epochs=1_000_000)
+    loop = metfs.passes(client, epochs=1_000_000, block=block)
     out = MetRun()
     mes: list[list[int]] = []  # [passes, samples seen before the first] per mini-epoch
     position: tuple[int, int] | None = None

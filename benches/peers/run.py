@@ -59,6 +59,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,6 +162,16 @@ class Tier:
         self.garage = f"127.0.0.1:{port}"
         self.bucket = self.env["METFS_S3_BUCKET"]
         self.stats = work / "proxy.json"
+        self.proxy: subprocess.Popen | None = None
+        self.start_proxy(rate)
+
+    def start_proxy(self, rate: int) -> None:
+        """Starts proxy.py in front of Garage, capped at `rate` bytes/s, and points `endpoint`
+        (and AWS_ENDPOINT_URL) at it. A proxy already running is stopped first; the new one's
+        count starts at zero and its port is new."""
+        if self.proxy is not None:
+            self.proxy.terminate()
+            self.proxy.wait()
         self.proxy = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("proxy.py")), "--target", self.garage,
              "--rate", str(rate), "--stats", str(self.stats)],
@@ -167,6 +179,7 @@ class Tier:
         line = self.proxy.stdout.readline()
         if not line.startswith("listening "):
             raise SystemExit("proxy.py did not start")
+        self.rate = rate
         self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
         # Clients that read AWS_ENDPOINT_URL go through the proxy too.
         self.env["AWS_ENDPOINT_URL"] = self.endpoint
@@ -217,8 +230,9 @@ class Tier:
         sh(str(ROOT / "scripts/garage.sh"), "start", str(self.dir), *self.ports)
 
     def stop(self) -> None:
-        self.proxy.terminate()
-        self.proxy.wait()
+        if self.proxy is not None:
+            self.proxy.terminate()
+            self.proxy.wait()
         sh(str(ROOT / "scripts/garage.sh"), "stop", str(self.dir), check=False)
 
 
@@ -236,28 +250,36 @@ class Dataset:
         tier.put_many((f"{self.name}/files/{sample_key(i)}", sample_bytes(self.name, i, self.size))
                       for i in range(self.n))
         if with_mds:
-            from streaming import MDSWriter
-
-            out = work / f"mds-{self.name}"
-            shutil.rmtree(out, ignore_errors=True)
-            # Shards go up straight to Garage as they are written, and are deleted locally.
-            env = {k: v for k, v in tier.env.items() if k.startswith("AWS_")}
-            env["S3_ENDPOINT_URL"] = f"http://{tier.garage}"
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
-                with MDSWriter(out=(str(out), f"s3://{tier.bucket}/{self.name}/mds"),
-                               columns={"data": "bytes"}, size_limit=shard_bytes) as w:
-                    for i in range(self.n):
-                        w.write({"data": sample_bytes(self.name, i, self.size)})
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-            shutil.rmtree(out, ignore_errors=True)
+            write_mds(tier, f"{self.name}/mds", {"data": "bytes"},
+                      ({"data": sample_bytes(self.name, i, self.size)} for i in range(self.n)),
+                      shard_bytes, work / f"mds-{self.name}")
         log(f"dataset {self.name}: {self.n} x {self.size >> 10} KiB uploaded in {time.time() - t:.0f} s")
+
+
+def write_mds(tier: Tier, prefix: str, columns: dict[str, str], samples: Iterable[dict],
+              shard_bytes: int, out: Path) -> None:
+    """Writes `samples` as MosaicML Streaming's MDS shards of `shard_bytes` to
+    s3://BUCKET/PREFIX. Shards go up straight to Garage (not through the proxy) as they are
+    written, and are deleted locally (`out` is the local staging folder)."""
+    from streaming import MDSWriter
+
+    shutil.rmtree(out, ignore_errors=True)
+    env = {k: v for k, v in tier.env.items() if k.startswith("AWS_")}
+    env["S3_ENDPOINT_URL"] = f"http://{tier.garage}"
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with MDSWriter(out=(str(out), f"s3://{tier.bucket}/{prefix}"), columns=columns,
+                       size_limit=shard_bytes) as w:
+            for s in samples:
+                w.write(s)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    shutil.rmtree(out, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------- consumers
@@ -410,7 +432,10 @@ def read_order(ds: Dataset, mnt: Path, count: int, seed: int) -> Run:
     return run
 
 
-def side_rclone(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) -> Run:
+@contextmanager
+def rclone_mounted(tier: Tier, prefix: str, cache: Path, mnt: Path, cache_mib: int) -> Iterator[None]:
+    """s3://BUCKET/PREFIX mounted on `mnt` by rclone's VFS cache in `cache`, capped at
+    `cache_mib`, for the body of the `with`."""
     # The tier is plain HTTP; a machine-wide AWS_CA_BUNDLE makes rclone's S3 client refuse to
     # start ("LoadCustomCABundleError"), so it is left out of rclone's environment.
     env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
@@ -419,13 +444,13 @@ def side_rclone(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path
                RCLONE_CONFIG_TIER_ACCESS_KEY_ID=tier.env["AWS_ACCESS_KEY_ID"],
                RCLONE_CONFIG_TIER_SECRET_ACCESS_KEY=tier.env["AWS_SECRET_ACCESS_KEY"])
     proc = subprocess.Popen(
-        ["rclone", "mount", f"tier:{tier.bucket}/{ds.name}/files", str(mnt), "--read-only",
-         "--vfs-cache-mode", "full", "--vfs-cache-max-size", f"{cfg.cache_mib}M",
+        ["rclone", "mount", f"tier:{tier.bucket}/{prefix}", str(mnt), "--read-only",
+         "--vfs-cache-mode", "full", "--vfs-cache-max-size", f"{cache_mib}M",
          "--vfs-cache-poll-interval", "1s", "--cache-dir", str(cache), "--dir-cache-time", "1h"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_mounted(mnt, proc, "rclone mount")
-        return read_order(ds, mnt, count, cfg.seed)
+        yield
     finally:
         fuse_umount(mnt)
         proc.terminate()
@@ -435,22 +460,30 @@ def side_rclone(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path
             proc.kill()
 
 
-def side_s3fs(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) -> Run:
+def side_rclone(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) -> Run:
+    with rclone_mounted(tier, f"{ds.name}/files", cache, mnt, cfg.cache_mib):
+        return read_order(ds, mnt, count, cfg.seed)
+
+
+@contextmanager
+def s3fs_mounted(tier: Tier, prefix: str, cache: Path, mnt: Path, cache_mib: int) -> Iterator[None]:
+    """s3://BUCKET/PREFIX mounted on `mnt` by s3fs with its cache on a tmpfs of `cache_mib`
+    mounted on `cache`, for the body of the `with`."""
     # s3fs has no cap on its cache: it gets a file system of the budget's size, and keeps
     # ensure_diskfree MB free on it (evicting files not open).
-    sh("mount", "-t", "tmpfs", "-o", f"size={cfg.cache_mib}m,mode=0700", "tmpfs", str(cache))
+    sh("mount", "-t", "tmpfs", "-o", f"size={cache_mib}m,mode=0700", "tmpfs", str(cache))
     pw = cache.parent / "s3fs.passwd"
     pw.write_text(f"{tier.env['AWS_ACCESS_KEY_ID']}:{tier.env['AWS_SECRET_ACCESS_KEY']}\n")
     pw.chmod(0o600)
     try:
-        r = sh("s3fs", f"{tier.bucket}:/{ds.name}/files", str(mnt), "-o",
+        r = sh("s3fs", f"{tier.bucket}:/{prefix}", str(mnt), "-o",
                f"url={tier.endpoint},use_path_request_style,endpoint=garage,passwd_file={pw},"
                f"use_cache={cache},ensure_diskfree=8,ro,stat_cache_expire=3600", check=False)
         if r.returncode != 0:
             raise RuntimeError(f"s3fs failed: {r.stderr[-2000:]}")
         try:
             wait_mounted(mnt, None, "s3fs")
-            return read_order(ds, mnt, count, cfg.seed)
+            yield
         finally:
             fuse_umount(mnt)
     finally:
@@ -460,18 +493,31 @@ def side_s3fs(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) 
             time.sleep(0.2)
 
 
+def side_s3fs(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) -> Run:
+    with s3fs_mounted(tier, f"{ds.name}/files", cache, mnt, cfg.cache_mib):
+        return read_order(ds, mnt, count, cfg.seed)
+
+
+def streaming_dataset(remote: str, cache: str, cache_mib: int, seed: int):
+    """Streaming's side as configured here: a shuffled StreamingDataset over the MDS shards at
+    `remote`, its cache in `cache` capped at `cache_mib` (the S3 endpoint, credentials and
+    S3_ENDPOINT_URL come from the environment)."""
+    from streaming import StreamingDataset
+
+    return StreamingDataset(remote=remote, local=cache, cache_limit=f"{cache_mib}mb", shuffle=True,
+                            shuffle_seed=seed, batch_size=1, num_canonical_nodes=1)
+
+
 def streaming_child(q, env: dict, remote: str, cache: str, cache_mib: int, seed: int, count: int,
                     budget_s: float) -> None:
     """Streaming's side, in a process of its own: its download threads outlive the iterator and
     would keep reading the tier during the next side's run; ending the process ends them."""
     os.environ.update(env)
-    from streaming import StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()
     t0 = time.perf_counter()
-    sds = StreamingDataset(remote=remote, local=cache, cache_limit=f"{cache_mib}mb", shuffle=True,
-                           shuffle_seed=seed, batch_size=1, num_canonical_nodes=1)
+    sds = streaming_dataset(remote, cache, cache_mib, seed)
     samples = nbytes = epoch = 0
     while samples < count and time.perf_counter() - t0 < budget_s:
         for s in sds:
