@@ -113,3 +113,47 @@ async fn a_new_daemon_on_the_same_cache_resumes_without_refetching() {
     drop(d);
     r.stop().await;
 }
+
+/// After a clean stop the slots are sealed: the next daemon reads none of their copies at
+/// start, checks each at its first open through the core, and fetches a copy damaged in place
+/// meanwhile again from the tier before serving it (from a runtime thread here, as the
+/// daemon's own tasks would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_resume_checks_copies_at_first_open_and_fetches_a_damaged_one_again() {
+    use std::os::unix::fs::{FileExt, PermissionsExt};
+    let t = setup(1);
+    let r = start(t.cfg.clone()).await;
+    wait_next_ready(&r.daemon).await;
+    let slot = r.daemon.fs().current().slot.clone();
+    r.stop().await;
+    let dir = t.cache.join("slots").join(&slot);
+    assert!(t.cache.join("slots").join(format!("{slot}.seal")).exists());
+    let (rel, bytes) = t
+        .source
+        .iter()
+        .find(|(k, v)| v.len() > 100 && dir.join(k).exists())
+        .expect("a staged copy");
+    let p = dir.join(rel);
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all_at(&[bytes[40] ^ 0xff], 40).unwrap();
+    drop(f);
+
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    assert_eq!(
+        status_u64(&d, "tier_bytes_read"),
+        0,
+        "a copy was fetched at start"
+    );
+    let view = read_view(&d.fs());
+    check_bytes(&view, &t.source);
+    assert_eq!(
+        status_u64(&d, "tier_bytes_read"),
+        bytes.len() as u64,
+        "exactly the damaged copy is fetched again"
+    );
+    assert_eq!(std::fs::read(&p).unwrap(), *bytes);
+    drop(d);
+    r.stop().await;
+}
