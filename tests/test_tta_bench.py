@@ -27,7 +27,7 @@ def test_tta_benchmark_quick(tmp_path: Path) -> None:
     r = subprocess.run(
         [sys.executable, str(ROOT / "benches/tta.py"), "--quick", "--no-install", "--json", str(out),
          "--curves", str(tmp_path / "curves.json")],
-        capture_output=True, text=True, timeout=400, env=env)
+        capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = data["rows"]
