@@ -9,7 +9,6 @@ while the current view keeps serving.
 
 from __future__ import annotations
 
-import errno
 import os
 import pwd
 import re
