@@ -488,3 +488,30 @@ def test_socket_cap_keeps_descriptors_for_reads(mounts, dataset, tmp_path):
             return False
 
     wait_for(served, timeout=10, what="a place for a new connection")
+
+
+def test_a_dataset_too_large_for_the_memory_is_refused_with_its_numbers(mounts, tmp_path, metfs):
+    """A manifest (counted before it is parsed) or a source (checked once listed) with more
+    files than the memory the daemon may use holds is refused at mount with the files, the
+    memory they need and what is available, instead of ending in an allocation; the same
+    dataset mounts with room enough."""
+    src = tmp_path / "tier"
+    files = make_tree(src, n=40, max_size=1024)
+    man = tmp_path / "big.csv"
+    man.write_text("path,size\n" + "".join(f"{p},{len(files[p])}\n" for p in sorted(files))
+                   + "".join(f"more/f{i:06}.bin,100\n" for i in range(20_000)))
+    m = mounts(src, "6MiB", "--manifest", str(man), "--memory-limit", "4MiB")
+    r = m.mount(check=False)
+    assert r.returncode != 0 and not is_mounted(m.mountpoint)
+    for w in (str(man), "20041 files", "--memory-limit", "available"):
+        assert w in r.stderr, (w, r.stderr)
+    assert "panicked" not in r.stderr + m.log()
+    m = mounts(src, "6MiB", "--memory-limit", "16KiB", name="listed")
+    r = m.mount(check=False)
+    assert r.returncode != 0 and f"source {src}" in r.stderr and "40 files" in r.stderr, r.stderr
+    m = mounts(src, "6MiB", "--memory-limit", "64MiB", name="fits")
+    m.mount()
+    assert read_view(m.mountpoint) == files
+    r = subprocess.run([metfs, "mount", "--source", str(src), "--cache", str(tmp_path / "c"), "--budget", "6MiB",
+                        "--memory-limit", "lots", str(tmp_path / "mnt-x")], capture_output=True, text=True)
+    assert r.returncode != 0 and "memory-limit" in r.stderr and "lots" in r.stderr, r.stderr

@@ -127,6 +127,10 @@ pub struct MountConfig {
     /// Passthrough backing ids kept. Default 1,048,576: one per file of a large mini-epoch, so
     /// ids live as long as their view (measured: per-open ids cost ~30% of small-file speed).
     pub max_backing_ids: u64,
+    /// Bytes the daemon may plan to hold for its catalog, plan and views. Default `None`: what
+    /// the node has (MemAvailable, the cgroup's limit, the address-space limit), so a dataset
+    /// too large for the node fails at mount with the number it needs, not in an allocation.
+    pub memory_limit: Option<u64>,
     /// Stager settings.
     pub stager: StagerConfig,
     /// The transform run on each sample while it is staged (`[transform]`), checked: its
@@ -378,6 +382,7 @@ impl MountConfig {
             prefetch_rate: s.prefetch_rate,
             max_open_files: s.max_open_files,
             max_backing_ids: s.max_backing_ids,
+            memory_limit: s.memory_limit.map(|m| m.0),
             stager: s.stager,
             transform: s.transform,
             control: s.control,

@@ -127,6 +127,12 @@ pub struct MountSettings {
     /// raises, and plenty for a training job's readers.
     #[arg(long, default_value_t = 4096)]
     pub max_open_files: u64,
+    /// Memory the daemon may plan for its catalog, plan and views (about 512 B per file plus
+    /// its path), e.g. 4GiB; a dataset that needs more is refused at mount with the number it
+    /// needs. Without it, what the node has: the least of MemAvailable, the cgroup's limit
+    /// and the address-space limit [default: (what the node has)].
+    #[arg(long)]
+    pub memory_limit: Option<Size>,
     /// Passthrough backing ids kept: one per file of a large mini-epoch, so that ids live as
     /// long as their view (per-open ids cost ~30% of small-file speed).
     #[arg(long, default_value_t = 1 << 20)]

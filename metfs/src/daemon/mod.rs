@@ -247,6 +247,7 @@ impl CachePaths {
 pub mod aggregate;
 mod fingerprint;
 mod kernel;
+pub mod memory;
 mod queue;
 mod session;
 mod setup;

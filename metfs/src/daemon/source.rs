@@ -104,6 +104,16 @@ pub(super) async fn load_plain_catalog(
         // A manifest replaces the listing; reading it is cheap next to listing millions of
         // files on a parallel file system's metadata server.
         let t = Instant::now();
+        // Counted first: a manifest too large for the node is refused with its numbers rather
+        // than ending the daemon in an allocation halfway through.
+        if let Ok((lines, bytes)) = super::memory::count_manifest(manifest) {
+            super::memory::check_fits(
+                &format!("manifest {}", manifest.display()),
+                lines,
+                bytes,
+                cfg.memory_limit,
+            )?;
+        }
         let mut cat = prefetcher::manifest::load_catalog(manifest)
             .map_err(|e| DaemonError::Setup(e.to_string()))?;
         if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
@@ -129,6 +139,14 @@ pub(super) async fn load_plain_catalog(
     for (p, why) in &listing.skipped {
         tracing::warn!(path = %p, reason = %why, "not served");
     }
+    // The listing's entries take a fraction of what the catalog, plan and views will: checked
+    // before those are built.
+    super::memory::check_fits(
+        &format!("source {}", cfg.source),
+        listing.entries.len() as u64,
+        listing.entries.iter().map(|e| e.path.len() as u64).sum(),
+        cfg.memory_limit,
+    )?;
     let mut cat = Catalog::from_entries(tier.url(), listing.entries)?;
     cat.set_dir_stamps(listing.dir_stamps);
     if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
