@@ -310,6 +310,9 @@ pub struct Daemon {
     pub events: crate::events::EventLog,
     /// Fired when the daemon should unmount and exit.
     pub shutdown: tokio::sync::Notify,
+    /// Held by one `apply` at a time: the ranks of one node each apply the leader's decision,
+    /// and two that both found the view one step short of it would otherwise both advance it.
+    apply_one: tokio::sync::Mutex<()>,
 }
 
 fn slot_name(target: (u64, u32)) -> String {

@@ -786,6 +786,7 @@ impl Daemon {
             mountpoint: Mutex::new(PathBuf::new()),
             started: Instant::now(),
             shutdown: tokio::sync::Notify::new(),
+            apply_one: tokio::sync::Mutex::new(()),
             cfg: p.cfg,
         });
         *daemon.me.lock().unwrap() = Arc::downgrade(&daemon);

@@ -497,6 +497,8 @@ impl Daemon {
     }
 
     /// Handles `apply` for session `name`: a follower moves to exactly (epoch, mini_epoch).
+    /// Applies run one at a time, each reading the position only once the one before has
+    /// moved it: the second of a node's ranks to apply a decision finds the view there already.
     pub async fn apply_in(
         &self,
         name: &str,
@@ -504,6 +506,7 @@ impl Daemon {
         mini_epoch: u32,
         wait: bool,
     ) -> Result<Decision, ProtocolError> {
+        let _one = self.apply_one.lock().await;
         let (cur, succ, queue) = {
             let ss = self.sessions.lock().unwrap();
             let s = session_ref(&ss, name)?;

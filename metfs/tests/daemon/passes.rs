@@ -277,3 +277,39 @@ async fn requests_name_their_session_and_an_unknown_one_is_refused() {
     drop(d);
     r.stop().await;
 }
+
+/// The ranks of one node each apply the leader's decision to their node's daemon, at once:
+/// every one of them lands on exactly the position applied, never one further (three ranks
+/// per node once left the view a mini-epoch past the leader's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_applies_of_one_decision_move_the_view_once() {
+    let t = setup(1);
+    let r = start(t.cfg.clone()).await;
+    let d = r.daemon.clone();
+    for _ in 0..3 {
+        let st = d.status();
+        let target = if st.mini_epoch + 1 < st.mini_epochs {
+            (st.epoch, st.mini_epoch + 1)
+        } else {
+            (st.epoch + 1, 0)
+        };
+        let applies: Vec<_> = (0..3)
+            .map(|_| {
+                let d = d.clone();
+                tokio::spawn(async move { d.apply(target.0, target.1, true).await })
+            })
+            .collect();
+        for a in applies {
+            let got = a.await.unwrap().unwrap();
+            assert_eq!((got.epoch, got.mini_epoch), target);
+        }
+        let st = d.status();
+        assert_eq!(
+            (st.epoch, st.mini_epoch),
+            target,
+            "the view moved past the decision"
+        );
+    }
+    drop(d);
+    r.stop().await;
+}
