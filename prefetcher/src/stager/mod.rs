@@ -59,7 +59,7 @@
 //! source was, whatever the source's modes (the view shows the source's modes, not these).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, Read, Write};
+use std::io::{BufRead, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -300,15 +300,26 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
 
 /// CRC-32 of a whole file.
 fn crc_of_file(path: &Path) -> std::io::Result<u32> {
-    let mut f = std::fs::File::open(path)?;
+    crc_of_open_file(&std::fs::File::open(path)?)
+}
+
+/// CRC-32 of an open file's whole content, read from offset 0 (the descriptor's position is
+/// not used, so a descriptor shared with readers is safe).
+fn crc_of_open_file(file: &std::fs::File) -> std::io::Result<u32> {
+    use std::os::unix::fs::FileExt;
     let mut h = crc32fast::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
     loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            return Ok(h.finalize());
+        match file.read_at(&mut buf, off) {
+            Ok(0) => return Ok(h.finalize()),
+            Ok(n) => {
+                h.update(&buf[..n]);
+                off += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
-        h.update(&buf[..n]);
     }
 }
 

@@ -203,34 +203,50 @@ impl CopyChecks {
     }
 }
 
-/// CRC-32 of an open file's whole content, read from offset 0 (the descriptor's position is
-/// not used, so a descriptor shared with readers is safe).
-fn crc_of_open_file(file: &std::fs::File) -> std::io::Result<u32> {
-    use std::os::unix::fs::FileExt;
-    let mut h = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 256 << 10];
-    let mut off = 0u64;
-    loop {
-        match file.read_at(&mut buf, off) {
-            Ok(0) => return Ok(h.finalize()),
-            Ok(n) => {
-                h.update(&buf[..n]);
-                off += n as u64;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 impl Stager {
     fn seal_path(&self, name: &str) -> PathBuf {
         self.slots_dir.join(format!("{name}.seal"))
     }
 
+    /// Length and CRC-32 of slot `name`'s journal.
+    fn journal_digest(&self, name: &str) -> std::io::Result<(u64, u32)> {
+        let journal = std::fs::read(self.journal(name).path())?;
+        Ok((journal.len() as u64, crc32fast::hash(&journal)))
+    }
+
+    /// Why `seal` does not describe slot `name` as it is now, if it does not. Only the sealed
+    /// directories are looked at, one `lstat` each, never listed: an entry added to, removed
+    /// from or renamed in any of them (a directory included) changes that directory's mtime
+    /// and ctime, and a directory replaced changes its inode.
+    fn seal_holds(&self, name: &str, seal: &Seal) -> Result<(), String> {
+        let digest = self
+            .journal_digest(name)
+            .map_err(|e| format!("the journal cannot be read: {e}"))?;
+        if digest != (seal.journal_len, seal.journal_crc) {
+            return Err("its journal changed".into());
+        }
+        // A seal is read back as untrusted input: the slot's own directory first, and only
+        // relative paths below it.
+        if seal.dirs.first().is_none_or(|d| !d.path.is_empty()) {
+            return Err("it does not list the slot's directory".into());
+        }
+        let root = self.slot_path(name);
+        for d in &seal.dirs {
+            if d.path.starts_with('/') || d.path.split('/').any(|c| c == "..") {
+                return Err(format!("it lists a path outside the slot: {:?}", d.path));
+            }
+            let m = std::fs::symlink_metadata(root.join(&d.path))
+                .map_err(|e| format!("{:?}: {e}", d.path))?;
+            if !m.is_dir() || SealedDir::of(d.path.clone(), &m) != *d {
+                return Err(format!("its directory {:?} changed", d.path));
+            }
+        }
+        Ok(())
+    }
+
     /// The seal slot `name` would have now: its journal's digest and its directories.
     fn current_seal(&self, name: &str) -> std::io::Result<Seal> {
-        let journal = std::fs::read(self.journal(name).path())?;
+        let (journal_len, journal_crc) = self.journal_digest(name)?;
         let root = self.slot_path(name);
         let mut dirs = vec![SealedDir::of(
             String::new(),
@@ -264,8 +280,8 @@ impl Stager {
         }
         Ok(Seal {
             v: SEAL_VERSION,
-            journal_len: journal.len() as u64,
-            journal_crc: crc32fast::hash(&journal),
+            journal_len,
+            journal_crc,
             dirs,
         })
     }
@@ -314,17 +330,7 @@ impl Stager {
                 Ok(bytes) => match serde_json::from_slice::<Seal>(&bytes) {
                     Err(e) => Err(format!("not a seal: {e}")),
                     Ok(s) if s.v != SEAL_VERSION => Err(format!("version {}", s.v)),
-                    Ok(s) => match self.current_seal(&name) {
-                        Err(e) => Err(format!("the slot cannot be read: {e}")),
-                        Ok(now)
-                            if now.journal_len != s.journal_len
-                                || now.journal_crc != s.journal_crc =>
-                        {
-                            Err("its journal changed".into())
-                        }
-                        Ok(now) if now.dirs != s.dirs => Err("its directories changed".into()),
-                        Ok(_) => Ok(()),
-                    },
+                    Ok(s) => self.seal_holds(&name, &s),
                 },
             };
             match verdict {
@@ -494,7 +500,7 @@ mod tests {
     #[tokio::test]
     async fn a_seal_does_not_hold_once_the_slot_or_its_journal_changed() {
         type Change = fn(&Stager, &Catalog);
-        let changes: [(&str, Change); 5] = [
+        let changes: [(&str, Change); 6] = [
             ("a copy deleted", |st, cat| {
                 std::fs::remove_file(st.slot_path("s").join(cat.path(4))).unwrap()
             }),
@@ -512,6 +518,13 @@ mod tests {
             }),
             ("a directory added", |st, _| {
                 std::fs::create_dir(st.slot_path("s").join("c0/new")).unwrap()
+            }),
+            ("a seal listing a path outside the slot", |st, _| {
+                let p = st.seal_path("s");
+                let mut v: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+                v["dirs"][1]["path"] = "../..".into();
+                std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
             }),
             ("the seal damaged", |st, _| {
                 std::fs::write(st.seal_path("s"), b"{\"v\":1}").unwrap()
