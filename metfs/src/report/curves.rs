@@ -13,7 +13,9 @@ use std::path::Path;
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::plot::{decimals, legend_line, register_font, render_png, DrawResult, Root, FONT};
+use super::plot::{
+    decimals, draw_legend, legend_line, register_font, render_png, DrawResult, Root, FONT,
+};
 use super::ReportError;
 
 /// A plot of one or more named curves over shared axes.
@@ -174,13 +176,7 @@ impl Curves {
                 .label(h.label.as_str())
                 .legend(legend_line(c));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT, 18))
-            .draw()?;
+        draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
         Ok(())
     }
 }

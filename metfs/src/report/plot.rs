@@ -91,6 +91,25 @@ pub(super) fn legend_line(c: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i3
     move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(3))
 }
 
+/// The legend box every plot draws: the series' labels on a translucent white box.
+pub(super) fn draw_legend<'a>(
+    chart: &mut ChartContext<
+        'a,
+        BitMapBackend<'a>,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+    position: SeriesLabelPosition,
+) -> DrawResult {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 18))
+        .draw()?;
+    Ok(())
+}
+
 pub(super) fn draw_rf(root: &Root<'_>, s: &ReportSummary) -> DrawResult {
     root.fill(&WHITE)?;
     let rows = &s.mini_epochs;
@@ -188,13 +207,7 @@ pub(super) fn draw_rf(root: &Root<'_>, s: &ReportSummary) -> DrawResult {
             .label(format!("stall-free rf {sf} = ceil(EB1/B2)"))
             .legend(legend_line(STALL_COLOR));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 18))
-        .draw()?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     Ok(())
 }
 
@@ -284,13 +297,7 @@ pub(super) fn draw_histogram(root: &Root<'_>, s: &ReportSummary) -> DrawResult {
                 .legend(legend_line(STALL_COLOR));
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 18))
-        .draw()?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     Ok(())
 }
 
@@ -384,13 +391,7 @@ pub(super) fn draw_bandwidth(root: &Root<'_>, a: &Analysis, s: &ReportSummary) -
             .label(format!("EB1, consumption average: {}", rate(Some(eb1))))
             .legend(legend_line(STALL_COLOR));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 18))
-        .draw()?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     Ok(())
 }
 
