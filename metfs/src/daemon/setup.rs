@@ -8,7 +8,6 @@ use super::*;
 /// files: many slots of few bytes each, which only the budget should bound.
 const MAX_HELD_PER_SHARE: usize = 16;
 
-/// The rf history file of the mount (`--history`), or `None` (logged) if it cannot be used.
 /// How the mount fetches again a copy of a sealed slot that its first open found damaged: the
 /// stager's repair, run to completion on the daemon's runtime from the FUSE thread that asked
 /// (a runtime thread, in tests that call the core directly, gives its place up meanwhile).
@@ -25,6 +24,7 @@ pub(super) fn copy_repair(stager: &Stager) -> crate::fs::CopyRepair {
     })
 }
 
+/// The rf history file of the mount (`--history`), or `None` (logged) if it cannot be used.
 pub(super) fn open_history_store(cfg: &MountConfig) -> Option<HistoryStore> {
     if let Some(dir) = cfg.history.parent() {
         let _ = std::fs::create_dir_all(dir);
