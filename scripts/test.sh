@@ -19,6 +19,16 @@ scripts/install-deps.sh --check demo
 # plain `cargo test` without them passes and names what it did not run.
 export METFS_REQUIRE_SERVERS=1
 
+# The builds (debug, the build without HDF5, the wheel) take ~8 GB and the tests' tiers and
+# caches ~3 GB at once; a disk short of that fails far into the run with errors that do not
+# say why, so say it first.
+free_gb() { df -P -BG "$1" | awk 'NR == 2 { sub("G", "", $4); print $4 }'; }
+for d in . /tmp; do
+  if [ "$(free_gb "$d")" -lt 12 ]; then
+    echo "warning: $(cd "$d" && pwd) has only $(free_gb "$d") GB free; the tests need ~12 GB" >&2
+  fi
+done
+
 echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
@@ -84,7 +94,11 @@ cargo build -q -p metfs --features mpi --bin metfs-shuffle
 XDG_DATA_HOME=$(mktemp -d /tmp/metfs-test-data.XXXXXX)
 export XDG_DATA_HOME
 trap 'rm -rf "$XDG_DATA_HOME"' EXIT
-python3 -m pytest -q -p no:cacheprovider tests bindings/python/tests
+# A passed test's tmp_path (its tier, cache and mount) is deleted as soon as it passes, so the
+# suite needs the disk of its largest tests rather than of all of them (~2.5 GB); a failed
+# test's directory stays for reading.
+python3 -m pytest -q -p no:cacheprovider -o tmp_path_retention_policy=failed \
+  tests bindings/python/tests
 
 echo "== core end-to-end tests again, as an ordinary user"
 # Users on HPC nodes are not root: their mounts go through fusermount3 and passthrough is
@@ -94,5 +108,5 @@ chown "$TEST_USER" "$USER_DIR"
 trap 'rm -rf "$XDG_DATA_HOME" "$USER_DIR"' EXIT
 runuser -u "$TEST_USER" -- env -i PATH=/usr/bin:/bin HOME="$USER_DIR" TMPDIR="$USER_DIR" \
   PYTHONDONTWRITEBYTECODE=1 METFS_BIN="$METFS_BIN" XDG_DATA_HOME="$USER_DIR/data" \
-  /usr/bin/python3 -m pytest -q -p no:cacheprovider --basetemp="$USER_DIR/pytest" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider -o tmp_path_retention_policy=failed --basetemp="$USER_DIR/pytest" \
   tests/test_core.py tests/test_fs.py -k "not s3"
