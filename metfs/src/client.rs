@@ -48,6 +48,8 @@ pub fn files(socket: &Path, job: Option<String>) -> Result<FilesView, ClientErro
         job,
         known_generation: None,
         form: FilesForm::Packed,
+        // A lease ends with this one-shot connection, so direct paths would be unguarded.
+        direct: false,
     };
     let (mut view, mut rd): (FilesView, _) = exchange(socket, &req)?;
     let p = socket.display().to_string();

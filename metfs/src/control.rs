@@ -19,9 +19,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::fs::ViewLease;
 use crate::protocol::{
-    parse_request, Answer, Decision, ErrorCode, Left, ProtocolError, Reply, Request, ShuttingDown,
-    MAX_LINE_BYTES, VERSION as PROTOCOL_VERSION,
+    parse_request, Answer, Decision, ErrorCode, Left, ProtocolError, Released, Reply, Request,
+    ShuttingDown, MAX_LINE_BYTES, VERSION as PROTOCOL_VERSION,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -185,6 +186,10 @@ async fn connection(
     daemon: Arc<Daemon>,
     idle: std::time::Duration,
 ) -> std::io::Result<()> {
+    let mut conn = Conn {
+        lease: None,
+        peer_uid: stream.peer_cred().ok().map(|c| c.uid()),
+    };
     let (mut rd, mut wr) = stream.into_split();
     let mut reader = LineReader {
         buf: Vec::new(),
@@ -212,7 +217,7 @@ async fn connection(
                 Err(e) => e.into(),
                 Ok(req) => {
                     let shutdown = matches!(req, Request::Shutdown);
-                    let (out, after) = match handle(&daemon, req).await {
+                    let (out, after) = match handle(&daemon, req, &mut conn).await {
                         Ok(a) => a,
                         Err(e) => (e.into(), None),
                     };
@@ -237,8 +242,42 @@ async fn connection(
     }
 }
 
+/// What one connection holds between its requests.
+struct Conn {
+    /// The lease taken by its last `files` with `direct`; dropped (ending the lease) by
+    /// `release`, by a `files` that takes another, or with the connection.
+    lease: Option<ViewLease>,
+    /// The connecting process's user (`SO_PEERCRED`), when the kernel says.
+    peer_uid: Option<u32>,
+}
+
+impl Conn {
+    /// Refuses direct reads to a client that cannot read the cache: another user than the
+    /// daemon's own (the cache is private to it) or root. The socket is 0600, so today only
+    /// such clients connect at all; the check keeps that true if the socket is ever shared.
+    fn may_read_cache(&self, mountpoint: &Path) -> Result<(), ProtocolError> {
+        // SAFETY: geteuid has no failure mode and touches no memory.
+        let me = unsafe { libc::geteuid() };
+        match self.peer_uid {
+            Some(uid) if uid == me || uid == 0 => Ok(()),
+            uid => Err(ProtocolError::new(
+                ErrorCode::NotPermitted,
+                format!(
+                    "direct reads of the cache are for the daemon's user (uid {me}) or root, not uid {}: read the files through the mount at {}",
+                    uid.map_or_else(|| "unknown".to_string(), |u| u.to_string()),
+                    mountpoint.display()
+                ),
+            )),
+        }
+    }
+}
+
 /// Answers one request: the reply, and for a packed `files` list the bytes that follow its line.
-async fn handle(daemon: &Daemon, req: Request) -> Result<(Answer, Option<Vec<u8>>), ProtocolError> {
+async fn handle(
+    daemon: &Daemon,
+    req: Request,
+    conn: &mut Conn,
+) -> Result<(Answer, Option<Vec<u8>>), ProtocolError> {
     // Saving the position and unmounting take a while (an fsync on a busy disk: seconds);
     // meanwhile a job must learn at once that this daemon is going, not train on.
     if daemon.is_shutting_down() && !matches!(req, Request::Shutdown) {
@@ -253,6 +292,46 @@ async fn handle(daemon: &Daemon, req: Request) -> Result<(Answer, Option<Vec<u8>
             job,
             known_generation,
             form,
+            direct: true,
+        } => {
+            conn.may_read_cache(&daemon.mountpoint())?;
+            let name = if shared {
+                Some(daemon.session_for(job.as_deref())?)
+            } else {
+                None
+            };
+            let (view, packed) = daemon
+                .files_direct(name.as_deref(), known_generation, form, &mut conn.lease)
+                .await?;
+            return Ok((Answer::Files(Reply::new(view)), packed));
+        }
+        Request::Release { generation } => match (&conn.lease, generation) {
+            (None, _) => Err(ProtocolError::new(
+                ErrorCode::NoLease,
+                match generation {
+                    Some(g) => format!("`release` of generation {g}: this connection holds no lease (a lease is taken by `files` with `direct`, on the same connection)"),
+                    None => "`release`: this connection holds no lease (a lease is taken by `files` with `direct`, on the same connection)".to_string(),
+                },
+            )),
+            (Some(l), Some(g)) if l.view().generation != g => Err(ProtocolError::new(
+                ErrorCode::NoLease,
+                format!(
+                    "`release` of generation {g}: this connection's lease is on generation {}; nothing was released",
+                    l.view().generation
+                ),
+            )),
+            (Some(_), _) => {
+                let l = conn.lease.take().expect("matched Some");
+                let released = l.view().generation;
+                drop(l);
+                Ok(Answer::Released(Reply::new(Released { released })))
+            }
+        },
+        Request::Files {
+            job,
+            known_generation,
+            form,
+            direct: false,
         } => {
             let (view, packed) = if shared {
                 daemon.files_of(&daemon.session_for(job.as_deref())?, known_generation, form)?

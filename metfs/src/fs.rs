@@ -22,6 +22,11 @@
 //!   directories held for minutes), so counting them let a stray dentry stall staging. Entries
 //!   of a view that is no longer current are replied with a zero TTL, so the kernel lets them
 //!   go as soon as nothing uses them;
+//! * a lease pins its view as a handle does ([`ViewLease`]): a client that reads the slot's
+//!   files directly, not through the mount, holds one while it may still open them. A lease
+//!   is taken, and a retired view is forgotten ([`FsCore::retire_drained`]), under the views'
+//!   lock, so a lease is either taken before the view is forgotten (which then waits for it)
+//!   or refused; never given on a view whose slot is being deleted;
 //! * a lookup that misses in a retired view answers ESTALE, so the kernel keeps no negative
 //!   entry below an old directory (see [`FsCore::lookup`]);
 //! * an entry replied as current (long TTL) never reaches the kernel after the switch that
@@ -374,10 +379,75 @@ impl FsCore {
         old
     }
 
+    /// Forgets a retired view if it is drained (see [`FsCore::is_drained`]): its inodes go
+    /// stale and its cached files and backing ids are dropped. Returns whether it was
+    /// forgotten; a view that is current, unknown or held (a lease, a handle or a kernel
+    /// reference taken since it was found drained) is left as it is, and its holder's release
+    /// says when to try again. Checked and forgotten under the views' lock, so no lease can be
+    /// taken in between.
+    pub fn retire_drained(&self, generation: u64) -> bool {
+        {
+            let mut v = self.views.write().unwrap();
+            if v.current_of(generation).is_some() {
+                return false;
+            }
+            let Some(view) = v.retained.get(&generation) else {
+                return false;
+            };
+            if !self.unheld(view) {
+                return false;
+            }
+            v.retained.remove(&generation);
+        }
+        self.drop_cached(generation);
+        true
+    }
+
     /// Forgets a retired view: its inodes go stale and its cached files and backing ids are
     /// dropped. Call only when no handle is open on it.
     pub fn retire(&self, generation: u64) {
         self.views.write().unwrap().retained.remove(&generation);
+        self.drop_cached(generation);
+    }
+
+    /// Takes a lease on `view` (see [`ViewLease`]) if it is still shown or retained; `None`
+    /// once it has been forgotten, its slot evicted or being evicted.
+    pub fn lease(self: &Arc<Self>, view: &Arc<View>) -> Option<ViewLease> {
+        let v = self.views.read().unwrap();
+        let known =
+            v.current_of(view.generation).is_some() || v.retained.contains_key(&view.generation);
+        if !known {
+            return None;
+        }
+        view.lease_taken();
+        Some(ViewLease {
+            fs: self.clone(),
+            view: view.clone(),
+        })
+    }
+
+    /// Reads and checks every copy of `view` that its slot's seal vouched for and no open has
+    /// checked yet, fetching damaged ones again, as the first open of each would: a client
+    /// about to read the slot's files directly never reaches that check. Nothing to do (and
+    /// instant) for a slot staged or fully checked in this run. Blocking: call off the runtime.
+    pub fn check_copies(&self, view: &View) -> Result<(), FsError> {
+        let Some(c) = view.copy_checks() else {
+            return Ok(());
+        };
+        if c.unchecked() == 0 && c.damaged() == 0 {
+            return Ok(());
+        }
+        for idx in view.file_nodes() {
+            if let NodeKind::File { sample, .. } = &view.node(idx).kind {
+                if c.state(*sample) != CopyState::Good {
+                    self.backing_file(view, idx)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn drop_cached(&self, generation: u64) {
         self.files
             .invalidate_entries_if(move |k, _| k.0 == generation)
             .expect("invalidation closures are enabled");
@@ -425,8 +495,13 @@ impl FsCore {
     /// kernel references are tracked) the kernel holds none of its files (directories of a
     /// retired view reach no data; see [`View::file_refs`]).
     pub fn is_drained(&self, view: &View) -> bool {
-        !self.is_current(view)
-            && view.open_handles() == 0
+        !self.is_current(view) && self.unheld(view)
+    }
+
+    /// No handle, lease or (when tracked) kernel reference to a file holds `view`.
+    fn unheld(&self, view: &View) -> bool {
+        view.open_handles() == 0
+            && view.leases() == 0
             && (!self.settings.track_kernel_refs || view.file_refs() == 0)
     }
 
@@ -886,6 +961,38 @@ fn attr_in(view: &View, idx: u32, current: bool) -> Attr {
     }
 }
 
+/// A client's hold on a view whose slot files it reads directly (`files` with `direct`): while
+/// any lease is held the view's slot is not evicted, exactly as an open handle pins it.
+/// Dropping the lease lets it go, and tells the daemon when that drains a retired view.
+pub struct ViewLease {
+    fs: Arc<FsCore>,
+    view: Arc<View>,
+}
+
+impl ViewLease {
+    /// The leased view.
+    pub fn view(&self) -> &Arc<View> {
+        &self.view
+    }
+}
+
+impl std::fmt::Debug for ViewLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ViewLease")
+            .field("generation", &self.view.generation)
+            .field("slot", &self.view.slot)
+            .finish()
+    }
+}
+
+impl Drop for ViewLease {
+    fn drop(&mut self) {
+        if self.view.lease_ended() == 0 {
+            self.fs.notify_if_drained(&self.view);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -974,6 +1081,44 @@ mod tests {
         assert_eq!(core.lookup(dir.ino, "f"), Err(FsError::Stale));
         core.release(h2.fh);
         assert!(rx.try_recv().is_err(), "current view never drains");
+    }
+
+    #[test]
+    fn a_lease_pins_a_view_until_dropped_and_none_is_given_once_it_is_forgotten() {
+        let (d, c) = setup();
+        let v1 = view(&d, &c, &[0, 1], 1, 0, "s1");
+        let core = Arc::new(FsCore::new(v1, settings()));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        core.set_drained_sender(tx);
+        let lease = core.lease(&core.current()).unwrap();
+        // The direct path is the slot's copy: the bytes the mount shows.
+        let f = lease.view().slot_dir.join("d/f");
+        assert_eq!(std::fs::read(&f).unwrap(), vec![1u8; 100]);
+        let old = core.switch(view(&d, &c, &[0, 1], 2, 1, "s2"));
+        assert!(!core.is_drained(&old), "the lease holds the retired view");
+        assert!(!core.retire_drained(1), "a leased view is not forgotten");
+        assert!(core.retained(1).is_some());
+        assert_eq!(old.leases(), 1);
+        // A second lease on the retired (still retained) view is given and counted.
+        let second = core.lease(&old).unwrap();
+        drop(lease);
+        assert!(rx.try_recv().is_err(), "one lease still holds it");
+        drop(second);
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            1,
+            "the last lease's end drains the view"
+        );
+        assert!(core.retire_drained(1));
+        assert!(
+            core.lease(&old).is_none(),
+            "a forgotten view takes no lease"
+        );
+        assert!(!core.retire_drained(1), "forgotten once");
+        // The current view is never forgotten, leased or not.
+        assert!(!core.retire_drained(2));
+        let cur = core.lease(&core.current()).unwrap();
+        assert_eq!(cur.view().generation, 2);
     }
 
     #[test]

@@ -68,6 +68,9 @@ pub struct View {
     files: usize,
     bytes: u64,
     open_handles: AtomicUsize,
+    /// Clients holding a lease on this view's slot files, read directly rather than through
+    /// the mount (`files` with `direct`): each pins the slot as an open handle does.
+    leases: AtomicUsize,
     /// Per node: the kernel's lookup count (entries replied minus entries forgotten).
     refs: Box<[AtomicU32]>,
     /// Sum of `refs`: the kernel holds an inode of this view while it is above zero.
@@ -174,6 +177,7 @@ impl View {
             files: sorted.len(),
             bytes,
             open_handles: AtomicUsize::new(0),
+            leases: AtomicUsize::new(0),
             refs,
             kernel_refs: AtomicU64::new(0),
             file_refs: AtomicU64::new(0),
@@ -464,6 +468,18 @@ impl View {
     /// Handles open on this view.
     pub fn open_handles(&self) -> usize {
         self.open_handles.load(Ordering::Acquire)
+    }
+    /// Records a lease taken on this view (see [`crate::fs::ViewLease`]).
+    pub(crate) fn lease_taken(&self) {
+        self.leases.fetch_add(1, Ordering::AcqRel);
+    }
+    /// Records a lease ended; returns the number still held.
+    pub(crate) fn lease_ended(&self) -> usize {
+        self.leases.fetch_sub(1, Ordering::AcqRel) - 1
+    }
+    /// Leases held on this view.
+    pub fn leases(&self) -> usize {
+        self.leases.load(Ordering::Acquire)
     }
 }
 

@@ -374,10 +374,15 @@ impl Daemon {
         let Some(slot) = self.store.claim_eviction(gen) else {
             return;
         };
-        // Nothing reads the view any more (its last handle and kernel reference are gone): its
-        // cached descriptors and backing ids go now, not when the slot is deleted, so that a
-        // sample trimmed from the slot while it is held frees its blocks when it is unlinked.
-        self.fs.retire(gen);
+        // Nothing reads the view any more (its last handle, lease and kernel reference are
+        // gone): its cached descriptors and backing ids go now, not when the slot is deleted,
+        // so that a sample trimmed from the slot while it is held frees its blocks when it is
+        // unlinked. Checked again as the view is forgotten: a lease taken since it was found
+        // drained keeps it, and that lease's end asks again.
+        if !self.fs.retire_drained(gen) {
+            self.store.abandon_eviction(gen);
+            return;
+        }
         // A slot held for the next staging goes once that staging has taken its samples.
         self.store
             .wait_unheld(&slot, || self.is_shutting_down())

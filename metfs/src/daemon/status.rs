@@ -3,6 +3,7 @@
 //! the position.
 
 use super::*;
+use crate::fs::ViewLease;
 
 impl Daemon {
     /// Runs periodic work: just-in-time pacing, tier-bandwidth events, the metrics file.
@@ -262,6 +263,7 @@ impl Daemon {
                     generation: v.generation,
                     slot: v.slot.clone(),
                     open_handles: v.open_handles() as u64,
+                    leases: v.leases() as u64,
                     kernel_refs: v.kernel_refs(),
                     kernel_held: held,
                 }
@@ -295,6 +297,59 @@ impl Daemon {
         Ok(files_answer(
             &view, epoch, mini_epoch, mountpoint, known, form,
         ))
+    }
+
+    /// The `files` object with `direct` (of job `job` on a shared mount): the view's files and
+    /// the slot directory that holds them, with a lease on the view taken into `held` (the
+    /// connection's), replacing the lease it held. The lease is taken before the reply is
+    /// built, so the slot named in it cannot be evicted while the client reads it; copies a
+    /// seal vouched for are checked first, as their first open through the mount would.
+    pub async fn files_direct(
+        &self,
+        job: Option<&str>,
+        known: Option<u64>,
+        form: FilesForm,
+        held: &mut Option<ViewLease>,
+    ) -> Result<(FilesView, Option<Vec<u8>>), ProtocolError> {
+        loop {
+            let (view, epoch, mini_epoch, mountpoint) = match job {
+                Some(name) => {
+                    let ss = self.sessions.lock().unwrap();
+                    let s = session_ref(&ss, name)?;
+                    let mnt = self.mountpoint().join(name).display().to_string();
+                    (s.view.clone(), s.epoch, s.mini_epoch, mnt)
+                }
+                None => {
+                    let v = self.fs.current();
+                    let mnt = self.mountpoint().display().to_string();
+                    (v.clone(), v.epoch, v.mini_epoch, mnt)
+                }
+            };
+            // `None`: switched away and evicted since it was read; the next read finds the
+            // view that replaced it.
+            let Some(lease) = self.fs.lease(&view) else {
+                continue;
+            };
+            let fs = self.fs.clone();
+            let checked = view.clone();
+            tokio::task::spawn_blocking(move || fs.check_copies(&checked))
+                .await
+                .map_err(|e| ProtocolError::new(ErrorCode::Internal, e.to_string()))?
+                .map_err(|e| {
+                    ProtocolError::new(
+                        ErrorCode::Internal,
+                        format!(
+                            "slot {} has a damaged copy that could not be fetched again ({e}); read through the mount, which answers EIO for that file only",
+                            view.slot
+                        ),
+                    )
+                })?;
+            *held = Some(lease);
+            let (mut answer, payload) =
+                files_answer(&view, epoch, mini_epoch, mountpoint, known, form);
+            answer.direct_root = Some(view.slot_dir.display().to_string());
+            return Ok((answer, payload));
+        }
     }
 
     /// The `hello` object.
@@ -357,6 +412,7 @@ fn files_answer(
         count: view.file_count() as u64,
         unchanged: false,
         packed: None,
+        direct_root: None,
     };
     if known == Some(view.generation) {
         answer.unchanged = true;

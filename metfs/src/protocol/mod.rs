@@ -40,7 +40,7 @@ use serde_json::Value;
 
 pub use event::{Event, Record};
 pub use reply::{
-    Choice, Decision, Draining, FilesView, Hello, JobShare, JobStatus, Left, PackedList,
+    Choice, Decision, Draining, FilesView, Hello, JobShare, JobStatus, Left, PackedList, Released,
     ShuttingDown, Staging, Status,
 };
 pub use request::{
@@ -182,6 +182,8 @@ pub enum Answer {
     Decision(Reply<Decision>),
     /// To `leave`.
     Left(Reply<Left>),
+    /// To `release`.
+    Released(Reply<Released>),
     /// To `shutdown`.
     ShuttingDown(Reply<ShuttingDown>),
     /// A failure.
@@ -227,7 +229,7 @@ pub const SCHEMA_PATH: &str = "docs/protocol.schema.json";
 
 /// The protocol's JSON schema (draft 2020-12), as checked in at [`SCHEMA_PATH`]: every
 /// message under `$defs` (`RequestLine`, `HelloReply`, `StatusReply`, `FilesViewReply`,
-/// `DecisionReply`, `ShuttingDownReply`, `LeftReply`, `ErrorReply`, `Record` for an event-log line, and the
+/// `DecisionReply`, `ShuttingDownReply`, `LeftReply`, `ReleasedReply`, `ErrorReply`, `Record` for an event-log line, and the
 /// parts they use). It describes what the daemon writes: a field that may be unknown is
 /// present as `null`, never left out.
 pub fn schema() -> Value {
@@ -242,6 +244,7 @@ pub fn schema() -> Value {
     g.subschema_for::<Reply<Decision>>();
     g.subschema_for::<Reply<ShuttingDown>>();
     g.subschema_for::<Reply<Left>>();
+    g.subschema_for::<Reply<Released>>();
     g.subschema_for::<ErrorReply>();
     g.subschema_for::<Record>();
     let mut root = serde_json::Map::new();

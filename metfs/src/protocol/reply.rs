@@ -365,6 +365,9 @@ pub struct Draining {
     pub slot: String,
     /// Handles open on it.
     pub open_handles: u64,
+    /// Leases of clients that read its slot's files directly (`files` with `direct`).
+    #[serde(default)]
+    pub leases: u64,
     /// The kernel's references to its inodes.
     pub kernel_refs: u64,
     /// A few of the paths the kernel holds.
@@ -394,6 +397,11 @@ pub struct FilesView {
     /// With `form: "packed"` (and a changed view): the list follows this line as raw bytes.
     #[serde(default)]
     pub packed: Option<PackedList>,
+    /// With `direct`: the slot directory that holds the view's files in the cache; a file's
+    /// copy is `direct_root/<path>`, a complete, immutable file that may be read directly.
+    /// The connection holds a lease on `generation` (see the `files` request).
+    #[serde(default)]
+    pub direct_root: Option<String>,
 }
 
 /// Builds a packed list one path at a time (a view walks its tree into one).
@@ -539,6 +547,13 @@ pub struct Decision {
 pub struct Left {
     /// The job that left.
     pub left: String,
+}
+
+/// The answer to `release`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Released {
+    /// The generation whose lease ended.
+    pub released: u64,
 }
 
 /// The answer to `shutdown`.

@@ -44,6 +44,11 @@ pub enum ErrorCode {
     ShuttingDown,
     /// The daemon already serves its most concurrent connections; the connection is closed.
     TooManyConnections,
+    /// The client may not read the cache directly (`files` with `direct` from a user other than
+    /// the daemon's own or root): it reads through the mount.
+    NotPermitted,
+    /// `release` of a lease this connection does not hold.
+    NoLease,
     /// Anything else.
     Internal,
     /// Said by a client, never by the daemon: a reply that does not fit the protocol.
@@ -63,6 +68,8 @@ impl ErrorCode {
             ErrorCode::StagingFailed => "staging_failed",
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::TooManyConnections => "too_many_connections",
+            ErrorCode::NotPermitted => "not_permitted",
+            ErrorCode::NoLease => "no_lease",
             ErrorCode::Internal => "internal",
             ErrorCode::BadResponse => "bad_response",
         }
@@ -278,6 +285,23 @@ pub enum Request {
         /// it (`packed`, see [`crate::protocol::PackedList`]).
         #[serde(default, skip_serializing_if = "FilesForm::is_list")]
         form: FilesForm,
+        /// Also say where the view's files lie in the cache (`direct_root` in the reply), so
+        /// the client can read the slot's files directly, bypassing FUSE, and take a lease on
+        /// the view: until the lease ends its slot is not evicted. The lease is this
+        /// connection's and ends at its next `files` (which takes one on the view it names),
+        /// at `release`, or when the connection closes (the daemon also closes a connection
+        /// silent for `control.idle_timeout_secs`). Only for a client of the daemon's own user
+        /// or root: the cache is theirs.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        direct: bool,
+    },
+    /// Ends this connection's lease (taken by `files` with `direct`): the client reads no
+    /// more slot files directly.
+    Release {
+        /// The leased generation the client means to release; when given, a lease on another
+        /// generation (or none) is an error and nothing is released.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        generation: Option<u64>,
     },
     /// The end of one pass over the current mini-epoch.
     PassEnd {
@@ -318,13 +342,13 @@ fn field<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     obj.get(name).filter(|v| !v.is_null())
 }
 
-fn opt_generation(obj: &Map<String, Value>) -> Result<Option<u64>, ProtocolError> {
-    match field(obj, "known_generation") {
+fn opt_generation(obj: &Map<String, Value>, name: &str) -> Result<Option<u64>, ProtocolError> {
+    match field(obj, name) {
         None => Ok(None),
         Some(v) => v.as_u64().map(Some).ok_or_else(|| {
             ProtocolError::new(
                 ErrorCode::BadRequest,
-                format!("field `known_generation` must be a non-negative integer, got {v}"),
+                format!("field `{name}` must be a non-negative integer, got {v}"),
             )
         }),
     }
@@ -469,7 +493,7 @@ pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
         },
         "files" => Request::Files {
             job: opt_string(&obj, "job")?,
-            known_generation: opt_generation(&obj)?,
+            known_generation: opt_generation(&obj, "known_generation")?,
             form: match field(&obj, "form") {
                 None => FilesForm::List,
                 Some(Value::String(s)) if s == "list" => FilesForm::List,
@@ -481,6 +505,10 @@ pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
                     ))
                 }
             },
+            direct: opt_bool(&obj, "direct")?,
+        },
+        "release" => Request::Release {
+            generation: opt_generation(&obj, "generation")?,
         },
         "pass_end" => Request::PassEnd {
             job: opt_string(&obj, "job")?,
@@ -504,7 +532,7 @@ pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
             return Err(ProtocolError::new(
                 ErrorCode::UnknownOp,
                 format!(
-                    "unknown op `{}`; known ops: hello, leave, status, files, pass_end, advance, apply, shutdown",
+                    "unknown op `{}`; known ops: hello, leave, status, files, release, pass_end, advance, apply, shutdown",
                     other.chars().take(64).collect::<String>()
                 ),
             ))
@@ -697,11 +725,17 @@ mod tests {
                 job: None,
                 known_generation: None,
                 form: FilesForm::List,
+                direct: false,
             },
             Request::Files {
                 job: Some("j".into()),
                 known_generation: Some(7),
                 form: FilesForm::Packed,
+                direct: true,
+            },
+            Request::Release { generation: None },
+            Request::Release {
+                generation: Some(3),
             },
             Request::PassEnd {
                 job: Some("j".into()),

@@ -84,6 +84,7 @@ fn replies_read_back_and_errors_become_the_daemons() {
         count: 1,
         unchanged: false,
         packed: None,
+        direct_root: Some("/cache/slots/a".into()),
     };
     let line = serde_json::to_string(&Reply::new(view.clone())).unwrap();
     assert!(line.starts_with(r#"{"v":1,"ok":true,"#), "{line}");
@@ -93,7 +94,11 @@ fn replies_read_back_and_errors_become_the_daemons() {
         r#"{"ok":true,"generation":3,"epoch":1,"mini_epoch":0,"mountpoint":"/m","files":["a/b"]}"#;
     assert_eq!(
         read_reply::<FilesView>(old).unwrap(),
-        FilesView { count: 0, ..view }
+        FilesView {
+            count: 0,
+            direct_root: None,
+            ..view
+        }
     );
     let err = serde_json::to_string(&ProtocolError::new(ErrorCode::ShuttingDown, "bye").to_reply())
         .unwrap();
