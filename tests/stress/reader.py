@@ -2,7 +2,10 @@
 """A reader of a metfs mount for the stress tests: walks the view again and again, reads every
 file to the end in 128 KiB chunks and checks its SHA-256 against the source's.
 
-    reader.py MOUNTPOINT HASHES_JSON OUT_JSON STOP_FILE SEED
+    reader.py MOUNTPOINT HASHES_JSON OUT_JSON STOP_FILE SEED [SOCKET]
+
+With SOCKET (the daemon's control socket) it reads the view's slot files directly instead, under
+a lease (`direct_loop`).
 
 Runs until STOP_FILE exists, then writes its counters to OUT_JSON. The same loop runs in threads
 of the test process (`read_loop`), so the mount sees readers both as threads and as processes.
@@ -19,6 +22,7 @@ import hashlib
 import json
 import os
 import random
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -96,9 +100,91 @@ def read_loop(mnt: str, hashes: dict[str, str], stop: Callable[[], bool], seed: 
         c["rounds"] += 1
 
 
+class Lease:
+    """One reader's connection to the daemon: `files` with `direct` over it lists the view and
+    takes the connection's lease on it (JSON list form, so the loop needs no client package)."""
+
+    def __init__(self, sock: str) -> None:
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.connect(sock)
+        self.s.settimeout(120)
+        self.buf = b""
+
+    def files(self, known: int | None) -> dict[str, Any]:
+        req: dict[str, Any] = {"op": "files", "direct": True}
+        if known is not None:
+            req["known_generation"] = known
+        self.s.sendall(json.dumps(req).encode() + b"\n")
+        while b"\n" not in self.buf:
+            chunk = self.s.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("the daemon closed the connection")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        r = json.loads(line)
+        if not r.get("ok"):
+            raise RuntimeError(f"files direct: {r}")
+        return r
+
+    def close(self) -> None:
+        self.s.close()
+
+
+def direct_loop(sock: str, hashes: dict[str, str], stop: Callable[[], bool], seed: int, c: dict[str, Any]) -> None:
+    """Reads the view's slot files directly, as a loader given `direct` paths does: each round
+    asks for the view (renewing the lease, or moving it to the view that replaced it), then
+    reads every file of it. The lease keeps the slot, so a file listed is a file there: any
+    error at all, ENOENT included, is a failure."""
+    rng = random.Random(seed)
+    lease = Lease(sock)
+    known: int | None = None
+    files: list[str] = []
+    root = ""
+    try:
+        while not stop():
+            r = lease.files(known)
+            if not r.get("unchanged"):
+                files, root, known = list(r["files"]), r["direct_root"], r["generation"]
+                c["views"] = c.get("views", 0) + 1
+            order = files[:]
+            rng.shuffle(order)
+            for rel in order:
+                if stop():
+                    break
+                h = hashlib.sha256()
+                n = 0
+                try:
+                    with open(os.path.join(root, rel), "rb", buffering=0) as f:
+                        while True:
+                            b = f.read(CHUNK)
+                            if not b:
+                                break
+                            h.update(b)
+                            n += len(b)
+                except OSError as e:
+                    key = f"direct {errno.errorcode.get(e.errno or 0, str(e.errno))}"
+                    c["errors"][key] = c["errors"].get(key, 0) + 1
+                    continue
+                c["files"] += 1
+                c["bytes"] += n
+                want = hashes.get(rel)
+                if want is None:
+                    if len(c["unknown"]) < 10:
+                        c["unknown"].append(rel)
+                elif h.hexdigest() != want:
+                    if len(c["mismatches"]) < 10:
+                        c["mismatches"].append({"path": rel, "bytes": n})
+                else:
+                    c["read"].add(rel)
+            c["rounds"] += 1
+    finally:
+        lease.close()
+
+
 def merge(total: dict[str, Any], c: dict[str, Any]) -> None:
     for k in ("files", "bytes", "rounds", "enoent"):
         total[k] += c[k]
+    total["views"] = total.get("views", 0) + c.get("views", 0)
     for k, v in c["errors"].items():
         total["errors"][k] = total["errors"].get(k, 0) + v
     total["mismatches"] += c["mismatches"]
@@ -106,10 +192,14 @@ def merge(total: dict[str, Any], c: dict[str, Any]) -> None:
     total["read"] |= set(c["read"])
 
 
-def start_threads(mnt: str, hashes: dict[str, str], n: int, seed: int) -> tuple[threading.Event, list[threading.Thread], list[dict]]:
+def start_threads(mnt: str, hashes: dict[str, str], n: int, seed: int,
+                  direct_socket: str | None = None) -> tuple[threading.Event, list[threading.Thread], list[dict]]:
+    """`n` reader threads through the mount, or with `direct_socket` of the slot files directly."""
     stop = threading.Event()
     counters = [new_counters() for _ in range(n)]
-    threads = [threading.Thread(target=read_loop, args=(mnt, hashes, stop.is_set, seed + i, counters[i]), daemon=True)
+    threads = [threading.Thread(target=direct_loop, args=(direct_socket, hashes, stop.is_set, seed + i, counters[i]),
+                                daemon=True) if direct_socket else
+               threading.Thread(target=read_loop, args=(mnt, hashes, stop.is_set, seed + i, counters[i]), daemon=True)
                for i in range(n)]
     for t in threads:
         t.start()
@@ -120,7 +210,10 @@ def main() -> None:
     mnt, hashes_file, out, stop_file, seed = sys.argv[1:6]
     hashes = json.loads(Path(hashes_file).read_text())
     c = new_counters()
-    read_loop(mnt, hashes, lambda: os.path.exists(stop_file), int(seed), c)
+    if len(sys.argv) > 6:  # a control socket: read the slot files directly
+        direct_loop(sys.argv[6], hashes, lambda: os.path.exists(stop_file), int(seed), c)
+    else:
+        read_loop(mnt, hashes, lambda: os.path.exists(stop_file), int(seed), c)
     c["read"] = sorted(c["read"])
     Path(out).write_text(json.dumps(c))
 

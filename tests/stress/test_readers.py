@@ -131,3 +131,77 @@ def test_concurrent_readers_across_switches(mounts, tmp_path, read_path):
     estale = sum(total["errors"].get(k, 0) for k in stale_kinds)
     assert estale * 10_000 <= max(total["files"], 10_000), f"ESTALE on {estale} of {total['files']} opens"
 
+
+
+def test_direct_readers_across_switches(mounts, tmp_path):
+    """Readers of the slot files themselves (`files` with `direct`), each under its connection's
+    lease, across switches: every file listed is there and whole (no error of any kind, ENOENT
+    included, since the lease keeps the slot), every byte matches the source, the budget holds
+    with leases delaying evictions, and each reader follows the view as it moves."""
+    src = tmp_path / "tier"
+    make_tree(src, n=240, seed=13, max_size=96 * 1024)
+    hashes, _ = sha256_tree(src)
+    hashes_file = tmp_path / "hashes.json"
+    hashes_file.write_text(json.dumps(hashes))
+    m = mounts(src, str(BUDGET), "--rf", "1")
+    n_proc = READERS // 2
+    n_thr = READERS - n_proc
+    stop_file = tmp_path / "stop"
+    switch_secs: list[float] = []
+    leases_seen = 0
+    result: dict = {"read_path": "direct", "readers_threads": n_thr, "readers_processes": n_proc,
+                    "switches": SWITCHES}
+    with BudgetSampler(m.cache, BUDGET) as budget:
+        m.mount()
+        ledger = Ledger(m, set(hashes))
+        ledger.record()
+        stop, threads, counters = start_threads(str(m.mountpoint), hashes, n_thr, seed=3000,
+                                                direct_socket=m.socket)
+        procs = [subprocess.Popen([sys.executable, str(STRESS_DIR / "reader.py"), str(m.mountpoint), str(hashes_file),
+                                   str(tmp_path / f"reader-{i}.json"), str(stop_file), str(4000 + i), m.socket])
+                 for i in range(n_proc)]
+        try:
+            for _ in range(SWITCHES):
+                time.sleep(0.2)
+                secs, _ = advance_wait(m)
+                switch_secs.append(secs)
+                ledger.record()
+                leases_seen = max(leases_seen, sum(d["leases"] for d in m.status()["draining"]))
+        finally:
+            stop.set()
+            stop_file.touch()
+            for t in threads:
+                t.join(timeout=DEADLINE_S)
+            for p in procs:
+                try:
+                    p.wait(timeout=DEADLINE_S)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        total = new_counters()
+        for c in counters:
+            merge(total, c)
+        for i in range(n_proc):
+            out = tmp_path / f"reader-{i}.json"
+            assert out.exists(), f"reader process {i} wrote no result"
+            merge(total, json.loads(out.read_text()))
+        assert not any(t.is_alive() for t in threads), "a direct reader thread is stuck"
+        # Every reader is gone, and with it its connection and lease.
+        result["drain_after_stop_s"] = wait_drained(m)
+        st = m.status()
+    result.update(budget.summary())
+    result.update({"files_read": total["files"], "bytes_checked": total["bytes"], "errors": total["errors"],
+                   "mismatches": len(total["mismatches"]), "views_followed": total["views"],
+                   "leases_on_retired_views_max": leases_seen,
+                   "switch_s_median": median(switch_secs), "switch_s_max": p_max(switch_secs),
+                   "generation": st["generation"]})
+    write_result("readers-direct", result)
+    assert not total["mismatches"], f"bytes read differ from the source: {total['mismatches']}"
+    assert not total["unknown"], f"files read that are not in the source: {total['unknown']}"
+    assert not total["errors"], f"direct reads failed under a lease: {total['errors']}"
+    assert total["files"] > 0
+    assert total["read"] <= set().union(*ledger.views.values()), "a file was read that no view listed"
+    # Each reader saw the first view; most of them saw several.
+    assert total["views"] > READERS, total["views"]
+    budget.check()
+    assert st["generation"] == 1 + SWITCHES
+    assert not st["draining"], st["draining"]
