@@ -65,9 +65,10 @@ for k, r in res.items():
         print(f"| {r['read_path']} | {r['readers_threads']} + {r['readers_processes']} + {r['burst_threads']} | "
               f"STUCK after {r['stuck_after_switches']} of {r['switches']} | | | | | | | {r['switch_s_median']} | | | |")
     elif k.startswith("readers-"):
-        print(f"| {r['read_path']} | {r['readers_threads']} + {r['readers_processes']} + {r['burst_threads']} | {r['switches']} | "
-              f"{r['files_read']:,} | {r['bytes_checked'] / 2**30:.2f} GiB | {r['mismatches']} | {r['errors'] or 0} | {r['enoent_across_switch']:,} | "
-              f"{r['burst_same_file_opens']:,} | {r['switch_s_median']} / {r['switch_s_max']} | {r['drain_after_stop_s']:.3f} | "
+        # Direct readers (under a lease) have no same-file burst and no ENOENT allowance.
+        print(f"| {r['read_path']} | {r['readers_threads']} + {r['readers_processes']} + {r.get('burst_threads', 0)} | {r['switches']} | "
+              f"{r['files_read']:,} | {r['bytes_checked'] / 2**30:.2f} GiB | {r['mismatches']} | {r['errors'] or 0} | {r.get('enoent_across_switch', 0):,} | "
+              f"{r.get('burst_same_file_opens', 0):,} | {r['switch_s_median']} / {r['switch_s_max']} | {r['drain_after_stop_s']:.3f} | "
               f"{mib(r['budget_max_bytes'])} / {mib(r['budget_bytes'])} | {r['budget_samples_over']} of {r['budget_samples']:,} |")
 if "kill9" in res:
     r = res["kill9"]
