@@ -10,6 +10,15 @@
 //! their own while the next ones download, so durability costs the download no time unless
 //! the disk is slower than the tier.
 //!
+//! **A copy in a slot is never written in place.** Every file enters a slot by `rename` from
+//! `TMP/` (a fetch, a container's rows, a transform's output, the repair of a damaged copy) or
+//! by a hard link to another slot's copy (`reuse`), and leaves by `unlink` (a trim) or with its
+//! directory (eviction renames the slot into `TMP/` and deletes it); nothing here opens a slot
+//! file for writing or truncates one. So whoever holds a copy (an open descriptor through the
+//! mount, or a client reading the slot directly under a lease, see `metfs::fs::ViewLease`)
+//! reads the bytes that were renamed in, whole, and a hard-linked copy shared by two slots
+//! cannot change under either.
+//!
 //! Progress is journaled in `SLOTS/<name>.journal`: one line `<id> <crc32>` per staged sample,
 //! appended after its rename, and a final `complete` line. The CRC-32 is of the staged copy,
 //! computed from the page cache right after it is written. A restarted daemon reads the journal
