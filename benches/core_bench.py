@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Core benchmarks of metfs, each side by side with its baseline in one run.
 
-    python3 benches/core_bench.py read     # mount vs native reads of the slot's files, per read path
+    python3 benches/core_bench.py read     # mount vs native reads of the slot's files, per read path,
+                                           # and direct reads of the slot under a lease
     python3 benches/core_bench.py stage    # staging a mini-epoch vs `cp -r` and 8 parallel `cp`
     python3 benches/core_bench.py switch   # view switch latency, 20,000-file mini-epoch
     python3 benches/core_bench.py all
@@ -180,6 +181,25 @@ def med(xs: list[float]) -> float:
 READ_PATHS = ("cached", "passthrough", "pread")
 
 
+@contextlib.contextmanager
+def direct_lease(m: Mount):
+    """The slot directory of `m`'s view from `files` with `direct`, with the lease held (the
+    connection kept open) until the block ends: what `MetDataset(..., direct=True)` reads."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(600)
+        s.connect(m.sock)
+        s.sendall(b'{"op": "files", "direct": true, "form": "packed"}\n')
+        buf = b""
+        while b"\n" not in buf:
+            c = s.recv(1 << 20)
+            if not c:
+                raise ConnectionError("the daemon closed the connection")
+            buf += c
+        r = json.loads(buf.split(b"\n", 1)[0])
+        assert r["ok"], r
+        yield Path(r["direct_root"])
+
+
 def bench_read() -> list[str]:
     """Every read path mounted at once over the same files, each settled (successor staged);
     each repetition reads natively and through every path, in a rotating order, so that
@@ -197,6 +217,11 @@ def bench_read() -> list[str]:
                 m = stack.enter_context(Mount(f"read-{path}", src, budget, "--mini-epochs", "1", "--read-path", path))
                 m.settle()
                 mounts[path] = m
+            # Direct reads get a mount of their own, which nothing reads through, so that no
+            # read path's page handling (the cached path drops its slot's pages) touches them.
+            d = stack.enter_context(Mount("read-direct", src, budget, "--mini-epochs", "1"))
+            d.settle()
+            direct_root = stack.enter_context(direct_lease(d))
             # The native side reads a copy of the slot, not a mount's own slot files: the cached
             # path drops its slot files' pages after a pass, which would make native's warm
             # reads partly cold, and sharing pages with one mount would favour that mount.
@@ -209,8 +234,8 @@ def bench_read() -> list[str]:
             key = "bytes_per_s" if size >= (1 << 20) else "files_per_s"
             unit, scale = ("MiB/s", 1 << 20) if key == "bytes_per_s" else ("files/s", 1)
             for cache in ("cold", "warm"):
-                res = {"native": []} | {p: [] for p in READ_PATHS}
-                sides = [("native", slot)] + [(p, m.mnt) for p, m in mounts.items()]
+                res = {"native": [], "direct": []} | {p: [] for p in READ_PATHS}
+                sides = [("native", slot), ("direct", direct_root)] + [(p, m.mnt) for p, m in mounts.items()]
                 for rep in range(REPS):
                     order = sides[rep % len(sides):] + sides[:rep % len(sides)]
                     if cache == "warm":
@@ -233,6 +258,9 @@ def bench_read() -> list[str]:
                         assert r["files"] == count * passes, r
                         res[side].append(r[key])
                 n = med(res["native"]) / scale
+                x = med(res["direct"]) / scale
+                rows.append(f"| read {label}, {cache} | direct (slot files under a lease) | {n:,.0f} {unit} | {x:,.0f} {unit} | {x / n:.2f}x |")
+                print(rows[-1], flush=True)
                 for p in READ_PATHS:
                     x = med(res[p]) / scale
                     # Asked again now: a path the kernel refused (passthrough for an ordinary
