@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import shutil as sh
+import stat
 import subprocess
 import tempfile
 import threading
@@ -377,6 +378,57 @@ def test_allow_other_enforces_the_source_modes(metfs, tmp_path):
             assert r.returncode != 0 and "Permission denied" in r.stderr, (rel, r.stdout[:20], r.stderr)
         # Root still reads everything, as at the source.
         assert (mnt / "secret.bin").read_bytes() == b"s" * 100
+    finally:
+        subprocess.run([metfs, "umount", str(mnt)], capture_output=True, timeout=120)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        sh.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creates a user and mounts with allow_other")
+def test_allow_other_containers_show_the_source_owner_and_mode(metfs, tmp_path):
+    """In HDF5 container mode a container is a file the daemon wrote, but the mount shows it as
+    the source does: the source's mode without write bits and its owner and group (it showed
+    the staged copy's 0400 and the daemon's user, so another user was refused a container the
+    source lets them read). Another user reads the 0644 one and is refused the 0600 one."""
+    import h5py
+    import numpy as np
+
+    user = "metfs-user"
+    if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True)
+    uid = int(subprocess.run(["id", "-u", user], capture_output=True, text=True).stdout)
+    base = Path(tempfile.mkdtemp(prefix="metfs-allow-other-h5-"))
+    base.chmod(0o755)
+    src, mnt, cache = base / "src", base / "mnt", tmp_path / "cache"
+    for d in (src, mnt, cache):
+        d.mkdir()
+    src.chmod(0o755)
+    for name, mode, owner in (("open.h5", 0o644, uid), ("secret.h5", 0o600, 0), ("theirs.h5", 0o640, uid)):
+        with h5py.File(src / name, "w") as f:
+            f.create_dataset("x", data=np.arange(40, dtype="i4").reshape(20, 2))
+        (src / name).chmod(mode)
+        os.chown(src / name, owner, 0)
+    r = subprocess.run([metfs, "mount", "--source", str(src), "--cache", str(cache), "--budget", "8MiB",
+                        "--hdf5-container", "--mini-epochs", "1", "--allow-other",
+                        "--history", str(tmp_path / "h.json"), str(mnt)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    try:
+        for name in ("open.h5", "secret.h5", "theirs.h5"):
+            s, v = os.stat(src / name), os.stat(mnt / name)
+            assert stat.S_IMODE(v.st_mode) == stat.S_IMODE(s.st_mode) & ~0o222, (name, oct(v.st_mode))
+            assert (v.st_uid, v.st_gid) == (s.st_uid, s.st_gid), name
+
+        def cat(rel: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["runuser", "-u", user, "--", "cat", str(mnt / rel)], capture_output=True)
+
+        for rel in ("open.h5", "theirs.h5"):
+            r = cat(rel)
+            assert r.returncode == 0 and r.stdout[:8] == b"\x89HDF\r\n\x1a\n", (rel, r.stderr)
+        r = cat("secret.h5")
+        assert r.returncode != 0 and b"Permission denied" in r.stderr, r.stderr
+        with h5py.File(mnt / "secret.h5", "r") as f:  # root reads it, as at the source
+            assert f["x"].shape[1:] == (2,)
     finally:
         subprocess.run([metfs, "umount", str(mnt)], capture_output=True, timeout=120)
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

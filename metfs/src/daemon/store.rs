@@ -764,12 +764,20 @@ impl Store {
             let dir = self.stager.slot_path(&name);
             // A container's bytes change with every mini-epoch: its times are those of the
             // staged copy, so `make`, `rsync` and caches see each generation's new content.
+            // Its mode and owners are the source file's, as for every other sample: the staged
+            // copy's (0400, the daemon's user) would refuse, under `--allow-other`, users the
+            // source lets read it.
             let files: Vec<(String, u64, Option<prefetcher::catalog::Meta>)> = c
                 .files()
                 .iter()
                 .filter_map(|f| {
                     std::fs::metadata(dir.join(&f.path)).ok().map(|m| {
-                        let meta = prefetcher::catalog::Meta::from_metadata(&m);
+                        let staged = prefetcher::catalog::Meta::from_metadata(&m);
+                        let meta = prefetcher::catalog::Meta {
+                            mtime_ns: staged.mtime_ns,
+                            ctime_ns: staged.ctime_ns,
+                            ..f.source_meta
+                        };
                         (f.path.clone(), m.len(), Some(meta))
                     })
                 })

@@ -59,6 +59,10 @@ pub struct ContainerFile {
     /// Size and modification time when inspected, to notice a source that changes.
     pub(super) len: u64,
     pub(super) mtime_ns: i128,
+    /// The source file's permission bits, owner and group when inspected: a staged container
+    /// is the daemon's own file, but the mount shows it as the source does (without write
+    /// bits), so that `--allow-other` lets in exactly the users the source lets in.
+    pub source_meta: crate::catalog::Meta,
 }
 
 /// Container files of a dataset, inspected and validated. Plain data (no open HDF5 handles):

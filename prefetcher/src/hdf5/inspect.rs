@@ -346,6 +346,7 @@ pub(super) fn inspect(
         labels,
         len: md.len(),
         mtime_ns: mtime_ns(&md),
+        source_meta: crate::catalog::Meta::from_metadata(&md),
     })
 }
 
