@@ -435,6 +435,72 @@ def test_allow_other_containers_show_the_source_owner_and_mode(metfs, tmp_path):
         sh.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="creates a user and mounts with allow_other")
+@pytest.mark.parametrize("mode", ["per-sample", "transform", "shared"])
+def test_allow_other_every_mode_shows_the_source_owner_and_mode(metfs, tmp_path, mode):
+    """Under --allow-other (as the root node service mounts), each mode shows every file with
+    the source's owner, group and mode less write bits, so a second user reads through the
+    mount exactly what the source lets them read: their own 0640 file and a 0644 one, not
+    root's 0600 one. Container mode has a test of its own above."""
+    from conftest import rpc
+    from test_transform import env_with_package, write_worker
+
+    user = "metfs-user"
+    if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True)
+    uid = int(subprocess.run(["id", "-u", user], capture_output=True, text=True).stdout)
+    base = Path(tempfile.mkdtemp(prefix="metfs-allow-other-modes-"))
+    base.chmod(0o755)
+    src, mnt, cache = base / "src", base / "mnt", tmp_path / "cache"
+    for d in (src, mnt, cache):
+        d.mkdir()
+    src.chmod(0o755)
+    (src / "d").mkdir(mode=0o755)
+    files = {"d/open.bin": (0o644, 0), "d/theirs.bin": (0o640, uid), "d/secret.bin": (0o600, 0)}
+    for rel, (fmode, owner) in files.items():
+        (src / rel).write_bytes(rel.encode() * 50)
+        (src / rel).chmod(fmode)
+        os.chown(src / rel, owner, 0)
+    args = [metfs, "mount", "--source", str(src), "--cache", str(cache), "--budget", "8MiB", "--mini-epochs", "1",
+            "--allow-other", "--history", str(tmp_path / "h.json")]
+    env = None
+    suffix = ""
+    if mode == "transform":
+        args += ["--transform", write_worker(tmp_path / "prep.py", b"T:"), "--transform-growth", "2"]
+        env = env_with_package()
+        suffix = ".npy"
+    elif mode == "shared":
+        args += ["--share", "--share-jobs", "2"]
+    r = subprocess.run([*args, str(mnt)], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    try:
+        view = mnt
+        if mode == "shared":
+            assert rpc(str(cache / "metfs.sock"), {"op": "hello", "job": "a"})["ok"]
+            view = mnt / "a"
+            wait_for_path = view / ("d/open.bin" + suffix)
+            deadline = time.time() + 60
+            while not wait_for_path.exists() and time.time() < deadline:
+                time.sleep(0.1)
+        for rel in files:
+            s, v = os.stat(src / rel), os.stat(view / (rel + suffix))
+            assert stat.S_IMODE(v.st_mode) == stat.S_IMODE(s.st_mode) & ~0o222, (mode, rel, oct(v.st_mode))
+            assert (v.st_uid, v.st_gid) == (s.st_uid, s.st_gid), (mode, rel)
+
+        def cat(rel: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["runuser", "-u", user, "--", "cat", str(view / (rel + suffix))], capture_output=True)
+
+        for rel in ("d/open.bin", "d/theirs.bin"):
+            r = cat(rel)
+            assert r.returncode == 0 and r.stdout == (view / (rel + suffix)).read_bytes(), (mode, rel, r.stderr)
+        r = cat("d/secret.bin")
+        assert r.returncode != 0 and b"Permission denied" in r.stderr, (mode, r.stderr)
+    finally:
+        subprocess.run([metfs, "umount", str(mnt)], capture_output=True, timeout=120)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        sh.rmtree(base, ignore_errors=True)
+
+
 def test_a_low_descriptor_limit_does_not_break_reads(metfs, tmp_path):
     """An ordinary user's session starts with a soft limit of 1,024 descriptors; a daemon that
     kept a backing file open per file read ran out (EMFILE on every read and accept). Here the
