@@ -19,4 +19,5 @@ pub mod mount;
 pub mod protocol;
 pub mod report;
 pub mod rotate;
+pub mod runas;
 pub mod view;

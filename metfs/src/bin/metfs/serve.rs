@@ -17,6 +17,13 @@ pub(super) struct MountArgs {
     /// position that is corrupt stops the mount with an error naming the bad field.
     #[arg(long)]
     reset: bool,
+    /// Root only: run the daemon as USER (a name or uid), keeping of root only what FUSE
+    /// passthrough needs (CAP_SYS_ADMIN), so that the user's reads take passthrough while the
+    /// tier is read with the user's own rights. For a node service that mounts for a job's
+    /// user (deploy/slurm/prolog.sh); the cache and the mountpoint's directory must be the
+    /// user's.
+    #[arg(long, value_name = "USER")]
+    run_as: Option<String>,
     /// Internal: pipe on which to report readiness to the parent.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
@@ -25,6 +32,19 @@ pub(super) struct MountArgs {
 }
 
 pub(super) fn mount_cmd(args: MountArgs, sub: &clap::ArgMatches) -> Result<()> {
+    // Before anything reads a file or starts a thread (see `metfs::runas`): the settings, the
+    // places and the log are then checked and opened as the user.
+    if let Some(user) = &args.run_as {
+        if args.ready_fd.is_some() {
+            // The background daemon: its parent became the user before the exec.
+            metfs::runas::drop_ambient(user)?;
+        } else {
+            let u = metfs::runas::become_user(user, !args.foreground)?;
+            if args.foreground {
+                metfs::runas::drop_ambient(&u.name)?;
+            }
+        }
+    }
     let mut cfg = MountConfig::resolve(&layers(args.config.as_deref(), &args.settings, sub)?)?;
     cfg.reset = args.reset;
     let mountpoint = mount::absolute(&args.mountpoint);
