@@ -2,7 +2,9 @@
 
 It speaks the protocol of DESIGN.md (newline-delimited JSON) with a fixed-rf policy over a
 made-up dataset, and lets tests inject faults: dropped connections, staging that is not ready,
-error responses. The real daemon is tested in ``test_daemon_*.py``.
+error responses. ``files`` with ``direct`` answers a ``direct_root`` and takes a lease for the
+connection, as the real daemon does (``release`` ends it, and so does the connection's end);
+``leases`` counts them by generation. The real daemon is tested in ``test_daemon_*.py``.
 """
 
 from __future__ import annotations
@@ -27,12 +29,18 @@ class FakeDaemon:
         rf: int = 2,
         files_per: int | list[int] = 4,
         mountpoint: str = "/fake/mnt",
+        direct_root: str | None = None,
     ) -> None:
         self.path = path
         self.mini_epochs = mini_epochs
         self.rf = rf
         self.files_per = files_per
         self.mountpoint = mountpoint
+        #: The slot directory ``files`` with ``direct`` names (by default one per generation,
+        #: under ``/fake/cache``, which does not exist).
+        self.direct_root = direct_root
+        #: Leases held, by generation: what ``status.draining[*].leases`` counts.
+        self.leases: dict[int, int] = {}
         self.epoch = 0
         self.mini_epoch = 0
         self.passes = 0
@@ -105,8 +113,16 @@ class FakeDaemon:
                 self._conns.add(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
+    def root_of(self, generation: int) -> str:
+        """The ``direct_root`` answered for a view of ``generation``."""
+        if self.direct_root is not None:
+            return self.direct_root
+        return f"/fake/cache/slots/g{generation}"
+
     def _serve(self, conn: socket.socket) -> None:
         f = conn.makefile("rb")
+        #: This connection's lease: the generation it holds, if any.
+        held: dict[str, int] = {}
         try:
             for raw in f:
                 try:
@@ -124,7 +140,7 @@ class FakeDaemon:
                     conn.close()
                     return
                 with self._lock:
-                    resp = self._handle(req)
+                    resp = self._handle(req, held)
                     if self.reply_version is not None:
                         resp = {"v": self.reply_version, **resp}
                 self._send(conn, resp)
@@ -136,6 +152,8 @@ class FakeDaemon:
         finally:
             with self._lock:
                 self._conns.discard(conn)
+                if "lease" in held:
+                    self._drop_lease(held.pop("lease"))
             try:
                 conn.close()
             except OSError:
@@ -167,7 +185,12 @@ class FakeDaemon:
         self.passes = 0
         self.generation += 1
 
-    def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
+    def _drop_lease(self, generation: int) -> None:
+        self.leases[generation] -= 1
+        if not self.leases[generation]:
+            del self.leases[generation]
+
+    def _handle(self, req: dict[str, Any], held: dict[str, int]) -> dict[str, Any]:
         op = req.get("op")
         if op in self.fail_ops:
             return _err(self.fail_ops[op], f"injected failure of {op}")
@@ -200,16 +223,53 @@ class FakeDaemon:
                 "view_files": len(self.files_at(self.epoch, self.mini_epoch)),
                 "mountpoint": self.mountpoint,
                 "rf_policy": "fixed",
+                # Retired views a lease still holds (the fake keeps no other holder).
+                "draining": [
+                    {
+                        "generation": g,
+                        "slot": f"g{g}",
+                        "open_handles": 0,
+                        "leases": n,
+                        "kernel_refs": 0,
+                        "kernel_held": [],
+                    }
+                    for g, n in sorted(self.leases.items())
+                    if g != self.generation
+                ],
             }
         if op == "files":
-            return {
+            reply = {
                 "ok": True,
                 "generation": self.generation,
                 "epoch": self.epoch,
                 "mini_epoch": self.mini_epoch,
                 "mountpoint": self.mountpoint,
                 "files": self.files_at(self.epoch, self.mini_epoch),
+                "unchanged": False,
+                "direct_root": None,
             }
+            if req.get("known_generation") == self.generation:
+                reply["files"], reply["unchanged"] = [], True
+            if req.get("direct") is True:
+                if "lease" in held:
+                    self._drop_lease(held["lease"])
+                held["lease"] = self.generation
+                self.leases[self.generation] = self.leases.get(self.generation, 0) + 1
+                reply["direct_root"] = self.root_of(self.generation)
+            return reply
+        if op == "release":
+            want = req.get("generation")
+            if "lease" not in held:
+                return _err("no_lease", "`release`: this connection holds no lease")
+            if want is not None and want != held["lease"]:
+                return _err(
+                    "no_lease",
+                    f"`release` of generation {want}: this connection's lease is on "
+                    f"generation {held['lease']}; nothing was released",
+                )
+            released = held.pop("lease")
+            self._drop_lease(released)
+            return {"ok": True, "released": released}
         if op == "pass_end":
             metrics = req.get("metrics") or {}
             if not isinstance(metrics, dict) or not all(

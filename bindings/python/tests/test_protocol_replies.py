@@ -82,6 +82,8 @@ def test_every_field_the_client_reads_is_in_the_real_replies(
         replies["hello"] = c.request({"op": "hello", "version": 1, "job": "schema"})
         replies["status"] = c.request({"op": "status"})
         replies["files"] = c.request({"op": "files"})
+        replies["files direct"] = c.request({"op": "files", "direct": True})
+        replies["release"] = c.request({"op": "release"})
         replies["pass_end"] = c.request({"op": "pass_end", "metrics": {"loss": 1.0}})
         replies["pass_end block"] = c.request(
             {"op": "pass_end", "metrics": {"loss": 0.5}, "block": True}, wait=True
@@ -106,6 +108,8 @@ def test_every_field_the_client_reads_is_in_the_real_replies(
         "status": "StatusReply",
         "metfs status --json": "StatusReply",
         "files": "FilesViewReply",
+        "files direct": "FilesViewReply",
+        "release": "ReleasedReply",
     }
     for op, reply in replies.items():
         assert reply.get("v") == 1, (op, reply)
@@ -115,6 +119,7 @@ def test_every_field_the_client_reads_is_in_the_real_replies(
     parsed["status"] = _parse(Status.from_response, replies["status"])
     parsed["metfs status --json"] = _parse(Status.from_response, replies["metfs status --json"])
     parsed["files"] = _parse(FilesView.from_response, replies["files"])
+    parsed["files direct"] = _parse(FilesView.from_response, replies["files direct"])
     for op in ("pass_end", "pass_end block", "advance", "apply"):
         parsed[op] = _parse(partial(Decision.from_response, op=op.split()[0]), replies[op])
 
@@ -145,6 +150,10 @@ def test_every_field_the_client_reads_is_in_the_real_replies(
     assert after.mini_epoch_bonus_passes == 0, after.raw
     view: FilesView = parsed["files"][0]
     assert len(view) == parsed["status"][0].view_files
+    assert view.direct_root is None and replies["files"]["direct_root"] is None
+    direct: FilesView = parsed["files direct"][0]
+    assert direct.direct_root and direct.files == view.files
+    assert replies["release"]["released"] == direct.generation
     first: Decision = parsed["pass_end"][0]
     assert (first.decision, first.passes_done, first.rf) == ("repeat", 1, 2.0)
     assert first.reason.get("policy") == "fixed"

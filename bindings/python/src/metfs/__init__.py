@@ -5,8 +5,10 @@ and stages the next one meanwhile; after each pass over the current mini-epoch t
 reports its metrics over the control socket and the daemon answers ``repeat``, ``advance`` or
 ``wait``. This package is the reference client of that socket:
 
-- :class:`Client`: the socket client (``hello``, ``status``, ``files``, ``pass_end``,
-  ``advance``, ``apply``); errors raise :class:`MetfsError`.
+- :class:`Client`: the socket client (``hello``, ``status``, ``files``, ``release``,
+  ``pass_end``, ``advance``, ``apply``); errors raise :class:`MetfsError`. ``files`` with
+  ``direct`` also gives the view's files as their copies in the cache, read without FUSE
+  under a lease on the view.
 - :func:`passes`: a loop of :class:`Pass` objects, one per pass, until N MET epochs are done.
 - :mod:`metfs.keras`, :mod:`metfs.torch`, :mod:`metfs.lightning`: framework integrations
   (imported on demand; the core needs only the standard library).

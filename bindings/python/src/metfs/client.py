@@ -17,6 +17,7 @@ This module uses the standard library only.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -77,7 +78,9 @@ class MetfsError(Exception):
 
     ``code`` is the daemon's machine-readable error code (``bad_json``, ``line_too_long``,
     ``unknown_op``, ``bad_request``, ``bad_metrics``, ``unsupported_version``,
-    ``staging_failed``, ``shutting_down``, ``too_many_connections``, ``internal``) or one of the client's own:
+    ``staging_failed``, ``shutting_down``, ``too_many_connections``, ``not_permitted`` (direct
+    paths asked by a user who may not read the cache), ``no_lease`` (``release`` of a lease not
+    held), ``internal``) or one of the client's own:
     ``no_socket``, ``connection_failed``, ``connection_lost``, ``timeout``, ``bad_response``,
     ``unsupported_version`` (a reply of another protocol major version),
     ``bad_metrics`` (a metric rejected before sending), ``peer_failed`` (another rank's daemon
@@ -270,6 +273,14 @@ class Status:
         return self.raw.get(name, default)
 
 
+def _under(root: str, files: Sequence[str]) -> Sequence[str]:
+    """``files`` (relative paths) as absolute paths under ``root``: for a packed list the same
+    buffer with another prefix (no string per file), else a plain list."""
+    if isinstance(files, PathList):
+        return files.with_prefix(root.rstrip("/") + "/")
+    return [os.path.join(root, f.lstrip("/")) for f in files]
+
+
 @dataclass(frozen=True)
 class FilesView:
     """The current view: its position, generation and files.
@@ -279,6 +290,15 @@ class FilesView:
     read-only sequences of ``str``: for a list the daemon sent packed (what :meth:`Client.files`
     asks for), a :class:`metfs.pathlist.PathList` over one shared buffer, which builds each
     string when it is read; ``list(view.files)`` gives a plain list.
+
+    A view asked for with ``direct`` (:meth:`Client.files`) also has ``direct_root``, the slot
+    directory in the cache that holds the view's files, and ``direct_paths``, each file's copy
+    there (``direct_root/<file>``, the same buffer as ``files`` for a packed list): complete,
+    immutable files that may be read directly, bypassing FUSE, while the client's lease on the
+    view's generation holds (see :meth:`Client.files`). ``paths`` and iteration stay the mount's
+    paths; :attr:`readable_paths` is what a loader should open: the direct paths when there are
+    some, else the mount's. Without ``direct``, ``direct_root`` is ``None`` and
+    ``direct_paths`` empty.
     """
 
     generation: int
@@ -289,9 +309,12 @@ class FilesView:
     #: How many files the view holds.
     count: int = 0
     paths: Sequence[str] = field(default=(), repr=False)
+    #: With ``direct``: the slot directory in the cache that holds the view's files.
+    direct_root: str | None = None
+    direct_paths: Sequence[str] = field(default=(), repr=False)
 
     #: Fields computed here rather than sent by the daemon.
-    DERIVED: ClassVar[frozenset[str]] = frozenset({"paths"})
+    DERIVED: ClassVar[frozenset[str]] = frozenset({"paths", "direct_paths"})
 
     @classmethod
     def from_response(
@@ -301,9 +324,12 @@ class FilesView:
         mountpoint = obj.get("mountpoint")
         if not isinstance(mountpoint, str) or not mountpoint:
             raise MetfsError("bad_response", "`files` response has no string `mountpoint`")
-        prefix = mountpoint.rstrip("/") + "/"
+        direct_root = obj.get("direct_root")
+        if direct_root is not None and (not isinstance(direct_root, str) or not direct_root):
+            raise MetfsError(
+                "bad_response", f"`files` response has a malformed `direct_root`: {direct_root!r}"
+            )
         files: Sequence[str]
-        paths: Sequence[str]
         if payload is not None:
             count = _req_int(obj, "count", "files")
             packed = obj.get("packed")
@@ -311,16 +337,14 @@ class FilesView:
             if isinstance(names_bytes, bool) or not isinstance(names_bytes, int):
                 raise MetfsError("bad_response", "`files` response has no `packed.names_bytes`")
             try:
-                relative = PathList(payload, count, names_bytes)
+                files = PathList(payload, count, names_bytes)
             except ValueError as e:
                 raise MetfsError("bad_response", f"`files` packed list: {e}") from None
-            files, paths = relative, relative.with_prefix(prefix)
         else:
             listed = obj.get("files")
             if not isinstance(listed, list) or not all(isinstance(f, str) for f in listed):
                 raise MetfsError("bad_response", "`files` response has no list of strings `files`")
             files = list(listed)
-            paths = [os.path.join(mountpoint, f.lstrip("/")) for f in listed]
         sent = obj.get("count")
         return cls(
             generation=_req_int(obj, "generation", "files"),
@@ -330,8 +354,26 @@ class FilesView:
             files=files,
             # A daemon older than `count` sends none: the list's length is the count.
             count=sent if isinstance(sent, int) and not isinstance(sent, bool) else len(files),
-            paths=paths,
+            paths=_under(mountpoint, files),
+            direct_root=direct_root,
+            direct_paths=() if direct_root is None else _under(direct_root, files),
         )
+
+    def with_direct_root(self, direct_root: str | None) -> FilesView:
+        """The same view with another ``direct_root`` (``None``: without direct paths); the
+        lists share this view's buffer."""
+        if direct_root == self.direct_root:
+            return self
+        return dataclasses.replace(
+            self,
+            direct_root=direct_root,
+            direct_paths=() if direct_root is None else _under(direct_root, self.files),
+        )
+
+    @property
+    def readable_paths(self) -> Sequence[str]:
+        """What a reader should open: ``direct_paths`` for a direct view, else ``paths``."""
+        return self.direct_paths if self.direct_root is not None else self.paths
 
     def __len__(self) -> int:
         return len(self.files)
@@ -489,6 +531,11 @@ class Client:
     is dropped after the mount's ``share.idle_secs`` without a request). The job's view is at
     ``client.info.view_path``.
 
+    ``direct=True`` makes :meth:`files` ask for direct paths by default (the view's files in
+    the cache, read without FUSE, under a lease: see :meth:`files`); the loaders that take a
+    ``direct`` of their own (:func:`metfs.passes`, ``MetDataset``, ``MetSequence``) follow the
+    client when theirs is ``None``.
+
     The client is safe to share between threads (requests are serialised) and is a context
     manager that closes the connection.
     """
@@ -504,6 +551,7 @@ class Client:
         subset: Mapping[str, Any] | None = None,
         rf_policy: str | None = None,
         rf: int | None = None,
+        direct: bool = False,
     ) -> None:
         path = socket if socket is not None else os.environ.get(SOCKET_ENV)
         if not path:
@@ -519,6 +567,14 @@ class Client:
         self.subset: dict[str, Any] | None = dict(subset) if subset is not None else None
         self.rf_policy = rf_policy
         self.rf = rf
+        #: Whether :meth:`files` asks for direct paths when its ``direct`` is ``None``.
+        self.direct = direct
+        #: A direct ``files`` was answered and no ``release`` or ``close`` followed: later
+        #: ``files`` stay direct, so the lease follows the view (and a new connection takes
+        #: one again) instead of pinning an old slot.
+        self._leasing = False
+        #: The generation this connection holds a lease on, as its answers said.
+        self._lease: int | None = None
         self._token: str | None = None
         self._sock: _socket.socket | None = None
         self._buf = bytearray()
@@ -615,6 +671,8 @@ class Client:
         return request
 
     def _close_socket(self) -> None:
+        # A lease is the connection's: it ends with it.
+        self._lease = None
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -623,9 +681,19 @@ class Client:
                 self._buf.clear()
 
     def close(self) -> None:
-        """Closes the connection. A later request reconnects."""
+        """Closes the connection, which ends its lease (if :meth:`files` took one with
+        ``direct``). A later request reconnects; a later ``files`` takes a lease only if asked
+        with ``direct`` (or the client was made with ``direct=True``)."""
         with self._lock:
+            self._leasing = False
             self._close_socket()
+
+    @property
+    def lease(self) -> int | None:
+        """The generation whose slot the open connection holds a lease on (taken by
+        :meth:`files` with ``direct``), or ``None``: none taken, released, or lost with a
+        dropped connection (the next ``files`` takes it again)."""
+        return self._lease
 
     @property
     def connected(self) -> bool:
@@ -786,8 +854,22 @@ class Client:
                     ) from None
                 if not resp["ok"]:
                     raise _error_from(resp)
+                self._track_lease(request, resp)
                 return resp, payload
         raise AssertionError("unreachable")
+
+    def _track_lease(self, request: Mapping[str, Any], resp: Mapping[str, Any]) -> None:
+        """Notes what a successful answer did to the connection's lease (also for requests
+        sent with :meth:`request`)."""
+        op = request.get("op")
+        if op == "files" and request.get("direct") is True:
+            generation = resp.get("generation")
+            if isinstance(generation, int) and not isinstance(generation, bool):
+                self._lease = generation
+                self._leasing = True
+        elif op == "release":
+            self._lease = None
+            self._leasing = False
 
     # -- ops --------------------------------------------------------------------------------
 
@@ -813,18 +895,52 @@ class Client:
         """The daemon's state: position, generation, staging readiness, bytes."""
         return Status.from_response(self.request(self._with_job({"op": "status"})))
 
-    def files(self, known: FilesView | None = None) -> FilesView:
+    def files(self, known: FilesView | None = None, direct: bool | None = None) -> FilesView:
         """The current view's files (relative and absolute) with its generation and position.
 
         The list comes packed (one buffer, a string built only for the path read: see
         :class:`metfs.pathlist.PathList`). With ``known``, a view read earlier, the daemon sends
         no list while its generation is still ``known``'s, and ``known`` itself is returned:
         asking at every pass costs one short round trip, whatever the view's size.
+
+        With ``direct=True`` the view also has ``direct_root`` and ``direct_paths`` (its
+        :attr:`FilesView.readable_paths`): the staged copies of its files in the cache, complete
+        and immutable, to be read directly instead of through FUSE (native speed where FUSE
+        passthrough is not available), and this connection takes a **lease** on the view's
+        generation: while it holds, the daemon does not evict that view's slot, even after the
+        view has switched. Only the daemon's own user and root may ask (else ``MetfsError``
+        ``not_permitted``: read through the mount). One lease per connection: it moves to the
+        view answered by the next direct ``files``, and ends at :meth:`release`, at
+        :meth:`close`, or when the connection drops (the daemon closes one idle for its
+        ``control.idle_timeout_secs``, 600 s by default). Other processes may read the direct
+        paths (forked ``DataLoader`` workers) while this client's connection holds the lease.
+
+        ``direct=None`` (the default) is ``True`` for a client made with ``direct=True`` and
+        for one that took a lease and has not released it since: the lease follows the view
+        rather than pinning a slot the reader has left. The client remembers that it leases,
+        so after a dropped connection (a reconnection loses the lease) the next ``files``
+        takes the lease again, on the current view; between the drop and that ``files`` no
+        lease is held, and a view that switched meanwhile may have been evicted. ``direct=False``
+        asks for the mount's paths only; a lease held stays where it is until :meth:`release`.
         """
-        req: dict[str, Any] = {"op": "files", "form": "packed"}
-        if known is not None:
-            req["known_generation"] = known.generation
-        resp, payload = self._exchange(self._with_job(req))
+        with self._lock:
+            want = direct if direct is not None else (self.direct or self._leasing)
+            req: dict[str, Any] = {"op": "files", "form": "packed"}
+            if known is not None:
+                req["known_generation"] = known.generation
+            if want:
+                req["direct"] = True
+            resp, payload = self._exchange(self._with_job(req))
+        root: str | None = None
+        if want:
+            sent_root = resp.get("direct_root")
+            if not isinstance(sent_root, str) or not sent_root:
+                raise MetfsError(
+                    "bad_response",
+                    f"`files` with `direct` got no `direct_root` from {self.socket_path}: the "
+                    "daemon is older than direct reads; read through the mount",
+                )
+            root = sent_root
         if known is not None and resp.get("unchanged") is True:
             if resp.get("generation") != known.generation:
                 raise MetfsError(
@@ -832,8 +948,39 @@ class Client:
                     f"`files` reply says unchanged for generation {resp.get('generation')!r}; "
                     f"the list held is of generation {known.generation}",
                 )
-            return known
+            return known.with_direct_root(root)
         return FilesView.from_response(resp, payload)
+
+    def release(self, generation: int | None = None) -> int:
+        """Ends this connection's lease (taken by :meth:`files` with ``direct``) and returns
+        its generation; the view's slot may then be evicted once nothing else holds it, so the
+        direct paths of that view must not be read any more.
+
+        With ``generation``, only a lease on that generation is ended: a lease on another one
+        stays and ``MetfsError`` ``no_lease`` is raised. Without a lease on this connection
+        (none taken, already released, or lost with a dropped connection, which ended it) the
+        daemon answers ``no_lease`` too. After a release, :meth:`files` asks for direct paths
+        again only when told to (or the client was made with ``direct=True``).
+        """
+        if generation is not None and (
+            isinstance(generation, bool) or not isinstance(generation, int) or generation < 0
+        ):
+            raise MetfsError(
+                "bad_request", f"`generation` must be a non-negative int, got {generation!r}"
+            )
+        req: dict[str, Any] = {"op": "release"}
+        if generation is not None:
+            req["generation"] = generation
+        with self._lock:
+            try:
+                resp = self.request(req)
+            except MetfsError as e:
+                if e.code == "no_lease" and (generation is None or self._lease is None):
+                    # This connection holds no lease: nothing is leased, nor to be re-taken.
+                    self._lease = None
+                    self._leasing = False
+                raise
+        return _req_int(resp, "released", "release")
 
     def pass_end(self, metrics: Mapping[str, Any] | None = None, block: bool = False) -> Decision:
         """Reports the end of one pass over the current mini-epoch and returns the decision.
