@@ -58,8 +58,10 @@ def keras_training(
     val_dir: str | None = None,
     batch_size: int = 16,
     fit_epochs: int = 1000,
+    direct: bool | None = None,
 ) -> dict[str, Any]:
-    """Trains a small Keras MLP with MetSequence + MetCallback; returns what happened."""
+    """Trains a small Keras MLP with MetSequence + MetCallback (given ``direct``); returns what
+    happened."""
     import keras
 
     from metfs.keras import MetCallback, MetSequence
@@ -76,7 +78,7 @@ def keras_training(
             per_pass.append(log.take())
 
     train = MetSequence(client, log.load, batch_size=batch_size, seed=0)
-    met = MetCallback(client, epochs=epochs, datasets=[train])
+    met = MetCallback(client, epochs=epochs, datasets=[train], direct=direct)
     model = keras.Sequential(
         [
             keras.Input((64,)),
@@ -123,8 +125,10 @@ def torch_training(
     val_dir: str | None = None,
     batch_size: int = 16,
     num_workers: int = 0,
+    direct: bool | None = None,
 ) -> dict[str, Any]:
-    """Trains a small PyTorch MLP with MetDataset + met_train; returns what happened."""
+    """Trains a small PyTorch MLP with MetDataset (given ``direct``) + met_train; returns what
+    happened."""
     import torch
     import torch.nn.functional as F
 
@@ -133,7 +137,7 @@ def torch_training(
     model = _torch_model()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     log = ReadLog()
-    ds = MetDataset(client, log.load)
+    ds = MetDataset(client, log.load, direct=direct)
     val = validation_arrays(val_dir)
     per_pass: list[list[str]] = []
     reported: list[dict[str, float]] = []
@@ -177,9 +181,14 @@ def torch_training(
 
 
 def lightning_training(
-    client: metfs.Client, epochs: int, batch_size: int = 16, tmpdir: str = "."
+    client: metfs.Client,
+    epochs: int,
+    batch_size: int = 16,
+    tmpdir: str = ".",
+    direct: bool | None = None,
 ) -> dict[str, Any]:
-    """Trains a small Lightning module with met_loader + MetCallback; returns what happened."""
+    """Trains a small Lightning module with met_loader + MetCallback (given ``direct``);
+    returns what happened."""
     import lightning.pytorch as pl
     import torch
     import torch.nn.functional as F
@@ -218,7 +227,7 @@ def lightning_training(
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
             per_pass.append(log.take())
 
-    met = MetCallback(client, epochs=epochs)
+    met = MetCallback(client, epochs=epochs, direct=direct)
     trainer = pl.Trainer(
         max_epochs=-1,
         callbacks=[PassFiles(), met],

@@ -45,13 +45,17 @@ class Coordinator(abc.ABC):
         """
         return client.status()
 
-    def files(self, client: Client, known: FilesView | None = None) -> FilesView:
+    def files(
+        self, client: Client, known: FilesView | None = None, direct: bool | None = None
+    ) -> FilesView:
         """The view this rank trains on in the coming pass (this rank's own daemon's).
 
         ``known`` is the view of the last pass: while the generation is unchanged it is
-        returned as is, without the list crossing the socket again.
+        returned as is, without the list crossing the socket again. ``direct`` asks for the
+        view's direct paths under a lease (:meth:`metfs.Client.files`; ``None``: as the
+        client); :func:`metfs.passes` passes it only when it was given one.
         """
-        return client.files(known)
+        return client.files(known, direct=direct)
 
     @abc.abstractmethod
     def pass_end(self, client: Client, metrics: Mapping[str, Any] | None, block: bool) -> Decision:
@@ -227,12 +231,14 @@ class TorchDistributedCoordinator(Coordinator):
             mine = dataclasses.replace(mine, epoch=leader_epoch)
         return mine
 
-    def files(self, client: Client, known: FilesView | None = None) -> FilesView:
+    def files(
+        self, client: Client, known: FilesView | None = None, direct: bool | None = None
+    ) -> FilesView:
         # Collective, so that a daemon failing here fails every rank, not just this one.
         info: dict[str, Any] = {"rank": self.rank, "host": self.host}
         view: FilesView | None = None
         try:
-            view = client.files(known)
+            view = client.files(known, direct=direct)
             info["position"] = (view.epoch, view.mini_epoch)
         except MetfsError as e:
             info["error"] = f"{e} (socket {client.socket_path})"

@@ -19,6 +19,11 @@ Keras fixes the number of steps per epoch when ``fit`` starts, while mini-epochs
 number of files; :class:`MetSequence` therefore keeps the number of batches it had at the start
 (or ``steps``) and spreads each view's files evenly over them, so every file of the view is used
 exactly once per pass and batch sizes vary a little around ``batch_size``.
+
+``MetSequence(..., direct=True)`` (or ``MetCallback(..., direct=True)``, or a client made with
+``direct=True``) gives your function the staged copies of the view's files in the cache instead
+of the mount's paths, read without FUSE, under the client's lease on the view
+(:meth:`metfs.Client.files`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import numpy.typing as npt
 from .client import Client, FilesView, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
 from .dds import AdjustBs
+from .loop import release_left_view
 from .tracker import PassTracker, TracksPasses
 
 __all__ = ["MetCallback", "MetSequence", "default_collate"]
@@ -65,6 +71,11 @@ class MetSequence(keras.utils.PyDataset):
     (``workers``, ``use_multiprocessing``, ``max_queue_size``) go to ``PyDataset``; with more
     than one worker, give this dataset to :class:`MetCallback` (``datasets=[...]``) so that it
     is refreshed before the workers start.
+
+    ``direct=True`` gives ``loader`` the view's direct paths (the copies in the cache, read
+    without FUSE) under the client's lease, which each refresh moves to the view it reads;
+    ``None`` follows the client (``Client(direct=...)``, which ``MetCallback(direct=...)``
+    sets), ``False`` gives the mount's paths.
     """
 
     def __init__(
@@ -77,6 +88,7 @@ class MetSequence(keras.utils.PyDataset):
         seed: int | None = None,
         collate: Callable[[list[Any]], Any] = default_collate,
         steps: int | None = None,
+        direct: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -89,7 +101,8 @@ class MetSequence(keras.utils.PyDataset):
         self.collate = collate
         self._rng = np.random.default_rng(seed)
         self._refreshed = False
-        self.view: FilesView = client.files()
+        self.direct = direct
+        self.view: FilesView = client.files(direct=direct)
         if steps is None:
             steps = max(1, math.ceil(len(self.view) / batch_size))
         if steps < 1:
@@ -117,7 +130,7 @@ class MetSequence(keras.utils.PyDataset):
     def refresh(self) -> FilesView:
         """Brings the view's files up to date (the list crosses the socket only when the
         generation changed) and re-shuffles them."""
-        self.view = self.client.files(self.view)
+        self.view = self.client.files(self.view, direct=self.direct)
         self._split()
         self._refreshed = True
         return self.view
@@ -132,7 +145,7 @@ class MetSequence(keras.utils.PyDataset):
     def __getitem__(self, index: int) -> Any:
         if not 0 <= index < self.steps:
             raise IndexError(f"batch {index} out of range 0..{self.steps - 1}")
-        paths = self.view.paths
+        paths = self.view.readable_paths
         return self.collate([self.loader(paths[j]) for j in self._batches[index]])
 
     def on_epoch_begin(self) -> None:
@@ -159,6 +172,12 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
     ``adjust_bs`` (:class:`metfs.dds.AdjustBs`) sizes each rank's batch under ADJUST_BS, read
     with :meth:`local_batch_size` and changed by all ranks together at a pass's end.
 
+    ``direct`` (when a bool) sets ``client.direct`` when training begins, so the
+    :class:`MetSequence` objects over this client that leave their own ``direct`` at ``None``
+    read the view's direct paths (the copies in the cache, without FUSE, under the client's
+    lease: :meth:`metfs.Client.files`) or the mount's. When training ends after an advance, a
+    lease still held on the view left is released.
+
     After training, ``decisions`` holds the decision after each pass and ``done`` says whether
     the requested MET epochs were completed.
     """
@@ -174,6 +193,7 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
         coordinator: Coordinator | None = None,
         adjust_bs: AdjustBs | None = None,
         verbose: int = 0,
+        direct: bool | None = None,
     ) -> None:
         super().__init__()
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
@@ -187,8 +207,11 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
         self.coordinator = coordinator
         self.adjust_bs = adjust_bs
         self.verbose = verbose
+        self.direct = direct
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if self.direct is not None:
+            self.client.direct = self.direct
         if self.coordinator is None:
             self.coordinator = default_coordinator()
         self.tracker.start(self.coordinator.start(self.client))
@@ -226,6 +249,8 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
             self.model.stop_training = True
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self.decisions:
+            release_left_view(self.client, self.decisions[-1].generation)
         message = self.tracker.unfinished("give fit() a larger epochs=")
         if message is not None:
             warnings.warn(message, RuntimeWarning, stacklevel=2)

@@ -22,6 +22,10 @@ training epoch and sets ``trainer.should_stop`` once ``epochs`` MET epochs are d
 trainer's ``reload_dataloaders_every_n_epochs`` to 1, so that ``train_dataloader()`` is called
 again, and counts the files of the new view, after every pass. Give the trainer a ``max_epochs``
 larger than any run needs (``-1``: unbounded).
+
+``MetCallback(client, direct=True)`` (or ``MetDataset(client, load_sample, direct=True)``)
+hands the loader's workers the staged copies of the view's files in the cache, read without
+FUSE, under the client's lease on the view (:meth:`metfs.Client.files`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ except ImportError:  # pragma: no cover - the older package name
 from .client import Client, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
 from .dds import AdjustBs
+from .loop import release_left_view
 from .tracker import PassTracker, TracksPasses
 
 __all__ = ["MetCallback"]
@@ -53,6 +58,13 @@ class MetCallback(pl.Callback, TracksPasses):
     ``adjust_bs`` (:class:`metfs.dds.AdjustBs`) sizes each rank's batch under ADJUST_BS, read
     with :meth:`local_batch_size` and changed by all ranks together at a pass's end.
 
+    ``direct`` (when a bool) sets ``client.direct`` when ``fit`` sets up, before the train
+    dataloader is built, so the ``MetDataset`` objects over this client that leave their own
+    ``direct`` at ``None`` (and their :class:`metfs.torch.MetSampler`) hand the workers the
+    view's direct paths (the copies in the cache, without FUSE, under the client's lease:
+    :meth:`metfs.Client.files`) or the mount's. When training ends after an advance, a lease
+    still held on the view left is released.
+
     After training, ``decisions`` holds the decision after each pass, ``generations`` the
     generation after each pass, and ``done`` whether the requested MET epochs were completed.
     """
@@ -66,6 +78,7 @@ class MetCallback(pl.Callback, TracksPasses):
         block: bool = False,
         coordinator: Coordinator | None = None,
         adjust_bs: AdjustBs | None = None,
+        direct: bool | None = None,
     ) -> None:
         super().__init__()
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
@@ -77,6 +90,7 @@ class MetCallback(pl.Callback, TracksPasses):
         self.block = block
         self.coordinator = coordinator
         self.adjust_bs = adjust_bs
+        self.direct = direct
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # A plain attribute the Trainer's data connector sets in __init__; a new view (other
@@ -84,6 +98,8 @@ class MetCallback(pl.Callback, TracksPasses):
         every = getattr(trainer, "reload_dataloaders_every_n_epochs", 0)
         if stage == "fit" and every != 1:
             trainer.reload_dataloaders_every_n_epochs = 1
+        if stage == "fit" and self.direct is not None:
+            self.client.direct = self.direct
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.coordinator is None:
@@ -114,6 +130,8 @@ class MetCallback(pl.Callback, TracksPasses):
             trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.decisions:
+            release_left_view(self.client, self.decisions[-1].generation)
         message = self.tracker.unfinished("raise the Trainer's max_epochs (-1: unbounded)")
         if message is not None:
             warnings.warn(message, RuntimeWarning, stacklevel=2)

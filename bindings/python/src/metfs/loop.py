@@ -15,6 +15,10 @@ Typical use::
 After the body of the loop finishes a pass, the loop sends ``pass_end`` with the pass's metrics
 and follows the daemon's decision: another pass over the same view (``repeat`` or ``wait``) or
 the next mini-epoch (``advance``). It stops once the requested number of MET epochs is done.
+
+With ``metfs.passes(client, direct=True)`` each pass's ``paths`` are the staged copies of the
+view's files in the cache, read without FUSE, under the client's lease on the view (see
+:meth:`metfs.Client.files`); the loop body reads them as it would the mount's.
 """
 
 from __future__ import annotations
@@ -23,12 +27,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import Client, Decision, FilesView, metrics_to_floats
+from .client import Client, Decision, FilesView, MetfsError, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
 from .dds import AdjustBs
 from .tracker import PassTracker, TracksPasses
 
-__all__ = ["Pass", "PassRecord", "Passes", "passes"]
+__all__ = ["Pass", "PassRecord", "Passes", "passes", "release_left_view"]
 
 
 @dataclass
@@ -37,8 +41,10 @@ class Pass:
 
     ``index`` counts the passes of this loop from 0; ``pass_in_mini_epoch`` counts the passes
     already completed over this mini-epoch before this one. ``files`` are relative to the mount,
-    ``paths`` absolute: read-only sequences of ``str`` (see :class:`metfs.FilesView`), the same
-    objects for every pass over one view. Set ``metrics`` (or call :meth:`report`) before the
+    ``paths`` absolute, what to open: the files under the mount, or with ``direct`` their
+    copies in the cache (``view.direct_paths``; ``view.paths`` are then the mount's paths);
+    read-only sequences of ``str`` (see :class:`metfs.FilesView`), the same objects for every
+    pass over one view. Set ``metrics`` (or call :meth:`report`) before the
     next iteration; the loop sends them with ``pass_end``. ``decision`` holds the daemon's
     answer once it is known.
     """
@@ -55,6 +61,8 @@ class Pass:
     decision: Decision | None = None
     #: This rank's local batch size for this pass with ``adjust_bs`` (ADJUST_BS), else ``None``.
     batch_size: int | None = None
+    #: The view this pass reads (its ``readable_paths`` are ``paths``).
+    view: FilesView | None = field(default=None, repr=False, compare=False)
 
     def report(self, metrics: Mapping[str, Any] | None = None, **named: Any) -> None:
         """Adds metrics of this pass, e.g. ``p.report(loss=0.3, accuracy=0.9)``.
@@ -99,7 +107,8 @@ class Passes(TracksPasses):
     cap). The counting is :class:`metfs.tracker.PassTracker`'s (``tracker``). With
     ``adjust_bs`` (:class:`metfs.dds.AdjustBs`), each pass carries this rank's local batch size
     (``Pass.batch_size``, also :meth:`local_batch_size`), which every rank changes together at a
-    pass boundary when a straggler is found.
+    pass boundary when a straggler is found. ``direct`` chooses the paths each pass reads (see
+    :func:`passes`).
     """
 
     def __init__(
@@ -111,6 +120,7 @@ class Passes(TracksPasses):
         coordinator: Coordinator | None = None,
         max_passes: int | None = None,
         adjust_bs: AdjustBs | None = None,
+        direct: bool | None = None,
     ) -> None:
         #: The pass-tracking state: target epoch, decisions, generations, done.
         self.tracker = PassTracker(epochs, max_passes=max_passes)
@@ -119,6 +129,8 @@ class Passes(TracksPasses):
         self.coordinator = coordinator if coordinator is not None else default_coordinator()
         self.records: list[PassRecord] = []
         self.adjust_bs = adjust_bs
+        #: Direct paths or the mount's (``None``: as the client, see :meth:`Client.files`).
+        self.direct = direct
         self._started = False
 
     @property
@@ -153,10 +165,15 @@ class Passes(TracksPasses):
         if self.adjust_bs is not None:
             self.adjust_bs.start(self.coordinator, self.client)
         view: FilesView | None = None
+        decision: Decision | None = None
         while tracker.wants_pass:
             # The list is sent again only when the generation moved: a pass over an unchanged
-            # view costs one short round trip, whatever the view's size.
-            view = self.coordinator.files(self.client, view)
+            # view costs one short round trip, whatever the view's size. With direct paths this
+            # also moves the client's lease to the view read now.
+            if self.direct is None:
+                view = self.coordinator.files(self.client, view)
+            else:
+                view = self.coordinator.files(self.client, view, direct=self.direct)
             p = Pass(
                 index=tracker.passes,
                 generation=view.generation,
@@ -165,8 +182,9 @@ class Passes(TracksPasses):
                 pass_in_mini_epoch=tracker.passes_done,
                 mountpoint=view.mountpoint,
                 files=view.files,
-                paths=view.paths,
+                paths=view.readable_paths,
                 batch_size=None if self.adjust_bs is None else self.adjust_bs.batch_size,
+                view=view,
             )
             yield p
             metrics = metrics_to_floats(p.metrics)
@@ -188,6 +206,24 @@ class Passes(TracksPasses):
                 )
             )
             tracker.record(decision)
+        if decision is not None:
+            release_left_view(self.client, decision.generation)
+
+
+def release_left_view(client: Client, generation: int) -> None:
+    """After the last pass, whose decision left the view at ``generation``: a lease the client
+    still holds on an older view (the one the pass read, before an advance) would keep that
+    slot, and with it the staging of the next mini-epoch, waiting until the next ``files``;
+    it is released. A lease on the current view is kept (the daemon would not free it anyway).
+    """
+    held = client.lease
+    if held is None or held == generation:
+        return
+    try:
+        client.release(held)
+    except MetfsError as e:
+        if e.code != "no_lease":  # moved or gone meanwhile: nothing of that view is held
+            raise
 
 
 def passes(
@@ -198,6 +234,7 @@ def passes(
     coordinator: Coordinator | None = None,
     max_passes: int | None = None,
     adjust_bs: AdjustBs | None = None,
+    direct: bool | None = None,
 ) -> Passes:
     """Passes over the current view until ``epochs`` full MET epochs have completed.
 
@@ -212,6 +249,14 @@ def passes(
     ``torch.distributed`` is initialised (see :mod:`metfs.coordinator`). ``adjust_bs``
     (:class:`metfs.dds.AdjustBs`) gives each pass this rank's local batch size
     (``p.batch_size``) under ADJUST_BS; record the rank's work with ``adjust_bs.record``.
+
+    ``direct=True`` gives each pass the view's files as their copies in the cache
+    (``p.paths``; ``p.view.paths`` are the mount's), read without FUSE: the view is asked for
+    with ``direct`` (:meth:`metfs.Client.files`), so the client holds a lease on the view of
+    the current pass, moved at each pass, that keeps its slot while it is read (also by
+    forked loader workers: only this process talks to the daemon). When the loop ends after
+    an advance, the lease on the view it left is released. ``None`` (the default) follows the
+    client (``Client(direct=...)``, ``False`` unless set); ``False``: the mount's paths.
     """
     return Passes(
         client,
@@ -220,4 +265,5 @@ def passes(
         coordinator=coordinator,
         max_passes=max_passes,
         adjust_bs=adjust_bs,
+        direct=direct,
     )

@@ -22,6 +22,12 @@ changed) and yields *paths*; :class:`MetDataset` loads whatever path it is given
 So the view is followed across switches also with worker processes, persistent or not.
 :func:`met_train` runs :func:`metfs.passes` with a fresh loader per pass and reports the mean
 of what ``step_fn`` returns (plus ``eval_fn()``'s metrics) after each pass.
+
+``MetDataset(client, load_sample, direct=True)`` (or a client made with ``direct=True``) hands
+the loader, and so the worker processes, the staged copies of the view's files in the cache
+instead of the mount's paths: read without FUSE, at the disk's speed. The main process asks for
+the view (at every pass) and holds the lease that keeps its slot while the workers read it
+(:meth:`metfs.Client.files`); the workers only open paths.
 """
 
 from __future__ import annotations
@@ -46,17 +52,26 @@ class MetDataset(Dataset[Any]):
     (what :class:`MetSampler` yields, robust across view switches) or an index into the file
     list of the last :meth:`refresh` (what plain and distributed samplers use). The file list is
     read at construction and by :meth:`refresh`.
+
+    ``direct=True`` gives ``loader`` the view's files as their copies in the cache (the view's
+    ``direct_paths``), read without FUSE, under the client's lease on the view (see
+    :meth:`metfs.Client.files`), which each refresh moves to the view it reads; ``None``
+    follows the client (``Client(direct=...)``), ``False`` gives the mount's paths.
     """
 
-    def __init__(self, client: Client, loader: Callable[[str], Any]) -> None:
+    def __init__(
+        self, client: Client, loader: Callable[[str], Any], *, direct: bool | None = None
+    ) -> None:
         self.client: Client | None = client
         self.loader = loader
-        self.view: FilesView = client.files()
+        self.direct = direct
+        self.view: FilesView = client.files(direct=direct)
 
     @property
     def paths(self) -> Sequence[str]:
-        """Absolute paths of the view as of the last refresh."""
-        return self.view.paths
+        """The paths ``loader`` is given, as of the last refresh: absolute paths under the
+        mount, or with ``direct`` of the copies in the cache."""
+        return self.view.readable_paths
 
     @property
     def generation(self) -> int:
@@ -71,7 +86,7 @@ class MetDataset(Dataset[Any]):
         """
         if self.client is None:
             raise RuntimeError("MetDataset.refresh() in a worker process: refresh in the parent")
-        self.view = self.client.files(None if force else self.view)
+        self.view = self.client.files(None if force else self.view, direct=self.direct)
         return self.view
 
     def set_view(self, view: FilesView) -> None:
@@ -84,7 +99,7 @@ class MetDataset(Dataset[Any]):
     def __getitem__(self, key: int | str) -> Any:
         if isinstance(key, str):
             return self.loader(key)
-        return self.loader(self.view.paths[key])
+        return self.loader(self.view.readable_paths[key])
 
     def __getstate__(self) -> dict[str, Any]:
         # Worker processes only load files; the socket stays in the parent.
@@ -99,7 +114,8 @@ class MetSampler(Sampler[str]):
 
     A ``DataLoader`` calls ``iter(sampler)`` in the main process when a pass begins, so each
     pass sees the view of that moment. ``shuffle`` permutes the paths with a generator seeded by
-    ``seed`` (a new permutation every pass).
+    ``seed`` (a new permutation every pass). The paths are the dataset's (``paths``: the mount's,
+    or with ``direct`` the copies in the cache).
     """
 
     def __init__(self, dataset: MetDataset, shuffle: bool = True, seed: int = 0) -> None:
@@ -120,7 +136,7 @@ class MetSampler(Sampler[str]):
         # Not a generator function: the refresh happens at iter() time, before workers start.
         view = self.dataset.refresh()
         self.generations.append(view.generation)
-        paths = view.paths
+        paths = view.readable_paths
         if not self.shuffle:
             return iter(paths)
         order = torch.randperm(len(paths), generator=self._gen)
@@ -174,22 +190,22 @@ def met_train(
     runs for every batch. ``step_fn`` returns a loss (number or one-element tensor), a dict of
     metrics, or ``None``; their means over the pass, weighted by batch, plus ``eval_fn()``'s
     metrics, are reported with ``pass_end``. ``on_pass(p, metrics)`` is called after each pass
-    (e.g. to log). Returns the finished :class:`metfs.Passes` with the decision history.
+    (e.g. to log). The loader reads the view's direct paths when ``dataset`` was made with
+    ``direct=True`` (or the client with ``direct=True``). Returns the finished
+    :class:`metfs.Passes` with the decision history.
     """
-    run = passes(client, epochs, block=block, coordinator=coordinator, max_passes=max_passes)
+    run = passes(
+        client,
+        epochs,
+        block=block,
+        coordinator=coordinator,
+        max_passes=max_passes,
+        direct=dataset.direct,
+    )
     loader_kwargs.setdefault("shuffle", True)
     for p in run:
-        dataset.set_view(
-            FilesView(
-                generation=p.generation,
-                epoch=p.epoch,
-                mini_epoch=p.mini_epoch,
-                mountpoint=p.mountpoint,
-                files=p.files,
-                count=len(p.files),
-                paths=p.paths,
-            )
-        )
+        assert p.view is not None
+        dataset.set_view(p.view)
         loader = DataLoader(dataset, batch_size=batch_size, **loader_kwargs)
         sums: dict[str, float] = {}
         batches = 0
