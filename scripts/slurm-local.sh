@@ -17,6 +17,9 @@
 #                       (default /tmp/metfs-slurm)
 #   SLURM_LOCAL_PORT    slurmctld port; the nodes use PORT+1 and PORT+2 (default 16817)
 #   SLURM_LOCAL_EPILOG  optional Epilog script (absolute path), e.g. deploy/slurm/epilog.sh
+#   SLURM_LOCAL_PROLOG  optional Prolog script (absolute path), run on every node of a job at
+#                       allocation (PrologFlags=Alloc), e.g. a wrapper of deploy/slurm/prolog.sh
+#   SLURM_LOCAL_TASK_PROLOG  optional TaskProlog script (absolute path)
 #   SLURM_LOCAL_KILLWAIT  seconds between SIGTERM and SIGKILL when a job is cancelled or hits
 #                       its time limit (default 15)
 #
@@ -28,6 +31,8 @@ set -euo pipefail
 DIR=${SLURM_LOCAL_DIR:-/tmp/metfs-slurm}
 PORT=${SLURM_LOCAL_PORT:-16817}
 EPILOG=${SLURM_LOCAL_EPILOG:-}
+PROLOG=${SLURM_LOCAL_PROLOG:-}
+TASK_PROLOG=${SLURM_LOCAL_TASK_PROLOG:-}
 KILLWAIT=${SLURM_LOCAL_KILLWAIT:-15}
 CONF="$DIR/slurm.conf"
 NODES=(n1 n2)
@@ -82,11 +87,19 @@ start_munge() {
 }
 
 write_conf() {
-  local host epilog_line=""
+  local host epilog_line="" prolog_lines=""
   host=$(hostname -s)
   if [ -n "$EPILOG" ]; then
     [ -x "$EPILOG" ] || die "SLURM_LOCAL_EPILOG=$EPILOG is not an executable file"
     epilog_line="Epilog=$EPILOG"
+  fi
+  if [ -n "$PROLOG" ]; then
+    [ -x "$PROLOG" ] || die "SLURM_LOCAL_PROLOG=$PROLOG is not an executable file"
+    prolog_lines="Prolog=$PROLOG"$'\n'"PrologFlags=Alloc"
+  fi
+  if [ -n "$TASK_PROLOG" ]; then
+    [ -x "$TASK_PROLOG" ] || die "SLURM_LOCAL_TASK_PROLOG=$TASK_PROLOG is not an executable file"
+    prolog_lines="$prolog_lines"$'\n'"TaskProlog=$TASK_PROLOG"
   fi
   mkdir -p "$DIR/state" "$DIR/log"
   for n in "${NODES[@]}"; do
@@ -126,6 +139,7 @@ KillWait=$KILLWAIT
 MessageTimeout=10
 SlurmdParameters=config_overrides
 $epilog_line
+$prolog_lines
 NodeName=n[1-2] NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + 1))-$((PORT + 2)) CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
 EOF

@@ -15,8 +15,12 @@
 #      after METFS_EPILOG_WAIT seconds (default 10),
 #   3. detaches (umount -l) the mount of each such daemon if it is still there, and any metfs
 #      mount whose daemon is gone (a dead FUSE mount only returns errors, whoever left it),
-#   4. removes their entries from metfs's mount registry (/run/metfs, /tmp/metfs-<uid>).
-# Caches are left in place, so the next job on the node resumes from them.
+#   4. removes their entries from metfs's mount registry (/run/metfs, /tmp/metfs-<uid>),
+#   5. removes the job's directory of the node service (prolog.sh, under METFS_PROLOG_ROOT,
+#      default /var/tmp/metfs-jobs), or with METFS_PROLOG_KEEP=1 keeps its cache as
+#      ROOT/kept-<uid> for the user's next job on the node.
+# Caches of jobs that mounted for themselves are left in place, so the next job on the node
+# resumes from them.
 #
 # It always exits 0 (a failing Epilog drains the node); what it did and what it could not do
 # goes to stderr and, where `logger` exists, to syslog with the tag metfs-epilog. Set
@@ -144,6 +148,26 @@ while IFS=$'\t' read -r f pid mp; do
   [ -n "$mp" ] && detach "$mp"
   rm -f "$f"
 done < <(registry)
+
+# 5. The node service's job directory (prolog.sh): its mount is detached above; its cache goes
+# (or, with METFS_PROLOG_KEEP=1, is kept for the user's next job on this node).
+PROLOG_ROOT=${METFS_PROLOG_ROOT:-/var/tmp/metfs-jobs}
+jobdir="$PROLOG_ROOT/$JOB-${NODE:-$(hostname -s)}"
+if [ -d "$jobdir" ] && [ ! -L "$jobdir" ]; then
+  detach "$jobdir/mnt"
+  if is_metfs_mount "$jobdir/mnt"; then
+    note "the job's mount $jobdir/mnt is still there; its directory is left"
+    left=1
+  else
+    owner=$(stat -c %u "$jobdir")
+    if [ "${METFS_PROLOG_KEEP:-0}" = 1 ] && [ -d "$jobdir/cache" ] && [ "$owner" != 0 ]; then
+      rm -rf --one-file-system "$PROLOG_ROOT/kept-$owner"
+      rm -f "$jobdir/cache/metfs.sock"
+      mv "$jobdir/cache" "$PROLOG_ROOT/kept-$owner" && note "kept the cache for uid $owner's next job"
+    fi
+    rm -rf --one-file-system "$jobdir" && note "removed $jobdir"
+  fi
+fi
 
 if [ "$left" -ne 0 ] && [ "$STRICT" = 1 ]; then
   exit 1

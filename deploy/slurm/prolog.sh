@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Slurm Prolog: the metfs node service. On each node of a job, as root, it starts one metfs
+# daemon that mounts the site's dataset for the job's user, so the user's reads take FUSE
+# passthrough (which the kernel grants only to a daemon with CAP_SYS_ADMIN) while the tier is
+# read with the user's own rights (`metfs mount --run-as`: the daemon runs as the user and keeps
+# of root only CAP_SYS_ADMIN; a file the user may not read at the source is never staged,
+# listed or served).
+#
+#   slurm.conf:  Prolog=/etc/slurm/prolog.d/metfs-prolog.sh      (a wrapper, see below)
+#                PrologFlags=Alloc                               (run it on every node at once)
+#                TaskProlog=/etc/slurm/metfs-task-prolog.sh      (task-prolog.sh: the job's env)
+#                Epilog=/etc/slurm/epilog.d/metfs-epilog.sh      (epilog.sh: unmount, clean up)
+#
+# Site settings (environment; a site sets them in a two-line wrapper that exports them and
+# execs this file, since slurmd gives the Prolog only Slurm's own variables):
+#   METFS_PROLOG_CONFIG  the mount's settings, a `metfs mount --config` TOML file: source,
+#                        budget, rf, ... (required; `cache`, `socket` and `allow_other` are
+#                        set here)
+#   METFS_PROLOG_ROOT    where each job's directory goes on node-local storage (default
+#                        /var/tmp/metfs-jobs); created 0755 root if missing
+#   METFS_PROLOG_KEEP    1: the Epilog keeps the user's cache for their next job on the node
+#                        (default 0: it is removed with the job)
+#   METFS_BIN            the metfs executable (default `metfs` on PATH)
+#
+# Each job gets ROOT/<job>-<node>/ (the node name in it because test clusters run several
+# slurmd on one host), owned by the job's user, mode 0700: nobody else can reach the mount, the
+# cache or the socket inside it. In it: `cache/` (the slots, the log, the socket
+# `cache/metfs.sock`), `mnt/` (the mount) and `metfs.env`, the lines task-prolog.sh prints
+# (METFS_MOUNT, METFS_SOCKET), for jobs on clusters without a TaskProlog.
+#
+# A Prolog that fails drains the node, so this exits non-zero only when the job cannot get its
+# mount (it then says why on stderr, which slurmd logs): the job's user not known, no config,
+# or `metfs mount` failing (for example the source unreachable).
+set -euo pipefail
+
+JOB=${SLURM_JOB_ID:-}
+NODE=${SLURMD_NODENAME:-$(hostname -s)}
+ROOT=${METFS_PROLOG_ROOT:-/var/tmp/metfs-jobs}
+CONF=${METFS_PROLOG_CONFIG:-}
+KEEP=${METFS_PROLOG_KEEP:-0}
+BIN=${METFS_BIN:-metfs}
+
+die() {
+  printf 'metfs-prolog: job %s on %s: %s\n' "${JOB:-?}" "$NODE" "$*" >&2
+  if command -v logger >/dev/null 2>&1; then
+    logger -t metfs-prolog -- "job ${JOB:-?}: $*" 2>/dev/null || true
+  fi
+  exit 1
+}
+
+[ -n "$JOB" ] || die "SLURM_JOB_ID is not set: run this as slurmd's Prolog"
+# Slurm 22.05 sets SLURM_JOB_USER and SLURM_JOB_UID in the Prolog's environment.
+user=${SLURM_JOB_USER:-${SLURM_JOB_UID:-}}
+[ -n "$user" ] || die "the job's user is not known (neither SLURM_JOB_USER nor SLURM_JOB_UID is set); nothing was mounted"
+uid=$(id -u "$user" 2>/dev/null) || die "the job's user '$user' is not known on this node; nothing was mounted"
+[ "$uid" != 0 ] || die "the job runs as root; a root job mounts metfs itself (deploy/slurm/metfs-node.sh)"
+[ -n "$CONF" ] || die "METFS_PROLOG_CONFIG is not set (the site's metfs mount settings, a TOML file)"
+[ -r "$CONF" ] || die "METFS_PROLOG_CONFIG=$CONF cannot be read"
+gid=$(id -g "$user")
+
+# The node's share of each mini-epoch: this node's place in the job's node list.
+rank=0 nodes=1
+if [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null 2>&1; then
+  mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null || true)
+  if [ ${#hosts[@]} -gt 0 ]; then
+    nodes=${#hosts[@]}
+    for i in "${!hosts[@]}"; do
+      [ "${hosts[$i]}" = "$NODE" ] && rank=$i
+    done
+  fi
+fi
+
+install -d -m 0755 -o root -g root "$ROOT"
+dir="$ROOT/$JOB-$NODE"
+# A directory of this name left by an earlier run of this job id is not ours to trust.
+if [ -e "$dir" ] || [ -L "$dir" ]; then
+  umount -l "$dir/mnt" 2>/dev/null || true
+  rm -rf --one-file-system "$dir"
+fi
+install -d -m 0700 -o "$uid" -g "$gid" "$dir"
+kept="$ROOT/kept-$uid"
+if [ "$KEEP" = 1 ] && [ -d "$kept" ] && [ ! -L "$kept" ] && [ "$(stat -c %u "$kept")" = "$uid" ]; then
+  # The user's cache from their last job on this node: the daemon resumes what it can of it.
+  mv "$kept" "$dir/cache"
+else
+  install -d -m 0700 -o "$uid" -g "$gid" "$dir/cache"
+fi
+install -d -m 0700 -o "$uid" -g "$gid" "$dir/mnt"
+
+# The daemon's environment names the job and node, so that epilog.sh finds it.
+if ! out=$(SLURM_JOB_ID=$JOB SLURMD_NODENAME=$NODE "$BIN" mount --run-as "$user" --config "$CONF" \
+    --cache "$dir/cache" --socket "$dir/cache/metfs.sock" --allow-other \
+    --history "$dir/cache/rf-history.json" --node-rank "$rank" --nodes "$nodes" "$dir/mnt" 2>&1); then
+  die "metfs mount failed: $(printf '%s' "$out" | tail -n 5 | tr '\n' ' ')"
+fi
+printf 'export METFS_MOUNT=%s\nexport METFS_SOCKET=%s\n' "$dir/mnt" "$dir/cache/metfs.sock" > "$dir/metfs.env"
+chown "$uid:$gid" "$dir/metfs.env"
+chmod 0600 "$dir/metfs.env"
+printf 'metfs-prolog: job %s on %s: mounted %s for %s (node %s of %s)\n' "$JOB" "$NODE" "$dir/mnt" "$user" "$rank" "$nodes" >&2
+exit 0
