@@ -22,7 +22,9 @@ sides). Needs root (FUSE mount, drop_caches). Work directory: $METFS_BENCH_DIR o
 runs the daemons and both sides' readers as that ordinary user (`runuser`), as on a node where
 users are not root: passthrough is refused, so its column shows the path the user gets. Only
 the page cache drops stay with root. The user needs read and write access to /dev/fuse (see
-scripts/test.sh) and to the work directory, which is then handed to them.
+scripts/test.sh) and to the work directory, which is then handed to them. With a user, `read`
+also measures a mount the root node service makes for them (`metfs mount --run-as USER`, as
+deploy/slurm/prolog.sh does): passthrough, which their own daemon is refused.
 """
 
 from __future__ import annotations
@@ -109,7 +111,10 @@ def rpc(sock: str, req: dict) -> dict:
 
 
 class Mount:
-    def __init__(self, name: str, source: Path, budget: str, *extra: str) -> None:
+    def __init__(self, name: str, source: Path, budget: str, *extra: str, service: bool = False) -> None:
+        # `service`: started by root with `--run-as` the user, as the node service's Prolog
+        # does (deploy/slurm/prolog.sh), instead of by the user.
+        self.service = service
         self.mnt = WORK / f"mnt-{name}"
         self.cache = WORK / f"cache-{name}"
         self.source = source
@@ -128,7 +133,8 @@ class Mount:
     def start(self) -> None:
         """`metfs mount`: returns once the first mini-epoch is staged and the mount is live."""
         # The rf history goes beside the cache, not into the user's.
-        sh(*AS_USER, str(METFS), "mount", "--source", str(self.source), "--cache", str(self.cache), "--budget", self.budget,
+        who = ["--run-as", USER] if self.service else []
+        sh(*([] if self.service else AS_USER), str(METFS), "mount", *who, "--source", str(self.source), "--cache", str(self.cache), "--budget", self.budget,
            "--history", str(self.cache.parent / f"{self.cache.name}-rf-history.json"), *self.extra, str(self.mnt))
 
     def __enter__(self) -> "Mount":
@@ -222,6 +228,13 @@ def bench_read() -> list[str]:
             d = stack.enter_context(Mount("read-direct", src, budget, "--mini-epochs", "1"))
             d.settle()
             direct_root = stack.enter_context(direct_lease(d))
+            # An ordinary user's mount by the root node service: passthrough, which the
+            # user's own daemon is refused.
+            if USER:
+                svc = stack.enter_context(Mount("read-service", src, budget, "--mini-epochs", "1", "--read-path",
+                                                "passthrough", "--allow-other", service=True))
+                svc.settle()
+                assert svc.status()["read_path"] == "passthrough", svc.status()["read_path"]
             # The native side reads a copy of the slot, not a mount's own slot files: the cached
             # path drops its slot files' pages after a pass, which would make native's warm
             # reads partly cold, and sharing pages with one mount would favour that mount.
@@ -234,8 +247,10 @@ def bench_read() -> list[str]:
             key = "bytes_per_s" if size >= (1 << 20) else "files_per_s"
             unit, scale = ("MiB/s", 1 << 20) if key == "bytes_per_s" else ("files/s", 1)
             for cache in ("cold", "warm"):
-                res = {"native": [], "direct": []} | {p: [] for p in READ_PATHS}
+                res = {"native": [], "direct": [], "service": []} | {p: [] for p in READ_PATHS}
                 sides = [("native", slot), ("direct", direct_root)] + [(p, m.mnt) for p, m in mounts.items()]
+                if USER:
+                    sides.append(("service", svc.mnt))
                 for rep in range(REPS):
                     order = sides[rep % len(sides):] + sides[:rep % len(sides)]
                     if cache == "warm":
@@ -261,6 +276,11 @@ def bench_read() -> list[str]:
                 x = med(res["direct"]) / scale
                 rows.append(f"| read {label}, {cache} | direct (slot files under a lease) | {n:,.0f} {unit} | {x:,.0f} {unit} | {x / n:.2f}x |")
                 print(rows[-1], flush=True)
+                if USER:
+                    x = med(res["service"]) / scale
+                    rows.append(f"| read {label}, {cache} | passthrough, mounted by the root node service (--run-as) | "
+                                f"{n:,.0f} {unit} | {x:,.0f} {unit} | {x / n:.2f}x |")
+                    print(rows[-1], flush=True)
                 for p in READ_PATHS:
                     x = med(res[p]) / scale
                     # Asked again now: a path the kernel refused (passthrough for an ordinary
