@@ -311,6 +311,7 @@ impl Daemon {
         form: FilesForm,
         held: &mut Option<ViewLease>,
     ) -> Result<(FilesView, Option<Vec<u8>>), ProtocolError> {
+        let mut refused: Option<u64> = None;
         loop {
             let (view, epoch, mini_epoch, mountpoint) = match job {
                 Some(name) => {
@@ -326,8 +327,20 @@ impl Daemon {
                 }
             };
             // `None`: switched away and evicted since it was read; the next read finds the
-            // view that replaced it.
+            // view that replaced it. The same view refused twice is not shown at all (a job
+            // of a shared mount still waiting for its first view): no lease to give.
             let Some(lease) = self.fs.lease(&view) else {
+                if refused == Some(view.generation) {
+                    return Err(ProtocolError::new(
+                        ErrorCode::BadRequest,
+                        format!(
+                            "generation {} is not shown by the mount (yet): ask for `files` again once `status` shows the job's first view",
+                            view.generation
+                        ),
+                    ));
+                }
+                refused = Some(view.generation);
+                tokio::task::yield_now().await;
                 continue;
             };
             let fs = self.fs.clone();
