@@ -416,3 +416,40 @@ def test_socket_rejects_bad_lines_and_stays_up(mounts, dataset):
         assert ask(b'{"op": "hello", "version": 99}')["error"]["code"] == "unsupported_version"
         assert ask(b'{"op": "status"}')["ok"], "the connection is still usable"
     assert m.status()["pass"] == 0, "bad requests changed nothing"
+
+
+def test_a_silent_direct_readers_lease_expires_and_lets_the_slot_go(mounts, dataset, tmp_path):
+    """A trainer that holds a lease (`files` with `direct`) and then goes silent (stopped, hung)
+    pins its view only until the daemon closes its idle connection: the retired slot then
+    drains and the next mini-epoch stages. A reader that keeps asking keeps its lease."""
+    src, _ = dataset
+    cfg = tmp_path / "idle.toml"
+    cfg.write_text("[control]\nidle_timeout_secs = 2\n")
+    m = mounts(src, "4MiB", "--rf", "1", "--config", str(cfg))
+    m.mount()
+    m.wait_next_ready()
+    silent = socket.socket(socket.AF_UNIX)
+    silent.connect(m.socket)
+    silent.sendall(b'{"op": "files", "direct": true}\n')
+    buf = b""
+    while not buf.endswith(b"\n"):
+        buf += silent.recv(1 << 20)
+    r = json.loads(buf)
+    assert r["ok"] and r["direct_root"], r
+    leased = r["generation"]
+    first = r["files"][0]
+    assert (Path(r["direct_root"]) / first).read_bytes() == (src / first).read_bytes()
+    assert m.rpc({"op": "advance", "wait": True}, timeout=60)["decision"] == "advance"
+    held = [d for d in m.status()["draining"] if d["generation"] == leased]
+    assert held and held[0]["leases"] == 1, m.status()["draining"]
+    # The copy is still there while the lease holds.
+    assert (Path(r["direct_root"]) / first).read_bytes() == (src / first).read_bytes()
+    t = time.monotonic()
+    wait_for(lambda: not m.status()["draining"], timeout=30, what="the silent reader's lease to expire")
+    # The daemon closed the silent connection (2 s idle), which ended the lease.
+    silent.settimeout(5)
+    assert silent.recv(1) == b""
+    assert time.monotonic() - t < 20
+    # Forgotten by the view first, then its slot deleted.
+    wait_for(lambda: not Path(r["direct_root"]).exists(), timeout=30, what="the retired slot's eviction")
+    silent.close()
