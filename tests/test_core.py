@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -453,3 +454,41 @@ def test_a_silent_direct_readers_lease_expires_and_lets_the_slot_go(mounts, data
     # Forgotten by the view first, then its slot deleted.
     wait_for(lambda: not Path(r["direct_root"]).exists(), timeout=30, what="the retired slot's eviction")
     silent.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="connects as a second user")
+def test_direct_paths_are_refused_to_a_user_who_cannot_read_the_cache(mounts, dataset, tmp_path):
+    """The socket is 0600, so only the daemon's user (or root) connects; were it opened wider,
+    a `files` with `direct` from another user is still refused (`not_permitted`, naming the
+    mount to read through instead), and takes no lease. Their ordinary `files` is answered."""
+    src, _ = dataset
+    if subprocess.run(["id", "-u", "nobody"], capture_output=True).returncode != 0:
+        pytest.skip("no user nobody")
+    m = mounts(src, "4MiB", "--rf", "1")
+    m.mount()
+    # The socket opened to everyone, outside the (private) cache directory: a hard link in a
+    # directory another user can reach.
+    sockdir = Path(tempfile.mkdtemp(prefix="metfs-sock-", dir="/tmp"))
+    sockdir.chmod(0o755)
+    sock = sockdir / "metfs.sock"
+    os.link(m.socket, sock)
+    os.chmod(sock, 0o666)
+    probe = (
+        "import json, socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+        "out = []\n"
+        "for req in (b'{\"op\": \"files\", \"direct\": true}', b'{\"op\": \"files\"}'):\n"
+        "    s.sendall(req + b'\\n'); buf = b''\n"
+        "    while not buf.endswith(b'\\n'): buf += s.recv(1 << 20)\n"
+        "    out.append(json.loads(buf))\n"
+        "print(json.dumps(out))\n"
+    )
+    r = subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", probe, str(sock)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    direct, plain = json.loads(r.stdout)
+    assert direct["ok"] is False and direct["error"]["code"] == "not_permitted", direct
+    assert str(m.mountpoint) in direct["error"]["message"], direct
+    assert plain["ok"] is True and plain["files"] and plain.get("direct_root") is None, plain
+    assert all(d["leases"] == 0 for d in m.rpc({"op": "status"})["draining"])
+    shutil.rmtree(sockdir, ignore_errors=True)
