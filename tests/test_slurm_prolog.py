@@ -196,6 +196,57 @@ def test_a_users_job_reads_through_passthrough_and_the_epilog_leaves_nothing(sit
     assert not metfs_mounts(site.base)
 
 
+def test_each_node_of_a_two_node_job_mounts_its_share(site: Site) -> None:
+    """The Prolog runs on both nodes at allocation; each node's daemon shows that node's share
+    of the mini-epoch (its place in the job's node list), so the two views are disjoint and
+    together hold readable files only; the Epilog cleans both nodes."""
+    work = _user_dir(site, "job2")
+    (work / "check.py").write_text(CHECK)
+    go = work / "go"
+    script = work / "job.sh"
+    # One output file per task: two tasks writing one file interleave their lines.
+    script.write_text(f"#!/bin/bash\nset -e\nsrun --ntasks-per-node=1 --output={work}/task-%t.out "
+                      f"/usr/bin/python3 {work / 'check.py'} {go}\n")
+    script.chmod(0o755)
+    out = work / "job.out"
+    r = subprocess.run(["runuser", "-u", USER, "--", "env", f"SLURM_CONF={site.env['SLURM_CONF']}",
+                        "sbatch", "--parsable", f"--output={out}", "--time=5", "--nodes=2", "--ntasks-per-node=1",
+                        f"--chdir={work}", str(script)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+    end = time.monotonic() + 120
+    text = ""
+    tasks = [work / "task-0.out", work / "task-1.out"]
+
+    def texts() -> list[str]:
+        return [t.read_text(errors="replace") if t.exists() else "" for t in tasks]
+
+    try:
+        while not all("RESULT " in t for t in texts()):
+            text = "\n".join(texts()) + (out.read_text(errors="replace") if out.exists() else "")
+            assert time.monotonic() < end, f"no results from job {job}:\n{text[-3000:]}"
+            assert _in_queue(site, job), f"job {job} ended early:\n{text[-3000:]}\n{_logs(site)}"
+            time.sleep(0.5)
+    finally:
+        go.touch()
+    results = [json.loads(t.split("RESULT ", 1)[1].splitlines()[0]) for t in texts()]
+    mounts = {res["mount"] for res in results}
+    assert mounts == {str(site.jobs / f"{job}-n1" / "mnt"), str(site.jobs / f"{job}-n2" / "mnt")}, mounts
+    views = [set(res["files"]) for res in results]
+    assert views[0] and views[1] and not views[0] & views[1], (views, _logs(site))
+    assert all(site.hashes.get(k) == v for res in results for k, v in res["files"].items())
+    end = time.monotonic() + 120
+    while _in_queue(site, job):
+        assert time.monotonic() < end, f"job {job} did not end"
+        time.sleep(0.5)
+    assert leftovers(site.base, wait=20) == [], _logs(site)
+    end = time.monotonic() + 20
+    while any((site.jobs / f"{job}-{n}").exists() for n in ("n1", "n2")) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not any((site.jobs / f"{job}-{n}").exists() for n in ("n1", "n2"))
+
+
 def test_a_prolog_without_the_jobs_user_fails_clearly_and_mounts_nothing(site: Site) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     r = subprocess.run([str(site.wrappers["prolog"])], env=dict(env, SLURM_JOB_ID="999001", SLURMD_NODENAME="n1"),

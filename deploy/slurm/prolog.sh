@@ -58,16 +58,59 @@ uid=$(id -u "$user" 2>/dev/null) || die "the job's user '$user' is not known on 
 [ -r "$CONF" ] || die "METFS_PROLOG_CONFIG=$CONF cannot be read"
 gid=$(id -g "$user")
 
-# The node's share of each mini-epoch: this node's place in the job's node list.
-rank=0 nodes=1
-if [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null 2>&1; then
-  mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null || true)
-  if [ ${#hosts[@]} -gt 0 ]; then
-    nodes=${#hosts[@]}
-    for i in "${!hosts[@]}"; do
-      [ "${hosts[$i]}" = "$NODE" ] && rank=$i
-    done
+# A node list such as `n[1-2],gpu[01-03,07],login`, one name per line: scontrol's expansion,
+# else this one (one bracket group per name, ranges keep their zero padding).
+expand_hosts() {
+  if scontrol show hostnames "$1" 2>/dev/null; then
+    return
   fi
+  local list=$1 part prefix body suffix item a b w i
+  # Split at commas outside brackets.
+  local -a parts=()
+  local cur=""
+  local depth=0 c
+  for ((i = 0; i < ${#list}; i++)); do
+    c=${list:i:1}
+    case "$c" in
+      '[') depth=$((depth + 1)); cur+=$c ;;
+      ']') depth=$((depth - 1)); cur+=$c ;;
+      ',') if [ "$depth" -eq 0 ]; then parts+=("$cur"); cur=""; else cur+=$c; fi ;;
+      *) cur+=$c ;;
+    esac
+  done
+  [ -n "$cur" ] && parts+=("$cur")
+  for part in "${parts[@]}"; do
+    if [[ $part =~ ^([^\[]*)\[([^]]*)\](.*)$ ]]; then
+      prefix=${BASH_REMATCH[1]} body=${BASH_REMATCH[2]} suffix=${BASH_REMATCH[3]}
+      IFS=, read -ra items <<< "$body"
+      for item in "${items[@]}"; do
+        if [[ $item =~ ^([0-9]+)-([0-9]+)$ ]]; then
+          a=${BASH_REMATCH[1]} b=${BASH_REMATCH[2]} w=${#BASH_REMATCH[1]}
+          for ((i = 10#$a; i <= 10#$b; i++)); do printf '%s%0*d%s\n' "$prefix" "$w" "$i" "$suffix"; done
+        else
+          printf '%s%s%s\n' "$prefix" "$item" "$suffix"
+        fi
+      done
+    else
+      printf '%s\n' "$part"
+    fi
+  done
+}
+
+# The node's share of each mini-epoch: this node's place in the job's node list.
+# slurmd 22.05 names it SLURM_NODELIST in the Prolog, SLURM_JOB_NODELIST in jobs.
+nodelist=${SLURM_JOB_NODELIST:-${SLURM_NODELIST:-}}
+rank=0 nodes=1
+if [ -n "$nodelist" ]; then
+  mapfile -t hosts < <(expand_hosts "$nodelist")
+  found=0
+  for i in "${!hosts[@]}"; do
+    if [ "${hosts[$i]}" = "$NODE" ]; then
+      rank=$i found=1
+    fi
+  done
+  [ "$found" = 1 ] || die "node $NODE is not in the job's node list $nodelist; nothing was mounted"
+  nodes=${#hosts[@]}
 fi
 
 install -d -m 0755 -o root -g root "$ROOT"
