@@ -427,6 +427,34 @@ async fn a_dead_workers_shards_come_back_within_the_lease_and_a_second() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_that_waits_out_a_longer_previous_lease_registers_under_a_fresh_one() {
+    let Some(etcd) =
+        Etcd::start("a_join_that_waits_out_a_longer_previous_lease_registers_under_a_fresh_one")
+    else {
+        return;
+    };
+    let s = samples(60);
+    let (q, m) = queue(&etcd, "regrant", &meta(&s, 6, 0)).await;
+    // A previous incarnation dies with 5 s left on its lease; the new one's lease is 2 s, so
+    // it expires while the join waits (a busy node's slow etcd gave the same, with the
+    // fault trial's `etcdserver: requested lease not found` at mount).
+    let old = Worker::join(q.clone(), m.clone(), s.clone(), cfg("n", 5, 0))
+        .await
+        .unwrap();
+    let inc = old.holder().inc;
+    drop(old);
+    let t = Instant::now();
+    let again = Worker::join(q.clone(), m.clone(), s.clone(), cfg("n", 2, 0))
+        .await
+        .unwrap();
+    assert!(t.elapsed() >= Duration::from_secs(3), "{:?}", t.elapsed());
+    assert_eq!(again.holder().inc, inc + 1);
+    // Registered under a live lease: its claims work.
+    let (done, _) = work(again, 100_000, None).await;
+    assert!(!done.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_survives_etcd_killed_and_restarted_on_its_data_dir() {
     let Some(mut etcd) =
         Etcd::start("the_queue_survives_etcd_killed_and_restarted_on_its_data_dir")

@@ -5,7 +5,10 @@
 use super::*;
 
 /// Grants a lease and registers a new incarnation of `cfg.node` under it, waiting out a
-/// previous incarnation's lease.
+/// previous incarnation's lease. Nothing renews the new lease until registration succeeds, so
+/// a wait longer than its TTL (a previous incarnation's lease to run out, a slow etcd on a busy
+/// node) lets it expire; registering under it then fails with "requested lease not found", and
+/// a fresh lease is granted for the next attempt.
 pub(super) async fn register(
     queue: &Queue,
     shared: &Shared,
@@ -14,11 +17,16 @@ pub(super) async fn register(
     let keys = &queue.keys;
     let ttl = cfg.lease_ttl.as_secs().max(2) as i64;
     let mut kv = queue.client.kv_client();
-    let lease = timed(shared, queue.client.lease_client().grant(ttl, None))
-        .await
-        .map_err(etcd("lease grant"))?
-        .id();
-    shared.lease.store(lease, Ordering::Release);
+    let grant = || async {
+        let lease = timed(shared, queue.client.lease_client().grant(ttl, None))
+            .await
+            .map_err(etcd("lease grant"))?
+            .id();
+        shared.lease.store(lease, Ordering::Release);
+        Ok::<i64, DdsError>(lease)
+    };
+    let mut lease = grant().await?;
+    let mut regrants = 0u32;
     let (ik, wk) = (keys.inc(&cfg.node), keys.worker(&cfg.node));
     let mut deadline: Option<Instant> = None;
     let started = Instant::now();
@@ -48,9 +56,18 @@ pub(super) async fn register(
                 ),
             ])
             .or_else([TxnOp::get(wk.clone(), None)]);
-        let r = timed(shared, kv.txn(txn))
-            .await
-            .map_err(etcd("registration of the node"))?;
+        let r = match timed(shared, kv.txn(txn)).await {
+            Ok(r) => r,
+            Err(etcd_client::Error::GRpcStatus(st))
+                if st.message().contains("lease not found") && regrants < 5 =>
+            {
+                regrants += 1;
+                tracing::warn!(node = %cfg.node, ttl_secs = ttl, "the registration's lease expired before it was used; granting another");
+                lease = grant().await?;
+                continue;
+            }
+            Err(e) => return Err(etcd("registration of the node")(e)),
+        };
         if r.succeeded() {
             return Ok((lease, inc + 1));
         }
@@ -73,7 +90,10 @@ pub(super) async fn register(
                         .unwrap_or(ttl as u64),
                     _ => 0,
                 };
-                let d = now + Duration::from_secs(left) + Duration::from_secs(1);
+                // etcd revokes an expired lease on its next check (every 500 ms), later on a
+                // busy node: a second past the TTL was measured too short (the join gave up
+                // 40 ms before the old key went).
+                let d = now + Duration::from_secs(left) + Duration::from_secs(3);
                 deadline = Some(d);
                 d
             }
