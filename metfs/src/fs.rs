@@ -380,11 +380,12 @@ impl FsCore {
     }
 
     /// Forgets a retired view if it is drained (see [`FsCore::is_drained`]): its inodes go
-    /// stale and its cached files and backing ids are dropped. Returns whether it was
-    /// forgotten; a view that is current, unknown or held (a lease, a handle or a kernel
-    /// reference taken since it was found drained) is left as it is, and its holder's release
-    /// says when to try again. Checked and forgotten under the views' lock, so no lease can be
-    /// taken in between.
+    /// stale and its cached files and backing ids are dropped. Returns whether its slot may
+    /// go: a view that is current or held (a lease, a handle or a kernel reference taken since
+    /// it was found drained) is left as it is, and its holder's release says when to try
+    /// again. A generation the core does not know (already forgotten, or a slot staged and
+    /// never shown) has nothing to forget and nothing can take a lease on it: its slot may go.
+    /// Checked and forgotten under the views' lock, so no lease can be taken in between.
     pub fn retire_drained(&self, generation: u64) -> bool {
         {
             let mut v = self.views.write().unwrap();
@@ -392,7 +393,7 @@ impl FsCore {
                 return false;
             }
             let Some(view) = v.retained.get(&generation) else {
-                return false;
+                return true;
             };
             if !self.unheld(view) {
                 return false;
@@ -1114,7 +1115,8 @@ mod tests {
             core.lease(&old).is_none(),
             "a forgotten view takes no lease"
         );
-        assert!(!core.retire_drained(1), "forgotten once");
+        assert!(core.retire_drained(1), "nothing left to hold it");
+        assert!(core.retire_drained(77), "a slot never shown may go");
         // The current view is never forgotten, leased or not.
         assert!(!core.retire_drained(2));
         let cur = core.lease(&core.current()).unwrap();
