@@ -274,29 +274,7 @@ impl Daemon {
         cfg: MountConfig,
         show_progress: bool,
     ) -> Result<(Arc<Daemon>, std::fs::File), DaemonError> {
-        let paths = CachePaths::new(&cfg.cache);
-        check_cache_dir(&paths.root)?;
-        make_private(&paths.root)?;
-        let lock = lock_cache(&paths)?;
-        for d in [&paths.slots, &paths.tmp] {
-            // A symlink here would lead slot deletions and tmp cleanup out of the cache: it is
-            // removed (never its target) and a private directory made in its place.
-            if std::fs::symlink_metadata(d).is_ok_and(|m| !m.is_dir()) {
-                tracing::warn!(path = %d.display(), "not a directory (a symlink?) in the cache; replacing it");
-                let _ = std::fs::remove_file(d);
-            }
-            prefetcher::stager::create_private_dir(d).map_err(|e| DaemonError::Cache {
-                path: d.display().to_string(),
-                reason: e.to_string(),
-            })?;
-        }
-        // Temporaries of a daemon killed while it replaced these files (under the lock, no
-        // other daemon writes them).
-        for f in [&paths.state, &paths.catalog] {
-            if let Err(e) = durable::remove_leftovers(f) {
-                tracing::warn!(path = %f.display(), error = %e, "cannot remove leftover temporary files");
-            }
-        }
+        let (paths, lock) = open_cache(&cfg)?;
         let tier = open_tier(&cfg.source, &cfg.s3, cfg.stager.timeout_secs)?;
         let (mut catalog, reused, containers) = load_catalog(&*tier, &paths.catalog, &cfg).await?;
         if catalog.is_empty() {
@@ -316,111 +294,15 @@ impl Daemon {
             let _ = std::fs::remove_file(&paths.catalog);
             catalog.save(&paths.catalog)?
         };
-        // A container slot holds one HDF5 file per container: rows are packed, so they are not
-        // rounded to blocks, and each file carries headers and chunk indexes (1 MiB allowed).
-        let extra = containers
-            .as_ref()
-            .map_or(0, |c| 2 * c.files().len() as u64 * (1 << 20));
-        let budget = Budget::new(
-            cfg.budget,
-            &catalog,
-            catalog_bytes,
-            crate::logging::LOG_RESERVE.saturating_add(extra),
-        )?;
-        let footprints: Vec<u64> = if containers.is_some() {
-            catalog.sizes().to_vec()
-        } else {
-            // A transformed sample is planned at what its output may take (the transform
-            // refuses a larger one), so the budget holds whatever it writes.
-            catalog
-                .sizes()
-                .iter()
-                .map(|&s| cfg.transform.footprint(s))
-                .collect()
-        };
-        let plan_cfg = PlanConfig {
-            strategy: cfg.compose,
-            seed: cfg.seed,
-            slot_bytes: budget.slot_bytes,
-            mini_epochs: cfg.mini_epochs,
-            node_rank: cfg.node_rank,
-            nodes: cfg.nodes,
-            cluster_copies: cfg.cluster_copies,
-        };
-        let set = SampleSet {
-            sizes: &footprints,
-            labels: catalog.labels(),
-            clusters: catalog.clusters(),
-        };
-        let nm = match planner::mini_epoch_count(&set, &plan_cfg) {
-            Ok(n) => n,
-            Err(PlanError::SampleTooLarge { sample, size, .. }) => {
-                return Err(DaemonError::BudgetTooSmall {
-                    budget: format_bytes(cfg.budget),
-                    path: catalog.path(sample),
-                    size: format_bytes(size),
-                    needed: format_bytes(size.saturating_mul(2).saturating_add(budget.reserve)),
-                    reserve: format_bytes(budget.reserve),
-                })
-            }
-            Err(e) => return Err(e.into()),
-        };
-        // Aggregate-cache mode: one mini-epoch per epoch, from the `shuffle` planner.
-        let aggregate = if cfg.aggregate.enabled {
-            Some(Arc::new(aggregate::Aggregate::new(
-                &cfg,
-                footprints.clone(),
-                budget.slot_bytes,
-            )?))
-        } else {
-            None
-        };
-        let nm = if aggregate.is_some() { 1 } else { nm };
-        let fingerprint = {
-            let transform = cfg.transform.identity();
-            Fingerprint {
-                source: cfg.source.to_string(),
-                slot_bytes: budget.slot_bytes,
-                mini_epochs: nm,
-                compose: cfg.compose_fingerprint(),
-                seed: cfg.seed,
-                node_rank: cfg.node_rank,
-                nodes: cfg.nodes,
-                catalog: format!("{:016x}", aggregate::catalog_digest(&catalog)),
-                transform: (!transform.is_empty()).then_some(transform),
-                plan: if cfg.dds.url.is_some() {
-                    PlanKind::Dds
-                } else if cfg.aggregate.enabled {
-                    PlanKind::Aggregate {
-                        extra: cfg.aggregate.extra,
-                    }
-                } else {
-                    PlanKind::Static
-                },
-            }
-        };
-        let saved = match load_state(&paths.state, cfg.reset)? {
-            Some(_) if cfg.dds.url.is_some() => None,
-            Some(s) if s.fingerprint.matches(&fingerprint) => {
-                s.check_plan(nm).map_err(|e| match e {
-                    DaemonError::CorruptState { reason, .. } => DaemonError::CorruptState {
-                        path: paths.state.display().to_string(),
-                        reason,
-                    },
-                    e => e,
-                })?;
-                Some(s)
-            }
-            Some(s) => {
-                tracing::info!(
-                    epoch = s.epoch,
-                    mini_epoch = s.mini_epoch,
-                    "the dataset or the plan settings changed since the saved position; starting at epoch 0"
-                );
-                None
-            }
-            None => None,
-        };
+        let Planned {
+            budget,
+            footprints,
+            plan_cfg,
+            nm,
+            aggregate,
+        } = plan_dataset(&cfg, &catalog, catalog_bytes, containers.as_ref())?;
+        let fingerprint = fingerprint_for(&cfg, budget.slot_bytes, nm, &catalog);
+        let saved = saved_position(&cfg, &paths, &fingerprint, nm)?;
         let pacer = Pacer::with_rate(match cfg.prefetch_rate {
             PrefetchRate::Fixed(r) => Some(r),
             // The first mini-epoch is staged at full speed (the job is waiting for it); pacing
@@ -450,49 +332,7 @@ impl Daemon {
             )?;
             return Ok((daemon, lock));
         }
-        // With a queue: join it as a new incarnation of this node and claim the first batch.
-        let queue = match cfg.dds.queue_url()? {
-            Some(url) => {
-                let q = crate::dds::Queue::connect(&url, &cfg.dds.etcd_options()).await?;
-                let samples = crate::dds::dataset::samples(&catalog, footprints.clone());
-                let meta = crate::dds::dataset::queue_meta(
-                    &catalog,
-                    &samples,
-                    cfg.compose,
-                    cfg.seed,
-                    budget.slot_bytes,
-                    cfg.dds.shards_per_slot,
-                )?;
-                let (meta, made) = q.init(&meta).await?;
-                let node = cfg.dds.node(cfg.node_rank);
-                let mut worker = crate::dds::Worker::join(
-                    q,
-                    meta,
-                    Arc::new(samples),
-                    crate::dds::WorkerConfig {
-                        node: node.clone(),
-                        lease_ttl: cfg.dds.lease_ttl(),
-                        depth: 2,
-                        last_epoch: None,
-                    },
-                )
-                .await?;
-                tracing::info!(
-                    queue = %url,
-                    node,
-                    incarnation = worker.holder().inc,
-                    made,
-                    shard_done = %cfg.dds.shard_done,
-                    "dds: joined the shard queue"
-                );
-                let first = QueueFeed::first_batch(&mut worker, budget.slot_bytes).await?;
-                Some((
-                    QueueFeed::new(url.to_string(), cfg.dds.shard_done, worker),
-                    first,
-                ))
-            }
-            None => None,
-        };
+        let queue = join_queue(&cfg, &catalog, &footprints, budget.slot_bytes).await?;
         let (epoch, mini_epoch, generation, sequence) = match &saved {
             Some(s) => {
                 tracing::info!(
@@ -618,31 +458,7 @@ impl Daemon {
             secs = t.elapsed().as_secs_f64(),
             "mini-epoch staged"
         );
-        if let Some((id, why)) = report.failed.first() {
-            // Samples left out are reported; a first mini-epoch with none staged at all is a
-            // wrong source or manifest, not a dataset to train on.
-            let (k, n) = (report.failed.len(), members.len());
-            let what = match &cfg.manifest {
-                Some(m) => format!("manifest {}", m.display()),
-                None => format!("source {}", cfg.source),
-            };
-            if k >= n {
-                let _ = stager.evict(&spec.name);
-                let hint = if cfg.manifest.is_some() {
-                    "; does the manifest belong to this source?"
-                } else {
-                    ""
-                };
-                return Err(DaemonError::Setup(format!(
-                    "{what}: none of the {n} samples of the first mini-epoch could be staged from {} ({k} missing or unreadable, e.g. `{}`: {why}){hint}",
-                    cfg.source,
-                    catalog.path(*id)
-                )));
-            }
-            tracing::warn!(
-                "{what}: {k} of the first mini-epoch's {n} samples are missing or unreadable at the source and are left out (`metfs status` lists them)"
-            );
-        }
+        first_slot_usable(&cfg, &catalog, &stager, &spec, members.len(), &report)?;
         let store = Store::new(
             paths.clone(),
             catalog.clone(),
@@ -895,4 +711,267 @@ impl Daemon {
         }));
         Ok(daemon)
     }
+}
+
+/// The cache's first phase: checked, made private and locked (the lock is held for the daemon's
+/// life), its `slots/` and `tmp/` directories made, and the temporaries of a daemon killed while
+/// it replaced its state or catalog removed.
+fn open_cache(cfg: &MountConfig) -> Result<(CachePaths, std::fs::File), DaemonError> {
+    let paths = CachePaths::new(&cfg.cache);
+    check_cache_dir(&paths.root)?;
+    make_private(&paths.root)?;
+    let lock = lock_cache(&paths)?;
+    for d in [&paths.slots, &paths.tmp] {
+        // A symlink here would lead slot deletions and tmp cleanup out of the cache: it is
+        // removed (never its target) and a private directory made in its place.
+        if std::fs::symlink_metadata(d).is_ok_and(|m| !m.is_dir()) {
+            tracing::warn!(path = %d.display(), "not a directory (a symlink?) in the cache; replacing it");
+            let _ = std::fs::remove_file(d);
+        }
+        prefetcher::stager::create_private_dir(d).map_err(|e| DaemonError::Cache {
+            path: d.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    }
+    // Temporaries of a daemon killed while it replaced these files (under the lock, no
+    // other daemon writes them).
+    for f in [&paths.state, &paths.catalog] {
+        if let Err(e) = durable::remove_leftovers(f) {
+            tracing::warn!(path = %f.display(), error = %e, "cannot remove leftover temporary files");
+        }
+    }
+    Ok((paths, lock))
+}
+
+/// What the plan depends on: a saved position is resumed only under the same.
+fn fingerprint_for(cfg: &MountConfig, slot_bytes: u64, nm: u32, catalog: &Catalog) -> Fingerprint {
+    let transform = cfg.transform.identity();
+    Fingerprint {
+        source: cfg.source.to_string(),
+        slot_bytes,
+        mini_epochs: nm,
+        compose: cfg.compose_fingerprint(),
+        seed: cfg.seed,
+        node_rank: cfg.node_rank,
+        nodes: cfg.nodes,
+        catalog: format!("{:016x}", aggregate::catalog_digest(catalog)),
+        transform: (!transform.is_empty()).then_some(transform),
+        plan: if cfg.dds.url.is_some() {
+            PlanKind::Dds
+        } else if cfg.aggregate.enabled {
+            PlanKind::Aggregate {
+                extra: cfg.aggregate.extra,
+            }
+        } else {
+            PlanKind::Static
+        },
+    }
+}
+
+/// The saved position to resume, if there is one for this plan: none with `--reset`, with a
+/// queue (its shards say where the job is), or under another fingerprint (said in the log); an
+/// unreadable state file, or one whose position the plan does not have, is an error naming it.
+fn saved_position(
+    cfg: &MountConfig,
+    paths: &CachePaths,
+    fingerprint: &Fingerprint,
+    nm: u32,
+) -> Result<Option<SavedState>, DaemonError> {
+    Ok(match load_state(&paths.state, cfg.reset)? {
+        Some(_) if cfg.dds.url.is_some() => None,
+        Some(s) if s.fingerprint.matches(fingerprint) => {
+            s.check_plan(nm).map_err(|e| match e {
+                DaemonError::CorruptState { reason, .. } => DaemonError::CorruptState {
+                    path: paths.state.display().to_string(),
+                    reason,
+                },
+                e => e,
+            })?;
+            Some(s)
+        }
+        Some(s) => {
+            tracing::info!(
+                epoch = s.epoch,
+                mini_epoch = s.mini_epoch,
+                "the dataset or the plan settings changed since the saved position; starting at epoch 0"
+            );
+            None
+        }
+        None => None,
+    })
+}
+
+/// With a queue (`--dds`): joins it as a new incarnation of this node and claims the first
+/// batch; `None` without one.
+async fn join_queue(
+    cfg: &MountConfig,
+    catalog: &Catalog,
+    footprints: &[u64],
+    slot_bytes: u64,
+) -> Result<Option<(QueueFeed, crate::dds::Batch)>, DaemonError> {
+    Ok(match cfg.dds.queue_url()? {
+        Some(url) => {
+            let q = crate::dds::Queue::connect(&url, &cfg.dds.etcd_options()).await?;
+            let samples = crate::dds::dataset::samples(catalog, footprints.to_vec());
+            let meta = crate::dds::dataset::queue_meta(
+                catalog,
+                &samples,
+                cfg.compose,
+                cfg.seed,
+                slot_bytes,
+                cfg.dds.shards_per_slot,
+            )?;
+            let (meta, made) = q.init(&meta).await?;
+            let node = cfg.dds.node(cfg.node_rank);
+            let mut worker = crate::dds::Worker::join(
+                q,
+                meta,
+                Arc::new(samples),
+                crate::dds::WorkerConfig {
+                    node: node.clone(),
+                    lease_ttl: cfg.dds.lease_ttl(),
+                    depth: 2,
+                    last_epoch: None,
+                },
+            )
+            .await?;
+            tracing::info!(
+                queue = %url,
+                node,
+                incarnation = worker.holder().inc,
+                made,
+                shard_done = %cfg.dds.shard_done,
+                "dds: joined the shard queue"
+            );
+            let first = QueueFeed::first_batch(&mut worker, slot_bytes).await?;
+            Some((
+                QueueFeed::new(url.to_string(), cfg.dds.shard_done, worker),
+                first,
+            ))
+        }
+        None => None,
+    })
+}
+
+/// Samples of the first mini-epoch left out are reported; a first mini-epoch with none staged
+/// at all is a wrong source or manifest, not a dataset to train on: its slot is deleted and the
+/// mount fails naming the source (or manifest) and one sample's error.
+fn first_slot_usable(
+    cfg: &MountConfig,
+    catalog: &Catalog,
+    stager: &Stager,
+    spec: &SlotSpec,
+    members: usize,
+    report: &StageReport,
+) -> Result<(), DaemonError> {
+    if let Some((id, why)) = report.failed.first() {
+        let (k, n) = (report.failed.len(), members);
+        let what = match &cfg.manifest {
+            Some(m) => format!("manifest {}", m.display()),
+            None => format!("source {}", cfg.source),
+        };
+        if k >= n {
+            let _ = stager.evict(&spec.name);
+            let hint = if cfg.manifest.is_some() {
+                "; does the manifest belong to this source?"
+            } else {
+                ""
+            };
+            return Err(DaemonError::Setup(format!(
+                "{what}: none of the {n} samples of the first mini-epoch could be staged from {} ({k} missing or unreadable, e.g. `{}`: {why}){hint}",
+                cfg.source,
+                catalog.path(*id)
+            )));
+        }
+        tracing::warn!(
+            "{what}: {k} of the first mini-epoch's {n} samples are missing or unreadable at the source and are left out (`metfs status` lists them)"
+        );
+    }
+    Ok(())
+}
+
+/// What the plan of a plain, queue or aggregate mount is made from.
+struct Planned {
+    budget: Budget,
+    /// Per sample: the bytes it may take in a slot (a transform's output at its most).
+    footprints: Vec<u64>,
+    plan_cfg: PlanConfig,
+    /// Mini-epochs per epoch (1 in aggregate mode).
+    nm: u32,
+    aggregate: Option<Arc<aggregate::Aggregate>>,
+}
+
+/// The budget split, each sample's footprint and the number of mini-epochs; a sample larger
+/// than a slot is an error naming it and the budget it would need.
+fn plan_dataset(
+    cfg: &MountConfig,
+    catalog: &Catalog,
+    catalog_bytes: u64,
+    containers: Option<&Arc<Containers>>,
+) -> Result<Planned, DaemonError> {
+    // A container slot holds one HDF5 file per container: rows are packed, so they are not
+    // rounded to blocks, and each file carries headers and chunk indexes (1 MiB allowed).
+    let extra = containers.map_or(0, |c| 2 * c.files().len() as u64 * (1 << 20));
+    let budget = Budget::new(
+        cfg.budget,
+        catalog,
+        catalog_bytes,
+        crate::logging::LOG_RESERVE.saturating_add(extra),
+    )?;
+    let footprints: Vec<u64> = if containers.is_some() {
+        catalog.sizes().to_vec()
+    } else {
+        // A transformed sample is planned at what its output may take (the transform
+        // refuses a larger one), so the budget holds whatever it writes.
+        catalog
+            .sizes()
+            .iter()
+            .map(|&s| cfg.transform.footprint(s))
+            .collect()
+    };
+    let plan_cfg = PlanConfig {
+        strategy: cfg.compose,
+        seed: cfg.seed,
+        slot_bytes: budget.slot_bytes,
+        mini_epochs: cfg.mini_epochs,
+        node_rank: cfg.node_rank,
+        nodes: cfg.nodes,
+        cluster_copies: cfg.cluster_copies,
+    };
+    let set = SampleSet {
+        sizes: &footprints,
+        labels: catalog.labels(),
+        clusters: catalog.clusters(),
+    };
+    let nm = match planner::mini_epoch_count(&set, &plan_cfg) {
+        Ok(n) => n,
+        Err(PlanError::SampleTooLarge { sample, size, .. }) => {
+            return Err(DaemonError::BudgetTooSmall {
+                budget: format_bytes(cfg.budget),
+                path: catalog.path(sample),
+                size: format_bytes(size),
+                needed: format_bytes(size.saturating_mul(2).saturating_add(budget.reserve)),
+                reserve: format_bytes(budget.reserve),
+            })
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // Aggregate-cache mode: one mini-epoch per epoch, from the `shuffle` planner.
+    let aggregate = if cfg.aggregate.enabled {
+        Some(Arc::new(aggregate::Aggregate::new(
+            cfg,
+            footprints.clone(),
+            budget.slot_bytes,
+        )?))
+    } else {
+        None
+    };
+    let nm = if aggregate.is_some() { 1 } else { nm };
+    Ok(Planned {
+        budget,
+        footprints,
+        plan_cfg,
+        nm,
+        aggregate,
+    })
 }
