@@ -186,7 +186,11 @@ def test_a_killed_job_is_dropped_after_the_idle_timeout_and_the_others_go_on(sha
     # Their shares are free again: four new jobs fit.
     socks = [rpc(m.socket, {"op": "hello", "job": f"n{i}"}) for i in range(4)]
     assert all(r["ok"] for r in socks), socks
-    assert sorted(os.listdir(m.mountpoint)) == ["n0", "n1", "n2", "n3"]
+    # Each join answers once the job's first view is staged; these four send nothing after it,
+    # so on a loaded machine, where a join takes seconds, the first may already be dropped for
+    # its silence (`--share-idle-secs 4`) when the last one joins.
+    listed = os.listdir(m.mountpoint)
+    assert "n3" in listed and set(listed) <= {"n0", "n1", "n2", "n3"}, listed
 
 
 def test_kept_slots_are_trimmed_sample_by_sample_within_the_budget(mounts: Callable[..., Mount], tmp_path: Path) -> None:
