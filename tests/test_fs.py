@@ -340,20 +340,33 @@ def test_stat_through_the_view_mirrors_the_source(mounts, tmp_path):
     assert r.stdout.strip() == "", f"rsync would transfer:\n{r.stdout[:2000]}"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="creates a user and mounts with allow_other")
-def test_allow_other_enforces_the_source_modes(metfs, tmp_path):
-    """With --allow-other, another user reads only what the source's modes let them read: a
-    root-only 0600 file and a file in a 0700 directory give EACCES, a 0644 file reads."""
+OTHER_USER = "metfs-user"
 
-    user = "metfs-user"
-    if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True)
-    base = Path(tempfile.mkdtemp(prefix="metfs-allow-other-"))
+
+def allow_other_setup(tmp_path: Path, prefix: str) -> tuple[int, Path, Path, Path, Path]:
+    """A second user (created if missing) and, for a mount another user can reach, a 0755
+    directory outside the test's private tmp_path holding `src` (0755) and `mnt`; the cache
+    stays in tmp_path. Returns (the user's uid, base, src, mnt, cache)."""
+    if subprocess.run(["id", "-u", OTHER_USER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+                       check=True)
+    uid = int(subprocess.run(["id", "-u", OTHER_USER], capture_output=True, text=True).stdout)
+    base = Path(tempfile.mkdtemp(prefix=prefix))
     base.chmod(0o755)
     src, mnt, cache = base / "src", base / "mnt", tmp_path / "cache"
     for d in (src, mnt, cache):
         d.mkdir()
     src.chmod(0o755)
+    return uid, base, src, mnt, cache
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creates a user and mounts with allow_other")
+def test_allow_other_enforces_the_source_modes(metfs, tmp_path):
+    """With --allow-other, another user reads only what the source's modes let them read: a
+    root-only 0600 file and a file in a 0700 directory give EACCES, a 0644 file reads."""
+
+    user = OTHER_USER
+    _, base, src, mnt, cache = allow_other_setup(tmp_path, "metfs-allow-other-")
     (src / "open.bin").write_bytes(b"o" * 100)
     (src / "open.bin").chmod(0o644)
     (src / "secret.bin").write_bytes(b"s" * 100)
@@ -393,16 +406,8 @@ def test_allow_other_containers_show_the_source_owner_and_mode(metfs, tmp_path):
     import h5py
     import numpy as np
 
-    user = "metfs-user"
-    if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True)
-    uid = int(subprocess.run(["id", "-u", user], capture_output=True, text=True).stdout)
-    base = Path(tempfile.mkdtemp(prefix="metfs-allow-other-h5-"))
-    base.chmod(0o755)
-    src, mnt, cache = base / "src", base / "mnt", tmp_path / "cache"
-    for d in (src, mnt, cache):
-        d.mkdir()
-    src.chmod(0o755)
+    user = OTHER_USER
+    uid, base, src, mnt, cache = allow_other_setup(tmp_path, "metfs-allow-other-h5-")
     for name, mode, owner in (("open.h5", 0o644, uid), ("secret.h5", 0o600, 0), ("theirs.h5", 0o640, uid)):
         with h5py.File(src / name, "w") as f:
             f.create_dataset("x", data=np.arange(40, dtype="i4").reshape(20, 2))
@@ -445,16 +450,8 @@ def test_allow_other_every_mode_shows_the_source_owner_and_mode(metfs, tmp_path,
     from conftest import rpc
     from test_transform import env_with_package, write_worker
 
-    user = "metfs-user"
-    if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True)
-    uid = int(subprocess.run(["id", "-u", user], capture_output=True, text=True).stdout)
-    base = Path(tempfile.mkdtemp(prefix="metfs-allow-other-modes-"))
-    base.chmod(0o755)
-    src, mnt, cache = base / "src", base / "mnt", tmp_path / "cache"
-    for d in (src, mnt, cache):
-        d.mkdir()
-    src.chmod(0o755)
+    user = OTHER_USER
+    uid, base, src, mnt, cache = allow_other_setup(tmp_path, "metfs-allow-other-modes-")
     (src / "d").mkdir(mode=0o755)
     files = {"d/open.bin": (0o644, 0), "d/theirs.bin": (0o640, uid), "d/secret.bin": (0o600, 0)}
     for rel, (fmode, owner) in files.items():

@@ -320,10 +320,10 @@ async fn handle(
                     l.view().generation
                 ),
             )),
-            (Some(_), _) => {
-                let l = conn.lease.take().expect("matched Some");
+            (Some(l), _) => {
                 let released = l.view().generation;
-                drop(l);
+                // Dropping it ends the lease (and tells the daemon if that drains the view).
+                conn.lease = None;
                 Ok(Answer::Released(Reply::new(Released { released })))
             }
         },

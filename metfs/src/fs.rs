@@ -404,13 +404,6 @@ impl FsCore {
         true
     }
 
-    /// Forgets a retired view: its inodes go stale and its cached files and backing ids are
-    /// dropped. Call only when no handle is open on it.
-    pub fn retire(&self, generation: u64) {
-        self.views.write().unwrap().retained.remove(&generation);
-        self.drop_cached(generation);
-    }
-
     /// Takes a lease on `view` (see [`ViewLease`]) if it is still shown or retained; `None`
     /// once it has been forgotten, its slot evicted or being evicted.
     pub fn lease(self: &Arc<Self>, view: &Arc<View>) -> Option<ViewLease> {
@@ -1078,7 +1071,7 @@ mod tests {
         assert!(rx.try_recv().is_err());
         core.release(h.fh);
         assert_eq!(rx.try_recv().unwrap(), 1);
-        core.retire(1);
+        assert!(core.retire_drained(1));
         assert_eq!(core.lookup(dir.ino, "f"), Err(FsError::Stale));
         core.release(h2.fh);
         assert!(rx.try_recv().is_err(), "current view never drains");
@@ -1191,7 +1184,7 @@ mod tests {
         core.forget(f.ino, 1);
         assert_eq!(rx.try_recv().unwrap(), 1);
         assert!(core.is_drained(&old));
-        core.retire(1);
+        assert!(core.retire_drained(1));
         assert_eq!(core.read_ino(f.ino, 0, 1).unwrap_err(), FsError::Stale);
         // Forgets of a retired view are ignored; the current view never drains.
         core.forget(f.ino, 1);
@@ -1226,7 +1219,7 @@ mod tests {
         assert_eq!(old.kernel_refs(), 493);
         assert_eq!(rx.try_recv().unwrap(), 1);
         assert!(core.is_drained(&old));
-        core.retire(1);
+        assert!(core.retire_drained(1));
         assert_eq!(core.lookup(dir.ino, "f"), Err(FsError::Stale));
         core.forget(dir.ino, 493);
         assert!(rx.try_recv().is_err());

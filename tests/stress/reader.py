@@ -37,6 +37,33 @@ def new_counters() -> dict[str, Any]:
             "read": set()}
 
 
+def hash_to_end(f: Any) -> tuple[str, int]:
+    """Reads an open file to the end in CHUNK reads: its SHA-256 and length."""
+    h = hashlib.sha256()
+    n = 0
+    while True:
+        b = f.read(CHUNK)
+        if not b:
+            return h.hexdigest(), n
+        h.update(b)
+        n += len(b)
+
+
+def tally(c: dict[str, Any], rel: str, digest: str, n: int, hashes: dict[str, str]) -> None:
+    """Counts one file read whole and checks it against the source's hash."""
+    c["files"] += 1
+    c["bytes"] += n
+    want = hashes.get(rel)
+    if want is None:
+        if len(c["unknown"]) < 10:
+            c["unknown"].append(rel)
+    elif digest != want:
+        if len(c["mismatches"]) < 10:
+            c["mismatches"].append({"path": rel, "bytes": n})
+    else:
+        c["read"].add(rel)
+
+
 def read_loop(mnt: str, hashes: dict[str, str], stop: Callable[[], bool], seed: int, c: dict[str, Any]) -> None:
     rng = random.Random(seed)
     # Half the readers share one order, so that several open and read the same file at once.
@@ -67,18 +94,11 @@ def read_loop(mnt: str, hashes: dict[str, str], stop: Callable[[], bool], seed: 
             if stop():
                 break
             rel = os.path.relpath(p, mnt)
-            h = hashlib.sha256()
-            n = 0
             op = "open"
             try:
                 with open(p, "rb", buffering=0) as f:
                     op = "read"
-                    while True:
-                        b = f.read(CHUNK)
-                        if not b:
-                            break
-                        h.update(b)
-                        n += len(b)
+                    digest, n = hash_to_end(f)
             except OSError as e:
                 if e.errno == errno.ENOENT and op == "open":
                     c["enoent"] += 1
@@ -86,17 +106,7 @@ def read_loop(mnt: str, hashes: dict[str, str], stop: Callable[[], bool], seed: 
                     key = f"{op} {errno.errorcode.get(e.errno, str(e.errno))}"
                     c["errors"][key] = c["errors"].get(key, 0) + 1
                 continue
-            c["files"] += 1
-            c["bytes"] += n
-            want = hashes.get(rel)
-            if want is None:
-                if len(c["unknown"]) < 10:
-                    c["unknown"].append(rel)
-            elif h.hexdigest() != want:
-                if len(c["mismatches"]) < 10:
-                    c["mismatches"].append({"path": rel, "bytes": n})
-            else:
-                c["read"].add(rel)
+            tally(c, rel, digest, n, hashes)
         c["rounds"] += 1
 
 
@@ -151,31 +161,14 @@ def direct_loop(sock: str, hashes: dict[str, str], stop: Callable[[], bool], see
             for rel in order:
                 if stop():
                     break
-                h = hashlib.sha256()
-                n = 0
                 try:
                     with open(os.path.join(root, rel), "rb", buffering=0) as f:
-                        while True:
-                            b = f.read(CHUNK)
-                            if not b:
-                                break
-                            h.update(b)
-                            n += len(b)
+                        digest, n = hash_to_end(f)
                 except OSError as e:
                     key = f"direct {errno.errorcode.get(e.errno or 0, str(e.errno))}"
                     c["errors"][key] = c["errors"].get(key, 0) + 1
                     continue
-                c["files"] += 1
-                c["bytes"] += n
-                want = hashes.get(rel)
-                if want is None:
-                    if len(c["unknown"]) < 10:
-                        c["unknown"].append(rel)
-                elif h.hexdigest() != want:
-                    if len(c["mismatches"]) < 10:
-                        c["mismatches"].append({"path": rel, "bytes": n})
-                else:
-                    c["read"].add(rel)
+                tally(c, rel, digest, n, hashes)
             c["rounds"] += 1
     finally:
         lease.close()

@@ -274,9 +274,29 @@ impl Daemon {
     /// The `files` object: the files of the view the mount's root shows, and with
     /// [`FilesForm::Packed`] the bytes that follow its line.
     pub fn files(&self, known: Option<u64>, form: FilesForm) -> (FilesView, Option<Vec<u8>>) {
+        let (view, epoch, mini_epoch, mountpoint) = self.current_view();
+        files_answer(&view, epoch, mini_epoch, mountpoint, known, form)
+    }
+
+    /// The view the mount's root shows, its position and where it is mounted.
+    fn current_view(&self) -> (Arc<View>, u64, u32, String) {
         let view = self.fs.current();
         let mountpoint = self.mountpoint().display().to_string();
-        files_answer(&view, view.epoch, view.mini_epoch, mountpoint, known, form)
+        let (epoch, mini_epoch) = (view.epoch, view.mini_epoch);
+        (view, epoch, mini_epoch, mountpoint)
+    }
+
+    /// Job `name`'s view on a shared mount, its position and where it is shown (`MNT/<job>`).
+    /// Read under the sessions' lock and returned without it: a walk of a large view must not
+    /// hold up every other request of every job.
+    fn job_view(&self, name: &str) -> Result<(Arc<View>, u64, u32, String), ProtocolError> {
+        let (view, epoch, mini_epoch) = {
+            let ss = self.sessions.lock().unwrap();
+            let s = session_ref(&ss, name)?;
+            (s.view.clone(), s.epoch, s.mini_epoch)
+        };
+        let mountpoint = self.mountpoint().join(name).display().to_string();
+        Ok((view, epoch, mini_epoch, mountpoint))
     }
 
     /// The `files` object of job `name` on a shared mount: its view, under `MNT/<job>`.
@@ -286,14 +306,7 @@ impl Daemon {
         known: Option<u64>,
         form: FilesForm,
     ) -> Result<(FilesView, Option<Vec<u8>>), ProtocolError> {
-        // The list is built after the lock is let go: a walk of a large view must not hold up
-        // every other request of every job.
-        let (view, epoch, mini_epoch) = {
-            let ss = self.sessions.lock().unwrap();
-            let s = session_ref(&ss, name)?;
-            (s.view.clone(), s.epoch, s.mini_epoch)
-        };
-        let mountpoint = self.mountpoint().join(name).display().to_string();
+        let (view, epoch, mini_epoch, mountpoint) = self.job_view(name)?;
         Ok(files_answer(
             &view, epoch, mini_epoch, mountpoint, known, form,
         ))
@@ -314,17 +327,8 @@ impl Daemon {
         let mut refused: Option<u64> = None;
         loop {
             let (view, epoch, mini_epoch, mountpoint) = match job {
-                Some(name) => {
-                    let ss = self.sessions.lock().unwrap();
-                    let s = session_ref(&ss, name)?;
-                    let mnt = self.mountpoint().join(name).display().to_string();
-                    (s.view.clone(), s.epoch, s.mini_epoch, mnt)
-                }
-                None => {
-                    let v = self.fs.current();
-                    let mnt = self.mountpoint().display().to_string();
-                    (v.clone(), v.epoch, v.mini_epoch, mnt)
-                }
+                Some(name) => self.job_view(name)?,
+                None => self.current_view(),
             };
             // `None`: switched away and evicted since it was read; the next read finds the
             // view that replaced it. The same view refused twice is not shown at all (a job
