@@ -9,7 +9,7 @@ use serde_json::json;
 use statrs::statistics::Statistics;
 
 use super::{
-    BandSide, PassState, PolicyDecision, PolicyError, RfPolicy, RfTracker, Scope, Verdict,
+    BandSide, PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, RfTracker, Scope, Verdict,
     WeightedScore,
 };
 use crate::Metrics;
@@ -169,5 +169,20 @@ impl RfPolicy for Bollinger {
     }
     fn expected_rf(&self) -> f64 {
         self.rf.expected()
+    }
+    fn state(&self) -> PolicyState {
+        PolicyState {
+            window: self.recent.iter().copied().collect(),
+            ..PolicyState::named(self.name())
+        }
+        .with_rf(&self.rf)
+    }
+    fn restore(&mut self, state: &PolicyState) -> Result<(), PolicyError> {
+        state.check_name(self.name())?;
+        let recent = state.scores(self.window)?;
+        let mut rf = self.rf.clone();
+        state.restore_rf(&mut rf)?;
+        (self.recent, self.rf) = (recent, rf);
+        Ok(())
     }
 }

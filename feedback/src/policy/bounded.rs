@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{PassState, PolicyDecision, PolicyError, RfPolicy, Verdict};
+use super::{PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, Verdict};
 use crate::Metrics;
 
 /// Enforces `rf_min <= passes per mini-epoch <= rf_max` around any policy.
@@ -75,5 +75,11 @@ impl RfPolicy for Bounded {
         self.inner
             .expected_rf()
             .clamp(self.rf_min as f64, self.rf_max as f64)
+    }
+    fn state(&self) -> PolicyState {
+        self.inner.state()
+    }
+    fn restore(&mut self, state: &PolicyState) -> Result<(), PolicyError> {
+        self.inner.restore(state)
     }
 }

@@ -10,7 +10,10 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{MetricTerm, PassState, PolicyDecision, PolicyError, RfPolicy, Verdict, WeightedScore};
+use super::{
+    MetricTerm, PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, Verdict,
+    WeightedScore,
+};
 use crate::Metrics;
 
 /// The metric that ranks earlier runs for `learned`, and which way is better.
@@ -216,5 +219,22 @@ impl RfPolicy for Learned {
             Some(rf) => rf as f64,
             None => self.fallback.expected_rf(),
         }
+    }
+    fn state(&self) -> PolicyState {
+        PolicyState {
+            sequence: self.sequence,
+            fallback: Some(Box::new(self.fallback.state())),
+            ..PolicyState::named(self.name())
+        }
+    }
+    fn restore(&mut self, state: &PolicyState) -> Result<(), PolicyError> {
+        state.check_name(self.name())?;
+        // The schedule is the history's, replayed afresh at each start; only the place in it
+        // and the fallback's statistics are the run's own.
+        if let Some(fb) = &state.fallback {
+            self.fallback.restore(fb)?;
+        }
+        self.sequence = state.sequence;
+        Ok(())
     }
 }

@@ -52,6 +52,7 @@ mod bounded;
 mod fixed;
 mod learned;
 mod metric;
+mod saved;
 mod score;
 
 pub use bollinger::Bollinger;
@@ -59,6 +60,7 @@ pub use bounded::Bounded;
 pub use fixed::Fixed;
 pub use learned::{Learned, ReplayMetric};
 pub use metric::{default_terms, MetricTerm, WeightedScore, DEFAULT_TERMS};
+pub use saved::PolicyState;
 pub use score::Score;
 
 /// Errors of the policy module.
@@ -138,6 +140,17 @@ pub trait RfPolicy: Send {
     fn on_advance(&mut self) {}
     /// The rf this policy expects to use for the current mini-epoch (for prefetch pacing).
     fn expected_rf(&self) -> f64;
+    /// What this policy has learned so far, to be saved (a shared mount's save file) and
+    /// given back to [`RfPolicy::restore`] of the same policy after a restart. A policy that
+    /// learns nothing saves its name alone.
+    fn state(&self) -> PolicyState {
+        PolicyState::named(self.name())
+    }
+    /// Continues from a saved [`RfPolicy::state`]. A state of another policy, or with a value
+    /// out of range, is an error naming the field, and leaves the policy as it was.
+    fn restore(&mut self, state: &PolicyState) -> Result<(), PolicyError> {
+        state.check_name(self.name())
+    }
 }
 
 /// Whether a statistic lives for the whole run or restarts with every mini-epoch.

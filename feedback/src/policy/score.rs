@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use super::{
-    PassState, PolicyDecision, PolicyError, RfPolicy, RfTracker, Scope, Verdict, WeightedScore,
+    PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, RfTracker, Scope, Verdict, WeightedScore,
 };
 use crate::Metrics;
 
@@ -124,5 +124,21 @@ impl RfPolicy for Score {
     }
     fn expected_rf(&self) -> f64 {
         self.rf.expected()
+    }
+    fn state(&self) -> PolicyState {
+        PolicyState {
+            best: self.best(),
+            wait: self.wait,
+            ..PolicyState::named(self.name())
+        }
+        .with_rf(&self.rf)
+    }
+    fn restore(&mut self, state: &PolicyState) -> Result<(), PolicyError> {
+        state.check_name(self.name())?;
+        let best = state.best_score()?;
+        let mut rf = self.rf.clone();
+        state.restore_rf(&mut rf)?;
+        (self.best, self.wait, self.rf) = (best, state.wait, rf);
+        Ok(())
     }
 }

@@ -667,3 +667,56 @@ proptest! {
         prop_assert_eq!(t.to_string().parse::<MetricTerm>().unwrap(), t);
     }
 }
+
+/// A policy restored from its saved state (through JSON, as the daemon's save file holds it)
+/// decides every later pass as the original does, and a state of another policy or out of
+/// range is refused, naming the field, with the policy unchanged.
+#[test]
+fn a_restored_policy_continues_as_the_original() {
+    let makers: Vec<fn() -> Box<dyn RfPolicy>> = vec![
+        || Box::new(Fixed::new(2).unwrap()),
+        || Box::new(Score::new(loss_score(), 2, Scope::Run).unwrap()),
+        || Box::new(Bollinger::new(loss_score(), 3, 1.0, Scope::Run).unwrap()),
+        || {
+            let fb = Box::new(Score::new(loss_score(), 1, Scope::Run).unwrap());
+            Box::new(Bounded::new(Box::new(Learned::new(vec![2, 1], fb).unwrap()), 1, 9).unwrap())
+        },
+    ];
+    let scores = [5.0, 4.0, 4.5, 4.4, 3.0, 3.1, 3.2, 2.0, 2.5, 2.6];
+    for make in makers {
+        let mut a = make();
+        for (seq, chunk) in scores[..6].chunks(2).enumerate() {
+            feed(a.as_mut(), seq as u64, chunk);
+            a.on_advance();
+        }
+        feed(a.as_mut(), 3, &[3.3]);
+        let saved: PolicyState =
+            serde_json::from_str(&serde_json::to_string(&a.state()).unwrap()).unwrap();
+        let mut b = make();
+        b.restore(&saved).unwrap();
+        assert_eq!(b.state(), a.state(), "{}", a.name());
+        assert_eq!(b.expected_rf(), a.expected_rf(), "{}", a.name());
+        for (i, &s) in scores[6..].iter().enumerate() {
+            let st = at(3, i as u32 + 2);
+            let (da, db) = (
+                a.on_pass_end(&loss(s), &st).unwrap(),
+                b.on_pass_end(&loss(s), &st).unwrap(),
+            );
+            assert_eq!((da.verdict, da.reason), (db.verdict, db.reason), "{}", a.name());
+        }
+    }
+    let mut p = Score::new(loss_score(), 2, Scope::Run).unwrap();
+    let before = p.state();
+    let e = p.restore(&PolicyState::named("bollinger")).unwrap_err();
+    assert!(e.to_string().contains("`policy`"), "{e}");
+    let mut s = PolicyState::named("score");
+    s.recent_rf = vec![0];
+    assert!(p.restore(&s).unwrap_err().to_string().contains("recent_rf"));
+    s.recent_rf = vec![1; 9];
+    assert!(p.restore(&s).unwrap_err().to_string().contains("recent_rf"));
+    let mut b = Bollinger::new(loss_score(), 2, 1.0, Scope::Run).unwrap();
+    let mut w = PolicyState::named("bollinger");
+    w.window = vec![1.0, 2.0, 3.0];
+    assert!(b.restore(&w).unwrap_err().to_string().contains("window"));
+    assert_eq!(p.state(), before);
+}
