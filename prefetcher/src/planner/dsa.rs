@@ -447,6 +447,17 @@ impl DependentSampler {
             .map_or(0, |c| c.len)
     }
 
+    /// The samples `job` has not drawn yet this epoch, ascending by id (none for an unknown
+    /// job): what a saved cohort gives back to [`DependentSampler::add_job`] after a restart.
+    pub fn undrawn(&self, job: usize) -> Vec<u32> {
+        let Some(Some(c)) = self.jobs.get(job) else {
+            return Vec::new();
+        };
+        let mut ids: Vec<u32> = c.iter().map(|l| self.samples[l as usize].id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// One round: each of `jobs` draws one sample it has not drawn yet. Returns
     /// `(job, sample id)` pairs in the order the jobs decided (jobs that shared a draw are
     /// adjacent). Errors: [`DsaError::Exhausted`], [`DsaError::RepeatedJob`].

@@ -16,6 +16,19 @@
 //! epoch. The views therefore depend on the seed and on the order of the jobs' requests, not on
 //! the seed and epoch alone: a restarted cohort does not redraw the same views.
 //!
+//! # Saving and restoring a job
+//!
+//! [`Cohort::saved`] gives a job's place ([`MemberState`]): its views (current, prepared next,
+//! queued, open), the epochs it reads and draws, the samples of the drawing epoch it has not
+//! drawn yet, and the reads it still owes. [`Cohort::rejoin`] puts it back into a new cohort
+//! (a restarted daemon's). The sampler's random state is not saved: the rejoined job re-enters
+//! the sampler with its undrawn samples, and the new cohort draws them from its own stream.
+//! Each job still draws every sample of its dataset exactly once per epoch, none it drew
+//! before the restart, and its order of what is left stays uniformly random (the sampler's
+//! uniformity holds from any remaining sets, as for a job joining mid-epoch); views already
+//! drawn are kept as they were. Replaying the old stream exactly would need the sampler's
+//! groups and the order of every job's requests, which a restart does not reproduce anyway.
+//!
 //! # References, pins and shares
 //!
 //! A job needs (holds a reference on) every sample of its dataset from the start of each of
@@ -35,6 +48,7 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::{JobId, Ledger, LedgerError, Policy};
@@ -51,7 +65,7 @@ pub enum Pace {
 }
 
 /// One view of one job.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct View {
     /// The job's epoch this view belongs to.
     pub epoch: u64,
@@ -103,6 +117,34 @@ pub enum CohortError {
     Store { job: String, source: LedgerError },
     #[error("job {0:?} has no next view prepared")]
     NotPrepared(String),
+    /// A saved place ([`Cohort::rejoin`]) that does not fit the job's dataset.
+    #[error("job {job:?}: saved {field}: {reason}")]
+    BadSaved {
+        job: String,
+        field: &'static str,
+        reason: String,
+    },
+}
+
+/// A job's place in a cohort, to save and restore (module docs, "Saving and restoring").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberState {
+    /// The epoch whose views are being drawn (or were drawn last).
+    pub drawing: u64,
+    /// The samples of that epoch not drawn yet; `None` once it is all drawn.
+    pub undrawn: Option<Vec<u32>>,
+    /// The view being filled by the rounds.
+    pub open: View,
+    /// Views drawn and not prepared yet, in order.
+    pub queue: Vec<View>,
+    /// The view the job reads.
+    pub current: Option<View>,
+    /// Its prepared next view.
+    pub next: Option<View>,
+    /// The epoch the job reads.
+    pub reading: u64,
+    /// Reads it still owes, by sample (one per epoch started and not read in yet).
+    pub needs: Vec<(u32, u32)>,
 }
 
 struct Member {
@@ -262,6 +304,150 @@ impl Cohort {
                 job: name.to_string(),
                 source,
             })
+    }
+
+    /// Job `name`'s place, to be saved (module docs).
+    pub fn saved(&self, name: &str) -> Option<MemberState> {
+        let m = self.members.get(name)?;
+        Some(MemberState {
+            drawing: m.drawing,
+            undrawn: m.idx.map(|i| self.sampler.undrawn(i)),
+            open: m.open.clone(),
+            queue: m.queue.iter().cloned().collect(),
+            current: m.current.clone(),
+            next: m.next.clone(),
+            reading: m.reading,
+            needs: self.ledger.needs_of(m.id),
+        })
+    }
+
+    /// Job `name` rejoins with its dataset, view bound and saved place: its share is taken as
+    /// at [`Cohort::join`], its current and next views pinned and counted as staged (their
+    /// slots were kept), its owed reads restored, and it re-enters the sampler with the
+    /// samples it had not drawn. Every sample of the place is checked against the dataset and
+    /// every view against the bound, so a place from another dataset is refused
+    /// ([`CohortError::BadSaved`], naming the field) and the cohort is left as it was.
+    pub fn rejoin(
+        &mut self,
+        name: &str,
+        dataset: &[u32],
+        view_bytes: u64,
+        saved: MemberState,
+    ) -> Result<(), CohortError> {
+        let bad = |field: &'static str, reason: String| CohortError::BadSaved {
+            job: name.to_string(),
+            field,
+            reason,
+        };
+        let mut sorted = dataset.to_vec();
+        sorted.sort_unstable();
+        let check = |field: &'static str, samples: &[u32]| -> Result<u64, CohortError> {
+            let mut bytes = 0u64;
+            for &s in samples {
+                if sorted.binary_search(&s).is_err() {
+                    return Err(bad(
+                        field,
+                        format!("sample {s} is not in the job's dataset"),
+                    ));
+                }
+                bytes += self.sizes.get(s as usize).copied().unwrap_or(0);
+            }
+            Ok(bytes)
+        };
+        let views = saved
+            .current
+            .iter()
+            .map(|v| ("current", v))
+            .chain(saved.next.iter().map(|v| ("next", v)))
+            .chain(saved.queue.iter().map(|v| ("queue", v)))
+            .chain([("open", &saved.open)]);
+        for (field, v) in views {
+            let bytes = check(field, &v.samples)?;
+            if bytes != v.bytes || (field != "open" && bytes > view_bytes) {
+                return Err(bad(
+                    field,
+                    format!(
+                        "a view of {bytes} bytes (saved as {}), its bound is {view_bytes}",
+                        v.bytes
+                    ),
+                ));
+            }
+            if v.epoch > saved.drawing {
+                return Err(bad(
+                    field,
+                    format!("epoch {} is past the drawing epoch {}", v.epoch, saved.drawing),
+                ));
+            }
+        }
+        if let Some(u) = &saved.undrawn {
+            check("undrawn", u)?;
+        }
+        let owed: Vec<u32> = saved.needs.iter().map(|n| n.0).collect();
+        check("needs", &owed)?;
+        if let Some(&(s, n)) = saved.needs.iter().find(|n| n.1 == 0 || n.1 > 2) {
+            return Err(bad("needs", format!("sample {s} owes {n} reads (1 or 2)")));
+        }
+        // Joined as new (share, sampler checks), then given its place.
+        self.join(name, dataset, view_bytes)?;
+        let m = self.members.get_mut(name).expect("just joined");
+        let id = m.id;
+        if let Some(i) = m.idx.take() {
+            self.sampler.remove_job(i);
+        }
+        let store = |source| CohortError::Store {
+            job: name.to_string(),
+            source,
+        };
+        let restored = (|| -> Result<(), CohortError> {
+            let undrawn = saved.undrawn.clone().filter(|u| !u.is_empty());
+            let idx = match &undrawn {
+                Some(u) => Some(self.sampler.add_job(u).map_err(|source| {
+                    CohortError::Sampler {
+                        job: name.to_string(),
+                        source,
+                    }
+                })?),
+                None => None,
+            };
+            // The join counted one read of every sample; the saved reads replace them.
+            self.ledger.leave(id).map_err(store)?;
+            self.ledger
+                .join(id, view_bytes.saturating_mul(2))
+                .map_err(store)?;
+            for k in 1..=2 {
+                let owed: Vec<u32> = saved
+                    .needs
+                    .iter()
+                    .filter(|n| n.1 >= k)
+                    .map(|n| n.0)
+                    .collect();
+                self.ledger.need(id, &owed).map_err(store)?;
+            }
+            for v in saved.current.iter().chain(saved.next.iter()) {
+                let pins: Vec<(u32, u64)> = v
+                    .samples
+                    .iter()
+                    .map(|&s| (s, self.sizes[s as usize]))
+                    .collect();
+                self.ledger.pin(id, &pins).map_err(store)?;
+                for &(s, size) in &pins {
+                    self.ledger.stage(s, size).map_err(store)?;
+                }
+            }
+            let m = self.members.get_mut(name).expect("just joined");
+            m.idx = idx;
+            m.drawing = saved.drawing;
+            m.open = saved.open.clone();
+            m.queue = saved.queue.iter().cloned().collect();
+            m.current = saved.current.clone();
+            m.next = saved.next.clone();
+            m.reading = saved.reading;
+            Ok(())
+        })();
+        if restored.is_err() {
+            let _ = self.leave(name);
+        }
+        restored
     }
 
     /// The job's current view (`None` before its first [`Cohort::advance`]).

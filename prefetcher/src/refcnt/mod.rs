@@ -262,6 +262,18 @@ impl Ledger {
         Ok(())
     }
 
+    /// The reads `job` still owes, by sample, ascending: what a restored book gives back to
+    /// [`Ledger::need`] (once per read owed).
+    pub fn needs_of(&self, job: JobId) -> Vec<(u32, u32)> {
+        let mut v: Vec<(u32, u32)> = self
+            .jobs
+            .get(&job)
+            .map(|j| j.needs.iter().map(|(&s, &n)| (s, n)).collect())
+            .unwrap_or_default();
+        v.sort_unstable();
+        v
+    }
+
     /// `job` starts an epoch that reads every one of `samples` once: each gains one reference.
     pub fn need(&mut self, job: JobId, samples: &[u32]) -> Result<(), LedgerError> {
         let j = self
