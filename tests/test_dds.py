@@ -161,3 +161,29 @@ def test_resume_on_fewer_nodes_completes_the_epoch_exactly_once(metfs: str, etcd
     # Both new nodes took part, and nothing DONE before the resume was done again.
     holders = {json.loads(v)["node"] for _, v in dds_faults.etcd_range(etcd, f"{prefix}/done/")}
     assert {"b0", "b1"} <= holders, holders
+
+
+def test_a_restarted_reader_after_a_torn_log_line_keeps_its_reads(metfs: str, etcd: Etcd, tmp_path: Path) -> None:
+    """A `kill -9` can land inside a log write; the loaded test command's fault trial then
+    reported samples lost that were read, because the next incarnation's `start` line was glued
+    to the torn line and its reads were counted as the dead incarnation's. A reader whose log ends
+    in half a line starts its own line, and the check finds every sample under the DONE holders."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "stress"))
+    import dds_faults
+
+    n = 60
+    src = dds_faults.dataset(tmp_path, n)
+    log = tmp_path / "n0.log"
+    log.write_text("start n0 99\nread 0 3 1")  # a killed incarnation's last, half-written line
+    prefix = "torn"
+    args = ["--slot", str(128 * 1024), "--lease", "2", "--epochs", "1"]
+    node = dds_faults.Node("n0", dds_faults.reader_bin(), src, log, etcd.url(prefix), args)
+    node.start()
+    assert node.proc is not None and node.proc.wait(timeout=120) == 0
+    node.killed_incs.append(99)
+    lines = dds_faults.read_lines(log)
+    assert lines[1] == "read 0 3 1" and lines[2].startswith("start n0 "), lines[:3]
+    r = dds_faults.check(0, etcd, prefix, [node], n, 1, [], 0, 0.0, [])
+    assert r["samples_lost"] == 0

@@ -13,6 +13,11 @@
 //! JSON line goes to stdout: samples, bytes, seconds, etcd round trips and their seconds, and
 //! the seconds spent in claims that gave work and in marking it done (`etcd_busy_secs`).
 //! Errors from etcd (down, restarting) are retried every 200 ms, as a daemon would.
+//!
+//! Each log line goes out in one `write(2)` (`Reader::line`): `writeln!` on an unbuffered file
+//! writes each formatted piece with its own call, so a `kill -9` could leave half a line, and the
+//! next incarnation's `start` line glued to it would be lost, its reads counted as the dead
+//! incarnation's. A restarted reader also ends a torn last line before its `start` line.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -94,13 +99,36 @@ struct Reader {
 }
 
 impl Reader {
+    /// Appends one whole line to the log in a single write (see the module docs).
+    fn line(&mut self, text: std::fmt::Arguments) {
+        let mut l = text.to_string();
+        l.push('\n');
+        self.log.write_all(l.as_bytes()).unwrap();
+    }
+
+    /// Ends a line a killed incarnation left half written, so the next line stands alone.
+    fn end_torn_line(&mut self) {
+        use std::io::{Seek, SeekFrom};
+        let len = self.log.metadata().unwrap().len();
+        if len == 0 {
+            return;
+        }
+        let mut last = [0u8; 1];
+        let mut f = self.log.try_clone().unwrap();
+        f.seek(SeekFrom::Start(len - 1)).unwrap();
+        f.read_exact(&mut last).unwrap();
+        if last[0] != b'\n' {
+            self.log.write_all(b"\n").unwrap();
+        }
+    }
+
     /// Reads one sample at the node's pace and logs it.
     fn read(&mut self, cat: &Catalog, epoch: u64, shard: u32, id: u32) {
         let mut f = std::fs::File::open(self.source.join(cat.path(id))).unwrap();
         let mut buf = Vec::new();
         let n = f.read_to_end(&mut buf).unwrap() as u64;
         assert_eq!(n, cat.size(id), "{}", cat.path(id));
-        writeln!(self.log, "read {epoch} {shard} {id} {n}").unwrap();
+        self.line(format_args!("read {epoch} {shard} {id} {n}"));
         self.bytes += n;
         self.samples += 1;
         if self.rate > 0 {
@@ -154,6 +182,7 @@ async fn main() {
     let samples = Arc::new(dataset::samples(&cat, footprints));
     let log = std::fs::OpenOptions::new()
         .create(true)
+        .read(true)
         .append(true)
         .open(&a.log)
         .unwrap();
@@ -167,7 +196,8 @@ async fn main() {
     };
     if let Some((rank, nodes)) = a.fixed {
         // Today's static sharding: this node's fixed share of every mini-epoch.
-        writeln!(r.log, "start static-{rank} 0").unwrap();
+        r.end_torn_line();
+        r.line(format_args!("start static-{rank} 0"));
         let cfg = PlanConfig {
             strategy: a.strategy,
             seed: a.seed,
@@ -217,7 +247,8 @@ async fn main() {
     };
     let mut w =
         retry!(Worker::join(queue.clone(), meta.clone(), samples.clone(), cfg.clone()).await);
-    writeln!(r.log, "start {} {}", a.node, w.holder().inc).unwrap();
+    r.end_torn_line();
+    r.line(format_args!("start {} {}", a.node, w.holder().inc));
     r.sync();
     r.started = Instant::now();
     // Time spent in claims that gave work and in marking it done: what etcd costs a node
@@ -244,15 +275,13 @@ async fn main() {
                 let rep = retry!(w.done(&b).await);
                 busy += t.elapsed();
                 for k in &rep.done {
-                    writeln!(
-                        r.log,
+                    r.line(format_args!(
                         "done {} {k} {} {}",
                         b.epoch, b.holder.node, b.holder.inc
-                    )
-                    .unwrap();
+                    ));
                 }
                 for k in &rep.lost {
-                    writeln!(r.log, "lost {} {k}", b.epoch).unwrap();
+                    r.line(format_args!("lost {} {k}", b.epoch));
                 }
                 r.sync();
             }
