@@ -432,8 +432,8 @@ impl FsCore {
             return Ok(());
         }
         for idx in view.file_nodes() {
-            if let NodeKind::File { sample, .. } = &view.node(idx).kind {
-                if c.state(*sample) != CopyState::Good {
+            if let NodeKind::File { sample, .. } = view.kind(idx) {
+                if c.state(sample) != CopyState::Good {
                     self.backing_file(view, idx)?;
                 }
             }
@@ -661,7 +661,7 @@ impl FsCore {
             view.index_of(ino).ok_or(FsError::Stale)?
         };
         let children = view.children(idx)?;
-        let parent = view.node(idx).parent;
+        let parent = view.parent(idx);
         let total = children.len() as u64 + 2;
         // One listing is of one view, current or not.
         let current = self.is_current(&view);
@@ -670,8 +670,8 @@ impl FsCore {
                 0 => (idx, "."),
                 1 => (parent, ".."),
                 _ => {
-                    let c = children[(off - 2) as usize];
-                    (c, &*view.node(c).name)
+                    let c = children.start + (off - 2) as u32;
+                    (c, view.name(c))
                 }
             };
             let entry = DirEntry {
@@ -702,7 +702,7 @@ impl FsCore {
         register: impl FnOnce(&File) -> Result<Pinned, E>,
     ) -> Result<Result<(u64, Pinned), Arc<E>>, FsError> {
         let (view, idx) = self.view_of(ino)?;
-        if matches!(view.node(idx).kind, NodeKind::Dir { .. }) {
+        if view.kind(idx) == NodeKind::Dir {
             return Err(FsError::IsDir);
         }
         let key = (view.generation, idx);
@@ -761,7 +761,7 @@ impl FsCore {
     /// Opens file `ino` read-only; the handle pins its view.
     pub fn open(&self, ino: u64) -> Result<Opened, FsError> {
         let (view, idx) = self.view_of(ino)?;
-        if matches!(view.node(idx).kind, NodeKind::Dir { .. }) {
+        if view.kind(idx) == NodeKind::Dir {
             return Err(FsError::IsDir);
         }
         let key = (view.generation, idx);
@@ -782,21 +782,21 @@ impl FsCore {
             File::open(view.backing_path(idx))
                 .map_err(|e| FsError::Io(e.raw_os_error().unwrap_or(libc::EIO)))
         };
-        let f = match (view.copy_checks(), &view.node(idx).kind) {
-            (Some(c), NodeKind::File { sample, .. }) => match c.state(*sample) {
+        let f = match (view.copy_checks(), view.kind(idx)) {
+            (Some(c), NodeKind::File { sample, .. }) => match c.state(sample) {
                 CopyState::Good => open()?,
                 // An earlier repair failed (the tier was down): try again.
                 CopyState::Damaged => {
-                    self.repair_copy(view, *sample)?;
+                    self.repair_copy(view, sample)?;
                     open()?
                 }
                 CopyState::Unchecked(_) => {
                     let f = open()?;
                     // The check logs a damaged copy itself, once, and deletes it.
-                    if c.check(*sample, &view.rel_path(idx), &f).is_ok() {
+                    if c.check(sample, &view.rel_path(idx), &f).is_ok() {
                         f
                     } else {
-                        self.repair_copy(view, *sample)?;
+                        self.repair_copy(view, sample)?;
                         open()?
                     }
                 }
@@ -870,7 +870,7 @@ impl FsCore {
             (file, h.view.file_size(h.idx))
         } else {
             let (view, idx) = self.view_of(ino)?;
-            let NodeKind::File { size, .. } = view.node(idx).kind else {
+            let NodeKind::File { size, .. } = view.kind(idx) else {
                 return Err(FsError::IsDir);
             };
             let file = self.backing_file(&view, idx)?;
@@ -941,8 +941,8 @@ impl FsCore {
 
 /// The attributes of node `idx` of `view`, which is (or is not) the current view.
 fn attr_in(view: &View, idx: u32, current: bool) -> Attr {
-    let (size, is_dir) = match view.node(idx).kind {
-        NodeKind::Dir { .. } => (0, true),
+    let (size, is_dir) = match view.kind(idx) {
+        NodeKind::Dir => (0, true),
         NodeKind::File { size, .. } => (size, false),
     };
     Attr {
@@ -992,7 +992,7 @@ mod tests {
     use super::*;
     use prefetcher::catalog::{Catalog, CatalogEntry};
 
-    fn setup() -> (tempfile::TempDir, Catalog) {
+    fn setup() -> (tempfile::TempDir, Arc<Catalog>) {
         let d = tempfile::tempdir().unwrap();
         for (slot, byte) in [("s1", 1u8), ("s2", 2u8)] {
             std::fs::create_dir_all(d.path().join(slot).join("d")).unwrap();
@@ -1004,13 +1004,13 @@ mod tests {
             vec![CatalogEntry::new("d/f", 100), CatalogEntry::new("g", 10)],
         )
         .unwrap();
-        (d, c)
+        (d, Arc::new(c))
     }
 
     /// The view of `samples` staged in slot `slot` of `d`.
     fn view(
         d: &tempfile::TempDir,
-        c: &Catalog,
+        c: &Arc<Catalog>,
         samples: &[u32],
         generation: u64,
         mini_epoch: u32,

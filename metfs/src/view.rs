@@ -6,11 +6,22 @@
 //! never be confused with one of the new view. The root is always inode 1 and always means the
 //! *current* view.
 //!
-//! Lookup is a binary search over a directory's children (sorted by name) and readdir is a slice
-//! walk: both answered from memory with no I/O. A view is built once per switch in
-//! O(files · depth), then shared read-only by every FUSE thread.
+//! Layout. A view of millions of files must cost a few bytes per file (issue 31: the daemon
+//! holds the current view and the next one beside the catalog), so it stores no path, name,
+//! size or metadata of a file: those are the catalog's, which the view shares (`Arc<Catalog>`)
+//! and which stores each name once. Nodes are numbered breadth first with each directory's
+//! children consecutive and sorted by name, so a directory is a range of node indices rather
+//! than a list of them; per node the view keeps its parent and one `u32` (a file's sample id,
+//! or a directory's index into the few directory records, which hold the directory's own name
+//! and what `stat` showed of it). With the kernel's lookup count and the first pass's bit,
+//! that is 12 bytes and 2 bits a node.
+//!
+//! Lookup is a binary search over a directory's range (names read from the catalog's arena)
+//! and readdir is a range walk: both answered from memory with no I/O. A view is built once per
+//! switch in O(files · depth), then shared read-only by every FUSE thread.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -26,23 +37,24 @@ use crate::protocol::PackedList;
 pub const ROOT_INO: u64 = 1;
 
 /// What a node is.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeKind {
-    /// A directory with children sorted by name.
-    Dir { children: Vec<u32> },
+    /// A directory; its children are [`View::children`].
+    Dir,
     /// A file backed by a staged sample.
     File { sample: u32, size: u64 },
 }
 
-/// One directory or file of a view.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Node {
-    /// Index of the parent node (the root is its own parent).
-    pub parent: u32,
-    /// Name within the parent (`""` for the root).
-    pub name: Box<str>,
-    /// Directory or file.
-    pub kind: NodeKind,
+/// One directory of a view: a handful per view, so it may hold its name and metadata.
+#[derive(Debug)]
+struct DirRecord {
+    /// The directory's name within its parent (`""` for the root), in `View::dir_names`.
+    name: Range<u32>,
+    /// Its children: nodes `first..first + len`, sorted by name.
+    first: u32,
+    len: u32,
+    /// What `stat` showed of it at the source, when known.
+    meta: Option<Meta>,
 }
 
 /// The current mini-epoch's files as a tree. Immutable once built.
@@ -61,10 +73,16 @@ pub struct View {
     /// A job's view on a shared mount (`--share`): its root is the directory `MNT/<job>`, an
     /// inode of its own (`generation << 32`), not the mount's root.
     nested: bool,
-    nodes: Vec<Node>,
-    /// Per node: what `stat` showed at the source (files from the catalog, directories from
-    /// its directory stamps), when known.
-    metas: Vec<Option<Meta>>,
+    /// Where the files' names, sizes and metadata live (module doc).
+    catalog: Arc<Catalog>,
+    /// Per node: its parent (the root is its own parent).
+    parents: Box<[u32]>,
+    /// Per node: a file's sample id, or a directory's index into `dirs` (see `is_dir`).
+    items: Box<[u32]>,
+    /// One bit per node: a directory.
+    is_dir: Box<[u64]>,
+    dirs: Box<[DirRecord]>,
+    dir_names: String,
     files: usize,
     bytes: u64,
     open_handles: AtomicUsize,
@@ -96,10 +114,48 @@ pub enum Miss {
     NotDir,
 }
 
+/// A directory while the view is built: its subdirectories and files, before numbering.
+struct Building<'a> {
+    name: &'a str,
+    subdirs: Vec<u32>,
+    /// Sample ids, ascending, which within one directory is name order.
+    files: Vec<u32>,
+}
+
+/// The directory tree of a view under construction, its directories found by path.
+struct Tree<'a> {
+    dirs: Vec<Building<'a>>,
+    by_path: HashMap<&'a str, u32>,
+}
+
+impl<'a> Tree<'a> {
+    /// The directory at `path` (`""` is the root), made with its parents where missing.
+    fn dir(&mut self, path: &'a str) -> u32 {
+        if let Some(&i) = self.by_path.get(path) {
+            return i;
+        }
+        let (parent_path, name) = match path.rfind('/') {
+            Some(i) => (&path[..i], &path[i + 1..]),
+            None => ("", path),
+        };
+        let parent = self.dir(parent_path);
+        let i = self.dirs.len() as u32;
+        self.dirs.push(Building {
+            name,
+            subdirs: Vec::new(),
+            files: Vec::new(),
+        });
+        self.dirs[parent as usize].subdirs.push(i);
+        self.by_path.insert(path, i);
+        i
+    }
+}
+
 impl View {
-    /// Builds the view of `samples` staged in `slot_dir`. `samples` need not be sorted.
+    /// Builds the view of `samples` of `catalog` staged in `slot_dir`. `samples` need not be
+    /// sorted.
     pub fn build(
-        catalog: &Catalog,
+        catalog: &Arc<Catalog>,
         samples: &[u32],
         generation: u64,
         epoch: u64,
@@ -108,63 +164,111 @@ impl View {
         slot_dir: &Path,
     ) -> Self {
         let mut sorted: Vec<u32> = samples.to_vec();
-        // Catalog ids are in path order, so sorting ids sorts paths.
+        // Catalog ids are in path order, so sorting ids sorts paths, and a directory's files
+        // come out in name order.
         sorted.sort_unstable();
         sorted.dedup();
-        let mut nodes = vec![Node {
-            parent: 0,
-            name: "".into(),
-            kind: NodeKind::Dir {
-                children: Vec::new(),
-            },
-        }];
-        let mut dirs: HashMap<String, u32> = HashMap::new();
+        let cat: &Catalog = catalog;
+        let mut tree = Tree {
+            dirs: vec![Building {
+                name: "",
+                subdirs: Vec::new(),
+                files: Vec::new(),
+            }],
+            by_path: HashMap::from([("", 0)]),
+        };
+        // The catalog's directory of each sample to the tree's, found by path once per
+        // directory met rather than once per file.
+        let mut of_cat_dir: HashMap<u32, u32> = HashMap::new();
         let mut bytes = 0;
         for &id in &sorted {
-            let (dir, name) = catalog.dir_and_name(id);
-            let parent = ensure_dir(&mut nodes, &mut dirs, dir);
-            let idx = nodes.len() as u32;
-            let size = catalog.size(id);
-            bytes += size;
-            nodes.push(Node {
-                parent,
-                name: name.into(),
-                kind: NodeKind::File { sample: id, size },
-            });
-            if let NodeKind::Dir { children } = &mut nodes[parent as usize].kind {
-                children.push(idx);
-            }
+            let cd = cat.dir_index(id);
+            let d = match of_cat_dir.get(&cd) {
+                Some(&d) => d,
+                None => {
+                    let d = tree.dir(cat.dir_path(cd));
+                    of_cat_dir.insert(cd, d);
+                    d
+                }
+            };
+            tree.dirs[d as usize].files.push(id);
+            bytes += cat.size(id);
         }
-        // Children were appended in path order, which is not name order within a directory
-        // ("a b/x" sorts before "a/x"), so sort each directory's children by name.
-        let names: Vec<Box<str>> = nodes.iter().map(|n| n.name.clone()).collect();
-        for n in &mut nodes {
-            if let NodeKind::Dir { children } = &mut n.kind {
-                children.sort_unstable_by(|a, b| names[*a as usize].cmp(&names[*b as usize]));
-            }
-        }
-        let dir_meta: HashMap<&str, Meta> = catalog
+        let dir_meta: HashMap<&str, Meta> = cat
             .dir_stamps()
             .iter()
             .filter_map(|d| Some((d.dir.as_str(), d.meta?)))
             .collect();
-        let mut dir_paths: Vec<Option<&str>> = vec![None; nodes.len()];
-        dir_paths[0] = Some("");
-        for (path, &i) in &dirs {
-            dir_paths[i as usize] = Some(path.as_str());
+        let mut meta_of = vec![None; tree.dirs.len()];
+        for (path, &i) in &tree.by_path {
+            meta_of[i as usize] = dir_meta.get(path).copied();
         }
-        let metas = nodes
-            .iter()
-            .zip(&dir_paths)
-            .map(|(n, dir)| match n.kind {
-                NodeKind::File { sample, .. } => catalog.meta(sample),
-                NodeKind::Dir { .. } => dir.and_then(|d| dir_meta.get(d).copied()),
-            })
-            .collect();
-        let refs = (0..nodes.len()).map(|_| AtomicU32::new(0)).collect();
-        let touched = (0..nodes.len().div_ceil(64))
-            .map(|_| AtomicU64::new(0))
-            .collect();
+        drop(of_cat_dir);
+        let Tree { dirs: mut tree, .. } = tree;
+        for i in 0..tree.len() {
+            let mut subdirs = std::mem::take(&mut tree[i].subdirs);
+            subdirs.sort_unstable_by(|a, b| tree[*a as usize].name.cmp(tree[*b as usize].name));
+            tree[i].subdirs = subdirs;
+        }
+
+        // Number the nodes breadth first: the root is node 0, and each directory's children,
+        // its subdirectories and files merged by name, get the next consecutive indices when
+        // the directory is reached. A name is never both (the catalog refuses it).
+        let nodes = sorted.len() + tree.len();
+        let mut parents = Vec::with_capacity(nodes);
+        let mut items = Vec::with_capacity(nodes);
+        let mut is_dir = vec![0u64; nodes.div_ceil(64)];
+        let mut dirs = Vec::with_capacity(tree.len());
+        let mut dir_names = String::new();
+        let record = |dirs: &mut Vec<DirRecord>, names: &mut String, name: &str, meta| {
+            let start = names.len() as u32;
+            names.push_str(name);
+            dirs.push(DirRecord {
+                name: start..names.len() as u32,
+                first: 0,
+                len: 0,
+                meta,
+            });
+            dirs.len() as u32 - 1
+        };
+        let root = record(&mut dirs, &mut dir_names, "", meta_of[0]);
+        parents.push(0u32);
+        items.push(root);
+        is_dir[0] |= 1;
+        // Node index and tree index of each directory, in the order they were numbered.
+        let mut queue: std::collections::VecDeque<(u32, u32)> = [(0u32, 0u32)].into();
+        while let Some((node, t)) = queue.pop_front() {
+            let first = parents.len() as u32;
+            let b = &tree[t as usize];
+            let (mut s, mut f) = (0, 0);
+            while s < b.subdirs.len() || f < b.files.len() {
+                let take_dir = match (b.subdirs.get(s), b.files.get(f)) {
+                    (Some(&d), Some(&id)) => tree[d as usize].name < cat.name(id),
+                    (Some(_), None) => true,
+                    _ => false,
+                };
+                let idx = parents.len() as u32;
+                parents.push(node);
+                if take_dir {
+                    let d = b.subdirs[s];
+                    s += 1;
+                    let name = tree[d as usize].name;
+                    items.push(record(&mut dirs, &mut dir_names, name, meta_of[d as usize]));
+                    is_dir[(idx / 64) as usize] |= 1 << (idx % 64);
+                    queue.push_back((idx, d));
+                } else {
+                    items.push(b.files[f]);
+                    f += 1;
+                }
+            }
+            let r = items[node as usize] as usize;
+            dirs[r].first = first;
+            dirs[r].len = parents.len() as u32 - first;
+            // The files are numbered; drop the directory's list now rather than at the end.
+            tree[t as usize].files = Vec::new();
+        }
+        let refs = (0..nodes).map(|_| AtomicU32::new(0)).collect();
+        let touched = (0..nodes.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
         View {
             generation,
             epoch,
@@ -172,8 +276,12 @@ impl View {
             slot_dir: slot_dir.to_path_buf(),
             slot: slot.to_string(),
             nested: false,
-            nodes,
-            metas,
+            catalog: catalog.clone(),
+            parents: parents.into(),
+            items: items.into(),
+            is_dir: is_dir.into(),
+            dirs: dirs.into(),
+            dir_names,
             files: sorted.len(),
             bytes,
             open_handles: AtomicUsize::new(0),
@@ -190,7 +298,7 @@ impl View {
 
     /// Builds a view of explicit files (relative path, size, metadata) staged in `slot_dir`:
     /// used where view files are not catalog samples (HDF5 container mode: one file per
-    /// container).
+    /// container). They become a catalog of their own, which the view keeps.
     pub fn from_files(
         files: &[(String, u64, Option<Meta>)],
         generation: u64,
@@ -207,23 +315,14 @@ impl View {
                 e
             })
             .collect();
-        match Catalog::from_entries(slot, entries) {
-            Ok(cat) => {
-                let all: Vec<u32> = (0..cat.len() as u32).collect();
-                Self::build(&cat, &all, generation, epoch, mini_epoch, slot, slot_dir)
-            }
-            // Container paths come from a validated listing; an invalid set yields an empty view
-            // rather than a panic in the serving path.
-            Err(_) => Self::build(
-                &Catalog::from_entries(slot, Vec::new()).expect("empty catalog"),
-                &[],
-                generation,
-                epoch,
-                mini_epoch,
-                slot,
-                slot_dir,
-            ),
-        }
+        // Container paths come from a validated listing; an invalid set yields an empty view
+        // rather than a panic in the serving path.
+        let cat =
+            Arc::new(Catalog::from_entries(slot, entries).unwrap_or_else(|_| {
+                Catalog::from_entries(slot, Vec::new()).expect("empty catalog")
+            }));
+        let all: Vec<u32> = (0..cat.len() as u32).collect();
+        Self::build(&cat, &all, generation, epoch, mini_epoch, slot, slot_dir)
     }
 
     /// This view with its files' copies checked at their first open against `checks` (the
@@ -273,49 +372,86 @@ impl View {
         }
         let idx = (ino & 0xffff_ffff) as u32;
         (ino >> 32 == self.generation
-            && (idx as usize) < self.nodes.len()
+            && (idx as usize) < self.parents.len()
             && (idx != 0 || self.nested))
             .then_some(idx)
     }
+    fn is_dir(&self, idx: u32) -> bool {
+        self.is_dir[(idx / 64) as usize] & (1 << (idx % 64)) != 0
+    }
+    fn dir(&self, idx: u32) -> Option<&DirRecord> {
+        self.is_dir(idx)
+            .then(|| &self.dirs[self.items[idx as usize] as usize])
+    }
     /// What `stat` showed of node `idx` at the source, when known.
     pub fn meta(&self, idx: u32) -> Option<Meta> {
-        self.metas[idx as usize]
+        match self.dir(idx) {
+            Some(d) => d.meta,
+            None => self.catalog.meta(self.items[idx as usize]),
+        }
     }
-    /// The node at `idx`.
-    pub fn node(&self, idx: u32) -> &Node {
-        &self.nodes[idx as usize]
+    /// What node `idx` is.
+    pub fn kind(&self, idx: u32) -> NodeKind {
+        if self.is_dir(idx) {
+            NodeKind::Dir
+        } else {
+            let sample = self.items[idx as usize];
+            NodeKind::File {
+                sample,
+                size: self.catalog.size(sample),
+            }
+        }
+    }
+    /// The parent of node `idx` (the root is its own parent).
+    pub fn parent(&self, idx: u32) -> u32 {
+        self.parents[idx as usize]
+    }
+    /// The name of node `idx` within its parent (`""` for the root).
+    pub fn name(&self, idx: u32) -> &str {
+        match self.dir(idx) {
+            Some(d) => &self.dir_names[d.name.start as usize..d.name.end as usize],
+            None => self.catalog.name(self.items[idx as usize]),
+        }
     }
     /// The size of file `idx` (0 for a directory).
     pub fn file_size(&self, idx: u32) -> u64 {
-        match self.nodes[idx as usize].kind {
+        match self.kind(idx) {
             NodeKind::File { size, .. } => size,
-            NodeKind::Dir { .. } => 0,
+            NodeKind::Dir => 0,
         }
     }
     /// Looks `name` up in directory `dir`.
     pub fn lookup(&self, dir: u32, name: &str) -> Result<u32, Miss> {
-        match &self.nodes[dir as usize].kind {
-            NodeKind::Dir { children } => children
-                .binary_search_by(|c| (*self.nodes[*c as usize].name).cmp(name))
-                .map(|i| children[i])
-                .map_err(|_| Miss::NotFound),
-            NodeKind::File { .. } => Err(Miss::NotDir),
+        let range = self.children(dir)?;
+        let (mut lo, mut hi) = (range.start, range.end);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.name(mid).cmp(name) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Ok(mid),
+            }
         }
+        Err(Miss::NotFound)
     }
-    /// Children of directory `dir`, sorted by name.
-    pub fn children(&self, dir: u32) -> Result<&[u32], Miss> {
-        match &self.nodes[dir as usize].kind {
-            NodeKind::Dir { children } => Ok(children),
-            NodeKind::File { .. } => Err(Miss::NotDir),
+    /// Children of directory `dir`, sorted by name: consecutive node indices.
+    pub fn children(&self, dir: u32) -> Result<Range<u32>, Miss> {
+        match self.dir(dir) {
+            Some(d) => Ok(d.first..d.first + d.len),
+            None => Err(Miss::NotDir),
         }
     }
     /// Relative path of node `idx`.
     pub fn rel_path(&self, idx: u32) -> String {
+        if !self.is_dir(idx) {
+            // A file shows its sample under the sample's own path.
+            return self.catalog.path(self.items[idx as usize]);
+        }
         let mut parts = Vec::new();
         let mut i = idx;
         while i != 0 {
-            parts.push(&*self.nodes[i as usize].name);
-            i = self.nodes[i as usize].parent;
+            parts.push(self.name(i));
+            i = self.parents[i as usize];
         }
         parts.reverse();
         parts.join("/")
@@ -326,10 +462,9 @@ impl View {
     }
     /// Node indices of every file.
     pub fn file_nodes(&self) -> impl Iterator<Item = u32> + '_ {
-        (0..self.nodes.len() as u32)
-            .filter(|&i| matches!(self.nodes[i as usize].kind, NodeKind::File { .. }))
+        (0..self.parents.len() as u32).filter(|&i| !self.is_dir(i))
     }
-    /// Relative paths of every file, in path order.
+    /// Relative paths of every file, in tree order (each directory's names sorted).
     pub fn file_paths(&self) -> Vec<String> {
         let mut out = Vec::with_capacity(self.files);
         self.walk_files(0, &mut String::new(), &mut |p| out.push(p.to_string()));
@@ -342,38 +477,36 @@ impl View {
         b.finish()
     }
     fn walk_files(&self, dir: u32, prefix: &mut String, out: &mut impl FnMut(&str)) {
-        if let NodeKind::Dir { children } = &self.nodes[dir as usize].kind {
-            for &c in children {
-                let n = &self.nodes[c as usize];
-                let len = prefix.len();
-                if !prefix.is_empty() {
-                    prefix.push('/');
-                }
-                prefix.push_str(&n.name);
-                match n.kind {
-                    NodeKind::Dir { .. } => self.walk_files(c, prefix, out),
-                    NodeKind::File { .. } => out(prefix),
-                }
-                prefix.truncate(len);
+        let Ok(children) = self.children(dir) else {
+            return;
+        };
+        for c in children {
+            let len = prefix.len();
+            if !prefix.is_empty() {
+                prefix.push('/');
             }
+            prefix.push_str(self.name(c));
+            if self.is_dir(c) {
+                self.walk_files(c, prefix, out);
+            } else {
+                out(prefix);
+            }
+            prefix.truncate(len);
         }
     }
     /// Names of the root's children (what the kernel may have cached under the root).
     pub fn root_names(&self) -> Vec<String> {
         self.children(0)
-            .map(|c| {
-                c.iter()
-                    .map(|&i| self.nodes[i as usize].name.to_string())
-                    .collect()
-            })
+            .map(|c| c.map(|i| self.name(i).to_string()).collect())
             .unwrap_or_default()
     }
+
     /// Records that file `idx` was looked up. A job's first pass over a view looks up each file
     /// once (the kernel then caches the entry for the view's life), so the share of files
     /// looked up, and when the first was, tell how far the first pass has come before it ends:
     /// what just-in-time pacing needs when no pass has been timed yet.
     pub fn touch(&self, idx: u32) {
-        if !matches!(self.nodes[idx as usize].kind, NodeKind::File { .. }) {
+        if self.is_dir(idx) {
             return;
         }
         let bit = 1u64 << (idx % 64);
@@ -394,7 +527,7 @@ impl View {
     /// Records that the kernel got an entry for node `idx` (one more lookup to forget).
     pub fn kernel_ref(&self, idx: u32) {
         self.refs[idx as usize].fetch_add(1, Ordering::AcqRel);
-        if self.is_file(idx) {
+        if !self.is_dir(idx) {
             self.file_refs.fetch_add(1, Ordering::AcqRel);
         }
         self.kernel_refs.fetch_add(1, Ordering::AcqRel);
@@ -412,7 +545,7 @@ impl View {
                 Ok(_) => {
                     let left =
                         self.kernel_refs.fetch_sub(take as u64, Ordering::AcqRel) - take as u64;
-                    if self.is_file(idx) {
+                    if !self.is_dir(idx) {
                         return self.file_refs.fetch_sub(take as u64, Ordering::AcqRel)
                             - take as u64;
                     }
@@ -421,9 +554,6 @@ impl View {
                 Err(now) => cur = now,
             }
         }
-    }
-    fn is_file(&self, idx: u32) -> bool {
-        matches!(self.nodes[idx as usize].kind, NodeKind::File { .. })
     }
     /// Lookups of this view's nodes the kernel still holds.
     pub fn kernel_refs(&self) -> u64 {
@@ -445,12 +575,12 @@ impl View {
         let depth = |mut i: u32| {
             let mut d = 0;
             while i != 0 {
-                i = self.nodes[i as usize].parent;
+                i = self.parents[i as usize];
                 d += 1;
             }
             d
         };
-        let mut out: Vec<(u32, u32)> = (1..self.nodes.len() as u32)
+        let mut out: Vec<(u32, u32)> = (1..self.parents.len() as u32)
             .filter(|&i| self.refs[i as usize].load(Ordering::Acquire) > 0)
             .map(|i| (depth(i), i))
             .collect();
@@ -483,47 +613,22 @@ impl View {
     }
 }
 
-fn ensure_dir(nodes: &mut Vec<Node>, dirs: &mut HashMap<String, u32>, dir: &str) -> u32 {
-    if dir.is_empty() {
-        return 0;
-    }
-    if let Some(&i) = dirs.get(dir) {
-        return i;
-    }
-    let (parent_path, name) = match dir.rfind('/') {
-        Some(i) => (&dir[..i], &dir[i + 1..]),
-        None => ("", dir),
-    };
-    let parent = ensure_dir(nodes, dirs, parent_path);
-    let idx = nodes.len() as u32;
-    nodes.push(Node {
-        parent,
-        name: name.into(),
-        kind: NodeKind::Dir {
-            children: Vec::new(),
-        },
-    });
-    if let NodeKind::Dir { children } = &mut nodes[parent as usize].kind {
-        children.push(idx);
-    }
-    dirs.insert(dir.to_string(), idx);
-    idx
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use prefetcher::catalog::CatalogEntry;
 
-    fn cat() -> Catalog {
-        Catalog::from_entries(
-            "t",
-            ["a/x", "a b/y", "a/c/z", "top", "é/ü"]
-                .iter()
-                .enumerate()
-                .map(|(i, p)| CatalogEntry::new(*p, i as u64 * 10)),
+    fn cat() -> Arc<Catalog> {
+        Arc::new(
+            Catalog::from_entries(
+                "t",
+                ["a/x", "a b/y", "a/c/z", "top", "é/ü"]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| CatalogEntry::new(*p, i as u64 * 10)),
+            )
+            .unwrap(),
         )
-        .unwrap()
     }
 
     #[test]
@@ -546,6 +651,50 @@ mod tests {
         paths.sort();
         expect.sort();
         assert_eq!(paths, expect);
+    }
+
+    #[test]
+    fn each_directory_is_a_range_of_its_children_in_name_order() {
+        let c = Arc::new(
+            Catalog::from_entries(
+                "t",
+                [
+                    "a/b/c/f", "a/b/g", "a/b0", "a/ba/h", "z", "a/b/c/e", "a.x/y",
+                ]
+                .iter()
+                .map(|p| CatalogEntry::new(*p, 1)),
+            )
+            .unwrap(),
+        );
+        let all: Vec<u32> = (0..c.len() as u32).collect();
+        let v = View::build(&c, &all, 1, 0, 0, "s", Path::new("/s"));
+        let mut seen = 1; // the root
+        let mut stack = vec![0u32];
+        while let Some(d) = stack.pop() {
+            let kids = v.children(d).unwrap();
+            seen += kids.len();
+            let names: Vec<&str> = kids.clone().map(|k| v.name(k)).collect();
+            assert!(names.windows(2).all(|w| w[0] < w[1]), "{names:?}");
+            for k in kids {
+                assert_eq!(v.parent(k), d);
+                assert_eq!(v.index_of(v.ino(k)), Some(k));
+                match v.kind(k) {
+                    NodeKind::Dir => stack.push(k),
+                    NodeKind::File { sample, size } => {
+                        assert_eq!((v.rel_path(k), size), (c.path(sample), 1));
+                    }
+                }
+            }
+        }
+        assert_eq!(seen, 7 + 6, "seven files, six directories with the root");
+        let b = v.lookup(v.lookup(0, "a").unwrap(), "b").unwrap();
+        assert_eq!(v.rel_path(b), "a/b");
+        assert_eq!(v.children(v.lookup(b, "g").unwrap()), Err(Miss::NotDir));
+        // Tree order: a directory's names sorted, so "a/..." before "a.x/y" (not path order).
+        let mut paths = v.file_paths();
+        assert_eq!(paths[..2], ["a/b/c/e", "a/b/c/f"]);
+        paths.sort();
+        assert_eq!(paths, all.iter().map(|&i| c.path(i)).collect::<Vec<_>>());
     }
 
     #[test]

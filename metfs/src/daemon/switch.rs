@@ -219,14 +219,11 @@ impl Daemon {
                     }
                 }
                 for i in nodes {
-                    let node = view.node(i);
-                    if node.parent == 0
-                        && !view.is_nested()
-                        && current.lookup(0, &node.name).is_ok()
-                    {
+                    let (parent, name) = (view.parent(i), view.name(i));
+                    if parent == 0 && !view.is_nested() && current.lookup(0, name).is_ok() {
                         continue;
                     }
-                    let _ = n.inval_entry(view.ino(node.parent), &node.name);
+                    let _ = n.inval_entry(view.ino(parent), name);
                 }
                 false
             })

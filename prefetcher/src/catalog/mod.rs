@@ -373,6 +373,19 @@ impl Catalog {
             self.names.get(id as usize),
         )
     }
+    /// File name of sample `id`, without allocating.
+    pub fn name(&self, id: u32) -> &str {
+        self.names.get(id as usize)
+    }
+    /// Index of sample `id`'s directory among [`Catalog::dir_path`]'s, so that a caller
+    /// grouping samples by directory compares integers rather than strings.
+    pub fn dir_index(&self, id: u32) -> u32 {
+        self.dir_of[id as usize]
+    }
+    /// Path of directory `dir` (a [`Catalog::dir_index`]), `""` for the root.
+    pub fn dir_path(&self, dir: u32) -> &str {
+        self.dirs.get(dir as usize)
+    }
     /// Size in bytes of sample `id`.
     pub fn size(&self, id: u32) -> u64 {
         self.sizes[id as usize]
