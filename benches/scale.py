@@ -14,6 +14,9 @@ Rows (medians of `--reps`; "cold" drops the page cache first, which needs root):
 
 - mount: the catalog of every file and the first mini-epoch's staging; the daemon's RSS then,
   and after a pass and a switch, per catalogued file;
+- memory (`--only memory`, a few minutes at 1M files): the daemon's RSS per catalogued file
+  after the mount, once the next mini-epoch is staged, and with both views live after a pass,
+  a switch, a walk of the new view and the staging of the one after;
 - staging the next mini-epoch against `cp -r` of as many files (the slot just staged, cold) and
   a `sync`;
 - `Client.files()`: the packed list against the JSON list the client asked for before; a pass
@@ -285,8 +288,8 @@ def main() -> int:
     ap.add_argument(
         "--only",
         default="",
-        help="comma-separated rows to run besides the mount and staging: files, loop, cli, walk, "
-        "read, loader, switch, resume (default all)",
+        help="comma-separated rows to run besides the mount: stage, memory, files, loop, cli, "
+        "walk, read, loader, switch, resume (default all)",
     )
     a = ap.parse_args()
     if a.quick:
@@ -338,16 +341,37 @@ def main() -> int:
                 os.sync()
                 return time.perf_counter() - t
 
-            t_cp = cp()
-            shutil.rmtree(cp_dst, ignore_errors=True)
-            rows.append(
-                row(
-                    f"staging the next mini-epoch ({half:,} files)",
-                    f"{t_stage:.1f} s ({half / t_stage:,.0f} files/s)",
-                    f"cp -r + sync: {t_cp:.1f} s",
-                    f"{t_cp / t_stage:.2f}x cp",
+            if want("stage"):
+                t_cp = cp()
+                shutil.rmtree(cp_dst, ignore_errors=True)
+                rows.append(
+                    row(
+                        f"staging the next mini-epoch ({half:,} files)",
+                        f"{t_stage:.1f} s ({half / t_stage:,.0f} files/s)",
+                        f"cp -r + sync: {t_cp:.1f} s",
+                        f"{t_cp / t_stage:.2f}x cp",
+                    )
                 )
-            )
+            if want("memory"):
+                # Both views live: the view read now and the next one, staged and switched to
+                # after a pass, with the one after that staged too (the stager's bookkeeping of
+                # a finished staging included).
+                rss_staged = rss_kib(pid)
+                for _ in metfs.passes(c, epochs=1000, max_passes=1):
+                    pass
+                c.advance(wait=True)
+                walk(m.mnt)
+                m.wait_next(c)
+                rss_both = rss_kib(pid)
+                rows.append(
+                    row(
+                        "daemon RSS: after mount / next staged / after a pass, a switch and the next staging",
+                        f"{rss0 >> 10:,} / {rss_staged >> 10:,} / {rss_both >> 10:,} MiB",
+                        "",
+                        " / ".join(f"{r * 1024 / a.files:.0f}" for r in (rss0, rss_staged, rss_both))
+                        + " B per catalogued file",
+                    )
+                )
 
             view = c.files()
             rel = list(view.files)
