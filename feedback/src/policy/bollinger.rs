@@ -9,8 +9,8 @@ use serde_json::json;
 use statrs::statistics::Statistics;
 
 use super::{
-    BandSide, PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, RfTracker, Scope, Verdict,
-    WeightedScore,
+    BandSide, PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, RfTracker, Scope,
+    Verdict, WeightedScore,
 };
 use crate::Metrics;
 

@@ -115,7 +115,10 @@ impl PolicyState {
             ));
         }
         if self.recent_rf.contains(&0) {
-            return Err(bad("recent_rf", "an rf of 0 (every rf is at least 1)".into()));
+            return Err(bad(
+                "recent_rf",
+                "an rf of 0 (every rf is at least 1)".into(),
+            ));
         }
         rf.current = self.passes;
         rf.recent = self.recent_rf.iter().copied().collect();

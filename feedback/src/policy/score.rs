@@ -5,7 +5,8 @@
 use serde_json::json;
 
 use super::{
-    PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, RfTracker, Scope, Verdict, WeightedScore,
+    PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, RfTracker, Scope, Verdict,
+    WeightedScore,
 };
 use crate::Metrics;
 

@@ -702,7 +702,12 @@ fn a_restored_policy_continues_as_the_original() {
                 a.on_pass_end(&loss(s), &st).unwrap(),
                 b.on_pass_end(&loss(s), &st).unwrap(),
             );
-            assert_eq!((da.verdict, da.reason), (db.verdict, db.reason), "{}", a.name());
+            assert_eq!(
+                (da.verdict, da.reason),
+                (db.verdict, db.reason),
+                "{}",
+                a.name()
+            );
         }
     }
     let mut p = Score::new(loss_score(), 2, Scope::Run).unwrap();

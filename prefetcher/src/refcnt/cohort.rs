@@ -375,7 +375,10 @@ impl Cohort {
             if v.epoch > saved.drawing {
                 return Err(bad(
                     field,
-                    format!("epoch {} is past the drawing epoch {}", v.epoch, saved.drawing),
+                    format!(
+                        "epoch {} is past the drawing epoch {}",
+                        v.epoch, saved.drawing
+                    ),
                 ));
             }
         }
@@ -398,52 +401,54 @@ impl Cohort {
             job: name.to_string(),
             source,
         };
-        let restored = (|| -> Result<(), CohortError> {
-            let undrawn = saved.undrawn.clone().filter(|u| !u.is_empty());
-            let idx = match &undrawn {
-                Some(u) => Some(self.sampler.add_job(u).map_err(|source| {
-                    CohortError::Sampler {
-                        job: name.to_string(),
-                        source,
-                    }
-                })?),
-                None => None,
-            };
-            // The join counted one read of every sample; the saved reads replace them.
-            self.ledger.leave(id).map_err(store)?;
-            self.ledger
-                .join(id, view_bytes.saturating_mul(2))
-                .map_err(store)?;
-            for k in 1..=2 {
-                let owed: Vec<u32> = saved
-                    .needs
-                    .iter()
-                    .filter(|n| n.1 >= k)
-                    .map(|n| n.0)
-                    .collect();
-                self.ledger.need(id, &owed).map_err(store)?;
-            }
-            for v in saved.current.iter().chain(saved.next.iter()) {
-                let pins: Vec<(u32, u64)> = v
-                    .samples
-                    .iter()
-                    .map(|&s| (s, self.sizes[s as usize]))
-                    .collect();
-                self.ledger.pin(id, &pins).map_err(store)?;
-                for &(s, size) in &pins {
-                    self.ledger.stage(s, size).map_err(store)?;
+        let restored =
+            (|| -> Result<(), CohortError> {
+                let undrawn = saved.undrawn.clone().filter(|u| !u.is_empty());
+                let idx =
+                    match &undrawn {
+                        Some(u) => Some(self.sampler.add_job(u).map_err(|source| {
+                            CohortError::Sampler {
+                                job: name.to_string(),
+                                source,
+                            }
+                        })?),
+                        None => None,
+                    };
+                // The join counted one read of every sample; the saved reads replace them.
+                self.ledger.leave(id).map_err(store)?;
+                self.ledger
+                    .join(id, view_bytes.saturating_mul(2))
+                    .map_err(store)?;
+                for k in 1..=2 {
+                    let owed: Vec<u32> = saved
+                        .needs
+                        .iter()
+                        .filter(|n| n.1 >= k)
+                        .map(|n| n.0)
+                        .collect();
+                    self.ledger.need(id, &owed).map_err(store)?;
                 }
-            }
-            let m = self.members.get_mut(name).expect("just joined");
-            m.idx = idx;
-            m.drawing = saved.drawing;
-            m.open = saved.open.clone();
-            m.queue = saved.queue.iter().cloned().collect();
-            m.current = saved.current.clone();
-            m.next = saved.next.clone();
-            m.reading = saved.reading;
-            Ok(())
-        })();
+                for v in saved.current.iter().chain(saved.next.iter()) {
+                    let pins: Vec<(u32, u64)> = v
+                        .samples
+                        .iter()
+                        .map(|&s| (s, self.sizes[s as usize]))
+                        .collect();
+                    self.ledger.pin(id, &pins).map_err(store)?;
+                    for &(s, size) in &pins {
+                        self.ledger.stage(s, size).map_err(store)?;
+                    }
+                }
+                let m = self.members.get_mut(name).expect("just joined");
+                m.idx = idx;
+                m.drawing = saved.drawing;
+                m.open = saved.open.clone();
+                m.queue = saved.queue.iter().cloned().collect();
+                m.current = saved.current.clone();
+                m.next = saved.next.clone();
+                m.reading = saved.reading;
+                Ok(())
+            })();
         if restored.is_err() {
             let _ = self.leave(name);
         }
