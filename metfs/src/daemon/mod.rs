@@ -61,7 +61,8 @@
 //! policy, resume, first staging), `staging` (the staging loop, eviction, pacing), `switch` (`pass_end`, `advance`,
 //! the switch and kernel invalidation), `status` (status, files, metrics, shutdown), `queue`
 //! (with `--dds`, mini-epochs claimed from a shard queue in etcd), `budget`,
-//! `state` (`state.json`, the generation's range).
+//! `state` (`state.json`, the generation's range), `share_state` (`share.json`, a shared
+//! mount's jobs' places).
 //!
 //! # Lock order
 //!
@@ -70,8 +71,9 @@
 //!
 //! 1. `QueueFeed::worker` (tokio, `--dds`): the node's etcd worker; only the staging loop takes
 //!    it (`serve_queue`), across its round trips.
-//! 2. `Daemon::persisting`: the order of the position and rf-history writes; held across those
-//!    writes (`save_session`, `leave_as`).
+//! 2. `Daemon::persisting`: the order of the position, rf-history and `share.json` writes;
+//!    held across those writes (`save_session`, `leave_as`, `write_share`), each snapshot
+//!    taken under it.
 //! 3. `Daemon::sessions`: every session (position, policy, meter, staging, view).
 //! 4. `Shared::cohort` (`--share`): the jobs' views, shares and reference counts.
 //! 5. `Shared::jobs`: each job's token, last request and held-back flag.
@@ -124,7 +126,8 @@
 //! the writer has caught up. What does wait under a lock: a switch under `sessions` waits for
 //! the replies in flight under `reply_gate`; a switch whose successor's view was not built
 //! ahead reads the slot's journal under `sessions` (`Store::view_for`); `persisting` is held
-//! across the durable writes of the state file and the rf history (`leave` waits for it); a
+//! across the durable writes of the state file, `share.json` and the rf history (`leave`
+//! waits for it; `share.json` is snapshotted under `sessions` and written after it); a
 //! `tracing` line writes the log file in the caller's thread.
 //!
 //! Not in the list: locks inside a staging (the stager's `made_dirs`, the transform's idle
@@ -226,6 +229,8 @@ pub struct CachePaths {
     pub catalog: PathBuf,
     /// Saved position.
     pub state: PathBuf,
+    /// A shared mount's save file: each job's place (`share_state`).
+    pub share: PathBuf,
     /// Lock file (holds the daemon's pid).
     pub lock: PathBuf,
 }
@@ -239,6 +244,7 @@ impl CachePaths {
             tmp: root.join("tmp"),
             catalog: root.join("catalog.bin"),
             state: root.join("state.json"),
+            share: root.join("share.json"),
             lock: root.join("metfs.lock"),
         }
     }
@@ -252,6 +258,7 @@ mod queue;
 mod session;
 mod setup;
 mod share;
+mod share_state;
 mod source;
 mod staging;
 mod state;
@@ -267,6 +274,7 @@ use session::*;
 pub use setup::*;
 pub use share::check_job_name;
 use share::Shared;
+pub use share_state::{SavedJob, SavedShare, ShareSettings, SHARE_STATE_VERSION};
 pub use source::*;
 use staging::*;
 pub use staging::{AUTO_TRICKLE, PACING_MARGIN};
@@ -396,6 +404,8 @@ impl Daemon {
         if let Some(Err(e)) = encoded.map(|h| h.and_then(|h| h.write())) {
             tracing::warn!(session = name, error = %e, "cannot record the rf history");
         }
+        // A job of a shared mount: every job's place, in the one save file.
+        self.write_share_locked();
     }
 
     /// As [`Daemon::save_session`], on a blocking thread, so that the caller (a switch, which

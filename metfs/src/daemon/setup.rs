@@ -329,7 +329,8 @@ impl Daemon {
                 footprints,
                 budget,
                 stager,
-            )?;
+            )
+            .await?;
             return Ok((daemon, lock));
         }
         let queue = join_queue(&cfg, &catalog, &footprints, budget.slot_bytes).await?;
@@ -610,9 +611,11 @@ impl Daemon {
     }
 
     /// The rest of [`Daemon::prepare`] for a shared mount (`--share`, the `share` module):
-    /// no job yet, so nothing is staged; the slots of an earlier run are removed (positions
-    /// of a shared mount are not resumed).
-    fn prepare_shared(
+    /// the jobs of the save file (`share.json`, if it is of these settings) are resumed, each
+    /// from its kept slots, and wait for their `hello`; every other slot of an earlier run is
+    /// removed.
+    #[allow(clippy::too_many_arguments)]
+    async fn prepare_shared(
         cfg: MountConfig,
         paths: CachePaths,
         tier_url: String,
@@ -621,15 +624,58 @@ impl Daemon {
         budget: Budget,
         stager: Stager,
     ) -> Result<Arc<Daemon>, DaemonError> {
+        let transform = cfg.transform.identity();
+        let settings = ShareSettings {
+            source: cfg.source.to_string(),
+            catalog: format!("{:016x}", aggregate::catalog_digest(&catalog)),
+            slot_bytes: budget.slot_bytes,
+            jobs: cfg.share.jobs,
+            seed: cfg.seed,
+            transform: (!transform.is_empty()).then_some(transform),
+        };
+        let saved = match share_state::load_share_state(&paths.share, cfg.reset)? {
+            Some(s) if s.version == SHARE_STATE_VERSION && s.settings == settings => Some(s),
+            Some(s) => {
+                tracing::info!(
+                    path = %paths.share.display(),
+                    jobs = s.jobs.len(),
+                    "the source, the budget, share.jobs, the seed or the transform changed since the jobs' places were saved; every job starts over"
+                );
+                None
+            }
+            None => None,
+        };
+        // The kept slots: each saved job's current one and its prepared next one.
+        let keep: std::collections::BTreeSet<String> = saved
+            .iter()
+            .flat_map(|s| &s.jobs)
+            .flat_map(|j| [Some(j.slot()), j.next_slot()])
+            .flatten()
+            .collect();
         for name in stager.present_slots() {
-            stager.evict_in_background(&name)?;
+            if !keep.contains(&name) {
+                stager.evict_in_background(&name)?;
+            }
         }
         if let Ok(rd) = std::fs::read_dir(&paths.slots) {
             for e in rd.flatten() {
-                let _ = std::fs::remove_file(e.path());
+                // Journals and seals of the kept slots stay (`<slot>.journal`, `<slot>.seal`).
+                let file = e.file_name();
+                let kept = file
+                    .to_str()
+                    .and_then(|f| f.rsplit_once('.'))
+                    .is_some_and(|(slot, _)| keep.contains(slot));
+                if !kept {
+                    let _ = std::fs::remove_file(e.path());
+                }
             }
         }
         let _ = std::fs::remove_file(&paths.state);
+        // Kept slots whose seal holds (a clean shutdown) resume without reading their copies.
+        let sealed = stager.take_seals();
+        if !sealed.is_empty() {
+            tracing::info!(slots = ?sealed, "sealed at the last clean shutdown");
+        }
         let view_bytes = budget.slot_bytes / u64::from(cfg.share.jobs);
         if let Some((id, &size)) = footprints.iter().enumerate().find(|(_, &f)| f > view_bytes) {
             return Err(DaemonError::BudgetTooSmall {
@@ -647,7 +693,16 @@ impl Daemon {
                 reserve: format_bytes(budget.reserve),
             });
         }
-        let mut shared = Shared::new(cfg.share.clone(), &budget, footprints.clone(), cfg.seed);
+        let restarts = saved.as_ref().map_or(0, |s| s.restarts + 1);
+        // After a restart the sampler draws from a stream of its own (`Cohort`'s doc).
+        let seed = if restarts == 0 {
+            cfg.seed
+        } else {
+            planrng::splitmix64(&mut (cfg.seed ^ restarts.rotate_left(32)))
+        };
+        let mut shared = Shared::new(cfg.share.clone(), &budget, footprints.clone(), seed);
+        shared.settings = settings;
+        shared.restarts = restarts;
         shared.history = open_history_store(&cfg).map(|s| Arc::new(Mutex::new(s)));
         let mean_sample = catalog.total_bytes() / (catalog.len() as u64).max(1);
         let read_path =
@@ -680,6 +735,7 @@ impl Daemon {
                 track_kernel_refs: read_path == ReadPath::Cached,
             },
         ));
+        fs.set_copy_repair(copy_repair(&store.stager));
         tracing::info!(
             jobs = cfg.share.jobs,
             view_bytes = %format_bytes(view_bytes),
@@ -709,6 +765,9 @@ impl Daemon {
             epoch: 0,
             mini_epoch: 0,
         }));
+        if let Some(saved) = saved {
+            daemon.resume_jobs(saved).await;
+        }
         Ok(daemon)
     }
 }
@@ -735,7 +794,7 @@ fn open_cache(cfg: &MountConfig) -> Result<(CachePaths, std::fs::File), DaemonEr
     }
     // Temporaries of a daemon killed while it replaced these files (under the lock, no
     // other daemon writes them).
-    for f in [&paths.state, &paths.catalog] {
+    for f in [&paths.state, &paths.share, &paths.catalog] {
         if let Err(e) = durable::remove_leftovers(f) {
             tracing::warn!(path = %f.display(), error = %e, "cannot remove leftover temporary files");
         }

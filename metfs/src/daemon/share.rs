@@ -42,6 +42,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
 
+use super::share_state::write_share_state;
 use super::*;
 use crate::config::share::{ShareConfig, SharePace};
 use crate::dds::{Batch, Holder};
@@ -64,6 +65,10 @@ pub(super) struct Shared {
     pub(super) history: Option<Arc<Mutex<HistoryStore>>>,
     /// When the last job joined: first views are drawn only [`JOIN_WINDOW`] after it.
     last_join: Mutex<Option<Instant>>,
+    /// What the views depend on, saved with the jobs' places (`share.json`).
+    pub(super) settings: ShareSettings,
+    /// Restarts of this shared mount so far (saved).
+    pub(super) restarts: u64,
 }
 
 /// Jobs joining within this of each other draw their first views together. A job that joins
@@ -78,6 +83,22 @@ pub(super) struct JobMeta {
     last_seen: Instant,
     pub(super) held_back: bool,
     samples: u64,
+    /// What its `hello` asked for, saved so that a restart makes the same dataset and policy.
+    subset: Option<Subset>,
+    rf_policy: Option<String>,
+    rf: Option<u32>,
+    /// Its dataset's key (see [`dataset_key`]).
+    dataset: String,
+}
+
+/// The key of a job's dataset, for the rf history and the save file: the source, the count
+/// and a digest of the samples (a subset is another dataset).
+fn dataset_key(source: &str, dataset: &[u32]) -> String {
+    let mut h = prefetcher::digest::Fnv1a::new();
+    for id in dataset {
+        h.write(&id.to_le_bytes());
+    }
+    format!("{source}|share|{}|{:016x}", dataset.len(), h.finish())
 }
 
 impl Shared {
@@ -98,6 +119,15 @@ impl Shared {
             view_bytes,
             history: None,
             last_join: Mutex::new(None),
+            settings: ShareSettings {
+                source: String::new(),
+                catalog: String::new(),
+                slot_bytes: budget.slot_bytes,
+                jobs: cfg.jobs,
+                seed,
+                transform: None,
+            },
+            restarts: 0,
             cfg,
         }
     }
@@ -343,15 +373,7 @@ impl Daemon {
     ) -> Result<String, ProtocolError> {
         let sh = self.shared.as_ref().expect("a shared mount");
         let dataset = self.subset_samples(name, subset)?;
-        let mut cfg = self.cfg.clone();
-        if let Some(p) = &rf_policy {
-            cfg.policy.kind = p
-                .parse()
-                .map_err(|e| bad(format!("job {name:?}: rf_policy {p:?}: {e}")))?;
-        }
-        if let Some(rf) = rf {
-            cfg.policy.rf = rf;
-        }
+        let cfg = self.job_config(name, rf_policy.as_deref(), rf)?;
         let mut ss = self.sessions.lock().unwrap();
         if ss.contains_key(name) {
             return Err(bad(format!(
@@ -360,18 +382,7 @@ impl Daemon {
         }
         // The job's rf history: its own run, keyed by its name and its dataset (a subset is
         // another dataset), so `learned` replays what this job did on this data before.
-        let dataset_key = {
-            let mut h = prefetcher::digest::Fnv1a::new();
-            for id in &dataset {
-                h.write(&id.to_le_bytes());
-            }
-            format!(
-                "{}|share|{}|{:016x}",
-                self.cfg.source,
-                dataset.len(),
-                h.finish()
-            )
-        };
+        let dataset_key = dataset_key(&self.cfg.source, &dataset);
         let (replay, schedule) = match &sh.history {
             Some(store) => learned_replay(
                 &cfg.policy,
@@ -407,7 +418,7 @@ impl Daemon {
                 replay.clone(),
             )
             .0,
-            dataset: dataset_key,
+            dataset: dataset_key.clone(),
             replay,
         });
         let generation = sh.take_generation();
@@ -464,6 +475,10 @@ impl Daemon {
                 last_seen: Instant::now(),
                 held_back: false,
                 samples: dataset.len() as u64,
+                subset: subset.cloned(),
+                rf_policy,
+                rf,
+                dataset: dataset_key,
             },
         );
         drop(ss);
@@ -560,6 +575,13 @@ impl Daemon {
             .await;
         }
         tracing::info!(job = name, slot = ?current_slot, "job left the shared store");
+        // The job leaves the save file too: a restart does not bring it back.
+        match self.me.lock().unwrap().upgrade() {
+            Some(me) => {
+                tokio::task::spawn_blocking(move || me.write_share());
+            }
+            None => self.write_share(),
+        }
         self.bump();
         Ok(())
     }
@@ -599,6 +621,267 @@ impl Daemon {
                 let _ = me.leave_as(&name, false).await;
             });
         }
+    }
+
+    /// The mount's configuration with a job's own rf policy and rf from its `hello`.
+    fn job_config(
+        &self,
+        name: &str,
+        rf_policy: Option<&str>,
+        rf: Option<u32>,
+    ) -> Result<MountConfig, ProtocolError> {
+        let mut cfg = self.cfg.clone();
+        if let Some(p) = rf_policy {
+            cfg.policy.kind = p
+                .parse()
+                .map_err(|e| bad(format!("job {name:?}: rf_policy {p:?}: {e}")))?;
+        }
+        if let Some(rf) = rf {
+            cfg.policy.rf = rf;
+        }
+        Ok(cfg)
+    }
+
+    /// Every job's place now, for the save file: taken under the sessions' lock, so that
+    /// each job's position, policy and cohort place are of one moment. Jobs still waiting
+    /// for their first view are left out (a restart has nothing of theirs to keep).
+    fn share_snapshot(&self, sh: &Shared, ss: &Sessions) -> SavedShare {
+        let cohort = sh.cohort.lock().unwrap();
+        let jobs = sh.jobs.lock().unwrap();
+        let saved = ss
+            .values()
+            .filter(|s| s.shared && s.mini_epoch != u32::MAX)
+            .filter_map(|s| {
+                let meta = jobs.get(&s.name)?;
+                let place = cohort.saved(&s.name)?;
+                place.current.as_ref()?;
+                Some(SavedJob {
+                    name: s.name.clone(),
+                    token: meta.token.clone(),
+                    subset: meta.subset.clone(),
+                    rf_policy: meta.rf_policy.clone(),
+                    rf: meta.rf,
+                    dataset: meta.dataset.clone(),
+                    epoch: s.epoch,
+                    mini_epoch: s.mini_epoch,
+                    sequence: s.sequence,
+                    generation: s.generation,
+                    passes: s.passes,
+                    run: s.history.as_ref().map(|h| h.run),
+                    policy: s.policy.state(),
+                    cohort: place,
+                })
+            })
+            .collect();
+        SavedShare {
+            version: SHARE_STATE_VERSION,
+            settings: sh.settings.clone(),
+            generation: sh.generation.load(Ordering::SeqCst),
+            restarts: sh.restarts,
+            jobs: saved,
+        }
+    }
+
+    /// Writes the save file (`share.json`) of a shared mount. Blocking (the caller is a
+    /// blocking thread or the shutdown).
+    pub(super) fn write_share(&self) {
+        let _order = self.persisting.lock().unwrap_or_else(|e| e.into_inner());
+        self.write_share_locked();
+    }
+
+    /// As [`Daemon::write_share`], with `persisting` held by the caller.
+    pub(super) fn write_share_locked(&self) {
+        let Some(sh) = &self.shared else { return };
+        let saved = self.share_snapshot(sh, &self.sessions.lock().unwrap());
+        if let Err(e) = write_share_state(&self.paths.share, &saved) {
+            tracing::error!(error = %e, path = %self.paths.share.display(), "cannot save the jobs' places");
+        }
+    }
+
+    /// At start: resumes every job of the save file (`share.json`) from its kept slots. Each
+    /// waits for its `hello` with its name and token, and is dropped as a silent job would be
+    /// if none comes within `share.idle_secs`. A job that cannot be resumed (its subset no
+    /// longer gives its dataset, its kept slot cannot be staged) is let go with a log line; it
+    /// starts over when it joins again.
+    pub(super) async fn resume_jobs(&self, saved: SavedShare) {
+        let Some(sh) = &self.shared else { return };
+        let top = saved
+            .jobs
+            .iter()
+            .map(|j| j.generation)
+            .fold(saved.generation, u64::max);
+        sh.generation.store(top, Ordering::SeqCst);
+        // Every kept slot is in the book before any is checked, so that each is a donor of the
+        // others (a sample two jobs share is one file).
+        let present: HashSet<String> = self.store.stager.present_slots().into_iter().collect();
+        for j in &saved.jobs {
+            let cur = j.cohort.current.as_ref().expect("checked when read");
+            self.store.begin_slot(&j.slot(), &cur.samples);
+            if let (Some(next), Some(slot)) = (&j.cohort.next, j.next_slot()) {
+                if present.contains(&slot) {
+                    self.store.begin_slot(&slot, &next.samples);
+                }
+            }
+        }
+        for j in &saved.jobs {
+            match self.resume_job(j).await {
+                Ok(fetched) => tracing::info!(
+                    job = %j.name,
+                    epoch = j.epoch,
+                    mini_epoch = j.mini_epoch,
+                    generation = j.generation,
+                    fetched,
+                    idle_secs = sh.cfg.idle_secs,
+                    "job resumed from its kept slots; it is dropped unless its hello (name and token) comes within share.idle_secs"
+                ),
+                Err(e) => {
+                    tracing::warn!(job = %j.name, error = %e, "cannot resume the job; it starts over when it joins again");
+                    let _ = sh.cohort.lock().unwrap().leave(&j.name);
+                    for slot in [Some(j.slot()), j.next_slot()].into_iter().flatten() {
+                        self.store.forget_slot(&slot);
+                        let _ = self.store.stager.evict_in_background(&slot);
+                    }
+                }
+            }
+        }
+        self.write_share();
+    }
+
+    /// Resumes one saved job (see [`Daemon::resume_jobs`]); returns how many samples of its
+    /// current view were fetched from the tier (none when its kept slot was whole).
+    async fn resume_job(&self, j: &SavedJob) -> Result<u64, String> {
+        let sh = self.shared.as_ref().expect("a shared mount");
+        let name = j.name.as_str();
+        let dataset = self
+            .subset_samples(name, j.subset.as_ref())
+            .map_err(|e| e.message)?;
+        if dataset_key(&self.cfg.source, &dataset) != j.dataset {
+            return Err("its subset no longer gives the dataset it read".into());
+        }
+        let cfg = self
+            .job_config(name, j.rf_policy.as_deref(), j.rf)
+            .map_err(|e| e.message)?;
+        let (replay, schedule) = match &sh.history {
+            Some(store) => {
+                learned_replay(&cfg.policy, &store.lock().unwrap(), &j.dataset, name, j.run)?
+            }
+            None => None,
+        }
+        .unzip();
+        let mut policy = build_policy(&cfg, schedule).map_err(|e| e.to_string())?;
+        if let Err(e) = policy.restore(&j.policy) {
+            tracing::warn!(job = name, error = %e, "the job's saved rf policy state does not fit its policy; the policy starts afresh");
+        }
+        sh.cohort
+            .lock()
+            .unwrap()
+            .rejoin(name, &dataset, sh.view_bytes, j.cohort.clone())
+            .map_err(|e| e.to_string())?;
+        let cur = j.cohort.current.clone().expect("checked when read");
+        let slot = j.slot();
+        // Checked as a plain mount's resume checks its slot: the journal's copies (unread if
+        // the slot's seal holds), and only what is missing or damaged fetched again.
+        let spec = SlotSpec {
+            name: slot.clone(),
+            samples: cur.samples.clone(),
+            reuse_from: Vec::new(),
+        };
+        let report = self
+            .store
+            .stage(&spec, Arc::default())
+            .await
+            .map_err(|e| format!("its kept slot {slot}: {e}"))?;
+        let catalog = &self.store.catalog;
+        self.store.note_failed(
+            report
+                .failed
+                .iter()
+                .map(|(id, why)| (catalog.path(*id), why.clone())),
+        );
+        let target = (j.epoch, j.mini_epoch);
+        let view = Arc::new(
+            self.store
+                .view_for(&cur.samples, target, j.generation, &slot)
+                .nested(),
+        );
+        let history = sh.history.as_ref().map(|store| History {
+            store: store.clone(),
+            run: start_recording(
+                &mut store.lock().unwrap(),
+                &j.dataset,
+                name,
+                j.run,
+                replay.clone(),
+            )
+            .0,
+            dataset: j.dataset.clone(),
+            replay,
+        });
+        let batch = Batch {
+            epoch: cur.epoch,
+            shards: Vec::new(),
+            lengths: Vec::new(),
+            samples: cur.samples.clone(),
+            bytes: cur.bytes,
+            holder: Holder {
+                node: name.to_string(),
+                inc: 0,
+            },
+        };
+        let mut ss = self.sessions.lock().unwrap();
+        self.fs.switch_job(name, view.clone());
+        ss.insert(
+            name.to_string(),
+            Session {
+                name: name.to_string(),
+                plan_cfg: PlanConfig {
+                    strategy: self.cfg.compose,
+                    seed: self.cfg.seed,
+                    slot_bytes: sh.view_bytes,
+                    mini_epochs: None,
+                    node_rank: 0,
+                    nodes: 1,
+                    cluster_copies: self.cfg.cluster_copies,
+                },
+                nm: 1,
+                persist: None,
+                epoch: j.epoch,
+                mini_epoch: j.mini_epoch,
+                passes: j.passes,
+                generation: j.generation,
+                sequence: j.sequence,
+                advance_wanted: false,
+                bonus_passes: 0,
+                next: Next::Idle,
+                plans: BTreeMap::new(),
+                policy,
+                record: MiniEpochRecord::begin(j.sequence, j.epoch, j.mini_epoch),
+                history,
+                job: name.to_string(),
+                meter: Meter::new(),
+                view,
+                queue: Some(QueueState {
+                    batches: BTreeMap::from([(j.mini_epoch, batch)]),
+                    ..Default::default()
+                }),
+                shared: true,
+                aggregate: None,
+            },
+        );
+        sh.jobs.lock().unwrap().insert(
+            name.to_string(),
+            JobMeta {
+                token: j.token.clone(),
+                last_seen: Instant::now(),
+                held_back: false,
+                samples: dataset.len() as u64,
+                subset: j.subset.clone(),
+                rf_policy: j.rf_policy.clone(),
+                rf: j.rf,
+                dataset: j.dataset.clone(),
+            },
+        );
+        Ok(report.fetched as u64)
     }
 
     /// Prepares the next view of every job that has none: drawn by the cohort, handed to the

@@ -187,7 +187,7 @@ impl Daemon {
                     }
                 }
             };
-            let gone = match self.sessions.lock().unwrap().get_mut(&name) {
+            let (gone, staged) = match self.sessions.lock().unwrap().get_mut(&name) {
                 Some(s) => {
                     if let Next::Ready { report, .. } = &next {
                         s.meter.staged_bytes += report.bytes_fetched;
@@ -197,11 +197,16 @@ impl Daemon {
                                 Some(report.bytes_fetched as f64 / report.elapsed.as_secs_f64());
                         }
                     }
+                    let staged = s.shared && matches!(next, Next::Ready { .. });
                     s.next = next;
-                    false
+                    (false, staged)
                 }
-                None => true,
+                None => (true, false),
             };
+            if staged {
+                // A restart keeps a staged next view only if the save file names it.
+                self.save_session_soon(&name, false);
+            }
             if gone {
                 // Its job left the shared mount while the slot was staged.
                 self.drop_slot(&spec.name).await;

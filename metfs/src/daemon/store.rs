@@ -715,10 +715,10 @@ impl Store {
 
     /// Seals every complete slot for a quick resume (`prefetcher::stager`'s `seal` module), at
     /// a clean shutdown. Returns how many were sealed. Container slots are not sealed (their
-    /// staging checks every file at each start), nor a shared mount's (which starts afresh).
-    /// Blocking.
+    /// staging checks every file at each start). On a shared mount the next start keeps only
+    /// the slots its save file names and deletes the others with their seals. Blocking.
     pub fn seal_slots(&self) -> usize {
-        if self.containers.is_some() || self.room_on_demand {
+        if self.containers.is_some() {
             return 0;
         }
         let t = std::time::Instant::now();
