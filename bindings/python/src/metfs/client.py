@@ -529,7 +529,9 @@ class Client:
     ``rf_policy`` and ``rf`` choose what it reads and how often; every request carries the
     job's name, a reconnection the token the daemon gave, and :meth:`leave` ends it (else it
     is dropped after the mount's ``share.idle_secs`` without a request). The job's view is at
-    ``client.info.view_path``.
+    ``client.info.view_path``. A shared mount saves each job's place, so a job whose daemon
+    was restarted resumes where it was when it joins again with its name and ``token`` (the
+    one ``client.info.share["token"]`` gave; a client that stays alive resends it by itself).
 
     ``direct=True`` makes :meth:`files` ask for direct paths by default (the view's files in
     the cache, read without FUSE, under a lease: see :meth:`files`); the loaders that take a
@@ -552,6 +554,7 @@ class Client:
         rf_policy: str | None = None,
         rf: int | None = None,
         direct: bool = False,
+        token: str | None = None,
     ) -> None:
         path = socket if socket is not None else os.environ.get(SOCKET_ENV)
         if not path:
@@ -575,7 +578,7 @@ class Client:
         self._leasing = False
         #: The generation this connection holds a lease on, as its answers said.
         self._lease: int | None = None
-        self._token: str | None = None
+        self._token: str | None = token
         self._sock: _socket.socket | None = None
         self._buf = bytearray()
         self._lock = threading.RLock()
