@@ -2,8 +2,11 @@
 //! catalog is built.
 //!
 //! The daemon holds about [`BYTES_PER_FILE`] per catalogued file plus its path: the catalog,
-//! the plan's order, and the current and next views (353-516 B per file measured at 1M files,
-//! docs/BENCHMARKS.md "Scale"). Without a check, a manifest of more files than the node can
+//! the plan's order, the store's bookkeeping, the current and next views, and what the heap
+//! keeps of a staging's and a listing's transient allocations (286-400 B per file of RSS
+//! measured at 1M files with `benches/scale.py --only memory`, docs/BENCHMARKS.md "Scale";
+//! of which the structures themselves, counted by `metfs/examples/memscale.rs`, are about
+//! 120 B, the views 6 B of them since they share the catalog's names). Without a check, a manifest of more files than the node can
 //! hold ends in the kernel's OOM killer or an allocation abort halfway through the mount, with
 //! nothing said of why. So the number of files is known first (a manifest's lines are counted,
 //! a listing's entries are in hand before the catalog is built from them) and the mount is
@@ -20,8 +23,9 @@ use std::path::Path;
 use super::DaemonError;
 use prefetcher::size::format_bytes;
 
-/// Memory the daemon holds per catalogued file, besides its path.
-pub const BYTES_PER_FILE: u64 = 512;
+/// Memory the daemon holds per catalogued file, besides its path: the highest RSS per file
+/// measured (module doc), with both views live and a staging just finished.
+pub const BYTES_PER_FILE: u64 = 400;
 
 /// The memory a mount may plan for, and where the figure comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
