@@ -36,8 +36,22 @@
 //! Each job records its rf history as a run of its own in the mount's one history file
 //! (`Shared::history`, one copy in memory that every job's writes snapshot), keyed by its name
 //! and its dataset; `leave` marks the run finished, a job dropped for its silence leaves it
-//! unfinished. Positions are not saved: a restarted shared daemon starts each job over when it
-//! joins again (the slots of the last run are removed at start).
+//! unfinished.
+//!
+//! * **Restarts.** Each job's place is saved in `CACHE/share.json` (`share_state`: name and
+//!   token, subset, position, rf policy state, its place in the cohort) at every switch, when
+//!   its next view is staged, at `leave` and at shutdown, written on a blocking thread after a
+//!   snapshot under the sessions' lock. A daemon started on a file of the same settings keeps
+//!   every saved job's current slot and prepared next slot (other slots are deleted as before),
+//!   checks each current slot as a plain mount's resume does (its seal, else every journaled
+//!   copy, fetching only what is missing), shows it at its saved generation, and restores the
+//!   job's session, policy state, rf history run and cohort place ([`Cohort::rejoin`]): the job
+//!   is present, and its `hello` with name and token is a reconnection. One without a `hello`
+//!   is dropped after `share.idle_secs` like a silent job. The cohort's place holds each job's
+//!   undrawn samples and drawn views, not the sampler's random state: the restored sampler
+//!   draws from a fresh stream (seed and restart count), which keeps each job's order of what
+//!   it has left uniform and never draws again what it drew this epoch; reproducing the old
+//!   stream would also need the order of every job's requests, which no restart repeats.
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
