@@ -4,6 +4,7 @@ checking every byte against the source."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -277,3 +278,129 @@ def test_a_plain_mount_refuses_share_requests(mounts: Callable[..., Mount], tmp_
     r = rpc(m.socket, {"op": "leave", "job": "a"})
     assert not r["ok"] and "shared mounts" in r["error"]["message"], r
     assert m.status()["jobs"] is None
+
+
+# A shared mount saves each job's place (`CACHE/share.json`): after a restart, clean or
+# `kill -9`, a job that joins again with its name and token resumes where it was.
+RESUME = ("--share", "--share-jobs", "4", "--share-pace", "evict", "--share-idle-secs", "3600", "--rf-policy", "score", "--score-metrics", "loss", "--score-weights", "1", "--score-wait", "1", "--rf-max", "4")
+
+
+def _client(m: Mount, name: str, token: str | None = None) -> Any:
+    sys.path.insert(0, str(ROOT / "bindings" / "python" / "src"))
+    import metfs
+
+    return metfs.Client(m.socket, job=name, token=token)
+
+
+def _train(m: Mount, c: Any, digests: dict[str, str], seen: dict[tuple[str, int], list[str]], advances: int) -> None:
+    """Passes over the job's view until it has switched `advances` times: each pass reads every
+    file through MNT/<job> and checks it; the loss improves once per view, so the score policy
+    (wait 1) leaves each view after its second pass."""
+    done = 0
+    first = True
+    while done < advances:
+        root = m.mountpoint / c.job
+        st = next(j for j in m.status()["jobs"] if j["name"] == c.job)
+        files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+        for rel in files:
+            assert hashlib.sha256((root / rel).read_bytes()).hexdigest() == digests[rel], f"{c.job}: {rel} differs from the source"
+        if first:
+            seen.setdefault((c.job, st["epoch"]), []).extend(files)
+            first = False
+        d = c.pass_end({"loss": 1.0 / (2 + st["mini_epoch"] + 1000 * st["epoch"])})
+        if d.decision == "advance":
+            done += 1
+            first = True
+
+
+def _all_next_ready(m: Mount, names: list[str]) -> None:
+    wait_for(lambda: all(j["next_ready"] for j in m.status()["jobs"] or []) and len(m.status()["jobs"] or []) == len(names), 180, "every job's next view staged")
+    # The save that follows a staging lands on a thread of its own.
+    time.sleep(1.0)
+
+
+def _place(j: dict[str, Any]) -> dict[str, Any]:
+    return {k: j[k] for k in ("epoch", "mini_epoch", "generation", "pass", "rf_policy", "rf", "samples", "share_bytes", "files", "view_bytes")}
+
+
+def _resume_case(mounts: Callable[..., Mount], tmp_path: Path, kill: bool) -> None:
+    src = tmp_path / "src"
+    digests = make_dataset(src, 400)
+    m = mounts(src, "4MiB", *RESUME, name="r")
+    m.mount()
+    names = ["a", "b", "c"]
+    clients = {n: _client(m, n) for n in names}
+    seen: dict[tuple[str, int], list[str]] = {}
+    for i, n in enumerate(names):
+        _train(m, clients[n], digests, seen, 1 + i)
+    _all_next_ready(m, names)
+    before = {j["name"]: j for j in m.status()["jobs"]}
+    tokens = {n: clients[n].info.share["token"] for n in names}
+    for c in clients.values():
+        c.close()
+    if kill:
+        os.kill(m.pid(), signal.SIGKILL)
+        time.sleep(0.5)
+    else:
+        m.umount()
+    assert (m.cache / "share.json").exists()
+    m.mount()
+    log = (m.cache / "metfs.log").read_text(errors="replace")
+    assert log.count("job resumed from its kept slots") == 3, log[-3000:]
+    if not kill:
+        assert "sealed at the last clean shutdown" in log
+    # A job of a saved name without its token is another job: refused, as on a live mount.
+    r = rpc(m.socket, {"op": "hello", "v": 1, "job": "a", "token": "0123456789abcdef"})
+    assert not r["ok"] and "already on this shared mount" in r["error"]["message"], r
+    clients = {n: _client(m, n, tokens[n]) for n in names}
+    after = {j["name"]: j for j in m.status()["jobs"]}
+    for n in names:
+        assert _place(after[n]) == _place(before[n]), (n, before[n], after[n])
+        assert clients[n].info.share["token"] == tokens[n]
+    _all_next_ready(m, names)
+    # Nothing was fetched again: every job's current and next views were in its kept slots.
+    st = m.status()
+    assert st["tier_bytes_read"] == 0, st
+    for n in names:
+        _train(m, clients[n], digests, seen, 1)
+    for (job, epoch), files in seen.items():
+        assert len(files) == len(set(files)), f"{job} read a sample twice in epoch {epoch}"
+    for c in clients.values():
+        c.leave()
+        c.close()
+    assert m.status()["jobs"] == []
+
+
+def test_jobs_resume_their_places_after_a_kill_9_of_the_daemon(mounts: Callable[..., Mount], tmp_path: Path) -> None:
+    _resume_case(mounts, tmp_path, kill=True)
+
+
+def test_jobs_resume_their_places_after_a_clean_unmount(mounts: Callable[..., Mount], tmp_path: Path) -> None:
+    _resume_case(mounts, tmp_path, kill=False)
+
+
+def test_a_saved_job_that_does_not_come_back_is_dropped_and_a_corrupt_save_file_is_refused(mounts: Callable[..., Mount], tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    digests = make_dataset(src, 400)
+    m = mounts(src, "4MiB", *RESUME, name="d")
+    m.mount()
+    seen: dict[tuple[str, int], list[str]] = {}
+    c = _client(m, "gone")
+    _train(m, c, digests, seen, 1)
+    _all_next_ready(m, ["gone"])
+    c.close()
+    m.umount()
+    # Not back within share.idle_secs after the restart: dropped as a silent job, its share freed.
+    m.args[m.args.index("--share-idle-secs") + 1] = "3"
+    m.mount()
+    wait_for(lambda: not (m.status()["jobs"] or []), 60, "the job that did not come back dropped")
+    assert os.listdir(m.mountpoint) == []
+    wait_for(lambda: not json.loads((m.cache / "share.json").read_text())["jobs"], 30, "the save file without it")
+    m.umount()
+    (m.cache / "share.json").write_text('{"version": 1, "settings": {')
+    r = m.mount(check=False)
+    assert r.returncode != 0
+    assert "share.json" in r.stderr and "--reset" in r.stderr, r.stderr
+    m.args += ["--reset"]
+    m.mount()
+    assert m.status()["jobs"] == []
