@@ -308,6 +308,14 @@ mod tests {
             "cohort.current is missing",
         );
         bad(|s| s.jobs[0].epoch = 0, "cohort.current is of epoch 1");
+        // The fuzz target's seed is a valid file.
+        let seed = include_bytes!("../../../fuzz/corpus/share_state/valid.json");
+        assert_eq!(
+            SavedShare::from_json(seed).unwrap().jobs[0]
+                .policy
+                .recent_rf,
+            [2, 2, 3]
+        );
         // A negative number is a type error, never a wrap.
         let text = String::from_utf8(bytes)
             .unwrap()
