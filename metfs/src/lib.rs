@@ -8,7 +8,6 @@ pub mod client;
 pub mod config;
 pub mod control;
 pub mod daemon;
-pub mod dds;
 pub mod events;
 pub mod exchange;
 pub mod fs;
@@ -16,8 +15,11 @@ pub mod fuse;
 pub mod logging;
 pub mod metrics;
 pub mod mount;
-pub mod protocol;
-pub mod report;
 pub mod rotate;
 pub mod runas;
 pub mod view;
+
+// Split out along dependency weight, kept at their old paths for the daemon and the CLI.
+pub use metfs_dds as dds;
+pub use metfs_protocol as protocol;
+pub use metfs_report as report;

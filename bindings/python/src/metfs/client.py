@@ -7,7 +7,7 @@ The daemon speaks newline-delimited JSON over a Unix socket: one request object 
 Every message carries ``"v"``, the protocol's major version (:data:`PROTOCOL_VERSION`). A reply
 of another major version is refused with ``unsupported_version``, naming both versions; one
 without ``"v"`` comes from a daemon older than the field and is read as version 1. The
-messages are defined once, in the daemon (``metfs/src/protocol``), and described by the JSON
+messages are defined once, in the daemon (``protocol/src``, the ``metfs-protocol`` crate), and described by the JSON
 schema ``docs/protocol.schema.json`` generated from it; the typed replies here (:class:`Hello`,
 :class:`Status`, :class:`FilesView`, :class:`Decision`) are tested against that schema, their
 fields named as there except where ``PROTOCOL_NAMES`` says otherwise.

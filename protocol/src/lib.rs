@@ -258,8 +258,8 @@ pub fn schema() -> Value {
         "description",
         format!(
             "The messages of the metfs control socket and event log, version {VERSION} (\"v\"). \
-             Generated from metfs/src/protocol; regenerate with \
-             `METFS_WRITE_SCHEMA=1 cargo test -p metfs --lib protocol::tests::schema_is_checked_in`."
+             Generated from the metfs-protocol crate (protocol/src); regenerate with \
+             `METFS_WRITE_SCHEMA=1 cargo test -p metfs-protocol --lib tests::schema_is_checked_in`."
         )
         .into(),
     );

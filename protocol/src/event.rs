@@ -1,5 +1,5 @@
 //! Event records: one line of the run's event log (`RUN_DIR/events.jsonl`), written by the
-//! daemon ([`crate::events::EventLog`]) and read by `metfs report`.
+//! daemon (`metfs::events::EventLog`) and read by `metfs report`.
 //!
 //! Every record has `"v"`, `t` (Unix seconds) and `event`, its kind; the rest depends on the
 //! kind. A kind this build does not know reads as [`Event::Other`] (a newer daemon may add

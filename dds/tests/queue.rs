@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use metfs::dds::{
+use metfs_dds::{
     Batch, Claim, DdsError, DdsUrl, EtcdOptions, OwnedSamples, Queue, QueueMeta, Worker,
     WorkerConfig,
 };
@@ -185,7 +185,7 @@ fn samples(n: usize) -> Arc<OwnedSamples> {
 
 fn meta(s: &OwnedSamples, shards: u32, seed: u64) -> QueueMeta {
     QueueMeta {
-        version: metfs::dds::keys::LAYOUT_VERSION,
+        version: metfs_dds::keys::LAYOUT_VERSION,
         fingerprint: format!("test-{}", s.sizes.len()),
         seed,
         strategy: Strategy::Stratified,
@@ -255,7 +255,7 @@ async fn done_shards(q: &Queue, epoch: u64) -> BTreeMap<u32, String> {
         .iter()
         .map(|kv| {
             let k: u32 = kv.key_str().unwrap()[prefix.len()..].parse().unwrap();
-            let h: metfs::dds::Holder = serde_json::from_slice(kv.value()).unwrap();
+            let h: metfs_dds::Holder = serde_json::from_slice(kv.value()).unwrap();
             (k, h.node)
         })
         .collect()

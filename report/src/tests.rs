@@ -6,9 +6,9 @@ use serde_json::Value;
 use super::analysis::{percentile, Pass};
 use super::series::{mount_curve, smoothed_rate};
 use super::*;
-use crate::protocol::event::{DecisionEvent, PassEnd, Staged, StallRf, Start, Switch, Tier};
-use crate::protocol::{Choice, Event, Record, Version};
 use feedback::policy::Verdict;
+use metfs_protocol::event::{DecisionEvent, PassEnd, Staged, StallRf, Start, Switch, Tier};
+use metfs_protocol::{Choice, Event, Record, Version};
 use serde_json::json;
 
 const MIB: u64 = 1 << 20;

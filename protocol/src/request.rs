@@ -222,7 +222,7 @@ pub enum FilesForm {
     /// In the reply's JSON line, as `files`: simple, and what every client understands.
     #[default]
     List,
-    /// As raw bytes after the reply's line ([`crate::protocol::PackedList`]): no JSON to build
+    /// As raw bytes after the reply's line ([`PackedList`](crate::PackedList)): no JSON to build
     /// or parse, and a client can keep it as one buffer instead of a string per file.
     Packed,
 }
@@ -282,7 +282,7 @@ pub enum Request {
         #[serde(skip_serializing_if = "Option::is_none")]
         known_generation: Option<u64>,
         /// How the list travels: in the JSON line (`list`, the default) or as raw bytes after
-        /// it (`packed`, see [`crate::protocol::PackedList`]).
+        /// it (`packed`, see [`PackedList`](crate::PackedList)).
         #[serde(default, skip_serializing_if = "FilesForm::is_list")]
         form: FilesForm,
         /// Also say where the view's files lie in the cache (`direct_root` in the reply), so

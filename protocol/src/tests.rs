@@ -25,9 +25,9 @@ fn schema_is_checked_in() {
     let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         checked_in == fresh,
-        "{} differs from the protocol's Rust types (metfs/src/protocol). If the change is \
-         deliberate, regenerate it with\n  METFS_WRITE_SCHEMA=1 cargo test -p metfs --lib \
-         protocol::tests::schema_is_checked_in\nand update the Python client \
+        "{} differs from the protocol's Rust types (the metfs-protocol crate, protocol/src). If the change is \
+         deliberate, regenerate it with\n  METFS_WRITE_SCHEMA=1 cargo test -p metfs-protocol --lib \
+         tests::schema_is_checked_in\nand update the Python client \
          (bindings/python/src/metfs/client.py) to match.",
         path.display()
     );

@@ -3,7 +3,7 @@
 //!
 //! Input: `RUN_DIR/events.1.jsonl` (the rotated, older part, if present) then
 //! `RUN_DIR/events.jsonl`, one event record per line, as the protocol defines it
-//! ([`crate::protocol::event`]: `v`, `t` in Unix seconds, `event`, and the kind's fields):
+//! ([`metfs_protocol::event`]: `v`, `t` in Unix seconds, `event`, and the kind's fields):
 //!
 //! * `start`: dataset size and files, nm, budget, node rank and count. A second `start` means the
 //!   daemon restarted; its tier counter restarts at 0.

@@ -1,5 +1,5 @@
 //! Reading the event log: every `events*.jsonl` file of a run directory in order, each line
-//! read as the protocol's [`Record`](crate::protocol::Record). A malformed line (not JSON, no
+//! read as the protocol's [`Record`](metfs_protocol::Record). A malformed line (not JSON, no
 //! `t` or `event`, a field of the wrong type or missing, another protocol version) is an
 //! error naming the file and the line, never skipped silently.
 
@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::ReportError;
-pub(super) use crate::protocol::event::Start;
-pub(super) use crate::protocol::Event;
-use crate::protocol::{check_version, Record};
+pub(super) use metfs_protocol::event::Start;
+pub(super) use metfs_protocol::Event;
+use metfs_protocol::{check_version, Record};
 
 pub(super) struct Timed {
     pub(super) t: f64,

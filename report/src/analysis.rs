@@ -8,7 +8,7 @@ use prefetcher::model::stall_free_rf;
 
 use super::events::{Event, EventLog, Start, Timed};
 use super::{MiniEpochRow, ReportSummary, RfStats};
-use crate::protocol::Choice;
+use metfs_protocol::Choice;
 
 /// One pass, as the analysis sees it.
 pub(super) struct Pass {
