@@ -296,3 +296,15 @@ def test_requests_are_single_json_lines(fake: FakeDaemon) -> None:
     # json.dumps escapes the newline, so the request stays one line.
     assert fake.requests[-1]["metrics"] == {"loss\n": 1.0}
     assert json.dumps(fake.requests[-1])
+
+
+def test_a_client_with_a_timeout_does_not_wait_it_out_before_each_request(fake: FakeDaemon) -> None:
+    """Before each request the client peeks whether the daemon closed the idle connection. With
+    a timeout set, that peek used to wait for the socket to become readable, so every request
+    on a healthy connection first waited out the whole timeout."""
+    with metfs.Client(fake.path, timeout=30.0) as c:
+        t0 = time.monotonic()
+        for _ in range(3):
+            assert c.status().epoch == 0
+        assert time.monotonic() - t0 < 15.0, "a request waited for the client's timeout"
+        assert c.connected

@@ -17,6 +17,10 @@ async fn a_source_path_with_bars_resumes_and_keeps_its_history_key() {
     let r = start(t.cfg.clone()).await;
     let d = r.daemon.clone();
     d.advance(true).await.unwrap();
+    // With the successor staged before the stop, the restarted daemon has nothing to fetch, so
+    // any tier read is a refetch; otherwise its stager may take up the successor before
+    // `status` (it did on a loaded machine).
+    wait_next_ready(&d).await;
     let before = d.status();
     drop(d);
     r.stop().await;

@@ -719,8 +719,12 @@ class Client:
         assert self._sock is not None
         if self._buf:
             return False
+        # Non-blocking for the peek: with a timeout set, CPython waits for the socket to become
+        # readable before `recv` (MSG_DONTWAIT or not), so every request on an idle, healthy
+        # connection would first wait out the client's whole timeout. `_send` sets it back.
+        self._sock.settimeout(0.0)
         try:
-            data = self._sock.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT)
+            data = self._sock.recv(1, _socket.MSG_PEEK)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
