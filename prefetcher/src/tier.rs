@@ -23,6 +23,9 @@
 //! * a sample that is missing while the source root is missing too (renamed away, its file
 //!   system unmounted, another file system mounted in its place) is an outage of the whole
 //!   source ([`TierError::Unreachable`], which the stager retries), not a deleted sample.
+//!
+//! With the `testing` feature, the `testing` module holds an in-memory tier and a wrapper that injects
+//! faults into any tier (outages, a full cache, hangs, changed samples), for tests.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -33,6 +36,9 @@ use thiserror::Error;
 
 use crate::catalog::{validate_rel_path, Catalog, CatalogEntry, DirStamp, Meta};
 use crate::pacer::Pacer;
+
+#[cfg(feature = "testing")]
+pub mod testing;
 
 /// Errors of capacity tiers.
 #[derive(Debug, Error)]
