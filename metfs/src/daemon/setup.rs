@@ -274,8 +274,33 @@ impl Daemon {
         cfg: MountConfig,
         show_progress: bool,
     ) -> Result<(Arc<Daemon>, std::fs::File), DaemonError> {
+        Self::prepare_on(cfg, show_progress, None).await
+    }
+
+    /// As [`Daemon::prepare`], on `tier` instead of the tier `cfg.source` names: the seam where
+    /// tests hand the daemon an in-memory or fault-injecting tier (`prefetcher::tier::testing`)
+    /// and drive its fault handling without a file system or server to break. `cfg.source`
+    /// still goes into the plan's fingerprint and the messages; give it the tier's URL.
+    pub async fn prepare_with_tier(
+        cfg: MountConfig,
+        show_progress: bool,
+        tier: Arc<dyn CapacityTier>,
+    ) -> Result<(Arc<Daemon>, std::fs::File), DaemonError> {
+        Self::prepare_on(cfg, show_progress, Some(tier)).await
+    }
+
+    /// [`Daemon::prepare`]'s phases, on `tier` or (`None`) the tier `cfg.source` names, opened
+    /// after the cache as a mount always has (so a mount with both wrong reports the cache).
+    async fn prepare_on(
+        cfg: MountConfig,
+        show_progress: bool,
+        tier: Option<Arc<dyn CapacityTier>>,
+    ) -> Result<(Arc<Daemon>, std::fs::File), DaemonError> {
         let (paths, lock) = open_cache(&cfg)?;
-        let tier = open_tier(&cfg.source, &cfg.s3, cfg.stager.timeout_secs)?;
+        let tier = match tier {
+            Some(tier) => tier,
+            None => open_tier(&cfg.source, &cfg.s3, cfg.stager.timeout_secs)?,
+        };
         let (mut catalog, reused, containers) = load_catalog(&*tier, &paths.catalog, &cfg).await?;
         if catalog.is_empty() {
             return Err(DaemonError::Empty(cfg.source.clone()));
