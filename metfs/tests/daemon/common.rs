@@ -100,6 +100,11 @@ pub(crate) struct Running {
 
 pub(crate) async fn start(cfg: MountConfig) -> Running {
     let (daemon, lock) = Daemon::prepare(cfg, false).await.expect("prepare");
+    run(daemon, lock)
+}
+
+/// Starts a prepared daemon's background tasks, as [`start`] does after `prepare`.
+pub(crate) fn run(daemon: Arc<Daemon>, lock: std::fs::File) -> Running {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     daemon.fs().set_drained_sender(tx);
     let tasks = vec![

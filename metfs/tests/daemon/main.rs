@@ -7,6 +7,7 @@
 mod common;
 
 mod budget;
+mod faults;
 mod kernel;
 mod learned;
 mod passes;

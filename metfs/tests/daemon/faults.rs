@@ -1,0 +1,376 @@
+//! The daemon's fault handling on an injected tier (`prefetcher::tier::testing`): the source is
+//! a `MemoryTier` of the generated files, wrapped in a `FaultyTier` that scripts the fault by
+//! fetch number, handed to `Daemon::prepare_with_tier`. Each fault strikes while the successor
+//! of the first mini-epoch stages: a source outage, a full cache, samples that change, a fetch
+//! that hangs. A real full disk needs a small file system mounted (root; `tests/` does it with a
+//! tmpfs): here the cache is full as a tier's write into it sees it, the `ENOSPC` that both real
+//! tiers report as `TierError::Local`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use metfs::daemon::Daemon;
+use metfs::protocol::reply::Staging;
+use metfs::protocol::{Choice, Event};
+use prefetcher::tier::testing::{Failure, FaultyTier, Hang, MemoryTier, Op, Rule};
+
+use crate::common::*;
+
+/// The source's URL: a scheme, so that nothing takes it for a directory.
+const URL: &str = "memory://faults";
+
+/// A test's setup with its source in memory behind a fault injector.
+struct Faulty {
+    t: Setup,
+    mem: Arc<MemoryTier>,
+    tier: Arc<FaultyTier>,
+}
+
+/// rf `rf`, staging at full speed (auto pacing would trickle until a pass is timed, and stretch
+/// the stall watch by its waits), `stager` the lines of the `[stager]` table.
+fn faulty(rf: u32, stager: &str) -> Faulty {
+    let mut t = setup_with(
+        rf,
+        &format!("prefetch_rate = \"unlimited\"\n[stager]\n{stager}"),
+    );
+    t.cfg.source = URL.to_string();
+    let mem = Arc::new(MemoryTier::with_files(URL, t.source.clone()));
+    let tier = Arc::new(FaultyTier::new(mem.clone()));
+    Faulty { t, mem, tier }
+}
+
+impl Faulty {
+    /// The daemon prepared on the faulty tier (the first mini-epoch staged, no fault yet), its
+    /// cache lock, and the plan of epoch 0.
+    async fn prepare(&self) -> (Arc<Daemon>, std::fs::File, Vec<BTreeSet<String>>) {
+        let (d, lock) = Daemon::prepare_with_tier(self.t.cfg.clone(), false, self.tier.clone())
+            .await
+            .expect("prepare");
+        let plan = planned(&self.t.cfg, &d, 0);
+        assert!(plan.len() >= 3, "the test wants several mini-epochs");
+        assert_eq!(
+            self.tier.calls(Op::Fetch),
+            plan[0].len() as u64,
+            "the first mini-epoch took one fetch per sample"
+        );
+        (d, lock, plan)
+    }
+}
+
+/// Waits (bounded) until the successor's staging has failed, and returns the status then.
+async fn wait_failed(d: &Daemon) -> metfs::protocol::reply::Status {
+    wait_for("the successor's staging to fail", || {
+        matches!(d.status().staging, Staging::Failed { .. })
+    })
+    .await
+    .unwrap();
+    d.status()
+}
+
+/// The files of the cache's `tmp/` (partial copies left behind), directories aside.
+fn tmp_files(cache: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(cache.join("tmp"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// A `pass_end` that must answer promptly whatever the tier is doing.
+async fn prompt_pass_end(d: &Daemon) -> Choice {
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        d.pass_end(None, Default::default(), false),
+    )
+    .await
+    .expect("pass_end answered within 2 s")
+    .unwrap()
+    .decision
+}
+
+/// Asserts that every sample of `paths` was fetched from the tier exactly once.
+fn fetched_once<'a>(tier: &FaultyTier, paths: impl IntoIterator<Item = &'a String>) {
+    let counts = tier.fetch_counts();
+    let wrong: BTreeMap<&String, u64> = paths
+        .into_iter()
+        .map(|p| (p, counts.get(p).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n != 1)
+        .collect();
+    assert!(wrong.is_empty(), "fetched other than once: {wrong:?}");
+}
+
+/// An outage of the source while the next mini-epoch stages: its fetches are retried (status
+/// shows the retries), then the slot fails as a whole; meanwhile the current view keeps
+/// serving its bytes and a pass end answers `wait`. Once the source answers again staging
+/// resumes after its pause, keeping what it committed: every sample is fetched exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_during_staging_keeps_the_view_and_staging_resumes_after_it() {
+    let f = faulty(1, "retry_secs = 1");
+    let (d, lock, plan) = f.prepare().await;
+    // A few of the successor's samples arrive, then the source stops answering.
+    let first = f.tier.calls(Op::Fetch);
+    let outage = f.tier.fail_fetches(first + 5.., Failure::Unreachable);
+    let r = run(d.clone(), lock);
+
+    let mut retried = false;
+    wait_for("the successor's staging to fail", || {
+        match d.status().staging {
+            Staging::Staging {
+                retries,
+                last_retry_error,
+                ..
+            } => {
+                if retries > 0 {
+                    retried = true;
+                    let e = last_retry_error.unwrap_or_default();
+                    assert!(e.contains("unreachable"), "{e}");
+                }
+                false
+            }
+            Staging::Failed { .. } => true,
+            _ => false,
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        retried,
+        "the outage's fetches were retried before the slot failed"
+    );
+    let st = d.status();
+    let Staging::Failed {
+        error, failures, ..
+    } = &st.staging
+    else {
+        unreachable!()
+    };
+    assert!(error.contains("unreachable"), "{error}");
+    assert_eq!(*failures, 1);
+    assert!(!st.next_ready);
+    assert!(
+        st.failed_samples.is_empty(),
+        "an outage leaves no sample out"
+    );
+
+    // The current view keeps serving; the job is told to wait, not advanced.
+    assert_eq!(prompt_pass_end(&d).await, Choice::Wait);
+    let view = read_view(&d.fs());
+    assert_eq!(keys(&view), plan[0]);
+    check_bytes(&view, &f.t.source);
+    assert_eq!(status_u64(&d, "generation"), 1);
+
+    f.tier.end(outage);
+    wait_next_ready(&d).await;
+    assert!(d.status().failed_samples.is_empty());
+    assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
+    let view = read_view(&d.fs());
+    assert_eq!(
+        keys(&view),
+        plan[1],
+        "the whole successor, nothing left out"
+    );
+    check_bytes(&view, &f.t.source);
+    fetched_once(&f.tier, plan[0].iter().chain(&plan[1]));
+    assert!(
+        tmp_files(&f.t.cache).is_empty(),
+        "{:?}",
+        tmp_files(&f.t.cache)
+    );
+    drop(d);
+    r.stop().await;
+}
+
+/// The cache fills while the next mini-epoch stages: the slot fails at once as out of space
+/// (status, the log's `stage_failed` event), no sample is left out for it and no partial copy
+/// stays behind, the view keeps serving and a pass end answers `wait`; once writes fit again
+/// staging resumes and the successor is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_cache_fails_the_slot_drops_no_sample_and_staging_resumes() {
+    let f = faulty(1, "");
+    let (d, lock, plan) = f.prepare().await;
+    let first = f.tier.calls(Op::Fetch);
+    let full = f.tier.fail_fetches(first + 5.., Failure::CacheFull);
+    let r = run(d.clone(), lock);
+
+    let st = wait_failed(&d).await;
+    let Staging::Failed { error, .. } = &st.staging else {
+        unreachable!()
+    };
+    assert!(error.contains("No space left"), "{error}");
+    assert!(
+        st.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("No space left"),
+        "{:?}",
+        st.last_error
+    );
+    assert!(st.failed_samples.is_empty(), "a full cache drops no sample");
+    assert!(!st.next_ready);
+    assert!(
+        tmp_files(&f.t.cache).is_empty(),
+        "{:?}",
+        tmp_files(&f.t.cache)
+    );
+    assert_eq!(prompt_pass_end(&d).await, Choice::Wait);
+    let view = read_view(&d.fs());
+    assert_eq!(keys(&view), plan[0]);
+    check_bytes(&view, &f.t.source);
+
+    f.tier.end(full);
+    wait_next_ready(&d).await;
+    assert!(d.status().failed_samples.is_empty());
+    assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
+    let view = read_view(&d.fs());
+    assert_eq!(
+        keys(&view),
+        plan[1],
+        "the whole successor, nothing left out"
+    );
+    check_bytes(&view, &f.t.source);
+    fetched_once(&f.tier, plan[0].iter().chain(&plan[1]));
+
+    assert!(
+        d.events.flush(Duration::from_secs(30)),
+        "the event log wrote"
+    );
+    let log = std::fs::read_to_string(f.t.cache.join("run").join("events.jsonl")).unwrap();
+    let failed: Vec<_> = log
+        .lines()
+        .filter_map(|l| {
+            match serde_json::from_str::<metfs::protocol::Record>(l)
+                .ok()?
+                .event
+            {
+                Event::StageFailed(s) => Some(s),
+                _ => None,
+            }
+        })
+        .collect();
+    assert!(!failed.is_empty(), "a stage_failed event");
+    assert!(failed.iter().all(|s| s.out_of_space), "{failed:?}");
+    assert_eq!((failed[0].epoch, failed[0].mini_epoch), (0, 1));
+    drop(d);
+    r.stop().await;
+}
+
+/// Samples of the next mini-epoch that change at the source after the listing are never
+/// served with bytes of two versions: one replaced just before its fetch (refused at the
+/// fetch's first check) and one replaced halfway through its copy (the copy mixes both
+/// versions; the check after it refuses it). Both are left out of the slot, as the stager's
+/// rule for a sample changed since cataloguing says, and status names them; the rest of the
+/// successor is served whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sample_that_changes_while_staged_is_left_out_and_named() {
+    let f = faulty(1, "");
+    let (d, lock, plan) = f.prepare().await;
+    let source = &f.t.source;
+    // The one changed in the middle of its copy spans several of the tier's pieces.
+    let during = plan[1]
+        .iter()
+        .find(|p| source[*p].len() > 40_000)
+        .expect("a large sample in the successor")
+        .clone();
+    let before = plan[1].iter().find(|p| **p != during).unwrap().clone();
+    let flipped = |p: &str| source[p].iter().map(|b| !b).collect::<Vec<u8>>();
+    // Same sizes: only the versions tell the change.
+    let first = f.tier.calls(Op::Fetch);
+    let change = f
+        .tier
+        .add(Rule::fetches(first..).of_path(before.clone()).run({
+            let (mem, path, bytes) = (f.mem.clone(), before.clone(), flipped(&before));
+            move || {
+                mem.put(&path, bytes.clone());
+            }
+        }));
+    f.mem.replace_during_next_fetch(&during, flipped(&during));
+    let r = run(d.clone(), lock);
+
+    wait_next_ready(&d).await;
+    f.tier.end(change);
+    let st = d.status();
+    let Staging::Ready { failed, .. } = &st.staging else {
+        panic!("{:?}", st.staging)
+    };
+    assert_eq!(*failed, 2, "{:?}", st.failed_samples);
+    for p in [&before, &during] {
+        assert!(
+            st.failed_samples
+                .iter()
+                .any(|f| f.starts_with(&format!("{p}: ")) && f.contains("changed")),
+            "status names {p}: {:?}",
+            st.failed_samples
+        );
+        assert_eq!(f.tier.fetched(p), 0, "{p}: no fetch of it succeeded");
+        assert_eq!(f.mem.get(p).unwrap().0, flipped(p), "{p} did change");
+    }
+    assert!(tmp_files(&f.t.cache).is_empty(), "the mixed copy is gone");
+
+    assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
+    let view = read_view(&d.fs());
+    let mut want = plan[1].clone();
+    want.remove(&before);
+    want.remove(&during);
+    assert_eq!(keys(&view), want, "the changed samples are left out");
+    // Every file served has its catalogued (original) bytes.
+    check_bytes(&view, source);
+    drop(d);
+    r.stop().await;
+}
+
+/// A fetch that hangs holds up neither `pass_end` nor status: both answer at once while it
+/// hangs. The stager's stall watch abandons it after `timeout_secs`, the slot fails (status
+/// says no progress), and the next attempt stages the successor whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_fetch_blocks_neither_pass_end_nor_status() {
+    let f = faulty(1, "timeout_secs = 1");
+    let (d, lock, plan) = f.prepare().await;
+    let first = f.tier.calls(Op::Fetch);
+    f.tier
+        .hang_fetches(first + 3..first + 4, Hang::UntilReleased);
+    let r = run(d.clone(), lock);
+
+    wait_for("a fetch to hang", || f.tier.hanging() == 1)
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let st = tokio::task::spawn_blocking({
+        let d = d.clone();
+        move || d.status()
+    });
+    let st = tokio::time::timeout(Duration::from_secs(1), st)
+        .await
+        .expect("status answered within 1 s")
+        .unwrap();
+    assert!(!st.next_ready);
+    assert_eq!(prompt_pass_end(&d).await, Choice::Wait);
+    let reply = tokio::time::timeout(Duration::from_secs(2), d.advance(false))
+        .await
+        .expect("a non-blocking advance answered within 2 s")
+        .unwrap();
+    assert_eq!(reply.decision, Choice::Wait, "{reply:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "answers came while the fetch hung"
+    );
+
+    let st = wait_failed(&d).await;
+    let Staging::Failed { error, .. } = &st.staging else {
+        unreachable!()
+    };
+    assert!(error.contains("no progress"), "{error}");
+    assert_eq!(f.tier.hanging(), 0, "the stalled fetch was abandoned");
+    assert!(st.failed_samples.is_empty(), "a hang leaves no sample out");
+
+    wait_next_ready(&d).await;
+    assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
+    let view = read_view(&d.fs());
+    assert_eq!(keys(&view), plan[1]);
+    check_bytes(&view, &f.t.source);
+    fetched_once(&f.tier, &plan[1]);
+    f.tier.release();
+    drop(d);
+    r.stop().await;
+}
