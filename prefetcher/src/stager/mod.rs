@@ -307,6 +307,34 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
         .create(dir)
 }
 
+/// Deletes the tree at `dir` as `std::fs::remove_dir_all` does, asking `stop` before each
+/// entry; false when it stopped, with the rest left in place. An entry is removed as what it is
+/// (its type is the entry's own, never a symlink's target), so a symlink is unlinked, never
+/// followed; a directory is opened by path, which only the daemon's user could swap, since
+/// the cache is private.
+fn remove_tree_unless(dir: &Path, stop: &dyn Fn() -> bool) -> std::io::Result<bool> {
+    for ent in std::fs::read_dir(dir)? {
+        if stop() {
+            return Ok(false);
+        }
+        let ent = ent?;
+        let removed = if ent.file_type()?.is_dir() {
+            remove_tree_unless(&ent.path(), stop)
+        } else {
+            std::fs::remove_file(ent.path()).map(|()| true)
+        };
+        match removed {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            // Gone already: the goal.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    std::fs::remove_dir(dir)?;
+    Ok(true)
+}
+
 /// CRC-32 of a whole file.
 fn crc_of_file(path: &Path) -> std::io::Result<u32> {
     crc_of_open_file(&std::fs::File::open(path)?)
@@ -495,13 +523,22 @@ impl Stager {
 
     /// Deletes a slot and its journal.
     pub fn evict(&self, name: &str) -> Result<(), StageError> {
+        self.evict_unless(name, &|| false).map(|_| ())
+    }
+
+    /// Deletes a slot and its journal as [`Stager::evict`] does, asking `stop` before each
+    /// file: a slot of 500k files takes minutes to delete, and a daemon shutting down must not
+    /// wait for it (the runtime's exit waits for every blocking task). Returns false when it
+    /// stopped: the journal is gone, so the rest of the directory is a stale slot, which the
+    /// next start deletes before it fetches anything ([`Stager::evict_in_background`]).
+    pub fn evict_unless(&self, name: &str, stop: &dyn Fn() -> bool) -> Result<bool, StageError> {
         let p = self.slot_path(name);
         self.forget_seal(name);
         // Journal first: a half-deleted slot must never look complete.
         self.journal(name).remove().map_err(cache_err(&p))?;
-        match std::fs::remove_dir_all(&p) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        match remove_tree_unless(&p, stop) {
+            Ok(done) => Ok(done),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
             Err(e) => Err(cache_err(&p)(e)),
         }
     }
@@ -632,6 +669,56 @@ mod tests {
         st.evict("e0-m0").unwrap();
         assert!(!st.is_complete("e0-m0"));
         assert!(!st.slot_path("e0-m0").exists());
+    }
+
+    #[tokio::test]
+    async fn an_eviction_told_to_stop_leaves_a_stale_slot_that_a_background_eviction_finishes() {
+        let (d, st, cat) = setup(30).await;
+        st.stage(&all(&cat, "a"), Arc::default()).await.unwrap();
+        // A link out of the slot: unlinked, its target never touched.
+        let outside = d.path().join("outside");
+        std::fs::write(&outside, b"kept").unwrap();
+        std::os::unix::fs::symlink(&outside, st.slot_path("a").join("c0/link")).unwrap();
+        let files = |p: &Path| walkdir_count(p);
+        let before = files(&st.slot_path("a"));
+        // Stops after a few entries, as a daemon does once its shutdown begins.
+        let asked = std::sync::atomic::AtomicUsize::new(0);
+        let stop = || asked.fetch_add(1, Ordering::Relaxed) >= 5;
+        assert!(!st.evict_unless("a", &stop).unwrap(), "it did not stop");
+        let left = files(&st.slot_path("a"));
+        assert!(left > 0 && left < before, "{left} of {before} entries left");
+        // The journal went first: what is left is never taken for a slot.
+        assert!(!st.is_complete("a"));
+        assert!(st.journal("a").read().staged.is_empty());
+        // As the next start does with a slot it does not keep.
+        assert_eq!(st.present_slots(), vec!["a".to_string()]);
+        st.evict_in_background("a").unwrap();
+        st.evictions_done().await;
+        assert!(st.present_slots().is_empty());
+        assert!(std::fs::read_dir(d.path().join("cache/tmp"))
+            .unwrap()
+            .next()
+            .is_none());
+        assert_eq!(std::fs::read(&outside).unwrap(), b"kept");
+        // Never told to stop: the whole slot goes.
+        st.stage(&all(&cat, "b"), Arc::default()).await.unwrap();
+        assert!(st.evict_unless("b", &|| false).unwrap());
+        assert!(!st.slot_path("b").exists());
+    }
+
+    /// Entries under `p`, directories included.
+    fn walkdir_count(p: &Path) -> usize {
+        std::fs::read_dir(p)
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                1 + if e.file_type().unwrap().is_dir() {
+                    walkdir_count(&e.path())
+                } else {
+                    0
+                }
+            })
+            .sum()
     }
 
     fn ino(p: &Path) -> u64 {
