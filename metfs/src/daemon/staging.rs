@@ -396,8 +396,21 @@ impl Daemon {
         loop {
             let stager = self.store.stager.clone();
             let name = slot.clone();
-            let error = match tokio::task::spawn_blocking(move || stager.evict(&name)).await {
-                Ok(Ok(())) => break,
+            // The deletion stops at the shutdown: the process's exit waits for every blocking
+            // task, and a slot of 500k files took minutes to delete, with SIGTERM already
+            // taken by the daemon. What is left has no journal; the next start deletes it
+            // before it fetches anything, so the budget still holds.
+            let me = self.me.lock().unwrap().clone();
+            let stop = move || me.upgrade().is_some_and(|d| d.is_shutting_down());
+            let error = match tokio::task::spawn_blocking(move || stager.evict_unless(&name, &stop))
+                .await
+            {
+                Ok(Ok(true)) => break,
+                Ok(Ok(false)) => {
+                    tracing::info!(slot = %slot, "slot deletion stopped by the shutdown; the next start finishes it");
+                    self.store.abandon_eviction(gen);
+                    return;
+                }
                 Ok(Err(e)) => e.to_string(),
                 Err(e) => e.to_string(),
             };

@@ -70,8 +70,19 @@ pub(super) fn mount_cmd(args: MountArgs, sub: &clap::ArgMatches) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(run_daemon(cfg, mountpoint, args.ready_fd))
+    let outcome = rt.block_on(run_daemon(cfg, mountpoint, args.ready_fd));
+    // Dropping the runtime would wait for every blocking task still running, however long:
+    // a slot deletion or a staging's reads of 500k files kept an unmounted daemon alive for
+    // minutes, deaf to SIGTERM (its handler is the runtime's). Each such task is resumable,
+    // as after a kill: the next start deletes what is left of a slot and resumes a staging
+    // from its journal. The slot deletion stops by itself at the shutdown; this bounds the
+    // rest.
+    rt.shutdown_timeout(SHUTDOWN_GRACE);
+    outcome
 }
+
+/// How long the exit waits for blocking tasks still running after the daemon has shut down.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>) -> Result<()> {
     // Staging and the read paths keep many files open; an ordinary user's session starts
