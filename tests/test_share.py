@@ -23,16 +23,24 @@ from test_dds_mount import make_dataset
 ROOT = Path(__file__).resolve().parent.parent
 
 # One job: joins, trains `epochs` MET epochs with metfs.passes, reads every file of every pass
-# through its directory and compares it with the source's digest, then leaves.
+# through its directory and compares it with the source's digest, then leaves. With a stop file
+# (METFS_JOB_STOP) it trains at least `epochs` epochs and goes on, whole epochs at a time, until
+# the file exists: a test that needs its jobs running together (staggered joins, faults while
+# they switch) cannot rely on how long an epoch takes, which is a few views of 50 ms here.
 JOB = r"""
-import hashlib, json, sys, metfs
+import hashlib, json, os, sys, metfs
 sock, job, digests, out, epochs, extra = sys.argv[1:7]
 digests = json.load(open(digests))
+stop = os.environ.get("METFS_JOB_STOP")
 c = metfs.Client(sock, job=job, **json.loads(extra))
 res = {"views": [], "bad": [], "share": c.info.share, "passes": 0}
-loop = metfs.passes(c, epochs=int(epochs))
+loop = metfs.passes(c, epochs=10**6 if stop else int(epochs))
+epoch = None
 for p in loop:
     if p.pass_in_mini_epoch == 0:
+        if stop and p.epoch != epoch and p.epoch >= int(epochs) and os.path.exists(stop):
+            break
+        epoch = p.epoch
         res["views"].append([p.epoch, p.mini_epoch, list(p.files)])
     assert p.mountpoint == c.info.share["path"], (p.mountpoint, c.info.share)
     for path, rel in zip(p.paths, p.files):
@@ -48,10 +56,13 @@ json.dump(res, open(out, "w"))
 """
 
 
-def start_job(m: Mount, tmp: Path, name: str, digests: Path, epochs: int = 2, **extra: Any) -> subprocess.Popen[str]:
+def start_job(m: Mount, tmp: Path, name: str, digests: Path, epochs: int = 2, stop: Path | None = None, **extra: Any) -> subprocess.Popen[str]:
+    """Starts one job (JOB); with `stop`, it trains until that file exists (at least `epochs`)."""
     out = tmp / f"job-{name}.json"
     out.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
+    if stop is not None:
+        env["METFS_JOB_STOP"] = str(stop)
     return subprocess.Popen(
         [sys.executable, "-c", JOB, m.socket, name, str(digests), str(out), str(epochs), json.dumps(extra)],
         env=env,
@@ -74,9 +85,14 @@ def finish(p: subprocess.Popen[str], tmp: Path, name: str, m: Mount, timeout: fl
     return json.loads((tmp / f"job-{name}.json").read_text())
 
 
-def check_epochs(res: dict[str, Any], dataset: set[str], epochs: int) -> None:
-    """Every epoch's views partition the job's dataset: each sample exactly once."""
+def check_epochs(res: dict[str, Any], dataset: set[str], epochs: int, at_least: bool = False) -> None:
+    """Every epoch's views partition the job's dataset: each sample exactly once. With
+    `at_least` (a job run with a stop file), every epoch it trained, `epochs` or more."""
     assert not res["bad"], f"bytes differ from the source: {res['bad'][:5]}"
+    if at_least:
+        trained = 1 + max(e for e, _, _ in res["views"])
+        assert trained >= epochs, f"{trained} epochs trained, fewer than {epochs}"
+        epochs = trained
     by_epoch: dict[int, list[str]] = {}
     for epoch, _, files in res["views"]:
         by_epoch.setdefault(epoch, []).extend(files)
@@ -215,17 +231,20 @@ def test_kept_slots_are_trimmed_sample_by_sample_within_the_budget(mounts: Calla
 
     w = threading.Thread(target=watch, daemon=True)
     w.start()
+    stop_file = tmp_path / "stop"
     try:
-        jobs = {"a": start_job(m, tmp_path, "a", dpath, epochs=2)}
+        jobs = {"a": start_job(m, tmp_path, "a", dpath, epochs=2, stop=stop_file)}
         for name in ("b", "c"):
             wait_for(lambda: len(m.status()["jobs"] or []) == len(jobs) and all(3 <= j["mini_epoch"] < 1 << 31 for j in m.status()["jobs"]), 120, "the jobs a few views in")
-            jobs[name] = start_job(m, tmp_path, name, dpath, epochs=2)
+            jobs[name] = start_job(m, tmp_path, name, dpath, epochs=2, stop=stop_file)
+        wait_for(lambda: len(m.status()["jobs"] or []) == 3 and all(3 <= j["mini_epoch"] < 1 << 31 for j in m.status()["jobs"]), 120, "three jobs a few views in")
+        stop_file.touch()
         results = {n: finish(p, tmp_path, n, m) for n, p in jobs.items()}
     finally:
         stop.set()
         w.join()
     for res in results.values():
-        check_epochs(res, set(digests), 2)
+        check_epochs(res, set(digests), 2, at_least=True)
     st = m.status()
     assert st["trimmed_samples"] > 0, json.dumps(st)
     assert peak[0] <= st["budget_bytes"], (peak[0], st["budget_bytes"])

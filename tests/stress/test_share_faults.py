@@ -126,13 +126,17 @@ def test_shared_store_under_readers_outage_and_full_disk(mounts: Any, tmp_path: 
             m.mount()
             pid = m.pid()
             with JobReaders(m.mountpoint, digests, readers) as rd:
-                jobs = {"a": start_job(m, tmp_path, "a", dpath, epochs=3)}
+                # The jobs train until the faults are over (the stop file), whatever an epoch
+                # takes: on an idle machine a job's three epochs took 3 s, and the jobs had left
+                # before the last one joined.
+                stop_file = tmp_path / "stop"
+                jobs = {"a": start_job(m, tmp_path, "a", dpath, epochs=3, stop=stop_file)}
                 for name in ("b", "c"):
                     wait_for(lambda: len(m.status()["jobs"] or []) == len(jobs) and all(2 <= j["mini_epoch"] < 1 << 31 for j in m.status()["jobs"]),
                              # Generous: a busy machine (a disk-bound neighbour, another build)
                              # stages these views several times slower than an idle one.
                              360, "the jobs a few views in")
-                    jobs[name] = start_job(m, tmp_path, name, dpath, epochs=2)
+                    jobs[name] = start_job(m, tmp_path, name, dpath, epochs=2, stop=stop_file)
                 wait_for(lambda: len(m.status()["jobs"] or []) == 3, 360, "three jobs")
                 # The tier goes away while the jobs switch (each switch stages a view).
                 errors_seen: set[str] = set()
@@ -172,6 +176,7 @@ def test_shared_store_under_readers_outage_and_full_disk(mounts: Any, tmp_path: 
                     filler.unlink()
                     disk_use.paused.clear()
                 assert alive(pid), f"the daemon died on a full disk; log:\n{m.log()}"
+                stop_file.touch()
                 results = {n: finish(p, tmp_path, n, m, timeout=600) for n, p in jobs.items()}
             st = m.status()
         # An outage is reported once in the log (not per sample), and in `status` if it outlasts
@@ -190,7 +195,7 @@ def test_shared_store_under_readers_outage_and_full_disk(mounts: Any, tmp_path: 
         assert not rd.other_errors, rd.other_errors[:5]
         assert rd.ok > 0, "the readers read nothing"
         for n, res in results.items():
-            check_epochs(res, set(digests), 3 if n == "a" else 2)
+            check_epochs(res, set(digests), 3 if n == "a" else 2, at_least=True)
         assert st["trimmed_samples"] > 0, "no kept slot was trimmed"
         budget.check()
         # Deleted files still held open (a descriptor cache) would show here and not above.
