@@ -375,6 +375,8 @@ def main() -> int:
 
             view = c.files()
             rel = list(view.files)
+            # The memory row switched the view: the rows below compare against its slot.
+            slot = m.slot(c)
             if want("files"):
                 # The file list: packed against the JSON list the client read before.
                 def json_list() -> float:
