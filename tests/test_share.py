@@ -237,7 +237,11 @@ def test_kept_slots_are_trimmed_sample_by_sample_within_the_budget(mounts: Calla
         for name in ("b", "c"):
             wait_for(lambda: len(m.status()["jobs"] or []) == len(jobs) and all(3 <= j["mini_epoch"] < 1 << 31 for j in m.status()["jobs"]), 120, "the jobs a few views in")
             jobs[name] = start_job(m, tmp_path, name, dpath, epochs=2, stop=stop_file)
-        wait_for(lambda: len(m.status()["jobs"] or []) == 3 and all(3 <= j["mini_epoch"] < 1 << 31 for j in m.status()["jobs"]), 120, "three jobs a few views in")
+        try:
+            wait_for(lambda: len(m.status()["jobs"] or []) == 3 and all(3 <= j["mini_epoch"] < 1 << 31 for j in m.status()["jobs"]), 120, "three jobs a few views in")
+        except AssertionError as e:
+            errs = {n: p.stderr.read()[-2000:] if p.poll() is not None and p.stderr else "running" for n, p in jobs.items()}
+            raise AssertionError(f"{e}\nstatus: {json.dumps(m.status())}\njobs: {errs}\nlog:\n{m.log()[-6000:]}") from e
         stop_file.touch()
         results = {n: finish(p, tmp_path, n, m) for n, p in jobs.items()}
     finally:

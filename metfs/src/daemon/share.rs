@@ -949,21 +949,31 @@ impl Daemon {
     }
 
     /// Whether session `s`'s switch must wait (`share.pace = wait`): its current view holds
-    /// samples another job has drawn into a view of the same epoch and not staged, that no
-    /// other slot holds; unless every other job is held back too.
+    /// samples that a job free to move has drawn into a view of the same epoch and not staged,
+    /// and that no other slot holds.
+    ///
+    /// Only jobs not held back themselves count. Two jobs of one epoch each hold samples the
+    /// other drew ahead; if each waited for the other, neither would stage what the other
+    /// waits for, and both would take bonus passes for ever (a third job, moving, hid the
+    /// cycle from a rule that only asked whether *some* other job moves). A job held only by
+    /// held jobs moves, stages its views, and so frees the ones it passed. Flags change only
+    /// here, one job at a time under the sessions lock, so of any set of jobs waiting on each
+    /// other the last one asked sees the rest held and goes: no set waits for ever.
     pub(super) fn holds_back(&self, ss: &Sessions, s: &Session) -> bool {
         let Some(sh) = &self.shared else { return false };
         if sh.cfg.pace != SharePace::Wait || s.view.slot.is_empty() {
             return false;
         }
+        // Lock order: cohort, then jobs (module docs of `daemon`).
+        let cohort = sh.cohort.lock().unwrap();
+        let mut jobs = sh.jobs.lock().unwrap();
         // Only what the others read in this same epoch of theirs: a job in its next epoch
         // wants every sample again, which no store smaller than the dataset keeps anyway,
         // and holding the slower job back for it would only stall both.
-        let ahead = sh
-            .cohort
-            .lock()
-            .unwrap()
-            .drawn_ahead(&s.name, Some(s.epoch));
+        let ahead = cohort.drawn_ahead_by(&s.name, Some(s.epoch), |n| {
+            ss.contains_key(n) && jobs.get(n).is_some_and(|m| !m.held_back)
+        });
+        drop(cohort);
         let current = s
             .queue
             .as_ref()
@@ -974,12 +984,6 @@ impl Daemon {
         // A slot the store would hold as a donor is no help: the next staging may let it go
         // before the slower job has linked from it.
         let held = !needed.is_empty() && !self.store.elsewhere(&s.view.slot, &needed);
-        let mut jobs = sh.jobs.lock().unwrap();
-        let others_move = ss
-            .keys()
-            .filter(|n| n.as_str() != s.name)
-            .any(|n| jobs.get(n).is_some_and(|m| !m.held_back));
-        let held = held && others_move;
         if let Some(m) = jobs.get_mut(&s.name) {
             m.held_back = held;
         }

@@ -469,9 +469,19 @@ impl Cohort {
     /// (queued, open, or prepared next), of their epoch `epoch` only if given: what they will
     /// still read. A store that drops one of these makes that job fetch it again.
     pub fn drawn_ahead(&self, name: &str, epoch: Option<u64>) -> HashSet<u32> {
+        self.drawn_ahead_by(name, epoch, |_| true)
+    }
+
+    /// [`Cohort::drawn_ahead`] of only the jobs `by` accepts.
+    pub fn drawn_ahead_by(
+        &self,
+        name: &str,
+        epoch: Option<u64>,
+        by: impl Fn(&str) -> bool,
+    ) -> HashSet<u32> {
         self.members
             .iter()
-            .filter(|(n, _)| n.as_str() != name)
+            .filter(|(n, _)| n.as_str() != name && by(n))
             .flat_map(|(_, m)| m.queue.iter().chain([&m.open]).chain(m.next.as_ref()))
             .filter(|v| epoch.is_none_or(|e| v.epoch == e))
             .flat_map(|v| v.samples.iter().copied())
