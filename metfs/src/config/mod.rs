@@ -14,7 +14,6 @@
 
 pub mod aggregate;
 mod layers;
-mod read_path;
 pub mod reference;
 mod settings;
 pub mod share;
@@ -28,7 +27,8 @@ use prefetcher::stager::StagerConfig;
 use thiserror::Error;
 
 pub use layers::{Layers, Origin};
-pub use read_path::{mem_total, ActiveReadPath, ReadPath, CACHED_MAX_MEAN_SAMPLE};
+// The read path lives with the FUSE adapter that serves it (crate `metfs-fs`).
+pub use metfs_fs::read_path::{mem_total, ActiveReadPath, ReadPath, CACHED_MAX_MEAN_SAMPLE};
 pub use settings::{setting_args, MountSettings, PrefetchRate, Rate, Size, REQUIRED};
 
 /// Errors of the configuration module.

@@ -29,7 +29,7 @@ use prefetcher::size::{parse_rate, parse_size};
 use prefetcher::stager::StagerConfig;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::read_path::ReadPath;
+use super::ReadPath;
 use crate::control::ControlConfig;
 
 /// Every setting of a mount (see the module doc). Settings without a default are `None` until

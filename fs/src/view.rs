@@ -30,8 +30,8 @@ use std::time::Instant;
 use prefetcher::catalog::{Catalog, Meta};
 use prefetcher::stager::CopyChecks;
 
-use crate::protocol::reply::PackedBuilder;
-use crate::protocol::PackedList;
+use metfs_protocol::reply::PackedBuilder;
+use metfs_protocol::PackedList;
 
 /// Inode number of the root directory.
 pub const ROOT_INO: u64 = 1;
@@ -105,12 +105,15 @@ pub struct View {
     copy_checks: Option<Arc<CopyChecks>>,
 }
 
-/// Errors of view lookups, mapped to errno by the FUSE adapter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Errors of view lookups, mapped to errno by the FUSE adapter (through
+/// [`crate::fs::FsError`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Miss {
     /// No such name.
+    #[error("no such file or directory")]
     NotFound,
     /// A directory operation on a file or vice versa.
+    #[error("not a directory")]
     NotDir,
 }
 

@@ -1,10 +1,14 @@
 //! The read path of a mount: the setting (`read_path`), what `auto` resolves to, and the path
-//! in use now, which the FUSE adapter may have to fall back from.
+//! in use now, which the FUSE adapter may have to fall back from. The setting's flag, key and
+//! variable are declared with the other settings in `metfs::config` (with the `clap` feature,
+//! [`ReadPath`] is a flag value); this module holds what the adapter and the daemon share.
 
 use serde::{Deserialize, Serialize};
 
-/// How reads of staged files reach the kernel (see `fuse` for the measured trade-offs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
+/// How reads of staged files reach the kernel (see [`crate::fuse`] for the measured
+/// trade-offs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum ReadPath {
     /// `cached` for samples under [`CACHED_MAX_MEAN_SAMPLE`] on average when a slot fits in

@@ -8,9 +8,9 @@
 //!   with no handle and are served by inode; once a file is cached, opening and reading it never
 //!   reaches the daemon, which is what native speed on repeated passes needs: measured here,
 //!   one round trip per open cost over half of the warm small-file rate. Views are pinned by
-//!   the kernel's references (lookups minus forgets) instead of handles (see `fs`). A kernel
-//!   without zero-message opens would take ENOSYS as a failed open, so on such a kernel the
-//!   adapter serves pread instead, decided once at `init`.
+//!   the kernel's references (lookups minus forgets) instead of handles (see [`crate::fs`]).
+//!   A kernel without zero-message opens would take ENOSYS as a failed open, so on such a
+//!   kernel the adapter serves pread instead, decided once at `init`.
 //! * **passthrough**: the kernel reads the slot file directly (`open_backing` +
 //!   `opened_passthrough`). Backing ids are cached per (generation, node) in the core and kept
 //!   while their view lives, because registering an id per open costs about a third of
@@ -34,7 +34,8 @@
 //! logs above debug.
 //!
 //! Entry and attribute TTLs are long (an hour): within a generation nothing changes, and a
-//! switch invalidates the root's entries explicitly (see `daemon`). Entries of a view that is
+//! switch invalidates the root's entries explicitly (metfs's `daemon`, through
+//! [`KernelCache`]). Entries of a view that is
 //! no longer current get a zero TTL, so the kernel drops them once unused and forgets the
 //! inodes, which lets the view drain.
 
@@ -55,9 +56,9 @@ use fuser::{
 
 use prefetcher::catalog::Meta;
 
-use crate::config::{ActiveReadPath, ReadPath};
-use crate::daemon::KernelCache;
 use crate::fs::{Attr, FsCore, FsError};
+use crate::kernel::KernelCache;
+use crate::read_path::{ActiveReadPath, ReadPath};
 
 /// How long the kernel may cache entries and attributes within one generation.
 const TTL: Duration = Duration::from_secs(3600);
@@ -430,8 +431,8 @@ impl Filesystem for FuseAdapter {
                 // A view's directories never change: the kernel may keep their listings, so a
                 // walk repeated within a generation never reaches the daemon. The root is the
                 // one directory whose listing changes, and every switch invalidates it (see
-                // `daemon::switch`); a shared mount's root lists the jobs, which come and go
-                // without a switch, so it is listed afresh each time.
+                // metfs's `daemon::switch`); a shared mount's root lists the jobs, which come
+                // and go without a switch, so it is listed afresh each time.
                 let flags = if ino.0 == crate::view::ROOT_INO && self.core.is_shared() {
                     FopenFlags::empty()
                 } else {
