@@ -49,8 +49,9 @@ pub struct JobStatus {
     pub name: String,
     /// Its epoch (each job counts its own).
     pub epoch: u64,
-    /// Its mini-epoch: the sequence number of its view, from 0.
-    pub mini_epoch: u32,
+    /// Its mini-epoch: the sequence number of its view, from 0; none while it waits for its
+    /// first view.
+    pub mini_epoch: Option<u32>,
     /// Passes completed over its current view.
     pub pass: u32,
     /// Its rf policy's name and the passes per view it expects.

@@ -3,8 +3,8 @@
 //!
 //! * **Positions.** From a queue, a session's mini-epoch is a sequence number of this daemon
 //!   (0 for the first batch, then 1, 2, ...) and its epoch is the batch's. The successor is
-//!   the batch claimed after the current one; until it is claimed there is none
-//!   ([`UNCLAIMED`]), and `pass_end` answers `wait` (a bonus pass), as for a successor still
+//!   the batch claimed after the current one; until it is claimed there is none (the
+//!   `schedule` module), and `pass_end` answers `wait` (a bonus pass), as for a successor still
 //!   staging. A restarted daemon is a new incarnation: it keeps no slot or position of the
 //!   one before (their shards went back to the queue with its lease) and starts from its
 //!   next claim.
@@ -190,11 +190,8 @@ impl Daemon {
         }
         let wanted = {
             let ss = self.sessions.lock().unwrap();
-            ss.get(DEFAULT_SESSION).is_some_and(|s| {
-                s.queue
-                    .as_ref()
-                    .is_some_and(|q| !q.batches.contains_key(&s.mini_epoch.wrapping_add(1)))
-            })
+            ss.get(DEFAULT_SESSION)
+                .is_some_and(|s| s.successor().is_none() && s.schedule.by_sequence())
         };
         if !wanted {
             return None;
@@ -211,7 +208,7 @@ impl Daemon {
                 let mut ss = self.sessions.lock().unwrap();
                 if let Some(s) = ss.get_mut(DEFAULT_SESSION) {
                     let seq = s.mini_epoch.wrapping_add(1);
-                    if let Some(q) = s.queue.as_mut() {
+                    if let Some(q) = s.schedule.queue_mut() {
                         q.batches.insert(seq, b);
                     }
                 }

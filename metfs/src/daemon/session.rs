@@ -43,9 +43,8 @@ pub(super) enum Next {
 pub(super) struct Session {
     /// The key of this session in [`Sessions`].
     pub(super) name: String,
-    /// The plan settings this session follows, and its mini-epochs per epoch.
-    pub(super) plan_cfg: PlanConfig,
-    pub(super) nm: u32,
+    /// Where its mini-epochs come from: the run mode's part of the session.
+    pub(super) schedule: Schedule,
     /// Where the position is saved, with the fingerprint saved beside it: `None` for a job of
     /// a shared mount, whose position is not saved (the `share` module).
     pub(super) persist: Option<Persist>,
@@ -57,8 +56,6 @@ pub(super) struct Session {
     pub(super) advance_wanted: bool,
     pub(super) bonus_passes: u64,
     pub(super) next: Next,
-    /// Plans of the last few epochs (the planner is pure; these are a cache).
-    pub(super) plans: BTreeMap<u64, Arc<EpochPlan>>,
     pub(super) policy: Box<dyn RfPolicy>,
     pub(super) record: MiniEpochRecord,
     pub(super) history: Option<History>,
@@ -67,16 +64,16 @@ pub(super) struct Session {
     pub(super) meter: Meter,
     /// The view this session reads now: the one the filesystem core serves for it.
     pub(super) view: Arc<View>,
-    /// With `--dds`: the batches claimed from the queue (the mini-epoch is then a sequence
-    /// number of this incarnation, the epoch the batch's). On a shared mount: the views the
-    /// cohort drew for this job, by sequence, in the same way.
-    pub(super) queue: Option<QueueState>,
-    /// A job of a shared mount (`share` module): its slots carry its name, its views are
-    /// nested under `MNT/<job>`, and its position is not saved.
-    pub(super) shared: bool,
-    /// In aggregate-cache mode (`aggregate` module): each epoch is one mini-epoch, its slot
-    /// the node's cache and its view the node's share, from this plan.
-    pub(super) aggregate: Option<Arc<aggregate::Aggregate>>,
+}
+
+/// Where a new session starts: its position, generation and the mini-epochs it has switched
+/// (a resumed session's own, a new one's 0).
+pub(super) struct Start {
+    pub(super) epoch: u64,
+    pub(super) mini_epoch: u32,
+    pub(super) passes: u32,
+    pub(super) generation: u64,
+    pub(super) sequence: u64,
 }
 
 /// Where a session's position is saved, and the fingerprint of the plan it follows.
@@ -86,9 +83,6 @@ pub(super) struct Persist {
     /// The state file (`CACHE/state.json` for the default session).
     pub(super) file: PathBuf,
 }
-
-/// A successor not claimed from the queue yet: matches no staged slot.
-pub(super) const UNCLAIMED: (u64, u32) = (u64::MAX, u32::MAX);
 
 /// The sessions of a daemon, by name.
 pub(super) type Sessions = BTreeMap<String, Session>;
@@ -178,61 +172,68 @@ impl Meter {
 }
 
 impl Session {
+    /// A session named `name` recording its rf history as job `job`, starting at `start` with
+    /// `view` current and nothing staged.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        name: String,
+        job: String,
+        schedule: Schedule,
+        persist: Option<Persist>,
+        start: Start,
+        policy: Box<dyn RfPolicy>,
+        history: Option<History>,
+        view: Arc<View>,
+    ) -> Self {
+        Self {
+            name,
+            schedule,
+            persist,
+            epoch: start.epoch,
+            mini_epoch: start.mini_epoch,
+            passes: start.passes,
+            generation: start.generation,
+            sequence: start.sequence,
+            advance_wanted: false,
+            bonus_passes: 0,
+            next: Next::Idle,
+            policy,
+            record: MiniEpochRecord::begin(start.sequence, start.epoch, start.mini_epoch),
+            history,
+            job,
+            meter: Meter::new(),
+            view,
+        }
+    }
+
     /// The current (epoch, mini-epoch).
     pub(super) fn position(&self) -> (u64, u32) {
         (self.epoch, self.mini_epoch)
     }
 
-    /// The mini-epoch after the current one.
-    pub(super) fn successor(&self) -> (u64, u32) {
-        match &self.queue {
-            // From the queue: the claimed batch after the current one, if claimed yet.
-            Some(q) => {
-                let seq = self.mini_epoch.wrapping_add(1);
-                q.batches.get(&seq).map_or(UNCLAIMED, |b| (b.epoch, seq))
-            }
-            None => successor(self.position(), self.nm),
-        }
+    /// The mini-epoch after the current one, once it is known (module docs of `schedule`).
+    pub(super) fn successor(&self) -> Option<(u64, u32)> {
+        self.schedule.successor(self.position())
     }
 
-    /// The samples of mini-epoch `target` and their footprint: a slice of the epoch's plan,
-    /// or the claimed batch of that sequence (none if it is not claimed).
+    /// The samples of mini-epoch `target` and their footprint.
     pub(super) fn members(&mut self, store: &Store, target: (u64, u32)) -> (Vec<u32>, u64) {
-        if let Some(a) = &self.aggregate {
-            return a.cache(target.0);
-        }
-        if let Some(q) = &self.queue {
-            return q
-                .batches
-                .get(&target.1)
-                .map_or((Vec::new(), 0), |b| (b.samples.clone(), b.bytes));
-        }
-        let plan = self.plan_of(store, target.0);
-        let me = &plan.mini_epochs[target.1 as usize];
-        (me.samples.clone(), me.bytes)
+        self.schedule.members(store, target)
     }
 
-    /// The samples the view of mini-epoch `target` shows: its members, but in aggregate mode
-    /// only the node's share (the slot also holds the extras kept for the exchange).
+    /// The samples the view of mini-epoch `target` shows.
     pub(super) fn view_members(&mut self, store: &Store, target: (u64, u32)) -> Vec<u32> {
-        match &self.aggregate {
-            Some(a) => a.share(target.0),
-            None => self.members(store, target).0,
-        }
+        self.schedule.view_members(store, target)
     }
 
-    /// The slot of mini-epoch `target`: on a shared mount prefixed by the job's name.
+    /// The slot of mini-epoch `target`.
     pub(super) fn slot_of(&self, target: (u64, u32)) -> String {
-        if self.shared {
-            format!("{}.{}", self.name, slot_name(target))
-        } else {
-            slot_name(target)
-        }
+        self.schedule.slot_of(&self.name, target)
     }
 
     /// Whether the successor is staged and the view can switch to it now.
     pub(super) fn next_ready(&self) -> bool {
-        matches!(&self.next, Next::Ready { target, .. } if *target == self.successor())
+        matches!(&self.next, Next::Ready { target, .. } if Some(*target) == self.successor())
     }
 
     /// The slot this session is staging now, if any.
@@ -240,31 +241,6 @@ impl Session {
         match &self.next {
             Next::Staging { slot, .. } => Some(slot),
             _ => None,
-        }
-    }
-
-    /// The plan of `epoch` (computed over `store`'s samples, and kept for a few epochs).
-    pub(super) fn plan_of(&mut self, store: &Store, epoch: u64) -> Arc<EpochPlan> {
-        if let Some(p) = self.plans.get(&epoch) {
-            return p.clone();
-        }
-        // The plan was validated for this catalog and config at startup; the planner is a pure
-        // function, so a later epoch cannot fail where epoch 0 succeeded.
-        let p = Arc::new(
-            planner::plan_epoch(&store.sample_set(), &self.plan_cfg, epoch)
-                .expect("the planner accepted these inputs at startup"),
-        );
-        self.remember_plan(epoch, p.clone());
-        p
-    }
-
-    /// Keeps epoch `epoch`'s plan (made by [`Session::plan_of`] or ahead of need), with the
-    /// plans of the two epochs before it at most.
-    pub(super) fn remember_plan(&mut self, epoch: u64, plan: Arc<EpochPlan>) {
-        self.plans.insert(epoch, plan);
-        while self.plans.len() > 3 {
-            let first = *self.plans.keys().next().unwrap();
-            self.plans.remove(&first);
         }
     }
 

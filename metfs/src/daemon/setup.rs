@@ -526,42 +526,38 @@ impl Daemon {
             },
         ));
         fs.set_copy_repair(copy_repair(&store.stager));
-        let mut plans = BTreeMap::new();
-        if let Some(plan) = plan {
-            plans.insert(epoch, plan);
-        }
         store.begin_slot(&slot_name(cur), &members);
         store.note_links(&slot_name(cur), &report);
-        let session = Session {
-            name: DEFAULT_SESSION.to_string(),
-            plan_cfg,
-            nm,
-            persist: Some(Persist {
+        let schedule = match (&queue, &aggregate) {
+            (Some((_, first)), _) => Schedule::Queue {
+                batches: QueueState {
+                    batches: BTreeMap::from([(0, first.clone())]),
+                    ..Default::default()
+                },
+                mini_epochs: nm,
+            },
+            (None, Some(a)) => Schedule::Aggregate(a.clone()),
+            (None, None) => Schedule::Plan(Plans::new(plan_cfg, nm, plan.map(|p| (epoch, p)))),
+        };
+        let session = Session::new(
+            DEFAULT_SESSION.to_string(),
+            job,
+            schedule,
+            Some(Persist {
                 fingerprint,
                 file: paths.state.clone(),
             }),
-            epoch,
-            mini_epoch,
-            passes: 0,
-            generation,
-            sequence,
-            advance_wanted: false,
-            bonus_passes: 0,
-            next: Next::Idle,
-            plans,
+            Start {
+                epoch,
+                mini_epoch,
+                passes: 0,
+                generation,
+                sequence,
+            },
             policy,
-            record: MiniEpochRecord::begin(sequence, epoch, mini_epoch),
             history,
-            job,
-            meter: Meter::new(),
             view,
-            queue: queue.as_ref().map(|(_, first)| QueueState {
-                batches: BTreeMap::from([(0, first.clone())]),
-                ..Default::default()
-            }),
-            shared: false,
-            aggregate: aggregate.clone(),
-        };
+        );
         let daemon = Self::assemble(Parts {
             tier_url: tier.url().to_string(),
             queue: queue.map(|(feed, _)| feed),

@@ -59,7 +59,6 @@ use std::sync::atomic::AtomicU64;
 use super::share_state::write_share_state;
 use super::*;
 use crate::config::share::{ShareConfig, SharePace};
-use crate::dds::{Batch, Holder};
 use crate::protocol::{JobShare, JobStatus, Subset};
 use prefetcher::refcnt::cohort::{Cohort, Next as CohortNext, Pace};
 
@@ -447,39 +446,23 @@ impl Daemon {
         );
         ss.insert(
             name.to_string(),
-            Session {
-                name: name.to_string(),
-                plan_cfg: PlanConfig {
-                    strategy: self.cfg.compose,
-                    seed: self.cfg.seed,
-                    slot_bytes: sh.view_bytes,
-                    mini_epochs: None,
-                    node_rank: 0,
-                    nodes: 1,
-                    cluster_copies: self.cfg.cluster_copies,
+            Session::new(
+                name.to_string(),
+                name.to_string(),
+                // Its first view (sequence 0) is drawn with the jobs joining with it.
+                Schedule::Job(Drawn::default()),
+                None,
+                Start {
+                    epoch: 0,
+                    mini_epoch: 0,
+                    passes: 0,
+                    generation,
+                    sequence: 0,
                 },
-                nm: 1,
-                persist: None,
-                epoch: 0,
-                // The first view is sequence 0, the successor of this.
-                mini_epoch: u32::MAX,
-                passes: 0,
-                generation,
-                sequence: 0,
-                advance_wanted: false,
-                bonus_passes: 0,
-                next: Next::Idle,
-                plans: BTreeMap::new(),
                 policy,
-                record: MiniEpochRecord::begin(0, 0, 0),
                 history,
-                job: name.to_string(),
-                meter: Meter::new(),
-                view: placeholder,
-                queue: Some(QueueState::default()),
-                shared: true,
-                aggregate: None,
-            },
+                placeholder,
+            ),
         );
         *sh.last_join.lock().unwrap() = Some(Instant::now());
         sh.jobs.lock().unwrap().insert(
@@ -664,7 +647,7 @@ impl Daemon {
         let jobs = sh.jobs.lock().unwrap();
         let saved = ss
             .values()
-            .filter(|s| s.shared && s.mini_epoch != u32::MAX)
+            .filter(|s| s.schedule.drawn().is_some_and(Drawn::shown))
             .filter_map(|s| {
                 let meta = jobs.get(&s.name)?;
                 let place = cohort.saved(&s.name)?;
@@ -831,56 +814,34 @@ impl Daemon {
             dataset: j.dataset.clone(),
             replay,
         });
-        let batch = Batch {
-            epoch: cur.epoch,
-            shards: Vec::new(),
-            lengths: Vec::new(),
-            samples: cur.samples.clone(),
-            bytes: cur.bytes,
-            holder: Holder {
-                node: name.to_string(),
-                inc: 0,
+        let drawn = Drawn::resumed(
+            j.mini_epoch,
+            DrawnView {
+                epoch: cur.epoch,
+                samples: cur.samples.clone(),
+                bytes: cur.bytes,
             },
-        };
+        );
         let mut ss = self.sessions.lock().unwrap();
         self.fs.switch_job(name, view.clone());
         ss.insert(
             name.to_string(),
-            Session {
-                name: name.to_string(),
-                plan_cfg: PlanConfig {
-                    strategy: self.cfg.compose,
-                    seed: self.cfg.seed,
-                    slot_bytes: sh.view_bytes,
-                    mini_epochs: None,
-                    node_rank: 0,
-                    nodes: 1,
-                    cluster_copies: self.cfg.cluster_copies,
+            Session::new(
+                name.to_string(),
+                name.to_string(),
+                Schedule::Job(drawn),
+                None,
+                Start {
+                    epoch: j.epoch,
+                    mini_epoch: j.mini_epoch,
+                    passes: j.passes,
+                    generation: j.generation,
+                    sequence: j.sequence,
                 },
-                nm: 1,
-                persist: None,
-                epoch: j.epoch,
-                mini_epoch: j.mini_epoch,
-                passes: j.passes,
-                generation: j.generation,
-                sequence: j.sequence,
-                advance_wanted: false,
-                bonus_passes: 0,
-                next: Next::Idle,
-                plans: BTreeMap::new(),
                 policy,
-                record: MiniEpochRecord::begin(j.sequence, j.epoch, j.mini_epoch),
                 history,
-                job: name.to_string(),
-                meter: Meter::new(),
                 view,
-                queue: Some(QueueState {
-                    batches: BTreeMap::from([(j.mini_epoch, batch)]),
-                    ..Default::default()
-                }),
-                shared: true,
-                aggregate: None,
-            },
+            ),
         );
         sh.jobs.lock().unwrap().insert(
             name.to_string(),
@@ -899,7 +860,7 @@ impl Daemon {
     }
 
     /// Prepares the next view of every job that has none: drawn by the cohort, handed to the
-    /// session as its successor batch. Run by the staging loop.
+    /// job's schedule as its successor. Run by the staging loop.
     pub(super) fn serve_cohort(&self) {
         let Some(sh) = &self.shared else { return };
         let window_open = sh
@@ -908,14 +869,16 @@ impl Daemon {
             .unwrap()
             .is_some_and(|t| t.elapsed() < JOIN_WINDOW);
         let mut ss = self.sessions.lock().unwrap();
-        for s in ss.values_mut().filter(|s| s.shared) {
-            if s.mini_epoch == u32::MAX && window_open {
+        for s in ss.values_mut() {
+            let seq = s.mini_epoch;
+            let Some(drawn) = s.schedule.drawn_mut() else {
+                continue;
+            };
+            if !drawn.shown() && window_open {
                 // Its first view waits for the jobs joining with it.
                 continue;
             }
-            let seq = s.mini_epoch.wrapping_add(1);
-            let Some(q) = s.queue.as_mut() else { continue };
-            if q.batches.contains_key(&seq) {
+            if drawn.has_successor(seq) {
                 continue;
             }
             let mut cohort = sh.cohort.lock().unwrap();
@@ -924,18 +887,12 @@ impl Daemon {
                     let Some(v) = cohort.next_view(&s.name) else {
                         continue;
                     };
-                    q.batches.insert(
+                    drawn.draw_successor(
                         seq,
-                        Batch {
+                        DrawnView {
                             epoch: v.epoch,
-                            shards: Vec::new(),
-                            lengths: Vec::new(),
                             samples: v.samples.clone(),
                             bytes: v.bytes,
-                            holder: Holder {
-                                node: s.name.clone(),
-                                inc: 0,
-                            },
                         },
                     );
                 }
@@ -946,6 +903,19 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    /// Moves job `name` to its next view in the cohort, at its switch; returns what the other
+    /// jobs have drawn ahead, which the slot it leaves may be kept for.
+    pub(super) fn advance_job(&self, name: &str) -> Vec<u32> {
+        let Some(sh) = &self.shared else {
+            return Vec::new();
+        };
+        let mut cohort = sh.cohort.lock().unwrap();
+        if let Err(e) = cohort.advance(name) {
+            tracing::error!(job = name, error = %e, "the cohort cannot advance the job");
+        }
+        cohort.drawn_ahead(name, None).into_iter().collect()
     }
 
     /// Whether session `s`'s switch must wait (`share.pace = wait`): its current view holds
@@ -975,10 +945,10 @@ impl Daemon {
         });
         drop(cohort);
         let current = s
-            .queue
-            .as_ref()
-            .and_then(|q| q.batches.get(&s.mini_epoch))
-            .map(|b| b.samples.clone())
+            .schedule
+            .drawn()
+            .and_then(|d| d.view(s.mini_epoch))
+            .map(|v| v.samples.clone())
             .unwrap_or_default();
         let needed: Vec<u32> = current.into_iter().filter(|x| ahead.contains(x)).collect();
         // A slot the store would hold as a donor is no help: the next staging may let it go
@@ -996,13 +966,13 @@ impl Daemon {
         let jobs = sh.jobs.lock().unwrap();
         Some(
             ss.values()
-                .filter(|s| s.shared)
+                .filter(|s| s.schedule.is_job())
                 .map(|s| {
                     let meta = jobs.get(&s.name);
                     JobStatus {
                         name: s.name.clone(),
                         epoch: s.epoch,
-                        mini_epoch: s.mini_epoch,
+                        mini_epoch: (!s.schedule.before_first_view()).then_some(s.mini_epoch),
                         pass: s.passes,
                         rf_policy: s.policy.name().to_string(),
                         rf: s.policy.expected_rf(),

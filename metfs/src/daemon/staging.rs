@@ -99,7 +99,7 @@ impl Daemon {
                 .lock()
                 .unwrap()
                 .get(&name)
-                .and_then(|s| s.aggregate.clone());
+                .and_then(|s| s.schedule.aggregate().cloned());
             let exchange = match &aggregate {
                 Some(a) if target.0 > 0 => Some(self.wait_for_exchange(a, target.0).await),
                 _ => None,
@@ -197,7 +197,7 @@ impl Daemon {
                                 Some(report.bytes_fetched as f64 / report.elapsed.as_secs_f64());
                         }
                     }
-                    let staged = s.shared && matches!(next, Next::Ready { .. });
+                    let staged = s.schedule.is_job() && matches!(next, Next::Ready { .. });
                     s.next = next;
                     (false, staged)
                 }
@@ -224,10 +224,7 @@ impl Daemon {
             let s = ss.get_mut(name)?;
             // The switch also looks one mini-epoch further (what the retired slot may keep):
             // that epoch's plan is made here too, unless it is already known.
-            let after = successor(target, s.nm);
-            let after =
-                (s.queue.is_none() && s.aggregate.is_none() && !s.plans.contains_key(&after.0))
-                    .then(|| (after.0, s.plan_cfg.clone()));
+            let after = s.schedule.plan_wanted(target);
             let generation = match &self.shared {
                 Some(sh) => sh.take_generation(),
                 None => next_generation(s.generation),
@@ -237,7 +234,7 @@ impl Daemon {
                 generation,
                 after,
                 s.slot_of(target),
-                s.shared,
+                s.schedule.is_job(),
             )
         };
         let me = self.clone();
@@ -254,7 +251,7 @@ impl Daemon {
         .ok()?;
         if let Some((epoch, plan)) = after {
             if let Some(s) = self.sessions.lock().unwrap().get_mut(name) {
-                s.remember_plan(epoch, plan);
+                s.schedule.remember_plan(epoch, plan);
             }
         }
         Some(view)
@@ -264,7 +261,7 @@ impl Daemon {
     /// out a failure: marks it `Staging`, counts its slot in the store, and returns what to
     /// stage.
     fn begin_staging(&self, s: &mut Session) -> Option<StagingJob> {
-        let target = s.successor();
+        let target = s.successor()?;
         let busy = match &s.next {
             Next::Ready { target: t, .. } => *t == target,
             Next::Staging { .. } => true,
@@ -279,13 +276,10 @@ impl Daemon {
         if busy {
             return None;
         }
-        if target == UNCLAIMED {
-            return None;
-        }
         let (samples, bytes) = s.members(&self.store, target);
         // On a shared mount the files on the node and this slot must fit the budget, held
         // slots let go to make room (the staging waits for their deletion).
-        if let (true, Some(sh)) = (s.shared, &self.shared) {
+        if let (true, Some(sh)) = (s.schedule.is_job(), &self.shared) {
             let cohort = sh.cohort.lock().unwrap();
             let room = match sh.cfg.evict {
                 ShareEvict::Refcnt => self
@@ -317,7 +311,7 @@ impl Daemon {
         // The store adds its slots as donors (`Store::stage`); in aggregate mode the inbox the
         // exchange fills is one too, opened now that its bytes are counted.
         let mut reuse_from = Vec::new();
-        if s.aggregate.is_some() && target.0 > 0 {
+        if s.schedule.aggregate().is_some() && target.0 > 0 {
             self.open_inbox(target.0);
             reuse_from.push(aggregate::inbox_of_epoch(target.0));
         }

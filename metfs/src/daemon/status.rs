@@ -168,7 +168,7 @@ impl Daemon {
         Status {
             epoch: s.map_or(0, |s| s.epoch),
             mini_epoch: s.map_or(0, |s| s.mini_epoch),
-            mini_epochs: s.map_or(0, |s| s.nm),
+            mini_epochs: s.map_or(0, |s| s.schedule.mini_epochs()),
             pass: s.map_or(0, |s| s.passes),
             rf: s.map_or(0.0, |s| s.policy.expected_rf()),
             rf_policy: s.map_or(String::new(), |s| s.policy.name().to_string()),
@@ -219,7 +219,7 @@ impl Daemon {
             transform_failed: self.store.stager.transform().map(|t| t.failed()),
             dds: self.queue.as_ref().map(|q| q.status()),
             jobs: self.job_statuses(ss),
-            aggregate: ss.values().find_map(|s| s.aggregate.as_ref()).map(|a| {
+            aggregate: ss.values().find_map(|s| s.schedule.aggregate()).map(|a| {
                 crate::protocol::reply::AggregateStatus {
                     rank: a.rank,
                     nodes: a.settings.nodes,

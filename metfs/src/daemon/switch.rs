@@ -13,11 +13,13 @@ impl Daemon {
             let Some(s) = ss.get(name) else {
                 return false;
             };
-            if s.shared && s.next_ready() && self.holds_back(&ss, s) {
+            if s.schedule.is_job() && s.next_ready() && self.holds_back(&ss, s) {
                 return false;
             }
             let s = ss.get_mut(name).expect("present");
-            let succ = s.successor();
+            let Some(succ) = s.successor() else {
+                return false;
+            };
             let Next::Ready {
                 target,
                 slot,
@@ -46,36 +48,29 @@ impl Daemon {
                     };
                     let members = s.view_members(&self.store, succ);
                     let v = self.store.view_for(&members, succ, generation, &slot);
-                    Arc::new(if s.shared { v.nested() } else { v })
+                    Arc::new(if s.schedule.is_job() { v.nested() } else { v })
                 }
             };
             debug_assert_eq!(view.slot, slot);
             s.generation = view.generation;
-            let old = if s.shared {
+            let old = if s.schedule.is_job() {
                 self.fs.switch_job(name, view.clone())
             } else {
                 Some(self.fs.switch(view.clone()))
             };
             // What the retired slot may be kept for: the mini-epoch after the new one (not
             // known yet from a queue); on a shared mount, what the other jobs have drawn.
-            let after: Vec<u32> = match &self.shared {
-                Some(sh) => {
-                    let mut cohort = sh.cohort.lock().unwrap();
-                    if let Err(e) = cohort.advance(name) {
-                        tracing::error!(job = name, error = %e, "the cohort cannot advance the job");
-                    }
-                    cohort.drawn_ahead(name, None).into_iter().collect()
-                }
-                None if s.queue.is_some() => Vec::new(),
-                None => s.members(&self.store, successor(succ, s.nm)).0,
+            let after = match s.schedule.kept_for(&self.store, succ) {
+                Some(after) => after,
+                None => self.advance_job(name),
             };
             if let Some(old) = &old {
                 self.store.retire_slot(old.generation, &old.slot, &after);
             }
-            let retired_batch = s.queue.as_mut().and_then(|q| q.retire(s.mini_epoch));
             // A job of a shared mount leaving the empty view it joined with has no mini-epoch
             // to record.
-            let from_lobby = s.shared && s.mini_epoch == u32::MAX;
+            let from_lobby = s.schedule.before_first_view();
+            let retired_batch = s.schedule.retire(s.mini_epoch);
             let passes = if from_lobby { 0 } else { s.passes };
             let bonus = s.meter.mini_epoch_bonus;
             if bonus > 0 && passes > 0 {
@@ -116,7 +111,13 @@ impl Daemon {
             });
             s.next = Next::Idle;
             s.policy.on_advance();
-            (old, view, recorded == Some(true), retired_batch, s.shared)
+            (
+                old,
+                view,
+                recorded == Some(true),
+                retired_batch,
+                s.schedule.is_job(),
+            )
         };
         if let (Some(feed), Some(batch)) = (&self.queue, retired_batch) {
             feed.mark_done(batch);
@@ -240,7 +241,7 @@ impl Daemon {
             generation: s.generation,
             epoch: s.epoch,
             mini_epoch: s.mini_epoch,
-            mini_epochs: s.nm,
+            mini_epochs: s.schedule.mini_epochs(),
             pass: s.passes,
             rf: s.policy.expected_rf(),
             next_ready: s.next_ready(),
@@ -299,7 +300,7 @@ impl Daemon {
         let (reason, want, first_pass_of, handed) = {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;
-            if let Some(j) = job.filter(|_| !s.shared) {
+            if let Some(j) = job.filter(|_| !s.schedule.is_job()) {
                 self.adopt_job(s, j)?;
             }
             let state = PassState {
@@ -340,7 +341,7 @@ impl Daemon {
             }
             // From a queue, with `after-pass`: the view's shards are DONE once read once.
             let mut handed = false;
-            if let (Some(feed), Some(q)) = (&self.queue, s.queue.as_mut()) {
+            if let (Some(feed), Some(q)) = (&self.queue, s.schedule.queue_mut()) {
                 if s.passes == 1 && feed.shard_done == crate::dds::ShardDone::AfterPass {
                     if let Some(b) = q.mark(s.mini_epoch) {
                         feed.mark_done(b);
@@ -507,7 +508,7 @@ impl Daemon {
         let (cur, succ, queue) = {
             let ss = self.sessions.lock().unwrap();
             let s = session_ref(&ss, name)?;
-            (s.position(), s.successor(), s.queue.is_some())
+            (s.position(), s.successor(), s.schedule.by_sequence())
         };
         if queue {
             // From a queue each node's batches are its own: ranks agree on the sequence
@@ -536,15 +537,21 @@ impl Daemon {
             s.passes += 1;
             return Ok(self.position(s, Choice::Repeat));
         }
-        if (epoch, mini_epoch) != succ {
-            return Err(ProtocolError::new(
+        match succ {
+            Some(t) if t == (epoch, mini_epoch) => self.advance_in(name, wait).await,
+            // A plan's successor is always known.
+            _ => Err(ProtocolError::new(
                 ErrorCode::BadRequest,
                 format!(
-                    "cannot apply epoch {epoch} mini-epoch {mini_epoch}: this node is at epoch {} mini-epoch {} and can only move to epoch {} mini-epoch {}",
-                    cur.0, cur.1, succ.0, succ.1
+                    "cannot apply epoch {epoch} mini-epoch {mini_epoch}: this node is at epoch {} mini-epoch {} and can only move to {}",
+                    cur.0,
+                    cur.1,
+                    succ.map_or("its successor, once known".to_string(), |t| format!(
+                        "epoch {} mini-epoch {}",
+                        t.0, t.1
+                    ))
                 ),
-            ));
+            )),
         }
-        self.advance_in(name, wait).await
     }
 }

@@ -417,7 +417,8 @@ fn print_status(st: &Status) {
                 "  {}: epoch {} view {} pass {} (rf {} {})  {} files, {}  {} samples, share {}  next: {}{}  idle {:.0} s",
                 j.name,
                 j.epoch,
-                j.mini_epoch,
+                j.mini_epoch
+                    .map_or("none yet (joining)".to_string(), |m| m.to_string()),
                 j.pass,
                 j.rf,
                 j.rf_policy,
