@@ -1,0 +1,383 @@
+//! The session of a plain, queue (`--dds`) or aggregate mount: where it starts (the saved
+//! position, the queue's first batch, or the start), the stale slots removed, its rf history
+//! and policy, its schedule, and its first mini-epoch staged through [`Store::stage`] before
+//! the mount goes live.
+
+use super::*;
+
+/// What [`Daemon::prepare_session`] starts from: the phases before it.
+pub(super) struct First {
+    pub(super) cfg: MountConfig,
+    pub(super) paths: CachePaths,
+    pub(super) tier_url: String,
+    /// The store, its book still empty.
+    pub(super) store: Store,
+    pub(super) planned: Planned,
+    pub(super) fingerprint: Fingerprint,
+    /// The position to resume, if the state file has one of this plan.
+    pub(super) saved: Option<SavedState>,
+}
+
+impl Daemon {
+    /// Starts (or resumes) the mount's one session and stages its first mini-epoch.
+    pub(super) async fn prepare_session(
+        f: First,
+        show_progress: bool,
+    ) -> Result<Arc<Daemon>, DaemonError> {
+        let First {
+            cfg,
+            paths,
+            tier_url,
+            store,
+            planned,
+            fingerprint,
+            saved,
+        } = f;
+        let Planned {
+            budget,
+            footprints,
+            plan_cfg,
+            nm,
+            aggregate,
+        } = planned;
+        let queue = join_queue(&cfg, &store.catalog, &footprints, budget.slot_bytes).await?;
+        let start = start_of(saved.as_ref(), queue.as_ref().map(|(_, b)| b));
+        let cur = (start.epoch, start.mini_epoch);
+        remove_stale_slots(
+            &store.stager,
+            &paths,
+            saved.is_some(),
+            cur,
+            successor(cur, nm),
+        )?;
+        let job = saved
+            .as_ref()
+            .and_then(|s| s.job.clone())
+            .unwrap_or_else(|| cfg.job.clone());
+        let (history, replayed) = open_history(
+            &cfg,
+            &fingerprint.dataset_key(),
+            &job,
+            saved.as_ref().and_then(|s| s.run),
+        )?;
+        let policy = build_policy(&cfg, replayed)?;
+        if saved.is_none() {
+            save_first_position(&paths, &fingerprint, &start, &history, &job);
+        }
+        let mut schedule = match (queue.as_ref(), aggregate) {
+            (Some((_, first)), _) => Schedule::Queue {
+                batches: QueueState {
+                    batches: BTreeMap::from([(0, first.clone())]),
+                    ..Default::default()
+                },
+                mini_epochs: nm,
+            },
+            (None, Some(a)) => Schedule::Aggregate(a),
+            (None, None) => {
+                let plan = planner::plan_epoch(&store.sample_set(), &plan_cfg, start.epoch)?;
+                Schedule::Plan(Plans::new(
+                    plan_cfg,
+                    nm,
+                    Some((start.epoch, Arc::new(plan))),
+                ))
+            }
+        };
+        let (members, members_bytes) = schedule.members(&store, cur);
+        let spec = SlotSpec {
+            name: slot_name(cur),
+            samples: members.clone(),
+            // A resumed run's successor slot may hold samples of the current one.
+            reuse_from: match (&saved, schedule.successor(cur)) {
+                (Some(_), Some(succ)) => vec![slot_name(succ)],
+                _ => Vec::new(),
+            },
+        };
+        tracing::info!(
+            mini_epochs = nm,
+            slot_bytes = %format_bytes(budget.slot_bytes),
+            reserve = %format_bytes(budget.reserve),
+            epoch = cur.0, mini_epoch = cur.1,
+            files = members.len(),
+            bytes = %format_bytes(members_bytes),
+            "staging the first mini-epoch"
+        );
+        store.begin_slot(&spec.name, &members);
+        stage_first(&cfg, &store, &spec, show_progress).await?;
+        let view = Arc::new(store.view_for(
+            &schedule.view_members(&store, cur),
+            cur,
+            start.generation,
+            &spec.name,
+        ));
+        let read_path = resolve_read_path(&cfg, &store.catalog, &budget, true);
+        let fs = Arc::new(FsCore::new(view.clone(), fs_settings(&cfg, read_path)));
+        fs.set_copy_repair(copy_repair(&store.stager));
+        let session = Session::new(
+            DEFAULT_SESSION.to_string(),
+            job,
+            schedule,
+            Some(Persist {
+                fingerprint,
+                file: paths.state.clone(),
+            }),
+            start,
+            policy,
+            history,
+            view,
+        );
+        let daemon = Self::assemble(Parts {
+            tier_url,
+            queue: queue.map(|(feed, _)| feed),
+            shared: None,
+            paths,
+            store,
+            sessions: BTreeMap::from([(DEFAULT_SESSION.to_string(), session)]),
+            fs,
+            read_path,
+            cfg,
+        });
+        daemon.save_state(DEFAULT_SESSION);
+        daemon.announce_start(nm, cur)?;
+        Ok(daemon)
+    }
+
+    /// The last step of a session's setup: the exchange's spec in aggregate mode, and the
+    /// `start` event.
+    fn announce_start(&self, nm: u32, cur: (u64, u32)) -> Result<(), DaemonError> {
+        let aggregate = {
+            let ss = self.sessions.lock().unwrap();
+            ss.get(DEFAULT_SESSION)
+                .and_then(|s| s.schedule.aggregate().cloned())
+        };
+        if let Some(a) = &aggregate {
+            self.write_exchange_spec(a)?;
+        }
+        self.events.emit(Event::Start(event::Start {
+            dataset_bytes: self.store.catalog.total_bytes(),
+            dataset_files: self.store.catalog.len() as u64,
+            mini_epochs: nm,
+            view_bytes: self.fs.current().bytes(),
+            rf_policy: self.cfg.policy.kind.to_string(),
+            budget_bytes: self.store.budget.budget,
+            node_rank: self.cfg.node_rank,
+            nodes: self.cfg.nodes,
+            epoch: cur.0,
+            mini_epoch: cur.1,
+        }));
+        Ok(())
+    }
+}
+
+/// Where the session starts: the saved position, or a queue's first batch (sequence 0 of this
+/// incarnation), or the start of epoch 0.
+fn start_of(saved: Option<&SavedState>, first_batch: Option<&crate::dds::Batch>) -> Start {
+    let (epoch, mini_epoch, generation, sequence) = match (saved, first_batch) {
+        (Some(s), _) => {
+            tracing::info!(
+                epoch = s.epoch,
+                mini_epoch = s.mini_epoch,
+                "resuming where the last mount stopped"
+            );
+            (s.epoch, s.mini_epoch, s.generation, s.sequence)
+        }
+        (None, Some(first)) => (first.epoch, 0, 1, 0),
+        (None, None) => (0, 0, 1, 0),
+    };
+    Start {
+        epoch,
+        mini_epoch,
+        passes: 0,
+        generation,
+        sequence,
+    }
+}
+
+/// Removes the slots that belong to neither the current mini-epoch `cur` nor its successor
+/// `succ` (every slot, and the journals and seals without one, when nothing is resumed).
+/// They are deleted in the background: a retired slot of 500k files takes minutes to delete,
+/// and the mount need not wait for it (staging fetches nothing until it is).
+fn remove_stale_slots(
+    stager: &Stager,
+    paths: &CachePaths,
+    resumed: bool,
+    cur: (u64, u32),
+    succ: (u64, u32),
+) -> Result<(), DaemonError> {
+    for name in stager.present_slots() {
+        if !resumed || (name != slot_name(cur) && name != slot_name(succ)) {
+            stager.evict_in_background(&name)?;
+        }
+    }
+    if !resumed {
+        // Journals (and seals) without slot directories, from a different plan.
+        if let Ok(rd) = std::fs::read_dir(&paths.slots) {
+            for e in rd.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    // The slots kept whose seal holds resume without reading their copies.
+    let sealed = stager.take_seals();
+    if !sealed.is_empty() {
+        tracing::info!(slots = ?sealed, "sealed at the last clean shutdown");
+    }
+    Ok(())
+}
+
+/// Saves a fresh plan's position before its first mini-epoch is staged: a daemon killed while
+/// staging it then finds its plan on restart and resumes the slot from its journal, instead
+/// of discarding it as a slot of an unknown plan.
+fn save_first_position(
+    paths: &CachePaths,
+    fingerprint: &Fingerprint,
+    start: &Start,
+    history: &Option<History>,
+    job: &str,
+) {
+    let first = SavedState {
+        fingerprint: SavedFingerprint::Current(fingerprint.clone()),
+        epoch: start.epoch,
+        mini_epoch: start.mini_epoch,
+        generation: start.generation,
+        sequence: start.sequence,
+        run: history.as_ref().map(|h| h.run),
+        job: Some(job.to_string()),
+    };
+    if let Err(e) = write_saved_state(&paths.state, &first) {
+        tracing::error!(error = %e, path = %paths.state.display(), "cannot save the position");
+    }
+}
+
+/// Stages the first mini-epoch (`spec`, counted in the store's book) through the store, with a
+/// progress bar if asked, then starts just-in-time pacing, and fails the mount if nothing of it
+/// could be staged.
+async fn stage_first(
+    cfg: &MountConfig,
+    store: &Store,
+    spec: &SlotSpec,
+    show_progress: bool,
+) -> Result<(), DaemonError> {
+    let t = Instant::now();
+    let progress: Arc<Progress> = Arc::default();
+    let bar = show_progress.then(|| progress_bar(progress.clone()));
+    let report = store.stage(spec, progress).await;
+    if let Some((bar, task)) = bar {
+        task.abort();
+        bar.finish_and_clear();
+    }
+    let report = report?;
+    if cfg.prefetch_rate == PrefetchRate::Auto {
+        // Just-in-time pacing starts as a trickle: the first pass end sets the real rate.
+        store.stager.pacer().set_rate(Some(AUTO_TRICKLE));
+    }
+    tracing::info!(
+        fetched = report.fetched,
+        resumed = report.resumed,
+        failed = report.failed.len(),
+        secs = t.elapsed().as_secs_f64(),
+        "mini-epoch staged"
+    );
+    first_slot_usable(
+        cfg,
+        &store.catalog,
+        &store.stager,
+        spec,
+        spec.samples.len(),
+        &report,
+    )?;
+    store.note_failed(
+        report
+            .failed
+            .iter()
+            .map(|(id, why)| (store.catalog.path(*id), why.clone())),
+    );
+    Ok(())
+}
+/// With a queue (`--dds`): joins it as a new incarnation of this node and claims the first
+/// batch; `None` without one.
+pub(super) async fn join_queue(
+    cfg: &MountConfig,
+    catalog: &Catalog,
+    footprints: &[u64],
+    slot_bytes: u64,
+) -> Result<Option<(QueueFeed, crate::dds::Batch)>, DaemonError> {
+    Ok(match cfg.dds.queue_url()? {
+        Some(url) => {
+            let q = crate::dds::Queue::connect(&url, &cfg.dds.etcd_options()).await?;
+            let samples = crate::dds::dataset::samples(catalog, footprints.to_vec());
+            let meta = crate::dds::dataset::queue_meta(
+                catalog,
+                &samples,
+                cfg.compose,
+                cfg.seed,
+                slot_bytes,
+                cfg.dds.shards_per_slot,
+            )?;
+            let (meta, made) = q.init(&meta).await?;
+            let node = cfg.dds.node(cfg.node_rank);
+            let mut worker = crate::dds::Worker::join(
+                q,
+                meta,
+                Arc::new(samples),
+                crate::dds::WorkerConfig {
+                    node: node.clone(),
+                    lease_ttl: cfg.dds.lease_ttl(),
+                    depth: 2,
+                    last_epoch: None,
+                },
+            )
+            .await?;
+            tracing::info!(
+                queue = %url,
+                node,
+                incarnation = worker.holder().inc,
+                made,
+                shard_done = %cfg.dds.shard_done,
+                "dds: joined the shard queue"
+            );
+            let first = QueueFeed::first_batch(&mut worker, slot_bytes).await?;
+            Some((
+                QueueFeed::new(url.to_string(), cfg.dds.shard_done, worker),
+                first,
+            ))
+        }
+        None => None,
+    })
+}
+
+/// Samples of the first mini-epoch left out are reported; a first mini-epoch with none staged
+/// at all is a wrong source or manifest, not a dataset to train on: its slot is deleted and the
+/// mount fails naming the source (or manifest) and one sample's error.
+pub(super) fn first_slot_usable(
+    cfg: &MountConfig,
+    catalog: &Catalog,
+    stager: &Stager,
+    spec: &SlotSpec,
+    members: usize,
+    report: &StageReport,
+) -> Result<(), DaemonError> {
+    if let Some((id, why)) = report.failed.first() {
+        let (k, n) = (report.failed.len(), members);
+        let what = match &cfg.manifest {
+            Some(m) => format!("manifest {}", m.display()),
+            None => format!("source {}", cfg.source),
+        };
+        if k >= n {
+            let _ = stager.evict(&spec.name);
+            let hint = if cfg.manifest.is_some() {
+                "; does the manifest belong to this source?"
+            } else {
+                ""
+            };
+            return Err(DaemonError::Setup(format!(
+                "{what}: none of the {n} samples of the first mini-epoch could be staged from {} ({k} missing or unreadable, e.g. `{}`: {why}){hint}",
+                cfg.source,
+                catalog.path(*id)
+            )));
+        }
+        tracing::warn!(
+            "{what}: {k} of the first mini-epoch's {n} samples are missing or unreadable at the source and are left out (`metfs status` lists them)"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! What the plan of a mount is made from: the budget's split, each sample's footprint, the
+//! mini-epochs per epoch, and the fingerprint a saved position must match.
+
+use super::*;
+
+/// What the plan depends on: a saved position is resumed only under the same.
+pub(super) fn fingerprint_for(
+    cfg: &MountConfig,
+    slot_bytes: u64,
+    nm: u32,
+    catalog: &Catalog,
+) -> Fingerprint {
+    let transform = cfg.transform.identity();
+    Fingerprint {
+        source: cfg.source.to_string(),
+        slot_bytes,
+        mini_epochs: nm,
+        compose: cfg.compose_fingerprint(),
+        seed: cfg.seed,
+        node_rank: cfg.node_rank,
+        nodes: cfg.nodes,
+        catalog: format!("{:016x}", aggregate::catalog_digest(catalog)),
+        transform: (!transform.is_empty()).then_some(transform),
+        plan: if cfg.dds.url.is_some() {
+            PlanKind::Dds
+        } else if cfg.aggregate.enabled {
+            PlanKind::Aggregate {
+                extra: cfg.aggregate.extra,
+            }
+        } else {
+            PlanKind::Static
+        },
+    }
+}
+
+/// What the plan of a plain, queue or aggregate mount is made from.
+pub(super) struct Planned {
+    pub(super) budget: Budget,
+    /// Per sample: the bytes it may take in a slot (a transform's output at its most).
+    pub(super) footprints: Vec<u64>,
+    pub(super) plan_cfg: PlanConfig,
+    /// Mini-epochs per epoch (1 in aggregate mode).
+    pub(super) nm: u32,
+    pub(super) aggregate: Option<Arc<aggregate::Aggregate>>,
+}
+
+/// The budget split, each sample's footprint and the number of mini-epochs; a sample larger
+/// than a slot is an error naming it and the budget it would need.
+pub(super) fn plan_dataset(
+    cfg: &MountConfig,
+    catalog: &Catalog,
+    catalog_bytes: u64,
+    containers: Option<&Arc<Containers>>,
+) -> Result<Planned, DaemonError> {
+    // A container slot holds one HDF5 file per container: rows are packed, so they are not
+    // rounded to blocks, and each file carries headers and chunk indexes (1 MiB allowed).
+    let extra = containers.map_or(0, |c| 2 * c.files().len() as u64 * (1 << 20));
+    let budget = Budget::new(
+        cfg.budget,
+        catalog,
+        catalog_bytes,
+        crate::logging::LOG_RESERVE.saturating_add(extra),
+    )?;
+    let footprints: Vec<u64> = if containers.is_some() {
+        catalog.sizes().to_vec()
+    } else {
+        // A transformed sample is planned at what its output may take (the transform
+        // refuses a larger one), so the budget holds whatever it writes.
+        catalog
+            .sizes()
+            .iter()
+            .map(|&s| cfg.transform.footprint(s))
+            .collect()
+    };
+    let plan_cfg = PlanConfig {
+        strategy: cfg.compose,
+        seed: cfg.seed,
+        slot_bytes: budget.slot_bytes,
+        mini_epochs: cfg.mini_epochs,
+        node_rank: cfg.node_rank,
+        nodes: cfg.nodes,
+        cluster_copies: cfg.cluster_copies,
+    };
+    let set = SampleSet {
+        sizes: &footprints,
+        labels: catalog.labels(),
+        clusters: catalog.clusters(),
+    };
+    let nm = match planner::mini_epoch_count(&set, &plan_cfg) {
+        Ok(n) => n,
+        Err(PlanError::SampleTooLarge { sample, size, .. }) => {
+            return Err(DaemonError::BudgetTooSmall {
+                budget: format_bytes(cfg.budget),
+                path: catalog.path(sample),
+                size: format_bytes(size),
+                needed: format_bytes(size.saturating_mul(2).saturating_add(budget.reserve)),
+                reserve: format_bytes(budget.reserve),
+            })
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // Aggregate-cache mode: one mini-epoch per epoch, from the `shuffle` planner.
+    let aggregate = if cfg.aggregate.enabled {
+        Some(Arc::new(aggregate::Aggregate::new(
+            cfg,
+            footprints.clone(),
+            budget.slot_bytes,
+        )?))
+    } else {
+        None
+    };
+    let nm = if aggregate.is_some() { 1 } else { nm };
+    Ok(Planned {
+        budget,
+        footprints,
+        plan_cfg,
+        nm,
+        aggregate,
+    })
+}

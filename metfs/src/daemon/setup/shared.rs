@@ -1,0 +1,194 @@
+//! The setup of a shared mount (`--share`, the daemon's `share` module): the jobs of the save
+//! file (`share.json`, if it is of these settings) are resumed, each from its kept slots, and
+//! wait for their `hello`; every other slot of an earlier run is removed.
+
+use super::*;
+
+/// Retired slots a shared mount keeps on the node per job share, at most. Jobs over one
+/// dataset take their common samples in the same round, so their slots are links of the same
+/// files: many slots of few bytes each, which only the budget should bound.
+const MAX_HELD_PER_SHARE: usize = 16;
+
+impl Daemon {
+    /// The rest of [`Daemon::prepare`] for a shared mount (module docs).
+    pub(super) async fn prepare_shared(
+        cfg: MountConfig,
+        paths: CachePaths,
+        tier_url: String,
+        catalog: Arc<Catalog>,
+        planned: Planned,
+        stager: Stager,
+    ) -> Result<Arc<Daemon>, DaemonError> {
+        let Planned {
+            budget, footprints, ..
+        } = planned;
+        let settings = share_settings(&cfg, &catalog, &budget);
+        let saved = saved_share(&cfg, &paths, &settings)?;
+        keep_only_saved_slots(&stager, &paths, saved.as_ref())?;
+        check_share_fits(&cfg, &catalog, &footprints, &budget)?;
+        let restarts = saved.as_ref().map_or(0, |s| s.restarts + 1);
+        // After a restart the sampler draws from a stream of its own (`Cohort`'s doc).
+        let seed = if restarts == 0 {
+            cfg.seed
+        } else {
+            planrng::splitmix64(&mut (cfg.seed ^ restarts.rotate_left(32)))
+        };
+        let mut shared = Shared::new(cfg.share.clone(), &budget, footprints.clone(), seed);
+        shared.settings = settings;
+        shared.restarts = restarts;
+        shared.history = open_history_store(&cfg).map(|s| Arc::new(Mutex::new(s)));
+        let read_path = resolve_read_path(&cfg, &catalog, &budget, false);
+        if cfg.prefetch_rate == PrefetchRate::Auto {
+            // Several jobs pace one stager: each staging runs at full speed (the stall-free
+            // pacing of one job does not apply to a cohort).
+            stager.pacer().set_rate(None);
+        }
+        let view_bytes = budget.slot_bytes / u64::from(cfg.share.jobs);
+        let mut store = Store::new(paths.clone(), catalog, footprints, None, budget, stager);
+        // The budget bounds what kept slots hold (`Store::room_for`); the count only bounds
+        // the book's work and the journals a staging reads.
+        store.max_held = MAX_HELD_PER_SHARE * cfg.share.jobs as usize;
+        store.room_on_demand = true;
+        // The root stands for this empty view; jobs' views take generations from 2 on.
+        let lobby = Arc::new(View::from_files(&[], 1, 0, 0, "", &paths.slots));
+        let fs = Arc::new(FsCore::new_shared(lobby, fs_settings(&cfg, read_path)));
+        fs.set_copy_repair(copy_repair(&store.stager));
+        tracing::info!(
+            jobs = cfg.share.jobs,
+            view_bytes = %format_bytes(view_bytes),
+            pace = %cfg.share.pace,
+            "shared store ready: jobs join with `hello` and their name"
+        );
+        let daemon = Self::assemble(Parts {
+            tier_url,
+            queue: None,
+            shared: Some(shared),
+            paths,
+            store,
+            sessions: BTreeMap::new(),
+            fs,
+            read_path,
+            cfg,
+        });
+        daemon.events.emit(Event::Start(event::Start {
+            dataset_bytes: daemon.store.catalog.total_bytes(),
+            dataset_files: daemon.store.catalog.len() as u64,
+            mini_epochs: 0,
+            view_bytes: 0,
+            rf_policy: daemon.cfg.policy.kind.to_string(),
+            budget_bytes: daemon.store.budget.budget,
+            node_rank: daemon.cfg.node_rank,
+            nodes: daemon.cfg.nodes,
+            epoch: 0,
+            mini_epoch: 0,
+        }));
+        if let Some(saved) = saved {
+            daemon.resume_jobs(saved).await;
+        }
+        Ok(daemon)
+    }
+}
+
+/// The settings a save file is kept under: a change of any of them starts every job over.
+fn share_settings(cfg: &MountConfig, catalog: &Catalog, budget: &Budget) -> ShareSettings {
+    let transform = cfg.transform.identity();
+    ShareSettings {
+        source: cfg.source.to_string(),
+        catalog: format!("{:016x}", aggregate::catalog_digest(catalog)),
+        slot_bytes: budget.slot_bytes,
+        jobs: cfg.share.jobs,
+        seed: cfg.seed,
+        transform: (!transform.is_empty()).then_some(transform),
+    }
+}
+
+/// The save file's jobs to resume: none with `--reset`, without a save file, or under other
+/// settings (said in the log); an unreadable one is an error naming it.
+fn saved_share(
+    cfg: &MountConfig,
+    paths: &CachePaths,
+    settings: &ShareSettings,
+) -> Result<Option<SavedShare>, DaemonError> {
+    Ok(
+        match share_state::load_share_state(&paths.share, cfg.reset)? {
+            Some(s) if s.version == SHARE_STATE_VERSION && s.settings == *settings => Some(s),
+            Some(s) => {
+                tracing::info!(
+                    path = %paths.share.display(),
+                    jobs = s.jobs.len(),
+                    "the source, the budget, share.jobs, the seed or the transform changed since the jobs' places were saved; every job starts over"
+                );
+                None
+            }
+            None => None,
+        },
+    )
+}
+
+/// Removes every slot (and journal and seal) but the saved jobs' current and prepared next
+/// ones, and the state file of a plain mount.
+fn keep_only_saved_slots(
+    stager: &Stager,
+    paths: &CachePaths,
+    saved: Option<&SavedShare>,
+) -> Result<(), DaemonError> {
+    let keep: std::collections::BTreeSet<String> = saved
+        .iter()
+        .flat_map(|s| &s.jobs)
+        .flat_map(|j| [Some(j.slot()), j.next_slot()])
+        .flatten()
+        .collect();
+    for name in stager.present_slots() {
+        if !keep.contains(&name) {
+            stager.evict_in_background(&name)?;
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir(&paths.slots) {
+        for e in rd.flatten() {
+            // Journals and seals of the kept slots stay (`<slot>.journal`, `<slot>.seal`).
+            let file = e.file_name();
+            let kept = file
+                .to_str()
+                .and_then(|f| f.rsplit_once('.'))
+                .is_some_and(|(slot, _)| keep.contains(slot));
+            if !kept {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&paths.state);
+    // Kept slots whose seal holds (a clean shutdown) resume without reading their copies.
+    let sealed = stager.take_seals();
+    if !sealed.is_empty() {
+        tracing::info!(slots = ?sealed, "sealed at the last clean shutdown");
+    }
+    Ok(())
+}
+
+/// Every sample fits a job's view (half its share): the error names the first that does not
+/// and the budget it would need.
+fn check_share_fits(
+    cfg: &MountConfig,
+    catalog: &Catalog,
+    footprints: &[u64],
+    budget: &Budget,
+) -> Result<(), DaemonError> {
+    let view_bytes = budget.slot_bytes / u64::from(cfg.share.jobs);
+    match footprints.iter().enumerate().find(|(_, &f)| f > view_bytes) {
+        Some((id, &size)) => Err(DaemonError::BudgetTooSmall {
+            budget: format!(
+                "{} shared by {} jobs",
+                format_bytes(cfg.budget),
+                cfg.share.jobs
+            ),
+            path: catalog.path(id as u32),
+            size: format_bytes(size),
+            needed: format_bytes(
+                size.saturating_mul(2 * u64::from(cfg.share.jobs))
+                    .saturating_add(budget.reserve),
+            ),
+            reserve: format_bytes(budget.reserve),
+        }),
+        None => Ok(()),
+    }
+}
