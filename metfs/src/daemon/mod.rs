@@ -53,16 +53,16 @@
 //! implemented over the FUSE session in `crate::fuse` and by a recorder in tests; nothing in
 //! this folder imports `fuser` or `crate::fuse`.
 //!
-//! Shared mount (`--share`, `share.rs`): the jobs are sessions named after them, each view
+//! Shared mount (`--share`, `share/`): the jobs are sessions named after them, each view
 //! nested under `MNT/<job>`, the views drawn by one cohort (dependent sampling), generations
 //! unique across jobs, samples shared between the jobs' slots by hard links.
 //!
-//! Layout: `store`, `session`, `kernel`, `source` (tier and catalog), `share`, `setup` (checks, lock,
-//! policy, resume, first staging), `staging` (the staging loop, eviction, pacing), `switch` (`pass_end`, `advance`,
-//! the switch and kernel invalidation), `status` (status, files, metrics, shutdown), `queue`
-//! (with `--dds`, mini-epochs claimed from a shard queue in etcd), `budget`,
-//! `state` (`state.json`, the generation's range), `share_state` (`share.json`, a shared
-//! mount's jobs' places).
+//! Layout: `store`, `session`, `kernel`, `source` (tier and catalog), `share` (jobs, their cohort,
+//! their restarts), `setup` (checks, lock, policy, resume, first staging), `staging` (the staging
+//! loop, eviction, pacing), `switch` (`pass_end`, `advance`, the switch and kernel invalidation),
+//! `status` (status, files, metrics, shutdown), `queue` (with `--dds`, mini-epochs claimed from a
+//! shard queue in etcd), `budget`, `state` (`state.json`, the generation's range), `share::state`
+//! (`share.json`, a shared mount's jobs' places).
 //!
 //! # Lock order
 //!
@@ -88,22 +88,26 @@
 //! 13. `FsCore::root_listings`: a shared mount's root listings, by handle.
 //! 14. `FsCore::views`: the current view, the jobs' views and the retained ones.
 //! 15. `FsCore::handles`: the open handles and the views they pin.
-//! 16. `FsCore::live_backing`: the passthrough backing ids registered.
-//! 17. `FsCore::drained`: where the generations of drained views are sent.
-//! 18. `QueueFeed::retry_at`: when etcd is asked again after a failure.
-//! 19. `QueueFeed::pending_done`: the batches to mark DONE.
-//! 20. `QueueFeed::snapshot`: the worker's state for `status`.
-//! 21. The dds worker's `last_error` (`crate::dds`): its last etcd error.
-//! 22. The stager's `Progress::last_retry_error`: a staging's last retried tier error.
-//! 23. `Pacer::turn` (tokio, the stager's): fetches waiting for the rate take turns; held
+//! 16. The backing-id cache's lock for one key (`metfs_fs::fs`'s `cache` module): held while
+//!     that key's passthrough backing id is registered.
+//! 17. `FsCore::live_backing`: the passthrough backing ids registered.
+//! 18. The caches' own locks (the `cache` module's shards and its map of keys' turns): the
+//!     open backing files and the backing ids.
+//! 19. `FsCore::drained`: where the generations of drained views are sent.
+//! 20. `QueueFeed::retry_at`: when etcd is asked again after a failure.
+//! 21. `QueueFeed::pending_done`: the batches to mark DONE.
+//! 22. `QueueFeed::snapshot`: the worker's state for `status`.
+//! 23. The dds worker's `last_error` (`crate::dds`): its last etcd error.
+//! 24. The stager's `Progress::last_retry_error`: a staging's last retried tier error.
+//! 25. `Pacer::turn` (tokio, the stager's): fetches waiting for the rate take turns; held
 //!     across the wait.
-//! 24. `Pacer::inner`: the staging rate's token bucket.
-//! 25. `EventLog::queue`: the event log's queue to its writer.
-//! 26. The event log's `written` (with the condition variable `wrote`): lines written so far.
-//! 27. `EventLog::done`: the writer's end, taken at close.
-//! 28. `Daemon::kernel`: the kernel's caches, once mounted.
-//! 29. `Daemon::mountpoint`: the mountpoint.
-//! 30. The log file's writer (`crate::logging`): every `tracing` line takes it, under whatever
+//! 26. `Pacer::inner`: the staging rate's token bucket.
+//! 27. `EventLog::queue`: the event log's queue to its writer.
+//! 28. The event log's `written` (with the condition variable `wrote`): lines written so far.
+//! 29. `EventLog::done`: the writer's end, taken at close.
+//! 30. `Daemon::kernel`: the kernel's caches, once mounted.
+//! 31. `Daemon::mountpoint`: the mountpoint.
+//! 32. The log file's writer (`crate::logging`): every `tracing` line takes it, under whatever
 //!     locks its caller holds.
 //!
 //! Where locks nest: `worker` holds `sessions`, `book` and the queue's locks (between its
@@ -113,9 +117,10 @@
 //! bucket, the event log and `mountpoint`; `cohort` holds `book` (`Store::room_for` in
 //! `begin_staging`, `note_error` in `serve_cohort`) and `me` (`trim_soon`); the FUSE adapter's
 //! lookups and READDIRPLUS hold `reply_gate` over `root_listings` (which holds `views` in
-//! `opendir`), `views` and `handles`; `pending_done` holds `snapshot` and the worker's
-//! `last_error` (`QueueFeed::refresh`); `Pacer::turn` holds `Pacer::inner`. Every other lock
-//! holds none but the log writer.
+//! `opendir`), `views` and `handles`; a backing-id key's lock holds `live_backing` and the
+//! caches' own locks (an open registers its backing id); `pending_done` holds `snapshot` and
+//! the worker's `last_error` (`QueueFeed::refresh`); `Pacer::turn` holds `Pacer::inner`. Every
+//! other lock holds none but the log writer.
 //!
 //! Await. All but the two tokio mutexes (`worker`, `Pacer::turn`) are `std` locks and none is
 //! held across an `.await`; those two are taken with no other lock held.
@@ -131,9 +136,8 @@
 //! `tracing` line writes the log file in the caller's thread.
 //!
 //! Not in the list: locks inside a staging (the stager's `made_dirs`, the transform's idle
-//! workers), which runs under none of these; `moka`'s caches inside `FsCore`; the `changed`
-//! watch channel; and the control socket's connection semaphore, taken with `try_acquire`,
-//! never waited for.
+//! workers), which runs under none of these; the `changed` watch channel; and the control
+//! socket's connection semaphore, taken with `try_acquire`, never waited for.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -229,7 +233,7 @@ pub struct CachePaths {
     pub catalog: PathBuf,
     /// Saved position.
     pub state: PathBuf,
-    /// A shared mount's save file: each job's place (`share_state`).
+    /// A shared mount's save file: each job's place (`share::state`).
     pub share: PathBuf,
     /// Lock file (holds the daemon's pid).
     pub lock: PathBuf,
@@ -259,7 +263,6 @@ mod schedule;
 mod session;
 mod setup;
 mod share;
-mod share_state;
 mod source;
 mod staging;
 mod state;
@@ -275,8 +278,8 @@ pub use session::DEFAULT_SESSION;
 use session::*;
 pub use setup::*;
 pub use share::check_job_name;
+pub use share::state::{SavedJob, SavedShare, ShareSettings, SHARE_STATE_VERSION};
 use share::Shared;
-pub use share_state::{SavedJob, SavedShare, ShareSettings, SHARE_STATE_VERSION};
 pub use source::*;
 use staging::*;
 pub use staging::{AUTO_TRICKLE, PACING_MARGIN};
@@ -311,7 +314,7 @@ pub struct Daemon {
     me: Mutex<std::sync::Weak<Daemon>>,
     /// With `--dds`: the node's worker on the shard queue (`queue.rs`).
     queue: Option<QueueFeed>,
-    /// With `--share`: the jobs sharing the store and their sampler (`share.rs`).
+    /// With `--share`: the jobs sharing the store and their sampler (`share/`).
     shared: Option<Shared>,
     /// Held while a session's position and rf history are written: each write snapshots
     /// the session under this lock, so writes never land out of order.

@@ -25,8 +25,8 @@ mod plan;
 mod shared;
 
 pub use cache::*;
-pub(super) use history::*;
 use first::First;
+pub(super) use history::*;
 use plan::*;
 
 /// How the mount fetches again a copy of a sealed slot that its first open found damaged: the

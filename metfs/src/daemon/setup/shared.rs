@@ -110,7 +110,7 @@ fn saved_share(
     settings: &ShareSettings,
 ) -> Result<Option<SavedShare>, DaemonError> {
     Ok(
-        match share_state::load_share_state(&paths.share, cfg.reset)? {
+        match share::state::load_share_state(&paths.share, cfg.reset)? {
             Some(s) if s.version == SHARE_STATE_VERSION && s.settings == *settings => Some(s),
             Some(s) => {
                 tracing::info!(

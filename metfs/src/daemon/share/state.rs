@@ -173,7 +173,7 @@ impl SavedShare {
 
 /// Reads `path` (`share.json`): `None` when there is none or `reset` is asked for; a file that
 /// cannot be read or fails its checks is an error naming it.
-pub(super) fn load_share_state(
+pub(in crate::daemon) fn load_share_state(
     path: &Path,
     reset: bool,
 ) -> Result<Option<SavedShare>, DaemonError> {
@@ -309,7 +309,7 @@ mod tests {
         );
         bad(|s| s.jobs[0].epoch = 0, "cohort.current is of epoch 1");
         // The fuzz target's seed is a valid file.
-        let seed = include_bytes!("../../../fuzz/corpus/share_state/valid.json");
+        let seed = include_bytes!("../../../../fuzz/corpus/share_state/valid.json");
         assert_eq!(
             SavedShare::from_json(seed).unwrap().jobs[0]
                 .policy

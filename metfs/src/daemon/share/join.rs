@@ -1,0 +1,423 @@
+//! A job's arrival and departure on a shared mount: the samples of its subset, its `hello`
+//! ([`Daemon::join`]) and admission into the cohort with a session of its own, its `leave`, the
+//! deletion of a slot it never showed, and the dropping of jobs silent for
+//! `share.idle_secs`.
+
+use std::collections::HashSet;
+
+use super::*;
+use crate::protocol::JobShare;
+
+impl Daemon {
+    /// The samples of `subset` (all of the source without one), each checked.
+    pub(super) fn subset_samples(
+        &self,
+        job: &str,
+        subset: Option<&Subset>,
+    ) -> Result<Vec<u32>, ProtocolError> {
+        let catalog = &self.store.catalog;
+        let n = catalog.len() as u32;
+        let Some(subset) = subset else {
+            return Ok((0..n).collect());
+        };
+        let mut ids: Vec<u32> = if let Some(path) = &subset.manifest {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                bad(format!(
+                    "job {job:?}: subset manifest {path}: cannot read it: {e}"
+                ))
+            })?;
+            let mut ids = Vec::new();
+            for (i, line) in text.lines().enumerate() {
+                let line = line.trim();
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                let rel = line.trim_start_matches("./");
+                match catalog.find(rel) {
+                    Some(id) => ids.push(id),
+                    None => {
+                        return Err(bad(format!(
+                            "job {job:?}: subset manifest {path}, line {}: `{rel}` is not a sample of the source {}",
+                            i + 1,
+                            self.cfg.source
+                        )))
+                    }
+                }
+            }
+            ids
+        } else if let Some(labels) = &subset.labels {
+            let names = catalog.label_names();
+            let per_sample = catalog.labels().unwrap_or(&[]);
+            let mut wanted = HashSet::new();
+            for l in labels {
+                match names.iter().position(|x| x == l) {
+                    Some(i) => {
+                        wanted.insert(i as u32);
+                    }
+                    None => {
+                        return Err(bad(format!(
+                            "job {job:?}: subset label {l:?} is not a label of the source (labels are its first-level directories: {})",
+                            names.iter().take(20).cloned().collect::<Vec<_>>().join(", ")
+                        )))
+                    }
+                }
+            }
+            (0..n)
+                .filter(|&id| {
+                    per_sample
+                        .get(id as usize)
+                        .is_some_and(|l| wanted.contains(l))
+                })
+                .collect()
+        } else {
+            let f = subset.fraction.unwrap_or(1.0);
+            let seed = subset.seed.unwrap_or(0);
+            let k = ((f * n as f64).round() as u32).clamp(1, n);
+            let mut all: Vec<u32> = (0..n).collect();
+            all.sort_unstable_by_key(|&id| mix(seed ^ mix(u64::from(id))));
+            all.truncate(k as usize);
+            all
+        };
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.is_empty() {
+            return Err(bad(format!("job {job:?}: its subset holds no sample")));
+        }
+        Ok(ids)
+    }
+
+    /// A job joins a shared mount (`hello` with its name): see the module doc. Answers once
+    /// its first view is shown.
+    pub async fn join(
+        &self,
+        job: Option<String>,
+        subset: Option<Subset>,
+        rf_policy: Option<String>,
+        rf: Option<u32>,
+        token: Option<String>,
+    ) -> Result<Hello, ProtocolError> {
+        let sh = self.shared.as_ref().expect("a shared mount");
+        let Some(name) = job else {
+            return Err(bad(
+                "this mount is shared between jobs (--share): `hello` must name the job (`job`, or METFS_JOB in the Python client)".into(),
+            ));
+        };
+        check_job_name(&name)?;
+        if self.is_shutting_down() {
+            return Err(ProtocolError::new(
+                ErrorCode::ShuttingDown,
+                "the daemon is shutting down",
+            ));
+        }
+        let present = sh.jobs.lock().unwrap().get(&name).map(|m| m.token.clone());
+        let token = match present {
+            Some(t) if token.as_deref() == Some(t.as_str()) => {
+                self.session_for(Some(&name))?;
+                t
+            }
+            Some(_) => {
+                return Err(bad(format!(
+                    "a job named {name:?} is already on this shared mount; give each job its own name (METFS_JOB), or leave the other one first"
+                )))
+            }
+            None => self.admit(&name, subset.as_ref(), rf_policy, rf)?,
+        };
+        // Its first view: drawn once no job has joined for the window, staged by the staging
+        // loop, then shown here.
+        tokio::time::sleep(JOIN_WINDOW).await;
+        self.bump();
+        let mut rx = self.changed.subscribe();
+        loop {
+            // Waiting for its first view is not being idle.
+            self.touch_job(&name);
+            if self.fs.job_view(&name).is_some() || self.try_switch(&name).await {
+                break;
+            }
+            if self.is_shutting_down() {
+                return Err(ProtocolError::new(
+                    ErrorCode::ShuttingDown,
+                    "the daemon is shutting down",
+                ));
+            }
+            if !self.sessions.lock().unwrap().contains_key(&name) {
+                return Err(bad(format!(
+                    "job {name:?} left before its first view was staged"
+                )));
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await;
+        }
+        let samples = sh.jobs.lock().unwrap().get(&name).map_or(0, |m| m.samples);
+        let mut hello = self.hello(Some(name.clone()));
+        hello.share = Some(JobShare {
+            path: self.mountpoint().join(&name).display().to_string(),
+            share_bytes: 2 * sh.view_bytes,
+            view_bytes: sh.view_bytes,
+            samples,
+            token,
+        });
+        Ok(hello)
+    }
+
+    /// Takes `name` into the cohort and makes its session; returns its token.
+    fn admit(
+        &self,
+        name: &str,
+        subset: Option<&Subset>,
+        rf_policy: Option<String>,
+        rf: Option<u32>,
+    ) -> Result<String, ProtocolError> {
+        let sh = self.shared.as_ref().expect("a shared mount");
+        let dataset = self.subset_samples(name, subset)?;
+        let cfg = self.job_config(name, rf_policy.as_deref(), rf)?;
+        let mut ss = self.sessions.lock().unwrap();
+        if ss.contains_key(name) {
+            return Err(bad(format!(
+                "a job named {name:?} is already on this shared mount; give each job its own name (METFS_JOB)"
+            )));
+        }
+        // The job's rf history: its own run, keyed by its name and its dataset (a subset is
+        // another dataset), so `learned` replays what this job did on this data before.
+        let dataset_key = dataset_key(&self.cfg.source, &dataset);
+        let (replay, schedule) = match &sh.history {
+            Some(store) => learned_replay(
+                &cfg.policy,
+                &store.lock().unwrap(),
+                &dataset_key,
+                name,
+                None,
+            )
+            .map_err(|e| bad(format!("job {name:?}: {e}")))?,
+            None => None,
+        }
+        .unzip();
+        let policy = build_policy(&cfg, schedule).map_err(|e| bad(format!("job {name:?}: {e}")))?;
+        sh.cohort
+            .lock()
+            .unwrap()
+            .join(name, &dataset, sh.view_bytes)
+            .map_err(|e| {
+                bad(format!(
+                    "job {name:?} cannot join: {e} (the budget is shared by at most {} jobs, `share.jobs`; each takes {} when it joins)",
+                    sh.cfg.jobs,
+                    format_bytes(2 * sh.view_bytes)
+                ))
+            })?;
+        // Started only once the join is sure, so that a refused join leaves no empty run.
+        let history = sh.history.as_ref().map(|store| History {
+            store: store.clone(),
+            run: start_recording(
+                &mut store.lock().unwrap(),
+                &dataset_key,
+                name,
+                None,
+                replay.clone(),
+            )
+            .0,
+            dataset: dataset_key.clone(),
+            replay,
+        });
+        let generation = sh.take_generation();
+        let placeholder =
+            Arc::new(View::from_files(&[], generation, 0, 0, "", &self.paths.slots).nested());
+        // Not a secret (the socket is the user's own): it tells a reconnection from another
+        // process under the same name.
+        let token = format!(
+            "{:016x}",
+            mix(u64::from(std::process::id()) ^ mix(self.started.elapsed().as_nanos() as u64))
+                ^ mix(generation)
+        );
+        ss.insert(
+            name.to_string(),
+            Session::new(
+                name.to_string(),
+                name.to_string(),
+                // Its first view (sequence 0) is drawn with the jobs joining with it.
+                Schedule::Job(Drawn::default()),
+                None,
+                Start {
+                    epoch: 0,
+                    mini_epoch: 0,
+                    passes: 0,
+                    generation,
+                    sequence: 0,
+                },
+                policy,
+                history,
+                placeholder,
+            ),
+        );
+        *sh.last_join.lock().unwrap() = Some(Instant::now());
+        sh.jobs.lock().unwrap().insert(
+            name.to_string(),
+            JobMeta {
+                token: token.clone(),
+                last_seen: Instant::now(),
+                held_back: false,
+                samples: dataset.len() as u64,
+                subset: subset.cloned(),
+                rf_policy,
+                rf,
+                dataset: dataset_key,
+            },
+        );
+        drop(ss);
+        tracing::info!(
+            job = name,
+            samples = dataset.len(),
+            share = %format_bytes(2 * sh.view_bytes),
+            "job joined the shared store"
+        );
+        self.bump();
+        Ok(token)
+    }
+
+    /// Job `name` leaves: its session, views and share go; the slots only it held are deleted
+    /// once drained. Its rf history run is recorded as finished.
+    pub async fn leave(&self, name: &str) -> Result<(), ProtocolError> {
+        self.leave_as(name, true).await
+    }
+
+    /// As [`Daemon::leave`]; a job dropped for its silence (`finished` false) keeps its run
+    /// unfinished in the rf history, as a killed single-job mount's.
+    async fn leave_as(&self, name: &str, finished: bool) -> Result<(), ProtocolError> {
+        let sh = self.shared.as_ref().ok_or_else(|| {
+            bad("`leave` is for shared mounts (--share); this mount serves one job".into())
+        })?;
+        // Held from the snapshot of the rf history to its write (as `save_session`).
+        let order = self.persisting.lock().unwrap_or_else(|e| e.into_inner());
+        let (next_slot, current_slot, history) = {
+            let mut ss = self.sessions.lock().unwrap();
+            let s = ss
+                .remove(name)
+                .ok_or_else(|| bad(format!("job {name:?} is not on this shared mount")))?;
+            let history = s.history.as_ref().map(|h| {
+                let mut store = h.store.lock().unwrap();
+                if !s.record.scores.is_empty() {
+                    let _ = store.record_mini_epoch(h.run, s.record.clone());
+                }
+                if finished {
+                    let _ = store.finish_run(h.run);
+                }
+                store.encode()
+            });
+            if let Err(e) = sh.cohort.lock().unwrap().leave(name) {
+                tracing::warn!(job = name, error = %e, "the cohort did not know the job");
+            }
+            sh.jobs.lock().unwrap().remove(name);
+            let next_slot = match &s.next {
+                Next::Ready { slot, .. } => Some(slot.clone()),
+                _ => None,
+            };
+            (
+                next_slot,
+                (!s.view.slot.is_empty()).then(|| s.view.slot.clone()),
+                history,
+            )
+        };
+        if let Some(Err(e)) = history.map(|h| h.and_then(|h| h.write())) {
+            tracing::warn!(job = name, error = %e, "cannot record the rf history");
+        }
+        drop(order);
+        if let Some(old) = self.fs.remove_job(name) {
+            self.store.retire_slot(old.generation, &old.slot, &[]);
+            // As after a switch: the slot may be held as a donor, and its deletion waits for
+            // that; nobody waits for the deletion.
+            let me = self.me.lock().unwrap().upgrade();
+            if let (true, Some(me)) = (self.fs.is_drained(&old), me) {
+                let gen = old.generation;
+                tokio::spawn(async move { me.evict_view(gen).await });
+            } else if self.read_path_now() == ReadPath::Cached {
+                if let Some(me) = self.me.lock().unwrap().upgrade() {
+                    tokio::spawn(me.release_kernel_refs(old.generation));
+                }
+            }
+        }
+        if let Some(slot) = next_slot {
+            // Never shown, but the jobs that drew the same samples may still link from it:
+            // retired like a view, it is kept as a donor while the room allows.
+            let gen = sh.take_generation();
+            self.store.retire_slot(gen, &slot, &[]);
+            let me = self.me.lock().unwrap().upgrade();
+            if let Some(me) = me {
+                tokio::spawn(async move { me.evict_view(gen).await });
+            } else {
+                self.drop_slot(&slot).await;
+            }
+        }
+        let kernel = self.kernel.lock().unwrap().clone();
+        if let Some(n) = kernel {
+            let job = name.to_string();
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = n.inval_entry(crate::view::ROOT_INO, &job);
+                let _ = n.inval_inode(crate::view::ROOT_INO);
+            })
+            .await;
+        }
+        tracing::info!(job = name, slot = ?current_slot, "job left the shared store");
+        // The job leaves the save file too: a restart does not bring it back.
+        match self.me.lock().unwrap().upgrade() {
+            Some(me) => {
+                tokio::task::spawn_blocking(move || me.write_share());
+            }
+            None => self.write_share(),
+        }
+        self.bump();
+        Ok(())
+    }
+
+    /// Deletes a slot staged for a job that left before showing it.
+    pub(in crate::daemon) async fn drop_slot(&self, slot: &str) {
+        let stager = self.store.stager.clone();
+        let name = slot.to_string();
+        match tokio::task::spawn_blocking(move || stager.evict(&name)).await {
+            Ok(Ok(())) => self.store.forget_slot(slot),
+            other => {
+                tracing::error!(slot, result = ?other.map(|r| r.err()), "cannot delete a slot of a job that left")
+            }
+        }
+    }
+
+    /// Drops the jobs silent for longer than `share.idle_secs`; run by the monitor.
+    pub(in crate::daemon) fn reap_idle(self: &Arc<Self>) {
+        let Some(sh) = &self.shared else { return };
+        let idle = Duration::from_secs(sh.cfg.idle_secs);
+        let gone: Vec<String> = sh
+            .jobs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, m)| m.last_seen.elapsed() > idle)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in gone {
+            tracing::warn!(
+                job = %name,
+                idle_secs = sh.cfg.idle_secs,
+                "dropping a job that sent no request for share.idle_secs: its share and views are released"
+            );
+            let me = self.clone();
+            tokio::spawn(async move {
+                let _ = me.leave_as(&name, false).await;
+            });
+        }
+    }
+
+    /// The mount's configuration with a job's own rf policy and rf from its `hello`.
+    pub(super) fn job_config(
+        &self,
+        name: &str,
+        rf_policy: Option<&str>,
+        rf: Option<u32>,
+    ) -> Result<MountConfig, ProtocolError> {
+        let mut cfg = self.cfg.clone();
+        if let Some(p) = rf_policy {
+            cfg.policy.kind = p
+                .parse()
+                .map_err(|e| bad(format!("job {name:?}: rf_policy {p:?}: {e}")))?;
+        }
+        if let Some(rf) = rf {
+            cfg.policy.rf = rf;
+        }
+        Ok(cfg)
+    }
+}

@@ -1,0 +1,229 @@
+//! A shared mount's restarts: the snapshot of every job's place and its write to the save file
+//! (`share.json`), and at start the resumption of the saved jobs from their kept slots.
+
+use std::collections::HashSet;
+
+use super::state::write_share_state;
+use super::*;
+
+impl Daemon {
+    /// Every job's place now, for the save file: taken under the sessions' lock, so that
+    /// each job's position, policy and cohort place are of one moment. Jobs still waiting
+    /// for their first view are left out (a restart has nothing of theirs to keep).
+    fn share_snapshot(&self, sh: &Shared, ss: &Sessions) -> SavedShare {
+        let cohort = sh.cohort.lock().unwrap();
+        let jobs = sh.jobs.lock().unwrap();
+        let saved = ss
+            .values()
+            .filter(|s| s.schedule.drawn().is_some_and(Drawn::shown))
+            .filter_map(|s| {
+                let meta = jobs.get(&s.name)?;
+                let place = cohort.saved(&s.name)?;
+                place.current.as_ref()?;
+                Some(SavedJob {
+                    name: s.name.clone(),
+                    token: meta.token.clone(),
+                    subset: meta.subset.clone(),
+                    rf_policy: meta.rf_policy.clone(),
+                    rf: meta.rf,
+                    dataset: meta.dataset.clone(),
+                    epoch: s.epoch,
+                    mini_epoch: s.mini_epoch,
+                    sequence: s.sequence,
+                    generation: s.generation,
+                    passes: s.passes,
+                    run: s.history.as_ref().map(|h| h.run),
+                    policy: s.policy.state(),
+                    cohort: place,
+                })
+            })
+            .collect();
+        SavedShare {
+            version: SHARE_STATE_VERSION,
+            settings: sh.settings.clone(),
+            generation: sh.generation.load(Ordering::SeqCst),
+            restarts: sh.restarts,
+            jobs: saved,
+        }
+    }
+
+    /// Writes the save file (`share.json`) of a shared mount. Blocking (the caller is a
+    /// blocking thread or the shutdown).
+    pub(in crate::daemon) fn write_share(&self) {
+        let _order = self.persisting.lock().unwrap_or_else(|e| e.into_inner());
+        self.write_share_locked();
+    }
+
+    /// As [`Daemon::write_share`], with `persisting` held by the caller.
+    pub(in crate::daemon) fn write_share_locked(&self) {
+        let Some(sh) = &self.shared else { return };
+        let saved = self.share_snapshot(sh, &self.sessions.lock().unwrap());
+        if let Err(e) = write_share_state(&self.paths.share, &saved) {
+            tracing::error!(error = %e, path = %self.paths.share.display(), "cannot save the jobs' places");
+        }
+    }
+
+    /// At start: resumes every job of the save file (`share.json`) from its kept slots. Each
+    /// waits for its `hello` with its name and token, and is dropped as a silent job would be
+    /// if none comes within `share.idle_secs`. A job that cannot be resumed (its subset no
+    /// longer gives its dataset, its kept slot cannot be staged) is let go with a log line; it
+    /// starts over when it joins again.
+    pub(in crate::daemon) async fn resume_jobs(&self, saved: SavedShare) {
+        let Some(sh) = &self.shared else { return };
+        let top = saved
+            .jobs
+            .iter()
+            .map(|j| j.generation)
+            .fold(saved.generation, u64::max);
+        sh.generation.store(top, Ordering::SeqCst);
+        // Every kept slot is in the book before any is checked, so that each is a donor of the
+        // others (a sample two jobs share is one file).
+        let present: HashSet<String> = self.store.stager.present_slots().into_iter().collect();
+        for j in &saved.jobs {
+            let cur = j.cohort.current.as_ref().expect("checked when read");
+            self.store.begin_slot(&j.slot(), &cur.samples);
+            if let (Some(next), Some(slot)) = (&j.cohort.next, j.next_slot()) {
+                if present.contains(&slot) {
+                    self.store.begin_slot(&slot, &next.samples);
+                }
+            }
+        }
+        for j in &saved.jobs {
+            match self.resume_job(j).await {
+                Ok(fetched) => tracing::info!(
+                    job = %j.name,
+                    epoch = j.epoch,
+                    mini_epoch = j.mini_epoch,
+                    generation = j.generation,
+                    fetched,
+                    idle_secs = sh.cfg.idle_secs,
+                    "job resumed from its kept slots; it is dropped unless its hello (name and token) comes within share.idle_secs"
+                ),
+                Err(e) => {
+                    tracing::warn!(job = %j.name, error = %e, "cannot resume the job; it starts over when it joins again");
+                    let _ = sh.cohort.lock().unwrap().leave(&j.name);
+                    for slot in [Some(j.slot()), j.next_slot()].into_iter().flatten() {
+                        self.store.forget_slot(&slot);
+                        let _ = self.store.stager.evict_in_background(&slot);
+                    }
+                }
+            }
+        }
+        self.write_share();
+    }
+
+    /// Resumes one saved job (see [`Daemon::resume_jobs`]); returns how many samples of its
+    /// current view were fetched from the tier (none when its kept slot was whole).
+    async fn resume_job(&self, j: &SavedJob) -> Result<u64, String> {
+        let sh = self.shared.as_ref().expect("a shared mount");
+        let name = j.name.as_str();
+        let dataset = self
+            .subset_samples(name, j.subset.as_ref())
+            .map_err(|e| e.message)?;
+        if dataset_key(&self.cfg.source, &dataset) != j.dataset {
+            return Err("its subset no longer gives the dataset it read".into());
+        }
+        let cfg = self
+            .job_config(name, j.rf_policy.as_deref(), j.rf)
+            .map_err(|e| e.message)?;
+        let (replay, schedule) = match &sh.history {
+            Some(store) => {
+                learned_replay(&cfg.policy, &store.lock().unwrap(), &j.dataset, name, j.run)?
+            }
+            None => None,
+        }
+        .unzip();
+        let mut policy = build_policy(&cfg, schedule).map_err(|e| e.to_string())?;
+        if let Err(e) = policy.restore(&j.policy) {
+            tracing::warn!(job = name, error = %e, "the job's saved rf policy state does not fit its policy; the policy starts afresh");
+        }
+        sh.cohort
+            .lock()
+            .unwrap()
+            .rejoin(name, &dataset, sh.view_bytes, j.cohort.clone())
+            .map_err(|e| e.to_string())?;
+        let cur = j.cohort.current.clone().expect("checked when read");
+        let slot = j.slot();
+        // Checked as a plain mount's resume checks its slot: the journal's copies (unread if
+        // the slot's seal holds), and only what is missing or damaged fetched again.
+        let spec = SlotSpec {
+            name: slot.clone(),
+            samples: cur.samples.clone(),
+            reuse_from: Vec::new(),
+        };
+        let report = self
+            .store
+            .stage(&spec, Arc::default())
+            .await
+            .map_err(|e| format!("its kept slot {slot}: {e}"))?;
+        let catalog = &self.store.catalog;
+        self.store.note_failed(
+            report
+                .failed
+                .iter()
+                .map(|(id, why)| (catalog.path(*id), why.clone())),
+        );
+        let target = (j.epoch, j.mini_epoch);
+        let view = Arc::new(
+            self.store
+                .view_for(&cur.samples, target, j.generation, &slot)
+                .nested(),
+        );
+        let history = sh.history.as_ref().map(|store| History {
+            store: store.clone(),
+            run: start_recording(
+                &mut store.lock().unwrap(),
+                &j.dataset,
+                name,
+                j.run,
+                replay.clone(),
+            )
+            .0,
+            dataset: j.dataset.clone(),
+            replay,
+        });
+        let drawn = Drawn::resumed(
+            j.mini_epoch,
+            DrawnView {
+                epoch: cur.epoch,
+                samples: cur.samples.clone(),
+                bytes: cur.bytes,
+            },
+        );
+        let mut ss = self.sessions.lock().unwrap();
+        self.fs.switch_job(name, view.clone());
+        ss.insert(
+            name.to_string(),
+            Session::new(
+                name.to_string(),
+                name.to_string(),
+                Schedule::Job(drawn),
+                None,
+                Start {
+                    epoch: j.epoch,
+                    mini_epoch: j.mini_epoch,
+                    passes: j.passes,
+                    generation: j.generation,
+                    sequence: j.sequence,
+                },
+                policy,
+                history,
+                view,
+            ),
+        );
+        sh.jobs.lock().unwrap().insert(
+            name.to_string(),
+            JobMeta {
+                token: j.token.clone(),
+                last_seen: Instant::now(),
+                held_back: false,
+                samples: dataset.len() as u64,
+                subset: j.subset.clone(),
+                rf_policy: j.rf_policy.clone(),
+                rf: j.rf,
+                dataset: j.dataset.clone(),
+            },
+        );
+        Ok(report.fetched as u64)
+    }
+}
