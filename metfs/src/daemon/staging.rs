@@ -23,19 +23,32 @@ struct StagingJob {
     bytes: u64,
 }
 
+/// Failures in a row of the last target that failed: the pause before its next try grows
+/// with them.
+#[derive(Default)]
+struct Retries(Option<((u64, u32), u32)>);
+
+impl Retries {
+    /// Counts a failure of `target`; returns the failures in a row, this one included.
+    fn fail(&mut self, target: (u64, u32)) -> u32 {
+        let failures = match self.0 {
+            Some((t, n)) if t == target => n + 1,
+            _ => 1,
+        };
+        self.0 = Some((target, failures));
+        failures
+    }
+
+    fn succeeded(&mut self) {
+        self.0 = None;
+    }
+}
+
 impl Daemon {
     /// Stages the sessions' successors forever, one at a time; run as a task.
     pub async fn stager_loop(self: Arc<Self>) {
         let mut rx = self.changed.subscribe();
-        // The target that failed last and how many times in a row.
-        let mut retries: ((u64, u32), u32) = ((u64::MAX, 0), 0);
-        fn failures_in_a_row(r: &((u64, u32), u32), target: (u64, u32)) -> u32 {
-            if r.0 == target {
-                r.1
-            } else {
-                0
-            }
-        }
+        let mut retries = Retries::default();
         loop {
             if self.is_shutting_down() {
                 return;
@@ -44,175 +57,207 @@ impl Daemon {
             let queue_pause = self.serve_queue().await;
             // On a shared mount: the jobs' next views, drawn together.
             self.serve_cohort();
-            let job = {
-                let mut ss = self.sessions.lock().unwrap();
-                // No byte of a new slot while a retired one still takes space (the budget).
-                // (On a shared mount each staging checks its own room instead: one job's
-                // frozen reader must not stop the others.)
-                let job = if !self.is_shared() && self.store.is_draining() {
-                    None
-                } else {
-                    ss.values_mut().find_map(|s| self.begin_staging(s))
-                };
-                if job.is_some() {
-                    // The rate left from the previous staging (possibly the cap, if it ran
-                    // late) must not carry over into this one until the next tick.
-                    self.pace(&ss);
+            match self.next_staging() {
+                Some(job) => self.run_staging(job, &mut retries).await,
+                None => {
+                    // A failed slot is retried after its pause even if nothing else changes.
+                    let wake = self.retry_due().min(queue_pause.unwrap_or(Duration::MAX));
+                    let wake = wake.max(Duration::from_millis(50));
+                    let _ = tokio::time::timeout(wake, rx.changed()).await;
                 }
-                job
-            };
-            let Some(StagingJob {
-                session: name,
-                target,
-                spec,
-                progress,
-                bytes,
-            }) = job
-            else {
-                // A failed slot is retried after its pause even if nothing else changes.
-                let wake = self
-                    .sessions
-                    .lock()
-                    .unwrap()
-                    .values()
-                    .filter_map(|s| match &s.next {
-                        Next::Failed { at, pause, .. } => Some(pause.saturating_sub(at.elapsed())),
-                        _ => None,
-                    })
-                    .min()
-                    .unwrap_or(Duration::from_secs(5))
-                    .min(queue_pause.unwrap_or(Duration::MAX));
-                let _ =
-                    tokio::time::timeout(wake.max(Duration::from_millis(50)), rx.changed()).await;
-                continue;
-            };
-            tracing::info!(
-                session = %name,
-                epoch = target.0,
-                mini_epoch = target.1,
-                files = spec.samples.len(),
-                bytes = %format_bytes(bytes),
-                "staging the next mini-epoch"
-            );
-            let aggregate = self
-                .sessions
-                .lock()
-                .unwrap()
-                .get(&name)
-                .and_then(|s| s.schedule.aggregate().cloned());
-            let exchange = match &aggregate {
-                Some(a) if target.0 > 0 => Some(self.wait_for_exchange(a, target.0).await),
-                _ => None,
-            };
-            if exchange.is_some() && self.is_shutting_down() {
-                continue;
             }
-            let result = self.store.stage(&spec, progress).await;
-            if exchange.is_some() && result.is_ok() {
-                self.close_inbox(target.0);
-            }
-            let next = match result {
-                Ok(report) => {
-                    retries = ((u64::MAX, 0), 0);
-                    tracing::info!(
-                        epoch = target.0,
-                        mini_epoch = target.1,
-                        fetched = report.fetched,
-                        resumed = report.resumed,
-                        reused = report.reused,
-                        failed = report.failed.len(),
-                        secs = report.elapsed.as_secs_f64(),
-                        "next mini-epoch staged"
-                    );
-                    let catalog = &self.store.catalog;
-                    self.store.note_failed(
-                        report
-                            .failed
-                            .iter()
-                            .map(|(id, why)| (catalog.path(*id), why.clone())),
-                    );
-                    self.events.emit(Event::Staged(event::Staged {
-                        epoch: target.0,
-                        mini_epoch: target.1,
-                        bytes,
-                        bytes_fetched: report.bytes_fetched,
-                        bytes_reused: report.bytes_reused,
-                        // In aggregate mode the wait for the exchange is part of filling the slot.
-                        secs: report.elapsed.as_secs_f64() + exchange.map_or(0.0, |w| w.secs),
-                    }));
-                    Next::Ready {
-                        target,
-                        slot: spec.name.clone(),
-                        report,
-                        view: self.clone().prebuild_view(&name, target).await,
-                    }
-                }
-                Err(e) => {
-                    // The slot keeps what it committed and is resumed after a pause that
-                    // grows with each failure in a row (2 s, 4 s, ... at most 60 s): a full
-                    // disk or a source outage passes in its own time, and retrying it
-                    // flat out would only flood the log and the tier.
-                    let failures = failures_in_a_row(&retries, target) + 1;
-                    retries = (target, failures);
-                    let pause = Duration::from_secs(2u64 << (failures - 1).min(5))
-                        .min(Duration::from_secs(60));
-                    let cause = if e.is_out_of_space() {
-                        "the cache is out of space; free space on its file system"
-                    } else {
-                        "the tier or the cache failed"
-                    };
-                    tracing::error!(
-                        error = %e,
-                        epoch = target.0,
-                        mini_epoch = target.1,
-                        failures,
-                        retry_in_secs = pause.as_secs(),
-                        "staging the next mini-epoch failed: {cause}; the current view keeps serving (bonus passes) and staging resumes after the pause"
-                    );
-                    self.events.emit(Event::StageFailed(event::StageFailed {
-                        epoch: target.0,
-                        mini_epoch: target.1,
-                        error: e.to_string(),
-                        out_of_space: e.is_out_of_space(),
-                        failures,
-                        retry_in_secs: pause.as_secs(),
-                    }));
-                    self.store.note_error(e.to_string());
-                    Next::Failed {
-                        target,
-                        error: e.to_string(),
-                        at: Instant::now(),
-                        failures,
-                        pause,
-                    }
-                }
-            };
-            let (gone, staged) = match self.sessions.lock().unwrap().get_mut(&name) {
-                Some(s) => {
-                    if let Next::Ready { report, .. } = &next {
-                        s.meter.staged_bytes += report.bytes_fetched;
-                        s.meter.staged_secs += report.elapsed.as_secs_f64();
-                        if report.bytes_fetched > 0 && report.elapsed.as_secs_f64() > 0.0 {
-                            s.meter.last_b2 =
-                                Some(report.bytes_fetched as f64 / report.elapsed.as_secs_f64());
-                        }
-                    }
-                    let staged = s.schedule.is_job() && matches!(next, Next::Ready { .. });
-                    s.next = next;
-                    (false, staged)
-                }
-                None => (true, false),
-            };
-            if staged {
-                // A restart keeps a staged next view only if the save file names it.
-                self.save_session_soon(&name, false);
-            }
-            if gone {
-                // Its job left the shared mount while the slot was staged.
-                self.drop_slot(&spec.name).await;
-            }
-            self.bump();
         }
+    }
+
+    /// The first session's successor to stage now, marked staging (`begin_staging`).
+    fn next_staging(&self) -> Option<StagingJob> {
+        let mut ss = self.sessions.lock().unwrap();
+        // No byte of a new slot while a retired one still takes space (the budget). (On a
+        // shared mount each staging checks its own room instead: one job's frozen reader must
+        // not stop the others.)
+        if !self.is_shared() && self.store.is_draining() {
+            return None;
+        }
+        let job = ss.values_mut().find_map(|s| self.begin_staging(s))?;
+        // The rate left from the previous staging (possibly the cap, if it ran late) must not
+        // carry over into this one until the next tick.
+        self.pace(&ss);
+        Some(job)
+    }
+
+    /// How long until the first failed slot is due again (at most 5 s).
+    fn retry_due(&self) -> Duration {
+        self.sessions
+            .lock()
+            .unwrap()
+            .values()
+            .filter_map(|s| match &s.next {
+                Next::Failed { at, pause, .. } => Some(pause.saturating_sub(at.elapsed())),
+                _ => None,
+            })
+            .min()
+            .unwrap_or(Duration::from_secs(5))
+    }
+
+    /// Stages `job` (after the exchange's inbox is filled, in aggregate mode) and hands the
+    /// result to its session: its successor ready, or failed until a pause has passed.
+    async fn run_staging(self: &Arc<Self>, job: StagingJob, retries: &mut Retries) {
+        let StagingJob {
+            session: name,
+            target,
+            spec,
+            progress,
+            bytes,
+        } = job;
+        tracing::info!(
+            session = %name,
+            epoch = target.0,
+            mini_epoch = target.1,
+            files = spec.samples.len(),
+            bytes = %format_bytes(bytes),
+            "staging the next mini-epoch"
+        );
+        let aggregate = self
+            .sessions
+            .lock()
+            .unwrap()
+            .get(&name)
+            .and_then(|s| s.schedule.aggregate().cloned());
+        let exchange = match &aggregate {
+            Some(a) if target.0 > 0 => Some(self.wait_for_exchange(a, target.0).await),
+            _ => None,
+        };
+        if exchange.is_some() && self.is_shutting_down() {
+            return;
+        }
+        let result = self.store.stage(&spec, progress).await;
+        if exchange.is_some() && result.is_ok() {
+            self.close_inbox(target.0);
+        }
+        let next = match result {
+            Ok(report) => {
+                retries.succeeded();
+                // In aggregate mode the wait for the exchange is part of filling the slot.
+                let waited = exchange.map_or(0.0, |w| w.secs);
+                self.staged(&spec, target, bytes, &report, waited);
+                Next::Ready {
+                    target,
+                    slot: spec.name.clone(),
+                    report,
+                    view: self.clone().prebuild_view(&name, target).await,
+                }
+            }
+            Err(e) => self.staging_failed(&e, target, retries.fail(target)),
+        };
+        self.hand_over(&name, &spec.name, next).await;
+    }
+
+    /// Logs and records a staged slot: its failed samples, the `staged` event.
+    fn staged(
+        &self,
+        spec: &SlotSpec,
+        target: (u64, u32),
+        bytes: u64,
+        report: &StageReport,
+        exchange_secs: f64,
+    ) {
+        tracing::info!(
+            slot = %spec.name,
+            epoch = target.0,
+            mini_epoch = target.1,
+            fetched = report.fetched,
+            resumed = report.resumed,
+            reused = report.reused,
+            failed = report.failed.len(),
+            secs = report.elapsed.as_secs_f64(),
+            "next mini-epoch staged"
+        );
+        let catalog = &self.store.catalog;
+        self.store.note_failed(
+            report
+                .failed
+                .iter()
+                .map(|(id, why)| (catalog.path(*id), why.clone())),
+        );
+        self.events.emit(Event::Staged(event::Staged {
+            epoch: target.0,
+            mini_epoch: target.1,
+            bytes,
+            bytes_fetched: report.bytes_fetched,
+            bytes_reused: report.bytes_reused,
+            secs: report.elapsed.as_secs_f64() + exchange_secs,
+        }));
+    }
+
+    /// A failed staging of `target`, the `failures`-th in a row: logged, recorded, and paused.
+    /// The slot keeps what it committed and is resumed after a pause that grows with each
+    /// failure in a row (2 s, 4 s, ... at most 60 s): a full disk or a source outage passes in
+    /// its own time, and retrying it flat out would only flood the log and the tier.
+    fn staging_failed(
+        &self,
+        e: &prefetcher::stager::StageError,
+        target: (u64, u32),
+        failures: u32,
+    ) -> Next {
+        let pause = Duration::from_secs(2u64 << (failures - 1).min(5)).min(Duration::from_secs(60));
+        let cause = if e.is_out_of_space() {
+            "the cache is out of space; free space on its file system"
+        } else {
+            "the tier or the cache failed"
+        };
+        tracing::error!(
+            error = %e,
+            epoch = target.0,
+            mini_epoch = target.1,
+            failures,
+            retry_in_secs = pause.as_secs(),
+            "staging the next mini-epoch failed: {cause}; the current view keeps serving (bonus passes) and staging resumes after the pause"
+        );
+        self.events.emit(Event::StageFailed(event::StageFailed {
+            epoch: target.0,
+            mini_epoch: target.1,
+            error: e.to_string(),
+            out_of_space: e.is_out_of_space(),
+            failures,
+            retry_in_secs: pause.as_secs(),
+        }));
+        self.store.note_error(e.to_string());
+        Next::Failed {
+            target,
+            error: e.to_string(),
+            at: Instant::now(),
+            failures,
+            pause,
+        }
+    }
+
+    /// Hands the outcome of staging `slot` to session `name`, counting a staged slot in its
+    /// meter; a session gone meanwhile (its job left the shared mount) has its slot deleted.
+    async fn hand_over(&self, name: &str, slot: &str, next: Next) {
+        let (gone, staged) = match self.sessions.lock().unwrap().get_mut(name) {
+            Some(s) => {
+                if let Next::Ready { report, .. } = &next {
+                    s.meter.staged_bytes += report.bytes_fetched;
+                    s.meter.staged_secs += report.elapsed.as_secs_f64();
+                    if report.bytes_fetched > 0 && report.elapsed.as_secs_f64() > 0.0 {
+                        s.meter.last_b2 =
+                            Some(report.bytes_fetched as f64 / report.elapsed.as_secs_f64());
+                    }
+                }
+                let staged = s.schedule.is_job() && matches!(next, Next::Ready { .. });
+                s.next = next;
+                (false, staged)
+            }
+            None => (true, false),
+        };
+        if staged {
+            // A restart keeps a staged next view only if the save file names it.
+            self.save_session_soon(name, false);
+        }
+        if gone {
+            self.drop_slot(slot).await;
+        }
+        self.bump();
     }
 
     /// Builds the view of session `name`'s staged successor `target` for the generation a

@@ -73,98 +73,10 @@ impl Daemon {
             }
         };
         let draining_slots = self.store.draining_count();
-        let idle = Next::Idle;
-        let staging = match s.map_or(&idle, |s| &s.next) {
-            Next::Idle if draining_slots == 0 => Staging::Idle,
-            Next::Idle => Staging::Draining,
-            Next::Staging {
-                target,
-                slot,
-                progress,
-                started,
-            } => {
-                let done = progress.bytes_done.load(Ordering::Relaxed);
-                let total = progress.bytes_total.load(Ordering::Relaxed);
-                let secs = started.elapsed().as_secs_f64();
-                let fetched = progress.bytes_fetched.load(Ordering::Relaxed);
-                let rate = if secs > 0.0 {
-                    fetched as f64 / secs
-                } else {
-                    0.0
-                };
-                let eta = if rate > 0.0 {
-                    Some((total.saturating_sub(done)) as f64 / rate)
-                } else {
-                    None
-                };
-                Staging::Staging {
-                    slot: slot.clone(),
-                    epoch: target.0,
-                    mini_epoch: target.1,
-                    files_done: progress.files_done.load(Ordering::Relaxed),
-                    files_total: progress.files_total.load(Ordering::Relaxed),
-                    bytes_done: done,
-                    bytes_total: total,
-                    bytes_per_s: rate,
-                    eta_s: eta,
-                    bytes_reused: progress.bytes_reused.load(Ordering::Relaxed),
-                    retries: progress.retries.load(Ordering::Relaxed),
-                    last_retry_error: progress.last_retry_error.lock().unwrap().clone(),
-                }
-            }
-            Next::Ready {
-                target,
-                slot,
-                report,
-                ..
-            } => Staging::Ready {
-                slot: slot.clone(),
-                epoch: target.0,
-                mini_epoch: target.1,
-                fetched: report.fetched,
-                resumed: report.resumed,
-                reused: report.reused,
-                failed: report.failed.len() as u64,
-                secs: report.elapsed.as_secs_f64(),
-            },
-            Next::Failed {
-                target,
-                error,
-                at,
-                failures,
-                pause,
-            } => Staging::Failed {
-                epoch: target.0,
-                mini_epoch: target.1,
-                error: error.clone(),
-                failures: *failures,
-                retry_in_secs: pause.saturating_sub(at.elapsed()).as_secs_f64(),
-            },
-        };
-        // Every session's slot being staged counts by its bytes so far, not its footprint.
-        let staging_slots: Vec<&str> = ss.values().filter_map(|s| s.staging_slot()).collect();
-        // Every session's staging so far (one on a plain mount); linked samples share their
-        // donor's file: on disk once.
-        let staging_bytes_done: u64 = ss
-            .values()
-            .filter_map(|s| match &s.next {
-                Next::Staging { progress, .. } => Some(
-                    progress
-                        .bytes_done
-                        .load(Ordering::Relaxed)
-                        .saturating_sub(progress.bytes_linked.load(Ordering::Relaxed)),
-                ),
-                _ => None,
-            })
-            .sum();
-        let staged_slots = self.store.slot_bytes_except(&staging_slots);
+        let staging = staging_status(s.map(|s| &s.next), draining_slots);
+        let cache_bytes = self.cache_bytes(ss);
         let (last_error, failed_samples) = self.store.errors();
         let budget = self.store.budget;
-        let meta: u64 = [&self.paths.catalog, &self.paths.state, &self.cfg.log_file]
-            .iter()
-            .filter_map(|p| std::fs::metadata(p).ok())
-            .map(|m| round_up(m.len()))
-            .sum();
         Status {
             epoch: s.map_or(0, |s| s.epoch),
             mini_epoch: s.map_or(0, |s| s.mini_epoch),
@@ -179,7 +91,7 @@ impl Daemon {
             advance_wanted: s.is_some_and(|s| s.advance_wanted),
             generation: s.map_or(view.generation, |s| s.generation),
             next_ready: s.is_some_and(|s| s.next_ready()),
-            cache_bytes: staged_slots + round_up(staging_bytes_done) + meta,
+            cache_bytes,
             budget_bytes: budget.budget,
             slot_bytes: budget.slot_bytes,
             reserve_bytes: budget.reserve,
@@ -219,21 +131,7 @@ impl Daemon {
             transform_failed: self.store.stager.transform().map(|t| t.failed()),
             dds: self.queue.as_ref().map(|q| q.status()),
             jobs: self.job_statuses(ss),
-            aggregate: ss.values().find_map(|s| s.schedule.aggregate()).map(|a| {
-                crate::protocol::reply::AggregateStatus {
-                    rank: a.rank,
-                    nodes: a.settings.nodes,
-                    extra: a.settings.extra,
-                    code: a.code.to_string(),
-                    last_exchange: a.last_wait.lock().unwrap().map(|w| {
-                        crate::protocol::reply::ExchangeStatus {
-                            epoch: w.epoch,
-                            complete: w.complete,
-                            wait_s: w.secs,
-                        }
-                    }),
-                }
-            }),
+            aggregate: aggregate_status(ss),
             source: self.tier_url.clone(),
             mountpoint: self.mountpoint().display().to_string(),
             socket: self.cfg.socket.display().to_string(),
@@ -243,6 +141,34 @@ impl Daemon {
             uptime_s: self.started.elapsed().as_secs_f64(),
             pid: std::process::id(),
         }
+    }
+
+    /// What the cache takes on disk now: the slots staged, every staging's bytes so far, and
+    /// the metadata files.
+    fn cache_bytes(&self, ss: &Sessions) -> u64 {
+        // Every session's slot being staged counts by its bytes so far, not its footprint.
+        let staging_slots: Vec<&str> = ss.values().filter_map(|s| s.staging_slot()).collect();
+        // Every session's staging so far (one on a plain mount); linked samples share their
+        // donor's file: on disk once.
+        let staging_bytes_done: u64 = ss
+            .values()
+            .filter_map(|s| match &s.next {
+                Next::Staging { progress, .. } => Some(
+                    progress
+                        .bytes_done
+                        .load(Ordering::Relaxed)
+                        .saturating_sub(progress.bytes_linked.load(Ordering::Relaxed)),
+                ),
+                _ => None,
+            })
+            .sum();
+        let staged_slots = self.store.slot_bytes_except(&staging_slots);
+        let meta: u64 = [&self.paths.catalog, &self.paths.state, &self.cfg.log_file]
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| round_up(m.len()))
+            .sum();
+        staged_slots + round_up(staging_bytes_done) + meta
     }
 
     /// What holds each retired view that is not evicted yet: open handles, the kernel's
@@ -446,4 +372,94 @@ fn files_answer(
             (answer, Some(bytes))
         }
     }
+}
+
+/// `status`'s account of a session's staging (`next`; none without a session).
+fn staging_status(next: Option<&Next>, draining_slots: usize) -> Staging {
+    match next.unwrap_or(&Next::Idle) {
+        Next::Idle if draining_slots == 0 => Staging::Idle,
+        Next::Idle => Staging::Draining,
+        Next::Staging {
+            target,
+            slot,
+            progress,
+            started,
+        } => {
+            let done = progress.bytes_done.load(Ordering::Relaxed);
+            let total = progress.bytes_total.load(Ordering::Relaxed);
+            let secs = started.elapsed().as_secs_f64();
+            let fetched = progress.bytes_fetched.load(Ordering::Relaxed);
+            let rate = if secs > 0.0 {
+                fetched as f64 / secs
+            } else {
+                0.0
+            };
+            let eta = if rate > 0.0 {
+                Some((total.saturating_sub(done)) as f64 / rate)
+            } else {
+                None
+            };
+            Staging::Staging {
+                slot: slot.clone(),
+                epoch: target.0,
+                mini_epoch: target.1,
+                files_done: progress.files_done.load(Ordering::Relaxed),
+                files_total: progress.files_total.load(Ordering::Relaxed),
+                bytes_done: done,
+                bytes_total: total,
+                bytes_per_s: rate,
+                eta_s: eta,
+                bytes_reused: progress.bytes_reused.load(Ordering::Relaxed),
+                retries: progress.retries.load(Ordering::Relaxed),
+                last_retry_error: progress.last_retry_error.lock().unwrap().clone(),
+            }
+        }
+        Next::Ready {
+            target,
+            slot,
+            report,
+            ..
+        } => Staging::Ready {
+            slot: slot.clone(),
+            epoch: target.0,
+            mini_epoch: target.1,
+            fetched: report.fetched,
+            resumed: report.resumed,
+            reused: report.reused,
+            failed: report.failed.len() as u64,
+            secs: report.elapsed.as_secs_f64(),
+        },
+        Next::Failed {
+            target,
+            error,
+            at,
+            failures,
+            pause,
+        } => Staging::Failed {
+            epoch: target.0,
+            mini_epoch: target.1,
+            error: error.clone(),
+            failures: *failures,
+            retry_in_secs: pause.saturating_sub(at.elapsed()).as_secs_f64(),
+        },
+    }
+}
+
+/// `status`'s account of aggregate-cache mode, if it runs.
+fn aggregate_status(ss: &Sessions) -> Option<crate::protocol::reply::AggregateStatus> {
+    ss.values().find_map(|s| s.schedule.aggregate()).map(|a| {
+        crate::protocol::reply::AggregateStatus {
+            rank: a.rank,
+            nodes: a.settings.nodes,
+            extra: a.settings.extra,
+            code: a.code.to_string(),
+            last_exchange: a.last_wait.lock().unwrap().map(|w| {
+                crate::protocol::reply::ExchangeStatus {
+                    epoch: w.epoch,
+                    complete: w.complete,
+                    wait_s: w.secs,
+                }
+            }),
+        }
+    })
 }

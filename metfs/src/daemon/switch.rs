@@ -32,25 +32,8 @@ impl Daemon {
             if *target != succ {
                 return false;
             }
-            let slot = slot.clone();
-            let view = match (prebuilt, &self.shared) {
-                // On a shared mount a prebuilt view's generation was reserved for it.
-                (Some(v), Some(_)) if v.slot == slot => v.clone(),
-                (Some(v), None)
-                    if v.generation == next_generation(s.generation) && v.slot == slot =>
-                {
-                    v.clone()
-                }
-                _ => {
-                    let generation = match &self.shared {
-                        Some(sh) => sh.take_generation(),
-                        None => next_generation(s.generation),
-                    };
-                    let members = s.view_members(&self.store, succ);
-                    let v = self.store.view_for(&members, succ, generation, &slot);
-                    Arc::new(if s.schedule.is_job() { v.nested() } else { v })
-                }
-            };
+            let (slot, prebuilt) = (slot.clone(), prebuilt.clone());
+            let view = self.successor_view(s, succ, &slot, prebuilt);
             debug_assert_eq!(view.slot, slot);
             s.generation = view.generation;
             let old = if s.schedule.is_job() {
@@ -132,6 +115,45 @@ impl Daemon {
             files = new.file_count(),
             "mini-epoch is now current"
         );
+        self.after_switch(name, old, shared).await;
+        tracing::debug!(
+            locked_us = locked.as_micros() as u64,
+            total_us = t0.elapsed().as_micros() as u64,
+            "switch timing (under the sessions' lock; until the kernel's entries are dropped)"
+        );
+        true
+    }
+
+    /// The view of session `s`'s successor `succ` in `slot`: the one built when its staging
+    /// ended (`prebuilt`) if it is still of the generation the switch gives, else built now.
+    fn successor_view(
+        &self,
+        s: &mut Session,
+        succ: (u64, u32),
+        slot: &str,
+        prebuilt: Option<Arc<View>>,
+    ) -> Arc<View> {
+        match (prebuilt, &self.shared) {
+            // On a shared mount a prebuilt view's generation was reserved for it.
+            (Some(v), Some(_)) if v.slot == slot => v,
+            (Some(v), None) if v.generation == next_generation(s.generation) && v.slot == slot => v,
+            _ => {
+                let generation = match &self.shared {
+                    Some(sh) => sh.take_generation(),
+                    None => next_generation(s.generation),
+                };
+                let members = s.view_members(&self.store, succ);
+                let v = self.store.view_for(&members, succ, generation, slot);
+                Arc::new(if s.schedule.is_job() { v.nested() } else { v })
+            }
+        }
+    }
+
+    /// After session `name`'s switch away from `old` (a job's view if `job`): the kernel's
+    /// entries of the old view dropped, then its slot evicted once drained, or its kernel
+    /// references released.
+    async fn after_switch(&self, name: &str, old: Option<Arc<View>>, job: bool) {
+        let shared = job;
         // Drop the kernel's cached entries of the old view before anyone hears of the switch.
         // Every entry the old view gave out as current was delivered before `switch` returned
         // (the core's reply gate), so this reaches all of them.
@@ -152,15 +174,10 @@ impl Daemon {
             })
             .await;
         }
-        tracing::debug!(
-            locked_us = locked.as_micros() as u64,
-            total_us = t0.elapsed().as_micros() as u64,
-            "switch timing (under the sessions' lock; until the kernel's entries are dropped)"
-        );
         let me = self.me.lock().unwrap().upgrade();
         let Some(old) = old else {
             self.bump();
-            return true;
+            return;
         };
         if self.fs.is_drained(&old) {
             // Deleting a large slot takes a while; the caller must not wait for it. The stager
@@ -177,7 +194,6 @@ impl Daemon {
             }
         }
         self.bump();
-        true
     }
 
     /// Lets the kernel forget a retired view's inodes (the cached read path, where they pin
