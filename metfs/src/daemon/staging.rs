@@ -1,7 +1,7 @@
 //! The staging loop: stages the successor into its slot as the budget allows, backs off on
 //! slot failures, evicts drained slots, and paces the tier (fixed cap or auto pacing).
 
-use super::store::{self, Room};
+use super::store::{self, Room, Stop};
 use super::*;
 use crate::config::share::ShareEvict;
 
@@ -409,63 +409,19 @@ impl Daemon {
         }
     }
 
-    /// Deletes a retired view's slot. The slot stays in the store's `draining` until its files
-    /// are gone, so the stager admits no byte of the next slot while they still take space:
-    /// the budget holds at every instant, not only between switches. A deletion that fails is
-    /// reported and retried with a growing pause; staging waits for it.
+    /// Deletes a retired view's slot once nothing reads the view ([`Store::evict_retired`]).
     pub(super) async fn evict_view(&self, gen: u64) {
-        // The drain channel and the switch may both ask; one deletion runs.
-        let Some(slot) = self.store.claim_eviction(gen) else {
-            return;
-        };
+        let me = self.me.lock().unwrap().clone();
+        let stop: Stop = Arc::new(move || me.upgrade().is_some_and(|d| d.is_shutting_down()));
         // Nothing reads the view any more (its last handle, lease and kernel reference are
         // gone): its cached descriptors and backing ids go now, not when the slot is deleted,
         // so that a sample trimmed from the slot while it is held frees its blocks when it is
         // unlinked. Checked again as the view is forgotten: a lease taken since it was found
         // drained keeps it, and that lease's end asks again.
-        if !self.fs.retire_drained(gen) {
-            self.store.abandon_eviction(gen);
-            return;
+        let retire = || self.fs.retire_drained(gen);
+        if self.store.evict_retired(gen, retire, stop).await {
+            self.bump();
         }
-        // A slot held for the next staging goes once that staging has taken its samples.
-        self.store
-            .wait_unheld(&slot, || self.is_shutting_down())
-            .await;
-        let mut pause = Duration::from_millis(200);
-        loop {
-            let stager = self.store.stager.clone();
-            let name = slot.clone();
-            // The deletion stops at the shutdown: the process's exit waits for every blocking
-            // task, and a slot of 500k files took minutes to delete, with SIGTERM already
-            // taken by the daemon. What is left has no journal; the next start deletes it
-            // before it fetches anything, so the budget still holds.
-            let me = self.me.lock().unwrap().clone();
-            let stop = move || me.upgrade().is_some_and(|d| d.is_shutting_down());
-            let error = match tokio::task::spawn_blocking(move || stager.evict_unless(&name, &stop))
-                .await
-            {
-                Ok(Ok(true)) => break,
-                Ok(Ok(false)) => {
-                    tracing::info!(slot = %slot, "slot deletion stopped by the shutdown; the next start finishes it");
-                    self.store.abandon_eviction(gen);
-                    return;
-                }
-                Ok(Err(e)) => e.to_string(),
-                Err(e) => e.to_string(),
-            };
-            tracing::error!(slot = %slot, error = %error, retry_in_s = pause.as_secs_f64(), "eviction failed; staging waits for it");
-            self.store
-                .note_error(format!("evicting slot {slot}: {error}"));
-            if self.is_shutting_down() {
-                self.store.abandon_eviction(gen);
-                return;
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(30));
-        }
-        tracing::info!(slot = %slot, "evicted");
-        self.store.evicted(gen, &slot);
-        self.bump();
     }
 }
 

@@ -1,8 +1,13 @@
 //! The store: the staged samples of a node and their byte budget. It owns the cache
 //! directory's slots (through the [`Stager`], which writes them), the catalog and the samples'
 //! footprints, the [`Budget`], and the book of which slot takes how many bytes and which are
-//! draining. Views are built over it ([`Store::view_for`]); sessions ask it to stage and to
-//! retire slots, and never touch the cache directory themselves.
+//! draining. Views are built over it ([`Store::view_for`]); sessions ask it to stage
+//! ([`Store::stage`]), to retire slots ([`Store::retire_slot`]) and to delete them
+//! ([`Store::evict_retired`]), and never touch the cache directory themselves.
+//!
+//! **Invariant:** the book's claims on a deletion (which generation's slot is being deleted,
+//! which are draining) change only inside the store's methods: a caller cannot claim a
+//! deletion and forget to end it.
 //!
 //! Budget. The cache holds at most two slots' bytes plus metadata: a current slot and either
 //! the successor (staging or staged) or a *draining* slot (a previous view, still held by open
@@ -26,7 +31,7 @@
 //! (the current slot, the kept slots and what the successor adds, each file once, within the two
 //! slots' bytes) a retired slot is *held* instead: kept on the node as a donor for the stagings
 //! to come, and let go, oldest first, only when a successor needs its room
-//! ([`Store::retire_slot`], [`Store::wait_unheld`]). A dataset that fits the budget but not one
+//! ([`Store::retire_slot`], `Store::wait_unheld`). A dataset that fits the budget but not one
 //! slot is then read from the tier in its first epoch only.
 //!
 //! On a shared mount every retired slot is held (up to a count), and each staging makes its own
@@ -95,6 +100,9 @@ impl Trim {
         ok
     }
 }
+
+/// Whether a long deletion must stop now (the daemon is shutting down).
+pub(super) type Stop = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// The staged samples of a node and their budget (see the module doc).
 pub struct Store {
@@ -634,7 +642,7 @@ impl Store {
 
     /// Waits until `slot` is not held for a staging (bounded by `give_up` returning true, checked
     /// every 200 ms).
-    pub(super) async fn wait_unheld(&self, slot: &str, give_up: impl Fn() -> bool) {
+    async fn wait_unheld(&self, slot: &str, give_up: impl Fn() -> bool) {
         loop {
             let notified = self.released.notified();
             if !self.book.lock().unwrap().held.contains(slot) || give_up() {
@@ -660,21 +668,81 @@ impl Store {
         self.book.lock().unwrap().held.len()
     }
 
+    /// Deletes generation `gen`'s retired slot, unless a deletion of it runs already or
+    /// `retire` (the filesystem core forgetting the view) says something still reads it. The
+    /// slot stays draining until its files are gone, so the stager admits no byte of the next
+    /// slot while they still take space: the budget holds at every instant, not only between
+    /// switches. A slot held for the next staging goes once that staging has taken its
+    /// samples. A deletion that fails is reported and retried with a growing pause (staging
+    /// waits for it); one that `stop` interrupts (the shutdown) leaves the slot draining, for
+    /// the next start to delete before it fetches anything. Returns whether it was deleted.
+    pub(super) async fn evict_retired(
+        &self,
+        gen: u64,
+        retire: impl FnOnce() -> bool,
+        stop: Stop,
+    ) -> bool {
+        // The drain channel and the switch may both ask; one deletion runs.
+        let Some(slot) = self.claim_eviction(gen) else {
+            return false;
+        };
+        if !retire() {
+            self.abandon_eviction(gen);
+            return false;
+        }
+        self.wait_unheld(&slot, || stop()).await;
+        let mut pause = Duration::from_millis(200);
+        loop {
+            let stager = self.stager.clone();
+            let name = slot.clone();
+            // The deletion stops at the shutdown: the process's exit waits for every blocking
+            // task, and a slot of 500k files took minutes to delete, with SIGTERM already
+            // taken by the daemon. What is left has no journal; the next start deletes it
+            // before it fetches anything, so the budget still holds.
+            let stopper = stop.clone();
+            let error = match tokio::task::spawn_blocking(move || {
+                stager.evict_unless(&name, &|| stopper())
+            })
+            .await
+            {
+                Ok(Ok(true)) => break,
+                Ok(Ok(false)) => {
+                    tracing::info!(slot = %slot, "slot deletion stopped by the shutdown; the next start finishes it");
+                    self.abandon_eviction(gen);
+                    return false;
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            };
+            tracing::error!(slot = %slot, error = %error, retry_in_s = pause.as_secs_f64(), "eviction failed; staging waits for it");
+            self.note_error(format!("evicting slot {slot}: {error}"));
+            if stop() {
+                self.abandon_eviction(gen);
+                return false;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(30));
+        }
+        tracing::info!(slot = %slot, "evicted");
+        self.evicted(gen, &slot);
+        true
+    }
+
     /// Claims the deletion of generation `gen`'s slot: its name, unless it is not draining or
     /// a deletion of it runs already.
-    pub(super) fn claim_eviction(&self, gen: u64) -> Option<String> {
+    fn claim_eviction(&self, gen: u64) -> Option<String> {
         let mut b = self.book.lock().unwrap();
         let slot = b.draining.get(&gen).cloned()?;
         b.evicting.insert(gen).then_some(slot)
     }
 
     /// Gives up a claimed deletion (the daemon is shutting down); the slot stays draining.
-    pub(super) fn abandon_eviction(&self, gen: u64) {
+    fn abandon_eviction(&self, gen: u64) {
         self.book.lock().unwrap().evicting.remove(&gen);
     }
 
     /// The slot of generation `gen` is deleted: its bytes are free.
-    pub(super) fn evicted(&self, gen: u64, slot: &str) {
+    fn evicted(&self, gen: u64, slot: &str) {
         let mut b = self.book.lock().unwrap();
         b.evicting.remove(&gen);
         b.draining.remove(&gen);
