@@ -33,7 +33,7 @@ echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 # metfs-shuffle (aggregate-cache mode's MPI exchange) builds only with the `mpi` feature.
-cargo clippy -p metfs --features mpi --bin metfs-shuffle -q -- -D warnings
+cargo clippy -p metfs-exchange --features mpi --bin metfs-shuffle -q -- -D warnings
 # The Python package and its tests (settings in bindings/python/pyproject.toml).
 (cd bindings/python && python3 -m ruff check -q . && python3 -m ruff format --check -q . \
   && python3 -m mypy)
@@ -88,7 +88,7 @@ if ! runuser -u "$TEST_USER" -- test -r /dev/fuse -a -w /dev/fuse; then
   usermod -aG fuse "$TEST_USER"
 fi
 export METFS_BIN="$PWD/target/debug/metfs"
-cargo build -q -p metfs --features mpi --bin metfs-shuffle
+cargo build -q -p metfs-exchange --features mpi --bin metfs-shuffle
 # Daemons that tests start without --history (Slurm scripts, CLI checks) keep their rf history
 # here rather than in the user's ~/.local/share/metfs.
 XDG_DATA_HOME=$(mktemp -d /tmp/metfs-test-data.XXXXXX)

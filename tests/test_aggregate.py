@@ -48,10 +48,10 @@ json.dump(res, open(out, "w"))
 
 
 def shuffle_bin() -> str:
-    """`metfs-shuffle` beside the metfs binary under test (built with the `mpi` feature)."""
+    """`metfs-shuffle` beside the metfs binary under test (metfs-exchange built with its `mpi` feature)."""
     exe = Path(os.environ.get("METFS_BIN", ROOT / "target" / "debug" / "metfs")).with_name("metfs-shuffle")
     if not exe.exists():
-        subprocess.run(["cargo", "build", "-q", "-p", "metfs", "--features", "mpi", "--bin", "metfs-shuffle"], cwd=ROOT, check=True)
+        subprocess.run(["cargo", "build", "-q", "-p", "metfs-exchange", "--features", "mpi", "--bin", "metfs-shuffle"], cwd=ROOT, check=True)
     return str(exe)
 
 

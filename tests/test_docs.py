@@ -274,7 +274,7 @@ def shuffle_options() -> frozenset[str]:
     feature beside the metfs binary; the test command builds it)."""
     exe = Path(metfs_bin()).with_name("metfs-shuffle")
     if not exe.exists():
-        subprocess.run(["cargo", "build", "-q", "-p", "metfs", "--features", "mpi", "--bin", "metfs-shuffle"], cwd=ROOT, check=True)
+        subprocess.run(["cargo", "build", "-q", "-p", "metfs-exchange", "--features", "mpi", "--bin", "metfs-shuffle"], cwd=ROOT, check=True)
     r = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return frozenset(re.findall(r"(?m)^\s+(?:-\w, )?(--[a-z0-9][a-z0-9-]*)", r.stdout))

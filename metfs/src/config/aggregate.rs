@@ -1,33 +1,13 @@
 //! The `[aggregate]` settings: aggregate-cache mode (`metfs mount --aggregate`), where the
 //! nodes of a job hold the dataset together and each epoch's new shares are filled from the
 //! other nodes' caches instead of the capacity tier. The daemon's side is `crate::daemon`'s
-//! `aggregate` module; the exchange between nodes is `metfs-shuffle`, one MPI rank per node.
+//! `aggregate` module; the exchange between nodes is `metfs-shuffle`, one MPI rank per node
+//! (the `metfs-exchange` crate), whose [`ShuffleCode`] the `code` setting is.
 
 use serde::{Deserialize, Serialize};
 
-/// How the samples a node needs cross the network.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-pub enum ShuffleCode {
-    /// Each needed sample is sent once, by one node that holds it (the baseline).
-    #[default]
-    #[serde(rename = "uncoded")]
-    #[value(name = "uncoded")]
-    Uncoded,
-    /// UberShuffle's coded multicast (paper 002): XOR packets over fixed-size blocks, each
-    /// useful to several nodes at once, sent by the nodes that hold their operands.
-    #[serde(rename = "uberShuffle")]
-    #[value(name = "uberShuffle")]
-    UberShuffle,
-}
-
-impl std::fmt::Display for ShuffleCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ShuffleCode::Uncoded => "uncoded",
-            ShuffleCode::UberShuffle => "uberShuffle",
-        })
-    }
-}
+/// How samples cross between nodes: the exchange's type, a flag value here.
+pub use metfs_exchange::ShuffleCode;
 
 /// Aggregate-cache mode (`[aggregate]` in the config file, `--aggregate` and `--shuffle-*`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]

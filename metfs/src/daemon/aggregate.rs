@@ -35,59 +35,20 @@
 //!
 //! `CACHE/aggregate.json` ([`ExchangeSpec`]), written at mount: the node's rank, the planner's
 //! settings, the catalog's digest (ranks refuse to exchange when any differs), and where the
-//! slots and the control socket are. The catalog itself is `CACHE/catalog.bin`.
+//! slots and the control socket are. The catalog itself is `CACHE/catalog.bin`. The spec, the
+//! names of an epoch's slot and inbox and the inbox's protocol are the exchange crate's
+//! (`metfs_exchange::spec`), so that both sides build them the same way.
 
 use super::*;
 use crate::config::aggregate::ShuffleCode;
 use shuffle::{layout, Layout};
 
-/// The file `metfs-shuffle` reads in the cache directory.
-pub const SPEC_FILE: &str = "aggregate.json";
-
-/// Version of [`ExchangeSpec`]; `metfs-shuffle` refuses another.
-pub const SPEC_VERSION: u32 = 1;
-
-/// What the exchange of a node needs to know of its daemon (`CACHE/aggregate.json`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ExchangeSpec {
-    /// [`SPEC_VERSION`].
-    pub v: u32,
-    /// This node's rank.
-    pub rank: u32,
-    /// Nodes in the job.
-    pub nodes: u32,
-    /// The planner's seed.
-    pub seed: u64,
-    /// Bytes one node holds for one epoch (a slot).
-    pub budget: u64,
-    /// Probability of keeping an extra sample.
-    pub extra: f64,
-    /// How samples cross between nodes.
-    pub code: ShuffleCode,
-    /// Digest of the catalog (paths, sizes, versions): the same on every node, or the ranks
-    /// refuse to exchange.
-    pub catalog_digest: String,
-    /// The capacity tier's URL.
-    pub source: String,
-    /// The stager's slot directory (slots, journals, inboxes).
-    pub slots: PathBuf,
-    /// The saved catalog.
-    pub catalog: PathBuf,
-    /// The daemon's control socket.
-    pub socket: PathBuf,
-    /// The daemon's process id: the exchange stops when it is gone.
-    pub pid: u32,
-}
-
-/// The slot of epoch `epoch` in aggregate mode (its one mini-epoch).
-pub fn slot_of_epoch(epoch: u64) -> String {
-    slot_name((epoch, 0))
-}
-
-/// The inbox the exchange fills for epoch `epoch`'s slot.
-pub fn inbox_of_epoch(epoch: u64) -> String {
-    format!("inbox-e{epoch:06}")
-}
+// The names, the spec and the digest the daemon and its exchange agree on live with the
+// exchange (`metfs_exchange::spec`); they are re-exported here at their old paths.
+pub use metfs_exchange::spec::{
+    catalog_digest, inbox_dir, inbox_journal, inbox_of_epoch, slot_of_epoch, ExchangeSpec,
+    SPEC_FILE, SPEC_VERSION,
+};
 
 /// How a staging's wait for the exchange ended.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -218,7 +179,7 @@ impl Daemon {
 
     /// Creates the inbox of epoch `epoch` (empty): the node's exchange may fill it now.
     pub(super) fn open_inbox(&self, epoch: u64) {
-        let dir = self.paths.slots.join(inbox_of_epoch(epoch));
+        let dir = inbox_dir(&self.paths.slots, epoch);
         if let Err(e) = prefetcher::stager::create_private_dir(&dir) {
             tracing::warn!(inbox = %dir.display(), error = %e, "cannot create the exchange's inbox; the epoch comes from the tier");
         }
@@ -227,7 +188,7 @@ impl Daemon {
     /// Waits until the exchange has filled epoch `epoch`'s inbox (its journal says
     /// `complete`), or the timeout; says so when it gave up.
     pub(super) async fn wait_for_exchange(&self, a: &Aggregate, epoch: u64) -> ExchangeWait {
-        let journal = SlotJournal::of(&self.paths.slots, &inbox_of_epoch(epoch));
+        let journal = inbox_journal(&self.paths.slots, epoch);
         let t0 = Instant::now();
         let complete = loop {
             if journal.is_complete() {
@@ -259,14 +220,8 @@ impl Daemon {
 
     /// Removes epoch `epoch`'s inbox once its slot is staged (the slot's links keep the files).
     pub(super) fn close_inbox(&self, epoch: u64) {
-        let name = inbox_of_epoch(epoch);
         // `remove_dir_all` does not follow symlinks inside the directory.
-        let _ = std::fs::remove_dir_all(self.paths.slots.join(&name));
-        let _ = SlotJournal::of(&self.paths.slots, &name).remove();
+        let _ = std::fs::remove_dir_all(inbox_dir(&self.paths.slots, epoch));
+        let _ = inbox_journal(&self.paths.slots, epoch).remove();
     }
-}
-
-/// Digest of a catalog: every sample's path, size and version, in catalog order.
-pub fn catalog_digest(catalog: &Catalog) -> u64 {
-    prefetcher::digest::catalog_digest(catalog, prefetcher::digest::CatalogDigest::Contents)
 }

@@ -328,8 +328,9 @@ pub struct Daemon {
     apply_one: tokio::sync::Mutex<()>,
 }
 
+/// The slot of `(epoch, mini-epoch)`: the stager's [`prefetcher::stager::slot_name`].
 fn slot_name(target: (u64, u32)) -> String {
-    format!("e{:06}-m{:05}", target.0, target.1)
+    prefetcher::stager::slot_name(target.0, target.1)
 }
 
 impl Daemon {

@@ -1,12 +1,13 @@
 //! The stager: copies one mini-epoch from the capacity tier into its slot.
 //!
-//! A slot is a directory `SLOTS/<name>/` holding the mini-epoch's samples under their relative
-//! paths. Each sample is fetched into a temporary file in `TMP/` and its size verified (the
-//! tier verifies its version too, and starts writeback as it writes). Fetched files are committed
-//! in batches (at most 512 files, 512 MiB or one second): one `syncfs` makes the batch durable,
-//! then its files are renamed into the slot. A file therefore appears in a slot only when it is
-//! complete, verified and on disk, and a crash at any point leaves at worst orphan temporary
-//! files, which [`Stager::clean_tmp`] removes at start. Batches are committed on a thread of
+//! A slot is a directory `SLOTS/<name>/` (the daemon's names: [`slot_name`]) holding the
+//! mini-epoch's samples under their relative paths. Each sample is fetched into a temporary
+//! file in `TMP/` and its size verified (the tier verifies its version too, and starts
+//! writeback as it writes). Fetched files are committed in batches (at most 512 files, 512
+//! MiB or one second): one `syncfs` makes the batch durable, then its files are renamed into
+//! the slot. A file therefore appears in a slot only when it is complete, verified and on
+//! disk, and a crash at any point leaves at worst orphan temporary files, which
+//! [`Stager::clean_tmp`] removes at start. Batches are committed on a thread of
 //! their own while the next ones download, so durability costs the download no time unless
 //! the disk is slower than the tier.
 //!
@@ -298,6 +299,13 @@ const EVICTED: &str = "evicted-";
 
 const PATH_MAX: usize = 4096;
 const NAME_MAX: usize = 255;
+
+/// The name of the slot of mini-epoch `mini_epoch` of epoch `epoch`: `e<epoch>-m<mini>`, zero
+/// padded (`e000003-m00012`), so that names sort as the mini-epochs do. The daemon names its
+/// slots with it, and aggregate mode's exchange finds an epoch's slot by it.
+pub fn slot_name(epoch: u64, mini_epoch: u32) -> String {
+    format!("e{epoch:06}-m{mini_epoch:05}")
+}
 
 /// Creates `dir` and its missing parents, private to the daemon's user.
 pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {

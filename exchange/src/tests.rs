@@ -9,8 +9,7 @@ use shuffle::coded::Samples;
 use super::coded::{CodedPlan, Decoder, Encoder, BLOCK, CODED_HEADER, RING_HEADER};
 use super::uncoded::{Outbox, HEADER};
 use super::*;
-use crate::config::aggregate::ShuffleCode;
-use crate::daemon::aggregate::slot_of_epoch;
+use crate::spec::{inbox_of_epoch, slot_of_epoch};
 
 /// `n` nodes' caches side by side: each has its spec, the catalog of `sizes`, and its slot of
 /// epoch 0 (its whole cache, share and extras) staged, files and journal, as the daemon would.
@@ -38,7 +37,7 @@ fn nodes(dir: &Path, n: u32, extra: f64, sizes: &[u64]) -> Vec<Node> {
                 budget: 1 << 20,
                 extra,
                 code: ShuffleCode::Uncoded,
-                catalog_digest: format!("{:016x}", crate::daemon::aggregate::catalog_digest(&cat)),
+                catalog_digest: format!("{:016x}", catalog_digest(&cat)),
                 source: "test".into(),
                 slots: slots.clone(),
                 catalog,
@@ -823,4 +822,26 @@ fn the_extra_rank_refuses_a_spec_or_catalog_it_cannot_trust() {
     assert!(e.to_string().contains("not a directory"), "{e}");
     let x = Node::extra(&spec, &cat, &tier).unwrap();
     assert!(x.is_extra() && x.spec.rank == 2 && x.sender == SenderMode::Extra);
+}
+
+#[test]
+fn an_epochs_slot_and_inbox_are_named_as_the_daemon_names_them() {
+    // The daemon's slots are the stager's names; aggregate mode has one mini-epoch per epoch.
+    assert_eq!(slot_of_epoch(3), prefetcher::stager::slot_name(3, 0));
+    assert_eq!(slot_of_epoch(3), "e000003-m00000");
+    assert_eq!(inbox_of_epoch(12), "inbox-e000012");
+    let slots = Path::new("/cache/slots");
+    assert_eq!(inbox_dir(slots, 12), slots.join("inbox-e000012"));
+    assert_eq!(
+        inbox_journal(slots, 12).path(),
+        SlotJournal::of(slots, "inbox-e000012").path()
+    );
+    // The code as the daemon's config and spec spell it.
+    for (code, name) in [
+        (ShuffleCode::Uncoded, "uncoded"),
+        (ShuffleCode::UberShuffle, "uberShuffle"),
+    ] {
+        assert_eq!(serde_json::to_string(&code).unwrap(), format!("\"{name}\""));
+        assert_eq!(code.to_string(), name);
+    }
 }

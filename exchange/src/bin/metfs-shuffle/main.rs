@@ -17,9 +17,9 @@
 //! Coded packets go `--broadcast ring` (the default: scatter-then-ring, Theorem 3: after each
 //! round's scatter, ring stages, one `MPI_Alltoallv` each, until no rank has a part to
 //! forward) or `direct` (whole, to each receiver). Each node keeps in its inbox
-//! what it receives, decodes and checks. The logic is `metfs::exchange`; this file is the
-//! transport: it counts the bytes and messages it puts on the wire. One JSON line per epoch
-//! and rank on stdout ([`metfs::exchange::ExchangeReport`]).
+//! what it receives, decodes and checks. The logic is the `metfs_exchange` library; this file
+//! is the transport: it counts the bytes and messages it puts on the wire. One JSON line per
+//! epoch and rank on stdout ([`metfs_exchange::ExchangeReport`]).
 //!
 //! Before the first exchange the ranks compare their daemons' settings and catalogs, their
 //! `--sender` and `--broadcast`, and their epochs, and all refuse to start (exit 2) if any
@@ -38,12 +38,12 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use mpi::Count;
 
-use metfs::config::aggregate::ShuffleCode;
-use metfs::daemon::aggregate::inbox_of_epoch;
-use metfs::exchange::coded::{CodedPlan, Decoder, Encoder};
-use metfs::exchange::uncoded::Outbox;
-use metfs::exchange::{
-    Accepted, Broadcast, ExchangeError, ExchangeReport, Inbox, Node, SenderMode,
+use metfs_exchange::coded::{CodedPlan, Decoder, Encoder};
+use metfs_exchange::spec::inbox_of_epoch;
+use metfs_exchange::uncoded::Outbox;
+use metfs_exchange::{
+    Accepted, Broadcast, ExchangeError, ExchangeReport, ExchangeSpec, Inbox, Node, SenderMode,
+    ShuffleCode,
 };
 
 #[derive(Parser)]
@@ -229,8 +229,7 @@ fn run(world: &SimpleCommunicator) -> Result<()> {
                 let tier = match &args.tier {
                     Some(t) => t.clone(),
                     None => {
-                        let spec: metfs::daemon::aggregate::ExchangeSpec =
-                            serde_json::from_slice(&spec)?;
+                        let spec: ExchangeSpec = serde_json::from_slice(&spec)?;
                         if spec.source.contains("://") {
                             bail!("the daemons' source is {}: the extra rank reads a POSIX tier only; use --sender peers", spec.source);
                         }

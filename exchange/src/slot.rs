@@ -27,7 +27,7 @@ use prefetcher::stager::SlotJournal;
 use prefetcher::tier::posix_version;
 use shuffle::coded::Samples;
 
-use crate::daemon::aggregate::slot_of_epoch;
+use crate::spec::slot_of_epoch;
 
 use super::Node;
 

@@ -1,7 +1,14 @@
 //! A node's side of aggregate-cache mode's exchange, without the transport: what this node
 //! sends to each other node for an epoch's inbox, the frames that carry it, and the inbox that
-//! checks and keeps what arrives. `metfs-shuffle` moves the frames over MPI; everything here is
-//! testable without it. The daemon's side is `daemon::aggregate`.
+//! checks and keeps what arrives. `metfs-shuffle` (`src/bin/metfs-shuffle/`, the `mpi`
+//! feature) moves the frames over MPI; everything here is testable without it. The daemon's
+//! side is `metfs`'s `daemon::aggregate`; what both sides agree on (the spec file, the names of
+//! an epoch's slot and inbox, the catalog digest) is [`spec`]. `metfs` re-exports this crate
+//! as `metfs::exchange`.
+//!
+//! The crate is apart from `metfs` so that it builds and tests without the daemon's heavy
+//! dependencies (FUSE, etcd's gRPC, plotters): it needs only the catalog and the slot journal
+//! (`prefetcher`) and the plans (`shuffle`), and MPI only for the binary.
 //!
 //! # Who sends what
 //!
@@ -47,7 +54,7 @@
 //!
 //! # The inbox
 //!
-//! A sample enters the inbox ([`inbox`]) only if it is one this node expects (from that
+//! A sample enters the inbox ([`Inbox`]) only if it is one this node expects (from that
 //! sender, for an uncoded frame), its length is the catalog's and the CRC-32 of its bytes is
 //! its sender's; it is written to a temporary file, made read-only and renamed into place,
 //! then journaled (`<id> <crc>`), so the daemon's stager, which links from the inbox like from
@@ -58,6 +65,7 @@
 pub mod coded;
 mod inbox;
 mod slot;
+pub mod spec;
 pub mod uncoded;
 
 #[cfg(test)]
@@ -65,6 +73,7 @@ mod tests;
 
 pub use inbox::{Accepted, Inbox};
 pub use slot::Held;
+pub use spec::{ExchangeSpec, ShuffleCode, SPEC_FILE, SPEC_VERSION};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -73,8 +82,7 @@ use prefetcher::catalog::Catalog;
 use shuffle::{layout, transition, Layout, Transition};
 use thiserror::Error;
 
-use crate::config::aggregate::ShuffleCode;
-use crate::daemon::aggregate::{inbox_of_epoch, ExchangeSpec, SPEC_FILE, SPEC_VERSION};
+use spec::{catalog_digest, inbox_dir, inbox_journal, parse_spec};
 
 /// Errors of the exchange, each naming what it is about.
 #[derive(Debug, Error)]
@@ -180,17 +188,8 @@ fn take(buf: &[u8], need: usize, from: u32) -> Result<(&[u8], &[u8]), ExchangeEr
 }
 
 /// Who sends what the nodes need (`metfs-shuffle --sender`).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum SenderMode {
     /// The nodes that hold a sample send it (or the packets of it); no extra rank.
@@ -202,17 +201,8 @@ pub enum SenderMode {
 }
 
 /// How a coded packet reaches its receivers (`metfs-shuffle --broadcast`).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Broadcast {
     /// The sender sends the whole packet to each receiver.
@@ -316,10 +306,7 @@ impl Node {
     }
 
     fn from_parts(spec: ExchangeSpec, catalog: Catalog) -> Result<Self, ExchangeError> {
-        let digest = format!(
-            "{:016x}",
-            crate::daemon::aggregate::catalog_digest(&catalog)
-        );
+        let digest = format!("{:016x}", catalog_digest(&catalog));
         if digest != spec.catalog_digest {
             return Err(ExchangeError::Catalog {
                 path: spec.catalog.display().to_string(),
@@ -449,13 +436,12 @@ impl Node {
     /// Opens the inbox of epoch `epoch` (the daemon creates it when its staging starts),
     /// expecting each sample of `expected` uncoded from the rank it names.
     pub fn inbox(&self, epoch: u64, expected: HashMap<u32, u32>) -> Result<Inbox, ExchangeError> {
-        let name = inbox_of_epoch(epoch);
-        let dir = self.spec.slots.join(&name);
+        let dir = inbox_dir(&self.spec.slots, epoch);
         let err = |source| ExchangeError::Inbox {
             path: dir.display().to_string(),
             source,
         };
-        let journal = prefetcher::stager::SlotJournal::of(&self.spec.slots, &name)
+        let journal = inbox_journal(&self.spec.slots, epoch)
             .append()
             .map_err(err)?;
         Ok(Inbox::new(dir, journal, expected))
@@ -463,24 +449,11 @@ impl Node {
 
     /// Whether the inbox of epoch `epoch` is open (the daemon is staging that epoch).
     pub fn inbox_open(&self, epoch: u64) -> bool {
-        self.spec.slots.join(inbox_of_epoch(epoch)).is_dir()
+        inbox_dir(&self.spec.slots, epoch).is_dir()
     }
 
     /// The catalog path of a sample (for messages).
     pub fn path_of(&self, id: u32) -> String {
         self.catalog.path(id)
     }
-}
-
-/// Reads an [`ExchangeSpec`], refusing another version.
-fn parse_spec(text: &[u8]) -> Result<ExchangeSpec, String> {
-    let spec: ExchangeSpec =
-        serde_json::from_slice(text).map_err(|e| format!("not a valid spec: {e}"))?;
-    if spec.v != SPEC_VERSION {
-        return Err(format!(
-            "version {} where this metfs-shuffle reads {SPEC_VERSION}; use the daemon's metfs-shuffle",
-            spec.v
-        ));
-    }
-    Ok(spec)
 }

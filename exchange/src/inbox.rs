@@ -1,7 +1,7 @@
 //! An epoch's inbox: what arrives from peers, checked, written whole and journaled (see the
-//! module docs of `exchange`). Uncoded frames arrive as they were sent ([`Inbox::accept`]);
-//! coded samples arrive reassembled from decoded blocks ([`Inbox::accept_decoded`]); both go
-//! through the same check and the same journal.
+//! crate docs, and [`crate::spec`] for the protocol with the daemon). Uncoded frames arrive as
+//! they were sent ([`Inbox::accept`]); coded samples arrive reassembled from decoded blocks
+//! ([`Inbox::accept_decoded`]); both go through the same check and the same journal.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
