@@ -595,6 +595,70 @@ impl Store {
         samples.iter().all(|&x| on[x as usize])
     }
 
+    /// Deletes `slot`, staged but never shown (its job left first), and frees its bytes.
+    pub(super) async fn drop_slot(&self, slot: &str) {
+        let stager = self.stager.clone();
+        let name = slot.to_string();
+        match tokio::task::spawn_blocking(move || stager.evict(&name)).await {
+            Ok(Ok(())) => self.forget_slot(slot),
+            other => {
+                tracing::error!(slot, result = ?other.map(|r| r.err()), "cannot delete a slot of a job that left")
+            }
+        }
+    }
+
+    /// Deletes `slot` now and frees its bytes: a first slot of which nothing could be staged
+    /// (the mount fails).
+    pub(super) fn remove_now(&self, slot: &str) {
+        if let Err(e) = self.stager.evict(slot) {
+            tracing::warn!(slot, error = %e, "cannot delete the slot");
+        }
+        self.forget_slot(slot);
+    }
+
+    /// Frees `slot`'s bytes in the book and deletes its files in the background: a kept slot
+    /// that a resumed job cannot use (it starts over).
+    pub(super) fn discard(&self, slot: &str) {
+        self.forget_slot(slot);
+        if let Err(e) = self.stager.evict_in_background(slot) {
+            tracing::warn!(slot, error = %e, "cannot delete the slot");
+        }
+    }
+
+    /// At startup, before anything is staged: deletes in the background every slot on disk
+    /// that `keep` refuses (a retired slot of 500k files takes minutes to delete, and the mount
+    /// need not wait for it: staging fetches nothing until it is), and the journals and seals
+    /// of no slot `keep` accepts (a journal's file is `<slot>.journal`, a seal's
+    /// `<slot>.seal`). Returns the kept slots whose seal holds: they resume without reading
+    /// their copies.
+    pub(super) fn remove_slots_except(
+        &self,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<String>, prefetcher::stager::StageError> {
+        for name in self.stager.present_slots() {
+            if !keep(&name) {
+                self.stager.evict_in_background(&name)?;
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir(&self.paths.slots) {
+            for e in rd.flatten() {
+                let file = e.file_name();
+                let kept = file
+                    .to_str()
+                    .and_then(|f| f.rsplit_once('.'))
+                    .is_some_and(|(slot, _)| keep(slot));
+                if e.file_type().is_ok_and(|t| t.is_file()) && !kept {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        let sealed = self.stager.take_seals();
+        if !sealed.is_empty() {
+            tracing::info!(slots = ?sealed, "sealed at the last clean shutdown");
+        }
+        Ok(sealed)
+    }
+
     /// A slot deleted without having been shown (its job left): its bytes are free.
     pub(super) fn forget_slot(&self, slot: &str) {
         let mut b = self.book.lock().unwrap();

@@ -43,13 +43,7 @@ impl Daemon {
         let queue = join_queue(&cfg, &store.catalog, &footprints, budget.slot_bytes).await?;
         let start = start_of(saved.as_ref(), queue.as_ref().map(|(_, b)| b));
         let cur = (start.epoch, start.mini_epoch);
-        remove_stale_slots(
-            &store.stager,
-            &paths,
-            saved.is_some(),
-            cur,
-            successor(cur, nm),
-        )?;
+        remove_stale_slots(&store, saved.is_some(), cur, successor(cur, nm))?;
         let job = saved
             .as_ref()
             .and_then(|s| s.job.clone())
@@ -193,34 +187,16 @@ fn start_of(saved: Option<&SavedState>, first_batch: Option<&crate::dds::Batch>)
 }
 
 /// Removes the slots that belong to neither the current mini-epoch `cur` nor its successor
-/// `succ` (every slot, and the journals and seals without one, when nothing is resumed).
-/// They are deleted in the background: a retired slot of 500k files takes minutes to delete,
-/// and the mount need not wait for it (staging fetches nothing until it is).
+/// `succ`, and every slot, journal and seal when nothing is resumed (they are of another
+/// plan).
 fn remove_stale_slots(
-    stager: &Stager,
-    paths: &CachePaths,
+    store: &Store,
     resumed: bool,
     cur: (u64, u32),
     succ: (u64, u32),
 ) -> Result<(), DaemonError> {
-    for name in stager.present_slots() {
-        if !resumed || (name != slot_name(cur) && name != slot_name(succ)) {
-            stager.evict_in_background(&name)?;
-        }
-    }
-    if !resumed {
-        // Journals (and seals) without slot directories, from a different plan.
-        if let Ok(rd) = std::fs::read_dir(&paths.slots) {
-            for e in rd.flatten() {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
-    // The slots kept whose seal holds resume without reading their copies.
-    let sealed = stager.take_seals();
-    if !sealed.is_empty() {
-        tracing::info!(slots = ?sealed, "sealed at the last clean shutdown");
-    }
+    let (cur, succ) = (slot_name(cur), slot_name(succ));
+    store.remove_slots_except(|slot| resumed && (slot == cur || slot == succ))?;
     Ok(())
 }
 
@@ -277,14 +253,7 @@ async fn stage_first(
         secs = t.elapsed().as_secs_f64(),
         "mini-epoch staged"
     );
-    first_slot_usable(
-        cfg,
-        &store.catalog,
-        &store.stager,
-        spec,
-        spec.samples.len(),
-        &report,
-    )?;
+    first_slot_usable(cfg, store, spec, spec.samples.len(), &report)?;
     store.note_failed(
         report
             .failed
@@ -350,8 +319,7 @@ pub(super) async fn join_queue(
 /// mount fails naming the source (or manifest) and one sample's error.
 pub(super) fn first_slot_usable(
     cfg: &MountConfig,
-    catalog: &Catalog,
-    stager: &Stager,
+    store: &Store,
     spec: &SlotSpec,
     members: usize,
     report: &StageReport,
@@ -363,7 +331,7 @@ pub(super) fn first_slot_usable(
             None => format!("source {}", cfg.source),
         };
         if k >= n {
-            let _ = stager.evict(&spec.name);
+            store.remove_now(&spec.name);
             let hint = if cfg.manifest.is_some() {
                 "; does the manifest belong to this source?"
             } else {
@@ -372,7 +340,7 @@ pub(super) fn first_slot_usable(
             return Err(DaemonError::Setup(format!(
                 "{what}: none of the {n} samples of the first mini-epoch could be staged from {} ({k} missing or unreadable, e.g. `{}`: {why}){hint}",
                 cfg.source,
-                catalog.path(*id)
+                store.catalog.path(*id)
             )));
         }
         tracing::warn!(

@@ -24,7 +24,6 @@ impl Daemon {
         } = planned;
         let settings = share_settings(&cfg, &catalog, &budget);
         let saved = saved_share(&cfg, &paths, &settings)?;
-        keep_only_saved_slots(&stager, &paths, saved.as_ref())?;
         check_share_fits(&cfg, &catalog, &footprints, &budget)?;
         let restarts = saved.as_ref().map_or(0, |s| s.restarts + 1);
         // After a restart the sampler draws from a stream of its own (`Cohort`'s doc).
@@ -45,6 +44,7 @@ impl Daemon {
         }
         let view_bytes = budget.slot_bytes / u64::from(cfg.share.jobs);
         let mut store = Store::new(paths.clone(), catalog, footprints, None, budget, stager);
+        keep_only_saved_slots(&store, &paths, saved.as_ref())?;
         // The budget bounds what kept slots hold (`Store::room_for`); the count only bounds
         // the book's work and the journals a staging reads.
         store.max_held = MAX_HELD_PER_SHARE * cfg.share.jobs as usize;
@@ -128,7 +128,7 @@ fn saved_share(
 /// Removes every slot (and journal and seal) but the saved jobs' current and prepared next
 /// ones, and the state file of a plain mount.
 fn keep_only_saved_slots(
-    stager: &Stager,
+    store: &Store,
     paths: &CachePaths,
     saved: Option<&SavedShare>,
 ) -> Result<(), DaemonError> {
@@ -138,30 +138,8 @@ fn keep_only_saved_slots(
         .flat_map(|j| [Some(j.slot()), j.next_slot()])
         .flatten()
         .collect();
-    for name in stager.present_slots() {
-        if !keep.contains(&name) {
-            stager.evict_in_background(&name)?;
-        }
-    }
-    if let Ok(rd) = std::fs::read_dir(&paths.slots) {
-        for e in rd.flatten() {
-            // Journals and seals of the kept slots stay (`<slot>.journal`, `<slot>.seal`).
-            let file = e.file_name();
-            let kept = file
-                .to_str()
-                .and_then(|f| f.rsplit_once('.'))
-                .is_some_and(|(slot, _)| keep.contains(slot));
-            if !kept {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
+    store.remove_slots_except(|slot| keep.contains(slot))?;
     let _ = std::fs::remove_file(&paths.state);
-    // Kept slots whose seal holds (a clean shutdown) resume without reading their copies.
-    let sealed = stager.take_seals();
-    if !sealed.is_empty() {
-        tracing::info!(slots = ?sealed, "sealed at the last clean shutdown");
-    }
     Ok(())
 }
 

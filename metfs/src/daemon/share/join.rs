@@ -367,14 +367,7 @@ impl Daemon {
 
     /// Deletes a slot staged for a job that left before showing it.
     pub(in crate::daemon) async fn drop_slot(&self, slot: &str) {
-        let stager = self.store.stager.clone();
-        let name = slot.to_string();
-        match tokio::task::spawn_blocking(move || stager.evict(&name)).await {
-            Ok(Ok(())) => self.store.forget_slot(slot),
-            other => {
-                tracing::error!(slot, result = ?other.map(|r| r.err()), "cannot delete a slot of a job that left")
-            }
-        }
+        self.store.drop_slot(slot).await;
     }
 
     /// Drops the jobs silent for longer than `share.idle_secs`; run by the monitor.

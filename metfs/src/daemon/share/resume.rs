@@ -103,8 +103,7 @@ impl Daemon {
                     tracing::warn!(job = %j.name, error = %e, "cannot resume the job; it starts over when it joins again");
                     let _ = sh.cohort.lock().unwrap().leave(&j.name);
                     for slot in [Some(j.slot()), j.next_slot()].into_iter().flatten() {
-                        self.store.forget_slot(&slot);
-                        let _ = self.store.stager.evict_in_background(&slot);
+                        self.store.discard(&slot);
                     }
                 }
             }
