@@ -10,6 +10,5 @@ mod budget;
 mod faults;
 mod kernel;
 mod learned;
-mod model;
 mod passes;
 mod resume;
