@@ -135,6 +135,12 @@ def _in_queue(site: Site, job: str) -> bool:
     return bool(r.stdout.strip())
 
 
+def _has_result(text: str) -> bool:
+    """Whether the job's output holds its whole RESULT line: the file is read while the job
+    writes it, and a line seen without its newline may be cut short."""
+    return "RESULT " in text and "\n" in text.split("RESULT ", 1)[1]
+
+
 def test_a_users_job_reads_through_passthrough_and_the_epilog_leaves_nothing(site: Site) -> None:
     work = _user_dir(site, "job1")
     (work / "check.py").write_text(CHECK)
@@ -152,7 +158,7 @@ def test_a_users_job_reads_through_passthrough_and_the_epilog_leaves_nothing(sit
     jobdir = site.jobs / f"{job}-n1"
     end = time.monotonic() + 120
     text = ""
-    while "RESULT " not in text:
+    while not _has_result(text):
         assert time.monotonic() < end, f"no result from job {job}:\n{text[-3000:]}"
         assert _in_queue(site, job), f"job {job} ended early:\n{text[-3000:]}\n{_logs(site)}"
         time.sleep(0.5)
@@ -223,7 +229,7 @@ def test_each_node_of_a_two_node_job_mounts_its_share(site: Site) -> None:
         return [t.read_text(errors="replace") if t.exists() else "" for t in tasks]
 
     try:
-        while not all("RESULT " in t for t in texts()):
+        while not all(_has_result(t) for t in texts()):
             text = "\n".join(texts()) + (out.read_text(errors="replace") if out.exists() else "")
             assert time.monotonic() < end, f"no results from job {job}:\n{text[-3000:]}"
             assert _in_queue(site, job), f"job {job} ended early:\n{text[-3000:]}\n{_logs(site)}"
