@@ -5,8 +5,9 @@
 #   scripts/garage.sh start DIR [PORT [RPC_PORT]]
 #                                          start a server with its state in DIR; S3 on
 #                                          127.0.0.1:PORT (default 3900), RPC on RPC_PORT
-#                                          (default PORT+1); prints the S3 endpoint once the
-#                                          server answers a signed S3 request
+#                                          (default: the one DIR's server last had, else
+#                                          PORT+1, else a free one); prints the S3 endpoint
+#                                          once the server answers a signed S3 request
 #   scripts/garage.sh env DIR              print `export AWS_...` lines for the server in DIR
 #   scripts/garage.sh stop DIR             stop the server started in DIR
 #
@@ -75,6 +76,10 @@ port_answers() { # port
     curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$1/" 2>/dev/null
 }
 
+rpc_port_free() { # port: nothing listens on 127.0.0.1:PORT
+    ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
 s3_ready() { # port key secret bucket
     # Garage's own answer to a signed ListObjectsV2 of the default bucket: it comes only once
     # the server has made the key and the bucket and serves S3, not when the port first opens.
@@ -87,7 +92,7 @@ s3_ready() { # port key secret bucket
 cmd_start() {
     local dir=${1:?usage: garage.sh start DIR [PORT [RPC_PORT]]}
     local port=${2:-3900}
-    local rpc_port=${3:-$((port + 1))}
+    local rpc_port=${3:-}
     have_garage || die "garage is not installed: run scripts/garage.sh install (about 16 minutes on 2 cores)"
     mkdir -p "$dir/meta" "$dir/data"
     dir=$(cd "$dir" && pwd)
@@ -107,6 +112,22 @@ cmd_start() {
     fi
     # shellcheck disable=SC1091
     . "$dir/credentials"
+    # A restart without RPC_PORT reuses the one the server last had: PORT+1 may belong to
+    # another server by now, and Garage panics when it cannot bind its RPC port.
+    if [ -z "$rpc_port" ]; then
+        if [ -f "$dir/rpc_port" ]; then rpc_port=$(cat "$dir/rpc_port"); else rpc_port=$((port + 1)); fi
+    fi
+    if ! rpc_port_free "$rpc_port"; then
+        # Garage's RPC address can change between starts of a single node, so when the port was
+        # not asked for by name, any free one will do.
+        [ -z "${3:-}" ] || die "RPC port $rpc_port is in use by another process: pass a free one"
+        local tries=0
+        while ! rpc_port_free "$rpc_port" || [ "$rpc_port" = "$port" ]; do
+            rpc_port=$((20000 + RANDOM % 40000))
+            tries=$((tries + 1))
+            [ "$tries" -lt 100 ] || die "found no free RPC port in 100 tries"
+        done
+    fi
     # The ports may change between starts (a test may restart on the same ones or not).
     cat >"$dir/garage.toml" <<EOF
 metadata_dir = "$dir/meta"
@@ -123,6 +144,7 @@ api_bind_addr = "127.0.0.1:$port"
 root_domain = ".s3.garage.localhost"
 EOF
     echo "$port" >"$dir/port"
+    echo "$rpc_port" >"$dir/rpc_port"
     if port_answers "$port"; then
         die "port $port already answers HTTP: another server is using it"
     fi
@@ -206,7 +228,7 @@ stop)
     cmd_stop "$@"
     ;;
 *)
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
