@@ -70,11 +70,14 @@ def test_server_killed_and_restarted_mid_staging(mounts, garage, tmp_path):
     m.mount()
     wait_for(lambda: m.status()["staging"].get("files_done", 0) >= 2, what="staging to start")
     garage.stop()
-    time.sleep(3)
-    # The current view keeps serving while the tier is down.
-    view = read_view(m.mountpoint)
-    assert view and all(files[k] == v for k, v in view.items())
-    garage.start()
+    try:
+        time.sleep(3)
+        # The current view keeps serving while the tier is down.
+        view = read_view(m.mountpoint)
+        assert view and all(files[k] == v for k, v in view.items())
+    finally:
+        # The server is shared by the session: the tests after this one need it back.
+        garage.start()
     m.wait_next_ready(timeout=180)
     assert m.pass_end()["decision"] == "advance"
     view = read_view(m.mountpoint)
