@@ -1482,6 +1482,107 @@ mod tests {
         assert!(h.start_run("ds", "job") > a);
     }
 
+    /// One generated run for the ranking property: per mini-epoch, the value of metric `m`
+    /// its passes sent (`None`: they sent only `other`), and whether the run finished.
+    type GenRun = (Vec<Option<u8>>, bool);
+
+    /// What `replay` must answer, computed from the generated runs alone: the run (index),
+    /// why, its final value of `m`, and how many runs were compared.
+    fn expected_replay(
+        runs: &[GenRun],
+        higher_is_better: bool,
+    ) -> Option<(usize, ReplayWhy, Option<f64>, u64)> {
+        let final_of = |i: usize| runs[i].0.iter().rev().find_map(|v| v.map(f64::from));
+        let recorded: Vec<usize> = (0..runs.len()).filter(|&i| final_of(i).is_some()).collect();
+        let pool: Vec<usize> = if recorded.iter().any(|&i| runs[i].1) {
+            recorded.into_iter().filter(|&i| runs[i].1).collect()
+        } else {
+            recorded
+        };
+        // Better value first, then the later run.
+        let key = |i: usize| {
+            let v = final_of(i).unwrap();
+            (if higher_is_better { v } else { -v }, i)
+        };
+        if let Some(&best) = pool
+            .iter()
+            .max_by(|&&a, &&b| key(a).partial_cmp(&key(b)).unwrap())
+        {
+            return Some((best, ReplayWhy::Best, final_of(best), pool.len() as u64));
+        }
+        if let Some(latest) = (0..runs.len()).rev().find(|&i| runs[i].1) {
+            return Some((latest, ReplayWhy::Latest, None, 0));
+        }
+        (0..runs.len())
+            .max_by_key(|&i| (runs[i].0.len(), i))
+            .map(|i| (i, ReplayWhy::Furthest, None, 0))
+    }
+
+    proptest! {
+        /// `replay` takes the run with the best final value of the metric (lower or higher
+        /// better, ties to the later run), finished runs before unfinished ones, else the
+        /// latest finished run, else the furthest; whether the metric is the score's term or
+        /// named by `learned_metric`, which is refused only when no run recorded it while
+        /// some recorded another metric.
+        #[test]
+        fn replay_ranks_runs_by_their_final_value(
+            runs in proptest::collection::vec(
+                (proptest::collection::vec(proptest::option::of(0u8..4), 1..5), any::<bool>()),
+                0..=MAX_RUNS_PER_KEY,
+            ),
+            higher_is_better in any::<bool>(),
+        ) {
+            let mut h = store();
+            let mut ids = Vec::new();
+            for (values, finished) in &runs {
+                let run = h.start_run("ds", "job");
+                for (seq, v) in values.iter().enumerate() {
+                    let mut rec = MiniEpochRecord::begin(seq as u64, 0, seq as u32);
+                    let sent: Metrics = match v {
+                        Some(v) => [("m".to_string(), f64::from(*v))].into(),
+                        None => [("other".to_string(), 0.0)].into(),
+                    };
+                    rec.add_pass(&sent, &decision(Verdict::Advance, Some(1.0)));
+                    h.record_mini_epoch(run, rec).unwrap();
+                }
+                if *finished {
+                    h.finish_run(run).unwrap();
+                }
+                ids.push(run);
+            }
+            // A positive weight minimises the term, a negative one maximises it.
+            let weight = if higher_is_better { -1.0 } else { 1.0 };
+            let score = crate::policy::WeightedScore::new(vec!["m".parse().unwrap()], vec![weight])
+                .unwrap();
+            let implied = ReplayMetric::of_score(&score).unwrap();
+            let spelled = if higher_is_better { "max:m" } else { "min:m" };
+            prop_assert_eq!(implied.to_string(), spelled);
+            let want = expected_replay(&runs, higher_is_better);
+            let got = h.replay("ds", "job", None, &implied).unwrap();
+            match (&got, want) {
+                (None, None) => {}
+                (Some((r, schedule)), Some((i, why, value, compared))) => {
+                    prop_assert_eq!(
+                        (r.run, r.why, r.value, r.compared, r.finished),
+                        (ids[i], why, value, compared, runs[i].1)
+                    );
+                    prop_assert_eq!(schedule.len(), runs[i].0.len());
+                    prop_assert_eq!(r.mini_epochs, runs[i].0.len() as u64);
+                }
+                (got, want) => prop_assert!(false, "got {:?}, want {:?}", got, want),
+            }
+            // The same metric named by the setting ranks alike, unless no run recorded it.
+            let named = h.replay("ds", "job", None, &spelled.parse().unwrap());
+            let none_recorded = runs.iter().all(|(v, _)| v.iter().all(Option::is_none));
+            if none_recorded && !runs.is_empty() {
+                let refused = matches!(named, Err(HistoryError::UnrecordedMetric { .. }));
+                prop_assert!(refused, "{:?}", named);
+            } else {
+                prop_assert_eq!(named.unwrap().map(|(r, _)| r.run), got.map(|(r, _)| r.run));
+            }
+        }
+    }
+
     proptest! {
         /// Scores read back bit for bit (serde_json's `float_roundtrip`).
         #[test]
