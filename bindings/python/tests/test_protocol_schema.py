@@ -19,7 +19,15 @@ import pytest
 from fake_daemon import FakeDaemon
 
 import metfs
-from metfs.client import PROTOCOL_VERSION, Decision, FilesView, Hello, Status, check_version
+from metfs.client import (
+    PROTOCOL_VERSION,
+    Decision,
+    FilesView,
+    Hello,
+    Replay,
+    Status,
+    check_version,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMA_PATH = os.path.join(HERE, "..", "..", "..", "docs", "protocol.schema.json")
@@ -111,6 +119,39 @@ def test_a_reply_the_schema_accepts_parses(cls: type[Any], definition: str) -> N
     for attr, name in protocol_fields(cls).items():
         if name in reply and attr != "files":
             assert getattr(parsed, attr) == reply[name], (attr, name)
+
+
+def test_replay_reads_exactly_the_schemas_replay() -> None:
+    """``Status.replay`` (:class:`Replay`) has every field of the schema's ``Replay``, all
+    required there, and reads a valid one back; a malformed one is refused."""
+    definition = schema()["$defs"]["Replay"]
+    fields = {f.name for f in dataclasses.fields(Replay)}
+    assert fields == set(definition["properties"]) == set(definition["required"]), fields
+    replay: dict[str, Any] = {
+        "run": 2,
+        "mini_epochs": 40,
+        "why": "best",
+        "metric": "min:val_loss",
+        "value": 0.2,
+        "finished": False,
+        "compared": 3,
+    }
+    validator("Replay").validate(replay)
+    assert Replay.from_response(replay) == Replay(**replay)
+    latest: dict[str, Any] = {**replay, "why": "latest", "value": None, "compared": 0}
+    validator("Replay").validate(latest)
+    assert Replay.from_response(latest) == Replay(**latest)
+    assert Replay.from_response(None) is None
+    bad_ones: list[Any] = [
+        {**replay, "why": 1},
+        {**replay, "run": "2"},
+        {**replay, "finished": None},
+        [],
+    ]
+    for bad in bad_ones:
+        with pytest.raises(metfs.MetfsError, match="replay") as e:
+            Replay.from_response(bad)
+        assert e.value.code == "bad_response"
 
 
 def test_a_reply_of_another_major_version_is_refused(fake: FakeDaemon) -> None:

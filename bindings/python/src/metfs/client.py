@@ -193,13 +193,61 @@ class Hello:
 
 
 @dataclass(frozen=True)
+class Replay:
+    """``status``'s ``replay`` under ``rf_policy`` ``learned``: the earlier run of the rf history
+    that this run replays, and why (the history file records the same on this run as
+    ``replayed``).
+
+    ``run`` is the replayed run's id in the history file and ``mini_epochs`` how many mini-epochs
+    its schedule covers (the fallback policy decides after them). ``why`` is ``best`` (the best
+    final value of ``metric`` among ``compared`` runs), ``latest`` (no run recorded the metric:
+    the latest finished run) or ``furthest`` (none finished either: the one that got furthest).
+    ``metric`` is ``min:TERM`` or ``max:TERM``; ``value`` is the replayed run's final value of it,
+    ``None`` when that run did not record it; ``finished`` says whether the run ended normally.
+    """
+
+    run: int
+    mini_epochs: int
+    why: str
+    metric: str
+    value: float | None
+    finished: bool
+    compared: int
+
+    @classmethod
+    def from_response(cls, obj: Any) -> Replay | None:
+        """Reads ``replay`` of a ``status`` response: ``None`` when it is absent or null."""
+        if obj is None:
+            return None
+        if not (
+            isinstance(obj, Mapping)
+            and isinstance(obj.get("why"), str)
+            and isinstance(obj.get("metric"), str)
+            and isinstance(obj.get("finished"), bool)
+        ):
+            raise MetfsError(
+                "bad_response",
+                f"`status` response has a malformed `replay`: {json.dumps(obj)[:500]}",
+            )
+        return cls(
+            run=_req_int(obj, "run", "status replay"),
+            mini_epochs=_req_int(obj, "mini_epochs", "status replay"),
+            why=obj["why"],
+            metric=obj["metric"],
+            value=_opt_number(obj, "value"),
+            finished=obj["finished"],
+            compared=_req_int(obj, "compared", "status replay"),
+        )
+
+
+@dataclass(frozen=True)
 class Status:
     """Answer to ``status``: where the daemon is and what it holds.
 
     ``passes_done`` is the protocol's ``pass``: passes completed over the current mini-epoch.
     ``rf`` is the passes per mini-epoch the policy expects (a float: adaptive policies give a
     fractional estimate). ``policy`` is the protocol's ``rf_policy`` (``fixed``, ``score``,
-    ``bollinger``). Fields the daemon may leave out are ``None``; every field it sent is
+    ``bollinger``, ``learned``). Fields the daemon may leave out are ``None``; every field it sent is
     in ``raw``.
 
     ``effective_rf`` is the passes a mini-epoch actually got, averaged over those completed
@@ -208,6 +256,9 @@ class Status:
     completed mini-epoch's, ``mini_epoch_bonus_passes`` the current one's bonus passes so far,
     ``stalled_mini_epochs`` how many completed mini-epochs got bonus passes (each a
     ``stall_rf`` event in the daemon's event log).
+
+    ``replay``, under ``rf_policy`` ``learned``, is the earlier run being replayed and why
+    (:class:`Replay`); ``None`` for other policies and while there is no earlier run.
     """
 
     epoch: int
@@ -228,6 +279,7 @@ class Status:
     mini_epoch_bonus_passes: int | None
     completed_mini_epochs: int | None
     stalled_mini_epochs: int | None
+    replay: Replay | None
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     #: Fields named differently from the protocol: attribute -> protocol field.
@@ -261,6 +313,7 @@ class Status:
             mini_epoch_bonus_passes=_opt_int(obj, "mini_epoch_bonus_passes"),
             completed_mini_epochs=_opt_int(obj, "completed_mini_epochs"),
             stalled_mini_epochs=_opt_int(obj, "stalled_mini_epochs"),
+            replay=Replay.from_response(obj.get("replay")),
             raw=obj,
         )
 
