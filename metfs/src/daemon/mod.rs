@@ -273,7 +273,7 @@ mod switch;
 pub use fingerprint::{Fingerprint, PlanKind, SavedFingerprint};
 pub use kernel::KernelCache;
 use queue::{QueueFeed, QueueState};
-use schedule::{Drawn, DrawnView, Plans, Schedule};
+use schedule::{job_slots, Drawn, DrawnView, Plans, Schedule};
 pub use session::DEFAULT_SESSION;
 use session::*;
 pub use setup::*;

@@ -80,8 +80,10 @@ impl Plans {
 
 /// A job's views as the cohort draws them, by sequence: a job's mini-epoch is the sequence
 /// number of its view (0 for the first), its epoch the view's.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Drawn {
+    /// What its slots' names begin with (see [`Drawn::new`]).
+    slots: String,
     /// The current view's and the drawn successor's.
     views: BTreeMap<u32, DrawnView>,
     /// Whether the job has shown a view: before its first one (it waits for the jobs joining
@@ -99,13 +101,43 @@ pub(super) struct DrawnView {
     pub(super) bytes: u64,
 }
 
+/// The prefix of the slots of job `name` admitted at generation `join`: unique to that join,
+/// as generations are unique on a mount and across its restarts.
+pub(super) fn job_slots(name: &str, join: u64) -> String {
+    format!("{name}.j{join}")
+}
+
+/// The slot named by a job's prefix `slots` for its view `target`.
+pub(super) fn job_slot(slots: &str, target: (u64, u32)) -> String {
+    format!("{slots}.{}", slot_name(target))
+}
+
 impl Drawn {
-    /// A job resumed at sequence `seq`, showing `view`.
-    pub(super) fn resumed(seq: u32, view: DrawnView) -> Self {
+    /// A job that joins, waiting for its first view, whose slots are named `slots.eE-mM`.
+    /// `slots` is unique to this join (see [`job_slots`]): a job that leaves and joins again
+    /// under its name starts again at sequence 0, and its earlier self's slots may still be
+    /// on the node (draining, or held as donors), so the same name would have the new job
+    /// stage into a directory the old one's deletion then removes.
+    pub(super) fn new(slots: String) -> Self {
         Self {
+            slots,
+            views: BTreeMap::new(),
+            shown: false,
+        }
+    }
+
+    /// A job resumed at sequence `seq`, showing `view`, its slots named `slots.eE-mM`.
+    pub(super) fn resumed(slots: String, seq: u32, view: DrawnView) -> Self {
+        Self {
+            slots,
             views: BTreeMap::from([(seq, view)]),
             shown: true,
         }
+    }
+
+    /// What its slots' names begin with.
+    pub(super) fn slots(&self) -> &str {
+        &self.slots
     }
 
     /// Whether the job has shown a view yet.
@@ -196,10 +228,10 @@ impl Schedule {
         }
     }
 
-    /// The slot of session `session`'s mini-epoch `target`: a job's carry its name.
-    pub(super) fn slot_of(&self, session: &str, target: (u64, u32)) -> String {
+    /// The slot of mini-epoch `target`: a job's carry its join's prefix.
+    pub(super) fn slot_of(&self, target: (u64, u32)) -> String {
         match self {
-            Schedule::Job(_) => format!("{session}.{}", slot_name(target)),
+            Schedule::Job(d) => job_slot(&d.slots, target),
             _ => slot_name(target),
         }
     }
@@ -318,12 +350,12 @@ mod tests {
 
     #[test]
     fn a_job_has_no_successor_until_drawn_and_its_first_view_is_sequence_0() {
-        let mut s = Schedule::Job(Drawn::default());
+        let mut s = Schedule::Job(Drawn::new(job_slots("a", 7)));
         assert!(s.before_first_view());
         assert_eq!(s.successor((0, 0)), None);
         s.drawn_mut().unwrap().draw_successor(0, view(0));
         assert_eq!(s.successor((0, 0)), Some((0, 0)));
-        assert_eq!(s.slot_of("a", (0, 0)), "a.e000000-m00000");
+        assert_eq!(s.slot_of((0, 0)), "a.j7.e000000-m00000");
         // The switch out of the lobby keeps the view it switches to.
         assert!(s.retire(0).is_none());
         assert!(!s.before_first_view());

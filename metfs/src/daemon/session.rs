@@ -228,7 +228,7 @@ impl Session {
 
     /// The slot of mini-epoch `target`.
     pub(super) fn slot_of(&self, target: (u64, u32)) -> String {
-        self.schedule.slot_of(&self.name, target)
+        self.schedule.slot_of(target)
     }
 
     /// Whether the successor is staged and the view can switch to it now.

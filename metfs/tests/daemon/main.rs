@@ -10,5 +10,6 @@ mod budget;
 mod faults;
 mod kernel;
 mod learned;
+mod model;
 mod passes;
 mod resume;

@@ -232,7 +232,7 @@ impl Daemon {
                 name.to_string(),
                 name.to_string(),
                 // Its first view (sequence 0) is drawn with the jobs joining with it.
-                Schedule::Job(Drawn::default()),
+                Schedule::Job(Drawn::new(job_slots(name, generation))),
                 None,
                 Start {
                     epoch: 0,

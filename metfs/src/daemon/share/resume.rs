@@ -34,6 +34,7 @@ impl Daemon {
                     passes: s.passes,
                     run: s.history.as_ref().map(|h| h.run),
                     policy: s.policy.state(),
+                    slots: s.schedule.drawn().map(|d| d.slots().to_string()),
                     cohort: place,
                 })
             })
@@ -182,6 +183,7 @@ impl Daemon {
             replay,
         });
         let drawn = Drawn::resumed(
+            j.slots().to_string(),
             j.mini_epoch,
             DrawnView {
                 epoch: cur.epoch,

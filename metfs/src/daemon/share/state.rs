@@ -65,6 +65,10 @@ pub struct SavedJob {
     pub run: Option<RunId>,
     /// What its rf policy has learned.
     pub policy: PolicyState,
+    /// What its slots' names begin with (`NAME.jGEN`, unique to its join). Absent in save
+    /// files of earlier versions, whose jobs' slots began with the job's name.
+    #[serde(default)]
+    pub slots: Option<String>,
     /// Its place in the cohort: views, undrawn samples, owed reads.
     pub cohort: MemberState,
 }
@@ -86,9 +90,18 @@ pub struct SavedShare {
 }
 
 impl SavedJob {
+    /// What its slots' names begin with.
+    pub fn slots(&self) -> &str {
+        self.slots.as_deref().unwrap_or(&self.name)
+    }
+
     /// The slot of its current view.
     pub fn slot(&self) -> String {
-        format!("{}.{}", self.name, slot_name((self.epoch, self.mini_epoch)))
+        format!(
+            "{}.{}",
+            self.slots(),
+            slot_name((self.epoch, self.mini_epoch))
+        )
     }
 
     /// The slot of its prepared next view, if it has one.
@@ -96,7 +109,7 @@ impl SavedJob {
         let next = self.cohort.next.as_ref()?;
         Some(format!(
             "{}.{}",
-            self.name,
+            self.slots(),
             slot_name((next.epoch, self.mini_epoch.wrapping_add(1)))
         ))
     }
@@ -150,6 +163,19 @@ impl SavedShare {
                     return Err(field(
                         f,
                         format!("{v} is out of range (below {POSITION_LIMIT})"),
+                    ));
+                }
+            }
+            // The prefix names directories in the cache: only what `admit` writes is taken.
+            if let Some(p) = &j.slots {
+                let ok = p
+                    .strip_prefix(j.name.as_str())
+                    .and_then(|r| r.strip_prefix(".j"))
+                    .is_some_and(|g| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()));
+                if !ok {
+                    return Err(field(
+                        "slots",
+                        format!("{p:?} is not the job's name followed by .j and a generation"),
                     ));
                 }
             }
@@ -243,6 +269,7 @@ mod tests {
             passes: 2,
             run: Some(RunId(3)),
             policy: PolicyState::named("fixed"),
+            slots: Some(format!("{name}.j5")),
             cohort: MemberState {
                 drawing: 1,
                 undrawn: Some(vec![4, 5]),
@@ -285,8 +312,25 @@ mod tests {
         let ok = file(vec![job("a"), job("b")]);
         let bytes = serde_json::to_vec(&ok).unwrap();
         assert_eq!(SavedShare::from_json(&bytes).unwrap(), ok);
-        assert_eq!(ok.jobs[0].slot(), "a.e000001-m00007");
-        assert_eq!(ok.jobs[0].next_slot().as_deref(), Some("a.e000001-m00008"));
+        assert_eq!(ok.jobs[0].slot(), "a.j5.e000001-m00007");
+        assert_eq!(
+            ok.jobs[0].next_slot().as_deref(),
+            Some("a.j5.e000001-m00008")
+        );
+        // A file of an earlier version names no prefix: its slots began with the job's name.
+        let mut old = job("a");
+        old.slots = None;
+        assert_eq!(old.slot(), "a.e000001-m00007");
+        for bad in ["b.j5", "a.j", "a.j5/../x", "a.x5", "../a.j5"] {
+            let mut f = file(vec![job("a")]);
+            f.jobs[0].slots = Some(bad.into());
+            let bytes = serde_json::to_vec(&f).unwrap();
+            assert!(
+                reason(&bytes).contains("slots"),
+                "{bad}: {}",
+                reason(&bytes)
+            );
+        }
         assert!(reason(&bytes[..bytes.len() / 2]).contains("truncated"));
         assert!(reason(b"\x00garbage").contains("not a shared mount's save file"));
         let bad = |f: fn(&mut SavedShare), want: &str| {
