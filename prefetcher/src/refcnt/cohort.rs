@@ -45,6 +45,17 @@
 //! later, so a fast job never makes a slow one read the tier twice. It is not made to wait
 //! when every other job is waiting too (someone must move). With [`Pace::Evict`] it evicts in
 //! RefCnt order and goes on (the paper's behaviour).
+//!
+//! # Whose store
+//!
+//! A cohort made with [`Cohort::new`] keeps a model of a pool of single samples in its ledger
+//! (what is staged, what goes to make room, the pace above): the simulation's store
+//! ([`super::sim`], `examples/share_sim.rs`). A cohort made with [`Cohort::external`] leaves
+//! the store to its caller, so that one policy runs, not two that drift: it draws, pins and
+//! counts references, and [`Cohort::prepare`] only draws ([`Next::Stage`] with every sample
+//! to fetch and nothing to evict; the caller's store knows what it holds). The daemon's
+//! store (slots with links between them) makes room by the ledger's reference counts
+//! ([`Ledger::refcount`]) and holds jobs back itself.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
@@ -170,6 +181,8 @@ pub struct Cohort {
     sampler: DependentSampler,
     sizes: Vec<u64>,
     pace: Pace,
+    /// The caller keeps the store (module docs, "Whose store").
+    external: bool,
     members: BTreeMap<String, Member>,
     next_id: JobId,
 }
@@ -202,8 +215,18 @@ impl Cohort {
             sampler: DependentSampler::new(seed, 0),
             sizes,
             pace,
+            external: false,
             members: BTreeMap::new(),
             next_id: 0,
+        }
+    }
+
+    /// A cohort whose store its caller keeps (module docs, "Whose store"): the ledger counts
+    /// references, pins and shares over `budget` bytes, and models no staging.
+    pub fn external(budget: u64, sizes: Vec<u64>, seed: u64) -> Self {
+        Self {
+            external: true,
+            ..Self::new(budget, sizes, seed, Pace::Evict)
         }
     }
 
@@ -435,8 +458,10 @@ impl Cohort {
                         .map(|&s| (s, self.sizes[s as usize]))
                         .collect();
                     self.ledger.pin(id, &pins).map_err(store)?;
-                    for &(s, size) in &pins {
-                        self.ledger.stage(s, size).map_err(store)?;
+                    if !self.external {
+                        for &(s, size) in &pins {
+                            self.ledger.stage(s, size).map_err(store)?;
+                        }
                     }
                 }
                 let m = self.members.get_mut(name).expect("just joined");
@@ -525,6 +550,15 @@ impl Cohort {
             .map(|&s| (s, self.sizes[s as usize]))
             .collect();
         self.ledger.pin(id, &pins).map_err(store)?;
+        if self.external {
+            let m = self.members.get_mut(name).expect("present");
+            m.next = m.queue.pop_front();
+            m.waiting = false;
+            return Ok(Next::Stage {
+                fetch: view.samples,
+                evict: Vec::new(),
+            });
+        }
         let fetch: Vec<u32> = view
             .samples
             .iter()

@@ -366,3 +366,66 @@ fn a_cohort_rebuilt_from_saved_places_goes_on_where_it_was() {
     assert!(f.members().is_empty());
     assert_eq!(f.ledger().unshared(), 60_000);
 }
+
+#[test]
+fn an_external_store_is_left_to_the_caller_and_references_still_count() {
+    let sz = sizes(300);
+    let d: Vec<u32> = (0..300).collect();
+    // A budget that a pool of single samples could not hold the views in: an external cohort
+    // models no staging, so it never answers wait nor evicts, and never runs out of room.
+    let mut c = Cohort::external(40_000, sz, 3);
+    c.join("a", &d, 10_000).unwrap();
+    c.join("b", &d[..150], 10_000).unwrap();
+    let mut seen: BTreeMap<(&str, u64), Vec<u32>> = BTreeMap::new();
+    for i in 0..120 {
+        let n = if i % 3 == 0 { "b" } else { "a" };
+        match c.prepare(n).unwrap() {
+            Next::Stage { fetch, evict } => {
+                assert!(evict.is_empty(), "an external cohort evicts nothing");
+                assert_eq!(
+                    &fetch,
+                    &c.next_view(n).unwrap().samples,
+                    "every sample to fetch"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let v = c.advance(n).unwrap().clone();
+        for s in &v.samples {
+            assert!(c.ledger().is_pinned(*s), "a current sample is pinned");
+        }
+        seen.entry((n, v.epoch)).or_default().extend(&v.samples);
+        assert_eq!(c.ledger().used(), 0, "nothing staged in the book");
+    }
+    // Each finished epoch is the job's dataset once, as with a pool.
+    for (&(n, epoch), got) in &seen {
+        if !seen.contains_key(&(n, epoch + 1)) {
+            continue;
+        }
+        let mut got = got.clone();
+        got.sort_unstable();
+        let want: Vec<u32> = if n == "a" {
+            d.clone()
+        } else {
+            d[..150].to_vec()
+        };
+        assert_eq!(got, want, "{n} epoch {epoch}");
+    }
+    // References, the order the daemon's store makes room by: what the jobs still owe this
+    // epoch. Both jobs owe every sample; a job done with a view owes its samples no more.
+    let mut f = Cohort::external(40_000, sizes(300), 5);
+    f.join("a", &d, 10_000).unwrap();
+    f.join("b", &d, 10_000).unwrap();
+    f.prepare("a").unwrap();
+    let first = f.advance("a").unwrap().clone();
+    assert!(first.samples.iter().all(|&s| f.ledger().refcount(s) == 2));
+    f.prepare("a").unwrap();
+    f.advance("a").unwrap();
+    assert!(first.samples.iter().all(|&s| f.ledger().refcount(s) == 1));
+    // A rebuilt external cohort stages nothing either.
+    let saved = c.saved("a").unwrap();
+    let mut r = Cohort::external(40_000, sizes(300), 4);
+    r.rejoin("a", &d, 10_000, saved).unwrap();
+    assert_eq!(r.ledger().used(), 0);
+    assert!(r.ledger().pinned() > 0);
+}

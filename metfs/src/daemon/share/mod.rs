@@ -64,7 +64,7 @@ use std::sync::atomic::AtomicU64;
 use super::*;
 use crate::config::share::ShareConfig;
 use crate::protocol::Subset;
-use prefetcher::refcnt::cohort::{Cohort, Pace};
+use prefetcher::refcnt::cohort::Cohort;
 
 mod cohort;
 mod join;
@@ -127,14 +127,10 @@ impl Shared {
     pub(super) fn new(cfg: ShareConfig, budget: &Budget, footprints: Vec<u64>, seed: u64) -> Self {
         let view_bytes = budget.slot_bytes / u64::from(cfg.jobs.max(1));
         Self {
-            // Whatever `share.pace`, the daemon holds a job back itself (`holds_back`): the
-            // cohort's own pace models a pool of single samples, not the store's slots.
-            cohort: Mutex::new(Cohort::new(
-                2 * budget.slot_bytes,
-                footprints,
-                seed,
-                Pace::Evict,
-            )),
+            // The store is the daemon's (`Store::room_for`, by the ledger's reference counts),
+            // and whatever `share.pace` it holds a job back itself (`holds_back`): the cohort
+            // only draws, pins and counts.
+            cohort: Mutex::new(Cohort::external(2 * budget.slot_bytes, footprints, seed)),
             jobs: Mutex::default(),
             // Generation 1 is the root's (empty) view.
             generation: AtomicU64::new(1),
