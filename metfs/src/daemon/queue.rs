@@ -207,7 +207,7 @@ impl Daemon {
                 );
                 let mut ss = self.sessions.lock().unwrap();
                 if let Some(s) = ss.get_mut(DEFAULT_SESSION) {
-                    let seq = s.mini_epoch.wrapping_add(1);
+                    let seq = s.mini_epoch().wrapping_add(1);
                     if let Some(q) = s.schedule.queue_mut() {
                         q.batches.insert(seq, b);
                     }

@@ -47,15 +47,16 @@ pub(super) struct Session {
     pub(super) schedule: Schedule,
     /// Where the position is saved, with the fingerprint saved beside it: `None` for a job of
     /// a shared mount, whose position is not saved (the `share` module).
-    pub(super) persist: Option<Persist>,
-    pub(super) epoch: u64,
-    pub(super) mini_epoch: u32,
-    pub(super) passes: u32,
-    pub(super) generation: u64,
-    pub(super) sequence: u64,
-    pub(super) advance_wanted: bool,
-    pub(super) bonus_passes: u64,
-    pub(super) next: Next,
+    persist: Option<Persist>,
+    // The position: read through its getters, changed only by the transitions below.
+    epoch: u64,
+    mini_epoch: u32,
+    passes: u32,
+    generation: u64,
+    sequence: u64,
+    advance_wanted: bool,
+    bonus_passes: u64,
+    next: Next,
     pub(super) policy: Box<dyn RfPolicy>,
     pub(super) record: MiniEpochRecord,
     pub(super) history: Option<History>,
@@ -63,7 +64,23 @@ pub(super) struct Session {
     pub(super) job: String,
     pub(super) meter: Meter,
     /// The view this session reads now: the one the filesystem core serves for it.
-    pub(super) view: Arc<View>,
+    view: Arc<View>,
+}
+
+/// The mini-epoch a switch left ([`Session::switch_to`]).
+pub(super) struct Left {
+    /// It was the empty view a job of a shared mount joined with: nothing to record.
+    pub(super) from_lobby: bool,
+    /// Its queue batch, if it still needs its DONE mark.
+    pub(super) batch: Option<crate::dds::Batch>,
+    pub(super) epoch: u64,
+    pub(super) mini_epoch: u32,
+    pub(super) sequence: u64,
+    /// Passes over it (0 from the lobby), and how many were bonus passes.
+    pub(super) passes: u32,
+    pub(super) bonus: u32,
+    /// Its record for the rf history.
+    pub(super) record: MiniEpochRecord,
 }
 
 /// Where a new session starts: its position, generation and the mini-epochs it has switched
@@ -209,6 +226,136 @@ impl Session {
     /// The current (epoch, mini-epoch).
     pub(super) fn position(&self) -> (u64, u32) {
         (self.epoch, self.mini_epoch)
+    }
+
+    /// The view it reads now (changed only by [`Session::switch_to`]).
+    pub(super) fn view(&self) -> &Arc<View> {
+        &self.view
+    }
+
+    /// Its epoch.
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Its mini-epoch (a job's view sequence).
+    pub(super) fn mini_epoch(&self) -> u32 {
+        self.mini_epoch
+    }
+
+    /// Passes completed over the current view.
+    pub(super) fn passes(&self) -> u32 {
+        self.passes
+    }
+
+    /// The current view's generation.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Views switched to so far (the rf history's and the event log's sequence).
+    pub(super) fn sequence(&self) -> u64 {
+        self.sequence
+    }
+
+    /// Whether the policy or a client asked to move on, and the switch has not happened yet.
+    pub(super) fn advance_wanted(&self) -> bool {
+        self.advance_wanted
+    }
+
+    /// Pass ends answered `wait` since the start.
+    pub(super) fn bonus_passes(&self) -> u64 {
+        self.bonus_passes
+    }
+
+    // The transitions: the only writers of the position.
+
+    /// A pass over the current view ended; returns the passes over it now.
+    pub(super) fn end_pass(&mut self) -> u32 {
+        self.passes += 1;
+        self.passes
+    }
+
+    /// The session should move on at the first chance (a policy's verdict, `advance`).
+    pub(super) fn want_advance(&mut self) {
+        self.advance_wanted = true;
+    }
+
+    /// A pass end wanted to move on and the successor was not ready: the job repeats its
+    /// view once more.
+    pub(super) fn take_bonus_pass(&mut self) {
+        self.bonus_passes += 1;
+        self.meter.mini_epoch_bonus += 1;
+    }
+
+    /// The staging of its successor `target` into `slot` began.
+    pub(super) fn staging_started(
+        &mut self,
+        target: (u64, u32),
+        slot: String,
+        progress: Arc<Progress>,
+    ) {
+        self.next = Next::Staging {
+            target,
+            slot,
+            progress,
+            started: Instant::now(),
+        };
+    }
+
+    /// The staging of its successor ended with `next` (ready, or failed); a staged slot
+    /// counts in the meter's B2.
+    pub(super) fn staging_ended(&mut self, next: Next) {
+        if let Next::Ready { report, .. } = &next {
+            let secs = report.elapsed.as_secs_f64();
+            self.meter.staged_bytes += report.bytes_fetched;
+            self.meter.staged_secs += secs;
+            if report.bytes_fetched > 0 && secs > 0.0 {
+                self.meter.last_b2 = Some(report.bytes_fetched as f64 / secs);
+            }
+        }
+        self.next = next;
+    }
+
+    /// The staging of its successor, if any.
+    pub(super) fn next(&self) -> &Next {
+        &self.next
+    }
+
+    /// The switch to mini-epoch `succ`, shown by `view`: the schedule retires the old
+    /// mini-epoch, the meter counts it, the position moves on by one view, and the staging
+    /// and the policy start over. Returns what was left, for the event log, the rf history
+    /// and the queue.
+    pub(super) fn switch_to(&mut self, succ: (u64, u32), view: Arc<View>) -> Left {
+        // A job of a shared mount leaving the empty view it joined with has no mini-epoch to
+        // record.
+        let from_lobby = self.schedule.before_first_view();
+        let batch = self.schedule.retire(self.mini_epoch);
+        let passes = if from_lobby { 0 } else { self.passes };
+        let bonus = self.meter.mini_epoch_bonus;
+        self.meter.end_mini_epoch(passes);
+        let left = (self.epoch, self.mini_epoch, self.sequence);
+        self.generation = view.generation;
+        self.view = view;
+        self.epoch = succ.0;
+        self.mini_epoch = succ.1;
+        self.passes = 0;
+        self.advance_wanted = false;
+        self.sequence += 1;
+        let fresh = MiniEpochRecord::begin(self.sequence, succ.0, succ.1);
+        let record = std::mem::replace(&mut self.record, fresh);
+        self.next = Next::Idle;
+        self.policy.on_advance();
+        Left {
+            from_lobby,
+            batch,
+            epoch: left.0,
+            mini_epoch: left.1,
+            sequence: left.2,
+            passes,
+            bonus,
+            record,
+        }
     }
 
     /// The mini-epoch after the current one, once it is known (module docs of `schedule`).

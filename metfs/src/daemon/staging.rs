@@ -91,7 +91,7 @@ impl Daemon {
             .lock()
             .unwrap()
             .values()
-            .filter_map(|s| match &s.next {
+            .filter_map(|s| match s.next() {
                 Next::Failed { at, pause, .. } => Some(pause.saturating_sub(at.elapsed())),
                 _ => None,
             })
@@ -236,16 +236,8 @@ impl Daemon {
     async fn hand_over(&self, name: &str, slot: &str, next: Next) {
         let (gone, staged) = match self.sessions.lock().unwrap().get_mut(name) {
             Some(s) => {
-                if let Next::Ready { report, .. } = &next {
-                    s.meter.staged_bytes += report.bytes_fetched;
-                    s.meter.staged_secs += report.elapsed.as_secs_f64();
-                    if report.bytes_fetched > 0 && report.elapsed.as_secs_f64() > 0.0 {
-                        s.meter.last_b2 =
-                            Some(report.bytes_fetched as f64 / report.elapsed.as_secs_f64());
-                    }
-                }
                 let staged = s.schedule.is_job() && matches!(next, Next::Ready { .. });
-                s.next = next;
+                s.staging_ended(next);
                 (false, staged)
             }
             None => (true, false),
@@ -272,7 +264,7 @@ impl Daemon {
             let after = s.schedule.plan_wanted(target);
             let generation = match &self.shared {
                 Some(sh) => sh.take_generation(),
-                None => next_generation(s.generation),
+                None => next_generation(s.generation()),
             };
             (
                 s.view_members(&self.store, target),
@@ -307,7 +299,7 @@ impl Daemon {
     /// stage.
     fn begin_staging(&self, s: &mut Session) -> Option<StagingJob> {
         let target = s.successor()?;
-        let busy = match &s.next {
+        let busy = match s.next() {
             Next::Ready { target: t, .. } => *t == target,
             Next::Staging { .. } => true,
             Next::Failed {
@@ -346,12 +338,7 @@ impl Daemon {
         let progress: Arc<Progress> = Arc::default();
         // Known before the stager starts, so the first rate is paced to it.
         progress.bytes_total.store(bytes, Ordering::Relaxed);
-        s.next = Next::Staging {
-            target,
-            slot: slot.clone(),
-            progress: progress.clone(),
-            started: Instant::now(),
-        };
+        s.staging_started(target, slot.clone(), progress.clone());
         self.store.begin_slot(&slot, &samples);
         // The store adds its slots as donors (`Store::stage`); in aggregate mode the inbox the
         // exchange fills is one too, opened now that its bytes are counted.
@@ -429,7 +416,7 @@ impl Daemon {
 /// and the first lookup in its current view. A job that spends a minute loading its model
 /// before its first read does not make its first pass look a minute longer.
 pub(super) fn pass_start(s: &Session) -> Instant {
-    match s.view.first_touch() {
+    match s.view().first_touch() {
         Some(t) if t > s.meter.pass_started => t,
         _ => s.meter.pass_started,
     }
@@ -442,7 +429,7 @@ pub(super) fn pass_estimate(s: &Session) -> Option<f64> {
     if let Some(p) = s.meter.mean_pass() {
         return Some(p);
     }
-    let view = &s.view;
+    let view = &s.view();
     let since = view.first_touch()?.elapsed().as_secs_f64();
     let share = view.touched_files() as f64 / view.file_count().max(1) as f64;
     (since >= 0.2 && share >= 0.02).then(|| since / share)
@@ -455,7 +442,7 @@ impl Daemon {
     /// the cap (or unlimited) when staging is late.
     pub(super) fn auto_rate(&self, s: &Session) -> Option<u64> {
         let cap = self.cfg.prefetch_rate_max;
-        let Next::Staging { progress, .. } = &s.next else {
+        let Next::Staging { progress, .. } = s.next() else {
             return cap;
         };
         let Some(pass_secs) = pass_estimate(s) else {
@@ -467,7 +454,7 @@ impl Daemon {
             bytes_left: progress.bytes_to_fetch(),
             pass_secs,
             expected_rf: s.policy.expected_rf(),
-            passes_done: s.passes as f64,
+            passes_done: s.passes() as f64,
             pass_elapsed: pass_start(s).elapsed().as_secs_f64(),
             margin: PACING_MARGIN,
             cap,

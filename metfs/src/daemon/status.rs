@@ -66,30 +66,30 @@ impl Daemon {
     fn status_from(&self, ss: &Sessions, s: Option<&Session>) -> Status {
         let empty;
         let view = match s {
-            Some(s) => &s.view,
+            Some(s) => s.view(),
             None => {
                 empty = self.fs.current();
                 &empty
             }
         };
         let draining_slots = self.store.draining_count();
-        let staging = staging_status(s.map(|s| &s.next), draining_slots);
+        let staging = staging_status(s.map(|s| s.next()), draining_slots);
         let cache_bytes = self.cache_bytes(ss);
         let (last_error, failed_samples) = self.store.errors();
         let budget = self.store.budget;
         Status {
-            epoch: s.map_or(0, |s| s.epoch),
-            mini_epoch: s.map_or(0, |s| s.mini_epoch),
+            epoch: s.map_or(0, |s| s.epoch()),
+            mini_epoch: s.map_or(0, |s| s.mini_epoch()),
             mini_epochs: s.map_or(0, |s| s.schedule.mini_epochs()),
-            pass: s.map_or(0, |s| s.passes),
+            pass: s.map_or(0, |s| s.passes()),
             rf: s.map_or(0.0, |s| s.policy.expected_rf()),
             rf_policy: s.map_or(String::new(), |s| s.policy.name().to_string()),
             job: s.map_or(String::new(), |s| s.job.clone()),
             replay: s
                 .and_then(|s| s.history.as_ref())
                 .and_then(|h| h.replay.clone()),
-            advance_wanted: s.is_some_and(|s| s.advance_wanted),
-            generation: s.map_or(view.generation, |s| s.generation),
+            advance_wanted: s.is_some_and(|s| s.advance_wanted()),
+            generation: s.map_or(view.generation, |s| s.generation()),
             next_ready: s.is_some_and(|s| s.next_ready()),
             cache_bytes,
             budget_bytes: budget.budget,
@@ -104,7 +104,7 @@ impl Daemon {
             view_bytes: view.bytes(),
             dataset_files: self.store.catalog.len() as u64,
             dataset_bytes: self.store.catalog.total_bytes(),
-            bonus_passes: s.map_or(0, |s| s.bonus_passes),
+            bonus_passes: s.map_or(0, |s| s.bonus_passes()),
             mini_epoch_bonus_passes: s.map_or(0, |s| s.meter.mini_epoch_bonus),
             effective_rf: s.and_then(|s| s.meter.effective_rf()),
             last_rf: s.and_then(|s| s.meter.last_rf),
@@ -152,7 +152,7 @@ impl Daemon {
         // donor's file: on disk once.
         let staging_bytes_done: u64 = ss
             .values()
-            .filter_map(|s| match &s.next {
+            .filter_map(|s| match s.next() {
                 Next::Staging { progress, .. } => Some(
                     progress
                         .bytes_done
@@ -219,7 +219,7 @@ impl Daemon {
         let (view, epoch, mini_epoch) = {
             let ss = self.sessions.lock().unwrap();
             let s = session_ref(&ss, name)?;
-            (s.view.clone(), s.epoch, s.mini_epoch)
+            (s.view().clone(), s.epoch(), s.mini_epoch())
         };
         let mountpoint = self.mountpoint().join(name).display().to_string();
         Ok((view, epoch, mini_epoch, mountpoint))

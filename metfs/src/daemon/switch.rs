@@ -25,7 +25,7 @@ impl Daemon {
                 slot,
                 view: prebuilt,
                 ..
-            } = &s.next
+            } = s.next()
             else {
                 return false;
             };
@@ -35,7 +35,6 @@ impl Daemon {
             let (slot, prebuilt) = (slot.clone(), prebuilt.clone());
             let view = self.successor_view(s, succ, &slot, prebuilt);
             debug_assert_eq!(view.slot, slot);
-            s.generation = view.generation;
             let old = if s.schedule.is_job() {
                 self.fs.switch_job(name, view.clone())
             } else {
@@ -50,55 +49,42 @@ impl Daemon {
             if let Some(old) = &old {
                 self.store.retire_slot(old.generation, &old.slot, &after);
             }
-            // A job of a shared mount leaving the empty view it joined with has no mini-epoch
-            // to record.
-            let from_lobby = s.schedule.before_first_view();
-            let retired_batch = s.schedule.retire(s.mini_epoch);
-            let passes = if from_lobby { 0 } else { s.passes };
-            let bonus = s.meter.mini_epoch_bonus;
-            if bonus > 0 && passes > 0 {
+            // Of the view being left: measured before the meter counts it.
+            let stall_free_rf = self.stall_free_rf(s);
+            let left = s.switch_to(succ, view.clone());
+            if left.bonus > 0 && left.passes > 0 {
                 self.events.emit(Event::StallRf(event::StallRf {
-                    epoch: s.epoch,
-                    mini_epoch: s.mini_epoch,
-                    sequence: s.sequence,
-                    policy_rf: passes.saturating_sub(bonus),
-                    effective_rf: passes,
-                    bonus_passes: bonus,
-                    stall_free_rf: self.stall_free_rf(s),
+                    epoch: left.epoch,
+                    mini_epoch: left.mini_epoch,
+                    sequence: left.sequence,
+                    policy_rf: left.passes.saturating_sub(left.bonus),
+                    effective_rf: left.passes,
+                    bonus_passes: left.bonus,
+                    stall_free_rf,
                 }));
             }
-            s.meter.end_mini_epoch(passes);
-            s.view = view.clone();
-            s.epoch = succ.0;
-            s.mini_epoch = succ.1;
-            s.passes = 0;
-            s.advance_wanted = false;
-            s.sequence += 1;
-            let fresh = MiniEpochRecord::begin(s.sequence, succ.0, succ.1);
-            let rec = std::mem::replace(&mut s.record, fresh);
             self.events.emit(Event::Switch(event::Switch {
                 epoch: succ.0,
                 mini_epoch: succ.1,
-                generation: s.generation,
-                sequence: s.sequence,
-                prev_rf: rec.rf,
-                prev_wanted_rf: rec.wanted_rf,
+                generation: s.generation(),
+                sequence: s.sequence(),
+                prev_rf: left.record.rf,
+                prev_wanted_rf: left.record.wanted_rf,
             }));
+            let from_lobby = left.from_lobby;
             let recorded = s.history.as_ref().filter(|_| !from_lobby).map(|h| {
                 h.store
                     .lock()
                     .unwrap()
-                    .record_mini_epoch(h.run, rec)
+                    .record_mini_epoch(h.run, left.record)
                     .inspect_err(|e| tracing::warn!(error = %e, "cannot record the rf history"))
                     .is_ok()
             });
-            s.next = Next::Idle;
-            s.policy.on_advance();
             (
                 old,
                 view,
                 recorded == Some(true),
-                retired_batch,
+                left.batch,
                 s.schedule.is_job(),
             )
         };
@@ -136,11 +122,15 @@ impl Daemon {
         match (prebuilt, &self.shared) {
             // On a shared mount a prebuilt view's generation was reserved for it.
             (Some(v), Some(_)) if v.slot == slot => v,
-            (Some(v), None) if v.generation == next_generation(s.generation) && v.slot == slot => v,
+            (Some(v), None)
+                if v.generation == next_generation(s.generation()) && v.slot == slot =>
+            {
+                v
+            }
             _ => {
                 let generation = match &self.shared {
                     Some(sh) => sh.take_generation(),
-                    None => next_generation(s.generation),
+                    None => next_generation(s.generation()),
                 };
                 let members = s.view_members(&self.store, succ);
                 let v = self.store.view_for(&members, succ, generation, slot);
@@ -254,11 +244,11 @@ impl Daemon {
     pub(super) fn position(&self, s: &Session, decision: Choice) -> Decision {
         Decision {
             decision,
-            generation: s.generation,
-            epoch: s.epoch,
-            mini_epoch: s.mini_epoch,
+            generation: s.generation(),
+            epoch: s.epoch(),
+            mini_epoch: s.mini_epoch(),
             mini_epochs: s.schedule.mini_epochs(),
-            pass: s.passes,
+            pass: s.passes(),
             rf: s.policy.expected_rf(),
             next_ready: s.next_ready(),
             reason: None,
@@ -320,14 +310,14 @@ impl Daemon {
                 self.adopt_job(s, j)?;
             }
             let state = PassState {
-                passes: s.passes + 1,
-                sequence: s.sequence,
+                passes: s.passes() + 1,
+                sequence: s.sequence(),
             };
             let d = s
                 .policy
                 .on_pass_end(&metrics, &state)
                 .map_err(|e| ProtocolError::new(ErrorCode::BadMetrics, e.to_string()))?;
-            s.passes = state.passes;
+            s.end_pass();
             s.record.add_pass(&metrics, &d);
             let secs = pass_start(s).elapsed().as_secs_f64();
             s.meter.pass_started = Instant::now();
@@ -336,13 +326,13 @@ impl Daemon {
                 s.meter.pass_secs.pop_front();
             }
             self.events.emit(Event::PassEnd(event::PassEnd {
-                epoch: s.epoch,
-                mini_epoch: s.mini_epoch,
-                sequence: s.sequence,
-                pass: s.passes,
+                epoch: s.epoch(),
+                mini_epoch: s.mini_epoch(),
+                sequence: s.sequence(),
+                pass: s.passes(),
                 verdict: d.verdict,
                 score: d.score,
-                view_bytes: s.view.bytes(),
+                view_bytes: s.view().bytes(),
                 secs: Some(secs),
             }));
             self.check_stall_free(s);
@@ -350,22 +340,23 @@ impl Daemon {
             // cache, and the slot files' pages are a second copy (dropped below unless the
             // view is retired now: opening every file of a view costs a core for a while,
             // which a switch must not compete with).
-            let first =
-                (s.passes == 1 && self.read_path_now() == ReadPath::Cached).then(|| s.view.clone());
+            let first = (s.passes() == 1 && self.read_path_now() == ReadPath::Cached)
+                .then(|| s.view().clone());
             if d.verdict == Verdict::Advance {
-                s.advance_wanted = true;
+                s.want_advance();
             }
             // From a queue, with `after-pass`: the view's shards are DONE once read once.
             let mut handed = false;
+            let (passes, mini_epoch) = (s.passes(), s.mini_epoch());
             if let (Some(feed), Some(q)) = (&self.queue, s.schedule.queue_mut()) {
-                if s.passes == 1 && feed.shard_done == crate::dds::ShardDone::AfterPass {
-                    if let Some(b) = q.mark(s.mini_epoch) {
+                if passes == 1 && feed.shard_done == crate::dds::ShardDone::AfterPass {
+                    if let Some(b) = q.mark(mini_epoch) {
                         feed.mark_done(b);
                         handed = true;
                     }
                 }
             }
-            (d.reason, s.advance_wanted, first, handed)
+            (d.reason, s.advance_wanted(), first, handed)
         };
         if handed {
             // The staging loop sends the DONE mark.
@@ -381,8 +372,7 @@ impl Daemon {
         } else {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;
-            s.bonus_passes += 1;
-            s.meter.mini_epoch_bonus += 1;
+            s.take_bonus_pass();
             Choice::Wait
         };
         if let Some(view) = first_pass_of.filter(|_| decision != Choice::Advance) {
@@ -403,7 +393,7 @@ impl Daemon {
     /// EB1: bytes the job reads per second, from the view's size and the pass durations.
     pub(super) fn eb1(&self, s: &Session) -> Option<f64> {
         let mean = s.meter.mean_pass()?;
-        (mean > 0.0).then(|| s.view.bytes() as f64 / mean)
+        (mean > 0.0).then(|| s.view().bytes() as f64 / mean)
     }
 
     /// The stall-free rf of session `s` once EB1 and B2 are measured (the model's
@@ -438,7 +428,7 @@ impl Daemon {
         if job == s.job {
             return Ok(());
         }
-        let fresh = s.passes == 0 && s.record.scores.is_empty();
+        let fresh = s.passes() == 0 && s.record.scores.is_empty();
         let untouched = fresh
             && s.history.as_ref().is_none_or(|h| {
                 h.store
@@ -486,7 +476,7 @@ impl Daemon {
     /// otherwise blocks (`wait`) or answers `wait` and advances at the next pass end that
     /// finds it staged.
     pub async fn advance_in(&self, name: &str, wait: bool) -> Result<Decision, ProtocolError> {
-        session_mut(&mut self.sessions.lock().unwrap(), name)?.advance_wanted = true;
+        session_mut(&mut self.sessions.lock().unwrap(), name)?.want_advance();
         let decision = if self.try_switch(name).await {
             Choice::Advance
         } else if wait {
@@ -532,7 +522,7 @@ impl Daemon {
             return if mini_epoch == cur.1 {
                 let mut ss = self.sessions.lock().unwrap();
                 let s = session_mut(&mut ss, name)?;
-                s.passes += 1;
+                s.end_pass();
                 Ok(self.position(s, Choice::Repeat))
             } else if mini_epoch == cur.1.wrapping_add(1) {
                 self.advance_in(name, wait).await
@@ -550,7 +540,7 @@ impl Daemon {
         if (epoch, mini_epoch) == cur {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;
-            s.passes += 1;
+            s.end_pass();
             return Ok(self.position(s, Choice::Repeat));
         }
         match succ {

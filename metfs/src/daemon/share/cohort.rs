@@ -19,7 +19,7 @@ impl Daemon {
             .is_some_and(|t| t.elapsed() < JOIN_WINDOW);
         let mut ss = self.sessions.lock().unwrap();
         for s in ss.values_mut() {
-            let seq = s.mini_epoch;
+            let seq = s.mini_epoch();
             let Some(drawn) = s.schedule.drawn_mut() else {
                 continue;
             };
@@ -80,7 +80,7 @@ impl Daemon {
     /// other the last one asked sees the rest held and goes: no set waits for ever.
     pub(in crate::daemon) fn holds_back(&self, ss: &Sessions, s: &Session) -> bool {
         let Some(sh) = &self.shared else { return false };
-        if sh.cfg.pace != SharePace::Wait || s.view.slot.is_empty() {
+        if sh.cfg.pace != SharePace::Wait || s.view().slot.is_empty() {
             return false;
         }
         // Lock order: cohort, then jobs (module docs of `daemon`).
@@ -89,20 +89,20 @@ impl Daemon {
         // Only what the others read in this same epoch of theirs: a job in its next epoch
         // wants every sample again, which no store smaller than the dataset keeps anyway,
         // and holding the slower job back for it would only stall both.
-        let ahead = cohort.drawn_ahead_by(&s.name, Some(s.epoch), |n| {
+        let ahead = cohort.drawn_ahead_by(&s.name, Some(s.epoch()), |n| {
             ss.contains_key(n) && jobs.get(n).is_some_and(|m| !m.held_back)
         });
         drop(cohort);
         let current = s
             .schedule
             .drawn()
-            .and_then(|d| d.view(s.mini_epoch))
+            .and_then(|d| d.view(s.mini_epoch()))
             .map(|v| v.samples.clone())
             .unwrap_or_default();
         let needed: Vec<u32> = current.into_iter().filter(|x| ahead.contains(x)).collect();
         // A slot the store would hold as a donor is no help: the next staging may let it go
         // before the slower job has linked from it.
-        let held = !needed.is_empty() && !self.store.elsewhere(&s.view.slot, &needed);
+        let held = !needed.is_empty() && !self.store.elsewhere(&s.view().slot, &needed);
         if let Some(m) = jobs.get_mut(&s.name) {
             m.held_back = held;
         }
@@ -120,15 +120,15 @@ impl Daemon {
                     let meta = jobs.get(&s.name);
                     JobStatus {
                         name: s.name.clone(),
-                        epoch: s.epoch,
-                        mini_epoch: (!s.schedule.before_first_view()).then_some(s.mini_epoch),
-                        pass: s.passes,
+                        epoch: s.epoch(),
+                        mini_epoch: (!s.schedule.before_first_view()).then_some(s.mini_epoch()),
+                        pass: s.passes(),
                         rf_policy: s.policy.name().to_string(),
                         rf: s.policy.expected_rf(),
-                        bonus_passes: s.bonus_passes,
-                        generation: s.generation,
-                        files: s.view.file_count() as u64,
-                        view_bytes: s.view.bytes(),
+                        bonus_passes: s.bonus_passes(),
+                        generation: s.generation(),
+                        files: s.view().file_count() as u64,
+                        view_bytes: s.view().bytes(),
                         samples: meta.map_or(0, |m| m.samples),
                         share_bytes: 2 * sh.view_bytes,
                         next_ready: s.next_ready(),

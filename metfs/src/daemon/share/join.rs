@@ -304,13 +304,13 @@ impl Daemon {
                 tracing::warn!(job = name, error = %e, "the cohort did not know the job");
             }
             sh.jobs.lock().unwrap().remove(name);
-            let next_slot = match &s.next {
+            let next_slot = match s.next() {
                 Next::Ready { slot, .. } => Some(slot.clone()),
                 _ => None,
             };
             (
                 next_slot,
-                (!s.view.slot.is_empty()).then(|| s.view.slot.clone()),
+                (!s.view().slot.is_empty()).then(|| s.view().slot.clone()),
                 history,
             )
         };
