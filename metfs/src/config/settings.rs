@@ -127,7 +127,7 @@ pub struct MountSettings {
     /// raises, and plenty for a training job's readers.
     #[arg(long, default_value_t = 4096)]
     pub max_open_files: u64,
-    /// Memory the daemon may plan for its catalog, plan and views (about 400 B per file plus
+    /// Memory the daemon may plan for its catalog, plan and views (about 300 B per file plus
     /// its path), e.g. 4GiB; a dataset that needs more is refused at mount with the number it
     /// needs. Without it, what the node has: the least of MemAvailable, the cgroup's limit
     /// and the address-space limit [default: (what the node has)].

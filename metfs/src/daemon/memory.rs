@@ -3,8 +3,9 @@
 //!
 //! The daemon holds about [`BYTES_PER_FILE`] per catalogued file plus its path: the catalog,
 //! the plan's order, the store's bookkeeping, the current and next views, and what the heap
-//! keeps of a staging's and a listing's transient allocations (286-400 B per file of RSS
-//! measured at 1M files with `benches/scale.py --only memory`, docs/BENCHMARKS.md "Scale";
+//! keeps of a staging's and a listing's transient allocations (178-277 B per file of RSS
+//! measured at 1M files with `benches/scale.py --only memory`, docs/BENCHMARKS.md "Scale",
+//! with freed heap handed back after the catalog's build and each staging;
 //! of which the structures themselves, counted by `metfs/examples/memscale.rs`, are about
 //! 120 B, the views 6 B of them since they share the catalog's names). Without a check, a manifest of more files than the node can
 //! hold ends in the kernel's OOM killer or an allocation abort halfway through the mount, with
@@ -25,7 +26,7 @@ use prefetcher::size::format_bytes;
 
 /// Memory the daemon holds per catalogued file, besides its path: the highest RSS per file
 /// measured (module doc), with both views live and a staging just finished.
-pub const BYTES_PER_FILE: u64 = 400;
+pub const BYTES_PER_FILE: u64 = 300;
 
 /// The memory a mount may plan for, and where the figure comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +53,21 @@ pub fn available(limit: Option<u64>) -> Option<Available> {
         "the address-space limit (RLIMIT_AS) less what is mapped",
     );
     all.into_iter().min_by_key(|a| a.bytes)
+}
+
+/// Hands the heap pages the allocator has freed but keeps back to the kernel. Called after
+/// the phases that free most: the catalog's build (a listing's entries, a manifest's lines)
+/// and each staging (its per-file transients, a view's build). glibc keeps freed memory in
+/// its arenas for reuse, and at 1M files that was about 85 B per catalogued file of RSS
+/// nothing used (docs/BENCHMARKS.md, "Scale"). It walks the heap (milliseconds at 1M files),
+/// so it runs on a blocking thread where the caller is async.
+pub fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages of glibc's heap to the kernel; it touches no
+    // allocation in use.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 fn read_small(path: &str) -> Option<String> {

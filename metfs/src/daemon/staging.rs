@@ -150,6 +150,8 @@ impl Daemon {
             Err(e) => self.staging_failed(&e, target, retries.fail(target)),
         };
         self.hand_over(&name, &spec.name, next).await;
+        // A staging's per-file transients are freed by now (the view's build included).
+        let _ = tokio::task::spawn_blocking(super::memory::release_freed_heap).await;
     }
 
     /// Logs and records a staged slot: its failed samples, the `staged` event.

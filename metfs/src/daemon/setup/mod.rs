@@ -81,6 +81,9 @@ impl Daemon {
             None => open_tier(&cfg.source, &cfg.s3, cfg.stager.timeout_secs)?,
         };
         let (catalog, catalog_bytes, containers) = prepare_catalog(&*tier, &paths, &cfg).await?;
+        // The listing's or manifest's transients are freed: give their pages back before the
+        // first staging makes its own.
+        let _ = tokio::task::spawn_blocking(crate::daemon::memory::release_freed_heap).await;
         let planned = plan_dataset(&cfg, &catalog, catalog_bytes, containers.as_ref())?;
         let catalog = Arc::new(catalog);
         let stager = new_stager(&cfg, tier.clone(), catalog.clone(), &paths)?;
