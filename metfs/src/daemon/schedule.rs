@@ -293,8 +293,18 @@ impl Schedule {
         matches!(self, Schedule::Queue { .. } | Schedule::Job(_))
     }
 
-    /// A job of a shared mount: its view lives at `MNT/<job>`.
-    pub(super) fn is_job(&self) -> bool {
+    /// Whether its views show under `MNT/<session>` (a job of a shared mount) rather than at
+    /// the mount's root: views are built nested, switched per job in the filesystem core,
+    /// and a switch drops only that directory's kernel entries.
+    pub(super) fn nested_views(&self) -> bool {
+        matches!(self, Schedule::Job(_))
+    }
+
+    /// Whether it stages into a store other sessions share (a job of a shared mount): the
+    /// store makes room by its policy before a staging, the pace may hold its switch back,
+    /// a staged next view is saved in the shared save file, and its rf-history key is the
+    /// name it joined with (a `pass_end`'s job key does not re-key it).
+    pub(super) fn in_shared_store(&self) -> bool {
         matches!(self, Schedule::Job(_))
     }
 

@@ -238,7 +238,7 @@ impl Daemon {
     async fn hand_over(&self, name: &str, slot: &str, next: Next) {
         let (gone, staged) = match self.sessions.lock().unwrap().get_mut(name) {
             Some(s) => {
-                let staged = s.schedule.is_job() && matches!(next, Next::Ready { .. });
+                let staged = s.schedule.in_shared_store() && matches!(next, Next::Ready { .. });
                 s.staging_ended(next);
                 (false, staged)
             }
@@ -273,7 +273,7 @@ impl Daemon {
                 generation,
                 after,
                 s.slot_of(target),
-                s.schedule.is_job(),
+                s.schedule.nested_views(),
             )
         };
         let me = self.clone();
@@ -318,7 +318,7 @@ impl Daemon {
         let (samples, bytes) = s.members(&self.store, target);
         // On a shared mount the files on the node and this slot must fit the budget, held
         // slots let go to make room (the staging waits for their deletion).
-        if let (true, Some(sh)) = (s.schedule.is_job(), &self.shared) {
+        if let (true, Some(sh)) = (s.schedule.in_shared_store(), &self.shared) {
             let cohort = sh.cohort.lock().unwrap();
             let room = match sh.cfg.evict {
                 ShareEvict::Refcnt => self

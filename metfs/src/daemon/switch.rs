@@ -8,12 +8,12 @@ impl Daemon {
     /// switched.
     pub(super) async fn try_switch(&self, name: &str) -> bool {
         let t0 = Instant::now();
-        let (old, new, recorded, retired_batch, shared) = {
+        let (old, new, recorded, retired_batch, nested) = {
             let mut ss = self.sessions.lock().unwrap();
             let Some(s) = ss.get(name) else {
                 return false;
             };
-            if s.schedule.is_job() && s.next_ready() && self.holds_back(&ss, s) {
+            if s.schedule.in_shared_store() && s.next_ready() && self.holds_back(&ss, s) {
                 return false;
             }
             let s = ss.get_mut(name).expect("present");
@@ -35,7 +35,7 @@ impl Daemon {
             let (slot, prebuilt) = (slot.clone(), prebuilt.clone());
             let view = self.successor_view(s, succ, &slot, prebuilt);
             debug_assert_eq!(view.slot, slot);
-            let old = if s.schedule.is_job() {
+            let old = if s.schedule.nested_views() {
                 self.fs.switch_job(name, view.clone())
             } else {
                 Some(self.fs.switch(view.clone()))
@@ -85,7 +85,7 @@ impl Daemon {
                 view,
                 recorded == Some(true),
                 left.batch,
-                s.schedule.is_job(),
+                s.schedule.nested_views(),
             )
         };
         if let (Some(feed), Some(batch)) = (&self.queue, retired_batch) {
@@ -101,7 +101,7 @@ impl Daemon {
             files = new.file_count(),
             "mini-epoch is now current"
         );
-        self.after_switch(name, old, shared).await;
+        self.after_switch(name, old, nested).await;
         tracing::debug!(
             locked_us = locked.as_micros() as u64,
             total_us = t0.elapsed().as_micros() as u64,
@@ -134,16 +134,19 @@ impl Daemon {
                 };
                 let members = s.view_members(&self.store, succ);
                 let v = self.store.view_for(&members, succ, generation, slot);
-                Arc::new(if s.schedule.is_job() { v.nested() } else { v })
+                Arc::new(if s.schedule.nested_views() {
+                    v.nested()
+                } else {
+                    v
+                })
             }
         }
     }
 
-    /// After session `name`'s switch away from `old` (a job's view if `job`): the kernel's
-    /// entries of the old view dropped, then its slot evicted once drained, or its kernel
-    /// references released.
-    async fn after_switch(&self, name: &str, old: Option<Arc<View>>, job: bool) {
-        let shared = job;
+    /// After session `name`'s switch away from `old` (a view under `MNT/<name>` if
+    /// `nested`): the kernel's entries of the old view dropped, then its slot evicted once
+    /// drained, or its kernel references released.
+    async fn after_switch(&self, name: &str, old: Option<Arc<View>>, nested: bool) {
         // Drop the kernel's cached entries of the old view before anyone hears of the switch.
         // Every entry the old view gave out as current was delivered before `switch` returned
         // (the core's reply gate), so this reaches all of them.
@@ -151,7 +154,7 @@ impl Daemon {
         if let Some(n) = kernel {
             // On a shared mount the job's directory is the one entry to drop: every path into
             // the old view goes through it.
-            let names = match (&old, shared) {
+            let names = match (&old, nested) {
                 (_, true) => vec![name.to_string()],
                 (Some(old), false) => old.root_names(),
                 (None, false) => Vec::new(),
@@ -306,7 +309,7 @@ impl Daemon {
         let (reason, want, first_pass_of, handed) = {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;
-            if let Some(j) = job.filter(|_| !s.schedule.is_job()) {
+            if let Some(j) = job.filter(|_| !s.schedule.in_shared_store()) {
                 self.adopt_job(s, j)?;
             }
             let state = PassState {

@@ -115,7 +115,7 @@ impl Daemon {
         let jobs = sh.jobs.lock().unwrap();
         Some(
             ss.values()
-                .filter(|s| s.schedule.is_job())
+                .filter(|s| s.schedule.in_shared_store())
                 .map(|s| {
                     let meta = jobs.get(&s.name);
                     JobStatus {
