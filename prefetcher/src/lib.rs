@@ -4,6 +4,10 @@
 //!   [`s3`]. A tier lists, and fetches one sample into a file the stager owns.
 //! * [`catalog`]: every sample of the dataset, stored compactly (interned directories, one
 //!   string arena, integer sample ids) so that ten million samples stay small.
+//!
+//!   These two, with [`pacer`] and [`size`], are the `metfs-tier` crate, re-exported here
+//!   under the same paths: a tier builds and tests on its own, without the planner, the
+//!   stager or HDF5.
 //! * [`manifest`]: CSV / JSON-lines manifests that replace a listing of the tier.
 //! * [`budget`]: how a node's cache budget splits into two slots and a metadata reserve (the
 //!   planner's `slot_bytes`).
@@ -31,18 +35,14 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod budget;
-pub mod catalog;
 pub mod digest;
 pub mod hdf5;
 pub mod manifest;
 pub mod model;
-
-pub mod pacer;
 pub mod planner;
 pub mod refcnt;
-pub mod s3;
-
-pub mod size;
 pub mod stager;
-pub mod tier;
 pub mod transform;
+
+pub use metfs_tier as tier;
+pub use metfs_tier::{catalog, pacer, s3, size};

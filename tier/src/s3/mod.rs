@@ -73,7 +73,7 @@ use tokio::sync::Semaphore;
 
 use crate::catalog::Catalog;
 use crate::pacer::Pacer;
-use crate::tier::{CapacityTier, Listing, SampleRef, TierError};
+use crate::{CapacityTier, Listing, SampleRef, TierError};
 
 mod client;
 mod config;

@@ -5,7 +5,7 @@
 
 use object_store::client::HttpErrorKind;
 
-use crate::tier::TierError;
+use crate::TierError;
 
 use super::S3Tier;
 

@@ -13,7 +13,7 @@ use object_store::{ClientConfigKey, ClientOptions};
 use tokio::sync::Semaphore;
 
 use crate::catalog::validate_rel_path;
-use crate::tier::TierError;
+use crate::TierError;
 
 use super::config::S3Config;
 use super::errors::scrub_with;
@@ -67,7 +67,7 @@ pub(super) fn truthy(v: &str) -> bool {
 impl S3Tier {
     /// Opens `url` (`s3://BUCKET` or `s3://BUCKET/PREFIX`) with `cfg`, falling back to the
     /// process environment for what `cfg` leaves unset. No request is sent: a wrong bucket or
-    /// wrong credentials show at the first [`CapacityTier::list`](crate::tier::CapacityTier::list).
+    /// wrong credentials show at the first [`CapacityTier::list`](crate::CapacityTier::list).
     pub fn new(url: &str, cfg: S3Config) -> Result<Self, TierError> {
         Self::with_env(url, cfg, std::env::vars())
     }

@@ -11,7 +11,7 @@ use object_store::path::Path as ObjPath;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 
 use crate::pacer::Pacer;
-use crate::tier::{SampleRef, TierError};
+use crate::{SampleRef, TierError};
 
 use super::S3Tier;
 
@@ -174,7 +174,7 @@ pub(super) async fn write_at(
     tokio::task::spawn_blocking(move || {
         pwritev_all(&file, &bufs, off)?;
         if durable {
-            crate::tier::start_writeback(&file, off, len);
+            crate::start_writeback(&file, off, len);
         }
         Ok::<(), std::io::Error>(())
     })

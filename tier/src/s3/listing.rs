@@ -11,7 +11,7 @@ use object_store::signer::{SignedUrlOptions, Signer};
 use serde::Deserialize;
 
 use crate::catalog::{validate_rel_path, Catalog, CatalogEntry, Meta};
-use crate::tier::TierError;
+use crate::TierError;
 
 use super::errors::{chain_text, xml_field, Attempt};
 use super::S3Tier;

@@ -24,8 +24,18 @@
 //!   system unmounted, another file system mounted in its place) is an outage of the whole
 //!   source ([`TierError::Unreachable`], which the stager retries), not a deleted sample.
 //!
+//! The crate also holds what a tier lists into and paces by: [`catalog`] (every sample of the
+//! dataset, stored compactly: interned directories, one string arena, integer ids), [`pacer`]
+//! (the staging rate's token bucket), [`size`] (`512MiB`-style sizes and rates) and the S3
+//! tier, [`s3`]. It depends on no other metfs crate but `durable`; `prefetcher` re-exports it
+//! under its old paths (`prefetcher::tier`, `prefetcher::catalog`, ...).
+//!
+//! Every `unsafe` block says why it is sound in a `// SAFETY:` comment (enforced below).
+//!
 //! With the `testing` feature, the `testing` module holds an in-memory tier and a wrapper that injects
 //! faults into any tier (outages, a full cache, hangs, changed samples), for tests.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -37,6 +47,10 @@ use thiserror::Error;
 use crate::catalog::{validate_rel_path, Catalog, CatalogEntry, DirStamp, Meta};
 use crate::pacer::Pacer;
 
+pub mod catalog;
+pub mod pacer;
+pub mod s3;
+pub mod size;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -100,8 +114,9 @@ pub enum TierError {
 /// Starts writeback of `len` bytes at `off` of a file being staged (0 = to the end), without
 /// waiting for it. Tiers call it as they write, so that the disk writes while the rest
 /// downloads and the stager's `syncfs` finds little left; a large object would otherwise be
-/// written out only after its last byte arrived. Errors only mean writeback starts later.
-pub(crate) fn start_writeback(file: &std::fs::File, off: u64, len: u64) {
+/// written out only after its last byte arrived (the HDF5 row stager calls it too). Errors
+/// only mean writeback starts later.
+pub fn start_writeback(file: &std::fs::File, off: u64, len: u64) {
     use std::os::fd::AsRawFd;
     // SAFETY: a hint on a descriptor the caller holds open.
     unsafe {
