@@ -394,7 +394,7 @@ impl Daemon {
         let _order = self.persisting.lock().unwrap_or_else(|e| e.into_inner());
         let Some((position, encoded)) = self.sessions.lock().unwrap().get(name).map(|s| {
             let encoded = s
-                .history
+                .history()
                 .as_ref()
                 .filter(|_| history)
                 .map(|h| h.store.lock().unwrap().encode());

@@ -191,7 +191,7 @@ impl Daemon {
         let wanted = {
             let ss = self.sessions.lock().unwrap();
             ss.get(DEFAULT_SESSION)
-                .is_some_and(|s| s.successor().is_none() && s.schedule.by_sequence())
+                .is_some_and(|s| s.successor().is_none() && s.schedule().by_sequence())
         };
         if !wanted {
             return None;
@@ -208,7 +208,7 @@ impl Daemon {
                 let mut ss = self.sessions.lock().unwrap();
                 if let Some(s) = ss.get_mut(DEFAULT_SESSION) {
                     let seq = s.mini_epoch().wrapping_add(1);
-                    if let Some(q) = s.schedule.queue_mut() {
+                    if let Some(q) = s.schedule_mut().queue_mut() {
                         q.batches.insert(seq, b);
                     }
                 }

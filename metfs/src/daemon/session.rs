@@ -42,9 +42,9 @@ pub(super) enum Next {
 /// One consumer's state (see the module doc).
 pub(super) struct Session {
     /// The key of this session in [`Sessions`].
-    pub(super) name: String,
+    name: String,
     /// Where its mini-epochs come from: the run mode's part of the session.
-    pub(super) schedule: Schedule,
+    schedule: Schedule,
     /// Where the position is saved, with the fingerprint saved beside it: `None` for a job of
     /// a shared mount, whose position is not saved (the `share` module).
     persist: Option<Persist>,
@@ -57,12 +57,12 @@ pub(super) struct Session {
     advance_wanted: bool,
     bonus_passes: u64,
     next: Next,
-    pub(super) policy: Box<dyn RfPolicy>,
-    pub(super) record: MiniEpochRecord,
-    pub(super) history: Option<History>,
+    policy: Box<dyn RfPolicy>,
+    record: MiniEpochRecord,
+    history: Option<History>,
     /// The job key of the rf history.
-    pub(super) job: String,
-    pub(super) meter: Meter,
+    job: String,
+    meter: Meter,
     /// The view this session reads now: the one the filesystem core serves for it.
     view: Arc<View>,
 }
@@ -228,6 +228,46 @@ impl Session {
         (self.epoch, self.mini_epoch)
     }
 
+    /// Its key in [`Sessions`] (a shared mount's job name).
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Where its mini-epochs come from.
+    pub(super) fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Its schedule, for what a mode's own code hands it (a cohort's draws, a queue's marks).
+    pub(super) fn schedule_mut(&mut self) -> &mut Schedule {
+        &mut self.schedule
+    }
+
+    /// Its rf policy.
+    pub(super) fn policy(&self) -> &dyn RfPolicy {
+        &*self.policy
+    }
+
+    /// The record of the current mini-epoch for the rf history.
+    pub(super) fn record(&self) -> &MiniEpochRecord {
+        &self.record
+    }
+
+    /// Its rf history, if the mount records one.
+    pub(super) fn history(&self) -> Option<&History> {
+        self.history.as_ref()
+    }
+
+    /// The job key of its rf history.
+    pub(super) fn job(&self) -> &str {
+        &self.job
+    }
+
+    /// The measurements of its passes and stagings.
+    pub(super) fn meter(&self) -> &Meter {
+        &self.meter
+    }
+
     /// The view it reads now (changed only by [`Session::switch_to`]).
     pub(super) fn view(&self) -> &Arc<View> {
         &self.view
@@ -274,6 +314,78 @@ impl Session {
     pub(super) fn end_pass(&mut self) -> u32 {
         self.passes += 1;
         self.passes
+    }
+
+    /// The policy's decision on the pass ending now, with `metrics`; the pass is not counted
+    /// yet ([`Session::pass_ended`] does, once the decision stands).
+    pub(super) fn decide(
+        &mut self,
+        metrics: &Metrics,
+    ) -> Result<feedback::policy::PolicyDecision, feedback::policy::PolicyError> {
+        let state = PassState {
+            passes: self.passes + 1,
+            sequence: self.sequence,
+        };
+        self.policy.on_pass_end(metrics, &state)
+    }
+
+    /// A pass of `secs` ended with `metrics` and the policy's `decision`: counted, recorded
+    /// for the rf history and timed (the last 16 passes), and the next pass starts now.
+    pub(super) fn pass_ended(
+        &mut self,
+        metrics: &Metrics,
+        decision: &feedback::policy::PolicyDecision,
+        secs: f64,
+    ) {
+        self.end_pass();
+        self.record.add_pass(metrics, decision);
+        self.meter.pass_started = Instant::now();
+        self.meter.pass_secs.push_back(secs);
+        if self.meter.pass_secs.len() > 16 {
+            self.meter.pass_secs.pop_front();
+        }
+    }
+
+    /// The next pass starts now (time blocked for a staging is not part of a pass).
+    pub(super) fn restart_pass_clock(&mut self) {
+        self.meter.pass_started = Instant::now();
+    }
+
+    /// The client waited `secs` for a staging.
+    pub(super) fn blocked_for(&mut self, secs: f64) {
+        self.meter.blocked_secs += secs;
+    }
+
+    /// Whether to warn that the fixed rf is below stall-free rf `sf`: once, then only when
+    /// it has doubled (the estimate moves with every pass).
+    pub(super) fn warn_stall_free(&mut self, sf: u32) -> bool {
+        let due = self
+            .meter
+            .warned_rf
+            .is_none_or(|w| sf >= w.saturating_mul(2));
+        if due {
+            self.meter.warned_rf = Some(sf);
+        }
+        due
+    }
+
+    /// Takes job key `job` for its rf history, recording as `run` (replaying `replay`) and,
+    /// for a learned policy, deciding by `policy` from now on. Only before anything of the
+    /// run is recorded (the caller checks).
+    pub(super) fn rekey(
+        &mut self,
+        job: String,
+        run: Option<(RunId, Option<Replay>)>,
+        policy: Option<Box<dyn RfPolicy>>,
+    ) {
+        if let (Some(h), Some((run, replay))) = (self.history.as_mut(), run) {
+            h.run = run;
+            h.replay = replay;
+        }
+        if let Some(p) = policy {
+            self.policy = p;
+        }
+        self.job = job;
     }
 
     /// The session should move on at the first chance (a policy's verdict, `advance`).

@@ -122,7 +122,7 @@ impl Daemon {
             .lock()
             .unwrap()
             .get(&name)
-            .and_then(|s| s.schedule.aggregate().cloned());
+            .and_then(|s| s.schedule().aggregate().cloned());
         let exchange = match &aggregate {
             Some(a) if target.0 > 0 => Some(self.wait_for_exchange(a, target.0).await),
             _ => None,
@@ -238,7 +238,7 @@ impl Daemon {
     async fn hand_over(&self, name: &str, slot: &str, next: Next) {
         let (gone, staged) = match self.sessions.lock().unwrap().get_mut(name) {
             Some(s) => {
-                let staged = s.schedule.in_shared_store() && matches!(next, Next::Ready { .. });
+                let staged = s.schedule().in_shared_store() && matches!(next, Next::Ready { .. });
                 s.staging_ended(next);
                 (false, staged)
             }
@@ -263,7 +263,7 @@ impl Daemon {
             let s = ss.get_mut(name)?;
             // The switch also looks one mini-epoch further (what the retired slot may keep):
             // that epoch's plan is made here too, unless it is already known.
-            let after = s.schedule.plan_wanted(target);
+            let after = s.schedule().plan_wanted(target);
             let generation = match &self.shared {
                 Some(sh) => sh.take_generation(),
                 None => next_generation(s.generation()),
@@ -273,7 +273,7 @@ impl Daemon {
                 generation,
                 after,
                 s.slot_of(target),
-                s.schedule.nested_views(),
+                s.schedule().nested_views(),
             )
         };
         let me = self.clone();
@@ -290,7 +290,7 @@ impl Daemon {
         .ok()?;
         if let Some((epoch, plan)) = after {
             if let Some(s) = self.sessions.lock().unwrap().get_mut(name) {
-                s.schedule.remember_plan(epoch, plan);
+                s.schedule_mut().remember_plan(epoch, plan);
             }
         }
         Some(view)
@@ -318,7 +318,7 @@ impl Daemon {
         let (samples, bytes) = s.members(&self.store, target);
         // On a shared mount the files on the node and this slot must fit the budget, held
         // slots let go to make room (the staging waits for their deletion).
-        if let (true, Some(sh)) = (s.schedule.in_shared_store(), &self.shared) {
+        if let (true, Some(sh)) = (s.schedule().in_shared_store(), &self.shared) {
             let cohort = sh.cohort.lock().unwrap();
             let room = match sh.cfg.evict {
                 ShareEvict::Refcnt => self
@@ -345,7 +345,7 @@ impl Daemon {
         // The store adds its slots as donors (`Store::stage`); in aggregate mode the inbox the
         // exchange fills is one too, opened now that its bytes are counted.
         let mut reuse_from = Vec::new();
-        if s.schedule.aggregate().is_some() && target.0 > 0 {
+        if s.schedule().aggregate().is_some() && target.0 > 0 {
             self.open_inbox(target.0);
             reuse_from.push(aggregate::inbox_of_epoch(target.0));
         }
@@ -355,7 +355,7 @@ impl Daemon {
             reuse_from,
         };
         Some(StagingJob {
-            session: s.name.clone(),
+            session: s.name().to_string(),
             target,
             spec,
             progress,
@@ -419,8 +419,8 @@ impl Daemon {
 /// before its first read does not make its first pass look a minute longer.
 pub(super) fn pass_start(s: &Session) -> Instant {
     match s.view().first_touch() {
-        Some(t) if t > s.meter.pass_started => t,
-        _ => s.meter.pass_started,
+        Some(t) if t > s.meter().pass_started => t,
+        _ => s.meter().pass_started,
     }
 }
 
@@ -428,7 +428,7 @@ pub(super) fn pass_start(s: &Session) -> Instant {
 /// pass has ended, an estimate from how far the first pass has come (the share of the view's
 /// files looked up so far), once it has run for a moment over a few percent of the files.
 pub(super) fn pass_estimate(s: &Session) -> Option<f64> {
-    if let Some(p) = s.meter.mean_pass() {
+    if let Some(p) = s.meter().mean_pass() {
         return Some(p);
     }
     let view = &s.view();
@@ -455,7 +455,7 @@ impl Daemon {
             // Bytes move into a slot a batch at a time; pacing follows them file by file.
             bytes_left: progress.bytes_to_fetch(),
             pass_secs,
-            expected_rf: s.policy.expected_rf(),
+            expected_rf: s.policy().expected_rf(),
             passes_done: s.passes() as f64,
             pass_elapsed: pass_start(s).elapsed().as_secs_f64(),
             margin: PACING_MARGIN,

@@ -80,14 +80,12 @@ impl Daemon {
         Status {
             epoch: s.map_or(0, |s| s.epoch()),
             mini_epoch: s.map_or(0, |s| s.mini_epoch()),
-            mini_epochs: s.map_or(0, |s| s.schedule.mini_epochs()),
+            mini_epochs: s.map_or(0, |s| s.schedule().mini_epochs()),
             pass: s.map_or(0, |s| s.passes()),
-            rf: s.map_or(0.0, |s| s.policy.expected_rf()),
-            rf_policy: s.map_or(String::new(), |s| s.policy.name().to_string()),
-            job: s.map_or(String::new(), |s| s.job.clone()),
-            replay: s
-                .and_then(|s| s.history.as_ref())
-                .and_then(|h| h.replay.clone()),
+            rf: s.map_or(0.0, |s| s.policy().expected_rf()),
+            rf_policy: s.map_or(String::new(), |s| s.policy().name().to_string()),
+            job: s.map_or(String::new(), |s| s.job().to_string()),
+            replay: s.and_then(|s| s.history()).and_then(|h| h.replay.clone()),
             advance_wanted: s.is_some_and(|s| s.advance_wanted()),
             generation: s.map_or(view.generation, |s| s.generation()),
             next_ready: s.is_some_and(|s| s.next_ready()),
@@ -105,16 +103,16 @@ impl Daemon {
             dataset_files: self.store.catalog.len() as u64,
             dataset_bytes: self.store.catalog.total_bytes(),
             bonus_passes: s.map_or(0, |s| s.bonus_passes()),
-            mini_epoch_bonus_passes: s.map_or(0, |s| s.meter.mini_epoch_bonus),
-            effective_rf: s.and_then(|s| s.meter.effective_rf()),
-            last_rf: s.and_then(|s| s.meter.last_rf),
-            completed_mini_epochs: s.map_or(0, |s| s.meter.completed),
-            stalled_mini_epochs: s.map_or(0, |s| s.meter.stalled),
-            blocked_seconds: s.map_or(0.0, |s| s.meter.blocked_secs),
-            pass_seconds: s.and_then(|s| s.meter.pass_secs.back().copied()),
-            pass_seconds_mean: s.and_then(|s| s.meter.mean_pass()),
-            b2_bytes_per_s: s.and_then(|s| s.meter.b2()),
-            b2_recent_bytes_per_s: s.and_then(|s| s.meter.last_b2),
+            mini_epoch_bonus_passes: s.map_or(0, |s| s.meter().mini_epoch_bonus),
+            effective_rf: s.and_then(|s| s.meter().effective_rf()),
+            last_rf: s.and_then(|s| s.meter().last_rf),
+            completed_mini_epochs: s.map_or(0, |s| s.meter().completed),
+            stalled_mini_epochs: s.map_or(0, |s| s.meter().stalled),
+            blocked_seconds: s.map_or(0.0, |s| s.meter().blocked_secs),
+            pass_seconds: s.and_then(|s| s.meter().pass_secs.back().copied()),
+            pass_seconds_mean: s.and_then(|s| s.meter().mean_pass()),
+            b2_bytes_per_s: s.and_then(|s| s.meter().b2()),
+            b2_recent_bytes_per_s: s.and_then(|s| s.meter().last_b2),
             eb1_bytes_per_s: s.and_then(|s| self.eb1(s)),
             stall_free_rf: s.and_then(|s| self.stall_free_rf(s)),
             prefetch_rate: self.store.stager.pacer().rate(),
@@ -322,8 +320,8 @@ impl Daemon {
                 let Some(s) = ss.get_mut(&name) else {
                     continue;
                 };
-                let rec = s.record.clone();
-                if let Some(h) = s.history.as_ref() {
+                let rec = s.record().clone();
+                if let Some(h) = s.history() {
                     if !rec.scores.is_empty() {
                         if let Err(e) = h.store.lock().unwrap().record_mini_epoch(h.run, rec) {
                             tracing::warn!(session = %name, error = %e, "cannot record the rf history");
@@ -447,7 +445,7 @@ fn staging_status(next: Option<&Next>, draining_slots: usize) -> Staging {
 
 /// `status`'s account of aggregate-cache mode, if it runs.
 fn aggregate_status(ss: &Sessions) -> Option<crate::protocol::reply::AggregateStatus> {
-    ss.values().find_map(|s| s.schedule.aggregate()).map(|a| {
+    ss.values().find_map(|s| s.schedule().aggregate()).map(|a| {
         crate::protocol::reply::AggregateStatus {
             rank: a.rank,
             nodes: a.settings.nodes,

@@ -13,7 +13,7 @@ impl Daemon {
             let Some(s) = ss.get(name) else {
                 return false;
             };
-            if s.schedule.in_shared_store() && s.next_ready() && self.holds_back(&ss, s) {
+            if s.schedule().in_shared_store() && s.next_ready() && self.holds_back(&ss, s) {
                 return false;
             }
             let s = ss.get_mut(name).expect("present");
@@ -35,14 +35,14 @@ impl Daemon {
             let (slot, prebuilt) = (slot.clone(), prebuilt.clone());
             let view = self.successor_view(s, succ, &slot, prebuilt);
             debug_assert_eq!(view.slot, slot);
-            let old = if s.schedule.nested_views() {
+            let old = if s.schedule().nested_views() {
                 self.fs.switch_job(name, view.clone())
             } else {
                 Some(self.fs.switch(view.clone()))
             };
             // What the retired slot may be kept for: the mini-epoch after the new one (not
             // known yet from a queue); on a shared mount, what the other jobs have drawn.
-            let after = match s.schedule.kept_for(&self.store, succ) {
+            let after = match s.schedule_mut().kept_for(&self.store, succ) {
                 Some(after) => after,
                 None => self.advance_job(name),
             };
@@ -72,7 +72,7 @@ impl Daemon {
                 prev_wanted_rf: left.record.wanted_rf,
             }));
             let from_lobby = left.from_lobby;
-            let recorded = s.history.as_ref().filter(|_| !from_lobby).map(|h| {
+            let recorded = s.history().filter(|_| !from_lobby).map(|h| {
                 h.store
                     .lock()
                     .unwrap()
@@ -85,7 +85,7 @@ impl Daemon {
                 view,
                 recorded == Some(true),
                 left.batch,
-                s.schedule.nested_views(),
+                s.schedule().nested_views(),
             )
         };
         if let (Some(feed), Some(batch)) = (&self.queue, retired_batch) {
@@ -134,7 +134,7 @@ impl Daemon {
                 };
                 let members = s.view_members(&self.store, succ);
                 let v = self.store.view_for(&members, succ, generation, slot);
-                Arc::new(if s.schedule.nested_views() {
+                Arc::new(if s.schedule().nested_views() {
                     v.nested()
                 } else {
                     v
@@ -250,9 +250,9 @@ impl Daemon {
             generation: s.generation(),
             epoch: s.epoch(),
             mini_epoch: s.mini_epoch(),
-            mini_epochs: s.schedule.mini_epochs(),
+            mini_epochs: s.schedule().mini_epochs(),
             pass: s.passes(),
-            rf: s.policy.expected_rf(),
+            rf: s.policy().expected_rf(),
             next_ready: s.next_ready(),
             reason: None,
         }
@@ -264,7 +264,7 @@ impl Daemon {
         let t = Instant::now();
         let r = self.switch_blocking_inner(name).await;
         if let Some(s) = self.sessions.lock().unwrap().get_mut(name) {
-            s.meter.blocked_secs += t.elapsed().as_secs_f64();
+            s.blocked_for(t.elapsed().as_secs_f64());
         }
         r
     }
@@ -309,25 +309,14 @@ impl Daemon {
         let (reason, want, first_pass_of, handed) = {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;
-            if let Some(j) = job.filter(|_| !s.schedule.in_shared_store()) {
+            if let Some(j) = job.filter(|_| !s.schedule().in_shared_store()) {
                 self.adopt_job(s, j)?;
             }
-            let state = PassState {
-                passes: s.passes() + 1,
-                sequence: s.sequence(),
-            };
             let d = s
-                .policy
-                .on_pass_end(&metrics, &state)
+                .decide(&metrics)
                 .map_err(|e| ProtocolError::new(ErrorCode::BadMetrics, e.to_string()))?;
-            s.end_pass();
-            s.record.add_pass(&metrics, &d);
             let secs = pass_start(s).elapsed().as_secs_f64();
-            s.meter.pass_started = Instant::now();
-            s.meter.pass_secs.push_back(secs);
-            if s.meter.pass_secs.len() > 16 {
-                s.meter.pass_secs.pop_front();
-            }
+            s.pass_ended(&metrics, &d, secs);
             self.events.emit(Event::PassEnd(event::PassEnd {
                 epoch: s.epoch(),
                 mini_epoch: s.mini_epoch(),
@@ -351,7 +340,7 @@ impl Daemon {
             // From a queue, with `after-pass`: the view's shards are DONE once read once.
             let mut handed = false;
             let (passes, mini_epoch) = (s.passes(), s.mini_epoch());
-            if let (Some(feed), Some(q)) = (&self.queue, s.schedule.queue_mut()) {
+            if let (Some(feed), Some(q)) = (&self.queue, s.schedule_mut().queue_mut()) {
                 if passes == 1 && feed.shard_done == crate::dds::ShardDone::AfterPass {
                     if let Some(b) = q.mark(mini_epoch) {
                         feed.mark_done(b);
@@ -386,7 +375,7 @@ impl Daemon {
         // The next pass starts now: time spent blocked for staging is not part of a pass, or
         // pacing would read its own stalls as slow passes and stage slower still.
         let mut ss = self.sessions.lock().unwrap();
-        session_mut(&mut ss, name)?.meter.pass_started = Instant::now();
+        session_mut(&mut ss, name)?.restart_pass_clock();
         self.pace(&ss);
         let mut out = self.position(session_ref(&ss, name)?, decision);
         out.reason = Some(reason);
@@ -395,14 +384,14 @@ impl Daemon {
 
     /// EB1: bytes the job reads per second, from the view's size and the pass durations.
     pub(super) fn eb1(&self, s: &Session) -> Option<f64> {
-        let mean = s.meter.mean_pass()?;
+        let mean = s.meter().mean_pass()?;
         (mean > 0.0).then(|| s.view().bytes() as f64 / mean)
     }
 
     /// The stall-free rf of session `s` once EB1 and B2 are measured (the model's
     /// [`prefetcher::model::stall_free_rf`], the one definition).
     pub(super) fn stall_free_rf(&self, s: &Session) -> Option<u32> {
-        prefetcher::model::stall_free_rf(self.eb1(s)?, s.meter.b2()?)
+        prefetcher::model::stall_free_rf(self.eb1(s)?, s.meter().b2()?)
     }
 
     pub(super) fn check_stall_free(&self, s: &mut Session) {
@@ -413,9 +402,8 @@ impl Daemon {
             && self.cfg.policy.rf < sf
             // Once, then again only when it has doubled: the estimate moves with every pass,
             // and a warning per pass (seen: hundreds a second with short passes) buries the log.
-            && s.meter.warned_rf.is_none_or(|w| sf >= w.saturating_mul(2))
+            && s.warn_stall_free(sf)
         {
-            s.meter.warned_rf = Some(sf);
             tracing::warn!(
                 rf = self.cfg.policy.rf,
                 stall_free_rf = sf,
@@ -428,12 +416,12 @@ impl Daemon {
     /// the run is re-keyed (and a learned policy reloads that job's schedule); later a
     /// different key is an error, since one run has one key.
     pub(super) fn adopt_job(&self, s: &mut Session, job: String) -> Result<(), ProtocolError> {
-        if job == s.job {
+        if job == s.job() {
             return Ok(());
         }
-        let fresh = s.passes() == 0 && s.record.scores.is_empty();
+        let fresh = s.passes() == 0 && s.record().scores.is_empty();
         let untouched = fresh
-            && s.history.as_ref().is_none_or(|h| {
+            && s.history().is_none_or(|h| {
                 h.store
                     .lock()
                     .unwrap()
@@ -445,28 +433,33 @@ impl Daemon {
                 ErrorCode::BadRequest,
                 format!(
                     "job `{job}`: this mount already records job `{}`; one mount serves one job key",
-                    s.job
+                    s.job()
                 ),
             ));
         }
         let mut schedule = None;
-        if let Some(h) = s.history.as_mut() {
+        let mut run = None;
+        if let Some(h) = s.history() {
             let mut store = h.store.lock().unwrap();
             let (replay, sched) = learned_replay(&self.cfg.policy, &store, &h.dataset, &job, None)
                 .map_err(|e| {
                     ProtocolError::new(ErrorCode::BadRequest, format!("job `{job}`: {e}"))
                 })?
                 .unzip();
-            h.run = start_recording(&mut store, &h.dataset, &job, None, replay.clone()).0;
-            h.replay = replay;
+            let id = start_recording(&mut store, &h.dataset, &job, None, replay.clone()).0;
+            run = Some((id, replay));
             schedule = sched;
         }
-        if self.cfg.policy.kind == PolicyKind::Learned {
-            s.policy = build_policy(&self.cfg, schedule)
-                .map_err(|e| ProtocolError::new(ErrorCode::Internal, e.to_string()))?;
-        }
+        let policy = if self.cfg.policy.kind == PolicyKind::Learned {
+            Some(
+                build_policy(&self.cfg, schedule)
+                    .map_err(|e| ProtocolError::new(ErrorCode::Internal, e.to_string()))?,
+            )
+        } else {
+            None
+        };
         tracing::info!(job = %job, "job key for the rf history");
-        s.job = job;
+        s.rekey(job, run, policy);
         Ok(())
     }
 
@@ -517,7 +510,7 @@ impl Daemon {
         let (cur, succ, queue) = {
             let ss = self.sessions.lock().unwrap();
             let s = session_ref(&ss, name)?;
-            (s.position(), s.successor(), s.schedule.by_sequence())
+            (s.position(), s.successor(), s.schedule().by_sequence())
         };
         if queue {
             // From a queue each node's batches are its own: ranks agree on the sequence

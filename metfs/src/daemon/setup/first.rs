@@ -141,7 +141,7 @@ impl Daemon {
         let aggregate = {
             let ss = self.sessions.lock().unwrap();
             ss.get(DEFAULT_SESSION)
-                .and_then(|s| s.schedule.aggregate().cloned())
+                .and_then(|s| s.schedule().aggregate().cloned())
         };
         if let Some(a) = &aggregate {
             self.write_exchange_spec(a)?;

@@ -18,9 +18,10 @@ impl Daemon {
             .unwrap()
             .is_some_and(|t| t.elapsed() < JOIN_WINDOW);
         let mut ss = self.sessions.lock().unwrap();
-        for s in ss.values_mut() {
+        // The map's key is the session's name.
+        for (name, s) in ss.iter_mut() {
             let seq = s.mini_epoch();
-            let Some(drawn) = s.schedule.drawn_mut() else {
+            let Some(drawn) = s.schedule_mut().drawn_mut() else {
                 continue;
             };
             if !drawn.shown() && window_open {
@@ -31,9 +32,9 @@ impl Daemon {
                 continue;
             }
             let mut cohort = sh.cohort.lock().unwrap();
-            match cohort.prepare(&s.name) {
+            match cohort.prepare(name) {
                 Ok(CohortNext::Stage { .. }) | Ok(CohortNext::Prepared) => {
-                    let Some(v) = cohort.next_view(&s.name) else {
+                    let Some(v) = cohort.next_view(name) else {
                         continue;
                     };
                     drawn.draw_successor(
@@ -47,8 +48,8 @@ impl Daemon {
                 }
                 Ok(CohortNext::Wait) => {}
                 Err(e) => {
-                    tracing::error!(job = %s.name, error = %e, "cannot draw the job's next view");
-                    self.store.note_error(format!("job {}: {e}", s.name));
+                    tracing::error!(job = %name, error = %e, "cannot draw the job's next view");
+                    self.store.note_error(format!("job {name}: {e}"));
                 }
             }
         }
@@ -89,12 +90,12 @@ impl Daemon {
         // Only what the others read in this same epoch of theirs: a job in its next epoch
         // wants every sample again, which no store smaller than the dataset keeps anyway,
         // and holding the slower job back for it would only stall both.
-        let ahead = cohort.drawn_ahead_by(&s.name, Some(s.epoch()), |n| {
+        let ahead = cohort.drawn_ahead_by(s.name(), Some(s.epoch()), |n| {
             ss.contains_key(n) && jobs.get(n).is_some_and(|m| !m.held_back)
         });
         drop(cohort);
         let current = s
-            .schedule
+            .schedule()
             .drawn()
             .and_then(|d| d.view(s.mini_epoch()))
             .map(|v| v.samples.clone())
@@ -103,7 +104,7 @@ impl Daemon {
         // A slot the store would hold as a donor is no help: the next staging may let it go
         // before the slower job has linked from it.
         let held = !needed.is_empty() && !self.store.elsewhere(&s.view().slot, &needed);
-        if let Some(m) = jobs.get_mut(&s.name) {
+        if let Some(m) = jobs.get_mut(s.name()) {
             m.held_back = held;
         }
         held
@@ -115,16 +116,16 @@ impl Daemon {
         let jobs = sh.jobs.lock().unwrap();
         Some(
             ss.values()
-                .filter(|s| s.schedule.in_shared_store())
+                .filter(|s| s.schedule().in_shared_store())
                 .map(|s| {
-                    let meta = jobs.get(&s.name);
+                    let meta = jobs.get(s.name());
                     JobStatus {
-                        name: s.name.clone(),
+                        name: s.name().to_string(),
                         epoch: s.epoch(),
-                        mini_epoch: (!s.schedule.before_first_view()).then_some(s.mini_epoch()),
+                        mini_epoch: (!s.schedule().before_first_view()).then_some(s.mini_epoch()),
                         pass: s.passes(),
-                        rf_policy: s.policy.name().to_string(),
-                        rf: s.policy.expected_rf(),
+                        rf_policy: s.policy().name().to_string(),
+                        rf: s.policy().expected_rf(),
                         bonus_passes: s.bonus_passes(),
                         generation: s.generation(),
                         files: s.view().file_count() as u64,

@@ -290,10 +290,10 @@ impl Daemon {
             let s = ss
                 .remove(name)
                 .ok_or_else(|| bad(format!("job {name:?} is not on this shared mount")))?;
-            let history = s.history.as_ref().map(|h| {
+            let history = s.history().map(|h| {
                 let mut store = h.store.lock().unwrap();
-                if !s.record.scores.is_empty() {
-                    let _ = store.record_mini_epoch(h.run, s.record.clone());
+                if !s.record().scores.is_empty() {
+                    let _ = store.record_mini_epoch(h.run, s.record().clone());
                 }
                 if finished {
                     let _ = store.finish_run(h.run);

@@ -15,13 +15,13 @@ impl Daemon {
         let jobs = sh.jobs.lock().unwrap();
         let saved = ss
             .values()
-            .filter(|s| s.schedule.drawn().is_some_and(Drawn::shown))
+            .filter(|s| s.schedule().drawn().is_some_and(Drawn::shown))
             .filter_map(|s| {
-                let meta = jobs.get(&s.name)?;
-                let place = cohort.saved(&s.name)?;
+                let meta = jobs.get(s.name())?;
+                let place = cohort.saved(s.name())?;
                 place.current.as_ref()?;
                 Some(SavedJob {
-                    name: s.name.clone(),
+                    name: s.name().to_string(),
                     token: meta.token.clone(),
                     subset: meta.subset.clone(),
                     rf_policy: meta.rf_policy.clone(),
@@ -32,9 +32,9 @@ impl Daemon {
                     sequence: s.sequence(),
                     generation: s.generation(),
                     passes: s.passes(),
-                    run: s.history.as_ref().map(|h| h.run),
-                    policy: s.policy.state(),
-                    slots: s.schedule.drawn().map(|d| d.slots().to_string()),
+                    run: s.history().map(|h| h.run),
+                    policy: s.policy().state(),
+                    slots: s.schedule().drawn().map(|d| d.slots().to_string()),
                     cohort: place,
                 })
             })
