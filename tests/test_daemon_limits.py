@@ -506,7 +506,7 @@ def test_a_dataset_too_large_for_the_memory_is_refused_with_its_numbers(mounts, 
     for w in (str(man), "20041 files", "--memory-limit", "available"):
         assert w in r.stderr, (w, r.stderr)
     assert "panicked" not in r.stderr + m.log()
-    m = mounts(src, "6MiB", "--memory-limit", "16KiB", name="listed")
+    m = mounts(src, "6MiB", "--memory-limit", "8KiB", name="listed")
     r = m.mount(check=False)
     assert r.returncode != 0 and f"source {src}" in r.stderr and "40 files" in r.stderr, r.stderr
     m = mounts(src, "6MiB", "--memory-limit", "64MiB", name="fits")
