@@ -85,6 +85,9 @@ pub struct Store {
     released: tokio::sync::Notify,
 }
 
+/// Samples left out that `status` lists (`failed_samples`).
+const FAILED_LISTED: usize = 100;
+
 /// Which slots take how many bytes, which are draining, and what went wrong.
 #[derive(Default)]
 struct Book {
@@ -99,7 +102,7 @@ struct Book {
     /// Generations of `draining` whose slot is being deleted now.
     evicting: std::collections::BTreeSet<u64>,
     last_error: Option<String>,
-    /// The last 100 samples left out of a slot, with why.
+    /// The last [`FAILED_LISTED`] samples left out of a slot, each once, with why.
     failed_samples: Vec<String>,
     /// The samples of each slot that are hard links, with the slot whose fetch made the file
     /// (their *origin*): every name of one sample with one origin is one file on disk.
@@ -115,6 +118,21 @@ struct Book {
 }
 
 impl Book {
+    /// Sample `path` was left out of a slot for `why`: listed once, with its latest reason,
+    /// among the last [`FAILED_LISTED`] samples left out. A sample that fails at every
+    /// staging (deleted from the tier, unreadable) was listed once per attempt before, and
+    /// pushed every other sample out of the list.
+    fn note_failed(&mut self, path: &str, why: String) {
+        let prefix = format!("{path}: ");
+        self.failed_samples.retain(|f| !f.starts_with(&prefix));
+        self.failed_samples.push(format!("{prefix}{why}"));
+        if self.failed_samples.len() > FAILED_LISTED {
+            let cut = self.failed_samples.len() - FAILED_LISTED;
+            self.failed_samples.drain(..cut);
+        }
+        self.last_error = Some(why);
+    }
+
     /// Bytes the files of the slots take on disk, each file once (a sample's copies with one
     /// origin are one file), leaving out the slots in `except`.
     ///
@@ -432,12 +450,7 @@ impl Store {
     pub(super) fn note_failed(&self, failed: impl IntoIterator<Item = (String, String)>) {
         let mut b = self.book.lock().unwrap();
         for (path, why) in failed {
-            b.failed_samples.push(format!("{path}: {why}"));
-            b.last_error = Some(why);
-        }
-        if b.failed_samples.len() > 100 {
-            let cut = b.failed_samples.len() - 100;
-            b.failed_samples.drain(..cut);
+            b.note_failed(&path, why);
         }
     }
 
@@ -575,6 +588,32 @@ mod tests {
             }
         }
         total
+    }
+
+    /// A sample that fails again is listed once, with its latest reason, at the end; the list
+    /// keeps the last 100.
+    #[test]
+    fn failed_samples_are_listed_once_each_latest_last() {
+        let mut b = Book::default();
+        b.note_failed("d/a", "gone".into());
+        b.note_failed("d/ab", "changed".into());
+        b.note_failed("d/a", "gone again".into());
+        assert_eq!(b.failed_samples, ["d/ab: changed", "d/a: gone again"]);
+        assert_eq!(b.last_error.as_deref(), Some("gone again"));
+        for i in 0..150 {
+            b.note_failed(&format!("x/{i}"), "io".into());
+            b.note_failed("d/a", "gone".into());
+        }
+        assert_eq!(b.failed_samples.len(), FAILED_LISTED);
+        assert_eq!(b.failed_samples.last().unwrap(), "d/a: gone");
+        assert_eq!(
+            b.failed_samples
+                .iter()
+                .filter(|f| f.starts_with("d/a: "))
+                .count(),
+            1
+        );
+        assert_eq!(b.failed_samples[0], "x/51: io");
     }
 
     /// The flat count agrees with the plain set of (sample, origin) pairs, links to live and
