@@ -6,24 +6,13 @@ use std::sync::Arc;
 use prefetcher::catalog::Catalog;
 use prefetcher::pacer::Pacer;
 use prefetcher::stager::{SlotSpec, StageError, Stager, StagerConfig};
-use prefetcher::tier::testing::{Failure, FaultyTier, MemoryTier, Op, Rule};
+use prefetcher::tier::testing::{sample_files, Failure, FaultyTier, MemoryTier, Op, Rule};
 use prefetcher::tier::{CapacityTier, TierError};
-
-fn files(n: u32) -> Vec<(String, Vec<u8>)> {
-    (0..n)
-        .map(|i| {
-            let bytes = (0..(i * 7_919 % 50_000 + 1))
-                .map(|b| (b ^ i) as u8)
-                .collect();
-            (format!("d{}/f{i:03}", i % 3), bytes)
-        })
-        .collect()
-}
 
 /// The stager sorts the injected failures as it sorts the real tiers' ones.
 #[tokio::test]
 async fn the_stager_treats_injected_failures_as_real_ones() {
-    let mem = Arc::new(MemoryTier::with_files("memory://t", files(12)));
+    let mem = Arc::new(MemoryTier::with_files("memory://t", sample_files(12)));
     let tier = Arc::new(FaultyTier::new(mem.clone()));
     let cat =
         Arc::new(Catalog::from_entries(mem.url(), tier.list().await.unwrap().entries).unwrap());

@@ -63,6 +63,19 @@ pub struct MemoryTier {
     mid_copy: Mutex<HashMap<String, Vec<u8>>>,
 }
 
+/// `n` generated samples for a [`MemoryTier`]: `d{i % 3}/f{i:03}`, of 1 to 50,000 bytes that
+/// differ from sample to sample, so that a copy of the wrong sample or a wrong range shows.
+pub fn sample_files(n: u32) -> Vec<(String, Vec<u8>)> {
+    (0..n)
+        .map(|i| {
+            let bytes = (0..(i * 7_919 % 50_000 + 1))
+                .map(|b| (b ^ i) as u8)
+                .collect();
+            (format!("d{}/f{i:03}", i % 3), bytes)
+        })
+        .collect()
+}
+
 impl MemoryTier {
     /// An empty source named `url` (the catalog's source and the daemon's `source` in status;
     /// give it a scheme such as `memory://name` so that nothing takes it for a directory).
@@ -637,17 +650,6 @@ impl CapacityTier for FaultyTier {
 mod tests {
     use super::*;
 
-    fn files(n: u32) -> Vec<(String, Vec<u8>)> {
-        (0..n)
-            .map(|i| {
-                let bytes = (0..(i * 7_919 % 50_000 + 1))
-                    .map(|b| (b ^ i) as u8)
-                    .collect();
-                (format!("d{}/f{i:03}", i % 3), bytes)
-            })
-            .collect()
-    }
-
     fn sample_of(t: &MemoryTier, path: &str) -> SampleRef {
         let (bytes, version) = t.get(path).unwrap();
         SampleRef {
@@ -665,7 +667,7 @@ mod tests {
 
     #[tokio::test]
     async fn memory_tier_lists_fetches_in_pieces_and_notices_changes() {
-        let t = MemoryTier::with_files("memory://t", files(5)).with_piece_bytes(1000);
+        let t = MemoryTier::with_files("memory://t", sample_files(5)).with_piece_bytes(1000);
         let l = t.list().await.unwrap();
         assert_eq!(l.entries.len(), 5);
         let cat = Catalog::from_entries(t.url(), l.entries).unwrap();
@@ -690,7 +692,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_change_in_the_middle_of_a_copy_mixes_bytes_and_fails_the_fetch() {
-        let t = MemoryTier::with_files("memory://t", files(4)).with_piece_bytes(512);
+        let t = MemoryTier::with_files("memory://t", sample_files(4)).with_piece_bytes(512);
         let path = "d0/f003";
         let s = sample_of(&t, path);
         let old = t.get(path).unwrap().0;
@@ -713,7 +715,7 @@ mod tests {
 
     #[tokio::test]
     async fn rules_apply_by_call_number_and_path_and_end() {
-        let mem = Arc::new(MemoryTier::with_files("memory://t", files(3)));
+        let mem = Arc::new(MemoryTier::with_files("memory://t", sample_files(3)));
         let t = FaultyTier::new(mem.clone());
         let s = sample_of(&mem, "d0/f000");
         let d = tempfile::tempdir().unwrap();
@@ -753,7 +755,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_hang_lasts_until_released_and_ends_when_dropped() {
-        let mem = Arc::new(MemoryTier::with_files("memory://t", files(2)));
+        let mem = Arc::new(MemoryTier::with_files("memory://t", sample_files(2)));
         let t = Arc::new(FaultyTier::new(mem.clone()));
         let s = sample_of(&mem, "d1/f001");
         let d = tempfile::tempdir().unwrap();
