@@ -3,7 +3,8 @@
 //! A slot is a directory `SLOTS/<name>/` (the daemon's names: [`slot_name`]) holding the
 //! mini-epoch's samples under their relative paths. Each sample is fetched into a temporary
 //! file in `TMP/` and its size verified (the tier verifies its version too, and starts
-//! writeback as it writes). Fetched files are committed in batches (at most 512 files, 512
+//! writeback as it writes any file over [`crate::tier::SMALL_FILE_BYTES`]; a small file's
+//! pages are written out by its batch's `syncfs`, many at once). Fetched files are committed in batches (at most 512 files, 512
 //! MiB or one second): one `syncfs` makes the batch durable, then its files are renamed into
 //! the slot. A file therefore appears in a slot only when it is complete, verified and on
 //! disk, and a crash at any point leaves at worst orphan temporary files, which
@@ -28,7 +29,8 @@
 //! The re-read costs one read of what the slot holds at each start, at the cache disk's speed
 //! (for example about 30 s for 100 GB at 3.5 GB/s), paid only by a restart and far cheaper than
 //! refetching from the tier. Computing the CRC while staging costs one read of each copy from
-//! the page cache, where it still is right after the write. The journal is not fsynced per
+//! the page cache, where it still is right after the write, through the descriptor that wrote
+//! it (a small copy's on the staging task itself: a handoff to a blocking thread costs more). The journal is not fsynced per
 //! line: an entry is only ever written after the rename it records, and the resume check
 //! re-reads every journaled file, so a lost tail only costs a refetch. After a clean shutdown
 //! the re-read is skipped for each slot whose seal still holds, and moved to each copy's first
@@ -159,8 +161,9 @@ pub struct StagerConfig {
     #[cfg_attr(feature = "clap", arg(id = "stager.timeout_secs", long = "stager-timeout-secs",
         default_value_t = StagerConfig::default().timeout_secs))]
     pub timeout_secs: u64,
-    /// `fsync` each staged file before renaming it into the slot. Turning this off is only safe
-    /// on a cache that does not outlive the node (e.g. `/dev/shm`).
+    /// Make each batch of staged files durable (one `syncfs` of the cache's file system, see
+    /// the module docs) before renaming them into the slot. Turning this off is only safe on a
+    /// cache that does not outlive the node (e.g. `/dev/shm`).
     #[cfg_attr(feature = "clap", arg(id = "stager.fsync", long = "stager-fsync",
         action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true,
         default_missing_value = "true", default_value_t = StagerConfig::default().fsync))]
@@ -346,6 +349,38 @@ fn remove_tree_unless(dir: &Path, stop: &dyn Fn() -> bool) -> std::io::Result<bo
 /// CRC-32 of a whole file.
 fn crc_of_file(path: &Path) -> std::io::Result<u32> {
     crc_of_open_file(&std::fs::File::open(path)?)
+}
+
+/// Largest fetched copy whose CRC is read on the staging task itself rather than on a
+/// blocking thread: a few pages, just written and still in memory.
+const INLINE_CRC_BYTES: u64 = 64 << 10;
+
+/// CRC-32 of the first `len` bytes of a copy just written, which must all be there: exactly
+/// `len` bytes are read, with no read past them to find the end and no `stat` to size the
+/// buffer (the caller has checked the length).
+fn crc_of_copy(file: &std::fs::File, len: u64) -> std::io::Result<u32> {
+    use std::os::unix::fs::FileExt;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; len.clamp(1, 1 << 20) as usize];
+    let mut off = 0u64;
+    while off < len {
+        let want = ((len - off) as usize).min(buf.len());
+        match file.read_at(&mut buf[..want], off) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("the copy ends at {off} bytes, before its {len}"),
+                ))
+            }
+            Ok(n) => {
+                h.update(&buf[..n]);
+                off += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(h.finalize())
 }
 
 /// CRC-32 of an open file's whole content, read from offset 0 (the descriptor's position is

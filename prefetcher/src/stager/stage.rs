@@ -118,8 +118,8 @@ impl Stager {
         // are renamed into the slot and journaled: a file in a slot is always complete and on
         // disk, at a fraction of the cost of one fsync per file. Batches are committed on
         // their own thread while fetching goes on (two batches may wait), so the download
-        // never stops for the disk; each file's writeback starts as soon as it is fetched, so
-        // a batch's syncfs mostly waits for writes already under way.
+        // never stops for the disk; a large file's writeback starts as soon as it is fetched,
+        // so a batch's syncfs mostly waits for writes already under way.
         let (tx, rx) = tokio::sync::mpsc::channel::<Vec<Fetched>>(2);
         let committer = {
             let tmp_dir = self.tmp_dir.clone();
@@ -284,8 +284,11 @@ impl Stager {
         let mark = |f: &std::fs::File| f.metadata().map(|m| (m.len(), m.blocks())).ok();
         let fut = self.tier.fetch(sample, file.clone(), &self.pacer);
         tokio::pin!(fut);
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
-        let mut last = mark(&file);
+        // The first look is a tick away, not now: most fetches of small files are done by
+        // then, and a `stat` of the file just created would cost them a system call each.
+        let every = Duration::from_millis(250);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut last = None;
         let mut since = Instant::now();
         loop {
             tokio::select! {
@@ -354,7 +357,9 @@ impl Stager {
             let seq = self.attempt_seq.fetch_add(1, Ordering::Relaxed);
             let tmp = self.tmp_dir.join(format!("{slot_name}-{id}.{seq}"));
             // Owner-only while written; read-only once complete (see the module docs).
+            // Readable too: the copy's CRC is read back through this descriptor.
             let file = std::fs::OpenOptions::new()
+                .read(true)
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
@@ -372,18 +377,39 @@ impl Stager {
                             sample.size
                         )));
                     }
-                    drop(file);
-                    let (tmp, bytes) = match &self.transform {
-                        Some(t) => self.transform_one(t, &rel, tmp).await?,
-                        None => (tmp, sample.size),
+                    let (tmp, bytes, crc) = match &self.transform {
+                        Some(t) => {
+                            drop(file);
+                            let (tmp, bytes) = self.transform_one(t, &rel, tmp).await?;
+                            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o400))
+                                .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
+                            let t2 = tmp.clone();
+                            let crc = tokio::task::spawn_blocking(move || crc_of_file(&t2))
+                                .await
+                                .expect("checksum task panicked")
+                                .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
+                            (tmp, bytes, crc)
+                        }
+                        None => {
+                            // Through the descriptor written: no second open, no path lookup.
+                            file.set_permissions(std::fs::Permissions::from_mode(0o400))
+                                .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
+                            let size = sample.size;
+                            let crc = if size <= INLINE_CRC_BYTES {
+                                // Pages just written, read from memory: cheaper than handing
+                                // the work to a blocking thread and back.
+                                crc_of_copy(&file, size)
+                            } else {
+                                let f = file.clone();
+                                tokio::task::spawn_blocking(move || crc_of_copy(&f, size))
+                                    .await
+                                    .expect("checksum task panicked")
+                            }
+                            .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
+                            drop(file);
+                            (tmp, size, crc)
+                        }
                     };
-                    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o400))
-                        .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
-                    let t2 = tmp.clone();
-                    let crc = tokio::task::spawn_blocking(move || crc_of_file(&t2))
-                        .await
-                        .expect("checksum task panicked")
-                        .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
                     self.tier_bytes.fetch_add(sample.size, Ordering::Relaxed);
                     progress
                         .bytes_fetched
