@@ -3,18 +3,19 @@
 # records a run. The test command runs the same tests briefly.
 #
 #   scripts/stress.sh [--readers N] [--switches N] [--kills N] [--outage S] [--deadline S]
-#                     [--out DIR] [-- PYTEST_ARGS...]
+#                     [--view-files N] [--large-switches N] [--out DIR] [-- PYTEST_ARGS...]
 #
 # Defaults: 64 readers (32 threads, 32 processes) over 100 switches on each read path, 100
 # kill -9 trials, a 5 s source outage and 5 s of full cache disk, 60 s before a switch or a drain
-# counts as stuck. Results (one JSON file per test) go to --out (default target/stress). Tests
-# that the test command marks as expected failures (known open bugs) run as ordinary tests here
-# (--runxfail), so the run shows what fails today. Needs root (FUSE, tmpfs) and, for the S3
-# test, Garage (scripts/install-deps.sh).
+# counts as stuck; views of 50,000 small files across 3 switches in the large-view test
+# (test_large_views.py; --view-files 500000 is issue 31's size). Results (one JSON file per
+# test) go to --out (default target/stress). Tests that the test command marks as expected
+# failures (known open bugs) run as ordinary tests here (--runxfail), so the run shows what
+# fails today. Needs root (FUSE, tmpfs) and, for the S3 test, Garage (scripts/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-readers=64 switches=100 kills=100 outage=5 deadline=60 out=target/stress
+readers=64 switches=100 kills=100 outage=5 deadline=60 out=target/stress view_files=50000 large_switches=3
 while [ $# -gt 0 ]; do
   case "$1" in
     --readers) readers="$2"; shift 2 ;;
@@ -23,7 +24,9 @@ while [ $# -gt 0 ]; do
     --outage) outage="$2"; shift 2 ;;
     --deadline) deadline="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --view-files) view_files="$2"; shift 2 ;;
+    --large-switches) large_switches="$2"; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     --) shift; break ;;
     *) echo "stress.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -37,12 +40,13 @@ rm -rf "$out"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 export METFS_STRESS_READERS=$readers METFS_STRESS_SWITCHES=$switches METFS_STRESS_KILLS=$kills \
-       METFS_STRESS_OUTAGE_S=$outage METFS_STRESS_DEADLINE_S=$deadline METFS_STRESS_OUT=$out
+       METFS_STRESS_OUTAGE_S=$outage METFS_STRESS_DEADLINE_S=$deadline METFS_STRESS_OUT=$out \
+       METFS_STRESS_VIEW_FILES=$view_files METFS_STRESS_LARGE_SWITCHES=$large_switches
 XDG_DATA_HOME=$(mktemp -d /tmp/metfs-stress-data.XXXXXX)
 export XDG_DATA_HOME
 trap 'rm -rf "$XDG_DATA_HOME"' EXIT
 
-echo "== stress: $readers readers x $switches switches per read path, $kills kill -9 trials, ${outage}s faults"
+echo "== stress: $readers readers x $switches switches per read path, $kills kill -9 trials, ${outage}s faults, views of $view_files files x $large_switches switches"
 start=$(date +%s)
 set +e
 python3 -m pytest -q -p no:cacheprovider --runxfail -rfE --durations=0 tests/stress "$@" 2>&1 | tee "$out/pytest.log"

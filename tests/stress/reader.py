@@ -4,6 +4,8 @@ file to the end in 128 KiB chunks and checks its SHA-256 against the source's.
 
     reader.py MOUNTPOINT HASHES_JSON OUT_JSON STOP_FILE SEED [SOCKET]
 
+HASHES_JSON may be `generated` for a source of `content`'s files (`GeneratedDigests`).
+
 With SOCKET (the daemon's control socket) it reads the view's slot files directly instead, under
 a lease (`direct_loop`).
 
@@ -199,9 +201,36 @@ def start_threads(mnt: str, hashes: dict[str, str], n: int, seed: int,
     return stop, threads, counters
 
 
+# A generated source (`test_large_views.py`): file `i` is `rel_of(i)`, its bytes `content(i)`.
+PER_DIR = 1_000
+
+
+def rel_of(i: int) -> str:
+    return f"d{i // PER_DIR:05d}/f{i:07d}.bin"
+
+
+def content(i: int) -> bytes:
+    """File `i`'s bytes: its index repeated, 1-4 KiB long, so no two files are alike."""
+    size = 1024 + (i * 2654435761) % 3073
+    return (i.to_bytes(8, "little") * 512)[:size]
+
+
+class GeneratedDigests:
+    """The SHA-256 of a generated source's file, computed from its name (what `tally` asks of
+    the table of digests it is given): a million digests need no table in every reader."""
+
+    def get(self, rel: str) -> str | None:
+        name = rel.rsplit("/", 1)[-1]
+        if not (name.startswith("f") and name.endswith(".bin") and name[1:8].isdigit()):
+            return None
+        i = int(name[1:8])
+        return hashlib.sha256(content(i)).hexdigest() if rel == rel_of(i) else None
+
+
 def main() -> None:
     mnt, hashes_file, out, stop_file, seed = sys.argv[1:6]
-    hashes = json.loads(Path(hashes_file).read_text())
+    # "generated": a source of `content`'s files.
+    hashes: Any = GeneratedDigests() if hashes_file == "generated" else json.loads(Path(hashes_file).read_text())
     c = new_counters()
     if len(sys.argv) > 6:  # a control socket: read the slot files directly
         direct_loop(sys.argv[6], hashes, lambda: os.path.exists(stop_file), int(seed), c)

@@ -296,7 +296,7 @@ impl PosixTier {
     /// in user space instead (`realpath`: a `readlink` and a `stat` per component) cost ten
     /// system calls per small file, more than copying it. The slow path remains for what
     /// `RESOLVE_BENEATH` refuses although it stays inside (an absolute symlink to a file under
-    /// the root) and for kernels without `openat2` (before 5.6).
+    /// the root) and where `openat2` is missing (kernels before 5.6) or filtered out.
     fn open_source(&self, rel: &str) -> Result<std::fs::File, TierError> {
         use std::os::unix::fs::OpenOptionsExt;
         validate_rel_path(rel).map_err(|_| TierError::Escapes {
@@ -305,7 +305,13 @@ impl PosixTier {
         })?;
         match self.open_beneath(rel) {
             Ok(f) => return Ok(f),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EXDEV) | Some(libc::ENOSYS)) => {}
+            // EXDEV: a way out, or an absolute symlink; ENOSYS or EPERM: no `openat2` here
+            // (before 5.6, or refused by a container's seccomp filter).
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EXDEV) | Some(libc::ENOSYS) | Some(libc::EPERM)
+                ) => {}
             Err(e) => return Err(self.io_err(rel, e)),
         }
         let real = self.resolve(rel)?;
