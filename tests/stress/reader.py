@@ -4,7 +4,8 @@ file to the end in 128 KiB chunks and checks its SHA-256 against the source's.
 
     reader.py MOUNTPOINT HASHES_JSON OUT_JSON STOP_FILE SEED [SOCKET]
 
-HASHES_JSON may be `generated` for a source of `content`'s files (`GeneratedDigests`).
+HASHES_JSON may be `generated` for a source of `content`'s files (`GeneratedDigests`), read by
+`stream_loop`.
 
 With SOCKET (the daemon's control socket) it reads the view's slot files directly instead, under
 a lease (`direct_loop`).
@@ -109,6 +110,46 @@ def read_loop(mnt: str, hashes: dict[str, str], stop: Callable[[], bool], seed: 
                     c["errors"][key] = c["errors"].get(key, 0) + 1
                 continue
             tally(c, rel, digest, n, hashes)
+        c["rounds"] += 1
+
+
+def stream_loop(mnt: str, hashes: Any, stop: Callable[[], bool], seed: int, c: dict[str, Any]) -> None:
+    """`read_loop` for views too large to list whole before reading (half a million files):
+    walks the view in a random order of directories and reads each directory's files, in a
+    random order, as soon as it is listed."""
+    rng = random.Random(seed)
+    while not stop():
+        def walk_error(e: OSError) -> None:
+            if e.errno == errno.ENOENT:  # a directory of the old view, gone after a switch
+                c["enoent"] += 1
+                return
+            key = f"walk {errno.errorcode.get(e.errno, e.errno)}"
+            c["errors"][key] = c["errors"].get(key, 0) + 1
+
+        try:
+            for dirpath, dirnames, names in os.walk(mnt, onerror=walk_error):
+                rng.shuffle(dirnames)  # os.walk descends in the order left here
+                rng.shuffle(names)
+                for n in names:
+                    if stop():
+                        return
+                    p = os.path.join(dirpath, n)
+                    op = "open"
+                    try:
+                        with open(p, "rb", buffering=0) as f:
+                            op = "read"
+                            digest, size = hash_to_end(f)
+                    except OSError as e:
+                        if e.errno == errno.ENOENT and op == "open":
+                            c["enoent"] += 1
+                        else:
+                            key = f"{op} {errno.errorcode.get(e.errno, str(e.errno))}"
+                            c["errors"][key] = c["errors"].get(key, 0) + 1
+                        continue
+                    tally(c, os.path.relpath(p, mnt), digest, size, hashes)
+        except OSError as e:
+            key = f"walk {errno.errorcode.get(e.errno, e.errno)}"
+            c["errors"][key] = c["errors"].get(key, 0) + 1
         c["rounds"] += 1
 
 
@@ -234,6 +275,8 @@ def main() -> None:
     c = new_counters()
     if len(sys.argv) > 6:  # a control socket: read the slot files directly
         direct_loop(sys.argv[6], hashes, lambda: os.path.exists(stop_file), int(seed), c)
+    elif hashes_file == "generated":
+        stream_loop(mnt, hashes, lambda: os.path.exists(stop_file), int(seed), c)
     else:
         read_loop(mnt, hashes, lambda: os.path.exists(stop_file), int(seed), c)
     c["read"] = sorted(c["read"])

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reader import PER_DIR, GeneratedDigests, content, merge, new_counters, rel_of, start_threads
+from reader import PER_DIR, GeneratedDigests, content, merge, new_counters, rel_of, stream_loop
 from stresslib import (
     DEADLINE_S,
     READERS,
@@ -110,22 +110,29 @@ def test_readers_across_switches_of_large_views(cache_fs, mounts, tmp_path):
     stop_file = tmp_path / "stop"
     # Staging a view of half a million files takes minutes with 64 readers on two cores.
     deadline = max(DEADLINE_S, VIEW_FILES / 500)
+    # Readers read a view while it is current: 1 s at the test command's size, 10 s at 500,000.
+    dwell = max(1.0, VIEW_FILES / 50_000)
     switch_secs: list[float] = []
     result: dict[str, Any] = {"view_files": VIEW_FILES, "readers_threads": n_thr, "readers_processes": n_proc,
-                              "switches": SWITCHES, "source_made_s": round(made_s, 1)}
+                              "switches": SWITCHES, "dwell_s": dwell, "source_made_s": round(made_s, 1)}
     with UsedSampler(cache_dir, budget) as used:
         t = time.monotonic()
         m.mount()
         result["mount_s"] = round(time.monotonic() - t, 1)
         st = m.status()
         assert st["view_files"] >= VIEW_FILES * 9 // 10, st["view_files"]
-        stop, threads, counters = start_threads(str(m.mountpoint), digests, n_thr, seed=3000)  # type: ignore[arg-type]
+        stop = threading.Event()
+        counters = [new_counters() for _ in range(n_thr)]
+        threads = [threading.Thread(target=stream_loop, args=(str(m.mountpoint), digests, stop.is_set, 3000 + i,
+                                                               counters[i]), daemon=True) for i in range(n_thr)]
+        for th in threads:
+            th.start()
         procs = [subprocess.Popen([sys.executable, str(STRESS_DIR / "reader.py"), str(m.mountpoint), "generated",
                                    str(tmp_path / f"reader-{i}.json"), str(stop_file), str(i)])
                  for i in range(n_proc)]
         try:
             for _ in range(SWITCHES):
-                time.sleep(1.0)  # let the readers into the current view before it switches
+                time.sleep(dwell)  # let the readers into the current view before it switches
                 secs, _ = advance_wait(m, deadline)
                 switch_secs.append(secs)
         finally:
