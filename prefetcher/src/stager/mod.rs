@@ -1,16 +1,15 @@
 //! The stager: copies one mini-epoch from the capacity tier into its slot.
 //!
 //! A slot is a directory `SLOTS/<name>/` (the daemon's names: [`slot_name`]) holding the
-//! mini-epoch's samples under their relative paths. Each sample is fetched into a temporary
-//! file in `TMP/` and its size verified (the tier verifies its version too, and starts
-//! writeback as it writes any file over [`crate::tier::SMALL_FILE_BYTES`]; a small file's
-//! pages are written out by its batch's `syncfs`, many at once). Fetched files are committed in batches (at most 512 files, 512
-//! MiB or one second): one `syncfs` makes the batch durable, then its files are renamed into
-//! the slot. A file therefore appears in a slot only when it is complete, verified and on
-//! disk, and a crash at any point leaves at worst orphan temporary files, which
-//! [`Stager::clean_tmp`] removes at start. Batches are committed on a thread of
-//! their own while the next ones download, so durability costs the download no time unless
-//! the disk is slower than the tier.
+//! mini-epoch's samples under their relative paths. Each sample is fetched into a temporary file in
+//! `TMP/` and its size verified (the tier verifies its version too, and starts writeback as it
+//! writes any file over [`crate::tier::SMALL_FILE_BYTES`]; a small file's pages are written out by
+//! its batch's `syncfs`, many at once). Fetched files are committed in batches (at most 512 files,
+//! 512 MiB or one second): one `syncfs` makes the batch durable, then its files are renamed into
+//! the slot. A file therefore appears in a slot only when it is complete, verified and on disk, and
+//! a crash at any point leaves at worst orphan temporary files, which [`Stager::clean_tmp`] removes
+//! at start. Batches are committed on a thread of their own while the next ones download, so
+//! durability costs the download no time unless the disk is slower than the tier.
 //!
 //! **A copy in a slot is never written in place.** Every file enters a slot by `rename` from
 //! `TMP/` (a fetch, a container's rows, a transform's output, the repair of a damaged copy) or
@@ -23,18 +22,18 @@
 //!
 //! Progress is journaled in `SLOTS/<name>.journal`: one line `<id> <crc32>` per staged sample,
 //! appended after its rename, and a final `complete` line. The CRC-32 is of the staged copy,
-//! computed from the page cache right after it is written. A restarted daemon reads the journal
-//! and re-reads each journaled file, keeping it only when its size and CRC match (so a copy
-//! truncated, or corrupted in place at the same size, is fetched again), and fetches the rest.
-//! The re-read costs one read of what the slot holds at each start, at the cache disk's speed
-//! (for example about 30 s for 100 GB at 3.5 GB/s), paid only by a restart and far cheaper than
-//! refetching from the tier. Computing the CRC while staging costs one read of each copy from
-//! the page cache, where it still is right after the write, through the descriptor that wrote
-//! it (a small copy's on the staging task itself: a handoff to a blocking thread costs more). The journal is not fsynced per
-//! line: an entry is only ever written after the rename it records, and the resume check
-//! re-reads every journaled file, so a lost tail only costs a refetch. After a clean shutdown
-//! the re-read is skipped for each slot whose seal still holds, and moved to each copy's first
-//! open instead (`seal` module).
+//! computed from the page cache right after it is written. A restarted daemon reads the journal and
+//! re-reads each journaled file, keeping it only when its size and CRC match (so a copy truncated,
+//! or corrupted in place at the same size, is fetched again), and fetches the rest. The re-read
+//! costs one read of what the slot holds at each start, at the cache disk's speed (for example
+//! about 30 s for 100 GB at 3.5 GB/s), paid only by a restart and far cheaper than refetching from
+//! the tier. Computing the CRC while staging costs one read of each copy from the page cache, where
+//! it still is right after the write, through the descriptor that wrote it (a small copy's on the
+//! staging task itself: a handoff to a blocking thread costs more). The journal is not fsynced per
+//! line: an entry is only ever written after the rename it records, and the resume check re-reads
+//! every journaled file, so a lost tail only costs a refetch. After a clean shutdown the re-read is
+//! skipped for each slot whose seal still holds, and moved to each copy's first open instead
+//! (`seal` module).
 //!
 //! What the node already holds is not fetched again: a sample that a slot named in
 //! [`SlotSpec::reuse_from`] holds a journaled copy of is hard-linked from it (copied, and the
