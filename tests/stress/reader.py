@@ -67,27 +67,52 @@ def tally(c: dict[str, Any], rel: str, digest: str, n: int, hashes: dict[str, st
         c["read"].add(rel)
 
 
+def count_error(c: dict[str, Any], key: str) -> None:
+    c["errors"][key] = c["errors"].get(key, 0) + 1
+
+
+def walk_error_counter(c: dict[str, Any]) -> Callable[[OSError], None]:
+    """`os.walk`'s onerror: a directory of the old view, gone after a switch, is ENOENT;
+    anything else is an error."""
+
+    def walk_error(e: OSError) -> None:
+        if e.errno == errno.ENOENT:
+            c["enoent"] += 1
+        else:
+            count_error(c, f"walk {errno.errorcode.get(e.errno or 0, e.errno)}")
+
+    return walk_error
+
+
+def read_file(c: dict[str, Any], mnt: str, p: str, hashes: Any) -> None:
+    """Reads `p` to the end and tallies it; ENOENT at open (the file left the view) is
+    expected, every other error is counted."""
+    op = "open"
+    try:
+        with open(p, "rb", buffering=0) as f:
+            op = "read"
+            digest, n = hash_to_end(f)
+    except OSError as e:
+        if e.errno == errno.ENOENT and op == "open":
+            c["enoent"] += 1
+        else:
+            count_error(c, f"{op} {errno.errorcode.get(e.errno or 0, str(e.errno))}")
+        return
+    tally(c, os.path.relpath(p, mnt), digest, n, hashes)
+
+
 def read_loop(mnt: str, hashes: dict[str, str], stop: Callable[[], bool], seed: int, c: dict[str, Any]) -> None:
     rng = random.Random(seed)
     # Half the readers share one order, so that several open and read the same file at once.
     shared = seed % 2 == 0
     while not stop():
         paths = []
-
-        def walk_error(e: OSError) -> None:
-            if e.errno == errno.ENOENT:  # a directory of the old view, gone after a switch
-                c["enoent"] += 1
-                return
-            key = f"walk {errno.errorcode.get(e.errno, e.errno)}"
-            c["errors"][key] = c["errors"].get(key, 0) + 1
-
         try:
-            for dirpath, _, names in os.walk(mnt, onerror=walk_error):
+            for dirpath, _, names in os.walk(mnt, onerror=walk_error_counter(c)):
                 for n in names:
                     paths.append(os.path.join(dirpath, n))
         except OSError as e:
-            key = f"walk {errno.errorcode.get(e.errno, e.errno)}"
-            c["errors"][key] = c["errors"].get(key, 0) + 1
+            count_error(c, f"walk {errno.errorcode.get(e.errno or 0, e.errno)}")
         paths.sort()
         if shared:
             random.Random(c["rounds"]).shuffle(paths)
@@ -96,20 +121,7 @@ def read_loop(mnt: str, hashes: dict[str, str], stop: Callable[[], bool], seed: 
         for p in paths:
             if stop():
                 break
-            rel = os.path.relpath(p, mnt)
-            op = "open"
-            try:
-                with open(p, "rb", buffering=0) as f:
-                    op = "read"
-                    digest, n = hash_to_end(f)
-            except OSError as e:
-                if e.errno == errno.ENOENT and op == "open":
-                    c["enoent"] += 1
-                else:
-                    key = f"{op} {errno.errorcode.get(e.errno, str(e.errno))}"
-                    c["errors"][key] = c["errors"].get(key, 0) + 1
-                continue
-            tally(c, rel, digest, n, hashes)
+            read_file(c, mnt, p, hashes)
         c["rounds"] += 1
 
 
@@ -119,37 +131,16 @@ def stream_loop(mnt: str, hashes: Any, stop: Callable[[], bool], seed: int, c: d
     random order, as soon as it is listed."""
     rng = random.Random(seed)
     while not stop():
-        def walk_error(e: OSError) -> None:
-            if e.errno == errno.ENOENT:  # a directory of the old view, gone after a switch
-                c["enoent"] += 1
-                return
-            key = f"walk {errno.errorcode.get(e.errno, e.errno)}"
-            c["errors"][key] = c["errors"].get(key, 0) + 1
-
         try:
-            for dirpath, dirnames, names in os.walk(mnt, onerror=walk_error):
+            for dirpath, dirnames, names in os.walk(mnt, onerror=walk_error_counter(c)):
                 rng.shuffle(dirnames)  # os.walk descends in the order left here
                 rng.shuffle(names)
                 for n in names:
                     if stop():
                         return
-                    p = os.path.join(dirpath, n)
-                    op = "open"
-                    try:
-                        with open(p, "rb", buffering=0) as f:
-                            op = "read"
-                            digest, size = hash_to_end(f)
-                    except OSError as e:
-                        if e.errno == errno.ENOENT and op == "open":
-                            c["enoent"] += 1
-                        else:
-                            key = f"{op} {errno.errorcode.get(e.errno, str(e.errno))}"
-                            c["errors"][key] = c["errors"].get(key, 0) + 1
-                        continue
-                    tally(c, os.path.relpath(p, mnt), digest, size, hashes)
+                    read_file(c, mnt, os.path.join(dirpath, n), hashes)
         except OSError as e:
-            key = f"walk {errno.errorcode.get(e.errno, e.errno)}"
-            c["errors"][key] = c["errors"].get(key, 0) + 1
+            count_error(c, f"walk {errno.errorcode.get(e.errno or 0, e.errno)}")
         c["rounds"] += 1
 
 
@@ -226,6 +217,35 @@ def merge(total: dict[str, Any], c: dict[str, Any]) -> None:
     total["mismatches"] += c["mismatches"]
     total["unknown"] += c["unknown"]
     total["read"] |= set(c["read"])
+
+
+def stop_readers(stop: threading.Event, threads: list[threading.Thread], procs: list[Any], stop_file: Path,
+                 timeout: float) -> None:
+    """Stops reader threads and processes, waiting up to `timeout` for each; a process still
+    running then is killed."""
+    import subprocess
+
+    stop.set()
+    stop_file.touch()
+    for t in threads:
+        t.join(timeout=timeout)
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def collect(counters: list[dict[str, Any]], outs: list[Path]) -> dict[str, Any]:
+    """The stopped readers' counters merged: the threads' and each process's result file (a
+    process that wrote none fails the test)."""
+    total = new_counters()
+    for c in counters:
+        merge(total, c)
+    for i, out in enumerate(outs):
+        assert out.exists(), f"reader process {i} wrote no result"
+        merge(total, json.loads(out.read_text()))
+    return total
 
 
 def start_threads(mnt: str, hashes: dict[str, str], n: int, seed: int,

@@ -12,7 +12,6 @@ a switch (and the rare by-design ESTALE), no stuck switch or drain, the budget h
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reader import PER_DIR, GeneratedDigests, content, merge, new_counters, rel_of, stream_loop
+from reader import PER_DIR, GeneratedDigests, collect, content, new_counters, rel_of, stop_readers, stream_loop
 from stresslib import (
     DEADLINE_S,
     READERS,
@@ -127,8 +126,9 @@ def test_readers_across_switches_of_large_views(cache_fs, mounts, tmp_path):
                                                                counters[i]), daemon=True) for i in range(n_thr)]
         for th in threads:
             th.start()
+        outs = [tmp_path / f"reader-{i}.json" for i in range(n_proc)]
         procs = [subprocess.Popen([sys.executable, str(STRESS_DIR / "reader.py"), str(m.mountpoint), "generated",
-                                   str(tmp_path / f"reader-{i}.json"), str(stop_file), str(i)])
+                                   str(outs[i]), str(stop_file), str(i)])
                  for i in range(n_proc)]
         try:
             for _ in range(SWITCHES):
@@ -136,22 +136,8 @@ def test_readers_across_switches_of_large_views(cache_fs, mounts, tmp_path):
                 secs, _ = advance_wait(m, deadline)
                 switch_secs.append(secs)
         finally:
-            stop.set()
-            stop_file.touch()
-            for th in threads:
-                th.join(timeout=deadline)
-            for p in procs:
-                try:
-                    p.wait(timeout=deadline)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        total = new_counters()
-        for c in counters:
-            merge(total, c)
-        for i in range(n_proc):
-            out = tmp_path / f"reader-{i}.json"
-            assert out.exists(), f"reader process {i} wrote no result"
-            merge(total, json.loads(out.read_text()))
+            stop_readers(stop, threads, procs, stop_file, deadline)
+        total = collect(counters, outs)
         assert not any(th.is_alive() for th in threads), "a reader thread is stuck in a read"
         result["drain_after_stop_s"] = wait_drained(m, deadline)
         st = m.status()

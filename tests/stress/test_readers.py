@@ -11,7 +11,7 @@ import time
 
 import pytest
 from conftest import make_tree
-from reader import merge, new_counters, start_burst, start_threads
+from reader import merge, new_counters, start_burst, collect, start_threads, stop_readers
 from stresslib import (
     DEADLINE_S,
     READERS,
@@ -170,22 +170,8 @@ def test_direct_readers_across_switches(mounts, tmp_path):
                 ledger.record()
                 leases_seen = max(leases_seen, sum(d["leases"] for d in m.status()["draining"]))
         finally:
-            stop.set()
-            stop_file.touch()
-            for t in threads:
-                t.join(timeout=DEADLINE_S)
-            for p in procs:
-                try:
-                    p.wait(timeout=DEADLINE_S)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        total = new_counters()
-        for c in counters:
-            merge(total, c)
-        for i in range(n_proc):
-            out = tmp_path / f"reader-{i}.json"
-            assert out.exists(), f"reader process {i} wrote no result"
-            merge(total, json.loads(out.read_text()))
+            stop_readers(stop, threads, procs, stop_file, DEADLINE_S)
+        total = collect(counters, [tmp_path / f"reader-{i}.json" for i in range(n_proc)])
         assert not any(t.is_alive() for t in threads), "a direct reader thread is stuck"
         # Every reader is gone, and with it its connection and lease.
         result["drain_after_stop_s"] = wait_drained(m)

@@ -130,7 +130,8 @@ pub fn start_writeback(file: &std::fs::File, off: u64, len: u64) {
 }
 
 /// Largest file the POSIX tier copies through a buffer and leaves to the stager's batched
-/// `syncfs` without starting its writeback itself.
+/// `syncfs` without starting its writeback itself, and whose copy's CRC the stager reads on
+/// the staging task rather than on a blocking thread.
 pub const SMALL_FILE_BYTES: u64 = 64 << 10;
 
 /// A listing of a tier.

@@ -350,10 +350,6 @@ fn crc_of_file(path: &Path) -> std::io::Result<u32> {
     crc_of_open_file(&std::fs::File::open(path)?)
 }
 
-/// Largest fetched copy whose CRC is read on the staging task itself rather than on a
-/// blocking thread: a few pages, just written and still in memory.
-const INLINE_CRC_BYTES: u64 = 64 << 10;
-
 /// CRC-32 of the first `len` bytes of a copy just written, which must all be there: exactly
 /// `len` bytes are read, with no read past them to find the end and no `stat` to size the
 /// buffer (the caller has checked the length).

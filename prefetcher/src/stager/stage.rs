@@ -395,9 +395,9 @@ impl Stager {
                             file.set_permissions(std::fs::Permissions::from_mode(0o400))
                                 .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
                             let size = sample.size;
-                            let crc = if size <= INLINE_CRC_BYTES {
-                                // Pages just written, read from memory: cheaper than handing
-                                // the work to a blocking thread and back.
+                            let crc = if size <= crate::tier::SMALL_FILE_BYTES {
+                                // A small copy's few pages, just written and read from memory:
+                                // cheaper here than handed to a blocking thread and back.
                                 crc_of_copy(&file, size)
                             } else {
                                 let f = file.clone();
