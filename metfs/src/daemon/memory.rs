@@ -3,12 +3,14 @@
 //!
 //! The daemon holds about [`BYTES_PER_FILE`] per catalogued file plus its path: the catalog,
 //! the plan's order, the store's bookkeeping, the current and next views, and what the heap
-//! keeps of a staging's and a listing's transient allocations (178-277 B per file of RSS
-//! measured at 1M files with `benches/scale.py --only memory`, docs/BENCHMARKS.md "Scale",
-//! with freed heap handed back after the catalog's build and each staging;
-//! of which the structures themselves, counted by `metfs/examples/memscale.rs`, are about
-//! 120 B, the views 6 B of them since they share the catalog's names). Without a check, a manifest of more files than the node can
-//! hold ends in the kernel's OOM killer or an allocation abort halfway through the mount, with
+//! keeps of a staging's and a listing's transient allocations: 132-163 B per file of RSS
+//! measured at 1M files with `benches/scale.py --only memory` (docs/BENCHMARKS.md, "Scale"),
+//! with large blocks kept out of the heap ([`keep_large_blocks_apart`]) and freed heap handed
+//! back after the catalog's build and each staging ([`release_freed_heap`]); of which the
+//! structures themselves, counted by `metfs/examples/memscale.rs`, are about 120 B, the views
+//! 6 B of them since they share the catalog's names. The figure keeps the margin of the
+//! highest RSS measured before those two (277 B). Without a check, a manifest of more files
+//! than the node can hold ends in the kernel's OOM killer or an allocation abort halfway through the mount, with
 //! nothing said of why. So the number of files is known first (a manifest's lines are counted,
 //! a listing's entries are in hand before the catalog is built from them) and the mount is
 //! refused, with the number it needs and what is available, when they do not fit.
@@ -25,7 +27,7 @@ use super::DaemonError;
 use prefetcher::size::format_bytes;
 
 /// Memory the daemon holds per catalogued file, besides its path: the highest RSS per file
-/// measured (module doc), with both views live and a staging just finished.
+/// measured (module doc), with both views live and a staging just finished, rounded up.
 pub const BYTES_PER_FILE: u64 = 300;
 
 /// The memory a mount may plan for, and where the figure comes from.
@@ -69,6 +71,33 @@ pub fn release_freed_heap() {
         libc::malloc_trim(0);
     }
 }
+
+/// Large blocks go to their own mappings, always: at or above [`LARGE_BLOCK_BYTES`] an
+/// allocation is `mmap`ed and its pages go back to the kernel the moment it is freed.
+///
+/// glibc starts with a threshold of 128 KiB but raises it (up to 32 MiB) each time a block
+/// above it is freed, so after the first view or plan is dropped the daemon's large vectors (a
+/// view's nodes, a slot's members, a staging's queue: megabytes at 1M files) come from the
+/// arenas. Freed there, they are reused for the small, long-lived allocations made meanwhile
+/// (a staging's bookkeeping, a switch's), and the pages those pin cannot be given back even by
+/// [`release_freed_heap`]. Fixing the threshold keeps the arenas to small objects: at 200,000
+/// files the RSS a pass, a switch, a walk and the next staging add fell from 13-19 MB to 5-6 MB
+/// (docs/BENCHMARKS.md, "Scale"). The cost is a system call per large allocation, which the
+/// daemon makes a few of per staging.
+pub fn keep_large_blocks_apart() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes the allocator's threshold for future allocations.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES as libc::c_int);
+    }
+}
+
+/// The size from which an allocation gets its own mapping ([`keep_large_blocks_apart`]):
+/// above the largest I/O buffers the daemon allocates per call (a copy's 1 MiB buffer, a
+/// read's reply of up to 1 MiB), which a mapping apiece would make a fault per page, and
+/// below the per-file vectors that matter at scale (a view's or a slot's are 2-4 MB at 500k
+/// files per view).
+pub const LARGE_BLOCK_BYTES: usize = 2 << 20;
 
 fn read_small(path: &str) -> Option<String> {
     std::fs::read_to_string(path).ok()

@@ -75,6 +75,7 @@ impl Daemon {
         show_progress: bool,
         tier: Option<Arc<dyn CapacityTier>>,
     ) -> Result<(Arc<Daemon>, std::fs::File), DaemonError> {
+        crate::daemon::memory::keep_large_blocks_apart();
         let (paths, lock) = open_cache(&cfg)?;
         let tier = match tier {
             Some(tier) => tier,
