@@ -312,7 +312,7 @@ def main() -> int:
         # script once did, to start sooner) competed with the staging row for the disk and
         # made it 40% slower.
         t = time.perf_counter()
-        shutil.rmtree(m.cache)
+        subprocess.run(["rm", "-rf", str(m.cache)], check=True)
         print(f"deleted the last run's cache in {time.perf_counter() - t:.0f} s", flush=True)
     root = os.geteuid() == 0
     print(
