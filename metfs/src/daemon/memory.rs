@@ -3,17 +3,17 @@
 //!
 //! The daemon holds about [`BYTES_PER_FILE`] per catalogued file plus its path: the catalog,
 //! the plan's order, the store's bookkeeping, the current and next views, and what the heap
-//! keeps of a staging's and a listing's transient allocations: 132-163 B per file of RSS
-//! measured at 1M files with `benches/scale.py --only memory` (docs/BENCHMARKS.md, "Scale"),
-//! with large blocks kept out of the heap ([`keep_large_blocks_apart`]) and freed heap handed
-//! back after the catalog's build and each staging ([`release_freed_heap`]); of which the
-//! structures themselves, counted by `metfs/examples/memscale.rs`, are about 120 B, the views
-//! 6 B of them since they share the catalog's names. The figure keeps the margin of the
-//! highest RSS measured before those two (277 B). Without a check, a manifest of more files
-//! than the node can hold ends in the kernel's OOM killer or an allocation abort halfway through the mount, with
-//! nothing said of why. So the number of files is known first (a manifest's lines are counted,
-//! a listing's entries are in hand before the catalog is built from them) and the mount is
-//! refused, with the number it needs and what is available, when they do not fit.
+//! keeps of a staging's and a listing's transient allocations: 135-170 B per file of RSS
+//! measured at 1M files with `benches/scale.py` (docs/BENCHMARKS.md, "Scale"), with large
+//! blocks kept out of the heap ([`keep_large_blocks_apart`]) and freed heap handed back after
+//! the catalog's build and each staging ([`release_freed_heap`]); of which the structures
+//! themselves, counted by `metfs/examples/memscale.rs`, are about 120 B, the views 6 B of them
+//! since they share the catalog's names. The figure keeps the margin of the highest RSS
+//! measured before those two (277 B). Without a check, a manifest of more files than the node
+//! can hold ends in the kernel's OOM killer or an allocation abort halfway through the mount,
+//! with nothing said of why. So the number of files is known first (a manifest's lines are
+//! counted, a listing's entries are in hand before the catalog is built from them) and the
+//! mount is refused, with the number it needs and what is available, when they do not fit.
 //!
 //! What is available is the least of: `--memory-limit`; `MemAvailable` (`/proc/meminfo`);
 //! the memory cgroup's limit less its usage (v2 `memory.max`, v1 `memory.limit_in_bytes`), the
