@@ -54,7 +54,10 @@ use prefetcher::budget::BLOCK;
 use super::*;
 
 mod evict;
+mod origins;
 mod room;
+
+use origins::Origins;
 
 pub(super) use room::{Room, Trim};
 
@@ -106,7 +109,7 @@ struct Book {
     failed_samples: Vec<String>,
     /// The samples of each slot that are hard links, with the slot whose fetch made the file
     /// (their *origin*): every name of one sample with one origin is one file on disk.
-    origins: BTreeMap<String, HashMap<u32, Arc<str>>>,
+    origins: BTreeMap<String, Origins>,
     /// Bytes of samples trimmed from held slots whose files are being deleted now: gone from
     /// `samples`, still on disk, so still counted.
     trimming: u64,
@@ -179,7 +182,7 @@ impl Book {
                     member[id as usize] = true;
                 }
                 let mut last: Option<(&str, usize)> = None;
-                for (&id, origin) in o {
+                for (id, origin) in o.iter() {
                     if !member[id as usize] {
                         continue;
                     }
@@ -313,13 +316,13 @@ impl Store {
     /// same file as its donor's copy, so it takes the donor's origin.
     pub(super) fn note_links(&self, slot: &str, report: &StageReport) {
         let mut b = self.book.lock().unwrap();
-        let mut mine: HashMap<u32, Arc<str>> = HashMap::new();
+        let mut mine: Vec<(u32, Arc<str>)> = Vec::new();
         for (donor, ids) in &report.linked {
             let theirs = b.origins.get(donor);
             let donor: Arc<str> = Arc::from(donor.as_str());
             for &id in ids {
-                let origin = theirs.and_then(|o| o.get(&id)).cloned();
-                mine.insert(id, origin.unwrap_or_else(|| donor.clone()));
+                let origin = theirs.and_then(|o| o.get(id)).cloned();
+                mine.push((id, origin.unwrap_or_else(|| donor.clone())));
             }
         }
         b.origins.entry(slot.to_string()).or_default().extend(mine);
@@ -579,9 +582,7 @@ mod tests {
             }
             let origins = b.origins.get(slot);
             for &id in samples.iter() {
-                let origin = origins
-                    .and_then(|o| o.get(&id))
-                    .map_or(slot.as_str(), |o| o);
+                let origin = origins.and_then(|o| o.get(id)).map_or(slot.as_str(), |o| o);
                 if seen.insert((id, origin)) {
                     total += footprints[id as usize];
                 }
@@ -634,11 +635,11 @@ mod tests {
         let bb: Arc<str> = Arc::from("b");
         b.origins
             .insert("b".into(), (200..400).map(|i| (i, a.clone())).collect());
-        let mut oc: HashMap<u32, Arc<str>> = (600..650).map(|i| (i, bb.clone())).collect();
+        let mut oc: Origins = (600..650).map(|i| (i, bb.clone())).collect();
         oc.extend((650..700).map(|i| (i, gone.clone())));
         oc.extend((700..720).map(|i| (i, gone2.clone())));
         // An origin of a sample the slot does not hold counts for nothing.
-        oc.insert(100, a.clone());
+        oc.extend([(100, a.clone())]);
         b.origins.insert("c".into(), oc);
         for except in [&[][..], &["a"][..], &["b"][..], &["a", "c"][..]] {
             assert_eq!(

@@ -168,7 +168,7 @@ impl Store {
                     continue;
                 }
                 let origin = origins
-                    .and_then(|o| o.get(&id))
+                    .and_then(|o| o.get(id))
                     .map_or(slot.as_str(), |o| &**o);
                 let e = cands.entry(id).or_insert((*gen, Vec::new()));
                 if !e.1.contains(&origin) {
