@@ -3,7 +3,7 @@
 //!
 //! The daemon holds about [`BYTES_PER_FILE`] per catalogued file plus its path: the catalog,
 //! the plan's order, the store's bookkeeping, the current and next views, and what the heap
-//! keeps of a staging's and a listing's transient allocations: 135-170 B per file of RSS
+//! keeps of a staging's and a listing's transient allocations: 137-146 B per file of RSS
 //! measured at 1M files with `benches/scale.py` (docs/BENCHMARKS.md, "Scale"), with large
 //! blocks kept out of the heap ([`keep_large_blocks_apart`]) and freed heap handed back after
 //! the catalog's build and each staging ([`release_freed_heap`]); of which the structures
