@@ -70,16 +70,8 @@ def test_concurrent_readers_across_switches(mounts, tmp_path, read_path):
         except StuckView as e:
             stuck = e
         finally:
-            stop.set()
             burst_stop.halt()
-            stop_file.touch()
-            for t in threads + burst_threads:
-                t.join(timeout=DEADLINE_S)
-            for p in procs:
-                try:
-                    p.wait(timeout=DEADLINE_S)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_readers(stop, threads + burst_threads, procs, stop_file, DEADLINE_S)
         if stuck is not None:
             # Does the view drain once nobody reads any more?
             result.update({"stuck_after_switches": len(switch_secs), "stuck": str(stuck)[:6000],
