@@ -11,9 +11,12 @@
 //!   line is `complete`: [`SlotJournal::read`] and the cheap [`SlotJournal::is_complete`] (which
 //!   reads only the file's end, for a poll) apply this one rule.
 //!
-//! Entries only ever follow the renames they record, so a journal never names a copy that is
-//! not there; a torn last line (a crash mid-write) is ignored, which costs a refetch of one
-//! sample at most. Entries without a CRC (written before journals had one) are ignored too:
+//! A batch of copies is journaled once it is durable and before its renames, so every copy in a
+//! slot is journaled; a crash between the two leaves entries whose copies never left `tmp/`,
+//! which resume finds missing and fetches (it checks every journaled copy unless the slot was
+//! sealed complete, and `complete` follows every rename). A `failed` line after a sample's
+//! entry withdraws it (a rename refused after its batch was journaled). A torn last line (a
+//! crash mid-write) is ignored, which costs a refetch of one sample at most. Entries without a CRC (written before journals had one) are ignored too:
 //! their copies cannot be checked, so they are fetched again.
 
 use super::*;
@@ -73,6 +76,7 @@ impl SlotJournal {
             }
             if let Some(id) = line.strip_prefix("failed ") {
                 if let Ok(id) = id.parse() {
+                    out.staged.remove(&id);
                     out.failed.push(id);
                 }
             } else if let Some(rest) = line.strip_prefix("file ") {
@@ -225,6 +229,19 @@ mod tests {
         j.remove().unwrap();
         j.remove().unwrap();
         assert!(!j.path().exists());
+    }
+
+    /// A `failed` line withdraws an earlier entry of the same sample: its batch was journaled
+    /// before a rename that was then refused.
+    #[test]
+    fn a_failed_line_withdraws_the_sample() {
+        let d = tempfile::tempdir().unwrap();
+        let j = SlotJournal::of(d.path(), "s");
+        std::fs::write(j.path(), "1 0000abcd\n2 0000abce\nfailed 2\ncomplete\n").unwrap();
+        let s = j.read();
+        assert_eq!(s.staged, HashMap::from([(1, 0xabcd)]));
+        assert_eq!(s.failed, vec![2]);
+        assert!(s.complete);
     }
 
     /// The full read and the tail check agree on every ending, torn lines included.

@@ -707,6 +707,21 @@ mod tests {
         std::fs::write(&j, keep.join("\n") + "\n").unwrap();
         let r = st.stage(&spec, Arc::default()).await.unwrap();
         assert_eq!((r.fetched, r.resumed), (2, 18));
+        // A crash after a batch was journaled and before its renames: the journal names two
+        // copies the slot does not hold; resume fetches those two and keeps the rest.
+        let text = std::fs::read_to_string(&j).unwrap();
+        let keep: Vec<&str> = text.lines().filter(|l| *l != "complete").collect();
+        std::fs::write(&j, keep.join("\n") + "\n").unwrap();
+        for id in [3, 4] {
+            std::fs::remove_file(st.slot_path("e0-m0").join(cat.path(id))).unwrap();
+        }
+        let r = st.stage(&spec, Arc::default()).await.unwrap();
+        assert_eq!((r.fetched, r.resumed), (2, 18));
+        for id in [3, 4] {
+            let a = std::fs::read(d.path().join("src").join(cat.path(id))).unwrap();
+            let b = std::fs::read(st.slot_path("e0-m0").join(cat.path(id))).unwrap();
+            assert_eq!(a, b);
+        }
         st.evict("e0-m0").unwrap();
         assert!(!st.is_complete("e0-m0"));
         assert!(!st.slot_path("e0-m0").exists());

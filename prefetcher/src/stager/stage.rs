@@ -115,7 +115,7 @@ impl Stager {
             }
         }
         // Fetched files wait in tmp/ until their batch is made durable with one syncfs, then
-        // are renamed into the slot and journaled: a file in a slot is always complete and on
+        // are journaled and renamed into the slot: a file in a slot is always complete and on
         // disk, at a fraction of the cost of one fsync per file. Batches are committed on
         // their own thread while fetching goes on (two batches may wait), so the download
         // never stops for the disk; a large file's writeback starts as soon as it is fetched,
@@ -238,16 +238,36 @@ impl Stager {
             .collect();
         let checks = todo.into_iter().map(|(id, crc, path, size)| {
             async move {
-                let checked = tokio::task::spawn_blocking(move || {
-                    std::fs::metadata(&path).is_ok_and(|m| size.is_none_or(|s| m.len() == s))
-                        && crc_of_file(&path).is_ok_and(|c| c == crc)
+                let checked = tokio::task::spawn_blocking(move || match std::fs::metadata(&path) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Check::Missing,
+                    Ok(m)
+                        if size.is_none_or(|s| m.len() == s)
+                            && crc_of_file(&path).is_ok_and(|c| c == crc) =>
+                    {
+                        Check::Good
+                    }
+                    _ => Check::Differs,
                 })
                 .await;
                 // A check the runtime cancelled (the daemon is shutting down) keeps nothing and
                 // says nothing: the copy was not found wanting, only not checked.
-                let ok = matches!(checked, Ok(true));
-                if matches!(checked, Ok(false)) {
-                    tracing::warn!(sample = id, "a journaled copy is missing or differs from what was staged; fetching it again");
+                let ok = matches!(checked, Ok(Check::Good));
+                match checked {
+                    // A batch is journaled before its renames: a crash between them leaves
+                    // journaled copies that never reached the slot.
+                    Ok(Check::Missing) => {
+                        tracing::debug!(
+                            sample = id,
+                            "a journaled copy never reached the slot; fetching it"
+                        )
+                    }
+                    Ok(Check::Differs) => {
+                        tracing::warn!(
+                            sample = id,
+                            "a journaled copy differs from what was staged; fetching it again"
+                        )
+                    }
+                    _ => {}
                 }
                 (id, ok)
             }
@@ -573,25 +593,41 @@ pub(super) fn commit_batches(
                 return Err(cache_err(tmp_dir)(std::io::Error::last_os_error()));
             }
         }
+        // The batch is journaled once durable and before its renames, so that every copy in
+        // the slot is journaled: a crash in the middle of the renames keeps those done (resume
+        // checks each journaled copy), and what it left in tmp/ is journaled but missing, so
+        // fetched again. The other order lost a whole renamed batch to such a crash.
         let mut lines = JournalBatch::with_capacity(batch.len());
+        for f in &batch {
+            lines.staged(f.id, f.crc);
+        }
+        journal.write(&lines).map_err(cache_err(jpath))?;
         for f in batch {
             match std::fs::rename(&f.tmp, &f.dst) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+                    // Journaled above; its `failed` line at the end of the slot withdraws it.
                     let _ = std::fs::remove_file(&f.tmp);
                     too_long.push((f.id, format!("{}: {e}", f.dst.display())));
                     continue;
                 }
                 Err(e) => return Err(cache_err(&f.dst)(e)),
             }
-            lines.staged(f.id, f.crc);
             progress.files_done.fetch_add(1, Ordering::Relaxed);
             progress.bytes_done.fetch_add(f.bytes, Ordering::Relaxed);
             files += 1;
             bytes += f.bytes;
         }
-        // Entries only ever follow the renames they record; a lost tail costs a refetch.
-        journal.write(&lines).map_err(cache_err(jpath))?;
     }
     Ok((files, bytes, journal, too_long))
+}
+
+/// What [`Stager::verify_journaled`] found of one journaled copy.
+enum Check {
+    /// Present, of the catalogued size, with the journaled CRC.
+    Good,
+    /// Not in the slot: its batch was journaled, then a crash came before its rename.
+    Missing,
+    /// Present but not what was staged (or unreadable).
+    Differs,
 }
