@@ -363,6 +363,36 @@ def test_a_container_corrupted_in_place_is_staged_again_after_a_restart(mounts, 
 
 
 
+def test_a_journaled_container_missing_from_its_slot_is_staged_again(mounts, tmp_path):
+    """A container is journaled before its rename: a kill between the two leaves an entry whose
+    file never reached the slot, and an unfinished journal. The remount stages it again."""
+    from test_hdf5 import write_containers
+
+    src = tmp_path / "tier"
+    write_containers(src)
+    m = mounts(src, "12MiB", "--hdf5-container", "--mini-epochs", "2")
+    m.mount()
+    before = (m.mountpoint / "train.h5").read_bytes()
+    m.umount()
+    slots = m.cache / "slots"
+    (slots / "e000000-m00000" / "train.h5").unlink()
+    journal = slots / "e000000-m00000.journal"
+    lines = journal.read_text().splitlines()
+    assert lines[-1] == "complete" and any(line.startswith("file ") for line in lines), lines
+    journal.write_text("\n".join(lines[:-1]) + "\n")
+    (slots / "e000000-m00000.seal").unlink(missing_ok=True)
+    m.mount()
+    import h5py
+    import numpy as np
+
+    ref = tmp_path / "before.h5"
+    ref.write_bytes(before)
+    with h5py.File(ref, "r") as a, h5py.File(m.mountpoint / "train.h5", "r") as b:
+        for name in ("images", "labels", "rgb", "metfs_index"):
+            np.testing.assert_array_equal(a[name][:], b[name][:])
+    assert journal.read_text().splitlines()[-1] == "complete"
+
+
 def test_full_cache_in_container_mode_drops_no_row(tmpfs, mounts, tmp_path):
     import h5py
 

@@ -58,10 +58,14 @@ impl Stager {
                 }
                 match self.stage_container(slot, &containers, fi, rows).await? {
                     Ok((tmp, n, crc)) => {
-                        std::fs::rename(&tmp, &dst).map_err(cache_err(&dst))?;
+                        // Journaled before the rename, as a batch of plain copies is (see the
+                        // journal's module doc): a kill between the two leaves a journaled
+                        // container that resume finds missing and stages again, never a
+                        // staged one that no entry vouches for (a refetch of the whole file).
                         let mut entry = JournalBatch::default();
                         entry.file(fi, n, crc);
                         journal.write(&entry).map_err(cache_err(&jpath))?;
+                        std::fs::rename(&tmp, &dst).map_err(cache_err(&dst))?;
                         self.tier_bytes.fetch_add(planned, Ordering::Relaxed);
                         progress.bytes_fetched.fetch_add(planned, Ordering::Relaxed);
                         report.fetched += 1;

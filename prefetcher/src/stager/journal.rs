@@ -11,13 +11,15 @@
 //!   line is `complete`: [`SlotJournal::read`] and the cheap [`SlotJournal::is_complete`] (which
 //!   reads only the file's end, for a poll) apply this one rule.
 //!
-//! A batch of copies is journaled once it is durable and before its renames, so every copy in a
-//! slot is journaled; a crash between the two leaves entries whose copies never left `tmp/`,
-//! which resume finds missing and fetches (it checks every journaled copy unless the slot was
-//! sealed complete, and `complete` follows every rename). A `failed` line after a sample's
-//! entry withdraws it (a rename refused after its batch was journaled). A torn last line (a
-//! crash mid-write) is ignored, which costs a refetch of one sample at most. Entries without a CRC (written before journals had one) are ignored too:
-//! their copies cannot be checked, so they are fetched again.
+//! A batch of fetched copies (or a container file) is journaled once it is durable and before
+//! its renames, so that no fetched copy sits in a slot without an entry: a crash between the two
+//! leaves entries whose copies never left `tmp/`, which resume finds missing and fetches (it
+//! checks every journaled copy unless the slot was sealed complete, and `complete` follows every
+//! rename). Samples linked from another slot are journaled after their links; a crash between
+//! them costs the links again, not a fetch. A `failed` line after a sample's entry withdraws it
+//! (a rename refused after its batch was journaled). A torn last line (a crash mid-write) is
+//! ignored, which costs a refetch of one sample at most. Entries without a CRC (written before
+//! journals had one) are ignored too: their copies cannot be checked, so they are fetched again.
 
 use super::*;
 
