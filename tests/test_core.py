@@ -264,6 +264,36 @@ def test_kill9_during_staging_then_mount_resumes(mounts, tmp_path):
     assert view and all(files[k] == v for k, v in view.items())
 
 
+@pytest.mark.parametrize("prime", [True, False])
+def test_a_new_view_is_listed_for_the_kernel_so_opens_need_no_lookup(mounts, dataset, prime):
+    """After the mount and after each switch the daemon lists the view through the mount
+    (`prime_entries`), so that the kernel holds every entry before a reader opens a file: opening
+    every file of the view then costs the daemon no lookup. Off, every open of a new file does."""
+    src, files = dataset
+    m = mounts(src, "6MiB", "--rf", "1", f"--prime-entries={str(prime).lower()}")
+    m.mount()
+    for _ in range(2):  # the mount's view, then the view after a switch
+        st = m.status()
+        if prime:
+            wait_for(lambda: m.status()["primed_generation"] == st["generation"], what="the view to be listed")
+            st = m.status()
+            # Every file and directory of the view, and the view's top level.
+            assert st["primed_entries"] >= st["view_files"], st
+        before = st["daemon_lookups"]
+        view = m.files()["files"]
+        assert view
+        for rel in view:
+            assert (m.mountpoint / rel).read_bytes() == files[rel]
+        looked_up = m.status()["daemon_lookups"] - before
+        if prime:
+            assert looked_up == 0, f"{looked_up} lookups for {len(view)} files of a listed view"
+        else:
+            assert looked_up >= len(view), f"{looked_up} lookups for {len(view)} files"
+            assert m.status()["primed_generation"] == 0
+        m.wait_next_ready()
+        m.rpc({"op": "advance", "wait": True})
+
+
 def test_cli_status_pass_end_advance(mounts, dataset, metfs):
     src, files = dataset
     m = mounts(src, "6MiB", "--rf", "2")

@@ -1,6 +1,7 @@
 """Smoke test of the scale benchmark (benches/scale.py --quick): 20,000 small files, every row
 once, with the checks that hold at any size: the packed list is the JSON list, a pass over an
-unchanged view receives no list, a switch receives exactly one, the loaders read every sample.
+unchanged view receives no list, a switch receives exactly one, the loaders read every sample,
+the daemon lists each new view for the kernel (and does not with `--prime-entries=false`).
 The numbers belong to the full run (docs/BENCHMARKS.md, "Scale")."""
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def test_scale_benchmark_quick(tmp_path: Path) -> None:
     table = r.stdout[r.stdout.rindex("| what |"):]
     for row in ("mount (catalog", "staging the next mini-epoch", "`Client.files()`",
                 "over an unchanged view", "`os.walk` of the view, cold", "16 threads, warm",
-                "`DataLoader`", "first walk after a switch", "daemon RSS", "remount"):
+                "`DataLoader`", "first walk after a switch", "daemon RSS", "remount",
+                "the first pass over a new view"):
         assert row in table, (row, table)
     assert "CHECK FAILED" not in r.stdout

@@ -280,7 +280,7 @@ mod tests {
                         "eta_s": 0.125, "bytes_reused": 0, "retries": 0,
                         "last_retry_error": null},
             "kept_slots": 0, "draining_slots": 0, "draining": [], "open_handles": 12, "passthrough": true,
-            "daemon_opens": 9,
+            "daemon_opens": 9, "daemon_lookups": 4, "primed_entries": 20, "primed_generation": 1,
             "last_error": "tier: 503\nretrying", "failed_samples": ["a", "b"],
             "source": "s3://bucket/prefix", "mountpoint": "/mnt/m\\e\"t", "socket": "/tmp/s",
             "node_rank": 1, "nodes": 4, "compose": "random", "uptime_s": 99.5, "pid": 42,

@@ -188,6 +188,13 @@ pub struct Status {
     pub daemon_bytes_spliced: u64,
     /// Opens the daemon served.
     pub daemon_opens: u64,
+    /// Lookups the daemon answered: each is a round trip a reader's open waited for.
+    pub daemon_lookups: u64,
+    /// Entries listed through the mount for the kernel after the mount and each switch
+    /// (`prime_entries`), so that the first opens of a new view need no lookup.
+    pub primed_entries: u64,
+    /// The last generation whose listing for the kernel finished (0: none yet).
+    pub primed_generation: u64,
     /// Files in the current view.
     pub view_files: u64,
     /// Bytes in the current view.

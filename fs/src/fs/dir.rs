@@ -22,6 +22,7 @@ impl FsCore {
     /// reaches the current view (a path resolved just before a switch, looking up a name of the
     /// new view in a directory of the old one, then finds it).
     pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
+        self.lookups.fetch_add(1, Ordering::Relaxed);
         if parent == ROOT_INO && self.is_shared() {
             return self.lookup_job(name);
         }

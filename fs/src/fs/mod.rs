@@ -239,6 +239,8 @@ pub struct FsCore {
     pub bytes_spliced: AtomicU64,
     /// Files opened through the mount.
     pub opens: AtomicU64,
+    /// Lookups answered: each is a round trip the kernel waited for.
+    pub lookups: AtomicU64,
     /// Time used as mtime/ctime of every node.
     pub mtime: SystemTime,
     /// Fetches a damaged copy of a sealed slot again (`set_copy_repair`).
@@ -309,6 +311,7 @@ impl FsCore {
             bytes_read: AtomicU64::new(0),
             bytes_spliced: AtomicU64::new(0),
             opens: AtomicU64::new(0),
+            lookups: AtomicU64::new(0),
             mtime: SystemTime::now(),
             copy_repair: OnceLock::new(),
         }

@@ -117,6 +117,12 @@ pub struct MountConfig {
     /// FUSE worker threads. Default 4: enough to keep several readers' lookups, opens and cache
     /// misses in flight on a small node; cached and passthrough reads bypass them anyway.
     pub fuse_threads: usize,
+    /// List each new view through the mount in the background after a switch and the mount,
+    /// so that its files' first opens need no lookup round trip (`daemon::prime`). Default on:
+    /// the first pass after a switch over 100,000 small files ran 1.34x faster; it costs the
+    /// kernel's entries and inodes of the whole view at once instead of as the pass reaches
+    /// them (the pass makes them all anyway).
+    pub prime_entries: bool,
     /// Let users other than the mounting one read the mount. Default off.
     pub allow_other: bool,
     /// Staging bandwidth. Default unlimited.
@@ -378,6 +384,7 @@ impl MountConfig {
             label_from_dirs: s.label_from_dirs,
             read_path: s.read_path,
             fuse_threads: s.fuse_threads,
+            prime_entries: s.prime_entries,
             allow_other: s.allow_other,
             prefetch_rate: s.prefetch_rate,
             max_open_files: s.max_open_files,

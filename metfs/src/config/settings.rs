@@ -110,6 +110,13 @@ pub struct MountSettings {
     /// flight on a small node; cached and passthrough reads bypass them anyway.
     #[arg(long, default_value_t = 4)]
     pub fuse_threads: usize,
+    /// After each switch (and the mount), list the new view through the mount in the
+    /// background, so that the kernel holds an entry for each of its files before a reader
+    /// opens them: a listing costs the kernel microseconds per entry, a lookup a round trip to
+    /// the daemon per file. Off: the kernel learns each file at its first open.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_missing_value = "true", default_value_t = true)]
+    pub prime_entries: bool,
     /// Let other users read the mount; the source's modes and owners are enforced
     /// (default_permissions).
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,

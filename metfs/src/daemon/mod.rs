@@ -51,7 +51,9 @@
 //!
 //! Kernel. The daemon reaches the kernel's caches only through [`KernelCache`] (`kernel.rs`),
 //! implemented over the FUSE session in `crate::fuse` and by a recorder in tests; nothing in
-//! this folder imports `fuser` or `crate::fuse`.
+//! this folder imports `fuser` or `crate::fuse`. After the mount and after each switch it also
+//! lists the new view through the mount (`prime.rs`), the one way to have the kernel hold a
+//! view's entries before readers open its files.
 //!
 //! Shared mount (`--share`, `share/`): the jobs are sessions named after them, each view
 //! nested under `MNT/<job>`, the views drawn by one cohort (dependent sampling), generations
@@ -141,7 +143,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -258,6 +260,7 @@ pub mod aggregate;
 mod fingerprint;
 mod kernel;
 pub mod memory;
+mod prime;
 mod queue;
 mod schedule;
 mod session;
@@ -312,6 +315,10 @@ pub struct Daemon {
     started: Instant,
     /// A weak handle on the daemon itself, for background tasks started from `&self`.
     me: Mutex<std::sync::Weak<Daemon>>,
+    /// Entries listed through the mount for the kernel (`prime.rs`).
+    primed: AtomicU64,
+    /// The last generation whose listing for the kernel finished (0: none yet).
+    primed_generation: AtomicU64,
     /// With `--dds`: the node's worker on the shard queue (`queue.rs`).
     queue: Option<QueueFeed>,
     /// With `--share`: the jobs sharing the store and their sampler (`share/`).

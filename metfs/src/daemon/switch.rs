@@ -167,6 +167,8 @@ impl Daemon {
             })
             .await;
         }
+        // The kernel knows none of the new view's files yet: list them for it (`prime.rs`).
+        self.prime(name);
         let me = self.me.lock().unwrap().upgrade();
         let Some(old) = old else {
             self.bump();

@@ -137,6 +137,7 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
         .await?
         .with_context(|| format!("mounting FUSE on {}", mountpoint.display()))?;
         daemon.mounted(&mountpoint, notifier);
+        daemon.prime_all();
         mount::register(&mount::Registered {
             mountpoint: mountpoint.clone(),
             socket: daemon.cfg.socket.clone(),

@@ -225,6 +225,8 @@ impl Daemon {
         let daemon = Arc::new(Daemon {
             tier_url: p.tier_url,
             me: Mutex::new(std::sync::Weak::new()),
+            primed: AtomicU64::new(0),
+            primed_generation: AtomicU64::new(0),
             persisting: Mutex::new(()),
             queue: p.queue,
             shared: p.shared,
