@@ -275,7 +275,8 @@ def test_a_new_view_is_listed_for_the_kernel_so_opens_need_no_lookup(mounts, dat
     for _ in range(2):  # the mount's view, then the view after a switch
         st = m.status()
         if prime:
-            wait_for(lambda: m.status()["primed_generation"] == st["generation"], what="the view to be listed")
+            generation = st["generation"]
+            wait_for(lambda g=generation: m.status()["primed_generation"] == g, what="the view to be listed")
             st = m.status()
             # Every file and directory of the view, and the view's top level.
             assert st["primed_entries"] >= st["view_files"], st
