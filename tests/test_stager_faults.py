@@ -336,7 +336,9 @@ def test_a_copy_deleted_while_unmounted_is_fetched_again_at_the_remount(mounts, 
     assert m.status()["tier_bytes_read"] <= len(files[rel])
 
 
-def test_a_container_corrupted_in_place_is_staged_again_after_a_restart(mounts, tmp_path):
+def _mounted_containers(mounts, tmp_path):
+    """A container-mode mount over fresh HDF5 containers, mounted once and unmounted: the mount
+    and the bytes `train.h5` showed."""
     from test_hdf5 import write_containers
 
     src = tmp_path / "tier"
@@ -345,35 +347,36 @@ def test_a_container_corrupted_in_place_is_staged_again_after_a_restart(mounts, 
     m.mount()
     before = (m.mountpoint / "train.h5").read_bytes()
     m.umount()
-    p = m.cache / "slots" / "e000000-m00000" / "train.h5"
-    with open(p, "r+b") as f:  # in place, same size, in the middle of the rows' data
-        f.seek(len(before) // 2)
-        f.write(bytes([before[len(before) // 2] ^ 0xFF]))
-    m.mount()
-    # Restaging writes the same rows, though not byte for byte the same file (HDF5 stamps
-    # times in its headers): compare what a reader gets.
+    return m, before
+
+
+def _assert_same_rows(tmp_path, before: bytes, staged) -> None:
+    """Restaging writes the same rows, though not byte for byte the same file (HDF5 stamps times
+    in its headers): compares what a reader gets."""
     import h5py
     import numpy as np
 
     ref = tmp_path / "before.h5"
     ref.write_bytes(before)
-    with h5py.File(ref, "r") as a, h5py.File(m.mountpoint / "train.h5", "r") as b:
+    with h5py.File(ref, "r") as a, h5py.File(staged, "r") as b:
         for name in ("images", "labels", "rgb", "metfs_index"):
             np.testing.assert_array_equal(a[name][:], b[name][:])
 
+
+def test_a_container_corrupted_in_place_is_staged_again_after_a_restart(mounts, tmp_path):
+    m, before = _mounted_containers(mounts, tmp_path)
+    p = m.cache / "slots" / "e000000-m00000" / "train.h5"
+    with open(p, "r+b") as f:  # in place, same size, in the middle of the rows' data
+        f.seek(len(before) // 2)
+        f.write(bytes([before[len(before) // 2] ^ 0xFF]))
+    m.mount()
+    _assert_same_rows(tmp_path, before, m.mountpoint / "train.h5")
 
 
 def test_a_journaled_container_missing_from_its_slot_is_staged_again(mounts, tmp_path):
     """A container is journaled before its rename: a kill between the two leaves an entry whose
     file never reached the slot, and an unfinished journal. The remount stages it again."""
-    from test_hdf5 import write_containers
-
-    src = tmp_path / "tier"
-    write_containers(src)
-    m = mounts(src, "12MiB", "--hdf5-container", "--mini-epochs", "2")
-    m.mount()
-    before = (m.mountpoint / "train.h5").read_bytes()
-    m.umount()
+    m, before = _mounted_containers(mounts, tmp_path)
     slots = m.cache / "slots"
     (slots / "e000000-m00000" / "train.h5").unlink()
     journal = slots / "e000000-m00000.journal"
@@ -382,14 +385,7 @@ def test_a_journaled_container_missing_from_its_slot_is_staged_again(mounts, tmp
     journal.write_text("\n".join(lines[:-1]) + "\n")
     (slots / "e000000-m00000.seal").unlink(missing_ok=True)
     m.mount()
-    import h5py
-    import numpy as np
-
-    ref = tmp_path / "before.h5"
-    ref.write_bytes(before)
-    with h5py.File(ref, "r") as a, h5py.File(m.mountpoint / "train.h5", "r") as b:
-        for name in ("images", "labels", "rgb", "metfs_index"):
-            np.testing.assert_array_equal(a[name][:], b[name][:])
+    _assert_same_rows(tmp_path, before, m.mountpoint / "train.h5")
     assert journal.read_text().splitlines()[-1] == "complete"
 
 
