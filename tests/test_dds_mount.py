@@ -296,6 +296,10 @@ def test_resume_on_fewer_nodes_through_mounts(etcd: Etcd, tmp_path: Path) -> Non
     while len(done_shards(etcd, "resume", 0)) < shards(etcd, "resume") // 2:
         assert time.monotonic() < deadline, "the first nodes made no progress"
         time.sleep(0.02)
+    # Every daemon first: killed one by one, each waiting for its reader, the others went on and
+    # once finished the epoch before the last was killed.
+    for n in first:
+        n.kill_daemon()
     for n in first:
         n.kill()
     assert len(done_shards(etcd, "resume", 0)) < shards(etcd, "resume"), "the epoch ended before the kill"

@@ -127,12 +127,17 @@ class Node:
             if not stop.is_set():
                 raise
 
-    def kill(self) -> None:
+    def kill_daemon(self) -> None:
+        """`kill -9` of the daemon alone, for killing several nodes at one moment; `kill` then
+        waits for the reader and detaches the mount."""
         self.stop.set()
         try:
             os.kill(self.m.pid(), signal.SIGKILL)
         except (ProcessLookupError, ValueError, FileNotFoundError):
             pass
+
+    def kill(self) -> None:
+        self.kill_daemon()
         self.killed_incs.append(self.inc)
         self.alive = False
         if self.thread is not None:
