@@ -56,17 +56,17 @@ impl Origins {
         if self.links.len() == before {
             return;
         }
-        // Stable: of one sample's pairs, the last added stays last, and is the one kept.
+        // Stable: of one sample's pairs, the last added stays last, and is the one kept, in
+        // place (a second vector of every link would raise the daemon's peak for nothing).
         self.links.sort_by_key(|l| l.0);
-        let mut kept: Vec<(u32, u32)> = Vec::with_capacity(self.links.len());
-        for l in self.links.drain(..) {
-            match kept.last_mut() {
-                Some(k) if k.0 == l.0 => *k = l,
-                _ => kept.push(l),
+        self.links.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                *kept = *later;
             }
-        }
-        kept.shrink_to_fit();
-        self.links = kept;
+            same
+        });
+        self.links.shrink_to_fit();
     }
 }
 
