@@ -68,14 +68,40 @@ async fn wait_failed(d: &Daemon) -> metfs::protocol::reply::Status {
     d.status()
 }
 
-/// The files of the cache's `tmp/` (partial copies left behind), directories aside.
-fn tmp_files(cache: &std::path::Path) -> Vec<String> {
-    std::fs::read_dir(cache.join("tmp"))
+/// What the cache holds that is not a whole copy of its sample: every file of `tmp/`, and
+/// every file of a slot whose bytes are not its source's (a copy cut short, or of a version
+/// replaced since). Copies of a slot not yet complete are written at their own paths, so a
+/// partial copy left behind would be found there.
+fn partial_copies(cache: &std::path::Path, source: &BTreeMap<String, Vec<u8>>) -> Vec<String> {
+    fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => files(&e.path(), out),
+                Ok(_) => out.push(e.path()),
+                Err(_) => {}
+            }
+        }
+    }
+    let mut left: Vec<String> = std::fs::read_dir(cache.join("tmp"))
         .unwrap()
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
+        .map(|e| format!("tmp/{}", e.file_name().to_string_lossy()))
+        .collect();
+    for slot in std::fs::read_dir(cache.join("slots")).unwrap().flatten() {
+        if !slot.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let mut found = Vec::new();
+        files(&slot.path(), &mut found);
+        for f in found {
+            let rel = f.strip_prefix(slot.path()).unwrap().to_string_lossy();
+            if source.get(rel.as_ref()) != Some(&std::fs::read(&f).unwrap()) {
+                left.push(f.strip_prefix(cache).unwrap().display().to_string());
+            }
+        }
+    }
+    left
 }
 
 /// A `pass_end` that must answer promptly whatever the tier is doing.
@@ -173,11 +199,8 @@ async fn an_outage_during_staging_keeps_the_view_and_staging_resumes_after_it() 
     );
     check_bytes(&view, &f.t.source);
     fetched_once(&f.tier, plan[0].iter().chain(&plan[1]));
-    assert!(
-        tmp_files(&f.t.cache).is_empty(),
-        "{:?}",
-        tmp_files(&f.t.cache)
-    );
+    let left = partial_copies(&f.t.cache, &f.t.source);
+    assert!(left.is_empty(), "{left:?}");
     drop(d);
     r.stop().await;
 }
@@ -209,11 +232,8 @@ async fn a_full_cache_fails_the_slot_drops_no_sample_and_staging_resumes() {
     );
     assert!(st.failed_samples.is_empty(), "a full cache drops no sample");
     assert!(!st.next_ready);
-    assert!(
-        tmp_files(&f.t.cache).is_empty(),
-        "{:?}",
-        tmp_files(&f.t.cache)
-    );
+    let left = partial_copies(&f.t.cache, &f.t.source);
+    assert!(left.is_empty(), "{left:?}");
     assert_eq!(prompt_pass_end(&d).await, Choice::Wait);
     let view = read_view(&d.fs());
     assert_eq!(keys(&view), plan[0]);
@@ -306,7 +326,12 @@ async fn a_sample_that_changes_while_staged_is_left_out_and_named() {
         assert_eq!(f.tier.fetched(p), 0, "{p}: no fetch of it succeeded");
         assert_eq!(f.mem.get(p).unwrap().0, flipped(p), "{p} did change");
     }
-    assert!(tmp_files(&f.t.cache).is_empty(), "the mixed copy is gone");
+    let mixed: BTreeMap<String, Vec<u8>> = source
+        .iter()
+        .map(|(p, b)| (p.clone(), if *p == during { Vec::new() } else { b.clone() }))
+        .collect();
+    let left = partial_copies(&f.t.cache, &mixed);
+    assert!(left.is_empty(), "the mixed copy is gone: {left:?}");
 
     assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
     let view = read_view(&d.fs());

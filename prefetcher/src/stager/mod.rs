@@ -1,27 +1,41 @@
 //! The stager: copies one mini-epoch from the capacity tier into its slot.
 //!
 //! A slot is a directory `SLOTS/<name>/` (the daemon's names: [`slot_name`]) holding the
-//! mini-epoch's samples under their relative paths. Each sample is fetched into a temporary file in
-//! `TMP/` and its size verified (the tier verifies its version too, and starts writeback as it
-//! writes any file over [`crate::tier::SMALL_FILE_BYTES`]; a small file's pages are written out by
-//! its batch's `syncfs`, many at once). Fetched files are committed in batches (at most 512 files,
-//! 512 MiB or one second): one `syncfs` makes the batch durable, then its files are renamed into
-//! the slot. A file therefore appears in a slot only when it is complete, verified and on disk, and
-//! a crash at any point leaves at worst orphan temporary files, which [`Stager::clean_tmp`] removes
-//! at start. Batches are committed on a thread of their own while the next ones download, so
-//! durability costs the download no time unless the disk is slower than the tier.
+//! mini-epoch's samples under their relative paths. Each sample is fetched into a new file and
+//! its size verified (the tier verifies its version too, and starts writeback as it writes any
+//! file over [`crate::tier::SMALL_FILE_BYTES`]; a small file's pages are written out by its
+//! batch's `syncfs`, many at once). Fetched files are committed in batches (at most 512 files,
+//! 512 MiB or one second): one `syncfs` makes the batch durable, then it is journaled. Where the
+//! new file is written depends on whether anything may read the slot (`Landing`):
+//! * a slot not yet complete is read by nobody: not served (a view is made only of complete
+//!   slots), not linked from (reuse takes only journaled copies), not sealed. Its copies are
+//!   written at their own paths in the slot: no rename per file, and the creates spread over
+//!   the slot's directories instead of queueing on one directory's lock. A copy becomes part of
+//!   the slot when its journal line is written, after the `syncfs` that made it and its
+//!   directory entry durable; a crash leaves at worst unjournaled files, which the resume
+//!   unlinks and fetches again;
+//! * a complete slot (the refetch of a copy its resume found missing or damaged, the repair of
+//!   a copy damaged while sealed, a transform's output) receives copies written in `TMP/` and
+//!   renamed in once durable, so it never holds a copy being written. A crash leaves at worst
+//!   orphan temporary files, which [`Stager::clean_tmp`] removes at start.
 //!
-//! **A copy in a slot is never written in place.** Every file enters a slot by `rename` from
-//! `TMP/` (a fetch, a container's rows, a transform's output, the repair of a damaged copy) or
-//! by a hard link to another slot's copy (`reuse`), and leaves by `unlink` (a trim) or with its
-//! directory (eviction renames the slot into `TMP/` and deletes it); nothing here opens a slot
-//! file for writing or truncates one. So whoever holds a copy (an open descriptor through the
-//! mount, or a client reading the slot directly under a lease, see `metfs::fs::ViewLease`)
-//! reads the bytes that were renamed in, whole, and a hard-linked copy shared by two slots
-//! cannot change under either.
+//! Batches are committed on a thread of their own while the next ones download, so durability
+//! costs the download no time unless the disk is slower than the tier.
+//!
+//! **A copy in a slot that may be read is never written in place.** Every file enters a
+//! complete slot by `rename` from `TMP/` (a fetch, a container's rows, a transform's output,
+//! the repair of a damaged copy) or by a hard link to another slot's copy (`reuse`), and leaves
+//! by `unlink` (a trim) or with its directory (eviction renames the slot into `TMP/` and
+//! deletes it); nothing here opens a file of a complete slot for writing or truncates one, and
+//! a file an incomplete slot finds at a copy's path is unlinked, never opened (it may be a link
+//! to another slot's copy). So whoever holds a copy (an open descriptor through the mount, or a
+//! client reading the slot directly under a lease, see `metfs::fs::ViewLease`) reads the bytes
+//! that were journaled, whole, and a hard-linked copy shared by two slots cannot change under
+//! either.
 //!
 //! Progress is journaled in `SLOTS/<name>.journal`: one line `<id> <crc32>` per staged sample,
-//! appended after its rename, and a final `complete` line. The CRC-32 is of the staged copy,
+//! appended once its batch is durable (and before the renames of a batch written in `TMP/`),
+//! and a final `complete` line. The CRC-32 is of the staged copy,
 //! computed from the page cache right after it is written. A restarted daemon reads the journal and
 //! re-reads each journaled file, keeping it only when its size and CRC match (so a copy truncated,
 //! or corrupted in place at the same size, is fetched again), and fetches the rest. The re-read
@@ -30,8 +44,8 @@
 //! the tier. Computing the CRC while staging costs one read of each copy from the page cache, where
 //! it still is right after the write, through the descriptor that wrote it (a small copy's on the
 //! staging task itself: a handoff to a blocking thread costs more). The journal is not fsynced per
-//! line: an entry is only ever written after the rename it records, and the resume check re-reads
-//! every journaled file, so a lost tail only costs a refetch. After a clean shutdown the re-read is
+//! line: the resume check re-reads every journaled file (and unlinks and fetches any it finds
+//! missing or wanting), so a lost tail only costs a refetch. After a clean shutdown the re-read is
 //! skipped for each slot whose seal still holds, and moved to each copy's first open instead
 //! (`seal` module).
 //!
@@ -280,11 +294,25 @@ const BATCH_AGE: Duration = Duration::from_secs(1);
 /// A sample fetched into a temporary file, waiting for its batch to be committed.
 struct Fetched {
     id: u32,
-    tmp: PathBuf,
+    /// Where the copy waits to be renamed to `dst`; `None` when it was written at `dst`
+    /// ([`Landing::InPlace`]).
+    tmp: Option<PathBuf>,
     dst: PathBuf,
     bytes: u64,
     /// CRC-32 of the copy, journaled so that a resume can check the content.
     crc: u32,
+}
+
+/// Where a fetch writes its copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Landing {
+    /// In `TMP/`, renamed into the slot once durable: for a slot that may be served (a complete
+    /// slot's refetch or repair), whose readers must never see a copy being written.
+    Tmp,
+    /// At its own path in the slot: for a slot not yet complete, which nothing serves, lists
+    /// or links from until its copies are journaled. Saves a rename per file and spreads the
+    /// creates over the slot's directories instead of queueing them on `TMP/`'s lock.
+    InPlace,
 }
 
 /// Why one sample was not fetched.
@@ -725,6 +753,39 @@ mod tests {
         st.evict("e0-m0").unwrap();
         assert!(!st.is_complete("e0-m0"));
         assert!(!st.slot_path("e0-m0").exists());
+    }
+
+    #[tokio::test]
+    async fn an_incomplete_slot_replaces_what_it_finds_at_a_copys_path_without_writing_through_it()
+    {
+        use std::os::unix::fs::MetadataExt;
+        let (d, st, cat) = setup(12).await;
+        st.stage(&all(&cat, "donor"), Arc::default()).await.unwrap();
+        let donor = |id: u32| st.slot_path("donor").join(cat.path(id));
+        let donors_bytes = std::fs::read(donor(2)).unwrap();
+        // What an interrupted attempt at slot `a` left at its copies' paths, none journaled: a
+        // torn copy, and a link to another slot's copy of another sample (a reuse whose journal
+        // line was lost).
+        let a = |id: u32| st.slot_path("a").join(cat.path(id));
+        for id in [0, 1] {
+            create_private_dir(a(id).parent().unwrap()).unwrap();
+        }
+        std::fs::write(a(0), b"torn").unwrap();
+        std::fs::hard_link(donor(2), a(1)).unwrap();
+        let r = st.stage(&all(&cat, "a"), Arc::default()).await.unwrap();
+        assert_eq!((r.fetched, r.resumed), (12, 0));
+        for id in 0..cat.len() as u32 {
+            let src = std::fs::read(d.path().join("src").join(cat.path(id))).unwrap();
+            assert_eq!(std::fs::read(a(id)).unwrap(), src, "sample {id}");
+        }
+        // The link was unlinked, not written through: the other slot's copy is as it was.
+        assert_eq!(std::fs::read(donor(2)).unwrap(), donors_bytes);
+        assert_eq!(std::fs::metadata(donor(2)).unwrap().nlink(), 1);
+        assert_eq!(std::fs::metadata(a(1)).unwrap().mode() & 0o777, 0o400);
+        assert!(std::fs::read_dir(d.path().join("cache/tmp"))
+            .unwrap()
+            .next()
+            .is_none());
     }
 
     #[tokio::test]

@@ -363,7 +363,14 @@ impl Stager {
         }
         let dir = self.slot_path(name);
         let f = match self
-            .stage_one(name, &dir, id, &Mutex::default(), &Progress::default())
+            .stage_one(
+                name,
+                &dir,
+                id,
+                &Mutex::default(),
+                &Progress::default(),
+                Landing::Tmp,
+            )
             .await
         {
             Ok(f) => f,
@@ -376,7 +383,8 @@ impl Stager {
             }
         };
         let fsync = self.cfg.fsync;
-        let (tmp, dst) = (f.tmp.clone(), f.dst.clone());
+        let tmp = f.tmp.clone().expect("a repair lands in tmp/");
+        let dst = f.dst.clone();
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             if fsync {
                 std::fs::File::open(&tmp)?.sync_all()?;

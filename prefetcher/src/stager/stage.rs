@@ -1,9 +1,9 @@
 //! Staging one slot of plain files: resume from the journal (CRC-checked), fetch with bounded
 //! concurrency under a stall watch, commit durable batches, journal them.
 //!
-//! Staged files are renamed here (and in `containers` and `reuse`), not through the `durable`
-//! crate that replaces metfs's other files: a batch is made durable by one `syncfs` before its
-//! renames, and one fsync per file would cost what that saves.
+//! Staged files are written and renamed here (and in `containers` and `reuse`), not through the
+//! `durable` crate that replaces metfs's other files: a batch is made durable by one `syncfs`
+//! before it is journaled, and one fsync per file would cost what that saves.
 
 use super::*;
 
@@ -114,9 +114,9 @@ impl Stager {
                 tracing::info!(slot = %slot.name, samples = report.reused, bytes = report.bytes_reused, "samples taken from the node's store instead of the tier");
             }
         }
-        // Fetched files wait in tmp/ until their batch is made durable with one syncfs, then
-        // are journaled and renamed into the slot: a file in a slot is always complete and on
-        // disk, at a fraction of the cost of one fsync per file. Batches are committed on
+        // Fetched files are made durable a batch at a time with one syncfs, then journaled
+        // (and renamed into the slot, those written in tmp/): a journaled copy is always
+        // complete and on disk, at a fraction of the cost of one fsync per file. Batches are committed on
         // their own thread while fetching goes on (two batches may wait), so the download
         // never stops for the disk; a large file's writeback starts as soon as it is fetched,
         // so a batch's syncfs mostly waits for writes already under way.
@@ -131,6 +131,13 @@ impl Stager {
             })
         };
         let made_dirs = Arc::new(Mutex::new(HashSet::<String>::new()));
+        // A complete slot may be served (its refetch follows a damaged or missing copy):
+        // copies reach it only by rename. Nothing reads an incomplete one.
+        let landing = if journal_state.complete || self.transform.is_some() {
+            Landing::Tmp
+        } else {
+            Landing::InPlace
+        };
         let mut stream = futures::stream::iter(todo)
             .map(|id| {
                 let made_dirs = made_dirs.clone();
@@ -139,7 +146,7 @@ impl Stager {
                 let slot_name = slot.name.clone();
                 async move {
                     let r = self
-                        .stage_one(&slot_name, &dir, id, &made_dirs, &progress)
+                        .stage_one(&slot_name, &dir, id, &made_dirs, &progress, landing)
                         .await;
                     (id, r)
                 }
@@ -337,6 +344,7 @@ impl Stager {
         id: u32,
         made_dirs: &Mutex<HashSet<String>>,
         progress: &Progress,
+        landing: Landing,
     ) -> Result<Fetched, Miss> {
         let (rel_dir, _) = self.catalog.dir_and_name(id);
         let rel = self.catalog.path(id);
@@ -374,18 +382,26 @@ impl Stager {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let seq = self.attempt_seq.fetch_add(1, Ordering::Relaxed);
-            let tmp = self.tmp_dir.join(format!("{slot_name}-{id}.{seq}"));
-            // Owner-only while written; read-only once complete (see the module docs).
-            // Readable too: the copy's CRC is read back through this descriptor.
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
-            let file = Arc::new(file);
+            let tmp = match landing {
+                Landing::Tmp => {
+                    let seq = self.attempt_seq.fetch_add(1, Ordering::Relaxed);
+                    self.tmp_dir.join(format!("{slot_name}-{id}.{seq}"))
+                }
+                Landing::InPlace => dst.clone(),
+            };
+            let file = match create_copy(&tmp, landing) {
+                Ok(f) => Arc::new(f),
+                Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+                    return Err(Miss::Sample(format!(
+                        "`{rel}`: creating {}: {e}",
+                        tmp.display()
+                    )))
+                }
+                Err(e) => return Err(Miss::Slot(cache_err(&tmp)(e))),
+            };
+            // A fetch dropped before it returns (its slot failed) takes its partial copy with
+            // it, wherever it was written.
+            let mut unfinished = Unfinished(Some(tmp.clone()));
             let res = self.fetch_watched(&sample, file.clone()).await;
             let e = match res {
                 Ok(n) if n == sample.size => {
@@ -437,9 +453,10 @@ impl Stager {
                     progress
                         .bytes_settled
                         .fetch_add(sample.size, Ordering::Relaxed);
+                    unfinished.finished();
                     return Ok(Fetched {
                         id,
-                        tmp,
+                        tmp: (landing == Landing::Tmp).then_some(tmp),
                         dst,
                         bytes,
                         crc,
@@ -603,15 +620,18 @@ pub(super) fn commit_batches(
         }
         journal.write(&lines).map_err(cache_err(jpath))?;
         for f in batch {
-            match std::fs::rename(&f.tmp, &f.dst) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+            // A copy written in place is where it belongs already.
+            match f.tmp.as_ref().map(|tmp| std::fs::rename(tmp, &f.dst)) {
+                None | Some(Ok(())) => {}
+                Some(Err(e)) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
                     // Journaled above; its `failed` line at the end of the slot withdraws it.
-                    let _ = std::fs::remove_file(&f.tmp);
+                    if let Some(tmp) = &f.tmp {
+                        let _ = std::fs::remove_file(tmp);
+                    }
                     too_long.push((f.id, format!("{}: {e}", f.dst.display())));
                     continue;
                 }
-                Err(e) => return Err(cache_err(&f.dst)(e)),
+                Some(Err(e)) => return Err(cache_err(&f.dst)(e)),
             }
             progress.files_done.fetch_add(1, Ordering::Relaxed);
             progress.bytes_done.fetch_add(f.bytes, Ordering::Relaxed);
@@ -620,6 +640,51 @@ pub(super) fn commit_batches(
         }
     }
     Ok((files, bytes, journal, too_long))
+}
+
+/// A copy being written, deleted if its fetch ends without handing it over (an error, or the
+/// fetch's future dropped).
+struct Unfinished(Option<PathBuf>);
+
+impl Unfinished {
+    fn finished(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Creates the file a fetch writes `path`: owner-only while written, read-only once complete
+/// (see the module docs), and readable, since the copy's CRC is read back through it. A file
+/// already at a slot path ([`Landing::InPlace`]) is what an interrupted attempt left (never
+/// journaled, or found wanting by the resume check) or a link to another slot's copy: it is
+/// unlinked, never opened, so no other slot's copy is ever written through it.
+fn create_copy(path: &Path, landing: Landing) -> std::io::Result<std::fs::File> {
+    let create = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+    };
+    match create() {
+        Err(e) if landing == Landing::InPlace && e.kind() == std::io::ErrorKind::AlreadyExists => {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            create()
+        }
+        r => r,
+    }
 }
 
 /// What [`Stager::verify_journaled`] found of one journaled copy.
