@@ -4,10 +4,13 @@
     python3 benches/scale.py                      # 1,000,000 files of 1-4 KiB, two mini-epochs
     python3 benches/scale.py --files 200000 --size 112640   # ImageNet-like 110 KiB files
     python3 benches/scale.py --quick              # 20,000 files; checks, for the test command
+    python3 benches/scale.py --files 10000000 --links 1000 --mini-epochs 4 --only memory
+                                                  # a catalog of 10M (hard links), views of 2.5M
 
 The tier is `--files` files in directories of 1,000 (ImageNet's layout) of random bytes, made
 once under the work directory ($METFS_BENCH_DIR or /tmp/metfs-scale) and kept for later runs.
-The mount has a budget for two mini-epochs of half the files each, `--rf 100` (the benchmark
+The mount has a budget for two mini-epochs of half the files each (`--mini-epochs N`: of a
+N-th each), `--rf 100` (the benchmark
 advances the view itself, so no pass ends a mini-epoch by surprise) and the default read path.
 
 Rows (medians of `--reps`; "cold" drops the page cache first, which needs root):
@@ -92,19 +95,32 @@ def drop_caches() -> None:
         pass  # not root: "cold" rows are then warm-ish; the header says so
 
 
-def make_tier(root: Path, files: int, lo: int, hi: int, per_dir: int) -> None:
+def make_tier(root: Path, files: int, lo: int, hi: int, per_dir: int, links: int = 0) -> None:
+    """`files` files of `lo`-`hi` random bytes under `root`; with `links`, the files are hard
+    links to that many distinct files kept beside the tier (a catalog of 10M files on a disk that
+    cannot hold 10M files' blocks twice: the stager still copies each one)."""
     stamp = root / ".complete"
-    want = f"{files} {lo} {hi} {per_dir}\n"
+    want = f"{files} {lo} {hi} {per_dir}" + (f" links {links}" if links else "") + "\n"
     if stamp.exists() and stamp.read_text() == want:
         return
     shutil.rmtree(root, ignore_errors=True)
     rng = random.Random(7)
     blob = os.urandom(hi + 4096)
     t = time.perf_counter()
+    base = root.with_name(root.name + "-base")
+    if links:
+        shutil.rmtree(base, ignore_errors=True)
+        base.mkdir(parents=True)
+        for j in range(links):
+            off = rng.randrange(4096)
+            (base / f"b{j:07d}.bin").write_bytes(blob[off : off + rng.randint(lo, hi)])
     for i in range(files):
         d = root / f"d{i // per_dir:05d}"
         if i % per_dir == 0:
             d.mkdir(parents=True)
+        if links:
+            os.link(base / f"b{i % links:07d}.bin", d / f"f{i:07d}.bin")
+            continue
         size = rng.randint(lo, hi)
         off = rng.randrange(4096)
         with open(d / f"f{i:07d}.bin", "wb") as f:
@@ -133,19 +149,22 @@ def pss_kib(pid: int) -> int:
 
 
 class Mount:
-    def __init__(self, tier: Path, files: int, footprint: int) -> None:
+    def __init__(self, tier: Path, files: int, footprint: int, mini_epochs: int = 2) -> None:
         self.tier = tier
         self.mnt = WORK / "mnt"
         self.cache = WORK / "cache"
-        # Two mini-epochs of half the files each, at their on-disk footprint, plus room for the
-        # catalog and journals.
-        self.budget = f"{(files * footprint * 5 // 4 + (512 << 20)) >> 20}MiB"
+        self.mini_epochs = mini_epochs
+        # Two mini-epochs (of half the files each by default), at their on-disk footprint, plus
+        # room for the catalog and journals.
+        view = files // mini_epochs
+        self.budget = f"{(2 * view * footprint * 5 // 4 + (512 << 20)) >> 20}MiB"
 
     def mount(self, reset: bool, extra: Sequence[str] = ()) -> float:
         self.mnt.mkdir(parents=True, exist_ok=True)
         self.cache.mkdir(parents=True, exist_ok=True)
         cmd = [str(METFS), "mount", "--source", str(self.tier), "--cache", str(self.cache)]
-        cmd += ["--budget", self.budget, "--mini-epochs", "2", "--rf", "100", *extra]
+        cmd += ["--budget", self.budget, "--mini-epochs", str(self.mini_epochs), "--rf", "100"]
+        cmd += extra
         cmd += ["--history", str(WORK / "rf-history.json"), str(self.mnt)]
         if reset:
             cmd.insert(2, "--reset")
@@ -284,6 +303,20 @@ def main() -> int:
     ap.add_argument("--min-size", type=int, default=1024)
     ap.add_argument("--max-size", type=int, default=4096)
     ap.add_argument("--size", type=int, help="every file this many bytes (e.g. 112640)")
+    ap.add_argument(
+        "--mini-epochs",
+        type=int,
+        default=2,
+        help="mini-epochs per epoch (default 2: views of half the files); more keeps the views "
+        "small beside a large catalog, e.g. 10M files on a disk that cannot hold two views of 5M",
+    )
+    ap.add_argument(
+        "--links",
+        type=int,
+        default=0,
+        help="make the tier's files hard links to this many distinct files (a tier of 10M files "
+        "in a few GB of directories; each is still staged as a copy of its own)",
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--sample", type=int, default=30_000, help="files read in the read rows")
     ap.add_argument("--workers", type=int, default=16)
@@ -306,9 +339,9 @@ def main() -> int:
     footprint = (hi + 4095) // 4096 * 4096
     build()
     WORK.mkdir(parents=True, exist_ok=True)
-    tier = WORK / f"tier-{a.files}-{lo}-{hi}"
-    make_tier(tier, a.files, lo, hi, 1000)
-    m = Mount(tier, a.files, footprint)
+    tier = WORK / (f"tier-{a.files}-{lo}-{hi}" + (f"-links{a.links}" if a.links else ""))
+    make_tier(tier, a.files, lo, hi, 1000, a.links)
+    m = Mount(tier, a.files, footprint, a.mini_epochs)
     m.umount()
     if m.cache.exists():
         # Deleted before anything is timed: a million files deleted in the background (as this
@@ -319,8 +352,8 @@ def main() -> int:
         print(f"deleted the last run's cache in {time.perf_counter() - t:.0f} s", flush=True)
     root = os.geteuid() == 0
     print(
-        f"\n{a.files:,} files of {lo}-{hi} B in directories of 1,000; two mini-epochs of "
-        f"{a.files // 2:,}; medians of {a.reps}; {os.cpu_count()} cores"
+        f"\n{a.files:,} files of {lo}-{hi} B in directories of 1,000; {a.mini_epochs} mini-epochs "
+        f"of {a.files // a.mini_epochs:,}; medians of {a.reps}; {os.cpu_count()} cores"
         + ("" if root else "; not root: cold rows are not cold"),
         flush=True,
     )
@@ -332,7 +365,7 @@ def main() -> int:
             pid = int(c.status().raw["pid"])
             rss0 = rss_kib(pid)
             t_stage = m.wait_next(c)
-            half = c.status().view_files or a.files // 2
+            half = c.status().view_files or a.files // a.mini_epochs
             rows.append(row("mount (catalog + first staging)", f"{t_mount:.1f} s", "", ""))
             slot = m.slot(c)
             cp_dst = WORK / "cp-dst"
