@@ -69,12 +69,14 @@ async fn wait_failed(d: &Daemon) -> metfs::protocol::reply::Status {
 }
 
 /// What the cache holds that is not a whole copy of its sample: every file of `tmp/`, and
-/// every file of a slot whose bytes are not its source's (a copy cut short, or of a version
-/// replaced since). Copies of a slot not yet complete are written at their own paths, so a
-/// partial copy left behind would be found there.
+/// every file of the successor's slot (epoch 0's second mini-epoch, settled when this is asked:
+/// failed and pausing, or staged) whose bytes are not its source's (a copy cut short, or of a
+/// version replaced since). Copies of a slot not yet complete are written at their own paths,
+/// so a partial copy left behind would be found there. Other slots are left alone: after a
+/// switch the next staging writes its copies and the retired slot is deleted meanwhile.
 fn partial_copies(cache: &std::path::Path, source: &BTreeMap<String, Vec<u8>>) -> Vec<String> {
     fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-        for e in std::fs::read_dir(dir).unwrap().flatten() {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             match e.file_type() {
                 Ok(t) if t.is_dir() => files(&e.path(), out),
                 Ok(_) => out.push(e.path()),
@@ -88,17 +90,15 @@ fn partial_copies(cache: &std::path::Path, source: &BTreeMap<String, Vec<u8>>) -
         .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
         .map(|e| format!("tmp/{}", e.file_name().to_string_lossy()))
         .collect();
-    for slot in std::fs::read_dir(cache.join("slots")).unwrap().flatten() {
-        if !slot.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let mut found = Vec::new();
-        files(&slot.path(), &mut found);
-        for f in found {
-            let rel = f.strip_prefix(slot.path()).unwrap().to_string_lossy();
-            if source.get(rel.as_ref()) != Some(&std::fs::read(&f).unwrap()) {
-                left.push(f.strip_prefix(cache).unwrap().display().to_string());
-            }
+    let slot = cache
+        .join("slots")
+        .join(prefetcher::stager::slot_name(0, 1));
+    let mut found = Vec::new();
+    files(&slot, &mut found);
+    for f in found {
+        let rel = f.strip_prefix(&slot).unwrap().to_string_lossy();
+        if source.get(rel.as_ref()) != Some(&std::fs::read(&f).unwrap()) {
+            left.push(f.strip_prefix(cache).unwrap().display().to_string());
         }
     }
     left
