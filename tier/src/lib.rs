@@ -44,7 +44,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use thiserror::Error;
 
-use crate::catalog::{validate_rel_path, Catalog, CatalogEntry, DirStamp, Meta};
+use crate::catalog::{
+    validate_rel_path, Catalog, CatalogBuilder, CatalogEntry, CatalogError, DirStamp, Meta,
+};
 use crate::pacer::Pacer;
 
 pub mod catalog;
@@ -109,6 +111,10 @@ pub enum TierError {
         #[source]
         source: std::io::Error,
     },
+    /// The listed samples do not make a catalog (a bad path, the same path twice, more samples
+    /// than ids).
+    #[error(transparent)]
+    Catalog(#[from] crate::catalog::CatalogError),
 }
 
 /// Starts writeback of `len` bytes at `off` of a file being staged (0 = to the end), without
@@ -145,6 +151,15 @@ pub struct Listing {
     pub skipped: Vec<(String, String)>,
 }
 
+/// A source listed straight into a catalog ([`CapacityTier::catalog`]).
+#[derive(Debug)]
+pub struct Catalogued {
+    /// Every servable sample, with the directory stamps of a POSIX source.
+    pub catalog: Catalog,
+    /// Entries that were left out, with why (as [`Listing::skipped`]).
+    pub skipped: Vec<(String, String)>,
+}
+
 /// What the stager asks a tier to fetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SampleRef {
@@ -169,6 +184,21 @@ pub trait CapacityTier: Send + Sync + 'static {
     /// Lists every sample.
     async fn list(&self) -> Result<Listing, TierError>;
 
+    /// Lists every sample into a [`Catalog`] (with the directory stamps), and what was left
+    /// out. The default builds it from [`CapacityTier::list`]; a tier that can push each sample
+    /// into a [`catalog::CatalogBuilder`] as it lists overrides it, so that a source of ten
+    /// million files never exists as ten million [`CatalogEntry`] values (about 280 B each
+    /// against the catalog's ~40).
+    async fn catalog(&self) -> Result<Catalogued, TierError> {
+        let l = self.list().await?;
+        let mut catalog = Catalog::from_entries(self.url(), l.entries)?;
+        catalog.set_dir_stamps(l.dir_stamps);
+        Ok(Catalogued {
+            catalog,
+            skipped: l.skipped,
+        })
+    }
+
     /// Whether `catalog` (made earlier from this source) still describes it, cheaply.
     async fn catalog_is_current(&self, catalog: &Catalog) -> Result<bool, TierError>;
 
@@ -182,6 +212,12 @@ pub trait CapacityTier: Send + Sync + 'static {
         dest: Arc<std::fs::File>,
         pacer: &Pacer,
     ) -> Result<u64, TierError>;
+}
+
+/// What a walk of a POSIX source found besides its files.
+struct Walked {
+    dir_stamps: Vec<DirStamp>,
+    skipped: Vec<(String, String)>,
 }
 
 /// A POSIX directory as a capacity tier.
@@ -420,80 +456,126 @@ impl PosixTier {
     }
 
     fn list_blocking(&self, progress: &std::sync::atomic::AtomicU64) -> Result<Listing, TierError> {
-        let mut out = Listing::default();
+        let mut entries = Vec::new();
+        let Walked {
+            dir_stamps,
+            skipped,
+        } = self.walk(progress, &mut |rel, md| {
+            entries.push(CatalogEntry {
+                path: rel.to_string(),
+                size: md.len(),
+                version: posix_version(md),
+                label: None,
+                cluster: None,
+                meta: Some(Meta::from_metadata(md)),
+            });
+            Ok(())
+        })?;
+        Ok(Listing {
+            entries,
+            dir_stamps,
+            skipped,
+        })
+    }
+
+    /// The listing pushed into a catalog builder entry by entry: no `CatalogEntry` is made.
+    fn catalog_blocking(
+        &self,
+        progress: &std::sync::atomic::AtomicU64,
+    ) -> Result<Catalogued, TierError> {
+        let mut b = CatalogBuilder::default();
+        let build_err = |e| TierError::Catalog(CatalogError::from_build(&self.url, e));
+        let Walked {
+            dir_stamps,
+            skipped,
+        } = self.walk(progress, &mut |rel, md| {
+            b.push(rel, md.len(), &posix_version(md), None, None)
+                .map_err(build_err)?;
+            b.push_meta(Some(Meta::from_metadata(md)));
+            Ok(())
+        })?;
+        let mut catalog = b.finish(&self.url).map_err(build_err)?;
+        catalog.set_dir_stamps(dir_stamps);
+        Ok(Catalogued { catalog, skipped })
+    }
+
+    /// Walks the source depth first, calling `on_file` with the relative path and metadata of
+    /// every servable file (a symlink's are its target's); returns every directory's stamp and
+    /// what was left out, with why.
+    fn walk(
+        &self,
+        progress: &std::sync::atomic::AtomicU64,
+        on_file: &mut dyn FnMut(&str, &std::fs::Metadata) -> Result<(), TierError>,
+    ) -> Result<Walked, TierError> {
+        let mut dir_stamps = Vec::new();
+        let mut skipped = Vec::new();
         let mut stack: Vec<(PathBuf, String)> = vec![(self.root.clone(), String::new())];
         while let Some((dir, rel)) = stack.pop() {
             let md = std::fs::metadata(&dir).map_err(|e| self.io_err(&rel, e))?;
-            out.dir_stamps.push(DirStamp {
+            dir_stamps.push(DirStamp {
                 dir: rel.clone(),
                 mtime_ns: mtime_ns(&md),
                 meta: Some(Meta::from_metadata(&md)),
             });
             let rd = std::fs::read_dir(&dir).map_err(|e| self.io_err(&rel, e))?;
+            // One buffer for every child's relative path: most children are files, whose path
+            // the callback copies where it keeps it.
+            let mut child_rel = String::with_capacity(rel.len() + 64);
             for ent in rd {
                 progress.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let ent = ent.map_err(|e| self.io_err(&rel, e))?;
                 let name = ent.file_name();
                 let Some(name) = name.to_str() else {
-                    out.skipped.push((
+                    skipped.push((
                         format!("{rel}/{}", name.to_string_lossy()),
                         "name is not UTF-8".into(),
                     ));
                     continue;
                 };
-                let child_rel = if rel.is_empty() {
-                    name.to_string()
-                } else {
-                    format!("{rel}/{name}")
-                };
+                child_rel.clear();
+                if !rel.is_empty() {
+                    child_rel.push_str(&rel);
+                    child_rel.push('/');
+                }
+                child_rel.push_str(name);
                 let path = ent.path();
                 let lmd = ent.metadata().map_err(|e| self.io_err(&child_rel, e))?;
                 let ft = lmd.file_type();
                 if ft.is_dir() {
-                    stack.push((path, child_rel));
+                    stack.push((path, child_rel.clone()));
                 } else if ft.is_file() {
-                    out.entries.push(CatalogEntry {
-                        path: child_rel,
-                        size: lmd.len(),
-                        version: posix_version(&lmd),
-                        label: None,
-                        cluster: None,
-                        meta: Some(Meta::from_metadata(&lmd)),
-                    });
+                    on_file(&child_rel, &lmd)?;
                 } else if ft.is_symlink() {
                     match std::fs::canonicalize(&path) {
                         Ok(target) if target.starts_with(&self.root) => {
                             match std::fs::metadata(&target) {
-                                Ok(md) if md.is_file() => out.entries.push(CatalogEntry {
-                                    path: child_rel,
-                                    size: md.len(),
-                                    version: posix_version(&md),
-                                    label: None,
-                                    cluster: None,
-                                    meta: Some(Meta::from_metadata(&md)),
-                                }),
-                                Ok(_) => out.skipped.push((
-                                    child_rel,
+                                Ok(md) if md.is_file() => on_file(&child_rel, &md)?,
+                                Ok(_) => skipped.push((
+                                    child_rel.clone(),
                                     "symlink to a directory is not followed (cycles)".into(),
                                 )),
-                                Err(e) => out.skipped.push((child_rel, format!("symlink: {e}"))),
+                                Err(e) => {
+                                    skipped.push((child_rel.clone(), format!("symlink: {e}")))
+                                }
                             }
                         }
-                        Ok(target) => out.skipped.push((
-                            child_rel,
+                        Ok(target) => skipped.push((
+                            child_rel.clone(),
                             format!("symlink leads outside the source (to {})", target.display()),
                         )),
-                        Err(e) => out
-                            .skipped
-                            .push((child_rel, format!("dangling symlink: {e}"))),
+                        Err(e) => {
+                            skipped.push((child_rel.clone(), format!("dangling symlink: {e}")))
+                        }
                     }
                 } else {
-                    out.skipped
-                        .push((child_rel, "not a regular file".to_string()));
+                    skipped.push((child_rel.clone(), "not a regular file".to_string()));
                 }
             }
         }
-        Ok(out)
+        Ok(Walked {
+            dir_stamps,
+            skipped,
+        })
     }
 
     fn fetch_blocking(
@@ -630,6 +712,14 @@ impl CapacityTier for PosixTier {
         .await
     }
 
+    async fn catalog(&self) -> Result<Catalogued, TierError> {
+        let me = self.clone();
+        watched(&self.url, "(listing)", self.timeout, move |p| {
+            me.catalog_blocking(p)
+        })
+        .await
+    }
+
     async fn catalog_is_current(&self, catalog: &Catalog) -> Result<bool, TierError> {
         // A directory's mtime changes whenever an entry is added, removed or renamed in it, so
         // equal directory mtimes mean the same set of names. Content changes of existing files
@@ -694,6 +784,31 @@ mod tests {
             .skipped
             .iter()
             .any(|(p, why)| p == "leak" && why.contains("outside")));
+    }
+
+    /// The catalog listed straight into a builder is the one built from the listing, entry
+    /// for entry (paths, sizes, versions, owners and modes, directory stamps), and it leaves
+    /// out what the listing leaves out, with the same reasons.
+    #[tokio::test]
+    async fn a_catalog_listed_straight_into_the_builder_is_the_one_from_the_listing() {
+        let (d, t) = setup();
+        let src = d.path().join("src");
+        for i in 0..50 {
+            std::fs::create_dir_all(src.join(format!("c{}", i % 7))).unwrap();
+            std::fs::write(src.join(format!("c{}/f{i}", i % 7)), vec![1u8; i]).unwrap();
+        }
+        std::os::unix::fs::symlink(&src, src.join("a/loop")).unwrap();
+        let l = t.list().await.unwrap();
+        let mut from_list = Catalog::from_entries(t.url(), l.entries).unwrap();
+        from_list.set_dir_stamps(l.dir_stamps);
+        let streamed = t.catalog().await.unwrap();
+        assert_eq!(streamed.catalog.len(), 54);
+        assert_eq!(streamed.catalog, from_list);
+        assert_eq!(streamed.skipped, l.skipped);
+        assert!(streamed
+            .skipped
+            .iter()
+            .any(|(p, why)| p == "a/loop" && why.contains("directory")));
     }
 
     #[tokio::test]

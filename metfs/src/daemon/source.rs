@@ -135,20 +135,25 @@ pub(super) async fn load_plain_catalog(
         }
     }
     let t = Instant::now();
-    let listing = tier.list().await?;
-    for (p, why) in &listing.skipped {
+    // Listed straight into the catalog: a POSIX source's entries are never held as a list.
+    let listed = tier.catalog().await?;
+    for (p, why) in &listed.skipped {
         tracing::warn!(path = %p, reason = %why, "not served");
     }
-    // The listing's entries take a fraction of what the catalog, plan and views will: checked
-    // before those are built.
+    let mut cat = listed.catalog;
+    // The catalog takes a fraction of what the plan and views will: checked before those are
+    // built.
     super::memory::check_fits(
         &format!("source {}", cfg.source),
-        listing.entries.len() as u64,
-        listing.entries.iter().map(|e| e.path.len() as u64).sum(),
+        cat.len() as u64,
+        (0..cat.len() as u32)
+            .map(|i| {
+                let (d, n) = cat.dir_and_name(i);
+                (d.len() + usize::from(!d.is_empty()) + n.len()) as u64
+            })
+            .sum(),
         cfg.memory_limit,
     )?;
-    let mut cat = Catalog::from_entries(tier.url(), listing.entries)?;
-    cat.set_dir_stamps(listing.dir_stamps);
     if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
         cat.label_by_first_dir();
     }

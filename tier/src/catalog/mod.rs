@@ -75,6 +75,24 @@ pub enum CatalogError {
     Corrupt { path: String, reason: String },
 }
 
+impl CatalogError {
+    /// The error of a [`CatalogBuilder`] refusing samples from `origin` (the source URL or the
+    /// manifest file).
+    pub fn from_build(origin: &str, e: BuildError) -> Self {
+        let origin = origin.to_string();
+        match e {
+            BuildError::BadPath { path, reason, .. } => Self::BadPath {
+                origin,
+                path,
+                reason,
+            },
+            BuildError::Duplicate { path, .. } => Self::Duplicate { origin, path },
+            BuildError::FileDirConflict { path, .. } => Self::FileDirConflict { origin, path },
+            BuildError::TooMany { count } => Self::TooMany { origin, count },
+        }
+    }
+}
+
 /// One sample as a tier listing or a manifest reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CatalogEntry {
@@ -311,25 +329,7 @@ impl Catalog {
     ) -> Result<Self, CatalogError> {
         let entries = entries.into_iter();
         let mut b = CatalogBuilder::with_capacity(entries.size_hint().0);
-        let to_err = |e: BuildError| match e {
-            BuildError::BadPath { path, reason, .. } => CatalogError::BadPath {
-                origin: origin.to_string(),
-                path,
-                reason,
-            },
-            BuildError::Duplicate { path, .. } => CatalogError::Duplicate {
-                origin: origin.to_string(),
-                path,
-            },
-            BuildError::FileDirConflict { path, .. } => CatalogError::FileDirConflict {
-                origin: origin.to_string(),
-                path,
-            },
-            BuildError::TooMany { count } => CatalogError::TooMany {
-                origin: origin.to_string(),
-                count,
-            },
-        };
+        let to_err = |e: BuildError| CatalogError::from_build(origin, e);
         for e in entries {
             b.push(
                 &e.path,

@@ -75,11 +75,11 @@ pub(super) fn manifest_cmd(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let listing = rt.block_on(tier.list())?;
-    for (p, why) in &listing.skipped {
+    let listed = rt.block_on(tier.catalog())?;
+    for (p, why) in &listed.skipped {
         eprintln!("metfs: not listed: {p}: {why}");
     }
-    let mut cat = prefetcher::catalog::Catalog::from_entries(tier.url(), listing.entries)?;
+    let mut cat = listed.catalog;
     if labels {
         cat.label_by_first_dir();
     }
@@ -140,8 +140,7 @@ pub(super) fn plan_catalog(
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            let l = rt.block_on(tier.list())?;
-            prefetcher::catalog::Catalog::from_entries(tier.url(), l.entries)?
+            rt.block_on(tier.catalog())?.catalog
         }
         _ => anyhow::bail!("give exactly one of --manifest FILE or --source DIR"),
     };
