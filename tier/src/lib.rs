@@ -135,6 +135,12 @@ pub fn start_writeback(file: &std::fs::File, off: u64, len: u64) {
     }
 }
 
+thread_local! {
+    /// The buffer a blocking thread copies small files through, made once per thread.
+    static SMALL_BUF: std::cell::RefCell<Vec<u8>> =
+        std::cell::RefCell::new(vec![0; SMALL_FILE_BYTES as usize]);
+}
+
 /// Largest file the POSIX tier copies through a buffer and leaves to the stager's batched
 /// `syncfs` without starting its writeback itself, and whose copy's CRC the stager reads on
 /// the staging task rather than on a blocking thread.
@@ -665,15 +671,26 @@ impl PosixTier {
                 r as u64
             } else {
                 use std::os::unix::fs::FileExt;
-                buf.resize(want.min(1 << 20) as usize, 0);
-                let r = src
-                    .read_at(&mut buf, off_in as u64)
-                    .map_err(|e| self.io_err(&sample.path, e))?;
-                dest.write_all_at(&buf[..r], off_out as u64)
-                    .map_err(local)?;
-                off_in += r as i64;
-                off_out += r as i64;
-                r as u64
+                let mut copy = |buf: &mut [u8]| -> Result<u64, TierError> {
+                    let r = src
+                        .read_at(buf, off_in as u64)
+                        .map_err(|e| self.io_err(&sample.path, e))?;
+                    dest.write_all_at(&buf[..r], off_out as u64)
+                        .map_err(local)?;
+                    off_in += r as i64;
+                    off_out += r as i64;
+                    Ok(r as u64)
+                };
+                if want <= SMALL_FILE_BYTES {
+                    // The thread's own buffer: a new one per small file cost a page fault and
+                    // the zeroing of fresh pages per file, 7% of the daemon's CPU while it
+                    // staged 500,000 files of 1-4 KiB (the allocator hands the top of a
+                    // thread's heap back to the kernel between files).
+                    SMALL_BUF.with(|b| copy(&mut b.borrow_mut()[..want as usize]))?
+                } else {
+                    buf.resize(want.min(1 << 20) as usize, 0);
+                    copy(&mut buf)?
+                }
             };
             if n == 0 {
                 break; // source shrank; the check below reports it
