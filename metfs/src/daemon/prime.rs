@@ -10,6 +10,16 @@
 //! alone takes 0.24 s.
 //!
 //! Invariants and choices:
+//! - **The daemon never reads its own mount: a child process lists it.** A request of the
+//!   daemon's own process to its mount, once a FUSE thread has read it, is waited for without
+//!   any signal able to end the wait (`request_wait_answer`). Were the daemon killed then
+//!   (`kill -9` of a job), its FUSE threads die, the waiting thread never gets its answer,
+//!   the process never finishes exiting, and its `/dev/fuse` descriptor and its lock on the
+//!   cache stay held: no remount, an unkillable process. So the listing runs in a child
+//!   forked for it ([`list_in_child`]), which closes every inherited descriptor first (the
+//!   device, the lock) and dies with the daemon. A daemon killed while the child waits on the
+//!   mount exits at once (its thread waits on the child, interruptibly); its device closes, the
+//!   kernel aborts the connection, and the child's request fails.
 //! - It holds no lock of the daemon while it lists: its requests are served by the FUSE
 //!   threads like any reader's, so it can neither stall them nor be stalled by a switch.
 //! - It lists one directory at a time and checks between directories, and every 4,096
@@ -81,7 +91,7 @@ impl Daemon {
                     })
                 };
                 let t0 = Instant::now();
-                let walk = list_tree(&root, &still);
+                let walk = list_in_child(&root, &still);
                 if let Some(d) = me.upgrade() {
                     d.primed.fetch_add(walk.entries, Ordering::Relaxed);
                     if walk.finished {
@@ -100,6 +110,78 @@ impl Daemon {
         if let Err(e) = spawned {
             tracing::debug!(error = %e, "cannot start the thread that lists a new view");
         }
+    }
+}
+
+/// [`list_tree`] of `root` in a child process (see the module doc), which is killed as soon as
+/// `still()` fails (checked at once, then every 20 ms). Returns what the child listed; nothing
+/// when the child cannot be made or is stopped.
+pub(super) fn list_in_child(root: &Path, still: &dyn Fn() -> bool) -> Listed {
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 fills the two descriptors it creates, which are owned below.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Listed::default();
+    }
+    // SAFETY: both descriptors were just created and are owned only here.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the child runs only what is safe after a fork of a threaded process with glibc
+    // (whose fork leaves the allocator usable in the child): system calls, directory reads and
+    // the allocations they need, no lock another thread of the daemon may have held (no
+    // logging, no daemon state), then `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: plain system calls in the child; `_exit` skips the parent's atexit handlers.
+        unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != parent {
+                libc::_exit(0);
+            }
+            let w = wr.as_raw_fd() as libc::c_uint;
+            // Every inherited descriptor but the pipe's write end: above all the FUSE device
+            // and the cache's lock, which must close when the daemon dies.
+            if w > 3 {
+                libc::syscall(libc::SYS_close_range, 3u32, w - 1, 0u32);
+            }
+            libc::syscall(libc::SYS_close_range, w + 1, u32::MAX, 0u32);
+            let l = list_tree(root, &|| true);
+            let msg = [l.entries.to_le_bytes(), u64::from(l.finished).to_le_bytes()].concat();
+            libc::write(w as libc::c_int, msg.as_ptr().cast(), msg.len());
+            libc::_exit(0);
+        }
+    }
+    drop(wr);
+    if pid < 0 {
+        return Listed::default();
+    }
+    let mut status = 0;
+    loop {
+        if !still() {
+            // SAFETY: our own child, not yet reaped. A request it has in flight is answered by
+            // this daemon's FUSE threads, after which it dies.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return Listed::default();
+        }
+        // SAFETY: waits on our own child without blocking.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid || r < 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut buf = Vec::new();
+    let _ = std::fs::File::from(rd).read_to_end(&mut buf);
+    if buf.len() != 16 {
+        return Listed::default();
+    }
+    Listed {
+        entries: u64::from_le_bytes(buf[..8].try_into().expect("8 bytes")),
+        finished: buf[8] == 1,
     }
 }
 
@@ -195,5 +277,8 @@ mod tests {
         assert!(!three.finished);
         // A directory that is gone is skipped, not an end.
         assert!(list_tree(&d.path().join("gone"), &|| true).finished);
+        // A child process lists the same, and is stopped (listing nothing) when told.
+        assert_eq!(list_in_child(d.path(), &|| true), all);
+        assert_eq!(list_in_child(d.path(), &|| false), Listed::default());
     }
 }
