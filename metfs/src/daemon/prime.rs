@@ -4,7 +4,7 @@
 //! follows it, for every file, on the readers' critical path. A listing is far cheaper:
 //! `READDIRPLUS` hands the kernel each entry's attributes, from which it builds the entry and
 //! the inode at a few microseconds each. So after each switch (and after the mount) the daemon
-//! lists the new view through its own mount, once, on a thread of its own. Measured on the
+//! has the new view listed through its own mount, once, by a child process. Measured on the
 //! first pass after a switch over 100,000 small files with 16 readers starting at once
 //! (`benches/scale.py --only prime`; docs/BENCHMARKS.md, "Scale"): 1.34x faster; the listing
 //! alone takes 0.24 s.
@@ -42,7 +42,7 @@ use super::*;
 const CHECK_EVERY: u64 = 4096;
 
 impl Daemon {
-    /// Lists the current view of every session through the mount, each on a thread of its own
+    /// Lists the current view of every session through the mount, each from a thread of its own
     /// (see the module doc). Called once mounted.
     pub fn prime_all(&self) {
         let names: Vec<String> = self.sessions.lock().unwrap().keys().cloned().collect();
@@ -51,7 +51,8 @@ impl Daemon {
         }
     }
 
-    /// Lists session `name`'s current view through the mount on a thread of its own; returns
+    /// Lists session `name`'s current view through the mount (a child process forked by a
+    /// thread of its own, see [`list_in_child`]); returns
     /// at once. Nothing happens with `prime_entries` off or before the mount.
     pub(super) fn prime(&self, name: &str) {
         if !self.cfg.prime_entries {
