@@ -218,7 +218,55 @@ pub trait CapacityTier: Send + Sync + 'static {
         dest: Arc<std::fs::File>,
         pacer: &Pacer,
     ) -> Result<u64, TierError>;
+
+    /// How many small samples (at most [`SMALL_FILE_BYTES`] each) the stager should hand to
+    /// one [`CapacityTier::fetch_group`] call. 1, the default, means one [`CapacityTier::fetch`]
+    /// per sample: a tier whose fetches wait on the network gains nothing from grouping them.
+    fn group_files(&self) -> usize {
+        1
+    }
+
+    /// Copies each sample of `group` into its own empty, writable file, as
+    /// [`CapacityTier::fetch`] does, and returns one result per sample, in order. `copied` grows
+    /// by one as each sample is done, so that the caller can tell a stalled group from a slow
+    /// one. The default fetches them concurrently; a tier that copies with blocking system
+    /// calls does the whole group on one blocking thread (one handoff per group, not one per
+    /// file) and returns each copy's CRC-32, computed from the bytes as they were written, so
+    /// that the stager need not read the copy back.
+    async fn fetch_group(
+        &self,
+        group: Vec<(SampleRef, Arc<std::fs::File>)>,
+        pacer: &Pacer,
+        copied: Arc<std::sync::atomic::AtomicU64>,
+    ) -> Vec<Result<Copied, TierError>> {
+        let fetches = group.iter().map(|(sample, dest)| {
+            let copied = copied.clone();
+            async move {
+                let r = self.fetch(sample, dest.clone(), pacer).await;
+                copied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                r.map(|bytes| Copied { bytes, crc: None })
+            }
+        });
+        futures::future::join_all(fetches).await
+    }
 }
+
+/// What one sample's copy in a [`CapacityTier::fetch_group`] came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Copied {
+    /// Bytes written.
+    pub bytes: u64,
+    /// CRC-32 of the bytes written, when the tier saw them pass; `None` when the caller must
+    /// read the copy back for it.
+    pub crc: Option<u32>,
+}
+
+/// Small samples a [`PosixTier`] copies per blocking call ([`CapacityTier::group_files`]).
+/// Handing each file of 1-4 KiB to a blocking thread and back cost 12% of the daemon's CPU
+/// while it staged 500,000 of them (two futex wakeups per file); 16 files per handoff make that
+/// negligible, while 32 concurrent groups still keep the source's disk queue as deep as 32
+/// single fetches did.
+pub const POSIX_GROUP_FILES: usize = 16;
 
 /// What a walk of a POSIX source found besides its files.
 struct Walked {
@@ -584,11 +632,15 @@ impl PosixTier {
         })
     }
 
+    /// Copies `sample` into `dest`. With `crc`, the bytes are hashed as they are written,
+    /// which only a copy through a buffer can do: `crc` is then `Some` on return, and `None`
+    /// when the copy took `copy_file_range` (a large file).
     fn fetch_blocking(
         &self,
         sample: &SampleRef,
         dest: &std::fs::File,
         pacer: &Pacer,
+        mut crc: Option<&mut Option<crc32fast::Hasher>>,
     ) -> Result<u64, TierError> {
         use std::os::fd::AsRawFd;
         use std::os::unix::fs::FileTypeExt;
@@ -639,6 +691,7 @@ impl PosixTier {
         // in-kernel splice per call, which costs more than copying a few pages.
         let small = sample.size <= SMALL_FILE_BYTES;
         let mut use_cfr = !small;
+        let mut hasher = crc.as_ref().map(|_| crc32fast::Hasher::new());
         let mut buf: Vec<u8> = Vec::new();
         while (off_out as u64) < sample.size {
             let want = (sample.size - off_out as u64).min(chunk);
@@ -668,6 +721,8 @@ impl PosixTier {
                         _ => return Err(local(e)),
                     }
                 }
+                // The bytes never pass through here: the caller reads the copy for its CRC.
+                hasher = None;
                 r as u64
             } else {
                 use std::os::unix::fs::FileExt;
@@ -677,6 +732,9 @@ impl PosixTier {
                         .map_err(|e| self.io_err(&sample.path, e))?;
                     dest.write_all_at(&buf[..r], off_out as u64)
                         .map_err(local)?;
+                    if let Some(h) = hasher.as_mut() {
+                        h.update(&buf[..r]);
+                    }
                     off_in += r as i64;
                     off_out += r as i64;
                     Ok(r as u64)
@@ -710,6 +768,9 @@ impl PosixTier {
                 expected: format!("{} bytes", sample.size),
                 found: format!("{off_out} bytes read"),
             });
+        }
+        if let Some(out) = crc.as_mut() {
+            **out = hasher;
         }
         Ok(off_out as u64)
     }
@@ -766,9 +827,39 @@ impl CapacityTier for PosixTier {
         let me = self.clone();
         let sample = sample.clone();
         let pacer = pacer.clone();
-        tokio::task::spawn_blocking(move || me.fetch_blocking(&sample, &dest, &pacer))
+        tokio::task::spawn_blocking(move || me.fetch_blocking(&sample, &dest, &pacer, None))
             .await
             .expect("fetch task panicked")
+    }
+
+    fn group_files(&self) -> usize {
+        POSIX_GROUP_FILES
+    }
+
+    async fn fetch_group(
+        &self,
+        group: Vec<(SampleRef, Arc<std::fs::File>)>,
+        pacer: &Pacer,
+        copied: Arc<std::sync::atomic::AtomicU64>,
+    ) -> Vec<Result<Copied, TierError>> {
+        let me = self.clone();
+        let pacer = pacer.clone();
+        tokio::task::spawn_blocking(move || {
+            group
+                .iter()
+                .map(|(sample, dest)| {
+                    let mut crc = None;
+                    let r = me.fetch_blocking(sample, dest, &pacer, Some(&mut crc));
+                    copied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    r.map(|bytes| Copied {
+                        bytes,
+                        crc: crc.map(|h| h.finalize()),
+                    })
+                })
+                .collect()
+        })
+        .await
+        .expect("fetch task panicked")
     }
 }
 
@@ -788,6 +879,61 @@ mod tests {
         std::os::unix::fs::symlink(src.join("top file é"), src.join("alias")).unwrap();
         let t = PosixTier::new(&src).unwrap();
         (d, t)
+    }
+
+    #[tokio::test]
+    async fn a_group_copies_each_sample_and_hashes_what_it_wrote() {
+        let (d, t) = setup();
+        let big = vec![3u8; SMALL_FILE_BYTES as usize + 10];
+        std::fs::write(d.path().join("src/big"), &big).unwrap();
+        let l = t.list().await.unwrap();
+        let entry = |p: &str| l.entries.iter().find(|e| e.path == p).unwrap().clone();
+        let want = ["a/b/x.bin", "top file é", "empty", "big", "gone"];
+        std::fs::write(d.path().join("src/gone"), b"soon gone").unwrap();
+        let l2 = t.list().await.unwrap();
+        let gone = l2
+            .entries
+            .iter()
+            .find(|e| e.path == "gone")
+            .unwrap()
+            .clone();
+        std::fs::remove_file(d.path().join("src/gone")).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let group: Vec<(SampleRef, Arc<std::fs::File>)> = want
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let e = if *p == "gone" { gone.clone() } else { entry(p) };
+                let f = std::fs::File::create(out.path().join(i.to_string())).unwrap();
+                let s = SampleRef {
+                    path: e.path,
+                    size: e.size,
+                    version: e.version,
+                    durable: false,
+                };
+                (s, Arc::new(f))
+            })
+            .collect();
+        let copied = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let r = t
+            .fetch_group(group, &Pacer::unlimited(), copied.clone())
+            .await;
+        assert_eq!(copied.load(std::sync::atomic::Ordering::Relaxed), 5);
+        for (i, p) in want.iter().enumerate().take(4) {
+            let bytes = std::fs::read(out.path().join(i.to_string())).unwrap();
+            assert_eq!(bytes, std::fs::read(d.path().join("src").join(p)).unwrap());
+            let c = r[i].as_ref().unwrap();
+            assert_eq!(c.bytes, bytes.len() as u64);
+            // A large file is copied in the kernel: its bytes are never seen, so not hashed.
+            let crc = (*p != "big").then(|| crc32fast::hash(&bytes));
+            assert_eq!(c.crc, crc, "{p}");
+        }
+        assert!(
+            matches!(r[4], Err(TierError::NotFound { .. })),
+            "{:?}",
+            r[4]
+        );
+        assert_eq!(t.group_files(), POSIX_GROUP_FILES);
     }
 
     #[tokio::test]

@@ -101,6 +101,7 @@ use crate::tier::{CapacityTier, SampleRef, TierError};
 use crate::transform::Transformer;
 
 mod containers;
+mod group;
 mod journal;
 mod reuse;
 mod seal;
@@ -323,10 +324,10 @@ enum Miss {
     Slot(StageError),
 }
 
-/// Longest path the kernel takes (`PATH_MAX`, with its NUL) and longest name (`NAME_MAX`).
 /// Name prefix, in `tmp/`, of a slot directory being deleted in the background.
 const EVICTED: &str = "evicted-";
 
+/// Longest path the kernel takes (`PATH_MAX`, with its NUL) and longest name (`NAME_MAX`).
 const PATH_MAX: usize = 4096;
 const NAME_MAX: usize = 255;
 
@@ -976,6 +977,75 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn small_samples_are_grouped_in_plan_order_and_large_ones_go_alone() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        let big = crate::tier::SMALL_FILE_BYTES as usize + 1;
+        // Names sort in this order: 40 small files, one large, 3 small, one large.
+        for i in 0..45 {
+            let len = if i == 40 || i == 44 { big } else { 10 };
+            std::fs::write(src.join(format!("{i:02}")), vec![i as u8; len]).unwrap();
+        }
+        let (st, cat) = stager_for(&src, &d.path().join("c"), StagerConfig::default()).await;
+        let ids: Vec<u32> = (0..cat.len() as u32).collect();
+        let sizes: Vec<usize> = st.groups(ids.clone()).iter().map(Vec::len).collect();
+        let g = crate::tier::POSIX_GROUP_FILES;
+        assert_eq!(sizes, vec![g, g, 40 - 2 * g, 1, 3, 1]);
+        assert_eq!(st.groups(ids.clone()).concat(), ids);
+        // Staged through them, every copy is the source's, and its journaled CRC (hashed
+        // as it was written) is the copy's: a resume that reads every copy keeps them all.
+        let r = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap();
+        assert_eq!(r.fetched, 45);
+        assert_slot_equals_source(&st, &cat, &src, "s");
+        let j = d.path().join("c/slots/s.journal");
+        let text = std::fs::read_to_string(&j).unwrap();
+        let keep: Vec<&str> = text.lines().filter(|l| *l != "complete").collect();
+        std::fs::write(&j, keep.join("\n") + "\n").unwrap();
+        let r = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap();
+        assert_eq!((r.fetched, r.resumed), (0, 45));
+    }
+
+    #[tokio::test]
+    async fn a_group_hands_what_it_could_not_copy_to_the_single_fetch() {
+        // Within one group: a sample changed, one deleted, one replaced by a FIFO; the
+        // others are staged, each of those is left out with its own reason.
+        let (d, st, cat) = setup(12).await;
+        assert!(st.groups((0..12).collect()).len() == 1);
+        let src = d.path().join("src");
+        std::fs::write(src.join(cat.path(2)), b"changed").unwrap();
+        std::fs::remove_file(src.join(cat.path(5))).unwrap();
+        std::fs::remove_file(src.join(cat.path(7))).unwrap();
+        mkfifo(&src.join(cat.path(7)));
+        let r = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap();
+        assert_eq!(r.fetched, 9);
+        let failed: Vec<u32> = r.failed.iter().map(|f| f.0).collect();
+        assert_eq!(failed, vec![2, 5, 7]);
+        assert!(r.failed[0].1.contains("changed"), "{}", r.failed[0].1);
+        assert!(
+            r.failed[1].1.contains("no longer exists"),
+            "{}",
+            r.failed[1].1
+        );
+        assert!(r.failed[2].1.contains("FIFO"), "{}", r.failed[2].1);
+        for id in [2, 5, 7] {
+            assert!(!st.slot_path("s").join(cat.path(id)).exists());
+        }
+        for id in (0..12).filter(|i| ![2, 5, 7].contains(i)) {
+            let a = std::fs::read(src.join(cat.path(id))).unwrap();
+            let b = std::fs::read(st.slot_path("s").join(cat.path(id))).unwrap();
+            assert_eq!(a, b);
+        }
+    }
+
+    /// Makes a FIFO at `p`.
+    fn mkfifo(p: &Path) {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    }
+
+    #[tokio::test]
     async fn changed_sample_is_left_out_and_reported() {
         let (d, st, cat) = setup(6).await;
         let victim = 3u32;
@@ -1192,9 +1262,7 @@ mod tests {
         let victim = 2u32;
         let p = d.path().join("src").join(cat.path(victim));
         std::fs::remove_file(&p).unwrap();
-        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        mkfifo(&p);
         let r = tokio::time::timeout(
             Duration::from_secs(20),
             st.stage(&all(&cat, "s"), Arc::default()),
@@ -1208,12 +1276,16 @@ mod tests {
         assert_eq!(r.fetched, 5);
     }
 
-    /// A tier whose fetches hang forever, as on a hung file system or server.
-    struct Hung(PosixTier);
+    /// A tier whose fetches hang forever, as on a hung file system or server; it asks for
+    /// groups of the given number of small files.
+    struct Hung(PosixTier, usize);
     #[async_trait::async_trait]
     impl CapacityTier for Hung {
         fn url(&self) -> &str {
             self.0.url()
+        }
+        fn group_files(&self) -> usize {
+            self.1
         }
         async fn list(&self) -> Result<crate::tier::Listing, TierError> {
             self.0.list().await
@@ -1233,8 +1305,20 @@ mod tests {
 
     #[tokio::test]
     async fn a_hung_fetch_times_out_and_fails_the_slot() {
+        a_hung_fetch_times_out(1).await
+    }
+
+    #[tokio::test]
+    async fn a_hung_group_times_out_and_fails_the_slot() {
+        a_hung_fetch_times_out(4).await
+    }
+
+    async fn a_hung_fetch_times_out(group_files: usize) {
         let (d, _, cat) = setup(3).await;
-        let tier = Arc::new(Hung(PosixTier::new(&d.path().join("src")).unwrap()));
+        let tier = Arc::new(Hung(
+            PosixTier::new(&d.path().join("src")).unwrap(),
+            group_files,
+        ));
         let cfg = StagerConfig {
             timeout_secs: 1,
             retry_secs: 1,

@@ -138,20 +138,21 @@ impl Stager {
         } else {
             Landing::InPlace
         };
-        let mut stream = futures::stream::iter(todo)
-            .map(|id| {
+        // Small samples go a group at a time (`group`), each group as one of the concurrent
+        // fetches.
+        let mut stream = futures::stream::iter(self.groups(todo))
+            .map(|ids| {
                 let made_dirs = made_dirs.clone();
                 let progress = progress.clone();
                 let dir = dir.clone();
                 let slot_name = slot.name.clone();
                 async move {
-                    let r = self
-                        .stage_one(&slot_name, &dir, id, &made_dirs, &progress, landing)
-                        .await;
-                    (id, r)
+                    self.stage_group(&slot_name, &dir, ids, &made_dirs, &progress, landing)
+                        .await
                 }
             })
-            .buffer_unordered(self.cfg.concurrency.max(1));
+            .buffer_unordered(self.cfg.concurrency.max(1))
+            .flat_map(futures::stream::iter);
         let mut batch: Vec<Fetched> = Vec::new();
         let mut batch_bytes = 0u64;
         let mut batch_start = Instant::now();
@@ -337,15 +338,15 @@ impl Stager {
         }
     }
 
-    pub(super) async fn stage_one(
+    /// Checks that sample `id` can have a copy in the slot at `dir` (its path fits the cache's
+    /// file system) and makes its directory there; returns its relative path, the copy's path
+    /// in the slot and what the tier is asked for.
+    pub(super) fn prepare_one(
         &self,
-        slot_name: &str,
         dir: &Path,
         id: u32,
         made_dirs: &Mutex<HashSet<String>>,
-        progress: &Progress,
-        landing: Landing,
-    ) -> Result<Fetched, Miss> {
+    ) -> Result<(String, PathBuf, SampleRef), Miss> {
         let (rel_dir, _) = self.catalog.dir_and_name(id);
         let rel = self.catalog.path(id);
         let dst = dir.join(self.staged_path(id));
@@ -377,18 +378,50 @@ impl Stager {
             version: self.catalog.version(id).to_string(),
             durable: self.cfg.fsync,
         };
+        Ok((rel, dst, sample))
+    }
+
+    /// Where an attempt at sample `id`'s copy is written: a fresh name in `TMP/`, or the copy's
+    /// own path in the slot.
+    pub(super) fn landing_path(
+        &self,
+        slot_name: &str,
+        id: u32,
+        dst: &Path,
+        landing: Landing,
+    ) -> PathBuf {
+        match landing {
+            Landing::Tmp => {
+                let seq = self.attempt_seq.fetch_add(1, Ordering::Relaxed);
+                self.tmp_dir.join(format!("{slot_name}-{id}.{seq}"))
+            }
+            Landing::InPlace => dst.to_path_buf(),
+        }
+    }
+
+    /// Counts a copy of `size` bytes fetched from the tier.
+    pub(super) fn count_fetched(&self, progress: &Progress, size: u64) {
+        self.tier_bytes.fetch_add(size, Ordering::Relaxed);
+        progress.bytes_fetched.fetch_add(size, Ordering::Relaxed);
+        progress.bytes_settled.fetch_add(size, Ordering::Relaxed);
+    }
+
+    pub(super) async fn stage_one(
+        &self,
+        slot_name: &str,
+        dir: &Path,
+        id: u32,
+        made_dirs: &Mutex<HashSet<String>>,
+        progress: &Progress,
+        landing: Landing,
+    ) -> Result<Fetched, Miss> {
+        let (rel, dst, sample) = self.prepare_one(dir, id, made_dirs)?;
         let mut delay = Duration::from_millis(200);
         let mut first_failure: Option<Instant> = None;
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let tmp = match landing {
-                Landing::Tmp => {
-                    let seq = self.attempt_seq.fetch_add(1, Ordering::Relaxed);
-                    self.tmp_dir.join(format!("{slot_name}-{id}.{seq}"))
-                }
-                Landing::InPlace => dst.clone(),
-            };
+            let tmp = self.landing_path(slot_name, id, &dst, landing);
             let file = match create_copy(&tmp, landing) {
                 Ok(f) => Arc::new(f),
                 Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
@@ -446,13 +479,7 @@ impl Stager {
                             (tmp, size, crc)
                         }
                     };
-                    self.tier_bytes.fetch_add(sample.size, Ordering::Relaxed);
-                    progress
-                        .bytes_fetched
-                        .fetch_add(sample.size, Ordering::Relaxed);
-                    progress
-                        .bytes_settled
-                        .fetch_add(sample.size, Ordering::Relaxed);
+                    self.count_fetched(progress, sample.size);
                     unfinished.finished();
                     return Ok(Fetched {
                         id,
@@ -644,10 +671,10 @@ pub(super) fn commit_batches(
 
 /// A copy being written, deleted if its fetch ends without handing it over (an error, or the
 /// fetch's future dropped).
-struct Unfinished(Option<PathBuf>);
+pub(super) struct Unfinished(pub(super) Option<PathBuf>);
 
 impl Unfinished {
-    fn finished(&mut self) {
+    pub(super) fn finished(&mut self) {
         self.0 = None;
     }
 }
@@ -665,7 +692,7 @@ impl Drop for Unfinished {
 /// already at a slot path ([`Landing::InPlace`]) is what an interrupted attempt left (never
 /// journaled, or found wanting by the resume check) or a link to another slot's copy: it is
 /// unlinked, never opened, so no other slot's copy is ever written through it.
-fn create_copy(path: &Path, landing: Landing) -> std::io::Result<std::fs::File> {
+pub(super) fn create_copy(path: &Path, landing: Landing) -> std::io::Result<std::fs::File> {
     let create = || {
         std::fs::OpenOptions::new()
             .read(true)
