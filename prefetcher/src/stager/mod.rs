@@ -56,7 +56,9 @@
 //! from the tier, [`Stager::reused_bytes`] those taken from the node.
 //!
 //! Fetches run with bounded concurrency (`StagerConfig::concurrency`) and share one [`Pacer`], so
-//! a bandwidth cap holds for the slot as a whole. Failures are sorted by whose they are:
+//! a bandwidth cap holds for the slot as a whole. Where the tier asks for it (the POSIX tier),
+//! consecutive small samples are fetched a group per blocking call, and a group counts as one
+//! of the concurrent fetches (`group` module). Failures are sorted by whose they are:
 //! * the sample's (changed, deleted or replaced by a non-regular file on the tier since
 //!   cataloguing, or a path too long for the cache): the sample is left out of the slot and
 //!   reported in [`StageReport::failed`];
@@ -154,8 +156,10 @@ impl StageError {
 #[cfg_attr(feature = "clap", derive(clap::Args))]
 #[serde(default, deny_unknown_fields)]
 pub struct StagerConfig {
-    /// Samples fetched at once. 32 keeps a parallel file system or an object store busy with
-    /// small files (each fetch is latency-bound) without flooding a node's blocking threads.
+    /// Fetches at once. 32 keeps a parallel file system or an object store busy with small
+    /// files (each fetch is latency-bound) without flooding a node's blocking threads. On a
+    /// POSIX tier a fetch of small samples is a group of up to 16, copied one after another
+    /// by one blocking thread.
     #[cfg_attr(feature = "clap", arg(id = "stager.concurrency", long = "stager-concurrency",
         default_value_t = StagerConfig::default().concurrency))]
     pub concurrency: usize,
