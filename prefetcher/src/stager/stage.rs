@@ -116,10 +116,10 @@ impl Stager {
         }
         // Fetched files are made durable a batch at a time with one syncfs, then journaled
         // (and renamed into the slot, those written in tmp/): a journaled copy is always
-        // complete and on disk, at a fraction of the cost of one fsync per file. Batches are committed on
-        // their own thread while fetching goes on (two batches may wait), so the download
-        // never stops for the disk; a large file's writeback starts as soon as it is fetched,
-        // so a batch's syncfs mostly waits for writes already under way.
+        // complete and on disk, at a fraction of the cost of one fsync per file. Batches are
+        // committed on their own thread while fetching goes on (two batches may wait), so the
+        // download never stops for the disk; a large file's writeback starts as soon as it is
+        // fetched, so a batch's syncfs mostly waits for writes already under way.
         let (tx, rx) = tokio::sync::mpsc::channel::<Vec<Fetched>>(2);
         let committer = {
             let tmp_dir = self.tmp_dir.clone();
@@ -440,7 +440,7 @@ impl Stager {
                 Ok(n) if n == sample.size => {
                     let len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
                     if len != sample.size {
-                        let _ = std::fs::remove_file(&tmp);
+                        // The copy goes with `unfinished`.
                         return Err(Miss::Sample(format!(
                             "`{rel}`: staged copy is {len} bytes, expected {}",
                             sample.size
