@@ -15,7 +15,7 @@
 //! [`Stager::stage_one`] after the group, which retries the tier's passing errors with backoff
 //! and classifies the rest exactly as it would have without the group. A group whose blocking
 //! call copies nothing for [`Stager::stall_limit`] fails the slot with
-//! [`TierError::Timeout`], as a stalled single fetch does.
+//! [`TierError::Timeout`], as a stalled single fetch does (`Stager::stall_watched`).
 
 use super::stage::{create_copy, Unfinished};
 use super::*;
@@ -120,16 +120,15 @@ impl Stager {
         if !group.is_empty() {
             let copied = Arc::new(AtomicU64::new(0));
             let fetch = self.tier.fetch_group(group, &self.pacer, copied.clone());
-            let results = match self.watch_group(fetch, &copied).await {
+            let what = || {
+                let more = members.len() - 1;
+                format!("{} (and {more} more of its group)", members[0].rel)
+            };
+            // Nothing copied for the stall limit fails the slot, as a hung single fetch does.
+            let done = || copied.load(Ordering::Relaxed);
+            let results = match self.stall_watched(fetch, done, what).await {
                 Ok(r) => r,
-                Err(mut e) => {
-                    if let TierError::Timeout { path, .. } = &mut e {
-                        *path = format!(
-                            "{} (and {} more of its group)",
-                            members[0].rel,
-                            members.len() - 1
-                        );
-                    }
+                Err(e) => {
                     // The members' copies go with them (`Unfinished`).
                     let id = members[0].id;
                     out.push((
@@ -197,37 +196,5 @@ impl Stager {
         self.transform.is_none()
             && self.tier.group_files() > 1
             && self.catalog.size(id) <= SMALL_FILE_BYTES
-    }
-
-    /// Awaits a group's fetch, failing with [`TierError::Timeout`] when `copied` stands still
-    /// for [`Stager::stall_limit`] (its blocking call is then abandoned, as a stalled single
-    /// fetch's is).
-    async fn watch_group<T>(
-        &self,
-        fetch: impl std::future::Future<Output = T>,
-        copied: &AtomicU64,
-    ) -> Result<T, TierError> {
-        tokio::pin!(fetch);
-        let every = Duration::from_millis(250);
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        let (mut last, mut since) = (0, Instant::now());
-        loop {
-            tokio::select! {
-                r = &mut fetch => return Ok(r),
-                _ = tick.tick() => {
-                    let now = copied.load(Ordering::Relaxed);
-                    if now != last {
-                        last = now;
-                        since = Instant::now();
-                    } else if since.elapsed() >= self.stall_limit() {
-                        return Err(TierError::Timeout {
-                            url: self.tier.url().to_string(),
-                            path: String::new(),
-                            secs: since.elapsed().as_secs(),
-                        });
-                    }
-                }
-            }
-        }
     }
 }

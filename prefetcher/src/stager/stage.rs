@@ -309,8 +309,22 @@ impl Stager {
         file: Arc<std::fs::File>,
     ) -> Result<u64, TierError> {
         use std::os::unix::fs::MetadataExt;
-        let mark = |f: &std::fs::File| f.metadata().map(|m| (m.len(), m.blocks())).ok();
+        let mark = || file.metadata().map(|m| (m.len(), m.blocks())).ok();
         let fut = self.tier.fetch(sample, file.clone(), &self.pacer);
+        self.stall_watched(fut, mark, || sample.path.clone())
+            .await
+            .and_then(|r| r)
+    }
+
+    /// Awaits `fut`, failing with [`TierError::Timeout`] for the sample named by `what` when
+    /// `progress` returns the same value for [`Stager::stall_limit`] (the work is then
+    /// abandoned: a blocking thread stuck in the kernel cannot be stopped).
+    pub(super) async fn stall_watched<T, P: PartialEq>(
+        &self,
+        fut: impl std::future::Future<Output = T>,
+        mut progress: impl FnMut() -> P,
+        what: impl FnOnce() -> String,
+    ) -> Result<T, TierError> {
         tokio::pin!(fut);
         // The first look is a tick away, not now: most fetches of small files are done by
         // then, and a `stat` of the file just created would cost them a system call each.
@@ -320,16 +334,16 @@ impl Stager {
         let mut since = Instant::now();
         loop {
             tokio::select! {
-                r = &mut fut => return r,
+                r = &mut fut => return Ok(r),
                 _ = tick.tick() => {
-                    let now = mark(&file);
+                    let now = Some(progress());
                     if now != last {
                         last = now;
                         since = Instant::now();
                     } else if since.elapsed() >= self.stall_limit() {
                         return Err(TierError::Timeout {
                             url: self.tier.url().to_string(),
-                            path: sample.path.clone(),
+                            path: what(),
                             secs: since.elapsed().as_secs(),
                         });
                     }
