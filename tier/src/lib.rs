@@ -226,28 +226,73 @@ pub trait CapacityTier: Send + Sync + 'static {
         1
     }
 
-    /// Copies each sample of `group` into its own empty, writable file, as
-    /// [`CapacityTier::fetch`] does, and returns one result per sample, in order. `copied` grows
-    /// by one as each sample is done, so that the caller can tell a stalled group from a slow
-    /// one. The default fetches them concurrently; a tier that copies with blocking system
-    /// calls does the whole group on one blocking thread (one handoff per group, not one per
-    /// file) and returns each copy's CRC-32, computed from the bytes as they were written, so
-    /// that the stager need not read the copy back.
+    /// Copies each sample of `group` into a file of its own, as [`CapacityTier::fetch`] does,
+    /// and returns one result per sample, in order. Each member's file is made by its
+    /// [`GroupMember::create`] just before the copy is written and closed once its
+    /// [`GroupMember::finish`] has run, so that a group holds one copy open at a time, not one
+    /// per member. `copied` grows by one as each sample is done, so that the caller can tell a
+    /// stalled group from a slow one. The default fetches the members concurrently; a tier that
+    /// copies with blocking system calls does the whole group on one blocking thread (one
+    /// handoff per group, not one per file) and returns each copy's CRC-32, computed from the
+    /// bytes as they were written, so that the copy need not be read back.
     async fn fetch_group(
         &self,
-        group: Vec<(SampleRef, Arc<std::fs::File>)>,
+        group: Vec<GroupMember>,
         pacer: &Pacer,
         copied: Arc<std::sync::atomic::AtomicU64>,
     ) -> Vec<Result<Copied, TierError>> {
-        let fetches = group.iter().map(|(sample, dest)| {
+        let fetches = group.into_iter().map(|m| {
             let copied = copied.clone();
             async move {
-                let r = self.fetch(sample, dest.clone(), pacer).await;
+                let path = m.sample.path.clone();
+                let r = async {
+                    let dest = Arc::new((m.create)().map_err(|e| local(&path, e))?);
+                    let bytes = self.fetch(&m.sample, dest.clone(), pacer).await?;
+                    if bytes == m.sample.size {
+                        (m.finish)(&dest).map_err(|e| local(&path, e))?;
+                    }
+                    Ok(Copied { bytes, crc: None })
+                }
+                .await;
                 copied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                r.map(|bytes| Copied { bytes, crc: None })
+                r
             }
         });
         futures::future::join_all(fetches).await
+    }
+}
+
+/// One sample of a [`CapacityTier::fetch_group`], with how its copy is made and finished.
+pub struct GroupMember {
+    /// The sample.
+    pub sample: SampleRef,
+    /// Makes the empty, writable file the copy is written to; called on the thread that
+    /// writes it, right before. An error fails this member with [`TierError::Local`].
+    pub create: CreateCopy,
+    /// Runs on a complete copy of the catalogued size before it is closed (the stager makes
+    /// it read-only). An error fails this member with [`TierError::Local`].
+    pub finish: FinishCopy,
+}
+
+/// Makes the file a [`GroupMember`]'s copy is written to.
+pub type CreateCopy = Box<dyn FnOnce() -> std::io::Result<std::fs::File> + Send>;
+
+/// Finishes a [`GroupMember`]'s complete copy before it is closed.
+pub type FinishCopy = Box<dyn FnOnce(&std::fs::File) -> std::io::Result<()> + Send>;
+
+impl std::fmt::Debug for GroupMember {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupMember")
+            .field("sample", &self.sample)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A [`TierError::Local`] about `path`'s copy.
+fn local(path: &str, source: std::io::Error) -> TierError {
+    TierError::Local {
+        path: path.to_string(),
+        source,
     }
 }
 
@@ -632,6 +677,20 @@ impl PosixTier {
         })
     }
 
+    /// One member of a group: its file made, the sample copied and hashed, the copy finished
+    /// and closed.
+    fn fetch_member(&self, m: GroupMember, pacer: &Pacer) -> Result<Copied, TierError> {
+        let path = &m.sample.path;
+        let dest = (m.create)().map_err(|e| local(path, e))?;
+        let mut crc = None;
+        let bytes = self.fetch_blocking(&m.sample, &dest, pacer, Some(&mut crc))?;
+        (m.finish)(&dest).map_err(|e| local(path, e))?;
+        Ok(Copied {
+            bytes,
+            crc: crc.map(|h| h.finalize()),
+        })
+    }
+
     /// Copies `sample` into `dest`. With `crc`, the bytes are hashed as they are written,
     /// which only a copy through a buffer can do: `crc` is then `Some` on return, and `None`
     /// when the copy took `copy_file_range` (a large file).
@@ -681,10 +740,6 @@ impl PosixTier {
             Ok(())
         };
         check(&first_md)?;
-        let local = |e: std::io::Error| TierError::Local {
-            path: sample.path.clone(),
-            source: e,
-        };
         let chunk = pacer.chunk_bytes();
         let (mut off_in, mut off_out): (i64, i64) = (0, 0);
         // A small file is read and written through a buffer: `copy_file_range` sets up an
@@ -718,7 +773,7 @@ impl PosixTier {
                             use_cfr = false;
                             continue;
                         }
-                        _ => return Err(local(e)),
+                        _ => return Err(local(&sample.path, e)),
                     }
                 }
                 // The bytes never pass through here: the caller reads the copy for its CRC.
@@ -731,7 +786,7 @@ impl PosixTier {
                         .read_at(buf, off_in as u64)
                         .map_err(|e| self.io_err(&sample.path, e))?;
                     dest.write_all_at(&buf[..r], off_out as u64)
-                        .map_err(local)?;
+                        .map_err(|e| local(&sample.path, e))?;
                     if let Some(h) = hasher.as_mut() {
                         h.update(&buf[..r]);
                     }
@@ -838,7 +893,7 @@ impl CapacityTier for PosixTier {
 
     async fn fetch_group(
         &self,
-        group: Vec<(SampleRef, Arc<std::fs::File>)>,
+        group: Vec<GroupMember>,
         pacer: &Pacer,
         copied: Arc<std::sync::atomic::AtomicU64>,
     ) -> Vec<Result<Copied, TierError>> {
@@ -846,15 +901,11 @@ impl CapacityTier for PosixTier {
         let pacer = pacer.clone();
         tokio::task::spawn_blocking(move || {
             group
-                .iter()
-                .map(|(sample, dest)| {
-                    let mut crc = None;
-                    let r = me.fetch_blocking(sample, dest, &pacer, Some(&mut crc));
+                .into_iter()
+                .map(|m| {
+                    let r = me.fetch_member(m, &pacer);
                     copied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    r.map(|bytes| Copied {
-                        bytes,
-                        crc: crc.map(|h| h.finalize()),
-                    })
+                    r
                 })
                 .collect()
         })
@@ -899,19 +950,25 @@ mod tests {
             .clone();
         std::fs::remove_file(d.path().join("src/gone")).unwrap();
         let out = tempfile::tempdir().unwrap();
-        let group: Vec<(SampleRef, Arc<std::fs::File>)> = want
+        let group: Vec<GroupMember> = want
             .iter()
             .enumerate()
             .map(|(i, p)| {
                 let e = if *p == "gone" { gone.clone() } else { entry(p) };
-                let f = std::fs::File::create(out.path().join(i.to_string())).unwrap();
-                let s = SampleRef {
-                    path: e.path,
-                    size: e.size,
-                    version: e.version,
-                    durable: false,
-                };
-                (s, Arc::new(f))
+                let path = out.path().join(i.to_string());
+                GroupMember {
+                    sample: SampleRef {
+                        path: e.path,
+                        size: e.size,
+                        version: e.version,
+                        durable: false,
+                    },
+                    create: Box::new(move || std::fs::File::create(path)),
+                    finish: Box::new(|f: &std::fs::File| {
+                        use std::os::unix::fs::PermissionsExt;
+                        f.set_permissions(std::fs::Permissions::from_mode(0o400))
+                    }),
+                }
             })
             .collect();
         let copied = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -927,7 +984,13 @@ mod tests {
             // A large file is copied in the kernel: its bytes are never seen, so not hashed.
             let crc = (*p != "big").then(|| crc32fast::hash(&bytes));
             assert_eq!(c.crc, crc, "{p}");
+            // Finished (made read-only) once complete.
+            let md = std::fs::metadata(out.path().join(i.to_string())).unwrap();
+            assert_eq!(md.mode() & 0o777, 0o400, "{p}");
         }
+        // A copy that failed is not finished.
+        let md = std::fs::metadata(out.path().join("4")).unwrap();
+        assert_ne!(md.mode() & 0o777, 0o400);
         assert!(
             matches!(r[4], Err(TierError::NotFound { .. })),
             "{:?}",

@@ -993,10 +993,14 @@ mod tests {
         }
         let (st, cat) = stager_for(&src, &d.path().join("c"), StagerConfig::default()).await;
         let ids: Vec<u32> = (0..cat.len() as u32).collect();
-        let sizes: Vec<usize> = st.groups(ids.clone()).iter().map(Vec::len).collect();
+        let groups = st.groups(ids.clone());
+        let sizes: Vec<usize> = groups.iter().map(|g| g.ids().len()).collect();
         let g = crate::tier::POSIX_GROUP_FILES;
         assert_eq!(sizes, vec![g, g, 40 - 2 * g, 1, 3, 1]);
-        assert_eq!(st.groups(ids.clone()).concat(), ids);
+        let flat: Vec<u32> = groups.iter().flat_map(|g| g.ids().to_vec()).collect();
+        assert_eq!(flat, ids);
+        assert_eq!(groups[3], group::Group::Alone(40));
+        assert_eq!(groups[5], group::Group::Alone(44));
         // Staged through them, every copy is the source's, and its journaled CRC (hashed
         // as it was written) is the copy's: a resume that reads every copy keeps them all.
         let r = st.stage(&all(&cat, "s"), Arc::default()).await.unwrap();

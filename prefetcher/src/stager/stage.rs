@@ -141,13 +141,13 @@ impl Stager {
         // Small samples go a group at a time (`group`), each group as one of the concurrent
         // fetches.
         let mut stream = futures::stream::iter(self.groups(todo))
-            .map(|ids| {
+            .map(|group| {
                 let made_dirs = made_dirs.clone();
                 let progress = progress.clone();
                 let dir = dir.clone();
                 let slot_name = slot.name.clone();
                 async move {
-                    self.stage_group(&slot_name, &dir, ids, &made_dirs, &progress, landing)
+                    self.stage_group(&slot_name, &dir, group, &made_dirs, &progress, landing)
                         .await
                 }
             })
@@ -685,10 +685,10 @@ pub(super) fn commit_batches(
 
 /// A copy being written, deleted if its fetch ends without handing it over (an error, or the
 /// fetch's future dropped).
-pub(super) struct Unfinished(pub(super) Option<PathBuf>);
+struct Unfinished(Option<PathBuf>);
 
 impl Unfinished {
-    pub(super) fn finished(&mut self) {
+    fn finished(&mut self) {
         self.0 = None;
     }
 }
