@@ -684,7 +684,9 @@ impl PosixTier {
         let dest = (m.create)().map_err(|e| local(path, e))?;
         let mut crc = None;
         let bytes = self.fetch_blocking(&m.sample, &dest, pacer, Some(&mut crc))?;
-        (m.finish)(&dest).map_err(|e| local(path, e))?;
+        if bytes == m.sample.size {
+            (m.finish)(&dest).map_err(|e| local(path, e))?;
+        }
         Ok(Copied {
             bytes,
             crc: crc.map(|h| h.finalize()),
