@@ -21,7 +21,8 @@ Rows (medians of `--reps`; "cold" drops the page cache first, which needs root):
   after the mount, once the next mini-epoch is staged, and with both views live after a pass,
   a switch, a walk of the new view and the staging of the one after;
 - staging the next mini-epoch against `cp -r` of as many files (the slot just staged, cold) and
-  a `sync`;
+  a `sync`, and the CPU each spent (the daemon's, all threads; `cp`'s), which a shared
+  machine's steal hardly moves;
 - `Client.files()`: the packed list against the JSON list the client asked for before; a pass
   of `metfs.passes()` over an unchanged view (the loop's own cost per pass, an empty body);
   `metfs files`;
@@ -48,6 +49,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -139,6 +141,18 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+def cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of process `pid`, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    """User plus system CPU seconds of this process's waited-for children."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def pss_kib(pid: int) -> int:
@@ -364,18 +378,24 @@ def main() -> int:
         with CountingClient(m.socket) as c:
             pid = int(c.status().raw["pid"])
             rss0 = rss_kib(pid)
+            cpu0 = cpu_s(pid)
             t_stage = m.wait_next(c)
+            cpu_stage = cpu_s(pid) - cpu0
             half = c.status().view_files or a.files // a.mini_epochs
             rows.append(row("mount (catalog + first staging)", f"{t_mount:.1f} s", "", ""))
             slot = m.slot(c)
             cp_dst = WORK / "cp-dst"
 
+            cp_cpu: list[float] = []
+
             def cp() -> float:
                 shutil.rmtree(cp_dst, ignore_errors=True)
                 drop_caches()
                 t = time.perf_counter()
+                cpu = children_cpu_s()
                 subprocess.run(["cp", "-r", str(slot), str(cp_dst)], check=True)
                 os.sync()
+                cp_cpu.append(children_cpu_s() - cpu)
                 return time.perf_counter() - t
 
             if want("stage"):
@@ -387,6 +407,17 @@ def main() -> int:
                         f"{t_stage:.1f} s ({half / t_stage:,.0f} files/s)",
                         f"cp -r + sync: {t_cp:.1f} s",
                         f"{t_cp / t_stage:.2f}x cp",
+                    )
+                )
+                # CPU, unlike the wall time, hardly moves with what a shared machine's neighbours
+                # do (their steal shows in the wall times above). Neither counts the kernel's
+                # writeback threads.
+                rows.append(
+                    row(
+                        "CPU while staging it (daemon, all threads)",
+                        f"{cpu_stage:.1f} s ({cpu_stage * 1e6 / half:.0f} us/file)",
+                        f"cp -r: {cp_cpu[-1]:.1f} s",
+                        f"{cp_cpu[-1] / cpu_stage:.2f}x cp",
                     )
                 )
             if want("memory"):

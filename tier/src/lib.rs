@@ -266,15 +266,16 @@ pub trait CapacityTier: Send + Sync + 'static {
 pub struct GroupMember {
     /// The sample.
     pub sample: SampleRef,
-    /// Makes the empty, writable file the copy is written to; called on the thread that
-    /// writes it, right before. An error fails this member with [`TierError::Local`].
+    /// Gives the empty, writable file the copy is written to (makes it, or opens one made
+    /// beforehand); called on the thread that writes it, right before. An error fails this
+    /// member with [`TierError::Local`].
     pub create: CreateCopy,
     /// Runs on a complete copy of the catalogued size before it is closed (the stager makes
     /// it read-only). An error fails this member with [`TierError::Local`].
     pub finish: FinishCopy,
 }
 
-/// Makes the file a [`GroupMember`]'s copy is written to.
+/// Gives the file a [`GroupMember`]'s copy is written to.
 pub type CreateCopy = Box<dyn FnOnce() -> std::io::Result<std::fs::File> + Send>;
 
 /// Finishes a [`GroupMember`]'s complete copy before it is closed.
