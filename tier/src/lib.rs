@@ -227,7 +227,7 @@ pub trait CapacityTier: Send + Sync + 'static {
     }
 
     /// Copies each sample of `group` into a file of its own, as [`CapacityTier::fetch`] does,
-    /// and returns one result per sample, in order. Each member's file is made by its
+    /// and returns one result per sample, in order. Each member's file comes from its
     /// [`GroupMember::create`] just before the copy is written and closed once its
     /// [`GroupMember::finish`] has run, so that a group holds one copy open at a time, not one
     /// per member. `copied` grows by one as each sample is done, so that the caller can tell a
