@@ -78,11 +78,37 @@ def staged(m: Mount) -> list[dict[str, Any]]:
 
 def run(mode: str, src: Path, work: Path, a: argparse.Namespace) -> dict[str, Any]:
     budget = "24MiB"
-    common = ["--budget", budget, "--nodes", str(NODES), "--rf", "1", "--rf-policy", "fixed", "--seed", "7",
-              "--prefetch-rate", a.cap, "--history", str(work / "h.json")]
-    extra = ["--aggregate", "--shuffle-extra", str(a.extra), "--shuffle-timeout-secs", "120"] if mode == "aggregate" else ["--mini-epochs", "1"]
-    mounts = [Mount(metfs_bin(), work / f"n{r}" / "mnt", work / f"n{r}" / "cache", str(src), [*common, "--node-rank", str(r), *extra])
-              for r in range(NODES)]
+    common = [
+        "--budget",
+        budget,
+        "--nodes",
+        str(NODES),
+        "--rf",
+        "1",
+        "--rf-policy",
+        "fixed",
+        "--seed",
+        "7",
+        "--prefetch-rate",
+        a.cap,
+        "--history",
+        str(work / "h.json"),
+    ]
+    extra = (
+        ["--aggregate", "--shuffle-extra", str(a.extra), "--shuffle-timeout-secs", "120"]
+        if mode == "aggregate"
+        else ["--mini-epochs", "1"]
+    )
+    mounts = [
+        Mount(
+            metfs_bin(),
+            work / f"n{r}" / "mnt",
+            work / f"n{r}" / "cache",
+            str(src),
+            [*common, "--node-rank", str(r), *extra],
+        )
+        for r in range(NODES)
+    ]
     ex = None
     try:
         for m in mounts:
@@ -90,13 +116,37 @@ def run(mode: str, src: Path, work: Path, a: argparse.Namespace) -> dict[str, An
             m.mount()
         if mode == "aggregate":
             shuffle = str(Path(metfs_bin()).with_name("metfs-shuffle"))
-            env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+            env = dict(
+                os.environ,
+                OMPI_ALLOW_RUN_AS_ROOT="1",
+                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                OMPI_MCA_rmaps_base_oversubscribe="1",
+            )
             # Epochs 1 to `epochs`: the trained ones and the one each node stages once done.
-            ex = subprocess.Popen(["mpirun", "-np", str(NODES), shuffle, "--cache", str(work / "n%r" / "cache"), "--epochs", str(a.epochs)],
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            ex = subprocess.Popen(
+                [
+                    "mpirun",
+                    "-np",
+                    str(NODES),
+                    shuffle,
+                    "--cache",
+                    str(work / "n%r" / "cache"),
+                    "--epochs",
+                    str(a.epochs),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
-        procs = [subprocess.Popen([sys.executable, "-c", TRAINER, m.socket, str(work / f"t{r}.json"), str(a.epochs)], env=env)
-                 for r, m in enumerate(mounts)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", TRAINER, m.socket, str(work / f"t{r}.json"), str(a.epochs)],
+                env=env,
+            )
+            for r, m in enumerate(mounts)
+        ]
         for p in procs:
             if p.wait(timeout=1800) != 0:
                 raise SystemExit(f"a trainer failed in mode {mode}")
@@ -106,19 +156,32 @@ def run(mode: str, src: Path, work: Path, a: argparse.Namespace) -> dict[str, An
             out, err = ex.communicate(timeout=600)
             if ex.returncode != 0:
                 raise SystemExit(f"metfs-shuffle failed: {err[-2000:]}")
-            sent = sum(json.loads(line)["sent_bytes"] for line in out.splitlines() if line.startswith("{"))
+            sent = sum(
+                json.loads(line)["sent_bytes"] for line in out.splitlines() if line.startswith("{")
+            )
         # Tier bytes of the epochs trained: what each daemon read, less what it fetched for
         # epochs after them (staged once its trainer was done).
         events = [staged(m) for m in mounts]
-        tier = [m.status()["tier_bytes_read"] - sum(e["bytes_fetched"] for e in ev if e["epoch"] >= a.epochs)
-                for m, ev in zip(mounts, events, strict=True)]
+        tier = [
+            m.status()["tier_bytes_read"]
+            - sum(e["bytes_fetched"] for e in ev if e["epoch"] >= a.epochs)
+            for m, ev in zip(mounts, events, strict=True)
+        ]
         # The time to fill a node's next slot (the exchange's wait included): per epoch after
         # the first, the slowest node's staging.
-        fill = [max(e["secs"] for ev in events for e in ev if e["epoch"] == k) for k in range(1, a.epochs)]
+        fill = [
+            max(e["secs"] for ev in events for e in ev if e["epoch"] == k)
+            for k in range(1, a.epochs)
+        ]
         # Per epoch after the first: the slowest node's time from its start to the next's.
         starts = [r["starts"] + [r["end"]] for r in res]
         per_epoch = [max(s[e + 1] - s[e] for s in starts) for e in range(1, a.epochs)]
-        return {"tier": sum(tier), "secs": statistics.median(per_epoch), "fill": statistics.median(fill), "sent": sent}
+        return {
+            "tier": sum(tier),
+            "secs": statistics.median(per_epoch),
+            "fill": statistics.median(fill),
+            "sent": sent,
+        }
     finally:
         if ex is not None and ex.poll() is None:
             ex.kill()
@@ -143,7 +206,9 @@ def main() -> None:
         src = tmp / "tier"
         make_dataset(src, a.files, a.kib)
         total = a.files * a.kib << 10
-        print(f"dataset {a.files} files of {a.kib} KiB ({total / 2**20:.1f} MiB), {NODES} nodes, {a.epochs} epochs at rf 1, tier capped at {a.cap} per node, {a.runs} runs, medians")
+        print(
+            f"dataset {a.files} files of {a.kib} KiB ({total / 2**20:.1f} MiB), {NODES} nodes, {a.epochs} epochs at rf 1, tier capped at {a.cap} per node, {a.runs} runs, medians"
+        )
         got: dict[str, list[dict[str, Any]]] = {"tier": [], "aggregate": []}
         for r in range(a.runs):
             order = ["tier", "aggregate"] if r % 2 == 0 else ["aggregate", "tier"]
@@ -153,7 +218,9 @@ def main() -> None:
                 got[mode].append(run(mode, src, work, a))
                 shutil.rmtree(work, ignore_errors=True)
         print()
-        print("| mode | tier bytes per epoch after epoch 0 | seconds to fill the next slot | ratio to tier | seconds per epoch | ratio to tier | exchange bytes per epoch |")
+        print(
+            "| mode | tier bytes per epoch after epoch 0 | seconds to fill the next slot | ratio to tier | seconds per epoch | ratio to tier | exchange bytes per epoch |"
+        )
         print("|---|---|---|---|---|---|---|")
         base = statistics.median(g["secs"] for g in got["tier"])
         base_fill = statistics.median(g["fill"] for g in got["tier"])
@@ -163,7 +230,9 @@ def main() -> None:
             secs = statistics.median(x["secs"] for x in g)
             fill = statistics.median(x["fill"] for x in g)
             sent = statistics.median(x["sent"] / a.epochs for x in g)
-            print(f"| {mode} | {later / 2**20:.2f} MiB | {fill:.2f} | {fill / base_fill:.2f}x | {secs:.2f} | {secs / base:.2f}x | {sent / 2**20:.2f} MiB |")
+            print(
+                f"| {mode} | {later / 2**20:.2f} MiB | {fill:.2f} | {fill / base_fill:.2f}x | {secs:.2f} | {secs / base:.2f}x | {sent / 2**20:.2f} MiB |"
+            )
 
 
 if __name__ == "__main__":

@@ -103,12 +103,40 @@ def theorem1_as_printed(n: int, p: float) -> float:
     return rc / ((1 - 1 / n) * r)
 
 
-def run(code: str, p: float, src: Path, work: Path, a: argparse.Namespace, flags: tuple[str, ...] = ()) -> dict[str, Any]:
-    args = ["--budget", "96MiB", "--nodes", str(NODES), "--rf", "1", "--rf-policy", "fixed", "--seed", str(a.seed),
-            "--history", str(work / "h.json"), "--aggregate", "--shuffle-extra", f"{p:.6f}", "--shuffle-code", code,
-            "--shuffle-timeout-secs", "300"]
-    mounts = [Mount(metfs_bin(), work / f"n{r}" / "mnt", work / f"n{r}" / "cache", str(src), [*args, "--node-rank", str(r)])
-              for r in range(NODES)]
+def run(
+    code: str, p: float, src: Path, work: Path, a: argparse.Namespace, flags: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    args = [
+        "--budget",
+        "96MiB",
+        "--nodes",
+        str(NODES),
+        "--rf",
+        "1",
+        "--rf-policy",
+        "fixed",
+        "--seed",
+        str(a.seed),
+        "--history",
+        str(work / "h.json"),
+        "--aggregate",
+        "--shuffle-extra",
+        f"{p:.6f}",
+        "--shuffle-code",
+        code,
+        "--shuffle-timeout-secs",
+        "300",
+    ]
+    mounts = [
+        Mount(
+            metfs_bin(),
+            work / f"n{r}" / "mnt",
+            work / f"n{r}" / "cache",
+            str(src),
+            [*args, "--node-rank", str(r)],
+        )
+        for r in range(NODES)
+    ]
     ex = None
     try:
         for m in mounts:
@@ -123,12 +151,35 @@ def run(code: str, p: float, src: Path, work: Path, a: argparse.Namespace, flags
             time.sleep(0.05)
         first = [m.status()["tier_bytes_read"] for m in mounts]
         shuffle = str(Path(metfs_bin()).with_name("metfs-shuffle"))
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+        env = dict(
+            os.environ,
+            OMPI_ALLOW_RUN_AS_ROOT="1",
+            OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+            OMPI_MCA_rmaps_base_oversubscribe="1",
+        )
         ranks = NODES + ("extra" in flags)
-        ex = subprocess.Popen(["mpirun", "-np", str(ranks), shuffle, "--cache", str(work / "n%r" / "cache"), "--epochs", str(a.epochs), *flags],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ex = subprocess.Popen(
+            [
+                "mpirun",
+                "-np",
+                str(ranks),
+                shuffle,
+                "--cache",
+                str(work / "n%r" / "cache"),
+                "--epochs",
+                str(a.epochs),
+                *flags,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
-        procs = [subprocess.Popen([sys.executable, "-c", TRAINER, m.socket, str(a.epochs)], env=env) for m in mounts]
+        procs = [
+            subprocess.Popen([sys.executable, "-c", TRAINER, m.socket, str(a.epochs)], env=env)
+            for m in mounts
+        ]
         for pr in procs:
             if pr.wait(timeout=1800) != 0:
                 raise SystemExit(f"a trainer failed ({code}, p {p})")
@@ -136,11 +187,15 @@ def run(code: str, p: float, src: Path, work: Path, a: argparse.Namespace, flags
         if ex.returncode != 0:
             raise SystemExit(f"metfs-shuffle failed: {err[-2000:]}")
         rep = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        if len(rep) != ranks * a.epochs or any(r["rejected"] or r["missing"] or r["code"] != code for r in rep):
+        if len(rep) != ranks * a.epochs or any(
+            r["rejected"] or r["missing"] or r["code"] != code for r in rep
+        ):
             raise SystemExit(f"an exchange did not bring everything: {rep}")
         # Each exchange's busiest port: the largest of any rank's bytes sent and received.
-        ports = [max((max(r["sent_bytes"], r["recv_bytes"]), r["rank"]) for r in rep if r["epoch"] == e)
-                 for e in sorted({r["epoch"] for r in rep})]
+        ports = [
+            max((max(r["sent_bytes"], r["recv_bytes"]), r["rank"]) for r in rep if r["epoch"] == e)
+            for e in sorted({r["epoch"] for r in rep})
+        ]
         later = sum(m.status()["tier_bytes_read"] for m in mounts) - sum(first)
         if later:
             raise SystemExit(f"{later} tier bytes after epoch 0 ({code}, p {p})")
@@ -161,7 +216,10 @@ def run(code: str, p: float, src: Path, work: Path, a: argparse.Namespace, flags
             "port_rank": max(set(r for _, r in ports), key=[r for _, r in ports].count),
             "tier": sum(r["tier_bytes"] for r in rep) / k,
             "stages": sum(r["stages"] for r in rep) / k,
-            "exchange_secs": sum(max(r["secs"] for r in rep if r["epoch"] == e) for e in {r["epoch"] for r in rep}) / k,
+            "exchange_secs": sum(
+                max(r["secs"] for r in rep if r["epoch"] == e) for e in {r["epoch"] for r in rep}
+            )
+            / k,
         }
     finally:
         if ex is not None and ex.poll() is None:
@@ -174,13 +232,21 @@ def run(code: str, p: float, src: Path, work: Path, a: argparse.Namespace, flags
 
 
 # (code, --sender, --broadcast) side by side in the modes table.
-MODES = [("uncoded", "peers", "direct"), ("uncoded", "extra", "direct"), ("uberShuffle", "peers", "direct"),
-         ("uberShuffle", "peers", "ring"), ("uberShuffle", "extra", "direct"), ("uberShuffle", "extra", "ring")]
+MODES = [
+    ("uncoded", "peers", "direct"),
+    ("uncoded", "extra", "direct"),
+    ("uberShuffle", "peers", "direct"),
+    ("uberShuffle", "peers", "ring"),
+    ("uberShuffle", "extra", "direct"),
+    ("uberShuffle", "extra", "ring"),
+]
 
 
 def modes_table(src: Path, tmp: Path, a: argparse.Namespace) -> None:
     mib = 2**20
-    print("| α | code | sender | broadcast | wire MiB | payload MiB | messages | frames | busiest port MiB (rank) | tier MiB | stages | secs |")
+    print(
+        "| α | code | sender | broadcast | wire MiB | payload MiB | messages | frames | busiest port MiB (rank) | tier MiB | stages | secs |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for alpha in (0.5, 0.75):
         p = (alpha - 1 / NODES) / (1 - 1 / NODES)
@@ -189,9 +255,11 @@ def modes_table(src: Path, tmp: Path, a: argparse.Namespace) -> None:
             work.mkdir()
             r = run(code, p, src, work, a, ("--sender", sender, "--broadcast", broadcast))
             rank = "x" if r["port_rank"] == NODES else str(r["port_rank"])
-            print(f"| {alpha:.3f} | {code} | {sender} | {broadcast} | {r['wire'] / mib:.2f} | {r['payload'] / mib:.2f} | {r['messages']:.0f} "
-                  f"| {r['frames']:.0f} | {r['port'] / mib:.2f} ({rank}) | {r['tier'] / mib:.2f} | {r['stages']:.0f} | {r['exchange_secs']:.3f} |",
-                  flush=True)
+            print(
+                f"| {alpha:.3f} | {code} | {sender} | {broadcast} | {r['wire'] / mib:.2f} | {r['payload'] / mib:.2f} | {r['messages']:.0f} "
+                f"| {r['frames']:.0f} | {r['port'] / mib:.2f} ({rank}) | {r['tier'] / mib:.2f} | {r['stages']:.0f} | {r['exchange_secs']:.3f} |",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -205,15 +273,19 @@ def main() -> None:
         tmp = Path(t)
         src = tmp / "tier"
         total = make_dataset(src, a.files)
-        print(f"dataset {a.files} files of 16-112 KiB ({total / 2**20:.1f} MiB), {NODES} nodes, "
-              f"{a.epochs} exchanges per run; per exchange, all ranks")
+        print(
+            f"dataset {a.files} files of 16-112 KiB ({total / 2**20:.1f} MiB), {NODES} nodes, "
+            f"{a.epochs} exchanges per run; per exchange, all ranks"
+        )
         print()
         if a.table != "codes":
             modes_table(src, tmp, a)
             print()
         if a.table == "modes":
             return
-        print("| α | p | α held | uncoded MiB | coded MiB | coded/uncoded | broadcast MiB | blocks | packets | packets/blocks | Theorem 1 | plan s |")
+        print(
+            "| α | p | α held | uncoded MiB | coded MiB | coded/uncoded | broadcast MiB | blocks | packets | packets/blocks | Theorem 1 | plan s |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for alpha in (1 / NODES, 0.5, 0.75):
             p = (alpha - 1 / NODES) / (1 - 1 / NODES)
@@ -227,9 +299,11 @@ def main() -> None:
             u, c = got["uncoded"], got["uberShuffle"]
             held = c["first"] / NODES / total
             mib = 2**20
-            print(f"| {alpha:.3f} | {p:.3f} | {held:.3f} | {u['wire'] / mib:.2f} | {c['wire'] / mib:.2f} | {c['wire'] / u['wire']:.3f} "
-                  f"| {c['packet_bytes'] / mib:.2f} | {c['blocks']:.0f} | {c['packets']:.0f} | {c['packets'] / c['blocks']:.3f} | {theorem1(NODES, p):.3f} "
-                  f"| {c['plan_secs']:.3f} |")
+            print(
+                f"| {alpha:.3f} | {p:.3f} | {held:.3f} | {u['wire'] / mib:.2f} | {c['wire'] / mib:.2f} | {c['wire'] / u['wire']:.3f} "
+                f"| {c['packet_bytes'] / mib:.2f} | {c['blocks']:.0f} | {c['packets']:.0f} | {c['packets'] / c['blocks']:.3f} | {theorem1(NODES, p):.3f} "
+                f"| {c['plan_secs']:.3f} |"
+            )
 
 
 if __name__ == "__main__":

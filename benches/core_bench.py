@@ -68,8 +68,22 @@ def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
 def build() -> None:
     if TARGET:
         return
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "metfs", "--example", "readbench", "--bin", "metfs"],
-                   cwd=ROOT, check=True)
+    subprocess.run(
+        [
+            "cargo",
+            "build",
+            "--release",
+            "-q",
+            "-p",
+            "metfs",
+            "--example",
+            "readbench",
+            "--bin",
+            "metfs",
+        ],
+        cwd=ROOT,
+        check=True,
+    )
 
 
 def drop_caches() -> None:
@@ -91,7 +105,7 @@ def make_files(root: Path, count: int, size: int, per_dir: int = 1000) -> None:
             off = (i * 4099) % (1 << 19)
             while left > 0:
                 n = min(left, len(block) - off)
-                f.write(block[off:off + n])
+                f.write(block[off : off + n])
                 left -= n
                 off = 0
 
@@ -111,7 +125,9 @@ def rpc(sock: str, req: dict) -> dict:
 
 
 class Mount:
-    def __init__(self, name: str, source: Path, budget: str, *extra: str, service: bool = False) -> None:
+    def __init__(
+        self, name: str, source: Path, budget: str, *extra: str, service: bool = False
+    ) -> None:
         # `service`: started by root with `--run-as` the user, as the node service's Prolog
         # does (deploy/slurm/prolog.sh), instead of by the user.
         self.service = service
@@ -134,8 +150,22 @@ class Mount:
         """`metfs mount`: returns once the first mini-epoch is staged and the mount is live."""
         # The rf history goes beside the cache, not into the user's.
         who = ["--run-as", USER] if self.service else []
-        sh(*([] if self.service else AS_USER), str(METFS), "mount", *who, "--source", str(self.source), "--cache", str(self.cache), "--budget", self.budget,
-           "--history", str(self.cache.parent / f"{self.cache.name}-rf-history.json"), *self.extra, str(self.mnt))
+        sh(
+            *([] if self.service else AS_USER),
+            str(METFS),
+            "mount",
+            *who,
+            "--source",
+            str(self.source),
+            "--cache",
+            str(self.cache),
+            "--budget",
+            self.budget,
+            "--history",
+            str(self.cache.parent / f"{self.cache.name}-rf-history.json"),
+            *self.extra,
+            str(self.mnt),
+        )
 
     def __enter__(self) -> "Mount":
         self.clean()
@@ -162,7 +192,10 @@ class Mount:
 
     def close(self) -> None:
         # From /proc: another user's FUSE mount cannot even be stat'ed by root.
-        mounted = any(line.split()[1] == str(self.mnt) for line in Path("/proc/self/mounts").read_text().splitlines())
+        mounted = any(
+            line.split()[1] == str(self.mnt)
+            for line in Path("/proc/self/mounts").read_text().splitlines()
+        )
         if mounted:
             subprocess.run([*AS_USER, str(METFS), "umount", str(self.mnt)], capture_output=True)
             subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
@@ -172,7 +205,19 @@ class Mount:
 
 
 def read(path: Path, passes: int = 1) -> dict:
-    return json.loads(sh(*AS_USER, str(READER), str(path), "--threads", "4", "--buf", "131072", "--passes", str(passes)).stdout)
+    return json.loads(
+        sh(
+            *AS_USER,
+            str(READER),
+            str(path),
+            "--threads",
+            "4",
+            "--buf",
+            "131072",
+            "--passes",
+            str(passes),
+        ).stdout
+    )
 
 
 # Warm runs read the files this many times in one process (as a job re-reads a mini-epoch), so
@@ -211,7 +256,10 @@ def bench_read() -> list[str]:
     each repetition reads natively and through every path, in a rotating order, so that
     machine noise hits all sides alike."""
     rows = []
-    sets = [("4 MiB files", WORK / "src-4m", 64, 4 << 20), ("128 KiB files", WORK / "src-128k", 2048, 128 << 10)]
+    sets = [
+        ("4 MiB files", WORK / "src-4m", 64, 4 << 20),
+        ("128 KiB files", WORK / "src-128k", 2048, 128 << 10),
+    ]
     for label, src, count, size in sets:
         make_files(src, count, size)
         budget = f"{(2 * count * size + (64 << 20)) >> 20}MiB"
@@ -220,7 +268,9 @@ def bench_read() -> list[str]:
         with contextlib.ExitStack() as stack:
             mounts = {}
             for path in READ_PATHS:
-                m = stack.enter_context(Mount(f"read-{path}", src, budget, "--mini-epochs", "1", "--read-path", path))
+                m = stack.enter_context(
+                    Mount(f"read-{path}", src, budget, "--mini-epochs", "1", "--read-path", path)
+                )
                 m.settle()
                 mounts[path] = m
             # Direct reads get a mount of their own, which nothing reads through, so that no
@@ -232,8 +282,17 @@ def bench_read() -> list[str]:
             # what `auto` picks with passthrough allowed (passthrough for large samples, the
             # cached path for small ones), which the user's own daemon cannot have.
             if USER:
-                svc = stack.enter_context(Mount("read-service", src, budget, "--mini-epochs", "1", "--allow-other",
-                                                service=True))
+                svc = stack.enter_context(
+                    Mount(
+                        "read-service",
+                        src,
+                        budget,
+                        "--mini-epochs",
+                        "1",
+                        "--allow-other",
+                        service=True,
+                    )
+                )
                 svc.settle()
             # The native side reads a copy of the slot, not a mount's own slot files: the cached
             # path drops its slot files' pages after a pass, which would make native's warm
@@ -248,11 +307,13 @@ def bench_read() -> list[str]:
             unit, scale = ("MiB/s", 1 << 20) if key == "bytes_per_s" else ("files/s", 1)
             for cache in ("cold", "warm"):
                 res = {"native": [], "direct": [], "service": []} | {p: [] for p in READ_PATHS}
-                sides = [("native", slot), ("direct", direct_root)] + [(p, m.mnt) for p, m in mounts.items()]
+                sides = [("native", slot), ("direct", direct_root)] + [
+                    (p, m.mnt) for p, m in mounts.items()
+                ]
                 if USER:
                     sides.append(("service", svc.mnt))
                 for rep in range(REPS):
-                    order = sides[rep % len(sides):] + sides[:rep % len(sides)]
+                    order = sides[rep % len(sides) :] + sides[: rep % len(sides)]
                     if cache == "warm":
                         # Each repetition warms every side anew, by a read after a drop. How
                         # fast the same files read from memory depends on how their pages came
@@ -274,21 +335,29 @@ def bench_read() -> list[str]:
                         res[side].append(r[key])
                 n = med(res["native"]) / scale
                 x = med(res["direct"]) / scale
-                rows.append(f"| read {label}, {cache} | direct (slot files under a lease) | {n:,.0f} {unit} | {x:,.0f} {unit} | {x / n:.2f}x |")
+                rows.append(
+                    f"| read {label}, {cache} | direct (slot files under a lease) | {n:,.0f} {unit} | {x:,.0f} {unit} | {x / n:.2f}x |"
+                )
                 print(rows[-1], flush=True)
                 if USER:
                     x = med(res["service"]) / scale
-                    rows.append(f"| read {label}, {cache} | the root node service's mount (--run-as; auto: "
-                                f"{svc.status()['read_path']}) | "
-                                f"{n:,.0f} {unit} | {x:,.0f} {unit} | {x / n:.2f}x |")
+                    rows.append(
+                        f"| read {label}, {cache} | the root node service's mount (--run-as; auto: "
+                        f"{svc.status()['read_path']}) | "
+                        f"{n:,.0f} {unit} | {x:,.0f} {unit} | {x / n:.2f}x |"
+                    )
                     print(rows[-1], flush=True)
                 for p in READ_PATHS:
                     x = med(res[p]) / scale
                     # Asked again now: a path the kernel refused (passthrough for an ordinary
                     # user) has fallen back by the first read.
                     used[p] = mounts[p].status()["read_path"]
-                    name = (used[p] if used[p] == p else f"{p} -> {used[p]}") + (" (auto)" if p == auto else "")
-                    rows.append(f"| read {label}, {cache} | {name} | {n:,.0f} {unit} | {x:,.0f} {unit} | {x / n:.2f}x |")
+                    name = (used[p] if used[p] == p else f"{p} -> {used[p]}") + (
+                        " (auto)" if p == auto else ""
+                    )
+                    rows.append(
+                        f"| read {label}, {cache} | {name} | {n:,.0f} {unit} | {x:,.0f} {unit} | {x / n:.2f}x |"
+                    )
                     print(rows[-1], flush=True)
             shutil.rmtree(slot, ignore_errors=True)
     return rows
@@ -299,7 +368,12 @@ def cold_data() -> None:
     is measured, not paging in an 18 MB binary (the daemon stages every later mini-epoch
     in-process) or cp's 150 KB one, so only the data starts cold."""
     drop_caches()
-    for cmd in ([str(METFS), "--version"], ["cp", "--version"], ["sh", "-c", "true"], ["xargs", "--version"]):
+    for cmd in (
+        [str(METFS), "--version"],
+        ["cp", "--version"],
+        ["sh", "-c", "true"],
+        ["xargs", "--version"],
+    ):
         subprocess.run(cmd, capture_output=True)
 
 
@@ -326,15 +400,29 @@ def prep_fio(dst: Path) -> None:
 def run_fio(dst: Path, count: int, size: int) -> None:
     """What the cache's disk sustains for the same layout: fio writes `count` files of `size`
     bytes one after another in 1 MiB writes, and fsyncs at the end."""
-    sh("fio", "--name=seqwrite", f"--directory={dst}", "--rw=write", "--bs=1M", f"--nrfiles={count}",
-       f"--filesize={size}", f"--size={count * size}", "--file_service_type=sequential", "--end_fsync=1",
-       "--ioengine=psync", "--output=/dev/null")
+    sh(
+        "fio",
+        "--name=seqwrite",
+        f"--directory={dst}",
+        "--rw=write",
+        "--bs=1M",
+        f"--nrfiles={count}",
+        f"--filesize={size}",
+        f"--size={count * size}",
+        "--file_service_type=sequential",
+        "--end_fsync=1",
+        "--ioengine=psync",
+        "--output=/dev/null",
+    )
 
 
 def run_cp8(src: Path, dst: Path, files: list[str]) -> None:
     # 8 parallel cp processes over the file list.
-    script = "cd %s && xargs -P8 -n%d sh -c 'for f; do cp \"$f\" \"%s/$f\"; done' _" % (
-        src, max(1, len(files) // 64), dst)
+    script = 'cd %s && xargs -P8 -n%d sh -c \'for f; do cp "$f" "%s/$f"; done\' _' % (
+        src,
+        max(1, len(files) // 64),
+        dst,
+    )
     subprocess.run(["sh", "-c", script], input="\n".join(files), text=True, check=True)
     os.sync()
 
@@ -344,8 +432,11 @@ def bench_stage() -> list[str]:
     order of the tools rotates between repetitions, and only the copy (and its sync) is timed,
     never the clean-up of the previous run."""
     rows = []
-    sets = [("2,048 x 128 KiB", WORK / "src-128k", 2048, 128 << 10), ("64 x 4 MiB", WORK / "src-4m", 64, 4 << 20),
-            ("16 x 64 MiB", WORK / "src-64m", 16, 64 << 20)]
+    sets = [
+        ("2,048 x 128 KiB", WORK / "src-128k", 2048, 128 << 10),
+        ("64 x 4 MiB", WORK / "src-4m", 64, 4 << 20),
+        ("16 x 64 MiB", WORK / "src-64m", 16, 64 << 20),
+    ]
     for label, src, count, size in sets:
         make_files(src, count, size)
         budget = f"{(2 * count * size + (64 << 20)) >> 20}MiB"
@@ -355,13 +446,17 @@ def bench_stage() -> list[str]:
 
         tools = [
             ("cp -r", functools.partial(prep_cp, dst), functools.partial(run_cp, src, dst)),
-            ("8x cp", functools.partial(prep_cp8, dst, files), functools.partial(run_cp8, src, dst, files)),
+            (
+                "8x cp",
+                functools.partial(prep_cp8, dst, files),
+                functools.partial(run_cp8, src, dst, files),
+            ),
             ("metfs", m.clean, m.start),
             ("fio", functools.partial(prep_fio, dst), functools.partial(run_fio, dst, count, size)),
         ]
         times: dict[str, list[float]] = {name: [] for name, _, _ in tools}
         for rep in range(REPS):
-            for name, prep, run in tools[rep % len(tools):] + tools[:rep % len(tools)]:
+            for name, prep, run in tools[rep % len(tools) :] + tools[: rep % len(tools)]:
                 prep()
                 cold_data()
                 t = time.perf_counter()
@@ -372,9 +467,11 @@ def bench_stage() -> list[str]:
         total = count * size / (1 << 20)
         cp1, cp8, met, fio = (med(times[n]) for n in ("cp -r", "8x cp", "metfs", "fio"))
         best = min(cp1, cp8)
-        rows.append(f"| stage {label} | cp -r {total / cp1:,.0f} MiB/s; 8x cp {total / cp8:,.0f} MiB/s; "
-                    f"fio sequential write {total / fio:,.0f} MiB/s | {total / met:,.0f} MiB/s | "
-                    f"{best / met:.2f}x the faster cp; {fio / met:.2f}x fio |")
+        rows.append(
+            f"| stage {label} | cp -r {total / cp1:,.0f} MiB/s; 8x cp {total / cp8:,.0f} MiB/s; "
+            f"fio sequential write {total / fio:,.0f} MiB/s | {total / met:,.0f} MiB/s | "
+            f"{best / met:.2f}x the faster cp; {fio / met:.2f}x fio |"
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -389,7 +486,9 @@ def bench_switch() -> list[str]:
     # Sequential mini-epochs: the two halves of the dataset take turns, so a file of the next
     # view (any file not in the current one) is known before the clock starts, and the timed
     # interval holds only the `pass_end` and the lookups.
-    with Mount("switch", src, budget, "--mini-epochs", "2", "--rf", "1", "--compose", "sequential") as m:
+    with Mount(
+        "switch", src, budget, "--mini-epochs", "2", "--rf", "1", "--compose", "sequential"
+    ) as m:
         for _ in range(max(REPS, 5)):
             while not m.status()["next_ready"]:
                 time.sleep(0.05)

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "tests" / "stress"))
 from conftest import Etcd, free_port, make_tree  # noqa: E402
 from dds_faults import reader_bin  # noqa: E402
 
+
 def run_nodes(cmds: list[list[str]]) -> list[dict]:
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True) for c in cmds]
     out = []
@@ -42,22 +43,52 @@ def one_run(i: int, work: Path, src: Path, rate: int, slot: int) -> dict:
     exe = str(reader_bin())
     rates = [rate, rate, rate // 4]
     common = ["--source", str(src), "--slot", str(slot), "--epochs", "1", "--seed", "5"]
-    static = run_nodes([[exe, *common, "--log", str(work / f"s{i}-{r}.log"), "--static", f"{r}/3",
-                         "--rate", str(rates[r])] for r in range(3)])
+    static = run_nodes(
+        [
+            [
+                exe,
+                *common,
+                "--log",
+                str(work / f"s{i}-{r}.log"),
+                "--static",
+                f"{r}/3",
+                "--rate",
+                str(rates[r]),
+            ]
+            for r in range(3)
+        ]
+    )
     d = work / f"etcd{i}"
     d.mkdir()
     etcd = Etcd(d, free_port(), free_port())
     etcd.start()
     try:
-        dds = run_nodes([[exe, *common, "--log", str(work / f"d{i}-{r}.log"), "--url", etcd.url("bench"),
-                          "--node", f"n{r}", "--rate", str(rates[r])] for r in range(3)])
+        dds = run_nodes(
+            [
+                [
+                    exe,
+                    *common,
+                    "--log",
+                    str(work / f"d{i}-{r}.log"),
+                    "--url",
+                    etcd.url("bench"),
+                    "--node",
+                    f"n{r}",
+                    "--rate",
+                    str(rates[r]),
+                ]
+                for r in range(3)
+            ]
+        )
     finally:
         etcd.kill()
     t_static = max(n["secs"] for n in static)
     t_dds = max(n["secs"] for n in dds)
     total = sum(n["samples"] for n in dds)
     return {
-        "static_s": round(t_static, 3), "dds_s": round(t_dds, 3), "ratio": round(t_dds / t_static, 3),
+        "static_s": round(t_static, 3),
+        "dds_s": round(t_dds, 3),
+        "ratio": round(t_dds / t_static, 3),
         "dds_share": [round(n["samples"] / total, 3) for n in dds],
         "etcd_round_trips": [n["etcd_round_trips"] for n in dds],
         # All of a node's etcd round trips (polls while it waits for the others' last shards
@@ -72,21 +103,28 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=1200)
     ap.add_argument("--rate", type=int, default=2_000_000, help="bytes/s of a fast node")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--slot", type=int, default=2 << 20, help="bytes of a node's slot (shards are a quarter)")
+    ap.add_argument(
+        "--slot", type=int, default=2 << 20, help="bytes of a node's slot (shards are a quarter)"
+    )
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as t:
         work = Path(t)
         src = work / "src"
         files = make_tree(src, n=a.samples, seed=3, max_size=48 * 1024)
         size = sum(len(b) for b in files.values())
-        print(f"dataset: {len(files)} files, {size} bytes; fast nodes {a.rate} B/s, slow node {a.rate // 4} B/s; "
-              f"slot {a.slot} bytes")
+        print(
+            f"dataset: {len(files)} files, {size} bytes; fast nodes {a.rate} B/s, slow node {a.rate // 4} B/s; "
+            f"slot {a.slot} bytes"
+        )
         runs = []
         for i in range(a.runs):
             r = one_run(i, work, src, a.rate, a.slot)
             print(json.dumps(r), flush=True)
             runs.append(r)
-    med = {k: statistics.median(r[k] for r in runs) for k in ("static_s", "dds_s", "ratio", "etcd_fraction", "etcd_busy_fraction")}
+    med = {
+        k: statistics.median(r[k] for r in runs)
+        for k in ("static_s", "dds_s", "ratio", "etcd_fraction", "etcd_busy_fraction")
+    }
     print(json.dumps({"median": med, "runs": len(runs)}))
 
 

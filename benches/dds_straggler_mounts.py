@@ -54,8 +54,9 @@ class Reader(threading.Thread):
     """Reads each view of epoch 0 once, `step` seconds per sample, then asks for the next
     mini-epoch (blocking until it is staged: this job never takes a bonus pass)."""
 
-    def __init__(self, m: Mount, step: float, done: dict[str, float], lock: threading.Lock,
-                 t0: list[float]) -> None:
+    def __init__(
+        self, m: Mount, step: float, done: dict[str, float], lock: threading.Lock, t0: list[float]
+    ) -> None:
         super().__init__(daemon=True)
         self.m, self.step, self.done, self.lock, self.t0 = m, step, done, lock, t0
         self.read = 0
@@ -78,15 +79,42 @@ class Reader(threading.Thread):
             self.m.rpc({"op": "pass_end", "block": True}, timeout=600)
 
 
-def one_epoch(kind: str, work: Path, src: Path, paths: list[str], step: float, etcd: Etcd | None,
-              run: int, budget: str) -> dict[str, Any]:
+def one_epoch(
+    kind: str,
+    work: Path,
+    src: Path,
+    paths: list[str],
+    step: float,
+    etcd: Etcd | None,
+    run: int,
+    budget: str,
+) -> dict[str, Any]:
     mounts = []
     for i in range(3):
-        extra = (["--dds", etcd.url(f"straggler/{run}"), "--node-name", f"n{i}"] if etcd
-                 else ["--nodes", "3", "--node-rank", str(i)])
-        m = Mount(metfs_bin(), work / f"{kind}-mnt{i}", work / f"{kind}-cache{i}", str(src),
-                  ["--budget", budget, "--rf", "1", "--compose", "stratified", "--seed", str(run),
-                   "--history", str(work / "h.json"), *extra])
+        extra = (
+            ["--dds", etcd.url(f"straggler/{run}"), "--node-name", f"n{i}"]
+            if etcd
+            else ["--nodes", "3", "--node-rank", str(i)]
+        )
+        m = Mount(
+            metfs_bin(),
+            work / f"{kind}-mnt{i}",
+            work / f"{kind}-cache{i}",
+            str(src),
+            [
+                "--budget",
+                budget,
+                "--rf",
+                "1",
+                "--compose",
+                "stratified",
+                "--seed",
+                str(run),
+                "--history",
+                str(work / "h.json"),
+                *extra,
+            ],
+        )
         m.cache.mkdir(parents=True, exist_ok=True)
         mounts.append(m)
     try:
@@ -95,7 +123,9 @@ def one_epoch(kind: str, work: Path, src: Path, paths: list[str], step: float, e
         done: dict[str, float] = {}
         lock = threading.Lock()
         t0 = [time.monotonic()]
-        readers = [Reader(m, step * (4 if i == 2 else 1), done, lock, t0) for i, m in enumerate(mounts)]
+        readers = [
+            Reader(m, step * (4 if i == 2 else 1), done, lock, t0) for i, m in enumerate(mounts)
+        ]
         for r in readers:
             r.start()
         deadline = time.monotonic() + 600
@@ -112,7 +142,9 @@ def one_epoch(kind: str, work: Path, src: Path, paths: list[str], step: float, e
         return {"kind": kind, "epoch_s": epoch, "shares": shares, "etcd_fraction": etcd_frac}
     finally:
         for m in mounts:
-            subprocess.run([metfs_bin(), "umount", str(m.mountpoint)], capture_output=True, check=False)
+            subprocess.run(
+                [metfs_bin(), "umount", str(m.mountpoint)], capture_output=True, check=False
+            )
 
 
 def main() -> None:
@@ -120,7 +152,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=600)
     ap.add_argument("--step-ms", type=float, default=4.0, help="a fast node's time per sample")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--budget", default="3MiB", help="each node's budget (about 1.7 MiB of it is metadata)")
+    ap.add_argument(
+        "--budget", default="3MiB", help="each node's budget (about 1.7 MiB of it is metadata)"
+    )
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as t:
@@ -136,20 +170,34 @@ def main() -> None:
                 order = [("static", None), ("queue", etcd)]
                 if run % 2:
                     order.reverse()
-                got = {k: one_epoch(k, work / f"r{run}", src, paths, a.step_ms / 1000, e, run, a.budget)
-                       for k, e in order}
-                row = {"run": run, "static_s": got["static"]["epoch_s"], "queue_s": got["queue"]["epoch_s"],
-                       "ratio": got["queue"]["epoch_s"] / got["static"]["epoch_s"],
-                       "static_shares": got["static"]["shares"], "queue_shares": got["queue"]["shares"],
-                       "etcd_fraction": got["queue"]["etcd_fraction"]}
+                got = {
+                    k: one_epoch(
+                        k, work / f"r{run}", src, paths, a.step_ms / 1000, e, run, a.budget
+                    )
+                    for k, e in order
+                }
+                row = {
+                    "run": run,
+                    "static_s": got["static"]["epoch_s"],
+                    "queue_s": got["queue"]["epoch_s"],
+                    "ratio": got["queue"]["epoch_s"] / got["static"]["epoch_s"],
+                    "static_shares": got["static"]["shares"],
+                    "queue_shares": got["queue"]["shares"],
+                    "etcd_fraction": got["queue"]["etcd_fraction"],
+                }
                 print(json.dumps(row), flush=True)
                 rows.append(row)
         finally:
             etcd.kill()
-    med = {k: statistics.median(r[k] for r in rows) for k in ("static_s", "queue_s", "ratio", "etcd_fraction")}
-    print(f"| {a.samples} files, budget {a.budget} per node, fast step {a.step_ms} ms (slow 4x) "
-          f"| static {med['static_s']:.2f} s | queue {med['queue_s']:.2f} s | ratio {med['ratio']:.3f} "
-          f"| queue shares {rows[len(rows) // 2]['queue_shares']} | etcd {100 * med['etcd_fraction']:.2f}% |")
+    med = {
+        k: statistics.median(r[k] for r in rows)
+        for k in ("static_s", "queue_s", "ratio", "etcd_fraction")
+    }
+    print(
+        f"| {a.samples} files, budget {a.budget} per node, fast step {a.step_ms} ms (slow 4x) "
+        f"| static {med['static_s']:.2f} s | queue {med['queue_s']:.2f} s | ratio {med['ratio']:.3f} "
+        f"| queue shares {rows[len(rows) // 2]['queue_shares']} | etcd {100 * med['etcd_fraction']:.2f}% |"
+    )
 
 
 if __name__ == "__main__":

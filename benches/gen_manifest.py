@@ -9,6 +9,7 @@ out as an ImageFolder tree (train/<class>/<class>_<i>.JPEG), with lognormal size
 Rows come in path order, as a directory listing gives them; --shuffled writes them in random
 order to exercise the catalog's sort. Uses numpy for speed when present.
 """
+
 import argparse
 import math
 import random
@@ -16,7 +17,9 @@ import sys
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("n", type=int)
     ap.add_argument("classes", type=int)
     ap.add_argument("out")

@@ -89,8 +89,11 @@ def baseline(src: Path) -> dict:
     for p in files:
         tier.read(p)
     secs = tier.elapsed()
-    return {"samples_per_s": len(files) / secs, "waited": 1 - min(1.0, (tier.bytes / EB1) / secs),
-            "tier_bytes_per_sample": tier.bytes / len(files)}
+    return {
+        "samples_per_s": len(files) / secs,
+        "waited": 1 - min(1.0, (tier.bytes / EB1) / secs),
+        "tier_bytes_per_sample": tier.bytes / len(files),
+    }
 
 
 def met(src: Path, rf: int | None) -> dict:
@@ -100,10 +103,36 @@ def met(src: Path, rf: int | None) -> dict:
     cache.mkdir(parents=True)
     mnt.mkdir(parents=True, exist_ok=True)
     budget = f"{(2 * FILES * SIZE // NM + (8 << 20)) >> 20}MiB"
-    rate = ["--prefetch-rate", f"{B2 >> 20}MiB/s"] if rf else ["--prefetch-rate", "auto", "--prefetch-rate-max", f"{B2 >> 20}MiB/s"]
-    args = ["--rf", str(rf or 8), "--mini-epochs", str(NM), *rate, "--history", str(WORK / "h.json")]
-    subprocess.run([str(METFS), "mount", "--source", str(src), "--cache", str(cache), "--budget", budget, *args, str(mnt)],
-                   check=True, capture_output=True)
+    rate = (
+        ["--prefetch-rate", f"{B2 >> 20}MiB/s"]
+        if rf
+        else ["--prefetch-rate", "auto", "--prefetch-rate-max", f"{B2 >> 20}MiB/s"]
+    )
+    args = [
+        "--rf",
+        str(rf or 8),
+        "--mini-epochs",
+        str(NM),
+        *rate,
+        "--history",
+        str(WORK / "h.json"),
+    ]
+    subprocess.run(
+        [
+            str(METFS),
+            "mount",
+            "--source",
+            str(src),
+            "--cache",
+            str(cache),
+            "--budget",
+            budget,
+            *args,
+            str(mnt),
+        ],
+        check=True,
+        capture_output=True,
+    )
     sock = str(cache / "metfs.sock")
     try:
         tier0 = rpc(sock, {"op": "status"})["tier_bytes_read"]
@@ -115,7 +144,9 @@ def met(src: Path, rf: int | None) -> dict:
             for rel in files["files"]:
                 consumer.read(mnt / rel)
                 if consumer.samples % 8 == 0:
-                    windows.append((time.perf_counter(), rpc(sock, {"op": "status"})["tier_bytes_read"]))
+                    windows.append(
+                        (time.perf_counter(), rpc(sock, {"op": "status"})["tier_bytes_read"])
+                    )
             t = time.perf_counter()
             r = rpc(sock, {"op": "pass_end", "block": True})
             consumer.waited += time.perf_counter() - t
@@ -124,8 +155,12 @@ def met(src: Path, rf: int | None) -> dict:
         secs = consumer.elapsed()
         st = rpc(sock, {"op": "status"})
         tier = st["tier_bytes_read"] - tier0
-        out = {"samples_per_s": consumer.samples / secs, "waited": consumer.waited / secs,
-               "tier_bytes_per_sample": tier / consumer.samples, "passes": consumer.samples / (FILES / NM)}
+        out = {
+            "samples_per_s": consumer.samples / secs,
+            "waited": consumer.waited / secs,
+            "tier_bytes_per_sample": tier / consumer.samples,
+            "passes": consumer.samples / (FILES / NM),
+        }
         if rf is None and len(windows) > 2:
             peaks = []
             # Windows of at least 1 s: the tier counter moves a whole file at a time.
@@ -149,11 +184,15 @@ def main() -> None:
     src = make_dataset()
     target = EB1 / SIZE
     b = baseline(src)
-    print(f"B2 = {B2 >> 20} MiB/s, EB1 = {EB1 >> 20} MiB/s, {FILES} x {SIZE >> 10} KiB, {NM} mini-epochs; target {target:.0f} samples/s\n")
+    print(
+        f"B2 = {B2 >> 20} MiB/s, EB1 = {EB1 >> 20} MiB/s, {FILES} x {SIZE >> 10} KiB, {NM} mini-epochs; target {target:.0f} samples/s\n"
+    )
     print("| consumer | samples/s | of target | waited | tier bytes / sample |")
     print("|---|---|---|---|---|")
-    print(f"| baseline (direct, tier capped at B2) | {b['samples_per_s']:.0f} | {b['samples_per_s'] / target:.2f} | "
-          f"{b['waited']:.2f} | {b['tier_bytes_per_sample'] / 1024:.0f} KiB |")
+    print(
+        f"| baseline (direct, tier capped at B2) | {b['samples_per_s']:.0f} | {b['samples_per_s'] / target:.2f} | "
+        f"{b['waited']:.2f} | {b['tier_bytes_per_sample'] / 1024:.0f} KiB |"
+    )
     only = os.environ.get("METFS_BW_ONLY")  # e.g. "auto" or "4"
     for rf in (1, 2, 4, 8, None):
         if only and only != (str(rf) if rf else "auto"):
@@ -163,8 +202,11 @@ def main() -> None:
         extra = ""
         if rf is None:
             extra = f" (peak staging {r['peak_bw'] / 2**20:.1f} MiB/s = {r['peak_bw'] / r['needed_bw']:.2f}x the {r['needed_bw'] / 2**20:.1f} MiB/s needed)"
-        print(f"| {name} | {r['samples_per_s']:.0f} | {r['samples_per_s'] / target:.2f} | {r['waited']:.2f} | "
-              f"{r['tier_bytes_per_sample'] / 1024:.1f} KiB{extra} |", flush=True)
+        print(
+            f"| {name} | {r['samples_per_s']:.0f} | {r['samples_per_s'] / target:.2f} | {r['waited']:.2f} | "
+            f"{r['tier_bytes_per_sample'] / 1024:.1f} KiB{extra} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -83,7 +83,18 @@ def build() -> None:
     if "METFS_BIN" in os.environ and "METFS_READBENCH" in os.environ:
         return
     subprocess.run(
-        ["cargo", "build", "--release", "-q", "-p", "metfs", "--bin", "metfs", "--example", "readbench"],
+        [
+            "cargo",
+            "build",
+            "--release",
+            "-q",
+            "-p",
+            "metfs",
+            "--bin",
+            "metfs",
+            "--example",
+            "readbench",
+        ],
         cwd=ROOT,
         check=True,
     )
@@ -188,7 +199,8 @@ class Mount:
 
     def umount(self) -> None:
         mounted = any(
-            line.split()[1] == str(self.mnt) for line in Path("/proc/self/mounts").read_text().splitlines()
+            line.split()[1] == str(self.mnt)
+            for line in Path("/proc/self/mounts").read_text().splitlines()
         )
         if mounted:
             subprocess.run([str(METFS), "umount", str(self.mnt)], capture_output=True)
@@ -252,7 +264,9 @@ def row(what: str, metfs_side: str, base: str, ratio: str) -> str:
     return line
 
 
-def pair(reps: int, cold: bool, native: Callable[[], float], mounted: Callable[[], float]) -> tuple[float, float]:
+def pair(
+    reps: int, cold: bool, native: Callable[[], float], mounted: Callable[[], float]
+) -> tuple[float, float]:
     """Interleaves the two sides so that noise hits both alike; returns their medians."""
     a: list[float] = []
     b: list[float] = []
@@ -436,7 +450,9 @@ def main() -> int:
                         "daemon RSS: after mount / next staged / after a pass, a switch and the next staging",
                         f"{rss0 >> 10:,} / {rss_staged >> 10:,} / {rss_both >> 10:,} MiB",
                         "",
-                        " / ".join(f"{r * 1024 / a.files:.0f}" for r in (rss0, rss_staged, rss_both))
+                        " / ".join(
+                            f"{r * 1024 / a.files:.0f}" for r in (rss0, rss_staged, rss_both)
+                        )
                         + " B per catalogued file",
                     )
                 )
@@ -484,16 +500,51 @@ def main() -> int:
                     )
                 )
             if want("cli"):
-                cli = med([timed(lambda: subprocess.run([str(METFS), "files", "--socket", m.socket], check=True, stdout=subprocess.DEVNULL)) for _ in range(a.reps)])
+                cli = med(
+                    [
+                        timed(
+                            lambda: subprocess.run(
+                                [str(METFS), "files", "--socket", m.socket],
+                                check=True,
+                                stdout=subprocess.DEVNULL,
+                            )
+                        )
+                        for _ in range(a.reps)
+                    ]
+                )
                 rows.append(row("`metfs files`", f"{cli:.2f} s", "", ""))
 
             if want("walk"):
-                nat, mnt = pair(a.reps, True, lambda: timed(lambda: walk(slot)), lambda: timed(lambda: walk(m.mnt)))
-                rows.append(row("`os.walk` of the view, cold", f"{mnt:.2f} s", f"the slot: {nat:.2f} s", f"{nat / mnt:.2f}x"))
+                nat, mnt = pair(
+                    a.reps,
+                    True,
+                    lambda: timed(lambda: walk(slot)),
+                    lambda: timed(lambda: walk(m.mnt)),
+                )
+                rows.append(
+                    row(
+                        "`os.walk` of the view, cold",
+                        f"{mnt:.2f} s",
+                        f"the slot: {nat:.2f} s",
+                        f"{nat / mnt:.2f}x",
+                    )
+                )
                 walk(m.mnt)
                 walk(slot)
-                nat_w, mnt_w = pair(a.reps, False, lambda: timed(lambda: walk(slot)), lambda: timed(lambda: walk(m.mnt)))
-                rows.append(row("`os.walk` of the view, warm", f"{mnt_w:.2f} s", f"the slot: {nat_w:.2f} s", f"{nat_w / mnt_w:.2f}x"))
+                nat_w, mnt_w = pair(
+                    a.reps,
+                    False,
+                    lambda: timed(lambda: walk(slot)),
+                    lambda: timed(lambda: walk(m.mnt)),
+                )
+                rows.append(
+                    row(
+                        "`os.walk` of the view, warm",
+                        f"{mnt_w:.2f} s",
+                        f"the slot: {nat_w:.2f} s",
+                        f"{nat_w / mnt_w:.2f}x",
+                    )
+                )
 
             if want("read"):
                 # Reads of a sample of the view.
@@ -505,6 +556,7 @@ def main() -> int:
                         if not cold:
                             readbench(slot, listing, threads)
                             readbench(m.mnt, listing, threads)
+
                         def on(top: Path, t: int = threads) -> Callable[[], float]:
                             return lambda: readbench(top, listing, t)
 
@@ -527,7 +579,9 @@ def main() -> int:
                 ds = MetDataset(c, read_len)
                 check(len(ds) == len(rel), "the loader's dataset is the view")
                 kw: dict[str, Any] = {"num_workers": a.workers, "collate_fn": total}
-                native: Any = DataLoader(PathsDataset([str(slot / r) for r in rel]), batch_size=256, shuffle=True, **kw)  # type: ignore[arg-type]
+                native: Any = DataLoader(
+                    PathsDataset([str(slot / r) for r in rel]), batch_size=256, shuffle=True, **kw
+                )  # type: ignore[arg-type]
                 nat_l = loader_run(native, len(rel))
                 met_l = loader_run(met_loader(ds, batch_size=256, **kw), len(ds))
                 check(met_l[5] == nat_l[5], f"the loaders read {met_l[5]} and {nat_l[5]} bytes")
@@ -566,11 +620,21 @@ def main() -> int:
                 check(d.advanced, "the benchmark's advance switched the view")
                 t_first = timed(lambda: walk(m.mnt))
                 after = c.files(view)
-                check(after.generation == d.generation and c.lists == before_switch + 1, "a switch sends the list once")
+                check(
+                    after.generation == d.generation and c.lists == before_switch + 1,
+                    "a switch sends the list once",
+                )
                 new_slot = m.slot(c)
                 drop_caches()
                 t_native = timed(lambda: walk(new_slot))
-                rows.append(row("first walk after a switch", f"{t_first:.2f} s", f"cold native walk: {t_native:.2f} s", f"{t_native / t_first:.2f}x"))
+                rows.append(
+                    row(
+                        "first walk after a switch",
+                        f"{t_first:.2f} s",
+                        f"cold native walk: {t_native:.2f} s",
+                        f"{t_native / t_first:.2f}x",
+                    )
+                )
                 for _ in metfs.passes(c, epochs=1000, max_passes=2):
                     pass
                 rss1 = rss_kib(pid)
@@ -590,7 +654,14 @@ def main() -> int:
         if want("resume"):
             drop_caches()
             t_resume = m.mount(reset=False)
-            rows.append(row("remount of the same cache (resume)", f"{t_resume:.1f} s", f"first mount: {t_mount:.1f} s", f"{t_mount / t_resume:.2f}x"))
+            rows.append(
+                row(
+                    "remount of the same cache (resume)",
+                    f"{t_resume:.1f} s",
+                    f"first mount: {t_mount:.1f} s",
+                    f"{t_mount / t_resume:.2f}x",
+                )
+            )
         if want("prime"):
             # The first pass over a new view, of files the kernel has not seen yet: the daemon
             # lists the view for the kernel (the default) against `--prime-entries=false`, each
@@ -621,7 +692,10 @@ def main() -> int:
                             time.sleep(0.05)
                         st = pc.status()
                         want_gen = st.generation if prime else 0
-                        check(st.raw["primed_generation"] == want_gen, f"the view listed for the kernel: {st.raw['primed_generation']}, not {want_gen}")
+                        check(
+                            st.raw["primed_generation"] == want_gen,
+                            f"the view listed for the kernel: {st.raw['primed_generation']}, not {want_gen}",
+                        )
             listed, unlisted = med(first[True]), med(first[False])
             rows.append(
                 row(

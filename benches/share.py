@@ -90,7 +90,9 @@ def make_dataset(root: Path, files: int, kib: int) -> list[str]:
     return rels
 
 
-def run_jobs(sock: str, work: Path, jobs: list[tuple[str, float, dict[str, Any]]], epochs: int) -> list[dict[str, Any]]:
+def run_jobs(
+    sock: str, work: Path, jobs: list[tuple[str, float, dict[str, Any]]], epochs: int
+) -> list[dict[str, Any]]:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
     procs = []
     t0 = time.monotonic()
@@ -100,7 +102,27 @@ def run_jobs(sock: str, work: Path, jobs: list[tuple[str, float, dict[str, Any]]
         # A staggered arrival: the job starts `delay` seconds after the first.
         extra = dict(extra)
         time.sleep(max(0.0, extra.pop("delay", 0.0) - (time.monotonic() - t0)))
-        procs.append((subprocess.Popen([sys.executable, "-c", JOB, s, name, str(out), str(epochs), str(step), json.dumps(extra)], env=env, stderr=subprocess.PIPE, text=True), out))
+        procs.append(
+            (
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        JOB,
+                        s,
+                        name,
+                        str(out),
+                        str(epochs),
+                        str(step),
+                        json.dumps(extra),
+                    ],
+                    env=env,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                ),
+                out,
+            )
+        )
     res = []
     for p, out in procs:
         _, err = p.communicate(timeout=1800)
@@ -123,11 +145,37 @@ def trained_tier_bytes(m: Mount, epochs: int) -> int:
     return int(m.status()["tier_bytes_read"]) - ahead
 
 
-def shared_run(src: Path, work: Path, budget: str, k_share: int, jobs: list[tuple[str, float, dict[str, Any]]], epochs: int,
-               args: tuple[str, ...] = ()) -> tuple[int, list[dict[str, Any]]]:
+def shared_run(
+    src: Path,
+    work: Path,
+    budget: str,
+    k_share: int,
+    jobs: list[tuple[str, float, dict[str, Any]]],
+    epochs: int,
+    args: tuple[str, ...] = (),
+) -> tuple[int, list[dict[str, Any]]]:
     cache = work / "cache-shared"
     cache.mkdir()
-    m = Mount(metfs_bin(), work / "mnt-shared", cache, str(src), ["--budget", budget, "--share", "--share-jobs", str(k_share), "--rf", "2", "--rf-policy", "fixed", "--history", str(work / "h.json"), *args])
+    m = Mount(
+        metfs_bin(),
+        work / "mnt-shared",
+        cache,
+        str(src),
+        [
+            "--budget",
+            budget,
+            "--share",
+            "--share-jobs",
+            str(k_share),
+            "--rf",
+            "2",
+            "--rf-policy",
+            "fixed",
+            "--history",
+            str(work / "h.json"),
+            *args,
+        ],
+    )
     m.mount()
     try:
         res = run_jobs(m.socket, work, jobs, epochs)
@@ -137,12 +185,28 @@ def shared_run(src: Path, work: Path, budget: str, k_share: int, jobs: list[tupl
         shutil.rmtree(cache, ignore_errors=True)
 
 
-def separate_run(src: Path, work: Path, budget_bytes: int, jobs: list[tuple[str, float, dict[str, Any]]], epochs: int, manifests: list[Path | None]) -> list[int]:
+def separate_run(
+    src: Path,
+    work: Path,
+    budget_bytes: int,
+    jobs: list[tuple[str, float, dict[str, Any]]],
+    epochs: int,
+    manifests: list[Path | None],
+) -> list[int]:
     mounts = []
     for i in range(len(jobs)):
         cache = work / f"cache-sep{i}"
         cache.mkdir()
-        args = ["--budget", str(budget_bytes // len(jobs)), "--rf", "2", "--rf-policy", "fixed", "--history", str(work / f"h{i}.json")]
+        args = [
+            "--budget",
+            str(budget_bytes // len(jobs)),
+            "--rf",
+            "2",
+            "--rf-policy",
+            "fixed",
+            "--history",
+            str(work / f"h{i}.json"),
+        ]
         if manifests[i] is not None:
             args += ["--manifest", str(manifests[i])]
         m = Mount(metfs_bin(), work / f"mnt-sep{i}", cache, str(src), args)
@@ -190,7 +254,9 @@ def main() -> None:
         for lst, d, c in zip(parts, (d1, d2), (c1, c2), strict=True):
             d.write_text("\n".join(lst) + "\n")
             c.write_text("path,size\n" + "".join(f"{r},{a.kib << 10}\n" for r in lst))
-        print(f"dataset {n} files of {a.kib} KiB ({n * a.kib / 1024:.1f} MiB), budget {a.budget}, {a.epochs} epochs at rf 2, {a.runs} runs, medians")
+        print(
+            f"dataset {n} files of {a.kib} KiB ({n * a.kib / 1024:.1f} MiB), budget {a.budget}, {a.epochs} epochs at rf 2, {a.runs} runs, medians"
+        )
         rows = []
         stagger: dict[str, list[int]] = {"refcnt": [], "lru": []}
         for case in a.cases.split(","):
@@ -200,17 +266,30 @@ def main() -> None:
                 # of it can keep retired slots, let go in RefCnt's or LRU's order.
                 step4 = 4 * step
                 epoch_s = 0.75 * n * 2 * step4
-                sjobs = [(f"s{i}", step4, {"subset": {"fraction": 0.75, "seed": i + 1}, "delay": i * epoch_s / 4}) for i in range(4)]
+                sjobs = [
+                    (
+                        f"s{i}",
+                        step4,
+                        {"subset": {"fraction": 0.75, "seed": i + 1}, "delay": i * epoch_s / 4},
+                    )
+                    for i in range(4)
+                ]
                 for r in range(a.runs):
-                    for policy in (["refcnt", "lru"] if r % 2 == 0 else ["lru", "refcnt"]):
+                    for policy in ["refcnt", "lru"] if r % 2 == 0 else ["lru", "refcnt"]:
                         work = tmp / f"stagger-{policy}-{r}"
                         work.mkdir()
-                        stagger[policy].append(shared_run(src, work, a.budget, 8, sjobs, a.epochs, ("--share-evict", policy))[0])
+                        stagger[policy].append(
+                            shared_run(
+                                src, work, a.budget, 8, sjobs, a.epochs, ("--share-evict", policy)
+                            )[0]
+                        )
                         shutil.rmtree(work, ignore_errors=True)
                 continue
             if case.startswith("same"):
                 k = int(case[4:])
-                jobs: list[tuple[str, float, dict[str, Any]]] = [(f"j{i}", step, {}) for i in range(k)]
+                jobs: list[tuple[str, float, dict[str, Any]]] = [
+                    (f"j{i}", step, {}) for i in range(k)
+                ]
                 mans: list[Path | None] = [None] * k
                 ideal = 1.0
             elif case == "slow":
@@ -220,7 +299,10 @@ def main() -> None:
                 ideal = 1.0
             elif case == "overlap":
                 k = 2
-                jobs = [("d1", step, {"subset": {"manifest": str(d1)}}), ("d2", step, {"subset": {"manifest": str(d2)}})]
+                jobs = [
+                    ("d1", step, {"subset": {"manifest": str(d1)}}),
+                    ("d2", step, {"subset": {"manifest": str(d2)}}),
+                ]
                 mans = [c1, c2]
                 ideal = 1.0 / 0.8
             else:
@@ -249,18 +331,36 @@ def main() -> None:
                 fast_shared = out["shared"][1][0]["samples"] / out["shared"][1][0]["secs"]
                 speed.append(fast_shared / fast_alone)
                 shutil.rmtree(work, ignore_errors=True)
-            rows.append((case, statistics.median(ratios_own), statistics.median(ratios_sep_own), statistics.median(ratios_sh), statistics.median(ratios_sep), ideal, statistics.median(speed)))
+            rows.append(
+                (
+                    case,
+                    statistics.median(ratios_own),
+                    statistics.median(ratios_sep_own),
+                    statistics.median(ratios_sh),
+                    statistics.median(ratios_sep),
+                    ideal,
+                    statistics.median(speed),
+                )
+            )
         print()
-        print("| case | shared / one job on its own mount | separate / one job on its own mount | shared / one job alone on the shared daemon | separate / one job alone on the shared daemon | |D1 u D2| / |D1| | first job's samples/s, shared / alone |")
+        print(
+            "| case | shared / one job on its own mount | separate / one job on its own mount | shared / one job alone on the shared daemon | separate / one job alone on the shared daemon | |D1 u D2| / |D1| | first job's samples/s, shared / alone |"
+        )
         print("|---|---|---|---|---|---|---|")
         for case, own, sep_own, sh, sep, ideal, sp in rows:
-            print(f"| {case} | {own:.3f} | {sep_own:.3f} | {sh:.3f} | {sep:.3f} | {ideal:.2f} | {sp:.2f} |")
+            print(
+                f"| {case} | {own:.3f} | {sep_own:.3f} | {sh:.3f} | {sep:.3f} | {ideal:.2f} | {sp:.2f} |"
+            )
         if stagger["refcnt"]:
             rc, lru = statistics.median(stagger["refcnt"]), statistics.median(stagger["lru"])
             print()
-            print("| staggered arrivals, 4 jobs over 75% subsets | tier MiB, --share-evict refcnt | tier MiB, lru | refcnt / lru |")
+            print(
+                "| staggered arrivals, 4 jobs over 75% subsets | tier MiB, --share-evict refcnt | tier MiB, lru | refcnt / lru |"
+            )
             print("|---|---|---|---|")
-            print(f"| runs: {stagger['refcnt']} / {stagger['lru']} | {rc / 2**20:.2f} | {lru / 2**20:.2f} | {rc / lru:.3f} |")
+            print(
+                f"| runs: {stagger['refcnt']} / {stagger['lru']} | {rc / 2**20:.2f} | {lru / 2**20:.2f} | {rc / lru:.3f} |"
+            )
 
 
 if __name__ == "__main__":

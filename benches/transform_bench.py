@@ -73,8 +73,14 @@ def make_dataset(root: Path) -> int:
     total = 0
     for i in range(FILES):
         a, b, c = rng.uniform(0, 6, 3)
-        base = np.stack([np.sin(a * xx + b * yy), np.cos(b * xx - c * yy), np.sin(c * (xx + yy))], -1)
-        img = ((base * 0.5 + 0.5) * 200 + rng.normal(0, 12, (SIDE, SIDE, 3))).clip(0, 255).astype(np.uint8)
+        base = np.stack(
+            [np.sin(a * xx + b * yy), np.cos(b * xx - c * yy), np.sin(c * (xx + yy))], -1
+        )
+        img = (
+            ((base * 0.5 + 0.5) * 200 + rng.normal(0, 12, (SIDE, SIDE, 3)))
+            .clip(0, 255)
+            .astype(np.uint8)
+        )
         p = root / f"class{i % 10}" / f"img{i:05d}.jpg"
         p.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(img).save(p, quality=90)
@@ -103,10 +109,33 @@ def run(work: Path, src: Path, transform: bool, budget: str, growth: float) -> t
     for d in (cache, mnt):
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
-    args = [METFS, "mount", "--source", str(src), "--cache", str(cache), "--budget", budget, "--rf", str(RF),
-            "--history", str(work / "hist.json"), "--compose", "sequential", "--mini-epochs", str(MINI_EPOCHS)]
+    args = [
+        METFS,
+        "mount",
+        "--source",
+        str(src),
+        "--cache",
+        str(cache),
+        "--budget",
+        budget,
+        "--rf",
+        str(RF),
+        "--history",
+        str(work / "hist.json"),
+        "--compose",
+        "sequential",
+        "--mini-epochs",
+        str(MINI_EPOCHS),
+    ]
     if transform:
-        args += ["--transform", f"python3 {work / 'prep.py'}", "--transform-workers", "1", "--transform-growth", str(growth)]
+        args += [
+            "--transform",
+            f"python3 {work / 'prep.py'}",
+            "--transform-workers",
+            "1",
+            "--transform-growth",
+            str(growth),
+        ]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
     sock = str(cache / "metfs.sock")
     t0 = time.perf_counter()
@@ -148,17 +177,25 @@ def main() -> int:
         npy = OUT * OUT * 3 + 128  # an .npy header is 128 bytes
         growth = float(np.ceil(2 * npy / smallest) / 2)
         budget = f"{int(2 * size * growth / MINI_EPOCHS * 1.5) // 1024 + 8192}KiB"
-        print(f"dataset: {FILES} JPEGs {SIDE}x{SIDE}, {size / 2**20:.1f} MiB; rf = {RF}; "
-              f"{MINI_EPOCHS} mini-epochs; transform growth {growth}; budget {budget}", flush=True)
+        print(
+            f"dataset: {FILES} JPEGs {SIDE}x{SIDE}, {size / 2**20:.1f} MiB; rf = {RF}; "
+            f"{MINI_EPOCHS} mini-epochs; transform growth {growth}; budget {budget}",
+            flush=True,
+        )
         results: dict[str, list[float]] = {"reader": [], "transform": []}
         for rep in range(REPS):
             for name in results:
                 secs, read = run(work, src, name == "transform", budget, growth)
                 results[name].append(read / secs)
-                print(f"rep {rep} {name:9s} {read} samples in {secs:6.2f} s = {read / secs:7.1f} samples/s", flush=True)
+                print(
+                    f"rep {rep} {name:9s} {read} samples in {secs:6.2f} s = {read / secs:7.1f} samples/s",
+                    flush=True,
+                )
         med = {k: statistics.median(v) for k, v in results.items()}
-        print(f"median samples/s: reader decodes every pass {med['reader']:.1f}, "
-              f"--transform {med['transform']:.1f}, ratio {med['transform'] / med['reader']:.2f}x")
+        print(
+            f"median samples/s: reader decodes every pass {med['reader']:.1f}, "
+            f"--transform {med['transform']:.1f}, ratio {med['transform'] / med['reader']:.2f}x"
+        )
     return 0
 
 

@@ -135,8 +135,17 @@ PREFIX = "tta"
 #: The adaptive policies' rf_max: twice the fixed side's rf (cnn_study's 16 left both policies
 #: on 2-3 mini-epochs of a one-minute run in a trial, Bollinger at rf_max nearly always).
 RF_MAX = 8
-SIDES = ["local", "metfs-score", "metfs-bollinger", "metfs-rf4", "metfs-rf4-block",
-         "s3fs", "rclone", "streaming", "direct"]
+SIDES = [
+    "local",
+    "metfs-score",
+    "metfs-bollinger",
+    "metfs-rf4",
+    "metfs-rf4-block",
+    "s3fs",
+    "rclone",
+    "streaming",
+    "direct",
+]
 PEERS = ["s3fs", "rclone", "streaming", "direct"]
 ADAPTIVE = ["metfs-score", "metfs-bollinger"]
 #: Sides that train exactly the local copy's sequence of batches (same orders, same bytes, one
@@ -180,11 +189,11 @@ def make_samples(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     bg = rng.uniform(0.0, 0.45, size=(n, 1, 1, 3)).astype(np.float32)
     out = np.empty((n, *SAMPLE_SHAPE), np.uint8)
     for lo in range(0, n, 500):
-        g = glyph[lo:lo + 500, ..., None].astype(np.float32) / 255.0
-        img = (bg[lo:lo + 500] + g * (fg[lo:lo + 500] - bg[lo:lo + 500])) * 255.0
+        g = glyph[lo : lo + 500, ..., None].astype(np.float32) / 255.0
+        img = (bg[lo : lo + 500] + g * (fg[lo : lo + 500] - bg[lo : lo + 500])) * 255.0
         img = np.repeat(np.repeat(img, UP, axis=1), UP, axis=2)
         img += rng.integers(-NOISE, NOISE + 1, size=img.shape, dtype=np.int16)
-        out[lo:lo + 500] = np.clip(img, 0, 255).round()
+        out[lo : lo + 500] = np.clip(img, 0, 255).round()
     return out, labels
 
 
@@ -204,8 +213,9 @@ def pool(raw: np.ndarray) -> Any:
     return torch.nn.functional.avg_pool2d(x, UP)
 
 
-def build(work: Path, n: int, tier: peers.Tier, with_mds: bool, shard_mib: int, val: int,
-          test: int) -> list[str]:
+def build(
+    work: Path, n: int, tier: peers.Tier, with_mds: bool, shard_mib: int, val: int, test: int
+) -> list[str]:
     """Writes the training set under work/data (the local copy), uploads it to the tier as
     PREFIX/files/KEY (and as MDS shards under PREFIX/mds for Streaming), and writes the
     validation and test sets, pooled, to work/eval.npz. Returns the keys, by sample index."""
@@ -218,7 +228,7 @@ def build(work: Path, n: int, tier: peers.Tier, with_mds: bool, shard_mib: int, 
         (data / f"{c:02d}").mkdir(parents=True, exist_ok=True)
     chunk = 2_000
     for lo in range(0, n, chunk):
-        x, y = x_all[lo:lo + chunk], y_all[lo:lo + chunk]
+        x, y = x_all[lo : lo + chunk], y_all[lo : lo + chunk]
         batch = []
         for j in range(len(y)):
             k = key_of(lo + j, int(y[j]))
@@ -228,9 +238,14 @@ def build(work: Path, n: int, tier: peers.Tier, with_mds: bool, shard_mib: int, 
             batch.append((f"{PREFIX}/files/{k}", b))
         tier.put_many(batch)
     if with_mds:
-        peers.write_mds(tier, f"{PREFIX}/mds", {"data": "bytes", "label": "int"},
-                        ({"data": x_all[i].tobytes(), "label": int(y_all[i])} for i in range(n)),
-                        shard_mib * MIB, work / "mds")
+        peers.write_mds(
+            tier,
+            f"{PREFIX}/mds",
+            {"data": "bytes", "label": "int"},
+            ({"data": x_all[i].tobytes(), "label": int(y_all[i])} for i in range(n)),
+            shard_mib * MIB,
+            work / "mds",
+        )
     del x_all
     import torch
 
@@ -241,9 +256,11 @@ def build(work: Path, n: int, tier: peers.Tier, with_mds: bool, shard_mib: int, 
         ev[f"{name}_x"] = pool(x).numpy()
         ev[f"{name}_y"] = y
     np.savez(work / "eval.npz", **ev)
-    log(f"dataset: {n} samples of {SAMPLE_BYTES >> 10} KiB ({n * SAMPLE_BYTES / MIB:.0f} MiB) "
+    log(
+        f"dataset: {n} samples of {SAMPLE_BYTES >> 10} KiB ({n * SAMPLE_BYTES / MIB:.0f} MiB) "
         f"written, uploaded{' (files and MDS shards)' if with_mds else ''} in "
-        f"{time.monotonic() - t:.0f} s")
+        f"{time.monotonic() - t:.0f} s"
+    )
     return keys
 
 
@@ -261,11 +278,21 @@ class Learner:
         nn = torch.nn
         c1, c2 = CHANNELS
         self.net = nn.Sequential(
-            nn.Conv2d(3, c1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(c2 * (SIDE // 4) ** 2, CLASSES))
-        self.opt = torch.optim.SGD(self.net.parameters(), lr=cnn_study.LR,
-                                   momentum=cnn_study.MOMENTUM, weight_decay=cnn_study.WD)
+            nn.Conv2d(3, c1, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(c2 * (SIDE // 4) ** 2, CLASSES),
+        )
+        self.opt = torch.optim.SGD(
+            self.net.parameters(),
+            lr=cnn_study.LR,
+            momentum=cnn_study.MOMENTUM,
+            weight_decay=cnn_study.WD,
+        )
         self.budget = budget
         self.seen = 0
         self.step_s = 0.0
@@ -300,8 +327,8 @@ class Learner:
         with torch.inference_mode():
             # Small batches: 2.5x faster than one large one for this model on one thread.
             for lo in range(0, len(y), 100):
-                pred = self.net(torch.from_numpy(x[lo:lo + 100])).argmax(1).numpy()
-                right += int((pred == y[lo:lo + 100]).sum())
+                pred = self.net(torch.from_numpy(x[lo : lo + 100])).argmax(1).numpy()
+                right += int((pred == y[lo : lo + 100]).sum())
         return right / len(y)
 
     def weights(self) -> dict[str, Any]:
@@ -333,7 +360,9 @@ class Job:
         return time.perf_counter() - self.t0
 
     def over(self) -> bool:
-        if self.t_end is None and (self.now() >= self.secs or self.learner.seen >= self.learner.budget):
+        if self.t_end is None and (
+            self.now() >= self.secs or self.learner.seen >= self.learner.budget
+        ):
             self.t_end = self.now()
             self.snapshot("end")
         return self.t_end is not None
@@ -347,7 +376,9 @@ class Job:
         self.last_snap = t
         self.snaps.append((t, self.learner.seen, kind, self.learner.weights()))
 
-    def train(self, batches: Iterator[tuple[list[np.ndarray], np.ndarray, int]]) -> tuple[float, int, int]:
+    def train(
+        self, batches: Iterator[tuple[list[np.ndarray], np.ndarray, int]]
+    ) -> tuple[float, int, int]:
         """Trains on `batches` until they end or the run is over; loss sum, correct, samples."""
         loss = 0.0
         correct = n = 0
@@ -375,12 +406,23 @@ class Job:
         for t, seen, kind, w in self.snaps:
             self.learner.net.load_state_dict(w)
             curve.append([round(t, 3), self.learner.accuracy(*self.test), seen, kind])
-        return {"secs": self.t_end, "samples": self.learner.seen, "step_s": self.learner.step_s,
-                "t_first": self.t_first, "curve": curve, "bytes": self.bytes, "note": self.note}
+        return {
+            "secs": self.t_end,
+            "samples": self.learner.seen,
+            "step_s": self.learner.step_s,
+            "t_first": self.t_first,
+            "curve": curve,
+            "bytes": self.bytes,
+            "note": self.note,
+        }
 
 
-def batches(items: Sequence[Any], fetch: Callable[[Any], bytes], label: Callable[[Any], int],
-            stop: Callable[[], bool]) -> Iterator[tuple[list[np.ndarray], np.ndarray, int]]:
+def batches(
+    items: Sequence[Any],
+    fetch: Callable[[Any], bytes],
+    label: Callable[[Any], int],
+    stop: Callable[[], bool],
+) -> Iterator[tuple[list[np.ndarray], np.ndarray, int]]:
     """The loader: THREADS threads fetch `items` in order, at most PREFETCH batches ahead;
     yields (samples, labels, bytes) per batch of BATCH until the items end or `stop()`."""
 
@@ -419,8 +461,9 @@ def read_file(path: str) -> bytes:
         return f.read()
 
 
-def full_shuffle(job: Job, paths: Sequence[Any], fetch: Callable[[Any], bytes],
-                 label: Callable[[Any], int]) -> None:
+def full_shuffle(
+    job: Job, paths: Sequence[Any], fetch: Callable[[Any], bytes], label: Callable[[Any], int]
+) -> None:
     """Epochs over every sample in a new order each (the same orders on every side)."""
     while not job.over():
         order = job.rng.permutation(len(paths))
@@ -434,14 +477,26 @@ def side_metfs(job: Job, spec: dict) -> None:
     flags, block = METFS[spec["side"]]
     validates = spec["side"] in ADAPTIVE
     tier = spec["tier"]
-    args = ["--endpoint", tier["endpoint"], "--region", "garage", "--allow-http",
-            "--budget", f"{spec['cache_mib']}MiB", "--seed", str(spec["seed"]), *flags]
+    args = [
+        "--endpoint",
+        tier["endpoint"],
+        "--region",
+        "garage",
+        "--allow-http",
+        "--budget",
+        f"{spec['cache_mib']}MiB",
+        "--seed",
+        str(spec["seed"]),
+        *flags,
+    ]
     learner = job.learner
 
     def train_pass(paths: Sequence[str]) -> tuple[dict[str, float], int]:
         order = job.rng.permutation(len(paths))
         before = job.bytes
-        loss, correct, n = job.train(batches([paths[i] for i in order], read_file, label_of, job.over))
+        loss, correct, n = job.train(
+            batches([paths[i] for i in order], read_file, label_of, job.over)
+        )
         metrics = {"loss": loss / max(n, 1), "accuracy": correct / max(n, 1)}
         if validates and not job.over():
             metrics["val_accuracy"] = learner.accuracy(*job.val)
@@ -450,15 +505,29 @@ def side_metfs(job: Job, spec: dict) -> None:
         return metrics, job.bytes - before
 
     work = Path(spec["dir"])
-    with mounted(spec["metfs"], f"s3://{tier['bucket']}/{PREFIX}/files", str(work), spec["side"],
-                 args, history=str(work / "rf-history.json")) as m:
-        run = met_passes(m, "tta", train_pass, lambda: learner.budget if job.over() else learner.seen,
-                         learner.budget, block=block)
+    with mounted(
+        spec["metfs"],
+        f"s3://{tier['bucket']}/{PREFIX}/files",
+        str(work),
+        spec["side"],
+        args,
+        history=str(work / "rf-history.json"),
+    ) as m:
+        run = met_passes(
+            m,
+            "tta",
+            train_pass,
+            lambda: learner.budget if job.over() else learner.seen,
+            learner.budget,
+            block=block,
+        )
     job.over()
     rfs = run.rfs
-    job.note = (f"{run.passes} passes, {len(rfs)} mini-epochs done, mean rf "
-                f"{statistics.mean(rfs) if rfs else float('nan'):.1f}, decisions "
-                + ", ".join(f"{k} {v}" for k, v in sorted(run.decisions.items())))
+    job.note = (
+        f"{run.passes} passes, {len(rfs)} mini-epochs done, mean rf "
+        f"{statistics.mean(rfs) if rfs else float('nan'):.1f}, decisions "
+        + ", ".join(f"{k} {v}" for k, v in sorted(run.decisions.items()))
+    )
     job.spec["metfs_tier_bytes"] = run.tier_bytes
     job.spec["decisions"] = run.decisions
     job.spec["rfs"] = rfs
@@ -470,8 +539,9 @@ def side_streaming(job: Job, spec: dict) -> None:
     from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()
-    sds = peers.streaming_dataset(f"s3://{tier['bucket']}/{PREFIX}/mds", spec["cache"],
-                                  spec["cache_mib"], spec["seed"])
+    sds = peers.streaming_dataset(
+        f"s3://{tier['bucket']}/{PREFIX}/mds", spec["cache"], spec["cache_mib"], spec["seed"]
+    )
     q: queue.Queue = queue.Queue(PREFETCH * BATCH)
     halt = threading.Event()
     epochs = [0]
@@ -549,7 +619,9 @@ def child(spec_path: str) -> None:
             def get(k: str) -> bytes:
                 if not hasattr(local, "c"):
                     local.c = peers.Tier.client(tier)
-                return local.c.get_object(Bucket=tier.bucket, Key=f"{PREFIX}/files/{k}")["Body"].read()
+                return local.c.get_object(Bucket=tier.bucket, Key=f"{PREFIX}/files/{k}")[
+                    "Body"
+                ].read()
 
             full_shuffle(job, keys, get, lambda k: int(k.split("/")[0]))
         else:
@@ -585,12 +657,26 @@ def one(cfg: argparse.Namespace, tier: peers.Tier, side: str, seed: int, keys: l
     cache.mkdir(parents=True)
     mnt.mkdir()
     spec = {
-        "side": side, "seed": seed, "secs": cfg.secs, "budget": cfg.epochs * len(keys),
-        "snap_secs": cfg.snap_secs, "eval": str(cfg.work / "eval.npz"), "data": str(cfg.work / "data"),
-        "keys": keys, "cache": str(cache), "mnt": str(mnt), "dir": str(base), "cache_mib": cfg.cache_mib,
-        "metfs": cfg.metfs, "out": str(base / "result.json"),
-        "tier": {"env": {k: v for k, v in tier.env.items() if k.startswith("AWS_")},
-                 "endpoint": tier.endpoint, "garage": tier.garage, "bucket": tier.bucket},
+        "side": side,
+        "seed": seed,
+        "secs": cfg.secs,
+        "budget": cfg.epochs * len(keys),
+        "snap_secs": cfg.snap_secs,
+        "eval": str(cfg.work / "eval.npz"),
+        "data": str(cfg.work / "data"),
+        "keys": keys,
+        "cache": str(cache),
+        "mnt": str(mnt),
+        "dir": str(base),
+        "cache_mib": cfg.cache_mib,
+        "metfs": cfg.metfs,
+        "out": str(base / "result.json"),
+        "tier": {
+            "env": {k: v for k, v in tier.env.items() if k.startswith("AWS_")},
+            "endpoint": tier.endpoint,
+            "garage": tier.garage,
+            "bucket": tier.bucket,
+        },
     }
     spec_path = base / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -614,16 +700,28 @@ def one(cfg: argparse.Namespace, tier: peers.Tier, side: str, seed: int, keys: l
         row = json.loads((base / "result.json").read_text())
     except (OSError, ValueError):
         tail = (base / "log").read_text()[-1500:]
-        row = {"error": f"child exited {p.exitcode}: {tail}", "curve": [], "secs": 0, "samples": 0,
-               "step_s": 0, "t_first": None, "bytes": 0, "note": ""}
-    row.update(side=side, seed=seed, tier_bytes=tier_bytes if side != "local" else 0, process_secs=wall)
+        row = {
+            "error": f"child exited {p.exitcode}: {tail}",
+            "curve": [],
+            "secs": 0,
+            "samples": 0,
+            "step_s": 0,
+            "t_first": None,
+            "bytes": 0,
+            "note": "",
+        }
+    row.update(
+        side=side, seed=seed, tier_bytes=tier_bytes if side != "local" else 0, process_secs=wall
+    )
     if not cfg.keep:
         shutil.rmtree(base, ignore_errors=True)
     acc = row["curve"][-1][1] if row["curve"] else float("nan")
-    log(f"{side} seed {seed} ({wall:.0f} s in all, setup {row.get('setup_s', 0):.1f} s, "
+    log(
+        f"{side} seed {seed} ({wall:.0f} s in all, setup {row.get('setup_s', 0):.1f} s, "
         f"eval {row.get('eval_s', 0):.1f} s): {row['samples']} samples in {row['secs']:.1f} s, test accuracy "
         f"{100 * acc:.2f} %, tier {tier_bytes / MIB:.0f} MiB, steps {row['step_s']:.1f} s"
-        f"{', ' + row['note'] if row['note'] else ''}{' ERROR ' + row['error'] if row['error'] else ''}")
+        f"{', ' + row['note'] if row['note'] else ''}{' ERROR ' + row['error'] if row['error'] else ''}"
+    )
     return row
 
 
@@ -725,17 +823,24 @@ def summarise(rows: list[dict], sides: list[str], target: float, secs: float) ->
     return out
 
 
-def table(summary: dict[str, dict], sides: list[str], rows: list[dict], dataset_bytes: int,
-          secs: float) -> str:
+def table(
+    summary: dict[str, dict], sides: list[str], rows: list[dict], dataset_bytes: int, secs: float
+) -> str:
     local = summary.get("local", {}).get("ttt")
-    out = ["| side | time to target, s | vs local copy | test accuracy at "
-           f"{secs:g} s, % | tier bytes / dataset | training steps / wall | after first batch "
-           "| step, ms per sample | samples consumed | runs' time to target, s |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    out = [
+        "| side | time to target, s | vs local copy | test accuracy at "
+        f"{secs:g} s, % | tier bytes / dataset | training steps / wall | after first batch "
+        "| step, ms per sample | samples consumed | runs' time to target, s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for side in sides:
         s = summary.get(side)
         if s is None:
-            errs = [r["error"].strip().splitlines()[-1] for r in rows if r["side"] == side and r["error"]]
+            errs = [
+                r["error"].strip().splitlines()[-1]
+                for r in rows
+                if r["side"] == side and r["error"]
+            ]
             out.append(f"| {LABELS[side]} | n/a | | | | | | | | {errs[0] if errs else 'not run'} |")
             continue
         if math.isinf(s["ttt"]):
@@ -756,7 +861,8 @@ def table(summary: dict[str, dict], sides: list[str], rows: list[dict], dataset_
             f"| {LABELS[side]} | {ttt} | {vs} | {fmt_spread(s['acc'], 100, 2)} | "
             f"{fmt_spread(tier, 1, 2)} | {fmt_spread(s['frac'], 100, 0)} % | "
             f"{fmt_spread(s['frac_after'], 100, 0)} % | {statistics.median(s['step_ms']):.2f} | "
-            f"{statistics.median(s['samples']):,.0f} | {runs} |")
+            f"{statistics.median(s['samples']):,.0f} | {runs} |"
+        )
     return "\n".join(out)
 
 
@@ -773,56 +879,80 @@ def goals(summary: dict[str, dict], secs: float) -> list[str]:
     tp = summary[best_p]["ttt"]
     tl = summary["local"]["ttt"]
     if math.isinf(ta):
-        out.append("time to target: no adaptive metfs side reached the target (median): goals "
-                   "(<= 0.5x the best peer, <= 1.3x the local copy) NOT met")
+        out.append(
+            "time to target: no adaptive metfs side reached the target (median): goals "
+            "(<= 0.5x the best peer, <= 1.3x the local copy) NOT met"
+        )
     else:
         if math.isinf(tp):
             proj = {p: summary[p]["ttt_proj"] for p in peer if summary[p]["ttt_proj"] is not None}
-            line = (f"time to target, {LABELS[best_a]} {ta:.1f} s; no peer reached the target within "
-                    f"{secs:g} s, so against the best peer the ratio is below {ta / secs:.2f}x")
+            line = (
+                f"time to target, {LABELS[best_a]} {ta:.1f} s; no peer reached the target within "
+                f"{secs:g} s, so against the best peer the ratio is below {ta / secs:.2f}x"
+            )
             if ta <= 0.5 * secs:
                 line += ": goal <= 0.5x met"
             elif proj:
                 bp = min(proj, key=lambda p: proj[p])
-                line += (f"; against the best peer's projected time ({LABELS[bp]}, {proj[bp]:.0f} s, "
-                         f"the rate it read at, to the sample count where the local copy reached the "
-                         f"target): {ta / proj[bp]:.2f}x: goal <= 0.5x "
-                         f"{'met on the projection' if ta <= 0.5 * proj[bp] else 'NOT met'}")
+                line += (
+                    f"; against the best peer's projected time ({LABELS[bp]}, {proj[bp]:.0f} s, "
+                    f"the rate it read at, to the sample count where the local copy reached the "
+                    f"target): {ta / proj[bp]:.2f}x: goal <= 0.5x "
+                    f"{'met on the projection' if ta <= 0.5 * proj[bp] else 'NOT met'}"
+                )
             else:
                 line += ": goal <= 0.5x not shown"
             out.append(line)
         else:
-            out.append(f"time to target, {LABELS[best_a]} {ta:.1f} s against the best peer "
-                       f"({LABELS[best_p]}) {tp:.1f} s: {ta / max(tp, 1e-9):.2f}x, goal <= 0.5x "
-                       f"{'met' if ta <= 0.5 * tp else 'NOT met'}")
+            out.append(
+                f"time to target, {LABELS[best_a]} {ta:.1f} s against the best peer "
+                f"({LABELS[best_p]}) {tp:.1f} s: {ta / max(tp, 1e-9):.2f}x, goal <= 0.5x "
+                f"{'met' if ta <= 0.5 * tp else 'NOT met'}"
+            )
         if math.isinf(tl):
-            out.append("time to target against the local copy: the local copy's median did not reach it")
+            out.append(
+                "time to target against the local copy: the local copy's median did not reach it"
+            )
         else:
-            out.append(f"time to target, {LABELS[best_a]} {ta:.1f} s against the local copy {tl:.1f} s: "
-                       f"{ta / max(tl, 1e-9):.2f}x, goal <= 1.3x {'met' if ta <= 1.3 * tl else 'NOT met'}")
+            out.append(
+                f"time to target, {LABELS[best_a]} {ta:.1f} s against the local copy {tl:.1f} s: "
+                f"{ta / max(tl, 1e-9):.2f}x, goal <= 1.3x {'met' if ta <= 1.3 * tl else 'NOT met'}"
+            )
     for m in [s for s in METFS if s in summary]:
         f = statistics.median(summary[m]["frac_after"])
-        goal = "" if m == "metfs-rf4-block" else f", goal >= 90 % {'met' if f >= 0.9 else 'NOT met'}"
-        out.append(f"{LABELS[m]}: {100 * f:.0f} % of wall time in training steps once the first "
-                   f"mini-epoch is staged{goal}")
+        goal = (
+            "" if m == "metfs-rf4-block" else f", goal >= 90 % {'met' if f >= 0.9 else 'NOT met'}"
+        )
+        out.append(
+            f"{LABELS[m]}: {100 * f:.0f} % of wall time in training steps once the first "
+            f"mini-epoch is staged{goal}"
+        )
     for p in peer:
         f = statistics.median(summary[p]["frac_after"])
-        out.append(f"{LABELS[p]}: {100 * f:.0f} % of wall time in training steps after its first batch")
+        out.append(
+            f"{LABELS[p]}: {100 * f:.0f} % of wall time in training steps after its first batch"
+        )
     for p in SAME_AS_LOCAL:
         d = summary.get(p, {}).get("same_diff")
         if d is not None:
-            out.append(f"{LABELS[p]} trains the local copy's batches: largest difference of test accuracy "
-                       f"at the sample counts both measured {100 * d:.2f} points")
+            out.append(
+                f"{LABELS[p]} trains the local copy's batches: largest difference of test accuracy "
+                f"at the sample counts both measured {100 * d:.2f} points"
+            )
     best_pa = max(peer, key=lambda p: statistics.median(summary[p]["acc"]))
     pa = statistics.median(summary[best_pa]["acc"])
     for m in [s for s in METFS if s in summary]:
         a = statistics.median(summary[m]["acc"])
-        out.append(f"accuracy at {secs:g} s, {LABELS[m]} {100 * a:.2f} % against the best peer "
-                   f"({LABELS[best_pa]}) {100 * pa:.2f} %: goal (not below) {'met' if a >= pa else 'NOT met'}")
+        out.append(
+            f"accuracy at {secs:g} s, {LABELS[m]} {100 * a:.2f} % against the best peer "
+            f"({LABELS[best_pa]}) {100 * pa:.2f} %: goal (not below) {'met' if a >= pa else 'NOT met'}"
+        )
     return out
 
 
-def curves(summary_rows: list[dict], sides: list[str], target: float, secs: float, step: float) -> dict:
+def curves(
+    summary_rows: list[dict], sides: list[str], target: float, secs: float, step: float
+) -> dict:
     """Median accuracy of each side's seeds at every `step` seconds: `metfs plot`'s input."""
     series = []
     # Runs end a step after the budget at most: the last point is the run's end.
@@ -831,11 +961,17 @@ def curves(summary_rows: list[dict], sides: list[str], target: float, secs: floa
         rs = [r for r in summary_rows if r["side"] == side and not r["error"] and r["curve"]]
         if not rs:
             continue
-        pts = [[t, round(100 * statistics.median(held(r["curve"], t) for r in rs), 3)] for t in grid]
+        pts = [
+            [t, round(100 * statistics.median(held(r["curve"], t) for r in rs), 3)] for t in grid
+        ]
         series.append({"name": LABELS[side], "points": pts})
-    return {"title": f"Test accuracy against wall time (median of {len({r['seed'] for r in summary_rows})} seeds)",
-            "x_label": "wall time, s", "y_label": "test accuracy, %", "series": series,
-            "hlines": [{"y": round(100 * target, 3), "label": f"target {100 * target:.2f} %"}]}
+    return {
+        "title": f"Test accuracy against wall time (median of {len({r['seed'] for r in summary_rows})} seeds)",
+        "x_label": "wall time, s",
+        "y_label": "test accuracy, %",
+        "series": series,
+        "hlines": [{"y": round(100 * target, 3), "label": f"target {100 * target:.2f} %"}],
+    }
 
 
 def plot(cfg: argparse.Namespace, doc: dict) -> str:
@@ -845,11 +981,14 @@ def plot(cfg: argparse.Namespace, doc: dict) -> str:
     Path(path).write_text(json.dumps(doc, indent=1))
     if not cfg.png:
         return f"curves: {path} (no --png asked)"
-    probe = subprocess.run([cfg.metfs, "plot", "--help"], capture_output=True, text=True, check=False)
+    probe = subprocess.run(
+        [cfg.metfs, "plot", "--help"], capture_output=True, text=True, check=False
+    )
     if probe.returncode != 0:
         return f"PNG not drawn: {cfg.metfs} has no `plot` subcommand (curves in {path})"
-    r = subprocess.run([cfg.metfs, "plot", str(path), str(cfg.png)], capture_output=True, text=True,
-                       check=False)
+    r = subprocess.run(
+        [cfg.metfs, "plot", str(path), str(cfg.png)], capture_output=True, text=True, check=False
+    )
     if r.returncode != 0:
         return f"PNG not drawn: metfs plot failed: {r.stderr.strip()[-500:]}"
     return f"PNG: {cfg.png} (curves {path})"
@@ -863,20 +1002,34 @@ def shm_or_tmp() -> str | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="1,500 samples, 1 seed, 6 s per run, local + every metfs side + direct")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="1,500 samples, 1 seed, 6 s per run, local + every metfs side + direct",
+    )
     ap.add_argument("--samples", type=int, default=20_000)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--secs", type=float, default=60, help="wall-time budget of every run")
-    ap.add_argument("--epochs", type=float, default=5,
-                    help="sample budget (and cosine schedule length) in training sets")
+    ap.add_argument(
+        "--epochs",
+        type=float,
+        default=5,
+        help="sample budget (and cosine schedule length) in training sets",
+    )
     ap.add_argument("--snap-secs", type=float, default=2, help="weights copied at least this often")
-    ap.add_argument("--val", type=int, default=500, help="validation samples (the adaptive policies')")
+    ap.add_argument(
+        "--val", type=int, default=500, help="validation samples (the adaptive policies')"
+    )
     ap.add_argument("--test", type=int, default=2_500, help="test samples (the reported accuracy)")
-    ap.add_argument("--cache-frac", type=float, default=1 / 3, help="cache budget, a fraction of the dataset")
-    ap.add_argument("--rate-mib", default="auto",
-                    help="tier cap in MiB/s, or auto: a tier epoch takes --ratio times the local copy's")
+    ap.add_argument(
+        "--cache-frac", type=float, default=1 / 3, help="cache budget, a fraction of the dataset"
+    )
+    ap.add_argument(
+        "--rate-mib",
+        default="auto",
+        help="tier cap in MiB/s, or auto: a tier epoch takes --ratio times the local copy's",
+    )
     ap.add_argument("--ratio", type=float, default=4)
     ap.add_argument("--shard-mib", type=int, default=32, help="MDS shard size for Streaming")
     ap.add_argument("--keep", action="store_true")
@@ -916,7 +1069,9 @@ def main() -> None:
             log(f"skipping {s}: {why}")
     dataset_bytes = cfg.samples * SAMPLE_BYTES
     cfg.cache_mib = int(dataset_bytes * cfg.cache_frac) // MIB
-    cfg.work = Path(os.environ.get("TTA_WORK") or tempfile.mkdtemp(prefix="metfs-tta.", dir=shm_or_tmp()))
+    cfg.work = Path(
+        os.environ.get("TTA_WORK") or tempfile.mkdtemp(prefix="metfs-tta.", dir=shm_or_tmp())
+    )
     cfg.work.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     auto = cfg.rate_mib == "auto"
@@ -924,7 +1079,9 @@ def main() -> None:
     rows: list[dict] = []
     out: list[str] = []
     try:
-        keys = build(cfg.work, cfg.samples, tier, "streaming" in sides, cfg.shard_mib, cfg.val, cfg.test)
+        keys = build(
+            cfg.work, cfg.samples, tier, "streaming" in sides, cfg.shard_mib, cfg.val, cfg.test
+        )
         for seed in seeds:
             rows.append(one(cfg, tier, "local", seed, keys))
         local = [r for r in rows if r["side"] == "local" and not r["error"]]
@@ -938,11 +1095,13 @@ def main() -> None:
         if auto:
             tier.start_proxy(int(dataset_bytes / (cfg.ratio * compute_epoch)))
         tier_epoch = dataset_bytes / tier.rate
-        head = (f"Target accuracy: {100 * target:.2f} % (the local copy's median final test accuracy "
-                f"{100 * (target + 0.01):.2f} % minus one point), fixed before the other runs.\n"
-                f"Compute: the local copy trains {sps:,.0f} samples/s, an epoch in {compute_epoch:.1f} s; "
-                f"tier capped at {tier.rate / MIB:.1f} MiB/s: a full-shuffle epoch from the tier takes "
-                f"{tier_epoch:.1f} s, {tier_epoch / compute_epoch:.1f}x the epoch's compute.")
+        head = (
+            f"Target accuracy: {100 * target:.2f} % (the local copy's median final test accuracy "
+            f"{100 * (target + 0.01):.2f} % minus one point), fixed before the other runs.\n"
+            f"Compute: the local copy trains {sps:,.0f} samples/s, an epoch in {compute_epoch:.1f} s; "
+            f"tier capped at {tier.rate / MIB:.1f} MiB/s: a full-shuffle epoch from the tier takes "
+            f"{tier_epoch:.1f} s, {tier_epoch / compute_epoch:.1f}x the epoch's compute."
+        )
         print(head, flush=True)
         others = [s for s in sides if s != "local"]
         for k, seed in enumerate(seeds):
@@ -950,12 +1109,17 @@ def main() -> None:
             for side in others[j:] + others[:j]:
                 rows.append(one(cfg, tier, side, seed, keys))
         summary = summarise(rows, sides, target, cfg.secs)
-        out = [head, "",
-               f"Dataset: {cfg.samples:,} samples of {SAMPLE_BYTES >> 10} KiB ({dataset_bytes / MIB:.0f} MiB); "
-               f"cache budget {cfg.cache_mib} MiB ({cfg.cache_frac:.2f} of it) for every side; "
-               f"{len(seeds)} seed(s) {seeds}; time budget {cfg.secs:g} s per run; sample budget "
-               f"{cfg.epochs:g} epochs; medians (min–max).", "",
-               table(summary, sides, rows, dataset_bytes, cfg.secs), ""]
+        out = [
+            head,
+            "",
+            f"Dataset: {cfg.samples:,} samples of {SAMPLE_BYTES >> 10} KiB ({dataset_bytes / MIB:.0f} MiB); "
+            f"cache budget {cfg.cache_mib} MiB ({cfg.cache_frac:.2f} of it) for every side; "
+            f"{len(seeds)} seed(s) {seeds}; time budget {cfg.secs:g} s per run; sample budget "
+            f"{cfg.epochs:g} epochs; medians (min–max).",
+            "",
+            table(summary, sides, rows, dataset_bytes, cfg.secs),
+            "",
+        ]
         out += goals(summary, cfg.secs)
         for s, why in skipped.items():
             out.append(f"skipped {s}: {why}")
@@ -963,11 +1127,24 @@ def main() -> None:
         out.append(f"total {time.monotonic() - t_start:.0f} s")
         print("\n".join(out), flush=True)
         if cfg.json:
-            cfg.json.write_text(json.dumps(
-                {"rows": rows, "skipped": skipped, "target": target, "sides": sides,
-                 "cache_mib": cfg.cache_mib, "rate": tier.rate, "compute_epoch": compute_epoch,
-                 "dataset_bytes": dataset_bytes, "summary": summary, "report": out},
-                indent=1, default=str))
+            cfg.json.write_text(
+                json.dumps(
+                    {
+                        "rows": rows,
+                        "skipped": skipped,
+                        "target": target,
+                        "sides": sides,
+                        "cache_mib": cfg.cache_mib,
+                        "rate": tier.rate,
+                        "compute_epoch": compute_epoch,
+                        "dataset_bytes": dataset_bytes,
+                        "summary": summary,
+                        "report": out,
+                    },
+                    indent=1,
+                    default=str,
+                )
+            )
     finally:
         log("stopping the tier")
         tier.stop()

@@ -88,9 +88,7 @@ ADAPTIVE: dict[str, str] = {
     # The other reading of the band rule: leave on either side (issue 33, item 4).
     "bollinger either": f"--rf-policy bollinger --bollinger-side either --rf-max {RF_FIXED}",
 }
-LEARNED = (
-    f"--rf-policy learned --learned-fallback score --score-wait 6 --rf-max {RF_FIXED}"
-)
+LEARNED = f"--rf-policy learned --learned-fallback score --score-wait 6 --rf-max {RF_FIXED}"
 FIXED = f"--rf-policy fixed --rf {RF_FIXED}"
 CHANNELS = (8, 16)
 BATCH = 64
@@ -98,9 +96,7 @@ LR = 0.05
 MOMENTUM = 0.9
 WD = 5e-4
 #: How the table shows the offline configuration's transform.
-TRANSFORM_NOTE = (
-    " --transform 'cnn_study.py --augment-worker SEED' --transform-workers 1"
-)
+TRANSFORM_NOTE = " --transform 'cnn_study.py --augment-worker SEED' --transform-workers 1"
 #: Largest shift of the augmentation, in pixels.
 SHIFT = 2
 
@@ -137,28 +133,19 @@ def configs() -> list[Config]:
 # ---------------------------------------------------------------------------------------------
 
 
-def render(
-    labels: np.ndarray, rng: np.random.Generator, side: int = SIDE
-) -> np.ndarray:
+def render(labels: np.ndarray, rng: np.random.Generator, side: int = SIDE) -> np.ndarray:
     """Draws one glyph image per label (uint8, ``side`` x ``side``). Stroke widths scale with
     ``side``, so a larger side draws the same glyphs at a finer resolution (pixel noise stays
     per pixel); the default side is the study's own."""
-    protos = np.random.default_rng(1234).uniform(
-        0.15, 0.85, size=(CLASSES, STYLES, 3, 2, 2)
-    )
+    protos = np.random.default_rng(1234).uniform(0.15, 0.85, size=(CLASSES, STYLES, 3, 2, 2))
     n = len(labels)
-    pts = protos[
-        labels, rng.integers(0, STYLES, size=n)
-    ]  # n, stroke, endpoint, (row, col)
+    pts = protos[labels, rng.integers(0, STYLES, size=n)]  # n, stroke, endpoint, (row, col)
     pts = pts + rng.normal(0.0, 0.06, size=pts.shape)
     theta = rng.uniform(-0.35, 0.35, size=n)
     scale = rng.uniform(0.8, 1.15, size=n)
     shift = rng.uniform(-0.1, 0.1, size=(n, 2))
     c, s = np.cos(theta), np.sin(theta)
-    rot = (
-        np.stack([np.stack([c, -s], -1), np.stack([s, c], -1)], -2)
-        * scale[:, None, None]
-    )
+    rot = np.stack([np.stack([c, -s], -1), np.stack([s, c], -1)], -2) * scale[:, None, None]
     pts = np.einsum("nij,nsej->nsei", rot, pts - 0.5) + 0.5 + shift[:, None, None, :]
     clutter = rng.uniform(0.05, 0.95, size=(n, 1, 2, 2))
     clutter[:, :, 1] = clutter[:, :, 0] + rng.normal(0.0, 0.15, size=(n, 1, 2))
@@ -179,9 +166,7 @@ def render(
     t = np.clip((ap * ab).sum(-1) / np.maximum((ab * ab).sum(-1), 1e-9), 0.0, 1.0)
     dist = np.linalg.norm(ap - t[..., None] * ab, axis=-1) * side
     ink = np.clip(width[:, :, None] / 2 + 0.5 - dist, 0.0, 1.0) * intensity[:, :, None]
-    img = ink.max(1).reshape(n, side, side) + rng.normal(
-        0.0, 0.15, size=(n, side, side)
-    )
+    img = ink.max(1).reshape(n, side, side) + rng.normal(0.0, 0.15, size=(n, side, side))
     return (np.clip(img, 0.0, 1.0) * 255).round().astype(np.uint8)
 
 
@@ -189,9 +174,7 @@ def glyphs(n: int, seed: int, side: int = SIDE) -> tuple[np.ndarray, np.ndarray]
     """``n`` samples, ``n / CLASSES`` per class in a random order; deterministic per seed."""
     rng = np.random.default_rng(seed)
     labels = rng.permutation(np.arange(n) % CLASSES)
-    x = np.concatenate(
-        [render(labels[i : i + 2000], rng, side) for i in range(0, n, 2000)]
-    )
+    x = np.concatenate([render(labels[i : i + 2000], rng, side) for i in range(0, n, 2000)])
     return x, labels
 
 
@@ -281,9 +264,7 @@ class Trainer:
             nn.Flatten(),
             nn.Linear(c2 * (SIDE // 4) ** 2, CLASSES),
         )
-        self.opt = torch.optim.SGD(
-            self.net.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD
-        )
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
         self.rng = np.random.default_rng(seed)
         self.budget = budget
         self.seen = 0
@@ -383,9 +364,7 @@ def run_met(
     """One MET run; returns its result and how many passes the recorded schedule decided."""
     t0 = time.monotonic()
     budget = FULL_EPOCHS * TRAIN
-    trainer = Trainer(
-        seed, budget, data["val"], data["test"], cfg.augment, cfg.validates
-    )
+    trainer = Trainer(seed, budget, data["val"], data["test"], cfg.augment, cfg.validates)
     flags = ["--budget", "16MiB", "--mini-epochs", str(cfg.nm)]
     flags += ["--seed", str(seed if mount_seed is None else mount_seed)]
     flags += (cfg.flags or "").split()
@@ -397,13 +376,9 @@ def run_met(
         x, y, nbytes = read_glyphs(paths)
         return trainer.train_pass(x, y), nbytes
 
-    with mounted(
-        binary, train_dir, work, f"{cfg.name}-s{seed}", flags, history=history
-    ) as m:
+    with mounted(binary, train_dir, work, f"{cfg.name}-s{seed}", flags, history=history) as m:
         run = met_passes(m, "cnn_study", train_pass, lambda: trainer.seen, budget)
-    result = to_result(
-        cfg.name, seed, trainer.accuracy(trainer.test), trainer.seen, run
-    )
+    result = to_result(cfg.name, seed, trainer.accuracy(trainer.test), trainer.seen, run)
     result.seconds = time.monotonic() - t0
     result.read_seconds = run.read_seconds
     return result, run.replayed
@@ -450,24 +425,14 @@ def verdict(results: list[rfx.Result]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument(
-        "--seeds", default="0,1,2", help="training and mount seeds (default 0,1,2)"
-    )
+    ap.add_argument("--seeds", default="0,1,2", help="training and mount seeds (default 0,1,2)")
     ap.add_argument(
         "--learned-seeds", default="10,11,12", help="training seeds of the learned runs"
     )
-    ap.add_argument(
-        "--only", default=None, help="configurations to run, comma-separated"
-    )
-    ap.add_argument(
-        "--metfs", default=None, help="binary (default $METFS_BIN, else release)"
-    )
-    ap.add_argument(
-        "--out", default=None, help="work directory (default a temporary one)"
-    )
-    ap.add_argument(
-        "--json", default=None, help="write every run's result to this file"
-    )
+    ap.add_argument("--only", default=None, help="configurations to run, comma-separated")
+    ap.add_argument("--metfs", default=None, help="binary (default $METFS_BIN, else release)")
+    ap.add_argument("--out", default=None, help="work directory (default a temporary one)")
+    ap.add_argument("--json", default=None, help="write every run's result to this file")
     ap.add_argument("--augment-worker", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.augment_worker is not None:
@@ -507,9 +472,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[rfx.Result] = []
     replayed: dict[tuple[str, int], int] = {}
-    best: tuple[float, str, int, str] | None = (
-        None  # accuracy, config, seed, history file
-    )
+    best: tuple[float, str, int, str] | None = None  # accuracy, config, seed, history file
     for cfg in cfgs:
         run_seeds = learned_seeds if cfg.name == "learned" else seeds
         for seed in run_seeds:
@@ -517,9 +480,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_full_shuffle(cfg, train_dir, seed, data)
             elif cfg.name == "learned":
                 if best is None:
-                    print(
-                        "learned: no score or bollinger run to replay", file=sys.stderr
-                    )
+                    print("learned: no score or bollinger run to replay", file=sys.stderr)
                     break
                 hist = os.path.join(histories, f"learned-s{seed}.json")
                 shutil.copyfile(best[3], hist)
@@ -534,9 +495,7 @@ def main(argv: list[str] | None = None) -> int:
                     history=hist,
                 )
             else:
-                hist = os.path.join(
-                    histories, f"{cfg.name.replace(' ', '_')}-s{seed}.json"
-                )
+                hist = os.path.join(histories, f"{cfg.name.replace(' ', '_')}-s{seed}.json")
                 r, _ = run_met(cfg, binary, train_dir, work, seed, data, history=hist)
                 if cfg.name in ADAPTIVE and (best is None or r.val_accuracy > best[0]):
                     best = (r.val_accuracy, cfg.name, seed, hist)
@@ -564,11 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for c in cfgs
     ]
-    print(
-        rfx.table(table_cfgs, results, dataset_bytes).replace(
-            "val accuracy", "test accuracy", 1
-        )
-    )
+    print(rfx.table(table_cfgs, results, dataset_bytes).replace("val accuracy", "test accuracy", 1))
     print("\nrf per mini-epoch, all seeds (completed mini-epochs):\n\n```")
     for cfg in cfgs:
         if cfg.flags is not None:
@@ -576,7 +531,9 @@ def main(argv: list[str] | None = None) -> int:
             rfs = [n for r in rs for n in r.rfs]
             print(rfx.histogram(cfg.name, rfs, bin_width=2, top=RF_FIXED))
             print(
-                rfx.by_quarter([(f, n) for r in rs for f, n in zip(r.rf_starts, r.rfs, strict=False)])
+                rfx.by_quarter(
+                    [(f, n) for r in rs for f, n in zip(r.rf_starts, r.rfs, strict=False)]
+                )
             )
     print("```\n")
     print("\n".join(verdict(results)))

@@ -40,11 +40,7 @@ from rf_experiment import Result, metfs  # also puts the client on sys.path
 
 def metfs_binary(flag: str | None) -> str:
     """The metfs binary: the ``--metfs`` flag, else ``$METFS_BIN``, else the release build."""
-    return (
-        flag
-        or os.environ.get("METFS_BIN")
-        or os.path.join(ROOT, "target", "release", "metfs")
-    )
+    return flag or os.environ.get("METFS_BIN") or os.path.join(ROOT, "target", "release", "metfs")
 
 
 def unwind_on_signals() -> None:
@@ -58,9 +54,7 @@ def unwind_on_signals() -> None:
 
 
 def run_metfs(binary: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [binary, *args], check=False, capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([binary, *args], check=False, capture_output=True, text=True, timeout=300)
 
 
 @dataclass
@@ -139,13 +133,9 @@ class MetRun:
     """What :func:`met_passes` recorded of one MET run, besides the training's own metrics."""
 
     rfs: list[int] = field(default_factory=list)  # passes of each completed mini-epoch
-    rf_starts: list[float] = field(
-        default_factory=list
-    )  # where each began, budget fraction
+    rf_starts: list[float] = field(default_factory=list)  # where each began, budget fraction
     last_partial: int = 0  # passes over the mini-epoch the budget ended in
-    classes: list[dict[int, int]] = field(
-        default_factory=list
-    )  # class histogram per view
+    classes: list[dict[int, int]] = field(default_factory=list)  # class histogram per view
     decisions: dict[str, int] = field(default_factory=dict)
     replayed: int = 0  # `learned` decisions taken from the recorded schedule
     tier_bytes: int = 0
@@ -180,9 +170,7 @@ def met_passes(
         if p.position != position:
             position = p.position
             mes.append([0, seen()])
-            out.classes.append(
-                dict(sorted(Counter(label_of(f) for f in p.paths).items()))
-            )
+            out.classes.append(dict(sorted(Counter(label_of(f) for f in p.paths).items())))
         mes[-1][0] += 1
         t = time.monotonic()
         metrics, nbytes = train_pass(p.paths)
@@ -204,9 +192,7 @@ def met_passes(
     return out
 
 
-def to_result(
-    config: str, seed: int, accuracy: float, samples: int, run: MetRun
-) -> Result:
+def to_result(config: str, seed: int, accuracy: float, samples: int, run: MetRun) -> Result:
     """A :class:`rf_experiment.Result` (its report helpers take those) from a MET run."""
     return Result(
         config=config,

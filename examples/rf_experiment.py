@@ -166,9 +166,7 @@ class Trainer:
         self.net = torch.nn.Sequential(
             torch.nn.Linear(64, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 10)
         )
-        self.opt = torch.optim.SGD(
-            self.net.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD
-        )
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
         self.rng = np.random.default_rng(seed)
         self.budget = budget
         self.seen = 0
@@ -392,8 +390,10 @@ def table(configs: List[Config], results: List[Result], dataset_bytes: int) -> s
         rfs = [n for r in rs for n in r.rfs]
         avg_rf = float(np.mean(rfs)) if rfs else float("nan")
         tier = float(np.mean([r.tier_bytes for r in rs]))
-        flags = "(none: reads the source directory)" if cfg.flags is None else (
-            f"`--mini-epochs {cfg.nm} {cfg.flags}`"
+        flags = (
+            "(none: reads the source directory)"
+            if cfg.flags is None
+            else (f"`--mini-epochs {cfg.nm} {cfg.flags}`")
         )
         mes = np.mean([len(r.rfs) + (1 if r.last_partial else 0) for r in rs])
         rows.append(
@@ -504,7 +504,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     binary = args.metfs or os.path.join(ROOT, "target", "release", "metfs")
     if not os.access(binary, os.X_OK):
-        print(f"error: no metfs binary at {binary} (cargo build --release -p metfs)", file=sys.stderr)
+        print(
+            f"error: no metfs binary at {binary} (cargo build --release -p metfs)", file=sys.stderr
+        )
         return 2
     import torch
 
@@ -513,9 +515,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     configs = [Config("full shuffle", None)]
     if args.sweep:
-        configs += [
-            Config(f"fixed rf {rf}", f"--rf-policy fixed --rf {rf}") for rf in SWEEP_RF
-        ]
+        configs += [Config(f"fixed rf {rf}", f"--rf-policy fixed --rf {rf}") for rf in SWEEP_RF]
         configs.append(Config(f"fixed rf {RF_FIXED}", f"--rf-policy fixed --rf {RF_FIXED}"))
         configs += [
             Config(f"fixed rf {RF_FIXED}, nm {nm}", f"--rf-policy fixed --rf {RF_FIXED}", nm)
@@ -570,7 +570,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             results.append(r)
             rf_txt = (
                 f"avg rf {np.mean(r.rfs):.1f} over {len(r.rfs)} mini-epochs"
-                + (f" (+{r.last_partial} passes in the one the budget ended in)" if r.last_partial else "")
+                + (
+                    f" (+{r.last_partial} passes in the one the budget ended in)"
+                    if r.last_partial
+                    else ""
+                )
                 if cfg.flags is not None and r.rfs
                 else f"{r.passes} passes"
             )
@@ -589,7 +593,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if cfg.flags is not None:
             rs = [r for r in results if r.config == cfg.name]
             print(histogram(cfg.name, [n for r in rs for n in r.rfs]))
-            print(by_quarter([(f, n) for r in rs for f, n in zip(r.rf_starts, r.rfs, strict=False)]))
+            print(
+                by_quarter([(f, n) for r in rs for f, n in zip(r.rf_starts, r.rfs, strict=False)])
+            )
     print("```")
     v = verdict(configs, results)
     if v:

@@ -188,9 +188,7 @@ def run_one(
     if composition == "full shuffle":
         rng = np.random.default_rng(seed + 1000)
         while trainer.seen < budget:
-            _, nbytes = train_files(
-                trainer, [files[i] for i in rng.permutation(len(files))]
-            )
+            _, nbytes = train_files(trainer, [files[i] for i in rng.permutation(len(files))])
             tier += nbytes
     else:
         flags = ["--budget", "16MiB", "--mini-epochs", str(NM), "--seed", str(seed)]
@@ -210,9 +208,7 @@ def run_one(
         classes, tier = run.classes, run.tier_bytes
         mini_epochs = len(run.rfs) + (1 if run.last_partial else 0)
     rec = trainer.recalls()
-    rarest = np.argsort(
-        [len(os.listdir(os.path.join(train, str(c)))) for c in range(10)]
-    )
+    rarest = np.argsort([len(os.listdir(os.path.join(train, str(c)))) for c in range(10)])
     return Run(
         setting=setting,
         composition=composition,
@@ -233,12 +229,8 @@ def run_one(
 
 
 def report_setting(setting: str, runs: list[Run]) -> list[str]:
-    acc = {
-        c: [r.val_accuracy for r in runs if r.composition == c] for c in COMPOSITIONS
-    }
-    rare = {
-        c: [r.rare_recall for r in runs if r.composition == c] for c in COMPOSITIONS
-    }
+    acc = {c: [r.val_accuracy for r in runs if r.composition == c] for c in COMPOSITIONS}
+    rare = {c: [r.rare_recall for r in runs if r.composition == c] for c in COMPOSITIONS}
     lines = [
         f"### {setting} (r = {SETTINGS[setting][0]}, {SETTINGS[setting][1]} learning rate)",
         "",
@@ -263,8 +255,7 @@ def report_setting(setting: str, runs: list[Run]) -> list[str]:
             goal = "met" if ratio >= 2 else "NOT met"
             lines.append(
                 f"var({num}) / var({den}) = {ratio:.2f}, 95 % bootstrap CI "
-                f"[{lo:.2f}, {hi:.2f}]"
-                + (f"; goal >= 2x {goal}" if den == "stratified" else "")
+                f"[{lo:.2f}, {hi:.2f}]" + (f"; goal >= 2x {goal}" if den == "stratified" else "")
             )
     return lines
 
@@ -300,15 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(COMPOSITIONS),
         help="compositions, comma-separated",
     )
-    ap.add_argument(
-        "--metfs", default=None, help="binary (default $METFS_BIN, else release)"
-    )
-    ap.add_argument(
-        "--out", default=None, help="work directory (default a temporary one)"
-    )
-    ap.add_argument(
-        "--json", default=None, help="write every run's result to this file"
-    )
+    ap.add_argument("--metfs", default=None, help="binary (default $METFS_BIN, else release)")
+    ap.add_argument("--out", default=None, help="work directory (default a temporary one)")
+    ap.add_argument("--json", default=None, help="write every run's result to this file")
     args = ap.parse_args(argv)
     unwind_on_signals()
     binary = metfs_binary(args.metfs)
@@ -359,15 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - t_start
     print(f"\n{len(runs)} runs in {elapsed:.0f} s\n")
     for setting in settings:
-        print(
-            "\n".join(
-                report_setting(setting, [r for r in runs if r.setting == setting])
-            )
-        )
+        print("\n".join(report_setting(setting, [r for r in runs if r.setting == setting])))
         print()
-    print(
-        "Class histogram of every mini-epoch, first seed (files listed by the mount):\n"
-    )
+    print("Class histogram of every mini-epoch, first seed (files listed by the mount):\n")
     print("```")
     shown: set[tuple[float, str]] = set()
     for r in runs:

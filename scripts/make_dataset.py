@@ -41,9 +41,7 @@ def label_of(path: str) -> int:
     return int(os.path.basename(os.path.dirname(path)))
 
 
-def _samples(
-    images: np.ndarray, count: int, rng: np.random.Generator
-) -> List[np.ndarray]:
+def _samples(images: np.ndarray, count: int, rng: np.random.Generator) -> List[np.ndarray]:
     """``count`` 8x8 images: the originals first (shuffled), then noisy copies."""
     order = rng.permutation(len(images))
     out = [images[i] for i in order[:count]]

@@ -38,7 +38,7 @@ cargo clippy -p metfs-exchange --features mpi --bin metfs-shuffle -q -- -D warni
 (cd bindings/python && python3 -m ruff check -q . && python3 -m ruff format --check -q . \
   && python3 -m mypy)
 # Everything else in Python: tests, benchmarks, examples (settings in ruff.toml).
-python3 -m ruff check -q .
+python3 -m ruff check -q . && python3 -m ruff format --check -q .
 
 echo "== Rust tests"
 cargo build --workspace --all-targets -q

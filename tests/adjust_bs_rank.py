@@ -52,7 +52,9 @@ def main() -> int:
         run = metfs.passes(client, epochs=1000, max_passes=args.passes, adjust_bs=bs)
         for p in run:
             paths = p.paths[local::local_world] or p.paths
-            rate = float(slow_rate) if node == slow_node and p.index >= int(slow_from) else args.rate
+            rate = (
+                float(slow_rate) if node == slow_node and p.index >= int(slow_from) else args.rate
+            )
             size = run.local_batch_size()
             assert size == p.batch_size
             k = 0
@@ -66,19 +68,42 @@ def main() -> int:
                 time.sleep(max(0.0, size / rate - (time.monotonic() - t0)))
                 bs.record(size, time.monotonic() - t0)
             with open(log, "a") as f:
-                f.write(json.dumps({
-                    "pass": p.index, "rank": rank, "node": bs.node, "local": local,
-                    "batch_size": size, "sizes": bs.sizes, "changes": len(bs.changes),
-                }) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "pass": p.index,
+                            "rank": rank,
+                            "node": bs.node,
+                            "local": local,
+                            "batch_size": size,
+                            "sizes": bs.sizes,
+                            "changes": len(bs.changes),
+                        }
+                    )
+                    + "\n"
+                )
         if rank == 0:
             for c in bs.changes:
-                print("adjust-bs: change " + json.dumps({
-                    "boundary": c.boundary, "before": c.before, "after": c.after,
-                    "stragglers": c.check.stragglers, "throughputs": c.check.throughputs,
-                    "bpt": c.check.bpt, "mean_bpt": c.check.mean_bpt, "window_s": c.check.window_s,
-                }), flush=True)
-            print(f"adjust-bs: done after {len(run.records)} passes, {len(bs.changes)} change(s)",
-                  flush=True)
+                print(
+                    "adjust-bs: change "
+                    + json.dumps(
+                        {
+                            "boundary": c.boundary,
+                            "before": c.before,
+                            "after": c.after,
+                            "stragglers": c.check.stragglers,
+                            "throughputs": c.check.throughputs,
+                            "bpt": c.check.bpt,
+                            "mean_bpt": c.check.mean_bpt,
+                            "window_s": c.check.window_s,
+                        }
+                    ),
+                    flush=True,
+                )
+            print(
+                f"adjust-bs: done after {len(run.records)} passes, {len(bs.changes)} change(s)",
+                flush=True,
+            )
     except metfs.MetfsError as e:
         metfs_job.fail(rank, f"metfs error ({e.code}): {e.message}")
     import torch.distributed as dist

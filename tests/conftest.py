@@ -38,7 +38,9 @@ def metfs() -> str:
     return metfs_bin()
 
 
-def make_tree(root: Path, n: int = 300, seed: int = 7, max_size: int = 48 * 1024) -> dict[str, bytes]:
+def make_tree(
+    root: Path, n: int = 300, seed: int = 7, max_size: int = 48 * 1024
+) -> dict[str, bytes]:
     """A labelled dataset in nested class directories with varied sizes, empty files, and
     names with spaces and non-ASCII characters. Returns {relative path: bytes}."""
     rng = random.Random(seed)
@@ -133,14 +135,25 @@ class Mount:
     def mount(self, check: bool = True) -> subprocess.CompletedProcess[str]:
         if not is_mounted(self.mountpoint):  # a dead mount cannot even be stat'ed
             self.mountpoint.mkdir(parents=True, exist_ok=True)
-        cmd = [self.bin, "mount", "--source", self.source, "--cache", str(self.cache), *self.args, str(self.mountpoint)]
+        cmd = [
+            self.bin,
+            "mount",
+            "--source",
+            self.source,
+            "--cache",
+            str(self.cache),
+            *self.args,
+            str(self.mountpoint),
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=self.env)
         if check:
             assert r.returncode == 0, f"mount failed: {r.stderr}\nlog:\n{self.log()}"
         return r
 
     def umount(self) -> None:
-        r = subprocess.run([self.bin, "umount", str(self.mountpoint)], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [self.bin, "umount", str(self.mountpoint)], capture_output=True, text=True, timeout=120
+        )
         assert r.returncode == 0, r.stderr
 
     def log(self) -> str:
@@ -165,7 +178,13 @@ def is_mounted(path: Path) -> bool:
 def mounts(metfs: str, tmp_path: Path) -> Iterator[Callable[..., Mount]]:
     made: list[Mount] = []
 
-    def make(source: "str | Path | Tier", budget: str, *extra: str, name: str = "m", cache: Path | None = None) -> Mount:
+    def make(
+        source: "str | Path | Tier",
+        budget: str,
+        *extra: str,
+        name: str = "m",
+        cache: Path | None = None,
+    ) -> Mount:
         cache = cache or tmp_path / f"cache-{name}"
         cache.mkdir(parents=True, exist_ok=True)
         env = None
@@ -175,14 +194,23 @@ def mounts(metfs: str, tmp_path: Path) -> Iterator[Callable[..., Mount]]:
             source = source.url
         # A history file per test, so that no run's rf history steers another test's mount.
         hist = ["--history", str(tmp_path / "rf-history.json")]
-        m = Mount(metfs, tmp_path / f"mnt-{name}", cache, str(source), ["--budget", budget, *hist, *extra], env)
+        m = Mount(
+            metfs,
+            tmp_path / f"mnt-{name}",
+            cache,
+            str(source),
+            ["--budget", budget, *hist, *extra],
+            env,
+        )
         made.append(m)
         return m
 
     yield make
     for m in made:
         if is_mounted(m.mountpoint):
-            r = subprocess.run([metfs, "umount", str(m.mountpoint)], capture_output=True, text=True, timeout=120)
+            r = subprocess.run(
+                [metfs, "umount", str(m.mountpoint)], capture_output=True, text=True, timeout=120
+            )
             if r.returncode != 0 or is_mounted(m.mountpoint):
                 subprocess.run(["umount", "-l", str(m.mountpoint)], capture_output=True)
         # A daemon that outlived its mount (e.g. after a failed test) must not linger.
@@ -231,7 +259,9 @@ class Garage:
             aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
             # Checksum trailers on every PUT make each request wait ~3 s on Garage.
-            config=Config(s3={"addressing_style": "path"}, request_checksum_calculation="when_required"),
+            config=Config(
+                s3={"addressing_style": "path"}, request_checksum_calculation="when_required"
+            ),
         )
         # Garage answers small PUTs only after botocore's `Expect: 100-continue` wait times out.
         c.meta.events.unregister("before-call.s3.PutObject", handlers.add_expect_header)
@@ -250,12 +280,18 @@ class Garage:
                     client.close()
 
     def stop(self) -> None:
-        subprocess.run([str(ROOT / "scripts" / "garage.sh"), "stop", str(self.dir)], capture_output=True)
+        subprocess.run(
+            [str(ROOT / "scripts" / "garage.sh"), "stop", str(self.dir)], capture_output=True
+        )
 
     def start(self) -> None:
         port = self.endpoint.rsplit(":", 1)[1]
-        r = subprocess.run([str(ROOT / "scripts" / "garage.sh"), "start", str(self.dir), port],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [str(ROOT / "scripts" / "garage.sh"), "start", str(self.dir), port],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
 
 
@@ -264,14 +300,23 @@ def garage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Garage]:
     """A real Garage S3 server on loopback for the whole session."""
     d = tmp_path_factory.mktemp("garage")
     port = free_port()
-    r = subprocess.run([str(ROOT / "scripts" / "garage.sh"), "start", str(d), str(port), str(free_port())],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [str(ROOT / "scripts" / "garage.sh"), "start", str(d), str(port), str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, f"garage did not start: {r.stderr}"
-    out = subprocess.run([str(ROOT / "scripts" / "garage.sh"), "env", str(d)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(ROOT / "scripts" / "garage.sh"), "env", str(d)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     env = dict(os.environ)
     for line in out.stdout.splitlines():
         if line.startswith("export "):
-            k, v = line[len("export "):].split("=", 1)
+            k, v = line[len("export ") :].split("=", 1)
             env[k] = v.strip("'\"")
     g = Garage(d, f"http://127.0.0.1:{port}", env)
     yield g
@@ -284,7 +329,9 @@ def tier_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def make_tier(request: pytest.FixtureRequest, tier_kind: str, tmp_path: Path) -> Callable[[Path], Tier]:
+def make_tier(
+    request: pytest.FixtureRequest, tier_kind: str, tmp_path: Path
+) -> Callable[[Path], Tier]:
     """Puts a local dataset directory on the tier under test and returns how to mount it."""
 
     def make(local: Path) -> Tier:
@@ -293,7 +340,12 @@ def make_tier(request: pytest.FixtureRequest, tier_kind: str, tmp_path: Path) ->
         g: Garage = request.getfixturevalue("garage")
         prefix = f"t{abs(hash(str(tmp_path))) % 10**8}"
         g.upload(local, prefix)
-        return Tier("s3", f"s3://metfs/{prefix}", ["--endpoint", g.endpoint, "--region", "garage", "--allow-http"], g.env)
+        return Tier(
+            "s3",
+            f"s3://metfs/{prefix}",
+            ["--endpoint", g.endpoint, "--region", "garage", "--allow-http"],
+            g.env,
+        )
 
     return make
 
@@ -323,10 +375,21 @@ def wait_for(cond: Callable[[], bool], timeout: float = 30, what: str = "conditi
     raise AssertionError(f"timed out waiting for {what}")
 
 
-__all__ = ["make_tree", "footprint", "rpc", "Mount", "read_view", "wait_for", "is_mounted", "shutil"]
+__all__ = [
+    "make_tree",
+    "footprint",
+    "rpc",
+    "Mount",
+    "read_view",
+    "wait_for",
+    "is_mounted",
+    "shutil",
+]
 
 
-def wait_etcd_healthy(port: int, proc: "subprocess.Popen[bytes]", log: Path, timeout: float = 60) -> None:
+def wait_etcd_healthy(
+    port: int, proc: "subprocess.Popen[bytes]", log: Path, timeout: float = 60
+) -> None:
     """Waits for etcd's own health answer (`GET /health` says `"health":"true"`, which etcd
     gives once it has a leader and has served a read), not for an open port: etcd accepts TCP
     before it serves, and a client that connects then fails on a busy machine. Fails naming etcd
@@ -335,8 +398,10 @@ def wait_etcd_healthy(port: int, proc: "subprocess.Popen[bytes]", log: Path, tim
     last = "no answer"
     while True:
         if proc.poll() is not None:
-            raise AssertionError(f"etcd on 127.0.0.1:{port} exited ({proc.returncode}) before it was "
-                                 f"healthy; its log ({log}):\n{log.read_text(errors='replace')[-4000:]}")
+            raise AssertionError(
+                f"etcd on 127.0.0.1:{port} exited ({proc.returncode}) before it was "
+                f"healthy; its log ({log}):\n{log.read_text(errors='replace')[-4000:]}"
+            )
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                 body = r.read().decode(errors="replace")
@@ -346,8 +411,10 @@ def wait_etcd_healthy(port: int, proc: "subprocess.Popen[bytes]", log: Path, tim
         except (OSError, ValueError) as e:
             last = repr(e)
         if time.monotonic() > deadline:
-            raise AssertionError(f"etcd on 127.0.0.1:{port} not healthy after {timeout:.0f} s (last: {last}); "
-                                 f"its log ({log}):\n{log.read_text(errors='replace')[-4000:]}")
+            raise AssertionError(
+                f"etcd on 127.0.0.1:{port} not healthy after {timeout:.0f} s (last: {last}); "
+                f"its log ({log}):\n{log.read_text(errors='replace')[-4000:]}"
+            )
         time.sleep(0.1)
 
 
@@ -371,11 +438,26 @@ class Etcd:
         c, p = f"http://127.0.0.1:{self.client_port}", f"http://127.0.0.1:{self.peer_port}"
         log = open(self.dir / "etcd.log", "ab")
         self.proc = subprocess.Popen(
-            ["etcd", "--name", "t", "--data-dir", str(self.dir / "data"),
-             "--listen-client-urls", c, "--advertise-client-urls", c,
-             "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
-             "--initial-cluster", f"t={p}"],
-            stdout=subprocess.DEVNULL, stderr=log)
+            [
+                "etcd",
+                "--name",
+                "t",
+                "--data-dir",
+                str(self.dir / "data"),
+                "--listen-client-urls",
+                c,
+                "--advertise-client-urls",
+                c,
+                "--listen-peer-urls",
+                p,
+                "--initial-advertise-peer-urls",
+                p,
+                "--initial-cluster",
+                f"t={p}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
         log.close()
         wait_etcd_healthy(self.client_port, self.proc, self.dir / "etcd.log")
 

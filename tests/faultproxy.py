@@ -233,9 +233,15 @@ if __name__ == "__main__":
     p.add_argument("--port", type=int, default=0, help="port to listen on (0: any free port)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--slowdown", type=float, default=0.1, help="fraction of requests answered 503")
-    p.add_argument("--reset", type=float, default=0.1, help="fraction of requests whose connection is reset")
-    p.add_argument("--reset-within", type=int, default=256 * 1024,
-                   help="the reset comes after a uniform [0, N) response bytes")
+    p.add_argument(
+        "--reset", type=float, default=0.1, help="fraction of requests whose connection is reset"
+    )
+    p.add_argument(
+        "--reset-within",
+        type=int,
+        default=256 * 1024,
+        help="the reset comes after a uniform [0, N) response bytes",
+    )
     p.add_argument("--max-seconds", type=float, default=600, help="exit after this long")
     p.add_argument("--stats", help="write fault counters (JSON) to this file")
     asyncio.run(main(p.parse_args()))

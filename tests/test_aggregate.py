@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 NODES = 4
 SAMPLES = 240
 
-pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI (scripts/install-deps.sh installs it)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("mpirun") is None, reason="needs Open MPI (scripts/install-deps.sh installs it)"
+)
 
 # One node's trainer: `epochs` MET epochs at rf 1, every file of every view read through the
 # mount and compared with the source's digest; the views, the status at the end.
@@ -49,16 +51,42 @@ json.dump(res, open(out, "w"))
 
 def shuffle_bin() -> str:
     """`metfs-shuffle` beside the metfs binary under test (metfs-exchange built with its `mpi` feature)."""
-    exe = Path(os.environ.get("METFS_BIN", ROOT / "target" / "debug" / "metfs")).with_name("metfs-shuffle")
+    exe = Path(os.environ.get("METFS_BIN", ROOT / "target" / "debug" / "metfs")).with_name(
+        "metfs-shuffle"
+    )
     if not exe.exists():
-        subprocess.run(["cargo", "build", "-q", "-p", "metfs-exchange", "--features", "mpi", "--bin", "metfs-shuffle"], cwd=ROOT, check=True)
+        subprocess.run(
+            [
+                "cargo",
+                "build",
+                "-q",
+                "-p",
+                "metfs-exchange",
+                "--features",
+                "mpi",
+                "--bin",
+                "metfs-shuffle",
+            ],
+            cwd=ROOT,
+            check=True,
+        )
     return str(exe)
 
 
 def as_user(user: str, home: Path, **env: str) -> list[str]:
     """The prefix that runs a command as `user` with a clean environment."""
-    return ["runuser", "-u", user, "--", "env", "-i", "PATH=/usr/bin:/bin", f"HOME={home}", f"TMPDIR={home}",
-            *(f"{k}={v}" for k, v in env.items())]
+    return [
+        "runuser",
+        "-u",
+        user,
+        "--",
+        "env",
+        "-i",
+        "PATH=/usr/bin:/bin",
+        f"HOME={home}",
+        f"TMPDIR={home}",
+        *(f"{k}={v}" for k, v in env.items()),
+    ]
 
 
 def mpirun(tmp: Path, *args: str, user: str | None = None) -> subprocess.Popen[str]:
@@ -66,9 +94,18 @@ def mpirun(tmp: Path, *args: str, user: str | None = None) -> subprocess.Popen[s
     np = NODES + (1 if "extra" in args else 0)
     cmd = ["mpirun", "-np", str(np), shuffle_bin(), "--cache", str(tmp / "n%r" / "cache"), *args]
     if user:
-        return subprocess.Popen([*as_user(user, tmp, OMPI_MCA_rmaps_base_oversubscribe="1"), *cmd],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+        return subprocess.Popen(
+            [*as_user(user, tmp, OMPI_MCA_rmaps_base_oversubscribe="1"), *cmd],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    env = dict(
+        os.environ,
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+    )
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -78,13 +115,37 @@ CODED = ("--shuffle-code", "uberShuffle", "--shuffle-extra", "0.5")
 
 
 class Cluster:
-    def __init__(self, mounts: Callable[..., Mount], tmp: Path, src: Path, seeds: list[int] | None = None, timeout: int = 60,
-                 args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        mounts: Callable[..., Mount],
+        tmp: Path,
+        src: Path,
+        seeds: list[int] | None = None,
+        timeout: int = 60,
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.tmp = tmp
         self.nodes = [
-            mounts(src, "5MiB", "--aggregate", "--nodes", str(NODES), "--node-rank", str(r),
-                   "--seed", str((seeds or [7] * NODES)[r]), "--rf", "1", "--rf-policy", "fixed",
-                   "--shuffle-timeout-secs", str(timeout), *args, name=f"n{r}", cache=tmp / f"n{r}" / "cache")
+            mounts(
+                src,
+                "5MiB",
+                "--aggregate",
+                "--nodes",
+                str(NODES),
+                "--node-rank",
+                str(r),
+                "--seed",
+                str((seeds or [7] * NODES)[r]),
+                "--rf",
+                "1",
+                "--rf-policy",
+                "fixed",
+                "--shuffle-timeout-secs",
+                str(timeout),
+                *args,
+                name=f"n{r}",
+                cache=tmp / f"n{r}" / "cache",
+            )
             for r in range(NODES)
         ]
 
@@ -95,19 +156,39 @@ class Cluster:
     def epoch0_tier_bytes(self) -> list[int]:
         """Each node's tier bytes once its epoch-0 slot is staged: its staging of epoch 1 has
         opened the inbox and waits for the exchange, reading nothing (call before it runs)."""
-        wait_for(lambda: all((m.cache / "slots" / "inbox-e000001").is_dir() for m in self.nodes), 60, "every node staging epoch 1")
+        wait_for(
+            lambda: all((m.cache / "slots" / "inbox-e000001").is_dir() for m in self.nodes),
+            60,
+            "every node staging epoch 1",
+        )
         return [m.status()["tier_bytes_read"] for m in self.nodes]
 
     def train(self, digests: Path, epochs: int, user: str | None = None) -> list[dict[str, Any]]:
         pythonpath = str(ROOT / "bindings" / "python" / "src")
         env = dict(os.environ, PYTHONPATH=pythonpath)
         # The user's trainer runs the system's Python (this one may be in root's home).
-        prefix = [*as_user(user, self.tmp, PYTHONPATH=pythonpath, PYTHONDONTWRITEBYTECODE="1"), "/usr/bin/python3"] if user else [sys.executable]
+        prefix = (
+            [
+                *as_user(user, self.tmp, PYTHONPATH=pythonpath, PYTHONDONTWRITEBYTECODE="1"),
+                "/usr/bin/python3",
+            ]
+            if user
+            else [sys.executable]
+        )
         procs = []
         for r, m in enumerate(self.nodes):
             out = self.tmp / f"trainer{r}.json"
-            procs.append((subprocess.Popen([*prefix, "-c", TRAINER, m.socket, str(digests), str(out), str(epochs)],
-                                           env=env, stderr=subprocess.PIPE, text=True), out))
+            procs.append(
+                (
+                    subprocess.Popen(
+                        [*prefix, "-c", TRAINER, m.socket, str(digests), str(out), str(epochs)],
+                        env=env,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    ),
+                    out,
+                )
+            )
         res = []
         for p, out in procs:
             _, err = p.communicate(timeout=300)
@@ -134,7 +215,9 @@ def check_views(res: list[dict[str, Any]], digests: dict[str, str], epochs: int)
         views = [set(f) for r in res for ep, f in r["views"] if ep == e]
         assert len(views) == NODES, f"epoch {e}: {len(views)} views"
         union = set().union(*views)
-        assert union == set(digests) and sum(map(len, views)) == len(digests), f"epoch {e} is not the dataset once"
+        assert union == set(digests) and sum(map(len, views)) == len(digests), (
+            f"epoch {e} is not the dataset once"
+        )
         parts.append(views)
     for a, b in itertools.pairwise(parts):
         assert a != b, "the shares did not change between epochs"
@@ -144,7 +227,9 @@ def reports(out: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-def test_four_nodes_reshuffle_from_each_other_not_the_tier(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any) -> None:
+def test_four_nodes_reshuffle_from_each_other_not_the_tier(
+    mounts: Callable[..., Mount], tmp_path: Path, dataset: Any
+) -> None:
     src, digests, dpath = dataset
     c = Cluster(mounts, tmp_path, src)
     c.mount()
@@ -165,7 +250,9 @@ def test_four_nodes_reshuffle_from_each_other_not_the_tier(mounts: Callable[...,
     assert sum(r["sent_samples"] for r in rep) == sum(r["received_samples"] for r in rep) > 0
 
 
-def test_coded_packets_reshuffle_the_nodes_byte_exact(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any) -> None:
+def test_coded_packets_reshuffle_the_nodes_byte_exact(
+    mounts: Callable[..., Mount], tmp_path: Path, dataset: Any
+) -> None:
     src, digests, dpath = dataset
     c = Cluster(mounts, tmp_path, src, args=CODED)
     c.mount()
@@ -181,7 +268,9 @@ def test_coded_packets_reshuffle_the_nodes_byte_exact(mounts: Callable[..., Moun
     # The tier was read in epoch 0 only; epochs 1-3 came from the other nodes' packets.
     assert [m.status()["tier_bytes_read"] for m in c.nodes] == first
     rep = reports(out)
-    assert len(rep) == 3 * NODES and all(r["code"] == "uberShuffle" and r["rejected"] == 0 and r["missing"] == 0 for r in rep), rep
+    assert len(rep) == 3 * NODES and all(
+        r["code"] == "uberShuffle" and r["rejected"] == 0 and r["missing"] == 0 for r in rep
+    ), rep
     packets = sum(r["packets"] for r in rep)
     blocks = sum(r["decoded_blocks"] for r in rep)
     # Coded: fewer packets than blocks delivered, each packet sent once to each receiver.
@@ -201,12 +290,21 @@ def is_ring(code: str, flags: tuple[str, ...]) -> bool:
     return code == "uberShuffle" and DIRECT[1] not in flags
 
 
-@pytest.mark.parametrize("code,flags", [
-    ("uncoded", ()), ("uberShuffle", DIRECT), ("uncoded", EXTRA), ("uberShuffle", EXTRA + DIRECT), ("uberShuffle", ()),
-    ("uberShuffle", EXTRA + RING),
-], ids=["uncoded", "coded", "uncoded-extra", "coded-extra", "coded-ring", "coded-extra-ring"])
-def test_a_corrupted_sample_is_caught_and_fetched_from_the_tier(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any, code: str,
-                                                                flags: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "code,flags",
+    [
+        ("uncoded", ()),
+        ("uberShuffle", DIRECT),
+        ("uncoded", EXTRA),
+        ("uberShuffle", EXTRA + DIRECT),
+        ("uberShuffle", ()),
+        ("uberShuffle", EXTRA + RING),
+    ],
+    ids=["uncoded", "coded", "uncoded-extra", "coded-extra", "coded-ring", "coded-extra-ring"],
+)
+def test_a_corrupted_sample_is_caught_and_fetched_from_the_tier(
+    mounts: Callable[..., Mount], tmp_path: Path, dataset: Any, code: str, flags: tuple[str, ...]
+) -> None:
     src, digests, dpath = dataset
     c = Cluster(mounts, tmp_path, src, args=CODED if code == "uberShuffle" else ())
     c.mount()
@@ -233,10 +331,19 @@ def test_a_corrupted_sample_is_caught_and_fetched_from_the_tier(mounts: Callable
     assert first < tier < first + rejected * (20 << 10), (tier, first, rejected)
 
 
-@pytest.mark.parametrize("code,flags", [("uncoded", EXTRA), ("uberShuffle", EXTRA + DIRECT), ("uberShuffle", ()), ("uberShuffle", EXTRA)],
-                         ids=["uncoded-extra", "coded-extra", "coded-ring", "coded-extra-ring"])
-def test_the_extra_rank_and_the_ring_reshuffle_the_nodes_byte_exact(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any,
-                                                                   code: str, flags: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "code,flags",
+    [
+        ("uncoded", EXTRA),
+        ("uberShuffle", EXTRA + DIRECT),
+        ("uberShuffle", ()),
+        ("uberShuffle", EXTRA),
+    ],
+    ids=["uncoded-extra", "coded-extra", "coded-ring", "coded-extra-ring"],
+)
+def test_the_extra_rank_and_the_ring_reshuffle_the_nodes_byte_exact(
+    mounts: Callable[..., Mount], tmp_path: Path, dataset: Any, code: str, flags: tuple[str, ...]
+) -> None:
     """The paper's extra rank (`mpirun -np 5` for 4 nodes: it reads what it sends from the
     tier) and scatter-then-ring: every view is the node's share with the tier's bytes for 3
     epochs, and the daemons read the tier in epoch 0 only."""
@@ -255,7 +362,11 @@ def test_the_extra_rank_and_the_ring_reshuffle_the_nodes_byte_exact(mounts: Call
     rep = reports(out)
     ranks = NODES + extra
     assert len(rep) == 3 * ranks, rep
-    assert all(r["sender"] == ("extra" if extra else "peers") and r["broadcast"] == ("direct" if DIRECT[1] in flags else "ring") for r in rep)
+    assert all(
+        r["sender"] == ("extra" if extra else "peers")
+        and r["broadcast"] == ("direct" if DIRECT[1] in flags else "ring")
+        for r in rep
+    )
     nodes = [r for r in rep if r["rank"] < NODES]
     assert all(r["rejected"] == 0 and r["missing"] == 0 and r["code"] == code for r in nodes), nodes
     received = sum(r["received_bytes"] for r in nodes)
@@ -266,7 +377,12 @@ def test_the_extra_rank_and_the_ring_reshuffle_the_nodes_byte_exact(mounts: Call
     if extra:
         x = [r for r in rep if r["rank"] == NODES]
         # The nodes send nothing of their own (on a ring they forward parts only).
-        assert all(r["payload_bytes"] == r["forwarded_bytes"] and r["packets"] == 0 and r["tier_bytes"] == 0 for r in nodes), nodes
+        assert all(
+            r["payload_bytes"] == r["forwarded_bytes"]
+            and r["packets"] == 0
+            and r["tier_bytes"] == 0
+            for r in nodes
+        ), nodes
         tier = sum(r["tier_bytes"] for r in x)
         if coded:
             # Each operand read once per exchange: at most what the nodes decoded.
@@ -278,10 +394,14 @@ def test_the_extra_rank_and_the_ring_reshuffle_the_nodes_byte_exact(mounts: Call
         # Each packet's sender sends it once, in parts; its receivers forward the rest.
         assert sum(r["stages"] for r in rep) > 0 and sum(r["forwarded"] for r in rep) > 0
         senders = [r for r in rep if r["packets"] > 0]
-        assert all(r["payload_bytes"] - r["forwarded_bytes"] == r["packet_bytes"] for r in senders), senders
+        assert all(
+            r["payload_bytes"] - r["forwarded_bytes"] == r["packet_bytes"] for r in senders
+        ), senders
 
 
-def test_a_node_that_dies_leaves_the_others_to_the_tier_and_they_say_so(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any) -> None:
+def test_a_node_that_dies_leaves_the_others_to_the_tier_and_they_say_so(
+    mounts: Callable[..., Mount], tmp_path: Path, dataset: Any
+) -> None:
     src, digests, dpath = dataset
     # 8 s: short enough to wait out below, long enough for the first exchange (mpirun starting
     # its ranks included) on a loaded 2-core machine, where 3 s was once too short.
@@ -289,11 +409,22 @@ def test_a_node_that_dies_leaves_the_others_to_the_tier_and_they_say_so(mounts: 
     c.mount()
     ex = mpirun(tmp_path)
     # The exchange for epoch 1 (staged while epoch 0 is read) completes on every node...
-    wait_for(lambda: all((m.status()["aggregate"]["last_exchange"] or {}).get("epoch") == 1 for m in c.nodes), 60, "the first exchange")
+    wait_for(
+        lambda: all(
+            (m.status()["aggregate"]["last_exchange"] or {}).get("epoch") == 1 for m in c.nodes
+        ),
+        60,
+        "the first exchange",
+    )
     assert all(m.status()["aggregate"]["last_exchange"]["complete"] for m in c.nodes)
     # ...then one rank dies, and MPI ends the others.
     # The ranks (not mpirun, whose command line names them too).
-    pids = subprocess.run(["pgrep", "-f", f"^{shuffle_bin()} --cache {tmp_path}"], capture_output=True, text=True, check=False).stdout.split()
+    pids = subprocess.run(
+        ["pgrep", "-f", f"^{shuffle_bin()} --cache {tmp_path}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
     assert len(pids) == NODES, pids
     os.kill(int(pids[-1]), signal.SIGKILL)
     ex.communicate(timeout=60)
@@ -317,7 +448,12 @@ def user_problem() -> str | None:
         return "needs root to switch to another user"
     if subprocess.run(["id", "-u", USER], capture_output=True).returncode != 0:
         return f"no user {USER} (scripts/test.sh creates it)"
-    if subprocess.run(["runuser", "-u", USER, "--", "test", "-r", "/dev/fuse", "-a", "-w", "/dev/fuse"]).returncode != 0:
+    if (
+        subprocess.run(
+            ["runuser", "-u", USER, "--", "test", "-r", "/dev/fuse", "-a", "-w", "/dev/fuse"]
+        ).returncode
+        != 0
+    ):
         return f"{USER} may not open /dev/fuse (scripts/test.sh grants it)"
     return None
 
@@ -339,12 +475,22 @@ def test_aggregate_mode_runs_as_an_ordinary_user(metfs: str, flags: tuple[str, .
     dpath.write_text(json.dumps(digests))
     # The daemon as the user, and its `metfs` commands.
     wrapper = base / "metfs-as-user"
-    wrapper.write_text("#!/bin/sh\nexec " + " ".join(as_user(USER, base, XDG_DATA_HOME=str(base / "data"))) + f" {metfs} \"$@\"\n")
+    wrapper.write_text(
+        "#!/bin/sh\nexec "
+        + " ".join(as_user(USER, base, XDG_DATA_HOME=str(base / "data")))
+        + f' {metfs} "$@"\n'
+    )
     wrapper.chmod(0o755)
     made: list[Mount] = []
 
     def mounts(source: Path, budget: str, *extra: str, name: str, cache: Path) -> Mount:
-        m = Mount(str(wrapper), base / f"mnt-{name}", cache, str(source), ["--budget", budget, "--history", str(base / "h.json"), *extra])
+        m = Mount(
+            str(wrapper),
+            base / f"mnt-{name}",
+            cache,
+            str(source),
+            ["--budget", budget, "--history", str(base / "h.json"), *extra],
+        )
         for d in (cache, m.mountpoint):
             d.mkdir(parents=True, exist_ok=True)
         made.append(m)
@@ -365,14 +511,18 @@ def test_aggregate_mode_runs_as_an_ordinary_user(metfs: str, flags: tuple[str, .
         check_views(res, digests, 3)
         assert [m.status()["tier_bytes_read"] for m in c.nodes] == first
         rep = reports(out)
-        assert len(rep) == 3 * (NODES + bool(flags)) and all(r["rejected"] == 0 and r["missing"] == 0 for r in rep), rep
+        assert len(rep) == 3 * (NODES + bool(flags)) and all(
+            r["rejected"] == 0 and r["missing"] == 0 for r in rep
+        ), rep
         assert sum(r["received_samples"] for r in rep) > 0
         # What the exchange wrote is the user's.
         assert all(os.stat(m.cache / "aggregate.json").st_uid == uid for m in c.nodes)
     finally:
         for m in made:
             if is_mounted(m.mountpoint):
-                subprocess.run([metfs, "umount", str(m.mountpoint)], capture_output=True, timeout=120)
+                subprocess.run(
+                    [metfs, "umount", str(m.mountpoint)], capture_output=True, timeout=120
+                )
                 if is_mounted(m.mountpoint):
                     subprocess.run(["umount", "-l", str(m.mountpoint)], capture_output=True)
             lock = m.cache / "metfs.lock"
@@ -384,15 +534,22 @@ def test_aggregate_mode_runs_as_an_ordinary_user(metfs: str, flags: tuple[str, .
 
 
 @pytest.mark.parametrize("code", ["uncoded", "uberShuffle"])
-def test_a_tier_outage_during_epoch_0_is_ridden_out_and_the_views_stay_exact(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any,
-                                                                            code: str) -> None:
+def test_a_tier_outage_during_epoch_0_is_ridden_out_and_the_views_stay_exact(
+    mounts: Callable[..., Mount], tmp_path: Path, dataset: Any, code: str
+) -> None:
     """The whole tier goes away while the nodes train epoch 0. The exchange of epoch 1 runs
     (it needs no tier) with corrupted frames, so each node's staging of epoch 1 needs a few
     samples from the tier: with `--stager-retry-secs 1` the slot fails on the outage, says
     so, keeps what it linked, and resumes after its pause once the tier is back; every view
     is exact and nothing is left out."""
     src, digests, dpath = dataset
-    c = Cluster(mounts, tmp_path, src, timeout=30, args=("--stager-retry-secs", "1", *(CODED if code == "uberShuffle" else ())))
+    c = Cluster(
+        mounts,
+        tmp_path,
+        src,
+        timeout=30,
+        args=("--stager-retry-secs", "1", *(CODED if code == "uberShuffle" else ())),
+    )
     c.mount()
     first = sum(c.epoch0_tier_bytes())
     away = tmp_path / "tier-away"
@@ -402,7 +559,11 @@ def test_a_tier_outage_during_epoch_0_is_ridden_out_and_the_views_stay_exact(mou
     try:
         # Every node is sent a corrupted frame, so every node's staging of epoch 1 needs the
         # tier, fails on the outage and waits to resume.
-        wait_for(lambda: all("missing" in (m.status()["last_error"] or "") for m in c.nodes), 60, "the staging to fail on the outage")
+        wait_for(
+            lambda: all("missing" in (m.status()["last_error"] or "") for m in c.nodes),
+            60,
+            "the staging to fail on the outage",
+        )
         assert not any(m.status()["next_ready"] for m in c.nodes)
     finally:
         away.rename(src)
@@ -420,7 +581,9 @@ def test_a_tier_outage_during_epoch_0_is_ridden_out_and_the_views_stay_exact(mou
     assert first < tier < first + missing * (20 << 10), (tier, first, missing)
 
 
-def test_mismatched_seed_is_refused_by_every_rank(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any) -> None:
+def test_mismatched_seed_is_refused_by_every_rank(
+    mounts: Callable[..., Mount], tmp_path: Path, dataset: Any
+) -> None:
     src, _, _ = dataset
     c = Cluster(mounts, tmp_path, src, seeds=[7, 7, 7, 8])
     c.mount()
@@ -430,7 +593,9 @@ def test_mismatched_seed_is_refused_by_every_rank(mounts: Callable[..., Mount], 
     assert "seed differs" in err and "--seed" in err, err[-2000:]
 
 
-def test_a_dataset_larger_than_the_nodes_together_is_refused_with_the_numbers(mounts: Callable[..., Mount], tmp_path: Path, dataset: Any) -> None:
+def test_a_dataset_larger_than_the_nodes_together_is_refused_with_the_numbers(
+    mounts: Callable[..., Mount], tmp_path: Path, dataset: Any
+) -> None:
     src, _, _ = dataset
     m = mounts(src, "2200KiB", "--aggregate", "--nodes", "2", "--node-rank", "0", name="small")
     r = m.mount(check=False)
@@ -439,9 +604,14 @@ def test_a_dataset_larger_than_the_nodes_together_is_refused_with_the_numbers(mo
     assert not (tmp_path / "mnt-small").exists() or not os.listdir(tmp_path / "mnt-small")
 
 
-def test_bad_aggregate_settings_name_the_setting(mounts: Callable[..., Mount], dataset: Any) -> None:
+def test_bad_aggregate_settings_name_the_setting(
+    mounts: Callable[..., Mount], dataset: Any
+) -> None:
     src, _, _ = dataset
-    for extra, key in ((["--shuffle-extra", "1.5"], "aggregate.extra"), (["--share"], "aggregate.enabled")):
+    for extra, key in (
+        (["--shuffle-extra", "1.5"], "aggregate.extra"),
+        (["--share"], "aggregate.enabled"),
+    ):
         m = mounts(src, "5MiB", "--aggregate", *extra, name="bad")
         r = m.mount(check=False)
         assert r.returncode != 0 and key in r.stderr, r.stderr

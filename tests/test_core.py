@@ -80,8 +80,19 @@ def test_epoch_through_the_mount(mounts, dataset, make_tier, read_path):
         nm = st["mini_epochs"]
         assert nm >= 3, st
         assert st["read_path"] == read_path, st
-        for key in ("epoch", "mini_epoch", "mini_epochs", "pass", "rf", "generation", "next_ready",
-                    "cache_bytes", "budget_bytes", "tier_bytes_read", "view_files"):
+        for key in (
+            "epoch",
+            "mini_epoch",
+            "mini_epochs",
+            "pass",
+            "rf",
+            "generation",
+            "next_ready",
+            "cache_bytes",
+            "budget_bytes",
+            "tier_bytes_read",
+            "view_files",
+        ):
             assert key in st, key
         seen, passes = run_epochs(m, files, rf=2, until=(1, 1))
     finally:
@@ -103,7 +114,9 @@ def test_epoch_through_the_mount(mounts, dataset, make_tier, read_path):
 @pytest.mark.parametrize("read_path", READ_PATHS)
 def test_handle_opened_before_a_switch_reads_old_bytes(mounts, dataset, make_tier, read_path):
     src, files = dataset
-    m = mounts(make_tier(src), "6MiB", "--rf", "1", "--compose", "sequential", "--read-path", read_path)
+    m = mounts(
+        make_tier(src), "6MiB", "--rf", "1", "--compose", "sequential", "--read-path", read_path
+    )
     m.mount()
     rel = next(r for r in m.files()["files"] if len(files[r]) > 100)
     fh = open(m.mountpoint / rel, "rb")
@@ -207,7 +220,11 @@ def test_samples_on_the_node_are_never_fetched_again(mounts, dataset):
         m.wait_next_ready()
         st = m.status()
         # Linked files are counted once: the budget's count matches the disk, not twice.
-        assert footprint_once(m.cache / "slots") <= st["cache_bytes"] < footprint_once(m.cache / "slots") + (1 << 20), st
+        assert (
+            footprint_once(m.cache / "slots")
+            <= st["cache_bytes"]
+            < footprint_once(m.cache / "slots") + (1 << 20)
+        ), st
         assert footprint_once(m.cache) <= parse_size(budget)
         assert m.pass_end()["decision"] == "advance"
         view = read_view(m.mountpoint)
@@ -282,7 +299,10 @@ def test_a_new_view_is_listed_for_the_kernel_so_opens_need_no_lookup(mounts, dat
         st = m.status()
         if prime:
             generation = st["generation"]
-            wait_for(lambda g=generation: m.status()["primed_generation"] == g, what="the view to be listed")
+            wait_for(
+                lambda g=generation: m.status()["primed_generation"] == g,
+                what="the view to be listed",
+            )
             st = m.status()
             # Every file and directory of the view, and the view's top level.
             assert st["primed_entries"] >= st["view_files"], st
@@ -305,17 +325,41 @@ def test_cli_status_pass_end_advance(mounts, dataset, metfs):
     src, files = dataset
     m = mounts(src, "6MiB", "--rf", "2")
     m.mount()
-    out = subprocess.run([metfs, "status", "--json", "--socket", m.socket], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [metfs, "status", "--json", "--socket", m.socket],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     st = json.loads(out.stdout)
     assert st["generation"] == 1 and st["rf"] == 2
-    out = subprocess.run([metfs, "pass-end", "--socket", m.socket, "--metric", "loss=0.5"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [metfs, "pass-end", "--socket", m.socket, "--metric", "loss=0.5"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(out.stdout)["decision"] == "repeat"
-    out = subprocess.run([metfs, "advance", "--wait", "--socket", m.socket], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [metfs, "advance", "--wait", "--socket", m.socket],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     d = json.loads(out.stdout)
     assert d["decision"] == "advance" and d["generation"] == 2
-    out = subprocess.run([metfs, "pass-end", "--socket", m.socket, "--metric", "loss=abc"], capture_output=True, text=True)
+    out = subprocess.run(
+        [metfs, "pass-end", "--socket", m.socket, "--metric", "loss=abc"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode != 0 and "abc" in out.stderr
-    out = subprocess.run([metfs, "status"], capture_output=True, text=True, env={**os.environ, "METFS_SOCKET": m.socket})
+    out = subprocess.run(
+        [metfs, "status"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "METFS_SOCKET": m.socket},
+    )
     assert out.returncode == 0 and "generation 2" in out.stdout
     for sub in ("mount", "umount", "status", "pass-end", "advance", "files"):
         h = subprocess.run([metfs, sub, "--help"], capture_output=True, text=True)
@@ -340,6 +384,7 @@ def test_mount_is_read_only(mounts, dataset):
 
 # ---- bad input ---------------------------------------------------------------------------
 
+
 def test_budget_too_small_names_the_file(mounts, tmp_path):
     src = tmp_path / "tier"
     make_tree(src, n=20, max_size=1024)
@@ -360,8 +405,21 @@ def test_missing_source(mounts, tmp_path):
 def test_missing_cache_dir(metfs, tmp_path, dataset):
     src, _ = dataset
     (tmp_path / "mnt").mkdir()
-    r = subprocess.run([metfs, "mount", "--source", str(src), "--cache", str(tmp_path / "nocache"), "--budget", "4MiB",
-                        str(tmp_path / "mnt")], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            metfs,
+            "mount",
+            "--source",
+            str(src),
+            "--cache",
+            str(tmp_path / "nocache"),
+            "--budget",
+            "4MiB",
+            str(tmp_path / "mnt"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0 and "nocache" in r.stderr, r.stderr
 
 
@@ -393,8 +451,13 @@ def test_settings_layers_file_env_flags(mounts, dataset, tmp_path):
     src, _ = dataset
     cfg = tmp_path / "metfs.toml"
     cfg.write_text('rf = 8\nread_path = "cached"\n[control]\nmax_connections = 0\n')
-    env = {**os.environ, "METFS_RF": "3", "METFS_READ_PATH": "passthrough",
-           "METFS_CONTROL_MAX_CONNECTIONS": "16", "METFS_SOCKET": str(tmp_path / "elsewhere.sock")}
+    env = {
+        **os.environ,
+        "METFS_RF": "3",
+        "METFS_READ_PATH": "passthrough",
+        "METFS_CONTROL_MAX_CONNECTIONS": "16",
+        "METFS_SOCKET": str(tmp_path / "elsewhere.sock"),
+    }
     m = mounts(src, "6MiB", "--config", str(cfg), "--read-path", "pread", name="layers")
     m.env = env
     m.mount()
@@ -406,7 +469,11 @@ def test_settings_layers_file_env_flags(mounts, dataset, tmp_path):
     bad = mounts(src, "6MiB", "--config", str(cfg), name="bad")
     bad.env = {**env, "METFS_CONTROL_MAX_CONNECTIONS": "0"}
     r = bad.mount(check=False)
-    assert r.returncode != 0 and "control.max_connections" in r.stderr and "METFS_CONTROL_MAX_CONNECTIONS" in r.stderr, r.stderr
+    assert (
+        r.returncode != 0
+        and "control.max_connections" in r.stderr
+        and "METFS_CONTROL_MAX_CONNECTIONS" in r.stderr
+    ), r.stderr
 
 
 def test_symlink_out_of_the_source_is_not_served(mounts, tmp_path):
@@ -445,10 +512,12 @@ def test_socket_rejects_bad_lines_and_stays_up(mounts, dataset):
         assert ask(b"{not json")["error"]["code"] == "bad_json"
         assert ask(b'{"op": "format_disk"}')["error"]["code"] == "unknown_op"
         assert ask(b'{"no_op": 1}')["error"]["code"] == "unknown_op"
-        assert ask(b'{"op": "pass_end", "metrics": {"loss": "low"}}')["error"]["code"] == "bad_metrics"
+        assert (
+            ask(b'{"op": "pass_end", "metrics": {"loss": "low"}}')["error"]["code"] == "bad_metrics"
+        )
         assert ask(b'{"op": "advance", "wait": "soon"}')["error"]["code"] == "bad_request"
         assert ask(b"x" * (2 << 20))["error"]["code"] == "line_too_long"
-        assert ask(b'\xff\xfe')["error"]["code"] == "bad_json"
+        assert ask(b"\xff\xfe")["error"]["code"] == "bad_json"
         r = ask(b'{"op": "hello", "version": 1}')
         assert r["ok"] and r["protocol"] == 1
         assert ask(b'{"op": "hello", "version": 99}')["error"]["code"] == "unsupported_version"
@@ -483,13 +552,17 @@ def test_a_silent_direct_readers_lease_expires_and_lets_the_slot_go(mounts, data
     # The copy is still there while the lease holds.
     assert (Path(r["direct_root"]) / first).read_bytes() == (src / first).read_bytes()
     t = time.monotonic()
-    wait_for(lambda: not m.status()["draining"], timeout=30, what="the silent reader's lease to expire")
+    wait_for(
+        lambda: not m.status()["draining"], timeout=30, what="the silent reader's lease to expire"
+    )
     # The daemon closed the silent connection (2 s idle), which ended the lease.
     silent.settimeout(5)
     assert silent.recv(1) == b""
     assert time.monotonic() - t < 20
     # Forgotten by the view first, then its slot deleted.
-    wait_for(lambda: not Path(r["direct_root"]).exists(), timeout=30, what="the retired slot's eviction")
+    wait_for(
+        lambda: not Path(r["direct_root"]).exists(), timeout=30, what="the retired slot's eviction"
+    )
     silent.close()
 
 
@@ -514,14 +587,18 @@ def test_direct_paths_are_refused_to_a_user_who_cannot_read_the_cache(mounts, da
         "import json, socket, sys\n"
         "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
         "out = []\n"
-        "for req in (b'{\"op\": \"files\", \"direct\": true}', b'{\"op\": \"files\"}'):\n"
+        'for req in (b\'{"op": "files", "direct": true}\', b\'{"op": "files"}\'):\n'
         "    s.sendall(req + b'\\n'); buf = b''\n"
         "    while not buf.endswith(b'\\n'): buf += s.recv(1 << 20)\n"
         "    out.append(json.loads(buf))\n"
         "print(json.dumps(out))\n"
     )
-    r = subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", probe, str(sock)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", probe, str(sock)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     direct, plain = json.loads(r.stdout)
     assert direct["ok"] is False and direct["error"]["code"] == "not_permitted", direct

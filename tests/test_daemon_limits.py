@@ -28,7 +28,9 @@ def tmpfs(tmp_path):
     def make(name: str, size: str) -> Path:
         p = tmp_path / name
         p.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(p)], check=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(p)], check=True
+        )
         made.append(p)
         return p
 
@@ -77,11 +79,14 @@ def alive(pid: int) -> bool:
 
 # ---- a full cache disk (the log on it) ----------------------------------------------------
 
+
 def test_full_cache_disk_does_not_kill_the_daemon(tmpfs, mounts, tmp_path, metfs):
     src = tmp_path / "tier"
     files = make_tree(src, n=60, max_size=16 * 1024)
     cache = tmpfs("cache", "8m")
-    m = mounts(src, "6MiB", "--rf", "1", "--mini-epochs", "3", "--compose", "sequential", cache=cache)
+    m = mounts(
+        src, "6MiB", "--rf", "1", "--mini-epochs", "3", "--compose", "sequential", cache=cache
+    )
     m.mount()
     pid = m.pid()
     m.wait_next_ready()
@@ -89,7 +94,9 @@ def test_full_cache_disk_does_not_kill_the_daemon(tmpfs, mounts, tmp_path, metfs
     # Every one of these logs; with the log file on the full disk, none may be fatal. A switch
     # evicts a slot and frees space, so the disk is filled again after each.
     for i in range(3):
-        r = subprocess.run([metfs, "advance", "--socket", m.socket], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [metfs, "advance", "--socket", m.socket], capture_output=True, text=True, timeout=60
+        )
         assert r.returncode == 0, r.stderr
         m.status()
         time.sleep(0.3)
@@ -105,16 +112,26 @@ def test_full_cache_disk_does_not_kill_the_daemon(tmpfs, mounts, tmp_path, metfs
     for f in fillers:
         f.unlink()
     gen = m.status()["generation"]
-    r = subprocess.run([metfs, "advance", "--wait", "--socket", m.socket], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [metfs, "advance", "--wait", "--socket", m.socket],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["generation"] == gen + 1
     view = read_view(m.mountpoint)
     assert view and all(files[k] == v for k, v in view.items())
     assert alive(pid)
-    wait_for(lambda: "log lines dropped" in m.log(), timeout=10, what=f"the log to report its dropped lines: {m.log()}")
+    wait_for(
+        lambda: "log lines dropped" in m.log(),
+        timeout=10,
+        what=f"the log to report its dropped lines: {m.log()}",
+    )
 
 
 # ---- the budget at every instant ----------------------------------------------------------
+
 
 class Sampler(threading.Thread):
     """Walks the cache directory every ~10 ms and keeps the largest allocated size seen
@@ -161,10 +178,13 @@ def test_budget_holds_through_switches(mounts, tmp_path):
         sampler.stop.set()
         sampler.join()
     assert sampler.samples >= 48
-    assert sampler.max <= budget, f"the cache held {sampler.max} bytes on disk, the budget is {budget}"
+    assert sampler.max <= budget, (
+        f"the cache held {sampler.max} bytes on disk, the budget is {budget}"
+    )
 
 
 # ---- state.json is checked ----------------------------------------------------------------
+
 
 def test_corrupt_state_is_refused_and_reset_starts_over(mounts, tmp_path, metfs):
     src = tmp_path / "tier"
@@ -224,11 +244,15 @@ def test_last_generation_wraps_and_lookups_work(mounts, tmp_path):
 
 # ---- sizes near 2^64 ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("sizes,words", [
-    ([2**64 - 1], ["line 3", str(2**64 - 1)]),           # rounding to a block overflows
-    ([2**63, 2**63], ["line 4", "2^64"]),                # the sum overflows
-    ([2**63], ["too small", "a/1.bin"]),                 # fits, but no budget holds it twice
-])
+
+@pytest.mark.parametrize(
+    "sizes,words",
+    [
+        ([2**64 - 1], ["line 3", str(2**64 - 1)]),  # rounding to a block overflows
+        ([2**63, 2**63], ["line 4", "2^64"]),  # the sum overflows
+        ([2**63], ["too small", "a/1.bin"]),  # fits, but no budget holds it twice
+    ],
+)
 def test_huge_manifest_sizes_are_errors_not_panics(mounts, tmp_path, metfs, sizes, words):
     src = tmp_path / "tier"
     (src / "a").mkdir(parents=True)
@@ -239,7 +263,9 @@ def test_huge_manifest_sizes_are_errors_not_panics(mounts, tmp_path, metfs, size
         lines.append(f"a/{i}.bin,{s}")
     (src / "a" / "0.bin").write_bytes(b"x" * 10)
     man.write_text("\n".join(lines) + "\n")
-    r = subprocess.run([metfs, "plan", "--manifest", str(man), "--budget", "1GiB"], capture_output=True, text=True)
+    r = subprocess.run(
+        [metfs, "plan", "--manifest", str(man), "--budget", "1GiB"], capture_output=True, text=True
+    )
     assert r.returncode == 1 and "panicked" not in r.stderr, r.stderr
     for w in words:
         assert w in r.stderr, (w, r.stderr)
@@ -253,6 +279,7 @@ def test_huge_manifest_sizes_are_errors_not_panics(mounts, tmp_path, metfs, size
 
 # ---- source, cache and mountpoint apart ---------------------------------------------------
 
+
 def test_cache_inside_source_and_other_overlaps_are_refused(metfs, tmp_path):
     src = tmp_path / "tier"
     make_tree(src, n=10, max_size=1024)
@@ -264,14 +291,38 @@ def test_cache_inside_source_and_other_overlaps_are_refused(metfs, tmp_path):
     def refused(source: Path, cache: Path, mnt: Path, *words: str) -> None:
         mnt.mkdir(parents=True, exist_ok=True)
         cache.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run([metfs, "mount", "--source", str(source), "--cache", str(cache), "--budget", "6MiB",
-                            "--history", str(tmp_path / "h.json"), str(mnt)], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [
+                metfs,
+                "mount",
+                "--source",
+                str(source),
+                "--cache",
+                str(cache),
+                "--budget",
+                "6MiB",
+                "--history",
+                str(tmp_path / "h.json"),
+                str(mnt),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode != 0 and not is_mounted(mnt), r.stderr
         for w in words:
             assert w in r.stderr, (w, r.stderr)
         assert not (cache / "metfs.lock").exists(), "nothing is written before the check"
 
-    refused(src, src / ".metfs-cache", tmp_path / "m1", "cache directory", str(src / ".metfs-cache"), "inside the source", str(src))
+    refused(
+        src,
+        src / ".metfs-cache",
+        tmp_path / "m1",
+        "cache directory",
+        str(src / ".metfs-cache"),
+        "inside the source",
+        str(src),
+    )
     # Through a symlink: the resolved paths are named too.
     refused(src, link, tmp_path / "m2", "inside the source", str(link), str(src / "cat"))
     (outside / "data").mkdir()
@@ -288,13 +339,29 @@ def test_cache_that_is_a_file_says_so(metfs, tmp_path, dataset):
     f = tmp_path / "cachefile"
     f.write_text("x")
     for fg in ([], ["--foreground"]):
-        r = subprocess.run([metfs, "mount", "--source", str(src), "--cache", str(f), "--budget", "4MiB", *fg,
-                            str(tmp_path / "mnt")], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [
+                metfs,
+                "mount",
+                "--source",
+                str(src),
+                "--cache",
+                str(f),
+                "--budget",
+                "4MiB",
+                *fg,
+                str(tmp_path / "mnt"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode != 0 and "not a directory" in r.stderr and str(f) in r.stderr, r.stderr
         assert "does not exist" not in r.stderr
 
 
 # ---- the control socket's limits ----------------------------------------------------------
+
 
 def test_socket_connection_cap_and_idle_timeout(mounts, dataset, tmp_path):
     src, _ = dataset
@@ -374,13 +441,22 @@ def test_socket_limits_must_be_positive(mounts, dataset, tmp_path):
 
 # ---- small things at the CLI ----------------------------------------------------------------
 
+
 def test_cli_metric_names_and_values_are_checked(mounts, dataset, metfs):
     src, _ = dataset
     m = mounts(src, "6MiB", "--rf", "2")
     m.mount()
-    for arg, words in [("loss=nan", ["loss", "NaN", "finite"]), ("loss=inf", ["loss", "infinite"]),
-                       ("=5", ["no name"]), (" =5", ["no name"])]:
-        r = subprocess.run([metfs, "pass-end", "--socket", m.socket, "--metric", arg], capture_output=True, text=True)
+    for arg, words in [
+        ("loss=nan", ["loss", "NaN", "finite"]),
+        ("loss=inf", ["loss", "infinite"]),
+        ("=5", ["no name"]),
+        (" =5", ["no name"]),
+    ]:
+        r = subprocess.run(
+            [metfs, "pass-end", "--socket", m.socket, "--metric", arg],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode != 0 and "null" not in r.stderr, r.stderr
         for w in words:
             assert w in r.stderr, (arg, w, r.stderr)
@@ -392,22 +468,30 @@ def test_cli_metric_names_and_values_are_checked(mounts, dataset, metfs):
     assert m.status()["pass"] == 0, "no refused pass was counted"
 
 
-@pytest.mark.parametrize("args", [
-    ["--mini-epochs", "500"],
-    ["--compose", "clustered"],
-    ["--budget", "1KiB"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--mini-epochs", "500"],
+        ["--compose", "clustered"],
+        ["--budget", "1KiB"],
+    ],
+)
 def test_plan_and_mount_errors_print_once(mounts, dataset, metfs, tmp_path, args):
     src, _ = dataset
     budget = [] if args[0] == "--budget" else ["--budget", "6MiB"]
-    r = subprocess.run([metfs, "plan", "--source", str(src), *budget, *args], capture_output=True, text=True)
+    r = subprocess.run(
+        [metfs, "plan", "--source", str(src), *budget, *args], capture_output=True, text=True
+    )
     assert r.returncode == 1
     msg = r.stderr.strip().removeprefix("metfs: ")
     assert len(msg) > 10
     last = msg.rsplit(": ", 1)[-1]
     assert msg.count(last) == 1, f"printed twice: {r.stderr}"
-    r = subprocess.run([metfs, "plan", "--manifest", str(tmp_path / "none.csv"), "--budget", "6MiB"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [metfs, "plan", "--manifest", str(tmp_path / "none.csv"), "--budget", "6MiB"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1 and r.stderr.count("No such file") == 1, r.stderr
     if args[0] == "--budget":
         return
@@ -430,8 +514,11 @@ def test_manifest_with_every_entry_missing_is_refused(mounts, tmp_path):
         assert w in r.stderr, (w, r.stderr)
     # Partly missing: served, and the count is reported.
     present = sorted(files)[:5]
-    man.write_text("path,size\n" + "".join(f"{p},{len(files[p])}\n" for p in present)
-                   + "".join(f"gone/f{i}.bin,100\n" for i in range(3)))
+    man.write_text(
+        "path,size\n"
+        + "".join(f"{p},{len(files[p])}\n" for p in present)
+        + "".join(f"gone/f{i}.bin,100\n" for i in range(3))
+    )
     m = mounts(src, "6MiB", "--manifest", str(man), "--mini-epochs", "1", name="partial")
     m.mount()
     assert sorted(m.files()["files"]) == present
@@ -478,6 +565,7 @@ def test_socket_cap_keeps_descriptors_for_reads(mounts, dataset, tmp_path):
     for s in clients:
         s.close()
     assert alive(pid)
+
     # The daemon notices the closes and frees their places. Until it has, a new client is
     # refused: the daemon writes the refusal and closes, so the client's own write may meet a
     # closed socket (seen once on a loaded machine).
@@ -498,8 +586,11 @@ def test_a_dataset_too_large_for_the_memory_is_refused_with_its_numbers(mounts, 
     src = tmp_path / "tier"
     files = make_tree(src, n=40, max_size=1024)
     man = tmp_path / "big.csv"
-    man.write_text("path,size\n" + "".join(f"{p},{len(files[p])}\n" for p in sorted(files))
-                   + "".join(f"more/f{i:06}.bin,100\n" for i in range(20_000)))
+    man.write_text(
+        "path,size\n"
+        + "".join(f"{p},{len(files[p])}\n" for p in sorted(files))
+        + "".join(f"more/f{i:06}.bin,100\n" for i in range(20_000))
+    )
     m = mounts(src, "6MiB", "--manifest", str(man), "--memory-limit", "4MiB")
     r = m.mount(check=False)
     assert r.returncode != 0 and not is_mounted(m.mountpoint)
@@ -512,6 +603,21 @@ def test_a_dataset_too_large_for_the_memory_is_refused_with_its_numbers(mounts, 
     m = mounts(src, "6MiB", "--memory-limit", "64MiB", name="fits")
     m.mount()
     assert read_view(m.mountpoint) == files
-    r = subprocess.run([metfs, "mount", "--source", str(src), "--cache", str(tmp_path / "c"), "--budget", "6MiB",
-                        "--memory-limit", "lots", str(tmp_path / "mnt-x")], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            metfs,
+            "mount",
+            "--source",
+            str(src),
+            "--cache",
+            str(tmp_path / "c"),
+            "--budget",
+            "6MiB",
+            "--memory-limit",
+            "lots",
+            str(tmp_path / "mnt-x"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0 and "memory-limit" in r.stderr and "lots" in r.stderr, r.stderr

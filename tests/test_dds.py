@@ -12,7 +12,9 @@ from pathlib import Path
 from conftest import Etcd, free_port, make_tree
 
 
-def run(metfs: str, *args: str, ok: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run(
+    metfs: str, *args: str, ok: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     r = subprocess.run([metfs, *args], capture_output=True, text=True, timeout=timeout)
     if ok:
         assert r.returncode == 0, r.stderr
@@ -23,7 +25,19 @@ def test_init_status_reset(metfs: str, etcd: Etcd, tmp_path: Path) -> None:
     src = tmp_path / "src"
     make_tree(src, n=120)
     url = etcd.url("jobs/a")
-    init = ["dds", "init", url, "--source", str(src), "--budget", "2MiB", "--compose", "stratified", "--seed", "3"]
+    init = [
+        "dds",
+        "init",
+        url,
+        "--source",
+        str(src),
+        "--budget",
+        "2MiB",
+        "--compose",
+        "stratified",
+        "--seed",
+        "3",
+    ]
     out = run(metfs, *init).stdout
     assert out.startswith(f"made {url}: dataset 120:"), out
     st = json.loads(run(metfs, "dds", "status", url, "--json").stdout)
@@ -58,7 +72,15 @@ def test_unreachable_etcd_and_bad_address_are_clear_errors(metfs: str, tmp_path:
     assert f"etcd at etcd://127.0.0.1:{port}/q is unreachable" in r.stderr, r.stderr
     r = run(metfs, "dds", "reset", "etcd://127.0.0.1/q", ok=False)
     assert 'bad queue address "etcd://127.0.0.1/q"' in r.stderr, r.stderr
-    r = run(metfs, "dds", "status", "etcd://127.0.0.1:2379/q", "--etcd-cacert", str(tmp_path / "none.pem"), ok=False)
+    r = run(
+        metfs,
+        "dds",
+        "status",
+        "etcd://127.0.0.1:2379/q",
+        "--etcd-cacert",
+        str(tmp_path / "none.pem"),
+        ok=False,
+    )
     assert str(tmp_path / "none.pem") in r.stderr, r.stderr
 
 
@@ -76,7 +98,9 @@ def test_queue_under_kill_9_of_readers_and_etcd(metfs: str, tmp_path: Path) -> N
     assert r["read_twice"] <= r["read_by_killed_not_done"]
 
 
-def test_throughputs_for_adjust_bs_come_from_the_queue(metfs: str, etcd: Etcd, tmp_path: Path) -> None:
+def test_throughputs_for_adjust_bs_come_from_the_queue(
+    metfs: str, etcd: Etcd, tmp_path: Path
+) -> None:
     """Two reader nodes finish an epoch on a real queue; `metfs.dds.queue_throughputs` (the Python
     package of this checkout) reads each node's throughput from `metfs dds status --json` and
     `rank_batch_sizes` splits a global batch over their ranks (Eq. 3)."""
@@ -91,9 +115,27 @@ def test_throughputs_for_adjust_bs_come_from_the_queue(metfs: str, etcd: Etcd, t
     src = dds_faults.dataset(tmp_path, 120)
     exe = str(dds_faults.reader_bin())
     url = etcd.url("adjust")
-    procs = [subprocess.Popen([exe, "--source", str(src), "--log", str(tmp_path / f"{n}.log"), "--url", url,
-                               "--node", n, "--slot", str(128 * 1024), "--rate", str(r)], stdout=subprocess.PIPE)
-             for n, r in (("fast", 4_000_000), ("slow", 1_000_000))]
+    procs = [
+        subprocess.Popen(
+            [
+                exe,
+                "--source",
+                str(src),
+                "--log",
+                str(tmp_path / f"{n}.log"),
+                "--url",
+                url,
+                "--node",
+                n,
+                "--slot",
+                str(128 * 1024),
+                "--rate",
+                str(r),
+            ],
+            stdout=subprocess.PIPE,
+        )
+        for n, r in (("fast", 4_000_000), ("slow", 1_000_000))
+    ]
     for p in procs:
         assert p.wait(timeout=120) == 0
     code = (
@@ -107,8 +149,13 @@ def test_throughputs_for_adjust_bs_come_from_the_queue(metfs: str, etcd: Etcd, t
         "    print(e)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
-    r = subprocess.run([sys.executable, "-c", code, url, metfs, f"etcd://127.0.0.1:{free_port()}/q"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code, url, metfs, f"etcd://127.0.0.1:{free_port()}/q"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     out, err_line = r.stdout.splitlines()
     got = json.loads(out)
@@ -121,7 +168,9 @@ def test_throughputs_for_adjust_bs_come_from_the_queue(metfs: str, etcd: Etcd, t
     assert "is unreachable" in err_line, err_line
 
 
-def test_resume_on_fewer_nodes_completes_the_epoch_exactly_once(metfs: str, etcd: Etcd, tmp_path: Path) -> None:
+def test_resume_on_fewer_nodes_completes_the_epoch_exactly_once(
+    metfs: str, etcd: Etcd, tmp_path: Path
+) -> None:
     """Three reader processes for about half an epoch, all `kill -9`ed, then two other nodes on
     the same queue: the epoch completes, every sample exactly once among the DONE shards, and the
     only samples read twice are in shards the killed nodes held."""
@@ -135,8 +184,21 @@ def test_resume_on_fewer_nodes_completes_the_epoch_exactly_once(metfs: str, etcd
     exe = dds_faults.reader_bin()
     prefix = "resume"
     url = etcd.url(prefix)
-    args = ["--slot", str(128 * 1024), "--lease", "2", "--epochs", "1", "--rate", "1000000", "--compose", "stratified"]
-    first = [dds_faults.Node(f"a{i}", exe, src, tmp_path / f"a{i}.log", url, args) for i in range(3)]
+    args = [
+        "--slot",
+        str(128 * 1024),
+        "--lease",
+        "2",
+        "--epochs",
+        "1",
+        "--rate",
+        "1000000",
+        "--compose",
+        "stratified",
+    ]
+    first = [
+        dds_faults.Node(f"a{i}", exe, src, tmp_path / f"a{i}.log", url, args) for i in range(3)
+    ]
     for node in first:
         node.start()
     deadline = time.monotonic() + 60
@@ -150,8 +212,12 @@ def test_resume_on_fewer_nodes_completes_the_epoch_exactly_once(metfs: str, etcd
     for node in first:
         node.kill()
     shards = json.loads(dds_faults.etcd_range(etcd, f"{prefix}/meta")[0][1])["shards"]
-    assert len(dds_faults.etcd_range(etcd, f"{prefix}/done/")) < shards, "the epoch ended before the kill"
-    second = [dds_faults.Node(f"b{i}", exe, src, tmp_path / f"b{i}.log", url, args) for i in range(2)]
+    assert len(dds_faults.etcd_range(etcd, f"{prefix}/done/")) < shards, (
+        "the epoch ended before the kill"
+    )
+    second = [
+        dds_faults.Node(f"b{i}", exe, src, tmp_path / f"b{i}.log", url, args) for i in range(2)
+    ]
     for node in second:
         node.start()
     for node in second:
@@ -163,7 +229,9 @@ def test_resume_on_fewer_nodes_completes_the_epoch_exactly_once(metfs: str, etcd
     assert {"b0", "b1"} <= holders, holders
 
 
-def test_a_restarted_reader_after_a_torn_log_line_keeps_its_reads(metfs: str, etcd: Etcd, tmp_path: Path) -> None:
+def test_a_restarted_reader_after_a_torn_log_line_keeps_its_reads(
+    metfs: str, etcd: Etcd, tmp_path: Path
+) -> None:
     """A `kill -9` can land inside a log write; the loaded test command's fault trial then
     reported samples lost that were read, because the next incarnation's `start` line was glued
     to the torn line and its reads were counted as the dead incarnation's. A reader whose log ends

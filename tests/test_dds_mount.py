@@ -76,19 +76,37 @@ def shards(etcd: Etcd, prefix: str) -> int:
 def wait_epoch_done(etcd: Etcd, prefix: str, epoch: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while len(done_shards(etcd, prefix, epoch)) < shards(etcd, prefix):
-        assert time.monotonic() < deadline, f"epoch {epoch} not done: {len(done_shards(etcd, prefix, epoch))}/{shards(etcd, prefix)}"
+        assert time.monotonic() < deadline, (
+            f"epoch {epoch} not done: {len(done_shards(etcd, prefix, epoch))}/{shards(etcd, prefix)}"
+        )
         time.sleep(0.1)
 
 
 def dds_mounts(mounts: Any, src: Path, etcd: Etcd, prefix: str, n: int, *extra: str) -> list[Mount]:
     return [
-        mounts(src, "2MiB", "--dds", etcd.url(prefix), "--node-name", f"n{i}", "--rf", "1",
-               "--compose", "stratified", "--dds-lease-ttl-secs", "2", *extra, name=f"n{i}")
+        mounts(
+            src,
+            "2MiB",
+            "--dds",
+            etcd.url(prefix),
+            "--node-name",
+            f"n{i}",
+            "--rf",
+            "1",
+            "--compose",
+            "stratified",
+            "--dds-lease-ttl-secs",
+            "2",
+            *extra,
+            name=f"n{i}",
+        )
         for i in range(n)
     ]
 
 
-def test_two_nodes_share_an_epoch_each_sample_once(mounts: Any, etcd: Etcd, tmp_path: Path, metfs: str) -> None:
+def test_two_nodes_share_an_epoch_each_sample_once(
+    mounts: Any, etcd: Etcd, tmp_path: Path, metfs: str
+) -> None:
     src = tmp_path / "tier"
     digests = make_dataset(src, 120)
     ms = dds_mounts(mounts, src, etcd, "two", 2)
@@ -116,7 +134,9 @@ def test_two_nodes_share_an_epoch_each_sample_once(mounts: Any, etcd: Etcd, tmp_
     assert holders == {"n0", "n1"}, holders
     st = ms[1].status()["dds"]
     assert st["done_shards"] > 0 and st["last_error"] is None, st
-    out = subprocess.run([metfs, "status", "--socket", ms[1].socket], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [metfs, "status", "--socket", ms[1].socket], capture_output=True, text=True, check=True
+    ).stdout
     assert f"queue: {etcd.url('two')} as node n1" in out, out
 
 
@@ -302,7 +322,9 @@ def test_resume_on_fewer_nodes_through_mounts(etcd: Etcd, tmp_path: Path) -> Non
         n.kill_daemon()
     for n in first:
         n.kill()
-    assert len(done_shards(etcd, "resume", 0)) < shards(etcd, "resume"), "the epoch ended before the kill"
+    assert len(done_shards(etcd, "resume", 0)) < shards(etcd, "resume"), (
+        "the epoch ended before the kill"
+    )
     second = [f.Node(f"b{i}", tmp_path, src, url, 1) for i in range(2)]
     try:
         for n in second:

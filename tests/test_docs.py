@@ -65,7 +65,9 @@ RUN_OPTIONS = {"mounted", "hdf5"}
 
 MARKER = re.compile(r"^<!--\s*docs-test:\s*(.*?)\s*-->$")
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([^`\s]*)(.*)$")
-PLACEHOLDER = re.compile(r"(?<![\w./-])(/lustre/proj/imagenet|/lustre/proj/data|/nvme/metfs|/mnt/met)(?![\w.-])")
+PLACEHOLDER = re.compile(
+    r"(?<![\w./-])(/lustre/proj/imagenet|/lustre/proj/data|/nvme/metfs|/mnt/met)(?![\w.-])"
+)
 
 
 @dataclass
@@ -107,8 +109,11 @@ def parse_blocks(doc: Path) -> list[Block]:
         mm = MARKER.match(lines[j].strip()) if j >= 0 else None
         body: list[str] = []
         k = i + 1
-        while k < len(lines) and not (lines[k].strip().startswith(fence[0] * len(fence)) and lines[k].strip().strip(fence[0]) == ""):
-            body.append(lines[k][len(indent):] if lines[k].startswith(indent) else lines[k])
+        while k < len(lines) and not (
+            lines[k].strip().startswith(fence[0] * len(fence))
+            and lines[k].strip().strip(fence[0]) == ""
+        ):
+            body.append(lines[k][len(indent) :] if lines[k].startswith(indent) else lines[k])
             k += 1
         assert k < len(lines), f"{doc.relative_to(ROOT)}:{i + 1}: code block never closed"
         out.append(Block(doc, i + 1, lang, "\n".join(body) + "\n", mm.group(1) if mm else None))
@@ -205,12 +210,14 @@ def invocations(shell: str) -> list[tuple[str, list[str]]]:
         if line.startswith("$ "):
             line = line[2:]
         # `metfs` in command position: at the start, or after `;`, `|`, `&&`, `(` or `$(`.
-        for m in re.finditer(r"(?:^|[;|&(]\s*)(?:\S*/)?metfs\s+([a-z][a-z0-9-]*)(.*?)(?=$|[;|&#`)]|\s>)", line):
+        for m in re.finditer(
+            r"(?:^|[;|&(]\s*)(?:\S*/)?metfs\s+([a-z][a-z0-9-]*)(.*?)(?=$|[;|&#`)]|\s>)", line
+        ):
             sub, rest = m.group(1), m.group(2)
             # A nested subcommand (`metfs dds init ...`) owns the flags after it.
             word = re.match(r"\s+([a-z][a-z0-9-]*)", rest)
             if word and sub in subcommands() and word.group(1) in nested(sub):
-                sub, rest = f"{sub} {word.group(1)}", rest[word.end():]
+                sub, rest = f"{sub} {word.group(1)}", rest[word.end() :]
             flags = re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", rest)
             out.append((sub, flags))
         # deploy/slurm's METFS_ARGS are further `metfs mount` flags.
@@ -225,13 +232,17 @@ def test_blocks_are_run_or_marked():
     for b in blocks:
         kind, arg = b.kind()
         if kind == "unmarked":
-            problems.append(f"{b.name}: ```{b.lang} block neither runnable nor marked "
-                            "(add <!-- docs-test: illustrative: REASON --> or another marker; see tests/test_docs.py)")
+            problems.append(
+                f"{b.name}: ```{b.lang} block neither runnable nor marked "
+                "(add <!-- docs-test: illustrative: REASON --> or another marker; see tests/test_docs.py)"
+            )
         elif kind == "illustrative" and not arg:
             problems.append(f"{b.name}: illustrative block without a reason")
         elif kind == "run":
             if not (set(arg.split()) <= RUN_OPTIONS):
-                problems.append(f"{b.name}: unknown run options {arg!r} (known: {sorted(RUN_OPTIONS)})")
+                problems.append(
+                    f"{b.name}: unknown run options {arg!r} (known: {sorted(RUN_OPTIONS)})"
+                )
             if b.lang not in RUN_BY_DEFAULT:
                 problems.append(f"{b.name}: cannot run a ```{b.lang} block")
         elif kind == "input":
@@ -255,15 +266,21 @@ def test_documented_invocations_exist():
     for d in DOCS:
         if d.exists():
             for span in re.findall(r"`(metfs [^`]+)`", prose(d)):
-                found += [(str(d.relative_to(ROOT)), sub, flags) for sub, flags in invocations(span)]
+                found += [
+                    (str(d.relative_to(ROOT)), sub, flags) for sub, flags in invocations(span)
+                ]
     problems = []
     for where, sub, flags in found:
         if sub.split()[0] not in subcommands():
-            problems.append(f"{where}: `metfs {sub}`: no such subcommand (metfs --help: {sorted(subcommands())})")
+            problems.append(
+                f"{where}: `metfs {sub}`: no such subcommand (metfs --help: {sorted(subcommands())})"
+            )
             continue
         for flag in flags:
             if flag not in options(sub):
-                problems.append(f"{where}: `metfs {sub} {flag}`: no such flag in `metfs {sub} --help`")
+                problems.append(
+                    f"{where}: `metfs {sub} {flag}`: no such flag in `metfs {sub} --help`"
+                )
     assert not problems, "\n".join(problems)
     assert len(found) >= 10, found
 
@@ -274,7 +291,21 @@ def shuffle_options() -> frozenset[str]:
     feature beside the metfs binary; the test command builds it)."""
     exe = Path(metfs_bin()).with_name("metfs-shuffle")
     if not exe.exists():
-        subprocess.run(["cargo", "build", "-q", "-p", "metfs-exchange", "--features", "mpi", "--bin", "metfs-shuffle"], cwd=ROOT, check=True)
+        subprocess.run(
+            [
+                "cargo",
+                "build",
+                "-q",
+                "-p",
+                "metfs-exchange",
+                "--features",
+                "mpi",
+                "--bin",
+                "metfs-shuffle",
+            ],
+            cwd=ROOT,
+            check=True,
+        )
     r = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return frozenset(re.findall(r"(?m)^\s+(?:-\w, )?(--[a-z0-9][a-z0-9-]*)", r.stdout))
@@ -355,20 +386,28 @@ def test_config_table_matches_mount_help(tmp_path):
         d = norm(doc_default)
         if d == "(required)":
             if opt.default is not None or not opt.takes_value:
-                problems.append(f"`{key}`: documented as required, but {flag} has default {opt.default!r}")
+                problems.append(
+                    f"`{key}`: documented as required, but {flag} has default {opt.default!r}"
+                )
                 continue
             # Mounting without it fails and names it.
             args = [a for k, v in given.items() if k != key for a in (f"--{k}", v)]
             r = run_metfs("mount", *args, str(tmp_path / "mnt"))
             if r.returncode == 0 or f"`{key}`" not in r.stderr:
-                problems.append(f"`{key}`: documented as required, but a mount without it said: {r.stderr!r}")
+                problems.append(
+                    f"`{key}`: documented as required, but a mount without it said: {r.stderr!r}"
+                )
         elif d == "off":
             if opt.takes_value or opt.default is not None:
-                problems.append(f"`{key}`: documented as an `off` switch, but {flag} takes a value or has a default")
+                problems.append(
+                    f"`{key}`: documented as an `off` switch, but {flag} takes a value or has a default"
+                )
         elif opt.default is None:
             problems.append(f"`{key}`: documented default {doc_default!r}, but {flag} shows none")
         elif norm(opt.default) != d:
-            problems.append(f"`{key}`: README default {doc_default!r}, `metfs mount --help` [default: {opt.default}]")
+            problems.append(
+                f"`{key}`: README default {doc_default!r}, `metfs mount --help` [default: {opt.default}]"
+            )
     assert not problems, "\n".join(problems)
 
 
@@ -387,10 +426,16 @@ def test_every_mount_flag_is_a_config_key(tmp_path):
     claim = re.search(r"Only (.*?) are not settings", text)
     assert claim, "README.md no longer says which mount flags are not settings; update this test"
     not_keys = set(re.findall(r"`(--[a-z0-9-]+)`", claim.group(1))) | {"--help"}
-    tables = {"": loader_keys(tmp_path), "stager": loader_keys(tmp_path, "stager"),
-              "control": loader_keys(tmp_path, "control"), "s3": loader_keys(tmp_path, "s3"),
-              "transform": loader_keys(tmp_path, "transform"), "dds": loader_keys(tmp_path, "dds"),
-              "share": loader_keys(tmp_path, "share"), "aggregate": loader_keys(tmp_path, "aggregate")}
+    tables = {
+        "": loader_keys(tmp_path),
+        "stager": loader_keys(tmp_path, "stager"),
+        "control": loader_keys(tmp_path, "control"),
+        "s3": loader_keys(tmp_path, "s3"),
+        "transform": loader_keys(tmp_path, "transform"),
+        "dds": loader_keys(tmp_path, "dds"),
+        "share": loader_keys(tmp_path, "share"),
+        "aggregate": loader_keys(tmp_path, "aggregate"),
+    }
 
     def is_key(flag: str) -> bool:
         key = flag[2:].replace("-", "_")
@@ -401,16 +446,20 @@ def test_every_mount_flag_is_a_config_key(tmp_path):
         if key in ("share", "aggregate"):  # `--share` is `enabled` of `[share]`, and so on
             return "enabled" in tables[key]
         if key.startswith("shuffle_"):  # `--shuffle-extra` is `extra` of `[aggregate]`
-            return key[len("shuffle_"):] in tables["aggregate"]
+            return key[len("shuffle_") :] in tables["aggregate"]
         for tb in ("stager", "control", "transform", "dds", "share"):
-            if key.startswith(tb + "_") and key[len(tb) + 1:] in tables[tb]:
+            if key.startswith(tb + "_") and key[len(tb) + 1 :] in tables[tb]:
                 return True
         return key in tables[""] or key in tables["s3"]
 
     missing = [f for f in options("mount") if f not in not_keys and not is_key(f)]
-    assert not missing, f"mount flags without a config key (README.md says every flag but {sorted(not_keys)} has one): {missing}"
+    assert not missing, (
+        f"mount flags without a config key (README.md says every flag but {sorted(not_keys)} has one): {missing}"
+    )
     wrongly_excepted = [f for f in not_keys - {"--help"} if is_key(f) or f not in options("mount")]
-    assert not wrongly_excepted, f"README.md excepts flags that are config keys or not mount flags: {wrongly_excepted}"
+    assert not wrongly_excepted, (
+        f"README.md excepts flags that are config keys or not mount flags: {wrongly_excepted}"
+    )
 
 
 def toml_value(doc_default: str, cache: Path) -> str | None:
@@ -433,7 +482,9 @@ def test_documented_defaults_are_valid_config_values(mounts, tmp_path):
     src = tmp_path / "src"
     make_tree(src, n=20)
     m = mounts(src, "4MiB", name="cfg")
-    sections: dict[str, list[str]] = {"": [f'source = "{src}"', f'cache = "{m.cache}"', 'budget = "4MiB"']}
+    sections: dict[str, list[str]] = {
+        "": [f'source = "{src}"', f'cache = "{m.cache}"', 'budget = "4MiB"']
+    }
     used = []
     for tb, key, doc_default in config_table():
         if not tb and key in ("source", "cache", "budget"):
@@ -444,9 +495,16 @@ def test_documented_defaults_are_valid_config_values(mounts, tmp_path):
             used.append(key)
     assert len(used) >= 8, used
     cfg = tmp_path / "defaults.toml"
-    cfg.write_text("\n".join(("" if not tb else f"[{tb}]\n") + "\n".join(lines) for tb, lines in sections.items()) + "\n")
+    cfg.write_text(
+        "\n".join(
+            ("" if not tb else f"[{tb}]\n") + "\n".join(lines) for tb, lines in sections.items()
+        )
+        + "\n"
+    )
     m.mountpoint.mkdir()
-    r = run_metfs("mount", "--config", str(cfg), "--history", str(tmp_path / "h.json"), str(m.mountpoint))
+    r = run_metfs(
+        "mount", "--config", str(cfg), "--history", str(tmp_path / "h.json"), str(m.mountpoint)
+    )
     assert r.returncode == 0, f"{cfg.read_text()}\n{r.stderr}\n{m.log()}"
     assert is_mounted(m.mountpoint)
     st = m.status()
@@ -485,7 +543,12 @@ def make_hdf5(src: Path) -> None:
     src.mkdir(parents=True)
     rng = np.random.default_rng(3)
     with h5py.File(src / "train.h5", "w") as f:
-        f.create_dataset("images", data=rng.standard_normal((96, 8, 8)).astype("f4"), chunks=(16, 8, 8), compression="gzip")
+        f.create_dataset(
+            "images",
+            data=rng.standard_normal((96, 8, 8)).astype("f4"),
+            chunks=(16, 8, 8),
+            compression="gzip",
+        )
         f.create_dataset("labels", data=(np.arange(96) % 4).astype("i8"))
 
 
@@ -502,12 +565,24 @@ def run_console(text: str, paths: dict[str, Path], env: dict[str, str], where: s
             steps[-1][1].append(line.rstrip())
         cont = line.endswith("\\") and (cont or line.startswith("$ "))
     for cmd, expected in steps:
-        r = subprocess.run(["bash", "-c", substitute(cmd, paths)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            ["bash", "-c", substitute(cmd, paths)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, f"{where}: `{cmd}` failed: {r.stderr}"
         got = [line.rstrip() for line in r.stdout.rstrip("\n").splitlines()]
         while expected and not expected[-1]:
             expected.pop()
-        assert got == expected, f"{where}: `{cmd}` printed\n" + "\n".join(got) + "\nbut the docs show\n" + "\n".join(expected)
+        assert got == expected, (
+            f"{where}: `{cmd}` printed\n"
+            + "\n".join(got)
+            + "\nbut the docs show\n"
+            + "\n".join(expected)
+        )
 
 
 def check_metrics_sample(block: Block, mounts, tmp_path: Path) -> None:
@@ -522,7 +597,9 @@ def check_metrics_sample(block: Block, mounts, tmp_path: Path) -> None:
     for line in real:
         s = re.match(r"^([a-z_:][a-z0-9_:]*)(?:\{(.*)\})? ", line)
         if s and not line.startswith("#"):
-            series.setdefault(s.group(1), set()).add(frozenset(re.findall(r'(\w+)="', s.group(2) or "")))
+            series.setdefault(s.group(1), set()).add(
+                frozenset(re.findall(r'(\w+)="', s.group(2) or ""))
+            )
     problems = []
     for line in block.text.splitlines():
         if line.startswith("# "):
@@ -536,8 +613,12 @@ def check_metrics_sample(block: Block, mounts, tmp_path: Path) -> None:
         if s.group(1) not in series:
             problems.append(f"no metric {s.group(1)} in the real file")
         elif labels not in series[s.group(1)]:
-            problems.append(f"{s.group(1)} has labels {sorted(labels)} here, {[sorted(x) for x in series[s.group(1)]]} in the real file")
-    assert not problems, f"{block.name}:\n" + "\n".join(problems) + "\n--- real file\n" + "\n".join(real)
+            problems.append(
+                f"{s.group(1)} has labels {sorted(labels)} here, {[sorted(x) for x in series[s.group(1)]]} in the real file"
+            )
+    assert not problems, (
+        f"{block.name}:\n" + "\n".join(problems) + "\n--- real file\n" + "\n".join(real)
+    )
 
 
 RUNNABLE = [b for b in all_blocks() if b.kind()[0] in ("run", "input", "metrics-file")]
@@ -552,8 +633,12 @@ def test_block_runs(block: Block, mounts, tmp_path):
         work = tmp_path / "input"
         work.mkdir()
         (work / name).write_text(block.text)
-        r = subprocess.run(["bash", "-c", cmd], cwd=work, env=env, capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, f"{block.name}: `{cmd}` on the block failed: {r.stdout}\n{r.stderr}"
+        r = subprocess.run(
+            ["bash", "-c", cmd], cwd=work, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 0, (
+            f"{block.name}: `{cmd}` on the block failed: {r.stdout}\n{r.stderr}"
+        )
         return
 
     if kind == "metrics-file":
@@ -581,6 +666,12 @@ def test_block_runs(block: Block, mounts, tmp_path):
         return
     script = tmp_path / ("block.py" if block.lang == "python" else "block.sh")
     script.write_text(text)
-    cmd = ["python3", str(script)] if block.lang == "python" else ["bash", "-euo", "pipefail", str(script)]
+    cmd = (
+        ["python3", str(script)]
+        if block.lang == "python"
+        else ["bash", "-euo", "pipefail", str(script)]
+    )
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
-    assert r.returncode == 0, f"{block.name} failed (exit {r.returncode}):\n--- block as run\n{text}--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}\n--- daemon log\n{m.log()}"
+    assert r.returncode == 0, (
+        f"{block.name} failed (exit {r.returncode}):\n--- block as run\n{text}--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}\n--- daemon log\n{m.log()}"
+    )

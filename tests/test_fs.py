@@ -53,8 +53,10 @@ def test_retired_views_drain_under_64_readers(mounts, tmp_path, layout):
     assert m.status()["read_path"] == "cached"
     stop = threading.Event()
     errors: list[str] = []
-    threads = [threading.Thread(target=reader_loop, args=(m.mountpoint, stop, errors), daemon=True)
-               for _ in range(64)]
+    threads = [
+        threading.Thread(target=reader_loop, args=(m.mountpoint, stop, errors), daemon=True)
+        for _ in range(64)
+    ]
     for t in threads:
         t.start()
     try:
@@ -105,7 +107,9 @@ def test_reads_the_daemon_serves_are_spliced_and_exact(mounts, tmp_path, path):
         for n, b in want.items():
             p = m.mountpoint / n
             with open(p, "rb", buffering=0) as f:
-                got = b"".join(iter(lambda: f.read(rng.choice([4096, 65536, 131072, 1 << 20])), b""))
+                got = b"".join(
+                    iter(lambda: f.read(rng.choice([4096, 65536, 131072, 1 << 20])), b"")
+                )
             if got != b:
                 failures.append(f"{n}: whole read differs")
             fd = os.open(p, os.O_RDONLY)
@@ -113,7 +117,7 @@ def test_reads_the_daemon_serves_are_spliced_and_exact(mounts, tmp_path, path):
                 for _ in range(4):
                     off = rng.randrange(0, len(b) + 2)
                     size = rng.randrange(1, 300_000)
-                    if os.pread(fd, size, off) != b[off:off + size]:
+                    if os.pread(fd, size, off) != b[off : off + size]:
                         failures.append(f"{n}: pread({size}, {off}) differs")
             finally:
                 os.close(fd)
@@ -124,7 +128,7 @@ def test_reads_the_daemon_serves_are_spliced_and_exact(mounts, tmp_path, path):
                     continue  # a kernel without O_DIRECT on this mount
                 try:
                     off = 4096 * rng.randrange(0, 4) + 7
-                    if os.pread(fd, 100_003, off) != b[off:off + 100_003]:
+                    if os.pread(fd, 100_003, off) != b[off : off + 100_003]:
                         failures.append(f"{n}: O_DIRECT pread differs")
                 finally:
                     os.close(fd)
@@ -146,8 +150,10 @@ def test_a_user_over_the_pipe_limit_gets_copied_replies(metfs):
     share of `pipe-user-pages-soft` gets pipes of one page that cannot be grown: the daemon
     says its replies are copied, and every read is still served, exact."""
     user = "metfs-user"
-    ok = subprocess.run(["runuser", "-u", user, "--", "test", "-r", "/dev/fuse", "-a", "-w", "/dev/fuse"],
-                        capture_output=True)
+    ok = subprocess.run(
+        ["runuser", "-u", user, "--", "test", "-r", "/dev/fuse", "-a", "-w", "/dev/fuse"],
+        capture_output=True,
+    )
     if ok.returncode != 0:
         pytest.skip(f"no user {user} who may open /dev/fuse (scripts/test.sh makes one)")
     base = Path(tempfile.mkdtemp(prefix="metfs-pipes-"))
@@ -164,14 +170,40 @@ def test_a_user_over_the_pipe_limit_gets_copied_replies(metfs):
     mnt = base / "mnt"
     limit.write_text("16\n")
     try:
-        r = subprocess.run(["runuser", "-u", user, "--", metfs, "mount", "--source", str(base / "src"),
-                            "--cache", str(base / "cache"), "--budget", "64MiB", "--mini-epochs", "1",
-                            "--read-path", "pread", "--history", str(base / "h.json"), str(mnt)],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [
+                "runuser",
+                "-u",
+                user,
+                "--",
+                metfs,
+                "mount",
+                "--source",
+                str(base / "src"),
+                "--cache",
+                str(base / "cache"),
+                "--budget",
+                "64MiB",
+                "--mini-epochs",
+                "1",
+                "--read-path",
+                "pread",
+                "--history",
+                str(base / "h.json"),
+                str(mnt),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
         for n in want:
-            r = subprocess.run(["runuser", "-u", user, "--", "cmp", str(base / "src" / n), str(mnt / n)],
-                               capture_output=True, text=True, timeout=60)
+            r = subprocess.run(
+                ["runuser", "-u", user, "--", "cmp", str(base / "src" / n), str(mnt / n)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert r.returncode == 0, f"{n}: {r.stdout}{r.stderr}"
         st = rpc(str(base / "cache" / "metfs.sock"), {"op": "status"}, timeout=10)
         assert st["daemon_bytes_read"] >= sum(len(b) for b in want.values()), st
@@ -179,7 +211,9 @@ def test_a_user_over_the_pipe_limit_gets_copied_replies(metfs):
         assert "read replies are copied, not spliced" in (base / "cache" / "metfs.log").read_text()
     finally:
         limit.write_text(old)
-        subprocess.run(["runuser", "-u", user, "--", "fusermount3", "-u", str(mnt)], capture_output=True)
+        subprocess.run(
+            ["runuser", "-u", user, "--", "fusermount3", "-u", str(mnt)], capture_output=True
+        )
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
         sh.rmtree(base, ignore_errors=True)
 
@@ -196,8 +230,18 @@ def test_concurrent_first_opens_share_one_backing_file(mounts, tmp_path):
     want = {f"f{i:04d}": os.urandom(64 + i % 512) for i in range(1200)}
     for n, b in want.items():
         (src / n).write_bytes(b)
-    m = mounts(src, "8MiB", "--rf", "1000", "--compose", "sequential", "--read-path", "passthrough",
-               "--fuse-threads", "64")
+    m = mounts(
+        src,
+        "8MiB",
+        "--rf",
+        "1000",
+        "--compose",
+        "sequential",
+        "--read-path",
+        "passthrough",
+        "--fuse-threads",
+        "64",
+    )
     m.mount()
     assert m.status()["read_path"] == "passthrough"
     failures: list[str] = []
@@ -249,9 +293,26 @@ def test_mount_without_access_to_dev_fuse_says_why(metfs, tmp_path):
         uid = pwd.getpwnam(user).pw_uid
         for p in [d, *d.iterdir(), d / "src" / "f"]:
             os.chown(p, uid, -1)
-        r = subprocess.run(["runuser", "-u", user, "--", metfs, "mount", "--source", str(d / "src"),
-                            "--cache", str(d / "cache"), "--budget", "4MiB", str(d / "mnt")],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [
+                "runuser",
+                "-u",
+                user,
+                "--",
+                metfs,
+                "mount",
+                "--source",
+                str(d / "src"),
+                "--cache",
+                str(d / "cache"),
+                "--budget",
+                "4MiB",
+                str(d / "mnt"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode != 0
         assert "/dev/fuse" in r.stderr and "fusermount3" in r.stderr, r.stderr
     finally:
@@ -293,7 +354,7 @@ def test_requests_a_read_only_fs_does_not_serve_are_answered_quietly(mounts, tmp
     assert os.access(files[0], os.R_OK) and not os.access(files[0], os.W_OK)
     time.sleep(0.5)
     after = log.read_text(errors="replace").splitlines()
-    grown = after[len(before):]
+    grown = after[len(before) :]
     assert len(grown) <= 2, f"the log grew by {len(grown)} lines: {grown[:5]}"
 
 
@@ -308,7 +369,13 @@ def test_stat_through_the_view_mirrors_the_source(mounts, tmp_path):
     modes = [0o644, 0o600, 0o640, 0o444, 0o755]
     for i, p in enumerate(sorted(q for q in src.rglob("*") if q.is_file())):
         p.chmod(modes[i % len(modes)])
-        os.utime(p, ns=(1_600_000_000_000_000_000 + i * 1_000_003, 1_500_000_000_000_000_000 + i * 7_000_001))
+        os.utime(
+            p,
+            ns=(
+                1_600_000_000_000_000_000 + i * 1_000_003,
+                1_500_000_000_000_000_000 + i * 7_000_001,
+            ),
+        )
     (src / "cat").chmod(0o750)
     for d in [src, *[q for q in src.rglob("*") if q.is_dir()]]:
         os.utime(d, ns=(1_400_000_000_123_456_789, 1_400_000_000_123_456_789))
@@ -326,7 +393,11 @@ def test_stat_through_the_view_mirrors_the_source(mounts, tmp_path):
             s = os.stat(src / rel / name)
             where = os.path.join(rel, name)
             assert stat.S_IFMT(v.st_mode) == stat.S_IFMT(s.st_mode), where
-            assert stat.S_IMODE(v.st_mode) == stat.S_IMODE(s.st_mode) & ~0o222, (where, oct(v.st_mode), oct(s.st_mode))
+            assert stat.S_IMODE(v.st_mode) == stat.S_IMODE(s.st_mode) & ~0o222, (
+                where,
+                oct(v.st_mode),
+                oct(s.st_mode),
+            )
             assert v.st_mtime_ns == s.st_mtime_ns, where
             assert v.st_ctime_ns == s.st_ctime_ns, where
             assert (v.st_uid, v.st_gid) == (s.st_uid, s.st_gid), where
@@ -334,8 +405,11 @@ def test_stat_through_the_view_mirrors_the_source(mounts, tmp_path):
                 assert v.st_size == s.st_size, where
             checked += 1
     assert checked > 20
-    r = subprocess.run(["rsync", "-rtn", "--itemize-changes", f"{m.mountpoint}/", f"{copy}/"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["rsync", "-rtn", "--itemize-changes", f"{m.mountpoint}/", f"{copy}/"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "", f"rsync would transfer:\n{r.stdout[:2000]}"
 
@@ -348,8 +422,10 @@ def allow_other_setup(tmp_path: Path, prefix: str) -> tuple[int, Path, Path, Pat
     directory outside the test's private tmp_path holding `src` (0755) and `mnt`; the cache
     stays in tmp_path. Returns (the user's uid, base, src, mnt, cache)."""
     if subprocess.run(["id", "-u", OTHER_USER], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-                       check=True)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+            check=True,
+        )
     uid = int(subprocess.run(["id", "-u", OTHER_USER], capture_output=True, text=True).stdout)
     base = Path(tempfile.mkdtemp(prefix=prefix))
     base.chmod(0o755)
@@ -377,18 +453,43 @@ def test_allow_other_enforces_the_source_modes(metfs, tmp_path):
     (src / "private" / "x.bin").write_bytes(b"x" * 100)
     (src / "private" / "x.bin").chmod(0o644)
     (src / "private").chmod(0o700)
-    r = subprocess.run([metfs, "mount", "--source", str(src), "--cache", str(cache), "--budget", "8MiB",
-                        "--mini-epochs", "1", "--allow-other", "--history", str(tmp_path / "h.json"), str(mnt)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            metfs,
+            "mount",
+            "--source",
+            str(src),
+            "--cache",
+            str(cache),
+            "--budget",
+            "8MiB",
+            "--mini-epochs",
+            "1",
+            "--allow-other",
+            "--history",
+            str(tmp_path / "h.json"),
+            str(mnt),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     try:
+
         def cat(rel: str) -> subprocess.CompletedProcess:
-            return subprocess.run(["runuser", "-u", user, "--", "cat", str(mnt / rel)], capture_output=True, text=True)
+            return subprocess.run(
+                ["runuser", "-u", user, "--", "cat", str(mnt / rel)], capture_output=True, text=True
+            )
 
         assert cat("open.bin").stdout == "o" * 100
         for rel in ("secret.bin", "none.bin", "private/x.bin"):
             r = cat(rel)
-            assert r.returncode != 0 and "Permission denied" in r.stderr, (rel, r.stdout[:20], r.stderr)
+            assert r.returncode != 0 and "Permission denied" in r.stderr, (
+                rel,
+                r.stdout[:20],
+                r.stderr,
+            )
         # Root still reads everything, as at the source.
         assert (mnt / "secret.bin").read_bytes() == b"s" * 100
     finally:
@@ -408,24 +509,51 @@ def test_allow_other_containers_show_the_source_owner_and_mode(metfs, tmp_path):
 
     user = OTHER_USER
     uid, base, src, mnt, cache = allow_other_setup(tmp_path, "metfs-allow-other-h5-")
-    for name, mode, owner in (("open.h5", 0o644, uid), ("secret.h5", 0o600, 0), ("theirs.h5", 0o640, uid)):
+    for name, mode, owner in (
+        ("open.h5", 0o644, uid),
+        ("secret.h5", 0o600, 0),
+        ("theirs.h5", 0o640, uid),
+    ):
         with h5py.File(src / name, "w") as f:
             f.create_dataset("x", data=np.arange(40, dtype="i4").reshape(20, 2))
         (src / name).chmod(mode)
         os.chown(src / name, owner, 0)
-    r = subprocess.run([metfs, "mount", "--source", str(src), "--cache", str(cache), "--budget", "8MiB",
-                        "--hdf5-container", "--mini-epochs", "1", "--allow-other",
-                        "--history", str(tmp_path / "h.json"), str(mnt)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            metfs,
+            "mount",
+            "--source",
+            str(src),
+            "--cache",
+            str(cache),
+            "--budget",
+            "8MiB",
+            "--hdf5-container",
+            "--mini-epochs",
+            "1",
+            "--allow-other",
+            "--history",
+            str(tmp_path / "h.json"),
+            str(mnt),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     try:
         for name in ("open.h5", "secret.h5", "theirs.h5"):
             s, v = os.stat(src / name), os.stat(mnt / name)
-            assert stat.S_IMODE(v.st_mode) == stat.S_IMODE(s.st_mode) & ~0o222, (name, oct(v.st_mode))
+            assert stat.S_IMODE(v.st_mode) == stat.S_IMODE(s.st_mode) & ~0o222, (
+                name,
+                oct(v.st_mode),
+            )
             assert (v.st_uid, v.st_gid) == (s.st_uid, s.st_gid), name
 
         def cat(rel: str) -> subprocess.CompletedProcess:
-            return subprocess.run(["runuser", "-u", user, "--", "cat", str(mnt / rel)], capture_output=True)
+            return subprocess.run(
+                ["runuser", "-u", user, "--", "cat", str(mnt / rel)], capture_output=True
+            )
 
         for rel in ("open.h5", "theirs.h5"):
             r = cat(rel)
@@ -458,12 +586,30 @@ def test_allow_other_every_mode_shows_the_source_owner_and_mode(metfs, tmp_path,
         (src / rel).write_bytes(rel.encode() * 50)
         (src / rel).chmod(fmode)
         os.chown(src / rel, owner, 0)
-    args = [metfs, "mount", "--source", str(src), "--cache", str(cache), "--budget", "8MiB", "--mini-epochs", "1",
-            "--allow-other", "--history", str(tmp_path / "h.json")]
+    args = [
+        metfs,
+        "mount",
+        "--source",
+        str(src),
+        "--cache",
+        str(cache),
+        "--budget",
+        "8MiB",
+        "--mini-epochs",
+        "1",
+        "--allow-other",
+        "--history",
+        str(tmp_path / "h.json"),
+    ]
     env = None
     suffix = ""
     if mode == "transform":
-        args += ["--transform", write_worker(tmp_path / "prep.py", b"T:"), "--transform-growth", "2"]
+        args += [
+            "--transform",
+            write_worker(tmp_path / "prep.py", b"T:"),
+            "--transform-growth",
+            "2",
+        ]
         env = env_with_package()
         suffix = ".npy"
     elif mode == "shared":
@@ -481,15 +627,26 @@ def test_allow_other_every_mode_shows_the_source_owner_and_mode(metfs, tmp_path,
                 time.sleep(0.1)
         for rel in files:
             s, v = os.stat(src / rel), os.stat(view / (rel + suffix))
-            assert stat.S_IMODE(v.st_mode) == stat.S_IMODE(s.st_mode) & ~0o222, (mode, rel, oct(v.st_mode))
+            assert stat.S_IMODE(v.st_mode) == stat.S_IMODE(s.st_mode) & ~0o222, (
+                mode,
+                rel,
+                oct(v.st_mode),
+            )
             assert (v.st_uid, v.st_gid) == (s.st_uid, s.st_gid), (mode, rel)
 
         def cat(rel: str) -> subprocess.CompletedProcess:
-            return subprocess.run(["runuser", "-u", user, "--", "cat", str(view / (rel + suffix))], capture_output=True)
+            return subprocess.run(
+                ["runuser", "-u", user, "--", "cat", str(view / (rel + suffix))],
+                capture_output=True,
+            )
 
         for rel in ("d/open.bin", "d/theirs.bin"):
             r = cat(rel)
-            assert r.returncode == 0 and r.stdout == (view / (rel + suffix)).read_bytes(), (mode, rel, r.stderr)
+            assert r.returncode == 0 and r.stdout == (view / (rel + suffix)).read_bytes(), (
+                mode,
+                rel,
+                r.stderr,
+            )
         r = cat("d/secret.bin")
         assert r.returncode != 0 and b"Permission denied" in r.stderr, (mode, r.stderr)
     finally:
@@ -516,15 +673,36 @@ def test_a_low_descriptor_limit_does_not_break_reads(metfs, tmp_path):
     def low_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
 
-    r = subprocess.run([metfs, "mount", "--source", str(src), "--cache", str(cache), "--budget", "16MiB",
-                        "--mini-epochs", "1", "--read-path", "cached", "--history", str(tmp_path / "h.json"),
-                        str(mnt)], capture_output=True, text=True, timeout=120, preexec_fn=low_limit)
+    r = subprocess.run(
+        [
+            metfs,
+            "mount",
+            "--source",
+            str(src),
+            "--cache",
+            str(cache),
+            "--budget",
+            "16MiB",
+            "--mini-epochs",
+            "1",
+            "--read-path",
+            "cached",
+            "--history",
+            str(tmp_path / "h.json"),
+            str(mnt),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=low_limit,
+    )
     assert r.returncode == 0, r.stderr
     try:
         for _ in range(2):
             for n, b in want.items():
                 assert (mnt / n).read_bytes() == b, n
         from conftest import rpc
+
         assert rpc(str(cache / "metfs.sock"), {"op": "status"}, timeout=10)["ok"]
     finally:
         subprocess.run([metfs, "umount", str(mnt)], capture_output=True, timeout=120)

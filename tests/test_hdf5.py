@@ -28,7 +28,9 @@ def write_containers(src: Path) -> dict[str, dict[str, np.ndarray]]:
         }
         with h5py.File(p, "w") as f:
             f.attrs["description"] = "metfs test container"
-            f.create_dataset("images", data=data["images"], chunks=(16, 8, 8), compression="gzip", shuffle=True)
+            f.create_dataset(
+                "images", data=data["images"], chunks=(16, 8, 8), compression="gzip", shuffle=True
+            )
             f["images"].attrs["units"] = "sigma"
             f.create_dataset("labels", data=data["labels"], chunks=(32,), compression="gzip")
             f.create_dataset("rgb", data=data["rgb"])
@@ -40,8 +42,19 @@ def write_containers(src: Path) -> dict[str, dict[str, np.ndarray]]:
 def test_container_mode_rows_per_mini_epoch(mounts, tmp_path):
     src = tmp_path / "tier"
     data = write_containers(src)
-    m = mounts(src, "12MiB", "--hdf5-container", "--label-dataset", "labels", "--compose", "stratified",
-               "--mini-epochs", "4", "--rf", "1")
+    m = mounts(
+        src,
+        "12MiB",
+        "--hdf5-container",
+        "--label-dataset",
+        "labels",
+        "--compose",
+        "stratified",
+        "--mini-epochs",
+        "4",
+        "--rf",
+        "1",
+    )
     m.mount()
     seen: dict[str, Counter] = {name: Counter() for name in data}
     mtimes: dict[str, set[int]] = {name: set() for name in data}
@@ -89,7 +102,9 @@ def test_per_sample_files_labelled_from_hdf5(mounts, tmp_path):
         with h5py.File(src / f"s{i:03d}.h5", "w") as f:
             f["x"] = np.full((16, 16), i, "f4")
             f["label"] = np.int64(i % 3)
-    m = mounts(src, "8MiB", "--label-hdf5", "label", "--compose", "stratified", "--mini-epochs", "3")
+    m = mounts(
+        src, "8MiB", "--label-hdf5", "label", "--compose", "stratified", "--mini-epochs", "3"
+    )
     m.mount()
     files = m.files()["files"]
     labels = Counter()
@@ -129,7 +144,11 @@ def test_container_bad_input(mounts, tmp_path):
     expect_error(mixed, "--hdf5-datasets", "a,b", name="dims", must=("m.h5",))
     expect_error(mixed, "--hdf5-datasets", "a,zzz", name="missing", must=("m.h5", "zzz"))
 
-    m = mounts(Tier("s3", "s3://metfs/x", ["--endpoint", "http://127.0.0.1:9", "--allow-http"], None), "12MiB",
-               "--hdf5-container", name="s3")
+    m = mounts(
+        Tier("s3", "s3://metfs/x", ["--endpoint", "http://127.0.0.1:9", "--allow-http"], None),
+        "12MiB",
+        "--hdf5-container",
+        name="s3",
+    )
     r = m.mount(check=False)
     assert r.returncode != 0 and "POSIX" in r.stderr, r.stderr

@@ -15,7 +15,8 @@ from conftest import is_mounted, make_tree
 
 NOHDF5 = os.environ.get("METFS_NOHDF5_BIN")
 pytestmark = pytest.mark.skipif(
-    not NOHDF5, reason="METFS_NOHDF5_BIN unset: build with `cargo build -p metfs --no-default-features`"
+    not NOHDF5,
+    reason="METFS_NOHDF5_BIN unset: build with `cargo build -p metfs --no-default-features`",
 )
 
 
@@ -33,7 +34,9 @@ def linked(binary: str) -> str:
 def test_links_no_libhdf5(metfs):
     assert "libhdf5" not in linked(metfs)
     # The default build does link it: what this test tells apart.
-    default = os.environ.get("METFS_BIN", str(Path(__file__).resolve().parents[1] / "target/debug/metfs"))
+    default = os.environ.get(
+        "METFS_BIN", str(Path(__file__).resolve().parents[1] / "target/debug/metfs")
+    )
     if os.path.exists(default):
         assert "libhdf5" in linked(default)
 

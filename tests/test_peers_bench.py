@@ -26,12 +26,26 @@ def test_peer_benchmark_quick(tmp_path: Path) -> None:
     # machine also running other benchmarks (it timed out at 300 s once, at load average 13).
     try:
         r = subprocess.run(
-            [sys.executable, str(ROOT / "benches/peers/run.py"), "--quick", "--no-install", "--max-secs", "8",
-             "--json", str(out)],
-            capture_output=True, text=True, timeout=900, env=env)
+            [
+                sys.executable,
+                str(ROOT / "benches/peers/run.py"),
+                "--quick",
+                "--no-install",
+                "--max-secs",
+                "8",
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=env,
+        )
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        pytest.fail(f"benches/peers/run.py --quick ran past 900 s; its last progress:\n{err[-3000:]}")
+        pytest.fail(
+            f"benches/peers/run.py --quick ran past 900 s; its last progress:\n{err[-3000:]}"
+        )
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = data["rows"]

@@ -14,12 +14,19 @@ from pathlib import Path
 from conftest import ROOT, Tier, free_port, make_tree, read_view, wait_for
 
 
-def s3_tier(garage, tmp_path: Path, n: int = 120, max_size: int = 48 * 1024, prefix: str = "d") -> tuple[Tier, dict[str, bytes]]:
+def s3_tier(
+    garage, tmp_path: Path, n: int = 120, max_size: int = 48 * 1024, prefix: str = "d"
+) -> tuple[Tier, dict[str, bytes]]:
     local = tmp_path / "local"
     files = make_tree(local, n=n, max_size=max_size)
     prefix = f"{prefix}{abs(hash(str(tmp_path))) % 10**8}"
     garage.upload(local, prefix)
-    return Tier("s3", f"s3://metfs/{prefix}", ["--endpoint", garage.endpoint, "--region", "garage", "--allow-http"], garage.env), files
+    return Tier(
+        "s3",
+        f"s3://metfs/{prefix}",
+        ["--endpoint", garage.endpoint, "--region", "garage", "--allow-http"],
+        garage.env,
+    ), files
 
 
 def test_wrong_credentials_fail_the_mount_clearly(mounts, garage, tmp_path):
@@ -34,8 +41,15 @@ def test_wrong_credentials_fail_the_mount_clearly(mounts, garage, tmp_path):
 
 
 def test_missing_bucket_fails_the_mount_clearly(mounts, garage, tmp_path):
-    m = mounts(Tier("s3", "s3://no-such-bucket-here/x", ["--endpoint", garage.endpoint, "--region", "garage", "--allow-http"],
-                    garage.env), "6MiB")
+    m = mounts(
+        Tier(
+            "s3",
+            "s3://no-such-bucket-here/x",
+            ["--endpoint", garage.endpoint, "--region", "garage", "--allow-http"],
+            garage.env,
+        ),
+        "6MiB",
+    )
     r = m.mount(check=False)
     assert r.returncode != 0 and "no-such-bucket-here" in r.stderr, r.stderr
 
@@ -89,9 +103,28 @@ def test_fault_injecting_proxy(mounts, garage, tmp_path):
     stats = tmp_path / "proxy.json"
     port = free_port()
     target = garage.endpoint.split("//", 1)[1]
-    proxy = subprocess.Popen([sys.executable, str(ROOT / "tests" / "faultproxy.py"), "--target", target, "--port", str(port),
-                              "--seed", "7", "--slowdown", "0.1", "--reset", "0.1", "--max-seconds", "300", "--stats", str(stats)],
-                             stdout=subprocess.PIPE, text=True)
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "faultproxy.py"),
+            "--target",
+            target,
+            "--port",
+            str(port),
+            "--seed",
+            "7",
+            "--slowdown",
+            "0.1",
+            "--reset",
+            "0.1",
+            "--max-seconds",
+            "300",
+            "--stats",
+            str(stats),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proxy.stdout.readline().startswith("listening")
         args = ["--endpoint", f"http://127.0.0.1:{port}", "--region", "garage", "--allow-http"]

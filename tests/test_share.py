@@ -56,7 +56,15 @@ json.dump(res, open(out, "w"))
 """
 
 
-def start_job(m: Mount, tmp: Path, name: str, digests: Path, epochs: int = 2, stop: Path | None = None, **extra: Any) -> subprocess.Popen[str]:
+def start_job(
+    m: Mount,
+    tmp: Path,
+    name: str,
+    digests: Path,
+    epochs: int = 2,
+    stop: Path | None = None,
+    **extra: Any,
+) -> subprocess.Popen[str]:
     """Starts one job (JOB); with `stop`, it trains until that file exists (at least `epochs`)."""
     out = tmp / f"job-{name}.json"
     out.unlink(missing_ok=True)
@@ -64,7 +72,17 @@ def start_job(m: Mount, tmp: Path, name: str, digests: Path, epochs: int = 2, st
     if stop is not None:
         env["METFS_JOB_STOP"] = str(stop)
     return subprocess.Popen(
-        [sys.executable, "-c", JOB, m.socket, name, str(digests), str(out), str(epochs), json.dumps(extra)],
+        [
+            sys.executable,
+            "-c",
+            JOB,
+            m.socket,
+            name,
+            str(digests),
+            str(out),
+            str(epochs),
+            json.dumps(extra),
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -72,7 +90,9 @@ def start_job(m: Mount, tmp: Path, name: str, digests: Path, epochs: int = 2, st
     )
 
 
-def finish(p: subprocess.Popen[str], tmp: Path, name: str, m: Mount, timeout: float = 240) -> dict[str, Any]:
+def finish(
+    p: subprocess.Popen[str], tmp: Path, name: str, m: Mount, timeout: float = 240
+) -> dict[str, Any]:
     try:
         _, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as e:
@@ -85,7 +105,9 @@ def finish(p: subprocess.Popen[str], tmp: Path, name: str, m: Mount, timeout: fl
     return json.loads((tmp / f"job-{name}.json").read_text())
 
 
-def check_epochs(res: dict[str, Any], dataset: set[str], epochs: int, at_least: bool = False) -> None:
+def check_epochs(
+    res: dict[str, Any], dataset: set[str], epochs: int, at_least: bool = False
+) -> None:
     """Every epoch's views partition the job's dataset: each sample exactly once. With
     `at_least` (a job run with a stop file), every epoch it trained, `epochs` or more."""
     assert not res["bad"], f"bytes differ from the source: {res['bad'][:5]}"
@@ -99,7 +121,9 @@ def check_epochs(res: dict[str, Any], dataset: set[str], epochs: int, at_least: 
     for e in range(epochs):
         files = by_epoch.get(e, [])
         assert len(files) == len(set(files)), f"epoch {e}: a sample is in two views"
-        assert set(files) == dataset, f"epoch {e}: {len(set(files))} of {len(dataset)} samples, extra {sorted(set(files) - dataset)[:3]}"
+        assert set(files) == dataset, (
+            f"epoch {e}: {len(set(files))} of {len(dataset)} samples, extra {sorted(set(files) - dataset)[:3]}"
+        )
 
 
 @pytest.fixture
@@ -108,15 +132,37 @@ def shared(mounts: Callable[..., Mount], tmp_path: Path) -> tuple[Mount, dict[st
     digests = make_dataset(src, 400)
     dpath = tmp_path / "digests.json"
     dpath.write_text(json.dumps(digests))
-    return mounts(src, "4MiB", "--share", "--share-jobs", "4", "--rf", "2", "--share-idle-secs", "4", name="s"), digests, dpath
+    return (
+        mounts(
+            src,
+            "4MiB",
+            "--share",
+            "--share-jobs",
+            "4",
+            "--rf",
+            "2",
+            "--share-idle-secs",
+            "4",
+            name="s",
+        ),
+        digests,
+        dpath,
+    )
 
 
 @pytest.mark.parametrize("k", [2, 4])
-def test_jobs_read_their_own_datasets_once_per_epoch_through_one_daemon(shared: Any, tmp_path: Path, k: int) -> None:
+def test_jobs_read_their_own_datasets_once_per_epoch_through_one_daemon(
+    shared: Any, tmp_path: Path, k: int
+) -> None:
     m, digests, dpath = shared
     m.mount()
     assert os.listdir(m.mountpoint) == []
-    subsets: list[dict[str, Any]] = [{}, {}, {"subset": {"labels": ["c1", "c2"]}}, {"subset": {"fraction": 0.5, "seed": 3}}]
+    subsets: list[dict[str, Any]] = [
+        {},
+        {},
+        {"subset": {"labels": ["c1", "c2"]}},
+        {"subset": {"fraction": 0.5, "seed": 3}},
+    ]
     jobs = {f"j{i}": start_job(m, tmp_path, f"j{i}", dpath, **subsets[i]) for i in range(k)}
     results = {n: finish(p, tmp_path, n, m) for n, p in jobs.items()}
     everything = set(digests)
@@ -134,7 +180,11 @@ def test_jobs_read_their_own_datasets_once_per_epoch_through_one_daemon(shared: 
         assert share["samples"] == len(dataset)
         check_epochs(res, dataset, 2)
         # Views fit the job's share: at most half of it.
-        assert all(sum(os.path.getsize(m.mountpoint.parent / "src" / f) for f in files) <= share["view_bytes"] for _, _, files in res["views"])
+        assert all(
+            sum(os.path.getsize(m.mountpoint.parent / "src" / f) for f in files)
+            <= share["view_bytes"]
+            for _, _, files in res["views"]
+        )
     st = m.status()
     assert st["jobs"] == [], "every job left"
     assert st["cache_bytes"] <= st["budget_bytes"]
@@ -143,7 +193,10 @@ def test_jobs_read_their_own_datasets_once_per_epoch_through_one_daemon(shared: 
     src = m.mountpoint.parent / "src"
     size = {f: (src / f).stat().st_size for f in digests}
     # What separate mounts would read for one epoch of every job.
-    separate = sum(sum(size[f] for e, _, files in r["views"] if e == 0 for f in files) for r in results.values())
+    separate = sum(
+        sum(size[f] for e, _, files in r["views"] if e == 0 for f in files)
+        for r in results.values()
+    )
     if k == 2:
         # Two jobs over the whole dataset: one job's two epochs and its staging ahead (a
         # third epoch's first views), against two such jobs on separate mounts.
@@ -160,7 +213,13 @@ def test_a_job_joins_mid_epoch_and_one_has_another_rf(shared: Any, tmp_path: Pat
     m.mount()
     a = start_job(m, tmp_path, "a", dpath, epochs=2, rf_policy="fixed", rf=1)
     # b joins once a is a few views in.
-    wait_for(lambda: any(j["name"] == "a" and (j["mini_epoch"] or 0) >= 2 for j in m.status()["jobs"] or []), 60, "job a a few views in")
+    wait_for(
+        lambda: any(
+            j["name"] == "a" and (j["mini_epoch"] or 0) >= 2 for j in m.status()["jobs"] or []
+        ),
+        60,
+        "job a a few views in",
+    )
     b = start_job(m, tmp_path, "b", dpath, epochs=1, rf_policy="fixed", rf=3)
     ra, rb = finish(a, tmp_path, "a", m), finish(b, tmp_path, "b", m)
     check_epochs(ra, set(digests), 2)
@@ -173,13 +232,19 @@ def test_a_job_joins_mid_epoch_and_one_has_another_rf(shared: Any, tmp_path: Pat
     # by its `leave`.
     runs = {r["job"]: r for r in json.loads((tmp_path / "rf-history.json").read_text())["runs"]}
     assert set(runs) == {"a", "b"}, runs.keys()
-    assert runs["a"]["dataset"] == runs["b"]["dataset"] and runs["a"]["finished"] and runs["b"]["finished"]
+    assert (
+        runs["a"]["dataset"] == runs["b"]["dataset"]
+        and runs["a"]["finished"]
+        and runs["b"]["finished"]
+    )
     for job, res, rf in (("a", ra, 1), ("b", rb, 3)):
         recs = runs[job]["mini_epochs"]
         assert len(recs) >= len(res["rf"]) - 1 and all(r["rf"] >= rf for r in recs), (job, recs)
 
 
-def test_a_killed_job_is_dropped_after_the_idle_timeout_and_the_others_go_on(shared: Any, tmp_path: Path) -> None:
+def test_a_killed_job_is_dropped_after_the_idle_timeout_and_the_others_go_on(
+    shared: Any, tmp_path: Path
+) -> None:
     m, digests, dpath = shared
     m.mount()
     # A job that joins and never sends pass_end, and one killed with SIGKILL mid-training.
@@ -210,7 +275,9 @@ def test_a_killed_job_is_dropped_after_the_idle_timeout_and_the_others_go_on(sha
     assert "n3" in listed and set(listed) <= {"n0", "n1", "n2", "n3"}, listed
 
 
-def test_kept_slots_are_trimmed_sample_by_sample_within_the_budget(mounts: Callable[..., Mount], tmp_path: Path) -> None:
+def test_kept_slots_are_trimmed_sample_by_sample_within_the_budget(
+    mounts: Callable[..., Mount], tmp_path: Path
+) -> None:
     """Staggered jobs over one store whose budget keeps retired slots: when a staging needs room,
     single samples of kept slots go (RefCnt's order), the budget holds at every sample of the
     cache's size on disk, and every job still reads its dataset exactly once per epoch."""
@@ -219,7 +286,9 @@ def test_kept_slots_are_trimmed_sample_by_sample_within_the_budget(mounts: Calla
     dpath = tmp_path / "digests.json"
     dpath.write_text(json.dumps(digests))
     # Shares for 4 jobs and 3 jobs: the fourth share keeps retired slots, a few at a time.
-    m = mounts(src, "4MiB", "--share", "--share-jobs", "4", "--rf", "1", "--rf-policy", "fixed", name="t")
+    m = mounts(
+        src, "4MiB", "--share", "--share-jobs", "4", "--rf", "1", "--rf-policy", "fixed", name="t"
+    )
     m.mount()
     peak = [0]
     stop = threading.Event()
@@ -235,13 +304,32 @@ def test_kept_slots_are_trimmed_sample_by_sample_within_the_budget(mounts: Calla
     try:
         jobs = {"a": start_job(m, tmp_path, "a", dpath, epochs=2, stop=stop_file)}
         for name in ("b", "c"):
-            wait_for(lambda: len(m.status()["jobs"] or []) == len(jobs) and all((j["mini_epoch"] or 0) >= 3 for j in m.status()["jobs"]), 120, "the jobs a few views in")
+            wait_for(
+                lambda: (
+                    len(m.status()["jobs"] or []) == len(jobs)
+                    and all((j["mini_epoch"] or 0) >= 3 for j in m.status()["jobs"])
+                ),
+                120,
+                "the jobs a few views in",
+            )
             jobs[name] = start_job(m, tmp_path, name, dpath, epochs=2, stop=stop_file)
         try:
-            wait_for(lambda: len(m.status()["jobs"] or []) == 3 and all((j["mini_epoch"] or 0) >= 3 for j in m.status()["jobs"]), 120, "three jobs a few views in")
+            wait_for(
+                lambda: (
+                    len(m.status()["jobs"] or []) == 3
+                    and all((j["mini_epoch"] or 0) >= 3 for j in m.status()["jobs"])
+                ),
+                120,
+                "three jobs a few views in",
+            )
         except AssertionError as e:
-            errs = {n: p.stderr.read()[-2000:] if p.poll() is not None and p.stderr else "running" for n, p in jobs.items()}
-            raise AssertionError(f"{e}\nstatus: {json.dumps(m.status())}\njobs: {errs}\nlog:\n{m.log()[-6000:]}") from e
+            errs = {
+                n: p.stderr.read()[-2000:] if p.poll() is not None and p.stderr else "running"
+                for n, p in jobs.items()
+            }
+            raise AssertionError(
+                f"{e}\nstatus: {json.dumps(m.status())}\njobs: {errs}\nlog:\n{m.log()[-6000:]}"
+            ) from e
         stop_file.touch()
         results = {n: finish(p, tmp_path, n, m) for n, p in jobs.items()}
     finally:
@@ -269,7 +357,11 @@ def test_bad_joins_get_clear_errors_and_leave_the_others_alone(shared: Any, tmp_
     manifest = tmp_path / "subset.txt"
     manifest.write_text("c0/s0000.bin\nc7/nowhere.bin\n")
     r = hello(job="b", subset={"manifest": str(manifest)})
-    assert not r["ok"] and "line 2" in r["error"]["message"] and "c7/nowhere.bin" in r["error"]["message"], r
+    assert (
+        not r["ok"]
+        and "line 2" in r["error"]["message"]
+        and "c7/nowhere.bin" in r["error"]["message"]
+    ), r
     r = hello(job="b", subset={"labels": ["dogs"]})
     assert not r["ok"] and '"dogs"' in r["error"]["message"], r
     r = hello(job="../b")
@@ -284,7 +376,11 @@ def test_bad_joins_get_clear_errors_and_leave_the_others_alone(shared: Any, tmp_
     for i in range(3):
         assert hello(job=f"f{i}")["ok"]
     r = hello(job="f3")
-    assert not r["ok"] and "cannot join" in r["error"]["message"] and "share.jobs" in r["error"]["message"], r
+    assert (
+        not r["ok"]
+        and "cannot join" in r["error"]["message"]
+        and "share.jobs" in r["error"]["message"]
+    ), r
     for i in range(3):
         assert rpc(m.socket, {"op": "leave", "job": f"f{i}"})["ok"]
     ra = finish(a, tmp_path, "a", m)
@@ -305,7 +401,25 @@ def test_a_plain_mount_refuses_share_requests(mounts: Callable[..., Mount], tmp_
 
 # A shared mount saves each job's place (`CACHE/share.json`): after a restart, clean or
 # `kill -9`, a job that joins again with its name and token resumes where it was.
-RESUME = ("--share", "--share-jobs", "4", "--share-pace", "evict", "--share-idle-secs", "3600", "--rf-policy", "score", "--score-metrics", "loss", "--score-weights", "1", "--score-wait", "1", "--rf-max", "4")
+RESUME = (
+    "--share",
+    "--share-jobs",
+    "4",
+    "--share-pace",
+    "evict",
+    "--share-idle-secs",
+    "3600",
+    "--rf-policy",
+    "score",
+    "--score-metrics",
+    "loss",
+    "--score-weights",
+    "1",
+    "--score-wait",
+    "1",
+    "--rf-max",
+    "4",
+)
 
 
 def _client(m: Mount, name: str, token: str | None = None) -> Any:
@@ -315,7 +429,9 @@ def _client(m: Mount, name: str, token: str | None = None) -> Any:
     return metfs.Client(m.socket, job=name, token=token)
 
 
-def _train(m: Mount, c: Any, digests: dict[str, str], seen: dict[tuple[str, int], list[str]], advances: int) -> None:
+def _train(
+    m: Mount, c: Any, digests: dict[str, str], seen: dict[tuple[str, int], list[str]], advances: int
+) -> None:
     """Passes over the job's view until it has switched `advances` times: each pass reads every
     file through MNT/<job> and checks it; the loss improves once per view, so the score policy
     (wait 1) leaves each view after its second pass."""
@@ -326,7 +442,9 @@ def _train(m: Mount, c: Any, digests: dict[str, str], seen: dict[tuple[str, int]
         st = next(j for j in m.status()["jobs"] if j["name"] == c.job)
         files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
         for rel in files:
-            assert hashlib.sha256((root / rel).read_bytes()).hexdigest() == digests[rel], f"{c.job}: {rel} differs from the source"
+            assert hashlib.sha256((root / rel).read_bytes()).hexdigest() == digests[rel], (
+                f"{c.job}: {rel} differs from the source"
+            )
         if first:
             seen.setdefault((c.job, st["epoch"]), []).extend(files)
             first = False
@@ -337,13 +455,34 @@ def _train(m: Mount, c: Any, digests: dict[str, str], seen: dict[tuple[str, int]
 
 
 def _all_next_ready(m: Mount, names: list[str]) -> None:
-    wait_for(lambda: all(j["next_ready"] for j in m.status()["jobs"] or []) and len(m.status()["jobs"] or []) == len(names), 180, "every job's next view staged")
+    wait_for(
+        lambda: (
+            all(j["next_ready"] for j in m.status()["jobs"] or [])
+            and len(m.status()["jobs"] or []) == len(names)
+        ),
+        180,
+        "every job's next view staged",
+    )
     # The save that follows a staging lands on a thread of its own.
     time.sleep(1.0)
 
 
 def _place(j: dict[str, Any]) -> dict[str, Any]:
-    return {k: j[k] for k in ("epoch", "mini_epoch", "generation", "pass", "rf_policy", "rf", "samples", "share_bytes", "files", "view_bytes")}
+    return {
+        k: j[k]
+        for k in (
+            "epoch",
+            "mini_epoch",
+            "generation",
+            "pass",
+            "rf_policy",
+            "rf",
+            "samples",
+            "share_bytes",
+            "files",
+            "view_bytes",
+        )
+    }
 
 
 def _resume_case(mounts: Callable[..., Mount], tmp_path: Path, kill: bool) -> None:
@@ -394,15 +533,21 @@ def _resume_case(mounts: Callable[..., Mount], tmp_path: Path, kill: bool) -> No
     assert m.status()["jobs"] == []
 
 
-def test_jobs_resume_their_places_after_a_kill_9_of_the_daemon(mounts: Callable[..., Mount], tmp_path: Path) -> None:
+def test_jobs_resume_their_places_after_a_kill_9_of_the_daemon(
+    mounts: Callable[..., Mount], tmp_path: Path
+) -> None:
     _resume_case(mounts, tmp_path, kill=True)
 
 
-def test_jobs_resume_their_places_after_a_clean_unmount(mounts: Callable[..., Mount], tmp_path: Path) -> None:
+def test_jobs_resume_their_places_after_a_clean_unmount(
+    mounts: Callable[..., Mount], tmp_path: Path
+) -> None:
     _resume_case(mounts, tmp_path, kill=False)
 
 
-def test_a_saved_job_that_does_not_come_back_is_dropped_and_a_corrupt_save_file_is_refused(mounts: Callable[..., Mount], tmp_path: Path) -> None:
+def test_a_saved_job_that_does_not_come_back_is_dropped_and_a_corrupt_save_file_is_refused(
+    mounts: Callable[..., Mount], tmp_path: Path
+) -> None:
     src = tmp_path / "src"
     digests = make_dataset(src, 400)
     m = mounts(src, "4MiB", *RESUME, name="d")
@@ -417,8 +562,16 @@ def test_a_saved_job_that_does_not_come_back_is_dropped_and_a_corrupt_save_file_
     m.args[m.args.index("--share-idle-secs") + 1] = "3"
     m.mount()
     # A drop leaves the sessions first and the mount's root a moment later (`leave_as`).
-    wait_for(lambda: not (m.status()["jobs"] or []) and os.listdir(m.mountpoint) == [], 60, "the job that did not come back dropped")
-    wait_for(lambda: not json.loads((m.cache / "share.json").read_text())["jobs"], 30, "the save file without it")
+    wait_for(
+        lambda: not (m.status()["jobs"] or []) and os.listdir(m.mountpoint) == [],
+        60,
+        "the job that did not come back dropped",
+    )
+    wait_for(
+        lambda: not json.loads((m.cache / "share.json").read_text())["jobs"],
+        30,
+        "the save file without it",
+    )
     m.umount()
     (m.cache / "share.json").write_text('{"version": 1, "settings": {')
     r = m.mount(check=False)

@@ -174,19 +174,24 @@ class Cluster:
         steps of a job at once (`malloc(): unaligned tcache chunk detected` under
         `nodelist_find`), once in many runs; the cluster is real, so its bugs are too.
         `slurm-local.sh start` checks each daemon and starts only what is not running."""
-        r = subprocess.run([str(SLURM_LOCAL), "start"], env=self.env, capture_output=True,
-                           text=True, timeout=120)
+        r = subprocess.run(
+            [str(SLURM_LOCAL), "start"], env=self.env, capture_output=True, text=True, timeout=120
+        )
         assert r.returncode == 0, f"slurm-local.sh start failed:\n{r.stderr}"
         if "starting slurmd" in r.stderr:
-            print(f"a slurmd had died (log and core in {self.env['SLURM_LOCAL_DIR']}/log):\n{r.stderr}",
-                  file=sys.stderr)
+            print(
+                f"a slurmd had died (log and core in {self.env['SLURM_LOCAL_DIR']}/log):\n{r.stderr}",
+                file=sys.stderr,
+            )
 
     def wait(self, job: Job, timeout: float = JOB_TIMEOUT) -> dict[str, str]:
         end = time.monotonic() + timeout
         while self.in_queue(job):
             if time.monotonic() > end:
                 subprocess.run(["scancel", job.id], env=self.env, capture_output=True)
-                pytest.fail(f"job {job.id} still in the queue after {timeout}s:\n{job.text()[-3000:]}")
+                pytest.fail(
+                    f"job {job.id} still in the queue after {timeout}s:\n{job.text()[-3000:]}"
+                )
             time.sleep(0.5)
         return self.info(job)
 
@@ -219,7 +224,9 @@ def cluster() -> Iterator[Cluster]:
 
 
 def _dataset_module() -> Any:
-    spec = importlib.util.spec_from_file_location("make_dataset", ROOT / "scripts" / "make_dataset.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_dataset", ROOT / "scripts" / "make_dataset.py"
+    )
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -251,7 +258,9 @@ class Work:
         out = []
         for r in (0, 1):
             p = self.logs / f"rank{r}.jsonl"
-            out.append([json.loads(line) for line in p.read_text().splitlines()] if p.exists() else [])
+            out.append(
+                [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
+            )
         return out
 
     def wait_passes(self, n: int, job: Job, cluster: Cluster, timeout: float = 120) -> None:
@@ -265,8 +274,9 @@ class Work:
 
 
 @pytest.fixture
-def work(cluster: Cluster, dataset: tuple[Path, set[str]], metfs: str,
-         request: pytest.FixtureRequest) -> Iterator[Work]:
+def work(
+    cluster: Cluster, dataset: tuple[Path, set[str]], metfs: str, request: pytest.FixtureRequest
+) -> Iterator[Work]:
     cluster.ensure_up()
     d = cluster.dir / request.node.name[:40]
     for n in ("n1", "n2"):
@@ -291,14 +301,16 @@ def work(cluster: Cluster, dataset: tuple[Path, set[str]], metfs: str,
         yield Work(d, env)
     finally:
         # Jobs of a failed test must not run on into the next one.
-        out = subprocess.run(["squeue", "-h", "-o", "%i"], env=cluster.env, capture_output=True,
-                             text=True).stdout.split()
+        out = subprocess.run(
+            ["squeue", "-h", "-o", "%i"], env=cluster.env, capture_output=True, text=True
+        ).stdout.split()
         for jid in out:
             subprocess.run(["scancel", jid], env=cluster.env, capture_output=True)
         end = time.monotonic() + KILLWAIT + 30
         while out and time.monotonic() < end:
-            out = subprocess.run(["squeue", "-h", "-o", "%i"], env=cluster.env,
-                                 capture_output=True, text=True).stdout.split()
+            out = subprocess.run(
+                ["squeue", "-h", "-o", "%i"], env=cluster.env, capture_output=True, text=True
+            ).stdout.split()
             time.sleep(0.5)
         sweep(d)
 
@@ -332,7 +344,9 @@ def check_agreement(work: Work, files: set[str], epochs: int) -> None:
     for e in range(epochs):
         parts = [s for (ep, _), pair in views.items() if ep == e for s in pair]
         union = set().union(*parts)
-        assert union == files, f"epoch {e}: missing {sorted(files - union)[:5]}, extra {sorted(union - files)[:5]}"
+        assert union == files, (
+            f"epoch {e}: missing {sorted(files - union)[:5]}, extra {sorted(union - files)[:5]}"
+        )
         assert sum(len(s) for s in parts) == len(files), f"epoch {e}: a file was served twice"
 
 
@@ -357,7 +371,8 @@ def test_pytorch_job_two_nodes_agree_and_clean_up(
     # Uneven views (DDP under Join): some pass had more files on one node than on the other.
     r0, r1 = work.ranks()
     assert any(len(a["files"]) != len(b["files"]) for a, b in zip(r0, r1, strict=True)), [
-        (len(a["files"]), len(b["files"])) for a, b in zip(r0, r1, strict=True)]
+        (len(a["files"]), len(b["files"])) for a, b in zip(r0, r1, strict=True)
+    ]
     check_no_leftovers(work, job)
 
 
@@ -368,16 +383,23 @@ def test_pytorch_job_with_dynamic_sharding_on_the_jobs_own_etcd(
     its mini-epochs from the queue there, ranks agree on the mini-epoch sequence, and the two
     nodes' views of an epoch are disjoint and cover the dataset."""
     # A 2 MiB budget: slots of ~40 of the 170 files, so an epoch is several batches.
-    env = dict(work.env, METFS_DDS="auto", METFS_BUDGET="2MiB", METFS_ARGS="--rf 2 --compose random --seed 3",
-               METFS_ETCD_PORT=str(free_port()),
-               TRAIN_ARGS=f"--epochs 2 --batch-size 4 --log-dir {work.logs}")
+    env = dict(
+        work.env,
+        METFS_DDS="auto",
+        METFS_BUDGET="2MiB",
+        METFS_ARGS="--rf 2 --compose random --seed 3",
+        METFS_ETCD_PORT=str(free_port()),
+        TRAIN_ARGS=f"--epochs 2 --batch-size 4 --log-dir {work.logs}",
+    )
     job = cluster.sbatch(DEPLOY / "train-pytorch.sbatch", env, work.dir / "job.out")
     info = cluster.wait(job)
     out = job.text()
     assert info["JobState"] == "COMPLETED", f"{info['JobState']}:\n{out[-4000:]}"
     assert "etcd for the job's shard queue" in out, out[-3000:]
     for node in ("n1", "n2"):
-        assert f"metfs-node: {node}: mounting" in out and "shards from the queue etcd://" in out, out
+        assert f"metfs-node: {node}: mounting" in out and "shards from the queue etcd://" in out, (
+            out
+        )
         assert f"metfs-node: {node}: unmounted" in out, out
     r0, r1 = work.ranks()
     assert len(r0) == len(r1) > 0
@@ -418,27 +440,44 @@ def test_adjust_bs_three_ranks_per_node_a_capped_node_gets_smaller_batches(
     adopt smaller batches for n2 at the same pass, and only after the cap."""
     t0 = time.monotonic()
     batch, passes, slow_from = 24, 24, 8
-    train_args = (f"--global-batch {batch} --passes {passes} --steps 4 --rate 200 "
-                  f"--slow n2:25:{slow_from} --window 1 --slowness 1.5 --log-dir {work.logs}")
-    env = dict(work.env, METFS_DDS="auto", METFS_BUDGET="2MiB",
-               METFS_ARGS="--rf 2 --compose random --seed 3", METFS_ETCD_PORT=str(free_port()),
-               MASTER_PORT=str(free_port()), TRAIN=str(ROOT / "tests" / "adjust_bs_rank.py"),
-               TRAIN_ARGS=train_args, LAUNCHER="torchrun", GPUS_PER_NODE="3")
+    train_args = (
+        f"--global-batch {batch} --passes {passes} --steps 4 --rate 200 "
+        f"--slow n2:25:{slow_from} --window 1 --slowness 1.5 --log-dir {work.logs}"
+    )
+    env = dict(
+        work.env,
+        METFS_DDS="auto",
+        METFS_BUDGET="2MiB",
+        METFS_ARGS="--rf 2 --compose random --seed 3",
+        METFS_ETCD_PORT=str(free_port()),
+        MASTER_PORT=str(free_port()),
+        TRAIN=str(ROOT / "tests" / "adjust_bs_rank.py"),
+        TRAIN_ARGS=train_args,
+        LAUNCHER="torchrun",
+        GPUS_PER_NODE="3",
+    )
     # One torchrun per node starts its three ranks (LOCAL_WORLD_SIZE=3): the local cluster's
     # nodes have two CPUs, and Slurm refuses three tasks per node even with --overcommit.
     job = cluster.sbatch(DEPLOY / "train-pytorch.sbatch", env, work.dir / "job.out")
     info = cluster.wait(job)
     out = job.text()
     # torchrun's failure summary fills the output's tail; the ranks' own reasons come earlier.
-    reasons = [line for line in out.splitlines()
-               if line.startswith("train: rank") or "Error" in line or "error" in line][:30]
+    reasons = [
+        line
+        for line in out.splitlines()
+        if line.startswith("train: rank") or "Error" in line or "error" in line
+    ][:30]
     assert info["JobState"] == "COMPLETED", (
-        f"{info['JobState']}; the ranks' reasons:\n" + "\n".join(reasons) + f"\n...\n{out[-3000:]}")
-    logs = {r: [json.loads(line) for line in (work.logs / f"bs-rank{r}.jsonl").read_text().splitlines()]
-            for r in range(6)}
+        f"{info['JobState']}; the ranks' reasons:\n" + "\n".join(reasons) + f"\n...\n{out[-3000:]}"
+    )
+    logs = {
+        r: [json.loads(line) for line in (work.logs / f"bs-rank{r}.jsonl").read_text().splitlines()]
+        for r in range(6)
+    }
     assert all(len(v) == passes for v in logs.values()), {r: len(v) for r, v in logs.items()}
     assert sorted((v[0]["node"], v[0]["local"]) for v in logs.values()) == [
-        (n, i) for n in ("n1", "n2") for i in range(3)]
+        (n, i) for n in ("n1", "n2") for i in range(3)
+    ]
     even = {"n1": [4, 4, 4], "n2": [4, 4, 4]}
     sizes = []
     for i in range(passes):
@@ -457,14 +496,19 @@ def test_adjust_bs_three_ranks_per_node_a_capped_node_gets_smaller_batches(
     assert first > slow_from, (first, out[-3000:])
     for s in sizes[first:]:
         assert max(s["n2"]) < min(s["n1"]), s
-    changes = [json.loads(line.split("adjust-bs: change ", 1)[1])
-               for line in out.splitlines() if "adjust-bs: change " in line]
+    changes = [
+        json.loads(line.split("adjust-bs: change ", 1)[1])
+        for line in out.splitlines()
+        if "adjust-bs: change " in line
+    ]
     assert changes and changes[0]["boundary"] == first - 1, (changes, first)
     assert changes[0]["stragglers"] == ["n2"] and changes[0]["window_s"] >= 1.0, changes[0]
     assert changes[0]["bpt"]["n2"] >= 1.5 * changes[0]["mean_bpt"], changes[0]
     check_no_leftovers(work, job)
-    print(f"ADJUST_BS job: {time.monotonic() - t0:.1f} s, sizes {sizes[first - 1]} -> "
-          f"{sizes[first]} at pass {first}, {len(changes)} change(s)")
+    print(
+        f"ADJUST_BS job: {time.monotonic() - t0:.1f} s, sizes {sizes[first - 1]} -> "
+        f"{sizes[first]} at pass {first}, {len(changes)} change(s)"
+    )
 
 
 def test_keras_job_two_nodes_agree_and_clean_up(
@@ -525,7 +569,8 @@ def test_sweep_trials_share_one_store_on_one_node(
             parts = [fs for (ep, _), fs in views.items() if ep == e]
             assert len(parts) >= 2, f"{trial}: epoch {e} in one view"
             assert set().union(*parts) == files and sum(map(len, parts)) == len(files), (
-                f"{trial}: epoch {e} is not the dataset once")
+                f"{trial}: epoch {e} is not the dataset once"
+            )
     check_no_leftovers(work, job)
 
 
@@ -548,8 +593,9 @@ def test_time_limit_trap_unmounts_every_node(cluster: Cluster, work: Work) -> No
     # --signal=B:TERM@55 with a one-minute limit: the batch script gets SIGTERM within Slurm's
     # periodic check (up to ~30 s after the start), its trap unmounts every node.
     env = dict(work.env, TRAIN_ARGS=f"--epochs 1000 --pass-sleep 0.3 --log-dir {work.logs}")
-    job = cluster.sbatch(DEPLOY / "train-pytorch.sbatch", env, work.dir / "job.out",
-                         "--time=1", "--signal=B:TERM@55")
+    job = cluster.sbatch(
+        DEPLOY / "train-pytorch.sbatch", env, work.dir / "job.out", "--time=1", "--signal=B:TERM@55"
+    )
     t0 = time.monotonic()
     info = cluster.wait(job, timeout=120)
     out = job.text()
@@ -574,8 +620,9 @@ def test_bad_budget_and_missing_cache_fail_the_step_with_node_and_reason(
     out = job.text()
     assert info["JobState"] == "FAILED", f"{info['JobState']}:\n{out}"
     assert re.search(r"metfs-node: n1: mount failed: .*budget 16\.00 KiB is too small", out), out
-    assert re.search(r"metfs-node: n2: cache directory \S+/n2/cache: its parent \S+/n2 does not exist",
-                     out), out
+    assert re.search(
+        r"metfs-node: n2: cache directory \S+/n2/cache: its parent \S+/n2 does not exist", out
+    ), out
     assert "every node staged its first mini-epoch" not in out, out
     check_no_leftovers(work, job)
 
@@ -597,7 +644,9 @@ def test_daemon_killed_on_one_node_fails_training_fast(cluster: Cluster, work: W
     # Every rank names the failure: rank 1 its own daemon, rank 0 the peer on n2.
     reasons = re.findall(r"train: rank (\d) on (n\d): (.*)", out)
     assert reasons, out[-4000:]
-    assert any(node == "n2" and ("metfs" in why or "daemon" in why) for _, node, why in reasons), reasons
+    assert any(node == "n2" and ("metfs" in why or "daemon" in why) for _, node, why in reasons), (
+        reasons
+    )
     check_no_leftovers(work, job)
 
 
@@ -618,7 +667,9 @@ def test_epilog_removes_what_a_job_left_behind(cluster: Cluster, work: Work) -> 
         r = subprocess.run(
             [str(DEPLOY / "epilog.sh")],
             env=dict(os.environ, SLURM_JOB_ID=job.id, SLURMD_NODENAME=node),
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert r.returncode == 0, r.stderr
     check_no_leftovers(work, job)

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs slurmd and a Pro
 # What the job runs (as the user, with the system's Python: stdlib only): every file of its
 # view read through the mount and hashed, the daemon's status through the socket, and its own
 # identity; then it waits for the test's checks from outside before it ends.
-CHECK = r'''
+CHECK = r"""
 import hashlib, json, os, socket, sys, time
 mnt, sock = os.environ["METFS_MOUNT"], os.environ["METFS_SOCKET"]
 files = {}
@@ -54,7 +54,7 @@ go = sys.argv[1]
 end = time.time() + 90
 while not os.path.exists(go) and time.time() < end:
     time.sleep(0.2)
-'''
+"""
 
 
 @dataclass
@@ -68,7 +68,11 @@ class Site:
 
 
 def _wrapper(path: Path, target: Path, exports: dict[str, str]) -> Path:
-    lines = ["#!/usr/bin/env bash"] + [f"export {k}={v}" for k, v in exports.items()] + [f'exec "{target}"']
+    lines = (
+        ["#!/usr/bin/env bash"]
+        + [f"export {k}={v}" for k, v in exports.items()]
+        + [f'exec "{target}"']
+    )
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o755)
     return path
@@ -78,7 +82,10 @@ def _wrapper(path: Path, target: Path, exports: dict[str, str]) -> Path:
 def site() -> Iterator[Site]:
     metfs = metfs_bin()
     if subprocess.run(["id", "-u", USER], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER],
+            check=True,
+        )
     base = Path(tempfile.mkdtemp(prefix="metfs-prolog-", dir="/tmp"))
     base.chmod(0o755)
     src, jobs = base / "src", base / "jobs"
@@ -100,7 +107,9 @@ def site() -> Iterator[Site]:
     wrappers = {
         "prolog": _wrapper(base / "prolog", DEPLOY / "prolog.sh", exports),
         "epilog": _wrapper(base / "epilog", DEPLOY / "epilog.sh", exports),
-        "task": _wrapper(base / "task-prolog", DEPLOY / "task-prolog.sh", {"METFS_PROLOG_ROOT": str(jobs)}),
+        "task": _wrapper(
+            base / "task-prolog", DEPLOY / "task-prolog.sh", {"METFS_PROLOG_ROOT": str(jobs)}
+        ),
     }
     env = dict(
         os.environ,
@@ -111,7 +120,9 @@ def site() -> Iterator[Site]:
         SLURM_LOCAL_TASK_PROLOG=str(wrappers["task"]),
     )
     try:
-        r = subprocess.run([str(SLURM_LOCAL), "start"], env=env, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [str(SLURM_LOCAL), "start"], env=env, capture_output=True, text=True, timeout=600
+        )
         assert r.returncode == 0, f"slurm-local.sh start failed:\n{r.stderr}"
         m = re.search(r"export SLURM_CONF=(\S+)", r.stdout)
         assert m, r.stdout
@@ -131,7 +142,9 @@ def _user_dir(site: Site, name: str) -> Path:
 
 
 def _in_queue(site: Site, job: str) -> bool:
-    r = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=site.env, capture_output=True, text=True)
+    r = subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%T"], env=site.env, capture_output=True, text=True
+    )
     return bool(r.stdout.strip())
 
 
@@ -149,10 +162,28 @@ def test_a_users_job_reads_through_passthrough_and_the_epilog_leaves_nothing(sit
     script.write_text(f"#!/bin/bash\nset -e\nsrun /usr/bin/python3 {work / 'check.py'} {go}\n")
     script.chmod(0o755)
     out = work / "job.out"
-    r = subprocess.run(["runuser", "-u", USER, "--", "env", f"SLURM_CONF={site.env['SLURM_CONF']}",
-                        "sbatch", "--parsable", f"--output={out}", "--time=5", "--nodes=1", "-w", "n1",
-                        f"--chdir={work}", str(script)],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            "runuser",
+            "-u",
+            USER,
+            "--",
+            "env",
+            f"SLURM_CONF={site.env['SLURM_CONF']}",
+            "sbatch",
+            "--parsable",
+            f"--output={out}",
+            "--time=5",
+            "--nodes=1",
+            "-w",
+            "n1",
+            f"--chdir={work}",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip().split(";")[0]
     jobdir = site.jobs / f"{job}-n1"
@@ -168,7 +199,9 @@ def test_a_users_job_reads_through_passthrough_and_the_epilog_leaves_nothing(sit
         uid = int(subprocess.run(["id", "-u", USER], capture_output=True, text=True).stdout)
         assert res["uid"] == uid
         # The job found its mount and socket through the TaskProlog, in its own directory.
-        assert res["mount"] == str(jobdir / "mnt") and res["socket"] == str(jobdir / "cache" / "metfs.sock")
+        assert res["mount"] == str(jobdir / "mnt") and res["socket"] == str(
+            jobdir / "cache" / "metfs.sock"
+        )
         # Reads take passthrough, which an ordinary user's own daemon is refused.
         assert res["read_path"] == "passthrough" and res["passthrough"] is True, res
         # Its view is its share of the readable files, byte for byte; root's 0600 file is not in
@@ -180,18 +213,40 @@ def test_a_users_job_reads_through_passthrough_and_the_epilog_leaves_nothing(sit
         # The daemon runs as the user, and the job's directory is the user's alone.
         assert jobdir.stat().st_uid == uid and (jobdir.stat().st_mode & 0o777) == 0o700
         # Another user can neither read the mount nor talk to the socket.
-        r = subprocess.run(["runuser", "-u", "nobody", "--", "cat", str(jobdir / "mnt" / next(iter(res["files"])))],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                "runuser",
+                "-u",
+                "nobody",
+                "--",
+                "cat",
+                str(jobdir / "mnt" / next(iter(res["files"]))),
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode != 0 and "Permission denied" in r.stderr, r.stderr
-        r = subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c",
-                            f"import socket; socket.socket(socket.AF_UNIX).connect({str(jobdir / 'cache' / 'metfs.sock')!r})"],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                "runuser",
+                "-u",
+                "nobody",
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                f"import socket; socket.socket(socket.AF_UNIX).connect({str(jobdir / 'cache' / 'metfs.sock')!r})",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode != 0 and "Permission denied" in r.stderr, r.stderr
     finally:
         go.touch()
     end = time.monotonic() + 120
     while _in_queue(site, job):
-        assert time.monotonic() < end, f"job {job} did not end:\n{out.read_text(errors='replace')[-3000:]}"
+        assert time.monotonic() < end, (
+            f"job {job} did not end:\n{out.read_text(errors='replace')[-3000:]}"
+        )
         time.sleep(0.5)
     # The Epilog ran: no mount, no daemon, no job directory.
     assert leftovers(site.base, wait=20) == [], _logs(site)
@@ -211,14 +266,33 @@ def test_each_node_of_a_two_node_job_mounts_its_share(site: Site) -> None:
     go = work / "go"
     script = work / "job.sh"
     # One output file per task: two tasks writing one file interleave their lines.
-    script.write_text(f"#!/bin/bash\nset -e\nsrun --ntasks-per-node=1 --output={work}/task-%t.out "
-                      f"/usr/bin/python3 {work / 'check.py'} {go}\n")
+    script.write_text(
+        f"#!/bin/bash\nset -e\nsrun --ntasks-per-node=1 --output={work}/task-%t.out "
+        f"/usr/bin/python3 {work / 'check.py'} {go}\n"
+    )
     script.chmod(0o755)
     out = work / "job.out"
-    r = subprocess.run(["runuser", "-u", USER, "--", "env", f"SLURM_CONF={site.env['SLURM_CONF']}",
-                        "sbatch", "--parsable", f"--output={out}", "--time=5", "--nodes=2", "--ntasks-per-node=1",
-                        f"--chdir={work}", str(script)],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            "runuser",
+            "-u",
+            USER,
+            "--",
+            "env",
+            f"SLURM_CONF={site.env['SLURM_CONF']}",
+            "sbatch",
+            "--parsable",
+            f"--output={out}",
+            "--time=5",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            f"--chdir={work}",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip().split(";")[0]
     end = time.monotonic() + 120
@@ -238,7 +312,9 @@ def test_each_node_of_a_two_node_job_mounts_its_share(site: Site) -> None:
         go.touch()
     results = [json.loads(t.split("RESULT ", 1)[1].splitlines()[0]) for t in texts()]
     mounts = {res["mount"] for res in results}
-    assert mounts == {str(site.jobs / f"{job}-n1" / "mnt"), str(site.jobs / f"{job}-n2" / "mnt")}, mounts
+    assert mounts == {str(site.jobs / f"{job}-n1" / "mnt"), str(site.jobs / f"{job}-n2" / "mnt")}, (
+        mounts
+    )
     views = [set(res["files"]) for res in results]
     assert views[0] and views[1] and not views[0] & views[1], (views, _logs(site))
     assert all(site.hashes.get(k) == v for res in results for k, v in res["files"].items())
@@ -255,14 +331,25 @@ def test_each_node_of_a_two_node_job_mounts_its_share(site: Site) -> None:
 
 def test_a_prolog_without_the_jobs_user_fails_clearly_and_mounts_nothing(site: Site) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    r = subprocess.run([str(site.wrappers["prolog"])], env=dict(env, SLURM_JOB_ID="999001", SLURMD_NODENAME="n1"),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(site.wrappers["prolog"])],
+        env=dict(env, SLURM_JOB_ID="999001", SLURMD_NODENAME="n1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0
     assert "the job's user is not known" in r.stderr and "999001" in r.stderr, r.stderr
     assert not (site.jobs / "999001-n1").exists()
-    r = subprocess.run([str(site.wrappers["prolog"])],
-                       env=dict(env, SLURM_JOB_ID="999002", SLURMD_NODENAME="n1", SLURM_JOB_USER="no-such-user-xyz"),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(site.wrappers["prolog"])],
+        env=dict(
+            env, SLURM_JOB_ID="999002", SLURMD_NODENAME="n1", SLURM_JOB_USER="no-such-user-xyz"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0 and "'no-such-user-xyz' is not known" in r.stderr, r.stderr
     assert not (site.jobs / "999002-n1").exists()
 

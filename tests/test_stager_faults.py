@@ -68,8 +68,11 @@ def tmpfs(tmp_path):
 
     def make(path: Path, size: str) -> Path:
         path.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs: {r.stderr}")
         made.append(path)
@@ -96,14 +99,27 @@ def test_full_cache_stops_the_slot_and_resumes_when_space_returns(tmpfs, mounts,
     src = tmp_path / "tier"
     files = make_tree(src, n=160, max_size=32 * 1024)
     cache = tmpfs(tmp_path / "cache", "64m")
-    m = mounts(src, "3MiB", "--rf", "1", "--compose", "sequential", "--prefetch-rate", "auto",
-               "--log-file", str(tmp_path / "metfs.log"), cache=cache)
+    m = mounts(
+        src,
+        "3MiB",
+        "--rf",
+        "1",
+        "--compose",
+        "sequential",
+        "--prefetch-rate",
+        "auto",
+        "--log-file",
+        str(tmp_path / "metfs.log"),
+        cache=cache,
+    )
     m.mount()
     wait_for(lambda: staging(m)["state"] == "staging", timeout=10, what="the successor's staging")
     total = staging(m)["files_total"]
     ballast = cache / "ballast"
     fill(ballast)
-    wait_for(lambda: staging(m)["state"] == "failed", timeout=60, what="staging to fail on the full disk")
+    wait_for(
+        lambda: staging(m)["state"] == "failed", timeout=60, what="staging to fail on the full disk"
+    )
     s = m.status()
     assert "No space left" in s["last_error"], s["last_error"]
     assert not s["failed_samples"], "no sample is dropped for a full disk"
@@ -143,8 +159,11 @@ def other_user():
     try:
         pwd.getpwnam(TEST_USER)
     except KeyError:
-        r = subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", TEST_USER],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["useradd", "--no-create-home", "--shell", "/bin/sh", TEST_USER],
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
             pytest.skip(f"cannot create a user: {r.stderr}")
     return TEST_USER
@@ -178,7 +197,9 @@ def test_cache_never_exposes_protected_source_files(mounts, tmp_path, other_user
     # As another user: nothing staged can be read, whatever the path.
     for p in staged:
         if p.is_file():
-            r = subprocess.run(["runuser", "-u", other_user, "--", "cat", str(p)], capture_output=True)
+            r = subprocess.run(
+                ["runuser", "-u", other_user, "--", "cat", str(p)], capture_output=True
+            )
             assert r.returncode != 0 and not r.stdout, f"{other_user} read {p}"
     # A shared sticky directory is refused rather than locked down.
     shared = tmp_path / "shared"
@@ -248,7 +269,16 @@ def test_kill_during_the_first_staging_resumes_from_the_journal(mounts, tmp_path
     src = tmp_path / "tier"
     files = make_tree(src, n=120, max_size=64 * 1024)
     m = mounts(src, "16MiB", "--rf", "1", "--compose", "sequential", "--prefetch-rate", "1MiB/s")
-    cmd = [m.bin, "mount", "--source", m.source, "--cache", str(m.cache), *m.args, str(m.mountpoint)]
+    cmd = [
+        m.bin,
+        "mount",
+        "--source",
+        m.source,
+        "--cache",
+        str(m.cache),
+        *m.args,
+        str(m.mountpoint),
+    ]
     m.mountpoint.mkdir(parents=True, exist_ok=True)
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     journal = m.cache / "slots" / "e000000-m00000.journal"
@@ -330,7 +360,10 @@ def test_a_copy_deleted_while_unmounted_is_fetched_again_at_the_remount(mounts, 
     m.mount()
     text = log.read_text()[at:]
     assert re.search(r"seal does not hold.*slot=e000000-m00000", text), text[-3000:]
-    assert "resumed from its seal; each copy is checked at its first open slot=e000000-m00000" not in text
+    assert (
+        "resumed from its seal; each copy is checked at its first open slot=e000000-m00000"
+        not in text
+    )
     assert read_view(m.mountpoint) == files
     # Taken again by a hard link from the successor slot, which holds it too, or fetched.
     assert m.status()["tier_bytes_read"] <= len(files[rel])
@@ -399,8 +432,20 @@ def test_full_cache_in_container_mode_drops_no_row(tmpfs, mounts, tmp_path):
     cache = tmpfs(tmp_path / "cache", "64m")
     # A slow staging rate (each mini-epoch's rows take about 2 s), so that the disk fills while
     # the successor is staged.
-    m = mounts(src, "12MiB", "--hdf5-container", "--mini-epochs", "2", "--rf", "1",
-               "--prefetch-rate", "16KiB/s", "--log-file", str(tmp_path / "metfs.log"), cache=cache)
+    m = mounts(
+        src,
+        "12MiB",
+        "--hdf5-container",
+        "--mini-epochs",
+        "2",
+        "--rf",
+        "1",
+        "--prefetch-rate",
+        "16KiB/s",
+        "--log-file",
+        str(tmp_path / "metfs.log"),
+        cache=cache,
+    )
     m.mount()
 
     def rows() -> dict[str, list[int]]:

@@ -19,8 +19,23 @@ def run(metfs: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_plan_model_reproduces_the_papers_deepcam_figures(metfs):
     # DeepCAM on Summit: 3.8 TB/s required, B2 = 400 GB/s, (nm, rf) = (128, 128) -> EB2 ~ 30 GB/s.
-    r = run(metfs, "plan", "--dataset-size", "8.8TiB", "--budget", "160GiB", "--required-bw", "3.8TiB/s",
-            "--tier-bw", "400GiB/s", "--mini-epochs", "128", "--rf", "128", "--json")
+    r = run(
+        metfs,
+        "plan",
+        "--dataset-size",
+        "8.8TiB",
+        "--budget",
+        "160GiB",
+        "--required-bw",
+        "3.8TiB/s",
+        "--tier-bw",
+        "400GiB/s",
+        "--mini-epochs",
+        "128",
+        "--rf",
+        "128",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["mini_epochs"] == 128
@@ -28,8 +43,23 @@ def test_plan_model_reproduces_the_papers_deepcam_figures(metfs):
     assert out["stall_free_rf"] == 10
     fractions = {}
     for rf in (1, 4, 9, 10, 16, 128):
-        r = run(metfs, "plan", "--dataset-size", "8.8TiB", "--budget", "160GiB", "--required-bw", "3.8TiB/s",
-                "--tier-bw", "400GiB/s", "--mini-epochs", "128", "--rf", str(rf), "--json")
+        r = run(
+            metfs,
+            "plan",
+            "--dataset-size",
+            "8.8TiB",
+            "--budget",
+            "160GiB",
+            "--required-bw",
+            "3.8TiB/s",
+            "--tier-bw",
+            "400GiB/s",
+            "--mini-epochs",
+            "128",
+            "--rf",
+            str(rf),
+            "--json",
+        )
         fractions[rf] = json.loads(r.stdout)["throughput_fraction"]
     assert fractions[9] < 1.0 and fractions[1] < fractions[4] < fractions[9]
     assert fractions[10] == fractions[16] == fractions[128] == 1.0, "throughput peaks once rf >= 10"
@@ -38,13 +68,38 @@ def test_plan_model_reproduces_the_papers_deepcam_figures(metfs):
 def test_plan_model_schedule_and_errors(metfs, tmp_path):
     sched = tmp_path / "sched.csv"
     sched.write_text("rf,t\n128,10\n4,10\n")
-    r = run(metfs, "plan", "--dataset-size", "1TiB", "--budget", "64GiB", "--required-bw", "100GiB/s",
-            "--tier-bw", "10GiB/s", "--rf-schedule", str(sched), "--json")
+    r = run(
+        metfs,
+        "plan",
+        "--dataset-size",
+        "1TiB",
+        "--budget",
+        "64GiB",
+        "--required-bw",
+        "100GiB/s",
+        "--tier-bw",
+        "10GiB/s",
+        "--rf-schedule",
+        str(sched),
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["eb2_bytes_per_s"] > 0
     sched.write_text("rf,t\nmany,10\n")
-    r = run(metfs, "plan", "--dataset-size", "1TiB", "--budget", "64GiB", "--required-bw", "100GiB/s",
-            "--tier-bw", "10GiB/s", "--rf-schedule", str(sched))
+    r = run(
+        metfs,
+        "plan",
+        "--dataset-size",
+        "1TiB",
+        "--budget",
+        "64GiB",
+        "--required-bw",
+        "100GiB/s",
+        "--tier-bw",
+        "10GiB/s",
+        "--rf-schedule",
+        str(sched),
+    )
     assert r.returncode != 0 and "sched.csv" in r.stderr and "2" in r.stderr, r.stderr
 
 
@@ -58,7 +113,19 @@ def test_manifest_and_plan_summary(metfs, tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0].startswith("path,size") and "label" in lines[0]
     assert len(lines) == len(files) + 1
-    r = run(metfs, "plan", "--manifest", str(man), "--budget", "4MiB", "--compose", "stratified", "--nodes", "2", "--json")
+    r = run(
+        metfs,
+        "plan",
+        "--manifest",
+        str(man),
+        "--budget",
+        "4MiB",
+        "--compose",
+        "stratified",
+        "--nodes",
+        "2",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert plan["mini_epochs"] >= 2
@@ -102,13 +169,22 @@ def test_report_metrics_and_auto_pacing(mounts, tmp_path, metfs):
         time.sleep(0.05)  # a pass takes time: pacing derives the rate from it
         m.pass_end(metrics={"loss": 0.5})
     st = m.status()
-    for key in ("b2_bytes_per_s", "eb1_bytes_per_s", "pass_seconds", "stall_free_rf", "blocked_seconds",
-                "bonus_passes", "staging"):
+    for key in (
+        "b2_bytes_per_s",
+        "eb1_bytes_per_s",
+        "pass_seconds",
+        "stall_free_rf",
+        "blocked_seconds",
+        "bonus_passes",
+        "staging",
+    ):
         assert key in st, key
     assert st["pass_seconds_mean"] and st["pass_seconds_mean"] > 0.04
     # The daemon's stall-free rf is the model's ceil(EB1 / B2), from the figures it reports.
     if st["b2_bytes_per_s"] and st["eb1_bytes_per_s"] is not None:
-        assert st["stall_free_rf"] == max(1, math.ceil(st["eb1_bytes_per_s"] / st["b2_bytes_per_s"])), st
+        assert st["stall_free_rf"] == max(
+            1, math.ceil(st["eb1_bytes_per_s"] / st["b2_bytes_per_s"])
+        ), st
     wait_for(lambda: prom.exists(), timeout=15, what="the metrics file")
     text = prom.read_text()
     assert "metfs_tier_read_bytes_total" in text and "# TYPE" in text, text[:500]
@@ -133,7 +209,11 @@ def test_output_into_a_closed_pipe_ends_quietly(metfs, tmp_path):
     make_tree(tmp_path / "src", n=3000)
     p = subprocess.run(
         f"'{metfs}' manifest '{tmp_path / 'src'}' | head -1; echo \"rc=${{PIPESTATUS[0]}}\" >&2",
-        shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=120,
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert p.stdout.startswith("path,size"), p.stdout
     assert "panicked" not in p.stderr, p.stderr

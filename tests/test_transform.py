@@ -11,7 +11,7 @@ from typing import Any
 
 from conftest import ROOT
 
-WORKER = '''
+WORKER = """
 import os, time
 import metfs.transform
 
@@ -24,7 +24,7 @@ def prep(data: bytes, path: str) -> bytes:
     if path.endswith("bad.bin"):
         raise ValueError("not an image")
     return MARK + data[::-1]
-'''
+"""
 
 
 def write_worker(path: Path, mark: bytes) -> str:
@@ -68,11 +68,26 @@ def test_the_view_shows_transformed_samples_and_leaves_out_failures(mounts, tmp_
     src = tmp_path / "src"
     files = make_source(src, extra=("crash.bin", "bad.bin"))
     cmd = write_worker(tmp_path / "prep.py", b"V1:")
-    m = mounts(src, "1840KiB", "--rf", "1", "--compose", "sequential", "--transform", cmd, "--transform-growth", "2")
+    m = mounts(
+        src,
+        "1840KiB",
+        "--rf",
+        "1",
+        "--compose",
+        "sequential",
+        "--transform",
+        cmd,
+        "--transform-growth",
+        "2",
+    )
     m.env = env_with_package()
     m.mount()
     seen = walk_epoch(m)
-    want = {rel + ".npy": b"V1:" + data[::-1] for rel, data in files.items() if not rel.endswith(("crash.bin", "bad.bin"))}
+    want = {
+        rel + ".npy": b"V1:" + data[::-1]
+        for rel, data in files.items()
+        if not rel.endswith(("crash.bin", "bad.bin"))
+    }
     assert seen == want, sorted(set(seen) ^ set(want))
     st = m.status()
     assert st["mini_epochs"] >= 2, st
@@ -124,7 +139,18 @@ def test_a_hanging_transform_is_killed_and_the_view_still_switches(mounts, tmp_p
     files = make_source(src, n=12, extra=("hang.bin",))
     cmd = write_worker(tmp_path / "prep.py", b"V1:")
     m = mounts(
-        src, "1740KiB", "--rf", "1", "--compose", "sequential", "--transform", cmd, "--transform-growth", "2", "--transform-timeout-secs", "2"
+        src,
+        "1740KiB",
+        "--rf",
+        "1",
+        "--compose",
+        "sequential",
+        "--transform",
+        cmd,
+        "--transform-growth",
+        "2",
+        "--transform-timeout-secs",
+        "2",
     )
     m.env = env_with_package()
     t = time.monotonic()
@@ -135,7 +161,9 @@ def test_a_hanging_transform_is_killed_and_the_view_still_switches(mounts, tmp_p
     assert len(seen) == len(files) - 1
     st = m.status()
     assert st["transform_failed"] == 1, st
-    assert any("c0/hang.bin" in f and "timed out after 2 s" in f for f in st["failed_samples"]), st["failed_samples"]
+    assert any("c0/hang.bin" in f and "timed out after 2 s" in f for f in st["failed_samples"]), st[
+        "failed_samples"
+    ]
 
 
 def test_a_transform_that_does_not_exist_is_named(mounts, tmp_path, metfs):
@@ -150,13 +178,36 @@ def test_a_transform_that_does_not_exist_is_named(mounts, tmp_path, metfs):
 
 def test_the_python_worker_speaks_the_protocol(tmp_path):
     """`python3 -m metfs.transform module:function` frames replies as the daemon reads them."""
-    (tmp_path / "upper.py").write_text("def up(data, path):\n    return path.encode() + b'=' + data.upper()\n")
+    (tmp_path / "upper.py").write_text(
+        "def up(data, path):\n    return path.encode() + b'=' + data.upper()\n"
+    )
     req = b""
     for path, data in [("a/x.txt", b"hello"), ("b", b"")]:
         req += len(path).to_bytes(4, "big") + path.encode() + len(data).to_bytes(8, "big") + data
     env = dict(env_with_package(), PYTHONPATH=f"{ROOT / 'bindings' / 'python' / 'src'}:{tmp_path}")
-    r = subprocess.run(["python3", "-m", "metfs.transform", "upper:up"], input=req, capture_output=True, env=env, timeout=30, check=False)
+    r = subprocess.run(
+        ["python3", "-m", "metfs.transform", "upper:up"],
+        input=req,
+        capture_output=True,
+        env=env,
+        timeout=30,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
-    assert r.stdout == b"\0" + (13).to_bytes(8, "big") + b"a/x.txt=HELLO" + b"\0" + (2).to_bytes(8, "big") + b"b="
-    r = subprocess.run(["python3", "-m", "metfs.transform", "upper:nope"], capture_output=True, env=env, timeout=30, check=False)
+    assert (
+        r.stdout
+        == b"\0"
+        + (13).to_bytes(8, "big")
+        + b"a/x.txt=HELLO"
+        + b"\0"
+        + (2).to_bytes(8, "big")
+        + b"b="
+    )
+    r = subprocess.run(
+        ["python3", "-m", "metfs.transform", "upper:nope"],
+        capture_output=True,
+        env=env,
+        timeout=30,
+        check=False,
+    )
     assert r.returncode == 2 and b"no function nope" in r.stderr

@@ -25,15 +25,33 @@ def test_tta_benchmark_quick(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     env = dict(os.environ, METFS_BIN=metfs_bin())
     r = subprocess.run(
-        [sys.executable, str(ROOT / "benches/tta.py"), "--quick", "--no-install", "--json", str(out),
-         "--curves", str(tmp_path / "curves.json")],
-        capture_output=True, text=True, timeout=900, env=env)
+        [
+            sys.executable,
+            str(ROOT / "benches/tta.py"),
+            "--quick",
+            "--no-install",
+            "--json",
+            str(out),
+            "--curves",
+            str(tmp_path / "curves.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = data["rows"]
     sides = {row["side"] for row in rows}
-    assert {"local", "metfs-score", "metfs-bollinger", "metfs-rf4", "metfs-rf4-block", "direct"} <= sides, (
-        sides, data["skipped"])
+    assert {
+        "local",
+        "metfs-score",
+        "metfs-bollinger",
+        "metfs-rf4",
+        "metfs-rf4-block",
+        "direct",
+    } <= sides, (sides, data["skipped"])
     for row in rows:
         assert row["error"] is None, row
         assert row["samples"] > 0 and row["step_s"] > 0, row
@@ -50,8 +68,14 @@ def test_tta_benchmark_quick(tmp_path: Path) -> None:
             assert 0 < row["metfs_tier_bytes"] <= row["tier_bytes"], row
     assert 0 < data["target"] < 1
     assert "Target accuracy:" in r.stdout
-    for label in ("local copy (full shuffle)", "metfs score", "metfs bollinger", "metfs fixed rf 4",
-                  "metfs fixed rf 4, blocking", "direct from the tier"):
+    for label in (
+        "local copy (full shuffle)",
+        "metfs score",
+        "metfs bollinger",
+        "metfs fixed rf 4",
+        "metfs fixed rf 4, blocking",
+        "direct from the tier",
+    ):
         assert f"| {label} |" in r.stdout, r.stdout
     curves = json.loads((tmp_path / "curves.json").read_text())
     assert len(curves["series"]) == len(sides) and curves["hlines"], curves

@@ -34,15 +34,26 @@ USER = "metfs-user"
 
 if not WHEEL:
     if os.environ.get("METFS_REQUIRE_SERVERS", "0") not in ("", "0"):
-        raise RuntimeError("METFS_WHEEL is unset: scripts/test.sh builds the wheel (scripts/wheel.sh) and names it there")
-    pytest.skip("no wheel: METFS_WHEEL is unset (scripts/wheel.sh builds one)", allow_module_level=True)
+        raise RuntimeError(
+            "METFS_WHEEL is unset: scripts/test.sh builds the wheel (scripts/wheel.sh) and names it there"
+        )
+    pytest.skip(
+        "no wheel: METFS_WHEEL is unset (scripts/wheel.sh builds one)", allow_module_level=True
+    )
 
 
-def run(cmd: list[str], env: dict[str, str], ok: bool = True, timeout: float = 600,
-        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    cmd: list[str],
+    env: dict[str, str],
+    ok: bool = True,
+    timeout: float = 600,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     if ok:
-        assert r.returncode == 0, f"{cmd}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        assert r.returncode == 0, (
+            f"{cmd}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        )
     return r
 
 
@@ -60,8 +71,13 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def plain_env(venv: Path, **extra: str) -> dict[str, str]:
     """The environment a user of the wheel has: the venv first, then the system; no cargo."""
-    env = {"PATH": f"{venv / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": os.environ.get("HOME", "/root"),
-           "LANG": "C.UTF-8", "VIRTUAL_ENV": str(venv), **extra}
+    env = {
+        "PATH": f"{venv / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "LANG": "C.UTF-8",
+        "VIRTUAL_ENV": str(venv),
+        **extra,
+    }
     for tool in ("cargo", "rustc"):
         assert shutil.which(tool, path=env["PATH"]) is None, f"{tool} is on the wheel's PATH"
     return env
@@ -104,14 +120,30 @@ def test_mount_and_pass_loop_from_the_wheel(venv: Path, tmp_path: Path) -> None:
     cache, mnt = tmp_path / "cache", tmp_path / "mnt"
     mnt.mkdir()
     cache.mkdir()
-    run(["metfs", "mount", "--source", str(tmp_path / "tier"), "--cache", str(cache), "--budget", "2MiB",
-         "--rf", "2", str(mnt)], env)
+    run(
+        [
+            "metfs",
+            "mount",
+            "--source",
+            str(tmp_path / "tier"),
+            "--cache",
+            str(cache),
+            "--budget",
+            "2MiB",
+            "--rf",
+            "2",
+            str(mnt),
+        ],
+        env,
+    )
     try:
         script = tmp_path / "loop.py"
         script.write_text(PASS_LOOP)
         out = run(["python", str(script), str(cache / "metfs.sock")], env, cwd=tmp_path).stdout
         seen = json.loads(out.strip().splitlines()[-1])
-        assert seen == {k: hashlib.sha256(v).hexdigest() for k, v in files.items()}, "every sample, its bytes"
+        assert seen == {k: hashlib.sha256(v).hexdigest() for k, v in files.items()}, (
+            "every sample, its bytes"
+        )
     finally:
         run(["metfs", "umount", str(mnt)], env, ok=False)
     assert not is_mounted(mnt)
@@ -124,16 +156,34 @@ def test_hdf5_containers_with_the_wheels_binary(venv: Path) -> None:
     # A short base directory: the mount's control socket must fit in sun_path.
     base = Path(tempfile.mkdtemp(prefix="mw."))
     try:
-        r = run(["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={base / 'p'}",
-                 str(ROOT / "tests" / "test_hdf5.py::test_container_mode_rows_per_mini_epoch")], env, ok=False)
+        r = run(
+            [
+                "python",
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--basetemp={base / 'p'}",
+                str(ROOT / "tests" / "test_hdf5.py::test_container_mode_rows_per_mini_epoch"),
+            ],
+            env,
+            ok=False,
+        )
     finally:
         shutil.rmtree(base, ignore_errors=True)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
 
 
 def test_demo_runs_from_the_installed_wheel(venv: Path, tmp_path: Path) -> None:
-    env = plain_env(venv, METFS_DEMO_DIR=str(tmp_path / "demo"), EPOCHS="1", PER_CLASS="40",
-                    BUDGET="2MiB", RF="2")
+    env = plain_env(
+        venv,
+        METFS_DEMO_DIR=str(tmp_path / "demo"),
+        EPOCHS="1",
+        PER_CLASS="40",
+        BUDGET="2MiB",
+        RF="2",
+    )
     r = run([str(ROOT / "scripts" / "demo.sh"), "--installed"], env, ok=False)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     assert f"== metfs: {venv / 'bin' / 'metfs'}" in r.stdout, r.stdout[:2000]
@@ -153,11 +203,17 @@ def mount_in_namespace(setup: str, mount: str) -> subprocess.CompletedProcess[st
     """Runs `setup` then `mount` in a private mount namespace, so that what `setup` hides from
     the node (a file bound over another) is hidden from this command only."""
     script = f"set -e\n{setup}\n{mount}\n"
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="hiding FUSE from the node takes root (a mount namespace)")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="hiding FUSE from the node takes root (a mount namespace)"
+)
 def test_a_kernel_without_fuse_is_named_not_a_panic(venv: Path) -> None:
     bindir = private_copy(venv)
     work = Path(tempfile.mkdtemp(prefix="metfs-nofuse."))
@@ -169,7 +225,8 @@ def test_a_kernel_without_fuse_is_named_not_a_panic(venv: Path) -> None:
         (work / "filesystems").write_text("nodev\tsysfs\nnodev\tproc\n\text4\n")
         r = mount_in_namespace(
             f"mount --bind {work / 'filesystems'} /proc/filesystems",
-            f"{bindir / 'metfs'} mount --source {work / 'src'} --cache {work / 'cache'} --budget 1MiB {work / 'mnt'}")
+            f"{bindir / 'metfs'} mount --source {work / 'src'} --cache {work / 'cache'} --budget 1MiB {work / 'mnt'}",
+        )
         assert r.returncode != 0, r.stdout
         assert "this kernel offers no FUSE (fuse is not in /proc/filesystems)" in r.stderr, r.stderr
         assert "modprobe fuse" in r.stderr and "panicked" not in r.stderr, r.stderr
@@ -178,7 +235,9 @@ def test_a_kernel_without_fuse_is_named_not_a_panic(venv: Path) -> None:
         shutil.rmtree(work)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="hiding fusermount3 from the node takes root (a mount namespace)")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="hiding fusermount3 from the node takes root (a mount namespace)"
+)
 def test_a_user_without_fusermount3_is_told_which_package(venv: Path) -> None:
     if subprocess.run(["id", "-u", USER], capture_output=True).returncode != 0:
         pytest.skip(f"no user {USER} (scripts/test.sh makes it)")
@@ -194,14 +253,18 @@ def test_a_user_without_fusermount3_is_told_which_package(venv: Path) -> None:
         blank.write_bytes(b"")
         blank.chmod(0o644)
         subprocess.run(["chown", "-R", USER, str(work)], check=True)
-        helpers = [p for p in ("/usr/bin/fusermount3", "/usr/bin/fusermount", "/usr/sbin/fusermount3")
-                   if os.path.exists(p)]
+        helpers = [
+            p
+            for p in ("/usr/bin/fusermount3", "/usr/bin/fusermount", "/usr/sbin/fusermount3")
+            if os.path.exists(p)
+        ]
         assert helpers, "fuse3 is installed by the test command"
         hide = "\n".join(f"mount --bind {blank} {h}" for h in helpers)
         r = mount_in_namespace(
             hide,
             f"runuser -u {USER} -- env -i PATH=/usr/bin:/bin HOME={work} {bindir / 'metfs'} mount "
-            f"--source {work / 'src'} --cache {work / 'cache'} --budget 1MiB {work / 'mnt'}")
+            f"--source {work / 'src'} --cache {work / 'cache'} --budget 1MiB {work / 'mnt'}",
+        )
         assert r.returncode != 0, r.stdout
         assert "no fusermount3 found" in r.stderr and "apt-get install fuse3" in r.stderr, r.stderr
         assert "panicked" not in r.stderr, r.stderr

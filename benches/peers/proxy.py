@@ -74,7 +74,12 @@ def nodelay(w: asyncio.StreamWriter) -> None:
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", required=True)
-    ap.add_argument("--rate", type=float, required=True, help="bytes/s from the server, all connections together")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        required=True,
+        help="bytes/s from the server, all connections together",
+    )
     ap.add_argument("--stats", required=True)
     ap.add_argument("--port", type=int, default=0)
     a = ap.parse_args()

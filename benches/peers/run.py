@@ -173,9 +173,19 @@ class Tier:
             self.proxy.terminate()
             self.proxy.wait()
         self.proxy = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("proxy.py")), "--target", self.garage,
-             "--rate", str(rate), "--stats", str(self.stats)],
-            stdout=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                str(Path(__file__).with_name("proxy.py")),
+                "--target",
+                self.garage,
+                "--rate",
+                str(rate),
+                "--stats",
+                str(self.stats),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         line = self.proxy.stdout.readline()
         if not line.startswith("listening "):
             raise SystemExit("proxy.py did not start")
@@ -202,11 +212,18 @@ class Tier:
         from botocore.config import Config
 
         return boto3.client(
-            "s3", endpoint_url=f"http://{self.garage}" if direct else self.endpoint,
-            region_name="garage", aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+            "s3",
+            endpoint_url=f"http://{self.garage}" if direct else self.endpoint,
+            region_name="garage",
+            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
-            config=Config(s3={"addressing_style": "path"}, request_checksum_calculation="when_required",
-                          max_pool_connections=THREADS * 2, retries={"max_attempts": 10}))
+            config=Config(
+                s3={"addressing_style": "path"},
+                request_checksum_calculation="when_required",
+                max_pool_connections=THREADS * 2,
+                retries={"max_attempts": 10},
+            ),
+        )
 
     def put_many(self, items) -> None:
         """Uploads (key, bytes) pairs straight to Garage (not through the proxy)."""
@@ -247,17 +264,32 @@ class Dataset:
 
     def upload(self, tier: Tier, shard_bytes: int, work: Path, with_mds: bool) -> None:
         t = time.time()
-        tier.put_many((f"{self.name}/files/{sample_key(i)}", sample_bytes(self.name, i, self.size))
-                      for i in range(self.n))
+        tier.put_many(
+            (f"{self.name}/files/{sample_key(i)}", sample_bytes(self.name, i, self.size))
+            for i in range(self.n)
+        )
         if with_mds:
-            write_mds(tier, f"{self.name}/mds", {"data": "bytes"},
-                      ({"data": sample_bytes(self.name, i, self.size)} for i in range(self.n)),
-                      shard_bytes, work / f"mds-{self.name}")
-        log(f"dataset {self.name}: {self.n} x {self.size >> 10} KiB uploaded in {time.time() - t:.0f} s")
+            write_mds(
+                tier,
+                f"{self.name}/mds",
+                {"data": "bytes"},
+                ({"data": sample_bytes(self.name, i, self.size)} for i in range(self.n)),
+                shard_bytes,
+                work / f"mds-{self.name}",
+            )
+        log(
+            f"dataset {self.name}: {self.n} x {self.size >> 10} KiB uploaded in {time.time() - t:.0f} s"
+        )
 
 
-def write_mds(tier: Tier, prefix: str, columns: dict[str, str], samples: Iterable[dict],
-              shard_bytes: int, out: Path) -> None:
+def write_mds(
+    tier: Tier,
+    prefix: str,
+    columns: dict[str, str],
+    samples: Iterable[dict],
+    shard_bytes: int,
+    out: Path,
+) -> None:
     """Writes `samples` as MosaicML Streaming's MDS shards of `shard_bytes` to
     s3://BUCKET/PREFIX. Shards go up straight to Garage (not through the proxy) as they are
     written, and are deleted locally (`out` is the local staging folder)."""
@@ -269,8 +301,9 @@ def write_mds(tier: Tier, prefix: str, columns: dict[str, str], samples: Iterabl
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        with MDSWriter(out=(str(out), f"s3://{tier.bucket}/{prefix}"), columns=columns,
-                       size_limit=shard_bytes) as w:
+        with MDSWriter(
+            out=(str(out), f"s3://{tier.bucket}/{prefix}"), columns=columns, size_limit=shard_bytes
+        ) as w:
             for s in samples:
                 w.write(s)
     finally:
@@ -368,12 +401,34 @@ def rpc(sock: Path, req: dict) -> dict:
     return r
 
 
-def side_metfs(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path, block: bool) -> Run:
+def side_metfs(
+    cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path, block: bool
+) -> Run:
     hist = cache.parent / "rf-history.json"
     env = dict(os.environ, **{k: v for k, v in tier.env.items() if k.startswith("AWS_")})
-    r = sh(cfg.metfs, "mount", "--source", f"s3://{tier.bucket}/{ds.name}/files", "--endpoint", tier.endpoint,
-           "--region", "garage", "--allow-http", "--cache", str(cache), "--budget", f"{cfg.cache_mib}MiB",
-           "--rf", "4", "--history", str(hist), str(mnt), env=env, check=False, timeout=900)
+    r = sh(
+        cfg.metfs,
+        "mount",
+        "--source",
+        f"s3://{tier.bucket}/{ds.name}/files",
+        "--endpoint",
+        tier.endpoint,
+        "--region",
+        "garage",
+        "--allow-http",
+        "--cache",
+        str(cache),
+        "--budget",
+        f"{cfg.cache_mib}MiB",
+        "--rf",
+        "4",
+        "--history",
+        str(hist),
+        str(mnt),
+        env=env,
+        check=False,
+        timeout=900,
+    )
     if r.returncode != 0:
         raise RuntimeError(f"metfs mount failed: {r.stderr[-2000:]}")
     sock = cache / "metfs.sock"
@@ -393,7 +448,9 @@ def side_metfs(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path,
             d = rpc(sock, {"op": "pass_end", "block": block})
             waits += d.get("decision") == "wait"
         st = rpc(sock, {"op": "status"})
-        run.note = f"{passes} passes, {waits} bonus, reused {st.get('reused_bytes', 0) / MIB:.0f} MiB"
+        run.note = (
+            f"{passes} passes, {waits} bonus, reused {st.get('reused_bytes', 0) / MIB:.0f} MiB"
+        )
     finally:
         sh(cfg.metfs, "umount", str(mnt), check=False, timeout=120)
         if is_mounted(mnt):
@@ -406,13 +463,19 @@ def wait_mounted(mnt: Path, proc: subprocess.Popen | None, what: str) -> None:
         if is_mounted(mnt):
             return
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what} exited: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
+            raise RuntimeError(
+                f"{what} exited: {proc.stderr.read()[-2000:] if proc.stderr else ''}"
+            )
         time.sleep(0.05)
     raise RuntimeError(f"{what} did not mount in 15 s")
 
 
 def fuse_umount(mnt: Path) -> None:
-    for cmd in (["fusermount3", "-u", str(mnt)], ["fusermount", "-u", str(mnt)], ["umount", "-l", str(mnt)]):
+    for cmd in (
+        ["fusermount3", "-u", str(mnt)],
+        ["fusermount", "-u", str(mnt)],
+        ["umount", "-l", str(mnt)],
+    ):
         if not is_mounted(mnt):
             return
         sh(*cmd, check=False)
@@ -424,7 +487,7 @@ def read_order(ds: Dataset, mnt: Path, count: int, seed: int) -> Run:
     order = epochs_of(ds, count, seed)
     # One epoch at a time, so that a reader thread never runs far ahead of the others.
     for k in range(0, len(order), ds.n):
-        part = order[k:k + ds.n]
+        part = order[k : k + ds.n]
         n, b = read_files([mnt / ds.keys[i] for i in part])
         run.samples, run.bytes = run.samples + n, run.bytes + b
         if late():
@@ -433,21 +496,45 @@ def read_order(ds: Dataset, mnt: Path, count: int, seed: int) -> Run:
 
 
 @contextmanager
-def rclone_mounted(tier: Tier, prefix: str, cache: Path, mnt: Path, cache_mib: int) -> Iterator[None]:
+def rclone_mounted(
+    tier: Tier, prefix: str, cache: Path, mnt: Path, cache_mib: int
+) -> Iterator[None]:
     """s3://BUCKET/PREFIX mounted on `mnt` by rclone's VFS cache in `cache`, capped at
     `cache_mib`, for the body of the `with`."""
     # The tier is plain HTTP; a machine-wide AWS_CA_BUNDLE makes rclone's S3 client refuse to
     # start ("LoadCustomCABundleError"), so it is left out of rclone's environment.
     env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
-    env.update(RCLONE_CONFIG_TIER_TYPE="s3", RCLONE_CONFIG_TIER_PROVIDER="Other",
-               RCLONE_CONFIG_TIER_ENDPOINT=tier.endpoint, RCLONE_CONFIG_TIER_REGION="garage",
-               RCLONE_CONFIG_TIER_ACCESS_KEY_ID=tier.env["AWS_ACCESS_KEY_ID"],
-               RCLONE_CONFIG_TIER_SECRET_ACCESS_KEY=tier.env["AWS_SECRET_ACCESS_KEY"])
+    env.update(
+        RCLONE_CONFIG_TIER_TYPE="s3",
+        RCLONE_CONFIG_TIER_PROVIDER="Other",
+        RCLONE_CONFIG_TIER_ENDPOINT=tier.endpoint,
+        RCLONE_CONFIG_TIER_REGION="garage",
+        RCLONE_CONFIG_TIER_ACCESS_KEY_ID=tier.env["AWS_ACCESS_KEY_ID"],
+        RCLONE_CONFIG_TIER_SECRET_ACCESS_KEY=tier.env["AWS_SECRET_ACCESS_KEY"],
+    )
     proc = subprocess.Popen(
-        ["rclone", "mount", f"tier:{tier.bucket}/{prefix}", str(mnt), "--read-only",
-         "--vfs-cache-mode", "full", "--vfs-cache-max-size", f"{cache_mib}M",
-         "--vfs-cache-poll-interval", "1s", "--cache-dir", str(cache), "--dir-cache-time", "1h"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            "rclone",
+            "mount",
+            f"tier:{tier.bucket}/{prefix}",
+            str(mnt),
+            "--read-only",
+            "--vfs-cache-mode",
+            "full",
+            "--vfs-cache-max-size",
+            f"{cache_mib}M",
+            "--vfs-cache-poll-interval",
+            "1s",
+            "--cache-dir",
+            str(cache),
+            "--dir-cache-time",
+            "1h",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_mounted(mnt, proc, "rclone mount")
         yield
@@ -476,9 +563,15 @@ def s3fs_mounted(tier: Tier, prefix: str, cache: Path, mnt: Path, cache_mib: int
     pw.write_text(f"{tier.env['AWS_ACCESS_KEY_ID']}:{tier.env['AWS_SECRET_ACCESS_KEY']}\n")
     pw.chmod(0o600)
     try:
-        r = sh("s3fs", f"{tier.bucket}:/{prefix}", str(mnt), "-o",
-               f"url={tier.endpoint},use_path_request_style,endpoint=garage,passwd_file={pw},"
-               f"use_cache={cache},ensure_diskfree=8,ro,stat_cache_expire=3600", check=False)
+        r = sh(
+            "s3fs",
+            f"{tier.bucket}:/{prefix}",
+            str(mnt),
+            "-o",
+            f"url={tier.endpoint},use_path_request_style,endpoint=garage,passwd_file={pw},"
+            f"use_cache={cache},ensure_diskfree=8,ro,stat_cache_expire=3600",
+            check=False,
+        )
         if r.returncode != 0:
             raise RuntimeError(f"s3fs failed: {r.stderr[-2000:]}")
         try:
@@ -504,12 +597,20 @@ def streaming_dataset(remote: str, cache: str, cache_mib: int, seed: int):
     S3_ENDPOINT_URL come from the environment)."""
     from streaming import StreamingDataset
 
-    return StreamingDataset(remote=remote, local=cache, cache_limit=f"{cache_mib}mb", shuffle=True,
-                            shuffle_seed=seed, batch_size=1, num_canonical_nodes=1)
+    return StreamingDataset(
+        remote=remote,
+        local=cache,
+        cache_limit=f"{cache_mib}mb",
+        shuffle=True,
+        shuffle_seed=seed,
+        batch_size=1,
+        num_canonical_nodes=1,
+    )
 
 
-def streaming_child(q, env: dict, remote: str, cache: str, cache_mib: int, seed: int, count: int,
-                    budget_s: float) -> None:
+def streaming_child(
+    q, env: dict, remote: str, cache: str, cache_mib: int, seed: int, count: int, budget_s: float
+) -> None:
     """Streaming's side, in a process of its own: its download threads outlive the iterator and
     would keep reading the tier during the next side's run; ending the process ends them."""
     os.environ.update(env)
@@ -537,8 +638,19 @@ def side_streaming(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: P
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     left = DEADLINE[0] - time.perf_counter()
-    p = ctx.Process(target=streaming_child, args=(q, env, f"s3://{tier.bucket}/{ds.name}/mds", str(cache),
-                                                  cfg.cache_mib, cfg.seed, count, left))
+    p = ctx.Process(
+        target=streaming_child,
+        args=(
+            q,
+            env,
+            f"s3://{tier.bucket}/{ds.name}/mds",
+            str(cache),
+            cfg.cache_mib,
+            cfg.seed,
+            count,
+            left,
+        ),
+    )
     p.start()
     try:
         samples, nbytes = q.get(timeout=left + 120)
@@ -595,11 +707,20 @@ SIDES = {
 
 def available(tool: str, cfg) -> str | None:
     """None when `tool` can run, else why not (after trying to install it)."""
+
     def apt(pkg: str) -> None:
         if shutil.which(pkg) is None and not cfg.no_install:
             log(f"installing {pkg} (apt-get)")
-            sh("apt-get", "install", "-y", "-q", pkg, check=False,
-               env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"), timeout=900)
+            sh(
+                "apt-get",
+                "install",
+                "-y",
+                "-q",
+                pkg,
+                check=False,
+                env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+                timeout=900,
+            )
 
     if tool in ("rclone", "s3fs"):
         apt(tool)
@@ -610,7 +731,16 @@ def available(tool: str, cfg) -> str | None:
         except ImportError:
             if not cfg.no_install:
                 log("installing mosaicml-streaming (pip)")
-                sh(sys.executable, "-m", "pip", "install", "-q", "mosaicml-streaming", check=False, timeout=900)
+                sh(
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "mosaicml-streaming",
+                    check=False,
+                    timeout=900,
+                )
             try:
                 import streaming  # noqa: F401,F811
             except ImportError:
@@ -641,20 +771,33 @@ def one(cfg, tier: Tier, ds: Dataset, tool: str, count: int, rep: int) -> dict:
     tier_bytes = tier.counted() - before
     cache_peak = peak.stop()
     shutil.rmtree(base, ignore_errors=True)
-    row = {"case": ds.name, "tool": tool, "rep": rep, "secs": secs, "samples": run.samples,
-           "bytes": run.bytes, "tier_bytes": tier_bytes, "peak_cache": cache_peak, "note": run.note,
-           "dataset_bytes": ds.bytes, "error": error}
+    row = {
+        "case": ds.name,
+        "tool": tool,
+        "rep": rep,
+        "secs": secs,
+        "samples": run.samples,
+        "bytes": run.bytes,
+        "tier_bytes": tier_bytes,
+        "peak_cache": cache_peak,
+        "note": run.note,
+        "dataset_bytes": ds.bytes,
+        "error": error,
+    }
     if error is None and run.samples < count:
         if secs >= cfg.max_secs and run.samples > 0:
             row["note"] = (row["note"] + "; " if row["note"] else "") + (
-                f"time box: {run.samples} of {count} samples in {cfg.max_secs:g} s")
+                f"time box: {run.samples} of {count} samples in {cfg.max_secs:g} s"
+            )
         else:
             row["error"] = f"only {run.samples} of {count} samples"
     if error is None and run.bytes != run.samples * ds.size:
         row["error"] = f"read {run.bytes} bytes for {run.samples} samples of {ds.size}"
-    log(f"{ds.name} {tool} rep {rep}: {run.samples / secs if secs else 0:.0f} samples/s, "
+    log(
+        f"{ds.name} {tool} rep {rep}: {run.samples / secs if secs else 0:.0f} samples/s, "
         f"tier/consumed {tier_bytes / max(run.bytes, 1):.3f}, peak cache {cache_peak / MIB:.0f} MiB"
-        f"{' ' + run.note if run.note else ''}{' ERROR ' + row['error'] if row['error'] else ''}")
+        f"{' ' + run.note if run.note else ''}{' ERROR ' + row['error'] if row['error'] else ''}"
+    )
     return row
 
 
@@ -672,27 +815,38 @@ def table(rows: list[dict], ds: Dataset, cfg, consume: float) -> str:
                 "runs": " ".join(f"{r['samples'] / r['secs']:.0f}" for r in rs),
                 "note": rs[-1]["note"],
             }
-    ratio = (ds.bytes / (cfg.cache_mib * MIB))
-    out = [f"\n### dataset {ds.bytes / MIB:.0f} MiB ({ratio:g}x the {cfg.cache_mib} MiB cache), "
-           f"{ds.n} samples of {ds.size >> 10} KiB, {consume:g} dataset-equivalents consumed per run\n",
-           "| side | samples/s (median) | vs metfs | tier bytes / consumed byte | peak cache on disk | runs (samples/s) |",
-           "|---|---:|---:|---:|---:|---|"]
+    ratio = ds.bytes / (cfg.cache_mib * MIB)
+    out = [
+        f"\n### dataset {ds.bytes / MIB:.0f} MiB ({ratio:g}x the {cfg.cache_mib} MiB cache), "
+        f"{ds.n} samples of {ds.size >> 10} KiB, {consume:g} dataset-equivalents consumed per run\n",
+        "| side | samples/s (median) | vs metfs | tier bytes / consumed byte | peak cache on disk | runs (samples/s) |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     m = med.get("metfs", {}).get("sps")
     for tool in cfg.tools:
         if tool not in med:
-            errs = [r["error"] for r in rows if r["case"] == ds.name and r["tool"] == tool and r["error"]]
+            errs = [
+                r["error"]
+                for r in rows
+                if r["case"] == ds.name and r["tool"] == tool and r["error"]
+            ]
             out.append(f"| {tool} | n/a | | | | {errs[0] if errs else 'not run'} |")
             continue
         x = med[tool]
         vs = f"{x['sps'] / m:.2f}x" if m else "n/a"
-        out.append(f"| {tool} | {x['sps']:,.0f} | {vs} | {x['tier']:.3f} | {x['peak'] / MIB:.0f} MiB | {x['runs']} |")
+        out.append(
+            f"| {tool} | {x['sps']:,.0f} | {vs} | {x['tier']:.3f} | {x['peak'] / MIB:.0f} MiB | {x['runs']} |"
+        )
     return "\n".join(out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="small datasets (64 MiB cache, tier at 200 MiB/s), 1 repetition: proves the harness works")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="small datasets (64 MiB cache, tier at 200 MiB/s), 1 repetition: proves the harness works",
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cases", default="0.5,2,8", help="dataset sizes as multiples of the cache")
     ap.add_argument("--tools", default=",".join(ALL_TOOLS))
@@ -700,11 +854,18 @@ def main() -> None:
     ap.add_argument("--rate-mib", type=float, default=40)
     ap.add_argument("--sample-kib", type=int, default=256)
     ap.add_argument("--shard-mib", type=int, default=32, help="MDS shard size for Streaming")
-    ap.add_argument("--consume", default="0.5:8,2:4,8:1",
-                    help="dataset-equivalents consumed per run, per case (CASE:N,...)")
+    ap.add_argument(
+        "--consume",
+        default="0.5:8,2:4,8:1",
+        help="dataset-equivalents consumed per run, per case (CASE:N,...)",
+    )
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--max-secs", type=float, default=60,
-                    help="time box of one run: a side still reading then stops, and its rates count what it read")
+    ap.add_argument(
+        "--max-secs",
+        type=float,
+        default=60,
+        help="time box of one run: a side still reading then stops, and its rates count what it read",
+    )
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--no-install", action="store_true", help="skip peers that are not installed")
     ap.add_argument("--json", type=Path, help="write every run's numbers here")
@@ -757,8 +918,10 @@ def main() -> None:
             cfg.json.write_text(json.dumps({"rows": rows, "skipped": skipped}, indent=1))
         if not cfg.keep:
             shutil.rmtree(cfg.work, ignore_errors=True)
-    print(f"\nTier: Garage behind proxy.py at {cfg.rate_mib:g} MiB/s; cache {cfg.cache_mib} MiB for every side; "
-          f"{cfg.reps} repetition(s), medians; consumer {THREADS} threads x {READ >> 10} KiB reads.")
+    print(
+        f"\nTier: Garage behind proxy.py at {cfg.rate_mib:g} MiB/s; cache {cfg.cache_mib} MiB for every side; "
+        f"{cfg.reps} repetition(s), medians; consumer {THREADS} threads x {READ >> 10} KiB reads."
+    )
     for t, why in skipped.items():
         print(f"Skipped {t}: {why}")
     notes = sorted({(r["case"], r["tool"], r["note"]) for r in rows if "time box" in r["note"]})

@@ -71,9 +71,7 @@ def write_container(path, n, seed):
         f.create_dataset("rgb", data=rng.integers(0, 255, (n, 3), dtype="u1"))
         g = f.create_group("grp/sub")
         f["grp"].attrs["kind"] = "features"
-        g.create_dataset(
-            "feat", data=rng.standard_normal((n, 5)), chunks=(100, 5), fillvalue=-1.0
-        )
+        g.create_dataset("feat", data=rng.standard_normal((n, 5)), chunks=(100, 5), fillvalue=-1.0)
         f.create_dataset(
             "names",
             data=[f"sample-{i}" + "x" * (i % 13) for i in range(n)],
@@ -82,12 +80,16 @@ def write_container(path, n, seed):
         )
         f.create_dataset("fixed", data=np.array([b"r%05d" % i for i in range(n)], dtype="S8"))
         # Chunked across the trailing dimensions too (a row spans 4 chunks), uncompressed.
-        f.create_dataset("tiles", data=rng.standard_normal((n, 8, 8), dtype="f4"), chunks=(32, 4, 4))
+        f.create_dataset(
+            "tiles", data=rng.standard_normal((n, 8, 8), dtype="f4"), chunks=(32, 4, 4)
+        )
         f.create_dataset("be", data=np.arange(n, dtype=">i4"))
         pairs = np.zeros(n, dtype=[("a", "<i2"), ("b", "<f8")])
         pairs["a"], pairs["b"] = np.arange(n), np.arange(n) / 3
         f.create_dataset("pairs", data=pairs, chunks=(50,), compression="gzip", shuffle=True)
-        f.create_dataset("class_names", data=[f"class{i}" for i in range(7)], dtype=h5py.string_dtype())
+        f.create_dataset(
+            "class_names", data=[f"class{i}" for i in range(7)], dtype=h5py.string_dtype()
+        )
         f["meta_scalar"] = np.int64(42)
 
 
@@ -132,7 +134,9 @@ def attrs_equal(a, b, what):
     assert ka == kb, f"{what}: attributes {ka} != {kb}"
     for k in ka:
         va, vb = a[k], b[k]
-        assert np.array_equal(np.asarray(va), np.asarray(vb)), f"{what}.attrs[{k}]: {va!r} != {vb!r}"
+        assert np.array_equal(np.asarray(va), np.asarray(vb)), (
+            f"{what}.attrs[{k}]: {va!r} != {vb!r}"
+        )
         assert np.asarray(va).dtype == np.asarray(vb).dtype, f"{what}.attrs[{k}] dtype"
 
 
@@ -171,7 +175,9 @@ def check(src_path, out_path, rows_path):
                 if s.chunks:
                     assert o.chunks is not None, f"{name}: not chunked"
                     assert o.chunks[1:] == s.chunks[1:], f"{name}: chunks {o.chunks}"
-                    assert o.chunks[0] == min(s.chunks[0], max(len(rows), 1)), f"{name}: chunks {o.chunks}"
+                    assert o.chunks[0] == min(s.chunks[0], max(len(rows), 1)), (
+                        f"{name}: chunks {o.chunks}"
+                    )
                     assert o.fillvalue == s.fillvalue, f"{name}: fill value"
                 checked += 1
             else:
@@ -218,7 +224,9 @@ def bench_verify(src_path, out_path, rows_path):
         assert np.array_equal(out["metfs_index"][:], rows), "metfs_index"
         assert out["images"].shape == (len(rows),) + src["images"].shape[1:]
         assert np.array_equal(out["labels"][:], src["labels"][:][rows]), "labels"
-        pick = np.sort(np.random.default_rng(0).choice(len(rows), min(256, len(rows)), replace=False))
+        pick = np.sort(
+            np.random.default_rng(0).choice(len(rows), min(256, len(rows)), replace=False)
+        )
         for i in pick:
             assert np.array_equal(out["images"][i], src["images"][rows[i]]), f"row {i}"
     print("OK")

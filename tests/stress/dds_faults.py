@@ -46,7 +46,9 @@ def reader_bin() -> Path:
     target = Path(os.environ.get("METFS_BIN", ROOT / "target" / "debug" / "metfs")).parent
     exe = target / "examples" / "dds_reader"
     if not exe.exists():
-        subprocess.run(["cargo", "build", "-q", "-p", "metfs", "--example", "dds_reader"], cwd=ROOT, check=True)
+        subprocess.run(
+            ["cargo", "build", "-q", "-p", "metfs", "--example", "dds_reader"], cwd=ROOT, check=True
+        )
         exe = ROOT / "target" / "debug" / "examples" / "dds_reader"
     return exe
 
@@ -55,11 +57,15 @@ def etcd_range(etcd: Etcd, prefix: str) -> list[tuple[str, bytes]]:
     """Keys and values under `prefix`, through etcd's JSON gateway."""
     p = prefix.encode()
     end = p[:-1] + bytes([p[-1] + 1])
-    body = json.dumps({"key": base64.b64encode(p).decode(), "range_end": base64.b64encode(end).decode()}).encode()
+    body = json.dumps(
+        {"key": base64.b64encode(p).decode(), "range_end": base64.b64encode(end).decode()}
+    ).encode()
     req = urllib.request.Request(f"http://{etcd.endpoint}/v3/kv/range", data=body, method="POST")
     with urllib.request.urlopen(req, timeout=2) as r:
         kvs = json.load(r).get("kvs", [])
-    return [(base64.b64decode(kv["key"]).decode(), base64.b64decode(kv.get("value", ""))) for kv in kvs]
+    return [
+        (base64.b64decode(kv["key"]).decode(), base64.b64decode(kv.get("value", ""))) for kv in kvs
+    ]
 
 
 def doing_of(etcd: Etcd, prefix: str, node: str) -> int:
@@ -68,15 +74,35 @@ def doing_of(etcd: Etcd, prefix: str, node: str) -> int:
 
 class Node:
     def __init__(self, name: str, exe: Path, src: Path, log: Path, url: str, args: list[str]):
-        self.name, self.exe, self.src, self.log, self.url, self.args = name, exe, src, log, url, args
+        self.name, self.exe, self.src, self.log, self.url, self.args = (
+            name,
+            exe,
+            src,
+            log,
+            url,
+            args,
+        )
         self.proc: subprocess.Popen[str] | None = None
         self.killed_incs: list[int] = []
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [str(self.exe), "--source", str(self.src), "--log", str(self.log), "--url", self.url,
-             "--node", self.name, *self.args],
-            stdout=subprocess.PIPE, stderr=open(str(self.log) + ".err", "a"), text=True)
+            [
+                str(self.exe),
+                "--source",
+                str(self.src),
+                "--log",
+                str(self.log),
+                "--url",
+                self.url,
+                "--node",
+                self.name,
+                *self.args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=open(str(self.log) + ".err", "a"),
+            text=True,
+        )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -101,8 +127,16 @@ def read_lines(p: Path) -> list[str]:
         return []
 
 
-def run_trial(seed: int, workdir: Path, src: Path, n_samples: int, epochs: int = 2,
-              reader_kills: int = 3, etcd_kills: int = 1, rate: int = 1_500_000) -> dict[str, Any]:
+def run_trial(
+    seed: int,
+    workdir: Path,
+    src: Path,
+    n_samples: int,
+    epochs: int = 2,
+    reader_kills: int = 3,
+    etcd_kills: int = 1,
+    rate: int = 1_500_000,
+) -> dict[str, Any]:
     rng = random.Random(seed)
     d = workdir / f"trial{seed}"
     (d / "etcd").mkdir(parents=True)
@@ -111,13 +145,27 @@ def run_trial(seed: int, workdir: Path, src: Path, n_samples: int, epochs: int =
     prefix = f"faults/{seed}"
     url = etcd.url(prefix)
     exe = reader_bin()
-    args = ["--slot", str(256 * 1024), "--lease", str(LEASE_S), "--epochs", str(epochs), "--rate", str(rate),
-            "--compose", "stratified", "--seed", str(seed)]
+    args = [
+        "--slot",
+        str(256 * 1024),
+        "--lease",
+        str(LEASE_S),
+        "--epochs",
+        str(epochs),
+        "--rate",
+        str(rate),
+        "--compose",
+        "stratified",
+        "--seed",
+        str(seed),
+    ]
     nodes = [Node(f"n{i}", exe, src, d / f"n{i}.log", url, args) for i in range(3)]
     for n in nodes:
         n.start()
-    events = sorted([(rng.uniform(0.3, 4.0), "reader") for _ in range(reader_kills)]
-                    + [(rng.uniform(0.3, 4.0), "etcd") for _ in range(etcd_kills)])
+    events = sorted(
+        [(rng.uniform(0.3, 4.0), "reader") for _ in range(reader_kills)]
+        + [(rng.uniform(0.3, 4.0), "etcd") for _ in range(etcd_kills)]
+    )
     t0 = time.monotonic()
     requeue_s: list[float] = []
     # Kills soon after etcd came back: etcd renews every lease when it elects itself leader
@@ -144,14 +192,21 @@ def run_trial(seed: int, workdir: Path, src: Path, n_samples: int, epochs: int =
             killed_at = time.monotonic()
             # Counted after the kill: what the dead node held and nobody has given back yet.
             held = doing_of(etcd, prefix, victim.name)
-            log.append(f"{killed_at - t0:.2f}s kill -9 {victim.name} holding {held} shards"
-                       f" ({[n.name for n in nodes if n.alive()]} alive)")
+            log.append(
+                f"{killed_at - t0:.2f}s kill -9 {victim.name} holding {held} shards"
+                f" ({[n.name for n in nodes if n.alive()]} alive)"
+            )
             others = [n for n in nodes if n.alive()]
             if held and others:
-                while doing_of(etcd, prefix, victim.name) and time.monotonic() - killed_at < LEASE_S + 10:
+                while (
+                    doing_of(etcd, prefix, victim.name)
+                    and time.monotonic() - killed_at < LEASE_S + 10
+                ):
                     time.sleep(0.05)
                 took = time.monotonic() - killed_at
-                (requeue_after_etcd_s if killed_at - etcd_back < LEASE_S + 2 else requeue_s).append(took)
+                (requeue_after_etcd_s if killed_at - etcd_back < LEASE_S + 2 else requeue_s).append(
+                    took
+                )
                 log.append(f"  given back after {took:.2f} s")
             elif held:
                 unmeasured += 1
@@ -173,7 +228,9 @@ def run_trial(seed: int, workdir: Path, src: Path, n_samples: int, epochs: int =
         elapsed = time.monotonic() - t0
         r = check(seed, etcd, prefix, nodes, n_samples, epochs, requeue_s, unmeasured, elapsed, log)
         worst = max(requeue_after_etcd_s, default=0.0)
-        assert worst <= LEASE_S + 4.0, f"given back {worst:.2f} s after a kill soon after etcd's restart: {log}"
+        assert worst <= LEASE_S + 4.0, (
+            f"given back {worst:.2f} s after a kill soon after etcd's restart: {log}"
+        )
         r["requeue_after_etcd_restart_s"] = [round(x, 2) for x in requeue_after_etcd_s]
         return r
     finally:
@@ -183,8 +240,18 @@ def run_trial(seed: int, workdir: Path, src: Path, n_samples: int, epochs: int =
         etcd.kill()
 
 
-def check(seed: int, etcd: Etcd, prefix: str, nodes: list[Node], n_samples: int, epochs: int,
-          requeue_s: list[float], unmeasured: int, elapsed: float, events: list[str]) -> dict[str, Any]:
+def check(
+    seed: int,
+    etcd: Etcd,
+    prefix: str,
+    nodes: list[Node],
+    n_samples: int,
+    epochs: int,
+    requeue_s: list[float],
+    unmeasured: int,
+    elapsed: float,
+    events: list[str],
+) -> dict[str, Any]:
     meta = json.loads(etcd_range(etcd, f"{prefix}/meta")[0][1])
     shards = meta["shards"]
     assert not etcd_range(etcd, f"{prefix}/doing/"), "shards left DOING"
@@ -197,7 +264,9 @@ def check(seed: int, etcd: Etcd, prefix: str, nodes: list[Node], n_samples: int,
     for e in range(epochs):
         assert sum(1 for (de, _) in done if de == e) == shards, f"epoch {e}: not every shard DONE"
     # Reads by incarnation: (node, inc) -> (epoch, shard) -> sample ids.
-    reads: dict[tuple[str, int], dict[tuple[int, int], list[int]]] = defaultdict(lambda: defaultdict(list))
+    reads: dict[tuple[str, int], dict[tuple[int, int], list[int]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     killed = {(n.name, i) for n in nodes for i in n.killed_incs}
     for n in nodes:
         inc = None
@@ -222,7 +291,9 @@ def check(seed: int, etcd: Etcd, prefix: str, nodes: list[Node], n_samples: int,
         for inc_key, shards_read in reads.items():
             for (se, s), ids in shards_read.items():
                 if se == e and done.get((se, s)) != inc_key:
-                    assert inc_key in killed, f"{inc_key} read shard {s} of epoch {e} without marking it DONE, and was not killed"
+                    assert inc_key in killed, (
+                        f"{inc_key} read shard {s} of epoch {e} without marking it DONE, and was not killed"
+                    )
                     allowed.update(ids)
                     doing_of_killed += len(ids)
         all_reads = Counter()
@@ -231,14 +302,26 @@ def check(seed: int, etcd: Etcd, prefix: str, nodes: list[Node], n_samples: int,
                 if se == e:
                     all_reads.update(ids)
         twice = [i for i, c in all_reads.items() if c > 1]
-        assert all(i in allowed for i in twice), f"epoch {e}: a sample read twice outside a killed node's shards"
+        assert all(i in allowed for i in twice), (
+            f"epoch {e}: a sample read twice outside a killed node's shards"
+        )
         read_twice += len(twice)
     worst = max(requeue_s, default=0.0)
-    assert worst <= LEASE_S + 1.0, f"a dead node's shards went back after {worst:.2f} s (lease {LEASE_S} s): {events}"
+    assert worst <= LEASE_S + 1.0, (
+        f"a dead node's shards went back after {worst:.2f} s (lease {LEASE_S} s): {events}"
+    )
     return {
-        "seed": seed, "shards": shards, "samples": n_samples, "epochs": epochs, "seconds": round(elapsed, 2),
-        "samples_lost": 0, "read_twice": read_twice, "read_by_killed_not_done": doing_of_killed,
-        "requeue_s": [round(x, 2) for x in requeue_s], "requeue_unmeasured": unmeasured, "events": events,
+        "seed": seed,
+        "shards": shards,
+        "samples": n_samples,
+        "epochs": epochs,
+        "seconds": round(elapsed, 2),
+        "samples_lost": 0,
+        "read_twice": read_twice,
+        "read_by_killed_not_done": doing_of_killed,
+        "requeue_s": [round(x, 2) for x in requeue_s],
+        "requeue_unmeasured": unmeasured,
+        "events": events,
     }
 
 
@@ -264,12 +347,17 @@ def main() -> None:
     rq = [x for r in results for x in r["requeue_s"]]
     rqe = [x for r in results for x in r["requeue_after_etcd_restart_s"]]
     summary = {
-        "trials": len(results), "passed": len(results), "samples_lost": 0,
+        "trials": len(results),
+        "passed": len(results),
+        "samples_lost": 0,
         "read_twice_total": sum(r["read_twice"] for r in results),
         "read_by_killed_not_done_total": sum(r["read_by_killed_not_done"] for r in results),
-        "requeues_measured": len(rq), "requeue_max_s": max(rq, default=0.0),
-        "requeue_median_s": sorted(rq)[len(rq) // 2] if rq else 0.0, "lease_s": LEASE_S,
-        "requeues_after_etcd_restart": len(rqe), "requeue_after_etcd_restart_max_s": max(rqe, default=0.0),
+        "requeues_measured": len(rq),
+        "requeue_max_s": max(rq, default=0.0),
+        "requeue_median_s": sorted(rq)[len(rq) // 2] if rq else 0.0,
+        "lease_s": LEASE_S,
+        "requeues_after_etcd_restart": len(rqe),
+        "requeue_after_etcd_restart_max_s": max(rqe, default=0.0),
     }
     print(json.dumps(summary))
     if a.out:

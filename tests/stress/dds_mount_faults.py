@@ -71,10 +71,30 @@ class Node:
 
     def __init__(self, name: str, root: Path, src: Path, url: str, seed: int) -> None:
         self.name = name
-        self.m = Mount(metfs_bin(), root / f"mnt-{name}", root / f"cache-{name}", str(src),
-                       ["--budget", "3MiB", "--dds", url, "--node-name", name, "--rf", "2",
-                        "--compose", "stratified", "--seed", str(seed),
-                        "--dds-lease-ttl-secs", str(LEASE_S), "--history", str(root / f"h-{name}.json")])
+        self.m = Mount(
+            metfs_bin(),
+            root / f"mnt-{name}",
+            root / f"cache-{name}",
+            str(src),
+            [
+                "--budget",
+                "3MiB",
+                "--dds",
+                url,
+                "--node-name",
+                name,
+                "--rf",
+                "2",
+                "--compose",
+                "stratified",
+                "--seed",
+                str(seed),
+                "--dds-lease-ttl-secs",
+                str(LEASE_S),
+                "--history",
+                str(root / f"h-{name}.json"),
+            ],
+        )
         self.m.cache.mkdir(parents=True, exist_ok=True)
         self.inc = 0
         self.killed_incs: list[int] = []
@@ -89,14 +109,18 @@ class Node:
 
     def start(self) -> None:
         if is_mounted(self.m.mountpoint):
-            subprocess.run(["umount", "-l", str(self.m.mountpoint)], capture_output=True, check=False)
+            subprocess.run(
+                ["umount", "-l", str(self.m.mountpoint)], capture_output=True, check=False
+            )
         self.m.mount()
         self.inc = int(self.m.status()["dds"]["incarnation"])
         self.incs.add(self.inc)
         self.starts += 1
         self.alive = True
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.read_loop, args=(self.inc, self.stop), daemon=True)
+        self.thread = threading.Thread(
+            target=self.read_loop, args=(self.inc, self.stop), daemon=True
+        )
         self.thread.start()
 
     def read_loop(self, inc: int, stop: threading.Event) -> None:
@@ -147,7 +171,9 @@ class Node:
     def close(self) -> None:
         if self.alive:
             self.stop.set()
-            subprocess.run([metfs_bin(), "umount", str(self.m.mountpoint)], capture_output=True, check=False)
+            subprocess.run(
+                [metfs_bin(), "umount", str(self.m.mountpoint)], capture_output=True, check=False
+            )
             if self.thread is not None:
                 self.thread.join(timeout=10)
             self.alive = False
@@ -159,13 +185,21 @@ def epochs_done(etcd: Etcd, prefix: str, epochs: int) -> bool:
         if not meta:
             return False
         shards = json.loads(meta[0][1])["shards"]
-        return all(len(etcd_range(etcd, f"{prefix}/done/{e:010}/")) == shards for e in range(epochs))
+        return all(
+            len(etcd_range(etcd, f"{prefix}/done/{e:010}/")) == shards for e in range(epochs)
+        )
     except OSError:
         return False
 
 
-def run_trial(seed: int, workdir: Path, n_samples: int = 480, epochs: int = 2, kills: int = 3,
-              etcd_kills: int = 1) -> dict[str, Any]:
+def run_trial(
+    seed: int,
+    workdir: Path,
+    n_samples: int = 480,
+    epochs: int = 2,
+    kills: int = 3,
+    etcd_kills: int = 1,
+) -> dict[str, Any]:
     rng = random.Random(seed)
     d = workdir / f"trial{seed}"
     src = d / "tier"
@@ -177,8 +211,10 @@ def run_trial(seed: int, workdir: Path, n_samples: int = 480, epochs: int = 2, k
     url = etcd.url(prefix)
     nodes = [Node(f"n{i}", d, src, url, seed) for i in range(3)]
     # Within the two epochs (~4 s undisturbed).
-    events = sorted([(rng.uniform(0.3, 3.5), "node") for _ in range(kills)]
-                    + [(rng.uniform(0.3, 3.5), "etcd") for _ in range(etcd_kills)])
+    events = sorted(
+        [(rng.uniform(0.3, 3.5), "node") for _ in range(kills)]
+        + [(rng.uniform(0.3, 3.5), "etcd") for _ in range(etcd_kills)]
+    )
     log: list[str] = []
     requeue_s: list[float] = []
     requeue_after_etcd_s: list[float] = []
@@ -204,12 +240,19 @@ def run_trial(seed: int, workdir: Path, n_samples: int = 480, epochs: int = 2, k
             victim.kill()
             killed_at = time.monotonic()
             held = doing_of(etcd, prefix, victim.name)
-            log.append(f"{killed_at - t0:.2f}s kill -9 {victim.name} (inc {victim.inc}) holding {held} shards")
+            log.append(
+                f"{killed_at - t0:.2f}s kill -9 {victim.name} (inc {victim.inc}) holding {held} shards"
+            )
             if held and any(n.alive for n in nodes):
-                while doing_of(etcd, prefix, victim.name) and time.monotonic() - killed_at < LEASE_S + 10:
+                while (
+                    doing_of(etcd, prefix, victim.name)
+                    and time.monotonic() - killed_at < LEASE_S + 10
+                ):
                     time.sleep(0.05)
                 took = time.monotonic() - killed_at
-                (requeue_after_etcd_s if killed_at - etcd_back < LEASE_S + 2 else requeue_s).append(took)
+                (requeue_after_etcd_s if killed_at - etcd_back < LEASE_S + 2 else requeue_s).append(
+                    took
+                )
                 log.append(f"  given back after {took:.2f} s")
             if rng.random() < 2 / 3:
                 victim.start()
@@ -220,7 +263,9 @@ def run_trial(seed: int, workdir: Path, n_samples: int = 480, epochs: int = 2, k
         deadline = time.monotonic() + 60
         while not epochs_done(etcd, prefix, epochs):
             if time.monotonic() > deadline:
-                states = {n.name: (n.m.status() if n.alive else None, n.m.log()[-1500:]) for n in nodes}
+                states = {
+                    n.name: (n.m.status() if n.alive else None, n.m.log()[-1500:]) for n in nodes
+                }
                 raise AssertionError(f"trial {seed}: epochs not done: {log}\n{states}")
             time.sleep(0.1)
         elapsed = time.monotonic() - t0
@@ -228,14 +273,34 @@ def run_trial(seed: int, workdir: Path, n_samples: int = 480, epochs: int = 2, k
         for n in nodes:
             n.close()
     try:
-        return check(seed, etcd, prefix, nodes, digests, epochs, requeue_s, requeue_after_etcd_s, elapsed, log)
+        return check(
+            seed,
+            etcd,
+            prefix,
+            nodes,
+            digests,
+            epochs,
+            requeue_s,
+            requeue_after_etcd_s,
+            elapsed,
+            log,
+        )
     finally:
         etcd.kill()
 
 
-def check(seed: int, etcd: Etcd, prefix: str, nodes: list[Node], digests: dict[str, str], epochs: int,
-          requeue_s: list[float], requeue_after_etcd_s: list[float], elapsed: float,
-          log: list[str]) -> dict[str, Any]:
+def check(
+    seed: int,
+    etcd: Etcd,
+    prefix: str,
+    nodes: list[Node],
+    digests: dict[str, str],
+    epochs: int,
+    requeue_s: list[float],
+    requeue_after_etcd_s: list[float],
+    elapsed: float,
+    log: list[str],
+) -> dict[str, Any]:
     shards = json.loads(etcd_range(etcd, f"{prefix}/meta")[0][1])["shards"]
     done: Counter[tuple[int, int]] = Counter()
     for k, _ in etcd_range(etcd, f"{prefix}/done/"):
@@ -265,23 +330,36 @@ def check(seed: int, etcd: Etcd, prefix: str, nodes: list[Node], digests: dict[s
         assert not lost, f"epoch {e}: {len(lost)} samples lost, e.g. {lost[:5]}: {log}"
         twice = [p for p, c in count.items() if c > 1]
         outside = [p for p in twice if p not in killed_paths]
-        assert not outside, f"epoch {e}: read twice outside the views of ended incarnations: {outside[:5]}: {log}"
+        assert not outside, (
+            f"epoch {e}: read twice outside the views of ended incarnations: {outside[:5]}: {log}"
+        )
         read_twice += len(twice)
         by_killed += len(killed_paths)
     worst = max(requeue_s, default=0.0)
-    assert worst <= LEASE_S + 1.0, f"a dead node's shards went back after {worst:.2f} s (lease {LEASE_S} s): {log}"
+    assert worst <= LEASE_S + 1.0, (
+        f"a dead node's shards went back after {worst:.2f} s (lease {LEASE_S} s): {log}"
+    )
     worst_after_etcd = max(requeue_after_etcd_s, default=0.0)
-    assert worst_after_etcd <= LEASE_S + 4.0, f"given back {worst_after_etcd:.2f} s after a kill soon after etcd's restart: {log}"
+    assert worst_after_etcd <= LEASE_S + 4.0, (
+        f"given back {worst_after_etcd:.2f} s after a kill soon after etcd's restart: {log}"
+    )
     per_node: dict[str, int] = defaultdict(int)
     for n in nodes:
         per_node[n.name] += len(n.reads)
     return {
-        "seed": seed, "shards": shards, "samples": len(digests), "epochs": epochs, "seconds": round(elapsed, 2),
-        "samples_lost": 0, "read_twice": read_twice, "read_by_killed_incarnations": by_killed,
+        "seed": seed,
+        "shards": shards,
+        "samples": len(digests),
+        "epochs": epochs,
+        "seconds": round(elapsed, 2),
+        "samples_lost": 0,
+        "read_twice": read_twice,
+        "read_by_killed_incarnations": by_killed,
         "requeue_s": [round(x, 2) for x in requeue_s],
         "requeue_after_etcd_restart_s": [round(x, 2) for x in requeue_after_etcd_s],
         "reads_per_node": dict(per_node),
-        "lease_rejoins": sum(len(n.incs) - n.starts for n in nodes), "events": log,
+        "lease_rejoins": sum(len(n.incs) - n.starts for n in nodes),
+        "events": log,
     }
 
 

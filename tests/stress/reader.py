@@ -36,8 +36,16 @@ CHUNK = 128 * 1024
 
 
 def new_counters() -> dict[str, Any]:
-    return {"files": 0, "bytes": 0, "rounds": 0, "enoent": 0, "errors": {}, "mismatches": [], "unknown": [],
-            "read": set()}
+    return {
+        "files": 0,
+        "bytes": 0,
+        "rounds": 0,
+        "enoent": 0,
+        "errors": {},
+        "mismatches": [],
+        "unknown": [],
+        "read": set(),
+    }
 
 
 def hash_to_end(f: Any) -> tuple[str, int]:
@@ -101,7 +109,9 @@ def read_file(c: dict[str, Any], mnt: str, p: str, hashes: Any) -> None:
     tally(c, os.path.relpath(p, mnt), digest, n, hashes)
 
 
-def read_loop(mnt: str, hashes: dict[str, str], stop: Callable[[], bool], seed: int, c: dict[str, Any]) -> None:
+def read_loop(
+    mnt: str, hashes: dict[str, str], stop: Callable[[], bool], seed: int, c: dict[str, Any]
+) -> None:
     rng = random.Random(seed)
     # Half the readers share one order, so that several open and read the same file at once.
     shared = seed % 2 == 0
@@ -125,7 +135,9 @@ def read_loop(mnt: str, hashes: dict[str, str], stop: Callable[[], bool], seed: 
         c["rounds"] += 1
 
 
-def stream_loop(mnt: str, hashes: Any, stop: Callable[[], bool], seed: int, c: dict[str, Any]) -> None:
+def stream_loop(
+    mnt: str, hashes: Any, stop: Callable[[], bool], seed: int, c: dict[str, Any]
+) -> None:
     """`read_loop` for views too large to list whole before reading (half a million files):
     walks the view in a random order of directories and reads each directory's files, in a
     random order, as soon as it is listed."""
@@ -174,7 +186,9 @@ class Lease:
         self.s.close()
 
 
-def direct_loop(sock: str, hashes: dict[str, str], stop: Callable[[], bool], seed: int, c: dict[str, Any]) -> None:
+def direct_loop(
+    sock: str, hashes: dict[str, str], stop: Callable[[], bool], seed: int, c: dict[str, Any]
+) -> None:
     """Reads the view's slot files directly, as a loader given `direct` paths does: each round
     asks for the view (renewing the lease, or moving it to the view that replaced it), then
     reads every file of it. The lease keeps the slot, so a file listed is a file there: any
@@ -219,8 +233,13 @@ def merge(total: dict[str, Any], c: dict[str, Any]) -> None:
     total["read"] |= set(c["read"])
 
 
-def stop_readers(stop: threading.Event, threads: list[threading.Thread], procs: list[Any], stop_file: Path,
-                 timeout: float) -> None:
+def stop_readers(
+    stop: threading.Event,
+    threads: list[threading.Thread],
+    procs: list[Any],
+    stop_file: Path,
+    timeout: float,
+) -> None:
     """Stops reader threads and processes, waiting up to `timeout` for each; a process still
     running then is killed."""
     import subprocess
@@ -248,15 +267,24 @@ def collect(counters: list[dict[str, Any]], outs: list[Path]) -> dict[str, Any]:
     return total
 
 
-def start_threads(mnt: str, hashes: dict[str, str], n: int, seed: int,
-                  direct_socket: str | None = None) -> tuple[threading.Event, list[threading.Thread], list[dict]]:
+def start_threads(
+    mnt: str, hashes: dict[str, str], n: int, seed: int, direct_socket: str | None = None
+) -> tuple[threading.Event, list[threading.Thread], list[dict]]:
     """`n` reader threads through the mount, or with `direct_socket` of the slot files directly."""
     stop = threading.Event()
     counters = [new_counters() for _ in range(n)]
-    threads = [threading.Thread(target=direct_loop, args=(direct_socket, hashes, stop.is_set, seed + i, counters[i]),
-                                daemon=True) if direct_socket else
-               threading.Thread(target=read_loop, args=(mnt, hashes, stop.is_set, seed + i, counters[i]), daemon=True)
-               for i in range(n)]
+    threads = [
+        threading.Thread(
+            target=direct_loop,
+            args=(direct_socket, hashes, stop.is_set, seed + i, counters[i]),
+            daemon=True,
+        )
+        if direct_socket
+        else threading.Thread(
+            target=read_loop, args=(mnt, hashes, stop.is_set, seed + i, counters[i]), daemon=True
+        )
+        for i in range(n)
+    ]
     for t in threads:
         t.start()
     return stop, threads, counters
@@ -291,7 +319,11 @@ class GeneratedDigests:
 def main() -> None:
     mnt, hashes_file, out, stop_file, seed = sys.argv[1:6]
     # "generated": a source of `content`'s files.
-    hashes: Any = GeneratedDigests() if hashes_file == "generated" else json.loads(Path(hashes_file).read_text())
+    hashes: Any = (
+        GeneratedDigests()
+        if hashes_file == "generated"
+        else json.loads(Path(hashes_file).read_text())
+    )
     c = new_counters()
     if len(sys.argv) > 6:  # a control socket: read the slot files directly
         direct_loop(sys.argv[6], hashes, lambda: os.path.exists(stop_file), int(seed), c)
@@ -307,7 +339,9 @@ if __name__ == "__main__":
     main()
 
 
-def start_burst(mnt: str, hashes: dict[str, str], n: int, seed: int) -> tuple[threading.Event, list[threading.Thread], dict]:
+def start_burst(
+    mnt: str, hashes: dict[str, str], n: int, seed: int
+) -> tuple[threading.Event, list[threading.Thread], dict]:
     """`n` threads that open and read the same file at the same instant (a barrier releases them
     together), file after file: the pattern of data loader workers that start an epoch in the
     same order, and the one that made concurrent first opens fail on passthrough."""

@@ -125,7 +125,9 @@ class BudgetSampler(threading.Thread):
             self.samples += 1
             self.max = max(self.max, b)
             if b > self.budget and len(self.over) < 1000:
-                self.over.append((round(time.monotonic() - t0, 3), b, parts if len(self.over) < 5 else None))
+                self.over.append(
+                    (round(time.monotonic() - t0, 3), b, parts if len(self.over) < 5 else None)
+                )
             time.sleep(self.period)
 
     def __enter__(self) -> BudgetSampler:
@@ -138,14 +140,23 @@ class BudgetSampler(threading.Thread):
         self.secs = time.monotonic() - self.t0
 
     def summary(self) -> dict[str, Any]:
-        return {"budget_bytes": self.budget, "budget_samples": self.samples, "budget_max_bytes": self.max,
-                "budget_sample_interval_ms": round(1000 * getattr(self, "secs", 0) / max(self.samples, 1), 1),
-                "budget_samples_over": len(self.over), "budget_first_over": self.over[:5]}
+        return {
+            "budget_bytes": self.budget,
+            "budget_samples": self.samples,
+            "budget_max_bytes": self.max,
+            "budget_sample_interval_ms": round(
+                1000 * getattr(self, "secs", 0) / max(self.samples, 1), 1
+            ),
+            "budget_samples_over": len(self.over),
+            "budget_first_over": self.over[:5],
+        }
 
     def check(self) -> None:
         assert self.samples > 10, f"budget sampled only {self.samples} times"
-        assert not self.over, (f"cache held more than the budget of {self.budget} bytes in {len(self.over)} of "
-                               f"{self.samples} samples (max {self.max}); first (s, bytes): {self.over[:5]}")
+        assert not self.over, (
+            f"cache held more than the budget of {self.budget} bytes in {len(self.over)} of "
+            f"{self.samples} samples (max {self.max}); first (s, bytes): {self.over[:5]}"
+        )
 
 
 class Ledger:
@@ -165,7 +176,9 @@ class Ledger:
         files = set(f["files"])
         if key in self.views:
             # The same mini-epoch seen again (a remount resumed it): it must show the same samples.
-            assert self.views[key] == files, f"mini-epoch {key} showed different files on a second look"
+            assert self.views[key] == files, (
+                f"mini-epoch {key} showed different files on a second look"
+            )
         self.views[key] = files
         self.generations.append(f["generation"])
         return f
@@ -177,9 +190,16 @@ class Ledger:
     def check(self, nm: int, failed: list[str], require_epochs: int = 1) -> dict[str, Any]:
         """Asserts exactly-once coverage of every complete epoch. Returns counts for the results."""
         done = self.complete_epochs(nm)
-        assert len(done) >= require_epochs, f"only epochs {done} were seen whole; views: {sorted(self.views)}"
-        out = {"epochs_checked": done, "views_seen": len(self.views), "silently_dropped": 0,
-               "reported_failed": len(failed), "duplicates": 0}
+        assert len(done) >= require_epochs, (
+            f"only epochs {done} were seen whole; views: {sorted(self.views)}"
+        )
+        out = {
+            "epochs_checked": done,
+            "views_seen": len(self.views),
+            "silently_dropped": 0,
+            "reported_failed": len(failed),
+            "duplicates": 0,
+        }
         for e in done:
             seen: dict[str, int] = {}
             for k in range(nm):
@@ -190,10 +210,16 @@ class Ledger:
             silent = [f for f in missing if not any(f in r for r in failed)]
             out["silently_dropped"] += len(silent)
             out["duplicates"] += len(dups)
-            assert not dups, f"epoch {e}: {len(dups)} samples in more than one mini-epoch, e.g. {dups[:5]}"
-            assert not silent, (f"epoch {e}: {len(silent)} samples silently dropped (in no view and not in failed_samples), "
-                                f"e.g. {silent[:5]}")
-            assert not missing, f"epoch {e}: {len(missing)} samples dropped (reported as failed: {failed[:5]})"
+            assert not dups, (
+                f"epoch {e}: {len(dups)} samples in more than one mini-epoch, e.g. {dups[:5]}"
+            )
+            assert not silent, (
+                f"epoch {e}: {len(silent)} samples silently dropped (in no view and not in failed_samples), "
+                f"e.g. {silent[:5]}"
+            )
+            assert not missing, (
+                f"epoch {e}: {len(missing)} samples dropped (reported as failed: {failed[:5]})"
+            )
             extra = sorted(set(seen) - self.all)
             assert not extra, f"epoch {e}: views showed files that are not samples: {extra[:5]}"
         return out
@@ -210,7 +236,9 @@ def advance_wait(m: Mount, deadline: float = DEADLINE_S) -> tuple[float, dict[st
     try:
         r = m.rpc({"op": "advance", "wait": True}, timeout=deadline)
     except TimeoutError:
-        raise StuckView(f"advance --wait did not return in {deadline} s; status: {json.dumps(status_or_error(m))}") from None
+        raise StuckView(
+            f"advance --wait did not return in {deadline} s; status: {json.dumps(status_or_error(m))}"
+        ) from None
     assert r.get("ok"), r
     assert r["decision"] == "advance", r
     return time.monotonic() - t, r
@@ -230,8 +258,10 @@ def wait_drained(m: Mount, deadline: float = DEADLINE_S) -> float:
         if m.status()["draining_slots"] == 0:
             return time.monotonic() - t
         time.sleep(0.05)
-    raise StuckView(f"the old view did not drain in {deadline} s after the readers stopped; status: "
-                    f"{json.dumps(status_or_error(m))}")
+    raise StuckView(
+        f"the old view did not drain in {deadline} s after the readers stopped; status: "
+        f"{json.dumps(status_or_error(m))}"
+    )
 
 
 def wait_ready(m: Mount, deadline: float = DEADLINE_S) -> float:
@@ -240,7 +270,9 @@ def wait_ready(m: Mount, deadline: float = DEADLINE_S) -> float:
         if m.status()["next_ready"]:
             return time.monotonic() - t
         time.sleep(0.05)
-    raise StuckView(f"the next mini-epoch was not staged in {deadline} s; status: {json.dumps(status_or_error(m))}")
+    raise StuckView(
+        f"the next mini-epoch was not staged in {deadline} s; status: {json.dumps(status_or_error(m))}"
+    )
 
 
 def median(xs: list[float]) -> float | None:

@@ -17,7 +17,15 @@ import time
 from pathlib import Path
 
 from conftest import ROOT, Mount, Tier, free_port, is_mounted, make_tree
-from stresslib import OUTAGE_S, BudgetSampler, Ledger, advance_wait, sha256_tree, wait_ready, write_result
+from stresslib import (
+    OUTAGE_S,
+    BudgetSampler,
+    Ledger,
+    advance_wait,
+    sha256_tree,
+    wait_ready,
+    write_result,
+)
 
 BUDGET = 6 << 20
 
@@ -76,8 +84,12 @@ def test_source_outage_drops_no_sample(mounts, tmp_path):
     # An outage is reported once in the log (not per sample), and in `status` if it outlasts the
     # retries and fails the slot.
     warnings = [line[-300:] for line in m.log().splitlines() if "WARN" in line or "ERROR" in line]
-    result = {"outage_s": OUTAGE_S, "errors_reported_during_outage": sorted(errors_seen), "log_warnings": warnings[-5:],
-              **budget.summary()}
+    result = {
+        "outage_s": OUTAGE_S,
+        "errors_reported_during_outage": sorted(errors_seen),
+        "log_warnings": warnings[-5:],
+        **budget.summary(),
+    }
     try:
         result.update(ledger.check(st["mini_epochs"], st["failed_samples"]))
     finally:
@@ -99,13 +111,41 @@ def test_s3_resets_and_slowdowns_drop_no_sample(mounts, garage, tmp_path):
     # Samples are at most 32 KiB: a reset armed within the next 16 KiB lands inside most
     # responses. (Armed further out, it waits for later responses on the same connection, which
     # a pooled client may never send, and a run can end with no reset at all.)
-    proxy = subprocess.Popen([sys.executable, str(ROOT / "tests" / "faultproxy.py"), "--target", target, "--port", str(port),
-                              "--seed", "11", "--slowdown", "0.1", "--reset", "0.1", "--reset-within", "16384", "--max-seconds", "600",
-                              "--stats", str(stats)], stdout=subprocess.PIPE, text=True)
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "faultproxy.py"),
+            "--target",
+            target,
+            "--port",
+            str(port),
+            "--seed",
+            "11",
+            "--slowdown",
+            "0.1",
+            "--reset",
+            "0.1",
+            "--reset-within",
+            "16384",
+            "--max-seconds",
+            "600",
+            "--stats",
+            str(stats),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proxy.stdout.readline().startswith("listening")
         args = ["--endpoint", f"http://127.0.0.1:{port}", "--region", "garage", "--allow-http"]
-        m = mounts(Tier("s3", f"s3://metfs/{prefix}", args, garage.env), str(BUDGET), "--rf", "1", "--mini-epochs", "4")
+        m = mounts(
+            Tier("s3", f"s3://metfs/{prefix}", args, garage.env),
+            str(BUDGET),
+            "--rf",
+            "1",
+            "--mini-epochs",
+            "4",
+        )
         with BudgetSampler(m.cache, BUDGET) as budget:
             m.mount()
             ledger = Ledger(m, set(hashes))
@@ -158,7 +198,17 @@ def test_cache_disk_full_drops_no_sample(mounts, tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], check=True)
     cache = disk / "cache"
     cache.mkdir()
-    m = mounts(src, str(BUDGET), "--rf", "1", "--mini-epochs", "4", "--prefetch-rate", "1MiB/s", cache=cache)
+    m = mounts(
+        src,
+        str(BUDGET),
+        "--rf",
+        "1",
+        "--mini-epochs",
+        "4",
+        "--prefetch-rate",
+        "1MiB/s",
+        cache=cache,
+    )
     try:
         with BudgetSampler(m.cache, BUDGET) as budget:
             m.mount()
@@ -174,8 +224,10 @@ def test_cache_disk_full_drops_no_sample(mounts, tmp_path):
                     try:
                         check_view(m, hashes)
                     except OSError as e:
-                        raise AssertionError(f"the view stopped serving on a full disk ({e}); daemon alive: "
-                                             f"{alive(pid)}; log:\n{m.log()}") from e
+                        raise AssertionError(
+                            f"the view stopped serving on a full disk ({e}); daemon alive: "
+                            f"{alive(pid)}; log:\n{m.log()}"
+                        ) from e
                     st = m.status()
                     if st["last_error"]:
                         errors_seen.add(st["last_error"][:200])
@@ -185,8 +237,12 @@ def test_cache_disk_full_drops_no_sample(mounts, tmp_path):
             assert alive(pid), "the daemon died on a full disk"
             run_epoch(m, ledger, hashes)
             st = m.status()
-        result = {"filler_bytes": filled, "full_s": OUTAGE_S, "errors_reported_while_full": sorted(errors_seen),
-                  **budget.summary()}
+        result = {
+            "filler_bytes": filled,
+            "full_s": OUTAGE_S,
+            "errors_reported_while_full": sorted(errors_seen),
+            **budget.summary(),
+        }
         try:
             result.update(ledger.check(st["mini_epochs"], st["failed_samples"]))
         finally:

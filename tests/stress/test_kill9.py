@@ -16,7 +16,18 @@ import time
 from pathlib import Path
 
 from conftest import is_mounted, make_tree
-from stresslib import DEADLINE_S, KILLS, BudgetSampler, Ledger, advance_wait, median, p_max, sha256_tree, wait_ready, write_result
+from stresslib import (
+    DEADLINE_S,
+    KILLS,
+    BudgetSampler,
+    Ledger,
+    advance_wait,
+    median,
+    p_max,
+    sha256_tree,
+    wait_ready,
+    write_result,
+)
 
 BUDGET = 6 << 20
 PHASES = ["first-staging", "staging", "switching", "draining"]
@@ -57,7 +68,9 @@ def journaled(cache: Path, slot: str, ids: list[str], src: Path) -> set[str]:
             out.discard(ids[int(parts[1])])
         elif len(parts) == 2 and parts[0].isdigit():
             rel = ids[int(parts[0])]
-            assert zlib.crc32((src / rel).read_bytes()) == int(parts[1], 16), f"{slot}: journal line {line!r} is not {rel}"
+            assert zlib.crc32((src / rel).read_bytes()) == int(parts[1], 16), (
+                f"{slot}: journal line {line!r} is not {rel}"
+            )
             out.add(rel)
     return out
 
@@ -79,7 +92,18 @@ def test_kill9_at_random_points_then_remount(mounts, tmp_path):
     hashes, sizes = sha256_tree(src)
     ids = sorted(hashes, key=lambda p: p.encode())
     # A paced tier, so that a kill lands inside staging rather than between slots.
-    m = mounts(src, str(BUDGET), "--rf", "1", "--mini-epochs", "4", "--compose", "sequential", "--prefetch-rate", "4MiB/s")
+    m = mounts(
+        src,
+        str(BUDGET),
+        "--rf",
+        "1",
+        "--mini-epochs",
+        "4",
+        "--compose",
+        "sequential",
+        "--prefetch-rate",
+        "4MiB/s",
+    )
     rng = random.Random(int(os.environ.get("METFS_STRESS_SEED", "1")))
     remount_s: list[float] = []
     unfinished_left = 0
@@ -97,11 +121,22 @@ def test_kill9_at_random_points_then_remount(mounts, tmp_path):
                 for p in list(m.cache.iterdir()):
                     shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
                 m.mountpoint.mkdir(parents=True, exist_ok=True)
-                cmd = [m.bin, "mount", "--source", m.source, "--cache", str(m.cache), *m.args, str(m.mountpoint)]
+                cmd = [
+                    m.bin,
+                    "mount",
+                    "--source",
+                    m.source,
+                    "--cache",
+                    str(m.cache),
+                    *m.args,
+                    str(m.mountpoint),
+                ]
                 proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 lock = m.cache / "metfs.lock"
                 t = time.monotonic()
-                while not (lock.exists() and lock.read_text().strip()) and time.monotonic() - t < 30:
+                while (
+                    not (lock.exists() and lock.read_text().strip()) and time.monotonic() - t < 30
+                ):
                     time.sleep(0.005)
                 time.sleep(rng.uniform(0, 0.3))
                 pid = m.pid()
@@ -119,8 +154,12 @@ def test_kill9_at_random_points_then_remount(mounts, tmp_path):
                     os.kill(pid, signal.SIGKILL)
                 elif phase == "switching":
                     wait_ready(m)
-                    th = threading.Thread(target=lambda: _quiet(lambda: m.rpc({"op": "advance", "wait": True}, timeout=30)),
-                                          daemon=True)
+                    th = threading.Thread(
+                        target=lambda: _quiet(
+                            lambda: m.rpc({"op": "advance", "wait": True}, timeout=30)
+                        ),
+                        daemon=True,
+                    )
                     th.start()
                     time.sleep(rng.uniform(0, 0.02))
                     os.kill(pid, signal.SIGKILL)
@@ -139,12 +178,20 @@ def test_kill9_at_random_points_then_remount(mounts, tmp_path):
             # Every copy the stager finished is whole and equal to the source; a copy it was still
             # writing is only ever in a slot that is not complete.
             complete, writing = complete_files(m.cache)
-            vouched = {(slot, rel) for slot in {x for x, _ in complete | writing} for rel in journaled(m.cache, slot, ids, src)}
+            vouched = {
+                (slot, rel)
+                for slot in {x for x, _ in complete | writing}
+                for rel in journaled(m.cache, slot, ids, src)
+            }
             for slot, rel in complete:
                 data = (m.cache / "slots" / slot / rel).read_bytes()
-                assert hashlib.sha256(data).hexdigest() == hashes[rel], f"trial {trial} ({phase}): {slot}/{rel} is partial or wrong"
+                assert hashlib.sha256(data).hexdigest() == hashes[rel], (
+                    f"trial {trial} ({phase}): {slot}/{rel} is partial or wrong"
+                )
             for slot, rel in writing:
-                assert not slot_is_complete(m.cache, slot), f"trial {trial} ({phase}): {slot}/{rel} is unfinished in a complete slot"
+                assert not slot_is_complete(m.cache, slot), (
+                    f"trial {trial} ({phase}): {slot}/{rel} is unfinished in a complete slot"
+                )
             unfinished_left = max(unfinished_left, len(writing))
             # Remount over the dead mount: a correct view, then the successor staged.
             t = time.monotonic()
@@ -153,9 +200,15 @@ def test_kill9_at_random_points_then_remount(mounts, tmp_path):
             f = ledger.record()
             for rel in f["files"]:
                 got = hashlib.sha256((m.mountpoint / rel).read_bytes()).hexdigest()
-                assert got == hashes[rel], f"trial {trial} ({phase}): {rel} differs from the source after the remount"
-            listed = {str(p.relative_to(m.mountpoint)) for p in m.mountpoint.rglob("*") if p.is_file()}
-            assert listed == set(f["files"]), f"trial {trial} ({phase}): the listing differs from the view's files"
+                assert got == hashes[rel], (
+                    f"trial {trial} ({phase}): {rel} differs from the source after the remount"
+                )
+            listed = {
+                str(p.relative_to(m.mountpoint)) for p in m.mountpoint.rglob("*") if p.is_file()
+            }
+            assert listed == set(f["files"]), (
+                f"trial {trial} ({phase}): the listing differs from the view's files"
+            )
             ready_s.append(wait_ready(m))
             st = m.status()
             # What the tier had to give: the files of the current and next slots that were not
@@ -163,22 +216,36 @@ def test_kill9_at_random_points_then_remount(mounts, tmp_path):
             need = set()
             for slot in {slot_name(st["epoch"], st["mini_epoch"]), st["staging"].get("slot")}:
                 if slot and (m.cache / "slots" / slot).is_dir():
-                    need |= {(slot, str(p.relative_to(m.cache / "slots" / slot)))
-                             for p in (m.cache / "slots" / slot).rglob("*") if p.is_file()}
+                    need |= {
+                        (slot, str(p.relative_to(m.cache / "slots" / slot)))
+                        for p in (m.cache / "slots" / slot).rglob("*")
+                        if p.is_file()
+                    }
             # A copy finished but not yet journaled (its batch not yet durable) is fetched again.
             left = sum(sizes[rel] for slot, rel in need - (complete & vouched))
             refetched = st["tier_bytes_read"]
             refetched_total += refetched
             left_total += left
-            assert refetched <= left, (f"trial {trial} ({phase}): the remount fetched {refetched} bytes from the tier, "
-                                       f"but only {left} bytes were left to stage")
+            assert refetched <= left, (
+                f"trial {trial} ({phase}): the remount fetched {refetched} bytes from the tier, "
+                f"but only {left} bytes were left to stage"
+            )
         if is_mounted(m.mountpoint):
             st = m.status()
-    write_result("kill9", {"trials": KILLS, "phases": phases_done, "remount_s_median": median(remount_s),
-                           "remount_s_max": p_max(remount_s), "next_ready_s_median": median(ready_s),
-                           "tier_bytes_refetched": refetched_total, "tier_bytes_left_at_kills": left_total,
-                           "unfinished_copies_max": unfinished_left,
-                           **budget.summary()})
+    write_result(
+        "kill9",
+        {
+            "trials": KILLS,
+            "phases": phases_done,
+            "remount_s_median": median(remount_s),
+            "remount_s_max": p_max(remount_s),
+            "next_ready_s_median": median(ready_s),
+            "tier_bytes_refetched": refetched_total,
+            "tier_bytes_left_at_kills": left_total,
+            "unfinished_copies_max": unfinished_left,
+            **budget.summary(),
+        },
+    )
     budget.check()
     if KILLS >= 20:
         ledger.check(st["mini_epochs"], st["failed_samples"], require_epochs=1)

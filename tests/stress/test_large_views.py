@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reader import PER_DIR, GeneratedDigests, collect, content, new_counters, rel_of, stop_readers, stream_loop
+from reader import (
+    PER_DIR,
+    GeneratedDigests,
+    collect,
+    content,
+    new_counters,
+    rel_of,
+    stop_readers,
+    stream_loop,
+)
 from stresslib import (
     DEADLINE_S,
     READERS,
@@ -87,7 +96,9 @@ def cache_fs(tmp_path: Path):
     d.mkdir()
     budget = 2 * VIEW_FILES * FOOTPRINT * 5 // 4 + (64 << 20)
     size = budget * 3 // 2
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "metfs-stress", str(d)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "metfs-stress", str(d)], check=True
+    )
     try:
         yield d, budget
     finally:
@@ -101,8 +112,17 @@ def test_readers_across_switches_of_large_views(cache_fs, mounts, tmp_path):
     t = time.monotonic()
     make_source(src, 2 * VIEW_FILES)
     made_s = time.monotonic() - t
-    m = mounts(src, str(budget), "--mini-epochs", "2", "--rf", "1", "--read-path", "cached",
-               cache=cache_dir / "cache")
+    m = mounts(
+        src,
+        str(budget),
+        "--mini-epochs",
+        "2",
+        "--rf",
+        "1",
+        "--read-path",
+        "cached",
+        cache=cache_dir / "cache",
+    )
     digests = GeneratedDigests()
     n_proc = READERS // 2
     n_thr = READERS - n_proc
@@ -112,8 +132,14 @@ def test_readers_across_switches_of_large_views(cache_fs, mounts, tmp_path):
     # Readers read a view while it is current: 1 s at the test command's size, 10 s at 500,000.
     dwell = max(1.0, VIEW_FILES / 50_000)
     switch_secs: list[float] = []
-    result: dict[str, Any] = {"view_files": VIEW_FILES, "readers_threads": n_thr, "readers_processes": n_proc,
-                              "switches": SWITCHES, "dwell_s": dwell, "source_made_s": round(made_s, 1)}
+    result: dict[str, Any] = {
+        "view_files": VIEW_FILES,
+        "readers_threads": n_thr,
+        "readers_processes": n_proc,
+        "switches": SWITCHES,
+        "dwell_s": dwell,
+        "source_made_s": round(made_s, 1),
+    }
     with UsedSampler(cache_dir, budget) as used:
         t = time.monotonic()
         m.mount()
@@ -122,14 +148,31 @@ def test_readers_across_switches_of_large_views(cache_fs, mounts, tmp_path):
         assert st["view_files"] >= VIEW_FILES * 9 // 10, st["view_files"]
         stop = threading.Event()
         counters = [new_counters() for _ in range(n_thr)]
-        threads = [threading.Thread(target=stream_loop, args=(str(m.mountpoint), digests, stop.is_set, 3000 + i,
-                                                               counters[i]), daemon=True) for i in range(n_thr)]
+        threads = [
+            threading.Thread(
+                target=stream_loop,
+                args=(str(m.mountpoint), digests, stop.is_set, 3000 + i, counters[i]),
+                daemon=True,
+            )
+            for i in range(n_thr)
+        ]
         for th in threads:
             th.start()
         outs = [tmp_path / f"reader-{i}.json" for i in range(n_proc)]
-        procs = [subprocess.Popen([sys.executable, str(STRESS_DIR / "reader.py"), str(m.mountpoint), "generated",
-                                   str(outs[i]), str(stop_file), str(i)])
-                 for i in range(n_proc)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(STRESS_DIR / "reader.py"),
+                    str(m.mountpoint),
+                    "generated",
+                    str(outs[i]),
+                    str(stop_file),
+                    str(i),
+                ]
+            )
+            for i in range(n_proc)
+        ]
         try:
             for _ in range(SWITCHES):
                 time.sleep(dwell)  # let the readers into the current view before it switches
@@ -141,11 +184,22 @@ def test_readers_across_switches_of_large_views(cache_fs, mounts, tmp_path):
         assert not any(th.is_alive() for th in threads), "a reader thread is stuck in a read"
         result["drain_after_stop_s"] = wait_drained(m, deadline)
         st = m.status()
-    result.update({"files_read": total["files"], "bytes_checked": total["bytes"], "enoent_across_switch": total["enoent"],
-                   "errors": total["errors"], "mismatches": len(total["mismatches"]),
-                   "switch_s_median": median(switch_secs), "switch_s_max": p_max(switch_secs),
-                   "generation": st["generation"], "budget": budget, "used_max": used.max,
-                   "used_samples": used.samples, "over_budget": used.over[:5]})
+    result.update(
+        {
+            "files_read": total["files"],
+            "bytes_checked": total["bytes"],
+            "enoent_across_switch": total["enoent"],
+            "errors": total["errors"],
+            "mismatches": len(total["mismatches"]),
+            "switch_s_median": median(switch_secs),
+            "switch_s_max": p_max(switch_secs),
+            "generation": st["generation"],
+            "budget": budget,
+            "used_max": used.max,
+            "used_samples": used.samples,
+            "over_budget": used.over[:5],
+        }
+    )
     write_result("large-views", result)
     assert not total["mismatches"], f"bytes read differ from the source: {total['mismatches']}"
     assert not total["unknown"], f"files read that are not in the source: {total['unknown']}"
@@ -154,7 +208,11 @@ def test_readers_across_switches_of_large_views(cache_fs, mounts, tmp_path):
     assert not others, f"read errors other than ENOENT across a switch: {total['errors']}"
     # The by-design ESTALE of a walk that straddles two switches (see test_readers.py).
     estale = sum(total["errors"].get(k, 0) for k in stale_kinds)
-    assert estale * 2_000 <= max(total["files"], 10_000), f"ESTALE on {estale} of {total['files']} opens"
+    assert estale * 2_000 <= max(total["files"], 10_000), (
+        f"ESTALE on {estale} of {total['files']} opens"
+    )
     assert total["files"] > 0
     assert st["generation"] == 1 + SWITCHES
-    assert not used.over, f"the cache's file system held more than the budget of {budget}: {used.over[:5]}"
+    assert not used.over, (
+        f"the cache's file system held more than the budget of {budget}: {used.over[:5]}"
+    )

@@ -46,8 +46,13 @@ def test_concurrent_readers_across_switches(mounts, tmp_path, read_path):
     n_thr = READERS - n_proc
     stop_file = tmp_path / "stop"
     switch_secs: list[float] = []
-    result = {"read_path": read_path, "readers_threads": n_thr, "readers_processes": n_proc, "burst_threads": BURST,
-              "switches": SWITCHES}
+    result = {
+        "read_path": read_path,
+        "readers_threads": n_thr,
+        "readers_processes": n_proc,
+        "burst_threads": BURST,
+        "switches": SWITCHES,
+    }
     with BudgetSampler(m.cache, BUDGET) as budget:
         m.mount()
         st = m.status()
@@ -57,9 +62,20 @@ def test_concurrent_readers_across_switches(mounts, tmp_path, read_path):
         ledger.record()
         stop, threads, counters = start_threads(str(m.mountpoint), hashes, n_thr, seed=1000)
         burst_stop, burst_threads, burst = start_burst(str(m.mountpoint), hashes, BURST, seed=2000)
-        procs = [subprocess.Popen([sys.executable, str(STRESS_DIR / "reader.py"), str(m.mountpoint), str(hashes_file),
-                                   str(tmp_path / f"reader-{i}.json"), str(stop_file), str(i)])
-                 for i in range(n_proc)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(STRESS_DIR / "reader.py"),
+                    str(m.mountpoint),
+                    str(hashes_file),
+                    str(tmp_path / f"reader-{i}.json"),
+                    str(stop_file),
+                    str(i),
+                ]
+            )
+            for i in range(n_proc)
+        ]
         stuck: StuckView | None = None
         try:
             for _ in range(SWITCHES):
@@ -74,8 +90,13 @@ def test_concurrent_readers_across_switches(mounts, tmp_path, read_path):
             stop_readers(stop, threads + burst_threads, procs, stop_file, DEADLINE_S)
         if stuck is not None:
             # Does the view drain once nobody reads any more?
-            result.update({"stuck_after_switches": len(switch_secs), "stuck": str(stuck)[:6000],
-                           "switch_s_median": median(switch_secs)})
+            result.update(
+                {
+                    "stuck_after_switches": len(switch_secs),
+                    "stuck": str(stuck)[:6000],
+                    "switch_s_median": median(switch_secs),
+                }
+            )
             try:
                 result["drain_after_stop_s"] = wait_drained(m)
             except StuckView as e:
@@ -91,14 +112,26 @@ def test_concurrent_readers_across_switches(mounts, tmp_path, read_path):
             out = tmp_path / f"reader-{i}.json"
             assert out.exists(), f"reader process {i} wrote no result"
             merge(total, json.loads(out.read_text()))
-        assert not any(t.is_alive() for t in threads + burst_threads), "a reader thread is stuck in a read"
+        assert not any(t.is_alive() for t in threads + burst_threads), (
+            "a reader thread is stuck in a read"
+        )
         result["drain_after_stop_s"] = wait_drained(m)
         st = m.status()
     result.update(budget.summary())
-    result.update({"burst_same_file_opens": burst_opens, "files_read": total["files"], "bytes_checked": total["bytes"], "enoent_across_switch": total["enoent"],
-                   "errors": total["errors"], "mismatches": len(total["mismatches"]),
-                   "switch_s_median": median(switch_secs), "switch_s_max": p_max(switch_secs),
-                   "generation": st["generation"], "daemon_opens": st["daemon_opens"]})
+    result.update(
+        {
+            "burst_same_file_opens": burst_opens,
+            "files_read": total["files"],
+            "bytes_checked": total["bytes"],
+            "enoent_across_switch": total["enoent"],
+            "errors": total["errors"],
+            "mismatches": len(total["mismatches"]),
+            "switch_s_median": median(switch_secs),
+            "switch_s_max": p_max(switch_secs),
+            "generation": st["generation"],
+            "daemon_opens": st["daemon_opens"],
+        }
+    )
     write_result(f"readers-{read_path}", result)
     assert not total["mismatches"], f"bytes read differ from the source: {total['mismatches']}"
     assert not total["unknown"], f"files read that are not in the source: {total['unknown']}"
@@ -123,8 +156,9 @@ def test_concurrent_readers_across_switches(mounts, tmp_path, read_path):
     # 2,000 still tells them apart. Burst threads open paths from a walk up to 50 turns old,
     # which can be several switches old: the same by-design ESTALE, against the same allowance.
     estale = sum(total["errors"].get(k, 0) for k in stale_kinds)
-    assert estale * 2_000 <= max(total["files"], 10_000), f"ESTALE on {estale} of {total['files']} opens"
-
+    assert estale * 2_000 <= max(total["files"], 10_000), (
+        f"ESTALE on {estale} of {total['files']} opens"
+    )
 
 
 def test_direct_readers_across_switches(mounts, tmp_path):
@@ -143,17 +177,34 @@ def test_direct_readers_across_switches(mounts, tmp_path):
     stop_file = tmp_path / "stop"
     switch_secs: list[float] = []
     leases_seen = 0
-    result: dict = {"read_path": "direct", "readers_threads": n_thr, "readers_processes": n_proc,
-                    "switches": SWITCHES}
+    result: dict = {
+        "read_path": "direct",
+        "readers_threads": n_thr,
+        "readers_processes": n_proc,
+        "switches": SWITCHES,
+    }
     with BudgetSampler(m.cache, BUDGET) as budget:
         m.mount()
         ledger = Ledger(m, set(hashes))
         ledger.record()
-        stop, threads, counters = start_threads(str(m.mountpoint), hashes, n_thr, seed=3000,
-                                                direct_socket=m.socket)
-        procs = [subprocess.Popen([sys.executable, str(STRESS_DIR / "reader.py"), str(m.mountpoint), str(hashes_file),
-                                   str(tmp_path / f"reader-{i}.json"), str(stop_file), str(4000 + i), m.socket])
-                 for i in range(n_proc)]
+        stop, threads, counters = start_threads(
+            str(m.mountpoint), hashes, n_thr, seed=3000, direct_socket=m.socket
+        )
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(STRESS_DIR / "reader.py"),
+                    str(m.mountpoint),
+                    str(hashes_file),
+                    str(tmp_path / f"reader-{i}.json"),
+                    str(stop_file),
+                    str(4000 + i),
+                    m.socket,
+                ]
+            )
+            for i in range(n_proc)
+        ]
         try:
             for _ in range(SWITCHES):
                 time.sleep(0.2)
@@ -169,17 +220,27 @@ def test_direct_readers_across_switches(mounts, tmp_path):
         result["drain_after_stop_s"] = wait_drained(m)
         st = m.status()
     result.update(budget.summary())
-    result.update({"files_read": total["files"], "bytes_checked": total["bytes"], "errors": total["errors"],
-                   "mismatches": len(total["mismatches"]), "views_followed": total["views"],
-                   "leases_on_retired_views_max": leases_seen,
-                   "switch_s_median": median(switch_secs), "switch_s_max": p_max(switch_secs),
-                   "generation": st["generation"]})
+    result.update(
+        {
+            "files_read": total["files"],
+            "bytes_checked": total["bytes"],
+            "errors": total["errors"],
+            "mismatches": len(total["mismatches"]),
+            "views_followed": total["views"],
+            "leases_on_retired_views_max": leases_seen,
+            "switch_s_median": median(switch_secs),
+            "switch_s_max": p_max(switch_secs),
+            "generation": st["generation"],
+        }
+    )
     write_result("readers-direct", result)
     assert not total["mismatches"], f"bytes read differ from the source: {total['mismatches']}"
     assert not total["unknown"], f"files read that are not in the source: {total['unknown']}"
     assert not total["errors"], f"direct reads failed under a lease: {total['errors']}"
     assert total["files"] > 0
-    assert total["read"] <= set().union(*ledger.views.values()), "a file was read that no view listed"
+    assert total["read"] <= set().union(*ledger.views.values()), (
+        "a file was read that no view listed"
+    )
     # Each reader saw the first view; most of them saw several.
     assert total["views"] > READERS, total["views"]
     budget.check()

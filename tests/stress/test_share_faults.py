@@ -115,8 +115,21 @@ def test_shared_store_under_readers_outage_and_full_disk(mounts: Any, tmp_path: 
     cache = disk / "cache"
     cache.mkdir()
     # Shares for 4 jobs, 3 jobs: the fourth share keeps retired slots, trimmed to make room.
-    m = mounts(src, str(BUDGET), "--share", "--share-jobs", "4", "--rf", "1", "--rf-policy", "fixed",
-               "--share-idle-secs", "120", name="s", cache=cache)
+    m = mounts(
+        src,
+        str(BUDGET),
+        "--share",
+        "--share-jobs",
+        "4",
+        "--rf",
+        "1",
+        "--rf-policy",
+        "fixed",
+        "--share-idle-secs",
+        "120",
+        name="s",
+        cache=cache,
+    )
     away = tmp_path / "src-away"
     readers = min(READERS, 16)
     disk_use = DiskSampler(disk)
@@ -132,10 +145,16 @@ def test_shared_store_under_readers_outage_and_full_disk(mounts: Any, tmp_path: 
                 stop_file = tmp_path / "stop"
                 jobs = {"a": start_job(m, tmp_path, "a", dpath, epochs=3, stop=stop_file)}
                 for name in ("b", "c"):
-                    wait_for(lambda: len(m.status()["jobs"] or []) == len(jobs) and all((j["mini_epoch"] or 0) >= 2 for j in m.status()["jobs"]),
-                             # Generous: a busy machine (a disk-bound neighbour, another build)
-                             # stages these views several times slower than an idle one.
-                             360, "the jobs a few views in")
+                    wait_for(
+                        lambda: (
+                            len(m.status()["jobs"] or []) == len(jobs)
+                            and all((j["mini_epoch"] or 0) >= 2 for j in m.status()["jobs"])
+                        ),
+                        # Generous: a busy machine (a disk-bound neighbour, another build)
+                        # stages these views several times slower than an idle one.
+                        360,
+                        "the jobs a few views in",
+                    )
                     jobs[name] = start_job(m, tmp_path, name, dpath, epochs=2, stop=stop_file)
                 wait_for(lambda: len(m.status()["jobs"] or []) == 3, 360, "three jobs")
                 # The tier goes away while the jobs switch (each switch stages a view).
@@ -152,7 +171,11 @@ def test_shared_store_under_readers_outage_and_full_disk(mounts: Any, tmp_path: 
 
                 def views() -> dict[str, tuple[int, int]]:
                     # Each job's position (jobs between views report no mini-epoch of theirs).
-                    return {j["name"]: (j["epoch"], j["mini_epoch"]) for j in m.status()["jobs"] or [] if j["mini_epoch"] is not None}
+                    return {
+                        j["name"]: (j["epoch"], j["mini_epoch"])
+                        for j in m.status()["jobs"] or []
+                        if j["mini_epoch"] is not None
+                    }
 
                 v0 = views()
                 src.rename(away)
@@ -181,12 +204,27 @@ def test_shared_store_under_readers_outage_and_full_disk(mounts: Any, tmp_path: 
             st = m.status()
         # An outage is reported once in the log (not per sample), and in `status` if it outlasts
         # the stager's retries.
-        warnings = [line[-300:] for line in m.log().splitlines() if "WARN" in line or "ERROR" in line]
-        result = {"log_warnings": warnings[-8:], "positions_before_outage": v0, "positions_after_outage": v1, "positions_3s_later": v2, "readers": readers, "reads_checked": rd.ok, "reads_missed_in_switches": rd.misses,
-                  "wrong_bytes": len(rd.wrong), "other_errors": rd.other_errors[:5], "outage_s": OUTAGE_S,
-                  "filler_bytes": filled, "errors_reported": sorted(errors_seen),
-                  "trimmed_samples": st["trimmed_samples"], "tier_bytes_read": st["tier_bytes_read"],
-                  "reused_bytes": st["reused_bytes"], **budget.summary()}
+        warnings = [
+            line[-300:] for line in m.log().splitlines() if "WARN" in line or "ERROR" in line
+        ]
+        result = {
+            "log_warnings": warnings[-8:],
+            "positions_before_outage": v0,
+            "positions_after_outage": v1,
+            "positions_3s_later": v2,
+            "readers": readers,
+            "reads_checked": rd.ok,
+            "reads_missed_in_switches": rd.misses,
+            "wrong_bytes": len(rd.wrong),
+            "other_errors": rd.other_errors[:5],
+            "outage_s": OUTAGE_S,
+            "filler_bytes": filled,
+            "errors_reported": sorted(errors_seen),
+            "trimmed_samples": st["trimmed_samples"],
+            "tier_bytes_read": st["tier_bytes_read"],
+            "reused_bytes": st["reused_bytes"],
+            **budget.summary(),
+        }
         disk_use.stop.set()
         disk_use.join()
         result["disk_used_max_bytes"] = disk_use.max
@@ -199,11 +237,15 @@ def test_shared_store_under_readers_outage_and_full_disk(mounts: Any, tmp_path: 
         assert st["trimmed_samples"] > 0, "no kept slot was trimmed"
         budget.check()
         # Deleted files still held open (a descriptor cache) would show here and not above.
-        assert disk_use.max <= BUDGET, f"the cache's file system held {disk_use.max} bytes, over the budget of {BUDGET}"
+        assert disk_use.max <= BUDGET, (
+            f"the cache's file system held {disk_use.max} bytes, over the budget of {BUDGET}"
+        )
     finally:
         disk_use.stop.set()
         if is_mounted(m.mountpoint):
-            subprocess.run([m.bin, "umount", str(m.mountpoint)], capture_output=True, timeout=120, check=False)
+            subprocess.run(
+                [m.bin, "umount", str(m.mountpoint)], capture_output=True, timeout=120, check=False
+            )
         if is_mounted(m.mountpoint):
             subprocess.run(["umount", "-l", str(m.mountpoint)], capture_output=True, check=False)
         try:

@@ -43,7 +43,11 @@ def expand(path: str) -> str:
         if c == "%" and i + 1 < len(path) and path[i + 1] in "nj%":
             k = path[i + 1]
             out.append(
-                node_name() if k == "n" else os.environ.get("SLURM_JOB_ID", "nojob") if k == "j" else "%"
+                node_name()
+                if k == "n"
+                else os.environ.get("SLURM_JOB_ID", "nojob")
+                if k == "j"
+                else "%"
             )
             i += 2
             continue

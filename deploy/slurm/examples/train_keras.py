@@ -35,12 +35,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--classes", type=int, default=10, help="number of classes (default 10)")
     ap.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32)")
     ap.add_argument("--lr", type=float, default=0.5, help="SGD learning rate (default 0.5)")
-    ap.add_argument("--socket", default=None,
-                    help="control socket (default $METFS_SOCKET or $METFS_CACHE_ROOT/metfs.sock; %%n = node)")
-    ap.add_argument("--log-dir", default=os.environ.get("METFS_PASS_LOG"),
-                    help="write rank<R>.jsonl with one line per pass here (default $METFS_PASS_LOG)")
-    ap.add_argument("--dist-timeout", type=float, default=120.0,
-                    help="seconds any collective may wait for a peer (default 120)")
+    ap.add_argument(
+        "--socket",
+        default=None,
+        help="control socket (default $METFS_SOCKET or $METFS_CACHE_ROOT/metfs.sock; %%n = node)",
+    )
+    ap.add_argument(
+        "--log-dir",
+        default=os.environ.get("METFS_PASS_LOG"),
+        help="write rank<R>.jsonl with one line per pass here (default $METFS_PASS_LOG)",
+    )
+    ap.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=120.0,
+        help="seconds any collective may wait for a peer (default 120)",
+    )
     args = ap.parse_args(argv)
 
     import keras
@@ -56,8 +66,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     log = metfs_job.PassLog(args.log_dir, rank)
     t0 = time.monotonic()
     try:
-        client = metfs.Client(metfs_job.socket_path(args.socket),
-                              job=metfs_job.job_name("train_keras"))
+        client = metfs.Client(
+            metfs_job.socket_path(args.socket), job=metfs_job.job_name("train_keras")
+        )
         mount = client.connect().view_path or ""
 
         def load(path: str) -> Any:
@@ -68,7 +79,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         train = MetSequence(client, load, batch_size=args.batch_size, seed=rank)
         keras.utils.set_random_seed(0)  # the same initial weights on every rank
         model = keras.Sequential(
-            [keras.Input((metfs_job.FEATURES,)), keras.layers.Dense(args.classes, activation="softmax")]
+            [
+                keras.Input((metfs_job.FEATURES,)),
+                keras.layers.Dense(args.classes, activation="softmax"),
+            ]
         )
         model.compile(
             optimizer=keras.optimizers.SGD(args.lr),

@@ -37,14 +37,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--classes", type=int, default=10, help="number of classes (default 10)")
     ap.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32)")
     ap.add_argument("--lr", type=float, default=0.5, help="SGD learning rate (default 0.5)")
-    ap.add_argument("--socket", default=None,
-                    help="control socket (default $METFS_SOCKET or $METFS_CACHE_ROOT/metfs.sock; %%n = node)")
-    ap.add_argument("--log-dir", default=os.environ.get("METFS_PASS_LOG"),
-                    help="write rank<R>.jsonl with one line per pass here (default $METFS_PASS_LOG)")
-    ap.add_argument("--dist-timeout", type=float, default=120.0,
-                    help="seconds any collective may wait for a peer (default 120)")
-    ap.add_argument("--pass-sleep", type=float, default=0.0,
-                    help="extra seconds per pass (to make a demo or a test last longer)")
+    ap.add_argument(
+        "--socket",
+        default=None,
+        help="control socket (default $METFS_SOCKET or $METFS_CACHE_ROOT/metfs.sock; %%n = node)",
+    )
+    ap.add_argument(
+        "--log-dir",
+        default=os.environ.get("METFS_PASS_LOG"),
+        help="write rank<R>.jsonl with one line per pass here (default $METFS_PASS_LOG)",
+    )
+    ap.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=120.0,
+        help="seconds any collective may wait for a peer (default 120)",
+    )
+    ap.add_argument(
+        "--pass-sleep",
+        type=float,
+        default=0.0,
+        help="extra seconds per pass (to make a demo or a test last longer)",
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -71,8 +85,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"train: {world} ranks, coordinator {type(run.coordinator).__name__}", flush=True)
             share = client.connect().share
             if share is not None:
-                print(f"train: job {client.job} on a shared store, its view at {share['path']}",
-                      flush=True)
+                print(
+                    f"train: job {client.job} on a shared store, its view at {share['path']}",
+                    flush=True,
+                )
         for p in run:
             files = p.files[local::local_world]
             paths = p.paths[local::local_world]
