@@ -57,10 +57,12 @@ impl Group {
 /// [`Copies::make`], and opened for writing on the tier's thread by [`Copies::opener`] right
 /// before it is written. Creating a file takes its directory's lock for writing; a plan's
 /// consecutive samples share a directory, so the tier's many blocking threads creating their
-/// groups' copies queue on one lock (it cost a third of the staging's speed at 500,000 files of
-/// 1-4 KiB), where the staging task's few threads create them one after the other. Opening an
-/// existing file takes no such lock. Closing each copy as soon as it is made keeps a group's
-/// descriptors to the one being written.
+/// groups' copies queue on one lock (about 13% more of the daemon's CPU while it staged 100,000
+/// files of 1-4 KiB, docs/BENCHMARKS.md), where the staging task's few threads create them one
+/// after the other. Opening an existing file takes no such lock, but it is a second path walk
+/// per copy (about 12% of the CPU at 500,000 files against copies created and kept open).
+/// Closing each copy as soon as it is made keeps a group's descriptors to the one being
+/// written.
 struct Copies {
     state: Arc<Mutex<CopiesState>>,
 }
