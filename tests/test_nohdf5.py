@@ -1,7 +1,7 @@
 """A metfs built without the `hdf5` cargo feature (`cargo build -p metfs --no-default-features`):
 it links no libhdf5, serves ordinary datasets as before, and refuses the HDF5 settings with an
-error naming the feature. The test command builds that binary into target/nohdf5 and passes it
-in METFS_NOHDF5_BIN."""
+error naming the feature. The test command builds that binary, copies it to target/nohdf5-bin
+and passes it in METFS_NOHDF5_BIN."""
 
 from __future__ import annotations
 

@@ -87,7 +87,29 @@ impl Garage {
             key: String::new(),
             secret: String::new(),
         };
-        g.run_start();
+        // A port that was free when `free_port` let go of it can be taken again before Garage
+        // binds it (by another test's server or by an outgoing connection's source port), and
+        // Garage then exits at start. That is the ports' luck, not the server's health, so a
+        // first start that fails is tried again on fresh ports, and the failure is still shown.
+        let mut tries = 1;
+        while let Err(why) = g.try_start() {
+            assert!(
+                tries < 3,
+                "garage.sh start failed {tries} times; last: {why}"
+            );
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "s3_garage::{test}: start on ports {}/{} failed, trying fresh ones: {why}",
+                g.port,
+                g.rpc_port
+            );
+            // A fresh directory too: a server that timed out may not have let go of its own.
+            g.dir = tempfile::tempdir().unwrap();
+            g.port = free_port();
+            g.rpc_port = free_port();
+            tries += 1;
+        }
         let creds = std::fs::read_to_string(g.dir.path().join("credentials")).unwrap();
         let field = |name: &str| {
             creds
@@ -109,19 +131,28 @@ impl Garage {
             .expect("running scripts/garage.sh")
     }
 
-    fn run_start(&self) {
+    fn try_start(&self) -> Result<(), String> {
         let out = self.script(&[
             "start",
             self.dir.path().to_str().unwrap(),
             &self.port.to_string(),
             &self.rpc_port.to_string(),
         ]);
-        assert!(
-            out.status.success(),
-            "garage.sh start failed: {}{}",
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(format!(
+            "{}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
-        );
+        ))
+    }
+
+    /// Starts the server again on the same ports (the test's tier already points at them).
+    fn run_start(&self) {
+        if let Err(why) = self.try_start() {
+            panic!("garage.sh start failed: {why}");
+        }
     }
 
     /// Kills the server with SIGKILL, as a crash would.
