@@ -228,7 +228,7 @@ pub trait CapacityTier: Send + Sync + 'static {
 
     /// Copies each sample of `group` into a file of its own, as [`CapacityTier::fetch`] does,
     /// and returns one result per sample, in order. Each member's file comes from its
-    /// [`GroupMember::create`] just before the copy is written and closed once its
+    /// [`GroupMember::open`] just before the copy is written and closed once its
     /// [`GroupMember::finish`] has run, so that a group holds one copy open at a time, not one
     /// per member. `copied` grows by one as each sample is done, so that the caller can tell a
     /// stalled group from a slow one. The default fetches the members concurrently; a tier that
@@ -246,7 +246,7 @@ pub trait CapacityTier: Send + Sync + 'static {
             async move {
                 let path = m.sample.path.clone();
                 let r = async {
-                    let dest = Arc::new((m.create)().map_err(|e| local(&path, e))?);
+                    let dest = Arc::new((m.open)().map_err(|e| local(&path, e))?);
                     let bytes = self.fetch(&m.sample, dest.clone(), pacer).await?;
                     if bytes == m.sample.size {
                         (m.finish)(&dest).map_err(|e| local(&path, e))?;
@@ -269,14 +269,14 @@ pub struct GroupMember {
     /// Gives the empty, writable file the copy is written to (makes it, or opens one made
     /// beforehand); called on the thread that writes it, right before. An error fails this
     /// member with [`TierError::Local`].
-    pub create: CreateCopy,
+    pub open: OpenCopy,
     /// Runs on a complete copy of the catalogued size before it is closed (the stager makes
     /// it read-only). An error fails this member with [`TierError::Local`].
     pub finish: FinishCopy,
 }
 
 /// Gives the file a [`GroupMember`]'s copy is written to.
-pub type CreateCopy = Box<dyn FnOnce() -> std::io::Result<std::fs::File> + Send>;
+pub type OpenCopy = Box<dyn FnOnce() -> std::io::Result<std::fs::File> + Send>;
 
 /// Finishes a [`GroupMember`]'s complete copy before it is closed.
 pub type FinishCopy = Box<dyn FnOnce(&std::fs::File) -> std::io::Result<()> + Send>;
@@ -682,7 +682,7 @@ impl PosixTier {
     /// and closed.
     fn fetch_member(&self, m: GroupMember, pacer: &Pacer) -> Result<Copied, TierError> {
         let path = &m.sample.path;
-        let dest = (m.create)().map_err(|e| local(path, e))?;
+        let dest = (m.open)().map_err(|e| local(path, e))?;
         let mut crc = None;
         // `fetch_blocking` returns only a complete copy of the catalogued size (a short one is
         // `TierError::Changed`), so what reaches `finish` is complete, as the trait asks.

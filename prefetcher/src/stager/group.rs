@@ -27,7 +27,7 @@
 
 use super::stage::create_copy;
 use super::*;
-use crate::tier::{CreateCopy, GroupMember, SMALL_FILE_BYTES};
+use crate::tier::{GroupMember, OpenCopy, SMALL_FILE_BYTES};
 
 /// How [`Stager::groups`] splits a slot's samples.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +95,7 @@ impl Copies {
     /// What opens member `i`'s copy, made by [`Copies::make`], for writing on the tier's
     /// thread. Fails once the group is abandoned: a thread stuck in the tier past the drop
     /// must not open a file that a later staging of the slot made at the same path.
-    fn opener(&self, i: usize) -> CreateCopy {
+    fn opener(&self, i: usize) -> OpenCopy {
         let state = self.state.clone();
         Box::new(move || {
             // Held while opening, so that the drop cannot come between the check and the open.
@@ -216,7 +216,7 @@ impl Stager {
                 continue;
             }
             group.push(GroupMember {
-                create: copies.opener(members.len()),
+                open: copies.opener(members.len()),
                 // Read-only once complete, through the descriptor written (see the module docs
                 // of `stager`).
                 finish: Box::new(|f: &std::fs::File| {
