@@ -85,7 +85,9 @@ echo "== fuzzing (20 s per target)"
 scripts/fuzz.sh --short
 
 echo "== the wheel (metfs binary and Python package; tests/test_wheel.py installs it)"
-scripts/wheel.sh
+# Built as the release wheel is but optimised less (Cargo.toml, [profile.wheel-check]): at
+# opt-level 3 it was the longest step here.
+scripts/wheel.sh --profile wheel-check
 METFS_WHEEL=$(ls "$PWD"/dist/metfs-*-manylinux_*_x86_64.whl)
 export METFS_WHEEL
 

@@ -3,6 +3,9 @@
 # `metfs` binary (installed on the environment's PATH) and the `metfs` Python package.
 #
 #   scripts/wheel.sh            # then: pip install dist/metfs-*.whl
+#   scripts/wheel.sh --profile wheel-check
+#                               # the same wheel from a faster, less optimised build (the test
+#                               # command's: Cargo.toml, [profile.wheel-check])
 #
 # How, and why so:
 # * maturin (`bindings = "bin"` in bindings/python/pyproject.toml) packs a Rust binary beside
@@ -24,6 +27,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
+profile=release
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --profile) profile=${2:?--profile needs a Cargo profile name}; shift 2 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "wheel.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
 scripts/install-deps.sh wheel
 
 # pip's console scripts (maturin, cmake, auditwheel) are beside this python, whatever shims or
@@ -39,7 +51,7 @@ export CARGO_TARGET_DIR="$ROOT/target/wheel"
 OUT="$ROOT/dist"
 mkdir -p "$OUT"
 rm -f "$OUT"/metfs-*.whl
-(cd bindings/python && python3 -m maturin build --release --zig --features hdf5-static \
+(cd bindings/python && python3 -m maturin build --profile "$profile" --zig --features hdf5-static \
   --compatibility manylinux_2_28 --out "$OUT")
 
 shopt -s nullglob
