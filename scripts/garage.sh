@@ -67,16 +67,22 @@ running() { # pid: alive and not a zombie
     [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]
 }
 
+stop_pid() { # pid: SIGTERM, up to 10 s to exit, then SIGKILL
+    running "$1" || return 0
+    kill "$1" 2>/dev/null || true
+    local i
+    for i in $(seq 1 100); do
+        running "$1" || return 0
+        sleep 0.1
+    done
+    kill -9 "$1" 2>/dev/null || true
+}
+
 rand_hex() { # bytes
     od -An -tx1 -N"$1" /dev/urandom | tr -d ' \n'
 }
 
-port_answers() { # port
-    # Any HTTP answer (Garage says 403 to an unsigned request): something serves HTTP there.
-    curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$1/" 2>/dev/null
-}
-
-rpc_port_free() { # port: nothing listens on 127.0.0.1:PORT
+port_free() { # port: nothing listens on 127.0.0.1:PORT
     ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
@@ -117,12 +123,12 @@ cmd_start() {
     if [ -z "$rpc_port" ]; then
         if [ -f "$dir/rpc_port" ]; then rpc_port=$(cat "$dir/rpc_port"); else rpc_port=$((port + 1)); fi
     fi
-    if ! rpc_port_free "$rpc_port"; then
+    if ! port_free "$rpc_port"; then
         # Garage's RPC address can change between starts of a single node, so when the port was
         # not asked for by name, any free one will do.
         [ -z "${3:-}" ] || die "RPC port $rpc_port is in use by another process: pass a free one"
         local tries=0
-        while ! rpc_port_free "$rpc_port" || [ "$rpc_port" = "$port" ]; do
+        while ! port_free "$rpc_port" || [ "$rpc_port" = "$port" ]; do
             rpc_port=$((20000 + RANDOM % 40000))
             tries=$((tries + 1))
             [ "$tries" -lt 100 ] || die "found no free RPC port in 100 tries"
@@ -145,9 +151,16 @@ root_domain = ".s3.garage.localhost"
 EOF
     echo "$port" >"$dir/port"
     echo "$rpc_port" >"$dir/rpc_port"
-    if port_answers "$port"; then
-        die "port $port already answers HTTP: another server is using it"
+    # Any listener, not only an HTTP one: Garage does not exit when it cannot bind its S3 port
+    # (it logs the error and serves RPC only), so a port taken by, say, another server's RPC
+    # side would otherwise cost the whole wait below.
+    if ! port_free "$port"; then
+        die "port $port is in use by another process: pass a free one"
     fi
+    [ "$port" != "$rpc_port" ] || die "the S3 and RPC ports are the same ($port)"
+    # The log is kept across restarts; only this start's part of it is searched below.
+    local log_from
+    log_from=$(stat -c %s "$dir/garage.log" 2>/dev/null || echo 0)
     GARAGE_DEFAULT_ACCESS_KEY=$GARAGE_DEFAULT_ACCESS_KEY \
         GARAGE_DEFAULT_SECRET_KEY=$GARAGE_DEFAULT_SECRET_KEY \
         GARAGE_DEFAULT_BUCKET=$GARAGE_DEFAULT_BUCKET \
@@ -163,6 +176,14 @@ EOF
             rm -f "$dir/garage.pid"
             die "garage exited during start (log: $dir/garage.log)"
         fi
+        # The port was taken between the check above and the bind: Garage goes on without S3.
+        if tail -c +"$((log_from + 1))" "$dir/garage.log" 2>/dev/null |
+            grep -q "S3 API server exited with error"; then
+            stop_pid "$pid"
+            rm -f "$dir/garage.pid"
+            tail -n 20 "$dir/garage.log" >&2
+            die "garage could not serve S3 on 127.0.0.1:$port (log: $dir/garage.log)"
+        fi
         if s3_ready "$port" "$GARAGE_DEFAULT_ACCESS_KEY" "$GARAGE_DEFAULT_SECRET_KEY" \
             "$GARAGE_DEFAULT_BUCKET"; then
             echo "http://127.0.0.1:$port"
@@ -170,7 +191,7 @@ EOF
         fi
         sleep 0.1
     done
-    kill "$pid" 2>/dev/null || true
+    stop_pid "$pid"
     rm -f "$dir/garage.pid"
     tail -n 20 "$dir/garage.log" >&2
     die "garage on 127.0.0.1:$port did not answer a signed S3 request within 60 s (log: $dir/garage.log)"
@@ -197,19 +218,7 @@ EOF
 cmd_stop() {
     local dir=${1:?usage: garage.sh stop DIR}
     [ -f "$dir/garage.pid" ] || return 0
-    local pid
-    pid=$(cat "$dir/garage.pid")
-    if running "$pid"; then
-        kill "$pid" 2>/dev/null || true
-        local i
-        for i in $(seq 1 100); do
-            running "$pid" || break
-            sleep 0.1
-        done
-        if running "$pid"; then
-            kill -9 "$pid" 2>/dev/null || true
-        fi
-    fi
+    stop_pid "$(cat "$dir/garage.pid")"
     rm -f "$dir/garage.pid"
 }
 

@@ -88,9 +88,10 @@ impl Garage {
             secret: String::new(),
         };
         // A port that was free when `free_port` let go of it can be taken again before Garage
-        // binds it (by another test's server or by an outgoing connection's source port), and
-        // Garage then exits at start. That is the ports' luck, not the server's health, so a
-        // first start that fails is tried again on fresh ports, and the failure is still shown.
+        // binds it (by another test's server or by an outgoing connection's source port):
+        // Garage then exits, or serves RPC without S3, which garage.sh reports at once. That is
+        // the ports' luck, not the server's health, so a start that fails is tried again on
+        // fresh ports, and the failure is still shown.
         let mut tries = 1;
         while let Err(why) = g.try_start() {
             assert!(
