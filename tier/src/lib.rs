@@ -966,7 +966,7 @@ mod tests {
                         version: e.version,
                         durable: false,
                     },
-                    create: Box::new(move || std::fs::File::create(path)),
+                    open: Box::new(move || std::fs::File::create(path)),
                     finish: Box::new(|f: &std::fs::File| {
                         use std::os::unix::fs::PermissionsExt;
                         f.set_permissions(std::fs::Permissions::from_mode(0o400))
