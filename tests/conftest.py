@@ -298,15 +298,24 @@ class Garage:
 @pytest.fixture(scope="session")
 def garage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Garage]:
     """A real Garage S3 server on loopback for the whole session."""
-    d = tmp_path_factory.mktemp("garage")
-    port = free_port()
-    r = subprocess.run(
-        [str(ROOT / "scripts" / "garage.sh"), "start", str(d), str(port), str(free_port())],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, f"garage did not start: {r.stderr}"
+    # A port `free_port` let go of can be taken before Garage binds it; garage.sh then fails
+    # at once, and fresh ports (and a fresh directory) are tried, as the Rust tests do.
+    failures = []
+    for _ in range(3):
+        d = tmp_path_factory.mktemp("garage")
+        port = free_port()
+        r = subprocess.run(
+            [str(ROOT / "scripts" / "garage.sh"), "start", str(d), str(port), str(free_port())],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if r.returncode == 0:
+            break
+        failures.append(r.stderr)
+        print(f"garage did not start on port {port}, trying fresh ports: {r.stderr}")
+    else:
+        raise AssertionError(f"garage did not start in 3 tries: {failures}")
     out = subprocess.run(
         [str(ROOT / "scripts" / "garage.sh"), "env", str(d)],
         capture_output=True,
