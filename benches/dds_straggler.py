@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "stress"))
 
-from conftest import Etcd, free_port, make_tree  # noqa: E402
+from conftest import Etcd, free_ports, make_tree  # noqa: E402
 from dds_faults import reader_bin  # noqa: E402
 
 
@@ -60,7 +60,7 @@ def one_run(i: int, work: Path, src: Path, rate: int, slot: int) -> dict:
     )
     d = work / f"etcd{i}"
     d.mkdir()
-    etcd = Etcd(d, free_port(), free_port())
+    etcd = Etcd(d, *free_ports(2))
     etcd.start()
     try:
         dds = run_nodes(

@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import Etcd, Mount, free_port
+from conftest import Etcd, Mount, free_ports
 
 
 def metfs_bin() -> str:
@@ -162,7 +162,7 @@ def main() -> None:
         src = work / "tier"
         paths = dataset(src, a.samples)
         (work / "etcd").mkdir()
-        etcd = Etcd(work / "etcd", free_port(), free_port())
+        etcd = Etcd(work / "etcd", *free_ports(2))
         etcd.start()
         try:
             for run in range(a.runs):

@@ -51,10 +51,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-scripts/garage.sh start "$WORK/garage" "$(free_port)" "$(free_port)" >/dev/null
+# Two distinct free ports: both sockets stay bound until both are chosen, so the second cannot
+# be the first handed out again (garage.sh refuses S3 and RPC on one port).
+read -r S3_PORT RPC_PORT < <(python3 -c '
+import socket
+a, b = socket.socket(), socket.socket()
+a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0))
+print(a.getsockname()[1], b.getsockname()[1])')
+scripts/garage.sh start "$WORK/garage" "$S3_PORT" "$RPC_PORT" >/dev/null
 eval "$(scripts/garage.sh env "$WORK/garage")"
 B=$METFS_S3_BUCKET
 

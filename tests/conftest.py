@@ -234,10 +234,22 @@ class Tier:
     env: dict[str, str] | None
 
 
+def free_ports(n: int) -> list[int]:
+    """`n` distinct loopback ports that were free just now. All `n` sockets stay bound until
+    every port is chosen: one let go of at once can be handed out again by the next bind, and
+    a server given the same port twice (Garage's S3 and RPC, etcd's client and peer) fails."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @dataclass
@@ -303,9 +315,9 @@ def garage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Garage]:
     failures = []
     for _ in range(3):
         d = tmp_path_factory.mktemp("garage")
-        port = free_port()
+        port, rpc_port = free_ports(2)
         r = subprocess.run(
-            [str(ROOT / "scripts" / "garage.sh"), "start", str(d), str(port), str(free_port())],
+            [str(ROOT / "scripts" / "garage.sh"), "start", str(d), str(port), str(rpc_port)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -483,7 +495,7 @@ def etcd(tmp_path: Path) -> Iterator[Etcd]:
     """A real etcd for one test, killed at its end."""
     d = tmp_path / "etcd"
     d.mkdir()
-    e = Etcd(d, free_port(), free_port())
+    e = Etcd(d, *free_ports(2))
     e.start()
     try:
         yield e

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import free_port
+from conftest import free_port, free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy" / "slurm"
@@ -439,6 +439,7 @@ def test_adjust_bs_three_ranks_per_node_a_capped_node_gets_smaller_batches(
     even split until AntDT's trigger finds n2 a straggler over the 1 s window, then all ranks
     adopt smaller batches for n2 at the same pass, and only after the cap."""
     t0 = time.monotonic()
+    etcd_port, master_port = free_ports(2)
     batch, passes, slow_from = 24, 24, 8
     train_args = (
         f"--global-batch {batch} --passes {passes} --steps 4 --rate 200 "
@@ -449,8 +450,8 @@ def test_adjust_bs_three_ranks_per_node_a_capped_node_gets_smaller_batches(
         METFS_DDS="auto",
         METFS_BUDGET="2MiB",
         METFS_ARGS="--rf 2 --compose random --seed 3",
-        METFS_ETCD_PORT=str(free_port()),
-        MASTER_PORT=str(free_port()),
+        METFS_ETCD_PORT=str(etcd_port),
+        MASTER_PORT=str(master_port),
         TRAIN=str(ROOT / "tests" / "adjust_bs_rank.py"),
         TRAIN_ARGS=train_args,
         LAUNCHER="torchrun",

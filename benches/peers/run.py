@@ -84,10 +84,22 @@ def is_mounted(path: Path) -> bool:
         return any(line.split(" ")[4] == want for line in f)
 
 
+def free_ports(n: int) -> list[int]:
+    """`n` distinct loopback ports that were free just now. All `n` sockets stay bound until
+    every port is chosen: one let go of at once can be handed out again by the next bind, and
+    a server given the same port twice (Garage's S3 and RPC, etcd's client and peer) fails."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def disk_bytes(path: Path) -> int:
@@ -149,11 +161,19 @@ class Tier:
     """Garage on loopback (scripts/garage.sh) and the rate-capping proxy in front of it."""
 
     def __init__(self, work: Path, rate: int) -> None:
-        self.dir = work / "garage"
-        port = free_port()
-        self.ports = (str(port), str(free_port()))
         sh(str(ROOT / "scripts/garage.sh"), "install")
-        sh(str(ROOT / "scripts/garage.sh"), "start", str(self.dir), *self.ports)
+        # A free port can be taken by someone else before Garage binds it; garage.sh then fails
+        # at once, and fresh ports and a fresh directory are tried (as the tests' Garage does).
+        for attempt in range(3):
+            self.dir = work / f"garage-{attempt}"
+            port, rpc_port = free_ports(2)
+            self.ports = (str(port), str(rpc_port))
+            r = sh(str(ROOT / "scripts/garage.sh"), "start", str(self.dir), *self.ports, check=False)
+            if r.returncode == 0:
+                break
+            log(f"# garage did not start on ports {port}/{rpc_port}, trying fresh ones: {r.stderr}")
+        else:
+            raise SystemExit(f"garage did not start in 3 tries; last: {r.stderr}")
         out = sh(str(ROOT / "scripts/garage.sh"), "env", str(self.dir)).stdout
         self.env = {}
         for line in out.splitlines():

@@ -26,12 +26,20 @@ struct Etcd {
     child: Option<Child>,
 }
 
+/// Two distinct loopback ports that were free just now. Both listeners stay bound until both
+/// ports are chosen: a port let go of at once can be handed out again by the next bind, and a
+/// server given one port twice fails to start.
+fn free_ports() -> (u16, u16) {
+    let a = TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = TcpListener::bind("127.0.0.1:0").unwrap();
+    (
+        a.local_addr().unwrap().port(),
+        b.local_addr().unwrap().port(),
+    )
+}
+
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_ports().0
 }
 
 /// The body of etcd's `GET /health` on `port` (HTTP/1.0, so the server closes the connection
@@ -73,10 +81,11 @@ impl Etcd {
             );
             return None;
         }
+        let (client, peer) = free_ports();
         let mut e = Etcd {
             dir: tempfile::tempdir().unwrap(),
-            client: free_port(),
-            peer: free_port(),
+            client,
+            peer,
             child: None,
         };
         e.run();

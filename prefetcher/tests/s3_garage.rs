@@ -28,12 +28,16 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// Two distinct loopback ports that were free just now. Both listeners stay bound until both
+/// ports are chosen: a port let go of at once can be handed out again by the next bind, and a
+/// server given one port twice fails to start.
+fn free_ports() -> (u16, u16) {
+    let a = TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = TcpListener::bind("127.0.0.1:0").unwrap();
+    (
+        a.local_addr().unwrap().port(),
+        b.local_addr().unwrap().port(),
+    )
 }
 
 /// Deterministic pseudo-random bytes.
@@ -80,14 +84,15 @@ impl Garage {
             return None;
         }
         let dir = tempfile::tempdir().unwrap();
+        let (port, rpc_port) = free_ports();
         let mut g = Self {
             dir,
-            port: free_port(),
-            rpc_port: free_port(),
+            port,
+            rpc_port,
             key: String::new(),
             secret: String::new(),
         };
-        // A port that was free when `free_port` let go of it can be taken again before Garage
+        // A port that was free when `free_ports` let go of it can be taken again before Garage
         // binds it (by another test's server or by an outgoing connection's source port):
         // Garage then exits, or serves RPC without S3, which garage.sh reports at once. That is
         // the ports' luck, not the server's health, so a start that fails is tried again on
@@ -107,8 +112,7 @@ impl Garage {
             );
             // A fresh directory too: a server that timed out may not have let go of its own.
             g.dir = tempfile::tempdir().unwrap();
-            g.port = free_port();
-            g.rpc_port = free_port();
+            (g.port, g.rpc_port) = free_ports();
             tries += 1;
         }
         let creds = std::fs::read_to_string(g.dir.path().join("credentials")).unwrap();

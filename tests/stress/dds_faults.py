@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))
 
-from conftest import Etcd, free_port, make_tree  # noqa: E402
+from conftest import Etcd, free_ports, make_tree  # noqa: E402
 
 LEASE_S = 2
 
@@ -140,7 +140,7 @@ def run_trial(
     rng = random.Random(seed)
     d = workdir / f"trial{seed}"
     (d / "etcd").mkdir(parents=True)
-    etcd = Etcd(d / "etcd", free_port(), free_port())
+    etcd = Etcd(d / "etcd", *free_ports(2))
     etcd.start()
     prefix = f"faults/{seed}"
     url = etcd.url(prefix)

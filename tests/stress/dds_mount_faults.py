@@ -41,7 +41,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from conftest import Etcd, Mount, free_port, is_mounted
+from conftest import Etcd, Mount, free_ports, is_mounted
 from dds_faults import doing_of, etcd_range
 
 LEASE_S = 2
@@ -205,7 +205,7 @@ def run_trial(
     src = d / "tier"
     digests = dataset(src, n_samples, seed)
     (d / "etcd").mkdir(parents=True)
-    etcd = Etcd(d / "etcd", free_port(), free_port())
+    etcd = Etcd(d / "etcd", *free_ports(2))
     etcd.start()
     prefix = f"mfaults/{seed}"
     url = etcd.url(prefix)
