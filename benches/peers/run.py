@@ -168,7 +168,9 @@ class Tier:
             self.dir = work / f"garage-{attempt}"
             port, rpc_port = free_ports(2)
             self.ports = (str(port), str(rpc_port))
-            r = sh(str(ROOT / "scripts/garage.sh"), "start", str(self.dir), *self.ports, check=False)
+            r = sh(
+                str(ROOT / "scripts/garage.sh"), "start", str(self.dir), *self.ports, check=False
+            )
             if r.returncode == 0:
                 break
             log(f"# garage did not start on ports {port}/{rpc_port}, trying fresh ones: {r.stderr}")
