@@ -11,15 +11,14 @@
 //! **The group is only a fast path.** Every rule of a single fetch holds for each of its
 //! samples: the copy is created where [`Landing`] says, is deleted if the group's future is
 //! dropped (the slot failed), and enters its batch only when complete and of the catalogued
-//! size. The group's copies are created empty and closed on the staging task's thread, and
-//! each is opened for writing on the blocking thread right before it is written and closed
-//! right after ([`Copies`]), so a group holds one copy open at a time: a staging holds no more
-//! descriptors than it did with one fetch per file (a group that kept all its copies open
-//! held up to 16 times as many, and a daemon capped near its needs ran out of descriptors for
-//! its readers). Once a group is abandoned (its future dropped: the slot failed or the group
-//! stalled), its thread, which may still be stuck in the tier, opens no more copies: the
-//! drop and every opening take one lock ([`Copies`]), so no late copy can land at a path of a
-//! slot that has since been staged again. A sample the group could not copy, for whatever reason, is handed to
+//! size. The group's copies are created empty on the staging task's thread and kept open
+//! for the blocking thread to write, while the process's descriptors allow it
+//! ([`KeptFile`]); past that share each is closed at once and opened again by path on the
+//! blocking thread right before it is written ([`Copies`]), so a daemon capped near its needs
+//! keeps its descriptors for its readers. Once a group is abandoned (its future dropped: the
+//! slot failed or the group stalled), its thread, which may still be stuck in the tier, opens
+//! no more copies: the drop and every opening take one lock ([`Copies`]), so no late copy can
+//! land at a path of a slot that has since been staged again. A sample the group could not copy, for whatever reason, is handed to
 //! [`Stager::stage_one`] after the group, which retries the tier's passing errors with backoff
 //! and classifies the rest exactly as it would have without the group. A group whose blocking
 //! call copies nothing for [`Stager::stall_limit`] fails the slot with
@@ -28,6 +27,73 @@
 use super::stage::create_copy;
 use super::*;
 use crate::tier::{GroupMember, OpenCopy, SMALL_FILE_BYTES};
+use std::sync::atomic::AtomicUsize;
+
+/// Copies made and kept open for their group's blocking thread, in the whole process (several
+/// stagers run at once in shared mode).
+static KEPT_OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// The share of the process's descriptor limit that copies kept open may take: one in
+/// sixteen. The open backing files of the read path take at most half (`FsCore::new`); the
+/// rest is the readers' kernel requests, the control socket and the single fetches. A staging
+/// keeps at most `concurrency` x [`CapacityTier::group_files`] copies open (512 by default),
+/// far under a sixteenth of the usual limits (524,288 or more once raised to the hard limit),
+/// so the share binds only where the limit is low.
+const KEPT_OPEN_SHARE: u64 = 16;
+
+/// How many copies may be kept open now. Read at each group rather than once: the limit can be
+/// lowered under a running daemon (`prlimit`), and a staging must not take what its readers
+/// then need.
+fn kept_open_limit() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills a struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 0;
+    }
+    usize::try_from(lim.rlim_cur / KEPT_OPEN_SHARE).unwrap_or(usize::MAX)
+}
+
+/// A copy's descriptor, kept open from its making to its writing and counted in
+/// [`KEPT_OPEN`] until taken or dropped.
+struct KeptFile(Option<std::fs::File>);
+
+impl KeptFile {
+    /// Keeps `file` open if the share allows one more, else closes it.
+    fn keep(file: std::fs::File, limit: usize) -> Option<Self> {
+        let mut held = KEPT_OPEN.load(Ordering::Relaxed);
+        loop {
+            if held >= limit {
+                return None;
+            }
+            match KEPT_OPEN.compare_exchange_weak(
+                held,
+                held + 1,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(KeptFile(Some(file))),
+                Err(now) => held = now,
+            }
+        }
+    }
+
+    /// The descriptor, no longer counted: it is the one its group is writing.
+    fn take(mut self) -> std::fs::File {
+        KEPT_OPEN.fetch_sub(1, Ordering::Relaxed);
+        self.0.take().expect("a kept file is taken once")
+    }
+}
+
+impl Drop for KeptFile {
+    fn drop(&mut self) {
+        if self.0.take().is_some() {
+            KEPT_OPEN.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
 
 /// How [`Stager::groups`] splits a slot's samples.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,16 +119,15 @@ impl Group {
 /// The copies a group has made and not yet handed over, and whether the group was abandoned.
 /// Dropping it abandons the group: what was made is deleted, and no copy is opened any more.
 ///
-/// A copy is made (created empty and closed at once) on the staging task's thread by
-/// [`Copies::make`], and opened for writing on the tier's thread by [`Copies::opener`] right
-/// before it is written. Creating a file takes its directory's lock for writing; a plan's
-/// consecutive samples share a directory, so the tier's many blocking threads creating their
-/// groups' copies queue on one lock (about 13% more of the daemon's CPU while it staged 100,000
-/// files of 1-4 KiB, docs/BENCHMARKS.md), where the staging task's few threads create them one
-/// after the other. Opening an existing file takes no such lock, but it is a second path walk
-/// per copy (about 12% of the CPU at 500,000 files against copies created and kept open).
-/// Closing each copy as soon as it is made keeps a group's descriptors to the one being
-/// written.
+/// A copy is made (created empty) on the staging task's thread by [`Copies::make`], and handed
+/// to the tier's thread by [`Copies::opener`] right before it is written. Creating a file takes
+/// its directory's lock for writing; a plan's consecutive samples share a directory, so the
+/// tier's many blocking threads creating their groups' copies queue on one lock (about 13%
+/// more of the daemon's CPU while it staged 100,000 files of 1-4 KiB, docs/BENCHMARKS.md),
+/// where the staging task's few threads create them one after the other. The copy is kept
+/// open in between ([`KeptFile`]) within the process's share of descriptors; past it, it is
+/// closed and opened again by path on the tier's thread, which takes no directory lock but is
+/// a second path walk and open per copy (about 12% of the CPU at 500,000 files).
 struct Copies {
     state: Arc<Mutex<CopiesState>>,
 }
@@ -71,24 +136,39 @@ struct Copies {
 struct CopiesState {
     abandoned: bool,
     /// Each member's copy, once made, until handed over or discarded.
-    made: Vec<Option<PathBuf>>,
+    made: Vec<Option<Made>>,
+}
+
+/// A copy made and not yet handed over.
+struct Made {
+    path: PathBuf,
+    /// Its descriptor, when kept open; `None` once taken by the tier's thread, or when the
+    /// share of descriptors was used up.
+    file: Option<KeptFile>,
 }
 
 impl Copies {
     fn new(members: usize) -> Self {
         let state = CopiesState {
             abandoned: false,
-            made: vec![None; members],
+            made: std::iter::repeat_with(|| None).take(members).collect(),
         };
         Copies {
             state: Arc::new(Mutex::new(state)),
         }
     }
 
-    /// Makes member `i`'s copy at `path`, empty, and closes it.
-    fn make(&self, i: usize, path: PathBuf, landing: Landing) -> std::io::Result<()> {
-        drop(create_copy(&path, landing)?);
-        self.state.lock().unwrap().made[i] = Some(path);
+    /// Makes member `i`'s copy at `path`, empty; keeps it open if fewer than `keep_limit`
+    /// copies are kept open in the process ([`kept_open_limit`]), else closes it.
+    fn make(
+        &self,
+        i: usize,
+        path: PathBuf,
+        landing: Landing,
+        keep_limit: usize,
+    ) -> std::io::Result<()> {
+        let file = KeptFile::keep(create_copy(&path, landing)?, keep_limit);
+        self.state.lock().unwrap().made[i] = Some(Made { path, file });
         Ok(())
     }
 
@@ -99,19 +179,22 @@ impl Copies {
         let state = self.state.clone();
         Box::new(move || {
             // Held while opening, so that the drop cannot come between the check and the open.
-            let st = state.lock().unwrap();
+            let mut st = state.lock().unwrap();
             let gone =
                 |why: &str| std::io::Error::new(std::io::ErrorKind::Interrupted, why.to_string());
             if st.abandoned {
                 return Err(gone("the group was abandoned"));
             }
-            let path = st.made[i]
-                .as_ref()
+            let made = st.made[i]
+                .as_mut()
                 .ok_or_else(|| gone("the copy was not made"))?;
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(path)
+            match made.file.take() {
+                Some(kept) => Ok(kept.take()),
+                None => std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&made.path),
+            }
         })
     }
 
@@ -122,8 +205,8 @@ impl Copies {
 
     /// Deletes member `i`'s copy, if it was made.
     fn discard(&self, i: usize) {
-        if let Some(p) = self.state.lock().unwrap().made[i].take() {
-            let _ = std::fs::remove_file(p);
+        if let Some(m) = self.state.lock().unwrap().made[i].take() {
+            let _ = std::fs::remove_file(m.path);
         }
     }
 }
@@ -132,8 +215,9 @@ impl Drop for Copies {
     fn drop(&mut self) {
         let mut st = self.state.lock().unwrap();
         st.abandoned = true;
-        for p in st.made.iter_mut().filter_map(Option::take) {
-            let _ = std::fs::remove_file(p);
+        // A kept descriptor closes with its `Made`.
+        for m in st.made.iter_mut().filter_map(Option::take) {
+            let _ = std::fs::remove_file(m.path);
         }
     }
 }
@@ -193,6 +277,7 @@ impl Stager {
         };
         let mut out = Vec::with_capacity(ids.len());
         let copies = Copies::new(ids.len());
+        let keep_limit = kept_open_limit();
         let mut members = Vec::with_capacity(ids.len());
         let mut group = Vec::with_capacity(ids.len());
         // Samples the group does not copy: `stage_one` retries or says why.
@@ -210,7 +295,10 @@ impl Stager {
                 }
             };
             let tmp = self.landing_path(slot_name, id, &dst, landing);
-            if copies.make(members.len(), tmp.clone(), landing).is_err() {
+            if copies
+                .make(members.len(), tmp.clone(), landing, keep_limit)
+                .is_err()
+            {
                 // `stage_one` says why (or, for a passing condition, succeeds).
                 alone.push(id);
                 continue;
@@ -326,62 +414,102 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    /// Both ways a copy reaches the tier's thread: kept open, and closed then opened again.
+    const LIMITS: [usize; 2] = [usize::MAX, 0];
+
     #[test]
     fn an_abandoned_group_deletes_its_copies_and_opens_no_more() {
-        let d = tempfile::tempdir().unwrap();
-        let (a, b, c) = (d.path().join("a"), d.path().join("b"), d.path().join("c"));
-        let copies = Copies::new(3);
-        for (i, p) in [&a, &b, &c].into_iter().enumerate() {
-            copies.make(i, p.clone(), Landing::InPlace).unwrap();
+        for limit in LIMITS {
+            let d = tempfile::tempdir().unwrap();
+            let (a, b, c) = (d.path().join("a"), d.path().join("b"), d.path().join("c"));
+            let copies = Copies::new(3);
+            for (i, p) in [&a, &b, &c].into_iter().enumerate() {
+                copies.make(i, p.clone(), Landing::InPlace, limit).unwrap();
+            }
+            let open_a = copies.opener(0);
+            let open_b = copies.opener(1);
+            // The tier's thread, stuck past the drop, would open this one last.
+            let open_c = copies.opener(2);
+            open_a().unwrap().write_all(b"a").unwrap();
+            open_b().unwrap();
+            copies.keep(0);
+            drop(copies);
+            assert_eq!(
+                std::fs::read(&a).unwrap(),
+                b"a",
+                "a copy handed over is not the group's to delete"
+            );
+            assert!(!b.exists(), "a copy made and not handed over is deleted");
+            assert!(!c.exists(), "a copy made and never opened is deleted");
+            // A later staging of the slot makes a copy at the same path: the late thread must
+            // not write into it, through a kept descriptor or by path.
+            std::fs::write(&c, b"later").unwrap();
+            let late = open_c().unwrap_err();
+            assert_eq!(late.kind(), std::io::ErrorKind::Interrupted);
+            assert_eq!(std::fs::read(&c).unwrap(), b"later");
         }
-        let open_a = copies.opener(0);
-        let open_b = copies.opener(1);
-        // The tier's thread, stuck past the drop, would open this one last.
-        let open_c = copies.opener(2);
-        open_a().unwrap().write_all(b"a").unwrap();
-        open_b().unwrap();
-        copies.keep(0);
-        drop(copies);
-        assert_eq!(
-            std::fs::read(&a).unwrap(),
-            b"a",
-            "a copy handed over is not the group's to delete"
-        );
-        assert!(!b.exists(), "a copy made and not handed over is deleted");
-        assert!(!c.exists(), "a copy made and never opened is deleted");
-        // A later staging of the slot makes a copy at the same path: the late thread must not
-        // write into it.
-        std::fs::write(&c, b"later").unwrap();
-        let late = open_c().unwrap_err();
-        assert_eq!(late.kind(), std::io::ErrorKind::Interrupted);
-        assert_eq!(std::fs::read(&c).unwrap(), b"later");
     }
 
     #[test]
-    fn a_copy_is_made_closed_and_opened_for_writing() {
+    fn a_copy_is_made_empty_and_handed_over_for_writing() {
+        for limit in LIMITS {
+            let d = tempfile::tempdir().unwrap();
+            let a = d.path().join("a");
+            let copies = Copies::new(1);
+            copies.make(0, a.clone(), Landing::Tmp, limit).unwrap();
+            assert_eq!(std::fs::metadata(&a).unwrap().len(), 0);
+            // Made once: a second make at the same path in tmp/ is refused, not truncated.
+            assert!(copies.make(0, a.clone(), Landing::Tmp, limit).is_err());
+            let mut f = copies.opener(0)().unwrap();
+            f.write_all(b"copy").unwrap();
+            drop(f);
+            assert_eq!(std::fs::read(&a).unwrap(), b"copy");
+        }
+    }
+
+    #[test]
+    fn copies_are_kept_open_only_within_the_share_of_descriptors() {
         let d = tempfile::tempdir().unwrap();
-        let a = d.path().join("a");
-        let copies = Copies::new(1);
-        copies.make(0, a.clone(), Landing::Tmp).unwrap();
-        assert_eq!(std::fs::metadata(&a).unwrap().len(), 0);
-        // Made once: a second make at the same path in tmp/ is refused, not truncated.
-        assert!(copies.make(0, a.clone(), Landing::Tmp).is_err());
-        let mut f = copies.opener(0)().unwrap();
-        f.write_all(b"copy").unwrap();
-        drop(f);
-        assert_eq!(std::fs::read(&a).unwrap(), b"copy");
+        let copies = Copies::new(2);
+        copies
+            .make(0, d.path().join("a"), Landing::InPlace, usize::MAX)
+            .unwrap();
+        copies
+            .make(1, d.path().join("b"), Landing::InPlace, 0)
+            .unwrap();
+        let kept = |i: usize| {
+            let st = copies.state.lock().unwrap();
+            st.made[i].as_ref().unwrap().file.is_some()
+        };
+        assert!(kept(0), "room in the share: kept open");
+        assert!(
+            !kept(1),
+            "no room: closed, opened again by path when written"
+        );
+        // A kept copy is the file at its path, not another one.
+        copies.opener(0)().unwrap().write_all(b"x").unwrap();
+        assert_eq!(std::fs::read(d.path().join("a")).unwrap(), b"x");
+        // Other tests make and drop copies at the same time, so the count is checked only as
+        // a bound: it never goes below zero (a wrapped counter would be huge).
+        assert!(KEPT_OPEN.load(Ordering::Relaxed) < 1 << 20);
+        assert!(
+            kept_open_limit() >= 1,
+            "a sixteenth of any usable descriptor limit"
+        );
     }
 
     #[test]
     fn a_discarded_copy_is_deleted_at_once() {
-        let d = tempfile::tempdir().unwrap();
-        let a = d.path().join("a");
-        let copies = Copies::new(1);
-        copies.make(0, a.clone(), Landing::Tmp).unwrap();
-        assert!(a.exists());
-        copies.discard(0);
-        assert!(!a.exists());
-        let gone = copies.opener(0)().unwrap_err();
-        assert_eq!(gone.kind(), std::io::ErrorKind::Interrupted);
+        for limit in LIMITS {
+            let d = tempfile::tempdir().unwrap();
+            let a = d.path().join("a");
+            let copies = Copies::new(1);
+            copies.make(0, a.clone(), Landing::Tmp, limit).unwrap();
+            assert!(a.exists());
+            copies.discard(0);
+            assert!(!a.exists());
+            let gone = copies.opener(0)().unwrap_err();
+            assert_eq!(gone.kind(), std::io::ErrorKind::Interrupted);
+        }
     }
 }
