@@ -229,8 +229,8 @@ pub trait CapacityTier: Send + Sync + 'static {
     /// Copies each sample of `group` into a file of its own, as [`CapacityTier::fetch`] does,
     /// and returns one result per sample, in order. Each member's file comes from its
     /// [`GroupMember::open`] just before the copy is written and closed once its
-    /// [`GroupMember::finish`] has run, so that a group holds one copy open at a time, not one
-    /// per member. `copied` grows by one as each sample is done, so that the caller can tell a
+    /// [`GroupMember::finish`] has run, so that the tier holds one copy open at a time, not one
+    /// per member (how many the caller keeps open beforehand is the caller's to bound). `copied` grows by one as each sample is done, so that the caller can tell a
     /// stalled group from a slow one. The default fetches the members concurrently; a tier that
     /// copies with blocking system calls does the whole group on one blocking thread (one
     /// handoff per group, not one per file) and returns each copy's CRC-32, computed from the

@@ -37,8 +37,8 @@ static KEPT_OPEN: AtomicUsize = AtomicUsize::new(0);
 /// sixteen. The open backing files of the read path take at most half (`FsCore::new`); the
 /// rest is the readers' kernel requests, the control socket and the single fetches. A staging
 /// keeps at most `concurrency` x [`CapacityTier::group_files`] copies open (512 by default),
-/// far under a sixteenth of the usual limits (524,288 or more once raised to the hard limit),
-/// so the share binds only where the limit is low.
+/// under a sixteenth of the usual hard limits the daemon raises its own to (systemd's default
+/// is 524,288; 20,000 gives 1,250), so the share binds only where the limit is low.
 const KEPT_OPEN_SHARE: u64 = 16;
 
 /// How many copies may be kept open now. Read at each group rather than once: the limit can be
