@@ -64,6 +64,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+# The tests' helpers: one picker of distinct free ports and one mount check for every script.
+from conftest import free_ports, is_mounted  # noqa: E402
+
 MIB = 1 << 20
 READ = 128 << 10
 THREADS = 4
@@ -76,30 +81,6 @@ def log(msg: str) -> None:
 
 def sh(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(list(cmd), capture_output=True, text=True, check=check, **kw)
-
-
-def is_mounted(path: Path) -> bool:
-    want = str(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split(" ")[4] == want for line in f)
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct loopback ports that were free just now. All `n` sockets stay bound until
-    every port is chosen: one let go of at once can be handed out again by the next bind, and
-    a server given the same port twice (Garage's S3 and RPC, etcd's client and peer) fails."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
 
 
 def disk_bytes(path: Path) -> int:

@@ -13,7 +13,7 @@
 //! dropped (the slot failed), and enters its batch only when complete and of the catalogued
 //! size. The group's copies are created empty on the staging task's thread and kept open
 //! for the blocking thread to write, while the process's descriptors allow it
-//! ([`KeptFile`]); past that share each is closed at once and opened again by path on the
+//! ([`KeptPlace`]); past that share each is closed at once and opened again by path on the
 //! blocking thread right before it is written ([`Copies`]), so a daemon capped near its needs
 //! keeps its descriptors for its readers. Once a group is abandoned (its future dropped: the
 //! slot failed or the group stalled), its thread, which may still be stuck in the tier, opens
@@ -56,42 +56,24 @@ fn kept_open_limit() -> usize {
     usize::try_from(lim.rlim_cur / KEPT_OPEN_SHARE).unwrap_or(usize::MAX)
 }
 
-/// A copy's descriptor, kept open from its making to its writing and counted in
-/// [`KEPT_OPEN`] until taken or dropped.
-struct KeptFile(Option<std::fs::File>);
+/// One place in the share of copies kept open, counted in [`KEPT_OPEN`] until dropped.
+struct KeptPlace(());
 
-impl KeptFile {
-    /// Keeps `file` open if the share allows one more, else closes it.
-    fn keep(file: std::fs::File, limit: usize) -> Option<Self> {
-        let mut held = KEPT_OPEN.load(Ordering::Relaxed);
-        loop {
-            if held >= limit {
-                return None;
-            }
-            match KEPT_OPEN.compare_exchange_weak(
-                held,
-                held + 1,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Some(KeptFile(Some(file))),
-                Err(now) => held = now,
-            }
-        }
-    }
-
-    /// The descriptor, no longer counted: it is the one its group is writing.
-    fn take(mut self) -> std::fs::File {
-        KEPT_OPEN.fetch_sub(1, Ordering::Relaxed);
-        self.0.take().expect("a kept file is taken once")
+impl KeptPlace {
+    /// A place, if fewer than `limit` copies are kept open in the process.
+    fn take(limit: usize) -> Option<Self> {
+        KEPT_OPEN
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                (held < limit).then_some(held + 1)
+            })
+            .ok()
+            .map(|_| KeptPlace(()))
     }
 }
 
-impl Drop for KeptFile {
+impl Drop for KeptPlace {
     fn drop(&mut self) {
-        if self.0.take().is_some() {
-            KEPT_OPEN.fetch_sub(1, Ordering::Relaxed);
-        }
+        KEPT_OPEN.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -125,7 +107,7 @@ impl Group {
 /// tier's many blocking threads creating their groups' copies queue on one lock (about 13%
 /// more of the daemon's CPU while it staged 100,000 files of 1-4 KiB, docs/BENCHMARKS.md),
 /// where the staging task's few threads create them one after the other. The copy is kept
-/// open in between ([`KeptFile`]) within the process's share of descriptors; past it, it is
+/// open in between ([`KeptPlace`]) within the process's share of descriptors; past it, it is
 /// closed and opened again by path on the tier's thread, which takes no directory lock but is
 /// a second path walk and open per copy (about 12% of the CPU at 500,000 files).
 struct Copies {
@@ -142,9 +124,9 @@ struct CopiesState {
 /// A copy made and not yet handed over.
 struct Made {
     path: PathBuf,
-    /// Its descriptor, when kept open; `None` once taken by the tier's thread, or when the
-    /// share of descriptors was used up.
-    file: Option<KeptFile>,
+    /// Its descriptor and the place it holds in the share, when kept open; `None` once taken
+    /// by the tier's thread, or when the share of descriptors was used up.
+    open: Option<(std::fs::File, KeptPlace)>,
 }
 
 impl Copies {
@@ -167,8 +149,10 @@ impl Copies {
         landing: Landing,
         keep_limit: usize,
     ) -> std::io::Result<()> {
-        let file = KeptFile::keep(create_copy(&path, landing)?, keep_limit);
-        self.state.lock().unwrap().made[i] = Some(Made { path, file });
+        let file = create_copy(&path, landing)?;
+        // Without a place, `file` is closed here.
+        let open = KeptPlace::take(keep_limit).map(|place| (file, place));
+        self.state.lock().unwrap().made[i] = Some(Made { path, open });
         Ok(())
     }
 
@@ -188,8 +172,9 @@ impl Copies {
             let made = st.made[i]
                 .as_mut()
                 .ok_or_else(|| gone("the copy was not made"))?;
-            match made.file.take() {
-                Some(kept) => Ok(kept.take()),
+            match made.open.take() {
+                // The place is given back: this is the one copy its group is writing.
+                Some((file, _place)) => Ok(file),
                 None => std::fs::OpenOptions::new()
                     .read(true)
                     .write(true)
@@ -479,7 +464,7 @@ mod tests {
             .unwrap();
         let kept = |i: usize| {
             let st = copies.state.lock().unwrap();
-            st.made[i].as_ref().unwrap().file.is_some()
+            st.made[i].as_ref().unwrap().open.is_some()
         };
         assert!(kept(0), "room in the share: kept open");
         assert!(
