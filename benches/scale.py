@@ -34,6 +34,9 @@ Rows (medians of `--reps`; "cold" drops the page cache first, which needs root):
 - the first pass over a new view right after a switch (16 threads, every file once, in a random
   order), the daemon listing the view for the kernel (`prime_entries`, the default) against not
   (`--prime-entries=false`);
+- `--only prime-walk` (not in the default set: each of its remounts waits for a staging): the
+  first walk after a switch, listed for the kernel against `--prime-entries=false`, each beside
+  the cold native walks of its new views;
 - a PyTorch `DataLoader` with 16 worker processes over the view (`metfs.torch`) against the
   same loader over a plain list of the slot's paths: samples/s, and the workers' total RSS and
   PSS at a tenth of the pass and at its end (growth is what the workers copied while reading).
@@ -56,6 +59,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +252,25 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t
 
 
+def first_walk(m: Mount, c: CountingClient, known: FilesView) -> tuple[float, float]:
+    """Switches the view (`advance(wait=True)`: once the next mini-epoch is staged), then times
+    the first walk of the new view through the mount and a cold walk of its slot. Checks that
+    the switch sent the list once to a client that held `known`."""
+    drop_caches()
+    before = c.lists
+    d = c.advance(wait=True)
+    check(d.advanced, "the benchmark's advance switched the view")
+    t_first = timed(lambda: walk(m.mnt))
+    after = c.files(known)
+    check(
+        after.generation == d.generation and c.lists == before + 1,
+        "a switch sends the list once",
+    )
+    slot = m.slot(c)
+    drop_caches()
+    return t_first, timed(partial(walk, slot))
+
+
 def readbench(top: Path, listing: Path, threads: int) -> float:
     out = subprocess.run(
         [str(READER), str(top), "--threads", str(threads), "--list", str(listing)],
@@ -353,7 +376,8 @@ def main() -> int:
         "--only",
         default="",
         help="comma-separated rows to run besides the mount: stage, memory, files, loop, cli, "
-        "walk, read, loader, switch, resume, prime (default all)",
+        "walk, read, loader, switch, resume, prime (default all), and prime-walk (only when "
+        "named)",
     )
     a = ap.parse_args()
     if a.quick:
@@ -613,29 +637,12 @@ def main() -> int:
                 )
 
             if want("switch"):
-                # A switch, then the first walk of the new view, `--reps` times: the row spreads
-                # more than any other (the walker's own time building an inode per entry, beside
-                # the listing the daemon does for the kernel and the staging the switch starts),
-                # so one switch says little. `advance(wait=True)` returns once the next
-                # mini-epoch is staged and the view has switched.
-                firsts: list[float] = []
-                natives: list[float] = []
-                for _ in range(a.reps):
-                    drop_caches()
-                    before_switch = c.lists
-                    d = c.advance(wait=True)
-                    check(d.advanced, "the benchmark's advance switched the view")
-                    firsts.append(timed(lambda: walk(m.mnt)))
-                    after = c.files(view)
-                    check(
-                        after.generation == d.generation and c.lists == before_switch + 1,
-                        "a switch sends the list once",
-                    )
-                    new_slot = m.slot(c)
-                    drop_caches()
-                    natives.append(timed(lambda top=new_slot: walk(top)))
-                t_first = statistics.median(firsts)
-                t_native = statistics.median(natives)
+                # `--reps` switches: the row spreads more than any other (the walker's own time
+                # building an inode per entry, beside the listing the daemon does for the kernel
+                # and the staging the switch starts), so one switch says little.
+                walks = [first_walk(m, c, view) for _ in range(a.reps)]
+                firsts, natives = [w[0] for w in walks], [w[1] for w in walks]
+                t_first, t_native = med(firsts), med(natives)
                 rows.append(
                     row(
                         "first walk after a switch",
@@ -712,6 +719,32 @@ def main() -> int:
                     f"view listed for the kernel: {listed:,.0f} files/s",
                     f"`--prime-entries=false`: {unlisted:,.0f} files/s",
                     f"{listed / unlisted:.2f}x",
+                )
+            )
+        if "prime-walk" in only:
+            # The first walk after a switch with the daemon listing the new view for the kernel
+            # (the default) against `--prime-entries=false`, each remounted (a resume), in
+            # alternating order; only on request, since every remount waits for a staging.
+            fw: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+            for r in range(a.reps):
+                for prime in (True, False) if r % 2 == 0 else (False, True):
+                    m.umount()
+                    m.mount(reset=False, extra=[f"--prime-entries={str(prime).lower()}"])
+                    with CountingClient(m.socket) as pc:
+                        fw[prime].append(first_walk(m, pc, pc.files()))
+
+            def side(walks: list[tuple[float, float]]) -> tuple[float, str]:
+                t, n = med([w[0] for w in walks]), med([w[1] for w in walks])
+                runs = ", ".join(f"{w[0]:.2f}/{w[1]:.2f}" for w in walks)
+                return t, f"{t:.2f} s, {t / n:.2f}x its cold native walks (walk/native: {runs})"
+
+            (t_on, on_text), (t_off, off_text) = side(fw[True]), side(fw[False])
+            rows.append(
+                row(
+                    "first walk after a switch, the view listed for the kernel against not",
+                    on_text,
+                    f"`--prime-entries=false`: {off_text}",
+                    f"{t_off / t_on:.2f}x",
                 )
             )
     finally:
