@@ -8,6 +8,12 @@
 #                                           targets' dependencies costs ~10 minutes more on 2 cores)
 #   scripts/fuzz.sh [--runs N] [TARGET...]  each target for N executions (default 1000000)
 #   scripts/fuzz.sh --seconds S [TARGET...] each target for S seconds
+#   scripts/fuzz.sh --install               install the pinned nightly and cargo-fuzz when they
+#                                           are missing (scripts/install-deps.sh runs this)
+#
+# The toolchain and cargo-fuzz are pinned below: a new nightly or cargo-fuzz can break the
+# targets' build with no change of ours. The nightly is rustup's `nightly-DATE`; a plain
+# `nightly` toolchain that is that same build is used as it is, without a second download.
 #
 # Each target starts from its committed seed corpus (fuzz/corpus/TARGET, read only) and keeps
 # what it finds in target/fuzz/corpus/TARGET, outside the repository. A crash fails the script;
@@ -18,6 +24,52 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+FUZZ_NIGHTLY=nightly-2026-05-20
+FUZZ_RUSTC="rustc 1.97.0-nightly (e50aa6fba 2026-05-19)"
+CARGO_FUZZ_VERSION=0.13.2
+
+die() {
+  echo "fuzz.sh: $*" >&2
+  exit 1
+}
+
+# The installed toolchain that is the pinned nightly (its name for `cargo +NAME`), or nothing.
+# Only installed toolchains are asked: `rustc +NAME` of a missing one may start a download.
+fuzz_toolchain() {
+  local installed tc
+  installed=$(rustup toolchain list 2>/dev/null) || return 1
+  for tc in "$FUZZ_NIGHTLY" nightly; do
+    grep -q "^$tc-" <<<"$installed" || continue
+    if [ "$tc" = "$FUZZ_NIGHTLY" ] ||
+      [ "$(RUSTUP_AUTO_INSTALL=0 rustc +"$tc" --version 2>/dev/null)" = "$FUZZ_RUSTC" ]; then
+      echo "$tc"
+      return 0
+    fi
+  done
+  return 1
+}
+
+fuzz_version_ok() { # toolchain
+  [ "$(cargo +"$1" fuzz --version 2>/dev/null)" = "cargo-fuzz $CARGO_FUZZ_VERSION" ]
+}
+
+if [ "${1:-}" = --install ]; then
+  if ! tc=$(fuzz_toolchain); then
+    echo "fuzz.sh: rustup toolchain install $FUZZ_NIGHTLY --profile minimal"
+    rustup toolchain install "$FUZZ_NIGHTLY" --profile minimal >/dev/null ||
+      die "could not install the pinned nightly: run \`rustup toolchain install $FUZZ_NIGHTLY --profile minimal\` where rustup can reach static.rust-lang.org"
+    tc=$(fuzz_toolchain) || die "rustup installed $FUZZ_NIGHTLY but it is not listed as installed"
+  fi
+  if ! fuzz_version_ok "$tc"; then
+    echo "fuzz.sh: cargo install cargo-fuzz --version $CARGO_FUZZ_VERSION --locked"
+    cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked --force -q ||
+      die "could not install cargo-fuzz $CARGO_FUZZ_VERSION"
+    fuzz_version_ok "$tc" || die "cargo-fuzz $CARGO_FUZZ_VERSION installed, but \`cargo fuzz --version\` says: $(cargo +"$tc" fuzz --version 2>&1)"
+  fi
+  echo "fuzz.sh: $FUZZ_NIGHTLY ($tc) and cargo-fuzz $CARGO_FUZZ_VERSION"
+  exit 0
+fi
+
 runs=1000000
 seconds=""
 dev=""
@@ -27,27 +79,23 @@ while [ $# -gt 0 ]; do
     --short) seconds=20; dev=1; shift ;;
     --runs) runs="$2"; seconds=""; shift 2 ;;
     --seconds) seconds="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
 
-if ! cargo +nightly --version >/dev/null 2>&1; then
-  echo "fuzz.sh: the nightly toolchain is needed (rustup toolchain install nightly)" >&2
-  exit 1
-fi
-if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
-  echo "fuzz.sh: cargo-fuzz is needed (scripts/install-deps.sh installs it)" >&2
-  exit 1
-fi
+tc=$(fuzz_toolchain) ||
+  die "the pinned nightly ($FUZZ_NIGHTLY: $FUZZ_RUSTC) is not installed: scripts/fuzz.sh --install (or scripts/install-deps.sh) installs it"
+fuzz_version_ok "$tc" ||
+  die "cargo-fuzz $CARGO_FUZZ_VERSION is needed, found: $(cargo +"$tc" fuzz --version 2>&1 | head -1); scripts/fuzz.sh --install installs it"
 if [ ${#targets[@]} -eq 0 ]; then
-  mapfile -t targets < <(cargo +nightly fuzz list)
+  mapfile -t targets < <(cargo +"$tc" fuzz list)
 fi
 
 FLAGS=(-s none -a)
 [ -n "$dev" ] && FLAGS=(-s none -D)
-cargo +nightly fuzz build "${FLAGS[@]}"
+cargo +"$tc" fuzz build "${FLAGS[@]}"
 
 work="$PWD/target/fuzz"
 summary=()
@@ -58,7 +106,7 @@ for t in "${targets[@]}"; do
   [ -n "$seconds" ] && limit=(-max_total_time="$seconds")
   log="$work/logs/$t.log"
   echo "== fuzz $t (${limit[*]})"
-  if (cargo +nightly fuzz run "${FLAGS[@]}" "$t" "$work/corpus/$t" "fuzz/corpus/$t" -- \
+  if (cargo +"$tc" fuzz run "${FLAGS[@]}" "$t" "$work/corpus/$t" "fuzz/corpus/$t" -- \
         "${limit[@]}" -artifact_prefix="$work/artifacts/$t/" -print_final_stats=1 -rss_limit_mb=2048 \
         -timeout=10) >"$log" 2>&1; then
     result=ok
