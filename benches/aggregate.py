@@ -19,23 +19,26 @@ the exchange sent per epoch (`metfs-shuffle`'s reports).
 
 usage: python3 benches/aggregate.py [--files 480] [--kib 64] [--epochs 4] [--cap 16MiB/s]
        [--runs 3] [--extra 0]
+       python3 benches/aggregate.py --quick   # 48 files of 16 KiB, 2 epochs, 1 run (seconds)
+
+`METFS_BIN` picks the binary (and `metfs-shuffle` beside it); else the release build.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchlib
+from benchlib import ROOT, med
+
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import Mount  # noqa: E402
@@ -59,7 +62,7 @@ json.dump({"starts": [starts[e] for e in sorted(starts)], "end": end}, open(out,
 
 
 def metfs_bin() -> str:
-    return os.environ.get("METFS_BIN", str(ROOT / "target" / "release" / "metfs"))
+    return str(benchlib.metfs_bin())
 
 
 def make_dataset(root: Path, files: int, kib: int) -> None:
@@ -115,13 +118,8 @@ def run(mode: str, src: Path, work: Path, a: argparse.Namespace) -> dict[str, An
             m.cache.mkdir(parents=True)
             m.mount()
         if mode == "aggregate":
-            shuffle = str(Path(metfs_bin()).with_name("metfs-shuffle"))
-            env = dict(
-                os.environ,
-                OMPI_ALLOW_RUN_AS_ROOT="1",
-                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                OMPI_MCA_rmaps_base_oversubscribe="1",
-            )
+            shuffle = str(benchlib.shuffle_bin())
+            env = benchlib.mpi_env()
             # Epochs 1 to `epochs`: the trained ones and the one each node stages once done.
             ex = subprocess.Popen(
                 [
@@ -139,7 +137,7 @@ def run(mode: str, src: Path, work: Path, a: argparse.Namespace) -> dict[str, An
                 stderr=subprocess.PIPE,
                 text=True,
             )
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
+        env = benchlib.python_env()
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", TRAINER, m.socket, str(work / f"t{r}.json"), str(a.epochs)],
@@ -178,8 +176,8 @@ def run(mode: str, src: Path, work: Path, a: argparse.Namespace) -> dict[str, An
         per_epoch = [max(s[e + 1] - s[e] for s in starts) for e in range(1, a.epochs)]
         return {
             "tier": sum(tier),
-            "secs": statistics.median(per_epoch),
-            "fill": statistics.median(fill),
+            "secs": med(per_epoch),
+            "fill": med(fill),
             "sent": sent,
         }
     finally:
@@ -200,7 +198,12 @@ def main() -> None:
     ap.add_argument("--cap", default="16MiB/s")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--extra", type=float, default=0.0)
+    ap.add_argument("--quick", action="store_true", help="48 files of 16 KiB, 2 epochs, 1 run")
     a = ap.parse_args()
+    if a.quick:
+        a.files, a.kib, a.epochs, a.runs = 48, 16, 2, 1
+    benchlib.build()
+    benchlib.build("metfs-exchange", bins=["metfs-shuffle"], features=["mpi"])
     with tempfile.TemporaryDirectory(prefix="metfs-aggregate-") as t:
         tmp = Path(t)
         src = tmp / "tier"
@@ -222,16 +225,16 @@ def main() -> None:
             "| mode | tier bytes per epoch after epoch 0 | seconds to fill the next slot | ratio to tier | seconds per epoch | ratio to tier | exchange bytes per epoch |"
         )
         print("|---|---|---|---|---|---|---|")
-        base = statistics.median(g["secs"] for g in got["tier"])
-        base_fill = statistics.median(g["fill"] for g in got["tier"])
+        base = med(g["secs"] for g in got["tier"])
+        base_fill = med(g["fill"] for g in got["tier"])
         for mode, g in got.items():
             # Epoch 0 is read from the tier in every mode.
-            later = statistics.median((x["tier"] - total) / (a.epochs - 1) for x in g)
-            secs = statistics.median(x["secs"] for x in g)
-            fill = statistics.median(x["fill"] for x in g)
-            sent = statistics.median(x["sent"] / a.epochs for x in g)
+            later = med((x["tier"] - total) / (a.epochs - 1) for x in g)
+            secs = med(x["secs"] for x in g)
+            fill = med(x["fill"] for x in g)
+            sent = med(x["sent"] / a.epochs for x in g)
             print(
-                f"| {mode} | {later / 2**20:.2f} MiB | {fill:.2f} | {fill / base_fill:.2f}x | {secs:.2f} | {secs / base:.2f}x | {sent / 2**20:.2f} MiB |"
+                f"| {mode} | {later / 2**20:.2f} MiB | {fill:.2f} | {benchlib.ratio(fill, base_fill)} | {secs:.2f} | {benchlib.ratio(secs, base)} | {sent / 2**20:.2f} MiB |"
             )
 
 

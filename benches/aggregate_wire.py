@@ -38,6 +38,11 @@ Theorem 3). Per exchange (mean over the exchanges), all ranks together:
 * `secs`: the slowest rank's time per exchange (every rank on this one machine).
 
 usage: python3 benches/aggregate_wire.py [--files 480] [--epochs 3] [--seed 7] [--table codes|modes|both]
+       python3 benches/aggregate_wire.py --quick   # 48 files, 1 exchange, α = 0.5 only, the
+                                                   # modes table without the holders' direct
+                                                   # sends, which the codes table runs (seconds)
+
+`METFS_BIN` picks the binary (and `metfs-shuffle` beside it); else the release build.
 """
 
 from __future__ import annotations
@@ -45,7 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import subprocess
 import sys
@@ -54,7 +58,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchlib
+from benchlib import ROOT
+
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import Mount  # noqa: E402
@@ -74,7 +80,7 @@ for p in metfs.passes(c, epochs=int(epochs)):
 
 
 def metfs_bin() -> str:
-    return os.environ.get("METFS_BIN", str(ROOT / "target" / "release" / "metfs"))
+    return str(benchlib.metfs_bin())
 
 
 def make_dataset(root: Path, files: int) -> int:
@@ -150,13 +156,8 @@ def run(
                 raise SystemExit("the nodes did not stage epoch 0")
             time.sleep(0.05)
         first = [m.status()["tier_bytes_read"] for m in mounts]
-        shuffle = str(Path(metfs_bin()).with_name("metfs-shuffle"))
-        env = dict(
-            os.environ,
-            OMPI_ALLOW_RUN_AS_ROOT="1",
-            OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-            OMPI_MCA_rmaps_base_oversubscribe="1",
-        )
+        shuffle = str(benchlib.shuffle_bin())
+        env = benchlib.mpi_env()
         ranks = NODES + ("extra" in flags)
         ex = subprocess.Popen(
             [
@@ -175,7 +176,7 @@ def run(
             stderr=subprocess.PIPE,
             text=True,
         )
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
+        env = benchlib.python_env()
         procs = [
             subprocess.Popen([sys.executable, "-c", TRAINER, m.socket, str(a.epochs)], env=env)
             for m in mounts
@@ -243,14 +244,18 @@ MODES = [
 
 
 def modes_table(src: Path, tmp: Path, a: argparse.Namespace) -> None:
+    # A quick run: one cache size, without the holders' direct sends (the codes table runs
+    # both codes that way).
+    alphas = (0.5,) if a.quick else (0.5, 0.75)
+    modes = [m for m in MODES if m[1:] != ("peers", "direct")] if a.quick else MODES
     mib = 2**20
     print(
         "| α | code | sender | broadcast | wire MiB | payload MiB | messages | frames | busiest port MiB (rank) | tier MiB | stages | secs |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for alpha in (0.5, 0.75):
+    for alpha in alphas:
         p = (alpha - 1 / NODES) / (1 - 1 / NODES)
-        for code, sender, broadcast in MODES:
+        for code, sender, broadcast in modes:
             work = tmp / f"{code}-{sender}-{broadcast}-{alpha:.3f}"
             work.mkdir()
             r = run(code, p, src, work, a, ("--sender", sender, "--broadcast", broadcast))
@@ -268,7 +273,14 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--table", choices=("codes", "modes", "both"), default="both")
+    ap.add_argument(
+        "--quick", action="store_true", help="48 files, 1 exchange, α = 0.5, fewer modes"
+    )
     a = ap.parse_args()
+    if a.quick:
+        a.files, a.epochs = 48, 1
+    benchlib.build()
+    benchlib.build("metfs-exchange", bins=["metfs-shuffle"], features=["mpi"])
     with tempfile.TemporaryDirectory(prefix="metfs-wire-") as t:
         tmp = Path(t)
         src = tmp / "tier"
@@ -287,7 +299,7 @@ def main() -> None:
             "| α | p | α held | uncoded MiB | coded MiB | coded/uncoded | broadcast MiB | blocks | packets | packets/blocks | Theorem 1 | plan s |"
         )
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for alpha in (1 / NODES, 0.5, 0.75):
+        for alpha in (0.5,) if a.quick else (1 / NODES, 0.5, 0.75):
             p = (alpha - 1 / NODES) / (1 - 1 / NODES)
             if p > 0:
                 assert abs(theorem1(NODES, p) - theorem1_as_printed(NODES, p)) < 1e-9

@@ -6,6 +6,7 @@
     python3 benches/core_bench.py stage    # staging a mini-epoch vs `cp -r` and 8 parallel `cp`
     python3 benches/core_bench.py switch   # view switch latency, 20,000-file mini-epoch
     python3 benches/core_bench.py all
+    python3 benches/core_bench.py --quick [WHAT]   # every row at a tiny size, once (seconds)
 
 Runs are interleaved (baseline, metfs, baseline, metfs, ...) so that machine noise hits both
 sides alike, and medians are reported with the ratio metfs / baseline. "Cold" runs drop the page
@@ -19,6 +20,9 @@ sides). Needs root (FUSE mount, drop_caches). Work directory: $METFS_BENCH_DIR o
     METFS_BENCH_USER=metfs-user python3 benches/core_bench.py read
     METFS_BENCH_TARGET=/old/target/release python3 benches/core_bench.py switch
 
+`METFS_BIN` picks the binary (and `examples/readbench` beside it) without a build; else the
+release build.
+
 runs the daemons and both sides' readers as that ordinary user (`runuser`), as on a node where
 users are not root: passthrough is refused, so its column shows the path the user gets. Only
 the page cache drops stay with root. The user needs read and write access to /dev/fuse (see
@@ -29,6 +33,7 @@ deploy/slurm/prolog.sh does): passthrough, which their own daemon is refused.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import json
@@ -36,20 +41,22 @@ import os
 import random
 import shutil
 import socket
-import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchlib
+from benchlib import med, rpc
+
 WORK = Path(os.environ.get("METFS_BENCH_DIR", "/tmp/metfs-bench"))
 REPS = int(os.environ.get("METFS_BENCH_REPS", "5"))
+# `--quick`: every row at a tiny size, once (set by `main`).
+QUICK = False
 # Another build's release directory (for example an older commit's, to compare before/after a
 # change); the benchmark then uses its binaries as they are instead of building.
 TARGET = Path(os.environ["METFS_BENCH_TARGET"]) if os.environ.get("METFS_BENCH_TARGET") else None
-METFS = (TARGET or ROOT / "target" / "release") / "metfs"
-READER = (TARGET or ROOT / "target" / "release") / "examples" / "readbench"
+METFS = (TARGET or benchlib.bin_dir()) / "metfs"
+READER = (TARGET or benchlib.bin_dir()) / "examples" / "readbench"
 # Ordinary user the daemons and readers run as (empty: this process's user).
 USER = os.environ.get("METFS_BENCH_USER", "")
 AS_USER = ["runuser", "-u", USER, "--"] if USER else []
@@ -68,27 +75,11 @@ def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
 def build() -> None:
     if TARGET:
         return
-    subprocess.run(
-        [
-            "cargo",
-            "build",
-            "--release",
-            "-q",
-            "-p",
-            "metfs",
-            "--example",
-            "readbench",
-            "--bin",
-            "metfs",
-        ],
-        cwd=ROOT,
-        check=True,
-    )
+    benchlib.build(examples=["readbench"])
 
 
 def drop_caches() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    benchlib.drop_caches(strict=True)
 
 
 def make_files(root: Path, count: int, size: int, per_dir: int = 1000) -> None:
@@ -108,20 +99,6 @@ def make_files(root: Path, count: int, size: int, per_dir: int = 1000) -> None:
                 f.write(block[off : off + n])
                 left -= n
                 off = 0
-
-
-def rpc(sock: str, req: dict) -> dict:
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(600)
-        s.connect(sock)
-        s.sendall((json.dumps(req) + "\n").encode())
-        buf = b""
-        while not buf.endswith(b"\n"):
-            c = s.recv(1 << 20)
-            if not c:
-                break
-            buf += c
-    return json.loads(buf)
 
 
 class Mount:
@@ -191,14 +168,7 @@ class Mount:
         return self.cache / "slots" / f"e{st['epoch']:06d}-m{st['mini_epoch']:05d}"
 
     def close(self) -> None:
-        # From /proc: another user's FUSE mount cannot even be stat'ed by root.
-        mounted = any(
-            line.split()[1] == str(self.mnt)
-            for line in Path("/proc/self/mounts").read_text().splitlines()
-        )
-        if mounted:
-            subprocess.run([*AS_USER, str(METFS), "umount", str(self.mnt)], capture_output=True)
-            subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+        benchlib.umount(self.mnt, AS_USER, METFS)
 
     def __exit__(self, *a) -> None:
         self.close()
@@ -223,10 +193,6 @@ def read(path: Path, passes: int = 1) -> dict:
 # Warm runs read the files this many times in one process (as a job re-reads a mini-epoch), so
 # that a run lasts long enough to time: one pass over 256 MiB in the page cache takes ~16 ms.
 WARM_PASSES = 10
-
-
-def med(xs: list[float]) -> float:
-    return statistics.median(xs)
 
 
 READ_PATHS = ("cached", "passthrough", "pread")
@@ -260,6 +226,11 @@ def bench_read() -> list[str]:
         ("4 MiB files", WORK / "src-4m", 64, 4 << 20),
         ("128 KiB files", WORK / "src-128k", 2048, 128 << 10),
     ]
+    if QUICK:
+        sets = [
+            ("1 MiB files", WORK / "src-1m", 8, 1 << 20),
+            ("16 KiB files", WORK / "src-16k", 64, 16 << 10),
+        ]
     for label, src, count, size in sets:
         make_files(src, count, size)
         budget = f"{(2 * count * size + (64 << 20)) >> 20}MiB"
@@ -437,6 +408,12 @@ def bench_stage() -> list[str]:
         ("64 x 4 MiB", WORK / "src-4m", 64, 4 << 20),
         ("16 x 64 MiB", WORK / "src-64m", 16, 64 << 20),
     ]
+    if QUICK:
+        sets = [
+            ("64 x 16 KiB", WORK / "src-16k", 64, 16 << 10),
+            ("8 x 1 MiB", WORK / "src-1m", 8, 1 << 20),
+            ("2 x 8 MiB", WORK / "src-8m", 2, 8 << 20),
+        ]
     for label, src, count, size in sets:
         make_files(src, count, size)
         budget = f"{(2 * count * size + (64 << 20)) >> 20}MiB"
@@ -477,10 +454,11 @@ def bench_stage() -> list[str]:
 
 
 def bench_switch() -> list[str]:
-    src = WORK / "src-40k"
-    make_files(src, 40000, 1024, per_dir=2000)
-    # Two mini-epochs of 20,000 files each: footprint 4 KiB per file.
-    budget = f"{(2 * 20000 * 4096 + (24 << 20)) >> 20}MiB"
+    files = 2000 if QUICK else 40000
+    src = WORK / f"src-{files // 1000}k"
+    make_files(src, files, 1024, per_dir=files // 20)
+    # Two mini-epochs of half the files each: footprint 4 KiB per file.
+    budget = f"{(files * 4096 + (24 << 20)) >> 20}MiB"
     every = {str(p.relative_to(src)) for p in src.rglob("*") if p.is_file()}
     lat = []
     # Sequential mini-epochs: the two halves of the dataset take turns, so a file of the next
@@ -489,7 +467,7 @@ def bench_switch() -> list[str]:
     with Mount(
         "switch", src, budget, "--mini-epochs", "2", "--rf", "1", "--compose", "sequential"
     ) as m:
-        for _ in range(max(REPS, 5)):
+        for _ in range(2 if QUICK else max(REPS, 5)):
             while not m.status()["next_ready"]:
                 time.sleep(0.05)
             old = set(rpc(m.sock, {"op": "files"})["files"])
@@ -504,13 +482,20 @@ def bench_switch() -> list[str]:
                 except FileNotFoundError:
                     pass
             lat.append((time.perf_counter() - t) * 1000)
-    row = f"| view switch, 20,000-file mini-epoch | - | median {med(lat):.1f} ms, max {max(lat):.1f} ms | - |"
+    row = f"| view switch, {files // 2:,}-file mini-epoch | - | median {med(lat):.1f} ms, max {max(lat):.1f} ms | - |"
     print(row, flush=True)
     return [row]
 
 
 def main() -> None:
-    what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    global QUICK, REPS
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("what", nargs="?", default="all", choices=("read", "stage", "switch", "all"))
+    ap.add_argument("--quick", action="store_true", help="every row at a tiny size, one repetition")
+    a = ap.parse_args()
+    what = a.what
+    if a.quick:
+        QUICK, REPS = True, 1
     WORK.mkdir(parents=True, exist_ok=True)
     if USER:
         # The user's rf history files go beside the caches.
