@@ -8,7 +8,9 @@
 #   METFS_DEMO_DIR=... RF=4 EPOCHS=3 BUDGET=6MiB scripts/demo.sh
 #
 # It installs what it needs itself: `scripts/install-deps.sh --list demo` (or `run` with
-# --installed) prints the packages.
+# --installed) prints the packages. Python runs in the virtual environment install-deps.sh
+# names (`scripts/install-deps.sh --venv`: an active one, else one it makes); with --installed,
+# the wheel goes there too: `"$(scripts/install-deps.sh --venv)/bin/pip" install dist/metfs-*.whl`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -26,11 +28,14 @@ PER_CLASS=${PER_CLASS:-150}
 
 if [ "$INSTALLED" = 1 ]; then
   scripts/install-deps.sh run
-  METFS=$(command -v metfs) || { echo "demo: no metfs on PATH (pip install dist/metfs-*.whl)" >&2; exit 1; }
+  VENV=$(scripts/install-deps.sh --venv)
+  METFS=$(command -v metfs) || METFS=$VENV/bin/metfs
+  [ -x "$METFS" ] || { echo "demo: no metfs on PATH or in $VENV (pip install dist/metfs-*.whl)" >&2; exit 1; }
   # The installed package, not this tree's copy.
   PYPATH=${PYTHONPATH:-}
 else
   scripts/install-deps.sh demo
+  VENV=$(scripts/install-deps.sh --venv)
   cargo build --release -q -p metfs
   METFS=$ROOT/target/release/metfs
   PYPATH=bindings/python/src
@@ -42,7 +47,8 @@ if grep -q " $mnt " /proc/mounts 2>/dev/null; then "$METFS" umount "$mnt" || umo
 rm -rf "$DIR"
 mkdir -p "$DIR/cache" "$mnt"
 echo "== making a dataset in $DIR/tier (the capacity tier)"
-python3 scripts/make_dataset.py "$DIR/tier" --per-class "$PER_CLASS" --val-out "$DIR/val"
+PY=$VENV/bin/python
+"$PY" scripts/make_dataset.py "$DIR/tier" --per-class "$PER_CLASS" --val-out "$DIR/val"
 
 echo "== mounting a MET view: budget $BUDGET, rf $RF"
 "$METFS" mount --source "$DIR/tier" --cache "$DIR/cache" --budget "$BUDGET" --rf "$RF" "$mnt"
@@ -50,7 +56,7 @@ trap '"$METFS" umount "$mnt" >/dev/null 2>&1 || true' EXIT
 "$METFS" status --socket "$DIR/cache/metfs.sock"
 
 echo "== training through the mount"
-PYTHONPATH=$PYPATH python3 examples/met_sklearn.py \
+PYTHONPATH=$PYPATH "$PY" examples/met_sklearn.py \
   --mount "$mnt" --socket "$DIR/cache/metfs.sock" --val "$DIR/val" --epochs "$EPOCHS"
 
 "$METFS" umount "$mnt"

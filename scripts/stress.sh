@@ -49,11 +49,13 @@ trap 'rm -rf "$XDG_DATA_HOME"' EXIT
 echo "== stress: $readers readers x $switches switches per read path, $kills kill -9 trials, ${outage}s faults, views of $view_files files x $large_switches switches"
 start=$(date +%s)
 set +e
-python3 -m pytest -q -p no:cacheprovider --runxfail -rfE --durations=0 tests/stress "$@" 2>&1 | tee "$out/pytest.log"
+# The Python environment scripts/install-deps.sh makes (or the active one).
+PY=$(scripts/install-deps.sh --venv)/bin/python
+"$PY" -m pytest -q -p no:cacheprovider --runxfail -rfE --durations=0 tests/stress "$@" 2>&1 | tee "$out/pytest.log"
 rc=${PIPESTATUS[0]}
 set -e
 echo "== stress: $(( $(date +%s) - start )) s, pytest exit $rc; results in $out"
-python3 - "$out" <<'PY'
+"$PY" - "$out" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])

@@ -6,6 +6,10 @@
 # mounts (tests/stress runs briefly here; scripts/stress.sh runs it at full
 # size).
 # `.ci/run` calls exactly this.
+#
+# Python runs in the virtual environment scripts/install-deps.sh makes and fills (its header
+# says where and why: outside the clone, so CI's fresh clones reuse it); `python3` is that
+# environment's once it exists. METFS_VENV names another environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -15,6 +19,9 @@ scripts/install-deps.sh
 # checked: every package its build needs is there (the list lives once, in install-deps.sh).
 scripts/install-deps.sh demo
 scripts/install-deps.sh --check demo
+VIRTUAL_ENV=$(scripts/install-deps.sh --venv)
+export VIRTUAL_ENV PATH="$VIRTUAL_ENV/bin:$PATH"
+echo "== python: $(command -v python3) ($(python3 --version))"
 # The tests that need a server (Garage, etcd) or the wheel are mandatory here; a contributor's
 # plain `cargo test` without them passes and names what it did not run.
 export METFS_REQUIRE_SERVERS=1
@@ -119,7 +126,9 @@ python3 -m pytest -q -p no:cacheprovider -o tmp_path_retention_policy=failed --d
 
 echo "== core end-to-end tests again, as an ordinary user"
 # Users on HPC nodes are not root: their mounts go through fusermount3 and passthrough is
-# refused (EPERM), so they get the cached or pread path.
+# refused (EPERM), so they get the cached or pread path. Debian's python3 with its
+# python3-pytest runs these: they need nothing from PyPI, and the environment's interpreter may
+# live where the user cannot read (e.g. under /root/.pyenv).
 USER_DIR=$(mktemp -d /tmp/metfs-user-test.XXXXXX)
 chown "$TEST_USER" "$USER_DIR"
 trap 'rm -rf "$XDG_DATA_HOME" "$USER_DIR"' EXIT

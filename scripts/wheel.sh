@@ -38,11 +38,16 @@ done
 
 scripts/install-deps.sh wheel
 
-# pip's console scripts (maturin, cmake, auditwheel) are beside this python, whatever shims or
-# PATH order the machine has; zig is found by maturin as `python3 -m ziglang`.
-PYBIN=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-export PATH="$PYBIN:$PATH"
-export CMAKE="$PYBIN/cmake"
+# The tools are Python packages in install-deps.sh's environment or in its interpreter's own
+# site-packages, which the environment sees (it is made with --system-site-packages); their
+# commands are in the environment's bin or in the interpreter's, so both go first on PATH, the
+# environment's python before any other python3 (maturin finds zig as `python3 -m ziglang`).
+# CMake's binary is found through its package.
+PY=$(scripts/install-deps.sh --venv)/bin/python
+BASE_BIN=$("$PY" -c 'import sys, sysconfig; print(sysconfig.get_path("scripts", vars={"base": sys.base_prefix}))')
+CMAKE=$("$PY" -c 'import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, "cmake"))')
+PATH="$(dirname "$PY"):$BASE_BIN:$PATH"
+export CMAKE PATH
 "$CMAKE" --version | head -1
 
 # Its own target directory: the wheel's feature set and target would otherwise rebuild the
@@ -51,7 +56,7 @@ export CARGO_TARGET_DIR="$ROOT/target/wheel"
 OUT="$ROOT/dist"
 mkdir -p "$OUT"
 rm -f "$OUT"/metfs-*.whl
-(cd bindings/python && python3 -m maturin build --profile "$profile" --zig --features hdf5-static \
+(cd bindings/python && maturin build --profile "$profile" --zig --features hdf5-static \
   --compatibility manylinux_2_28 --out "$OUT")
 
 shopt -s nullglob
@@ -59,7 +64,7 @@ wheels=("$OUT"/metfs-*-py3-none-manylinux_*_x86_64.whl)
 [ ${#wheels[@]} -eq 1 ] || { echo "wheel.sh: expected one manylinux wheel in $OUT, found: $(ls "$OUT")" >&2; exit 1; }
 whl=${wheels[0]}
 
-show=$(python3 -m auditwheel show "$whl")
+show=$("$PY" -m auditwheel show "$whl")
 echo "$show"
 policy=$(grep -oE 'manylinux_2_[0-9]+_x86_64' <<<"$show" | head -1)
 minor=$(sed -E 's/manylinux_2_([0-9]+)_x86_64/\1/' <<<"$policy")
