@@ -279,41 +279,57 @@ def test_concurrent_first_opens_share_one_backing_file(mounts, tmp_path):
 def test_mount_without_access_to_dev_fuse_says_why(metfs, tmp_path):
     """A user who may not open /dev/fuse cannot mount FUSE at all (fusermount3 opens the device
     with the user's rights too): the mount fails before staging with a reason naming the
-    device, not a bare "Permission denied"."""
+    device, not a bare "Permission denied".
+
+    The device is one this test controls, so the case runs wherever udev makes /dev/fuse 0666
+    (most hosts) as well: in a private mount namespace, a node of the same device (c 10 229),
+    root's only (0600), is bound over /dev/fuse. Root opens that node there, so the user is
+    refused by its mode, not by a node that does not work."""
     import pwd
 
     user = "nobody"
-    if os.stat("/dev/fuse").st_mode & 0o006 == 0o006:
-        pytest.skip("/dev/fuse is open to every user here")
     d = Path(tempfile.mkdtemp(prefix="metfs-nofuse-"))
     try:
-        for sub in ("src", "cache", "mnt"):
+        for sub in ("src", "cache", "mnt", "dev"):
             (d / sub).mkdir()
         (d / "src" / "f").write_bytes(b"x" * 100)
         uid = pwd.getpwnam(user).pw_uid
         for p in [d, *d.iterdir(), d / "src" / "f"]:
             os.chown(p, uid, -1)
-        r = subprocess.run(
+        mount = [
+            metfs,
+            "mount",
+            "--source",
+            str(d / "src"),
+            "--cache",
+            str(d / "cache"),
+            "--budget",
+            "4MiB",
+            str(d / "mnt"),
+        ]
+        # A tmpfs of the namespace's own holds the node: the test's directory may be on a
+        # file system mounted nodev, where no device node opens.
+        script = "\n".join(
             [
-                "runuser",
-                "-u",
-                user,
-                "--",
-                metfs,
-                "mount",
-                "--source",
-                str(d / "src"),
-                "--cache",
-                str(d / "cache"),
-                "--budget",
-                "4MiB",
-                str(d / "mnt"),
-            ],
+                "set -e",
+                f"mount -t tmpfs -o size=64k,mode=0755 metfs-test-dev {d / 'dev'}",
+                f"mknod -m 0600 {d / 'dev' / 'fuse'} c 10 229",
+                f"mount --bind {d / 'dev' / 'fuse'} /dev/fuse",
+                "stat -c '%a %u %t:%T' /dev/fuse",
+                "exec 3<>/dev/fuse",
+                "exec 3>&-",
+                f"exec runuser -u {user} -- " + " ".join(f"'{a}'" for a in mount),
+            ]
+        )
+        r = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
             capture_output=True,
             text=True,
             timeout=60,
         )
-        assert r.returncode != 0
+        # The node was in place, root's only, and opened by root; then the user's mount failed.
+        assert r.stdout.startswith("600 0 a:e5\n"), (r.stdout, r.stderr)
+        assert r.returncode != 0, (r.stdout, r.stderr)
         assert "/dev/fuse" in r.stderr and "fusermount3" in r.stderr, r.stderr
     finally:
         sh.rmtree(d, ignore_errors=True)
