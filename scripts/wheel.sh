@@ -22,7 +22,7 @@
 #   under 40 MB; both are checked here, so a wheel that breaks either is never left in dist/.
 #
 # `metfs-shuffle` (aggregate-cache mode's exchange) links the site's MPI and is not in the
-# wheel: build it from source (README, "Aggregate-cache mode").
+# wheel: build it from source (docs/AGGREGATE.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -4,7 +4,7 @@ Every fenced code block of the documents in ``DOCS`` is either run here or expli
 not runnable, so that a renamed flag, field or function fails this test instead of a reader who
 copies the example.
 
-The convention (README.md, "Examples in the docs", says the same for writers):
+The convention (docs/DEVELOPMENT.md, "Examples in the docs", says the same for writers):
 
 * A marker is an HTML comment on the last non-blank line before the block's opening fence
   (invisible in rendered Markdown): ``<!-- docs-test: ... -->``.
@@ -33,9 +33,12 @@ names with spaces and non-ASCII characters, and empty files):
 
 Independently of the blocks: every ``metfs SUBCOMMAND --flag`` written in the docs (code blocks,
 illustrative ones included, inline code, and ``METFS_ARGS`` for the Slurm scripts' mount) names an
-existing subcommand and flag, every ``--flag`` in README.md's inline code is a flag of some
-subcommand, and every key of README.md's configuration table is a flag of ``metfs mount`` with
-the documented default and a key the config file loader accepts.
+existing subcommand and flag; every ``--flag`` in the inline code of README.md and the user's
+topic documents (``FLAG_DOCS``) is a flag of some subcommand; every relative link of a document
+leads to a file that exists (and to a heading there, for a ``#fragment``); docs/CONFIGURATION.md
+is what ``scripts/config_doc.py`` generates from ``metfs config --defaults``; and every key of
+its tables is a flag of ``metfs mount`` with the documented default and a key the config file
+loader accepts.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -58,6 +62,34 @@ DOCS = [
     ROOT / "bindings" / "python" / "README.md",
     *sorted((ROOT / "docs").glob("*.md")),
 ]
+
+# The topic documents the README hands a user on to (its table of links), besides README.md:
+# they must exist, and every `--flag` in the inline code of those in FLAG_DOCS is a flag of
+# metfs or metfs-shuffle.
+USER_DOCS = [
+    ROOT / "README.md",
+    *(
+        ROOT / "docs" / name
+        for name in (
+            "USAGE.md",
+            "SEMANTICS.md",
+            "PERMISSIONS.md",
+            "CONFIGURATION.md",
+            "SHARED.md",
+            "AGGREGATE.md",
+            "DYNAMIC_SHARDING.md",
+            "TRANSFORM.md",
+            "DEVELOPMENT.md",
+        )
+    ),
+]
+# (DYNAMIC_SHARDING.md names the flags of its test and benchmark scripts, DEVELOPMENT.md those
+# of cargo and the scripts.)
+FLAG_DOCS = [d for d in USER_DOCS if d.name not in ("DYNAMIC_SHARDING.md", "DEVELOPMENT.md")]
+CONFIGURATION = ROOT / "docs" / "CONFIGURATION.md"
+# Subcommands the docs describe (in illustrative blocks only) before the binary has them; their
+# flags are checked like any other's as soon as `metfs --help` lists them.
+UPCOMING = frozenset({"doctor"})
 
 SHELL_LANGS = {"sh", "bash", "shell"}
 RUN_BY_DEFAULT = SHELL_LANGS | {"console", "python"}
@@ -253,7 +285,8 @@ def test_blocks_are_run_or_marked():
     assert not problems, "\n".join(problems)
     # The documents this test reads are there and have blocks (a moved file must not make the
     # test pass by reading nothing).
-    assert all(d.exists() for d in DOCS), [str(d) for d in DOCS if not d.exists()]
+    docs = [*DOCS, *USER_DOCS]
+    assert all(d.exists() for d in docs), [str(d) for d in docs if not d.exists()]
     assert sum(b.kind()[0] == "run" for b in blocks) >= 4
 
 
@@ -271,6 +304,8 @@ def test_documented_invocations_exist():
                 ]
     problems = []
     for where, sub, flags in found:
+        if sub.split()[0] in UPCOMING - subcommands():
+            continue  # documented ahead of the binary: checked once the binary has it
         if sub.split()[0] not in subcommands():
             problems.append(
                 f"{where}: `metfs {sub}`: no such subcommand (metfs --help: {sorted(subcommands())})"
@@ -312,41 +347,138 @@ def shuffle_options() -> frozenset[str]:
 
 
 def test_readme_flags_exist():
-    """Every `--flag` in README.md's inline code is a flag of some metfs subcommand or of
-    `metfs-shuffle` (the README names flags in prose, e.g. the rf policies' knobs, without the
-    command)."""
+    """Every `--flag` in the inline code of README.md and the user's topic documents (FLAG_DOCS)
+    is a flag of some metfs subcommand or of `metfs-shuffle` (they name flags in prose, e.g. the rf
+    policies' knobs, without the command)."""
     known = {f for sub in subcommands() - {"help"} for f in options(sub)} | shuffle_options()
     assert {"--sender", "--broadcast", "--cache"} <= shuffle_options(), shuffle_options()
-    spans = re.findall(r"`([^`]+)`", prose(ROOT / "README.md"))
-    named = {f for span in spans for f in re.findall(r"(?:^|[\s\[])(--[a-z0-9][a-z0-9-]*)", span)}
-    assert len(named) >= 20, named
-    unknown = sorted(named - known)
-    assert not unknown, f"README.md names flags no metfs subcommand has: {unknown}"
+    named: dict[str, set[str]] = {}
+    for doc in FLAG_DOCS:
+        spans = re.findall(r"`([^`]+)`", prose(doc))
+        for span in spans:
+            for f in re.findall(r"(?:^|[\s\[])(--[a-z0-9][a-z0-9-]*)", span):
+                named.setdefault(f, set()).add(str(doc.relative_to(ROOT)))
+    assert len(named) >= 40, sorted(named)
+    unknown = {f: sorted(where) for f, where in named.items() if f not in known}
+    assert not unknown, f"flags no metfs subcommand has: {unknown}"
 
 
 # ---------------------------------------------------------------------------------------------
-# README.md's configuration table against `metfs mount --help` and the config loader
+# Links between the documents
+
+
+def slug(heading: str) -> str:
+    """The fragment GitHub gives a heading: lower case, code marks and punctuation dropped,
+    spaces as hyphens."""
+    text = re.sub(r"<[^>]+>", "", heading.strip()).lower()
+    text = re.sub(r"[^\w\- ]", "", text.replace("`", ""))
+    return text.replace(" ", "-")
+
+
+@lru_cache(maxsize=None)
+def anchors(doc: Path) -> frozenset[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for line in prose_lines(doc):
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        base = slug(m.group(1))
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.add(base if n == 0 else f"{base}-{n}")
+    return frozenset(out)
+
+
+def prose_lines(doc: Path) -> list[str]:
+    """A document's lines outside code blocks."""
+    keep, inside, fence = [], False, ""
+    for line in doc.read_text().splitlines():
+        m = FENCE.match(line)
+        if m and (not inside or line.strip().strip(fence[0]) == ""):
+            if not inside:
+                inside, fence = True, m.group(2)
+            else:
+                inside = False
+            continue
+        if not inside:
+            keep.append(line)
+    return keep
+
+
+def test_relative_links_resolve():
+    """Every relative link of a document leads to a file or directory that exists, and a
+    `#fragment` to a heading of its target (so a moved section or document fails here)."""
+    docs = sorted({*DOCS, *USER_DOCS, *ROOT.glob("*.md")})
+    problems, checked = [], 0
+    for doc in docs:
+        text = " ".join(prose_lines(doc))
+        text = re.sub(r"`[^`]*`", "", text)  # links are not written inside code spans
+        for target in re.findall(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", text):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            path, _, fragment = target.partition("#")
+            dest = (doc.parent / path).resolve() if path else doc
+            where = f"{doc.relative_to(ROOT)}: ({target})"
+            checked += 1
+            if not dest.exists():
+                problems.append(f"{where}: no such file")
+            elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
+                problems.append(f"{where}: no heading with that fragment in {dest.name}")
+    assert not problems, "\n".join(problems)
+    assert checked >= 30, checked
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/CONFIGURATION.md: generated from the settings, and checked against `metfs mount --help`
+# and the config loader
+
+
+def test_configuration_page_is_generated():
+    """docs/CONFIGURATION.md is exactly what scripts/config_doc.py makes of `metfs config
+    --defaults`: the settings' declarations are its one source."""
+    env = {**os.environ, "METFS_BIN": metfs_bin()}
+    r = subprocess.run(
+        ["python3", str(ROOT / "scripts" / "config_doc.py"), "--stdout"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == CONFIGURATION.read_text(), (
+        "docs/CONFIGURATION.md differs from the settings' declarations: "
+        "run `python3 scripts/config_doc.py` and commit the page"
+    )
 
 
 def config_table() -> list[tuple[str, str, str]]:
-    """(TOML table, key, documented default) for every key of README.md's configuration table;
-    the table is "" for top-level keys, which are also flags, and e.g. "stager" for a row
-    `` `[stager] concurrency` ``, a key of the file only."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Configuration", 1)[1]
-    rows = [line for line in section.splitlines() if line.startswith("|")]
-    header = [c.strip() for c in rows[0].strip("|").split("|")]
-    assert header[:2] == ["key", "default"], header
+    """(TOML table, key, documented default) for every key with a flag in the tables of
+    docs/CONFIGURATION.md; the table is "" for top-level keys and e.g. "stager" for the rows
+    under the heading `` `[stager]` ``. A default in code is a TOML value; else it is words."""
     out = []
-    for row in rows[2:]:
-        cells = [c.strip() for c in row.strip().strip("|").split("|")]
-        keys = re.findall(r"`(?:\[([a-z0-9_]+)\]\s*)?([a-z0-9_]+)`", cells[0])
-        assert keys, f"configuration table row without a key: {row}"
-        defaults = [d.strip() for d in cells[1].split(",")]
-        if len(keys) > 1 and len(defaults) == len(keys):
-            out += [(tb, k, d) for (tb, k), d in zip(keys, defaults, strict=True)]
-        else:
-            out += [(tb, k, cells[1]) for tb, k in keys]
+    table: str | None = None
+    header: list[str] = []
+    for line in prose_lines(CONFIGURATION):
+        h = re.match(r"^## (?:`\[([a-z0-9_.]+)\]`|(Top-level keys))\s*$", line)
+        if h:
+            table = h.group(1) or ""
+            continue
+        if line.startswith("## "):
+            table = None
+            continue
+        if table is None or not line.startswith("|"):
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+        if cells[0] == "key" or cells[0].startswith("key "):
+            header = cells
+            continue
+        if set(cells[0]) <= set("-: ") or header[:4] != ["key", "flag", "environment", "default"]:
+            continue
+        key = re.fullmatch(r"`([a-z0-9_]+)`", cells[0])
+        assert key, f"docs/CONFIGURATION.md: row without a key: {line}"
+        out.append((table, key.group(1), cells[3]))
     return out
 
 
@@ -383,7 +515,7 @@ def test_config_table_matches_mount_help(tmp_path):
         if opt is None:
             problems.append(f"`{key}`: `metfs mount --help` has no {flag}")
             continue
-        d = norm(doc_default)
+        d = flag_form(doc_default)
         if d == "(required)":
             if opt.default is not None or not opt.takes_value:
                 problems.append(
@@ -397,16 +529,12 @@ def test_config_table_matches_mount_help(tmp_path):
                 problems.append(
                     f"`{key}`: documented as required, but a mount without it said: {r.stderr!r}"
                 )
-        elif d == "off":
-            if opt.takes_value or opt.default is not None:
-                problems.append(
-                    f"`{key}`: documented as an `off` switch, but {flag} takes a value or has a default"
-                )
         elif opt.default is None:
             problems.append(f"`{key}`: documented default {doc_default!r}, but {flag} shows none")
-        elif norm(opt.default) != d:
+        elif norm(opt.default) != norm(d):
             problems.append(
-                f"`{key}`: README default {doc_default!r}, `metfs mount --help` [default: {opt.default}]"
+                f"`{key}`: docs/CONFIGURATION.md default {doc_default!r}, "
+                f"`metfs mount --help` [default: {opt.default}]"
             )
     assert not problems, "\n".join(problems)
 
@@ -415,16 +543,18 @@ def test_config_table_keys_load(tmp_path):
     table = config_table()
     accepted = {tb: loader_keys(tmp_path, tb) for tb in {tb for tb, _, _ in table}}
     missing = [f"[{tb}] {k}" if tb else k for tb, k, _ in table if k not in accepted[tb]]
-    assert not missing, f"README configuration keys the config loader rejects: {missing}"
+    assert not missing, f"docs/CONFIGURATION.md keys the config loader rejects: {missing}"
 
 
 def test_every_mount_flag_is_a_config_key(tmp_path):
-    """README.md: every setting of `metfs mount` is a flag and a key of the TOML file, "Only
-    `--config`, `--foreground` and `--reset` are not settings" (`--stager-*` and `--control-*`
-    being keys of those tables, the S3 flags keys of `[s3]`)."""
-    text = " ".join((ROOT / "README.md").read_text().split())
+    """docs/CONFIGURATION.md: every setting of `metfs mount` is a flag and a key of the TOML
+    file, "Only `--config`, `--foreground`, `--reset` and `--run-as` ... are not settings"
+    (`--stager-*` and `--control-*` being keys of those tables, the S3 flags keys of `[s3]`)."""
+    text = " ".join(CONFIGURATION.read_text().split())
     claim = re.search(r"Only (.*?) are not settings", text)
-    assert claim, "README.md no longer says which mount flags are not settings; update this test"
+    assert claim, (
+        "docs/CONFIGURATION.md no longer says which mount flags are not settings; update this test"
+    )
     not_keys = set(re.findall(r"`(--[a-z0-9-]+)`", claim.group(1))) | {"--help"}
     tables = {
         "": loader_keys(tmp_path),
@@ -454,27 +584,42 @@ def test_every_mount_flag_is_a_config_key(tmp_path):
 
     missing = [f for f in options("mount") if f not in not_keys and not is_key(f)]
     assert not missing, (
-        f"mount flags without a config key (README.md says every flag but {sorted(not_keys)} has one): {missing}"
+        f"mount flags without a config key (docs/CONFIGURATION.md says every flag but {sorted(not_keys)} has one): {missing}"
     )
     wrongly_excepted = [f for f in not_keys - {"--help"} if is_key(f) or f not in options("mount")]
     assert not wrongly_excepted, (
-        f"README.md excepts flags that are config keys or not mount flags: {wrongly_excepted}"
+        f"docs/CONFIGURATION.md excepts flags that are config keys or not mount flags: {wrongly_excepted}"
     )
 
 
 def toml_value(doc_default: str, cache: Path) -> str | None:
     """A documented default as a TOML value, or None for prose ("the smallest whose ...")."""
+    literal = re.fullmatch(r"`(.*)`", doc_default.strip())
+    if literal:
+        return literal.group(1)
     d = norm(doc_default)
     m = re.fullmatch(r"\$\w+ or (\S+)", d)
     if m:
         d = m.group(1)
-    if re.fullmatch(r"-?\d+(\.\d+)?", d):
+    if re.fullmatch(r"-?\d+(\.\d+)?", d) or d in ("true", "false"):
         return d
-    if d in ("off", "on", "true", "false"):
-        return "true" if d in ("on", "true") else "false"
-    if re.fullmatch(r"[\w./-]+", d):
-        return '"' + d.replace("cache", str(cache)) + '"'
     return None
+
+
+def flag_form(doc_default: str) -> str:
+    """A documented default as `--help` shows it: a TOML value in code becomes its flag form
+    (`"random"` -> random, `["a", "1 - b"]` -> a,1-b, `1.0` -> 1), words stay words."""
+    literal = re.fullmatch(r"`(.*)`", doc_default.strip())
+    if not literal:
+        return norm(doc_default)
+    value = tomllib.loads(f"v = {literal.group(1)}")["v"]
+    if isinstance(value, list):
+        return ",".join(str(v).replace(" ", "") for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def test_documented_defaults_are_valid_config_values(mounts, tmp_path):

@@ -190,7 +190,7 @@ impl FuseAdapter {
     }
 
     /// The attributes the kernel sees: the source's mode without write bits, owner and times
-    /// where the catalog has them (see `docs/READ_PATHS.md`, "What stat shows"), else 0444 or
+    /// where the catalog has them (see `docs/SEMANTICS.md`, "What stat shows"), else 0444 or
     /// 0555, the mounting user and the mount time.
     fn file_attr(&self, a: &Attr) -> FileAttr {
         let (default_perm, kind, nlink) = if a.is_dir {
