@@ -9,19 +9,22 @@ Each node is `metfs/examples/dds_reader.rs` reading real files from the dataset 
 capped rate (the straggler's cap is a quarter of the others'); etcd is a real one on loopback.
 
 usage: python3 benches/dds_straggler.py [--samples 1200] [--rate 2000000] [--slot 2097152] [--runs 3]
+       python3 benches/dds_straggler.py --quick   # 120 files, 4 MB/s, 256 KiB slots, 1 run
+
+`METFS_BIN` picks the build whose `examples/dds_reader` runs; else the debug build.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchlib import ROOT, med
+
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "stress"))
 
@@ -106,7 +109,10 @@ def main() -> None:
     ap.add_argument(
         "--slot", type=int, default=2 << 20, help="bytes of a node's slot (shards are a quarter)"
     )
+    ap.add_argument("--quick", action="store_true", help="120 files, 4 MB/s, 256 KiB slots, 1 run")
     a = ap.parse_args()
+    if a.quick:
+        a.samples, a.rate, a.slot, a.runs = 120, 4_000_000, 256 << 10, 1
     with tempfile.TemporaryDirectory() as t:
         work = Path(t)
         src = work / "src"
@@ -121,11 +127,11 @@ def main() -> None:
             r = one_run(i, work, src, a.rate, a.slot)
             print(json.dumps(r), flush=True)
             runs.append(r)
-    med = {
-        k: statistics.median(r[k] for r in runs)
+    medians = {
+        k: med(r[k] for r in runs)
         for k in ("static_s", "dds_s", "ratio", "etcd_fraction", "etcd_busy_fraction")
     }
-    print(json.dumps({"median": med, "runs": len(runs)}))
+    print(json.dumps({"median": medians, "runs": len(runs)}))
 
 
 if __name__ == "__main__":

@@ -11,16 +11,16 @@ printed: each node's share of the epoch and the most any node spent in etcd roun
 fraction of the epoch (from `status`).
 
 usage: python3 benches/dds_straggler_mounts.py [--samples 600] [--step-ms 4] [--runs 3] [--budget 3MiB]
+       python3 benches/dds_straggler_mounts.py --quick   # 240 files, 2 ms steps, 1 run (seconds)
+
+`METFS_BIN` picks the binary; else the release build.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,14 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchlib
+from benchlib import ROOT, med
+
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import Etcd, Mount, free_ports
+from conftest import Etcd, Mount, free_ports  # noqa: E402
 
 
 def metfs_bin() -> str:
-    return os.environ.get("METFS_BIN", str(ROOT / "target" / "release" / "metfs"))
+    return str(benchlib.metfs_bin())
 
 
 def dataset(root: Path, n: int) -> list[str]:
@@ -142,9 +144,7 @@ def one_epoch(
         return {"kind": kind, "epoch_s": epoch, "shares": shares, "etcd_fraction": etcd_frac}
     finally:
         for m in mounts:
-            subprocess.run(
-                [metfs_bin(), "umount", str(m.mountpoint)], capture_output=True, check=False
-            )
+            benchlib.umount(m.mountpoint)
 
 
 def main() -> None:
@@ -155,7 +155,11 @@ def main() -> None:
     ap.add_argument(
         "--budget", default="3MiB", help="each node's budget (about 1.7 MiB of it is metadata)"
     )
+    ap.add_argument("--quick", action="store_true", help="240 files, 2 ms steps, 1 run")
     a = ap.parse_args()
+    if a.quick:
+        a.samples, a.step_ms, a.runs = 240, 2.0, 1
+    benchlib.build()
     rows = []
     with tempfile.TemporaryDirectory() as t:
         work = Path(t)
@@ -189,14 +193,11 @@ def main() -> None:
                 rows.append(row)
         finally:
             etcd.kill()
-    med = {
-        k: statistics.median(r[k] for r in rows)
-        for k in ("static_s", "queue_s", "ratio", "etcd_fraction")
-    }
+    m = {k: med(r[k] for r in rows) for k in ("static_s", "queue_s", "ratio", "etcd_fraction")}
     print(
         f"| {a.samples} files, budget {a.budget} per node, fast step {a.step_ms} ms (slow 4x) "
-        f"| static {med['static_s']:.2f} s | queue {med['queue_s']:.2f} s | ratio {med['ratio']:.3f} "
-        f"| queue shares {rows[len(rows) // 2]['queue_shares']} | etcd {100 * med['etcd_fraction']:.2f}% |"
+        f"| static {m['static_s']:.2f} s | queue {m['queue_s']:.2f} s | ratio {m['ratio']:.3f} "
+        f"| queue shares {rows[len(rows) // 2]['queue_shares']} | etcd {100 * m['etcd_fraction']:.2f}% |"
     )
 
 

@@ -24,16 +24,19 @@ Cases (the goals of the issue in brackets):
 
 usage: python3 benches/share.py [--files 1000] [--kib 16] [--budget 8MiB] [--epochs 2]
        [--step-ms 1] [--runs 3] [--cases same2,same4,slow,overlap,stagger]
+       python3 benches/share.py --quick   # 100 files of 64 KiB, 1 epoch, 1 run, the cases
+                                          # same2, overlap and stagger (same4 and slow run
+                                          # same2's code with more jobs or a slower one)
+
+`METFS_BIN` picks the binary; else the release build.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,10 +44,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchlib
+from benchlib import ROOT, med, parse_size
+
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import Mount
+from conftest import Mount  # noqa: E402
 
 JOB = r"""
 import json, sys, time, metfs
@@ -75,7 +80,7 @@ json.dump({"samples": n, "secs": secs, "tier": st["tier_bytes_read"]}, open(out,
 
 
 def metfs_bin() -> str:
-    return os.environ.get("METFS_BIN", str(ROOT / "target" / "release" / "metfs"))
+    return str(benchlib.metfs_bin())
 
 
 def make_dataset(root: Path, files: int, kib: int) -> list[str]:
@@ -93,7 +98,7 @@ def make_dataset(root: Path, files: int, kib: int) -> list[str]:
 def run_jobs(
     sock: str, work: Path, jobs: list[tuple[str, float, dict[str, Any]]], epochs: int
 ) -> list[dict[str, Any]]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
+    env = benchlib.python_env()
     procs = []
     t0 = time.monotonic()
     for i, (name, step, extra) in enumerate(jobs):
@@ -221,14 +226,6 @@ def separate_run(
             shutil.rmtree(work / f"cache-sep{i}", ignore_errors=True)
 
 
-def parse_size(s: str) -> int:
-    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-    for u, f in units.items():
-        if s.endswith(u):
-            return int(float(s[: -len(u)]) * f)
-    return int(s)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=1000)
@@ -237,8 +234,18 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--step-ms", type=float, default=1.0)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--cases", default="same2,same4,slow,overlap,stagger")
+    ap.add_argument("--cases", help="default: same2,same4,slow,overlap,stagger")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="100 files of 64 KiB, 1 epoch, 1 run, cases same2, overlap and stagger",
+    )
     a = ap.parse_args()
+    if a.quick:
+        a.files, a.kib, a.epochs, a.runs = 100, 64, 1, 1
+        a.cases = a.cases or "same2,overlap,stagger"
+    a.cases = a.cases or "same2,same4,slow,overlap,stagger"
+    benchlib.build()
     step = a.step_ms / 1000
     budget = parse_size(a.budget)
     with tempfile.TemporaryDirectory(prefix="metfs-share-") as t:
@@ -334,12 +341,12 @@ def main() -> None:
             rows.append(
                 (
                     case,
-                    statistics.median(ratios_own),
-                    statistics.median(ratios_sep_own),
-                    statistics.median(ratios_sh),
-                    statistics.median(ratios_sep),
+                    med(ratios_own),
+                    med(ratios_sep_own),
+                    med(ratios_sh),
+                    med(ratios_sep),
                     ideal,
-                    statistics.median(speed),
+                    med(speed),
                 )
             )
         print()
@@ -352,7 +359,7 @@ def main() -> None:
                 f"| {case} | {own:.3f} | {sep_own:.3f} | {sh:.3f} | {sep:.3f} | {ideal:.2f} | {sp:.2f} |"
             )
         if stagger["refcnt"]:
-            rc, lru = statistics.median(stagger["refcnt"]), statistics.median(stagger["lru"])
+            rc, lru = med(stagger["refcnt"]), med(stagger["lru"])
             print()
             print(
                 "| staggered arrivals, 4 jobs over 75% subsets | tier MiB, --share-evict refcnt | tier MiB, lru | refcnt / lru |"
