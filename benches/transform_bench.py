@@ -2,6 +2,7 @@
 """Preprocessed mini-epochs against decoding in the reader, side by side in one run.
 
     python3 benches/transform_bench.py
+    python3 benches/transform_bench.py --quick    # 16 JPEGs of 256x256, one repetition
 
 A dataset of JPEGs (generated, reproducible: smooth colour fields with noise, 768x768,
 quality 90) is read over one epoch of mini-epochs with rf = 4 passes each, two ways:
@@ -18,16 +19,15 @@ mini-epoch included, so the transform's cost is counted), samples/s = samples re
 passes / that time. Runs alternate (reader, transform, ...) so machine noise hits both alike;
 medians and the ratio are printed. Needs root (FUSE). METFS_BIN picks the binary (default
 target/debug/metfs); METFS_BENCH_REPS (default 3), METFS_BENCH_FILES (default 240).
+Needs Pillow (pip install Pillow) and numpy.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
-import json
 import os
 import shutil
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,7 +38,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchlib
+from benchlib import ROOT, med
+
 METFS = os.environ.get("METFS_BIN", str(ROOT / "target" / "debug" / "metfs"))
 REPS = int(os.environ.get("METFS_BENCH_REPS", "3"))
 FILES = int(os.environ.get("METFS_BENCH_FILES", "240"))
@@ -89,16 +91,7 @@ def make_dataset(root: Path) -> int:
 
 
 def rpc(sock: str, req: dict[str, Any]) -> dict[str, Any]:
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(sock)
-        s.sendall((json.dumps(req) + "\n").encode())
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(1 << 20)
-            if not chunk:
-                break
-            buf += chunk
-    r: dict[str, Any] = json.loads(buf)
+    r = benchlib.rpc(sock, req)
     assert r.get("ok"), r
     return r
 
@@ -136,7 +129,7 @@ def run(work: Path, src: Path, transform: bool, budget: str, growth: float) -> t
             "--transform-growth",
             str(growth),
         ]
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
+    env = benchlib.python_env()
     sock = str(cache / "metfs.sock")
     t0 = time.perf_counter()
     subprocess.run([*args, str(mnt)], check=True, env=env, capture_output=True)
@@ -160,11 +153,16 @@ def run(work: Path, src: Path, transform: bool, budget: str, growth: float) -> t
         failed = rpc(sock, {"op": "status"}).get("transform_failed")
         assert not failed, f"{failed} samples failed to transform"
     finally:
-        subprocess.run([METFS, "umount", str(mnt)], capture_output=True, check=False)
+        benchlib.umount(mnt, metfs=Path(METFS))
     return secs, read
 
 
 def main() -> int:
+    global REPS, FILES, SIDE
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="16 JPEGs of 256x256, one repetition")
+    if ap.parse_args().quick:
+        REPS, FILES, SIDE = 1, 16, 256
     with tempfile.TemporaryDirectory(prefix="metfs-transform-bench-") as d:
         work = Path(d)
         src = work / "src"
@@ -191,10 +189,10 @@ def main() -> int:
                     f"rep {rep} {name:9s} {read} samples in {secs:6.2f} s = {read / secs:7.1f} samples/s",
                     flush=True,
                 )
-        med = {k: statistics.median(v) for k, v in results.items()}
+        m = {k: med(v) for k, v in results.items()}
         print(
-            f"median samples/s: reader decodes every pass {med['reader']:.1f}, "
-            f"--transform {med['transform']:.1f}, ratio {med['transform'] / med['reader']:.2f}x"
+            f"median samples/s: reader decodes every pass {m['reader']:.1f}, "
+            f"--transform {m['transform']:.1f}, ratio {benchlib.ratio(m['transform'], m['reader'])}"
         )
     return 0
 
