@@ -100,7 +100,7 @@ pub enum LedgerError {
 struct Job {
     share: u64,
     /// Reads this job still owes each sample (one per epoch it has started and not yet read
-    /// the sample in; two when it draws ahead into its next epoch).
+    /// the sample in; one more for each epoch it draws ahead of the one it reads).
     needs: HashMap<u32, u32>,
     /// Samples this job pins, with their bytes.
     pins: HashMap<u32, u64>,
@@ -285,6 +285,22 @@ impl Ledger {
         }
         for &s in samples {
             self.add_ref(s, 1);
+        }
+        Ok(())
+    }
+
+    /// `job` owes `n` more reads of each `(sample, n)`: a restored book's [`Ledger::needs_of`]
+    /// given back in one call, whatever the count.
+    pub fn owe(&mut self, job: JobId, needs: &[(u32, u32)]) -> Result<(), LedgerError> {
+        let j = self
+            .jobs
+            .get_mut(&job)
+            .ok_or(LedgerError::UnknownJob { job })?;
+        for &(s, n) in needs {
+            *j.needs.entry(s).or_insert(0) += n;
+        }
+        for &(s, n) in needs {
+            self.add_ref(s, n as i32);
         }
         Ok(())
     }
