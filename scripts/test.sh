@@ -23,7 +23,8 @@ VIRTUAL_ENV=$(scripts/install-deps.sh --venv)
 export VIRTUAL_ENV PATH="$VIRTUAL_ENV/bin:$PATH"
 echo "== python: $(command -v python3) ($(python3 --version))"
 # The tests that need a server (Garage, etcd) or the wheel are mandatory here; a contributor's
-# plain `cargo test` without them passes and names what it did not run.
+# plain `cargo test` without them passes and names what it did not run. Under this variable a
+# pytest skip whose reason is not in tests/skips-allowed.toml fails the run (conftest.py).
 export METFS_REQUIRE_SERVERS=1
 
 # The builds (debug, the build without HDF5, the wheel) take ~8 GB and the tests' tiers and
@@ -127,12 +128,13 @@ python3 -m pytest -q -p no:cacheprovider -o tmp_path_retention_policy=failed --d
 echo "== core end-to-end tests again, as an ordinary user"
 # Users on HPC nodes are not root: their mounts go through fusermount3 and passthrough is
 # refused (EPERM), so they get the cached or pread path. Debian's python3 with its
-# python3-pytest runs these: they need nothing from PyPI, and the environment's interpreter may
-# live where the user cannot read (e.g. under /root/.pyenv).
+# python3-pytest runs these (they need nothing from PyPI, and the environment's interpreter may
+# live where the user cannot read, e.g. under /root/.pyenv); the tests that need root skip, each
+# by a reason tests/skips-allowed.toml lists for this user, and any other skip fails.
 USER_DIR=$(mktemp -d /tmp/metfs-user-test.XXXXXX)
 chown "$TEST_USER" "$USER_DIR"
 trap 'rm -rf "$XDG_DATA_HOME" "$USER_DIR"' EXIT
 runuser -u "$TEST_USER" -- env -i PATH=/usr/bin:/bin HOME="$USER_DIR" TMPDIR="$USER_DIR" \
-  PYTHONDONTWRITEBYTECODE=1 METFS_BIN="$METFS_BIN" XDG_DATA_HOME="$USER_DIR/data" \
+  PYTHONDONTWRITEBYTECODE=1 METFS_BIN="$METFS_BIN" XDG_DATA_HOME="$USER_DIR/data" METFS_REQUIRE_SERVERS=1 \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider -o tmp_path_retention_policy=failed --basetemp="$USER_DIR/pytest" \
   tests/test_core.py tests/test_fs.py -k "not s3"
