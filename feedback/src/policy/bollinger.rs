@@ -1,10 +1,14 @@
 //! [`Bollinger`]: the Bollinger-band adaptive rf of paper section III.C.2. The mini-epoch is
 //! left when the score of a pass falls below `MA - K * std` of the `N` scores before it; the
 //! moving statistics come from `statrs`. The choices the paper leaves open are documented on
-//! the type.
+//! the type, and each is a setting ([`Spread`], [`CurrentPoint`], [`BandSide`], [`Scope`]), so
+//! the paper's other readings can be measured beside the defaults.
 
 use std::collections::VecDeque;
+use std::fmt;
+use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use statrs::statistics::Statistics;
 
@@ -41,7 +45,13 @@ use crate::Metrics;
 /// * A window of identical scores has `std = 0`: any strictly lower score then advances, an
 ///   equal one does not.
 /// * **Which side** ([`BandSide`]): below the band by default; [`Bollinger::with_side`] with
-///   [`BandSide::Either`] also advances when the score rises above `MA + K * std`.
+///   [`BandSide::Either`] also advances when the score rises above `MA + K * std`, and
+///   [`BandSide::Above`] only then (a higher-is-better score).
+/// * **The other readings** are settings ([`Bollinger::with_reading`]): [`Spread::Population`]
+///   (divisor `N`) and [`CurrentPoint::Included`] (the band over the `N - 1` previous scores
+///   and this one, as a trader's chart draws it). With the current point inside, the score can
+///   never be more than `(N-1)/sqrt(N)` population standard deviations from the mean (4.25
+///   for `N = 20`), so `K = 2` can fire for `N >= 6` only.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bollinger {
     score: WeightedScore,
@@ -49,6 +59,8 @@ pub struct Bollinger {
     k: f64,
     scope: Scope,
     side: BandSide,
+    spread: Spread,
+    current_point: CurrentPoint,
     /// The last `window` scores, oldest first, not including the pass being decided.
     pub(super) recent: VecDeque<f64>,
     rf: RfTracker,
@@ -82,6 +94,8 @@ impl Bollinger {
             k,
             scope,
             side: BandSide::Below,
+            spread: Spread::Sample,
+            current_point: CurrentPoint::Excluded,
             recent: VecDeque::new(),
             // The first mini-epoch needs window + 1 passes before the band exists.
             rf: RfTracker::new(window as f64 + 1.0),
@@ -94,14 +108,46 @@ impl Bollinger {
         self
     }
 
-    /// The band `(ma, std, lower, upper)` of the current window, once it is full.
+    /// The same policy with the band's spread and window read as given.
+    pub fn with_reading(mut self, spread: Spread, current_point: CurrentPoint) -> Self {
+        self.spread = spread;
+        self.current_point = current_point;
+        // With the current score inside, the band exists one pass sooner.
+        let first = match current_point {
+            CurrentPoint::Excluded => self.window + 1,
+            CurrentPoint::Included => self.window,
+        };
+        self.rf = RfTracker::new(first as f64);
+        self
+    }
+
+    /// The band `(ma, std, lower, upper)` of the previous scores' window, once it is full.
     pub fn band(&self) -> Option<(f64, f64, f64, f64)> {
-        if self.recent.len() < self.window {
-            return None;
+        (self.recent.len() >= self.window).then(|| self.band_of(self.recent.iter().copied()))
+    }
+
+    /// The band a pass scoring `current` is judged against, once its window is full.
+    fn band_for(&self, current: f64) -> Option<(f64, f64, f64, f64)> {
+        match self.current_point {
+            CurrentPoint::Excluded => self.band(),
+            CurrentPoint::Included => {
+                let need = self.window - 1;
+                (self.recent.len() >= need).then(|| {
+                    let skip = self.recent.len() - need;
+                    let xs = self.recent.iter().skip(skip).copied();
+                    self.band_of(xs.chain(std::iter::once(current)))
+                })
+            }
         }
-        let ma = self.recent.iter().mean();
-        let std = self.recent.iter().std_dev();
-        Some((ma, std, ma - self.k * std, ma + self.k * std))
+    }
+
+    fn band_of(&self, xs: impl Iterator<Item = f64> + Clone) -> (f64, f64, f64, f64) {
+        let ma = xs.clone().mean();
+        let std = match self.spread {
+            Spread::Sample => xs.std_dev(),
+            Spread::Population => xs.population_std_dev(),
+        };
+        (ma, std, ma - self.k * std, ma + self.k * std)
     }
 }
 
@@ -116,7 +162,7 @@ impl RfPolicy for Bollinger {
     ) -> Result<PolicyDecision, PolicyError> {
         let current = self.score.eval(metrics, "bollinger")?;
         self.rf.saw(state.passes);
-        let (verdict, reason) = match self.band() {
+        let (verdict, reason) = match self.band_for(current) {
             None => (
                 Verdict::Repeat,
                 json!({
@@ -131,7 +177,7 @@ impl RfPolicy for Bollinger {
                 }),
             ),
             Some((ma, std, lower, upper)) => (
-                if current < lower || (self.side == BandSide::Either && current > upper) {
+                if self.side.leaves(current, lower, upper) {
                     Verdict::Advance
                 } else {
                     Verdict::Repeat
@@ -147,6 +193,8 @@ impl RfPolicy for Bollinger {
                     "k": self.k,
                     "window_scope": self.scope.as_str(),
                     "side": self.side.as_str(),
+                    "spread": self.spread.as_str(),
+                    "current_point": self.current_point.as_str(),
                     "passes": state.passes,
                 }),
             ),
@@ -186,3 +234,72 @@ impl RfPolicy for Bollinger {
         Ok(())
     }
 }
+
+impl BandSide {
+    /// Whether a score of `current` leaves the band `[lower, upper]` on this side.
+    fn leaves(self, current: f64, lower: f64, upper: f64) -> bool {
+        match self {
+            BandSide::Below => current < lower,
+            BandSide::Either => current < lower || current > upper,
+            BandSide::Above => current > upper,
+        }
+    }
+}
+
+/// Which standard deviation the band's width is taken from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Spread {
+    /// The sample standard deviation (divisor `N - 1`): the default, see [`Bollinger`].
+    #[default]
+    Sample,
+    /// The population standard deviation (divisor `N`), as a trader's Bollinger band has it.
+    Population,
+}
+
+/// Whether the band is computed with the score it judges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CurrentPoint {
+    /// Over the `N` scores before this pass: the default, see [`Bollinger`].
+    #[default]
+    Excluded,
+    /// Over the `N - 1` scores before this pass and this pass's.
+    Included,
+}
+
+macro_rules! spelled {
+    ($t:ty, $what:literal, $($v:path => $s:literal),+) => {
+        impl $t {
+            /// The config spelling.
+            pub fn as_str(self) -> &'static str {
+                match self { $($v => $s),+ }
+            }
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s.trim() {
+                    $($s => Ok($v),)+
+                    other => Err(format!(
+                        concat!("unknown ", $what, " `{}`; expected ", $("`", $s, "` "),+),
+                        other
+                    )),
+                }
+            }
+        }
+    };
+}
+
+spelled!(Spread, "spread", Spread::Sample => "sample", Spread::Population => "population");
+spelled!(
+    CurrentPoint,
+    "current point",
+    CurrentPoint::Excluded => "excluded",
+    CurrentPoint::Included => "included"
+);

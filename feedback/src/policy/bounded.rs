@@ -50,6 +50,8 @@ impl RfPolicy for Bounded {
         metrics: &Metrics,
         state: &PassState,
     ) -> Result<PolicyDecision, PolicyError> {
+        // Out-of-range signals are refused before any policy's state changes.
+        state.check()?;
         // The inner policy always sees every pass, so its statistics stay complete.
         let mut d = self.inner.on_pass_end(metrics, state)?;
         let bound = if state.passes < self.rf_min && d.verdict == Verdict::Advance {

@@ -19,6 +19,10 @@
 //!   the optimal strategy for given dataset and model"): the run that ended best by a
 //!   [`ReplayMetric`] (the history chooses it), falling back to another policy where the
 //!   recorded sequence runs out.
+//! * [`Paced`]: not the paper's. Never advances before fresh data is staged, caps rf by a
+//!   bound that grows with the run's progress (§V.A), and between the two repeats only while a
+//!   held-out loss (`val_loss`, or the fresh-data loss of each new mini-epoch) still improves
+//!   per repeated pass by a set fraction of what a fresh pass gives.
 //!
 //! Invariants every policy keeps:
 //!
@@ -32,7 +36,7 @@
 //! Layout: this module holds the seam ([`RfPolicy`], [`Verdict`], [`PassState`],
 //! [`PolicyDecision`]), the error and [`Scope`]; `metric` holds the score ([`MetricTerm`],
 //! [`WeightedScore`]); each policy has its own file (`fixed`, `score`, `bollinger`, `learned`,
-//! `bounded`) and takes its parameters as constructor arguments. The policies never import
+//! `paced`, `bounded`) and takes its parameters as constructor arguments. The policies never import
 //! [`crate::config`]: the dependency points one way, from the config that builds policies to
 //! the policies it builds.
 
@@ -52,14 +56,16 @@ mod bounded;
 mod fixed;
 mod learned;
 mod metric;
+mod paced;
 mod saved;
 mod score;
 
-pub use bollinger::Bollinger;
+pub use bollinger::{Bollinger, CurrentPoint, Spread};
 pub use bounded::Bounded;
 pub use fixed::Fixed;
 pub use learned::{Learned, ReplayMetric};
 pub use metric::{default_terms, MetricTerm, WeightedScore, DEFAULT_TERMS};
+pub use paced::{Paced, PacedParams, PacedState, SMOOTHING};
 pub use saved::PolicyState;
 pub use score::Score;
 
@@ -86,6 +92,15 @@ pub enum PolicyError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A signal of the pass beside its metrics (`progress`, `val_loss`, `fresh_loss`) is out
+    /// of range.
+    #[error("pass_end field `{field}`: {reason}")]
+    BadSignal {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The weighted score of a pass is not a finite number (the weighted sum overflowed).
     #[error("policy `{policy}`: the score of this pass is not finite ({detail})")]
     NonFiniteScore {
@@ -106,13 +121,66 @@ pub enum Verdict {
     Advance,
 }
 
-/// The state of the current mini-epoch when a pass ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The state of the current mini-epoch when a pass ends, with what the daemon and the job know
+/// beside the metrics: whether fresh data is there to read, the stall-free rf, how far the run
+/// is, and held-out signals. The optional fields are `None` when nobody said (a job that sends
+/// no budget, a daemon that has not measured its bandwidths yet, a test).
+///
+/// Invariant, checked by [`PassState::check`] before any policy sees it (the [`Bounded`]
+/// wrapper every daemon policy wears calls it first, so a refused pass changes no state):
+/// `progress` lies in [0, 1] and the held-out losses are finite.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct PassState {
     /// Passes completed over the current mini-epoch, including the one that just ended (>= 1).
     pub passes: u32,
     /// Position of the current mini-epoch in the whole run (0, 1, 2, ... across epochs).
     pub sequence: u64,
+    /// Whether the next mini-epoch is fully staged, so an advance would switch now.
+    pub next_ready: Option<bool>,
+    /// The stall-free rf `ceil(EB1 / B2)` once the daemon has measured both rates: fewer
+    /// passes than this and the job outruns the tier.
+    pub stall_free_rf: Option<u32>,
+    /// The elapsed fraction of the job's budget (passes, samples or epochs, as the job counts
+    /// it), in [0, 1], when the job says it (`pass_end`'s `progress`).
+    pub progress: Option<f64>,
+    /// The validation loss of this pass, when the job sent the metric `val_loss`.
+    pub val_loss: Option<f64>,
+    /// The fresh-data loss: the loss of the first batches of this mini-epoch's first pass,
+    /// computed before they were trained on (`pass_end`'s `fresh_loss`; sent with a first pass).
+    pub fresh_loss: Option<f64>,
+}
+
+impl PassState {
+    /// The state of pass `passes` of mini-epoch `sequence`, with nothing else known.
+    pub fn new(passes: u32, sequence: u64) -> Self {
+        Self {
+            passes,
+            sequence,
+            ..Self::default()
+        }
+    }
+
+    /// Refuses a progress outside [0, 1] and a held-out loss that is not finite, naming the
+    /// field.
+    pub fn check(&self) -> Result<(), PolicyError> {
+        if let Some(p) = self.progress {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(PolicyError::BadSignal {
+                    field: "progress",
+                    reason: format!("{p} is outside [0, 1] (the elapsed fraction of the run)"),
+                });
+            }
+        }
+        for (field, v) in [("val_loss", self.val_loss), ("fresh_loss", self.fresh_loss)] {
+            if let Some(v) = v.filter(|v| !v.is_finite()) {
+                return Err(PolicyError::BadSignal {
+                    field,
+                    reason: format!("{v} is not a finite number"),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A policy's answer and why, as reported in the `pass_end` response (`reason`).
@@ -199,7 +267,8 @@ impl FromStr for Scope {
 /// The paper advances when the score "fluctuates out of the normal range" without saying
 /// which side; with the score lower-is-better, leaving below is a sudden improvement and
 /// leaving above a sudden setback. Both readings are kept: `below` (the default, what the
-/// project measured first) and `either`.
+/// project measured first) and `either`. A score that is better *higher* (an accuracy given
+/// weight +1) breaks out upwards: `above`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BandSide {
@@ -208,6 +277,8 @@ pub enum BandSide {
     Below,
     /// Advance when the score leaves the band on either side.
     Either,
+    /// Advance when the score rises above `MA + K * std` (a higher-is-better score's breakout).
+    Above,
 }
 
 impl BandSide {
@@ -216,6 +287,7 @@ impl BandSide {
         match self {
             BandSide::Below => "below",
             BandSide::Either => "either",
+            BandSide::Above => "above",
         }
     }
 }
@@ -232,8 +304,9 @@ impl FromStr for BandSide {
         match s.trim() {
             "below" => Ok(BandSide::Below),
             "either" => Ok(BandSide::Either),
+            "above" => Ok(BandSide::Above),
             other => Err(format!(
-                "unknown band side `{other}`; expected `below` or `either`"
+                "unknown band side `{other}`; expected `below`, `either` or `above`"
             )),
         }
     }
@@ -286,3 +359,5 @@ impl RfTracker {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod variants_tests;

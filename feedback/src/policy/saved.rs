@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use super::{PolicyError, RfTracker, RF_MEMORY};
+use super::{PacedState, PolicyError, RfTracker, RF_MEMORY};
 
 /// A policy's state (module docs). The fields a policy does not use are left at their
 /// defaults.
@@ -41,6 +41,9 @@ pub struct PolicyState {
     /// `learned`: its fallback policy's state.
     #[serde(default)]
     pub fallback: Option<Box<PolicyState>>,
+    /// `paced`: its smoothed gains, last held-out values and target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paced: Option<PacedState>,
 }
 
 fn bad(name: &'static str, reason: String) -> PolicyError {

@@ -5,14 +5,11 @@ use proptest::prelude::*;
 use serde_json::json;
 
 fn st(passes: u32) -> PassState {
-    PassState {
-        passes,
-        sequence: 0,
-    }
+    PassState::new(passes, 0)
 }
 
 fn at(sequence: u64, passes: u32) -> PassState {
-    PassState { passes, sequence }
+    PassState::new(passes, sequence)
 }
 
 fn loss(x: f64) -> Metrics {
@@ -371,10 +368,11 @@ fn bollinger_either_side_also_leaves_above_the_band() {
         );
     }
     assert_eq!("either".parse::<BandSide>(), Ok(BandSide::Either));
-    assert!("above"
+    assert_eq!("above".parse::<BandSide>(), Ok(BandSide::Above));
+    assert!("sideways"
         .parse::<BandSide>()
         .unwrap_err()
-        .contains("`below` or `either`"));
+        .contains("`below`, `either` or `above`"));
     let _ = either.on_pass_end(&loss(0.8), &st(6)).unwrap();
 }
 
