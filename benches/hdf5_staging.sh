@@ -6,6 +6,7 @@
 # the staged file, as the stager does before renaming it into the slot).
 #
 #   benches/hdf5_staging.sh [RUNS]      RUNS >= 1 (default 3); prints medians, ratios, peak RSS
+#   benches/hdf5_staging.sh --quick     one run of a 16 MiB container, an 8 MiB mini-epoch
 #
 # Goals (issue 6): metfs >= 0.7x cp and >= 2x h5py throughput; metfs peak RSS <= 256 MiB.
 # Environment: BENCH_DIR (work directory, default /var/tmp/metfs-hdf5-bench, reused between
@@ -13,9 +14,15 @@
 # (mini-epoch size, default 1024: half the rows, as with a budget of one source's worth).
 # Drops the page cache before every run when root (otherwise the numbers are warm-cache).
 # Needs python3 with h5py and numpy (pip install h5py numpy) and GNU time (apt-get install time).
+# METFS_BIN set: the h5_stage example beside it (its build, e.g. the test command's debug one),
+# not built here; else the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
+if [ "${1:-}" = --quick ]; then
+    shift
+    RUNS=1 SRC_MIB=16 ME_MIB=8
+fi
 RUNS=${1:-${RUNS:-3}}
 DIR=${BENCH_DIR:-/var/tmp/metfs-hdf5-bench}
 SRC_MIB=${SRC_MIB:-2048}
@@ -25,8 +32,13 @@ PY="python3 $ROOT/tests/h5/make_h5.py"
 python3 -c 'import h5py, numpy' 2>/dev/null || python3 -m pip install --quiet h5py numpy
 mkdir -p "$DIR"
 
-cargo build --release -q -p prefetcher --example h5_stage
-BIN=$ROOT/target/release/examples/h5_stage
+if [ -n "${METFS_BIN:-}" ]; then
+    BIN=$(dirname "$METFS_BIN")/examples/h5_stage
+    [ -x "$BIN" ] || { echo "no $BIN (cargo build -p prefetcher --example h5_stage)" >&2; exit 1; }
+else
+    cargo build --release -q -p prefetcher --example h5_stage
+    BIN=$ROOT/target/release/examples/h5_stage
+fi
 
 ROW=$((128 * 128 * 4))                       # bytes of one images row (float32 128 x 128)
 if [ ! -f "$DIR/src-$SRC_MIB.h5" ]; then

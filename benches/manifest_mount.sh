@@ -5,6 +5,7 @@
 # (goal 5 s).
 #
 # usage: benches/manifest_mount.sh [N] [WORKDIR]   (default 10,000,000 samples, target/plan-scale)
+#        benches/manifest_mount.sh --quick [WORKDIR]   (2,000 samples, a 64 MiB budget: seconds)
 #
 # The manifest is benches/gen_manifest.py's (ImageNet-like: 1,000 classes, lognormal sizes of
 # mean ~110 KiB). The source holds only the files the first two mini-epochs take, as sparse
@@ -12,16 +13,27 @@
 # opened when it is staged. Composition is sequential, so the first mini-epochs are the
 # manifest's first rows; the budget is 4 GiB (mini-epochs of ~2 GiB, ~19,000 samples). The
 # daemon runs in the foreground under GNU time for its peak RSS; the mount counts as done when
-# `metfs status` answers with the first mini-epoch staged.
+# `metfs status` answers with the first mini-epoch staged. BUDGET changes the budget; METFS_BIN
+# picks the binary (no build), else the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --quick ]; then
+  shift
+  set -- 2000 "$@"
+  BUDGET=${BUDGET:-64MiB}
+fi
 n="${1:-10000000}"
 work="${2:-target/plan-scale}"
+budget="${BUDGET:-4GiB}"
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
 [ -x /usr/bin/time ] || { echo "needs /usr/bin/time (GNU time: apt-get install time)" >&2; exit 1; }
-cargo build --release -q -p metfs
-bin=$PWD/target/release/metfs
+if [ -n "${METFS_BIN:-}" ]; then
+  bin=$METFS_BIN
+else
+  cargo build --release -q -p metfs
+  bin=$PWD/target/release/metfs
+fi
 manifest="$work/manifest-$n.csv"
 [ -f "$manifest" ] || python3 benches/gen_manifest.py "$n" 1000 "$manifest"
 src="$work/src-$n" cache="$work/cache-$n" mnt="$work/mnt-$n"
@@ -47,7 +59,7 @@ echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
 
 plan() { # the plan's wall seconds; the first call reads the manifest cold, the second warm
   /usr/bin/time -v "$bin" plan --manifest "$manifest" --compose stratified --nodes 8 --node-rank 0 \
-    --budget 4GiB > "$work/plan-$n.out" 2> "$work/plan-$n.log"
+    --budget "$budget" > "$work/plan-$n.out" 2> "$work/plan-$n.log"
   awk -F': ' '/Elapsed \(wall clock\)/ {print $2}' "$work/plan-$n.log" |
     awk -F: '{ if (NF == 3) print $1*3600 + $2*60 + $3; else print $1*60 + $2 }'
 }
@@ -58,7 +70,7 @@ echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
 
 start=$(date +%s.%N)
 /usr/bin/time -v "$bin" mount --foreground --source "$src" --manifest "$manifest" --cache "$cache" \
-  --budget 4GiB --compose sequential --rf 100 --history "$work/rf-history-$n.json" "$mnt" \
+  --budget "$budget" --compose sequential --rf 100 --history "$work/rf-history-$n.json" "$mnt" \
   > "$work/mount-$n.out" 2> "$work/mount-$n.log" &
 daemon=$!
 until "$bin" status --json --socket "$cache/metfs.sock" > "$work/status-$n.json" 2>/dev/null &&

@@ -5,15 +5,28 @@
 #
 # usage: benches/plan_scale.sh [WORKDIR]   (manifests are generated there once and reused;
 #        set SHUFFLED=1 to also time manifests whose rows are not in path order)
+#        benches/plan_scale.sh --quick [WORKDIR]   (10,000 and 20,000 samples, shuffled too,
+#        against the same goals: seconds)
+# METFS_BIN picks the binary (no build); else the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+specs=("1.28M 1281167 2 300" "10M 10000000 15 2048")
+if [ "${1:-}" = --quick ]; then
+  shift
+  specs=("10k 10000 2 300" "20k 20000 15 2048")
+  SHUFFLED=1
+fi
 work="${1:-target/plan-scale}"
 mkdir -p "$work"
 # A 4 GiB node budget (2 GiB per share) gives ~9 mini-epochs at 1.28M samples and ~66 at 10M.
 budget="${BUDGET:-4GiB}"
 
-cargo build --release -q -p metfs
-bin=target/release/metfs
+if [ -n "${METFS_BIN:-}" ]; then
+  bin=$METFS_BIN
+else
+  cargo build --release -q -p metfs
+  bin=target/release/metfs
+fi
 [ -x /usr/bin/time ] || { echo "needs /usr/bin/time (GNU time: apt-get install time)" >&2; exit 1; }
 
 run() { # label samples goal_s goal_mb manifest
@@ -30,12 +43,15 @@ run() { # label samples goal_s goal_mb manifest
   local ok=PASS
   awk -v w="$wall" -v g="$goal_s" 'BEGIN { exit !(w <= g) }' || ok=FAIL
   [ "$rss" -le "$goal_mb" ] || ok=FAIL
-  printf '%-11s %8s samples  %6.2f s wall (goal %s s), %5.2f s CPU  %5d MB peak RSS (goal %s MB)  %s  [%s; load %s]\n' \
+  # What the plan says it read, where it says so (older builds did, on stderr).
+  local read
+  read=$(grep -o '^read .*' "$log" | sed 's/, [0-9]* samples//' || true)
+  printf '%-11s %8s samples  %6.2f s wall (goal %s s), %5.2f s CPU  %5d MB peak RSS (goal %s MB)  %s  [%sload %s]\n' \
     "$label" "$n" "$wall" "$goal_s" "$cpu" "$rss" "$goal_mb" "$ok" \
-    "$(grep -o 'read.*' "$log" | sed 's/, [0-9]* samples//')" "$(cut -d' ' -f1 /proc/loadavg)"
+    "${read:+$read; }" "$(cut -d' ' -f1 /proc/loadavg)"
 }
 
-for spec in "1.28M 1281167 2 300" "10M 10000000 15 2048"; do
+for spec in "${specs[@]}"; do
   read -r label n goal_s goal_mb <<< "$spec"
   m="$work/manifest-$label.csv"
   [ -s "$m" ] || python3 benches/gen_manifest.py "$n" 1000 "$m"
