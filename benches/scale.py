@@ -54,7 +54,6 @@ import os
 import random
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -63,17 +62,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchlib
+from benchlib import ROOT, drop_caches, med, timed
+
 sys.path.insert(0, str(ROOT / "bindings" / "python" / "src"))
 
 import metfs  # noqa: E402
 from metfs.client import Client, FilesView  # noqa: E402
 
 WORK = Path(os.environ.get("METFS_BENCH_DIR", "/tmp/metfs-scale"))
-RELEASE = ROOT / "target" / "release"
 # Binaries already built (the test command's debug build): no release build then.
-METFS = Path(os.environ.get("METFS_BIN", RELEASE / "metfs"))
-READER = Path(os.environ.get("METFS_READBENCH", RELEASE / "examples" / "readbench"))
+METFS = benchlib.metfs_bin()
+READER = Path(os.environ.get("METFS_READBENCH", benchlib.example_bin("readbench")))
 FAILURES: list[str] = []
 
 
@@ -86,30 +86,7 @@ def check(ok: bool, what: str) -> None:
 def build() -> None:
     if "METFS_BIN" in os.environ and "METFS_READBENCH" in os.environ:
         return
-    subprocess.run(
-        [
-            "cargo",
-            "build",
-            "--release",
-            "-q",
-            "-p",
-            "metfs",
-            "--bin",
-            "metfs",
-            "--example",
-            "readbench",
-        ],
-        cwd=ROOT,
-        check=True,
-    )
-
-
-def drop_caches() -> None:
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        pass  # not root: "cold" rows are then warm-ish; the header says so
+    benchlib.build(examples=["readbench"])
 
 
 def make_tier(root: Path, files: int, lo: int, hi: int, per_dir: int, links: int = 0) -> None:
@@ -145,10 +122,6 @@ def make_tier(root: Path, files: int, lo: int, hi: int, per_dir: int, links: int
     os.sync()
     stamp.write_text(want)
     print(f"made the tier: {files:,} files in {time.perf_counter() - t:.0f} s", flush=True)
-
-
-def med(xs: list[float]) -> float:
-    return statistics.median(xs)
 
 
 def rss_kib(pid: int) -> int:
@@ -202,13 +175,7 @@ class Mount:
         return time.perf_counter() - t
 
     def umount(self) -> None:
-        mounted = any(
-            line.split()[1] == str(self.mnt)
-            for line in Path("/proc/self/mounts").read_text().splitlines()
-        )
-        if mounted:
-            subprocess.run([str(METFS), "umount", str(self.mnt)], capture_output=True)
-            subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+        benchlib.umount(self.mnt)
 
     @property
     def socket(self) -> str:
@@ -244,12 +211,6 @@ def walk(top: Path) -> int:
     for _, _, files in os.walk(top):
         n += len(files)
     return n
-
-
-def timed(fn: Callable[[], Any]) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def first_walk(m: Mount, c: CountingClient, known: FilesView) -> tuple[float, float]:
