@@ -117,10 +117,15 @@ print(f"py{v[0]}.{v[1]}-" + hashlib.sha256(sys.base_prefix.encode()).hexdigest()
 
 make_venv() { # dir
   "$1/bin/python" -c '' 2>/dev/null && return 0
-  local base=${METFS_PYTHON:-python3}
-  echo "install-deps: $base -m venv --system-site-packages $1"
-  rm -rf "$1"
-  (umask 022 && "$base" -m venv --system-site-packages "$1") ||
+  local base=${METFS_PYTHON:-python3} clear=()
+  if [ -n "$(ls -A "$1" 2>/dev/null)" ]; then
+    # An environment whose python no longer runs (its interpreter removed or moved) is made
+    # again in place; a directory that is not an environment is left alone.
+    [ -f "$1/pyvenv.cfg" ] || die "$1 is not empty and not a virtual environment: set METFS_VENV"
+    clear=(--clear)
+  fi
+  echo "install-deps: $base -m venv --system-site-packages ${clear[*]:+--clear }$1"
+  (umask 022 && "$base" -m venv --system-site-packages "${clear[@]}" "$1") ||
     die "could not make a virtual environment in $1 (Debian: apt-get install python3-venv)"
 }
 
