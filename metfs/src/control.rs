@@ -29,6 +29,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::daemon::Daemon;
+use feedback::policy::JobSignals;
 
 /// Limits of the control socket (`[control]` in the config file, `--control-*` flags).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
@@ -383,9 +384,19 @@ async fn handle(
             job,
             metrics,
             block,
+            progress,
+            fresh_loss,
         } => {
             let name = daemon.session_for(job.as_deref())?;
-            decision(daemon.pass_end_in(&name, job, metrics, block).await)
+            let signals = JobSignals {
+                progress,
+                fresh_loss,
+            };
+            decision(
+                daemon
+                    .pass_end_with(&name, job, metrics, signals, block)
+                    .await,
+            )
         }
         Request::Advance { wait, job } => {
             let name = daemon.session_for(job.as_deref())?;

@@ -312,6 +312,17 @@ pub enum Request {
         metrics: Metrics,
         /// Block until the next mini-epoch is staged when the policy wants to advance.
         block: bool,
+        /// The elapsed fraction of the job's budget (passes, samples or epochs, as the job
+        /// counts it), in [0, 1]: lets a policy grow rf as training progresses.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(with = "f64", range(min = 0.0, max = 1.0))]
+        progress: Option<f64>,
+        /// The fresh-data loss: the loss of the first batches of this mini-epoch's first pass,
+        /// computed before they were trained on (a held-out signal; sent with a first pass). A
+        /// finite number; the validation loss travels as the metric `val_loss`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(with = "f64")]
+        fresh_loss: Option<f64>,
     },
     /// Force an advance.
     Advance {
@@ -383,6 +394,30 @@ fn req_u64(obj: &Map<String, Value>, name: &str) -> Result<u64, ProtocolError> {
             format!("field `{name}` must be a non-negative integer"),
         )
     })
+}
+
+/// An optional finite number `name`, within `range` when given. An explicit `null` is refused:
+/// it is how many JSON encoders write NaN or an infinity.
+fn opt_finite(
+    obj: &Map<String, Value>,
+    name: &str,
+    range: Option<std::ops::RangeInclusive<f64>>,
+) -> Result<Option<f64>, ProtocolError> {
+    let bad = |why: String| Err(ProtocolError::new(ErrorCode::BadMetrics, format!("field `{name}` {why}")));
+    match obj.get(name) {
+        None => Ok(None),
+        Some(Value::Null) => bad("is null: it must be a finite number (NaN and infinities are written as null by many JSON encoders)".into()),
+        Some(v) => match v.as_f64() {
+            Some(x) if !x.is_finite() => bad(format!("must be a finite number, got {v}")),
+            Some(x) => match range {
+                Some(r) if !r.contains(&x) => {
+                    bad(format!("must lie in [{}, {}], got {x}", r.start(), r.end()))
+                }
+                _ => Ok(Some(x)),
+            },
+            None => bad(format!("must be a finite number, got {v}")),
+        },
+    }
 }
 
 /// Checks a metrics object: every value a finite number.
@@ -514,6 +549,8 @@ pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
             job: opt_string(&obj, "job")?,
             metrics: parse_metrics(obj.get("metrics"))?,
             block: opt_bool(&obj, "block")?,
+            progress: opt_finite(&obj, "progress", Some(0.0..=1.0))?,
+            fresh_loss: opt_finite(&obj, "fresh_loss", None)?,
         },
         "advance" => Request::Advance {
             wait: opt_bool(&obj, "wait")?,
@@ -570,7 +607,9 @@ mod tests {
             Request::PassEnd {
                 job: None,
                 metrics: [("loss".to_string(), 0.5)].into_iter().collect(),
-                block: true
+                block: true,
+                progress: None,
+                fresh_loss: None,
             }
         );
         assert_eq!(
@@ -741,6 +780,8 @@ mod tests {
                 job: Some("j".into()),
                 metrics: [("loss".to_string(), 0.25)].into_iter().collect(),
                 block: true,
+                progress: Some(0.5),
+                fresh_loss: Some(1.25),
             },
             Request::Advance {
                 wait: true,

@@ -164,3 +164,38 @@ proptest::proptest! {
         let _ = header.unpack(count, &bad);
     }
 }
+
+/// `pass_end`'s signals beside its metrics: the run's progress and the fresh-data loss, each
+/// optional, checked, and the field named when refused.
+#[test]
+fn pass_end_signals_are_checked_and_named() {
+    let r = parse_request(r#"{"op":"pass_end","metrics":{},"progress":0.25,"fresh_loss":1.5}"#)
+        .unwrap();
+    assert!(matches!(
+        r,
+        Request::PassEnd {
+            progress: Some(p),
+            fresh_loss: Some(f),
+            ..
+        } if p == 0.25 && f == 1.5
+    ));
+    for (line, field) in [
+        (r#"{"op":"pass_end","progress":1.5}"#, "progress"),
+        (r#"{"op":"pass_end","progress":-0.01}"#, "progress"),
+        (r#"{"op":"pass_end","progress":"half"}"#, "progress"),
+        (r#"{"op":"pass_end","fresh_loss":null}"#, "fresh_loss"),
+        (r#"{"op":"pass_end","fresh_loss":[1]}"#, "fresh_loss"),
+    ] {
+        match parse_request(line) {
+            Err(e) => {
+                assert_eq!(e.code, ErrorCode::BadMetrics, "{line}: {e}");
+                assert!(e.message.contains(&format!("`{field}`")), "{line}: {e}");
+            }
+            Ok(r) => panic!("{line} parsed as {r:?}"),
+        }
+    }
+    // Absent, they are absent from what a client writes too.
+    let r = parse_request(r#"{"op":"pass_end"}"#).unwrap();
+    let line = serde_json::to_string(&r).unwrap();
+    assert!(!line.contains("progress") && !line.contains("fresh_loss"), "{line}");
+}

@@ -183,6 +183,34 @@ impl PassState {
     }
 }
 
+/// What a job says of a pass beside its metrics (`pass_end`'s `progress` and `fresh_loss`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct JobSignals {
+    /// The elapsed fraction of the job's budget, in [0, 1].
+    pub progress: Option<f64>,
+    /// The fresh-data loss of this mini-epoch's first pass.
+    pub fresh_loss: Option<f64>,
+}
+
+impl JobSignals {
+    /// The pass state of pass `passes` of mini-epoch `sequence` with these signals and the
+    /// metric `val_loss` of `metrics`, the rest unknown.
+    pub fn state(self, passes: u32, sequence: u64, metrics: &Metrics) -> PassState {
+        PassState {
+            progress: self.progress,
+            fresh_loss: self.fresh_loss,
+            val_loss: metrics.get("val_loss").copied(),
+            ..PassState::new(passes, sequence)
+        }
+    }
+
+    /// [`PassState::check`] of these signals with `metrics`' `val_loss`: a caller refuses a
+    /// bad pass before it changes anything of its own.
+    pub fn check(self, metrics: &Metrics) -> Result<(), PolicyError> {
+        self.state(1, 0, metrics).check()
+    }
+}
+
 /// A policy's answer and why, as reported in the `pass_end` response (`reason`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyDecision {

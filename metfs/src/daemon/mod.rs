@@ -154,7 +154,7 @@ use crate::protocol::{
 };
 use feedback::config::{PolicyConfig, PolicyKind};
 use feedback::history::{HistoryStore, MiniEpochRecord, Replay, RunId};
-use feedback::policy::{PassState, RfPolicy, Verdict};
+use feedback::policy::{JobSignals, PassState, RfPolicy, Verdict};
 use prefetcher::budget::{round_up, Budget, BudgetError};
 use prefetcher::catalog::Catalog;
 use prefetcher::hdf5::Containers;

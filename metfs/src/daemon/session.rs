@@ -318,13 +318,19 @@ impl Session {
 
     /// The policy's decision on the pass ending now, with `metrics`; the pass is not counted
     /// yet ([`Session::pass_ended`] does, once the decision stands).
+    ///
+    /// The policy also sees whether the successor is staged, the stall-free rf
+    /// (`stall_free_rf`, once measured), the job's `signals` and the metric `val_loss`.
     pub(super) fn decide(
         &mut self,
         metrics: &Metrics,
+        signals: JobSignals,
+        stall_free_rf: Option<u32>,
     ) -> Result<feedback::policy::PolicyDecision, feedback::policy::PolicyError> {
         let state = PassState {
-            passes: self.passes + 1,
-            sequence: self.sequence,
+            next_ready: Some(self.next_ready()),
+            stall_free_rf,
+            ..signals.state(self.passes + 1, self.sequence, metrics)
         };
         self.policy.on_pass_end(metrics, &state)
     }

@@ -300,7 +300,7 @@ impl Daemon {
         self.pass_end_in(DEFAULT_SESSION, job, metrics, block).await
     }
 
-    /// Handles `pass_end` for session `name`.
+    /// Handles `pass_end` for session `name`, with no signals beside the metrics.
     pub async fn pass_end_in(
         &self,
         name: &str,
@@ -308,15 +308,33 @@ impl Daemon {
         metrics: Metrics,
         block: bool,
     ) -> Result<Decision, ProtocolError> {
+        self.pass_end_with(name, job, metrics, JobSignals::default(), block)
+            .await
+    }
+
+    /// Handles `pass_end` for session `name`: the policy decides from the metrics, the job's
+    /// `signals` (progress, fresh-data loss), whether the successor is staged and the
+    /// stall-free rf. Signals out of range are refused before anything changes.
+    pub async fn pass_end_with(
+        &self,
+        name: &str,
+        job: Option<String>,
+        metrics: Metrics,
+        signals: JobSignals,
+        block: bool,
+    ) -> Result<Decision, ProtocolError> {
+        let bad = |e: feedback::policy::PolicyError| {
+            ProtocolError::new(ErrorCode::BadMetrics, e.to_string())
+        };
+        signals.check(&metrics).map_err(bad)?;
         let (reason, want, first_pass_of, handed) = {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;
             if let Some(j) = job.filter(|_| !s.schedule().in_shared_store()) {
                 self.adopt_job(s, j)?;
             }
-            let d = s
-                .decide(&metrics)
-                .map_err(|e| ProtocolError::new(ErrorCode::BadMetrics, e.to_string()))?;
+            let stall_free = self.stall_free_rf(s);
+            let d = s.decide(&metrics, signals, stall_free).map_err(bad)?;
             let secs = pass_start(s).elapsed().as_secs_f64();
             s.pass_ended(&metrics, &d, secs);
             self.events.emit(Event::PassEnd(event::PassEnd {

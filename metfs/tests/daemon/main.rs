@@ -11,5 +11,6 @@ mod faults;
 mod kernel;
 mod learned;
 mod model;
+mod paced;
 mod passes;
 mod resume;

@@ -290,6 +290,8 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
                     job,
                     metrics,
                     block,
+                    progress: None,
+                    fresh_loss: None,
                 },
             )?;
             println!("{}", serde_json::to_string(&Reply::new(d))?);
