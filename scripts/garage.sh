@@ -2,6 +2,8 @@
 # A single-node Garage S3 server on loopback, for metfs tests and benchmarks.
 #
 #   scripts/garage.sh install              install Garage 2.5.0 once per machine (~16 min on 2 cores)
+#                                          unless a `garage` of that version is on PATH or in
+#                                          ~/.cargo/bin; another version is never used
 #   scripts/garage.sh start DIR [PORT [RPC_PORT]]
 #                                          start a server with its state in DIR; S3 on
 #                                          127.0.0.1:PORT (default 3900), RPC on RPC_PORT
@@ -27,12 +29,32 @@ die() {
     exit 1
 }
 
-have_garage() {
-    command -v garage >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/garage" ]
+garage_version() { # binary: its x.y.z (`garage --version` says e.g. "garage cargo:2.5.0 [...]")
+    "$1" --version 2>/dev/null | grep -oE '[0-9]+\.[0-9]+\.[0-9]+' | head -1
 }
 
-garage_bin() {
-    command -v garage 2>/dev/null || echo "$HOME/.cargo/bin/garage"
+garage_bin() { # the first garage, on PATH or in ~/.cargo/bin, that is GARAGE_VERSION
+    local b
+    for b in "$(command -v garage 2>/dev/null)" "$HOME/.cargo/bin/garage"; do
+        if [ -n "$b" ] && [ -x "$b" ] && [ "$(garage_version "$b")" = "$GARAGE_VERSION" ]; then
+            echo "$b"
+            return 0
+        fi
+    done
+    return 1
+}
+
+have_garage() {
+    garage_bin >/dev/null
+}
+
+other_garages() { # each garage found that is not GARAGE_VERSION, with its version
+    local b
+    for b in "$(command -v garage 2>/dev/null)" "$HOME/.cargo/bin/garage"; do
+        if [ -n "$b" ] && [ -x "$b" ] && [ "$(garage_version "$b")" != "$GARAGE_VERSION" ]; then
+            echo "$b ($(garage_version "$b" || true))"
+        fi
+    done | sort -u | paste -sd ' '
 }
 
 cmd_install() {
@@ -57,8 +79,12 @@ cmd_install() {
         echo "garage.sh: the background build ended without a garage binary; building it" >&2
     fi
     command -v cargo >/dev/null 2>&1 || die "cargo is needed to install Garage (https://rustup.rs)"
-    cargo install garage --version "$GARAGE_VERSION" --locked
-    have_garage || die "cargo install finished but no garage binary is on PATH"
+    local other
+    other=$(other_garages)
+    [ -z "$other" ] || echo "garage.sh: not Garage $GARAGE_VERSION, so not used: $other" >&2
+    # --force: replaces a ~/.cargo/bin/garage of another version.
+    cargo install garage --version "$GARAGE_VERSION" --locked --force
+    have_garage || die "cargo install finished but ~/.cargo/bin/garage is not Garage $GARAGE_VERSION"
     echo "garage: $(garage_bin)"
 }
 
@@ -99,7 +125,11 @@ cmd_start() {
     local dir=${1:?usage: garage.sh start DIR [PORT [RPC_PORT]]}
     local port=${2:-3900}
     local rpc_port=${3:-}
-    have_garage || die "garage is not installed: run scripts/garage.sh install (about 16 minutes on 2 cores)"
+    if ! have_garage; then
+        local other
+        other=$(other_garages)
+        die "Garage $GARAGE_VERSION is not installed${other:+ (found, not used: $other)}: run scripts/garage.sh install (about 16 minutes on 2 cores)"
+    fi
     mkdir -p "$dir/meta" "$dir/data"
     dir=$(cd "$dir" && pwd)
     if [ -f "$dir/garage.pid" ] && running "$(cat "$dir/garage.pid")"; then
@@ -237,7 +267,7 @@ stop)
     cmd_stop "$@"
     ;;
 *)
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
