@@ -4,6 +4,7 @@
 # what the server gives), for (a) 2,000 objects of 128 KiB and (b) 16 objects of 64 MiB.
 #
 #   benches/s3_staging.sh [RUNS]        RUNS >= 3 (default 5); prints medians and ratios
+#   benches/s3_staging.sh --quick       one run of (a) 40 objects of 128 KiB and (b) 2 of 8 MiB
 #
 # Tools, each timed as a whole process (listing included), in a rotating order per run:
 #   awscli         aws s3 cp --recursive --only-show-errors (default settings: 10 requests at once)
@@ -24,20 +25,39 @@
 # ceiling (both leave the data in the page cache).
 # Environment: BENCH_DIR (work directory, default a new /tmp/metfs-s3-bench.*; removed unless
 # KEEP=1). Needs python3, awscli (pip install awscli) and Garage (scripts/garage.sh install).
+# METFS_BIN set: that metfs and the s3_fetch example beside it (its build, e.g. the test
+# command's debug one), not built here; else the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
+# Objects of the two sets: count and bytes each.
+SMALL_N=2000 SMALL_SIZE=131072 LARGE_N=16 LARGE_SIZE=67108864
+MIN_RUNS=3
+if [ "${1:-}" = --quick ]; then
+    shift
+    RUNS=1 MIN_RUNS=1
+    SMALL_N=40 LARGE_N=2 LARGE_SIZE=8388608
+fi
 RUNS=${1:-${RUNS:-5}}
-[ "$RUNS" -ge 3 ] || {
-    echo "s3_staging.sh: RUNS must be at least 3" >&2
+[ "$RUNS" -ge "$MIN_RUNS" ] || {
+    echo "s3_staging.sh: RUNS must be at least $MIN_RUNS" >&2
     exit 2
 }
 
 scripts/garage.sh install >/dev/null
 command -v aws >/dev/null || python3 -m pip install --quiet awscli
-cargo build --release --quiet -p prefetcher --example s3_fetch
-FETCH=$ROOT/target/release/examples/s3_fetch
-METFS=$ROOT/target/release/metfs
+if [ -n "${METFS_BIN:-}" ]; then
+    METFS=$METFS_BIN
+    FETCH=$(dirname "$METFS_BIN")/examples/s3_fetch
+    [ -x "$FETCH" ] || {
+        echo "no $FETCH (cargo build -p prefetcher --example s3_fetch)" >&2
+        exit 1
+    }
+else
+    cargo build --release --quiet -p prefetcher --example s3_fetch
+    FETCH=$ROOT/target/release/examples/s3_fetch
+    METFS=$ROOT/target/release/metfs
+fi
 
 WORK=${BENCH_DIR:-$(mktemp -d /tmp/metfs-s3-bench.XXXXXX)}
 mkdir -p "$WORK"
@@ -63,8 +83,8 @@ eval "$(scripts/garage.sh env "$WORK/garage")"
 B=$METFS_S3_BUCKET
 
 echo "# uploading test data to Garage (not timed)"
-"$FETCH" upload "s3://$B/small" 2000 131072
-"$FETCH" upload "s3://$B/large" 16 67108864
+"$FETCH" upload "s3://$B/small" "$SMALL_N" "$SMALL_SIZE"
+"$FETCH" upload "s3://$B/large" "$LARGE_N" "$LARGE_SIZE"
 
 # The mount is measured only when a metfs binary exists and takes S3 sources.
 TOOLS=(awscli ceiling ceiling-sync discard metfs metfs-nofsync)
@@ -110,8 +130,8 @@ run_tool() { # tool dataset bytes
 
 for ds in small large; do
     case $ds in
-    small) bytes=$((2000 * 131072)) ;;
-    large) bytes=$((16 * 67108864)) ;;
+    small) bytes=$((SMALL_N * SMALL_SIZE)) ;;
+    large) bytes=$((LARGE_N * LARGE_SIZE)) ;;
     esac
     for run in $(seq 1 "$RUNS"); do
         n=${#TOOLS[@]}
@@ -124,7 +144,7 @@ for ds in small large; do
 done
 rm -rf "$WORK/out"
 
-python3 - "$RESULTS" "$RUNS" <<'EOF'
+python3 - "$RESULTS" "$RUNS" "$SMALL_N" "$SMALL_SIZE" "$LARGE_N" "$LARGE_SIZE" <<'EOF'
 import collections, statistics, sys
 rows = [l.split("\t") for l in open(sys.argv[1]).read().splitlines() if l]
 t = collections.defaultdict(list)
@@ -132,7 +152,9 @@ size = {}
 for ds, tool, s, b in rows:
     t[ds, tool].append(float(s))
     size[ds] = int(b)
-names = {"small": "2,000 x 128 KiB", "large": "16 x 64 MiB"}
+def name(n, b):
+    return f"{int(n):,} x {int(b) >> 20} MiB" if int(b) >= 1 << 20 else f"{int(n):,} x {int(b) >> 10} KiB"
+names = {"small": name(*sys.argv[3:5]), "large": name(*sys.argv[5:7])}
 print(f"\nS3 staging from Garage on loopback, medians of {sys.argv[2]} runs\n")
 print(f"| objects | tool | median s | MiB/s | runs (s) |")
 print(f"|---|---|---:|---:|---|")

@@ -1,0 +1,296 @@
+"""Every benchmark runs: each script in benches/ with `--quick` (the same code paths at a tiny
+size, seconds each) completes and prints its tables and ratio lines, found by their headers and
+labels, not by their numbers (those belong to the full runs in docs/BENCHMARKS.md). Servers are
+real: Garage by scripts/garage.sh, etcd, `mpirun`.
+
+benches/scale.py, benches/peers and benches/tta.py have tests of their own
+(test_scale_bench.py, test_peers_bench.py, test_tta_bench.py). A prerequisite that is missing
+fails the test under METFS_REQUIRE_SERVERS=1 (as the test command sets it) and skips it
+otherwise, naming what is missing."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, metfs_bin
+
+BENCHES = ROOT / "benches"
+# Scripts with tests of their own, and what is not a benchmark.
+ELSEWHERE = {"scale.py", "tta.py", "benchlib.py"}
+
+
+@dataclass
+class Case:
+    """A script's quick run: its arguments after the script, what it needs, and the lines it
+    must print (each string must occur in its output)."""
+
+    args: list[str]
+    expect: list[str]
+    needs: list[str] = field(default_factory=list)
+
+
+# What each need checks, and the reason given when it is missing.
+NEEDS = {
+    "root": (lambda: os.geteuid() == 0, "FUSE mounts and page cache drops need root"),
+    "mpirun": (lambda: bool(shutil.which("mpirun")), "needs Open MPI (scripts/install-deps.sh)"),
+    "etcd": (lambda: bool(shutil.which("etcd")), "needs etcd (scripts/install-deps.sh)"),
+    "fio": (lambda: bool(shutil.which("fio")), "needs fio (scripts/install-deps.sh)"),
+    "time": (lambda: os.access("/usr/bin/time", os.X_OK), "needs GNU time (apt-get install time)"),
+    "aws": (lambda: bool(shutil.which("aws")), "needs awscli (pip install awscli)"),
+    "garage": (
+        lambda: bool(shutil.which("garage")) or (Path.home() / ".cargo/bin/garage").exists(),
+        "needs Garage (scripts/garage.sh install)",
+    ),
+    "h5py": (lambda: _imports("h5py"), "needs h5py (pip install h5py)"),
+    "PIL": (lambda: _imports("PIL"), "needs Pillow (pip install Pillow)"),
+    "numpy": (lambda: _imports("numpy"), "needs numpy (pip install numpy)"),
+}
+
+
+def _imports(module: str) -> bool:
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        return False
+
+
+CASES = {
+    "aggregate.py": Case(
+        ["--quick"],
+        [
+            "| mode | tier bytes per epoch after epoch 0 | seconds to fill the next slot | ratio to tier |",
+            "| tier | ",
+            "| aggregate | ",
+        ],
+        ["root", "mpirun"],
+    ),
+    "aggregate_wire.py": Case(
+        ["--quick"],
+        [
+            "| α | code | sender | broadcast | wire MiB |",
+            "| uncoded | extra | direct |",
+            "| uberShuffle | peers | ring |",
+            "| uberShuffle | extra | direct |",
+            "| uberShuffle | extra | ring |",
+            "| α | p | α held | uncoded MiB | coded MiB | coded/uncoded |",
+            "| 0.500 | 0.333 |",
+        ],
+        ["root", "mpirun"],
+    ),
+    "core_bench.py": Case(
+        ["--quick"],
+        [
+            "| benchmark | baseline | metfs | ratio |",
+            "| read 1 MiB files, cold | direct (slot files under a lease) |",
+            "| read 1 MiB files, warm | cached",
+            "| read 16 KiB files, cold | passthrough",
+            "| read 16 KiB files, warm | pread",
+            "| stage 64 x 16 KiB | cp -r ",
+            "| stage 2 x 8 MiB | ",
+            "x the faster cp; ",
+            "| view switch, 1,000-file mini-epoch |",
+        ],
+        ["root", "fio"],
+    ),
+    "dds_straggler.py": Case(
+        ["--quick"], ['"dds_share": ', '{"median": {"static_s": ', '"ratio": '], ["etcd"]
+    ),
+    "dds_straggler_mounts.py": Case(
+        ["--quick"],
+        ["| 240 files, budget 3MiB per node", "| static ", "| queue ", "| ratio ", "| etcd "],
+        ["root", "etcd"],
+    ),
+    "met_bandwidth.py": Case(
+        ["--quick"],
+        [
+            "| consumer | samples/s | of target | waited | tier bytes / sample |",
+            "| baseline (direct, tier capped at B2) |",
+            "| metfs rf=1 |",
+            "| metfs rf=8 |",
+            "| metfs rf=8, --prefetch-rate auto |",
+            "MiB/s needed)",
+        ],
+        ["root"],
+    ),
+    "share.py": Case(
+        ["--quick"],
+        [
+            "| case | shared / one job on its own mount | separate / one job on its own mount |",
+            "| same2 | ",
+            "| overlap | ",
+            "| staggered arrivals, 4 jobs over 75% subsets |",
+            "| refcnt / lru |",
+        ],
+        ["root"],
+    ),
+    "transform_bench.py": Case(
+        ["--quick"],
+        [
+            "rep 0 reader ",
+            "rep 0 transform ",
+            "median samples/s: reader decodes every pass ",
+            ", --transform ",
+            ", ratio ",
+        ],
+        ["root", "numpy", "PIL"],
+    ),
+    "hdf5_staging.sh": Case(
+        ["--quick"],
+        [
+            "| tool | median s | MiB/s | vs cp | peak RSS MiB |",
+            "| cp | ",
+            "| metfs | ",
+            "| h5py | ",
+            "metfs / cp throughput: ",
+            "metfs / h5py throughput: ",
+            "metfs peak RSS: ",
+        ],
+        ["time", "h5py", "numpy"],
+    ),
+    "manifest_mount.sh": Case(
+        ["--quick", "{tmp}/manifest"],
+        [
+            "| samples in the manifest | mount until the first mini-epoch (",
+            "`metfs plan`, manifest cold / warm |",
+            "| 2000 | ",
+        ],
+        ["root", "time"],
+    ),
+    "plan_scale.sh": Case(
+        ["--quick", "{tmp}/plan"],
+        ["10k ", "10k-shuf ", "20k ", "20k-shuf ", "s wall (goal ", "MB peak RSS (goal "],
+        ["time"],
+    ),
+    "s3_staging.sh": Case(
+        ["--quick"],
+        [
+            "| objects | tool | median s | MiB/s |",
+            "| 40 x 128 KiB | awscli |",
+            "| 40 x 128 KiB | ceiling-sync |",
+            "| 40 x 128 KiB | metfs |",
+            "| 2 x 8 MiB | metfs-nofsync |",
+            "| 2 x 8 MiB | metfs-mount |",
+            "| objects | metfs vs awscli (goal >= 1.5x) |",
+            "| 2 x 8 MiB | ",
+        ],
+        ["root", "garage", "aws"],
+    ),
+}
+
+# Examples the shell scripts run from beside METFS_BIN (the Python ones build theirs).
+EXAMPLES = {
+    "hdf5_staging.sh": ("prefetcher", "h5_stage"),
+    "s3_staging.sh": ("prefetcher", "s3_fetch"),
+}
+
+
+def need(what: list[str]) -> None:
+    missing = [why for w in what for ok, why in [NEEDS[w]] if not ok()]
+    if not missing:
+        return
+    why = "; ".join(missing)
+    if os.environ.get("METFS_REQUIRE_SERVERS", "0") not in ("", "0"):
+        pytest.fail(f"METFS_REQUIRE_SERVERS is set and {why}")
+    pytest.skip(why)
+
+
+def mounted_under(top: Path) -> list[str]:
+    prefix = str(top) + "/"
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1].replace("\\040", " ") for line in f]
+    return [p for p in points if p.startswith(prefix)]
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short directory under /tmp (the benchmarks' temporary directories go there, and a Unix
+    socket's path has at most 107 bytes); whatever a failed run left mounted there is
+    unmounted."""
+    d = Path(tempfile.mkdtemp(prefix="mb-", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        for p in mounted_under(d):
+            subprocess.run([metfs_bin(), "umount", p], capture_output=True, timeout=60, check=False)
+        for p in mounted_under(d):
+            subprocess.run(["umount", "-l", p], capture_output=True, check=False)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_every_benchmark_has_a_quick_test() -> None:
+    scripts = {
+        p.name for p in BENCHES.iterdir() if p.is_file() and p.suffix in (".py", ".sh")
+    } - ELSEWHERE
+    # gen_manifest.py writes the planning benchmarks' manifests: it runs in theirs, and below.
+    assert scripts - {"gen_manifest.py"} == set(CASES), "a script in benches/ without a quick test"
+
+
+@pytest.mark.parametrize("script", sorted(CASES))
+def test_benchmark_quick(script: str, short_tmp: Path) -> None:
+    case = CASES[script]
+    need(case.needs)
+    exe = Path(metfs_bin())
+    if script in EXAMPLES and not (exe.parent / "examples" / EXAMPLES[script][1]).exists():
+        package, example = EXAMPLES[script]
+        assert exe.parent == ROOT / "target" / "debug", f"no {example} beside {exe}"
+        subprocess.run(
+            ["cargo", "build", "-q", "-p", package, "--example", example], cwd=ROOT, check=True
+        )
+    env = dict(
+        os.environ,
+        METFS_BIN=str(exe),
+        METFS_BENCH_DIR=str(short_tmp / "work"),
+        BENCH_DIR=str(short_tmp / "bench"),
+        TMPDIR=str(short_tmp),
+        # The shell scripts' `python3` is this interpreter (a virtual environment's, maybe).
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    path = BENCHES / script
+    cmd = [sys.executable, str(path)] if script.endswith(".py") else ["bash", str(path)]
+    cmd += [a.format(tmp=short_tmp) for a in case.args]
+    t = time.monotonic()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        pytest.fail(f"{script} --quick ran past 600 s:\n{out[-3000:]}\n{err[-3000:]}")
+    secs = time.monotonic() - t
+    print(f"{script} --quick: {secs:.1f} s\n{r.stdout}")
+    assert r.returncode == 0, (
+        f"{script} --quick exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    )
+    missing = [line for line in case.expect if line not in r.stdout]
+    assert not missing, f"{script} --quick did not print {missing}:\n{r.stdout[-4000:]}"
+    assert "CHECK FAILED" not in r.stdout
+    assert not mounted_under(short_tmp), "the benchmark left mounts behind"
+
+
+def test_gen_manifest(tmp_path: Path) -> None:
+    """The planning benchmarks' manifest: N rows over CLASSES classes, in path order or
+    shuffled (the benchmarks above run it at their quick sizes)."""
+    need(["numpy"])
+    for shuffled in (False, True):
+        out = tmp_path / f"m-{shuffled}.csv"
+        cmd = [sys.executable, str(BENCHES / "gen_manifest.py"), "1003", "10", str(out)]
+        subprocess.run(cmd + (["--shuffled"] if shuffled else []), check=True, timeout=60)
+        with open(out, newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert len(rows) == 1003
+        assert len({r["label"] for r in rows}) == 10
+        assert all(int(r["size"]) > 0 and r["path"].endswith(".JPEG") for r in rows)
+        paths = [r["path"] for r in rows]
+        assert (paths == sorted(paths)) != shuffled
