@@ -454,7 +454,7 @@ def bench_stage() -> list[str]:
 
 
 def bench_switch() -> list[str]:
-    files = 2000 if QUICK else 40000
+    files = 1000 if QUICK else 40000
     src = WORK / f"src-{files // 1000}k"
     make_files(src, files, 1024, per_dir=files // 20)
     # Two mini-epochs of half the files each: footprint 4 KiB per file.

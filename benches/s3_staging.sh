@@ -72,13 +72,24 @@ cleanup() {
 trap cleanup EXIT
 
 # Two distinct free ports: both sockets stay bound until both are chosen, so the second cannot
-# be the first handed out again (garage.sh refuses S3 and RPC on one port).
-read -r S3_PORT RPC_PORT < <(python3 -c '
+# be the first handed out again (garage.sh refuses S3 and RPC on one port). A port taken again
+# before Garage binds it fails the start at once; fresh ports are tried, as tests/conftest.py's
+# Garage does.
+for try in 1 2 3; do
+    read -r S3_PORT RPC_PORT < <(python3 -c '
 import socket
 a, b = socket.socket(), socket.socket()
 a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0))
 print(a.getsockname()[1], b.getsockname()[1])')
-scripts/garage.sh start "$WORK/garage" "$S3_PORT" "$RPC_PORT" >/dev/null
+    scripts/garage.sh stop "$WORK/garage" >/dev/null 2>&1 || true
+    rm -rf "$WORK/garage"
+    scripts/garage.sh start "$WORK/garage" "$S3_PORT" "$RPC_PORT" >/dev/null && break
+    [ "$try" -lt 3 ] || {
+        echo "s3_staging.sh: Garage did not start in 3 tries" >&2
+        exit 1
+    }
+    echo "# Garage did not start on port $S3_PORT; trying fresh ports" >&2
+done
 eval "$(scripts/garage.sh env "$WORK/garage")"
 B=$METFS_S3_BUCKET
 

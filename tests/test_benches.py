@@ -100,7 +100,7 @@ CASES = {
             "| stage 64 x 16 KiB | cp -r ",
             "| stage 2 x 8 MiB | ",
             "x the faster cp; ",
-            "| view switch, 1,000-file mini-epoch |",
+            "| view switch, 500-file mini-epoch |",
         ],
         ["root", "fio"],
     ),
