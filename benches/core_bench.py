@@ -411,7 +411,6 @@ def bench_stage() -> list[str]:
     if QUICK:
         sets = [
             ("64 x 16 KiB", WORK / "src-16k", 64, 16 << 10),
-            ("8 x 1 MiB", WORK / "src-1m", 8, 1 << 20),
             ("2 x 8 MiB", WORK / "src-8m", 2, 8 << 20),
         ]
     for label, src, count, size in sets:
