@@ -1,6 +1,6 @@
 """Smoke test of the peer benchmark (benches/peers/run.py --quick): Garage behind the
-rate-capping proxy, every side that is installed (peers not installed are skipped, not
-installed by the test), two small datasets, one repetition. It proves the harness measures:
+rate-capping proxy, every side that is installed (peers not installed are skipped under
+--allow-missing and listed as skipped, not installed by the test), two small datasets, one repetition. It proves the harness measures:
 every side reads all its samples with the right bytes, the tier's bytes are counted, and
 metfs's tables are printed."""
 
@@ -31,6 +31,7 @@ def test_peer_benchmark_quick(tmp_path: Path) -> None:
                 str(ROOT / "benches/peers/run.py"),
                 "--quick",
                 "--no-install",
+                "--allow-missing",
                 "--max-secs",
                 "8",
                 "--json",
@@ -66,3 +67,30 @@ def test_peer_benchmark_quick(tmp_path: Path) -> None:
         assert m["tier_bytes"] <= 1.05 * m["dataset_bytes"], m
         assert 0 < m["peak_cache"] <= 64 << 20, m
     assert r.stdout.count("| metfs |") == 2, r.stdout
+    # Every side's fraction of the cap and configuration are printed; a peer that is missing is
+    # listed as skipped, not left out.
+    assert "| tier read / cap |" in r.stdout and "Configuration of each side" in r.stdout
+    assert "* direct: boto3 get_object" in r.stdout, r.stdout
+    for tool in data["skipped"]:
+        assert r.stdout.count(f"| {tool} | skipped |") == 2, r.stdout
+    if "streaming" in tools:
+        assert "shuffle_algo=py1e" in r.stdout and "batch_size=64" in r.stdout, r.stdout
+
+
+def test_peer_benchmark_stops_on_a_missing_peer(tmp_path: Path) -> None:
+    """Bad input: a peer that is not on the machine (and is not to be installed) stops the run
+    with its name and the reason, before the tier starts."""
+    if os.geteuid() != 0:
+        pytest.skip("the peer benchmark needs root")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = dict(os.environ, METFS_BIN=metfs_bin(), PATH=str(empty))
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benches/peers/run.py"), "--tools", "rclone", "--no-install"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode != 0
+    assert "side rclone cannot run: rclone is not installed (--no-install)" in r.stderr, r.stderr

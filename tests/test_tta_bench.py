@@ -1,9 +1,11 @@
 """Smoke test of the time-to-accuracy benchmark (benches/tta.py --quick): Garage behind the
 rate-capping proxy, a small generated image dataset, one seed, a few seconds of real PyTorch
-training per side on the local copy, every metfs side (score, bollinger, fixed rf 4 with and
-without blocking) and the direct peer. It proves the harness measures: every side trains and
-is measured, its tier bytes are counted, the target is fixed from the local copy and the table
-is printed. Accuracies belong to the full run (docs/BENCHMARKS.md)."""
+training per side on the local copy, every metfs side (fixed rf 1, score, bollinger, fixed rf 4
+with and without blocking) and the direct peer. It proves the harness measures: every side
+trains and is measured, its tier bytes and its fraction of the cap are counted, each seed's
+target is fixed from its local copy, and the table and the sides' configurations are printed.
+Accuracies belong to the full run (docs/BENCHMARKS.md). A peer missing on the machine stops a
+run with its name, or is skipped and said so under --allow-missing."""
 
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ def test_tta_benchmark_quick(tmp_path: Path) -> None:
     sides = {row["side"] for row in rows}
     assert {
         "local",
+        "metfs-rf1",
         "metfs-score",
         "metfs-bollinger",
         "metfs-rf4",
@@ -67,9 +70,14 @@ def test_tta_benchmark_quick(tmp_path: Path) -> None:
             # headers and the listing).
             assert 0 < row["metfs_tier_bytes"] <= row["tier_bytes"], row
     assert 0 < data["target"] < 1
-    assert "Target accuracy:" in r.stdout
+    assert set(data["targets"]) == {"0"} and 0 < data["targets"]["0"] < 1, data["targets"]
+    assert "Target accuracy per seed" in r.stdout
+    assert data["summary"]["direct"]["cap"][0] > 0, data["summary"]["direct"]
+    assert "| tier read / cap |" in r.stdout and "Configuration of each side:" in r.stdout
+    assert "* direct from the tier: boto3 get_object" in r.stdout, r.stdout
     for label in (
         "local copy (full shuffle)",
+        "metfs fixed rf 1",
         "metfs score",
         "metfs bollinger",
         "metfs fixed rf 4",
@@ -79,3 +87,23 @@ def test_tta_benchmark_quick(tmp_path: Path) -> None:
         assert f"| {label} |" in r.stdout, r.stdout
     curves = json.loads((tmp_path / "curves.json").read_text())
     assert len(curves["series"]) == len(sides) and curves["hlines"], curves
+
+
+def test_tta_benchmark_stops_on_a_missing_peer(tmp_path: Path) -> None:
+    """Bad input: a peer that is not on the machine (and is not to be installed) stops the run
+    with its name and the reason, before anything starts; --allow-missing goes on without it."""
+    if os.geteuid() != 0:
+        pytest.skip("the time-to-accuracy benchmark needs root")
+    pytest.importorskip("torch")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = dict(os.environ, METFS_BIN=metfs_bin(), PATH=str(empty))
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benches/tta.py"), "--sides", "local,s3fs", "--no-install"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert r.returncode != 0
+    assert "side s3fs cannot run: s3fs is not installed (--no-install)" in r.stderr, r.stderr

@@ -19,10 +19,12 @@ disk, and the same consumer: 4 reader threads, 128 KiB reads. Sides:
                  whole dataset in a short run);
 * `s3fs`         `s3fs -o use_cache=DIR,ensure_diskfree=8` with DIR on a tmpfs of CACHE bytes
                  (s3fs has no size cap of its own);
-* `streaming`    MosaicML Streaming's `StreamingDataset(remote=s3://..., cache_limit=CACHE)` over
-                 the same samples written as MDS shards of SHARD_MIB (its own iterator and
-                 download threads: it has no use for 4 readers);
-* `direct`       boto3 GETs of every sample, every epoch, by the same 4 threads.
+* `streaming`    MosaicML Streaming configured by its own documentation (`streaming_settings`:
+                 the job's batch size of BATCH through its StreamingDataLoader, `py1e` with a
+                 shuffle block of a mini-epoch's samples, predownload, one canonical node,
+                 cache_limit CACHE) over the same samples written as MDS shards of SHARD_MIB;
+* `direct`       boto3 GETs of every sample, every epoch, by worker processes with threads
+                 (`DirectGets`: DIRECT_WORKERS x DIRECT_THREADS requests in flight).
 
 The peers read the whole dataset each epoch in a new shuffled order (a job without mini-epochs);
 metfs's job reads its mini-epochs. Each run consumes the same number of samples (CONSUME
@@ -37,8 +39,14 @@ JuiceFS is not a side: it serves only data written through itself (files cut int
 objects, with a metadata engine), so it cannot read the bucket of plain sample objects the others
 share; see docs/BENCHMARKS.md.
 
+Each side's configuration (how, and per whose documentation) is printed with the tables, and
+each row gives the fraction of the tier's cap the side read at (tier bytes / time / cap).
+
 Peers missing on the machine are installed (apt-get: rclone, s3fs; pip: mosaicml-streaming);
-a side that still cannot run is skipped with a note. Needs root (FUSE, tmpfs, dropping caches)
+a side that still cannot run stops the run with its name and the reason, or with
+--allow-missing is skipped and listed as skipped in the tables. Before the runs the tier is
+checked: where Garage behind the proxy cannot deliver 90 % of the cap to many GETs in flight on
+this machine, the run stops (--allow-slow-tier goes on and says so; --quick always does). Needs root (FUSE, tmpfs, dropping caches)
 and Garage (scripts/garage.sh install). Environment: METFS_BIN (default target/release/metfs,
 built when missing), PEERS_WORK (work directory, default a new /tmp/metfs-peers.*; removed
 unless --keep).
@@ -48,7 +56,9 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import importlib
 import json
+import math
 import os
 import random
 import shutil
@@ -210,7 +220,7 @@ class Tier:
         time.sleep(0.15)
         return self.down()
 
-    def client(self, direct: bool = False):
+    def client(self, direct: bool = False, pool: int = THREADS * 2):
         import boto3
         from botocore.config import Config
 
@@ -223,7 +233,7 @@ class Tier:
             config=Config(
                 s3={"addressing_style": "path"},
                 request_checksum_calculation="when_required",
-                max_pool_connections=THREADS * 2,
+                max_pool_connections=pool,
                 retries={"max_attempts": 10},
             ),
         )
@@ -594,25 +604,113 @@ def side_s3fs(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) 
         return read_order(ds, mnt, count, cfg.seed)
 
 
-def streaming_dataset(remote: str, cache: str, cache_mib: int, seed: int):
-    """Streaming's side as configured here: a shuffled StreamingDataset over the MDS shards at
-    `remote`, its cache in `cache` capped at `cache_mib` (the S3 endpoint, credentials and
-    S3_ENDPOINT_URL come from the environment)."""
+#: The job's batch size where a peer's documentation asks for it (Streaming's `batch_size`,
+#: its DataLoader's, the direct loader's batches).
+BATCH = 64
+#: Streaming's `predownload`, in samples per DataLoader worker: its docs (shard_retrieval.md,
+#: "Downloading ahead"; performance_tuning.md: "increase the predownload parameter") leave the
+#: default of 8 x batch_size unless more samples should be ready ahead; here, where the tier
+#: is the bottleneck, 2,000 where their shards fit in the cache beside a shuffle block's.
+STREAMING_PREDOWNLOAD = 2_000
+#: Streaming's DataLoader workers: its docs' other knob against a slow download
+#: (performance_tuning.md: "increase the number of workers for your dataloader"); one worker
+#: process keeps the downloads and the sample decoding off the trainer's interpreter lock on a
+#: 2-core machine.
+STREAMING_WORKERS = 1
+
+
+def streaming_settings(
+    cache_mib: int, sample_bytes: int, shard_mib: int, n_samples: int, batch: int = BATCH
+) -> dict:
+    """MosaicML Streaming configured by its own documentation (docs/source in
+    github.com/mosaicml/streaming: getting_started/faqs_and_tips.md, dataset_configuration/
+    shuffling.md and shard_retrieval.md, distributed_training/performance_tuning.md):
+
+    * `batch_size` the job's device batch size, the same as its DataLoader's (FAQ: "for
+      optimal performance ... you must pass batch_size to StreamingDataset");
+    * `shuffle_algo="py1e"` (the recommended default) with `shuffle_block_size` about a
+      mini-epoch's samples (half the cache budget, as metfs sizes a slot): the default,
+      max(4,000,000 / canonical nodes, 2^18) samples, makes a dataset of tens of thousands of
+      samples one block whose every shard must stay resident;
+    * `num_canonical_nodes=1` (one physical node), `predownload` STREAMING_PREDOWNLOAD,
+      `cache_limit` the run's cache budget;
+    * shards of `shard_mib` (4-8 MiB: many shards per block).
+
+    Returns the StreamingDataset keyword arguments (`kwargs`), the DataLoader's (`loader`), the
+    minimum cache the performance-tuning guide's formula gives for py1e (L = k S ceil(B/Q)
+    ceil(C/P), k = 1, plus the predownloaded shards) and a one-line description."""
+    shard = shard_mib * MIB
+    per_shard = max(1, shard // sample_bytes)  # Q
+    block = max(per_shard, min(n_samples, (cache_mib * MIB // 2) // sample_bytes))  # B
+    shards_block = math.ceil(block / per_shard)
+    # Ahead: STREAMING_PREDOWNLOAD where the shards it needs fit beside a block's, never fewer
+    # than its default (8 x batch_size).
+    room = (cache_mib * MIB - shard * shards_block) // shard * per_shard
+    predownload = max(8 * batch, min(STREAMING_PREDOWNLOAD, n_samples, room))
+    shards_ahead = math.ceil(predownload / per_shard)
+    need = shard * shards_block  # L for py1e, one canonical node, one physical node
+    need_ahead = shard * (shards_block + shards_ahead)
+    kwargs = {
+        "cache_limit": f"{cache_mib}mb",
+        "shuffle": True,
+        "shuffle_algo": "py1e",
+        "shuffle_block_size": block,
+        "batch_size": batch,
+        "predownload": predownload,
+        "num_canonical_nodes": 1,
+    }
+    loader = {"batch_size": batch, "num_workers": STREAMING_WORKERS}
+    desc = (
+        "MosaicML Streaming by its docs (FAQ, shuffling, shard retrieval, performance tuning): "
+        f"StreamingDataset(remote=s3://..., local=DIR, cache_limit={cache_mib}mb, shuffle=True, "
+        f"shuffle_algo=py1e, shuffle_block_size={block} (a mini-epoch: half the cache), "
+        f"batch_size={batch}, predownload={predownload}, num_canonical_nodes=1) over MDS shards "
+        f"of {shard_mib} MiB ({per_shard} samples each), iterated by "
+        f"StreamingDataLoader(batch_size={batch}, num_workers={STREAMING_WORKERS}, "
+        f"persistent_workers=True); cache its tuning guide's py1e formula needs: "
+        f"S ceil(B/Q) = {shard_mib} MiB x {shards_block} = {need / MIB:.0f} MiB, "
+        f"{need_ahead / MIB:.0f} MiB with the predownloaded shards, against cache_limit "
+        f"{cache_mib} MiB ({'fits' if need_ahead <= cache_mib * MIB else 'DOES NOT FIT'})"
+    )
+    return {
+        "kwargs": kwargs,
+        "loader": loader,
+        "need": need,
+        "need_ahead": need_ahead,
+        "fits": need_ahead <= cache_mib * MIB,
+        "desc": desc,
+    }
+
+
+def streaming_dataset(remote: str, cache: str, settings: dict, seed: int):
+    """Streaming's side as its documentation configures it (`streaming_settings`): a shuffled
+    StreamingDataset over the MDS shards at `remote`, its cache in `cache` (the S3 endpoint,
+    credentials and S3_ENDPOINT_URL come from the environment)."""
     from streaming import StreamingDataset
 
-    return StreamingDataset(
-        remote=remote,
-        local=cache,
-        cache_limit=f"{cache_mib}mb",
-        shuffle=True,
-        shuffle_seed=seed,
-        batch_size=1,
-        num_canonical_nodes=1,
+    return StreamingDataset(remote=remote, local=cache, shuffle_seed=seed, **settings["kwargs"])
+
+
+def streaming_loader(sds, settings: dict):
+    """The StreamingDataLoader its docs pair with the dataset (the same batch size; workers
+    persistent between epochs, as its FAQ asks)."""
+    from streaming import StreamingDataLoader
+
+    w = settings["loader"]["num_workers"]
+    return StreamingDataLoader(
+        sds,
+        batch_size=settings["loader"]["batch_size"],
+        num_workers=w,
+        persistent_workers=w > 0,
+        prefetch_factor=4 if w > 0 else None,
+        # Linux's default, which a job started as a program gets (the benchmarks run it in
+        # processes started by spawn or a forkserver, whose children would start workers so).
+        multiprocessing_context="fork" if w > 0 else None,
     )
 
 
 def streaming_child(
-    q, env: dict, remote: str, cache: str, cache_mib: int, seed: int, count: int, budget_s: float
+    q, env: dict, remote: str, cache: str, settings: dict, seed: int, count: int, budget_s: float
 ) -> None:
     """Streaming's side, in a process of its own: its download threads outlive the iterator and
     would keep reading the tier during the next side's run; ending the process ends them."""
@@ -621,16 +719,17 @@ def streaming_child(
 
     clean_stale_shared_memory()
     t0 = time.perf_counter()
-    sds = streaming_dataset(remote, cache, cache_mib, seed)
-    samples = nbytes = epoch = 0
+    loader = streaming_loader(streaming_dataset(remote, cache, settings, seed), settings)
+    samples = nbytes = 0
     while samples < count and time.perf_counter() - t0 < budget_s:
-        for s in sds:
-            nbytes += len(s["data"])
-            samples += 1
+        for b in loader:
+            nbytes += sum(len(x) for x in b["data"])
+            samples += len(b["data"])
             if samples >= count or time.perf_counter() - t0 >= budget_s:
                 break
-        epoch += 1
     q.put((samples, nbytes))
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def side_streaming(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) -> Run:
@@ -641,6 +740,7 @@ def side_streaming(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: P
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     left = DEADLINE[0] - time.perf_counter()
+    settings = streaming_settings(cfg.cache_mib, ds.size, cfg.shard_mib, ds.n)
     p = ctx.Process(
         target=streaming_child,
         args=(
@@ -648,7 +748,7 @@ def side_streaming(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: P
             env,
             f"s3://{tier.bucket}/{ds.name}/mds",
             str(cache),
-            cfg.cache_mib,
+            settings,
             cfg.seed,
             count,
             left,
@@ -670,32 +770,156 @@ def side_streaming(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: P
     return run
 
 
+#: The direct peer's loader: worker processes, each with threads sharing one boto3 client.
+#: boto3's own guidance for many requests is threads over one client; a PyTorch job's is
+#: DataLoader worker processes, so that the requests' Python work does not take turns with the
+#: trainer under one interpreter lock (16 threads in the trainer's process read about 45 % of
+#: the cap on the 2-core machine, and slowed its steps 5x).
+DIRECT_WORKERS = 4
+DIRECT_THREADS = 8
+
+
+class DirectGets:
+    """The direct peer's dataset as boto3 and PyTorch users write it: a map-style dataset
+    whose sample i is one GET of `keys[i]` under `prefix`; `__getitems__` (what a PyTorch
+    DataLoader's worker calls for a batch) fetches a batch's samples with DIRECT_THREADS threads
+    over one client. The client and threads are made in the process that uses them (after a
+    DataLoader's or a pool's fork)."""
+
+    def __init__(self, tier, prefix: str, keys: list[str]) -> None:
+        self.tier, self.prefix, self.keys = tier, prefix, keys
+        self._pid: int | None = None
+        # boto3 imported and its S3 model loaded here, once: the worker processes forked
+        # after this inherit both instead of each spending a second of CPU on them.
+        Tier.client(tier)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def _setup(self) -> None:
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._client = Tier.client(self.tier, pool=DIRECT_THREADS * 2)
+            self._threads = cf.ThreadPoolExecutor(DIRECT_THREADS)
+
+    def get(self, i: int) -> bytes:
+        key = f"{self.prefix}/{self.keys[i]}"
+        return self._client.get_object(Bucket=self.tier.bucket, Key=key)["Body"].read()
+
+    def __getitem__(self, i: int) -> bytes:
+        self._setup()
+        return self.get(i)
+
+    def __getitems__(self, idx: list[int]) -> list[bytes]:
+        self._setup()
+        return list(self._threads.map(self.get, idx))
+
+
+DIRECT_DESC = (
+    f"boto3 get_object of every sample every epoch (one client per process, "
+    f"max_pool_connections {DIRECT_THREADS * 2}), a batch's samples fetched by {DIRECT_THREADS} "
+    f"threads in each of {DIRECT_WORKERS} loader worker processes ({DIRECT_WORKERS * DIRECT_THREADS}"
+    f" requests in flight at most), as boto3's guide (threads sharing a client) and PyTorch's "
+    f"(DataLoader worker processes) have it"
+)
+
+_DIRECT: list[DirectGets] = []
+
+
+def direct_batch(idx: list[int]) -> tuple[int, int]:
+    """One batch of the direct side in a pool worker; nothing once the time box is over."""
+    if late():
+        return 0, 0
+    bodies = _DIRECT[0].__getitems__(idx)
+    return len(bodies), sum(len(b) for b in bodies)
+
+
 def side_direct(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path) -> Run:
+    import multiprocessing as mp
+
     run = Run()
     order = epochs_of(ds, count, cfg.seed)
-    it = iter(order)
-    lock = threading.Lock()
-
-    def worker() -> tuple[int, int]:
-        c = tier.client()
-        n = k = 0
-        while True:
-            with lock:
-                i = None if late() else next(it, None)
-            if i is None:
-                return k, n
-            k += 1
-            body = c.get_object(Bucket=tier.bucket, Key=f"{ds.name}/files/{ds.keys[i]}")["Body"]
-            while True:
-                b = body.read(READ)
-                if not b:
-                    break
-                n += len(b)
-
-    with cf.ThreadPoolExecutor(THREADS) as ex:
-        for k, n in ex.map(lambda _: worker(), range(THREADS)):
+    _DIRECT[:] = [DirectGets(tier, f"{ds.name}/files", ds.keys)]
+    batches = [order[k : k + BATCH] for k in range(0, len(order), BATCH)]
+    with mp.get_context("fork").Pool(DIRECT_WORKERS) as pool:
+        for k, n in pool.imap(direct_batch, batches):
             run.samples, run.bytes = run.samples + k, run.bytes + n
     return run
+
+
+def tier_holds(tier: Tier, prefix: str, keys: list[str], size: int, secs: float = 4.0) -> float:
+    """The fraction of its cap the tier (Garage behind proxy.py) delivers on this machine to
+    DIRECT_WORKERS x DIRECT_THREADS GETs in flight of the objects `keys` under `prefix` (each
+    `size` bytes), over `secs`: below about 0.9 the machine, not the cap, limits every side."""
+    import multiprocessing as mp
+
+    n = max(1, int(2 * tier.rate * secs / size))
+    rng = random.Random(0)
+    order = [rng.randrange(len(keys)) for _ in range(n)]
+    _DIRECT[:] = [DirectGets(tier, prefix, keys)]
+    saved = DEADLINE[0]
+    with mp.get_context("fork").Pool(DIRECT_WORKERS) as pool:
+        # Each worker's client and threads are made before the clock starts.
+        pool.map(direct_batch, [[0]] * DIRECT_WORKERS, chunksize=1)
+        before = tier.counted()
+        t0 = time.perf_counter()
+        DEADLINE[0] = t0 + secs
+        for _ in pool.imap(direct_batch, [order[k : k + BATCH] for k in range(0, n, BATCH)]):
+            pass
+        t = time.perf_counter() - t0
+    DEADLINE[0] = saved
+    return (tier.counted() - before) / t / tier.rate
+
+
+def check_cap(
+    tier: Tier, prefix: str, keys: list[str], size: int, allow: bool, secs: float = 4.0
+) -> tuple[str, float]:
+    """Stops (SystemExit) when the tier cannot hold its cap on this machine, unless `allow`;
+    returns the line that says what it delivered, and the fraction of the cap."""
+    f = tier_holds(tier, prefix, keys, size, secs)
+    line = (
+        f"tier check: Garage behind proxy.py delivered {f * tier.rate / MIB:.1f} MiB/s of the "
+        f"{tier.rate / MIB:.1f} MiB/s cap ({100 * f:.0f} %) to {DIRECT_WORKERS * DIRECT_THREADS} "
+        f"GETs in flight"
+    )
+    log(line)
+    if f < 0.9:
+        line += ": the cap cannot be held on this machine (every side is limited below it)"
+        if not allow:
+            raise SystemExit(
+                f"{line}. Lower the cap (--rate-mib), free the machine, or pass --allow-slow-tier"
+            )
+    return line, f
+
+
+def describe(tool: str, cfg, ds: Dataset | None = None) -> str:
+    """How `tool` is configured, and per whose documentation."""
+    if tool in ("metfs", "metfs-block"):
+        return (
+            f"metfs mount --source s3://BUCKET/PREFIX --budget {cfg.cache_mib}MiB --rf 4 "
+            f"(fixed rf, default policy); pass_end "
+            + ("block=true: the job waits for staging" if tool == "metfs-block" else "non-blocking")
+        )
+    if tool == "rclone":
+        return (
+            f"rclone mount --read-only --vfs-cache-mode full --vfs-cache-max-size "
+            f"{cfg.cache_mib}M --vfs-cache-poll-interval 1s --dir-cache-time 1h (rclone mount's "
+            "docs: full VFS caching for random reads; a poll interval of 1 s instead of 1 min "
+            "keeps the cache within its size in a short run)"
+        )
+    if tool == "s3fs":
+        return (
+            f"s3fs -o use_cache=DIR,ensure_diskfree=8,ro,stat_cache_expire=3600, DIR a tmpfs of "
+            f"{cfg.cache_mib} MiB (s3fs's man page: use_cache is its local cache; it has no size "
+            "cap, only ensure_diskfree)"
+        )
+    if tool == "streaming":
+        n = ds.n if ds else 0
+        size = ds.size if ds else cfg.sample_kib << 10
+        return streaming_settings(cfg.cache_mib, size, cfg.shard_mib, n)["desc"]
+    if tool == "direct":
+        return DIRECT_DESC
+    return tool
 
 
 SIDES = {
@@ -727,7 +951,11 @@ def available(tool: str, cfg) -> str | None:
 
     if tool in ("rclone", "s3fs"):
         apt(tool)
-        return None if shutil.which(tool) else f"{tool} is not installed"
+        if shutil.which(tool):
+            return None
+        return f"{tool} is not installed" + (
+            " (--no-install)" if cfg.no_install else " (apt-get install failed)"
+        )
     if tool == "streaming":
         try:
             import streaming  # noqa: F401
@@ -744,10 +972,15 @@ def available(tool: str, cfg) -> str | None:
                     check=False,
                     timeout=900,
                 )
+            # A package pip installed while this interpreter runs is found only once the
+            # import system's cached directory listings are dropped.
+            importlib.invalidate_caches()
             try:
                 import streaming  # noqa: F401,F811
             except ImportError:
-                return "mosaicml-streaming is not installed"
+                return "mosaicml-streaming is not installed" + (
+                    " (--no-install)" if cfg.no_install else " (pip install failed)"
+                )
     if tool.startswith("metfs") and not os.access(cfg.metfs, os.X_OK):
         return f"no metfs binary at {cfg.metfs}"
     return None
@@ -813,6 +1046,7 @@ def table(rows: list[dict], ds: Dataset, cfg, consume: float) -> str:
             med[tool] = {
                 "sps": statistics.median(r["samples"] / r["secs"] for r in rs),
                 "tier": statistics.median(r["tier_bytes"] / r["bytes"] for r in rs),
+                "cap": statistics.median(r["tier_bytes"] / r["secs"] / cfg.rate for r in rs),
                 "peak": statistics.median(r["peak_cache"] for r in rs),
                 "n": len(rs),
                 "runs": " ".join(f"{r['samples'] / r['secs']:.0f}" for r in rs),
@@ -822,8 +1056,8 @@ def table(rows: list[dict], ds: Dataset, cfg, consume: float) -> str:
     out = [
         f"\n### dataset {ds.bytes / MIB:.0f} MiB ({ratio:g}x the {cfg.cache_mib} MiB cache), "
         f"{ds.n} samples of {ds.size >> 10} KiB, {consume:g} dataset-equivalents consumed per run\n",
-        "| side | samples/s (median) | vs metfs | tier bytes / consumed byte | peak cache on disk | runs (samples/s) |",
-        "|---|---:|---:|---:|---:|---|",
+        "| side | samples/s (median) | vs metfs | tier bytes / consumed byte | tier read / cap | peak cache on disk | runs (samples/s) |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     m = med.get("metfs", {}).get("sps")
     for tool in cfg.tools:
@@ -833,13 +1067,16 @@ def table(rows: list[dict], ds: Dataset, cfg, consume: float) -> str:
                 for r in rows
                 if r["case"] == ds.name and r["tool"] == tool and r["error"]
             ]
-            out.append(f"| {tool} | n/a | | | | {errs[0] if errs else 'not run'} |")
+            out.append(f"| {tool} | n/a | | | | | {errs[0] if errs else 'not run'} |")
             continue
         x = med[tool]
         vs = f"{x['sps'] / m:.2f}x" if m else "n/a"
         out.append(
-            f"| {tool} | {x['sps']:,.0f} | {vs} | {x['tier']:.3f} | {x['peak'] / MIB:.0f} MiB | {x['runs']} |"
+            f"| {tool} | {x['sps']:,.0f} | {vs} | {x['tier']:.3f} | {100 * x['cap']:.0f} % | "
+            f"{x['peak'] / MIB:.0f} MiB | {x['runs']} |"
         )
+    for tool, why in cfg.skipped.items():
+        out.append(f"| {tool} | skipped | | | | | {why} (--allow-missing) |")
     return "\n".join(out)
 
 
@@ -856,7 +1093,12 @@ def main() -> None:
     ap.add_argument("--cache-mib", type=int, default=256)
     ap.add_argument("--rate-mib", type=float, default=40)
     ap.add_argument("--sample-kib", type=int, default=256)
-    ap.add_argument("--shard-mib", type=int, default=32, help="MDS shard size for Streaming")
+    ap.add_argument(
+        "--shard-mib",
+        type=int,
+        default=4,
+        help="MDS shard size for Streaming (4-8 MiB: many shards per shuffle block)",
+    )
     ap.add_argument(
         "--consume",
         default="0.5:8,2:4,8:1",
@@ -870,13 +1112,24 @@ def main() -> None:
         help="time box of one run: a side still reading then stops, and its rates count what it read",
     )
     ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--no-install", action="store_true", help="skip peers that are not installed")
+    ap.add_argument("--no-install", action="store_true", help="do not install missing peers")
+    ap.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="a peer that cannot run is skipped and said so in the table (default: stop)",
+    )
+    ap.add_argument(
+        "--allow-slow-tier",
+        action="store_true",
+        help="go on when the tier cannot hold its cap on this machine (default: stop)",
+    )
     ap.add_argument("--json", type=Path, help="write every run's numbers here")
     cfg = ap.parse_args()
     if cfg.quick:
         # s3fs needs its cache file system to hold ensure_diskfree plus 5 parallel 10 MB parts.
         cfg.reps, cfg.cache_mib, cfg.sample_kib, cfg.shard_mib = 1, 64, 128, 4
         cfg.cases, cfg.consume, cfg.rate_mib = "0.5,2", "0.5:1,2:0.5", 200
+        cfg.allow_slow_tier = True
     if os.geteuid() != 0:
         raise SystemExit("run.py: needs root (FUSE mounts, a tmpfs for s3fs, dropping caches)")
     cfg.tools = [t for t in cfg.tools.split(",") if t]
@@ -891,9 +1144,13 @@ def main() -> None:
     for t in list(cfg.tools):
         why = available(t, cfg)
         if why:
+            if not cfg.allow_missing:
+                raise SystemExit(f"run.py: side {t} cannot run: {why} (--allow-missing skips it)")
             skipped[t] = why
             cfg.tools.remove(t)
             log(f"skipping {t}: {why}")
+    cfg.skipped = skipped
+    cfg.rate = cfg.rate_mib * MIB
     consume = {float(k): float(v) for k, v in (p.split(":") for p in cfg.consume.split(","))}
     cases = [float(c) for c in cfg.cases.split(",")]
     cfg.work = Path(os.environ.get("PEERS_WORK") or tempfile.mkdtemp(prefix="metfs-peers."))
@@ -901,6 +1158,7 @@ def main() -> None:
     tier = Tier(cfg.work, int(cfg.rate_mib * MIB))
     rows: list[dict] = []
     out = []
+    checked = ""
     try:
         for ci, c in enumerate(cases):
             if ci:
@@ -908,13 +1166,24 @@ def main() -> None:
             n = int(c * cfg.cache_mib * MIB) // (cfg.sample_kib << 10)
             ds = Dataset(f"x{c:g}", n, cfg.sample_kib << 10)
             ds.upload(tier, cfg.shard_mib * MIB, cfg.work, "streaming" in cfg.tools)
+            if ci == 0:
+                checked, _ = check_cap(
+                    tier,
+                    f"{ds.name}/files",
+                    ds.keys,
+                    ds.size,
+                    cfg.allow_slow_tier,
+                    secs=1.5 if cfg.quick else 4.0,
+                )
             count = int(consume.get(c, 2) * n)
             for rep in range(cfg.reps):
                 k = rep % len(cfg.tools)
                 for tool in cfg.tools[k:] + cfg.tools[:k]:
                     rows.append(one(cfg, tier, ds, tool, count, rep))
             out.append(table(rows, ds, cfg, consume.get(c, 2)))
-            print(out[-1], flush=True)
+            if "streaming" in cfg.tools:
+                out.append(f"\nstreaming at {ds.name}: {describe('streaming', cfg, ds)}")
+            print(out[-1] if "streaming" not in cfg.tools else "\n".join(out[-2:]), flush=True)
     finally:
         tier.stop()
         if cfg.json:
@@ -925,6 +1194,11 @@ def main() -> None:
         f"\nTier: Garage behind proxy.py at {cfg.rate_mib:g} MiB/s; cache {cfg.cache_mib} MiB for every side; "
         f"{cfg.reps} repetition(s), medians; consumer {THREADS} threads x {READ >> 10} KiB reads."
     )
+    print(checked)
+    print("Configuration of each side (streaming's per case above):")
+    for t in cfg.tools:
+        if t != "streaming":
+            print(f"* {t}: {describe(t, cfg)}")
     for t, why in skipped.items():
         print(f"Skipped {t}: {why}")
     notes = sorted({(r["case"], r["tool"], r["note"]) for r in rows if "time box" in r["note"]})
