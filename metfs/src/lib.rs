@@ -10,6 +10,7 @@ pub mod client;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod doctor;
 pub mod events;
 pub mod logging;
 pub mod metrics;
