@@ -1,7 +1,8 @@
 //! `metfs`: mini-epoch training over FUSE.
 //!
 //! The binary is a thin CLI (clap) over the library: this file declares the commands and
-//! dispatches them; `serve` runs a mount, `plan` and `dds` the commands that work without one.
+//! dispatches them; `serve` runs a mount, `doctor` checks a node for one, `plan` and `dds` the
+//! commands that work without one.
 //! `anyhow` is used only in the binary, to add context to the modules' typed errors on their way
 //! to the user.
 
@@ -19,10 +20,12 @@ use metfs::protocol::{Decision, FilesView, Reply, Request, Staging, Status};
 use metfs::{client, control, daemon, fuse, logging, mount, report};
 
 mod dds;
+mod doctor;
 mod plan;
 mod serve;
 
 use dds::{dds_cmd, DdsCmd};
+use doctor::{doctor_cmd, DoctorArgs};
 use plan::{manifest_cmd, plan_cmd, FormatArg, PlanArgs};
 use serve::{mount_cmd, MountArgs};
 
@@ -46,6 +49,12 @@ enum Cmd {
     /// would run with, each with where it came from (or, with --defaults, every setting with
     /// its help and default) as TOML.
     Config(Box<ConfigArgs>),
+    /// Check whether this node can run a mount of these settings as this user: FUSE in the
+    /// kernel, fusermount3, /dev/fuse, passthrough, the cache's file system and free space
+    /// against the budget, the tier's listing, the Python package's version. Each check
+    /// prints ok, warn or FAIL with what fixes it; exit status 0 when a mount would work, 1
+    /// when a check fails, 2 for bad input.
+    Doctor(Box<DoctorArgs>),
     /// Write a manifest (CSV or JSON lines) of a source to stdout, for `--manifest`.
     Manifest {
         /// The source directory.
@@ -194,12 +203,16 @@ fn main() {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    let code = match run(cli, &sub) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("metfs: {}", message(&e));
-            1
-        }
+    let code = match cli.cmd {
+        // Its own exit statuses: 1 for a failed check, 2 for bad input.
+        Cmd::Doctor(args) => doctor_cmd(*args, &sub),
+        cmd => match run(Cli { cmd }, &sub) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("metfs: {}", message(&e));
+                1
+            }
+        },
     };
     std::process::exit(code);
 }
@@ -235,6 +248,7 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Doctor(_) => unreachable!("dispatched in main"),
         Cmd::Manifest {
             source,
             format,
