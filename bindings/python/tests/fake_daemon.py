@@ -172,6 +172,7 @@ class FakeDaemon:
             "generation": self.generation,
             "epoch": self.epoch,
             "mini_epoch": self.mini_epoch,
+            "mini_epochs": self.mini_epochs,
             "pass": self.passes,
             "rf": self.rf,
             "reason": {"policy": "fixed", "rf": self.rf},

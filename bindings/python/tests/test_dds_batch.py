@@ -237,7 +237,7 @@ class ThreadJob(Coordinator):
         self.barrier = threading.Barrier(world, timeout=30)
         self.rank = threading.local()
 
-    def pass_end(self, client: Any, metrics: Any, block: bool) -> Any:
+    def pass_end(self, client: Any, metrics: Any, block: bool, signals: Any = None) -> Any:
         raise NotImplementedError
 
     def all_gather(self, obj: dict[str, Any]) -> list[dict[str, Any]]:

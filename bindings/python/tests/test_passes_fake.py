@@ -107,9 +107,9 @@ def test_custom_coordinator_is_used(fake: FakeDaemon) -> None:
     calls = []
 
     class Recording(metfs.LocalCoordinator):
-        def pass_end(self, client, metrics, block):  # type: ignore[no-untyped-def]
+        def pass_end(self, client, metrics, block, signals=None):  # type: ignore[no-untyped-def]
             calls.append(metrics)
-            return super().pass_end(client, metrics, block)
+            return super().pass_end(client, metrics, block, signals)
 
     with metfs.Client(fake.path) as c:
         run = metfs.passes(c, epochs=1, coordinator=Recording())

@@ -37,6 +37,7 @@ from .coordinator import (
     default_coordinator,
 )
 from .loop import Pass, Passes, PassRecord, passes
+from .signals import FreshLoss, PassSignals
 
 __version__ = _version.version()
 
@@ -47,12 +48,14 @@ __all__ = [
     "Decision",
     "DecisionKind",
     "FilesView",
+    "FreshLoss",
     "Hello",
     "LocalCoordinator",
     "MetfsConnectionError",
     "MetfsError",
     "Pass",
     "PassRecord",
+    "PassSignals",
     "Passes",
     "Status",
     "TorchDistributedCoordinator",

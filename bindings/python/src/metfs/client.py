@@ -1042,18 +1042,34 @@ class Client:
                 raise
         return _req_int(resp, "released", "release")
 
-    def pass_end(self, metrics: Mapping[str, Any] | None = None, block: bool = False) -> Decision:
+    def pass_end(
+        self,
+        metrics: Mapping[str, Any] | None = None,
+        block: bool = False,
+        *,
+        progress: float | None = None,
+        fresh_loss: float | None = None,
+    ) -> Decision:
         """Reports the end of one pass over the current mini-epoch and returns the decision.
 
         ``metrics`` maps names to numbers (Python, numpy or one-element torch values); they are
         converted to floats here and anything else is rejected with ``bad_metrics`` before
         sending. With ``block=True``, when the policy wants to advance the daemon waits for the
         next mini-epoch to be staged and answers ``advance`` instead of ``wait``.
+
+        ``progress`` (the elapsed fraction of the job's budget, in [0, 1]) and ``fresh_loss``
+        (the loss of the first batches of a mini-epoch's first pass, before training on them)
+        are the signals a policy such as ``paced`` reads (:mod:`metfs.signals`); out of range
+        or not finite, they raise ``bad_metrics`` naming the field, before sending.
         """
+        from .signals import PassSignals  # the signals module imports this one
+
+        signals = PassSignals(progress=progress, fresh_loss=fresh_loss)
         request: dict[str, Any] = {
             "op": "pass_end",
             "metrics": metrics_to_floats(metrics),
             "block": bool(block),
+            **signals.fields(),
         }
         if self.job:
             request["job"] = self.job

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .client import Client, Decision, FilesView, MetfsError, Status
+from .signals import PassSignals
 
 __all__ = [
     "Coordinator",
@@ -58,10 +59,18 @@ class Coordinator(abc.ABC):
         return client.files(known, direct=direct)
 
     @abc.abstractmethod
-    def pass_end(self, client: Client, metrics: Mapping[str, Any] | None, block: bool) -> Decision:
+    def pass_end(
+        self,
+        client: Client,
+        metrics: Mapping[str, Any] | None,
+        block: bool,
+        signals: PassSignals | None = None,
+    ) -> Decision:
         """Reports the end of one pass and returns the decision this rank must follow.
 
         When the decision is ``advance``, this rank's view already shows the new mini-epoch.
+        ``signals`` (:class:`metfs.PassSignals`: progress, fresh-data loss) go with it, from
+        the rank that decides.
         """
 
     def all_gather(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
@@ -71,11 +80,31 @@ class Coordinator(abc.ABC):
         return [obj]
 
 
+def _send(
+    client: Client,
+    metrics: Mapping[str, Any] | None,
+    block: bool,
+    signals: PassSignals | None,
+) -> Decision:
+    """``pass_end`` to this rank's daemon, with the signals when there are any."""
+    if signals is None:
+        return client.pass_end(metrics, block=block)
+    return client.pass_end(
+        metrics, block=block, progress=signals.progress, fresh_loss=signals.fresh_loss
+    )
+
+
 class LocalCoordinator(Coordinator):
     """The local daemon decides: ``pass_end`` goes straight to it."""
 
-    def pass_end(self, client: Client, metrics: Mapping[str, Any] | None, block: bool) -> Decision:
-        return client.pass_end(metrics, block=block)
+    def pass_end(
+        self,
+        client: Client,
+        metrics: Mapping[str, Any] | None,
+        block: bool,
+        signals: PassSignals | None = None,
+    ) -> Decision:
+        return _send(client, metrics, block, signals)
 
 
 def default_coordinator() -> Coordinator:
@@ -259,7 +288,13 @@ class TorchDistributedCoordinator(Coordinator):
         assert view is not None
         return view
 
-    def pass_end(self, client: Client, metrics: Mapping[str, Any] | None, block: bool) -> Decision:
+    def pass_end(
+        self,
+        client: Client,
+        metrics: Mapping[str, Any] | None,
+        block: bool,
+        signals: PassSignals | None = None,
+    ) -> Decision:
         st, info = self._local_status(client)
         infos = self._gather(info)
         self._check(infos, "pass end (readiness check)")
@@ -267,7 +302,7 @@ class TorchDistributedCoordinator(Coordinator):
         payload: dict[str, Any] | None = None
         if self.is_leader:
             try:
-                d = client.pass_end(metrics, block=block)
+                d = _send(client, metrics, block, signals)
                 payload = {"raw": d.raw}
             except MetfsError as e:
                 payload = {

@@ -41,6 +41,7 @@ from .client import Client, FilesView, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
 from .dds import AdjustBs
 from .loop import release_left_view
+from .signals import FRESH_BATCHES, FreshLoss, PassSignals
 from .tracker import PassTracker, TracksPasses
 
 __all__ = ["MetCallback", "MetSequence", "default_collate"]
@@ -178,6 +179,12 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
     lease: :meth:`metfs.Client.files`) or the mount's. When training ends after an advance, a
     lease still held on the view left is released.
 
+    With every pass go the run's progress (MET epochs of ``epochs``) and, after a mini-epoch's
+    first pass, its fresh-data loss: Keras's running mean of the training loss over the first
+    ``fresh_batches`` batches, each computed before the step that trained on it
+    (:mod:`metfs.signals`). Send ``val_loss`` (``validation_data``) for the held-out measure
+    per pass that ``--rf-policy paced`` prefers.
+
     After training, ``decisions`` holds the decision after each pass and ``done`` says whether
     the requested MET epochs were completed.
     """
@@ -194,8 +201,12 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
         adjust_bs: AdjustBs | None = None,
         verbose: int = 0,
         direct: bool | None = None,
+        fresh_batches: int = FRESH_BATCHES,
     ) -> None:
         super().__init__()
+        self.fresh_batches = FreshLoss(fresh_batches).batches  # checks it
+        self._fresh = False
+        self._fresh_loss: float | None = None
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"epochs must be a positive int, got {epochs!r}")
         #: The pass-tracking state: target epoch, decisions, generations, done.
@@ -221,6 +232,17 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         for ds in self.datasets:
             ds.refresh()
+        self._fresh = self.tracker.fresh
+        self._fresh_loss = None
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        # Keras's batch logs hold the running mean of the loss since the pass began, each
+        # batch's loss computed before its step: over the first batches of a first pass, the
+        # fresh-data loss.
+        if self._fresh and batch < self.fresh_batches and logs and "loss" in logs:
+            value = float(logs["loss"])
+            if math.isfinite(value):
+                self._fresh_loss = value
 
     def _select(self, logs: dict[str, Any] | None) -> dict[str, float]:
         logs = dict(logs or {})
@@ -235,7 +257,11 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         assert self.coordinator is not None
-        decision = self.coordinator.pass_end(self.client, self._select(logs), self.block)
+        signals = PassSignals(
+            progress=self.tracker.progress(),
+            fresh_loss=self._fresh_loss if self._fresh else None,
+        )
+        decision = self.coordinator.pass_end(self.client, self._select(logs), self.block, signals)
         if self.adjust_bs is not None:
             self.adjust_bs.boundary(self.coordinator)
         done = self.tracker.record(decision)

@@ -31,7 +31,7 @@ FUSE, under the client's lease on the view (:meth:`metfs.Client.files`).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 try:
@@ -43,6 +43,7 @@ from .client import Client, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
 from .dds import AdjustBs
 from .loop import release_left_view
+from .signals import FRESH_BATCHES, FreshLoss, PassSignals
 from .tracker import PassTracker, TracksPasses
 
 __all__ = ["MetCallback"]
@@ -65,6 +66,11 @@ class MetCallback(pl.Callback, TracksPasses):
     :meth:`metfs.Client.files`) or the mount's. When training ends after an advance, a lease
     still held on the view left is released.
 
+    With every pass go the run's progress (MET epochs of ``epochs``) and, after a mini-epoch's
+    first pass, its fresh-data loss: the mean of the losses ``training_step`` returned for its
+    first ``fresh_batches`` batches, each computed before the step that trained on it
+    (:mod:`metfs.signals`).
+
     After training, ``decisions`` holds the decision after each pass, ``generations`` the
     generation after each pass, and ``done`` whether the requested MET epochs were completed.
     """
@@ -79,8 +85,10 @@ class MetCallback(pl.Callback, TracksPasses):
         coordinator: Coordinator | None = None,
         adjust_bs: AdjustBs | None = None,
         direct: bool | None = None,
+        fresh_batches: int = FRESH_BATCHES,
     ) -> None:
         super().__init__()
+        self.fresh = FreshLoss(fresh_batches)
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"epochs must be a positive int, got {epochs!r}")
         #: The pass-tracking state: target epoch, decisions, generations, done.
@@ -108,6 +116,23 @@ class MetCallback(pl.Callback, TracksPasses):
         if self.adjust_bs is not None:
             self.adjust_bs.start(self.coordinator, self.client)
 
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.fresh.begin(self.tracker.fresh)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if not self.fresh.wants:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if loss is not None:
+            self.fresh.add(loss.detach() if hasattr(loss, "detach") else loss)
+
     def _select(self, trainer: pl.Trainer) -> dict[str, float]:
         logged: dict[str, Any] = dict(trainer.callback_metrics)
         if self.metrics is not None:
@@ -122,7 +147,10 @@ class MetCallback(pl.Callback, TracksPasses):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.coordinator is not None
-        decision = self.coordinator.pass_end(self.client, self._select(trainer), self.block)
+        signals = PassSignals(progress=self.tracker.progress(), fresh_loss=self.fresh.take())
+        decision = self.coordinator.pass_end(
+            self.client, self._select(trainer), self.block, signals
+        )
         if self.adjust_bs is not None:
             self.adjust_bs.boundary(self.coordinator)
         done = self.tracker.record(decision)

@@ -30,6 +30,7 @@ from typing import Any
 from .client import Client, Decision, FilesView, MetfsError, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
 from .dds import AdjustBs
+from .signals import PassSignals
 from .tracker import PassTracker, TracksPasses
 
 __all__ = ["Pass", "PassRecord", "Passes", "passes", "release_left_view"]
@@ -47,6 +48,12 @@ class Pass:
     pass over one view. Set ``metrics`` (or call :meth:`report`) before the
     next iteration; the loop sends them with ``pass_end``. ``decision`` holds the daemon's
     answer once it is known.
+
+    ``fresh`` says whether this is the first pass over its mini-epoch: then set ``fresh_loss``
+    to the mean loss of its first few batches, each computed before the step that trains on it
+    (:class:`metfs.FreshLoss` measures it), and the loop sends it as the fresh-data loss.
+    ``progress`` is the elapsed fraction of the run the loop sends (passes of ``max_passes``,
+    else MET epochs of ``epochs``); set it when the job counts its budget otherwise.
     """
 
     index: int
@@ -63,6 +70,12 @@ class Pass:
     batch_size: int | None = None
     #: The view this pass reads (its ``readable_paths`` are ``paths``).
     view: FilesView | None = field(default=None, repr=False, compare=False)
+    #: Whether this is the first pass over its mini-epoch (its samples are unseen so far).
+    fresh: bool = False
+    #: The fresh-data loss of this (first) pass, when the body measured it.
+    fresh_loss: float | None = None
+    #: The elapsed fraction of the run once this pass ends, sent with ``pass_end``.
+    progress: float | None = None
 
     def report(self, metrics: Mapping[str, Any] | None = None, **named: Any) -> None:
         """Adds metrics of this pass, e.g. ``p.report(loss=0.3, accuracy=0.9)``.
@@ -185,10 +198,13 @@ class Passes(TracksPasses):
                 paths=view.readable_paths,
                 batch_size=None if self.adjust_bs is None else self.adjust_bs.batch_size,
                 view=view,
+                fresh=tracker.fresh,
+                progress=tracker.progress(),
             )
             yield p
             metrics = metrics_to_floats(p.metrics)
-            decision = self.coordinator.pass_end(self.client, metrics, self.block)
+            signals = PassSignals(progress=p.progress, fresh_loss=p.fresh_loss if p.fresh else None)
+            decision = self.coordinator.pass_end(self.client, metrics, self.block, signals)
             p.decision = decision
             if self.adjust_bs is not None:
                 # Collective, right after pass_end on every rank: new sizes hold from the next

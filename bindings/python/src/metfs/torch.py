@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from .client import Client, FilesView, metrics_to_floats
 from .coordinator import Coordinator
 from .loop import Pass, Passes, passes
+from .signals import FRESH_BATCHES, FreshLoss
 
 __all__ = ["MetDataset", "MetSampler", "met_loader", "met_train"]
 
@@ -181,6 +182,7 @@ def met_train(
     block: bool = False,
     coordinator: Coordinator | None = None,
     max_passes: int | None = None,
+    fresh_batches: int = FRESH_BATCHES,
     **loader_kwargs: Any,
 ) -> Passes:
     """Trains over the mount pass by pass until ``epochs`` MET epochs are done.
@@ -190,7 +192,9 @@ def met_train(
     runs for every batch. ``step_fn`` returns a loss (number or one-element tensor), a dict of
     metrics, or ``None``; their means over the pass, weighted by batch, plus ``eval_fn()``'s
     metrics, are reported with ``pass_end``. ``on_pass(p, metrics)`` is called after each pass
-    (e.g. to log). The loader reads the view's direct paths when ``dataset`` was made with
+    (e.g. to log). The first ``fresh_batches`` losses of a mini-epoch's first pass are sent as
+    its fresh-data loss, and the run's progress (passes of ``max_passes``, else MET epochs)
+    goes with every pass (:mod:`metfs.signals`). The loader reads the view's direct paths when ``dataset`` was made with
     ``direct=True`` (or the client with ``direct=True``). Returns the finished
     :class:`metfs.Passes` with the decision history.
     """
@@ -203,16 +207,23 @@ def met_train(
         direct=dataset.direct,
     )
     loader_kwargs.setdefault("shuffle", True)
+    fresh = FreshLoss(fresh_batches)
     for p in run:
         assert p.view is not None
         dataset.set_view(p.view)
         loader = DataLoader(dataset, batch_size=batch_size, **loader_kwargs)
         sums: dict[str, float] = {}
         batches = 0
+        fresh.begin(p.fresh)
         for batch in loader:
-            for name, value in _batch_metrics(step_fn(batch)).items():
+            out = _batch_metrics(step_fn(batch))
+            for name, value in out.items():
                 sums[name] = sums.get(name, 0.0) + value
+            if "loss" in out:
+                # The step computed this loss before training on the batch.
+                fresh.add(out["loss"])
             batches += 1
+        p.fresh_loss = fresh.take()
         metrics = {name: total / max(batches, 1) for name, total in sums.items()}
         if eval_fn is not None:
             metrics.update(metrics_to_floats(eval_fn()))

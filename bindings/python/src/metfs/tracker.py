@@ -77,6 +77,27 @@ class PassTracker:
             and (self.max_passes is None or self.passes < self.max_passes)
         )
 
+    @property
+    def fresh(self) -> bool:
+        """Whether the next pass is the first over its mini-epoch (fresh data)."""
+        return self.passes_done == 0
+
+    def progress(self) -> float:
+        """The elapsed fraction of the run once the coming pass ends, in [0, 1]: passes of
+        ``max_passes`` when capped (the budget a learning-rate schedule is usually set in),
+        else MET epochs of ``epochs`` by the last known position."""
+        if self.max_passes:
+            return min(1.0, (self.passes + 1) / self.max_passes)
+        if self.start_epoch is None or self.epochs == 0:
+            return 0.0
+        last = self.decisions[-1] if self.decisions else None
+        done = 0.0
+        if last is not None:
+            per_epoch = last.raw.get("mini_epochs")
+            part = last.mini_epoch / per_epoch if isinstance(per_epoch, int) and per_epoch else 0
+            done = last.epoch - self.start_epoch + part
+        return min(1.0, max(0.0, done / self.epochs))
+
     def start(self, status: Status) -> None:
         """Begins (or begins again) from the daemon's ``status``: fixes the target epoch."""
         self.start_epoch = status.epoch
