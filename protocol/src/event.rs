@@ -8,7 +8,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Choice, Version};
+use super::{Choice, NotResumed, Version};
 use feedback::policy::Verdict;
 
 /// One line of the event log.
@@ -45,6 +45,8 @@ pub enum Event {
     StallRf(StallRf),
     /// The cumulative bytes read from the capacity tier (every few seconds while it grows).
     Tier(Tier),
+    /// A shared mount's restart could not resume a saved job's place: it starts over.
+    JobNotResumed(NotResumed),
     /// A kind this build does not know; skipped by readers.
     #[serde(other)]
     #[schemars(skip)]

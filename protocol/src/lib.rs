@@ -40,8 +40,8 @@ use serde_json::Value;
 
 pub use event::{Event, Record};
 pub use reply::{
-    Choice, Decision, Draining, FilesView, Hello, JobShare, JobStatus, Left, PackedList, Released,
-    ShuttingDown, Staging, Status,
+    Choice, Decision, Draining, FilesView, Hello, JobShare, JobStatus, Left, NotResumed,
+    PackedList, Released, ShuttingDown, Staging, Status,
 };
 pub use request::{
     parse_metrics, parse_request, ErrorCode, FilesForm, Metrics, ProtocolError, Request, Subset,

@@ -24,6 +24,26 @@ pub struct Hello {
     /// On a shared mount (`--share`): the job's place in it; `null` on a plain mount.
     #[serde(default)]
     pub share: Option<JobShare>,
+    /// On a shared mount restarted with this job's place saved: why the place could not be
+    /// resumed, told at the job's first `hello` after the restart (it starts over at epoch 0);
+    /// `null` otherwise.
+    #[serde(default)]
+    pub not_resumed: Option<NotResumed>,
+}
+
+/// A job of a shared mount's save file (`share.json`) whose place a restart could not resume:
+/// in its next `hello`, in `status` and as a `job_not_resumed` event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct NotResumed {
+    /// The job's name.
+    pub job: String,
+    /// Why its place was not resumed.
+    pub reason: String,
+    /// Where it was when its place was saved: epoch, mini-epoch (its view's sequence) and
+    /// passes over that view.
+    pub epoch: u64,
+    pub mini_epoch: u32,
+    pub passes: u32,
 }
 
 /// A job's place on a shared mount, in the answer to its `hello`.
@@ -277,6 +297,10 @@ pub struct Status {
     /// those of the job asked for, or zero); `null` on a plain mount.
     #[serde(default)]
     pub jobs: Option<Vec<JobStatus>>,
+    /// On a shared mount (`--share`): the saved jobs whose places this start could not resume,
+    /// and why (each starts over when it joins again); `null` on a plain mount.
+    #[serde(default)]
+    pub not_resumed: Option<Vec<NotResumed>>,
     /// The capacity tier's URL.
     pub source: String,
     /// Where the view is mounted.

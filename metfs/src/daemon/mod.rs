@@ -149,8 +149,8 @@ use std::time::{Duration, Instant};
 
 use crate::protocol::event::{self, Event};
 use crate::protocol::{
-    Choice, Decision, Draining, ErrorCode, FilesForm, FilesView, Hello, Metrics, ProtocolError,
-    Staging, Status,
+    Choice, Decision, Draining, ErrorCode, FilesForm, FilesView, Hello, Metrics, NotResumed,
+    ProtocolError, Staging, Status,
 };
 use feedback::config::{PolicyConfig, PolicyKind};
 use feedback::history::{HistoryStore, MiniEpochRecord, Replay, RunId};

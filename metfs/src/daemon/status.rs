@@ -132,6 +132,7 @@ impl Daemon {
             transform_failed: self.store.stager.transform().map(|t| t.failed()),
             dds: self.queue.as_ref().map(|q| q.status()),
             jobs: self.job_statuses(ss),
+            not_resumed: self.shared.as_ref().map(|sh| sh.not_resumed()),
             aggregate: aggregate_status(ss),
             source: self.tier_url.clone(),
             mountpoint: self.mountpoint().display().to_string(),
@@ -304,6 +305,7 @@ impl Daemon {
             mountpoint: self.mountpoint().display().to_string(),
             job,
             share: None,
+            not_resumed: None,
         }
     }
 

@@ -392,6 +392,9 @@ impl Daemon {
         }
         self.events
             .emit(Event::Decision(event::DecisionEvent { decision }));
+        if self.is_shared() {
+            self.write_share_durably().await;
+        }
         // The next pass starts now: time spent blocked for staging is not part of a pass, or
         // pacing would read its own stalls as slow passes and stage slower still.
         let mut ss = self.sessions.lock().unwrap();

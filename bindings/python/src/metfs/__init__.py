@@ -27,6 +27,7 @@ from .client import (
     Hello,
     MetfsConnectionError,
     MetfsError,
+    NotResumed,
     Status,
     metrics_to_floats,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "LocalCoordinator",
     "MetfsConnectionError",
     "MetfsError",
+    "NotResumed",
     "Pass",
     "PassRecord",
     "PassSignals",

@@ -43,6 +43,7 @@ __all__ = [
     "Hello",
     "MetfsConnectionError",
     "MetfsError",
+    "NotResumed",
     "Status",
     "check_version",
     "metrics_to_floats",
@@ -155,6 +156,41 @@ def _opt_str(obj: Mapping[str, Any], name: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class NotResumed:
+    """A job of a shared mount's save file whose place the daemon's restart could not resume:
+    ``reason`` says why, ``epoch``, ``mini_epoch`` and ``passes`` where it was when saved. The job
+    starts over at epoch 0; its first ``hello`` after the restart carries this
+    (:attr:`Hello.not_resumed`), and ``status`` lists every such job (:attr:`Status.not_resumed`).
+    """
+
+    job: str
+    reason: str
+    epoch: int
+    mini_epoch: int
+    passes: int
+
+    @classmethod
+    def from_response(cls, obj: Any, what: str) -> NotResumed:
+        """Reads one ``NotResumed`` object of the reply ``what``."""
+        if not (
+            isinstance(obj, Mapping)
+            and isinstance(obj.get("job"), str)
+            and isinstance(obj.get("reason"), str)
+        ):
+            raise MetfsError(
+                "bad_response",
+                f"`{what}` response has a malformed `not_resumed`: {json.dumps(obj)[:500]}",
+            )
+        return cls(
+            job=obj["job"],
+            reason=obj["reason"],
+            epoch=_req_int(obj, "epoch", what),
+            mini_epoch=_req_int(obj, "mini_epoch", what),
+            passes=_req_int(obj, "passes", what),
+        )
+
+
+@dataclass(frozen=True)
 class Hello:
     """Answer to ``hello``: the daemon's protocol and identity."""
 
@@ -165,6 +201,9 @@ class Hello:
     #: On a shared mount (``metfs mount --share``): the job's place (``path`` of its view,
     #: ``share_bytes``, ``view_bytes``, ``samples``, ``token``); ``None`` on a plain mount.
     share: dict[str, Any] | None = None
+    #: On a shared mount restarted with this job's place saved, why the place could not be
+    #: resumed (the job starts over at epoch 0); ``None`` otherwise.
+    not_resumed: NotResumed | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -181,6 +220,11 @@ class Hello:
             mountpoint=_opt_str(obj, "mountpoint"),
             job=_opt_str(obj, "job"),
             share=share,
+            not_resumed=(
+                None
+                if obj.get("not_resumed") is None
+                else NotResumed.from_response(obj["not_resumed"], "hello")
+            ),
             raw=obj,
         )
 
@@ -280,6 +324,9 @@ class Status:
     completed_mini_epochs: int | None
     stalled_mini_epochs: int | None
     replay: Replay | None
+    #: On a shared mount: the saved jobs whose places this start could not resume, and why;
+    #: ``None`` on a plain mount.
+    not_resumed: list[NotResumed] | None
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     #: Fields named differently from the protocol: attribute -> protocol field.
@@ -314,6 +361,7 @@ class Status:
             completed_mini_epochs=_opt_int(obj, "completed_mini_epochs"),
             stalled_mini_epochs=_opt_int(obj, "stalled_mini_epochs"),
             replay=Replay.from_response(obj.get("replay")),
+            not_resumed=_not_resumed_list(obj.get("not_resumed")),
             raw=obj,
         )
 
@@ -324,6 +372,17 @@ class Status:
     def get(self, name: str, default: Any = None) -> Any:
         """Any field of the raw response, or ``default``."""
         return self.raw.get(name, default)
+
+
+def _not_resumed_list(obj: Any) -> list[NotResumed] | None:
+    """``status``'s ``not_resumed``: ``None`` when absent or null."""
+    if obj is None:
+        return None
+    if not isinstance(obj, list):
+        raise MetfsError(
+            "bad_response", f"`status` response has a malformed `not_resumed`: {obj!r:.500}"
+        )
+    return [NotResumed.from_response(n, "status") for n in obj]
 
 
 def _under(root: str, files: Sequence[str]) -> Sequence[str]:

@@ -23,7 +23,7 @@ impl Daemon {
             budget, footprints, ..
         } = planned;
         let settings = share_settings(&cfg, &catalog, &budget);
-        let saved = saved_share(&cfg, &paths, &settings)?;
+        let (saved, mut refused) = saved_share(&cfg, &paths, &settings)?;
         check_share_fits(&cfg, &catalog, &footprints, &budget)?;
         let restarts = saved.as_ref().map_or(0, |s| s.restarts + 1);
         // After a restart the sampler draws from a stream of its own (`Cohort`'s doc).
@@ -83,8 +83,9 @@ impl Daemon {
             mini_epoch: 0,
         }));
         if let Some(saved) = saved {
-            daemon.resume_jobs(saved).await;
+            refused.extend(daemon.resume_jobs(saved).await);
         }
+        daemon.note_not_resumed(refused);
         Ok(daemon)
     }
 }
@@ -103,24 +104,34 @@ fn share_settings(cfg: &MountConfig, catalog: &Catalog, budget: &Budget) -> Shar
 }
 
 /// The save file's jobs to resume: none with `--reset`, without a save file, or under other
-/// settings (said in the log); an unreadable one is an error naming it.
+/// settings, whose jobs are returned with what changed (each is told when it joins again); an
+/// unreadable one is an error naming it.
 fn saved_share(
     cfg: &MountConfig,
     paths: &CachePaths,
     settings: &ShareSettings,
-) -> Result<Option<SavedShare>, DaemonError> {
+) -> Result<(Option<SavedShare>, Vec<NotResumed>), DaemonError> {
     Ok(
         match share::state::load_share_state(&paths.share, cfg.reset)? {
-            Some(s) if s.version == SHARE_STATE_VERSION && s.settings == *settings => Some(s),
-            Some(s) => {
-                tracing::info!(
-                    path = %paths.share.display(),
-                    jobs = s.jobs.len(),
-                    "the source, the budget, share.jobs, the seed or the transform changed since the jobs' places were saved; every job starts over"
-                );
-                None
+            Some(s) if s.version == SHARE_STATE_VERSION && s.settings == *settings => {
+                (Some(s), Vec::new())
             }
-            None => None,
+            Some(s) => {
+                let why = if s.version != SHARE_STATE_VERSION {
+                    format!(
+                        "its place was saved in layout version {} of share.json, this daemon reads {SHARE_STATE_VERSION}",
+                        s.version
+                    )
+                } else {
+                    format!(
+                        "the mount's {} changed since its place was saved",
+                        share::state::changed_settings(&s.settings, settings)
+                    )
+                };
+                let refused = s.jobs.iter().map(|j| share::not_resumed(j, &why)).collect();
+                (None, refused)
+            }
+            None => (None, Vec::new()),
         },
     )
 }

@@ -110,6 +110,7 @@ impl Daemon {
             ));
         }
         let present = sh.jobs.lock().unwrap().get(&name).map(|m| m.token.clone());
+        let resumed = present.is_some();
         let token = match present {
             Some(t) if token.as_deref() == Some(t.as_str()) => {
                 self.session_for(Some(&name))?;
@@ -155,6 +156,11 @@ impl Daemon {
             samples,
             token,
         });
+        // A job whose saved place this start could not resume is told why, once: it starts
+        // over at epoch 0, and would otherwise take that for its own position.
+        if !resumed {
+            hello.not_resumed = sh.tell_not_resumed(&name);
+        }
         Ok(hello)
     }
 

@@ -59,7 +59,8 @@
 //! and the resumption of its jobs at start; `cohort` the views the cohort draws, the pace
 //! (`holds_back`) and the jobs' status; `state` the save file (`share.json`) itself.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::OnceLock;
 
 use super::*;
 use crate::config::share::ShareConfig;
@@ -70,6 +71,8 @@ mod cohort;
 mod join;
 mod resume;
 pub(super) mod state;
+
+pub(super) use resume::not_resumed;
 
 /// The jobs of a shared mount and their sampler.
 pub(super) struct Shared {
@@ -91,6 +94,9 @@ pub(super) struct Shared {
     pub(super) settings: ShareSettings,
     /// Restarts of this shared mount so far (saved).
     pub(super) restarts: u64,
+    /// The saved jobs this start could not resume, each with whether its `hello` was told:
+    /// set once when the save file has been read (no lock: never changed after).
+    pub(super) not_resumed: OnceLock<Vec<(NotResumed, AtomicBool)>>,
 }
 
 /// Jobs joining within this of each other draw their first views together. A job that joins
@@ -146,8 +152,24 @@ impl Shared {
                 transform: None,
             },
             restarts: 0,
+            not_resumed: OnceLock::new(),
             cfg,
         }
+    }
+
+    /// The saved jobs this start could not resume (`status`).
+    pub(super) fn not_resumed(&self) -> Vec<NotResumed> {
+        self.not_resumed
+            .get()
+            .map(|v| v.iter().map(|n| n.0.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Why job `name`'s saved place was not resumed, the first time it is asked after the
+    /// restart (its first `hello`); `None` after that or if it was resumed.
+    fn tell_not_resumed(&self, name: &str) -> Option<NotResumed> {
+        let (n, told) = self.not_resumed.get()?.iter().find(|n| n.0.job == name)?;
+        (!told.swap(true, Ordering::SeqCst)).then(|| n.clone())
     }
 
     /// A generation no view has.

@@ -6,6 +6,17 @@ use std::collections::HashSet;
 use super::state::write_share_state;
 use super::*;
 
+/// Saved job `j` was not resumed, for `reason`.
+pub(in crate::daemon) fn not_resumed(j: &SavedJob, reason: impl ToString) -> NotResumed {
+    NotResumed {
+        job: j.name.clone(),
+        reason: reason.to_string(),
+        epoch: j.epoch,
+        mini_epoch: j.mini_epoch,
+        passes: j.passes,
+    }
+}
+
 impl Daemon {
     /// Every job's place now, for the save file: taken under the sessions' lock, so that
     /// each job's position, policy and cohort place are of one moment. Jobs still waiting
@@ -55,6 +66,20 @@ impl Daemon {
         self.write_share_locked();
     }
 
+    /// Writes the save file before a shared mount's `pass_end` answers: the pass, the rf
+    /// policy's state and the cohort place it answers with are on disk first, so a `kill -9`
+    /// after any answer resumes every job at the pass it was told (a save after a switch alone
+    /// lost the passes since). Waits on a blocking thread, never under a lock.
+    pub(in crate::daemon) async fn write_share_durably(&self) {
+        let me = self.me.lock().unwrap().upgrade();
+        match me {
+            Some(me) => {
+                let _ = tokio::task::spawn_blocking(move || me.write_share()).await;
+            }
+            None => self.write_share(),
+        }
+    }
+
     /// As [`Daemon::write_share`], with `persisting` held by the caller.
     pub(in crate::daemon) fn write_share_locked(&self) {
         let Some(sh) = &self.shared else { return };
@@ -67,10 +92,14 @@ impl Daemon {
     /// At start: resumes every job of the save file (`share.json`) from its kept slots. Each
     /// waits for its `hello` with its name and token, and is dropped as a silent job would be
     /// if none comes within `share.idle_secs`. A job that cannot be resumed (its subset no
-    /// longer gives its dataset, its kept slot cannot be staged) is let go with a log line; it
-    /// starts over when it joins again.
-    pub(in crate::daemon) async fn resume_jobs(&self, saved: SavedShare) {
-        let Some(sh) = &self.shared else { return };
+    /// longer gives its dataset, its kept slot cannot be staged, its place does not check) is
+    /// let go and returned with the reason ([`Daemon::note_not_resumed`]); it starts over
+    /// when it joins again.
+    pub(in crate::daemon) async fn resume_jobs(&self, saved: SavedShare) -> Vec<NotResumed> {
+        let mut refused = Vec::new();
+        let Some(sh) = &self.shared else {
+            return refused;
+        };
         let top = saved
             .jobs
             .iter()
@@ -101,15 +130,40 @@ impl Daemon {
                     "job resumed from its kept slots; it is dropped unless its hello (name and token) comes within share.idle_secs"
                 ),
                 Err(e) => {
-                    tracing::warn!(job = %j.name, error = %e, "cannot resume the job; it starts over when it joins again");
                     let _ = sh.cohort.lock().unwrap().leave(&j.name);
                     for slot in [Some(j.slot()), j.next_slot()].into_iter().flatten() {
                         self.store.discard(&slot);
                     }
+                    refused.push(not_resumed(j, e));
                 }
             }
         }
         self.write_share();
+        refused
+    }
+
+    /// Records the saved jobs this start did not resume: each is logged, recorded as a
+    /// `job_not_resumed` event, listed in `status`, and told why in its next `hello`, so that
+    /// a job that starts over at epoch 0 never takes that for its saved position.
+    pub(in crate::daemon) fn note_not_resumed(&self, refused: Vec<NotResumed>) {
+        let Some(sh) = &self.shared else { return };
+        for n in &refused {
+            tracing::warn!(
+                job = %n.job,
+                epoch = n.epoch,
+                mini_epoch = n.mini_epoch,
+                passes = n.passes,
+                error = %n.reason,
+                "cannot resume the job; it starts over when it joins again, and its hello says why"
+            );
+            self.events.emit(Event::JobNotResumed(n.clone()));
+        }
+        let _ = sh.not_resumed.set(
+            refused
+                .into_iter()
+                .map(|n| (n, std::sync::atomic::AtomicBool::new(false)))
+                .collect(),
+        );
     }
 
     /// Resumes one saved job (see [`Daemon::resume_jobs`]); returns how many samples of its

@@ -32,6 +32,22 @@ pub struct ShareSettings {
     pub transform: Option<String>,
 }
 
+/// The settings that differ between `old` and `new`, named as the mount's options.
+pub fn changed_settings(old: &ShareSettings, new: &ShareSettings) -> String {
+    let changed: Vec<&str> = [
+        ("source", old.source != new.source),
+        ("catalog (the source's files)", old.catalog != new.catalog),
+        ("budget", old.slot_bytes != new.slot_bytes),
+        ("share.jobs", old.jobs != new.jobs),
+        ("seed", old.seed != new.seed),
+        ("transform", old.transform != new.transform),
+    ]
+    .into_iter()
+    .filter_map(|(name, differs)| differs.then_some(name))
+    .collect();
+    changed.join(", ")
+}
+
 /// One job's place on a shared mount.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SavedJob {
@@ -365,6 +381,72 @@ mod tests {
             .unwrap()
             .replace("\"passes\":2", "\"passes\":-2");
         assert!(reason(text.as_bytes()).contains("not a shared mount's save file"));
+    }
+
+    /// What a save at every `pass_end` costs: the places of four jobs over `samples` samples
+    /// (each a few views along, so every place has views, undrawn samples and owed reads),
+    /// taken from the cohort and written atomically as the daemon does. Median of `reps`.
+    fn save_cost(samples: u32, reps: usize) -> (std::time::Duration, usize) {
+        use prefetcher::refcnt::cohort::Cohort;
+        let sizes = vec![4096u64; samples as usize];
+        let dataset: Vec<u32> = (0..samples).collect();
+        // 16 views an epoch, as a mount of that many mini-epochs.
+        let view = 4096 * u64::from(samples.div_ceil(16));
+        let mut c = Cohort::external(8 * view, sizes, 1);
+        let names = ["a", "b", "c", "d"];
+        for n in names {
+            c.join(n, &dataset, view).unwrap();
+        }
+        for (i, n) in names.iter().enumerate() {
+            for _ in 0..=i {
+                c.prepare(n).unwrap();
+                c.advance(n).unwrap();
+            }
+            c.prepare(n).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("share.json");
+        let mut times = Vec::new();
+        let mut bytes = 0;
+        for _ in 0..reps {
+            let t = std::time::Instant::now();
+            let mut f = file(Vec::new());
+            for n in names {
+                let mut j = job(n);
+                j.cohort = c.saved(n).unwrap();
+                f.jobs.push(j);
+            }
+            write_share_state(&path, &f).unwrap();
+            times.push(t.elapsed());
+            bytes = std::fs::metadata(&path).unwrap().len() as usize;
+        }
+        times.sort();
+        (times[reps / 2], bytes)
+    }
+
+    /// The cost of a save per pass at the sizes the tests use; `--ignored` adds the large
+    /// datasets (docs/RELIABILITY.md gives the figures).
+    #[test]
+    fn a_save_per_pass_costs_little_at_test_sizes() {
+        for samples in [240, 10_000] {
+            let (t, bytes) = save_cost(samples, 9);
+            eprintln!(
+                "save per pass: 4 jobs over {samples} samples: {:.2} ms, {bytes} bytes",
+                t.as_secs_f64() * 1e3
+            );
+        }
+    }
+
+    #[test]
+    #[ignore = "a measurement: large datasets take seconds to draw in a debug build"]
+    fn a_save_per_pass_at_scale() {
+        for samples in [100_000, 1_000_000] {
+            let (t, bytes) = save_cost(samples, 3);
+            eprintln!(
+                "save per pass: 4 jobs over {samples} samples: {:.1} ms, {bytes} bytes",
+                t.as_secs_f64() * 1e3
+            );
+        }
     }
 
     #[test]
