@@ -10,7 +10,10 @@
 #   mount    Mount metfs on this node. Returns 0 once the node's first mini-epoch is staged
 #            and the mount is live; otherwise prints "metfs-node: NODE: ..." with the reason
 #            on stderr and exits non-zero, which fails the job step. Does nothing but report
-#            when this node's mount is already up.
+#            when this node's mount is already up. Before mounting, checks the node with
+#            `metfs doctor` (FUSE, fusermount3, /dev/fuse, the cache's file system and room
+#            for the budget, the tier, the Python package): a failed check fails the step
+#            with the doctor's report, every failure with its fix; warnings are printed.
 #   umount   Stop this node's daemon and remove its mount, also when the daemon died or hangs
 #            (SIGTERM, then SIGKILL, then a lazy unmount). Succeeds when nothing was mounted.
 #            The cache directory is kept, so a later mount resumes from it.
@@ -49,6 +52,9 @@
 #   METFS_BIN          the metfs executable (default: `metfs` on PATH).
 #   METFS_MOUNT_TIMEOUT  seconds to wait for the first mini-epoch (default 1800).
 #   METFS_UMOUNT_TIMEOUT seconds to wait for the daemon to stop before killing it (default 30).
+#   METFS_DOCTOR       0 to mount without checking the node first (default 1).
+#   PYTHON             the Python whose metfs package the check compares with the binary
+#                      (default python3).
 #   METFS_DDS          dynamic sharding (docs/DYNAMIC_SHARDING.md): unset for a fixed share of
 #                      each mini-epoch per node; a queue etcd://HOST:PORT[,...]/PREFIX on a site
 #                      etcd (three or five members survive the loss of a node); or `auto`: the
@@ -183,6 +189,27 @@ cmd_etcd() {
     --initial-cluster "$name=http://$addr:$((port + 1))" >>"$dir.log" 2>&1
 }
 
+# `metfs doctor` with the mount's settings: fails the step with its report when a check fails
+# (exit 1) or the settings are refused (exit 2, the mount's own message); prints its warnings.
+check_node() {
+  local report rc=0 line fails=""
+  report=$("$METFS_BIN" doctor --python "${PYTHON:-python3}" "$@" 2>&1) || rc=$?
+  if [ "$rc" -eq 2 ]; then
+    fail "mount failed: $(printf '%s' "$report" | sed -e 's/^metfs: //' | tr '\n' ' ')"
+  fi
+  while IFS= read -r line; do
+    case "$line" in
+      "FAIL "*) line=${line#FAIL }; fails+="${fails:+; }${line%% -- fix: *}" ;;
+      "warn "*) say "node check: ${line#warn }" ;;
+    esac
+  done <<<"$report"
+  if [ "$rc" -ne 0 ]; then
+    say "node check failed (metfs doctor):"
+    printf '%s\n' "$report" | sed 's/^/  /' >&2
+    fail "node check failed: ${fails:-$report}"
+  fi
+}
+
 cmd_mount() {
   need METFS_SOURCE
   need METFS_BUDGET
@@ -214,8 +241,12 @@ cmd_mount() {
     # shellcheck disable=SC2206 # word splitting of the documented flag string is intended
     extra=($METFS_ARGS)
   fi
-  local -a cmd=("$METFS_BIN" mount --source "$METFS_SOURCE" --cache "$CACHE" --budget "$METFS_BUDGET"
-                --node-rank "$rank" --nodes "$nodes" --socket "$SOCK" "${extra[@]}" "$MNT")
+  local -a settings=(--source "$METFS_SOURCE" --cache "$CACHE" --budget "$METFS_BUDGET"
+                     --node-rank "$rank" --nodes "$nodes" --socket "$SOCK" "${extra[@]}")
+  if [ "${METFS_DOCTOR:-1}" != 0 ]; then
+    check_node "${settings[@]}"
+  fi
+  local -a cmd=("$METFS_BIN" mount "${settings[@]}" "$MNT")
   if [ -n "${METFS_DDS:-}" ]; then
     say "mounting $MNT (shards from the queue $METFS_DDS, cache $CACHE, budget $METFS_BUDGET)"
   else
