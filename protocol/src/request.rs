@@ -403,7 +403,12 @@ fn opt_finite(
     name: &str,
     range: Option<std::ops::RangeInclusive<f64>>,
 ) -> Result<Option<f64>, ProtocolError> {
-    let bad = |why: String| Err(ProtocolError::new(ErrorCode::BadMetrics, format!("field `{name}` {why}")));
+    let bad = |why: String| {
+        Err(ProtocolError::new(
+            ErrorCode::BadMetrics,
+            format!("field `{name}` {why}"),
+        ))
+    };
     match obj.get(name) {
         None => Ok(None),
         Some(Value::Null) => bad("is null: it must be a finite number (NaN and infinities are written as null by many JSON encoders)".into()),

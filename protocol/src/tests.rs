@@ -197,5 +197,8 @@ fn pass_end_signals_are_checked_and_named() {
     // Absent, they are absent from what a client writes too.
     let r = parse_request(r#"{"op":"pass_end"}"#).unwrap();
     let line = serde_json::to_string(&r).unwrap();
-    assert!(!line.contains("progress") && !line.contains("fresh_loss"), "{line}");
+    assert!(
+        !line.contains("progress") && !line.contains("fresh_loss"),
+        "{line}"
+    );
 }

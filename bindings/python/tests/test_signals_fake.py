@@ -44,9 +44,8 @@ def test_pass_end_sends_the_signals_the_schema_describes(fake: FakeDaemon) -> No
 def test_bad_signals_are_refused_before_sending(
     fake: FakeDaemon, kwargs: dict[str, Any], field: str
 ) -> None:
-    with metfs.Client(fake.path) as c:
-        with pytest.raises(metfs.MetfsError) as e:
-            c.pass_end({"loss": 1.0}, **kwargs)
+    with metfs.Client(fake.path) as c, pytest.raises(metfs.MetfsError) as e:
+        c.pass_end({"loss": 1.0}, **kwargs)
     assert e.value.code == "bad_metrics"
     assert field in str(e.value)
     assert not pass_ends(fake)
