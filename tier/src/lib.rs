@@ -208,6 +208,14 @@ pub trait CapacityTier: Send + Sync + 'static {
     /// Whether `catalog` (made earlier from this source) still describes it, cheaply.
     async fn catalog_is_current(&self, catalog: &Catalog) -> Result<bool, TierError>;
 
+    /// What tells the source now from `catalog` (made earlier from it) at the cost of one
+    /// stat or one request, never a listing; `None` when that finds no difference. A mount
+    /// from a catalog file refuses a stale one with it; changes it cannot see are caught per
+    /// sample at staging. The default sees none.
+    async fn catalog_stamp_differs(&self, _catalog: &Catalog) -> Result<Option<String>, TierError> {
+        Ok(None)
+    }
+
     /// Copies `sample` into `dest` (an empty, writable file), pacing with `pacer`; returns the
     /// number of bytes written. Fails with [`TierError::Changed`] when the bytes are not the
     /// catalogued ones. For a [`SampleRef::durable`] copy it starts writeback of what it writes
@@ -372,6 +380,18 @@ async fn watched<T: Send + 'static>(
 
 fn mtime_ns(md: &std::fs::Metadata) -> i128 {
     md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128
+}
+
+/// A time in nanoseconds since the epoch, as UTC with nanoseconds.
+fn show_ns(ns: i128) -> String {
+    i64::try_from(ns).map_or_else(
+        |_| format!("{ns} ns"),
+        |n| {
+            chrono::DateTime::from_timestamp_nanos(n)
+                .format("%Y-%m-%dT%H:%M:%S%.9fZ")
+                .to_string()
+        },
+    )
 }
 
 /// The version string of a POSIX file: its modification time in nanoseconds.
@@ -876,6 +896,24 @@ impl CapacityTier for PosixTier {
         .await
     }
 
+    /// The root directory's mtime against the one the listing recorded: an entry added,
+    /// removed or renamed at the top level changes it. One `stat`, which needs no right to
+    /// list the root.
+    async fn catalog_stamp_differs(&self, catalog: &Catalog) -> Result<Option<String>, TierError> {
+        let Some(root) = catalog.dir_stamps().iter().find(|s| s.dir.is_empty()) else {
+            return Ok(None);
+        };
+        let md = std::fs::metadata(&self.root).map_err(|e| self.io_err("", e))?;
+        let now = mtime_ns(&md);
+        Ok((now != root.mtime_ns).then(|| {
+            format!(
+                "the source directory was modified at {}, after the listing's {}",
+                show_ns(now),
+                show_ns(root.mtime_ns)
+            )
+        }))
+    }
+
     async fn fetch(
         &self,
         sample: &SampleRef,
@@ -1130,6 +1168,11 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(t.root().join("a/new"), b"x").unwrap();
         assert!(!t.catalog_is_current(&cat).await.unwrap());
+        // The one-stat check sees the root only: a change below it is left to staging.
+        assert_eq!(t.catalog_stamp_differs(&cat).await.unwrap(), None);
+        std::fs::write(t.root().join("new"), b"x").unwrap();
+        let what = t.catalog_stamp_differs(&cat).await.unwrap().unwrap();
+        assert!(what.contains("modified at"), "{what}");
     }
 
     #[tokio::test]

@@ -28,6 +28,11 @@
 //! view mirrors it. Owner and mode are interned (a dataset has few distinct ones) and times are
 //! two `i64`s, so metadata costs 20 bytes a sample. Format version 2 (`METFSCA2`) added it; a
 //! catalog of version 1 fails to load and the source is simply catalogued again.
+//!
+//! Catalog files. [`CatalogFile`] wraps the same encoding in a versioned header (source URL,
+//! what identifies the source's version, length and digest): a catalog written once per dataset
+//! version (`metfs catalog`) and shared by every node of a job, so that none of them lists the
+//! tier (see `file.rs` for the layout and its checks).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -37,9 +42,11 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 mod builder;
+mod file;
 mod persist;
 
 pub use builder::*;
+pub use file::*;
 
 /// Errors of the catalog module.
 #[derive(Debug, Error)]
@@ -73,6 +80,25 @@ pub enum CatalogError {
     /// The saved catalog could not be decoded (corrupt or from another metfs version).
     #[error("catalog file {path} is corrupt or from another version: {reason}")]
     Corrupt { path: String, reason: String },
+    /// A catalog file (`metfs catalog`) that cannot be used: truncated, of another format
+    /// version, damaged, or not a catalog file.
+    #[error("catalog file {path} refused: {reason}")]
+    FileRefused { path: String, reason: String },
+    /// A catalog file of another source than the mount's.
+    #[error("catalog file {path} refused: it lists {catalogued}, not this mount's source {mount_source}; make one of {mount_source} with `metfs catalog`")]
+    OtherSource {
+        path: String,
+        catalogued: String,
+        mount_source: String,
+    },
+    /// A catalog file whose source has changed since it was made, as far as a cheap check
+    /// tells (a stat of the root, a request for one sample).
+    #[error("catalog file {path} refused: it is stale, {mount_source} changed since it was made ({what}); make it again with `metfs catalog`")]
+    Stale {
+        path: String,
+        mount_source: String,
+        what: String,
+    },
 }
 
 impl CatalogError {

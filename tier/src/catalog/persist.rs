@@ -8,16 +8,21 @@ pub(super) const MAGIC: &[u8; 8] = b"METFSCA2";
 impl Catalog {
     /// Writes the catalog atomically (`durable`: temporary file, fsync, rename).
     pub fn save(&self, path: &Path) -> Result<u64, CatalogError> {
-        let body = postcard::to_stdvec(self).map_err(|e| CatalogError::Corrupt {
-            path: path.display().to_string(),
+        let bytes = self.to_bytes(&path.display().to_string())?;
+        durable::write_with(path, durable::Durability::File, |f| f.write_all(&bytes))
+            .map_err(CatalogError::Save)?;
+        Ok(bytes.len() as u64)
+    }
+
+    /// The bytes [`Catalog::save`] writes (the body of a catalog file too); `name` names their
+    /// destination in errors.
+    pub fn to_bytes(&self, name: &str) -> Result<Vec<u8>, CatalogError> {
+        let mut out = MAGIC.to_vec();
+        postcard::to_io(self, &mut out).map_err(|e| CatalogError::Corrupt {
+            path: name.to_string(),
             reason: e.to_string(),
         })?;
-        durable::write_with(path, durable::Durability::File, |f| {
-            f.write_all(MAGIC)?;
-            f.write_all(&body)
-        })
-        .map_err(CatalogError::Save)?;
-        Ok((MAGIC.len() + body.len()) as u64)
+        Ok(out)
     }
 
     /// Reads a catalog written by [`Catalog::save`].

@@ -204,6 +204,30 @@ impl CapacityTier for S3Tier {
         Ok(same && next == n)
     }
 
+    /// One HEAD of the catalog's first sample: its size and ETag against the catalogued ones.
+    async fn catalog_stamp_differs(&self, catalog: &Catalog) -> Result<Option<String>, TierError> {
+        if catalog.is_empty() {
+            return Ok(None);
+        }
+        let path = catalog.path(0);
+        let loc = self.locate(&path)?;
+        let (size, etag) = (catalog.size(0), catalog.version(0));
+        match object_store::ObjectStoreExt::head(&*self.store, &loc).await {
+            Ok(m) if m.size == size && (etag.is_empty() || m.e_tag.as_deref() == Some(etag)) => {
+                Ok(None)
+            }
+            Ok(m) => Ok(Some(format!(
+                "`{path}` is now {} bytes with ETag {}, catalogued as {size} bytes with ETag {etag}",
+                m.size,
+                m.e_tag.as_deref().unwrap_or("(none)")
+            ))),
+            Err(object_store::Error::NotFound { .. }) => {
+                Ok(Some(format!("`{path}` no longer exists")))
+            }
+            Err(e) => Err(self.store_error(Some(&path), e)),
+        }
+    }
+
     async fn fetch(
         &self,
         sample: &SampleRef,
