@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The accuracy/tier-bytes front of fixed rf, and every adaptive policy placed on it.
 
-    python3 benches/rf_front.py --png docs/rf_front.png --json rf_front.json   # the full run
+    python3 benches/rf_front.py --png docs/rf_front.png --json rf_front.json   # about 8 hours
     python3 benches/rf_front.py --quick                                        # the test's run
 
 Issue 51, item 1. An adaptive rf policy is worth its name only above the **front**: the test
