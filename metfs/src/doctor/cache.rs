@@ -103,10 +103,12 @@ pub(super) fn directory(cache: &Path) -> Check {
             "`metfs umount` its mount first, or give each mount its own --cache",
         );
     }
-    Check::ok(
-        NAME,
-        format!("{at}: writable, private to its owner or made so at the mount"),
-    )
+    let private = if md.permissions().mode() & 0o077 == 0 {
+        "private"
+    } else {
+        "made private (0700) at the mount"
+    };
+    Check::ok(NAME, format!("{at}: writable, {private}, not in use"))
 }
 
 fn access(p: &Path, mode: libc::c_int) -> std::io::Result<()> {

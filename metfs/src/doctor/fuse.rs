@@ -236,7 +236,7 @@ fn judge_passthrough(release: &str, sys_admin: bool, read_path: ReadPath) -> Che
             let gets = if read_path == ReadPath::Passthrough {
                 "pread (passthrough is asked for, and falls back)"
             } else {
-                "cached for small samples, pread otherwise"
+                "the cached path for small samples and pread otherwise"
             };
             let fix = if new_enough {
                 "for passthrough, the daemon needs CAP_SYS_ADMIN: root mounts for the user with \
