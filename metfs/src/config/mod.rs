@@ -108,6 +108,9 @@ pub struct MountConfig {
     pub nodes: u32,
     /// Manifest to use instead of listing the source.
     pub manifest: Option<PathBuf>,
+    /// Catalog file (`metfs catalog`) to mount from instead of listing the source. An empty
+    /// path (`METFS_CATALOG=`) is none.
+    pub catalog: Option<PathBuf>,
     /// Label samples by their first directory level (ImageFolder layout). Default: only when
     /// composition needs labels and the manifest has none.
     pub label_from_dirs: bool,
@@ -327,6 +330,18 @@ impl MountConfig {
                 ));
             }
         }
+        let catalog = s.catalog.filter(|p| !p.as_os_str().is_empty());
+        if catalog.is_some() && (s.manifest.is_some() || s.hdf5_container) {
+            let other = if s.manifest.is_some() {
+                "a manifest (manifest): both replace the listing; give one"
+            } else {
+                "HDF5 container mode, which reads the containers' rows, not a catalog"
+            };
+            return Err(inv(
+                "catalog",
+                format!("a catalog file cannot be combined with {other}"),
+            ));
+        }
         if !prefetcher::hdf5::AVAILABLE {
             // Refused here, before anything is mounted or staged, naming the setting.
             let asked = if s.hdf5_container {
@@ -381,6 +396,7 @@ impl MountConfig {
             node_rank,
             nodes,
             manifest: s.manifest,
+            catalog,
             label_from_dirs: s.label_from_dirs,
             read_path: s.read_path,
             fuse_threads: s.fuse_threads,

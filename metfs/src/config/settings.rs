@@ -79,6 +79,12 @@ pub struct MountSettings {
     /// listing the source [default: (none)].
     #[arg(long)]
     pub manifest: Option<PathBuf>,
+    /// Catalog file to mount from instead of listing the source: written once per dataset
+    /// version by `metfs catalog` (on a shared file system, for every node of a job). Its
+    /// source must be this mount's; each sample's size and version are still checked when it
+    /// is staged [default: (none)].
+    #[arg(long)]
+    pub catalog: Option<PathBuf>,
     /// Label samples by their first directory level (ImageFolder layout); labels are also
     /// taken that way when composition needs them and the manifest has none.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,

@@ -1,8 +1,13 @@
 //! The source side of a mount: the capacity tier named by the source URL, and the catalog of
-//! its samples (a listing, a manifest, or HDF5 containers), reused from the cache while the
-//! source is unchanged. `metfs plan` uses these too.
+//! its samples (a listing, a manifest, a catalog file, or HDF5 containers), reused from the
+//! cache while the source is unchanged. `metfs plan` uses these too; `file` makes and reads
+//! catalog files (`metfs catalog`, `--catalog`), from which a mount never lists the tier.
 
 use super::*;
+
+mod file;
+
+pub use file::{make_catalog_file, MadeCatalog};
 
 /// Opens the capacity tier named by a source URL.
 pub fn open_tier(
@@ -77,22 +82,40 @@ pub async fn load_catalog(
         );
         return Ok((cat, false, Some(Arc::new(c))));
     }
-    let (mut cat, reused) = load_plain_catalog(tier, path, cfg).await?;
-    if let Some(name) = &cfg.label_hdf5 {
-        if !reused || cat.labels().is_none() {
-            let root = PathBuf::from(&cfg.source);
-            let paths: Vec<String> = (0..cat.len() as u32).map(|i| cat.path(i)).collect();
-            let name = name.clone();
-            let labels = tokio::task::spawn_blocking(move || {
-                prefetcher::hdf5::read_scalar_labels(&root, paths.into_iter(), &name)
-            })
-            .await
-            .expect("HDF5 label reading panicked")
-            .map_err(|e| DaemonError::Setup(e.to_string()))?;
-            cat.set_labels(labels);
+    let (mut cat, reused, labelled) = match &cfg.catalog {
+        Some(file) => {
+            let (cat, labels) = file::load_catalog_file(tier, file, cfg).await?;
+            // Its HDF5 labels were read when it was made, if it was made with these.
+            let same = cfg.label_hdf5.as_deref().map(file::hdf5_labels_origin) == labels;
+            (cat, false, same)
         }
+        None => {
+            let (cat, reused) = load_plain_catalog(tier, path, cfg).await?;
+            let labelled = reused && cat.labels().is_some();
+            (cat, reused, labelled)
+        }
+    };
+    if cfg.label_hdf5.is_some() && !labelled {
+        label_by_hdf5(&mut cat, cfg).await?;
     }
     Ok((cat, reused, None))
+}
+
+/// Labels every sample by `cfg.label_hdf5`, read from its HDF5 file.
+async fn label_by_hdf5(cat: &mut Catalog, cfg: &MountConfig) -> Result<(), DaemonError> {
+    let Some(name) = cfg.label_hdf5.clone() else {
+        return Ok(());
+    };
+    let root = PathBuf::from(&cfg.source);
+    let paths: Vec<String> = (0..cat.len() as u32).map(|i| cat.path(i)).collect();
+    let labels = tokio::task::spawn_blocking(move || {
+        prefetcher::hdf5::read_scalar_labels(&root, paths.into_iter(), &name)
+    })
+    .await
+    .expect("HDF5 label reading panicked")
+    .map_err(|e| DaemonError::Setup(e.to_string()))?;
+    cat.set_labels(labels);
+    Ok(())
 }
 
 pub(super) async fn load_plain_catalog(
@@ -101,32 +124,7 @@ pub(super) async fn load_plain_catalog(
     cfg: &MountConfig,
 ) -> Result<(Catalog, bool), DaemonError> {
     if let Some(manifest) = &cfg.manifest {
-        // A manifest replaces the listing; reading it is cheap next to listing millions of
-        // files on a parallel file system's metadata server.
-        let t = Instant::now();
-        // Counted first: a manifest too large for the node is refused with its numbers rather
-        // than ending the daemon in an allocation halfway through.
-        if let Ok((lines, bytes)) = super::memory::count_manifest(manifest) {
-            super::memory::check_fits(
-                &format!("manifest {}", manifest.display()),
-                lines,
-                bytes,
-                cfg.memory_limit,
-            )?;
-        }
-        let mut cat = prefetcher::manifest::load_catalog(manifest)
-            .map_err(|e| DaemonError::Setup(e.to_string()))?;
-        if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
-            cat.label_by_first_dir();
-        }
-        tracing::info!(
-            manifest = %manifest.display(),
-            samples = cat.len(),
-            bytes = %format_bytes(cat.total_bytes()),
-            secs = t.elapsed().as_secs_f64(),
-            "catalogue read from the manifest"
-        );
-        return Ok((cat, false));
+        return Ok((read_manifest(manifest, cfg)?, false));
     }
     if let Ok(saved) = Catalog::load(path) {
         if saved.source() == tier.url() && tier.catalog_is_current(&saved).await? {
@@ -134,6 +132,42 @@ pub(super) async fn load_plain_catalog(
             return Ok((saved, true));
         }
     }
+    Ok((list_catalog(tier, cfg).await?, false))
+}
+
+/// The catalog of a manifest, labelled as `cfg` asks.
+fn read_manifest(manifest: &Path, cfg: &MountConfig) -> Result<Catalog, DaemonError> {
+    // A manifest replaces the listing; reading it is cheap next to listing millions of
+    // files on a parallel file system's metadata server.
+    let t = Instant::now();
+    // Counted first: a manifest too large for the node is refused with its numbers rather
+    // than ending the daemon in an allocation halfway through.
+    if let Ok((lines, bytes)) = super::memory::count_manifest(manifest) {
+        super::memory::check_fits(
+            &format!("manifest {}", manifest.display()),
+            lines,
+            bytes,
+            cfg.memory_limit,
+        )?;
+    }
+    let mut cat = prefetcher::manifest::load_catalog(manifest)
+        .map_err(|e| DaemonError::Setup(e.to_string()))?;
+    if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
+        cat.label_by_first_dir();
+    }
+    tracing::info!(
+        manifest = %manifest.display(),
+        samples = cat.len(),
+        bytes = %format_bytes(cat.total_bytes()),
+        secs = t.elapsed().as_secs_f64(),
+        "catalogue read from the manifest"
+    );
+    Ok(cat)
+}
+
+/// The catalog of a listing of `tier`, checked against the memory the daemon may use and
+/// labelled as `cfg` asks.
+async fn list_catalog(tier: &dyn CapacityTier, cfg: &MountConfig) -> Result<Catalog, DaemonError> {
     let t = Instant::now();
     // Listed straight into the catalog: a POSIX source's entries are never held as a list.
     let listed = tier.catalog().await?;
@@ -141,8 +175,22 @@ pub(super) async fn load_plain_catalog(
         tracing::warn!(path = %p, reason = %why, "not served");
     }
     let mut cat = listed.catalog;
-    // The catalog takes a fraction of what the plan and views will: checked before those are
-    // built.
+    check_catalog_fits(&cat, cfg)?;
+    if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
+        cat.label_by_first_dir();
+    }
+    tracing::info!(
+        samples = cat.len(),
+        bytes = %format_bytes(cat.total_bytes()),
+        secs = t.elapsed().as_secs_f64(),
+        "catalogued the source"
+    );
+    Ok(cat)
+}
+
+/// The catalog takes a fraction of what the plan and views will: checked before those are
+/// built.
+fn check_catalog_fits(cat: &Catalog, cfg: &MountConfig) -> Result<(), DaemonError> {
     super::memory::check_fits(
         &format!("source {}", cfg.source),
         cat.len() as u64,
@@ -154,14 +202,5 @@ pub(super) async fn load_plain_catalog(
             .sum(),
         cfg.memory_limit,
     )?;
-    if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
-        cat.label_by_first_dir();
-    }
-    tracing::info!(
-        samples = cat.len(),
-        bytes = %format_bytes(cat.total_bytes()),
-        secs = t.elapsed().as_secs_f64(),
-        "catalogued the source"
-    );
-    Ok((cat, false))
+    Ok(())
 }

@@ -1,8 +1,8 @@
 //! `metfs`: mini-epoch training over FUSE.
 //!
 //! The binary is a thin CLI (clap) over the library: this file declares the commands and
-//! dispatches them; `serve` runs a mount, `doctor` checks a node for one, `plan` and `dds` the
-//! commands that work without one.
+//! dispatches them; `serve` runs a mount, `doctor` checks a node for one, `catalog` writes the
+//! catalog file every node mounts from, `plan` and `dds` the commands that work without one.
 //! `anyhow` is used only in the binary, to add context to the modules' typed errors on their way
 //! to the user.
 
@@ -19,11 +19,13 @@ use metfs::config::{reference, Layers, MountConfig, MountSettings, ReadPath};
 use metfs::protocol::{Decision, FilesView, Reply, Request, Staging, Status};
 use metfs::{client, control, daemon, fuse, logging, mount, report};
 
+mod catalog;
 mod dds;
 mod doctor;
 mod plan;
 mod serve;
 
+use catalog::{catalog_cmd, CatalogArgs};
 use dds::{dds_cmd, DdsCmd};
 use doctor::{doctor_cmd, DoctorArgs};
 use plan::{manifest_cmd, plan_cmd, FormatArg, PlanArgs};
@@ -55,6 +57,11 @@ enum Cmd {
     /// prints ok, warn or FAIL with what fixes it; exit status 0 when a mount would work, 1
     /// when a check fails, 2 for bad input.
     Doctor(Box<DoctorArgs>),
+    /// Write the catalog of a source to a file once (listing it, or reading its manifest),
+    /// for every node of a job to mount from with `--catalog FILE` without listing the tier.
+    /// Takes the settings of `metfs mount` (S3, manifest, labels); keeps a FILE that is still
+    /// a current catalog of the source unless --fresh.
+    Catalog(Box<CatalogArgs>),
     /// Write a manifest (CSV or JSON lines) of a source to stdout, for `--manifest`.
     Manifest {
         /// The source directory.
@@ -249,6 +256,7 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
             Ok(())
         }
         Cmd::Doctor(_) => unreachable!("dispatched in main"),
+        Cmd::Catalog(args) => catalog_cmd(*args, sub),
         Cmd::Manifest {
             source,
             format,
