@@ -21,7 +21,9 @@ For each request, a random draw decides:
 Draws come from a generator seeded with (SEED, connection number), so a given seed makes the same
 decisions for the same sequence of connections. The proxy exits after MAX_SECONDS (so a forgotten
 proxy cannot outlive a test run) or on SIGTERM / SIGINT. With --stats, the counters are written to
-FILE as JSON after every injected fault and at exit, so a test can check that faults happened.
+FILE as JSON after every injected fault, every listing request and at exit, so a test can check
+that faults happened and count listings: `list_pages` counts every `ListObjectsV2` request
+(`list-type=2`), `listings` those that start a listing (no `continuation-token`).
 Only loopback targets are accepted.
 """
 
@@ -53,11 +55,18 @@ MAX_HEAD = 64 * 1024
 class Stats:
     def __init__(self, path):
         self.path = path
-        self.counts = {"connections": 0, "requests": 0, "slowdowns": 0, "resets": 0}
+        self.counts = {
+            "connections": 0,
+            "requests": 0,
+            "slowdowns": 0,
+            "resets": 0,
+            "list_pages": 0,
+            "listings": 0,
+        }
 
     def bump(self, key):
         self.counts[key] += 1
-        if key in ("slowdowns", "resets"):
+        if key in ("slowdowns", "resets", "list_pages", "listings"):
             self.write()
 
     def write(self):
@@ -152,6 +161,11 @@ class Proxy:
                 head, _, buf = buf.partition(b"\r\n\r\n")
                 head += b"\r\n\r\n"
                 self.stats.bump("requests")
+                line = head.split(b"\r\n", 1)[0]
+                if b"list-type=2" in line:
+                    self.stats.bump("list_pages")
+                    if b"continuation-token" not in line:
+                        self.stats.bump("listings")
                 draw = rng.random()
                 if draw < self.args.slowdown:
                     down.cancel()

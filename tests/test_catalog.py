@@ -1,0 +1,259 @@
+"""Catalog files (`metfs catalog SOURCE -o FILE`, `metfs mount --catalog FILE`): one listing per
+dataset version, however many nodes mount it.
+
+* A POSIX source whose directories the mounting user cannot list (0311: files readable by
+  path) mounts and stages from a catalog made by someone who can, where a mount that lists
+  fails.
+* An S3 source behind the counting proxy (tests/faultproxy.py) is listed once for four nodes'
+  mounts from one catalog, against once per node without it.
+* A catalog of another source, a truncated one, one of another format version and a stale
+  one are refused at mount with the file and the reason, and nothing is staged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, Tier, free_port, is_mounted, make_tree, read_view
+
+USER = "metfs-user"
+
+
+def catalog(metfs: str, source: str, out: Path, *extra: str, env=None, check=True):
+    r = subprocess.run(
+        [metfs, "catalog", source, "-o", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def staged(cache: Path) -> list[Path]:
+    """Every file staged into the cache's slots."""
+    slots = cache / "slots"
+    return [p for p in slots.rglob("*") if p.is_file()] if slots.exists() else []
+
+
+def ensure_user() -> None:
+    """The ordinary user of the tests, made as scripts/test.sh makes it, allowed /dev/fuse."""
+    if subprocess.run(["id", "-u", USER], capture_output=True).returncode != 0:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER],
+            check=True,
+        )
+    ok = ["runuser", "-u", USER, "--", "test", "-r", "/dev/fuse", "-a", "-w", "/dev/fuse"]
+    if subprocess.run(ok).returncode != 0:
+        if subprocess.run(["getent", "group", "fuse"], capture_output=True).returncode != 0:
+            subprocess.run(["groupadd", "--system", "fuse"], check=True)
+        subprocess.run(["chgrp", "fuse", "/dev/fuse"], check=True)
+        subprocess.run(["chmod", "g+rw", "/dev/fuse"], check=True)
+        subprocess.run(["usermod", "-aG", "fuse", USER], check=True)
+
+
+def as_user(*cmd: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["runuser", "-u", USER, "--", *cmd], capture_output=True, text=True, timeout=timeout
+    )
+
+
+HASH_VIEW = """
+import hashlib, json, os, sys
+out = {}
+for d, _, names in os.walk(sys.argv[1]):
+    for n in names:
+        p = os.path.join(d, n)
+        out[os.path.relpath(p, sys.argv[1])] = hashlib.sha256(open(p, 'rb').read()).hexdigest()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a source only its owner can list")
+def test_a_user_who_cannot_list_the_source_mounts_from_a_catalog(metfs):
+    ensure_user()
+    base = Path(tempfile.mkdtemp(prefix="metfs-catalog-"))
+    base.chmod(0o755)
+    src, cache, mnt = base / "src", base / "cache", base / "mnt"
+    files = make_tree(src, n=120)
+    cat = base / "dataset.cat"
+    out = catalog(metfs, str(src), cat).stdout
+    assert "120 samples" in out and "written" in out, out
+    # Directories 0311: a path can be followed, no directory can be read; files readable.
+    for p in [src, *src.rglob("*")]:
+        p.chmod(0o311 if p.is_dir() else 0o644)
+    for d in (cache, mnt):
+        d.mkdir()
+        shutil.chown(d, USER)
+    cat.chmod(0o644)
+    mount = [
+        metfs,
+        "mount",
+        "--source",
+        str(src),
+        "--cache",
+        str(cache),
+        "--budget",
+        "4MiB",
+        "--history",
+        str(cache / "h.json"),
+        "--rf",
+        "1",
+    ]
+    try:
+        assert as_user("ls", str(src)).returncode != 0, "the user must not be able to list"
+        r = as_user(*mount, str(mnt))
+        assert r.returncode != 0 and "ermission denied" in r.stderr, r.stderr
+        assert not is_mounted(mnt)
+        r = as_user(*mount, "--catalog", str(cat), str(mnt))
+        assert r.returncode == 0, r.stderr + (cache / "metfs.log").read_text()[-3000:]
+        log = (cache / "metfs.log").read_text()
+        assert "the source is not listed" in log, log[-2000:]
+        seen: dict[str, str] = {}
+        sock = str(cache / "metfs.sock")
+        for _ in range(60):
+            r = as_user("/usr/bin/python3", "-c", HASH_VIEW, str(mnt))
+            assert r.returncode == 0, r.stderr
+            view = json.loads(r.stdout)
+            assert view, "the first mini-epoch is staged"
+            for k, v in view.items():
+                assert v == hashlib.sha256(files[k]).hexdigest(), k
+            seen |= view
+            if len(seen) == len(files):
+                break
+            r = subprocess.run(
+                [metfs, "advance", "--socket", sock, "--wait"], capture_output=True, text=True
+            )
+            assert r.returncode == 0, r.stderr
+        assert set(seen) == set(files), "every sample staged from the catalog"
+    finally:
+        as_user("fusermount3", "-u", str(mnt))
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        for p in [src, *src.rglob("*")]:
+            if p.is_dir():
+                p.chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def refused(m, cat: Path, *words: str) -> None:
+    r = m.mount(check=False)
+    assert r.returncode != 0, "the mount must be refused"
+    assert str(cat) in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+    assert not is_mounted(m.mountpoint)
+    assert not staged(m.cache), "nothing staged"
+
+
+def test_a_catalog_of_another_source_truncated_or_of_another_format_is_refused(
+    metfs, mounts, tmp_path
+):
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_tree(a, n=40)
+    make_tree(b, n=40, seed=9)
+    cat = tmp_path / "a.cat"
+    catalog(metfs, str(a), cat)
+    good = cat.read_bytes()
+    refused(mounts(b, "2MiB", "--catalog", str(cat), name="other"), cat, "not this mount", str(a))
+    cut = tmp_path / "cut.cat"
+    cut.write_bytes(good[: len(good) - 10])
+    refused(mounts(a, "2MiB", "--catalog", str(cut), name="cut"), cut, "truncated")
+    fmt = tmp_path / "fmt.cat"
+    fmt.write_bytes(good[:8] + (99).to_bytes(4, "little") + good[12:])
+    refused(mounts(a, "2MiB", "--catalog", str(fmt), name="fmt"), fmt, "format version 99")
+    # Stale: an entry added at the top of the source changes the root's mtime (one stat).
+    (a / "new.bin").write_bytes(b"x")
+    refused(mounts(a, "2MiB", "--catalog", str(cat), name="stale"), cat, "stale")
+    # The catalog step keeps a current file and replaces a stale one.
+    out = catalog(metfs, str(b), tmp_path / "b.cat").stdout
+    assert "written" in out, out
+    out = catalog(metfs, str(b), tmp_path / "b.cat").stdout
+    assert "kept" in out, out
+    r = catalog(metfs, str(a), cat)
+    assert "written" in r.stdout and "replaced" in r.stderr, (r.stdout, r.stderr)
+    m = mounts(a, "2MiB", "--catalog", str(cat), name="ok")
+    m.mount()
+    view = read_view(m.mountpoint)
+    assert view and all((a / k).read_bytes() == v for k, v in view.items())
+
+
+def test_four_nodes_list_s3_once_from_a_catalog_and_four_times_without(
+    metfs, mounts, garage, tmp_path
+):
+    local = tmp_path / "local"
+    make_tree(local, n=60)
+    prefix = f"cat{abs(hash(str(tmp_path))) % 10**8}"
+    garage.upload(local, prefix)
+    stats = tmp_path / "proxy.json"
+    port = free_port()
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "faultproxy.py"),
+            "--target",
+            garage.endpoint.split("//", 1)[1],
+            "--port",
+            str(port),
+            "--slowdown",
+            "0",
+            "--reset",
+            "0",
+            "--max-seconds",
+            "300",
+            "--stats",
+            str(stats),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def listings() -> int:
+        return json.loads(stats.read_text())["listings"] if stats.exists() else 0
+
+    s3 = ["--endpoint", f"http://127.0.0.1:{port}", "--region", "garage", "--allow-http"]
+    url = f"s3://metfs/{prefix}"
+    try:
+        assert proxy.stdout.readline().startswith("listening")
+
+        def job(tag: str, *extra: str) -> int:
+            before = listings()
+            for rank in range(4):
+                m = mounts(
+                    Tier("s3", url, s3, garage.env),
+                    "2MiB",
+                    "--nodes",
+                    "4",
+                    "--node-rank",
+                    str(rank),
+                    *extra,
+                    name=f"{tag}{rank}",
+                )
+                m.mount()
+                assert read_view(m.mountpoint), "each node's first mini-epoch is staged"
+                m.umount()
+            return listings() - before
+
+        without = job("plain")
+        cat = tmp_path / "s3.cat"
+        before = listings()
+        out = catalog(metfs, url, cat, *s3, env=garage.env).stdout
+        assert "60 samples" in out, out
+        made = listings() - before
+        with_catalog = job("cat", "--catalog", str(cat))
+        print(f"listings for 4 nodes: {without} without a catalog, {made + with_catalog} with one")
+        assert without == 4, without
+        assert (made, with_catalog) == (1, 0), (made, with_catalog)
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        proxy.wait(timeout=10)
