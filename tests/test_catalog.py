@@ -23,7 +23,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import test_slurm
 from conftest import ROOT, Tier, free_port, is_mounted, make_tree, read_view
+from test_slurm import cluster  # noqa: F401 (the two-node Slurm of test_slurm.py)
 
 USER = "metfs-user"
 
@@ -257,3 +259,103 @@ def test_four_nodes_list_s3_once_from_a_catalog_and_four_times_without(
     finally:
         proxy.send_signal(signal.SIGTERM)
         proxy.wait(timeout=10)
+
+
+SLURM_JOB = """#!/usr/bin/env bash
+# One listing for the job: the catalog step on the first node, then every node mounts from it
+# (as the train-*.sbatch templates do), reads its view and unmounts.
+set -euo pipefail
+H=$METFS_DEPLOY/metfs-node.sh
+"$H" catalog
+srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --overlap --kill-on-bad-exit=0 bash -c '
+  set -e
+  "$0" mount
+  eval "$("$0" paths)"
+  echo "node $METFS_NODE: $(find "$METFS_MOUNT" -type f | wc -l) files"
+  "$0" umount' "$H"
+"""
+
+
+def test_a_two_node_slurm_job_lists_s3_once_through_the_catalog_step(
+    metfs,
+    garage,
+    tmp_path,
+    cluster,  # noqa: F811
+):
+    """The catalog step of deploy/slurm on the test command's Slurm (two slurmd on this host):
+    a job of two nodes lists the S3 prefix once, one without a catalog once per node. The
+    node check (`metfs doctor`) is off: it reads one page of the listing per node."""
+    local = tmp_path / "local"
+    make_tree(local, n=40)
+    prefix = f"slurm{abs(hash(str(tmp_path))) % 10**8}"
+    garage.upload(local, prefix)
+    stats = tmp_path / "proxy.json"
+    port = free_port()
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "faultproxy.py"),
+            "--target",
+            garage.endpoint.split("//", 1)[1],
+            "--port",
+            str(port),
+            "--slowdown",
+            "0",
+            "--reset",
+            "0",
+            "--max-seconds",
+            "600",
+            "--stats",
+            str(stats),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    d = cluster.dir / "catalog"
+    for n in ("n1", "n2"):
+        (d / n).mkdir(parents=True, exist_ok=True)
+    script = d / "job.sbatch"
+    script.write_text(SLURM_JOB)
+    env = {
+        **{k: v for k, v in garage.env.items() if k.startswith("AWS_")},
+        "METFS_BIN": metfs,
+        "METFS_SOURCE": f"s3://metfs/{prefix}",
+        "METFS_CACHE_ROOT": str(d / "%n" / "cache-%j"),
+        "METFS_BUDGET": "2MiB",
+        "METFS_MOUNTPOINT": str(d / "%n" / "mnt-%j"),
+        "METFS_ARGS": f"--endpoint http://127.0.0.1:{port} --region garage --allow-http",
+        "METFS_DEPLOY": str(ROOT / "deploy" / "slurm"),
+        "METFS_DOCTOR": "0",
+        "METFS_MOUNT_TIMEOUT": "120",
+    }
+
+    def listings() -> int:
+        return json.loads(stats.read_text())["listings"] if stats.exists() else 0
+
+    def run(tag: str, catalog_file: str) -> int:
+        before = listings()
+        job = cluster.sbatch(
+            script,
+            {**env, "METFS_CATALOG": catalog_file},
+            d / f"{tag}.out",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+        )
+        info = cluster.wait(job)
+        text = job.text()
+        assert info.get("JobState") == "COMPLETED", text[-3000:]
+        assert text.count(" files") == 2 and " 0 files" not in text, text[-3000:]
+        return listings() - before
+
+    try:
+        assert proxy.stdout.readline().startswith("listening")
+        with_catalog = run("catalog", str(d / "s3.cat"))
+        without = run("plain", "")
+        print(
+            f"listings of a 2-node Slurm job: {with_catalog} with the catalog step, {without} without"
+        )
+        assert (with_catalog, without) == (1, 2), (with_catalog, without)
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        proxy.wait(timeout=10)
+        test_slurm.sweep(d)

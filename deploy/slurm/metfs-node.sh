@@ -14,6 +14,13 @@
 #            `metfs doctor` (FUSE, fusermount3, /dev/fuse, the cache's file system and room
 #            for the budget, the tier, the Python package): a failed check fails the step
 #            with the doctor's report, every failure with its fix; warnings are printed.
+#   catalog  Make the job's catalog file (METFS_CATALOG) on the node it runs on: the source is
+#            listed (or its manifest read) once, here, and every node's mount then reads the
+#            file instead of listing the tier (`metfs mount --catalog`). A file already there
+#            that is a current catalog of the same source is kept (`metfs catalog`: one stat per
+#            directory of a POSIX source, one listing of an object store), so a job of the
+#            same dataset version reuses the last job's. Job scripts run it once, before
+#            `mount`. Does nothing but say so when METFS_CATALOG is empty.
 #   umount   Stop this node's daemon and remove its mount, also when the daemon died or hangs
 #            (SIGTERM, then SIGKILL, then a lazy unmount). Succeeds when nothing was mounted.
 #            The cache directory is kept, so a later mount resumes from it.
@@ -50,6 +57,9 @@
 #   METFS_ARGS         further `metfs mount` flags, word-split, e.g. "--rf 4 --compose random
 #                      --seed 1". Every node of a job must use the same seed and composition.
 #   METFS_BIN          the metfs executable (default: `metfs` on PATH).
+#   METFS_CATALOG      the catalog file, on a file system every node reads (home, project
+#                      space): `catalog` writes it and `mount` reads it (`--catalog`), so no
+#                      node lists the source. Empty or unset: every node lists the source.
 #   METFS_MOUNT_TIMEOUT  seconds to wait for the first mini-epoch (default 1800).
 #   METFS_UMOUNT_TIMEOUT seconds to wait for the daemon to stop before killing it (default 30).
 #   METFS_DOCTOR       0 to mount without checking the node first (default 1).
@@ -189,6 +199,41 @@ cmd_etcd() {
     --initial-cluster "$name=http://$addr:$((port + 1))" >>"$dir.log" 2>&1
 }
 
+# METFS_CATALOG expanded and absolute (CATALOG), or empty.
+catalog_path() {
+  CATALOG=""
+  [ -n "${METFS_CATALOG:-}" ] || return 0
+  CATALOG=$(expand "$METFS_CATALOG")
+  case "$CATALOG" in /*) ;; *) CATALOG=$PWD/$CATALOG ;; esac
+}
+
+# The flags of METFS_ARGS, word-split as documented.
+extra_args() {
+  EXTRA=()
+  if [ -n "${METFS_ARGS:-}" ]; then
+    # shellcheck disable=SC2206 # word splitting of the documented flag string is intended
+    EXTRA=($METFS_ARGS)
+  fi
+}
+
+cmd_catalog() {
+  need METFS_SOURCE
+  catalog_path
+  if [ -z "$CATALOG" ]; then
+    say "METFS_CATALOG is not set: every node lists the source itself"
+    return 0
+  fi
+  command -v "$METFS_BIN" >/dev/null 2>&1 || fail "metfs executable '$METFS_BIN' not found (set METFS_BIN)"
+  mkdir -p "$(dirname "$CATALOG")" 2>/dev/null || fail "catalog file $CATALOG: cannot create its directory"
+  extra_args
+  local out rc=0
+  out=$("$METFS_BIN" catalog --source "$METFS_SOURCE" -o "$CATALOG" "${EXTRA[@]}" 2>&1) || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    fail "catalog failed: $(printf '%s' "$out" | sed -e 's/^metfs: //' | tr '\n' ' ')"
+  fi
+  say "$(printf '%s' "$out" | tr '\n' ' ')"
+}
+
 # `metfs doctor` with the mount's settings: fails the step with its report when a check fails
 # (exit 1) or the settings are refused (exit 2, the mount's own message); prints its warnings.
 check_node() {
@@ -236,13 +281,14 @@ cmd_mount() {
   mkdir -p "$MNT" 2>/dev/null || fail "mountpoint $MNT: cannot create it"
   # Node sharding: the same rank and count on every node's command line.
   local rank=${SLURM_NODEID:-0} nodes=${SLURM_NNODES:-1}
-  local -a extra=()
-  if [ -n "${METFS_ARGS:-}" ]; then
-    # shellcheck disable=SC2206 # word splitting of the documented flag string is intended
-    extra=($METFS_ARGS)
-  fi
+  extra_args
   local -a settings=(--source "$METFS_SOURCE" --cache "$CACHE" --budget "$METFS_BUDGET"
-                     --node-rank "$rank" --nodes "$nodes" --socket "$SOCK" "${extra[@]}")
+                     --node-rank "$rank" --nodes "$nodes" --socket "$SOCK" "${EXTRA[@]}")
+  catalog_path
+  if [ -n "$CATALOG" ]; then
+    [ -r "$CATALOG" ] || fail "catalog file $CATALOG cannot be read: run \`metfs-node.sh catalog\` once before mounting (or unset METFS_CATALOG)"
+    settings+=(--catalog "$CATALOG")
+  fi
   if [ "${METFS_DOCTOR:-1}" != 0 ]; then
     check_node "${settings[@]}"
   fi
@@ -250,7 +296,7 @@ cmd_mount() {
   if [ -n "${METFS_DDS:-}" ]; then
     say "mounting $MNT (shards from the queue $METFS_DDS, cache $CACHE, budget $METFS_BUDGET)"
   else
-    say "mounting $MNT (node $rank of $nodes, cache $CACHE, budget $METFS_BUDGET)"
+    say "mounting $MNT (node $rank of $nodes, cache $CACHE, budget $METFS_BUDGET${CATALOG:+, catalog $CATALOG})"
   fi
   local out rc=0
   out=$(timeout --kill-after=10 "$MOUNT_TIMEOUT" "${cmd[@]}" 2>&1) || rc=$?
@@ -371,11 +417,12 @@ cmd_paths() {
 
 case "${1:-}" in
   mount) cmd_mount ;;
+  catalog) cmd_catalog ;;
   umount) cmd_umount ;;
   status) shift; cmd_status "$@" ;;
   guard) cmd_guard ;;
   ready) cmd_ready ;;
   paths) cmd_paths ;;
   etcd) cmd_etcd ;;
-  *) echo "usage: $0 mount|umount|status [--json]|guard|ready|paths|etcd" >&2; exit 2 ;;
+  *) echo "usage: $0 catalog|mount|umount|status [--json]|guard|ready|paths|etcd" >&2; exit 2 ;;
 esac

@@ -21,6 +21,16 @@
 #   METFS_PROLOG_KEEP    1: the Epilog keeps the user's cache for their next job on the node
 #                        (default 0: it is removed with the job)
 #   METFS_BIN            the metfs executable (default `metfs` on PATH)
+#   METFS_PROLOG_CATALOG a directory on a file system every node reads (and root may create
+#                        directories in) for the catalog files: the source is then listed once
+#                        per job, not once per node. The job's first node makes
+#                        DIR/<uid>/catalog.bin as the job's user (`metfs catalog`, which keeps
+#                        the user's last one while the source is unchanged) and writes the job's
+#                        id to DIR/<uid>/catalog.job; the other nodes wait for that id, then
+#                        every node mounts from the file (`--catalog`). Unset: every node lists
+#                        the source itself
+#   METFS_PROLOG_CATALOG_TIMEOUT  seconds the other nodes wait for the first one's catalog
+#                        (default 600)
 #
 # Each job gets ROOT/<job>-<node>/ (the node name in it because test clusters run several
 # slurmd on one host), owned by the job's user, mode 0700: nobody else can reach the mount, the
@@ -130,10 +140,44 @@ else
 fi
 install -d -m 0700 -o "$uid" -g "$gid" "$dir/mnt"
 
+# One listing per job (METFS_PROLOG_CATALOG): the first node catalogues the source as the
+# job's user, the others wait for its word in catalog.job ("JOB" done, "failed JOB" not).
+catalog_args=()
+if [ -n "${METFS_PROLOG_CATALOG:-}" ]; then
+  udir="$METFS_PROLOG_CATALOG/$uid"
+  catfile="$udir/catalog.bin"
+  word="$udir/catalog.job"
+  # Written by the user, so that a file system that squashes root takes it.
+  say_job() {
+    # shellcheck disable=SC2016 # $1 and $2 are the inner shell's arguments
+    runuser -u "$user" -- sh -c 'printf "%s\n" "$1" > "$2.tmp" && mv -f "$2.tmp" "$2"' sh "$1" "$word"
+  }
+  if [ "$rank" = 0 ]; then
+    install -d -m 0700 -o "$uid" -g "$gid" "$udir" || die "catalog directory $udir: cannot create it; nothing was mounted"
+    if ! out=$(cd / && runuser -u "$user" -- "$BIN" catalog --config "$CONF" -o "$catfile" 2>&1); then
+      say_job "failed $JOB" || true
+      die "metfs catalog failed: $(printf '%s' "$out" | tail -n 5 | tr '\n' ' ')"
+    fi
+    say_job "$JOB" || die "catalog directory $udir: cannot write $word"
+    printf 'metfs-prolog: job %s on %s: %s\n' "$JOB" "$NODE" "$out" >&2
+  else
+    end=$((SECONDS + ${METFS_PROLOG_CATALOG_TIMEOUT:-600}))
+    while :; do
+      said=$(cat "$word" 2>/dev/null || true)
+      [ "$said" = "$JOB" ] && break
+      [ "$said" = "failed $JOB" ] && die "the job's first node could not catalogue the source (its Prolog log says why); nothing was mounted"
+      [ "$SECONDS" -lt "$end" ] || die "no catalog from the job's first node after ${METFS_PROLOG_CATALOG_TIMEOUT:-600} s ($word); nothing was mounted"
+      sleep 0.5
+    done
+  fi
+  catalog_args=(--catalog "$catfile")
+fi
+
 # The daemon's environment names the job and node, so that epilog.sh finds it.
 if ! out=$(SLURM_JOB_ID=$JOB SLURMD_NODENAME=$NODE "$BIN" mount --run-as "$user" --config "$CONF" \
     --cache "$dir/cache" --socket "$dir/cache/metfs.sock" --allow-other \
-    --history "$dir/cache/rf-history.json" --node-rank "$rank" --nodes "$nodes" "$dir/mnt" 2>&1); then
+    --history "$dir/cache/rf-history.json" --node-rank "$rank" --nodes "$nodes" \
+    "${catalog_args[@]}" "$dir/mnt" 2>&1); then
   die "metfs mount failed: $(printf '%s' "$out" | tail -n 5 | tr '\n' ' ')"
 fi
 printf 'export METFS_MOUNT=%s\nexport METFS_SOCKET=%s\n' "$dir/mnt" "$dir/cache/metfs.sock" > "$dir/metfs.env"
