@@ -335,7 +335,7 @@ def test_a_cache_on_a_full_tmpfs_fails_against_the_budget(metfs: str, tmp_path: 
     space = found["cache-space"]
     assert space["status"] == "fail", space
     assert "for a budget of 2.00 MiB" in space["found"], space
-    assert "lower --budget" in space["fix"] and "node-local" in space["fix"], space
+    assert "free space there" in space["fix"] and "node-local" in space["fix"], space
     assert found["cache-fs"]["status"] == "ok", found["cache-fs"]
     assert found["cache-fs"]["found"].startswith("tmpfs"), found["cache-fs"]
     # Gone with the namespace.

@@ -215,13 +215,16 @@ fn judge_space(free: u64, own: u64, budget: u64) -> Check {
     if free.saturating_add(own) >= budget {
         return Check::ok(NAME, found);
     }
+    let room = free.saturating_add(own);
+    let lower = if room > 0 {
+        format!("lower --budget to at most {}, ", b(room))
+    } else {
+        String::new()
+    };
     Check::fail(
         NAME,
         format!("{found}: the budget does not fit"),
-        format!(
-            "lower --budget to at most {}, free space there, or {LOCAL} with more room",
-            b(free.saturating_add(own))
-        ),
+        format!("{lower}free space there, or {LOCAL} with more room"),
     )
 }
 
@@ -283,6 +286,11 @@ mod tests {
             .fix
             .unwrap()
             .contains("lower --budget to at most 1.00 MiB"));
+        let c = judge_space(0, 0, 2 << 20);
+        assert!(
+            c.fix.as_deref().unwrap().starts_with("free space there"),
+            "{c:?}"
+        );
         // A remount's slots already take part of the budget.
         let c = judge_space(1 << 20, 1 << 20, 2 << 20);
         assert_eq!(c.status, Status::Ok);

@@ -172,7 +172,7 @@ fn s3(cfg: &MountConfig, timeout: Duration) -> Check {
         )
         .await
     });
-    judge_s3(&at, outcome.ok(), start.elapsed(), timeout)
+    judge_s3(tier.url(), &at, outcome.ok(), start.elapsed(), timeout)
 }
 
 /// What fixes an S3 source that does not answer as it should.
@@ -180,12 +180,19 @@ const ENDPOINT_FIX: &str = "check the endpoint (--endpoint, `[s3] endpoint`, MET
                             AWS_ENDPOINT_URL), that its server runs and that this node reaches it";
 
 fn judge_s3(
+    url: &str,
     at: &str,
     outcome: Option<Result<bool, TierError>>,
     took: Duration,
     timeout: Duration,
 ) -> Check {
     let ms = took.as_secs_f64() * 1e3;
+    // The tier's errors begin with its URL, which `at` already names.
+    let said = |e: &TierError| {
+        let e = e.to_string();
+        e.strip_prefix(&format!("{url}: "))
+            .map_or(e.clone(), str::to_string)
+    };
     match outcome {
         None => Check::fail(
             NAME,
@@ -202,18 +209,18 @@ fn judge_s3(
             "--source: the bucket and prefix that hold the dataset",
         ),
         Some(Err(e @ TierError::Unreachable { .. })) => {
-            Check::fail(NAME, format!("{at}: {e}"), ENDPOINT_FIX)
+            Check::fail(NAME, format!("{at}: {}", said(&e)), ENDPOINT_FIX)
         }
         Some(Err(e @ TierError::Auth { .. })) => Check::fail(
             NAME,
-            format!("{at}: {e}"),
+            format!("{at}: {}", said(&e)),
             "give credentials that may list the bucket (AWS_ACCESS_KEY_ID and \
              AWS_SECRET_ACCESS_KEY, or `[s3]` access_key_id and secret_access_key), and the \
              server's region (--region)",
         ),
         Some(Err(e)) => Check::fail(
             NAME,
-            format!("{at}: {e}"),
+            format!("{at}: {}", said(&e)),
             "check --source and the `[s3]` settings (`metfs config --defaults` lists them)",
         ),
     }
@@ -250,19 +257,26 @@ mod tests {
     fn s3_outcomes_name_the_endpoint_and_the_fix() {
         let at = "s3://b/p at http://127.0.0.1:9 (region garage)";
         let t = Duration::from_secs(3);
-        let c = judge_s3(at, None, t, t);
+        let c = judge_s3("s3://b/p", at, None, t, t);
         assert_eq!(c.status, Status::Fail);
         assert!(c.found.contains("http://127.0.0.1:9") && c.fix.unwrap().contains("--endpoint"));
         let down = TierError::Unreachable {
             url: "s3://b/p".into(),
             reason: "Connect failure".into(),
         };
-        let c = judge_s3(at, Some(Err(down)), t, t);
+        let c = judge_s3("s3://b/p", at, Some(Err(down)), t, t);
         assert!(
             c.found.contains("unreachable") && c.found.contains("127.0.0.1:9"),
             "{c:?}"
         );
-        assert_eq!(judge_s3(at, Some(Ok(false)), t, t).status, Status::Ok);
-        assert_eq!(judge_s3(at, Some(Ok(true)), t, t).status, Status::Fail);
+        assert_eq!(c.found.matches("s3://b/p").count(), 1, "{c:?}");
+        assert_eq!(
+            judge_s3("s3://b/p", at, Some(Ok(false)), t, t).status,
+            Status::Ok
+        );
+        assert_eq!(
+            judge_s3("s3://b/p", at, Some(Ok(true)), t, t).status,
+            Status::Fail
+        );
     }
 }
