@@ -24,7 +24,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import ROOT, make_tree
+from conftest import ROOT, Garage, make_tree
 
 USER = "metfs-user"
 CHECKS = [
@@ -67,7 +67,7 @@ def package_env() -> dict[str, str]:
 
 
 @pytest.fixture
-def dataset(tmp_path: Path) -> tuple[Path, Path]:
+def places(tmp_path: Path) -> tuple[Path, Path]:
     src = tmp_path / "src"
     make_tree(src, n=40)
     cache = tmp_path / "cache"
@@ -75,10 +75,10 @@ def dataset(tmp_path: Path) -> tuple[Path, Path]:
     return src, cache
 
 
-def test_all_ok_as_root(metfs: str, dataset: tuple[Path, Path]) -> None:
+def test_all_ok_as_root(metfs: str, places: tuple[Path, Path]) -> None:
     if os.geteuid() != 0:
         pytest.skip("the all-ok case needs root here (/dev/fuse is 0600)")
-    src, cache = dataset
+    src, cache = places
     common = ["--source", str(src), "--cache", str(cache), "--budget", "8MiB"]
     common += ["--python", sys.executable]
     r = doctor(metfs, *common, "--json", env=package_env())
@@ -104,15 +104,15 @@ def test_all_ok_as_root(metfs: str, dataset: tuple[Path, Path]) -> None:
         assert line.split()[1] == f"{name}:", line
     assert lines[-1].startswith("a mount would work"), r.stdout
     # The same settings from a config file and the environment.
-    conf = dataset[1].parent / "m.toml"
+    conf = places[1].parent / "m.toml"
     conf.write_text(f"source = '{src}'\nbudget = '8MiB'\n")
     env = dict(package_env(), METFS_CACHE=str(cache))
     r = doctor(metfs, "--config", str(conf), "--python", sys.executable, "--json", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_a_python_without_the_package_is_a_warning(metfs: str, dataset: tuple[Path, Path]) -> None:
-    src, cache = dataset
+def test_a_python_without_the_package_is_a_warning(metfs: str, places: tuple[Path, Path]) -> None:
+    src, cache = places
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = doctor(
         metfs,
@@ -126,9 +126,9 @@ def test_a_python_without_the_package_is_a_warning(metfs: str, dataset: tuple[Pa
 
 
 def test_a_python_package_of_another_version_fails(
-    metfs: str, dataset: tuple[Path, Path], tmp_path: Path
+    metfs: str, places: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    src, cache = dataset
+    src, cache = places
     other = tmp_path / "site"
     shutil.copytree(PACKAGE / "metfs", other / "metfs")
     init = other / "metfs" / "__init__.py"
@@ -179,6 +179,29 @@ def test_an_unreachable_s3_endpoint_fails_naming_it(metfs: str, tmp_path: Path) 
     assert took < 20, took
 
 
+def test_an_s3_tier_lists_through_the_projects_s3_tier(
+    metfs: str, garage: Garage, tmp_path: Path
+) -> None:
+    local = tmp_path / "data"
+    make_tree(local, n=12)
+    prefix = f"doctor{abs(hash(str(tmp_path))) % 10**8}"
+    garage.upload(local, prefix)
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    s3 = ["--endpoint", garage.endpoint, "--region", "garage", "--allow-http", "--json"]
+    common = ["--cache", str(cache), "--budget", "8MiB", *s3]
+    r = doctor(metfs, "--source", f"s3://metfs/{prefix}", *common, env=garage.env)
+    tier = checks(r.stdout)["tier"]
+    assert tier["status"] == "ok", tier
+    assert f"s3://metfs/{prefix} at {garage.endpoint}" in tier["found"], tier
+    assert "the prefix holds objects" in tier["found"], tier
+    # An empty prefix: a mount would find no samples.
+    r = doctor(metfs, "--source", f"s3://metfs/{prefix}-none", *common, env=garage.env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    tier = checks(r.stdout)["tier"]
+    assert tier["status"] == "fail" and "no objects" in tier["found"], tier
+
+
 def mount_error(metfs: str, args: list[str], tmp_path: Path) -> str:
     """The first line of what `metfs mount` says of these settings (it must refuse them)."""
     mnt = tmp_path / "mnt"
@@ -192,9 +215,9 @@ def mount_error(metfs: str, args: list[str], tmp_path: Path) -> str:
 
 @pytest.mark.parametrize("case", ["no-source", "no-cache", "budget", "unknown-key"])
 def test_bad_input_gives_the_mounts_error_and_status_2(
-    metfs: str, dataset: tuple[Path, Path], tmp_path: Path, case: str
+    metfs: str, places: tuple[Path, Path], tmp_path: Path, case: str
 ) -> None:
-    src, cache = dataset
+    src, cache = places
     args = ["--source", str(src), "--cache", str(cache), "--budget", "8MiB"]
     if case == "no-source":
         args[1] = str(tmp_path / "nowhere")
