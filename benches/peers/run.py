@@ -728,6 +728,10 @@ def streaming_child(
             if samples >= count or time.perf_counter() - t0 >= budget_s:
                 break
     q.put((samples, nbytes))
+    # The queue's feeder thread writes the result; it must be through before the exit, which
+    # does not wait for Streaming's own threads.
+    q.close()
+    q.join_thread()
     sys.stdout.flush()
     os._exit(0)
 
@@ -1003,7 +1007,8 @@ def one(cfg, tier: Tier, ds: Dataset, tool: str, count: int, rep: int) -> dict:
         secs = time.perf_counter() - t0
         error = None
     except Exception as e:  # a side that fails is reported, not fatal to the others
-        run, secs, error = Run(), time.perf_counter() - t0, str(e)[-300:]
+        # (queue.Empty and others say nothing in str(): the type names them.)
+        run, secs, error = Run(), time.perf_counter() - t0, (str(e) or repr(e))[-300:]
     tier_bytes = tier.counted() - before
     cache_peak = peak.stop()
     shutil.rmtree(base, ignore_errors=True)
