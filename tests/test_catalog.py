@@ -256,6 +256,13 @@ def test_four_nodes_list_s3_once_from_a_catalog_and_four_times_without(
         print(f"listings for 4 nodes: {without} without a catalog, {made + with_catalog} with one")
         assert without == 4, without
         assert (made, with_catalog) == (1, 0), (made, with_catalog)
+        # The first object rewritten: its ETag (one HEAD at mount) tells the catalog is stale.
+        first = min(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+        garage.client().put_object(Bucket="metfs", Key=f"{prefix}/{first}", Body=b"changed")
+        m = mounts(Tier("s3", url, s3, garage.env), "2MiB", "--catalog", str(cat), name="stale")
+        r = m.mount(check=False)
+        assert r.returncode != 0 and "stale" in r.stderr and first in r.stderr, r.stderr
+        assert str(cat) in r.stderr and not staged(m.cache), r.stderr
     finally:
         proxy.send_signal(signal.SIGTERM)
         proxy.wait(timeout=10)
