@@ -2,8 +2,9 @@
 //! `metfs report`.
 //!
 //! Each line is one [`Record`] of the protocol ([`crate::protocol::event`]: `start`, `pass_end`,
-//! `decision`, `staged`, `stage_failed`, `switch`, and `tier`, the cumulative tier bytes every few
-//! seconds while staging), with `v`, `t` (Unix seconds) and `event`. The file rotates to
+//! `decision`, `staged`, `stage_failed`, `switch`, `stall_rf`, `tier`, the cumulative tier bytes
+//! every few seconds while staging, and `job_not_resumed`, a shared mount's saved job whose place
+//! a restart could not resume), with `v`, `t` (Unix seconds) and `event`. The file rotates to
 //! `events.1.jsonl` at [`ROTATE_BYTES`] ([`crate::rotate`], shared with the daemon's log), so the
 //! two files stay within their share of the budget's reserve (the run directory lives in the cache
 //! by default). Writing is best-effort: a full disk must not stop training, so an event that cannot

@@ -602,3 +602,54 @@ proptest::proptest! {
         restart(&c, kind, &sz, &d, restarts + 1);
     }
 }
+
+/// What a shared mount's save of every job's place costs as the dataset grows: four jobs
+/// over `n` samples, a few views along, each place taken (`saved`), serialized and written
+/// atomically with an fsync, as the daemon's `share.json` is at every `pass_end`. A
+/// measurement (`--ignored --nocapture`, in release for the figures of docs/RELIABILITY.md).
+#[test]
+#[ignore = "a measurement: a million samples take a while to draw"]
+fn the_cost_of_saving_every_place() {
+    for n in [240u32, 10_000, 100_000, 1_000_000] {
+        let d: Vec<u32> = (0..n).collect();
+        let view = 4096 * u64::from(n.div_ceil(16));
+        let mut c = Cohort::external(8 * view, vec![4096; n as usize], 1);
+        let names = ["a", "b", "c", "d"];
+        for j in names {
+            c.join(j, &d, view).unwrap();
+        }
+        for (i, j) in names.iter().enumerate() {
+            for _ in 0..=i {
+                c.prepare(j).unwrap();
+                c.advance(j).unwrap();
+            }
+            c.prepare(j).unwrap();
+        }
+        let dir = std::env::temp_dir().join(format!("metfs-save-cost-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("share.json");
+        let mut times = Vec::new();
+        let mut bytes = 0;
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            let places: Vec<MemberState> = names.iter().map(|j| c.saved(j).unwrap()).collect();
+            let taken = t.elapsed();
+            let json = serde_json::to_vec(&places).unwrap();
+            let encoded = t.elapsed();
+            durable::write(&path, &json, durable::Durability::File).unwrap();
+            times.push((t.elapsed(), taken, encoded));
+            bytes = json.len();
+        }
+        times.sort();
+        let (all, taken, encoded) = times[2];
+        eprintln!(
+            "4 jobs over {n} samples: {:.2} ms ({:.2} taking the places, {:.2} encoding, \
+             {:.2} writing), {bytes} bytes",
+            all.as_secs_f64() * 1e3,
+            taken.as_secs_f64() * 1e3,
+            (encoded - taken).as_secs_f64() * 1e3,
+            (all - encoded).as_secs_f64() * 1e3,
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

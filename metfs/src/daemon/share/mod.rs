@@ -41,7 +41,10 @@
 //! * **Restarts.** Each job's place is saved in `CACHE/share.json` (`state`: name and
 //!   token, subset, position, rf policy state, its place in the cohort) at every switch, when
 //!   its next view is staged, at `leave` and at shutdown, written on a blocking thread after a
-//!   snapshot under the sessions' lock. A daemon started on a file of the same settings keeps
+//!   snapshot under the sessions' lock; and before every `pass_end` answers, which waits for
+//!   that write, so a `kill -9` loses no pass a job was answered for (the write is of every
+//!   job's place: milliseconds at the tests' sizes, growing with the datasets; see
+//!   docs/RELIABILITY.md). A daemon started on a file of the same settings keeps
 //!   every saved job's current slot and prepared next slot (other slots are deleted as before),
 //!   checks each current slot as a plain mount's resume does (its seal, else every journaled
 //!   copy, fetching only what is missing), shows it at its saved generation, and restores the
@@ -52,6 +55,11 @@
 //!   draws from a fresh stream (seed and restart count), which keeps each job's order of what
 //!   it has left uniform and never draws again what it drew this epoch; reproducing the old
 //!   stream would also need the order of every job's requests, which no restart repeats.
+//!   A saved job that cannot be resumed (its subset no longer gives its dataset, its kept
+//!   slot cannot be staged, its cohort place does not check, the mount's settings changed)
+//!   starts over when it joins again, and is told why: its next `hello` carries
+//!   `not_resumed` with the reason and where it was, `status` lists it, and the event log has
+//!   a `job_not_resumed` record.
 //!
 //! Layout: this file holds [`Shared`], [`JobMeta`], the job name's check and the small helpers
 //! (a request's session, a job's sign of life); `join` a job's `hello`, subset and admission,

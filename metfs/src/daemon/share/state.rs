@@ -424,26 +424,15 @@ mod tests {
         (times[reps / 2], bytes)
     }
 
-    /// The cost of a save per pass at the sizes the tests use; `--ignored` adds the large
-    /// datasets (docs/RELIABILITY.md gives the figures).
+    /// The cost of a save per pass at the sizes the tests use (larger datasets: the ignored
+    /// `refcnt::cohort::tests::the_cost_of_saving_every_place` in `prefetcher`, and
+    /// docs/RELIABILITY.md).
     #[test]
     fn a_save_per_pass_costs_little_at_test_sizes() {
         for samples in [240, 10_000] {
             let (t, bytes) = save_cost(samples, 9);
             eprintln!(
                 "save per pass: 4 jobs over {samples} samples: {:.2} ms, {bytes} bytes",
-                t.as_secs_f64() * 1e3
-            );
-        }
-    }
-
-    #[test]
-    #[ignore = "a measurement: large datasets take seconds to draw in a debug build"]
-    fn a_save_per_pass_at_scale() {
-        for samples in [100_000, 1_000_000] {
-            let (t, bytes) = save_cost(samples, 3);
-            eprintln!(
-                "save per pass: 4 jobs over {samples} samples: {:.1} ms, {bytes} bytes",
                 t.as_secs_f64() * 1e3
             );
         }
