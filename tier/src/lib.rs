@@ -66,7 +66,7 @@ pub enum TierError {
     #[error("{url}: sample `{path}` no longer exists")]
     NotFound { url: String, path: String },
     /// A sample changed since the catalog was made, or while it was copied.
-    #[error("{url}: sample `{path}` changed since it was catalogued (expected {expected}, found {found}); remount to re-catalogue")]
+    #[error("{url}: sample `{path}` changed since it was catalogued (expected {expected}, found {found}); remount to re-catalogue (from a catalog file: make it again with `metfs catalog`)")]
     Changed {
         url: String,
         path: String,
