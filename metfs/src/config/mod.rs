@@ -696,6 +696,16 @@ mod tests {
     }
 
     #[test]
+    fn a_catalog_file_replaces_the_listing_alone() {
+        let c = resolve("catalog = '/shared/d.cat'\n", &[], &[]).unwrap();
+        assert_eq!(c.catalog, Some(PathBuf::from("/shared/d.cat")));
+        // `METFS_CATALOG=` (a job script's way to turn it off) is no catalog.
+        assert_eq!(resolve("", &[("METFS_CATALOG", "")], &[]).unwrap().catalog, None);
+        let e = resolve("manifest = '/m.csv'\n", &[], &["--catalog", "/c"]).unwrap_err();
+        assert!(e.contains("`catalog`") && e.contains("manifest"), "{e}");
+    }
+
+    #[test]
     fn values_read_from_every_layer_in_every_spelling() {
         let c = resolve(
             "rf_policy = 'score'\nscore_metrics = 'loss, 1 - accuracy'\nhdf5_datasets = ['x']\n\
