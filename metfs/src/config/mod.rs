@@ -700,7 +700,10 @@ mod tests {
         let c = resolve("catalog = '/shared/d.cat'\n", &[], &[]).unwrap();
         assert_eq!(c.catalog, Some(PathBuf::from("/shared/d.cat")));
         // `METFS_CATALOG=` (a job script's way to turn it off) is no catalog.
-        assert_eq!(resolve("", &[("METFS_CATALOG", "")], &[]).unwrap().catalog, None);
+        assert_eq!(
+            resolve("", &[("METFS_CATALOG", "")], &[]).unwrap().catalog,
+            None
+        );
         let e = resolve("manifest = '/m.csv'\n", &[], &["--catalog", "/c"]).unwrap_err();
         assert!(e.contains("`catalog`") && e.contains("manifest"), "{e}");
     }
