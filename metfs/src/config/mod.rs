@@ -649,7 +649,11 @@ mod tests {
                 "bollinger_side = 'sideways'\n",
                 vec![],
                 vec![],
-                vec!["`bollinger_side`", "config file", "`below` or `either`"],
+                vec![
+                    "`bollinger_side`",
+                    "config file",
+                    "`below`, `either`, `above`",
+                ],
             ),
             (
                 "",
