@@ -110,6 +110,48 @@ def test_all_ok_as_root(metfs: str, places: tuple[Path, Path]) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_a_mount_from_a_catalog_file_is_checked_without_a_listing(
+    metfs: str, places: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """With `--catalog FILE` the tier check reads the file as the mount does (format, source,
+    staleness) and lists nothing: a stale catalog, a truncated one and one of another source
+    fail naming the file."""
+    src, cache = places
+    cat = tmp_path / "catalog.bin"
+    r = subprocess.run(
+        [metfs, "catalog", str(src), "-o", str(cat)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    common = ["--source", str(src), "--cache", str(cache), "--budget", "8MiB"]
+    common += ["--python", sys.executable, "--json"]
+    r = doctor(metfs, *common, "--catalog", str(cat), env=package_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    tier = checks(r.stdout)["tier"]
+    assert tier["status"] == "ok", tier
+    assert f"catalog file {cat}: 40 samples" in tier["found"], tier
+    assert "not listed" in tier["found"] and "listed all" not in tier["found"], tier
+    # Another source: refused with the file named, and the way to make it again.
+    other = tmp_path / "other"
+    make_tree(other, n=5)
+    r = doctor(metfs, *common[2:], "--source", str(other), "--catalog", str(cat), env=package_env())
+    assert r.returncode == 1, r.stdout + r.stderr
+    tier = checks(r.stdout)["tier"]
+    assert tier["status"] == "fail" and str(cat) in tier["found"], tier
+    assert "metfs catalog" in tier["fix"], tier
+    # Stale: the source's root changed since the catalog was made.
+    (src / "new file.bin").write_bytes(b"x")
+    r = doctor(metfs, *common, "--catalog", str(cat), env=package_env())
+    assert r.returncode == 1, r.stdout + r.stderr
+    tier = checks(r.stdout)["tier"]
+    assert tier["status"] == "fail" and str(cat) in tier["found"], tier
+    # Truncated.
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(cat.read_bytes()[:40])
+    r = doctor(metfs, *common, "--catalog", str(cut), env=package_env())
+    assert r.returncode in (1, 2), r.stdout + r.stderr
+    assert str(cut) in r.stdout + r.stderr, r.stdout + r.stderr
+
+
 def test_a_python_without_the_package_is_a_warning(metfs: str, places: tuple[Path, Path]) -> None:
     src, cache = places
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

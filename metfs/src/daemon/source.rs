@@ -7,7 +7,7 @@ use super::*;
 
 mod file;
 
-pub use file::{make_catalog_file, MadeCatalog};
+pub use file::{make_catalog_file, mountable_catalog_file, MadeCatalog};
 
 /// Opens the capacity tier named by a source URL.
 pub fn open_tier(

@@ -6,6 +6,11 @@
 //! presigned `ListObjectsV2`, error mapping and secret scrubbing as a mount), with its retries
 //! and timeouts cut to the doctor's: `catalog_is_current` against an empty catalog of the
 //! tier's own URL stops at the first key, which is one request.
+//!
+//! A mount from a catalog file (`catalog = FILE`) never lists the tier, so neither does its
+//! check: on every node of a job it reads the file and asks what the mount asks (its format,
+//! its source, one stat or HEAD for staleness), so a source whose directories the user cannot
+//! list passes, and a thousand nodes do not undo the one listing per job.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -22,6 +27,9 @@ const NAME: &str = "tier";
 
 /// The source's listing, timed.
 pub(super) fn listing(cfg: &MountConfig, opts: &Options) -> Check {
+    if let Some(file) = &cfg.catalog {
+        return catalog_file(cfg, file, opts.timeout);
+    }
     if cfg.source.starts_with("s3://") {
         s3(cfg, opts.timeout)
     } else {
@@ -278,5 +286,40 @@ mod tests {
             judge_s3("s3://b/p", at, Some(Ok(true)), t, t).status,
             Status::Fail
         );
+    }
+}
+
+/// A mount from catalog file `file`: the mount's own reading and checks, no listing.
+fn catalog_file(cfg: &MountConfig, file: &Path, timeout: Duration) -> Check {
+    let fix = format!(
+        "make it again: metfs catalog {} -o {}",
+        cfg.source,
+        file.display()
+    );
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return Check::warn(NAME, format!("not checked: {e}"), "run it again"),
+    };
+    let start = Instant::now();
+    let outcome = rt.block_on(async {
+        let tier =
+            crate::daemon::open_tier(&cfg.source, &bounded(cfg, timeout), timeout.as_secs())?;
+        crate::daemon::mountable_catalog_file(tier.as_ref(), file, cfg).await
+    });
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    match outcome {
+        Ok(n) => Check::ok(
+            NAME,
+            format!(
+                "catalog file {}: {n} samples of {}, current (checked in {ms:.1} ms); the source \
+                 is not listed",
+                file.display(),
+                cfg.source
+            ),
+        ),
+        Err(e) => Check::fail(NAME, e.to_string(), fix),
     }
 }

@@ -33,6 +33,19 @@ pub(super) fn hdf5_labels_origin(name: &str) -> String {
     format!("HDF5 {name}")
 }
 
+/// Whether a mount of `tier` with `cfg` would accept catalog file `file`: the same reading and
+/// checks as the mount's (format, source, staleness, fit), without a listing. Gives the number
+/// of samples; `metfs doctor` asks it on every node instead of listing the tier.
+pub async fn mountable_catalog_file(
+    tier: &dyn CapacityTier,
+    file: &Path,
+    cfg: &MountConfig,
+) -> Result<usize, DaemonError> {
+    load_catalog_file(tier, file, cfg)
+        .await
+        .map(|(cat, _)| cat.len())
+}
+
 /// The catalog of catalog file `file` for a mount of `tier`, and how its labels were made.
 pub(super) async fn load_catalog_file(
     tier: &dyn CapacityTier,
