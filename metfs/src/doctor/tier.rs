@@ -234,6 +234,41 @@ fn judge_s3(
     }
 }
 
+/// A mount from catalog file `file`: the mount's own reading and checks, no listing.
+fn catalog_file(cfg: &MountConfig, file: &Path, timeout: Duration) -> Check {
+    let fix = format!(
+        "make it again: metfs catalog {} -o {}",
+        cfg.source,
+        file.display()
+    );
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return Check::warn(NAME, format!("not checked: {e}"), "run it again"),
+    };
+    let start = Instant::now();
+    let outcome = rt.block_on(async {
+        let tier =
+            crate::daemon::open_tier(&cfg.source, &bounded(cfg, timeout), timeout.as_secs())?;
+        crate::daemon::mountable_catalog_file(tier.as_ref(), file, cfg).await
+    });
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    match outcome {
+        Ok(n) => Check::ok(
+            NAME,
+            format!(
+                "catalog file {}: {n} samples of {}, current (checked in {ms:.1} ms); the source \
+                 is not listed",
+                file.display(),
+                cfg.source
+            ),
+        ),
+        Err(e) => Check::fail(NAME, e.to_string(), fix),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,40 +321,5 @@ mod tests {
             judge_s3("s3://b/p", at, Some(Ok(true)), t, t).status,
             Status::Fail
         );
-    }
-}
-
-/// A mount from catalog file `file`: the mount's own reading and checks, no listing.
-fn catalog_file(cfg: &MountConfig, file: &Path, timeout: Duration) -> Check {
-    let fix = format!(
-        "make it again: metfs catalog {} -o {}",
-        cfg.source,
-        file.display()
-    );
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return Check::warn(NAME, format!("not checked: {e}"), "run it again"),
-    };
-    let start = Instant::now();
-    let outcome = rt.block_on(async {
-        let tier =
-            crate::daemon::open_tier(&cfg.source, &bounded(cfg, timeout), timeout.as_secs())?;
-        crate::daemon::mountable_catalog_file(tier.as_ref(), file, cfg).await
-    });
-    let ms = start.elapsed().as_secs_f64() * 1e3;
-    match outcome {
-        Ok(n) => Check::ok(
-            NAME,
-            format!(
-                "catalog file {}: {n} samples of {}, current (checked in {ms:.1} ms); the source \
-                 is not listed",
-                file.display(),
-                cfg.source
-            ),
-        ),
-        Err(e) => Check::fail(NAME, e.to_string(), fix),
     }
 }
