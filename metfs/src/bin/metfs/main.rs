@@ -129,6 +129,14 @@ enum Cmd {
         /// Job identity (e.g. the model name).
         #[arg(long)]
         job: Option<String>,
+        /// The elapsed fraction of the job's run, in [0, 1] (the `paced` policy's cap grows
+        /// with it).
+        #[arg(long)]
+        progress: Option<f64>,
+        /// The fresh-data loss: the loss of the first batches of this mini-epoch's first pass,
+        /// computed before they were trained on.
+        #[arg(long)]
+        fresh_loss: Option<f64>,
     },
     /// Force an advance to the next mini-epoch.
     Advance {
@@ -301,6 +309,8 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
             metrics,
             block,
             job,
+            progress,
+            fresh_loss,
         } => {
             let metrics = metrics
                 .iter()
@@ -312,8 +322,8 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
                     job,
                     metrics,
                     block,
-                    progress: None,
-                    fresh_loss: None,
+                    progress,
+                    fresh_loss,
                 },
             )?;
             println!("{}", serde_json::to_string(&Reply::new(d))?);
