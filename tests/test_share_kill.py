@@ -11,6 +11,7 @@ import os
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -194,6 +195,13 @@ def test_a_job_whose_place_cannot_be_resumed_is_told_why(
         before["bad"]["mini_epoch"],
         before["bad"]["pass"],
     )
+    # `metfs status`'s text says it too.
+    text = subprocess.run(
+        [m.bin, "status", "--socket", m.socket], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"job bad not resumed (it starts over at epoch 0; saved at epoch {told['epoch']}" in (
+        text
+    ), text
     events = [json.loads(line) for line in (m.cache / "run" / "events.jsonl").open()]
     ev = [e for e in events if e["event"] == "job_not_resumed"]
     assert len(ev) == 1 and ev[0]["job"] == "bad" and ev[0]["reason"] == told["reason"], ev

@@ -386,6 +386,14 @@ fn print_status(st: &Status) {
     if let Some(r) = &st.replay {
         println!("replaying {r}");
     }
+    // A restarted shared mount that could not resume a job says so here too, not only in the
+    // job's next hello.
+    for n in st.not_resumed.iter().flatten() {
+        println!(
+            "job {} not resumed (it starts over at epoch 0; saved at epoch {} mini-epoch {} pass {}): {}",
+            n.job, n.epoch, n.mini_epoch, n.passes, n.reason
+        );
+    }
     // Bonus passes make the rf a job gets differ from the policy's: say so beside it.
     if st.effective_rf.is_some() || st.mini_epoch_bonus_passes > 0 {
         let done = st
