@@ -51,7 +51,7 @@ DEMO_PIP=(numpy scikit-learn)
 # The wheel's tools, pinned: maturin builds it, ziglang links it for an older glibc, cmake
 # builds the bundled HDF5 (Debian 12's CMake is 3.25; hdf5-metno's `static` needs 3.26).
 WHEEL_PIP=(maturin==1.16.0 ziglang==0.15.2 cmake==3.31.10 auditwheel==6.8.2)
-TEST_APT=(fio rsync python3-pytest curl
+TEST_APT=(fio rsync python3-pytest curl time
           slurm-wlm slurmctld slurmd slurm-client munge
           etcd-server etcd-client
           libopenmpi-dev openmpi-bin libclang-dev)
