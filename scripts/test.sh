@@ -14,6 +14,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
+# Each step's time is printed when the next begins and all of them at the end (also when a step
+# fails), so the command's time by step stays in view (docs/DEVELOPMENT.md: CI has 2 cores and
+# the command should stay under 30 minutes).
+T0=$(date +%s) STEP="" STEP_T=$T0 TIMES="" CLEANUP=""
+step() {
+  local now
+  now=$(date +%s)
+  [ -z "$STEP" ] || TIMES+="$(printf '%6d s  %s' $((now - STEP_T)) "$STEP")"$'\n'
+  STEP=$1 STEP_T=$now
+  echo "== $1"
+}
+finish() {
+  local rc=$? now
+  now=$(date +%s)
+  [ -z "$STEP" ] || TIMES+="$(printf '%6d s  %s' $((now - STEP_T)) "$STEP")"$'\n'
+  printf '\n== time by step (exit status %d)\n%s%6d s  in all\n' "$rc" "$TIMES" $((now - T0))
+  [ -z "$CLEANUP" ] || rm -rf $CLEANUP
+}
+trap finish EXIT
+
+step "install"
+
 scripts/install-deps.sh
 # The demo's own dependency step, run on its own as `scripts/demo.sh` runs it first thing, then
 # checked: every package its build needs is there (the list lives once, in install-deps.sh).
@@ -37,7 +59,7 @@ for d in . /tmp; do
   fi
 done
 
-echo "== format and lints"
+step "format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 # metfs-shuffle (aggregate-cache mode's MPI exchange) builds only with the `mpi` feature.
@@ -48,7 +70,7 @@ cargo clippy -p metfs-exchange --features mpi --bin metfs-shuffle -q -- -D warni
 # Everything else in Python: tests, benchmarks, examples (settings in ruff.toml).
 python3 -m ruff check -q . && python3 -m ruff format --check -q .
 
-echo "== Rust tests"
+step "Rust tests"
 cargo build --workspace --all-targets -q
 mkdir -p target
 if ! cargo test --workspace > target/cargo-test.log 2>&1; then
@@ -62,7 +84,7 @@ if ! cargo test --workspace > target/cargo-test.log 2>&1; then
 fi
 grep -E "^test result" target/cargo-test.log
 
-echo "== metfs without HDF5"
+step "metfs without HDF5"
 # `cargo build -p metfs --no-default-features` must build and link without libhdf5, and then
 # refuse HDF5 settings by name. It shares the default build's target directory: only the crates
 # whose features differ are built again (a directory of its own built every dependency a second
@@ -89,17 +111,17 @@ cat "$NOHDF5_DIR/err"
 grep -q 'built without the `hdf5` feature' "$NOHDF5_DIR/err"
 rm -rf "$NOHDF5_DIR"
 
-echo "== fuzzing (20 s per target)"
+step "fuzzing (20 s per target)"
 scripts/fuzz.sh --short
 
-echo "== the wheel (metfs binary and Python package; tests/test_wheel.py installs it)"
+step "the wheel (metfs binary and Python package; tests/test_wheel.py installs it)"
 # Built as the release wheel is but optimised less (Cargo.toml, [profile.wheel-check]): at
 # opt-level 3 it was the longest step here.
 scripts/wheel.sh --profile wheel-check
 METFS_WHEEL=$(ls "$PWD"/dist/metfs-*-manylinux_*_x86_64.whl)
 export METFS_WHEEL
 
-echo "== end-to-end and Python tests"
+step "end-to-end and Python tests"
 # An ordinary user for the tests that run a daemon as one (here and again below). fusermount3
 # opens /dev/fuse with the user's own rights; where the device is root-only (0600), grant it to
 # a `fuse` group, as sites that allow user mounts do.
@@ -117,7 +139,7 @@ cargo build -q -p metfs-exchange --features mpi --bin metfs-shuffle
 # here rather than in the user's ~/.local/share/metfs.
 XDG_DATA_HOME=$(mktemp -d /tmp/metfs-test-data.XXXXXX)
 export XDG_DATA_HOME
-trap 'rm -rf "$XDG_DATA_HOME"' EXIT
+CLEANUP+=" $XDG_DATA_HOME"
 # A passed test's tmp_path (its tier, cache and mount) is deleted as soon as it passes, so the
 # suite needs the disk of its largest tests rather than of all of them (~2.5 GB); a failed
 # test's directory stays for reading.
@@ -125,7 +147,7 @@ trap 'rm -rf "$XDG_DATA_HOME"' EXIT
 python3 -m pytest -q -p no:cacheprovider -o tmp_path_retention_policy=failed --durations=20 \
   tests bindings/python/tests
 
-echo "== core end-to-end tests again, as an ordinary user"
+step "core end-to-end tests again, as an ordinary user"
 # Users on HPC nodes are not root: their mounts go through fusermount3 and passthrough is
 # refused (EPERM), so they get the cached or pread path. Debian's python3 with its
 # python3-pytest runs these (they need nothing from PyPI, and the environment's interpreter may
@@ -133,7 +155,7 @@ echo "== core end-to-end tests again, as an ordinary user"
 # by a reason tests/skips-allowed.toml lists for this user, and any other skip fails.
 USER_DIR=$(mktemp -d /tmp/metfs-user-test.XXXXXX)
 chown "$TEST_USER" "$USER_DIR"
-trap 'rm -rf "$XDG_DATA_HOME" "$USER_DIR"' EXIT
+CLEANUP+=" $USER_DIR"
 runuser -u "$TEST_USER" -- env -i PATH=/usr/bin:/bin HOME="$USER_DIR" TMPDIR="$USER_DIR" \
   PYTHONDONTWRITEBYTECODE=1 METFS_BIN="$METFS_BIN" XDG_DATA_HOME="$USER_DIR/data" METFS_REQUIRE_SERVERS=1 \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider -o tmp_path_retention_policy=failed --basetemp="$USER_DIR/pytest" \
