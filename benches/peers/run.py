@@ -62,6 +62,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -713,7 +714,9 @@ def streaming_child(
     q, env: dict, remote: str, cache: str, settings: dict, seed: int, count: int, budget_s: float
 ) -> None:
     """Streaming's side, in a process of its own: its download threads outlive the iterator and
-    would keep reading the tier during the next side's run; ending the process ends them."""
+    would keep reading the tier during the next side's run; ending the process ends them. Its
+    own process group, so that its DataLoader's worker processes end with it."""
+    os.setpgrp()
     os.environ.update(env)
     from streaming.base.util import clean_stale_shared_memory
 
@@ -762,6 +765,15 @@ def side_streaming(cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: P
     try:
         samples, nbytes = q.get(timeout=left + 120)
     finally:
+        # The child and its DataLoader's workers (its process group, which it made first).
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+            p.join(10)
+            if not p.is_alive():
+                break
         p.terminate()
         p.join(10)
         if p.is_alive():
