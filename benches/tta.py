@@ -1111,7 +1111,7 @@ def main() -> None:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="1,500 samples, 1 seed, 5 s per run, local + every metfs side + direct",
+        help="1,500 samples, 1 seed, 3 s per run, local + every metfs side + direct",
     )
     ap.add_argument("--samples", type=int, default=20_000)
     ap.add_argument("--seeds", default="0,1,2,3,4")
@@ -1166,7 +1166,7 @@ def main() -> None:
     ap.add_argument("--png", type=Path, help="draw the curves here with metfs plot")
     cfg = ap.parse_args()
     if cfg.quick:
-        cfg.samples, cfg.seeds, cfg.secs, cfg.epochs, cfg.snap_secs = 1_500, "0", 5, 3, 1
+        cfg.samples, cfg.seeds, cfg.secs, cfg.epochs, cfg.snap_secs = 1_500, "0", 3, 3, 1
         cfg.val, cfg.test = 200, 500
         cfg.allow_slow_tier = True
         if cfg.sides == ",".join(SIDES):
