@@ -58,10 +58,13 @@
 //!   which then joins a point to a row only if the row keeps such a common holder.
 //!
 //! Costs on the wire (scatter-then-ring, the ports) are in [`crate::wire`]; Theorem 1's
-//! prediction in [`crate::theory`].
+//! prediction in [`crate::theory`]. What a plan will cost to compute (its tables, points,
+//! memory and time, in closed form before planning) and the limits past which a mount
+//! refuses it are in [`mod@estimate`].
 
 mod carpool;
 mod codec;
+pub mod estimate;
 mod tables;
 
 #[cfg(test)]
@@ -69,6 +72,7 @@ mod tests;
 
 pub use carpool::carpool;
 pub use codec::{decode, encode, Assembler, CodecError, Samples};
+pub use estimate::{estimate, Estimate, EstimateError};
 pub use tables::{tables, Table, Tables};
 
 use thiserror::Error;
