@@ -604,6 +604,21 @@ def test_a_dataset_larger_than_the_nodes_together_is_refused_with_the_numbers(
     assert not (tmp_path / "mnt-small").exists() or not os.listdir(tmp_path / "mnt-small")
 
 
+def test_coded_shuffling_past_its_node_limit_is_refused_with_the_numbers(
+    mounts: Callable[..., Mount], tmp_path: Path, dataset: Any
+) -> None:
+    """`uberShuffle` at more nodes than a coding table names is refused at mount, with the
+    estimate and the limit, and `uncoded` suggested (`shuffle::coded::estimate`)."""
+    src, _, _ = dataset
+    args = ("--aggregate", "--nodes", "129", "--node-rank", "0", "--shuffle-code", "uberShuffle")
+    m = mounts(src, "5MiB", *args, name="wide")
+    r = m.mount(check=False)
+    assert r.returncode != 0
+    for want in ("at most 128 nodes, not 129", "tables", "entries", "--shuffle-code uncoded"):
+        assert want in r.stderr, r.stderr
+    assert not (tmp_path / "mnt-wide").exists() or not os.listdir(tmp_path / "mnt-wide")
+
+
 def test_bad_aggregate_settings_name_the_setting(
     mounts: Callable[..., Mount], dataset: Any
 ) -> None:

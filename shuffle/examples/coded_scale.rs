@@ -127,10 +127,10 @@ impl Args {
                 other => panic!("unknown argument {other}"),
             }
         }
-        assert!(
-            !a.nodes.contains(&0),
-            "a node count of 0 cannot be planned: give nodes of at least 1"
-        );
+        if a.nodes.contains(&0) {
+            eprintln!("coded_scale: a node count of 0 cannot be planned (--nodes needs 1 or more)");
+            std::process::exit(2);
+        }
         a
     }
 }

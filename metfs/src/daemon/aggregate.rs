@@ -112,6 +112,9 @@ impl Aggregate {
                 format_bytes(cfg.budget + 2 * (worst - slot_bytes)),
             )));
         }
+        if cfg.aggregate.code == ShuffleCode::UberShuffle {
+            coded_within_limits(&footprints, &settings).map_err(|e| refuse(&e))?;
+        }
         Ok(Self {
             settings,
             rank: cfg.node_rank,
@@ -151,6 +154,24 @@ impl Aggregate {
     pub(super) fn share(&self, epoch: u64) -> Vec<u32> {
         self.layout(epoch).share(self.rank).to_vec()
     }
+}
+
+/// Refuses `--shuffle-code uberShuffle` where its plan would be too large to compute every
+/// epoch on every node (`shuffle::coded::estimate`: more nodes than a coding table names, or
+/// more points than its limit), with the estimate, before any epoch is planned. The
+/// footprints stand in for the catalog's bytes (a transform's footprint is an upper bound).
+fn coded_within_limits(
+    footprints: &[u64],
+    settings: &shuffle::AggregateConfig,
+) -> Result<(), shuffle::coded::EstimateError> {
+    let e = shuffle::coded::estimate(
+        footprints,
+        settings.nodes,
+        settings.extra,
+        settings.budget,
+        metfs_exchange::coded::BLOCK,
+    )?;
+    shuffle::coded::estimate::check(e).map(|_| ())
 }
 
 impl Daemon {
@@ -223,5 +244,52 @@ impl Daemon {
         // `remove_dir_all` does not follow symlinks inside the directory.
         let _ = std::fs::remove_dir_all(inbox_dir(&self.paths.slots, epoch));
         let _ = inbox_journal(&self.paths.slots, epoch).remove();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(nodes: u32, per_node: usize) -> (Vec<u64>, shuffle::AggregateConfig) {
+        let sizes = vec![110 * 1024; nodes as usize * per_node];
+        let total: u64 = sizes.iter().sum();
+        let settings = shuffle::AggregateConfig {
+            nodes,
+            seed: 1,
+            budget: 3 * total / u64::from(nodes),
+            extra: 1.0 / f64::from(nodes.max(2) - 1),
+        };
+        (sizes, settings)
+    }
+
+    #[test]
+    fn coded_plans_within_the_limits_pass() {
+        let (sizes, s) = settings(8, 1_000);
+        assert_eq!(coded_within_limits(&sizes, &s), Ok(()));
+    }
+
+    #[test]
+    fn coded_plans_past_the_limits_are_refused_with_the_numbers() {
+        // 128 nodes of 10,000 samples of 110 KiB: ~35M blocks move per epoch.
+        let (sizes, s) = settings(128, 10_000);
+        let e = coded_within_limits(&sizes, &s).unwrap_err().to_string();
+        for want in [
+            "points per epoch",
+            "limit of 10.0M",
+            "tables",
+            "GiB",
+            "uncoded",
+        ] {
+            assert!(e.contains(want), "{want}: {e}");
+        }
+        let (sizes, s) = settings(256, 10);
+        let e = coded_within_limits(&sizes, &s).unwrap_err().to_string();
+        assert!(e.contains("at most 128 nodes, not 256"), "{e}");
+        assert!(e.contains("--shuffle-code uncoded"), "{e}");
+        let (sizes, mut s) = settings(8, 10);
+        s.nodes = 0;
+        let e = coded_within_limits(&sizes, &s).unwrap_err().to_string();
+        assert!(e.contains("at least one node"), "{e}");
     }
 }

@@ -141,10 +141,10 @@ pub enum EstimateError {
     TooLarge(Estimate),
     /// A plan past [`MAX_PLAN_SECS`].
     #[error(
-        "--shuffle-code uberShuffle would take about {:.0} s to plan each epoch on every \
-         node, more than the limit of {MAX_PLAN_SECS:.0} s: {}; use --shuffle-code uncoded, \
-         or a smaller --shuffle-extra (fewer holders per sample)",
-        .0.plan_secs(), describe(.0)
+        "--shuffle-code uberShuffle would take about {} to plan each epoch on every node, \
+         more than the limit of {MAX_PLAN_SECS:.0} s: {}; use --shuffle-code uncoded, or a \
+         smaller --shuffle-extra (fewer holders per sample)",
+        secs(.0.plan_secs()), describe(.0)
     )]
     TooSlow(Estimate),
 }
@@ -158,23 +158,36 @@ fn count(x: f64) -> String {
     }
 }
 
-fn gib(x: f64) -> String {
-    format!("{:.2} GiB", x / (1u64 << 30) as f64)
+fn bytes(x: f64) -> String {
+    let (unit, scale) = match x {
+        x if x >= (1u64 << 30) as f64 => ("GiB", (1u64 << 30) as f64),
+        x if x >= (1u64 << 20) as f64 => ("MiB", (1u64 << 20) as f64),
+        _ => ("KiB", 1024.0),
+    };
+    format!("{:.1} {unit}", x / scale)
+}
+
+fn secs(x: f64) -> String {
+    if x < 10.0 {
+        format!("{x:.1} s")
+    } else {
+        format!("{x:.0} s")
+    }
 }
 
 /// The estimate in words, for the refusals.
 fn describe(e: &Estimate) -> String {
     format!(
         "estimated at {} nodes, {} samples and p = {:.3}: {} tables, {} entries ({} of \
-         tables), about {} of memory and {:.0} s of planning per epoch",
+         tables), about {} of memory and {} of planning per epoch",
         e.nodes,
         count(e.samples as f64),
         e.p,
         count(e.tables),
         count(e.points),
-        gib(e.table_bytes),
-        gib(e.peak_bytes()),
-        e.plan_secs()
+        bytes(e.table_bytes),
+        bytes(e.peak_bytes()),
+        secs(e.plan_secs())
     )
 }
 
