@@ -31,6 +31,14 @@
 //! fetched from the tier: a node's failure costs the others one slower epoch, never a sample.
 //! After the staging the inbox is removed (its files live on as the slot's links).
 //!
+//! # How far coding goes
+//!
+//! With `--shuffle-code uberShuffle` every rank computes the whole coded plan of every epoch,
+//! one entry per 4 KiB block that moves. The mount estimates that plan from the catalog
+//! before any epoch (`shuffle::coded::estimate`) and refuses, with the estimate, past 128
+//! nodes, 10M blocks or an estimated minute of planning, suggesting `uncoded`
+//! (docs/BENCHMARKS.md, "Many nodes: coded shuffling's tables").
+//!
 //! # What `metfs-shuffle` reads
 //!
 //! `CACHE/aggregate.json` ([`ExchangeSpec`]), written at mount: the node's rank, the planner's
@@ -74,7 +82,8 @@ pub(super) struct Aggregate {
 impl Aggregate {
     /// The plan of node `cfg.node_rank` of `cfg.nodes` over samples of `footprints`, each
     /// epoch's cache at most `slot_bytes`. Refuses, with the numbers, a dataset that does not
-    /// fit the nodes' slots together, or whose shares could overflow a slot in some epoch.
+    /// fit the nodes' slots together, or whose shares could overflow a slot in some epoch,
+    /// and `uberShuffle` where its plan would pass the coded exchange's limits.
     pub(super) fn new(
         cfg: &MountConfig,
         footprints: Vec<u64>,
