@@ -1,5 +1,5 @@
 //! What the coded plan of one epoch will cost, in closed form, before planning it; and the
-//! limit past which a mount refuses `uberShuffle` instead of planning for an hour.
+//! limits past which a mount refuses `uberShuffle` instead of planning for an hour.
 //!
 //! # The count (paper 002's model, as the planner draws it)
 //!
@@ -37,7 +37,7 @@ use crate::MAX_NODES;
 ///
 /// Every node computes the whole plan every epoch, beside the training job that shares its
 /// memory; at the measured [`PEAK_BYTES_PER_POINT`] 10M points take about 2 GiB at the
-/// plan's peak (and about 5 s at [`NANOS_PER_POINT`]), which is as much of a training node's
+/// plan's peak (and about 6 s at [`NANOS_PER_POINT`]), which is as much of a training node's
 /// memory as the exchange should take. It is about 37 nodes of 10,000 ImageNet-sized samples
 /// (28 blocks each) with a node holding two shares, or 360 nodes of 1,000, where the
 /// [`MAX_NODES`] of a coding table binds first (docs/BENCHMARKS.md, "Many nodes: coded
@@ -54,9 +54,9 @@ pub const PEAK_BYTES_PER_POINT: u64 = 200;
 /// on the 2-core development machine under load, `p = 1/(n − 1)`), rounded up.
 pub const NANOS_PER_POINT: u64 = 600;
 
-/// Planning time per subset of a point's holders that the carpool looks up (2 ns) and per
-/// receiver set it scans instead (1 ns), fitted to `coded_scale --extra 0.05` and
-/// `--extra 0.5` at 64 and 128 nodes, rounded up. A point held by `H` looks up a row for
+/// Planning time per subset of a point's holders that the carpool looks up (2 ns; 2.2 fitted
+/// to `coded_scale --extra 0.05` at 128 nodes) and per receiver set it scans instead (1 ns;
+/// 0.78 fitted to `--extra 0.5` at 128 nodes). A point held by `H` looks up a row for
 /// each subset of `H` or, when those outnumber them, scans the receiver sets already filed
 /// for its receiver; the estimate takes `min(2 ns · E[2^|H|], 1 ns · E/n)` per point, with
 /// `E[2^|H|] = 2(1 + p)^(n − 2)`. So a large `p` (holders by the dozen) costs what it
@@ -136,8 +136,9 @@ pub enum EstimateError {
     TooManyNodes(Estimate),
     /// A plan past [`MAX_POINTS`].
     #[error(
-        "--shuffle-code uberShuffle would plan {} points per epoch on every node, more than \
-         the limit of {}: {}; use --shuffle-code uncoded (one entry per sample, {} here)",
+        "--shuffle-code uberShuffle would plan {} points (blocks that move) per epoch on \
+         every node, more than the limit of {}: {}; use --shuffle-code uncoded (one entry \
+         per sample that moves, {} here)",
         count(.0.points), count(MAX_POINTS as f64), describe(.0), count(.0.demands)
     )]
     TooLarge(Estimate),
