@@ -284,7 +284,7 @@ mod tests {
         let (sizes, s) = settings(128, 10_000);
         let e = coded_within_limits(&sizes, &s).unwrap_err().to_string();
         for want in [
-            "points per epoch",
+            "35.3M points (blocks that move) per epoch",
             "limit of 10.0M",
             "tables",
             "GiB",
