@@ -207,10 +207,12 @@ impl MountConfig {
         let budget = s.budget.ok_or_else(|| missing("budget"))?.0;
         let nodes = s.nodes.or_else(|| env_u32("SLURM_NNODES")).unwrap_or(1);
         let node_rank = s.node_rank.or_else(|| env_u32("SLURM_NODEID")).unwrap_or(0);
-        if nodes == 0 || node_rank >= nodes {
-            let key = if nodes == 0 { "nodes" } else { "node_rank" };
+        if nodes == 0 {
+            return Err(inv("nodes", "0: a job has at least 1 node".into()));
+        }
+        if node_rank >= nodes {
             return Err(inv(
-                key,
+                "node_rank",
                 format!("node rank {node_rank} is not in 0..{nodes}"),
             ));
         }
@@ -666,6 +668,12 @@ mod tests {
                 vec![],
                 vec![],
                 vec!["`score_metrics`"],
+            ),
+            (
+                "",
+                vec![],
+                vec!["--nodes", "0"],
+                vec!["`nodes`", "--nodes", "at least 1 node"],
             ),
             (
                 "",
