@@ -227,7 +227,9 @@ cmd_catalog() {
   mkdir -p "$(dirname "$CATALOG")" 2>/dev/null || fail "catalog file $CATALOG: cannot create its directory"
   extra_args
   local out rc=0
-  out=$("$METFS_BIN" catalog --source "$METFS_SOURCE" -o "$CATALOG" "${EXTRA[@]}" 2>&1) || rc=$?
+  # The catalog is of the whole source whatever the mode, and METFS_DDS may still say `auto`
+  # here (the job's etcd is resolved at mount), which no setting parses: leave the mode out.
+  out=$(env -u METFS_DDS "$METFS_BIN" catalog --source "$METFS_SOURCE" -o "$CATALOG" "${EXTRA[@]}" 2>&1) || rc=$?
   if [ "$rc" -ne 0 ]; then
     fail "catalog failed: $(printf '%s' "$out" | sed -e 's/^metfs: //' | tr '\n' ' ')"
   fi
