@@ -591,11 +591,12 @@ def test_scancel_mid_run_leaves_nothing(cluster: Cluster, work: Work) -> None:
 
 
 def test_time_limit_trap_unmounts_every_node(cluster: Cluster, work: Work) -> None:
-    # --signal=B:TERM@55 with a one-minute limit: the batch script gets SIGTERM within Slurm's
-    # periodic check (up to ~30 s after the start), its trap unmounts every node.
+    # --signal=B:TERM@45 with a one-minute limit: the batch script gets SIGTERM 15 s after the
+    # start at the earliest (Slurm's periodic check adds up to ~30 s), once the job's catalog
+    # step, node check and mount are done, and its trap unmounts every node in the 45 s left.
     env = dict(work.env, TRAIN_ARGS=f"--epochs 1000 --pass-sleep 0.3 --log-dir {work.logs}")
     job = cluster.sbatch(
-        DEPLOY / "train-pytorch.sbatch", env, work.dir / "job.out", "--time=1", "--signal=B:TERM@55"
+        DEPLOY / "train-pytorch.sbatch", env, work.dir / "job.out", "--time=1", "--signal=B:TERM@45"
     )
     t0 = time.monotonic()
     info = cluster.wait(job, timeout=120)
