@@ -63,7 +63,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -76,8 +75,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benches"))
 
-# The tests' helpers: one picker of distinct free ports and one mount check for every script.
+# The benchmarks' shared helpers, and the tests' one picker of distinct free ports and one
+# mount check for every script.
+import benchlib  # noqa: E402
+from benchlib import drop_caches  # noqa: E402
 from conftest import free_ports, is_mounted  # noqa: E402
 
 MIB = 1 << 20
@@ -108,14 +111,6 @@ def disk_bytes(path: Path) -> int:
                 seen.add(st.st_ino)
                 total += st.st_blocks * 512
     return total
-
-
-def drop_caches() -> None:
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        pass
 
 
 class Peak(threading.Thread):
@@ -399,17 +394,8 @@ class Run:
 
 
 def rpc(sock: Path, req: dict) -> dict:
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(600)
-        s.connect(str(sock))
-        s.sendall((json.dumps(req) + "\n").encode())
-        buf = b""
-        while not buf.endswith(b"\n"):
-            c = s.recv(1 << 20)
-            if not c:
-                break
-            buf += c
-    r = json.loads(buf)
+    """benchlib's request, with a refusal raised: every request of this script must succeed."""
+    r = benchlib.rpc(sock, req)
     if not r.get("ok"):
         raise RuntimeError(f"metfs {req['op']}: {r}")
     return r
