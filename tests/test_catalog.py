@@ -20,6 +20,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,37 @@ def catalog(metfs: str, source: str, out: Path, *extra: str, env=None, check=Tru
     if check:
         assert r.returncode == 0, r.stderr
     return r
+
+
+@contextmanager
+def counting_proxy(
+    garage, tmp_path: Path, max_seconds: int
+) -> Iterator[tuple[int, Callable[[], int]]]:
+    """tests/faultproxy.py in front of the session's Garage with no faults, counting requests:
+    its port, and the number of listings it has passed on so far."""
+    stats = tmp_path / "proxy.json"
+    port = free_port()
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "faultproxy.py"),
+            *("--target", garage.endpoint.split("//", 1)[1], "--port", str(port)),
+            *("--slowdown", "0", "--reset", "0", "--max-seconds", str(max_seconds)),
+            *("--stats", str(stats)),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def listings() -> int:
+        return json.loads(stats.read_text())["listings"] if stats.exists() else 0
+
+    try:
+        assert proxy.stdout is not None and proxy.stdout.readline().startswith("listening")
+        yield port, listings
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        proxy.wait(timeout=10)
 
 
 def staged(cache: Path) -> list[Path]:
@@ -204,36 +237,9 @@ def test_four_nodes_list_s3_once_from_a_catalog_and_four_times_without(
     make_tree(local, n=60)
     prefix = f"cat{abs(hash(str(tmp_path))) % 10**8}"
     garage.upload(local, prefix)
-    stats = tmp_path / "proxy.json"
-    port = free_port()
-    proxy = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "tests" / "faultproxy.py"),
-            "--target",
-            garage.endpoint.split("//", 1)[1],
-            "--port",
-            str(port),
-            "--slowdown",
-            "0",
-            "--reset",
-            "0",
-            "--max-seconds",
-            "300",
-            "--stats",
-            str(stats),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-
-    def listings() -> int:
-        return json.loads(stats.read_text())["listings"] if stats.exists() else 0
-
-    s3 = ["--endpoint", f"http://127.0.0.1:{port}", "--region", "garage", "--allow-http"]
     url = f"s3://metfs/{prefix}"
-    try:
-        assert proxy.stdout.readline().startswith("listening")
+    with counting_proxy(garage, tmp_path, 300) as (port, listings):
+        s3 = ["--endpoint", f"http://127.0.0.1:{port}", "--region", "garage", "--allow-http"]
 
         def job(tag: str, *extra: str) -> int:
             before = listings()
@@ -270,9 +276,6 @@ def test_four_nodes_list_s3_once_from_a_catalog_and_four_times_without(
         r = m.mount(check=False)
         assert r.returncode != 0 and "stale" in r.stderr and first in r.stderr, r.stderr
         assert str(cat) in r.stderr and not staged(m.cache), r.stderr
-    finally:
-        proxy.send_signal(signal.SIGTERM)
-        proxy.wait(timeout=10)
 
 
 SLURM_JOB = """#!/usr/bin/env bash
@@ -297,79 +300,53 @@ def test_a_two_node_slurm_job_lists_s3_once_through_the_catalog_step(
     cluster,  # noqa: F811
 ):
     """The catalog step of deploy/slurm on the test command's Slurm (two slurmd on this host):
-    a job of two nodes lists the S3 prefix once, one without a catalog once per node. The
-    node check (`metfs doctor`) is off: it reads one page of the listing per node."""
+    a job of two nodes lists the S3 prefix once, one without a catalog once per node. With the
+    catalog the node check (`metfs doctor`, on by default) reads the file and lists nothing, so
+    it stays on; without one it reads a page of the listing per node, so it is off there."""
     local = tmp_path / "local"
     make_tree(local, n=40)
     prefix = f"slurm{abs(hash(str(tmp_path))) % 10**8}"
     garage.upload(local, prefix)
-    stats = tmp_path / "proxy.json"
-    port = free_port()
-    proxy = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "tests" / "faultproxy.py"),
-            "--target",
-            garage.endpoint.split("//", 1)[1],
-            "--port",
-            str(port),
-            "--slowdown",
-            "0",
-            "--reset",
-            "0",
-            "--max-seconds",
-            "600",
-            "--stats",
-            str(stats),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
     d = cluster.dir / "catalog"
     for n in ("n1", "n2"):
         (d / n).mkdir(parents=True, exist_ok=True)
     script = d / "job.sbatch"
     script.write_text(SLURM_JOB)
-    env = {
-        **{k: v for k, v in garage.env.items() if k.startswith("AWS_")},
-        "METFS_BIN": metfs,
-        "METFS_SOURCE": f"s3://metfs/{prefix}",
-        "METFS_CACHE_ROOT": str(d / "%n" / "cache-%j"),
-        "METFS_BUDGET": "2MiB",
-        "METFS_MOUNTPOINT": str(d / "%n" / "mnt-%j"),
-        "METFS_ARGS": f"--endpoint http://127.0.0.1:{port} --region garage --allow-http",
-        "METFS_DEPLOY": str(ROOT / "deploy" / "slurm"),
-        "METFS_DOCTOR": "0",
-        "METFS_MOUNT_TIMEOUT": "120",
-    }
+    with counting_proxy(garage, tmp_path, 600) as (port, listings):
+        env = {
+            **{k: v for k, v in garage.env.items() if k.startswith("AWS_")},
+            "METFS_BIN": metfs,
+            "METFS_SOURCE": f"s3://metfs/{prefix}",
+            "METFS_CACHE_ROOT": str(d / "%n" / "cache-%j"),
+            "METFS_BUDGET": "2MiB",
+            "METFS_MOUNTPOINT": str(d / "%n" / "mnt-%j"),
+            "METFS_ARGS": f"--endpoint http://127.0.0.1:{port} --region garage --allow-http",
+            "METFS_DEPLOY": str(ROOT / "deploy" / "slurm"),
+            "METFS_MOUNT_TIMEOUT": "120",
+        }
 
-    def listings() -> int:
-        return json.loads(stats.read_text())["listings"] if stats.exists() else 0
+        def run(tag: str, catalog_file: str, doctor: str) -> int:
+            before = listings()
+            job = cluster.sbatch(
+                script,
+                {**env, "METFS_CATALOG": catalog_file, "METFS_DOCTOR": doctor},
+                d / f"{tag}.out",
+                "--nodes=2",
+                "--ntasks-per-node=1",
+            )
+            info = cluster.wait(job)
+            text = job.text()
+            assert info.get("JobState") == "COMPLETED", text[-3000:]
+            assert text.count(" files") == 2 and " 0 files" not in text, text[-3000:]
+            return listings() - before
 
-    def run(tag: str, catalog_file: str) -> int:
-        before = listings()
-        job = cluster.sbatch(
-            script,
-            {**env, "METFS_CATALOG": catalog_file},
-            d / f"{tag}.out",
-            "--nodes=2",
-            "--ntasks-per-node=1",
-        )
-        info = cluster.wait(job)
-        text = job.text()
-        assert info.get("JobState") == "COMPLETED", text[-3000:]
-        assert text.count(" files") == 2 and " 0 files" not in text, text[-3000:]
-        return listings() - before
-
-    try:
-        assert proxy.stdout.readline().startswith("listening")
-        with_catalog = run("catalog", str(d / "s3.cat"))
-        without = run("plain", "")
-        print(
-            f"listings of a 2-node Slurm job: {with_catalog} with the catalog step, {without} without"
-        )
-        assert (with_catalog, without) == (1, 2), (with_catalog, without)
-    finally:
-        proxy.send_signal(signal.SIGTERM)
-        proxy.wait(timeout=10)
-        test_slurm.sweep(d)
+        try:
+            with_catalog = run("catalog", str(d / "s3.cat"), "1")
+            without = run("plain", "", "0")
+            print(
+                f"listings of a 2-node Slurm job: {with_catalog} with the catalog step, "
+                f"{without} without"
+            )
+            assert (with_catalog, without) == (1, 2), (with_catalog, without)
+        finally:
+            test_slurm.sweep(d)
