@@ -13,7 +13,7 @@ reports its metrics over the control socket and the daemon answers ``repeat``, `
 - :mod:`metfs.keras`, :mod:`metfs.torch`, :mod:`metfs.lightning`: framework integrations
   (imported on demand; the core needs only the standard library).
 - :mod:`metfs.coordinator`: agreement across the ranks of a multi-node job.
-- :mod:`metfs.dds`: ADJUST_BS (paper 003): per-rank batch sizes from the nodes' throughputs,
+- :mod:`metfs.batchsize`: ADJUST_BS (paper 003): per-rank batch sizes from the nodes' throughputs,
   changed by every rank together when AntDT's trigger finds a straggler.
 """
 

@@ -75,7 +75,7 @@ class Coordinator(abc.ABC):
 
     def all_gather(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
         """Every rank's ``obj``, in rank order, the same list on every rank. Collective: every
-        rank calls it at the same point (``metfs.dds.AdjustBs`` does, at the start and at each
+        rank calls it at the same point (``metfs.batchsize.AdjustBs`` does, at the start and at each
         pass boundary). One process alone: ``[obj]``."""
         return [obj]
 

@@ -37,9 +37,9 @@ import keras
 import numpy as np
 import numpy.typing as npt
 
+from .batchsize import AdjustBs
 from .client import Client, FilesView, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
-from .dds import AdjustBs
 from .loop import release_left_view
 from .signals import FRESH_BATCHES, FreshLoss, PassSignals
 from .tracker import PassTracker, TracksPasses
@@ -170,7 +170,7 @@ class MetCallback(keras.callbacks.Callback, TracksPasses):
     daemon to wait for staging instead of answering ``wait``. ``datasets`` are
     :class:`MetSequence` objects to refresh at the start of each pass. ``coordinator`` decides
     across ranks (default: the local daemon, or rank 0 under ``torch.distributed``).
-    ``adjust_bs`` (:class:`metfs.dds.AdjustBs`) sizes each rank's batch under ADJUST_BS, read
+    ``adjust_bs`` (:class:`metfs.batchsize.AdjustBs`) sizes each rank's batch under ADJUST_BS, read
     with :meth:`local_batch_size` and changed by all ranks together at a pass's end.
 
     ``direct`` (when a bool) sets ``client.direct`` when training begins, so the

@@ -39,9 +39,9 @@ try:
 except ImportError:  # pragma: no cover - the older package name
     import pytorch_lightning as pl
 
+from .batchsize import AdjustBs
 from .client import Client, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
-from .dds import AdjustBs
 from .loop import release_left_view
 from .signals import FRESH_BATCHES, FreshLoss, PassSignals
 from .tracker import PassTracker, TracksPasses
@@ -56,7 +56,7 @@ class MetCallback(pl.Callback, TracksPasses):
     asks the daemon to wait for staging instead of answering ``wait``. ``coordinator`` decides
     across ranks (default: the local daemon, or rank 0 under ``torch.distributed``, which
     Lightning's DDP strategies initialise).
-    ``adjust_bs`` (:class:`metfs.dds.AdjustBs`) sizes each rank's batch under ADJUST_BS, read
+    ``adjust_bs`` (:class:`metfs.batchsize.AdjustBs`) sizes each rank's batch under ADJUST_BS, read
     with :meth:`local_batch_size` and changed by all ranks together at a pass's end.
 
     ``direct`` (when a bool) sets ``client.direct`` when ``fit`` sets up, before the train

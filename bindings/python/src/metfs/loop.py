@@ -27,9 +27,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .batchsize import AdjustBs
 from .client import Client, Decision, FilesView, MetfsError, metrics_to_floats
 from .coordinator import Coordinator, default_coordinator
-from .dds import AdjustBs
 from .signals import PassSignals
 from .tracker import PassTracker, TracksPasses
 
@@ -118,7 +118,7 @@ class Passes(TracksPasses):
     when iteration began and ``target_epoch = start_epoch + epochs``: the loop ends after the
     pass whose decision reaches it. ``max_passes`` caps the number of passes (``None``: no
     cap). The counting is :class:`metfs.tracker.PassTracker`'s (``tracker``). With
-    ``adjust_bs`` (:class:`metfs.dds.AdjustBs`), each pass carries this rank's local batch size
+    ``adjust_bs`` (:class:`metfs.batchsize.AdjustBs`), each pass carries this rank's local batch size
     (``Pass.batch_size``, also :meth:`local_batch_size`), which every rank changes together at a
     pass boundary when a straggler is found. ``direct`` chooses the paths each pass reads (see
     :func:`passes`).
@@ -263,7 +263,7 @@ def passes(
 
     ``coordinator`` decides across ranks; by default the local daemon decides, or rank 0's when
     ``torch.distributed`` is initialised (see :mod:`metfs.coordinator`). ``adjust_bs``
-    (:class:`metfs.dds.AdjustBs`) gives each pass this rank's local batch size
+    (:class:`metfs.batchsize.AdjustBs`) gives each pass this rank's local batch size
     (``p.batch_size``) under ADJUST_BS; record the rank's work with ``adjust_bs.record``.
 
     ``direct=True`` gives each pass the view's files as their copies in the cache

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from .client import Client, Decision, Status
 
 if TYPE_CHECKING:
-    from .dds import AdjustBs
+    from .batchsize import AdjustBs
 
 __all__ = ["PassTracker", "TracksPasses"]
 
@@ -142,7 +142,7 @@ class TracksPasses:
     adjust_bs: AdjustBs | None = None
 
     def local_batch_size(self, global_batch: int | None = None) -> int:
-        """This rank's local batch size under ADJUST_BS (paper 003; :class:`metfs.dds.AdjustBs`
+        """This rank's local batch size under ADJUST_BS (paper 003; :class:`metfs.batchsize.AdjustBs`
         given as ``adjust_bs=``): its node's share of the global batch by the nodes'
         throughputs, split over the node's ranks, the same sizes on every rank and changed by
         all ranks together at a pass boundary when a straggler is found. ``global_batch``, if
@@ -150,7 +150,7 @@ class TracksPasses:
         ``RuntimeError`` before training starts."""
         if self.adjust_bs is None:
             raise ValueError(
-                "local_batch_size needs ADJUST_BS: pass adjust_bs=metfs.dds.AdjustBs(GLOBAL_BATCH) "
+                "local_batch_size needs ADJUST_BS: pass adjust_bs=metfs.batchsize.AdjustBs(GLOBAL_BATCH) "
                 "to metfs.passes() or to the callback"
             )
         if global_batch is not None and global_batch != self.adjust_bs.global_batch:

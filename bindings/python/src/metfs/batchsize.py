@@ -1,8 +1,10 @@
-"""Dynamic sharding from Python: ADJUST_BS with AntDT's straggler trigger (paper 003, §VI-A).
+"""Batch-size adjustment: ADJUST_BS with AntDT's straggler trigger (paper 003, §VI-A).
 
-With dynamic sharding a slow node takes fewer shards; ADJUST_BS also gives each *rank* a local
-batch size proportional to its throughput, so that a synchronous step takes the same time on
-every rank while the local batches add up to the global batch ``B`` the job asked for.
+This is the training job's side of dynamic sharding (``metfs mount --dds``, whose shard queue
+is the daemon's): with dynamic sharding a slow node takes fewer shards; ADJUST_BS also gives
+each *rank* a local batch size proportional to its throughput, so that a synchronous step takes
+the same time on every rank while the local batches add up to the global batch ``B`` the job
+asked for.
 
 :func:`rank_batch_sizes` is the rule on its own, for nodes with several ranks each: ``B`` is
 shared among the nodes in proportion to their throughputs (Eq. 3's minimiser of the slowest

@@ -14,8 +14,8 @@ import pytest
 from fake_daemon import FakeDaemon
 
 import metfs
+from metfs.batchsize import AdjustBs, StragglerTrigger, rank_batch_sizes
 from metfs.coordinator import Coordinator, LocalCoordinator
-from metfs.dds import AdjustBs, StragglerTrigger, rank_batch_sizes
 
 # -- rank_batch_sizes ---------------------------------------------------------------------------
 
@@ -416,5 +416,5 @@ def test_the_loop_gives_each_pass_its_batch_size(fake: FakeDaemon) -> None:
         with pytest.raises(ValueError, match="not the adjust_bs's 64"):
             run.local_batch_size(32)
         # Without ADJUST_BS there is no local batch size to give.
-        with pytest.raises(ValueError, match="adjust_bs=metfs.dds.AdjustBs"):
+        with pytest.raises(ValueError, match="adjust_bs=metfs.batchsize.AdjustBs"):
             metfs.Passes(c).local_batch_size(64)
