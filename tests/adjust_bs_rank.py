@@ -4,7 +4,7 @@
 
 Every rank joins torch.distributed (gloo), reads its node's metfs mount and runs a fixed number
 of steps per pass; a step reads the rank's local batch (`p.batch_size`, from
-`metfs.dds.AdjustBs`) from its part of the view, paced to `--rate` samples per second (the speed
+`metfs.batchsize.AdjustBs`) from its part of the view, paced to `--rate` samples per second (the speed
 of a model's step), and records the samples and the step's time with `AdjustBs.record`. From
 pass `FROM` on, the ranks of node `NODE` are capped at a lower rate (`--slow NODE:RATE:FROM`).
 Each pass appends one JSON line to `LOG_DIR/bs-rank<R>.jsonl`: the pass, the rank's node, local
@@ -40,7 +40,7 @@ def main() -> int:
     slow_node, slow_rate, slow_from = args.slow.split(":")
 
     import metfs
-    from metfs.dds import AdjustBs
+    from metfs.batchsize import AdjustBs
 
     rank, _world, local, local_world = metfs_job.init_distributed(60.0)
     node = metfs_job.node_name()
