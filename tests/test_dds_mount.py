@@ -253,7 +253,7 @@ def test_adjust_bs_takes_each_ranks_node_from_its_daemon(
     sys.path.insert(0, pkg)
     from metfs import Client
     from metfs.coordinator import Coordinator
-    from metfs.dds import AdjustBs
+    from metfs.batchsize import AdjustBs
 
     class Threads(Coordinator):
         """The collective of ranks that are threads of this test."""
