@@ -101,8 +101,8 @@ def test_queue_under_kill_9_of_readers_and_etcd(metfs: str, tmp_path: Path) -> N
 def test_throughputs_for_adjust_bs_come_from_the_queue(
     metfs: str, etcd: Etcd, tmp_path: Path
 ) -> None:
-    """Two reader nodes finish an epoch on a real queue; `metfs.dds.queue_throughputs` (the Python
-    package of this checkout) reads each node's throughput from `metfs dds status --json` and
+    """Two reader nodes finish an epoch on a real queue; `metfs.batchsize.queue_throughputs` (the
+    Python package of this checkout) reads each node's throughput from `metfs dds status --json` and
     `rank_batch_sizes` splits a global batch over their ranks (Eq. 3)."""
     import os
     import sys
@@ -140,7 +140,7 @@ def test_throughputs_for_adjust_bs_come_from_the_queue(
         assert p.wait(timeout=120) == 0
     code = (
         "import json, sys\n"
-        "from metfs.dds import rank_batch_sizes, queue_throughputs\n"
+        "from metfs.batchsize import rank_batch_sizes, queue_throughputs\n"
         "v = queue_throughputs(sys.argv[1], metfs=sys.argv[2])\n"
         "print(json.dumps({'v': v, 'sizes': rank_batch_sizes(64, v, {'fast': 2, 'slow': 2})}))\n"
         "try:\n"
