@@ -175,6 +175,7 @@ class FakeDaemon:
             "mini_epochs": self.mini_epochs,
             "pass": self.passes,
             "rf": self.rf,
+            "next_ready": self.next_ready,
             "reason": {"policy": "fixed", "rf": self.rf},
         }
 
@@ -209,23 +210,18 @@ class FakeDaemon:
                 "job": req.get("job"),
             }
         if op == "status":
-            return {
-                "ok": True,
-                "epoch": self.epoch,
-                "mini_epoch": self.mini_epoch,
-                "mini_epochs": self.mini_epochs,
-                "pass": self.passes,
-                "rf": self.rf,
-                "generation": self.generation,
-                "next_ready": self.next_ready,
-                "cache_bytes": 100,
-                "budget_bytes": 1000,
-                "tier_bytes_read": 10 * self.generation,
-                "view_files": len(self.files_at(self.epoch, self.mini_epoch)),
-                "mountpoint": self.mountpoint,
-                "rf_policy": "fixed",
+            return status_reply(
+                epoch=self.epoch,
+                mini_epoch=self.mini_epoch,
+                mini_epochs=self.mini_epochs,
+                rf=self.rf,
+                generation=self.generation,
+                next_ready=self.next_ready,
+                mountpoint=self.mountpoint,
+                view_files=len(self.files_at(self.epoch, self.mini_epoch)),
+                tier_bytes_read=10 * self.generation,
                 # Retired views a lease still holds (the fake keeps no other holder).
-                "draining": [
+                draining=[
                     {
                         "generation": g,
                         "slot": f"g{g}",
@@ -237,7 +233,8 @@ class FakeDaemon:
                     for g, n in sorted(self.leases.items())
                     if g != self.generation
                 ],
-            }
+                **{"pass": self.passes},
+            )
         if op == "files":
             reply = {
                 "ok": True,
@@ -300,6 +297,67 @@ class FakeDaemon:
                 return self._position("advance")
             return self._position("repeat")
         return _err("unknown_op", f"unknown op `{op}`")
+
+
+def status_reply(**fields: Any) -> dict[str, Any]:
+    """A ``status`` reply with every field the protocol requires, as a plain mount at the start
+    of its first mini-epoch would answer; ``fields`` replace any of them."""
+    reply: dict[str, Any] = {
+        "ok": True,
+        "epoch": 0,
+        "mini_epoch": 0,
+        "mini_epochs": 3,
+        "pass": 0,
+        "rf": 2.0,
+        "generation": 1,
+        "next_ready": True,
+        "job": "default",
+        "rf_policy": "fixed",
+        "advance_wanted": False,
+        "stall_free_rf": None,
+        "bonus_passes": 0,
+        "blocked_seconds": 0.0,
+        "pass_seconds": None,
+        "pass_seconds_mean": None,
+        "mountpoint": "/fake/mnt",
+        "source": "/fake/src",
+        "socket": "/fake/cache/metfs.sock",
+        "pid": 1,
+        "uptime_s": 1.0,
+        "node_rank": 0,
+        "nodes": 1,
+        "compose": "stratified",
+        "read_path": "cached",
+        "passthrough": False,
+        "prefetch_rate": None,
+        "cache_bytes": 100,
+        "budget_bytes": 1000,
+        "reserve_bytes": 10,
+        "slot_bytes": 495,
+        "view_bytes": 40,
+        "view_files": 4,
+        "dataset_bytes": 120,
+        "dataset_files": 12,
+        "tier_bytes_read": 10,
+        "reused_bytes": 0,
+        "daemon_bytes_read": 0,
+        "daemon_lookups": 0,
+        "daemon_opens": 0,
+        "open_handles": 0,
+        "primed_entries": 0,
+        "primed_generation": 0,
+        "b2_bytes_per_s": None,
+        "b2_recent_bytes_per_s": None,
+        "eb1_bytes_per_s": None,
+        "staging": {"state": "idle"},
+        "draining": [],
+        "draining_slots": 0,
+        "kept_slots": 0,
+        "failed_samples": [],
+        "last_error": None,
+    }
+    reply.update(fields)
+    return reply
 
 
 def _err(code: str, message: str) -> dict[str, Any]:

@@ -15,6 +15,13 @@ import torch
 from fake_daemon import FakeDaemon
 
 import metfs
+import metfs.protocol
+
+#: A `hello` reply with the fields the protocol requires, for the hand-written servers below.
+HELLO = (
+    b'{"ok":true,"protocol":1,"version":"0.1.0","mountpoint":"/m","job":null,'
+    b'"share":null,"not_resumed":null}\n'
+)
 
 
 def test_connects_with_hello_and_reads_status(fake: FakeDaemon) -> None:
@@ -207,7 +214,7 @@ def test_timeout_when_daemon_does_not_answer() -> None:
         conns.append(conn)
         f = conn.makefile("rb")
         f.readline()
-        conn.sendall(b'{"ok":true,"protocol":1}\n')
+        conn.sendall(HELLO)
         f.readline()  # never answers the second request
 
     t = threading.Thread(target=serve, daemon=True)
@@ -238,7 +245,7 @@ def test_malformed_response_is_reported() -> None:
         conn, _ = srv.accept()
         f = conn.makefile("rb")
         f.readline()
-        conn.sendall(b'{"ok":true,"protocol":1}\n')
+        conn.sendall(HELLO)
         f.readline()
         conn.sendall(b'{"ok":true,"decision":"explode","generation":1}\n')
         f.readline()
@@ -264,7 +271,8 @@ def test_malformed_response_is_reported() -> None:
 def test_unsupported_version_error_surfaces(
     fake: FakeDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(metfs.client, "PROTOCOL_VERSION", 2)
+    # The handshake says the version the client speaks (`hello_request` reads it).
+    monkeypatch.setattr(metfs.protocol, "PROTOCOL_VERSION", 2)
     with pytest.raises(metfs.MetfsError) as e:
         metfs.Client(fake.path)
     assert e.value.code == "unsupported_version"

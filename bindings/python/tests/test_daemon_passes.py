@@ -36,7 +36,7 @@ def test_hello_status_files(real_mount: Callable[..., RealMount]) -> None:
         assert isinstance(st.next_ready, bool)
         for name in ("cache_bytes", "budget_bytes", "tier_bytes_read", "view_files"):
             assert isinstance(getattr(st, name), int), (name, st.raw)
-        assert st.cache_bytes <= st.budget_bytes  # type: ignore[operator]
+        assert st.cache_bytes <= st.budget_bytes
         v = c.files()
         assert v.generation == st.generation and (v.epoch, v.mini_epoch) == (0, 0)
         assert len(v) == st.view_files and len(v) > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fake_daemon import status_reply
 
 from metfs.client import Decision, Status
 from metfs.tracker import PassTracker
@@ -12,16 +13,8 @@ from metfs.tracker import PassTracker
 
 def status(epoch: int, mini_epoch: int = 0, passes_done: int = 0, generation: int = 0) -> Status:
     return Status.from_response(
-        {
-            "ok": True,
-            "epoch": epoch,
-            "mini_epoch": mini_epoch,
-            "mini_epochs": 3,
-            "pass": passes_done,
-            "rf": 2,
-            "generation": generation,
-            "next_ready": True,
-        }
+        status_reply(epoch=epoch, mini_epoch=mini_epoch, mini_epochs=3, generation=generation, rf=2)
+        | {"pass": passes_done}
     )
 
 
@@ -36,6 +29,9 @@ def decision(
             "mini_epoch": mini_epoch,
             "pass": passes_done,
             "generation": generation,
+            "mini_epochs": 3,
+            "rf": 2.0,
+            "next_ready": True,
             **extra,
         },
         "pass_end",

@@ -6,39 +6,36 @@ reports its metrics over the control socket and the daemon answers ``repeat``, `
 ``wait``. This package is the reference client of that socket:
 
 - :class:`Client`: the socket client (``hello``, ``status``, ``files``, ``release``,
-  ``pass_end``, ``advance``, ``apply``); errors raise :class:`MetfsError`. ``files`` with
-  ``direct`` also gives the view's files as their copies in the cache, read without FUSE
-  under a lease on the view.
+  ``pass_end``, ``advance``, ``apply``); errors raise :class:`MetfsError` with an
+  :data:`ErrorCode` (or a code of the client's own). ``files`` with ``direct`` also gives the view's
+  files as their copies in the cache, read without FUSE under a lease on the view.
 - :func:`passes`: a loop of :class:`Pass` objects, one per pass, until N MET epochs are done.
 - :mod:`metfs.keras`, :mod:`metfs.torch`, :mod:`metfs.lightning`: framework integrations
   (imported on demand; the core needs only the standard library).
+- The control socket's parts: :mod:`metfs.protocol` (the requests and their types),
+  :mod:`metfs.replies`, :mod:`metfs.status` and :mod:`metfs.views` (the typed replies),
+  :mod:`metfs.errors`, :mod:`metfs.wire` (the transport).
 - :mod:`metfs.coordinator`: agreement across the ranks of a multi-node job.
 - :mod:`metfs.batchsize`: ADJUST_BS (paper 003): per-rank batch sizes from the nodes' throughputs,
   changed by every rank together when AntDT's trigger finds a straggler.
 """
 
 from . import _version
-from .client import (
-    PROTOCOL_VERSION,
-    Client,
-    Decision,
-    DecisionKind,
-    FilesView,
-    Hello,
-    MetfsConnectionError,
-    MetfsError,
-    NotResumed,
-    Status,
-    metrics_to_floats,
-)
+from .client import Client
 from .coordinator import (
     Coordinator,
     LocalCoordinator,
     TorchDistributedCoordinator,
     default_coordinator,
 )
+from .errors import ErrorCode, MetfsConnectionError, MetfsError
 from .loop import Pass, Passes, PassRecord, passes
+from .metrics import metrics_to_floats
+from .protocol import PROTOCOL_VERSION, DecisionKind
+from .replies import Decision, Hello, NotResumed
 from .signals import FreshLoss, PassSignals
+from .status import Status
+from .views import FilesView
 
 __version__ = _version.version()
 
@@ -48,6 +45,7 @@ __all__ = [
     "Coordinator",
     "Decision",
     "DecisionKind",
+    "ErrorCode",
     "FilesView",
     "FreshLoss",
     "Hello",

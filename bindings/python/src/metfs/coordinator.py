@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .client import Client, Decision, FilesView, MetfsError, Status
+from .errors import AnyErrorCode
 from .signals import PassSignals
 
 __all__ = [
@@ -195,7 +196,7 @@ class TorchDistributedCoordinator(Coordinator):
         ]
         mine = next((info for info in infos if info.get("rank") == self.rank), None)
         if mine is not None and mine.get("error"):
-            code = mine.get("code") or "peer_failed"
+            code: AnyErrorCode = mine.get("code") or "peer_failed"
         else:
             code = "peer_failed"
         raise MetfsError(code, f"metfs failed during {what}: " + "; ".join(parts))
@@ -213,7 +214,7 @@ class TorchDistributedCoordinator(Coordinator):
             info["code"] = e.code
             return None, info
         info.update(ready=st.next_ready, position=(st.epoch, st.mini_epoch))
-        self._dds = st.raw.get("dds") is not None
+        self._dds = st.dds is not None
         return st, info
 
     def _same(self, a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -311,36 +312,22 @@ class TorchDistributedCoordinator(Coordinator):
                 }
         payload = self._broadcast(payload)
         if "error" in payload:
-            code = payload["code"] if self.is_leader else "peer_failed"
-            raise MetfsError(code, f"metfs failed during pass end: {payload['error']}")
+            failed: AnyErrorCode = payload["code"] if self.is_leader else "peer_failed"
+            raise MetfsError(failed, f"metfs failed during pass end: {payload['error']}")
         decided = Decision.from_response(payload["raw"], "pass_end")
         not_ready = [i["rank"] for i in infos if not i.get("ready")]
         reason = dict(decided.reason, all_ready=not not_ready, not_ready_ranks=not_ready)
         outcome: dict[str, Any] = {"rank": self.rank, "host": self.host}
-        mine = Decision(
-            decision=decided.decision,
-            generation=decided.generation,
-            epoch=decided.epoch,
-            mini_epoch=decided.mini_epoch,
-            passes_done=decided.passes_done,
-            rf=decided.rf,
-            reason=reason,
-            raw=decided.raw,
-        )
+        mine = dataclasses.replace(decided, reason=reason)
         if not self.is_leader:
             generation = st.generation
             if decided.advanced or not self._same((st.epoch, st.mini_epoch), decided.position):
                 outcome = self._apply(client, decided.position)
                 generation = outcome.get("generation", generation)
-            mine = Decision(
-                decision=decided.decision,
+            mine = dataclasses.replace(
+                decided,
                 generation=generation,
-                epoch=decided.epoch,
-                mini_epoch=decided.mini_epoch,
-                passes_done=decided.passes_done,
-                rf=decided.rf,
                 reason=dict(reason, leader_generation=decided.generation),
-                raw=decided.raw,
             )
         if decided.advanced:
             # Every rank knows the decision, so every rank joins this check.

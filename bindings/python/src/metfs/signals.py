@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .client import MetfsError
+from .errors import MetfsError
 
 __all__ = ["FRESH_BATCHES", "FreshLoss", "PassSignals"]
 

@@ -93,8 +93,8 @@ class PassTracker:
         last = self.decisions[-1] if self.decisions else None
         done = 0.0
         if last is not None:
-            per_epoch = last.raw.get("mini_epochs")
-            part = last.mini_epoch / per_epoch if isinstance(per_epoch, int) and per_epoch else 0
+            per_epoch = last.mini_epochs
+            part = last.mini_epoch / per_epoch if per_epoch else 0
             done = last.epoch - self.start_epoch + part
         return min(1.0, max(0.0, done / self.epochs))
 
