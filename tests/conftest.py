@@ -1,7 +1,8 @@
 """Shared fixtures of the end-to-end tests: the metfs binary, datasets, and real mounts.
 
-Every mount made through the ``mounts`` fixture is unmounted at teardown, also when the test
-fails, first with ``metfs umount`` and, if that fails, with a lazy ``umount -l``.
+Every mount made through the ``mounts`` fixture is closed at teardown, also when the test
+fails: ``metfs umount``, then a lazy ``umount -l`` and a kill of what is left (the ``Mount`` of
+tests/mountlib.py, which this module re-exports with its ``rpc`` and ``is_mounted``).
 """
 
 from __future__ import annotations
@@ -14,21 +15,25 @@ import socket
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import pytest
+from mountlib import ROOT, Mount, Setting, is_mounted, metfs_bin, rpc
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def metfs_bin() -> str:
-    env = os.environ.get("METFS_BIN")
-    if env:
-        return env
-    exe = ROOT / "target" / "debug" / "metfs"
-    return str(exe)
+__all__ = [
+    "ROOT",
+    "Mount",
+    "metfs_bin",
+    "is_mounted",
+    "rpc",
+    "make_tree",
+    "footprint",
+    "read_view",
+    "wait_for",
+    "shutil",
+]
 
 
 @pytest.fixture(scope="session")
@@ -79,103 +84,12 @@ def footprint(path: Path, each_file_once: bool = False) -> int:
     return total
 
 
-def rpc(sock: str, req: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(sock)
-        s.sendall((json.dumps(req) + "\n").encode())
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    return json.loads(buf)
-
-
-@dataclass
-class Mount:
-    bin: str
-    mountpoint: Path
-    cache: Path
-    source: str
-    args: list[str] = field(default_factory=list)
-    env: dict[str, str] | None = None
-
-    @property
-    def socket(self) -> str:
-        return str(self.cache / "metfs.sock")
-
-    def rpc(self, req: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
-        return rpc(self.socket, req, timeout)
-
-    def status(self) -> dict[str, Any]:
-        r = self.rpc({"op": "status"})
-        assert r["ok"], r
-        return r
-
-    def files(self) -> dict[str, Any]:
-        r = self.rpc({"op": "files"})
-        assert r["ok"], r
-        return r
-
-    def pass_end(self, **kw: Any) -> dict[str, Any]:
-        r = self.rpc({"op": "pass_end", **kw})
-        assert r["ok"], r
-        return r
-
-    def wait_next_ready(self, timeout: float = 60) -> None:
-        t = time.time()
-        while time.time() - t < timeout:
-            if self.status()["next_ready"]:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"next mini-epoch not staged after {timeout}s: {self.status()}")
-
-    def mount(self, check: bool = True) -> subprocess.CompletedProcess[str]:
-        if not is_mounted(self.mountpoint):  # a dead mount cannot even be stat'ed
-            self.mountpoint.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            self.bin,
-            "mount",
-            "--source",
-            self.source,
-            "--cache",
-            str(self.cache),
-            *self.args,
-            str(self.mountpoint),
-        ]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=self.env)
-        if check:
-            assert r.returncode == 0, f"mount failed: {r.stderr}\nlog:\n{self.log()}"
-        return r
-
-    def umount(self) -> None:
-        r = subprocess.run(
-            [self.bin, "umount", str(self.mountpoint)], capture_output=True, text=True, timeout=120
-        )
-        assert r.returncode == 0, r.stderr
-
-    def log(self) -> str:
-        p = self.cache / "metfs.log"
-        return p.read_text(errors="replace")[-4000:] if p.exists() else ""
-
-    def pid(self) -> int:
-        return int((self.cache / "metfs.lock").read_text().strip())
-
-
-def is_mounted(path: Path) -> bool:
-    want = str(path)
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split(" ")
-            if fields[4].replace("\\040", " ") == want:
-                return True
-    return False
-
-
 @pytest.fixture
 def mounts(metfs: str, tmp_path: Path) -> Iterator[Callable[..., Mount]]:
+    """Makes mounts (not mounted yet): `mounts(source, budget, *flags, name=, cache=,
+    **settings)`, each with its own mountpoint and cache under the test's directory; a `Tier`
+    as the source brings its flags and environment. Each is closed at teardown (`Mount.close`:
+    unmounted, its daemon stopped), also when the test failed."""
     made: list[Mount] = []
 
     def make(
@@ -184,6 +98,7 @@ def mounts(metfs: str, tmp_path: Path) -> Iterator[Callable[..., Mount]]:
         *extra: str,
         name: str = "m",
         cache: Path | None = None,
+        **settings: Setting,
     ) -> Mount:
         cache = cache or tmp_path / f"cache-{name}"
         cache.mkdir(parents=True, exist_ok=True)
@@ -192,36 +107,24 @@ def mounts(metfs: str, tmp_path: Path) -> Iterator[Callable[..., Mount]]:
             extra = (*source.args, *extra)
             env = source.env
             source = source.url
-        # A history file per test, so that no run's rf history steers another test's mount.
-        hist = ["--history", str(tmp_path / "rf-history.json")]
         m = Mount(
-            metfs,
-            tmp_path / f"mnt-{name}",
+            source,
             cache,
-            str(source),
-            ["--budget", budget, *hist, *extra],
-            env,
+            tmp_path / f"mnt-{name}",
+            metfs=metfs,
+            env=env,
+            budget=budget,
+            # A history file per test, so that no run's rf history steers another test's mount.
+            history=tmp_path / "rf-history.json",
+            args=extra,
+            **settings,
         )
         made.append(m)
         return m
 
     yield make
     for m in made:
-        if is_mounted(m.mountpoint):
-            r = subprocess.run(
-                [metfs, "umount", str(m.mountpoint)], capture_output=True, text=True, timeout=120
-            )
-            if r.returncode != 0 or is_mounted(m.mountpoint):
-                subprocess.run(["umount", "-l", str(m.mountpoint)], capture_output=True)
-        # A daemon that outlived its mount (e.g. after a failed test) must not linger.
-        lock = m.cache / "metfs.lock"
-        if lock.exists():
-            try:
-                pid = int(lock.read_text().strip() or 0)
-                if pid:
-                    os.kill(pid, 9)
-            except (ValueError, ProcessLookupError, PermissionError):
-                pass
+        m.close()
 
 
 @dataclass
@@ -394,18 +297,6 @@ def wait_for(cond: Callable[[], bool], timeout: float = 30, what: str = "conditi
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-__all__ = [
-    "make_tree",
-    "footprint",
-    "rpc",
-    "Mount",
-    "read_view",
-    "wait_for",
-    "is_mounted",
-    "shutil",
-]
 
 
 def wait_etcd_healthy(

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import Mount, is_mounted, wait_for
+from conftest import Mount, wait_for
 from test_dds_mount import make_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -485,11 +485,13 @@ def test_aggregate_mode_runs_as_an_ordinary_user(metfs: str, flags: tuple[str, .
 
     def mounts(source: Path, budget: str, *extra: str, name: str, cache: Path) -> Mount:
         m = Mount(
-            str(wrapper),
-            base / f"mnt-{name}",
+            source,
             cache,
-            str(source),
-            ["--budget", budget, "--history", str(base / "h.json"), *extra],
+            base / f"mnt-{name}",
+            metfs=wrapper,
+            budget=budget,
+            history=base / "h.json",
+            args=extra,
         )
         for d in (cache, m.mountpoint):
             d.mkdir(parents=True, exist_ok=True)
@@ -519,17 +521,7 @@ def test_aggregate_mode_runs_as_an_ordinary_user(metfs: str, flags: tuple[str, .
         assert all(os.stat(m.cache / "aggregate.json").st_uid == uid for m in c.nodes)
     finally:
         for m in made:
-            if is_mounted(m.mountpoint):
-                subprocess.run(
-                    [metfs, "umount", str(m.mountpoint)], capture_output=True, timeout=120
-                )
-                if is_mounted(m.mountpoint):
-                    subprocess.run(["umount", "-l", str(m.mountpoint)], capture_output=True)
-            lock = m.cache / "metfs.lock"
-            try:
-                os.kill(int(lock.read_text().strip() or 0), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
+            m.close()
         shutil.rmtree(base, ignore_errors=True)
 
 

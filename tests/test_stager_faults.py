@@ -269,18 +269,7 @@ def test_kill_during_the_first_staging_resumes_from_the_journal(mounts, tmp_path
     src = tmp_path / "tier"
     files = make_tree(src, n=120, max_size=64 * 1024)
     m = mounts(src, "16MiB", "--rf", "1", "--compose", "sequential", "--prefetch-rate", "1MiB/s")
-    cmd = [
-        m.bin,
-        "mount",
-        "--source",
-        m.source,
-        "--cache",
-        str(m.cache),
-        *m.args,
-        str(m.mountpoint),
-    ]
-    m.mountpoint.mkdir(parents=True, exist_ok=True)
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = m.spawn(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     journal = m.cache / "slots" / "e000000-m00000.journal"
 
     def committed() -> int:

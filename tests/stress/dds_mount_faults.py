@@ -49,10 +49,6 @@ LEASE_S = 2
 STEP_S = 0.01
 
 
-def metfs_bin() -> str:
-    return os.environ.get("METFS_BIN", str(ROOT / "target" / "debug" / "metfs"))
-
-
 def dataset(root: Path, n: int, seed: int = 11) -> dict[str, str]:
     rng = random.Random(seed)
     digests = {}
@@ -72,28 +68,17 @@ class Node:
     def __init__(self, name: str, root: Path, src: Path, url: str, seed: int) -> None:
         self.name = name
         self.m = Mount(
-            metfs_bin(),
-            root / f"mnt-{name}",
+            src,
             root / f"cache-{name}",
-            str(src),
-            [
-                "--budget",
-                "3MiB",
-                "--dds",
-                url,
-                "--node-name",
-                name,
-                "--rf",
-                "2",
-                "--compose",
-                "stratified",
-                "--seed",
-                str(seed),
-                "--dds-lease-ttl-secs",
-                str(LEASE_S),
-                "--history",
-                str(root / f"h-{name}.json"),
-            ],
+            root / f"mnt-{name}",
+            budget="3MiB",
+            dds=url,
+            node_name=name,
+            rf=2,
+            compose="stratified",
+            seed=seed,
+            dds_lease_ttl_secs=LEASE_S,
+            history=root / f"h-{name}.json",
         )
         self.m.cache.mkdir(parents=True, exist_ok=True)
         self.inc = 0
@@ -171,9 +156,7 @@ class Node:
     def close(self) -> None:
         if self.alive:
             self.stop.set()
-            subprocess.run(
-                [metfs_bin(), "umount", str(self.m.mountpoint)], capture_output=True, check=False
-            )
+            self.m.umount(check=False)
             if self.thread is not None:
                 self.thread.join(timeout=10)
             self.alive = False

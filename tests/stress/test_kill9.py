@@ -120,18 +120,7 @@ def test_kill9_at_random_points_then_remount(mounts, tmp_path):
                     m.umount()
                 for p in list(m.cache.iterdir()):
                     shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-                m.mountpoint.mkdir(parents=True, exist_ok=True)
-                cmd = [
-                    m.bin,
-                    "mount",
-                    "--source",
-                    m.source,
-                    "--cache",
-                    str(m.cache),
-                    *m.args,
-                    str(m.mountpoint),
-                ]
-                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                proc = m.spawn(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 lock = m.cache / "metfs.lock"
                 t = time.monotonic()
                 while (
