@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import test_slurm
-from conftest import ROOT, Tier, free_port, is_mounted, make_tree, read_view
+from conftest import ROOT, Mount, Tier, free_port, is_mounted, make_tree, read_view
 from test_slurm import cluster  # noqa: F401 (the two-node Slurm of test_slurm.py)
 
 USER = "metfs-user"
@@ -128,31 +128,17 @@ def test_a_user_who_cannot_list_the_source_mounts_from_a_catalog(metfs):
     # Directories 0311: a path can be followed, no directory can be read; files readable.
     for p in [src, *src.rglob("*")]:
         p.chmod(0o311 if p.is_dir() else 0o644)
-    for d in (cache, mnt):
-        d.mkdir()
-        shutil.chown(d, USER)
     cat.chmod(0o644)
-    mount = [
-        metfs,
-        "mount",
-        "--source",
-        str(src),
-        "--cache",
-        str(cache),
-        "--budget",
-        "4MiB",
-        "--history",
-        str(cache / "h.json"),
-        "--rf",
-        "1",
-    ]
+    m = Mount(
+        src, cache, mnt, metfs=metfs, user=USER, budget="4MiB", history=cache / "h.json", rf=1
+    )
     try:
         assert as_user("ls", str(src)).returncode != 0, "the user must not be able to list"
-        r = as_user(*mount, str(mnt))
+        r = m.mount(check=False)
         assert r.returncode != 0 and "ermission denied" in r.stderr, r.stderr
         assert not is_mounted(mnt)
-        r = as_user(*mount, "--catalog", str(cat), str(mnt))
-        assert r.returncode == 0, r.stderr + (cache / "metfs.log").read_text()[-3000:]
+        m.settings["catalog"] = cat
+        m.mount()
         log = (cache / "metfs.log").read_text()
         assert "the source is not listed" in log, log[-2000:]
         seen: dict[str, str] = {}
@@ -173,8 +159,7 @@ def test_a_user_who_cannot_list_the_source_mounts_from_a_catalog(metfs):
             assert r.returncode == 0, r.stderr
         assert set(seen) == set(files), "every sample staged from the catalog"
     finally:
-        as_user("fusermount3", "-u", str(mnt))
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        m.close()
         for p in [src, *src.rglob("*")]:
             if p.is_dir():
                 p.chmod(0o755)

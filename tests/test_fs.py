@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_tree, rpc, wait_for
+from conftest import Mount, make_tree, wait_for
 
 
 def reader_loop(mnt: Path, stop: threading.Event, errors: list[str]) -> None:
@@ -168,35 +168,20 @@ def test_a_user_over_the_pipe_limit_gets_copied_replies(metfs):
     limit = Path("/proc/sys/fs/pipe-user-pages-soft")
     old = limit.read_text()
     mnt = base / "mnt"
+    m = Mount(
+        base / "src",
+        base / "cache",
+        mnt,
+        metfs=metfs,
+        user=user,
+        budget="64MiB",
+        mini_epochs=1,
+        read_path="pread",
+        history=base / "h.json",
+    )
     limit.write_text("16\n")
     try:
-        r = subprocess.run(
-            [
-                "runuser",
-                "-u",
-                user,
-                "--",
-                metfs,
-                "mount",
-                "--source",
-                str(base / "src"),
-                "--cache",
-                str(base / "cache"),
-                "--budget",
-                "64MiB",
-                "--mini-epochs",
-                "1",
-                "--read-path",
-                "pread",
-                "--history",
-                str(base / "h.json"),
-                str(mnt),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert r.returncode == 0, r.stderr
+        m.mount()
         for n in want:
             r = subprocess.run(
                 ["runuser", "-u", user, "--", "cmp", str(base / "src" / n), str(mnt / n)],
@@ -205,16 +190,13 @@ def test_a_user_over_the_pipe_limit_gets_copied_replies(metfs):
                 timeout=60,
             )
             assert r.returncode == 0, f"{n}: {r.stdout}{r.stderr}"
-        st = rpc(str(base / "cache" / "metfs.sock"), {"op": "status"}, timeout=10)
+        st = m.rpc({"op": "status"}, timeout=10)
         assert st["daemon_bytes_read"] >= sum(len(b) for b in want.values()), st
         assert st["daemon_bytes_spliced"] == 0, st
         assert "read replies are copied, not spliced" in (base / "cache" / "metfs.log").read_text()
     finally:
         limit.write_text(old)
-        subprocess.run(
-            ["runuser", "-u", user, "--", "fusermount3", "-u", str(mnt)], capture_output=True
-        )
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        m.close()
         sh.rmtree(base, ignore_errors=True)
 
 
@@ -296,17 +278,7 @@ def test_mount_without_access_to_dev_fuse_says_why(metfs, tmp_path):
         uid = pwd.getpwnam(user).pw_uid
         for p in [d, *d.iterdir(), d / "src" / "f"]:
             os.chown(p, uid, -1)
-        mount = [
-            metfs,
-            "mount",
-            "--source",
-            str(d / "src"),
-            "--cache",
-            str(d / "cache"),
-            "--budget",
-            "4MiB",
-            str(d / "mnt"),
-        ]
+        mount = Mount(d / "src", d / "cache", d / "mnt", metfs=metfs, budget="4MiB").command()
         # A tmpfs of the namespace's own holds the node: the test's directory may be on a
         # file system mounted nodev, where no device node opens.
         script = "\n".join(
@@ -469,28 +441,17 @@ def test_allow_other_enforces_the_source_modes(metfs, tmp_path):
     (src / "private" / "x.bin").write_bytes(b"x" * 100)
     (src / "private" / "x.bin").chmod(0o644)
     (src / "private").chmod(0o700)
-    r = subprocess.run(
-        [
-            metfs,
-            "mount",
-            "--source",
-            str(src),
-            "--cache",
-            str(cache),
-            "--budget",
-            "8MiB",
-            "--mini-epochs",
-            "1",
-            "--allow-other",
-            "--history",
-            str(tmp_path / "h.json"),
-            str(mnt),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    m = Mount(
+        src,
+        cache,
+        mnt,
+        metfs=metfs,
+        budget="8MiB",
+        mini_epochs=1,
+        allow_other=True,
+        history=tmp_path / "h.json",
     )
-    assert r.returncode == 0, r.stderr
+    m.mount(timeout=120)
     try:
 
         def cat(rel: str) -> subprocess.CompletedProcess:
@@ -509,8 +470,7 @@ def test_allow_other_enforces_the_source_modes(metfs, tmp_path):
         # Root still reads everything, as at the source.
         assert (mnt / "secret.bin").read_bytes() == b"s" * 100
     finally:
-        subprocess.run([metfs, "umount", str(mnt)], capture_output=True, timeout=120)
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        m.close()
         sh.rmtree(base, ignore_errors=True)
 
 
@@ -534,29 +494,18 @@ def test_allow_other_containers_show_the_source_owner_and_mode(metfs, tmp_path):
             f.create_dataset("x", data=np.arange(40, dtype="i4").reshape(20, 2))
         (src / name).chmod(mode)
         os.chown(src / name, owner, 0)
-    r = subprocess.run(
-        [
-            metfs,
-            "mount",
-            "--source",
-            str(src),
-            "--cache",
-            str(cache),
-            "--budget",
-            "8MiB",
-            "--hdf5-container",
-            "--mini-epochs",
-            "1",
-            "--allow-other",
-            "--history",
-            str(tmp_path / "h.json"),
-            str(mnt),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    m = Mount(
+        src,
+        cache,
+        mnt,
+        metfs=metfs,
+        budget="8MiB",
+        hdf5_container=True,
+        mini_epochs=1,
+        allow_other=True,
+        history=tmp_path / "h.json",
     )
-    assert r.returncode == 0, r.stderr
+    m.mount(timeout=120)
     try:
         for name in ("open.h5", "secret.h5", "theirs.h5"):
             s, v = os.stat(src / name), os.stat(mnt / name)
@@ -579,8 +528,7 @@ def test_allow_other_containers_show_the_source_owner_and_mode(metfs, tmp_path):
         with h5py.File(mnt / "secret.h5", "r") as f:  # root reads it, as at the source
             assert f["x"].shape[1:] == (2,)
     finally:
-        subprocess.run([metfs, "umount", str(mnt)], capture_output=True, timeout=120)
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        m.close()
         sh.rmtree(base, ignore_errors=True)
 
 
@@ -591,7 +539,6 @@ def test_allow_other_every_mode_shows_the_source_owner_and_mode(metfs, tmp_path,
     the source's owner, group and mode less write bits, so a second user reads through the
     mount exactly what the source lets them read: their own 0640 file and a 0644 one, not
     root's 0600 one. Container mode has a test of its own above."""
-    from conftest import rpc
     from test_transform import env_with_package, write_worker
 
     user = OTHER_USER
@@ -602,40 +549,29 @@ def test_allow_other_every_mode_shows_the_source_owner_and_mode(metfs, tmp_path,
         (src / rel).write_bytes(rel.encode() * 50)
         (src / rel).chmod(fmode)
         os.chown(src / rel, owner, 0)
-    args = [
-        metfs,
-        "mount",
-        "--source",
-        str(src),
-        "--cache",
-        str(cache),
-        "--budget",
-        "8MiB",
-        "--mini-epochs",
-        "1",
-        "--allow-other",
-        "--history",
-        str(tmp_path / "h.json"),
-    ]
-    env = None
+    m = Mount(
+        src,
+        cache,
+        mnt,
+        metfs=metfs,
+        budget="8MiB",
+        mini_epochs=1,
+        allow_other=True,
+        history=tmp_path / "h.json",
+    )
     suffix = ""
     if mode == "transform":
-        args += [
-            "--transform",
-            write_worker(tmp_path / "prep.py", b"T:"),
-            "--transform-growth",
-            "2",
-        ]
-        env = env_with_package()
+        m.settings["transform"] = write_worker(tmp_path / "prep.py", b"T:")
+        m.settings["transform_growth"] = 2
+        m.env = env_with_package()
         suffix = ".npy"
     elif mode == "shared":
-        args += ["--share", "--share-jobs", "2"]
-    r = subprocess.run([*args, str(mnt)], capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 0, r.stderr
+        m.settings.update(share=True, share_jobs=2)
+    m.mount(timeout=120)
     try:
         view = mnt
         if mode == "shared":
-            assert rpc(str(cache / "metfs.sock"), {"op": "hello", "job": "a"})["ok"]
+            assert m.rpc({"op": "hello", "job": "a"})["ok"]
             view = mnt / "a"
             wait_for_path = view / ("d/open.bin" + suffix)
             deadline = time.time() + 60
@@ -666,8 +602,7 @@ def test_allow_other_every_mode_shows_the_source_owner_and_mode(metfs, tmp_path,
         r = cat("d/secret.bin")
         assert r.returncode != 0 and b"Permission denied" in r.stderr, (mode, r.stderr)
     finally:
-        subprocess.run([metfs, "umount", str(mnt)], capture_output=True, timeout=120)
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        m.close()
         sh.rmtree(base, ignore_errors=True)
 
 
@@ -689,37 +624,22 @@ def test_a_low_descriptor_limit_does_not_break_reads(metfs, tmp_path):
     def low_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
 
-    r = subprocess.run(
-        [
-            metfs,
-            "mount",
-            "--source",
-            str(src),
-            "--cache",
-            str(cache),
-            "--budget",
-            "16MiB",
-            "--mini-epochs",
-            "1",
-            "--read-path",
-            "cached",
-            "--history",
-            str(tmp_path / "h.json"),
-            str(mnt),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    m = Mount(
+        src,
+        cache,
+        mnt,
+        metfs=metfs,
         preexec_fn=low_limit,
+        budget="16MiB",
+        mini_epochs=1,
+        read_path="cached",
+        history=tmp_path / "h.json",
     )
-    assert r.returncode == 0, r.stderr
+    m.mount(timeout=120)
     try:
         for _ in range(2):
             for n, b in want.items():
                 assert (mnt / n).read_bytes() == b, n
-        from conftest import rpc
-
-        assert rpc(str(cache / "metfs.sock"), {"op": "status"}, timeout=10)["ok"]
+        assert m.rpc({"op": "status"}, timeout=10)["ok"]
     finally:
-        subprocess.run([metfs, "umount", str(mnt)], capture_output=True, timeout=120)
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        m.close()

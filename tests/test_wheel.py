@@ -27,7 +27,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import ROOT, is_mounted, make_tree
+from conftest import ROOT, Mount, is_mounted, make_tree
 
 WHEEL = os.environ.get("METFS_WHEEL")
 USER = "metfs-user"
@@ -117,35 +117,21 @@ PASS_LOOP = textwrap.dedent(
 def test_mount_and_pass_loop_from_the_wheel(venv: Path, tmp_path: Path) -> None:
     env = plain_env(venv)
     files = make_tree(tmp_path / "tier", n=120)
-    cache, mnt = tmp_path / "cache", tmp_path / "mnt"
-    mnt.mkdir()
-    cache.mkdir()
-    run(
-        [
-            "metfs",
-            "mount",
-            "--source",
-            str(tmp_path / "tier"),
-            "--cache",
-            str(cache),
-            "--budget",
-            "2MiB",
-            "--rf",
-            "2",
-            str(mnt),
-        ],
-        env,
+    mnt = tmp_path / "mnt"
+    m = Mount(
+        tmp_path / "tier", tmp_path / "cache", mnt, metfs="metfs", env=env, budget="2MiB", rf=2
     )
+    m.mount()
     try:
         script = tmp_path / "loop.py"
         script.write_text(PASS_LOOP)
-        out = run(["python", str(script), str(cache / "metfs.sock")], env, cwd=tmp_path).stdout
+        out = run(["python", str(script), m.socket], env, cwd=tmp_path).stdout
         seen = json.loads(out.strip().splitlines()[-1])
         assert seen == {k: hashlib.sha256(v).hexdigest() for k, v in files.items()}, (
             "every sample, its bytes"
         )
     finally:
-        run(["metfs", "umount", str(mnt)], env, ok=False)
+        m.close()
     assert not is_mounted(mnt)
 
 
