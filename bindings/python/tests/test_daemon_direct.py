@@ -47,9 +47,9 @@ def test_direct_paths_hold_the_source_bytes(real_mount: Callable[..., RealMount]
         cache = os.path.realpath(m.cache)
         assert os.path.realpath(v.direct_root).startswith(cache + os.sep), v.direct_root
         assert c.lease == v.generation and len(v) > 0
-        assert isinstance(v.direct_paths, PathList) and v.readable_paths is v.direct_paths
+        assert isinstance(v.direct_paths, PathList) and v.paths is v.direct_paths
         assert sorted(v.files) == m.view_files()
-        for rel, direct, mounted in zip(v.files, v.direct_paths, v.paths, strict=True):
+        for rel, direct, mounted in zip(v.files, v.direct_paths, v.mount_paths, strict=True):
             assert direct == os.path.join(v.direct_root, rel)
             assert mounted == os.path.join(v.mountpoint, rel)
             data = _read(direct)

@@ -28,14 +28,14 @@ def test_direct_files_name_the_slot_copies_and_take_a_lease(fake: FakeDaemon) ->
     with metfs.Client(fake.path) as c:
         plain = c.files()
         assert plain.direct_root is None and plain.direct_paths == ()
-        assert plain.readable_paths == plain.paths and c.lease is None
+        assert plain.paths == plain.mount_paths and c.lease is None
         v = c.files(direct=True)
         assert fake.requests[-1]["direct"] is True
         assert v.direct_root == "/fake/cache/slots/g1" and c.lease == 1 == v.generation
         assert v.direct_paths == [os.path.join(v.direct_root, f) for f in v.files]
-        # Iteration and `paths` stay the mount's; a reader opens `readable_paths`.
-        assert list(v) == list(v.paths) == [os.path.join("/fake/mnt", f) for f in v.files]
-        assert v.readable_paths == v.direct_paths
+        # `paths` and iteration are what to open: the copies; `mount_paths` the mount's.
+        assert list(v) == list(v.paths) == v.direct_paths
+        assert v.mount_paths == [os.path.join("/fake/mnt", f) for f in v.files]
         assert fake.leases == {1: 1}
 
 
@@ -54,7 +54,8 @@ def test_the_lease_follows_the_view_until_released(fake: FakeDaemon) -> None:
         assert fake.leases == {2: 1} and c.status()["draining"] == []
         # `direct=False` asks for the mount's paths only; the lease stays where it is.
         m = c.files(w, direct=False)
-        assert m.direct_root is None and m.readable_paths == m.paths == w.paths
+        assert m.direct_root is None and m.paths == m.mount_paths == w.mount_paths
+        assert list(m) == [os.path.join("/fake/mnt", f) for f in m.files]
         assert "direct" not in fake.requests[-1] and fake.leases == {2: 1} and c.lease == 2
         assert c.release() == 2
         assert fake.requests[-1] == {"v": 1, "op": "release"}
@@ -157,7 +158,9 @@ def test_passes_direct_reads_the_slot_copies_and_lets_the_last_view_go(
         for p in run:
             assert p.view is not None and p.view.direct_root == fake.root_of(p.generation)
             assert list(p.paths) == [os.path.join(fake.root_of(p.generation), f) for f in p.files]
-            assert p.view.paths == [os.path.join(fake.mountpoint, f) for f in p.files]
+            assert p.paths is p.view.paths is p.view.direct_paths
+            assert p.mount_paths == [os.path.join(fake.mountpoint, f) for f in p.files]
+            assert p.mount_paths is p.view.mount_paths
             # Only this pass's view is leased.
             assert fake.leases == {p.generation: 1} and c.lease == p.generation
         assert run.done and run.decisions[-1].advanced
@@ -169,7 +172,7 @@ def test_passes_direct_reads_the_slot_copies_and_lets_the_last_view_go(
     with metfs.Client(fake.path) as c:
         for p in metfs.passes(c, epochs=1):
             assert p.view is not None and p.view.direct_root is None
-            assert p.paths is p.view.paths
+            assert p.paths is p.view.paths and p.mount_paths is p.view.mount_paths
     assert fake.ops().count("release") == 1
 
 

@@ -7,8 +7,10 @@ reports its metrics over the control socket and the daemon answers ``repeat``, `
 
 - :class:`Client`: the socket client (``hello``, ``status``, ``files``, ``release``,
   ``pass_end``, ``advance``, ``apply``); errors raise :class:`MetfsError` with an
-  :data:`ErrorCode` (or a code of the client's own). ``files`` with ``direct`` also gives the view's
-  files as their copies in the cache, read without FUSE under a lease on the view.
+  :data:`ErrorCode` (or a code of the client's own). ``files`` with ``direct`` gives the view's
+  files as their copies in the cache, read without FUSE under a lease on the view: a view's
+  ``paths`` (and a pass's) are always what to open, its ``mount_paths`` the files under the
+  mount.
 - :func:`passes`: a loop of :class:`Pass` objects, one per pass, until N MET epochs are done.
 - :mod:`metfs.keras`, :mod:`metfs.torch`, :mod:`metfs.lightning`: framework integrations
   (imported on demand; the core needs only the standard library).

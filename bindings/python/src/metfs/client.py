@@ -325,9 +325,10 @@ class Client:
         no list while its generation is still ``known``'s, and ``known`` itself is returned:
         asking at every pass costs one short round trip, whatever the view's size.
 
-        With ``direct=True`` the view also has ``direct_root`` and ``direct_paths`` (its
-        :attr:`FilesView.readable_paths`): the staged copies of its files in the cache, complete
-        and immutable, to be read directly instead of through FUSE (native speed where FUSE
+        With ``direct=True`` the view's :attr:`FilesView.paths` (what to open) are its
+        ``direct_paths`` under ``direct_root`` (its ``mount_paths`` stay the files under the
+        mount): the staged copies of its files in the cache, complete and immutable, to be read
+        directly instead of through FUSE (native speed where FUSE
         passthrough is not available), and this connection takes a **lease** on the view's
         generation: while it holds, the daemon does not evict that view's slot, even after the
         view has switched. Only the daemon's own user and root may ask (else ``MetfsError``

@@ -146,7 +146,7 @@ class MetSequence(keras.utils.PyDataset):
     def __getitem__(self, index: int) -> Any:
         if not 0 <= index < self.steps:
             raise IndexError(f"batch {index} out of range 0..{self.steps - 1}")
-        paths = self.view.readable_paths
+        paths = self.view.paths
         return self.collate([self.loader(paths[j]) for j in self._batches[index]])
 
     def on_epoch_begin(self) -> None:

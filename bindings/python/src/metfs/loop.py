@@ -41,11 +41,11 @@ class Pass:
     """One pass over the current view.
 
     ``index`` counts the passes of this loop from 0; ``pass_in_mini_epoch`` counts the passes
-    already completed over this mini-epoch before this one. ``files`` are relative to the mount,
-    ``paths`` absolute, what to open: the files under the mount, or with ``direct`` their
-    copies in the cache (``view.direct_paths``; ``view.paths`` are then the mount's paths);
-    read-only sequences of ``str`` (see :class:`metfs.FilesView`), the same objects for every
-    pass over one view. Set ``metrics`` (or call :meth:`report`) before the
+    already completed over this mini-epoch before this one. ``files`` are relative to the mount;
+    ``paths`` are what to open: the files under the mount, or with ``direct`` their copies in
+    the cache; ``mount_paths`` are always the files under the mount. This is the rule of
+    :class:`metfs.FilesView` (``paths``, ``mount_paths``), whose sequences these are: read-only
+    sequences of ``str``, the same objects for every pass over one view. Set ``metrics`` (or call :meth:`report`) before the
     next iteration; the loop sends them with ``pass_end``. ``decision`` holds the daemon's
     answer once it is known.
 
@@ -64,11 +64,13 @@ class Pass:
     mountpoint: str
     files: Sequence[str] = field(repr=False)
     paths: Sequence[str] = field(repr=False)
+    #: The view's files under the mount (the same as ``paths`` without ``direct``).
+    mount_paths: Sequence[str] = field(default=(), repr=False)
     metrics: dict[str, Any] = field(default_factory=dict)
     decision: Decision | None = None
     #: This rank's local batch size for this pass with ``adjust_bs`` (ADJUST_BS), else ``None``.
     batch_size: int | None = None
-    #: The view this pass reads (its ``readable_paths`` are ``paths``).
+    #: The view this pass reads (its ``paths`` are this pass's).
     view: FilesView | None = field(default=None, repr=False, compare=False)
     #: Whether this is the first pass over its mini-epoch (its samples are unseen so far).
     fresh: bool = False
@@ -195,7 +197,8 @@ class Passes(TracksPasses):
                 pass_in_mini_epoch=tracker.passes_done,
                 mountpoint=view.mountpoint,
                 files=view.files,
-                paths=view.readable_paths,
+                paths=view.paths,
+                mount_paths=view.mount_paths,
                 batch_size=None if self.adjust_bs is None else self.adjust_bs.batch_size,
                 view=view,
                 fresh=tracker.fresh,
@@ -267,7 +270,7 @@ def passes(
     (``p.batch_size``) under ADJUST_BS; record the rank's work with ``adjust_bs.record``.
 
     ``direct=True`` gives each pass the view's files as their copies in the cache
-    (``p.paths``; ``p.view.paths`` are the mount's), read without FUSE: the view is asked for
+    (``p.paths``; ``p.mount_paths`` are the files under the mount), read without FUSE: the view is asked for
     with ``direct`` (:meth:`metfs.Client.files`), so the client holds a lease on the view of
     the current pass, moved at each pass, that keeps its slot while it is read (also by
     forked loader workers: only this process talks to the daemon). When the loop ends after

@@ -55,7 +55,7 @@ class MetDataset(Dataset[Any]):
     read at construction and by :meth:`refresh`.
 
     ``direct=True`` gives ``loader`` the view's files as their copies in the cache (the view's
-    ``direct_paths``), read without FUSE, under the client's lease on the view (see
+    ``paths``, which are then its ``direct_paths``), read without FUSE, under the client's lease on the view (see
     :meth:`metfs.Client.files`), which each refresh moves to the view it reads; ``None``
     follows the client (``Client(direct=...)``), ``False`` gives the mount's paths.
     """
@@ -72,7 +72,7 @@ class MetDataset(Dataset[Any]):
     def paths(self) -> Sequence[str]:
         """The paths ``loader`` is given, as of the last refresh: absolute paths under the
         mount, or with ``direct`` of the copies in the cache."""
-        return self.view.readable_paths
+        return self.view.paths
 
     @property
     def generation(self) -> int:
@@ -100,7 +100,7 @@ class MetDataset(Dataset[Any]):
     def __getitem__(self, key: int | str) -> Any:
         if isinstance(key, str):
             return self.loader(key)
-        return self.loader(self.view.readable_paths[key])
+        return self.loader(self.view.paths[key])
 
     def __getstate__(self) -> dict[str, Any]:
         # Worker processes only load files; the socket stays in the parent.
@@ -137,7 +137,7 @@ class MetSampler(Sampler[str]):
         # Not a generator function: the refresh happens at iter() time, before workers start.
         view = self.dataset.refresh()
         self.generations.append(view.generation)
-        paths = view.readable_paths
+        paths = view.paths
         if not self.shuffle:
             return iter(paths)
         order = torch.randperm(len(paths), generator=self._gen)

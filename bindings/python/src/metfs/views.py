@@ -1,8 +1,9 @@
 """The current view as the ``files`` reply gives it: position, generation and files.
 
-``paths`` and ``mount_paths`` are the files under the mount, ``direct_paths`` the staged copies
-in the cache of a view asked with ``direct`` (empty without), ``readable_paths`` the ones to
-open. ``files`` are the relative paths they are made of.
+One rule names a view's paths, here and in :class:`metfs.Pass`: ``paths`` are **what to open**
+(the staged copies in the cache for a view asked with ``direct``, else the files under the
+mount), ``mount_paths`` are always the files under the mount, and ``direct_paths`` the copies
+(empty without ``direct``). ``files`` are the relative paths both are made of.
 
 No ``from __future__ import annotations`` here: with it, Python 3.11's ``TypedDict`` takes
 every key for required.
@@ -94,7 +95,7 @@ class FilesView:
     files: Sequence[str]
     #: How many files the view holds.
     count: int = 0
-    #: The view's files under the mount.
+    #: What to open: ``direct_paths`` for a view asked with ``direct``, else ``mount_paths``.
     paths: Sequence[str] = field(default=(), repr=False)
     #: With ``direct``: the slot directory in the cache that holds the view's files.
     direct_root: str | None = None
@@ -138,7 +139,7 @@ class FilesView:
             files=files,
             # A daemon older than `count` sends none: the list's length is the count.
             count=reply.count if "count" in reply.raw else len(files),
-            paths=mount_paths,
+            paths=direct_paths if reply.direct_root is not None else mount_paths,
             direct_root=reply.direct_root,
             direct_paths=direct_paths,
             mount_paths=mount_paths,
@@ -150,12 +151,12 @@ class FilesView:
         if direct_root == self.direct_root:
             return self
         direct_paths = () if direct_root is None else _under(direct_root, self.files)
-        return dataclasses.replace(self, direct_root=direct_root, direct_paths=direct_paths)
-
-    @property
-    def readable_paths(self) -> Sequence[str]:
-        """What a reader should open: ``direct_paths`` for a direct view, else ``paths``."""
-        return self.direct_paths if self.direct_root is not None else self.paths
+        return dataclasses.replace(
+            self,
+            direct_root=direct_root,
+            direct_paths=direct_paths,
+            paths=direct_paths if direct_root is not None else self.mount_paths,
+        )
 
     def __len__(self) -> int:
         return len(self.files)
