@@ -17,7 +17,7 @@ export CARGO_TERM_COLOR=never
 # Each step's time is printed when the next begins and all of them at the end (also when a step
 # fails), so the command's time by step stays in view (docs/DEVELOPMENT.md: CI has 2 cores and
 # the command should stay under 30 minutes).
-T0=$(date +%s) STEP="" STEP_T=$T0 TIMES="" CLEANUP=""
+T0=$(date +%s) STEP="" STEP_T=$T0 TIMES="" CLEANUP="" CLEANUP_PIDS=""
 step() {
   local now
   now=$(date +%s)
@@ -25,11 +25,20 @@ step() {
   STEP=$1 STEP_T=$now
   echo "== $1"
 }
+# A process and everything it started (a background step's cargo and its compilers).
+kill_tree() {
+  local c
+  for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do kill_tree "$c"; done
+  kill "$1" 2>/dev/null || true
+}
 finish() {
   local rc=$? now
   now=$(date +%s)
   [ -z "$STEP" ] || TIMES+="$(printf '%6d s  %s' $((now - STEP_T)) "$STEP")"$'\n'
   printf '\n== time by step (exit status %d)\n%s%6d s  in all\n' "$rc" "$TIMES" $((now - T0))
+  local p
+  for p in $CLEANUP_PIDS; do kill_tree "$p"; done
+  # shellcheck disable=SC2086
   [ -z "$CLEANUP" ] || rm -rf $CLEANUP
 }
 trap finish EXIT
@@ -111,17 +120,25 @@ cat "$NOHDF5_DIR/err"
 grep -q 'built without the `hdf5` feature' "$NOHDF5_DIR/err"
 rm -rf "$NOHDF5_DIR"
 
-step "fuzzing (20 s per target)"
-scripts/fuzz.sh --short
-
-step "the wheel (metfs binary and Python package; tests/test_wheel.py installs it)"
-# Built as the release wheel is but optimised less (Cargo.toml, [profile.wheel-check]): at
-# opt-level 3 it was the longest step here.
-scripts/wheel.sh --profile wheel-check
-METFS_WHEEL=$(ls "$PWD"/dist/metfs-*-manylinux_*_x86_64.whl)
-export METFS_WHEEL
-
-step "end-to-end and Python tests"
+step "end-to-end and Python tests on two workers; the fuzzing and the wheel's build beside them"
+# The end-to-end tests mostly wait (on mounts, staging, servers and Slurm), so they run on two
+# pytest-xdist workers, a test file to a worker (a module's servers and cluster start once), and
+# the two CPU-bound steps that need nothing from them run at the same time: a short fuzzing run
+# of every parser of untrusted input (the pinned nightly's build, then each target for 20 s) and
+# the wheel's build (Cargo.toml's [profile.wheel-check]: the release wheel's sources, features,
+# zig link and manylinux check, not optimised). Their logs are printed when they end; the wheel's
+# own tests run once it is built. Every test passes on a busy machine (docs/DEVELOPMENT.md), and
+# this is one.
+BG=$PWD/target/test-bg
+rm -rf "$BG"
+mkdir -p "$BG"
+# Each background step writes its exit status when it ends; a step still running when this script
+# exits (a failure elsewhere) is stopped with it.
+(set +e; scripts/fuzz.sh --short > "$BG/fuzz.log" 2>&1; echo $? > "$BG/fuzz.rc") &
+FUZZ_PID=$!
+(set +e; scripts/wheel.sh --profile wheel-check > "$BG/wheel.log" 2>&1; echo $? > "$BG/wheel.rc") &
+WHEEL_PID=$!
+CLEANUP_PIDS="$FUZZ_PID $WHEEL_PID"
 # An ordinary user for the tests that run a daemon as one (here and again below). fusermount3
 # opens /dev/fuse with the user's own rights; where the device is root-only (0600), grant it to
 # a `fuse` group, as sites that allow user mounts do.
@@ -144,8 +161,33 @@ CLEANUP+=" $XDG_DATA_HOME"
 # suite needs the disk of its largest tests rather than of all of them (~2.5 GB); a failed
 # test's directory stays for reading.
 # The slowest tests are named at the end, to keep the command's time in view (CI has 2 cores).
+E2E_RC=0
 python3 -m pytest -q -p no:cacheprovider -o tmp_path_retention_policy=failed --durations=20 \
-  tests bindings/python/tests
+  -n 2 --dist loadfile --ignore tests/test_wheel.py tests bindings/python/tests || E2E_RC=$?
+
+# The background steps' results, each with its log's tail on failure.
+bg_result() {
+  local name=$1 pid=$2 rc
+  wait "$pid" || true
+  rc=$(cat "$BG/$name.rc" 2>/dev/null || echo "?")
+  if [ "$rc" != 0 ]; then
+    echo "== $name (in the background) FAILED (exit status $rc); the end of $BG/$name.log:" >&2
+    tail -60 "$BG/$name.log" >&2
+    return 1
+  fi
+}
+BG_RC=0
+bg_result fuzz "$FUZZ_PID" || BG_RC=1
+sed -n '/^== fuzz summary/,$p' "$BG/fuzz.log"
+bg_result wheel "$WHEEL_PID" || BG_RC=1
+CLEANUP_PIDS=""
+[ "$E2E_RC" = 0 ] || { echo "end-to-end and Python tests failed (exit status $E2E_RC)" >&2; exit "$E2E_RC"; }
+[ "$BG_RC" = 0 ] || exit 1
+
+step "the wheel's tests (tests/test_wheel.py installs it)"
+METFS_WHEEL=$(ls "$PWD"/dist/metfs-*-manylinux_*_x86_64.whl)
+export METFS_WHEEL
+python3 -m pytest -q -p no:cacheprovider -o tmp_path_retention_policy=failed tests/test_wheel.py
 
 step "core end-to-end tests again, as an ordinary user"
 # Users on HPC nodes are not root: their mounts go through fusermount3 and passthrough is
