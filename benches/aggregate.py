@@ -37,11 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import benchlib
-from benchlib import ROOT, med
-
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import Mount  # noqa: E402
+from benchlib import Mount, med
 
 NODES = 4
 
@@ -59,10 +55,6 @@ for p in metfs.passes(c, epochs=int(epochs)):
 end = time.monotonic()
 json.dump({"starts": [starts[e] for e in sorted(starts)], "end": end}, open(out, "w"))
 """
-
-
-def metfs_bin() -> str:
-    return str(benchlib.metfs_bin())
 
 
 def make_dataset(root: Path, files: int, kib: int) -> None:
@@ -104,11 +96,11 @@ def run(mode: str, src: Path, work: Path, a: argparse.Namespace) -> dict[str, An
     )
     mounts = [
         Mount(
-            metfs_bin(),
-            work / f"n{r}" / "mnt",
+            src,
             work / f"n{r}" / "cache",
-            str(src),
-            [*common, "--node-rank", str(r), *extra],
+            work / f"n{r}" / "mnt",
+            metfs=benchlib.metfs_bin(),
+            args=[*common, "--node-rank", str(r), *extra],
         )
         for r in range(NODES)
     ]
@@ -184,10 +176,7 @@ def run(mode: str, src: Path, work: Path, a: argparse.Namespace) -> dict[str, An
         if ex is not None and ex.poll() is None:
             ex.kill()
         for m in mounts:
-            try:
-                m.umount()
-            except AssertionError:
-                pass
+            m.close()
 
 
 def main() -> None:

@@ -59,11 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import benchlib
-from benchlib import ROOT
-
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import Mount  # noqa: E402
+from benchlib import Mount
 
 NODES = 4
 
@@ -77,10 +73,6 @@ for p in metfs.passes(c, epochs=int(epochs)):
             f.read()
     p.report(loss=1.0)
 """
-
-
-def metfs_bin() -> str:
-    return str(benchlib.metfs_bin())
 
 
 def make_dataset(root: Path, files: int) -> int:
@@ -135,11 +127,11 @@ def run(
     ]
     mounts = [
         Mount(
-            metfs_bin(),
-            work / f"n{r}" / "mnt",
+            src,
             work / f"n{r}" / "cache",
-            str(src),
-            [*args, "--node-rank", str(r)],
+            work / f"n{r}" / "mnt",
+            metfs=benchlib.metfs_bin(),
+            args=[*args, "--node-rank", str(r)],
         )
         for r in range(NODES)
     ]
@@ -226,10 +218,7 @@ def run(
         if ex is not None and ex.poll() is None:
             ex.kill()
         for m in mounts:
-            try:
-                m.umount()
-            except AssertionError:
-                pass
+            m.close()
 
 
 # (code, --sender, --broadcast) side by side in the modes table.

@@ -1,5 +1,6 @@
 """Helpers the benchmarks share: which binaries they run (and building them), the page cache,
-the daemon's socket, unmounting, medians, ratios and timing.
+the daemon's socket, mounts (tests/mountlib.py's `Mount`, the tests' own), unmounting,
+medians, ratios and timing.
 
 The binaries: `METFS_BIN` names the metfs binary under test, and the examples and
 `metfs-shuffle` are taken from beside it (`<dir>/examples/<name>`, `<dir>/metfs-shuffle`), as
@@ -9,15 +10,15 @@ nothing then). Without it, the release build in `target/release`, built first.
     import benchlib                       # beside the script: benches/ is on sys.path
     benchlib.build(bins=["metfs"], examples=["readbench"])
     metfs = benchlib.metfs_bin()
+    with benchlib.Mount(src, cache, mnt, metfs=metfs, budget="1GiB") as m: ...
 """
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -25,6 +26,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE = ROOT / "target" / "release"
+
+# The tests' mount, control socket and mount table (and, for the scripts that run servers, the
+# rest of tests/: conftest's Etcd and free ports).
+sys.path.insert(0, str(ROOT / "tests"))
+import mountlib  # noqa: E402
+from mountlib import Mount, is_mounted  # noqa: E402
+
+__all__ = ["Mount", "is_mounted"]
 
 
 def metfs_bin() -> Path:
@@ -94,27 +103,15 @@ def drop_caches(strict: bool = False) -> bool:
 
 def rpc(sock: str | Path, req: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
     """One request on a daemon's control socket and its reply."""
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(timeout)
-        s.connect(str(sock))
-        s.sendall((json.dumps(req) + "\n").encode())
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(1 << 20)
-            if not chunk:
-                break
-            buf += chunk
-    out: dict[str, Any] = json.loads(buf)
-    return out
+    return mountlib.rpc(sock, req, timeout)
 
 
-def is_mounted(path: Path) -> bool:
-    """From /proc: another user's FUSE mount cannot even be stat'ed by root."""
-    want = str(path)
-    return any(
-        line.split()[1].replace("\\040", " ") == want
-        for line in Path("/proc/self/mounts").read_text().splitlines()
-    )
+def rpc_ok(sock: str | Path, req: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+    """`rpc`, with a refusal raised: for a benchmark whose every request must succeed."""
+    r = rpc(sock, req, timeout)
+    if not r.get("ok"):
+        raise RuntimeError(f"metfs {req.get('op')}: {r}")
+    return r
 
 
 def umount(mnt: Path, prefix: Sequence[str] = (), metfs: Path | None = None) -> None:

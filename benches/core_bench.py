@@ -72,16 +72,6 @@ def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
 
 
-def build() -> None:
-    if TARGET:
-        return
-    benchlib.build(examples=["readbench"])
-
-
-def drop_caches() -> None:
-    benchlib.drop_caches(strict=True)
-
-
 def make_files(root: Path, count: int, size: int, per_dir: int = 1000) -> None:
     if root.exists() and len(list(root.rglob("*.bin"))) == count:
         return
@@ -101,77 +91,35 @@ def make_files(root: Path, count: int, size: int, per_dir: int = 1000) -> None:
                 off = 0
 
 
-class Mount:
-    def __init__(
-        self, name: str, source: Path, budget: str, *extra: str, service: bool = False
-    ) -> None:
-        # `service`: started by root with `--run-as` the user, as the node service's Prolog
-        # does (deploy/slurm/prolog.sh), instead of by the user.
-        self.service = service
-        self.mnt = WORK / f"mnt-{name}"
-        self.cache = WORK / f"cache-{name}"
-        self.source = source
-        self.budget = budget
-        self.extra = list(extra)
-
-    def clean(self) -> None:
-        """Unmounts and empties the cache directory (an earlier run's slots)."""
-        self.close()
-        shutil.rmtree(self.cache, ignore_errors=True)
-        self.cache.mkdir(parents=True)
-        self.mnt.mkdir(parents=True, exist_ok=True)
-        hand_over(self.cache)
-        hand_over(self.mnt)
-
-    def start(self) -> None:
-        """`metfs mount`: returns once the first mini-epoch is staged and the mount is live."""
+def bench_mount(
+    name: str, source: Path, budget: str, *extra: str, service: bool = False
+) -> benchlib.Mount:
+    """A mount of `source` under WORK by the benchmark's user, from an empty cache when entered
+    (`with`): returns once the first mini-epoch is staged and the mount is live. `service`:
+    started by root with `--run-as` the user, as the node service's Prolog does
+    (deploy/slurm/prolog.sh), instead of by the user."""
+    cache = WORK / f"cache-{name}"
+    return benchlib.Mount(
+        source,
+        cache,
+        WORK / f"mnt-{name}",
+        metfs=METFS,
+        user="" if service else USER,
+        owner=USER,
+        fresh=True,
+        run_as=USER if service else None,
+        budget=budget,
         # The rf history goes beside the cache, not into the user's.
-        who = ["--run-as", USER] if self.service else []
-        sh(
-            *([] if self.service else AS_USER),
-            str(METFS),
-            "mount",
-            *who,
-            "--source",
-            str(self.source),
-            "--cache",
-            str(self.cache),
-            "--budget",
-            self.budget,
-            "--history",
-            str(self.cache.parent / f"{self.cache.name}-rf-history.json"),
-            *self.extra,
-            str(self.mnt),
-        )
+        history=cache.parent / f"{cache.name}-rf-history.json",
+        args=extra,
+    )
 
-    def __enter__(self) -> "Mount":
-        self.clean()
-        self.start()
-        return self
 
-    def settle(self) -> None:
-        """Waits until the successor is staged, so that background staging does not compete
-        with what is measured."""
-        while not self.status()["next_ready"]:
-            time.sleep(0.05)
-        os.sync()
-
-    @property
-    def sock(self) -> str:
-        return str(self.cache / "metfs.sock")
-
-    def status(self) -> dict:
-        return rpc(self.sock, {"op": "status"})
-
-    def slot_dir(self) -> Path:
-        st = self.status()
-        return self.cache / "slots" / f"e{st['epoch']:06d}-m{st['mini_epoch']:05d}"
-
-    def close(self) -> None:
-        benchlib.umount(self.mnt, AS_USER, METFS)
-
-    def __exit__(self, *a) -> None:
-        self.close()
+def settle(m: benchlib.Mount) -> None:
+    """Waits until the successor is staged, so that background staging does not compete with
+    what is measured."""
+    m.wait_next_ready(timeout=None)
+    os.sync()
 
 
 def read(path: Path, passes: int = 1) -> dict:
@@ -199,12 +147,12 @@ READ_PATHS = ("cached", "passthrough", "pread")
 
 
 @contextlib.contextmanager
-def direct_lease(m: Mount):
+def direct_lease(m: benchlib.Mount):
     """The slot directory of `m`'s view from `files` with `direct`, with the lease held (the
     connection kept open) until the block ends: what `MetDataset(..., direct=True)` reads."""
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(600)
-        s.connect(m.sock)
+        s.connect(m.socket)
         s.sendall(b'{"op": "files", "direct": true, "form": "packed"}\n')
         buf = b""
         while b"\n" not in buf:
@@ -234,27 +182,29 @@ def bench_read() -> list[str]:
     for label, src, count, size in sets:
         make_files(src, count, size)
         budget = f"{(2 * count * size + (64 << 20)) >> 20}MiB"
-        with Mount("read-auto", src, budget, "--mini-epochs", "1") as m:
+        with bench_mount("read-auto", src, budget, "--mini-epochs", "1") as m:
             auto = m.status()["read_path"]
         with contextlib.ExitStack() as stack:
             mounts = {}
             for path in READ_PATHS:
                 m = stack.enter_context(
-                    Mount(f"read-{path}", src, budget, "--mini-epochs", "1", "--read-path", path)
+                    bench_mount(
+                        f"read-{path}", src, budget, "--mini-epochs", "1", "--read-path", path
+                    )
                 )
-                m.settle()
+                settle(m)
                 mounts[path] = m
             # Direct reads get a mount of their own, which nothing reads through, so that no
             # read path's page handling (the cached path drops its slot's pages) touches them.
-            d = stack.enter_context(Mount("read-direct", src, budget, "--mini-epochs", "1"))
-            d.settle()
+            d = stack.enter_context(bench_mount("read-direct", src, budget, "--mini-epochs", "1"))
+            settle(d)
             direct_root = stack.enter_context(direct_lease(d))
             # An ordinary user's mount by the root node service, with the default read path:
             # what `auto` picks with passthrough allowed (passthrough for large samples, the
             # cached path for small ones), which the user's own daemon cannot have.
             if USER:
                 svc = stack.enter_context(
-                    Mount(
+                    bench_mount(
                         "read-service",
                         src,
                         budget,
@@ -264,7 +214,7 @@ def bench_read() -> list[str]:
                         service=True,
                     )
                 )
-                svc.settle()
+                settle(svc)
             # The native side reads a copy of the slot, not a mount's own slot files: the cached
             # path drops its slot files' pages after a pass, which would make native's warm
             # reads partly cold, and sharing pages with one mount would favour that mount.
@@ -279,10 +229,10 @@ def bench_read() -> list[str]:
             for cache in ("cold", "warm"):
                 res = {"native": [], "direct": [], "service": []} | {p: [] for p in READ_PATHS}
                 sides = [("native", slot), ("direct", direct_root)] + [
-                    (p, m.mnt) for p, m in mounts.items()
+                    (p, m.mountpoint) for p, m in mounts.items()
                 ]
                 if USER:
-                    sides.append(("service", svc.mnt))
+                    sides.append(("service", svc.mountpoint))
                 for rep in range(REPS):
                     order = sides[rep % len(sides) :] + sides[: rep % len(sides)]
                     if cache == "warm":
@@ -292,13 +242,13 @@ def bench_read() -> list[str]:
                         # mounted twice read warm at 0.71x and 1.03x of native, each steady
                         # over 15 repetitions of one warming. Warming per repetition makes that
                         # a spread the median sees instead of a bias it keeps.
-                        drop_caches()
+                        benchlib.drop_caches(strict=True)
                         for _, path in order:
                             read(path)
                     for side, path in order:
                         passes = 1
                         if cache == "cold":
-                            drop_caches()
+                            benchlib.drop_caches(strict=True)
                         else:
                             passes = WARM_PASSES
                         r = read(path, passes)
@@ -338,7 +288,7 @@ def cold_data() -> None:
     """Drops the page cache, then loads every tool's binary again: staging a mini-epoch is what
     is measured, not paging in an 18 MB binary (the daemon stages every later mini-epoch
     in-process) or cp's 150 KB one, so only the data starts cold."""
-    drop_caches()
+    benchlib.drop_caches(strict=True)
     for cmd in (
         [str(METFS), "--version"],
         ["cp", "--version"],
@@ -418,7 +368,7 @@ def bench_stage() -> list[str]:
         budget = f"{(2 * count * size + (64 << 20)) >> 20}MiB"
         dst = WORK / "cp-dst"
         files = [str(p.relative_to(src)) for p in src.rglob("*.bin")]
-        m = Mount("stage", src, budget, "--mini-epochs", "1")
+        m = bench_mount("stage", src, budget, "--mini-epochs", "1")
 
         tools = [
             ("cp -r", functools.partial(prep_cp, dst), functools.partial(run_cp, src, dst)),
@@ -427,7 +377,7 @@ def bench_stage() -> list[str]:
                 functools.partial(prep_cp8, dst, files),
                 functools.partial(run_cp8, src, dst, files),
             ),
-            ("metfs", m.clean, m.start),
+            ("metfs", functools.partial(m.prepare, fresh=True), m.mount),
             ("fio", functools.partial(prep_fio, dst), functools.partial(run_fio, dst, count, size)),
         ]
         times: dict[str, list[float]] = {name: [] for name, _, _ in tools}
@@ -463,20 +413,20 @@ def bench_switch() -> list[str]:
     # Sequential mini-epochs: the two halves of the dataset take turns, so a file of the next
     # view (any file not in the current one) is known before the clock starts, and the timed
     # interval holds only the `pass_end` and the lookups.
-    with Mount(
+    with bench_mount(
         "switch", src, budget, "--mini-epochs", "2", "--rf", "1", "--compose", "sequential"
     ) as m:
         for _ in range(2 if QUICK else max(REPS, 5)):
             while not m.status()["next_ready"]:
                 time.sleep(0.05)
-            old = set(rpc(m.sock, {"op": "files"})["files"])
+            old = set(rpc(m.socket, {"op": "files"})["files"])
             probe = min(every - old)
             t = time.perf_counter()
-            r = rpc(m.sock, {"op": "pass_end"})
+            r = rpc(m.socket, {"op": "pass_end"})
             assert r["decision"] == "advance", r
             while True:
                 try:
-                    os.stat(m.mnt / probe)
+                    os.stat(m.mountpoint / probe)
                     break
                 except FileNotFoundError:
                     pass
@@ -500,7 +450,8 @@ def main() -> None:
         # The user's rf history files go beside the caches.
         subprocess.run(["chown", USER, str(WORK)], check=True)
         WORK.chmod(0o755)
-    build()
+    if not TARGET:  # another build is used as it is
+        benchlib.build(examples=["readbench"])
     print("| benchmark | baseline | metfs | ratio |\n|---|---|---|---|", flush=True)
     rows = []
     if what in ("read", "all"):

@@ -25,7 +25,6 @@ from pathlib import Path
 
 from benchlib import ROOT, med
 
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "stress"))
 
 from conftest import Etcd, free_ports, make_tree  # noqa: E402

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import tempfile
 import threading
 import time
@@ -29,15 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import benchlib
-from benchlib import ROOT, med
-
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import Etcd, Mount, free_ports  # noqa: E402
-
-
-def metfs_bin() -> str:
-    return str(benchlib.metfs_bin())
+from benchlib import Mount, med
+from conftest import Etcd, free_ports  # tests/, on sys.path from benchlib
 
 
 def dataset(root: Path, n: int) -> list[str]:
@@ -99,23 +91,16 @@ def one_epoch(
             else ["--nodes", "3", "--node-rank", str(i)]
         )
         m = Mount(
-            metfs_bin(),
-            work / f"{kind}-mnt{i}",
+            src,
             work / f"{kind}-cache{i}",
-            str(src),
-            [
-                "--budget",
-                budget,
-                "--rf",
-                "1",
-                "--compose",
-                "stratified",
-                "--seed",
-                str(run),
-                "--history",
-                str(work / "h.json"),
-                *extra,
-            ],
+            work / f"{kind}-mnt{i}",
+            metfs=benchlib.metfs_bin(),
+            budget=budget,
+            rf=1,
+            compose="stratified",
+            seed=run,
+            history=work / "h.json",
+            args=extra,
         )
         m.cache.mkdir(parents=True, exist_ok=True)
         mounts.append(m)
@@ -144,7 +129,7 @@ def one_epoch(
         return {"kind": kind, "epoch_s": epoch, "shares": shares, "etcd_fraction": etcd_frac}
     finally:
         for m in mounts:
-            benchlib.umount(m.mountpoint)
+            m.close()
 
 
 def main() -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -87,43 +86,23 @@ def baseline(src: Path) -> dict:
 
 
 def met(src: Path, rf: int | None) -> dict:
-    mnt, cache = WORK / "mnt", WORK / "cache"
-    benchlib.umount(mnt)
-    shutil.rmtree(cache, ignore_errors=True)
-    cache.mkdir(parents=True)
-    mnt.mkdir(parents=True, exist_ok=True)
+    mnt = WORK / "mnt"
     budget = f"{(2 * FILES * SIZE // NM + (8 << 20)) >> 20}MiB"
-    rate = (
-        ["--prefetch-rate", f"{B2 >> 20}MiB/s"]
-        if rf
-        else ["--prefetch-rate", "auto", "--prefetch-rate-max", f"{B2 >> 20}MiB/s"]
+    m = benchlib.Mount(
+        src,
+        WORK / "cache",
+        mnt,
+        metfs=METFS,
+        budget=budget,
+        rf=rf or 8,
+        mini_epochs=NM,
+        prefetch_rate=f"{B2 >> 20}MiB/s" if rf else "auto",
+        prefetch_rate_max=None if rf else f"{B2 >> 20}MiB/s",
+        history=WORK / "h.json",
     )
-    args = [
-        "--rf",
-        str(rf or 8),
-        "--mini-epochs",
-        str(NM),
-        *rate,
-        "--history",
-        str(WORK / "h.json"),
-    ]
-    subprocess.run(
-        [
-            str(METFS),
-            "mount",
-            "--source",
-            str(src),
-            "--cache",
-            str(cache),
-            "--budget",
-            budget,
-            *args,
-            str(mnt),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    sock = str(cache / "metfs.sock")
+    m.prepare(fresh=True)
+    m.mount()
+    sock = m.socket
     try:
         tier0 = rpc(sock, {"op": "status"})["tier_bytes_read"]
         consumer = Paced(EB1)
@@ -166,7 +145,7 @@ def met(src: Path, rf: int | None) -> dict:
             out["needed_bw"] = needed
         return out
     finally:
-        benchlib.umount(mnt)
+        m.close()
 
 
 def main() -> None:

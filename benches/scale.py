@@ -83,12 +83,6 @@ def check(ok: bool, what: str) -> None:
         print(f"CHECK FAILED: {what}", flush=True)
 
 
-def build() -> None:
-    if "METFS_BIN" in os.environ and "METFS_READBENCH" in os.environ:
-        return
-    benchlib.build(examples=["readbench"])
-
-
 def make_tier(root: Path, files: int, lo: int, hi: int, per_dir: int, links: int = 0) -> None:
     """`files` files of `lo`-`hi` random bytes under `root`; with `links`, the files are hard
     links to that many distinct files kept beside the tier (a catalog of 10M files on a disk that
@@ -150,46 +144,39 @@ def pss_kib(pid: int) -> int:
     return 0
 
 
-class Mount:
-    def __init__(self, tier: Path, files: int, footprint: int, mini_epochs: int = 2) -> None:
-        self.tier = tier
-        self.mnt = WORK / "mnt"
-        self.cache = WORK / "cache"
-        self.mini_epochs = mini_epochs
-        # Two mini-epochs (of half the files each by default), at their on-disk footprint, plus
-        # room for the catalog and journals.
-        view = files // mini_epochs
-        self.budget = f"{(2 * view * footprint * 5 // 4 + (512 << 20)) >> 20}MiB"
+def scale_mount(tier: Path, files: int, footprint: int, mini_epochs: int) -> benchlib.Mount:
+    """The benchmark's mount of `tier`: two mini-epochs (of half the files each by default), at
+    their on-disk footprint, plus room for the catalog and journals."""
+    view = files // mini_epochs
+    return benchlib.Mount(
+        tier,
+        WORK / "cache",
+        WORK / "mnt",
+        metfs=METFS,
+        budget=f"{(2 * view * footprint * 5 // 4 + (512 << 20)) >> 20}MiB",
+        mini_epochs=mini_epochs,
+        rf=100,
+        history=WORK / "rf-history.json",
+    )
 
-    def mount(self, reset: bool, extra: Sequence[str] = ()) -> float:
-        self.mnt.mkdir(parents=True, exist_ok=True)
-        self.cache.mkdir(parents=True, exist_ok=True)
-        cmd = [str(METFS), "mount", "--source", str(self.tier), "--cache", str(self.cache)]
-        cmd += ["--budget", self.budget, "--mini-epochs", str(self.mini_epochs), "--rf", "100"]
-        cmd += extra
-        cmd += ["--history", str(WORK / "rf-history.json"), str(self.mnt)]
-        if reset:
-            cmd.insert(2, "--reset")
-        t = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        return time.perf_counter() - t
 
-    def umount(self) -> None:
-        benchlib.umount(self.mnt)
+def mount_timed(m: benchlib.Mount, reset: bool, extra: Sequence[str] = ()) -> float:
+    """Mounts (`--reset`: a new run), with `extra` flags this time; returns the seconds taken."""
+    m.settings["reset"] = reset
+    m.args = list(extra)
+    return timed(m.mount)
 
-    @property
-    def socket(self) -> str:
-        return str(self.cache / "metfs.sock")
 
-    def slot(self, c: Client) -> Path:
-        st = c.status()
-        return self.cache / "slots" / f"e{st.epoch:06d}-m{st.mini_epoch:05d}"
+def slot_of(m: benchlib.Mount, c: Client) -> Path:
+    st = c.status()
+    return m.slot_dir(st.epoch, st.mini_epoch)
 
-    def wait_next(self, c: Client) -> float:
-        t = time.perf_counter()
-        while not c.status().next_ready:
-            time.sleep(0.05)
-        return time.perf_counter() - t
+
+def wait_next(c: Client) -> float:
+    t = time.perf_counter()
+    while not c.status().next_ready:
+        time.sleep(0.05)
+    return time.perf_counter() - t
 
 
 class CountingClient(Client):
@@ -198,12 +185,13 @@ class CountingClient(Client):
     list_bytes = 0
     lists = 0
 
-    def _recv_packed(self, resp: Any, timeout: float | None, op: str) -> bytearray | None:
-        out = super()._recv_packed(resp, timeout, op)
-        if out is not None:
-            self.list_bytes += len(out)
+    def _exchange(self, request: Any, *, wait: bool = False) -> tuple[dict, bytearray | None]:
+        # Every request goes through here, with the packed bytes after a `files` reply.
+        resp, packed = super()._exchange(request, wait=wait)
+        if packed is not None:
+            self.list_bytes += len(packed)
             self.lists += 1
-        return out
+        return resp, packed
 
 
 def walk(top: Path) -> int:
@@ -213,7 +201,7 @@ def walk(top: Path) -> int:
     return n
 
 
-def first_walk(m: Mount, c: CountingClient, known: FilesView) -> tuple[float, float]:
+def first_walk(m: benchlib.Mount, c: CountingClient, known: FilesView) -> tuple[float, float]:
     """Switches the view (`advance(wait=True)`: once the next mini-epoch is staged), then times
     the first walk of the new view through the mount and a cold walk of its slot. Checks that
     the switch sent the list once to a client that held `known`."""
@@ -221,13 +209,13 @@ def first_walk(m: Mount, c: CountingClient, known: FilesView) -> tuple[float, fl
     before = c.lists
     d = c.advance(wait=True)
     check(d.advanced, "the benchmark's advance switched the view")
-    t_first = timed(lambda: walk(m.mnt))
+    t_first = timed(lambda: walk(m.mountpoint))
     after = c.files(known)
     check(
         after.generation == d.generation and c.lists == before + 1,
         "a switch sends the list once",
     )
-    slot = m.slot(c)
+    slot = slot_of(m, c)
     drop_caches()
     return t_first, timed(partial(walk, slot))
 
@@ -350,12 +338,13 @@ def main() -> int:
 
     lo, hi = (a.size, a.size) if a.size else (a.min_size, a.max_size)
     footprint = (hi + 4095) // 4096 * 4096
-    build()
+    if "METFS_BIN" not in os.environ or "METFS_READBENCH" not in os.environ:
+        benchlib.build(examples=["readbench"])
     WORK.mkdir(parents=True, exist_ok=True)
     tier = WORK / (f"tier-{a.files}-{lo}-{hi}" + (f"-links{a.links}" if a.links else ""))
     make_tier(tier, a.files, lo, hi, 1000, a.links)
-    m = Mount(tier, a.files, footprint, a.mini_epochs)
-    m.umount()
+    m = scale_mount(tier, a.files, footprint, a.mini_epochs)
+    m.close()
     if m.cache.exists():
         # Deleted before anything is timed: a million files deleted in the background (as this
         # script once did, to start sooner) competed with the staging row for the disk and
@@ -373,16 +362,16 @@ def main() -> int:
     rows = [row("what", "metfs", "baseline", "ratio"), "|---|---|---|---|"]
     try:
         drop_caches()
-        t_mount = m.mount(reset=True)
+        t_mount = mount_timed(m, reset=True)
         with CountingClient(m.socket) as c:
             pid = int(c.status().raw["pid"])
             rss0 = rss_kib(pid)
             cpu0 = cpu_s(pid)
-            t_stage = m.wait_next(c)
+            t_stage = wait_next(c)
             cpu_stage = cpu_s(pid) - cpu0
             half = c.status().view_files or a.files // a.mini_epochs
             rows.append(row("mount (catalog + first staging)", f"{t_mount:.1f} s", "", ""))
-            slot = m.slot(c)
+            slot = slot_of(m, c)
             cp_dst = WORK / "cp-dst"
 
             cp_cpu: list[float] = []
@@ -427,8 +416,8 @@ def main() -> int:
                 for _ in metfs.passes(c, epochs=1000, max_passes=1):
                     pass
                 c.advance(wait=True)
-                walk(m.mnt)
-                m.wait_next(c)
+                walk(m.mountpoint)
+                wait_next(c)
                 rss_both = rss_kib(pid)
                 rows.append(
                     row(
@@ -445,7 +434,7 @@ def main() -> int:
             view = c.files()
             rel = list(view.files)
             # The memory row switched the view: the rows below compare against its slot.
-            slot = m.slot(c)
+            slot = slot_of(m, c)
             if want("files"):
                 # The file list: packed against the JSON list the client read before.
                 def json_list() -> float:
@@ -504,7 +493,7 @@ def main() -> int:
                     a.reps,
                     True,
                     lambda: timed(lambda: walk(slot)),
-                    lambda: timed(lambda: walk(m.mnt)),
+                    lambda: timed(lambda: walk(m.mountpoint)),
                 )
                 rows.append(
                     row(
@@ -514,13 +503,13 @@ def main() -> int:
                         f"{nat / mnt:.2f}x",
                     )
                 )
-                walk(m.mnt)
+                walk(m.mountpoint)
                 walk(slot)
                 nat_w, mnt_w = pair(
                     a.reps,
                     False,
                     lambda: timed(lambda: walk(slot)),
-                    lambda: timed(lambda: walk(m.mnt)),
+                    lambda: timed(lambda: walk(m.mountpoint)),
                 )
                 rows.append(
                     row(
@@ -540,12 +529,12 @@ def main() -> int:
                     for cold in (True, False):
                         if not cold:
                             readbench(slot, listing, threads)
-                            readbench(m.mnt, listing, threads)
+                            readbench(m.mountpoint, listing, threads)
 
                         def on(top: Path, t: int = threads) -> Callable[[], float]:
                             return lambda: readbench(top, listing, t)
 
-                        nat_r, mnt_r = pair(a.reps, cold, on(slot), on(m.mnt))
+                        nat_r, mnt_r = pair(a.reps, cold, on(slot), on(m.mountpoint))
                         rows.append(
                             row(
                                 f"reading {min(a.sample, len(rel)):,} files once, {threads} threads, {'cold' if cold else 'warm'}",
@@ -615,7 +604,7 @@ def main() -> int:
                 for _ in metfs.passes(c, epochs=1000, max_passes=2):
                     pass
                 rss1 = rss_kib(pid)
-                m.wait_next(c)
+                wait_next(c)
                 rss2 = rss_kib(pid)
                 rows.append(
                     row(
@@ -626,11 +615,11 @@ def main() -> int:
                         + " B per catalogued file",
                     )
                 )
-            m.wait_next(c)
-        m.umount()
+            wait_next(c)
+        m.close()
         if want("resume"):
             drop_caches()
-            t_resume = m.mount(reset=False)
+            t_resume = mount_timed(m, reset=False)
             rows.append(
                 row(
                     "remount of the same cache (resume)",
@@ -649,10 +638,10 @@ def main() -> int:
             first: dict[bool, list[float]] = {True: [], False: []}
             for r in range(a.reps):
                 for prime in (True, False) if r % 2 == 0 else (False, True):
-                    m.umount()
-                    m.mount(reset=False, extra=[f"--prime-entries={str(prime).lower()}"])
+                    m.close()
+                    mount_timed(m, reset=False, extra=[f"--prime-entries={str(prime).lower()}"])
                     with Client(m.socket) as pc:
-                        m.wait_next(pc)
+                        wait_next(pc)
                         pc.advance(wait=True)
                         new = pc.files()
                         import numpy as np
@@ -660,7 +649,7 @@ def main() -> int:
                         idx = np.random.default_rng(r).permutation(len(new.files)).tolist()
                         listing = WORK / "first-read.txt"
                         listing.write_text("".join(new.files[i] + "\n" for i in idx))
-                        first[prime].append(readbench(m.mnt, listing, 16))
+                        first[prime].append(readbench(m.mountpoint, listing, 16))
                         t_wait = time.perf_counter()
                         while prime and time.perf_counter() - t_wait < 60:
                             st = pc.status()
@@ -689,8 +678,8 @@ def main() -> int:
             fw: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
             for r in range(a.reps):
                 for prime in (True, False) if r % 2 == 0 else (False, True):
-                    m.umount()
-                    m.mount(reset=False, extra=[f"--prime-entries={str(prime).lower()}"])
+                    m.close()
+                    mount_timed(m, reset=False, extra=[f"--prime-entries={str(prime).lower()}"])
                     with CountingClient(m.socket) as pc:
                         fw[prime].append(first_walk(m, pc, pc.files()))
 
@@ -709,7 +698,7 @@ def main() -> int:
                 )
             )
     finally:
-        m.umount()
+        m.close()
     print("\n" + "\n".join(rows))
     if FAILURES:
         print("\nfailed checks:\n  " + "\n  ".join(FAILURES))

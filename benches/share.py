@@ -45,11 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import benchlib
-from benchlib import ROOT, med, parse_size
-
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import Mount  # noqa: E402
+from benchlib import Mount, med, parse_size
 
 JOB = r"""
 import json, sys, time, metfs
@@ -77,10 +73,6 @@ if job:
     c.leave()
 json.dump({"samples": n, "secs": secs, "tier": st["tier_bytes_read"]}, open(out, "w"))
 """
-
-
-def metfs_bin() -> str:
-    return str(benchlib.metfs_bin())
 
 
 def make_dataset(root: Path, files: int, kib: int) -> list[str]:
@@ -162,31 +154,24 @@ def shared_run(
     cache = work / "cache-shared"
     cache.mkdir()
     m = Mount(
-        metfs_bin(),
-        work / "mnt-shared",
+        src,
         cache,
-        str(src),
-        [
-            "--budget",
-            budget,
-            "--share",
-            "--share-jobs",
-            str(k_share),
-            "--rf",
-            "2",
-            "--rf-policy",
-            "fixed",
-            "--history",
-            str(work / "h.json"),
-            *args,
-        ],
+        work / "mnt-shared",
+        metfs=benchlib.metfs_bin(),
+        budget=budget,
+        share=True,
+        share_jobs=k_share,
+        rf=2,
+        rf_policy="fixed",
+        history=work / "h.json",
+        args=args,
     )
     m.mount()
     try:
         res = run_jobs(m.socket, work, jobs, epochs)
         return trained_tier_bytes(m, epochs), res
     finally:
-        m.umount()
+        m.close()
         shutil.rmtree(cache, ignore_errors=True)
 
 
@@ -202,19 +187,17 @@ def separate_run(
     for i in range(len(jobs)):
         cache = work / f"cache-sep{i}"
         cache.mkdir()
-        args = [
-            "--budget",
-            str(budget_bytes // len(jobs)),
-            "--rf",
-            "2",
-            "--rf-policy",
-            "fixed",
-            "--history",
-            str(work / f"h{i}.json"),
-        ]
-        if manifests[i] is not None:
-            args += ["--manifest", str(manifests[i])]
-        m = Mount(metfs_bin(), work / f"mnt-sep{i}", cache, str(src), args)
+        m = Mount(
+            src,
+            cache,
+            work / f"mnt-sep{i}",
+            metfs=benchlib.metfs_bin(),
+            budget=budget_bytes // len(jobs),
+            rf=2,
+            rf_policy="fixed",
+            history=work / f"h{i}.json",
+            manifest=manifests[i],
+        )
         m.mount()
         mounts.append(m)
     try:
@@ -222,7 +205,7 @@ def separate_run(
         return [trained_tier_bytes(m, epochs) for m in mounts]
     finally:
         for i, m in enumerate(mounts):
-            m.umount()
+            m.close()
             shutil.rmtree(work / f"cache-sep{i}", ignore_errors=True)
 
 

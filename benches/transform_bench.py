@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,9 +37,9 @@ import numpy as np
 from PIL import Image
 
 import benchlib
-from benchlib import ROOT, med
+from benchlib import med, rpc_ok
 
-METFS = os.environ.get("METFS_BIN", str(ROOT / "target" / "debug" / "metfs"))
+METFS = benchlib.metfs_bin()
 REPS = int(os.environ.get("METFS_BENCH_REPS", "3"))
 FILES = int(os.environ.get("METFS_BENCH_FILES", "240"))
 RF = 4
@@ -90,54 +88,34 @@ def make_dataset(root: Path) -> int:
     return total
 
 
-def rpc(sock: str, req: dict[str, Any]) -> dict[str, Any]:
-    r = benchlib.rpc(sock, req)
-    assert r.get("ok"), r
-    return r
-
-
 def run(work: Path, src: Path, transform: bool, budget: str, growth: float) -> tuple[float, int]:
     """One epoch at rf = 4 from mount to the last pass: (seconds, samples read)."""
-    cache, mnt = work / "cache", work / "mnt"
-    for d in (cache, mnt):
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir(parents=True)
-    args = [
-        METFS,
-        "mount",
-        "--source",
-        str(src),
-        "--cache",
-        str(cache),
-        "--budget",
-        budget,
-        "--rf",
-        str(RF),
-        "--history",
-        str(work / "hist.json"),
-        "--compose",
-        "sequential",
-        "--mini-epochs",
-        str(MINI_EPOCHS),
-    ]
+    mnt = work / "mnt"
+    m = benchlib.Mount(
+        src,
+        work / "cache",
+        mnt,
+        metfs=METFS,
+        env=benchlib.python_env(),
+        budget=budget,
+        rf=RF,
+        history=work / "hist.json",
+        compose="sequential",
+        mini_epochs=MINI_EPOCHS,
+    )
     if transform:
-        args += [
-            "--transform",
-            f"python3 {work / 'prep.py'}",
-            "--transform-workers",
-            "1",
-            "--transform-growth",
-            str(growth),
-        ]
-    env = benchlib.python_env()
-    sock = str(cache / "metfs.sock")
+        m.settings.update(
+            transform=f"python3 {work / 'prep.py'}", transform_workers=1, transform_growth=growth
+        )
+    m.prepare(fresh=True)
+    sock = m.socket
     t0 = time.perf_counter()
-    subprocess.run([*args, str(mnt)], check=True, env=env, capture_output=True)
+    m.mount()
     read = 0
     try:
-        nm = rpc(sock, {"op": "status"})["mini_epochs"]
+        nm = rpc_ok(sock, {"op": "status"})["mini_epochs"]
         for k in range(nm):
-            files = rpc(sock, {"op": "files"})["files"]
+            files = rpc_ok(sock, {"op": "files"})["files"]
             for p in range(RF):
                 for rel in files:
                     data = (mnt / rel).read_bytes()
@@ -146,14 +124,14 @@ def run(work: Path, src: Path, transform: bool, budget: str, growth: float) -> t
                     read += 1
                 if k + 1 < nm or p + 1 < RF:
                     # After the rf-th pass, wait for the next mini-epoch if it is not staged.
-                    r = rpc(sock, {"op": "pass_end", "block": True})
+                    r = rpc_ok(sock, {"op": "pass_end", "block": True})
                     want = "advance" if p + 1 == RF else "repeat"
                     assert r["decision"] == want, r
         secs = time.perf_counter() - t0
-        failed = rpc(sock, {"op": "status"}).get("transform_failed")
+        failed = rpc_ok(sock, {"op": "status"}).get("transform_failed")
         assert not failed, f"{failed} samples failed to transform"
     finally:
-        benchlib.umount(mnt, metfs=Path(METFS))
+        m.close()
     return secs, read
 
 
@@ -163,6 +141,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="16 JPEGs of 256x256, one repetition")
     if ap.parse_args().quick:
         REPS, FILES, SIDE = 1, 16, 256
+    benchlib.build()
     with tempfile.TemporaryDirectory(prefix="metfs-transform-bench-") as d:
         work = Path(d)
         src = work / "src"

@@ -128,8 +128,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benches" / "peers"))
 sys.path.insert(0, str(ROOT / "examples"))
 
+import benchlib  # the binary under test, its build, the page cache
 import cnn_study  # the glyphs and the CNN study's optimiser settings
-import run as peers  # the tier, the peers' configurations, drop_caches, available()
+import run as peers  # the tier, the peers' configurations, available()
 from met_study import met_passes, mounted  # the MET pass loop over a real mount
 
 MIB = 1 << 20
@@ -176,6 +177,8 @@ METFS: dict[str, tuple[list[str], bool]] = {
     "metfs-bollinger": (["--rf-policy", "bollinger", "--rf-max", str(RF_MAX)], False),
     "metfs-rf4": (["--rf-policy", "fixed", "--rf", "4"], False),
     "metfs-rf4-block": (["--rf-policy", "fixed", "--rf", "4"], True),
+    # `metfs mount` without rf flags: whatever policy it uses by default (benches/jobs_tier.py).
+    "metfs-default": ([], False),
 }
 LABELS = {
     "local": "local copy (full shuffle)",
@@ -184,6 +187,7 @@ LABELS = {
     "metfs-bollinger": "metfs bollinger",
     "metfs-rf4": "metfs fixed rf 4",
     "metfs-rf4-block": "metfs fixed rf 4, blocking",
+    "metfs-default": "metfs default policy",
     "s3fs": "s3fs",
     "rclone": "rclone VFS cache",
     "streaming": "MosaicML Streaming",
@@ -233,7 +237,7 @@ def pool(raw: np.ndarray) -> Any:
     return torch.nn.functional.avg_pool2d(x, UP)
 
 
-def build(
+def build_dataset(
     work: Path, n: int, tier: peers.Tier, with_mds: bool, shard_mib: int, val: int, test: int
 ) -> list[str]:
     """Writes the training set under work/data (the local copy), uploads it to the tier as
@@ -736,7 +740,7 @@ def one(cfg: argparse.Namespace, tier: peers.Tier, side: str, seed: int, keys: l
     }
     spec_path = base / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    peers.drop_caches()
+    benchlib.drop_caches()
     before = tier.counted()
     t = time.monotonic()
     p = FORKS.Process(target=child, args=(str(spec_path),))
@@ -1184,10 +1188,8 @@ def main() -> None:
     seeds = [int(s) for s in cfg.seeds.split(",")]
     # The optimiser imports torch._dynamo on first use: another 3 s.
     FORKS.set_forkserver_preload(["__main__", "torch", "torch._dynamo"])
-    cfg.metfs = os.environ.get("METFS_BIN") or str(ROOT / "target/release/metfs")
-    if not os.environ.get("METFS_BIN") and not os.access(cfg.metfs, os.X_OK):
-        log("building target/release/metfs")
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "metfs"], cwd=ROOT, check=True)
+    benchlib.build()
+    cfg.metfs = str(benchlib.metfs_bin())
     skipped = {}
     for s in list(sides):
         tool = "metfs" if s.startswith("metfs") else s
@@ -1213,7 +1215,7 @@ def main() -> None:
     rows: list[dict] = []
     out: list[str] = []
     try:
-        keys = build(
+        keys = build_dataset(
             cfg.work, cfg.samples, tier, "streaming" in sides, cfg.shard_mib, cfg.val, cfg.test
         )
         for seed in seeds:

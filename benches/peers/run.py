@@ -74,7 +74,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benches"))
 
 # The benchmarks' shared helpers, and the tests' one picker of distinct free ports and one
@@ -393,51 +392,32 @@ class Run:
         self.note = ""
 
 
-def rpc(sock: Path, req: dict) -> dict:
-    """benchlib's request, with a refusal raised: every request of this script must succeed."""
-    r = benchlib.rpc(sock, req)
-    if not r.get("ok"):
-        raise RuntimeError(f"metfs {req['op']}: {r}")
-    return r
-
-
 def side_metfs(
     cfg, tier: Tier, ds: Dataset, count: int, cache: Path, mnt: Path, block: bool
 ) -> Run:
-    hist = cache.parent / "rf-history.json"
-    env = dict(os.environ, **{k: v for k, v in tier.env.items() if k.startswith("AWS_")})
-    r = sh(
-        cfg.metfs,
-        "mount",
-        "--source",
+    m = benchlib.Mount(
         f"s3://{tier.bucket}/{ds.name}/files",
-        "--endpoint",
-        tier.endpoint,
-        "--region",
-        "garage",
-        "--allow-http",
-        "--cache",
-        str(cache),
-        "--budget",
-        f"{cfg.cache_mib}MiB",
-        "--rf",
-        "4",
-        "--history",
-        str(hist),
-        str(mnt),
-        env=env,
-        check=False,
-        timeout=900,
+        cache,
+        mnt,
+        metfs=cfg.metfs,
+        env=dict(os.environ, **{k: v for k, v in tier.env.items() if k.startswith("AWS_")}),
+        endpoint=tier.endpoint,
+        region="garage",
+        allow_http=True,
+        budget=f"{cfg.cache_mib}MiB",
+        rf=4,
+        history=cache.parent / "rf-history.json",
     )
+    r = m.mount(check=False, timeout=900)
     if r.returncode != 0:
         raise RuntimeError(f"metfs mount failed: {r.stderr[-2000:]}")
-    sock = cache / "metfs.sock"
+    sock = m.socket
     run = Run()
     waits = passes = 0
     try:
         rng = random.Random(cfg.seed)
         while run.samples < count:
-            files = rpc(sock, {"op": "files"})["files"]
+            files = benchlib.rpc_ok(sock, {"op": "files"})["files"]
             rng.shuffle(files)
             files = files[: count - run.samples]
             k, b = read_files([mnt / f for f in files])
@@ -445,16 +425,14 @@ def side_metfs(
             if late():
                 break
             passes += 1
-            d = rpc(sock, {"op": "pass_end", "block": block})
+            d = benchlib.rpc_ok(sock, {"op": "pass_end", "block": block})
             waits += d.get("decision") == "wait"
-        st = rpc(sock, {"op": "status"})
+        st = benchlib.rpc_ok(sock, {"op": "status"})
         run.note = (
             f"{passes} passes, {waits} bonus, reused {st.get('reused_bytes', 0) / MIB:.0f} MiB"
         )
     finally:
-        sh(cfg.metfs, "umount", str(mnt), check=False, timeout=120)
-        if is_mounted(mnt):
-            sh("umount", "-l", str(mnt), check=False)
+        m.close()
     return run
 
 
@@ -1139,10 +1117,8 @@ def main() -> None:
     for t in cfg.tools:
         if t not in SIDES:
             raise SystemExit(f"run.py: --tools: unknown side `{t}` (known: {', '.join(ALL_TOOLS)})")
-    cfg.metfs = os.environ.get("METFS_BIN") or str(ROOT / "target/release/metfs")
-    if not os.environ.get("METFS_BIN") and not os.access(cfg.metfs, os.X_OK):
-        log("building target/release/metfs")
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "metfs"], cwd=ROOT, check=True)
+    benchlib.build()
+    cfg.metfs = str(benchlib.metfs_bin())
     skipped = {}
     for t in list(cfg.tools):
         why = available(t, cfg)
