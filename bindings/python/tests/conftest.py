@@ -13,6 +13,8 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 sys.path.insert(0, HERE)
+# The repository's tests/ for mountlib, the one mount fixture of every test and benchmark.
+sys.path.append(os.path.join(HERE, "..", "..", "..", "tests"))
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
