@@ -368,35 +368,69 @@ fn summary(mut v: Vec<f64>) -> serde_json::Value {
 type Requeues = Arc<Mutex<HashMap<(u64, u32), Vec<Instant>>>>;
 
 async fn watch_todo(mut client: Client, keys: Keys, seen: Requeues) {
-    let Ok((_w, mut stream)) = client
-        .watch(keys.todo_all(), Some(WatchOptions::new().with_prefix()))
-        .await
-    else {
-        return;
-    };
-    while let Ok(Some(resp)) = stream.message().await {
-        let now = Instant::now();
-        for ev in resp.events() {
-            if ev.event_type() != EventType::Put {
+    // Watched again from the next revision whenever the stream ends, so no event is missed.
+    let mut next = 0i64;
+    loop {
+        let mut opts = WatchOptions::new().with_prefix();
+        if next > 0 {
+            opts = opts.with_start_revision(next);
+        }
+        let (_w, mut stream) = match client.watch(keys.todo_all(), Some(opts)).await {
+            Ok(w) => w,
+            Err(e) => {
+                eprintln!("dds_nodes: the TODO watch failed ({e}); watching again");
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
-            if let Some((Kind::Todo, e, k)) = ev.kv().and_then(|kv| keys.parse_shard(kv.key())) {
-                seen.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .entry((e, k))
-                    .or_default()
-                    .push(now);
+        };
+        loop {
+            let resp = match stream.message().await {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(e) => {
+                    eprintln!("dds_nodes: the TODO watch ended ({e}); watching again");
+                    break;
+                }
+            };
+            let now = Instant::now();
+            if let Some(h) = resp.header() {
+                next = next.max(h.revision() + 1);
+            }
+            for ev in resp.events() {
+                if ev.event_type() != EventType::Put {
+                    continue;
+                }
+                let Some(kv) = ev.kv() else { continue };
+                next = next.max(kv.mod_revision() + 1);
+                if let Some((Kind::Todo, e, k)) = keys.parse_shard(kv.key()) {
+                    seen.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry((e, k))
+                        .or_default()
+                        .push(now);
+                }
             }
         }
     }
 }
 
-/// Keys under `prefix` with their values and versions.
+/// Keys under `prefix` with their values and versions (retried while a loaded etcd times out).
 async fn scan(client: &mut Client, prefix: String) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
-    let r = client
-        .get(prefix, Some(GetOptions::new().with_prefix()))
-        .await
-        .expect("etcd read at the end of the run");
+    let mut tries = 0;
+    let r = loop {
+        match client
+            .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await
+        {
+            Ok(r) => break r,
+            Err(e) if tries < 20 => {
+                tries += 1;
+                eprintln!("dds_nodes: read of {prefix} failed ({e}); retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("read of {prefix} failed 20 times: {e}"),
+        }
+    };
     r.kvs()
         .iter()
         .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.version()))
