@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# A local two-node Slurm cluster on this host, for testing the job scripts in deploy/slurm.
+# A local Slurm cluster of emulated nodes on this host (two by default), for testing the job
+# scripts in deploy/slurm.
 #
-#   scripts/slurm-local.sh start    # install if needed, start munge, slurmctld, slurmd n1 and n2
+#   scripts/slurm-local.sh start    # install if needed, start munge, slurmctld, slurmd n1 .. nN
 #   scripts/slurm-local.sh stop     # cancel leftover jobs, stop the daemons (by pid)
 #   scripts/slurm-local.sh status   # sinfo and squeue
 #   scripts/slurm-local.sh env      # print the export line without starting anything
@@ -15,7 +16,10 @@
 # Settings (environment):
 #   SLURM_LOCAL_DIR     directory for slurm.conf, state, spool, pid and log files
 #                       (default /tmp/metfs-slurm)
-#   SLURM_LOCAL_PORT    slurmctld port; the nodes use PORT+1 and PORT+2 (default 16817)
+#   SLURM_LOCAL_PORT    slurmctld port; the nodes use PORT+1 .. PORT+N (default 16817)
+#   SLURM_LOCAL_NODES   N, the number of nodes n1 .. nN: 1 to 64 (default 2). `stop` stops
+#                       every node the cluster was started with, whatever N is then; `start`
+#                       refuses a running cluster of another size (stop it first)
 #   SLURM_LOCAL_EPILOG  optional Epilog script (absolute path), e.g. deploy/slurm/epilog.sh
 #   SLURM_LOCAL_PROLOG  optional Prolog script (absolute path), run on every node of a job at
 #                       allocation (PrologFlags=Alloc), e.g. a wrapper of deploy/slurm/prolog.sh
@@ -23,8 +27,9 @@
 #   SLURM_LOCAL_KILLWAIT  seconds between SIGTERM and SIGKILL when a job is cancelled or hits
 #                       its time limit (default 15)
 #
-# The two nodes n1 and n2 are two slurmd processes on this host (`slurmd -N n1`): they share
-# one hostname and one /tmp, so anything node-local must be keyed by $SLURMD_NODENAME.
+# The nodes n1 .. nN are N slurmd processes on this host (`slurmd -N n1`): they share one
+# hostname, one /tmp, one disk and the host's cores, so anything node-local must be keyed by
+# $SLURMD_NODENAME, and timings at many nodes measure the host, not N machines.
 # Requires root (slurmd runs jobs as their users) and Debian 12's slurm-wlm 22.05.
 set -euo pipefail
 
@@ -35,10 +40,30 @@ PROLOG=${SLURM_LOCAL_PROLOG:-}
 TASK_PROLOG=${SLURM_LOCAL_TASK_PROLOG:-}
 KILLWAIT=${SLURM_LOCAL_KILLWAIT:-15}
 CONF="$DIR/slurm.conf"
-NODES=(n1 n2)
+MAX_NODES=64
+NNODES=${SLURM_LOCAL_NODES:-2}
 
 log() { printf 'slurm-local: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+case "$NNODES" in
+  0) die "SLURM_LOCAL_NODES=0: a cluster has at least 1 node" ;;
+  '' | *[!0-9]* | 0*) die "SLURM_LOCAL_NODES=$NNODES: not a node count (a whole number from 1 to $MAX_NODES)" ;;
+esac
+[ "$NNODES" -le "$MAX_NODES" ] \
+  || die "SLURM_LOCAL_NODES=$NNODES: more nodes than this script emulates on one host (at most $MAX_NODES)"
+NODES=()
+for ((i = 1; i <= NNODES; i++)); do NODES+=("n$i"); done
+# Slurm's names for all of them: n1, or n[1-N].
+if [ "$NNODES" = 1 ]; then NODELIST=n1; PORTS=$((PORT + 1)); else
+  NODELIST="n[1-$NNODES]"; PORTS="$((PORT + 1))-$((PORT + NNODES))"; fi
+
+# The node count of the cluster whose slurm.conf is in DIR (0: none written yet; 2: one
+# written before the count was recorded, when there were always two).
+conf_nodes() {
+  [ -f "$CONF" ] || { echo 0; return; }
+  sed -n 's/^# nodes: //p' "$CONF" | head -n 1 | grep -E '^[0-9]+$' || echo 2
+}
 
 # A zombie (a daemon killed and not reaped yet) is not alive: `start` must start it again.
 pid_alive() {
@@ -106,7 +131,8 @@ write_conf() {
     mkdir -p "$DIR/spool/$n" "$DIR/tmp/$n"
   done
   cat > "$CONF.tmp" <<EOF
-# Written by scripts/slurm-local.sh: two emulated nodes on one host.
+# Written by scripts/slurm-local.sh: emulated nodes on one host.
+# nodes: $NNODES
 ClusterName=metfslocal
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$PORT
@@ -140,33 +166,43 @@ MessageTimeout=10
 SlurmdParameters=config_overrides
 $epilog_line
 $prolog_lines
-NodeName=n[1-2] NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + 1))-$((PORT + 2)) CPUs=2 RealMemory=1000 State=UNKNOWN
-PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
+NodeName=$NODELIST NodeHostname=$host NodeAddr=127.0.0.1 Port=$PORTS CPUs=2 RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=$NODELIST Default=YES MaxTime=INFINITE State=UP
 EOF
   mv "$CONF.tmp" "$CONF"
 }
 
+# Every node up: idle, or running a job (a restart of one slurmd while jobs run).
 wait_nodes_idle() {
-  local i state
-  for i in $(seq 1 100); do
-    state=$(SLURM_CONF=$CONF sinfo -h -N -o '%N %T' 2>/dev/null | sort | tr '\n' ' ' || true)
-    case "$state" in
-      *"n1 idle"*"n2 idle"*|*"n1 mixed"*|*"n1 allocated"*) return 0 ;;
-    esac
+  local i state up
+  for i in $(seq 1 $((100 + 5 * NNODES))); do
+    state=$(SLURM_CONF=$CONF sinfo -h -N -o '%N %T' 2>/dev/null | sort -V | tr '\n' ' ' || true)
+    up=$(SLURM_CONF=$CONF sinfo -h -N -o '%N %T' 2>/dev/null \
+      | grep -cE ' (idle|mixed|allocated|completing)$' || true)
+    [ "$up" = "$NNODES" ] && return 0
     # A node that registered before the controller knew it may be down; bring it back.
     if [ "$i" = 30 ]; then
-      SLURM_CONF=$CONF scontrol update NodeName=n[1-2] State=RESUME >/dev/null 2>&1 || true
+      SLURM_CONF=$CONF scontrol update NodeName="$NODELIST" State=RESUME >/dev/null 2>&1 || true
     fi
     sleep 0.2
   done
-  die "nodes not idle after 20 s: $state (logs in $DIR/log)"
+  die "nodes not idle after $(((100 + 5 * NNODES) / 5)) s: $state (logs in $DIR/log)"
+}
+
+all_slurmd_alive() {
+  local n
+  for n in "${NODES[@]}"; do pid_alive "$DIR/slurmd-$n.pid" || return 1; done
 }
 
 start() {
   install_if_needed
   mkdir -p "$DIR"
-  if pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd-n1.pid" \
-      && pid_alive "$DIR/slurmd-n2.pid"; then
+  local running
+  running=$(conf_nodes)
+  if pid_alive "$DIR/slurmctld.pid" && [ "$running" != "$NNODES" ]; then
+    die "a cluster of $running nodes runs in $DIR; SLURM_LOCAL_NODES=$NNODES asks for $NNODES (scripts/slurm-local.sh stop first)"
+  fi
+  if pid_alive "$DIR/slurmctld.pid" && all_slurmd_alive; then
     log "already running ($DIR)"
     echo "export SLURM_CONF=$CONF"
     return
@@ -235,10 +271,14 @@ stop() {
       sleep 0.2
     done
   fi
-  # The three daemons take about two seconds each to stop; stop them together.
+  # The daemons take about two seconds each to stop; stop them together. Every node the
+  # cluster was started with, whatever SLURM_LOCAL_NODES is now.
   local -a bg=()
-  for n in "${NODES[@]}"; do
-    stop_pidfile "$DIR/slurmd-$n.pid" "slurmd $n" &
+  local f
+  for f in "$DIR"/slurmd-*.pid; do
+    [ -e "$f" ] || continue
+    n=${f##*/slurmd-}
+    stop_pidfile "$f" "slurmd ${n%.pid}" &
     bg+=($!)
   done
   stop_pidfile "$DIR/slurmctld.pid" "slurmctld" &
