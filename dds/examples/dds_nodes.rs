@@ -17,11 +17,11 @@
 //! `--rf` passes make a view. The queue holds `--slots-per-epoch` slots of 4 shards per node
 //! and epoch.
 //!
-//! `--kill-frac` of the nodes (at least one) die at random moments of the first epoch: the
-//! task is aborted, which drops its `Worker` and so stops its lease's renewal without revoking
-//! anything, as a `kill -9` of the daemon would. The shards the dead node held are read from
-//! etcd (its claims) and a watch of the TODO keys times their return: time from the kill to
-//! the last of them back in TODO.
+//! `--kill-frac` of the nodes (at least one) die at random moments of the first epoch, each a
+//! node that holds a batch at that moment: the task is aborted, which drops its `Worker` and
+//! so stops its lease's renewal without revoking anything, as a `kill -9` of the daemon would.
+//! The shards the dead node held are read from etcd (its claims) and a watch of the TODO keys
+//! times their return: time from the kill to the last of them back in TODO.
 //!
 //! Measured over the run (from the job's start until every shard is done): join latency (connect
 //! and join), claim latency (each `claim` that returned a batch, conflicts and retries inside it
@@ -533,31 +533,34 @@ async fn main() {
         })
         .collect();
 
-    // The kills: distinct nodes at random moments of the first epoch, once every node is up.
+    // The kills: at random moments of the first epoch (once every node is up), each of a node
+    // drawn at that moment among those that hold a batch (a node that holds nothing leaves
+    // nothing to requeue; on an overloaded queue many have none yet).
     let kills = ((n as f64 * a.kill_frac).round() as u32).max(u32::from(a.kill_frac > 0.0));
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed ^ 0x6b69_6c6c);
     let epoch_ms = a.pass_ms * u64::from(a.rf) * u64::from(a.slots_per_epoch);
-    let mut plan: Vec<(Duration, usize)> = Vec::new();
-    let mut victims = std::collections::BTreeSet::new();
-    while victims.len() < kills as usize {
-        victims.insert(rng.random_range(0..n as usize));
-    }
-    for v in victims {
-        let from = a.start_spread_ms + a.pass_ms;
-        let at = rng.random_range(from..from + epoch_ms);
-        plan.push((Duration::from_millis(at), v));
-    }
-    plan.sort();
+    let from = a.start_spread_ms + a.pass_ms;
+    let mut plan: Vec<u64> = (0..kills)
+        .map(|_| rng.random_range(from..from + epoch_ms))
+        .collect();
+    plan.sort_unstable();
     let mut killed = Vec::new();
-    for (at, v) in plan {
-        tokio::time::sleep_until((t0 + at).into()).await;
-        // A node not joined yet (or done already) holds nothing: it is not killed.
+    for at in plan {
+        tokio::time::sleep_until((t0 + Duration::from_millis(at)).into()).await;
+        let holding: Vec<usize> = (0..n as usize)
+            .filter(|&i| {
+                tasks[i].1.as_ref().is_some_and(|t| !t.is_finished())
+                    && !lock(&logs[i]).claim_ms.is_empty()
+            })
+            .collect();
+        if holding.is_empty() {
+            continue;
+        }
+        let v = holding[rng.random_range(0..holding.len())];
         let Some(h) = tasks[v].0.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
             continue;
         };
-        let Some(t) = tasks[v].1.take_if(|t| !t.is_finished()) else {
-            continue;
-        };
+        let Some(t) = tasks[v].1.take() else { continue };
         // Dropping the task drops its Worker: the lease is no longer renewed, nothing revoked.
         t.abort();
         let _ = t.await;
