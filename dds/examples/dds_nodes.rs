@@ -608,31 +608,6 @@ async fn main() {
     let m1 = metrics(&endpoint).await;
     watcher.abort();
 
-    // Requeue time of each kill: until the last shard it held is back in TODO.
-    let seen = requeued.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let requeue: Vec<serde_json::Value> = killed
-        .iter()
-        .zip(&held)
-        .map(|((h, when, _), shards)| {
-            let times: Vec<Option<f64>> = shards
-                .iter()
-                .map(|s| {
-                    seen.get(s)
-                        .and_then(|ts| ts.iter().find(|t| *t >= when))
-                        .map(|t| t.duration_since(*when).as_secs_f64())
-                })
-                .collect();
-            let all = times.iter().all(Option::is_some);
-            let last = times.iter().flatten().copied().fold(f64::NAN, f64::max);
-            json!({
-                "node": h.node,
-                "at_s": (when.duration_since(t0).as_secs_f64() * 100.0).round() / 100.0,
-                "held_shards": shards.len(),
-                "requeue_s": if shards.is_empty() || !all { serde_json::Value::Null } else { json!((last * 1000.0).round() / 1000.0) },
-            })
-        })
-        .collect();
-
     // The invariant.
     let mut problems: Vec<String> = Vec::new();
     let mut told: HashMap<(u64, u32), u32> = HashMap::new();
@@ -663,6 +638,47 @@ async fn main() {
         ));
     }
     let done = scan(&mut observer, keys.done_all()).await;
+    // Requeue time of each kill: until the last shard it held is back in TODO. A shard whose
+    // DONE mark was on its way when the node died (it landed after the claims were read, on a
+    // loaded etcd) is DONE by the dead node and never requeued: counted apart.
+    let done_by: HashMap<(u64, u32), Holder> = done
+        .iter()
+        .filter_map(|(k, v, _)| {
+            let (_, e, s) = keys.parse_shard(k)?;
+            Some(((e, s), serde_json::from_slice(v).ok()?))
+        })
+        .collect();
+    let seen = requeued.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let requeue: Vec<serde_json::Value> = killed
+        .iter()
+        .zip(&held)
+        .map(|((h, when, _), shards)| {
+            let (landed, back): (Vec<_>, Vec<_>) =
+                shards.iter().partition(|s| done_by.get(s) == Some(h));
+            let times: Vec<Option<f64>> = back
+                .iter()
+                .map(|s| {
+                    seen.get(s)
+                        .and_then(|ts| ts.iter().find(|t| *t >= when))
+                        .map(|t| t.duration_since(*when).as_secs_f64())
+                })
+                .collect();
+            let all = times.iter().all(Option::is_some);
+            let last = times.iter().flatten().copied().fold(f64::NAN, f64::max);
+            let requeue_s = if back.is_empty() || !all {
+                serde_json::Value::Null
+            } else {
+                json!((last * 1000.0).round() / 1000.0)
+            };
+            json!({
+                "node": h.node,
+                "at_s": (when.duration_since(t0).as_secs_f64() * 100.0).round() / 100.0,
+                "held_shards": shards.len(),
+                "done_as_it_died": landed.len(),
+                "requeue_s": requeue_s,
+            })
+        })
+        .collect();
     let mut per_epoch: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
     let rewritten = done.iter().filter(|(_, _, v)| *v != 1).count();
     if rewritten > 0 {
