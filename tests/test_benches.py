@@ -140,6 +140,25 @@ CASES = {
         ],
         ["root"],
     ),
+    "nodes.py": Case(
+        ["--quick"],
+        [
+            "# many nodes on one machine: ",
+            "## the shard queue in etcd",
+            "| workers | killed | shards/epoch | run s | etcd req/s | watch msgs/s | etcd CPU (cores) ",
+            "| 8 | 1 | 96 | ",
+            "| 32 | 1 | 384 | ",
+            # The invariant held at both sizes (a violation prints CHECK FAILED and exits 1).
+            "| yes (2 x 96) |",
+            "| yes (2 x 384) |",
+            "goal at 32 workers: claim p99 <= 50 ms: ",
+            "goal at 32 workers: requeue within lease 2 s + 2 s = 4 s: ",
+            "## the decision broadcast (torch.distributed, gloo)",
+            "| ranks | advances | broadcast p50 ms | broadcast p99 ms ",
+            "| 8 | 6 | ",
+        ],
+        ["etcd"],
+    ),
     "share.py": Case(
         ["--quick"],
         [
@@ -329,6 +348,24 @@ def test_jobs_tier_stops_on_bad_input(args: list[str], says: str, short_tmp: Pat
     assert says in r.stderr, r.stderr[-3000:]
     assert "Several jobs, one tier" not in r.stdout, "a table was printed after bad input"
     assert not mounted_under(short_tmp), "the benchmark left mounts behind"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--workers", "0"], "--workers: a worker count of 0: a job has at least 1 node"),
+        (["--workers", "8,0"], "--workers: a worker count of 0: a job has at least 1 node"),
+        (["--ranks", "0"], "--ranks: a rank count of 0: a job has at least 1 rank"),
+    ],
+    ids=["workers", "workers-list", "ranks"],
+)
+def test_nodes_refuses_a_count_of_0(args: list[str], says: str) -> None:
+    """benches/nodes.py: a worker (or rank) count of 0 is refused before anything starts,
+    naming the setting."""
+    cmd = [sys.executable, str(BENCHES / "nodes.py"), *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and says in r.stderr, r.stderr[-2000:]
+    assert "## the shard queue" not in r.stdout
 
 
 def test_gen_manifest(tmp_path: Path) -> None:
