@@ -128,6 +128,19 @@ CASES = {
         ],
         ["root", "garage", "torch"],
     ),
+    "job_start.py": Case(
+        ["--quick"],
+        [
+            "# job start: ",
+            "| nodes | pacing | runs | every node's first mini-epoch, s | training starts, s |",
+            "| 1 | default | 1 | ",
+            "| 1 | auto | 1 | ",
+            "| 2 | default | 1 | ",
+            "| 2 | auto | 1 | ",
+            "model (docs/MODEL.md)",
+        ],
+        ["root", "garage"],
+    ),
     "met_bandwidth.py": Case(
         ["--quick"],
         [
@@ -348,6 +361,39 @@ def test_jobs_tier_stops_on_bad_input(args: list[str], says: str, short_tmp: Pat
     assert says in r.stderr, r.stderr[-3000:]
     assert "Several jobs, one tier" not in r.stdout, "a table was printed after bad input"
     assert not mounted_under(short_tmp), "the benchmark left mounts behind"
+
+
+def test_job_start_refuses_a_node_count_of_0_or_beyond_the_cluster() -> None:
+    """benches/job_start.py: a point of 0 nodes, or of more than the cluster has
+    (SLURM_LOCAL_NODES) or the local Slurm emulates, is refused before anything starts, naming
+    the setting; so is scripts/slurm-local.sh's own node count of 0 or above its limit."""
+    bench = [sys.executable, str(BENCHES / "job_start.py")]
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_LOCAL_NODES"}
+    cases = [
+        (["--nodes", "1,0"], {}, "--nodes 1,0: 0: a job has at least 1 node"),
+        (["--nodes", "1,4"], {"SLURM_LOCAL_NODES": "2"}, "4 is more than the cluster's 2 nodes"),
+        (["--nodes", "100"], {}, "--nodes 100: 100 is more than the local Slurm emulates"),
+        (["--nodes", "2,x"], {}, "--nodes 2,x: `x` is not a node count"),
+    ]
+    for args, extra, want in cases:
+        r = subprocess.run(
+            bench + args, capture_output=True, text=True, timeout=60, env={**env, **extra}
+        )
+        assert r.returncode != 0 and want in r.stderr, (args, r.stderr)
+    script = ROOT / "scripts" / "slurm-local.sh"
+    for nodes, want in [
+        ("0", "SLURM_LOCAL_NODES=0: a cluster has at least 1 node"),
+        ("65", "SLURM_LOCAL_NODES=65: more nodes than this script emulates"),
+        ("two", "SLURM_LOCAL_NODES=two: not a node count"),
+    ]:
+        r = subprocess.run(
+            ["bash", str(script), "env"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**env, "SLURM_LOCAL_NODES": nodes},
+        )
+        assert r.returncode != 0 and want in r.stderr, (nodes, r.stderr)
 
 
 @pytest.mark.parametrize(
