@@ -9,8 +9,9 @@ under a lease renewed in the background, the watch that requeues dead nodes' sha
 done) with the daemon's pauses. Each node claims a slot (4 shards), claims its successor while
 a pass runs, marks DONE after the first pass, and makes `--rf` passes per view; the queue holds
 3 slots per node and epoch, 2 epochs. 1 % of the nodes (at least one: 1 of 8 and 1 of 64, 3 of
-256, 10 of 1,024) die at random moments of the first epoch: their tasks are aborted, which stops
-their lease renewal without revoking anything, as a `kill -9` does.
+256, 10 of 1,024) die at random moments of the first epoch, each a node that holds a batch
+then: its task is aborted, which stops its lease renewal without revoking anything, as a
+`kill -9` does.
 
 Pass times (`--pass-ms`, default 10 s ± 25 %, rf 1): a pass reads one slot, half a node's
 budget. For a 1,024-node job to keep every node busy the dataset must hold several slots per
@@ -134,10 +135,10 @@ def requeue_worst(r: dict[str, Any]) -> float | None:
 def queue_table(rows: list[dict[str, Any]]) -> None:
     print(
         "| workers | killed | shards/epoch | run s | etcd req/s | watch msgs/s | etcd CPU (cores) "
-        "| simulator CPU (cores) | claim p50 ms | claim p99 ms | etcd txns per claim "
+        "| simulator CPU (cores) | join p50 s | claim p50 ms | claim p99 ms | etcd txns per claim "
         "| kill to requeue s (worst) | every shard done exactly once |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         e = r["etcd"]
         claims = r["claim_ms"]["n"]
@@ -146,6 +147,9 @@ def queue_table(rows: list[dict[str, Any]]) -> None:
         kills = len(r["kills"])
         measured = sum(1 for k in r["kills"] if k["requeue_s"] is not None)
         requeue = "n/a" if worst is None else f"{worst:.2f} ({measured} of {kills} kills)"
+        join = f"{r['join_ms']['p50'] / 1000:.2f}"
+        if r["never_joined"]:
+            join += f" ({r['workers'] - r['never_joined']} of {r['workers']} joined)"
         inv = r["invariant"]
         total = r["epochs"] * r["shards_per_epoch"]
         if not inv["ok"]:
@@ -159,13 +163,14 @@ def queue_table(rows: list[dict[str, Any]]) -> None:
         print(
             f"| {r['workers']} | {kills} | {r['shards_per_epoch']} | {r['run_s']:.1f} "
             f"| {e['requests_per_s']:.0f} | {e['watch_msgs_per_s']:.0f} | {e['cpu_cores']:.2f} "
-            f"| {r['sim_cpu_cores']:.2f} | {r['claim_ms']['p50']:.1f} | {r['claim_ms']['p99']:.1f} "
+            f"| {r['sim_cpu_cores']:.2f} | {join} | {r['claim_ms']['p50']:.1f} | {r['claim_ms']['p99']:.1f} "
             f"| {txns / max(claims, 1):.1f} "
             f"| {requeue} | {once} |"
         )
 
 
-def goal_lines(r: dict[str, Any]) -> None:
+def goal_lines(rows: list[dict[str, Any]]) -> None:
+    r = rows[-1]
     n = r["workers"]
     p99 = r["claim_ms"]["p99"]
     waiting = r["claims_waiting_at_stop"]
@@ -187,7 +192,14 @@ def goal_lines(r: dict[str, Any]) -> None:
     bound = r["lease_secs"] + REQUEUE_SLACK_S
     worst = requeue_worst(r)
     if worst is None:
-        print(f"goal at {n} workers: requeue within {bound:.0f} s: no kill held shards (n/a)")
+        why = "no node held a batch at the kill moments" if not r["kills"] else "none requeued"
+        measured = [x for x in rows if requeue_worst(x) is not None]
+        last = (
+            f"; at {measured[-1]['workers']} workers, worst {requeue_worst(measured[-1]):.2f} s"
+            if measured
+            else ""
+        )
+        print(f"goal at {n} workers: requeue within {bound:.0f} s: n/a ({why}){last}")
     elif worst <= bound:
         print(
             f"goal at {n} workers: requeue within lease {r['lease_secs']} s + "
@@ -379,7 +391,7 @@ def main() -> None:
         print()
         queue_table(rows)
         print()
-        goal_lines(rows[-1])
+        goal_lines(rows)
         print()
         print("## the decision broadcast (torch.distributed, gloo)")
         print()
