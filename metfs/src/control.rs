@@ -9,11 +9,12 @@
 //! oversized or non-UTF-8 line gets an error response while the connection stays open. An
 //! oversized line is answered once and then skipped up to its newline without buffering it.
 //!
-//! Limits ([`ControlConfig`]): at most `max_connections` connections are served at once (a
-//! connection beyond them is answered with one `too_many_connections` error line and closed,
-//! so a flood of clients costs the daemon neither its file descriptors nor memory), and a
-//! connection that sends no complete request line for `idle_timeout_secs` is closed (a client
-//! reconnects; the Python client does so by itself). The time a request takes to answer (a
+//! Limits ([`ControlConfig`](crate::config::ControlConfig), declared with the other settings):
+//! at most `max_connections` connections are served at once (a connection beyond them is
+//! answered with one `too_many_connections` error line and closed, so a flood of clients costs
+//! the daemon neither its file descriptors nor memory), and a connection that sends no complete
+//! request line for `idle_timeout_secs` is closed (a client reconnects; the Python client does
+//! so by itself). The time a request takes to answer (a
 //! blocking `pass_end` or `advance`) is not idle time.
 
 use std::path::Path;
@@ -24,40 +25,11 @@ use crate::protocol::{
     parse_request, Answer, Decision, ErrorCode, Left, ProtocolError, Released, Reply, Request,
     ShuttingDown, MAX_LINE_BYTES, VERSION as PROTOCOL_VERSION,
 };
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::daemon::Daemon;
 use feedback::policy::JobSignals;
-
-/// Limits of the control socket (`[control]` in the config file, `--control-*` flags).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
-#[serde(default, deny_unknown_fields)]
-pub struct ControlConfig {
-    /// Control-socket connections served at once; one more is answered with a
-    /// `too_many_connections` error line and closed. 1024: every rank of a large node plus
-    /// tools, with room, and well under the daemon's descriptor limit.
-    #[arg(id = "control.max_connections", long = "control-max-connections",
-        default_value_t = ControlConfig::default().max_connections)]
-    pub max_connections: usize,
-    /// Seconds a control connection may wait between request lines before it is closed
-    /// (clients reconnect; time spent answering a blocking request does not count). 600:
-    /// longer than clients' gaps between requests in practice, short enough that abandoned
-    /// connections do not pile up.
-    #[arg(id = "control.idle_timeout_secs", long = "control-idle-timeout-secs",
-        default_value_t = ControlConfig::default().idle_timeout_secs)]
-    pub idle_timeout_secs: u64,
-}
-
-impl Default for ControlConfig {
-    fn default() -> Self {
-        Self {
-            max_connections: 1024,
-            idle_timeout_secs: 600,
-        }
-    }
-}
 
 /// Binds the control socket with mode 0600, replacing a stale socket file.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
@@ -253,6 +225,32 @@ struct Conn {
 }
 
 impl Conn {
+    /// `release`: ends the lease this connection holds (of `generation`, if it names one).
+    fn release(&mut self, generation: Option<u64>) -> Result<Answer, ProtocolError> {
+        match (&self.lease, generation) {
+            (None, _) => Err(ProtocolError::new(
+                ErrorCode::NoLease,
+                match generation {
+                    Some(g) => format!("`release` of generation {g}: this connection holds no lease (a lease is taken by `files` with `direct`, on the same connection)"),
+                    None => "`release`: this connection holds no lease (a lease is taken by `files` with `direct`, on the same connection)".to_string(),
+                },
+            )),
+            (Some(l), Some(g)) if l.view().generation != g => Err(ProtocolError::new(
+                ErrorCode::NoLease,
+                format!(
+                    "`release` of generation {g}: this connection's lease is on generation {}; nothing was released",
+                    l.view().generation
+                ),
+            )),
+            (Some(l), _) => {
+                let released = l.view().generation;
+                // Dropping it ends the lease (and tells the daemon if that drains the view).
+                self.lease = None;
+                Ok(Answer::Released(Reply::new(Released { released })))
+            }
+        }
+    }
+
     /// Refuses direct reads to a client that cannot read the cache: another user than the
     /// daemon's own (the cache is private to it) or root. The socket is 0600, so today only
     /// such clients connect at all; the check keeps that true if the socket is ever shared.
@@ -274,6 +272,8 @@ impl Conn {
 }
 
 /// Answers one request: the reply, and for a packed `files` list the bytes that follow its line.
+/// The daemon answers for its mode (which session a request acts on, whether `hello` joins a
+/// shared mount); this shell only parses, dispatches and holds the connection's lease.
 async fn handle(
     daemon: &Daemon,
     req: Request,
@@ -287,60 +287,24 @@ async fn handle(
             "the metfs daemon is shutting down",
         ));
     }
-    let shared = daemon.is_shared();
     let answer = match req {
         Request::Files {
             job,
             known_generation,
             form,
-            direct: true,
+            direct,
         } => {
-            conn.may_read_cache(&daemon.mountpoint())?;
-            let name = if shared {
-                Some(daemon.session_for(job.as_deref())?)
+            let (view, packed) = if direct {
+                conn.may_read_cache(&daemon.mountpoint())?;
+                daemon
+                    .files_direct_for(job.as_deref(), known_generation, form, &mut conn.lease)
+                    .await?
             } else {
-                None
-            };
-            let (view, packed) = daemon
-                .files_direct(name.as_deref(), known_generation, form, &mut conn.lease)
-                .await?;
-            return Ok((Answer::Files(Reply::new(view)), packed));
-        }
-        Request::Release { generation } => match (&conn.lease, generation) {
-            (None, _) => Err(ProtocolError::new(
-                ErrorCode::NoLease,
-                match generation {
-                    Some(g) => format!("`release` of generation {g}: this connection holds no lease (a lease is taken by `files` with `direct`, on the same connection)"),
-                    None => "`release`: this connection holds no lease (a lease is taken by `files` with `direct`, on the same connection)".to_string(),
-                },
-            )),
-            (Some(l), Some(g)) if l.view().generation != g => Err(ProtocolError::new(
-                ErrorCode::NoLease,
-                format!(
-                    "`release` of generation {g}: this connection's lease is on generation {}; nothing was released",
-                    l.view().generation
-                ),
-            )),
-            (Some(l), _) => {
-                let released = l.view().generation;
-                // Dropping it ends the lease (and tells the daemon if that drains the view).
-                conn.lease = None;
-                Ok(Answer::Released(Reply::new(Released { released })))
-            }
-        },
-        Request::Files {
-            job,
-            known_generation,
-            form,
-            direct: false,
-        } => {
-            let (view, packed) = if shared {
-                daemon.files_of(&daemon.session_for(job.as_deref())?, known_generation, form)?
-            } else {
-                daemon.files(known_generation, form)
+                daemon.files_for(job.as_deref(), known_generation, form)?
             };
             return Ok((Answer::Files(Reply::new(view)), packed));
         }
+        Request::Release { generation } => conn.release(generation),
         Request::Hello {
             version,
             job,
@@ -349,37 +313,17 @@ async fn handle(
             rf,
             token,
         } => {
-            if let Some(v) = version {
-                if v > PROTOCOL_VERSION {
-                    return Err(ProtocolError::new(
-                        ErrorCode::UnsupportedVersion,
-                        format!(
-                            "client speaks protocol {v}, this daemon speaks {PROTOCOL_VERSION}"
-                        ),
-                    ));
-                }
-            }
-            if shared {
-                Ok(Answer::Hello(Reply::new(
-                    daemon.join(job, subset, rf_policy, rf, token).await?,
-                )))
-            } else if subset.is_some() || rf_policy.is_some() || rf.is_some() {
-                Err(ProtocolError::new(
-                    ErrorCode::BadRequest,
-                    "`subset`, `rf_policy` and `rf` in `hello` are for shared mounts (metfs mount --share); this mount serves one job with the mount's settings",
-                ))
-            } else {
-                Ok(Answer::Hello(Reply::new(daemon.hello(job))))
-            }
+            check_version(version)?;
+            let hello = daemon.greet(job, subset, rf_policy, rf, token).await?;
+            Ok(Answer::Hello(Reply::new(hello)))
         }
         Request::Leave { job } => {
             daemon.leave(&job).await?;
             Ok(Answer::Left(Reply::new(Left { left: job })))
         }
-        Request::Status { job } => Ok(Answer::Status(Box::new(Reply::new(match job {
-            Some(j) if shared => daemon.status_of(&daemon.session_for(Some(&j))?)?,
-            _ => daemon.status(),
-        })))),
+        Request::Status { job } => Ok(Answer::Status(Box::new(Reply::new(
+            daemon.status_for(job.as_deref())?,
+        )))),
         Request::PassEnd {
             job,
             metrics,
@@ -416,6 +360,17 @@ async fn handle(
         }))),
     };
     answer.map(|a| (a, None))
+}
+
+/// Refuses a client that speaks a newer protocol than this daemon.
+fn check_version(version: Option<u32>) -> Result<(), ProtocolError> {
+    match version {
+        Some(v) if v > PROTOCOL_VERSION => Err(ProtocolError::new(
+            ErrorCode::UnsupportedVersion,
+            format!("client speaks protocol {v}, this daemon speaks {PROTOCOL_VERSION}"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn decision(d: Result<Decision, ProtocolError>) -> Result<Answer, ProtocolError> {

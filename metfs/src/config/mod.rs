@@ -13,20 +13,25 @@
 //! declaration.
 
 pub mod aggregate;
+mod control;
 mod layers;
+mod mode;
 pub mod reference;
+mod resolve;
 mod settings;
 pub mod share;
 
 use std::path::PathBuf;
 
 use feedback::config::PolicyConfig;
-use prefetcher::planner::{ClusterCopies, Strategy, MAX_JOBS};
+use prefetcher::planner::{ClusterCopies, Strategy};
 use prefetcher::s3::S3Config;
 use prefetcher::stager::StagerConfig;
 use thiserror::Error;
 
+pub use control::ControlConfig;
 pub use layers::{Layers, Origin};
+pub use mode::{DdsMode, Mode};
 // The read path lives with the FUSE adapter that serves it (crate `metfs-fs`).
 pub use metfs_fs::read_path::{mem_total, ActiveReadPath, ReadPath, CACHED_MAX_MEAN_SAMPLE};
 pub use settings::{setting_args, MountSettings, PrefetchRate, Rate, Size, REQUIRED};
@@ -146,13 +151,9 @@ pub struct MountConfig {
     /// program exists.
     pub transform: prefetcher::transform::TransformConfig,
     /// Control socket limits (`[control]`).
-    pub control: crate::control::ControlConfig,
-    /// Dynamic sharding (`[dds]`), checked: its queue address parses.
-    pub dds: crate::dds::DdsConfig,
-    /// Several jobs on one store (`[share]`).
-    pub share: share::ShareConfig,
-    /// Aggregate-cache mode (`[aggregate]`).
-    pub aggregate: aggregate::AggregateConfig,
+    pub control: ControlConfig,
+    /// The mode (plain, `[dds]`, `[aggregate]` or `[share]`) with its settings: one, checked.
+    pub mode: Mode,
     /// Log file of a background daemon. Default `CACHE/metfs.log`.
     pub log_file: PathBuf,
     /// Run directory for `metfs report` (event log). Default `CACHE/run`; its files are
@@ -181,241 +182,12 @@ pub struct MountConfig {
     pub reset: bool,
 }
 
-fn env_u32(name: &str) -> Option<u32> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
-}
-
 impl MountConfig {
     /// Resolves the layered settings (checked against [`MountSettings`]) into the
-    /// configuration a mount runs on: derived defaults filled in, every value validated, an
-    /// error naming the setting and where its value came from.
+    /// configuration a mount runs on: derived defaults filled in, every value validated, one
+    /// mode chosen, an error naming the setting and where its value came from (`resolve`).
     pub fn resolve(layers: &Layers) -> Result<Self, ConfigError> {
-        let s = layers.settings()?;
-        let inv = |key: &str, message: String| ConfigError::Invalid {
-            key: key.to_string(),
-            origin: layers.origin(key),
-            message,
-        };
-        let missing = |key: &'static str| ConfigError::Missing {
-            key,
-            flag: key.replace('_', "-"),
-            env: key.to_uppercase(),
-        };
-        let source = s.source.clone().ok_or_else(|| missing("source"))?;
-        let cache = s.cache.clone().ok_or_else(|| missing("cache"))?;
-        let cache = std::path::absolute(&cache).unwrap_or(cache);
-        let budget = s.budget.ok_or_else(|| missing("budget"))?.0;
-        let nodes = s.nodes.or_else(|| env_u32("SLURM_NNODES")).unwrap_or(1);
-        let node_rank = s.node_rank.or_else(|| env_u32("SLURM_NODEID")).unwrap_or(0);
-        if nodes == 0 {
-            return Err(inv("nodes", "0: a job has at least 1 node".into()));
-        }
-        if node_rank >= nodes {
-            return Err(inv(
-                "node_rank",
-                format!("node rank {node_rank} is not in 0..{nodes}"),
-            ));
-        }
-        let mut policy = s.policy.clone();
-        // A fixed rf above the default cap raises the cap: asking for rf 256 means 256.
-        if policy.kind == feedback::config::PolicyKind::Fixed && !layers.given("rf_max") {
-            policy.rf_max = policy.rf_max.max(policy.rf);
-        }
-        policy.validate().map_err(|e| match e {
-            feedback::config::ConfigError::Invalid { key, reason } => {
-                inv(if key == "kind" { "rf_policy" } else { key }, reason)
-            }
-            other => inv("rf_policy", other.to_string()),
-        })?;
-        if s.mini_epochs == Some(0) {
-            return Err(inv("mini_epochs", "must be at least 1".into()));
-        }
-        if s.fuse_threads == 0 {
-            return Err(inv("fuse_threads", "must be at least 1".into()));
-        }
-        if s.control.max_connections == 0 {
-            return Err(inv("control.max_connections", "must be at least 1".into()));
-        }
-        if s.control.idle_timeout_secs == 0 {
-            return Err(inv(
-                "control.idle_timeout_secs",
-                "must be at least 1".into(),
-            ));
-        }
-        if s.stager.concurrency == 0 {
-            return Err(inv("stager.concurrency", "must be at least 1".into()));
-        }
-        if let Err(e) = s.transform.argv() {
-            return Err(inv("transform.command", e.to_string()));
-        }
-        if s.transform.suffix.contains('/') {
-            return Err(inv(
-                "transform.suffix",
-                format!("`{}` must not contain `/`", s.transform.suffix),
-            ));
-        }
-        if s.transform.timeout_secs == 0 || s.transform.workers == Some(0) {
-            let key = if s.transform.timeout_secs == 0 {
-                "transform.timeout_secs"
-            } else {
-                "transform.workers"
-            };
-            return Err(inv(key, "must be at least 1".into()));
-        }
-        if !(s.transform.growth.is_finite() && s.transform.growth > 0.0) {
-            return Err(inv(
-                "transform.growth",
-                format!("{} must be a positive number", s.transform.growth),
-            ));
-        }
-        if let Err(e) = s.dds.queue_url() {
-            return Err(inv("dds.url", e.to_string()));
-        }
-        if s.dds.url.is_some() && s.hdf5_container {
-            return Err(inv(
-                "dds.url",
-                "dynamic sharding takes samples, not HDF5 container rows".into(),
-            ));
-        }
-        if s.dds.shards_per_slot == 0 {
-            return Err(inv("dds.shards_per_slot", "must be at least 1".into()));
-        }
-        if s.share.jobs == 0 || s.share.jobs as usize > MAX_JOBS {
-            return Err(inv(
-                "share.jobs",
-                format!(
-                    "{} must be between 1 and {MAX_JOBS} (the jobs one dependent sampler holds)",
-                    s.share.jobs
-                ),
-            ));
-        }
-        if s.share.idle_secs == 0 {
-            return Err(inv("share.idle_secs", "must be at least 1".into()));
-        }
-        if s.share.enabled && (s.dds.url.is_some() || s.hdf5_container) {
-            let other = if s.hdf5_container {
-                "HDF5 container mode"
-            } else {
-                "dynamic sharding (dds.url)"
-            };
-            return Err(inv(
-                "share.enabled",
-                format!("a shared mount cannot be combined with {other}"),
-            ));
-        }
-        let a = &s.aggregate;
-        if !(0.0..=1.0).contains(&a.extra) {
-            return Err(inv(
-                "aggregate.extra",
-                format!("{} is not a probability (0 to 1)", a.extra),
-            ));
-        }
-        if a.timeout_secs == 0 {
-            return Err(inv("aggregate.timeout_secs", "must be at least 1".into()));
-        }
-        if a.enabled {
-            let other = if s.share.enabled {
-                Some("a shared mount (share.enabled)")
-            } else if s.dds.url.is_some() {
-                Some("dynamic sharding (dds.url)")
-            } else if s.hdf5_container {
-                Some("HDF5 container mode")
-            } else if s.transform.command.is_some() {
-                Some("a transform (transform.command): peers exchange the source's bytes")
-            } else {
-                None
-            };
-            if let Some(other) = other {
-                return Err(inv(
-                    "aggregate.enabled",
-                    format!("aggregate-cache mode cannot be combined with {other}"),
-                ));
-            }
-        }
-        let catalog = s.catalog.filter(|p| !p.as_os_str().is_empty());
-        if catalog.is_some() && (s.manifest.is_some() || s.hdf5_container) {
-            let other = if s.manifest.is_some() {
-                "a manifest (manifest): both replace the listing; give one"
-            } else {
-                "HDF5 container mode, which reads the containers' rows, not a catalog"
-            };
-            return Err(inv(
-                "catalog",
-                format!("a catalog file cannot be combined with {other}"),
-            ));
-        }
-        if !prefetcher::hdf5::AVAILABLE {
-            // Refused here, before anything is mounted or staged, naming the setting.
-            let asked = if s.hdf5_container {
-                Some("hdf5_container")
-            } else if s.label_hdf5.is_some() {
-                Some("label_hdf5")
-            } else {
-                None
-            };
-            if let Some(key) = asked {
-                return Err(inv(
-                    key,
-                    "this metfs was built without the `hdf5` feature; rebuild it with the \
-                     default features to use HDF5"
-                        .into(),
-                ));
-            }
-        }
-        let source = if source.contains("://") {
-            source
-        } else {
-            std::path::absolute(&source)
-                .map(|p| p.display().to_string())
-                .unwrap_or(source)
-        };
-        Ok(MountConfig {
-            run_dir: s.run_dir.unwrap_or_else(|| cache.join("run")),
-            prefetch_rate_max: s.prefetch_rate_max.map(|r| r.0),
-            metrics_file: s.metrics_file,
-            label_hdf5: s.label_hdf5,
-            hdf5_container: s.hdf5_container,
-            hdf5_datasets: s.hdf5_datasets.map(|l| {
-                l.iter()
-                    .map(|x| x.trim().to_string())
-                    .filter(|x| !x.is_empty())
-                    .collect()
-            }),
-            label_dataset: s.label_dataset,
-            s3: s.s3,
-            socket: s.socket.unwrap_or_else(|| cache.join("metfs.sock")),
-            log_file: s.log_file.unwrap_or_else(|| cache.join("metfs.log")),
-            source,
-            cache,
-            budget,
-            mini_epochs: s.mini_epochs,
-            policy,
-            history: s.history.unwrap_or_else(default_history),
-            job: s.job,
-            compose: s.compose,
-            cluster_copies: s.cluster_copies,
-            seed: s.seed,
-            node_rank,
-            nodes,
-            manifest: s.manifest,
-            catalog,
-            label_from_dirs: s.label_from_dirs,
-            read_path: s.read_path,
-            fuse_threads: s.fuse_threads,
-            prime_entries: s.prime_entries,
-            allow_other: s.allow_other,
-            prefetch_rate: s.prefetch_rate,
-            max_open_files: s.max_open_files,
-            max_backing_ids: s.max_backing_ids,
-            memory_limit: s.memory_limit.map(|m| m.0),
-            stager: s.stager,
-            transform: s.transform,
-            control: s.control,
-            dds: s.dds,
-            share: s.share,
-            aggregate: s.aggregate,
-            reset: false,
-        })
+        resolve::resolve(layers)
     }
 
     /// The configuration of a TOML text alone (no environment, no flags); `origin` names it in
@@ -434,14 +206,6 @@ impl MountConfig {
             (compose, _) => format!("{compose:?}"),
         }
     }
-}
-
-fn default_history() -> PathBuf {
-    let base = std::env::var_os("XDG_DATA_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("metfs").join("rf-history.json")
 }
 
 #[cfg(test)]
@@ -766,7 +530,36 @@ mod tests {
     #[test]
     fn share_jobs_go_up_to_what_one_sampler_holds() {
         let c = resolve("", &[], &["--share", "--share-jobs", "256"]).unwrap();
-        assert_eq!(c.share.jobs as usize, MAX_JOBS);
+        assert_eq!(
+            c.mode.shared().map(|s| s.jobs as usize),
+            Some(prefetcher::planner::MAX_JOBS)
+        );
+    }
+
+    #[test]
+    fn a_mount_runs_one_mode() {
+        assert_eq!(resolve("", &[], &[]).unwrap().mode, Mode::Plain);
+        let shared = resolve("", &[], &["--share"]).unwrap().mode;
+        assert!(matches!(shared, Mode::Shared(_)), "{shared:?}");
+        let aggregate = resolve("", &[], &["--aggregate"]).unwrap().mode;
+        assert!(matches!(aggregate, Mode::Aggregate(_)), "{aggregate:?}");
+        let dds = resolve("[dds]\nurl = 'etcd://h:2379/p'\n", &[], &[])
+            .unwrap()
+            .mode;
+        assert!(dds.dds().is_some(), "{dds:?}");
+        let e = resolve("", &[], &["--share", "--aggregate"]).unwrap_err();
+        assert!(
+            e.contains("`aggregate.enabled`") && e.contains("shared mount"),
+            "{e}"
+        );
+        let e = resolve("[dds]\nurl = 'etcd://h:2379/p'\n", &[], &["--share"]).unwrap_err();
+        assert!(
+            e.contains("`share.enabled`") && e.contains("dynamic sharding"),
+            "{e}"
+        );
+        // A mode's table is checked even when the mode is off.
+        let e = resolve("[aggregate]\nextra = 2.0\n", &[], &[]).unwrap_err();
+        assert!(e.contains("`aggregate.extra`"), "{e}");
     }
 
     #[test]

@@ -288,7 +288,7 @@ mod tests {
         let d = MountSettings::default();
         assert_eq!(d.policy, feedback::config::PolicyConfig::default());
         assert_eq!(d.stager, prefetcher::stager::StagerConfig::default());
-        assert_eq!(d.control, crate::control::ControlConfig::default());
+        assert_eq!(d.control, crate::config::ControlConfig::default());
         assert_eq!(d.s3, prefetcher::s3::S3Config::default());
     }
 

@@ -5,7 +5,7 @@
 //! `mini_epochs` and `METFS_MINI_EPOCHS`. The field's doc comment is its `--help` text, and its
 //! default is written once, in its `#[arg]` attribute or, for the nested sections, in their
 //! `Default` impls (the policy in `feedback`, the stager and S3 settings in `prefetcher`, the
-//! control socket's in [`crate::control`]); the flags show it, and [`MountSettings::default`]
+//! control socket's in [`super::control`]); the flags show it, and [`MountSettings::default`]
 //! is read back from the flags so that the file and the command line cannot disagree. A
 //! default that depends on other settings or on the node (`socket` under `cache`, the rank from
 //! Slurm) is an `Option` resolved by [`super::MountConfig`], and its doc says
@@ -29,8 +29,8 @@ use prefetcher::size::{parse_rate, parse_size};
 use prefetcher::stager::StagerConfig;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::control::ControlConfig;
 use super::ReadPath;
-use crate::control::ControlConfig;
 
 /// Every setting of a mount (see the module doc). Settings without a default are `None` until
 /// given; [`super::MountConfig`] checks them and fills in the derived defaults.

@@ -48,7 +48,7 @@
 //! (`metfs_exchange::spec`), so that both sides build them the same way.
 
 use super::*;
-use crate::config::aggregate::ShuffleCode;
+use crate::config::aggregate::{AggregateConfig, ShuffleCode};
 use shuffle::{layout, Layout};
 
 // The names, the spec and the digest the daemon and its exchange agree on live with the
@@ -86,6 +86,7 @@ impl Aggregate {
     /// and `uberShuffle` where its plan would pass the coded exchange's limits.
     pub(super) fn new(
         cfg: &MountConfig,
+        mode: &AggregateConfig,
         footprints: Vec<u64>,
         slot_bytes: u64,
     ) -> Result<Self, DaemonError> {
@@ -93,7 +94,7 @@ impl Aggregate {
             nodes: cfg.nodes,
             seed: cfg.seed,
             budget: slot_bytes,
-            extra: cfg.aggregate.extra,
+            extra: mode.extra,
         };
         let refuse = |e: &dyn std::fmt::Display| {
             DaemonError::Setup(format!(
@@ -121,14 +122,14 @@ impl Aggregate {
                 format_bytes(cfg.budget + 2 * (worst - slot_bytes)),
             )));
         }
-        if cfg.aggregate.code == ShuffleCode::UberShuffle {
+        if mode.code == ShuffleCode::UberShuffle {
             coded_within_limits(&footprints, &settings).map_err(|e| refuse(&e))?;
         }
         Ok(Self {
             settings,
             rank: cfg.node_rank,
-            code: cfg.aggregate.code,
-            timeout: Duration::from_secs(cfg.aggregate.timeout_secs),
+            code: mode.code,
+            timeout: Duration::from_secs(mode.timeout_secs),
             sizes: footprints,
             layouts: Mutex::new(BTreeMap::from([(0, Arc::new(first))])),
             last_wait: Mutex::new(None),
@@ -162,6 +163,61 @@ impl Aggregate {
     /// What this node's view of epoch `epoch` shows: its share.
     pub(super) fn share(&self, epoch: u64) -> Vec<u32> {
         self.layout(epoch).share(self.rank).to_vec()
+    }
+
+    /// Creates the inbox of epoch `epoch` (empty): the node's exchange may fill it now.
+    pub(super) fn open_inbox(slots: &Path, epoch: u64) {
+        let dir = inbox_dir(slots, epoch);
+        if let Err(e) = prefetcher::stager::create_private_dir(&dir) {
+            tracing::warn!(inbox = %dir.display(), error = %e, "cannot create the exchange's inbox; the epoch comes from the tier");
+        }
+    }
+
+    /// Waits until the exchange has filled epoch `epoch`'s inbox (its journal says
+    /// `complete`), or the timeout, or until `stop` says the daemon is going; says so (in the
+    /// log and the store's last error) when it gave up.
+    pub(super) async fn wait_for_exchange(
+        &self,
+        slots: &Path,
+        epoch: u64,
+        stop: &(dyn Fn() -> bool + Sync),
+        store: &Store,
+    ) -> ExchangeWait {
+        let journal = inbox_journal(slots, epoch);
+        let t0 = Instant::now();
+        let complete = loop {
+            if journal.is_complete() {
+                break true;
+            }
+            if t0.elapsed() >= self.timeout || stop() {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let wait = ExchangeWait {
+            epoch,
+            complete,
+            secs: t0.elapsed().as_secs_f64(),
+        };
+        if complete {
+            tracing::info!(epoch, secs = wait.secs, "the exchange filled the inbox");
+        } else if !stop() {
+            let msg = format!(
+                "aggregate: the exchange for epoch {epoch} did not complete within {} s (a node died, or metfs-shuffle is not running on this node): the samples it did not bring come from the tier",
+                self.timeout.as_secs()
+            );
+            tracing::warn!("{msg}");
+            store.note_error(msg);
+        }
+        *self.last_wait.lock().unwrap() = Some(wait);
+        wait
+    }
+
+    /// Removes epoch `epoch`'s inbox once its slot is staged (the slot's links keep the files).
+    pub(super) fn close_inbox(slots: &Path, epoch: u64) {
+        // `remove_dir_all` does not follow symlinks inside the directory.
+        let _ = std::fs::remove_dir_all(inbox_dir(slots, epoch));
+        let _ = inbox_journal(slots, epoch).remove();
     }
 }
 
@@ -205,54 +261,6 @@ impl Daemon {
         let text = serde_json::to_vec_pretty(&spec).expect("the spec serializes");
         durable::write(&path, &text, durable::Durability::Atomic)
             .map_err(|e| DaemonError::Setup(format!("cannot write {}: {e}", path.display())))
-    }
-
-    /// Creates the inbox of epoch `epoch` (empty): the node's exchange may fill it now.
-    pub(super) fn open_inbox(&self, epoch: u64) {
-        let dir = inbox_dir(&self.paths.slots, epoch);
-        if let Err(e) = prefetcher::stager::create_private_dir(&dir) {
-            tracing::warn!(inbox = %dir.display(), error = %e, "cannot create the exchange's inbox; the epoch comes from the tier");
-        }
-    }
-
-    /// Waits until the exchange has filled epoch `epoch`'s inbox (its journal says
-    /// `complete`), or the timeout; says so when it gave up.
-    pub(super) async fn wait_for_exchange(&self, a: &Aggregate, epoch: u64) -> ExchangeWait {
-        let journal = inbox_journal(&self.paths.slots, epoch);
-        let t0 = Instant::now();
-        let complete = loop {
-            if journal.is_complete() {
-                break true;
-            }
-            if t0.elapsed() >= a.timeout || self.is_shutting_down() {
-                break false;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        let wait = ExchangeWait {
-            epoch,
-            complete,
-            secs: t0.elapsed().as_secs_f64(),
-        };
-        if complete {
-            tracing::info!(epoch, secs = wait.secs, "the exchange filled the inbox");
-        } else if !self.is_shutting_down() {
-            let msg = format!(
-                "aggregate: the exchange for epoch {epoch} did not complete within {} s (a node died, or metfs-shuffle is not running on this node): the samples it did not bring come from the tier",
-                a.timeout.as_secs()
-            );
-            tracing::warn!("{msg}");
-            self.store.note_error(msg);
-        }
-        *a.last_wait.lock().unwrap() = Some(wait);
-        wait
-    }
-
-    /// Removes epoch `epoch`'s inbox once its slot is staged (the slot's links keep the files).
-    pub(super) fn close_inbox(&self, epoch: u64) {
-        // `remove_dir_all` does not follow symlinks inside the directory.
-        let _ = std::fs::remove_dir_all(inbox_dir(&self.paths.slots, epoch));
-        let _ = inbox_journal(&self.paths.slots, epoch).remove();
     }
 }
 

@@ -59,12 +59,21 @@
 //! nested under `MNT/<job>`, the views drawn by one cohort (dependent sampling), generations
 //! unique across jobs, samples shared between the jobs' slots by hard links.
 //!
-//! Layout: `store`, `session`, `kernel`, `source` (tier and catalog), `share` (jobs, their cohort,
-//! their restarts), `setup` (checks, lock, policy, resume, first staging), `staging` (the staging
-//! loop, eviction, pacing), `switch` (`pass_end`, `advance`, the switch and kernel invalidation),
-//! `status` (status, files, metrics, shutdown), `queue` (with `--dds`, mini-epochs claimed from a
-//! shard queue in etcd), `budget`, `state` (`state.json`, the generation's range), `share::state`
-//! (`share.json`, a shared mount's jobs' places).
+//! Mode. One [`ModeState`] per daemon (`mode.rs`), made at setup from the configuration's
+//! one [`crate::config::Mode`], holds what a mode shares across sessions (the queue's worker,
+//! the jobs and their cohort, the aggregate plan) and answers what generic code asks: which
+//! session a request acts on, whether a staging has room, what to do before a staging, what a
+//! pass end does, the mode's `status` fields. The control socket, the staging loop, the switch
+//! and `status` never test which mode runs; a session's `Schedule` answers the per-session
+//! questions.
+//!
+//! Layout: `store`, `session`, `schedule`, `mode`, `kernel`, `source` (tier and catalog),
+//! `share` (jobs, their cohort, their restarts), `setup` (checks, lock, policy, resume, first
+//! staging), `staging` (the staging loop, eviction, pacing), `switch` (`pass_end`, `advance`,
+//! the switch and kernel invalidation), `status` (status, files, metrics, shutdown), `queue`
+//! (with `--dds`, mini-epochs claimed from a shard queue in etcd), `aggregate` (the aggregate
+//! plan and the exchange's inbox), `state` (`state.json`, the generation's range),
+//! `share::state` (`share.json`, a shared mount's jobs' places).
 //!
 //! # Lock order
 //!
@@ -260,6 +269,7 @@ pub mod aggregate;
 mod fingerprint;
 mod kernel;
 pub mod memory;
+mod mode;
 mod prime;
 mod queue;
 mod schedule;
@@ -275,6 +285,7 @@ mod switch;
 
 pub use fingerprint::{Fingerprint, PlanKind, SavedFingerprint};
 pub use kernel::KernelCache;
+use mode::ModeState;
 use queue::{QueueFeed, QueueState};
 use schedule::{job_slots, Drawn, DrawnView, Plans, Schedule};
 pub use session::DEFAULT_SESSION;
@@ -319,10 +330,9 @@ pub struct Daemon {
     primed: AtomicU64,
     /// The last generation whose listing for the kernel finished (0: none yet).
     primed_generation: AtomicU64,
-    /// With `--dds`: the node's worker on the shard queue (`queue.rs`).
-    queue: Option<QueueFeed>,
-    /// With `--share`: the jobs sharing the store and their sampler (`share/`).
-    shared: Option<Shared>,
+    /// The mode's state (`mode.rs`): the queue's worker, the jobs and their cohort, or the
+    /// aggregate plan; asked, never tested, by generic code.
+    mode: ModeState,
     /// Held while a session's position and rf history are written: each write snapshots
     /// the session under this lock, so writes never land out of order.
     persisting: Mutex<()>,
@@ -349,6 +359,12 @@ impl Daemon {
     /// The store of staged samples.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The session a request acts on: the job it names on a shared mount, else the default
+    /// one ([`ModeState::session_for`]).
+    pub(crate) fn session_for(&self, job: Option<&str>) -> Result<String, ProtocolError> {
+        self.mode.session_for(job)
     }
 
     /// The names of the sessions.

@@ -145,7 +145,7 @@ impl Daemon {
     /// staging loop may sleep before the next round if nothing else wakes it (`None`: no
     /// queue, or nothing to wait for).
     pub(super) async fn serve_queue(&self) -> Option<Duration> {
-        let feed = self.queue.as_ref()?;
+        let feed = self.mode.queue()?;
         if let Some(at) = *feed.retry_at.lock().unwrap() {
             let left = at.saturating_duration_since(Instant::now());
             if !left.is_zero() {

@@ -336,14 +336,6 @@ impl Schedule {
             _ => None,
         }
     }
-
-    /// The aggregate plan, in aggregate-cache mode.
-    pub(super) fn aggregate(&self) -> Option<&Arc<aggregate::Aggregate>> {
-        match self {
-            Schedule::Aggregate(a) => Some(a),
-            _ => None,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 
 use super::store::{self, Room, Stop};
 use super::*;
-use crate::config::share::ShareEvict;
 
 /// Staging rate of `prefetch_rate = auto` before the first pass has been timed.
 pub const AUTO_TRICKLE: u64 = 256 << 10;
@@ -75,7 +74,7 @@ impl Daemon {
         // No byte of a new slot while a retired one still takes space (the budget). (On a
         // shared mount each staging checks its own room instead: one job's frozen reader must
         // not stop the others.)
-        if !self.is_shared() && self.store.is_draining() {
+        if !self.mode.stages_while_draining() && self.store.is_draining() {
             return None;
         }
         let job = ss.values_mut().find_map(|s| self.begin_staging(s))?;
@@ -117,22 +116,22 @@ impl Daemon {
             bytes = %format_bytes(bytes),
             "staging the next mini-epoch"
         );
-        let aggregate = self
-            .sessions
-            .lock()
-            .unwrap()
-            .get(&name)
-            .and_then(|s| s.schedule().aggregate().cloned());
-        let exchange = match &aggregate {
-            Some(a) if target.0 > 0 => Some(self.wait_for_exchange(a, target.0).await),
-            _ => None,
+        let exchange = match self.mode.exchange_for(target) {
+            Some(a) => {
+                let stop = || self.is_shutting_down();
+                Some(
+                    a.wait_for_exchange(&self.paths.slots, target.0, &stop, &self.store)
+                        .await,
+                )
+            }
+            None => None,
         };
         if exchange.is_some() && self.is_shutting_down() {
             return;
         }
         let result = self.store.stage(&spec, progress).await;
         if exchange.is_some() && result.is_ok() {
-            self.close_inbox(target.0);
+            aggregate::Aggregate::close_inbox(&self.paths.slots, target.0);
         }
         let next = match result {
             Ok(report) => {
@@ -264,10 +263,7 @@ impl Daemon {
             // The switch also looks one mini-epoch further (what the retired slot may keep):
             // that epoch's plan is made here too, unless it is already known.
             let after = s.schedule().plan_wanted(target);
-            let generation = match &self.shared {
-                Some(sh) => sh.take_generation(),
-                None => next_generation(s.generation()),
-            };
+            let generation = self.mode.generation_after(s.generation());
             (
                 s.view_members(&self.store, target),
                 generation,
@@ -316,24 +312,14 @@ impl Daemon {
             return None;
         }
         let (samples, bytes) = s.members(&self.store, target);
-        // On a shared mount the files on the node and this slot must fit the budget, held
-        // slots let go to make room (the staging waits for their deletion).
-        if let (true, Some(sh)) = (s.schedule().in_shared_store(), &self.shared) {
-            let cohort = sh.cohort.lock().unwrap();
-            let room = match sh.cfg.evict {
-                ShareEvict::Refcnt => self
-                    .store
-                    .room_for(&samples, |x| cohort.ledger().refcount(x)),
-                // All equal: the oldest goes first.
-                ShareEvict::Lru => self.store.room_for(&samples, |_| 0),
-            };
-            match room {
-                Room::Fits => {}
-                Room::Wait => return None,
-                Room::Trim(t) => {
-                    self.trim_soon(t);
-                    return None;
-                }
+        // Where the mode asks (a shared mount), the files on the node and this slot must fit
+        // the budget, held slots let go to make room (the staging waits for their deletion).
+        match self.mode.room(&self.store, &samples) {
+            Room::Fits => {}
+            Room::Wait => return None,
+            Room::Trim(t) => {
+                self.trim_soon(t);
+                return None;
             }
         }
         let slot = s.slot_of(target);
@@ -342,13 +328,9 @@ impl Daemon {
         progress.bytes_total.store(bytes, Ordering::Relaxed);
         s.staging_started(target, slot.clone(), progress.clone());
         self.store.begin_slot(&slot, &samples);
-        // The store adds its slots as donors (`Store::stage`); in aggregate mode the inbox the
-        // exchange fills is one too, opened now that its bytes are counted.
-        let mut reuse_from = Vec::new();
-        if s.schedule().aggregate().is_some() && target.0 > 0 {
-            self.open_inbox(target.0);
-            reuse_from.push(aggregate::inbox_of_epoch(target.0));
-        }
+        // The store adds its slots as donors (`Store::stage`); the mode may add its own (in
+        // aggregate mode the inbox the exchange fills, opened now that its bytes are counted).
+        let reuse_from = self.mode.before_staging(&self.paths.slots, target);
         let spec = SlotSpec {
             name: slot,
             samples,

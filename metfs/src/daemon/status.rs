@@ -47,12 +47,21 @@ impl Daemon {
     /// The `status` object of the default session.
     /// On a shared mount, the store's state with every job and no job's position.
     pub fn status(&self) -> Status {
-        if self.is_shared() {
-            let ss = self.sessions.lock().unwrap();
-            return self.status_from(&ss, None);
+        let ss = self.sessions.lock().unwrap();
+        let s = self
+            .mode
+            .default_status_session()
+            .map(|name| session_ref(&ss, name).expect("the default session always exists"));
+        self.status_from(&ss, s)
+    }
+
+    /// The `status` object a request asks for: of job `job` on a shared mount, else as
+    /// [`Daemon::status`].
+    pub fn status_for(&self, job: Option<&str>) -> Result<Status, ProtocolError> {
+        match self.mode.status_session(job)? {
+            Some(name) => self.status_of(&name),
+            None => Ok(self.status()),
         }
-        self.status_of(DEFAULT_SESSION)
-            .expect("the default session always exists")
     }
 
     /// The `status` object of session `name`: its position and policy, the store's budget and
@@ -77,6 +86,7 @@ impl Daemon {
         let cache_bytes = self.cache_bytes(ss);
         let (last_error, failed_samples) = self.store.errors();
         let budget = self.store.budget;
+        let mode = self.mode.status(ss);
         Status {
             epoch: s.map_or(0, |s| s.epoch()),
             mini_epoch: s.map_or(0, |s| s.mini_epoch()),
@@ -130,10 +140,10 @@ impl Daemon {
             last_error,
             failed_samples,
             transform_failed: self.store.stager.transform().map(|t| t.failed()),
-            dds: self.queue.as_ref().map(|q| q.status()),
-            jobs: self.job_statuses(ss),
-            not_resumed: self.shared.as_ref().map(|sh| sh.not_resumed()),
-            aggregate: aggregate_status(ss),
+            dds: mode.dds,
+            jobs: mode.jobs,
+            not_resumed: mode.not_resumed,
+            aggregate: mode.aggregate,
             source: self.tier_url.clone(),
             mountpoint: self.mountpoint().display().to_string(),
             socket: self.cfg.socket.display().to_string(),
@@ -204,6 +214,32 @@ impl Daemon {
     pub fn files(&self, known: Option<u64>, form: FilesForm) -> (FilesView, Option<Vec<u8>>) {
         let (view, epoch, mini_epoch, mountpoint) = self.current_view();
         files_answer(&view, epoch, mini_epoch, mountpoint, known, form)
+    }
+
+    /// The `files` object a request asks for: of job `job`'s view on a shared mount (which
+    /// must name it), else of the view the mount's root shows.
+    pub fn files_for(
+        &self,
+        job: Option<&str>,
+        known: Option<u64>,
+        form: FilesForm,
+    ) -> Result<(FilesView, Option<Vec<u8>>), ProtocolError> {
+        match self.mode.files_session(job)? {
+            Some(name) => self.files_of(&name, known, form),
+            None => Ok(self.files(known, form)),
+        }
+    }
+
+    /// As [`Daemon::files_for`] with `direct` ([`Daemon::files_direct`]).
+    pub async fn files_direct_for(
+        &self,
+        job: Option<&str>,
+        known: Option<u64>,
+        form: FilesForm,
+        held: &mut Option<ViewLease>,
+    ) -> Result<(FilesView, Option<Vec<u8>>), ProtocolError> {
+        let name = self.mode.files_session(job)?;
+        self.files_direct(name.as_deref(), known, form, held).await
     }
 
     /// The view the mount's root shows, its position and where it is mounted.
@@ -446,23 +482,4 @@ fn staging_status(next: Option<&Next>, draining_slots: usize) -> Staging {
             retry_in_secs: pause.saturating_sub(at.elapsed()).as_secs_f64(),
         },
     }
-}
-
-/// `status`'s account of aggregate-cache mode, if it runs.
-fn aggregate_status(ss: &Sessions) -> Option<crate::protocol::reply::AggregateStatus> {
-    ss.values().find_map(|s| s.schedule().aggregate()).map(|a| {
-        crate::protocol::reply::AggregateStatus {
-            rank: a.rank,
-            nodes: a.settings.nodes,
-            extra: a.settings.extra,
-            code: a.code.to_string(),
-            last_exchange: a.last_wait.lock().unwrap().map(|w| {
-                crate::protocol::reply::ExchangeStatus {
-                    epoch: w.epoch,
-                    complete: w.complete,
-                    wait_s: w.secs,
-                }
-            }),
-        }
-    })
 }

@@ -13,7 +13,7 @@ impl Daemon {
             let Some(s) = ss.get(name) else {
                 return false;
             };
-            if s.schedule().in_shared_store() && s.next_ready() && self.holds_back(&ss, s) {
+            if self.mode.holds_back(&self.store, &ss, s) {
                 return false;
             }
             let s = ss.get_mut(name).expect("present");
@@ -44,7 +44,7 @@ impl Daemon {
             // known yet from a queue); on a shared mount, what the other jobs have drawn.
             let after = match s.schedule_mut().kept_for(&self.store, succ) {
                 Some(after) => after,
-                None => self.advance_job(name),
+                None => self.mode.advance_job(name),
             };
             if let Some(old) = &old {
                 self.store.retire_slot(old.generation, &old.slot, &after);
@@ -88,9 +88,7 @@ impl Daemon {
                 s.schedule().nested_views(),
             )
         };
-        if let (Some(feed), Some(batch)) = (&self.queue, retired_batch) {
-            feed.mark_done(batch);
-        }
+        self.mode.retired(retired_batch);
         let locked = t0.elapsed();
         self.save_session_soon(name, recorded);
         tracing::info!(
@@ -119,19 +117,16 @@ impl Daemon {
         slot: &str,
         prebuilt: Option<Arc<View>>,
     ) -> Arc<View> {
-        match (prebuilt, &self.shared) {
-            // On a shared mount a prebuilt view's generation was reserved for it.
-            (Some(v), Some(_)) if v.slot == slot => v,
-            (Some(v), None)
-                if v.generation == next_generation(s.generation()) && v.slot == slot =>
+        match prebuilt {
+            Some(v)
+                if self
+                    .mode
+                    .prebuilt_fits((v.generation, &v.slot), s.generation(), slot) =>
             {
                 v
             }
             _ => {
-                let generation = match &self.shared {
-                    Some(sh) => sh.take_generation(),
-                    None => next_generation(s.generation()),
-                };
+                let generation = self.mode.generation_after(s.generation());
                 let members = s.view_members(&self.store, succ);
                 let v = self.store.view_for(&members, succ, generation, slot);
                 Arc::new(if s.schedule().nested_views() {
@@ -275,7 +270,7 @@ impl Daemon {
         loop {
             let mut rx = self.changed.subscribe();
             // A job blocked for staging is not idle (a shared mount drops idle jobs).
-            self.touch_job(name);
+            self.mode.touch(name);
             if self.try_switch(name).await {
                 return Ok(());
             }
@@ -357,17 +352,8 @@ impl Daemon {
             if d.verdict == Verdict::Advance {
                 s.want_advance();
             }
-            // From a queue, with `after-pass`: the view's shards are DONE once read once.
-            let mut handed = false;
-            let (passes, mini_epoch) = (s.passes(), s.mini_epoch());
-            if let (Some(feed), Some(q)) = (&self.queue, s.schedule_mut().queue_mut()) {
-                if passes == 1 && feed.shard_done == crate::dds::ShardDone::AfterPass {
-                    if let Some(b) = q.mark(mini_epoch) {
-                        feed.mark_done(b);
-                        handed = true;
-                    }
-                }
-            }
+            // What the mode does after a pass (from a queue, `after-pass` DONE marks).
+            let handed = self.mode.pass_ended(s);
             (d.reason, s.advance_wanted(), first, handed)
         };
         if handed {
@@ -392,7 +378,7 @@ impl Daemon {
         }
         self.events
             .emit(Event::Decision(event::DecisionEvent { decision }));
-        if self.is_shared() {
+        if self.mode.saves_every_pass() {
             self.write_share_durably().await;
         }
         // The next pass starts now: time spent blocked for staging is not part of a pass, or

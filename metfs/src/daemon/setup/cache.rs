@@ -190,7 +190,7 @@ pub(super) fn saved_position(
     nm: u32,
 ) -> Result<Option<SavedState>, DaemonError> {
     Ok(match load_state(&paths.state, cfg.reset)? {
-        Some(_) if cfg.dds.url.is_some() => None,
+        Some(_) if cfg.mode.dds().is_some() => None,
         Some(s) if s.fingerprint.matches(fingerprint) => {
             s.check_plan(nm).map_err(|e| match e {
                 DaemonError::CorruptState { reason, .. } => DaemonError::CorruptState {

@@ -4,6 +4,7 @@
 //! the mount goes live.
 
 use super::*;
+use crate::config::DdsMode;
 
 /// What [`Daemon::prepare_session`] starts from: the phases before it.
 pub(super) struct First {
@@ -58,24 +59,14 @@ impl Daemon {
         if saved.is_none() {
             save_first_position(&paths, &fingerprint, &start, &history, &job);
         }
-        let mut schedule = match (queue.as_ref(), aggregate) {
-            (Some((_, first)), _) => Schedule::Queue {
-                batches: QueueState {
-                    batches: BTreeMap::from([(0, first.clone())]),
-                    ..Default::default()
-                },
-                mini_epochs: nm,
-            },
-            (None, Some(a)) => Schedule::Aggregate(a),
-            (None, None) => {
-                let plan = planner::plan_epoch(&store.sample_set(), &plan_cfg, start.epoch)?;
-                Schedule::Plan(Plans::new(
-                    plan_cfg,
-                    nm,
-                    Some((start.epoch, Arc::new(plan))),
-                ))
-            }
-        };
+        let mut schedule = first_schedule(
+            queue.as_ref().map(|(_, b)| b),
+            aggregate.as_ref(),
+            &store,
+            plan_cfg,
+            nm,
+            start.epoch,
+        )?;
         let (members, members_bytes) = schedule.members(&store, cur);
         let spec = SlotSpec {
             name: slot_name(cur),
@@ -119,10 +110,14 @@ impl Daemon {
             history,
             view,
         );
+        let mode = match (queue, aggregate) {
+            (Some((feed, _)), _) => ModeState::Queue(feed),
+            (None, Some(a)) => ModeState::Aggregate(a),
+            (None, None) => ModeState::Plain,
+        };
         let daemon = Self::assemble(Parts {
             tier_url,
-            queue: queue.map(|(feed, _)| feed),
-            shared: None,
+            mode,
             paths,
             store,
             sessions: BTreeMap::from([(DEFAULT_SESSION.to_string(), session)]),
@@ -138,12 +133,7 @@ impl Daemon {
     /// The last step of a session's setup: the exchange's spec in aggregate mode, and the
     /// `start` event.
     fn announce_start(&self, nm: u32, cur: (u64, u32)) -> Result<(), DaemonError> {
-        let aggregate = {
-            let ss = self.sessions.lock().unwrap();
-            ss.get(DEFAULT_SESSION)
-                .and_then(|s| s.schedule().aggregate().cloned())
-        };
-        if let Some(a) = &aggregate {
+        if let Some(a) = self.mode.aggregate() {
             self.write_exchange_spec(a)?;
         }
         self.events.emit(Event::Start(event::Start {
@@ -160,6 +150,32 @@ impl Daemon {
         }));
         Ok(())
     }
+}
+
+/// The session's schedule at its start: the queue's first batch as sequence 0, the aggregate
+/// plan, or the plan of the starting epoch.
+fn first_schedule(
+    first_batch: Option<&crate::dds::Batch>,
+    aggregate: Option<&Arc<aggregate::Aggregate>>,
+    store: &Store,
+    plan_cfg: PlanConfig,
+    nm: u32,
+    epoch: u64,
+) -> Result<Schedule, DaemonError> {
+    Ok(match (first_batch, aggregate) {
+        (Some(first), _) => Schedule::Queue {
+            batches: QueueState {
+                batches: BTreeMap::from([(0, first.clone())]),
+                ..Default::default()
+            },
+            mini_epochs: nm,
+        },
+        (None, Some(a)) => Schedule::Aggregate(a.clone()),
+        (None, None) => {
+            let plan = planner::plan_epoch(&store.sample_set(), &plan_cfg, epoch)?;
+            Schedule::Plan(Plans::new(plan_cfg, nm, Some((epoch, Arc::new(plan)))))
+        }
+    })
 }
 
 /// Where the session starts: the saved position, or a queue's first batch (sequence 0 of this
@@ -270,9 +286,9 @@ pub(super) async fn join_queue(
     footprints: &[u64],
     slot_bytes: u64,
 ) -> Result<Option<(QueueFeed, crate::dds::Batch)>, DaemonError> {
-    Ok(match cfg.dds.queue_url()? {
-        Some(url) => {
-            let q = crate::dds::Queue::connect(&url, &cfg.dds.etcd_options()).await?;
+    Ok(match cfg.mode.dds() {
+        Some(DdsMode { url, settings: dds }) => {
+            let q = crate::dds::Queue::connect(url, &dds.etcd_options()).await?;
             let samples = crate::dds::dataset::samples(catalog, footprints.to_vec());
             let meta = crate::dds::dataset::queue_meta(
                 catalog,
@@ -280,17 +296,17 @@ pub(super) async fn join_queue(
                 cfg.compose,
                 cfg.seed,
                 slot_bytes,
-                cfg.dds.shards_per_slot,
+                dds.shards_per_slot,
             )?;
             let (meta, made) = q.init(&meta).await?;
-            let node = cfg.dds.node(cfg.node_rank);
+            let node = dds.node(cfg.node_rank);
             let mut worker = crate::dds::Worker::join(
                 q,
                 meta,
                 Arc::new(samples),
                 crate::dds::WorkerConfig {
                     node: node.clone(),
-                    lease_ttl: cfg.dds.lease_ttl(),
+                    lease_ttl: dds.lease_ttl(),
                     depth: 2,
                     last_epoch: None,
                 },
@@ -301,12 +317,12 @@ pub(super) async fn join_queue(
                 node,
                 incarnation = worker.holder().inc,
                 made,
-                shard_done = %cfg.dds.shard_done,
+                shard_done = %dds.shard_done,
                 "dds: joined the shard queue"
             );
             let first = QueueFeed::first_batch(&mut worker, slot_bytes).await?;
             Some((
-                QueueFeed::new(url.to_string(), cfg.dds.shard_done, worker),
+                QueueFeed::new(url.to_string(), dds.shard_done, worker),
                 first,
             ))
         }

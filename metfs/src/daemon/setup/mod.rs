@@ -89,8 +89,8 @@ impl Daemon {
         let catalog = Arc::new(catalog);
         let stager = new_stager(&cfg, tier.clone(), catalog.clone(), &paths)?;
         let tier_url = tier.url().to_string();
-        let daemon = if cfg.share.enabled {
-            Self::prepare_shared(cfg, paths, tier_url, catalog, planned, stager).await?
+        let daemon = if let Some(share) = cfg.mode.shared().cloned() {
+            Self::prepare_shared(cfg, share, paths, tier_url, catalog, planned, stager).await?
         } else {
             let fingerprint =
                 fingerprint_for(&cfg, planned.budget.slot_bytes, planned.nm, &catalog);
@@ -130,7 +130,7 @@ async fn prepare_catalog(
     if catalog.is_empty() {
         return Err(DaemonError::Empty(cfg.source.clone()));
     }
-    if (needs_labels(cfg.compose) || cfg.share.enabled) && catalog.labels().is_none() {
+    if (needs_labels(cfg.compose) || cfg.mode.shared().is_some()) && catalog.labels().is_none() {
         // A shared mount's jobs may ask for a subset by label.
         catalog.label_by_first_dir();
     }
@@ -215,8 +215,7 @@ struct Parts {
     fs: Arc<FsCore>,
     read_path: ReadPath,
     tier_url: String,
-    queue: Option<QueueFeed>,
-    shared: Option<Shared>,
+    mode: ModeState,
 }
 
 impl Daemon {
@@ -228,8 +227,7 @@ impl Daemon {
             primed: AtomicU64::new(0),
             primed_generation: AtomicU64::new(0),
             persisting: Mutex::new(()),
-            queue: p.queue,
-            shared: p.shared,
+            mode: p.mode,
             paths: p.paths,
             store: p.store,
             sessions: Mutex::new(p.sessions),

@@ -2,6 +2,7 @@
 //! mini-epochs per epoch, and the fingerprint a saved position must match.
 
 use super::*;
+use crate::config::Mode;
 
 /// What the plan depends on: a saved position is resumed only under the same.
 pub(super) fn fingerprint_for(
@@ -21,14 +22,10 @@ pub(super) fn fingerprint_for(
         nodes: cfg.nodes,
         catalog: format!("{:016x}", aggregate::catalog_digest(catalog)),
         transform: (!transform.is_empty()).then_some(transform),
-        plan: if cfg.dds.url.is_some() {
-            PlanKind::Dds
-        } else if cfg.aggregate.enabled {
-            PlanKind::Aggregate {
-                extra: cfg.aggregate.extra,
-            }
-        } else {
-            PlanKind::Static
+        plan: match &cfg.mode {
+            Mode::Dds(_) => PlanKind::Dds,
+            Mode::Aggregate(a) => PlanKind::Aggregate { extra: a.extra },
+            Mode::Plain | Mode::Shared(_) => PlanKind::Static,
         },
     }
 }
@@ -100,14 +97,14 @@ pub(super) fn plan_dataset(
         Err(e) => return Err(e.into()),
     };
     // Aggregate-cache mode: one mini-epoch per epoch, from the `shuffle` planner.
-    let aggregate = if cfg.aggregate.enabled {
-        Some(Arc::new(aggregate::Aggregate::new(
+    let aggregate = match cfg.mode.aggregate() {
+        Some(a) => Some(Arc::new(aggregate::Aggregate::new(
             cfg,
+            a,
             footprints.clone(),
             budget.slot_bytes,
-        )?))
-    } else {
-        None
+        )?)),
+        None => None,
     };
     let nm = if aggregate.is_some() { 1 } else { nm };
     Ok(Planned {

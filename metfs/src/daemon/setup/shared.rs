@@ -3,6 +3,7 @@
 //! wait for their `hello`; every other slot of an earlier run is removed.
 
 use super::*;
+use crate::config::share::ShareConfig;
 
 /// Retired slots a shared mount keeps on the node per job share, at most. Jobs over one
 /// dataset take their common samples in the same round, so their slots are links of the same
@@ -13,6 +14,7 @@ impl Daemon {
     /// The rest of [`Daemon::prepare`] for a shared mount (module docs).
     pub(super) async fn prepare_shared(
         cfg: MountConfig,
+        share: ShareConfig,
         paths: CachePaths,
         tier_url: String,
         catalog: Arc<Catalog>,
@@ -22,9 +24,9 @@ impl Daemon {
         let Planned {
             budget, footprints, ..
         } = planned;
-        let settings = share_settings(&cfg, &catalog, &budget);
+        let settings = share_settings(&cfg, share.jobs, &catalog, &budget);
         let (saved, mut refused) = saved_share(&cfg, &paths, &settings)?;
-        check_share_fits(&cfg, &catalog, &footprints, &budget)?;
+        check_share_fits(&cfg, share.jobs, &catalog, &footprints, &budget)?;
         let restarts = saved.as_ref().map_or(0, |s| s.restarts + 1);
         // After a restart the sampler draws from a stream of its own (`Cohort`'s doc).
         let seed = if restarts == 0 {
@@ -32,7 +34,7 @@ impl Daemon {
         } else {
             planrng::splitmix64(&mut (cfg.seed ^ restarts.rotate_left(32)))
         };
-        let mut shared = Shared::new(cfg.share.clone(), &budget, footprints.clone(), seed);
+        let mut shared = Shared::new(share.clone(), &budget, footprints.clone(), seed);
         shared.settings = settings;
         shared.restarts = restarts;
         shared.history = open_history_store(&cfg).map(|s| Arc::new(Mutex::new(s)));
@@ -42,27 +44,26 @@ impl Daemon {
             // pacing of one job does not apply to a cohort).
             stager.pacer().set_rate(None);
         }
-        let view_bytes = budget.slot_bytes / u64::from(cfg.share.jobs);
+        let view_bytes = budget.slot_bytes / u64::from(share.jobs);
         let mut store = Store::new(paths.clone(), catalog, footprints, None, budget, stager);
         keep_only_saved_slots(&store, &paths, saved.as_ref())?;
         // The budget bounds what kept slots hold (`Store::room_for`); the count only bounds
         // the book's work and the journals a staging reads.
-        store.max_held = MAX_HELD_PER_SHARE * cfg.share.jobs as usize;
+        store.max_held = MAX_HELD_PER_SHARE * share.jobs as usize;
         store.room_on_demand = true;
         // The root stands for this empty view; jobs' views take generations from 2 on.
         let lobby = Arc::new(View::from_files(&[], 1, 0, 0, "", &paths.slots));
         let fs = Arc::new(FsCore::new_shared(lobby, fs_settings(&cfg, read_path)));
         fs.set_copy_repair(copy_repair(&store.stager));
         tracing::info!(
-            jobs = cfg.share.jobs,
+            jobs = share.jobs,
             view_bytes = %format_bytes(view_bytes),
-            pace = %cfg.share.pace,
+            pace = %share.pace,
             "shared store ready: jobs join with `hello` and their name"
         );
         let daemon = Self::assemble(Parts {
             tier_url,
-            queue: None,
-            shared: Some(shared),
+            mode: ModeState::Shared(shared),
             paths,
             store,
             sessions: BTreeMap::new(),
@@ -91,13 +92,18 @@ impl Daemon {
 }
 
 /// The settings a save file is kept under: a change of any of them starts every job over.
-fn share_settings(cfg: &MountConfig, catalog: &Catalog, budget: &Budget) -> ShareSettings {
+fn share_settings(
+    cfg: &MountConfig,
+    jobs: u32,
+    catalog: &Catalog,
+    budget: &Budget,
+) -> ShareSettings {
     let transform = cfg.transform.identity();
     ShareSettings {
         source: cfg.source.to_string(),
         catalog: format!("{:016x}", aggregate::catalog_digest(catalog)),
         slot_bytes: budget.slot_bytes,
-        jobs: cfg.share.jobs,
+        jobs,
         seed: cfg.seed,
         transform: (!transform.is_empty()).then_some(transform),
     }
@@ -158,22 +164,19 @@ fn keep_only_saved_slots(
 /// and the budget it would need.
 fn check_share_fits(
     cfg: &MountConfig,
+    jobs: u32,
     catalog: &Catalog,
     footprints: &[u64],
     budget: &Budget,
 ) -> Result<(), DaemonError> {
-    let view_bytes = budget.slot_bytes / u64::from(cfg.share.jobs);
+    let view_bytes = budget.slot_bytes / u64::from(jobs);
     match footprints.iter().enumerate().find(|(_, &f)| f > view_bytes) {
         Some((id, &size)) => Err(DaemonError::BudgetTooSmall {
-            budget: format!(
-                "{} shared by {} jobs",
-                format_bytes(cfg.budget),
-                cfg.share.jobs
-            ),
+            budget: format!("{} shared by {} jobs", format_bytes(cfg.budget), jobs),
             path: catalog.path(id as u32),
             size: format_bytes(size),
             needed: format_bytes(
-                size.saturating_mul(2 * u64::from(cfg.share.jobs))
+                size.saturating_mul(2 * u64::from(jobs))
                     .saturating_add(budget.reserve),
             ),
             reserve: format_bytes(budget.reserve),

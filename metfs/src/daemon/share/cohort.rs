@@ -11,7 +11,7 @@ impl Daemon {
     /// Prepares the next view of every job that has none: drawn by the cohort, handed to the
     /// job's schedule as its successor. Run by the staging loop.
     pub(in crate::daemon) fn serve_cohort(&self) {
-        let Some(sh) = &self.shared else { return };
+        let Some(sh) = self.mode.shared() else { return };
         let window_open = sh
             .last_join
             .lock()
@@ -54,14 +54,13 @@ impl Daemon {
             }
         }
     }
+}
 
+impl Shared {
     /// Moves job `name` to its next view in the cohort, at its switch; returns what the other
     /// jobs have drawn ahead, which the slot it leaves may be kept for.
     pub(in crate::daemon) fn advance_job(&self, name: &str) -> Vec<u32> {
-        let Some(sh) = &self.shared else {
-            return Vec::new();
-        };
-        let mut cohort = sh.cohort.lock().unwrap();
+        let mut cohort = self.cohort.lock().unwrap();
         if let Err(e) = cohort.advance(name) {
             tracing::error!(job = name, error = %e, "the cohort cannot advance the job");
         }
@@ -79,14 +78,13 @@ impl Daemon {
     /// held jobs moves, stages its views, and so frees the ones it passed. Flags change only
     /// here, one job at a time under the sessions lock, so of any set of jobs waiting on each
     /// other the last one asked sees the rest held and goes: no set waits for ever.
-    pub(in crate::daemon) fn holds_back(&self, ss: &Sessions, s: &Session) -> bool {
-        let Some(sh) = &self.shared else { return false };
-        if sh.cfg.pace != SharePace::Wait || s.view().slot.is_empty() {
+    pub(in crate::daemon) fn holds_back(&self, store: &Store, ss: &Sessions, s: &Session) -> bool {
+        if self.cfg.pace != SharePace::Wait || s.view().slot.is_empty() {
             return false;
         }
         // Lock order: cohort, then jobs (module docs of `daemon`).
-        let cohort = sh.cohort.lock().unwrap();
-        let mut jobs = sh.jobs.lock().unwrap();
+        let cohort = self.cohort.lock().unwrap();
+        let mut jobs = self.jobs.lock().unwrap();
         // Only what the others read in this same epoch of theirs: a job in its next epoch
         // wants every sample again, which no store smaller than the dataset keeps anyway,
         // and holding the slower job back for it would only stall both.
@@ -103,7 +101,7 @@ impl Daemon {
         let needed: Vec<u32> = current.into_iter().filter(|x| ahead.contains(x)).collect();
         // A slot the store would hold as a donor is no help: the next staging may let it go
         // before the slower job has linked from it.
-        let held = !needed.is_empty() && !self.store.elsewhere(&s.view().slot, &needed);
+        let held = !needed.is_empty() && !store.elsewhere(&s.view().slot, &needed);
         if let Some(m) = jobs.get_mut(s.name()) {
             m.held_back = held;
         }
@@ -111,33 +109,30 @@ impl Daemon {
     }
 
     /// Every job of a shared mount, for `status`.
-    pub(in crate::daemon) fn job_statuses(&self, ss: &Sessions) -> Option<Vec<JobStatus>> {
-        let sh = self.shared.as_ref()?;
-        let jobs = sh.jobs.lock().unwrap();
-        Some(
-            ss.values()
-                .filter(|s| s.schedule().in_shared_store())
-                .map(|s| {
-                    let meta = jobs.get(s.name());
-                    JobStatus {
-                        name: s.name().to_string(),
-                        epoch: s.epoch(),
-                        mini_epoch: (!s.schedule().before_first_view()).then_some(s.mini_epoch()),
-                        pass: s.passes(),
-                        rf_policy: s.policy().name().to_string(),
-                        rf: s.policy().expected_rf(),
-                        bonus_passes: s.bonus_passes(),
-                        generation: s.generation(),
-                        files: s.view().file_count() as u64,
-                        view_bytes: s.view().bytes(),
-                        samples: meta.map_or(0, |m| m.samples),
-                        share_bytes: 2 * sh.view_bytes,
-                        next_ready: s.next_ready(),
-                        held_back: meta.is_some_and(|m| m.held_back),
-                        idle_secs: meta.map_or(0.0, |m| m.last_seen.elapsed().as_secs_f64()),
-                    }
-                })
-                .collect(),
-        )
+    pub(in crate::daemon) fn job_statuses(&self, ss: &Sessions) -> Vec<JobStatus> {
+        let jobs = self.jobs.lock().unwrap();
+        ss.values()
+            .filter(|s| s.schedule().in_shared_store())
+            .map(|s| {
+                let meta = jobs.get(s.name());
+                JobStatus {
+                    name: s.name().to_string(),
+                    epoch: s.epoch(),
+                    mini_epoch: (!s.schedule().before_first_view()).then_some(s.mini_epoch()),
+                    pass: s.passes(),
+                    rf_policy: s.policy().name().to_string(),
+                    rf: s.policy().expected_rf(),
+                    bonus_passes: s.bonus_passes(),
+                    generation: s.generation(),
+                    files: s.view().file_count() as u64,
+                    view_bytes: s.view().bytes(),
+                    samples: meta.map_or(0, |m| m.samples),
+                    share_bytes: 2 * self.view_bytes,
+                    next_ready: s.next_ready(),
+                    held_back: meta.is_some_and(|m| m.held_back),
+                    idle_secs: meta.map_or(0.0, |m| m.last_seen.elapsed().as_secs_f64()),
+                }
+            })
+            .collect()
     }
 }

@@ -86,6 +86,27 @@ impl Daemon {
         Ok(ids)
     }
 
+    /// Answers `hello`: on a shared mount the job joins ([`Daemon::join`]); a mount of one job
+    /// greets it, refusing what only a shared mount takes (a subset, an rf policy of its own).
+    pub async fn greet(
+        &self,
+        job: Option<String>,
+        subset: Option<Subset>,
+        rf_policy: Option<String>,
+        rf: Option<u32>,
+        token: Option<String>,
+    ) -> Result<Hello, ProtocolError> {
+        if self.mode.shared().is_some() {
+            return self.join(job, subset, rf_policy, rf, token).await;
+        }
+        if subset.is_some() || rf_policy.is_some() || rf.is_some() {
+            return Err(bad(
+                "`subset`, `rf_policy` and `rf` in `hello` are for shared mounts (metfs mount --share); this mount serves one job with the mount's settings".into(),
+            ));
+        }
+        Ok(self.hello(job))
+    }
+
     /// A job joins a shared mount (`hello` with its name): see the module doc. Answers once
     /// its first view is shown.
     pub async fn join(
@@ -96,7 +117,7 @@ impl Daemon {
         rf: Option<u32>,
         token: Option<String>,
     ) -> Result<Hello, ProtocolError> {
-        let sh = self.shared.as_ref().expect("a shared mount");
+        let sh = self.mode.shared().expect("a shared mount");
         let Some(name) = job else {
             return Err(bad(
                 "this mount is shared between jobs (--share): `hello` must name the job (`job`, or METFS_JOB in the Python client)".into(),
@@ -130,7 +151,7 @@ impl Daemon {
         let mut rx = self.changed.subscribe();
         loop {
             // Waiting for its first view is not being idle.
-            self.touch_job(&name);
+            self.mode.touch(&name);
             if self.fs.job_view(&name).is_some() || self.try_switch(&name).await {
                 break;
             }
@@ -164,6 +185,46 @@ impl Daemon {
         Ok(hello)
     }
 
+    /// A new job's token. Not a secret (the socket is the user's own): it tells a
+    /// reconnection from another process under the same name.
+    fn job_token(&self, generation: u64) -> String {
+        format!(
+            "{:016x}",
+            mix(u64::from(std::process::id()) ^ mix(self.started.elapsed().as_nanos() as u64))
+                ^ mix(generation)
+        )
+    }
+
+    /// A joining job's session: its first view (sequence 0) not drawn yet, an empty view
+    /// under `MNT/<name>` meanwhile.
+    fn job_session(
+        &self,
+        name: &str,
+        generation: u64,
+        policy: Box<dyn RfPolicy>,
+        history: Option<History>,
+    ) -> Session {
+        let placeholder =
+            Arc::new(View::from_files(&[], generation, 0, 0, "", &self.paths.slots).nested());
+        Session::new(
+            name.to_string(),
+            name.to_string(),
+            // Its first view is drawn with the jobs joining with it.
+            Schedule::Job(Drawn::new(job_slots(name, generation))),
+            None,
+            Start {
+                epoch: 0,
+                mini_epoch: 0,
+                passes: 0,
+                generation,
+                sequence: 0,
+            },
+            policy,
+            history,
+            placeholder,
+        )
+    }
+
     /// Takes `name` into the cohort and makes its session; returns its token.
     fn admit(
         &self,
@@ -172,7 +233,7 @@ impl Daemon {
         rf_policy: Option<String>,
         rf: Option<u32>,
     ) -> Result<String, ProtocolError> {
-        let sh = self.shared.as_ref().expect("a shared mount");
+        let sh = self.mode.shared().expect("a shared mount");
         let dataset = self.subset_samples(name, subset)?;
         let cfg = self.job_config(name, rf_policy.as_deref(), rf)?;
         let mut ss = self.sessions.lock().unwrap();
@@ -223,35 +284,9 @@ impl Daemon {
             replay,
         });
         let generation = sh.take_generation();
-        let placeholder =
-            Arc::new(View::from_files(&[], generation, 0, 0, "", &self.paths.slots).nested());
-        // Not a secret (the socket is the user's own): it tells a reconnection from another
-        // process under the same name.
-        let token = format!(
-            "{:016x}",
-            mix(u64::from(std::process::id()) ^ mix(self.started.elapsed().as_nanos() as u64))
-                ^ mix(generation)
-        );
-        ss.insert(
-            name.to_string(),
-            Session::new(
-                name.to_string(),
-                name.to_string(),
-                // Its first view (sequence 0) is drawn with the jobs joining with it.
-                Schedule::Job(Drawn::new(job_slots(name, generation))),
-                None,
-                Start {
-                    epoch: 0,
-                    mini_epoch: 0,
-                    passes: 0,
-                    generation,
-                    sequence: 0,
-                },
-                policy,
-                history,
-                placeholder,
-            ),
-        );
+        let token = self.job_token(generation);
+        let session = self.job_session(name, generation, policy, history);
+        ss.insert(name.to_string(), session);
         *sh.last_join.lock().unwrap() = Some(Instant::now());
         sh.jobs.lock().unwrap().insert(
             name.to_string(),
@@ -286,7 +321,7 @@ impl Daemon {
     /// As [`Daemon::leave`]; a job dropped for its silence (`finished` false) keeps its run
     /// unfinished in the rf history, as a killed single-job mount's.
     async fn leave_as(&self, name: &str, finished: bool) -> Result<(), ProtocolError> {
-        let sh = self.shared.as_ref().ok_or_else(|| {
+        let sh = self.mode.shared().ok_or_else(|| {
             bad("`leave` is for shared mounts (--share); this mount serves one job".into())
         })?;
         // Held from the snapshot of the rf history to its write (as `save_session`).
@@ -378,7 +413,7 @@ impl Daemon {
 
     /// Drops the jobs silent for longer than `share.idle_secs`; run by the monitor.
     pub(in crate::daemon) fn reap_idle(self: &Arc<Self>) {
-        let Some(sh) = &self.shared else { return };
+        let Some(sh) = self.mode.shared() else { return };
         let idle = Duration::from_secs(sh.cfg.idle_secs);
         let gone: Vec<String> = sh
             .jobs

@@ -224,41 +224,31 @@ fn mix(mut x: u64) -> u64 {
     planrng::splitmix64(&mut x)
 }
 
-impl Daemon {
-    /// Whether this is a shared mount (`--share`).
-    pub fn is_shared(&self) -> bool {
-        self.shared.is_some()
-    }
-
-    /// The session a request acts on: on a shared mount the job it names (required), else the
-    /// default session. Counts as the job's sign of life.
-    pub(crate) fn session_for(&self, job: Option<&str>) -> Result<String, ProtocolError> {
-        let Some(sh) = &self.shared else {
-            return Ok(DEFAULT_SESSION.to_string());
-        };
+impl Shared {
+    /// The session of a request on a shared mount: the job it names (required). Counts as
+    /// the job's sign of life.
+    pub(super) fn session_for(&self, job: Option<&str>) -> Result<String, ProtocolError> {
         let Some(job) = job else {
             return Err(bad(
                 "this mount is shared between jobs (--share): name the job (`job`, or METFS_JOB in the Python client)".into(),
             ));
         };
-        match sh.jobs.lock().unwrap().get_mut(job) {
+        match self.jobs.lock().unwrap().get_mut(job) {
             Some(m) => {
                 m.last_seen = Instant::now();
                 Ok(job.to_string())
             }
             None => Err(bad(format!(
                 "job {job:?} has not joined this shared mount (or was dropped after {} s without a request); send `hello` with its name first",
-                sh.cfg.idle_secs
+                self.cfg.idle_secs
             ))),
         }
     }
 
     /// Counts as a sign of life of job `name` (a request, or waiting for staging for it).
-    pub(super) fn touch_job(&self, name: &str) {
-        if let Some(sh) = &self.shared {
-            if let Some(m) = sh.jobs.lock().unwrap().get_mut(name) {
-                m.last_seen = Instant::now();
-            }
+    pub(super) fn touch(&self, name: &str) {
+        if let Some(m) = self.jobs.lock().unwrap().get_mut(name) {
+            m.last_seen = Instant::now();
         }
     }
 }

@@ -82,7 +82,7 @@ impl Daemon {
 
     /// As [`Daemon::write_share`], with `persisting` held by the caller.
     pub(in crate::daemon) fn write_share_locked(&self) {
-        let Some(sh) = &self.shared else { return };
+        let Some(sh) = self.mode.shared() else { return };
         let saved = self.share_snapshot(sh, &self.sessions.lock().unwrap());
         if let Err(e) = write_share_state(&self.paths.share, &saved) {
             tracing::error!(error = %e, path = %self.paths.share.display(), "cannot save the jobs' places");
@@ -97,7 +97,7 @@ impl Daemon {
     /// when it joins again.
     pub(in crate::daemon) async fn resume_jobs(&self, saved: SavedShare) -> Vec<NotResumed> {
         let mut refused = Vec::new();
-        let Some(sh) = &self.shared else {
+        let Some(sh) = self.mode.shared() else {
             return refused;
         };
         let top = saved
@@ -146,7 +146,7 @@ impl Daemon {
     /// `job_not_resumed` event, listed in `status`, and told why in its next `hello`, so that
     /// a job that starts over at epoch 0 never takes that for its saved position.
     pub(in crate::daemon) fn note_not_resumed(&self, refused: Vec<NotResumed>) {
-        let Some(sh) = &self.shared else { return };
+        let Some(sh) = self.mode.shared() else { return };
         for n in &refused {
             tracing::warn!(
                 job = %n.job,
@@ -169,7 +169,7 @@ impl Daemon {
     /// Resumes one saved job (see [`Daemon::resume_jobs`]); returns how many samples of its
     /// current view were fetched from the tier (none when its kept slot was whole).
     async fn resume_job(&self, j: &SavedJob) -> Result<u64, String> {
-        let sh = self.shared.as_ref().expect("a shared mount");
+        let sh = self.mode.shared().expect("a shared mount");
         let name = j.name.as_str();
         let dataset = self
             .subset_samples(name, j.subset.as_ref())
@@ -197,32 +197,7 @@ impl Daemon {
             .rejoin(name, &dataset, sh.view_bytes, j.cohort.clone())
             .map_err(|e| e.to_string())?;
         let cur = j.cohort.current.clone().expect("checked when read");
-        let slot = j.slot();
-        // Checked as a plain mount's resume checks its slot: the journal's copies (unread if
-        // the slot's seal holds), and only what is missing or damaged fetched again.
-        let spec = SlotSpec {
-            name: slot.clone(),
-            samples: cur.samples.clone(),
-            reuse_from: Vec::new(),
-        };
-        let report = self
-            .store
-            .stage(&spec, Arc::default())
-            .await
-            .map_err(|e| format!("its kept slot {slot}: {e}"))?;
-        let catalog = &self.store.catalog;
-        self.store.note_failed(
-            report
-                .failed
-                .iter()
-                .map(|(id, why)| (catalog.path(*id), why.clone())),
-        );
-        let target = (j.epoch, j.mini_epoch);
-        let view = Arc::new(
-            self.store
-                .view_for(&cur.samples, target, j.generation, &slot)
-                .nested(),
-        );
+        let (view, fetched) = self.restage_kept(j, &cur.samples).await?;
         let history = sh.history.as_ref().map(|store| History {
             store: store.clone(),
             run: start_recording(
@@ -279,6 +254,41 @@ impl Daemon {
                 dataset: j.dataset.clone(),
             },
         );
-        Ok(report.fetched as u64)
+        Ok(fetched)
+    }
+
+    /// Job `j`'s kept slot, checked as a plain mount's resume checks its slot (the journal's
+    /// copies, unread if the slot's seal holds; only what is missing or damaged fetched
+    /// again), and its view at the saved generation; returns the view and the samples fetched.
+    async fn restage_kept(
+        &self,
+        j: &SavedJob,
+        samples: &[u32],
+    ) -> Result<(Arc<View>, u64), String> {
+        let slot = j.slot();
+        let spec = SlotSpec {
+            name: slot.clone(),
+            samples: samples.to_vec(),
+            reuse_from: Vec::new(),
+        };
+        let report = self
+            .store
+            .stage(&spec, Arc::default())
+            .await
+            .map_err(|e| format!("its kept slot {slot}: {e}"))?;
+        let catalog = &self.store.catalog;
+        self.store.note_failed(
+            report
+                .failed
+                .iter()
+                .map(|(id, why)| (catalog.path(*id), why.clone())),
+        );
+        let target = (j.epoch, j.mini_epoch);
+        let view = Arc::new(
+            self.store
+                .view_for(samples, target, j.generation, &slot)
+                .nested(),
+        );
+        Ok((view, report.fetched as u64))
     }
 }
