@@ -47,9 +47,16 @@
 //! names of an epoch's slot and inbox and the inbox's protocol are the exchange crate's
 //! (`metfs_exchange::spec`), so that both sides build them the same way.
 
-use super::*;
 use crate::config::aggregate::{AggregateConfig, ShuffleCode};
+use crate::config::MountConfig;
+use crate::daemon::store::Store;
+use crate::daemon::{Daemon, DaemonError};
+use prefetcher::size::format_bytes;
 use shuffle::{layout, Layout};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 // The names, the spec and the digest the daemon and its exchange agree on live with the
 // exchange (`metfs_exchange::spec`); they are re-exported here at their old paths.

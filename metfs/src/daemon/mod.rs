@@ -150,36 +150,20 @@
 //! workers), which runs under none of these; the `changed` watch channel; and the control
 //! socket's connection semaphore, taken with `try_acquire`, never waited for.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::protocol::event::{self, Event};
-use crate::protocol::{
-    Choice, Decision, Draining, ErrorCode, FilesForm, FilesView, Hello, Metrics, NotResumed,
-    ProtocolError, Staging, Status,
-};
-use feedback::config::{PolicyConfig, PolicyKind};
-use feedback::history::{HistoryStore, MiniEpochRecord, Replay, RunId};
-use feedback::policy::{JobSignals, PassState, RfPolicy, Verdict};
-use prefetcher::budget::{round_up, Budget, BudgetError};
-use prefetcher::catalog::Catalog;
-use prefetcher::hdf5::Containers;
-use prefetcher::pacer::{JustInTime, Pacer};
-use prefetcher::planner::{self, EpochPlan, PlanConfig, PlanError, SampleSet, Strategy};
-use prefetcher::size::format_bytes;
-use prefetcher::stager::{Progress, SlotJournal, SlotSpec, StageReport, Stager};
-use prefetcher::tier::{CapacityTier, PosixTier, TierError};
-use prefetcher::transform::Transformer;
-use serde::{Deserialize, Serialize};
+use crate::protocol::ProtocolError;
+use prefetcher::budget::BudgetError;
+use prefetcher::planner::PlanError;
+use prefetcher::tier::TierError;
 use thiserror::Error;
 use tokio::sync::watch;
 
-use crate::config::{ActiveReadPath, MountConfig, PrefetchRate, ReadPath};
-use crate::fs::{FsCore, FsSettings};
-use crate::view::View;
+use crate::config::{ActiveReadPath, MountConfig, ReadPath};
+use crate::fs::FsCore;
 
 /// Errors that stop a mount.
 #[derive(Debug, Error)]
@@ -286,18 +270,15 @@ mod switch;
 pub use fingerprint::{Fingerprint, PlanKind, SavedFingerprint};
 pub use kernel::KernelCache;
 use mode::ModeState;
-use queue::{QueueFeed, QueueState};
-use schedule::{job_slots, Drawn, DrawnView, Plans, Schedule};
+use session::Sessions;
 pub use session::DEFAULT_SESSION;
-use session::*;
-pub use setup::*;
+use setup::write_saved_state;
+pub use setup::{check_cache_dir, check_places};
 pub use share::check_job_name;
 pub use share::state::{SavedJob, SavedShare, ShareSettings, SHARE_STATE_VERSION};
-use share::Shared;
-pub use source::*;
-use staging::*;
+pub use source::{make_catalog_file, mountable_catalog_file, open_tier, MadeCatalog};
 pub use staging::{AUTO_TRICKLE, PACING_MARGIN};
-pub use state::*;
+pub use state::{next_generation, SavedState, GENERATION_LIMIT, POSITION_LIMIT};
 pub use store::Store;
 
 /// A running daemon's shared core: the [`Store`], the [`Session`]s by name, and the

@@ -35,7 +35,10 @@
 //!   entries and inodes of the whole view at once instead of as the first pass reaches them
 //!   (that pass makes them all anyway); `prime_entries = false` turns it off.
 
-use super::*;
+use crate::daemon::Daemon;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 /// How many entries of one directory are listed between two checks that the view is still
 /// current: a few milliseconds' worth.

@@ -22,9 +22,15 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicBool;
 
-use super::*;
+use crate::daemon::session::DEFAULT_SESSION;
+use crate::daemon::Daemon;
 use crate::dds::{Batch, Claim, DdsError, ShardDone, Worker};
 use crate::protocol::reply::DdsStatus;
+use prefetcher::size::format_bytes;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// A session's batches when it reads from a queue.
 #[derive(Debug, Default)]

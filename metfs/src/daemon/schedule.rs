@@ -15,8 +15,14 @@
 //! **Invariant:** code outside this module and the modes' own modules asks the schedule and
 //! never tests which mode runs; a position that does not exist is `None`, never a sentinel.
 
-use super::*;
+use crate::daemon::queue::QueueState;
+use crate::daemon::store::Store;
+use crate::daemon::{aggregate, slot_name, successor};
 use crate::dds::Batch;
+use prefetcher::planner;
+use prefetcher::planner::{EpochPlan, PlanConfig};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Where a session's mini-epochs come from (module docs).
 pub(super) enum Schedule {

@@ -4,7 +4,19 @@
 //! by name; a mount has the one [`DEFAULT_SESSION`] today, and no code path assumes it is the
 //! only one: every operation names the session it acts on.
 
-use super::*;
+use crate::daemon::fingerprint::{Fingerprint, SavedFingerprint};
+use crate::daemon::schedule::Schedule;
+use crate::daemon::state::SavedState;
+use crate::daemon::store::Store;
+use crate::protocol::{ErrorCode, Metrics, ProtocolError};
+use crate::view::View;
+use feedback::history::{HistoryStore, MiniEpochRecord, Replay, RunId};
+use feedback::policy::{JobSignals, PassState, RfPolicy};
+use prefetcher::stager::{Progress, StageReport};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// The name of the session a plain mount serves (the one every request reaches today).
 pub const DEFAULT_SESSION: &str = "default";

@@ -3,7 +3,16 @@
 //! cache while the source is unchanged. `metfs plan` uses these too; `file` makes and reads
 //! catalog files (`metfs catalog`, `--catalog`), from which a mount never lists the tier.
 
-use super::*;
+use crate::config::MountConfig;
+use crate::daemon::DaemonError;
+use prefetcher::catalog::Catalog;
+use prefetcher::hdf5::Containers;
+use prefetcher::planner::Strategy;
+use prefetcher::size::format_bytes;
+use prefetcher::tier::{CapacityTier, PosixTier};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
 
 mod file;
 

@@ -2,7 +2,19 @@
 //! slot failures, evicts drained slots, and paces the tier (fixed cap or auto pacing).
 
 use super::store::{self, Room, Stop};
-use super::*;
+use crate::config::PrefetchRate;
+use crate::daemon::session::{Next, Session, Sessions};
+use crate::daemon::{aggregate, Daemon};
+use crate::protocol::event;
+use crate::protocol::event::Event;
+use crate::view::View;
+use prefetcher::pacer::JustInTime;
+use prefetcher::planner;
+use prefetcher::size::format_bytes;
+use prefetcher::stager::{Progress, SlotSpec, StageReport};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Staging rate of `prefetch_rate = auto` before the first pass has been timed.
 pub const AUTO_TRICKLE: u64 = 256 << 10;

@@ -1,7 +1,11 @@
 //! The saved position (`state.json`): parsed and checked field by field on load, written
 //! atomically.
 
-use super::*;
+use crate::daemon::fingerprint::SavedFingerprint;
+use crate::daemon::DaemonError;
+use feedback::history::RunId;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 /// Generations are below this: inode numbers carry the generation in their high 32 bits
 /// (`generation << 32 | node`). After `GENERATION_LIMIT - 1` the generation wraps to 1 (see

@@ -2,8 +2,19 @@
 //! [`Status`], [`FilesView`] and [`Hello`]), the metrics file, and the shutdown that persists
 //! the position.
 
-use super::*;
+use crate::config::ReadPath;
+use crate::daemon::session::{session_ref, Next, Session, Sessions};
+use crate::daemon::Daemon;
 use crate::fs::ViewLease;
+use crate::protocol::event::Event;
+use crate::protocol::{
+    event, Draining, ErrorCode, FilesForm, FilesView, Hello, ProtocolError, Staging, Status,
+};
+use crate::view::View;
+use prefetcher::budget::round_up;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
 impl Daemon {
     /// Runs periodic work: just-in-time pacing, tier-bandwidth events, the metrics file.

@@ -1,7 +1,19 @@
 //! The view switch and the feedback that drives it: `pass_end`, `advance`, `apply`, the
 //! kernel invalidation after a switch, and the stall-free rf.
 
-use super::*;
+use crate::config::ReadPath;
+use crate::daemon::session::{session_mut, session_ref, Next, Session, DEFAULT_SESSION};
+use crate::daemon::setup::{build_policy, learned_replay, start_recording};
+use crate::daemon::staging::pass_start;
+use crate::daemon::Daemon;
+use crate::fs::FsCore;
+use crate::protocol::event::Event;
+use crate::protocol::{event, Choice, Decision, ErrorCode, Metrics, ProtocolError};
+use crate::view::View;
+use feedback::config::PolicyKind;
+use feedback::policy::{JobSignals, Verdict};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 impl Daemon {
     /// Switches session `name`'s view to its successor if it is staged. Returns whether it

@@ -4,7 +4,11 @@
 //! environment and flags: S3 endpoint, region and credentials, manifest, labels); the cache and
 //! the budget, which a catalog does not need, may be left out.
 
-use super::*;
+use anyhow::{anyhow, Context, Result};
+use clap::Args;
+use metfs::config::{Layers, MountConfig, MountSettings};
+use metfs::daemon;
+use std::path::PathBuf;
 
 #[derive(Args, Clone)]
 pub(super) struct CatalogArgs {

@@ -1,6 +1,11 @@
 //! `metfs dds`: inspect and manage a dynamic-sharding queue in etcd.
 
-use super::*;
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use prefetcher::planner::Strategy;
+use std::path::PathBuf;
+use std::time::Duration;
+
 use crate::plan::plan_catalog;
 
 #[derive(Subcommand)]

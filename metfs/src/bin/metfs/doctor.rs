@@ -2,7 +2,11 @@
 //! node for the user who runs it (`metfs::doctor`). Exit status 0 when a mount would work, 1
 //! when a check fails, 2 for bad input (the same errors as `metfs mount`).
 
-use super::*;
+use super::{layers, message};
+use clap::Args;
+use metfs::config::{MountConfig, MountSettings};
+use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Args, Clone)]
 pub(super) struct DoctorArgs {

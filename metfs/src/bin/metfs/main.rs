@@ -6,18 +6,15 @@
 //! `anyhow` is used only in the binary, to add context to the modules' typed errors on their way
 //! to the user.
 
-use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, Result};
 use clap::{Args, CommandFactory, FromArgMatches, Subcommand};
-use prefetcher::planner::Strategy;
 
-use metfs::config::{reference, Layers, MountConfig, MountSettings, ReadPath};
+use metfs::config::{reference, Layers, MountConfig, MountSettings};
 use metfs::protocol::{Decision, FilesView, Reply, Request, Staging, Status};
-use metfs::{client, control, daemon, fuse, logging, mount, report};
+use metfs::{client, mount, report};
 
 mod catalog;
 mod dds;

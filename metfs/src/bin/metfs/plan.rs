@@ -1,7 +1,11 @@
 //! `metfs plan` and `metfs manifest`: a dataset's plan, the bandwidth model and manifests, without
 //! mounting.
 
-use super::*;
+use anyhow::{anyhow, Context, Result};
+use clap::Args;
+use metfs::logging;
+use prefetcher::planner::Strategy;
+use std::path::PathBuf;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub(super) enum FormatArg {

@@ -1,7 +1,14 @@
 //! `metfs mount`: resolve the settings, fork the daemon, mount FUSE over it and serve until
 //! unmounted or signalled.
 
-use super::*;
+use super::{layers, message};
+use anyhow::{Context, Result};
+use clap::Args;
+use metfs::config::{MountConfig, MountSettings, ReadPath};
+use metfs::{control, daemon, fuse, logging, mount};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Args, Clone)]
 pub(super) struct MountArgs {

@@ -1,9 +1,13 @@
 //! The cache directory: its checks, its privacy and lock, the places a mount needs, and the
 //! saved position.
 
-use super::*;
+use crate::config::MountConfig;
+use crate::daemon::fingerprint::Fingerprint;
+use crate::daemon::state::{load_state, SavedState};
+use crate::daemon::{CachePaths, DaemonError};
+use std::path::{Path, PathBuf};
 
-pub(in crate::daemon) fn lock_cache(paths: &CachePaths) -> Result<std::fs::File, DaemonError> {
+fn lock_cache(paths: &CachePaths) -> Result<std::fs::File, DaemonError> {
     use std::io::{Read, Seek, Write};
     use std::os::fd::AsRawFd;
     let mut f = std::fs::OpenOptions::new()
@@ -47,7 +51,7 @@ pub(in crate::daemon) fn write_saved_state(
 /// Makes the cache directory private (0700): staged copies of protected source files live in
 /// it. A wider one is tightened with a warning; a shared one (sticky, like `/tmp` or
 /// `/dev/shm`) or one of another user is refused, since tightening it would lock others out.
-pub(in crate::daemon) fn make_private(root: &Path) -> Result<(), DaemonError> {
+fn make_private(root: &Path) -> Result<(), DaemonError> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let bad = |reason: String| DaemonError::Cache {
         path: root.display().to_string(),
@@ -92,7 +96,7 @@ pub fn check_cache_dir(cache: &Path) -> Result<(), DaemonError> {
 
 /// `p` with symlinks resolved; for a path that cannot be resolved itself (a dead mount), its
 /// resolved parent joined with its name.
-pub(in crate::daemon) fn resolved(p: &Path) -> Option<PathBuf> {
+fn resolved(p: &Path) -> Option<PathBuf> {
     std::fs::canonicalize(p).ok().or_else(|| {
         let parent = std::fs::canonicalize(p.parent()?).ok()?;
         Some(parent.join(p.file_name()?))

@@ -3,8 +3,33 @@
 //! and policy, its schedule, and its first mini-epoch staged through [`Store::stage`] before
 //! the mount goes live.
 
-use super::*;
 use crate::config::DdsMode;
+use crate::config::{MountConfig, PrefetchRate};
+use crate::daemon::fingerprint::{Fingerprint, SavedFingerprint};
+use crate::daemon::mode::ModeState;
+use crate::daemon::queue::{QueueFeed, QueueState};
+use crate::daemon::schedule::{Plans, Schedule};
+use crate::daemon::session::{History, Persist, Session, Start, DEFAULT_SESSION};
+use crate::daemon::setup::plan::Planned;
+use crate::daemon::setup::{
+    build_policy, copy_repair, fs_settings, open_history, resolve_read_path, write_saved_state,
+    Parts,
+};
+use crate::daemon::staging::{progress_bar, AUTO_TRICKLE};
+use crate::daemon::state::SavedState;
+use crate::daemon::store::Store;
+use crate::daemon::{aggregate, slot_name, successor, CachePaths, Daemon, DaemonError};
+use crate::fs::FsCore;
+use crate::protocol::event;
+use crate::protocol::event::Event;
+use prefetcher::catalog::Catalog;
+use prefetcher::planner;
+use prefetcher::planner::PlanConfig;
+use prefetcher::size::format_bytes;
+use prefetcher::stager::{Progress, SlotSpec, StageReport};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// What [`Daemon::prepare_session`] starts from: the phases before it.
 pub(super) struct First {

@@ -1,7 +1,13 @@
 //! The rf history and policy of a mount: the history file, a `learned` policy's replay,
 //! and the run a session records.
 
-use super::*;
+use crate::config::MountConfig;
+use crate::daemon::session::History;
+use crate::daemon::DaemonError;
+use feedback::config::{PolicyConfig, PolicyKind};
+use feedback::history::{HistoryStore, Replay, RunId};
+use feedback::policy::RfPolicy;
+use std::sync::{Arc, Mutex};
 
 pub(in crate::daemon) fn open_history_store(cfg: &MountConfig) -> Option<HistoryStore> {
     if let Some(dir) = cfg.history.parent() {

@@ -16,7 +16,26 @@
 //! fresh plan's position is saved before its first mini-epoch is staged (a daemon killed while
 //! staging it resumes the slot instead of discarding it).
 
-use super::*;
+use crate::config::{ActiveReadPath, MountConfig, PrefetchRate, ReadPath};
+use crate::daemon::mode::ModeState;
+use crate::daemon::session::Sessions;
+use crate::daemon::source::{load_catalog, needs_labels, open_tier};
+use crate::daemon::store::Store;
+use crate::daemon::{CachePaths, Daemon, DaemonError};
+use crate::fs::{FsCore, FsSettings};
+use prefetcher::budget::Budget;
+use prefetcher::catalog::Catalog;
+use prefetcher::hdf5::Containers;
+use prefetcher::pacer::Pacer;
+use prefetcher::size::format_bytes;
+use prefetcher::stager::Stager;
+use prefetcher::tier::CapacityTier;
+use prefetcher::transform::Transformer;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::watch;
 
 mod cache;
 mod first;
@@ -24,10 +43,14 @@ mod history;
 mod plan;
 mod shared;
 
-pub use cache::*;
+pub(super) use cache::write_saved_state;
+pub use cache::{check_cache_dir, check_places};
+use cache::{open_cache, saved_position};
 use first::First;
-pub(super) use history::*;
-use plan::*;
+pub(super) use history::{
+    build_policy, learned_replay, open_history, open_history_store, start_recording,
+};
+use plan::{fingerprint_for, plan_dataset};
 
 /// How the mount fetches again a copy of a sealed slot that its first open found damaged: the
 /// stager's repair, run to completion on the daemon's runtime from the FUSE thread that asked

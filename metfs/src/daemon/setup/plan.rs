@@ -1,8 +1,17 @@
 //! What the plan of a mount is made from: the budget's split, each sample's footprint, the
 //! mini-epochs per epoch, and the fingerprint a saved position must match.
 
-use super::*;
 use crate::config::Mode;
+use crate::config::MountConfig;
+use crate::daemon::fingerprint::{Fingerprint, PlanKind};
+use crate::daemon::{aggregate, DaemonError};
+use prefetcher::budget::Budget;
+use prefetcher::catalog::Catalog;
+use prefetcher::hdf5::Containers;
+use prefetcher::planner;
+use prefetcher::planner::{PlanConfig, PlanError, SampleSet};
+use prefetcher::size::format_bytes;
+use std::sync::Arc;
 
 /// What the plan depends on: a saved position is resumed only under the same.
 pub(super) fn fingerprint_for(

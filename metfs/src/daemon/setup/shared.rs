@@ -2,8 +2,27 @@
 //! file (`share.json`, if it is of these settings) are resumed, each from its kept slots, and
 //! wait for their `hello`; every other slot of an earlier run is removed.
 
-use super::*;
 use crate::config::share::ShareConfig;
+use crate::config::{MountConfig, PrefetchRate};
+use crate::daemon::mode::ModeState;
+use crate::daemon::setup::plan::Planned;
+use crate::daemon::setup::{
+    copy_repair, fs_settings, open_history_store, resolve_read_path, Parts,
+};
+use crate::daemon::share::state::{SavedShare, ShareSettings, SHARE_STATE_VERSION};
+use crate::daemon::share::Shared;
+use crate::daemon::store::Store;
+use crate::daemon::{aggregate, share, CachePaths, Daemon, DaemonError};
+use crate::fs::FsCore;
+use crate::protocol::event::Event;
+use crate::protocol::{event, NotResumed};
+use crate::view::View;
+use prefetcher::budget::Budget;
+use prefetcher::catalog::Catalog;
+use prefetcher::size::format_bytes;
+use prefetcher::stager::Stager;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 /// Retired slots a shared mount keeps on the node per job share, at most. Jobs over one
 /// dataset take their common samples in the same round, so their slots are links of the same

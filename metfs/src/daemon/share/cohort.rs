@@ -2,8 +2,12 @@
 //! its move to it at a switch, whether a job is held back (`share.pace = wait`), and every
 //! job's status.
 
-use super::*;
 use crate::config::share::SharePace;
+use crate::daemon::schedule::DrawnView;
+use crate::daemon::session::{Session, Sessions};
+use crate::daemon::share::{Shared, JOIN_WINDOW};
+use crate::daemon::store::Store;
+use crate::daemon::Daemon;
 use crate::protocol::JobStatus;
 use prefetcher::refcnt::cohort::Next as CohortNext;
 

@@ -5,8 +5,19 @@
 
 use std::collections::HashSet;
 
-use super::*;
+use crate::config::{MountConfig, ReadPath};
+use crate::daemon::schedule::{job_slots, Drawn, Schedule};
+use crate::daemon::session::{History, Next, Session, Start};
+use crate::daemon::setup::{build_policy, learned_replay, start_recording};
+use crate::daemon::share::{bad, check_job_name, dataset_key, mix, JobMeta, JOIN_WINDOW};
+use crate::daemon::Daemon;
 use crate::protocol::JobShare;
+use crate::protocol::{ErrorCode, Hello, ProtocolError, Subset};
+use crate::view::View;
+use feedback::policy::RfPolicy;
+use prefetcher::size::format_bytes;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 impl Daemon {
     /// The samples of `subset` (all of the source without one), each checked.

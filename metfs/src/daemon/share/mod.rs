@@ -70,10 +70,18 @@
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::OnceLock;
 
-use super::*;
 use crate::config::share::ShareConfig;
+use crate::daemon::state::next_generation;
 use crate::protocol::Subset;
+use crate::protocol::{ErrorCode, NotResumed, ProtocolError};
+use feedback::history::HistoryStore;
+use prefetcher::budget::Budget;
 use prefetcher::refcnt::cohort::Cohort;
+use state::ShareSettings;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 mod cohort;
 mod join;

@@ -4,7 +4,19 @@
 use std::collections::HashSet;
 
 use super::state::write_share_state;
-use super::*;
+use crate::daemon::schedule::{Drawn, DrawnView, Schedule};
+use crate::daemon::session::{History, Session, Sessions, Start};
+use crate::daemon::setup::{build_policy, learned_replay, start_recording};
+use crate::daemon::share::state::{SavedJob, SavedShare, SHARE_STATE_VERSION};
+use crate::daemon::share::{dataset_key, JobMeta, Shared};
+use crate::daemon::Daemon;
+use crate::protocol::event::Event;
+use crate::protocol::NotResumed;
+use crate::view::View;
+use prefetcher::stager::SlotSpec;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// Saved job `j` was not resumed, for `reason`.
 pub(in crate::daemon) fn not_resumed(j: &SavedJob, reason: impl ToString) -> NotResumed {

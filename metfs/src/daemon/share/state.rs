@@ -4,10 +4,15 @@
 //! untrusted input and checked field by field ([`SavedShare::from_json`]); a file that fails
 //! stops the mount with an error naming it, the field and `--reset`.
 
-use super::*;
+use crate::daemon::share::check_job_name;
+use crate::daemon::state::{GENERATION_LIMIT, POSITION_LIMIT};
+use crate::daemon::{slot_name, DaemonError};
 use crate::protocol::Subset;
+use feedback::history::RunId;
 use feedback::policy::PolicyState;
 use prefetcher::refcnt::cohort::MemberState;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 /// The save file's layout version: a file of another version is not resumed (a log line, not
 /// an error), as a file of other settings.

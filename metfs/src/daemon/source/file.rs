@@ -15,7 +15,16 @@
 
 use prefetcher::catalog::{CatalogFile, SourceStamp};
 
-use super::*;
+use crate::config::MountConfig;
+use crate::daemon::source::{
+    check_catalog_fits, label_by_hdf5, list_catalog, needs_labels, open_tier, read_manifest,
+};
+use crate::daemon::DaemonError;
+use prefetcher::catalog::Catalog;
+use prefetcher::size::format_bytes;
+use prefetcher::tier::CapacityTier;
+use std::path::Path;
+use std::time::Instant;
 
 /// What [`make_catalog_file`] did.
 #[derive(Debug, Clone)]

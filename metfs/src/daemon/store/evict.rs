@@ -4,7 +4,8 @@
 //! slot owns ([`Store::remove_slots_except`]). The book's claims on a deletion are taken and
 //! ended only here.
 
-use super::*;
+use crate::daemon::store::{Stop, Store};
+use std::time::Duration;
 
 impl Store {
     /// Deletes `slot`, staged but never shown (its job left first), and frees its bytes.

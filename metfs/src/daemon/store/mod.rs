@@ -46,12 +46,19 @@
 //! never while waiting for anything; the daemon may hold its sessions' lock when it calls
 //! them (sessions lock, then store lock; never the other way).
 
-use std::collections::{BTreeSet, HashMap};
-use std::path::PathBuf;
+use std::collections::BTreeSet;
 
 use prefetcher::budget::BLOCK;
 
-use super::*;
+use crate::daemon::CachePaths;
+use crate::view::View;
+use prefetcher::budget::{round_up, Budget};
+use prefetcher::catalog::Catalog;
+use prefetcher::hdf5::Containers;
+use prefetcher::planner::SampleSet;
+use prefetcher::stager::{Progress, SlotJournal, SlotSpec, StageReport, Stager};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 mod evict;
 mod origins;

@@ -2,7 +2,10 @@
 //! budget beside what the node holds, and if not which samples of held slots to trim
 //! (RefCnt's order) or which held slots to let go ([`Trim`], [`Room`]).
 
-use super::*;
+use crate::daemon::store::{Book, Store};
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 /// What [`Store::room_for`] answers a staging on a shared mount.
 #[derive(Debug)]
