@@ -22,6 +22,7 @@ use crate::daemon::{aggregate, slot_name, successor, CachePaths, Daemon, DaemonE
 use crate::fs::FsCore;
 use crate::protocol::event;
 use crate::protocol::event::Event;
+use crate::view::View;
 use prefetcher::catalog::Catalog;
 use prefetcher::planner;
 use prefetcher::planner::PlanConfig;
@@ -92,33 +93,15 @@ impl Daemon {
             nm,
             start.epoch,
         )?;
-        let (members, members_bytes) = schedule.members(&store, cur);
-        let spec = SlotSpec {
-            name: slot_name(cur),
-            samples: members.clone(),
-            // A resumed run's successor slot may hold samples of the current one.
-            reuse_from: match (&saved, schedule.successor(cur)) {
-                (Some(_), Some(succ)) => vec![slot_name(succ)],
-                _ => Vec::new(),
-            },
-        };
-        tracing::info!(
-            mini_epochs = nm,
-            slot_bytes = %format_bytes(budget.slot_bytes),
-            reserve = %format_bytes(budget.reserve),
-            epoch = cur.0, mini_epoch = cur.1,
-            files = members.len(),
-            bytes = %format_bytes(members_bytes),
-            "staging the first mini-epoch"
-        );
-        store.begin_slot(&spec.name, &members);
-        stage_first(&cfg, &store, &spec, show_progress).await?;
-        let view = Arc::new(store.view_for(
-            &schedule.view_members(&store, cur),
-            cur,
-            start.generation,
-            &spec.name,
-        ));
+        let view = stage_first_view(
+            &cfg,
+            &store,
+            &mut schedule,
+            saved.is_some(),
+            &start,
+            show_progress,
+        )
+        .await?;
         let read_path = resolve_read_path(&cfg, &store.catalog, &budget, true);
         let fs = Arc::new(FsCore::new(view.clone(), fs_settings(&cfg, read_path)));
         fs.set_copy_repair(copy_repair(&store.stager));
@@ -175,6 +158,46 @@ impl Daemon {
         }));
         Ok(())
     }
+}
+
+/// Stages the session's first mini-epoch (at `start`) through [`Store::stage`], reusing the
+/// successor's slot of a `resumed` run, and returns its view at the start's generation.
+async fn stage_first_view(
+    cfg: &MountConfig,
+    store: &Store,
+    schedule: &mut Schedule,
+    resumed: bool,
+    start: &Start,
+    show_progress: bool,
+) -> Result<Arc<View>, DaemonError> {
+    let cur = (start.epoch, start.mini_epoch);
+    let (members, members_bytes) = schedule.members(store, cur);
+    let spec = SlotSpec {
+        name: slot_name(cur),
+        samples: members.clone(),
+        // A resumed run's successor slot may hold samples of the current one.
+        reuse_from: match (resumed, schedule.successor(cur)) {
+            (true, Some(succ)) => vec![slot_name(succ)],
+            _ => Vec::new(),
+        },
+    };
+    tracing::info!(
+        mini_epochs = schedule.mini_epochs(),
+        slot_bytes = %format_bytes(store.budget.slot_bytes),
+        reserve = %format_bytes(store.budget.reserve),
+        epoch = cur.0, mini_epoch = cur.1,
+        files = members.len(),
+        bytes = %format_bytes(members_bytes),
+        "staging the first mini-epoch"
+    );
+    store.begin_slot(&spec.name, &members);
+    stage_first(cfg, store, &spec, show_progress).await?;
+    Ok(Arc::new(store.view_for(
+        &schedule.view_members(store, cur),
+        cur,
+        start.generation,
+        &spec.name,
+    )))
 }
 
 /// The session's schedule at its start: the queue's first batch as sequence 0, the aggregate
