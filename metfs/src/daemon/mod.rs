@@ -126,7 +126,7 @@
 //! rf history, the layouts, `last_wait`, `book`, the core's locks (a switch takes
 //! `reply_gate`, then `views`), `pending_done`, `snapshot`, `last_retry_error`, the pacer's
 //! bucket, the event log and `mountpoint`; `cohort` holds `book` (`Store::room_for` in
-//! `begin_staging`, `note_error` in `serve_cohort`) and `me` (`trim_soon`); the FUSE adapter's
+//! `ModeState::room`, `note_error` in `serve_cohort`); the FUSE adapter's
 //! lookups and READDIRPLUS hold `reply_gate` over `root_listings` (which holds `views` in
 //! `opendir`), `views` and `handles`; a backing-id key's lock holds `live_backing` and the
 //! caches' own locks (an open registers its backing id); `pending_done` holds `snapshot` and
