@@ -24,7 +24,7 @@ pub enum Mode {
     /// One job; each node plans its own share of every epoch.
     Plain,
     /// One job; mini-epochs are batches of shards claimed from a queue in etcd.
-    Dds(DdsMode),
+    Dds(Box<DdsMode>),
     /// One job; the nodes hold the dataset together and exchange each epoch's shares.
     Aggregate(AggregateConfig),
     /// Several jobs on one staged store, each joining with `hello`.
@@ -54,7 +54,7 @@ impl Mode {
     /// Dynamic sharding's settings, in that mode.
     pub fn dds(&self) -> Option<&DdsMode> {
         match self {
-            Mode::Dds(d) => Some(d),
+            Mode::Dds(d) => Some(d.as_ref()),
             _ => None,
         }
     }
@@ -84,10 +84,10 @@ impl Mode {
         check_aggregate(s, check)?;
         refuse_combinations(s, check)?;
         Ok(if let Some(url) = url {
-            Mode::Dds(DdsMode {
+            Mode::Dds(Box::new(DdsMode {
                 url,
                 settings: s.dds.clone(),
-            })
+            }))
         } else if s.share.enabled {
             Mode::Shared(s.share.clone())
         } else if s.aggregate.enabled {

@@ -42,11 +42,11 @@ pub(super) enum ModeState {
     /// One job, its plan its own.
     Plain,
     /// One job fed by the node's worker on the shard queue.
-    Queue(QueueFeed),
+    Queue(Box<QueueFeed>),
     /// One job whose epochs after the first come from the other nodes' caches.
     Aggregate(Arc<Aggregate>),
     /// Several jobs on one store, their views drawn by one cohort.
-    Shared(Shared),
+    Shared(Box<Shared>),
 }
 
 /// The fields of `status` that only a mode has.
@@ -61,7 +61,7 @@ impl ModeState {
     /// The queue feed, with `--dds`.
     pub(super) fn queue(&self) -> Option<&QueueFeed> {
         match self {
-            ModeState::Queue(q) => Some(q),
+            ModeState::Queue(q) => Some(q.as_ref()),
             _ => None,
         }
     }
@@ -69,7 +69,7 @@ impl ModeState {
     /// The jobs and their cohort, with `--share`.
     pub(super) fn shared(&self) -> Option<&Shared> {
         match self {
-            ModeState::Shared(s) => Some(s),
+            ModeState::Shared(s) => Some(s.as_ref()),
             _ => None,
         }
     }

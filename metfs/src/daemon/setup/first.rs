@@ -119,7 +119,7 @@ impl Daemon {
             view,
         );
         let mode = match (queue, aggregate) {
-            (Some((feed, _)), _) => ModeState::Queue(feed),
+            (Some((feed, _)), _) => ModeState::Queue(Box::new(feed)),
             (None, Some(a)) => ModeState::Aggregate(a),
             (None, None) => ModeState::Plain,
         };

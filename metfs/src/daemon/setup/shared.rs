@@ -82,7 +82,7 @@ impl Daemon {
         );
         let daemon = Self::assemble(Parts {
             tier_url,
-            mode: ModeState::Shared(shared),
+            mode: ModeState::Shared(Box::new(shared)),
             paths,
             store,
             sessions: BTreeMap::new(),
