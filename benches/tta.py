@@ -1243,7 +1243,7 @@ def main() -> None:
         compute_epoch = cfg.samples / sps
         if auto:
             tier.start_proxy(int(dataset_bytes / (cfg.ratio * compute_epoch)))
-        checked = peers.check_cap(
+        checked, _ = peers.check_cap(
             tier,
             f"{PREFIX}/files",
             keys,
