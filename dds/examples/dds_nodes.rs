@@ -43,7 +43,7 @@ use metfs_dds::keys::{Keys, Kind, LAYOUT_VERSION};
 use metfs_dds::{
     Batch, Claim, DdsUrl, EtcdOptions, Holder, OwnedSamples, Queue, QueueMeta, Worker, WorkerConfig,
 };
-use prefetcher::planner::{epoch_order, ShardSpec, Strategy};
+use metfs_plan::planner::{epoch_order, ShardSpec, Strategy};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 

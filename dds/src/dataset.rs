@@ -2,9 +2,9 @@
 //! the samples shards are cut from (cache footprints, so a batch of shards fits a slot), and
 //! the queue record with its shard count.
 
+use metfs_plan::digest::{catalog_digest, CatalogDigest};
+use metfs_plan::planner::{shard_count, Strategy};
 use prefetcher::catalog::Catalog;
-use prefetcher::digest::{catalog_digest, CatalogDigest};
-use prefetcher::planner::{shard_count, Strategy};
 
 use super::keys::{QueueMeta, LAYOUT_VERSION};
 use super::{DdsError, OwnedSamples};

@@ -19,7 +19,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use prefetcher::planner::Strategy;
+use metfs_plan::planner::Strategy;
 
 /// The layout version written in [`QueueMeta::version`].
 pub const LAYOUT_VERSION: u32 = 1;

@@ -4,7 +4,7 @@
 //! # Shards and states
 //!
 //! An epoch's order is a pure function of (catalog, seed, epoch, composition)
-//! ([`prefetcher::planner::epoch_order`]), so every node computes it; a shard is
+//! ([`metfs_plan::planner::epoch_order`]), so every node computes it; a shard is
 //! (epoch, offset, length) into it. Shards move TODO → DOING → DONE:
 //!
 //! * **claim** (TODO → DOING): one transaction takes the head of the queue (never-claimed
@@ -103,7 +103,7 @@ pub enum DdsError {
     BadRecord { key: String, reason: String },
     /// The queue's shards cannot be cut from this catalog.
     #[error("the queue's shards do not fit this dataset: {0}")]
-    Order(#[from] prefetcher::planner::PlanError),
+    Order(#[from] metfs_plan::planner::PlanError),
     /// The next shard is larger than a whole slot.
     #[error("shard {shard} of epoch {epoch} holds {bytes} bytes, more than the {max} bytes of a slot; make the queue with smaller shards")]
     ShardTooLarge {

@@ -16,7 +16,7 @@ use metfs_dds::{
     Batch, Claim, DdsError, DdsUrl, EtcdOptions, OwnedSamples, Queue, QueueMeta, Worker,
     WorkerConfig,
 };
-use prefetcher::planner::{epoch_order, ShardSpec, Strategy};
+use metfs_plan::planner::{epoch_order, ShardSpec, Strategy};
 
 /// A real etcd on free ports with its data in a temporary directory.
 struct Etcd {

@@ -238,7 +238,7 @@ impl CodedPlan {
     /// A digest of everything the ranks must agree on: block, demands, packets, senders and
     /// what goes uncoded (FNV-1a, stable across builds).
     pub fn digest(&self) -> u64 {
-        let mut h = prefetcher::digest::Fnv1a::new();
+        let mut h = metfs_plan::digest::Fnv1a::new();
         let mut put = |x: u64| {
             h.write_u64(x);
         };

@@ -78,6 +78,7 @@ pub use spec::{ExchangeSpec, ShuffleCode, SPEC_FILE, SPEC_VERSION};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use metfs_plan::budget::{footprints, Staged};
 use prefetcher::catalog::Catalog;
 use shuffle::{layout, transition, Layout, Transition};
 use thiserror::Error;
@@ -316,13 +317,8 @@ impl Node {
                 ),
             });
         }
-        // As the daemon: footprints are sizes rounded up to whole blocks (aggregate mode
-        // refuses a transform).
-        let sizes = catalog
-            .sizes()
-            .iter()
-            .map(|&s| prefetcher::budget::round_up(s))
-            .collect();
+        // As the daemon: copies' footprints (aggregate mode refuses a transform).
+        let sizes = footprints(catalog.sizes(), Staged::Copy);
         let settings = shuffle::AggregateConfig {
             nodes: spec.nodes,
             seed: spec.seed,

@@ -124,5 +124,5 @@ pub fn inbox_journal(slots: &Path, epoch: u64) -> SlotJournal {
 /// Digest of a catalog: every sample's path, size and version, in catalog order. The spec
 /// carries it as 16 hex digits ([`ExchangeSpec::catalog_digest`]).
 pub fn catalog_digest(catalog: &Catalog) -> u64 {
-    prefetcher::digest::catalog_digest(catalog, prefetcher::digest::CatalogDigest::Contents)
+    metfs_plan::digest::catalog_digest(catalog, metfs_plan::digest::CatalogDigest::Contents)
 }

@@ -25,8 +25,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metfs::dds::{dataset, Claim, DdsUrl, EtcdOptions, Queue, Worker, WorkerConfig};
+use metfs_plan::budget::Staged;
+use metfs_plan::planner::{plan_epoch, PlanConfig, Strategy};
 use prefetcher::catalog::Catalog;
-use prefetcher::planner::{plan_epoch, PlanConfig, Strategy};
 use prefetcher::tier::CapacityTier;
 
 struct Args {
@@ -174,11 +175,7 @@ macro_rules! retry {
 async fn main() {
     let a = args();
     let cat = catalog(&a.source, a.strategy).await;
-    let footprints: Vec<u64> = cat
-        .sizes()
-        .iter()
-        .map(|&s| prefetcher::budget::round_up(s))
-        .collect();
+    let footprints = metfs_plan::budget::footprints(cat.sizes(), Staged::Copy);
     let samples = Arc::new(dataset::samples(&cat, footprints));
     let log = std::fs::OpenOptions::new()
         .create(true)

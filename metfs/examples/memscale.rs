@@ -21,8 +21,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use metfs::view::View;
+use metfs_plan::budget::Staged;
+use metfs_plan::planner::{plan_epoch, PlanConfig, SampleSet, Strategy};
 use prefetcher::catalog::{Catalog, CatalogBuilder, Meta};
-use prefetcher::planner::{plan_epoch, PlanConfig, SampleSet, Strategy};
 
 /// The system allocator, counting the bytes live and the most ever live.
 struct Counting;
@@ -161,11 +162,7 @@ fn main() {
     row("catalog", catalog_bytes, n);
 
     let before = live();
-    let footprints: Vec<u64> = catalog
-        .sizes()
-        .iter()
-        .map(|s| s.div_ceil(4096) * 4096)
-        .collect();
+    let footprints = metfs_plan::budget::footprints(catalog.sizes(), Staged::Copy);
     row("store: footprints", live() - before, n);
 
     let total: u64 = footprints.iter().sum();

@@ -72,7 +72,7 @@ fn registry_dir() -> PathBuf {
 }
 
 fn registry_file(mountpoint: &Path) -> PathBuf {
-    let h = prefetcher::digest::Fnv1a::of(mountpoint.as_os_str().as_encoded_bytes());
+    let h = metfs_plan::digest::Fnv1a::of(mountpoint.as_os_str().as_encoded_bytes());
     registry_dir().join(format!("{h:016x}.json"))
 }
 

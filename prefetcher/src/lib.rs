@@ -34,15 +34,10 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod budget;
-pub mod digest;
 pub mod hdf5;
 pub mod manifest;
-pub mod model;
-pub mod planner;
-pub mod refcnt;
 pub mod stager;
 pub mod transform;
 
 pub use metfs_tier as tier;
-pub use metfs_tier::{catalog, pacer, s3, size};
+pub use metfs_tier::{catalog, pacer, s3};

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::catalog::{BuildError, Catalog, CatalogBuilder, CatalogEntry};
+use metfs_plan::budget::{footprint, Staged};
 
 /// Errors of the manifest module. `file` is the manifest path as given; `line` is 1-based.
 #[derive(Debug, Error)]
@@ -435,16 +436,17 @@ fn build_error(file: &str, lines: &[u32], e: BuildError) -> ManifestError {
     }
 }
 
-/// The cache's accounting block: a sample takes its size rounded up to this in a slot.
-const BLOCK: u64 = 4096;
-
-/// Adds `size` (rounded up to [`BLOCK`]) to the running `total`, or names the line where the
-/// total would overflow: every later sum of sizes or footprints (planner, budget) then fits.
+/// Adds `size`'s footprint as a copy (`metfs_plan::budget::footprint`) to the running `total`,
+/// or names the line where the total would overflow: every later sum of sizes or footprints
+/// (planner, budget) then fits. A transform's growth is checked where it is known (the
+/// planner refuses footprints whose sum overflows).
 fn add_size(total: &mut u64, file: &str, line: u64, size: u64) -> Result<(), ManifestError> {
-    *total = size
-        .div_ceil(BLOCK)
-        .checked_mul(BLOCK)
-        .and_then(|f| total.checked_add(f))
+    let f = footprint(size, Staged::Copy);
+    // The footprint saturates (to u64::MAX, never a whole number of blocks) for a size within
+    // a block of 2^64: an overflow too.
+    *total = (f != u64::MAX)
+        .then(|| total.checked_add(f))
+        .flatten()
         .ok_or_else(|| ManifestError::TotalTooLarge {
             file: file.to_string(),
             line,

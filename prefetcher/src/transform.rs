@@ -35,9 +35,9 @@
 //! A transform may grow or shrink data (a JPEG decoded to an array grows). The plan cuts
 //! mini-epochs before anything is transformed, so it plans each sample at
 //! [`TransformConfig::growth`] times its source size, in whole blocks, at least one
-//! ([`TransformConfig::footprint`]); an output larger than that is refused (the sample is left out, the reason says to raise
-//! `--transform-growth`), so the cache never holds more than the budget whatever the
-//! transform writes. The view shows each file's actual transformed size.
+//! ([`metfs_plan::budget::footprint`] of [`TransformConfig::staged`]); an output larger than
+//! that is refused (the sample is left out, the reason says to raise `--transform-growth`), so
+//! the cache never holds more than the budget whatever the transform writes. The view shows each file's actual transformed size.
 //!
 //! # Identity
 //!
@@ -63,7 +63,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::budget::{round_up, BLOCK};
+use metfs_plan::budget::{footprint, Staged};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -183,14 +183,16 @@ impl TransformConfig {
         Ok(Some(words))
     }
 
-    /// Bytes a sample of `size` source bytes may take in the cache once transformed:
-    /// [`TransformConfig::growth`] times its size, rounded up to whole blocks, at least one
-    /// (an empty sample may become a small array). Without a transform, its size in blocks.
-    pub fn footprint(&self, size: u64) -> u64 {
-        if self.command.is_none() {
-            return round_up(size);
+    /// How a sample is kept in a slot under these settings, for its footprint
+    /// ([`metfs_plan::budget::footprint`]): transformed with [`TransformConfig::growth`], or
+    /// without a command copied.
+    pub fn staged(&self) -> Staged {
+        match self.command {
+            Some(_) => Staged::Transformed {
+                growth: self.growth,
+            },
+            None => Staged::Copy,
         }
-        round_up((size as f64 * self.growth).ceil() as u64).max(BLOCK)
     }
 
     /// The transform's identity, for the mount's fingerprint (module doc); empty without one.
@@ -462,7 +464,7 @@ impl Transformer {
             Some(w) => w,
             None => self.spawn()?,
         };
-        let limit = self.cfg.footprint(data.len() as u64);
+        let limit = footprint(data.len() as u64, self.cfg.staged());
         let secs = self.cfg.timeout_secs.max(1);
         let exchange = async {
             write_request(&mut w.stdin, rel, data)

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Once;
 
+use metfs_plan::planner::{plan_epoch, PlanConfig, SampleSet, Strategy};
 use prefetcher::hdf5::{open_containers, read_scalar_labels, stage_rows, Containers, Hdf5Error};
 use prefetcher::pacer::Pacer;
-use prefetcher::planner::{plan_epoch, PlanConfig, SampleSet, Strategy};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 

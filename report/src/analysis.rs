@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use prefetcher::model::stall_free_rf;
+use metfs_plan::model::stall_free_rf;
 
 use super::events::{Event, EventLog, Start, Timed};
 use super::{MiniEpochRow, ReportSummary, RfStats};

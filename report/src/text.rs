@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use prefetcher::size::format_bytes;
+use metfs_plan::size::format_bytes;
 
 use super::ReportSummary;
 

@@ -26,9 +26,9 @@
 //!
 //! The crate also holds what a tier lists into and paces by: [`catalog`] (every sample of the
 //! dataset, stored compactly: interned directories, one string arena, integer ids), [`pacer`]
-//! (the staging rate's token bucket), [`size`] (`512MiB`-style sizes and rates) and the S3
-//! tier, [`s3`]. It depends on no other metfs crate but `durable`; `prefetcher` re-exports it
-//! under its old paths (`prefetcher::tier`, `prefetcher::catalog`, ...).
+//! (the staging rate's token bucket) and the S3 tier, [`s3`]. Of the workspace it depends on
+//! `durable` and the pure `metfs-plan` (byte sizes; the catalog implements its
+//! `CatalogSamples`, which the budget and the digests read).
 //!
 //! Every `unsafe` block says why it is sound in a `// SAFETY:` comment (enforced below).
 //!
@@ -52,7 +52,6 @@ use crate::pacer::Pacer;
 pub mod catalog;
 pub mod pacer;
 pub mod s3;
-pub mod size;
 #[cfg(feature = "testing")]
 pub mod testing;
 

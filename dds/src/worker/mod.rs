@@ -33,7 +33,7 @@ use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, WatchOptions,
 };
-use prefetcher::planner::{epoch_order, EpochOrder, SampleSet, ShardSpec};
+use metfs_plan::planner::{epoch_order, EpochOrder, SampleSet, ShardSpec};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 

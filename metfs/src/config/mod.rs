@@ -24,7 +24,7 @@ pub mod share;
 use std::path::PathBuf;
 
 use feedback::config::PolicyConfig;
-use prefetcher::planner::{ClusterCopies, Strategy};
+use metfs_plan::planner::{ClusterCopies, Strategy};
 use prefetcher::s3::S3Config;
 use prefetcher::stager::StagerConfig;
 use thiserror::Error;
@@ -532,7 +532,7 @@ mod tests {
         let c = resolve("", &[], &["--share", "--share-jobs", "256"]).unwrap();
         assert_eq!(
             c.mode.shared().map(|s| s.jobs as usize),
-            Some(prefetcher::planner::MAX_JOBS)
+            Some(metfs_plan::planner::MAX_JOBS)
         );
     }
 

@@ -16,7 +16,7 @@ use super::resolve::Check;
 use super::share::ShareConfig;
 use super::{ConfigError, MountSettings};
 use crate::dds::{DdsConfig, DdsUrl};
-use prefetcher::planner::MAX_JOBS;
+use metfs_plan::planner::MAX_JOBS;
 
 /// What a mount serves and where its mini-epochs come from.
 #[derive(Debug, Clone, PartialEq)]

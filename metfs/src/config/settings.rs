@@ -23,9 +23,9 @@ use std::str::FromStr;
 
 use clap::{ArgAction, Args, CommandFactory, FromArgMatches};
 use feedback::config::PolicyConfig;
-use prefetcher::planner::{ClusterCopies, Strategy};
+use metfs_plan::planner::{ClusterCopies, Strategy};
+use metfs_plan::size::{parse_rate, parse_size};
 use prefetcher::s3::S3Config;
-use prefetcher::size::{parse_rate, parse_size};
 use prefetcher::stager::StagerConfig;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 

@@ -51,7 +51,7 @@ use crate::config::aggregate::{AggregateConfig, ShuffleCode};
 use crate::config::MountConfig;
 use crate::daemon::store::Store;
 use crate::daemon::{Daemon, DaemonError};
-use prefetcher::size::format_bytes;
+use metfs_plan::size::format_bytes;
 use shuffle::{layout, Layout};
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -24,7 +24,7 @@ use std::io::Read;
 use std::path::Path;
 
 use super::DaemonError;
-use prefetcher::size::format_bytes;
+use metfs_plan::size::format_bytes;
 
 /// Memory the daemon holds per catalogued file, besides its path: the highest RSS per file
 /// measured (module doc), with both views live and a staging just finished, rounded up.

@@ -156,8 +156,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::protocol::ProtocolError;
-use prefetcher::budget::BudgetError;
-use prefetcher::planner::PlanError;
+use metfs_plan::budget::BudgetError;
+use metfs_plan::planner::PlanError;
 use prefetcher::tier::TierError;
 use thiserror::Error;
 use tokio::sync::watch;

@@ -26,7 +26,7 @@ use crate::daemon::session::DEFAULT_SESSION;
 use crate::daemon::Daemon;
 use crate::dds::{Batch, Claim, DdsError, ShardDone, Worker};
 use crate::protocol::reply::DdsStatus;
-use prefetcher::size::format_bytes;
+use metfs_plan::size::format_bytes;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;

@@ -19,8 +19,8 @@ use crate::daemon::queue::QueueState;
 use crate::daemon::store::Store;
 use crate::daemon::{aggregate, slot_name, successor};
 use crate::dds::Batch;
-use prefetcher::planner;
-use prefetcher::planner::{EpochPlan, PlanConfig};
+use metfs_plan::planner;
+use metfs_plan::planner::{EpochPlan, PlanConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

@@ -5,10 +5,10 @@
 
 use crate::config::MountConfig;
 use crate::daemon::DaemonError;
+use metfs_plan::planner::Strategy;
+use metfs_plan::size::format_bytes;
 use prefetcher::catalog::Catalog;
 use prefetcher::hdf5::Containers;
-use prefetcher::planner::Strategy;
-use prefetcher::size::format_bytes;
 use prefetcher::tier::{CapacityTier, PosixTier};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -11,7 +11,7 @@ use crate::protocol::{
     event, Draining, ErrorCode, FilesForm, FilesView, Hello, ProtocolError, Staging, Status,
 };
 use crate::view::View;
-use prefetcher::budget::round_up;
+use metfs_plan::budget::round_up;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;

@@ -410,9 +410,9 @@ impl Daemon {
     }
 
     /// The stall-free rf of session `s` once EB1 and B2 are measured (the model's
-    /// [`prefetcher::model::stall_free_rf`], the one definition).
+    /// [`metfs_plan::model::stall_free_rf`], the one definition).
     pub(super) fn stall_free_rf(&self, s: &Session) -> Option<u32> {
-        prefetcher::model::stall_free_rf(self.eb1(s)?, s.meter().b2()?)
+        metfs_plan::model::stall_free_rf(self.eb1(s)?, s.meter().b2()?)
     }
 
     pub(super) fn check_stall_free(&self, s: &mut Session) {

@@ -4,7 +4,7 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use prefetcher::size::format_bytes;
+use metfs_plan::size::format_bytes;
 
 use super::Check;
 

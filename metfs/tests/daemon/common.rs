@@ -11,8 +11,8 @@ use metfs::config::MountConfig;
 use metfs::daemon::{Daemon, KernelCache};
 use metfs::fs::FsCore;
 use metfs::view::ROOT_INO;
+use metfs_plan::planner::{self, PlanConfig, SampleSet};
 use prefetcher::catalog::Catalog;
-use prefetcher::planner::{self, PlanConfig, SampleSet};
 use tokio::task::JoinHandle;
 
 /// Budget of every test: with ~1.7 MiB of reserve, a slot holds ~1.1 MiB, so the ~5 MiB
@@ -212,11 +212,7 @@ pub(crate) fn check_bytes(view: &BTreeMap<String, Vec<u8>>, source: &BTreeMap<St
 /// planner (a pure function), independently of the daemon's own plan.
 pub(crate) fn planned(cfg: &MountConfig, d: &Daemon, epoch: u64) -> Vec<BTreeSet<String>> {
     let catalog = Catalog::load(&d.paths.catalog).unwrap();
-    let footprints: Vec<u64> = catalog
-        .sizes()
-        .iter()
-        .map(|&s| prefetcher::budget::round_up(s))
-        .collect();
+    let footprints = metfs_plan::budget::footprints(catalog.sizes(), cfg.transform.staged());
     let set = SampleSet {
         sizes: &footprints,
         labels: catalog.labels(),

@@ -513,6 +513,28 @@ impl Catalog {
     }
 }
 
+/// The planner's view of a catalog: what the budget's reserve and the catalog's digest read.
+impl metfs_plan::CatalogSamples for Catalog {
+    fn len(&self) -> usize {
+        Catalog::len(self)
+    }
+    fn dir_count(&self) -> usize {
+        Catalog::dir_count(self)
+    }
+    fn dir_and_name(&self, id: u32) -> (&str, &str) {
+        Catalog::dir_and_name(self, id)
+    }
+    fn size(&self, id: u32) -> u64 {
+        Catalog::size(self, id)
+    }
+    fn version(&self, id: u32) -> &str {
+        Catalog::version(self, id)
+    }
+    fn label(&self, id: u32) -> Option<&str> {
+        self.labels().map(|l| self.label_name(l[id as usize]))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use object_store::{BackoffConfig, RetryConfig};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::size::parse_size;
+use metfs_plan::size::parse_size;
 
 /// A secret string (secret access key, session token). Read from configuration as a plain
 /// string; never shown by `Debug` and never serialized.

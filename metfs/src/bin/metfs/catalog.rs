@@ -81,7 +81,7 @@ pub(super) fn catalog_cmd(mut args: CatalogArgs, sub: &clap::ArgMatches) -> Resu
         "catalog {}: {} samples, {} of {} (version digest {:08x}); {}",
         out.display(),
         h.samples,
-        prefetcher::size::format_bytes(h.bytes),
+        metfs_plan::size::format_bytes(h.bytes),
         h.source,
         h.versions_digest,
         if made.kept {

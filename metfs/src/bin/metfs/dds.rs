@@ -2,11 +2,11 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use prefetcher::planner::Strategy;
+use metfs_plan::planner::Strategy;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::plan::plan_catalog;
+use crate::plan::{plan_catalog, FootprintArgs};
 
 #[derive(Subcommand)]
 pub(super) enum DdsCmd {
@@ -99,10 +99,35 @@ pub(super) struct DdsInitArgs {
     /// Label samples by their first directory level.
     #[arg(long)]
     label_from_dirs: bool,
+    #[command(flatten)]
+    footprint: FootprintArgs,
+}
+
+/// The record `metfs dds init` makes a queue with: shards cut from each sample's footprint
+/// under the mount's transform, as a mount with `--dds` cuts them.
+fn init_meta(a: &DdsInitArgs) -> Result<metfs::dds::QueueMeta> {
+    use metfs::dds::dataset;
+    let budget = metfs_plan::size::parse_size(&a.budget).context("--budget")?;
+    let (cat, b) = plan_catalog(
+        a.manifest.as_deref(),
+        a.source.as_deref(),
+        a.compose,
+        a.label_from_dirs,
+        budget,
+    )?;
+    let samples = dataset::samples(&cat, a.footprint.footprints(&cat)?);
+    Ok(dataset::queue_meta(
+        &cat,
+        &samples,
+        a.compose,
+        a.seed,
+        b.slot_bytes,
+        a.shards_per_slot,
+    )?)
 }
 
 pub(super) fn dds_cmd(cmd: DdsCmd) -> Result<()> {
-    use metfs::dds::{dataset, DdsUrl, Queue};
+    use metfs::dds::{DdsUrl, Queue};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -121,29 +146,7 @@ pub(super) fn dds_cmd(cmd: DdsCmd) -> Result<()> {
         }
         DdsCmd::Init(a) => {
             let url = DdsUrl::parse(&a.url)?;
-            let budget = prefetcher::size::parse_size(&a.budget).context("--budget")?;
-            let strategy = a.compose;
-            let (cat, b) = plan_catalog(
-                a.manifest.as_deref(),
-                a.source.as_deref(),
-                strategy,
-                a.label_from_dirs,
-                budget,
-            )?;
-            let footprints = cat
-                .sizes()
-                .iter()
-                .map(|&s| prefetcher::budget::round_up(s))
-                .collect();
-            let samples = dataset::samples(&cat, footprints);
-            let meta = dataset::queue_meta(
-                &cat,
-                &samples,
-                strategy,
-                a.seed,
-                b.slot_bytes,
-                a.shards_per_slot,
-            )?;
+            let meta = init_meta(&a)?;
             let (m, made) = rt.block_on(async {
                 let q = Queue::connect(&url, &a.etcd.options()).await?;
                 q.init(&meta).await
@@ -156,7 +159,7 @@ pub(super) fn dds_cmd(cmd: DdsCmd) -> Result<()> {
                 m.seed,
                 m.strategy,
                 m.shards,
-                prefetcher::size::format_bytes(m.shard_bytes)
+                metfs_plan::size::format_bytes(m.shard_bytes)
             );
         }
         DdsCmd::Reset { url, etcd, force } => {
@@ -181,7 +184,7 @@ fn print_dds_status(st: &metfs::dds::QueueStatus) {
         m.seed,
         m.strategy,
         m.shards,
-        prefetcher::size::format_bytes(m.shard_bytes)
+        metfs_plan::size::format_bytes(m.shard_bytes)
     );
     if st.epochs.is_empty() {
         println!("no epoch started");
@@ -210,5 +213,67 @@ fn print_dds_status(st: &metfs::dds::QueueStatus) {
             n.stats.lost_shards,
             n.throughput
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Cli, Cmd};
+    use clap::Parser;
+    use metfs::dds::dataset::{queue_meta, samples, SHARDS_PER_SLOT};
+    use metfs_plan::budget::{footprints, Staged};
+
+    fn init_args(manifest: &std::path::Path, extra: &[&str]) -> DdsInitArgs {
+        let m = manifest.to_str().unwrap();
+        let mut argv = vec!["metfs", "dds", "init", "etcd://127.0.0.1:2379/q"];
+        argv.extend(["--manifest", m, "--budget", "256MiB"]);
+        argv.extend(extra);
+        match Cli::try_parse_from(argv).unwrap().cmd {
+            Cmd::Dds(DdsCmd::Init(a)) => *a,
+            _ => unreachable!("parsed as dds init"),
+        }
+    }
+
+    /// `metfs dds init --transform ... --transform-growth G` cuts the shards a mount with the
+    /// same transform would cut (it once budgeted every sample at its copy's size, so its shards
+    /// held G times the bytes a mount planned for them).
+    #[test]
+    fn init_budgets_a_transforms_growth_as_a_mount_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = dir.path().join("m.csv");
+        let mut text = String::from("path,size\n");
+        for i in 0..400 {
+            text += &format!("d/s{i},1000000\n");
+        }
+        std::fs::write(&m, text).unwrap();
+        let copied = init_meta(&init_args(&m, &[])).unwrap();
+        let grown = init_meta(&init_args(
+            &m,
+            &["--transform", "prep", "--transform-growth", "3"],
+        ))
+        .unwrap();
+        // What a mount with `--dds --transform prep --transform-growth 3` makes.
+        let strategy = Strategy::default();
+        let (cat, b) = plan_catalog(Some(&m), None, strategy, false, 256 << 20).unwrap();
+        let fp = footprints(cat.sizes(), Staged::Transformed { growth: 3.0 });
+        let mount = queue_meta(
+            &cat,
+            &samples(&cat, fp),
+            strategy,
+            0,
+            b.slot_bytes,
+            SHARDS_PER_SLOT,
+        )
+        .unwrap();
+        assert_eq!(grown, mount);
+        assert!(
+            grown.shards > 2 * copied.shards,
+            "{} shards with growth 3, {} without",
+            grown.shards,
+            copied.shards
+        );
+        let bad = init_meta(&init_args(&m, &["--transform-growth", "0"])).unwrap_err();
+        assert!(bad.to_string().contains("--transform-growth"), "{bad}");
     }
 }

@@ -375,7 +375,7 @@ fn parse_metric(kv: &str) -> Result<(String, f64)> {
 }
 
 fn print_status(st: &Status) {
-    let b = prefetcher::size::format_bytes;
+    let b = metfs_plan::size::format_bytes;
     println!(
         "epoch {} mini-epoch {}/{}  pass {} (rf {} {})  generation {}",
         st.epoch, st.mini_epoch, st.mini_epochs, st.pass, st.rf, st.rf_policy, st.generation

@@ -4,7 +4,9 @@
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use metfs::logging;
-use prefetcher::planner::Strategy;
+use metfs_plan::budget::footprints;
+use metfs_plan::planner::Strategy;
+use prefetcher::transform::TransformConfig;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -45,7 +47,7 @@ pub(super) struct PlanArgs {
     /// With --compose clustered, how small clusters are copied: per-node or per-share (as
     /// `metfs mount --cluster-copies`).
     #[arg(long, default_value_t)]
-    cluster_copies: prefetcher::planner::ClusterCopies,
+    cluster_copies: metfs_plan::planner::ClusterCopies,
     /// Mini-epochs per epoch [default: the smallest that fits].
     #[arg(long)]
     mini_epochs: Option<u32>,
@@ -64,9 +66,43 @@ pub(super) struct PlanArgs {
     /// Label samples by their first directory level.
     #[arg(long)]
     label_from_dirs: bool,
+    #[command(flatten)]
+    footprint: FootprintArgs,
     /// Print JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// What decides a sample's footprint in the budget beyond its size: the mount's transform.
+/// `metfs plan` and `metfs dds init` take the mount's flags so that they budget each sample as
+/// the mount will (`metfs_plan::budget::footprint`, the one rule).
+#[derive(Args, Clone)]
+pub(super) struct FootprintArgs {
+    /// The mount's `--transform` command, if it has one: samples are then budgeted at
+    /// --transform-growth times their size (the command itself is not run here).
+    #[arg(long)]
+    transform: Option<String>,
+    /// As `metfs mount --transform-growth`: most bytes a transformed sample may take, as a
+    /// multiple of its source size.
+    #[arg(long, default_value_t = TransformConfig::default().growth)]
+    transform_growth: f64,
+}
+
+impl FootprintArgs {
+    /// Each sample's footprint in the budget, by the mount's rule.
+    pub(super) fn footprints(&self, cat: &prefetcher::catalog::Catalog) -> Result<Vec<u64>> {
+        let g = self.transform_growth;
+        anyhow::ensure!(
+            g.is_finite() && g > 0.0,
+            "--transform-growth: {g} must be a positive number"
+        );
+        let transform = TransformConfig {
+            command: self.transform.clone(),
+            growth: g,
+            ..TransformConfig::default()
+        };
+        Ok(footprints(cat.sizes(), transform.staged()))
+    }
 }
 
 pub(super) fn manifest_cmd(
@@ -98,9 +134,16 @@ pub(super) fn manifest_cmd(
     Ok(())
 }
 
+/// The rf schedule in the file `path` (the model parses its text: `parse_schedule`).
+fn read_schedule(path: &std::path::Path) -> Result<Vec<metfs_plan::model::ScheduleEntry>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read rf schedule {}", path.display()))?;
+    Ok(metfs_plan::model::parse_schedule(&text, path)?)
+}
+
 fn model_cmd(a: &PlanArgs, dataset: &str) -> Result<()> {
-    use prefetcher::model::{model, read_schedule, ModelInputs, RfSpec};
-    use prefetcher::size::{parse_rate, parse_size};
+    use metfs_plan::model::{model, ModelInputs, RfSpec};
+    use metfs_plan::size::{parse_rate, parse_size};
     let need = |v: &Option<String>, flag: &str| {
         v.clone()
             .ok_or_else(|| anyhow!("model mode needs {flag} (with --dataset-size)"))
@@ -135,7 +178,7 @@ pub(super) fn plan_catalog(
     strategy: Strategy,
     label_from_dirs: bool,
     budget: u64,
-) -> Result<(prefetcher::catalog::Catalog, prefetcher::budget::Budget)> {
+) -> Result<(prefetcher::catalog::Catalog, metfs_plan::budget::Budget)> {
     let mut cat = match (manifest, source) {
         (Some(m), None) => prefetcher::manifest::load_catalog(m)?,
         (None, Some(src)) => {
@@ -156,16 +199,16 @@ pub(super) fn plan_catalog(
         .map(|i| cat.dir_and_name(i).1.len() as u64)
         .sum();
     let catalog_bytes = names + 24 * cat.len() as u64;
-    let b = prefetcher::budget::Budget::new(budget, &cat, catalog_bytes, logging::LOG_RESERVE)?;
+    let b = metfs_plan::budget::Budget::new(budget, &cat, catalog_bytes, logging::LOG_RESERVE)?;
     Ok((cat, b))
 }
 
 pub(super) fn plan_cmd(a: PlanArgs) -> Result<()> {
-    use prefetcher::planner::{summarize, PlanConfig, SampleSet};
+    use metfs_plan::planner::{summarize, PlanConfig, SampleSet};
     if let Some(d) = a.dataset_size.clone() {
         return model_cmd(&a, &d);
     }
-    let budget = prefetcher::size::parse_size(&a.budget).context("--budget")?;
+    let budget = metfs_plan::size::parse_size(&a.budget).context("--budget")?;
     let strategy = a.compose;
     let (cat, b) = plan_catalog(
         a.manifest.as_deref(),
@@ -174,11 +217,7 @@ pub(super) fn plan_cmd(a: PlanArgs) -> Result<()> {
         a.label_from_dirs,
         budget,
     )?;
-    let footprints: Vec<u64> = cat
-        .sizes()
-        .iter()
-        .map(|&s| prefetcher::budget::round_up(s))
-        .collect();
+    let footprints = a.footprint.footprints(&cat)?;
     let set = SampleSet {
         sizes: &footprints,
         labels: cat.labels(),
@@ -205,12 +244,12 @@ pub(super) fn plan_cmd(a: PlanArgs) -> Result<()> {
         }),
     };
     let summary = summarize(&set, &cfg, a.epoch, names.as_deref()).map_err(|e| match e {
-        prefetcher::planner::PlanError::SampleTooLarge { sample, size, .. } => anyhow!(
+        metfs_plan::planner::PlanError::SampleTooLarge { sample, size, .. } => anyhow!(
             "budget {} is too small: `{}` takes {}, so the budget must be at least {}",
-            prefetcher::size::format_bytes(budget),
+            metfs_plan::size::format_bytes(budget),
             cat.path(sample),
-            prefetcher::size::format_bytes(size),
-            prefetcher::size::format_bytes(size.saturating_mul(2).saturating_add(b.reserve))
+            metfs_plan::size::format_bytes(size),
+            metfs_plan::size::format_bytes(size.saturating_mul(2).saturating_add(b.reserve))
         ),
         e => e.into(),
     })?;
@@ -240,4 +279,31 @@ pub(super) fn plan_cmd(a: PlanArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metfs_plan::model::ScheduleEntry;
+
+    #[test]
+    fn read_schedule_reads_a_file_and_names_missing_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.csv");
+        std::fs::write(&p, "rf,t\n10,1\n").unwrap();
+        assert_eq!(
+            read_schedule(&p).unwrap(),
+            vec![ScheduleEntry {
+                rf: 10,
+                t: Some(1.0)
+            }]
+        );
+        let missing = dir.path().join("nope.csv");
+        let e = read_schedule(&missing).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("cannot read rf schedule"),
+            "{e:#}"
+        );
+        assert!(format!("{e:#}").contains("nope.csv"), "{e:#}");
+    }
 }

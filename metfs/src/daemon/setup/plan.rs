@@ -5,12 +5,13 @@ use crate::config::Mode;
 use crate::config::MountConfig;
 use crate::daemon::fingerprint::{Fingerprint, PlanKind};
 use crate::daemon::{aggregate, DaemonError};
-use prefetcher::budget::Budget;
+use metfs_plan::budget::Budget;
+use metfs_plan::budget::{footprints, Staged};
+use metfs_plan::planner;
+use metfs_plan::planner::{PlanConfig, PlanError, SampleSet};
+use metfs_plan::size::format_bytes;
 use prefetcher::catalog::Catalog;
 use prefetcher::hdf5::Containers;
-use prefetcher::planner;
-use prefetcher::planner::{PlanConfig, PlanError, SampleSet};
-use prefetcher::size::format_bytes;
 use std::sync::Arc;
 
 /// What the plan depends on: a saved position is resumed only under the same.
@@ -67,17 +68,14 @@ pub(super) fn plan_dataset(
         catalog_bytes,
         crate::logging::LOG_RESERVE.saturating_add(extra),
     )?;
-    let footprints: Vec<u64> = if containers.is_some() {
-        catalog.sizes().to_vec()
+    // A transformed sample is planned at what its output may take (the transform refuses a
+    // larger one), so the budget holds whatever it writes.
+    let staged = if containers.is_some() {
+        Staged::Row
     } else {
-        // A transformed sample is planned at what its output may take (the transform
-        // refuses a larger one), so the budget holds whatever it writes.
-        catalog
-            .sizes()
-            .iter()
-            .map(|&s| cfg.transform.footprint(s))
-            .collect()
+        cfg.transform.staged()
     };
+    let footprints = footprints(catalog.sizes(), staged);
     let plan_cfg = PlanConfig {
         strategy: cfg.compose,
         seed: cfg.seed,

@@ -9,7 +9,7 @@ use crate::daemon::share::{Shared, JOIN_WINDOW};
 use crate::daemon::store::Store;
 use crate::daemon::Daemon;
 use crate::protocol::JobStatus;
-use prefetcher::refcnt::cohort::Next as CohortNext;
+use metfs_plan::refcnt::cohort::Next as CohortNext;
 
 impl Daemon {
     /// Prepares the next view of every job that has none: drawn by the cohort, handed to the

@@ -15,7 +15,7 @@ use crate::protocol::JobShare;
 use crate::protocol::{ErrorCode, Hello, ProtocolError, Subset};
 use crate::view::View;
 use feedback::policy::RfPolicy;
-use prefetcher::size::format_bytes;
+use metfs_plan::size::format_bytes;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -11,7 +11,7 @@
 //!   refused unless it carries the token the first one was given (the client's reconnection).
 //! * **Views from one sampler.** Each job's views (its mini-epochs, numbered by sequence like
 //!   a queue's batches) come from the store's [`Cohort`]: dependent sampling (corrected
-//!   Algorithm 1, `prefetcher::planner::dsa`) draws every job's views together, so jobs over
+//!   Algorithm 1, `metfs_plan::planner::dsa`) draws every job's views together, so jobs over
 //!   overlapping datasets take their shared samples in the same round while each job's own
 //!   order stays uniformly random.
 //! * **One store.** A job's view is staged into a slot of its own (`<job>.e…-m…`), and every
@@ -75,8 +75,8 @@ use crate::daemon::state::next_generation;
 use crate::protocol::Subset;
 use crate::protocol::{ErrorCode, NotResumed, ProtocolError};
 use feedback::history::HistoryStore;
-use prefetcher::budget::Budget;
-use prefetcher::refcnt::cohort::Cohort;
+use metfs_plan::budget::Budget;
+use metfs_plan::refcnt::cohort::Cohort;
 use state::ShareSettings;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -138,7 +138,7 @@ pub(super) struct JobMeta {
 /// The key of a job's dataset, for the rf history and the save file: the source, the count
 /// and a digest of the samples (a subset is another dataset).
 fn dataset_key(source: &str, dataset: &[u32]) -> String {
-    let mut h = prefetcher::digest::Fnv1a::new();
+    let mut h = metfs_plan::digest::Fnv1a::new();
     for id in dataset {
         h.write(&id.to_le_bytes());
     }

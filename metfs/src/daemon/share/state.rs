@@ -10,7 +10,7 @@ use crate::daemon::{slot_name, DaemonError};
 use crate::protocol::Subset;
 use feedback::history::RunId;
 use feedback::policy::PolicyState;
-use prefetcher::refcnt::cohort::MemberState;
+use metfs_plan::refcnt::cohort::MemberState;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -268,7 +268,7 @@ pub(super) fn write_share_state(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prefetcher::refcnt::cohort::View as CohortView;
+    use metfs_plan::refcnt::cohort::View as CohortView;
 
     fn job(name: &str) -> SavedJob {
         let view = |epoch, samples: Vec<u32>| CohortView {
@@ -392,7 +392,7 @@ mod tests {
     /// (each a few views along, so every place has views, undrawn samples and owed reads),
     /// taken from the cohort and written atomically as the daemon does. Median of `reps`.
     fn save_cost(samples: u32, reps: usize) -> (std::time::Duration, usize) {
-        use prefetcher::refcnt::cohort::Cohort;
+        use metfs_plan::refcnt::cohort::Cohort;
         let sizes = vec![4096u64; samples as usize];
         let dataset: Vec<u32> = (0..samples).collect();
         // 16 views an epoch, as a mount of that many mini-epochs.

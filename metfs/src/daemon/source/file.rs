@@ -20,8 +20,8 @@ use crate::daemon::source::{
     check_catalog_fits, label_by_hdf5, list_catalog, needs_labels, open_tier, read_manifest,
 };
 use crate::daemon::DaemonError;
+use metfs_plan::size::format_bytes;
 use prefetcher::catalog::Catalog;
-use prefetcher::size::format_bytes;
 use prefetcher::tier::CapacityTier;
 use std::path::Path;
 use std::time::Instant;

@@ -48,14 +48,14 @@
 
 use std::collections::BTreeSet;
 
-use prefetcher::budget::BLOCK;
+use metfs_plan::budget::BLOCK;
 
 use crate::daemon::CachePaths;
 use crate::view::View;
-use prefetcher::budget::{round_up, Budget};
+use metfs_plan::budget::{round_up, Budget};
+use metfs_plan::planner::SampleSet;
 use prefetcher::catalog::Catalog;
 use prefetcher::hdf5::Containers;
-use prefetcher::planner::SampleSet;
 use prefetcher::stager::{Progress, SlotJournal, SlotSpec, StageReport, Stager};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

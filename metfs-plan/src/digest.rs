@@ -5,7 +5,7 @@
 //! file names) or compared between nodes that may run different builds. FNV-1a is fixed by its
 //! definition, and fast enough for the byte counts here (a catalog's paths, once per mount).
 
-use crate::catalog::Catalog;
+use crate::CatalogSamples;
 
 /// A 64-bit FNV-1a hasher.
 #[derive(Debug, Clone, Copy)]
@@ -61,20 +61,17 @@ pub enum CatalogDigest {
 
 /// The digest of `catalog`, every sample in catalog order. The two kinds give the values
 /// earlier versions stored, so saved positions and existing queues still match.
-pub fn catalog_digest(catalog: &Catalog, kind: CatalogDigest) -> u64 {
+pub fn catalog_digest<C: CatalogSamples + ?Sized>(catalog: &C, kind: CatalogDigest) -> u64 {
     let mut h = Fnv1a::new();
-    let labels = match kind {
-        CatalogDigest::Contents => None,
-        CatalogDigest::ContentsAndLabels => Some(catalog.labels()),
-    };
+    let labels = kind == CatalogDigest::ContentsAndLabels;
     for id in 0..catalog.len() as u32 {
         let (d, n) = catalog.dir_and_name(id);
         h.write(d.as_bytes()).write(b"/").write(n.as_bytes());
         h.write_u64(catalog.size(id));
         h.write(catalog.version(id).as_bytes());
-        if let Some(labels) = labels {
-            if let Some(l) = labels {
-                h.write(catalog.label_name(l[id as usize]).as_bytes());
+        if labels {
+            if let Some(l) = catalog.label(id) {
+                h.write(l.as_bytes());
             }
             h.write(b"\n");
         }

@@ -1,7 +1,12 @@
 //! The byte budget of a node's cache: what one slot may hold once the reserve for metadata is
-//! set aside, with file footprints rounded up to blocks. It sits beside the planner because
-//! the planner's `slot_bytes` comes from it, and `metfs plan` must compute the same split as
-//! a mount does.
+//! set aside, and what one sample takes of it. It sits beside the planner because the
+//! planner's `slot_bytes` comes from it, and `metfs plan` must compute the same split as a
+//! mount does.
+//!
+//! [`footprint`] is the one rule of a sample's share of the budget: its size in whole blocks,
+//! a transform's growth, or a packed row's bytes ([`Staged`]). Every planner of slots (the
+//! daemon, `metfs plan`, `metfs dds init`, the aggregate exchange, tests and examples) calls
+//! it, so that a queue, an exchange plan and a mount budget the same bytes for a sample.
 //!
 //! The reserve covers everything in the cache directory that is not a staged sample: the saved
 //! catalog, two slots' journals, the directories (counted with their entries, since ext4 never
@@ -11,8 +16,8 @@
 
 use thiserror::Error;
 
-use crate::catalog::Catalog;
 use crate::size::format_bytes;
+use crate::CatalogSamples;
 
 /// Why a budget cannot be split.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -41,9 +46,9 @@ pub struct Budget {
 impl Budget {
     /// Splits `budget` for `catalog`, whose saved form takes `catalog_bytes`, keeping `extra`
     /// more bytes of reserve for the caller's own files (see the module doc).
-    pub fn new(
+    pub fn new<C: CatalogSamples + ?Sized>(
         budget: u64,
-        catalog: &Catalog,
+        catalog: &C,
         catalog_bytes: u64,
         extra: u64,
     ) -> Result<Self, BudgetError> {
@@ -86,7 +91,42 @@ impl Budget {
     }
 }
 
-/// A file's footprint in the cache: its size rounded up to the block size.
+/// How a sample is kept in a slot, which decides its [`footprint`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Staged {
+    /// Copied as a file of its own.
+    Copy,
+    /// Transformed into a file of its own of at most `growth` times its size (the transform
+    /// refuses a larger output, so the budget holds whatever it writes).
+    Transformed {
+        /// The most an output may take, as a multiple of the sample's size.
+        growth: f64,
+    },
+    /// A row packed into an HDF5 container file: rows are not rounded to blocks, and each
+    /// container's headers and chunk indexes are in the reserve (the caller's `extra`).
+    Row,
+}
+
+/// The bytes a sample of `size` source bytes takes of a slot's budget when kept as `staged`:
+/// a copy, its size in whole [`BLOCK`]s; a transformed sample, `growth` times its size in
+/// whole blocks, at least one (an empty sample may become a small array); a packed row, its
+/// bytes. The one rule: the plan, the queue's shards, the exchange and the transform's size
+/// check all take a sample's footprint from here.
+pub fn footprint(size: u64, staged: Staged) -> u64 {
+    match staged {
+        Staged::Copy => round_up(size),
+        Staged::Transformed { growth } => round_up((size as f64 * growth).ceil() as u64).max(BLOCK),
+        Staged::Row => size,
+    }
+}
+
+/// [`footprint`] of every size in `sizes`, in order: what the planner's `SampleSet` takes.
+pub fn footprints(sizes: &[u64], staged: Staged) -> Vec<u64> {
+    sizes.iter().map(|&s| footprint(s, staged)).collect()
+}
+
+/// `size` rounded up to whole blocks: what a metadata file (a journal, a directory, the saved
+/// catalog) takes of the cache. A sample's share of the budget is [`footprint`]'s, never this.
 pub fn round_up(size: u64) -> u64 {
     // Saturating: a size within a block of 2^64 is too large for any budget anyway, and the
     // planner rejects footprints whose sum overflows.
@@ -96,7 +136,7 @@ pub fn round_up(size: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::CatalogEntry;
+    use crate::test_catalog::Samples;
 
     proptest::proptest! {
         /// Any budget, catalog sizes and metadata sizes up to u64::MAX: the split never panics,
@@ -108,29 +148,21 @@ mod tests {
             catalog_bytes in proptest::prelude::any::<u64>(),
             extra in proptest::prop_oneof![proptest::strategy::Just(0u64), proptest::prelude::any::<u64>()],
         ) {
-            let cat = Catalog::from_entries(
-                "s",
-                sizes.iter().enumerate().map(|(i, &s)| CatalogEntry::new(format!("d/f{i}"), s)),
-            )
-            .unwrap();
-            let _ = cat.total_bytes();
+            let cat = Samples::new(sizes.clone(), 1);
             if let Ok(b) = Budget::new(budget, &cat, catalog_bytes, extra) {
                 let used = u128::from(b.slot_bytes) * 2 + u128::from(b.reserve);
                 proptest::prop_assert!(used <= u128::from(budget));
             }
             for &s in &sizes {
                 proptest::prop_assert!(round_up(s) >= s);
+                proptest::prop_assert!(footprint(s, Staged::Copy) >= s);
             }
         }
     }
 
     #[test]
     fn budget_reserve_and_slots() {
-        let cat = Catalog::from_entries(
-            "s",
-            (0..100).map(|i| CatalogEntry::new(format!("d{}/f{i}", i % 4), 1000)),
-        )
-        .unwrap();
+        let cat = Samples::new(vec![1000; 100], 4);
         let extra = 3 << 19;
         let b = Budget::new(64 << 20, &cat, 5000, extra).unwrap();
         assert!(b.reserve > extra);
@@ -146,5 +178,24 @@ mod tests {
         assert_eq!(round_up(0), 0);
         assert_eq!(round_up(1), 4096);
         assert_eq!(round_up(4096), 4096);
+    }
+
+    #[test]
+    fn footprint_by_how_a_sample_is_kept() {
+        assert_eq!(footprint(0, Staged::Copy), 0);
+        assert_eq!(footprint(1, Staged::Copy), BLOCK);
+        assert_eq!(footprint(BLOCK, Staged::Copy), BLOCK);
+        assert_eq!(footprint(BLOCK + 1, Staged::Copy), 2 * BLOCK);
+        // A transform's growth is budgeted, in whole blocks, at least one.
+        let t = |growth| Staged::Transformed { growth };
+        assert_eq!(footprint(3000, t(2.0)), 2 * BLOCK);
+        assert_eq!(footprint(3000, t(1.0)), BLOCK);
+        assert_eq!(footprint(0, t(1.0)), BLOCK);
+        assert_eq!(footprint(10_000, t(0.5)), 2 * BLOCK);
+        // Packed rows are not rounded.
+        assert_eq!(footprint(3000, Staged::Row), 3000);
+        assert_eq!(footprints(&[1, 5000], Staged::Copy), vec![BLOCK, 2 * BLOCK]);
+        // Saturating: a size within a block of 2^64 gives the largest footprint, not a wrap.
+        assert_eq!(footprint(u64::MAX, Staged::Copy), u64::MAX);
     }
 }

@@ -6,10 +6,10 @@
 //! the epoch's reads over its share of the dataset (1: read as often as the rest). Prints a
 //! Markdown table (`docs/EXPERIMENTS.md` records it).
 //!
-//! `cargo run -p prefetcher --example clustered_weight`. Deterministic: the weights depend on
+//! `cargo run -p metfs-plan --example clustered_weight`. Deterministic: the weights depend on
 //! the copy rules alone, not on the seed (which only moves samples between shares).
 
-use prefetcher::planner::{plan_epoch, ClusterCopies, PlanConfig, SampleSet, Strategy};
+use metfs_plan::planner::{plan_epoch, ClusterCopies, PlanConfig, SampleSet, Strategy};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

@@ -10,12 +10,12 @@
 //! refused; `--max-secs` bounds one repetition's drawing, and a mini-epoch not drawn whole in it
 //! is extrapolated from the rounds that were (marked `~`).
 //!
-//! `cargo run --release -p prefetcher --example dsa_scale -- [--samples N] [--jobs 4,64,256]
+//! `cargo run --release -p metfs-plan --example dsa_scale -- [--samples N] [--jobs 4,64,256]
 //! [--view N] [--mini-epochs N] [--reps N] [--max-secs S]`
 
 use std::time::{Duration, Instant};
 
-use prefetcher::planner::{DependentSampler, MAX_JOBS};
+use metfs_plan::planner::{DependentSampler, MAX_JOBS};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

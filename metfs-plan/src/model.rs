@@ -30,8 +30,8 @@
 //!
 //! Invariants and conventions:
 //!
-//! * Pure: no I/O except [`read_schedule`], no clock, no randomness; equal inputs give equal
-//!   outputs.
+//! * Pure: no I/O (the caller reads a schedule file, [`parse_schedule`] parses its text), no
+//!   clock, no randomness; equal inputs give equal outputs.
 //! * Units are whatever the caller's numbers are in; only ratios matter, except that EB_2 comes
 //!   out in the unit of EB_1 and B_2. The paper's 30.4 GB/s is reproduced exactly when its
 //!   "TB" and "GB" are read as binary units, EB_1 = 3.8 · 2^40 and B_2 = 400 · 2^30 bytes/s
@@ -103,14 +103,6 @@ pub enum ModelError {
     /// The rf schedule has no mini-epochs.
     #[error("the rf schedule has no mini-epochs")]
     EmptySchedule,
-    /// A schedule file could not be read.
-    #[error("cannot read rf schedule {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
-    },
     /// A schedule file has a malformed line.
     #[error("rf schedule {path}, line {line}: {message}")]
     Schedule {
@@ -436,7 +428,8 @@ enum ScheduleFormat {
     JsonLines,
 }
 
-/// Reads an rf schedule: one mini-epoch per record, in order, with `rf` (passes, ≥ 1) and
+/// Parses an rf schedule, the text of the file `path` (which names it in errors and may pick the
+/// syntax; the caller reads the file, so the model stays free of I/O): one mini-epoch per record, in order, with `rf` (passes, ≥ 1) and
 /// optionally `t` (wall time in seconds).
 ///
 /// Two syntaxes, chosen by extension (`.csv`; `.jsonl`, `.ndjson`, `.json`) or, for any other
@@ -448,16 +441,6 @@ enum ScheduleFormat {
 ///   absent or null. Blank lines are skipped.
 ///
 /// Errors name the file and the 1-based line.
-pub fn read_schedule(path: &Path) -> Result<Vec<ScheduleEntry>, ModelError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    parse_schedule(&text, path)
-}
-
-/// Parses the text of a schedule file; `path` names it in errors and picks the syntax as in
-/// [`read_schedule`].
 pub fn parse_schedule(text: &str, path: &Path) -> Result<Vec<ScheduleEntry>, ModelError> {
     let ext = path
         .extension()
@@ -925,22 +908,5 @@ mod tests {
         assert!(e.to_string().contains("line 1:"), "{e}");
         let e = parse_schedule("rf,t\n", Path::new("s.csv")).unwrap_err();
         assert!(e.to_string().contains("no mini-epochs"), "{e}");
-    }
-
-    #[test]
-    fn read_schedule_reads_a_file_and_names_missing_ones() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("s.csv");
-        std::fs::write(&p, "rf,t\n10,1\n").unwrap();
-        assert_eq!(
-            read_schedule(&p).unwrap(),
-            vec![ScheduleEntry {
-                rf: 10,
-                t: Some(1.0)
-            }]
-        );
-        let missing = dir.path().join("nope.csv");
-        let e = read_schedule(&missing).unwrap_err();
-        assert!(e.to_string().contains("nope.csv"), "{e}");
     }
 }

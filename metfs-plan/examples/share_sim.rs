@@ -5,14 +5,14 @@
 //! against separate stores of the same total budget. Prints Markdown tables
 //! (`docs/BENCHMARKS.md` records them).
 //!
-//! `cargo run -p prefetcher --example share_sim [-- SCALE]`: SCALE divides every size (default
+//! `cargo run -p metfs-plan --example share_sim [-- SCALE]`: SCALE divides every size (default
 //! 1, the paper's; 10 runs in a second).
 
-use prefetcher::refcnt::cohort::Pace;
-use prefetcher::refcnt::sim::{
+use metfs_plan::refcnt::cohort::Pace;
+use metfs_plan::refcnt::sim::{
     simulate, simulate_cohort, staggered_case, CohortJob, CohortSim, SimConfig, SimResult,
 };
-use prefetcher::refcnt::Policy;
+use metfs_plan::refcnt::Policy;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
