@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # HDF5 container staging: one mini-epoch of random rows of a chunked float32 container, staged
-# by metfs (prefetcher/examples/h5_stage.rs, release build) side by side with `cp` of a file of
+# by metfs (metfs-prefetcher/examples/h5_stage.rs, release build) side by side with `cp` of a file of
 # the same size on the same disk and with an h5py script (fancy indexing of the same rows, then
 # writing them). Every tool ends with its data on disk (cp and h5py: `sync`; metfs: fsync of
 # the staged file, as the stager does before renaming it into the slot).
@@ -34,9 +34,9 @@ mkdir -p "$DIR"
 
 if [ -n "${METFS_BIN:-}" ]; then
     BIN=$(dirname "$METFS_BIN")/examples/h5_stage
-    [ -x "$BIN" ] || { echo "no $BIN (cargo build -p prefetcher --example h5_stage)" >&2; exit 1; }
+    [ -x "$BIN" ] || { echo "no $BIN (cargo build -p metfs-prefetcher --example h5_stage)" >&2; exit 1; }
 else
-    cargo build --release -q -p prefetcher --example h5_stage
+    cargo build --release -q -p metfs-prefetcher --example h5_stage
     BIN=$ROOT/target/release/examples/h5_stage
 fi
 

@@ -8,7 +8,7 @@
 #
 # Tools, each timed as a whole process (listing included), in a rotating order per run:
 #   awscli         aws s3 cp --recursive --only-show-errors (default settings: 10 requests at once)
-#   ceiling        prefetcher/examples/s3_fetch.rs `ceiling`: object_store, 32 objects at once,
+#   ceiling        metfs-prefetcher/examples/s3_fetch.rs `ceiling`: object_store, 32 objects at once,
 #                  8 MiB ranges (8 per object, 64 requests in all), each chunk written as it
 #                  arrives, no checks, no fsync
 #   ceiling-sync   ceiling followed by `sync`: the same download ending with the data on disk, as
@@ -50,11 +50,11 @@ if [ -n "${METFS_BIN:-}" ]; then
     METFS=$METFS_BIN
     FETCH=$(dirname "$METFS_BIN")/examples/s3_fetch
     [ -x "$FETCH" ] || {
-        echo "no $FETCH (cargo build -p prefetcher --example s3_fetch)" >&2
+        echo "no $FETCH (cargo build -p metfs-prefetcher --example s3_fetch)" >&2
         exit 1
     }
 else
-    cargo build --release --quiet -p prefetcher --example s3_fetch
+    cargo build --release --quiet -p metfs-prefetcher --example s3_fetch
     FETCH=$ROOT/target/release/examples/s3_fetch
     METFS=$ROOT/target/release/metfs
 fi

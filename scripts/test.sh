@@ -107,7 +107,7 @@ fi
 mkdir -p target/nohdf5-bin
 cp target/debug/metfs target/nohdf5-bin/metfs
 cargo build -q --workspace --all-targets
-cargo test -q -p prefetcher --no-default-features --lib hdf5
+cargo test -q -p metfs-prefetcher --no-default-features --lib hdf5
 export METFS_NOHDF5_BIN="$PWD/target/nohdf5-bin/metfs"
 NOHDF5_DIR=$(mktemp -d /tmp/metfs-nohdf5.XXXXXX)
 mkdir "$NOHDF5_DIR/src" "$NOHDF5_DIR/mnt"

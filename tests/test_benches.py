@@ -239,8 +239,8 @@ CASES = {
 
 # Examples the shell scripts run from beside METFS_BIN (the Python ones build theirs).
 EXAMPLES = {
-    "hdf5_staging.sh": ("prefetcher", "h5_stage"),
-    "s3_staging.sh": ("prefetcher", "s3_fetch"),
+    "hdf5_staging.sh": ("metfs-prefetcher", "h5_stage"),
+    "s3_staging.sh": ("metfs-prefetcher", "s3_fetch"),
 }
 
 

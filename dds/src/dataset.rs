@@ -4,7 +4,7 @@
 
 use metfs_plan::digest::{catalog_digest, CatalogDigest};
 use metfs_plan::planner::{shard_count, Strategy};
-use prefetcher::catalog::Catalog;
+use metfs_tier::catalog::Catalog;
 
 use super::keys::{QueueMeta, LAYOUT_VERSION};
 use super::{DdsError, OwnedSamples};

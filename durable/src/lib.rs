@@ -13,7 +13,7 @@
 //! the write and the rename but not the fsyncs, nor errors that name the file.
 //!
 //! Not used for the stager's slot files: those are committed in batches with one `syncfs` per
-//! batch and journaled (see `prefetcher::stager`), which per-file fsyncs would slow down.
+//! batch and journaled (see `metfs_prefetcher::stager`), which per-file fsyncs would slow down.
 
 use std::fs::File;
 use std::io::{self, Write};

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use prefetcher::stager::{create_private_dir, JournalWriter};
+use metfs_prefetcher::stager::{create_private_dir, JournalWriter};
 
 use super::uncoded::HEADER;
 use super::{ExchangeError, Node};

@@ -79,7 +79,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use metfs_plan::budget::{footprints, Staged};
-use prefetcher::catalog::Catalog;
+use metfs_tier::catalog::Catalog;
 use shuffle::{layout, transition, Layout, Transition};
 use thiserror::Error;
 

@@ -22,9 +22,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use prefetcher::catalog::Catalog;
-use prefetcher::stager::SlotJournal;
-use prefetcher::tier::posix_version;
+use metfs_prefetcher::stager::SlotJournal;
+use metfs_tier::catalog::Catalog;
+use metfs_tier::posix_version;
 use shuffle::coded::Samples;
 
 use crate::spec::slot_of_epoch;

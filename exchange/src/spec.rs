@@ -21,8 +21,8 @@
 
 use std::path::{Path, PathBuf};
 
-use prefetcher::catalog::Catalog;
-use prefetcher::stager::{slot_name, SlotJournal};
+use metfs_prefetcher::stager::{slot_name, SlotJournal};
+use metfs_tier::catalog::Catalog;
 use serde::{Deserialize, Serialize};
 
 /// The file `metfs-shuffle` reads in the cache directory.

@@ -2,8 +2,8 @@ use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use prefetcher::catalog::{Catalog, CatalogEntry};
-use prefetcher::stager::{create_private_dir, SlotJournal};
+use metfs_prefetcher::stager::{create_private_dir, SlotJournal};
+use metfs_tier::catalog::{Catalog, CatalogEntry};
 use shuffle::coded::Samples;
 
 use super::coded::{CodedPlan, Decoder, Encoder, BLOCK, CODED_HEADER, RING_HEADER};
@@ -827,7 +827,7 @@ fn the_extra_rank_refuses_a_spec_or_catalog_it_cannot_trust() {
 #[test]
 fn an_epochs_slot_and_inbox_are_named_as_the_daemon_names_them() {
     // The daemon's slots are the stager's names; aggregate mode has one mini-epoch per epoch.
-    assert_eq!(slot_of_epoch(3), prefetcher::stager::slot_name(3, 0));
+    assert_eq!(slot_of_epoch(3), metfs_prefetcher::stager::slot_name(3, 0));
     assert_eq!(slot_of_epoch(3), "e000003-m00000");
     assert_eq!(inbox_of_epoch(12), "inbox-e000012");
     let slots = Path::new("/cache/slots");

@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use prefetcher::catalog::{Catalog, Meta};
-use prefetcher::stager::CopyChecks;
+use metfs_prefetcher::stager::CopyChecks;
+use metfs_tier::catalog::{Catalog, Meta};
 
 use metfs_protocol::reply::PackedBuilder;
 use metfs_protocol::PackedList;
@@ -101,7 +101,7 @@ pub struct View {
     touched_files: AtomicUsize,
     first_touch: OnceLock<Instant>,
     /// The slot's copies kept on the strength of its seal, checked at their first open
-    /// (`prefetcher::stager::CopyChecks`); `None` when staging checked every copy.
+    /// (`metfs_prefetcher::stager::CopyChecks`); `None` when staging checked every copy.
     copy_checks: Option<Arc<CopyChecks>>,
 }
 
@@ -310,10 +310,10 @@ impl View {
         slot: &str,
         slot_dir: &Path,
     ) -> Self {
-        let entries: Vec<prefetcher::catalog::CatalogEntry> = files
+        let entries: Vec<metfs_tier::catalog::CatalogEntry> = files
             .iter()
             .map(|(p, n, m)| {
-                let mut e = prefetcher::catalog::CatalogEntry::new(p.clone(), *n);
+                let mut e = metfs_tier::catalog::CatalogEntry::new(p.clone(), *n);
                 e.meta = *m;
                 e
             })
@@ -619,7 +619,7 @@ impl View {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prefetcher::catalog::CatalogEntry;
+    use metfs_tier::catalog::CatalogEntry;
 
     fn cat() -> Arc<Catalog> {
         Arc::new(

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use prefetcher::catalog::Catalog;
+use metfs_tier::catalog::Catalog;
 
 #[path = "common.rs"]
 mod common;

@@ -11,7 +11,7 @@ mod common;
 fuzz_target!(|data: &[u8]| {
     let path = common::scratch("slot.journal", data);
     let name = path.file_name().unwrap().to_str().unwrap();
-    let journal = prefetcher::stager::SlotJournal::of(
+    let journal = metfs_prefetcher::stager::SlotJournal::of(
         path.parent().unwrap(),
         name.strip_suffix(".journal").unwrap(),
     );

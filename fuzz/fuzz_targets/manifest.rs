@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
         None => ("manifest", data),
     };
     let path = common::scratch(&format!("manifest.{ext}"), body);
-    match prefetcher::manifest::load_catalog(&path) {
+    match metfs_prefetcher::manifest::load_catalog(&path) {
         Ok(cat) => {
             let _ = cat.total_bytes();
             for id in 0..cat.len() as u32 {

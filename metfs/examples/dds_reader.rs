@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use metfs::dds::{dataset, Claim, DdsUrl, EtcdOptions, Queue, Worker, WorkerConfig};
 use metfs_plan::budget::Staged;
 use metfs_plan::planner::{plan_epoch, PlanConfig, Strategy};
-use prefetcher::catalog::Catalog;
-use prefetcher::tier::CapacityTier;
+use metfs_tier::catalog::Catalog;
+use metfs_tier::CapacityTier;
 
 struct Args {
     source: PathBuf,
@@ -147,7 +147,7 @@ impl Reader {
 }
 
 async fn catalog(source: &Path, strategy: Strategy) -> Catalog {
-    let tier = prefetcher::tier::PosixTier::new(source).unwrap();
+    let tier = metfs_tier::PosixTier::new(source).unwrap();
     let l = tier.list().await.unwrap();
     let mut cat = Catalog::from_entries(tier.url(), l.entries).unwrap();
     if strategy == Strategy::Stratified {

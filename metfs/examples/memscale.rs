@@ -23,7 +23,7 @@ use std::time::Instant;
 use metfs::view::View;
 use metfs_plan::budget::Staged;
 use metfs_plan::planner::{plan_epoch, PlanConfig, SampleSet, Strategy};
-use prefetcher::catalog::{Catalog, CatalogBuilder, Meta};
+use metfs_tier::catalog::{Catalog, CatalogBuilder, Meta};
 
 /// The system allocator, counting the bytes live and the most ever live.
 struct Counting;
@@ -142,7 +142,8 @@ fn main() {
     let before = live();
     let catalog = Arc::new(match &a.manifest {
         Some(m) => {
-            let mut c = prefetcher::manifest::load_catalog(Path::new(m)).expect("the manifest");
+            let mut c =
+                metfs_prefetcher::manifest::load_catalog(Path::new(m)).expect("the manifest");
             if c.labels().is_none() {
                 c.label_by_first_dir();
             }

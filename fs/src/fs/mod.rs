@@ -132,7 +132,7 @@ pub struct Attr {
     /// The node belongs to the current view (its entry may be cached for the view's life).
     pub current: bool,
     /// What `stat` showed at the source (mode, owner, times), when known.
-    pub meta: Option<prefetcher::catalog::Meta>,
+    pub meta: Option<metfs_tier::catalog::Meta>,
 }
 
 /// One directory entry returned by [`FsCore::readdir`].
@@ -248,7 +248,7 @@ pub struct FsCore {
 }
 
 /// Fetches sample `sample` of slot `slot` again from the tier, replacing a copy its first
-/// open found damaged (`prefetcher::stager::Stager::repair`); blocking; the error says why it
+/// open found damaged (`metfs_prefetcher::stager::Stager::repair`); blocking; the error says why it
 /// could not.
 pub type CopyRepair = Arc<dyn Fn(&str, u32) -> Result<(), String> + Send + Sync>;
 

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use prefetcher::stager::CopyState;
+use metfs_prefetcher::stager::CopyState;
 
 use super::{CopyRepair, FsCore, FsError, Handle, NodeKind, Opened, Pinned, ReadSource, View};
 
@@ -98,7 +98,7 @@ impl FsCore {
 
     /// The slot file of node `idx`, from the cache of open backing files. A copy its slot's
     /// seal vouched for is read once and its CRC checked before it first enters the cache
-    /// (`prefetcher::stager` `seal` module): a damaged copy answers EIO, never its bytes.
+    /// (`metfs_prefetcher::stager` `seal` module): a damaged copy answers EIO, never its bytes.
     fn backing_file(&self, view: &View, idx: u32) -> Result<Arc<File>, FsError> {
         let key = (view.generation, idx);
         if let Some(f) = self.files.get(&key) {

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use prefetcher::catalog::{Catalog, CatalogEntry};
+use metfs_tier::catalog::{Catalog, CatalogEntry};
 
 use super::{FsCore, FsSettings, View, ROOT_INO};
 

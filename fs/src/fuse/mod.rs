@@ -54,7 +54,7 @@ use fuser::{
     Request,
 };
 
-use prefetcher::catalog::Meta;
+use metfs_tier::catalog::Meta;
 
 use crate::fs::{Attr, FsCore, FsError};
 use crate::kernel::KernelCache;

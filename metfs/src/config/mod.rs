@@ -25,8 +25,8 @@ use std::path::PathBuf;
 
 use feedback::config::PolicyConfig;
 use metfs_plan::planner::{ClusterCopies, Strategy};
-use prefetcher::s3::S3Config;
-use prefetcher::stager::StagerConfig;
+use metfs_prefetcher::stager::StagerConfig;
+use metfs_tier::s3::S3Config;
 use thiserror::Error;
 
 pub use control::ControlConfig;
@@ -149,7 +149,7 @@ pub struct MountConfig {
     pub stager: StagerConfig,
     /// The transform run on each sample while it is staged (`[transform]`), checked: its
     /// program exists.
-    pub transform: prefetcher::transform::TransformConfig,
+    pub transform: metfs_prefetcher::transform::TransformConfig,
     /// Control socket limits (`[control]`).
     pub control: ControlConfig,
     /// The mode (plain, `[dds]`, `[aggregate]` or `[share]`) with its settings: one, checked.

@@ -143,7 +143,7 @@ fn render(out: &mut String, values: &MountSettings, layers: Option<&Layers>) {
         }
         if layers.is_none() && table.map(String::as_str) == Some("s3") {
             // The keys of `[s3]` that have no flag (credentials never belong on a command
-            // line): documented in docs/S3.md and on `prefetcher::s3::S3Config`.
+            // line): documented in docs/S3.md and on `metfs_tier::s3::S3Config`.
             out.push('\n');
             comment(
                 out,
@@ -287,9 +287,9 @@ mod tests {
     fn sections_default_to_their_own_defaults() {
         let d = MountSettings::default();
         assert_eq!(d.policy, feedback::config::PolicyConfig::default());
-        assert_eq!(d.stager, prefetcher::stager::StagerConfig::default());
+        assert_eq!(d.stager, metfs_prefetcher::stager::StagerConfig::default());
         assert_eq!(d.control, crate::config::ControlConfig::default());
-        assert_eq!(d.s3, prefetcher::s3::S3Config::default());
+        assert_eq!(d.s3, metfs_tier::s3::S3Config::default());
     }
 
     #[test]

@@ -201,7 +201,7 @@ fn catalog(s: &MountSettings, check: &Check) -> Result<Option<PathBuf>, ConfigEr
 /// Refuses HDF5 settings in a build without the `hdf5` feature, here, before anything is
 /// mounted or staged, naming the setting.
 fn check_hdf5_built(s: &MountSettings, check: &Check) -> Result<(), ConfigError> {
-    if prefetcher::hdf5::AVAILABLE {
+    if metfs_prefetcher::hdf5::AVAILABLE {
         return Ok(());
     }
     let asked = if s.hdf5_container {

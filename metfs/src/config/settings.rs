@@ -25,8 +25,8 @@ use clap::{ArgAction, Args, CommandFactory, FromArgMatches};
 use feedback::config::PolicyConfig;
 use metfs_plan::planner::{ClusterCopies, Strategy};
 use metfs_plan::size::{parse_rate, parse_size};
-use prefetcher::s3::S3Config;
-use prefetcher::stager::StagerConfig;
+use metfs_prefetcher::stager::StagerConfig;
+use metfs_tier::s3::S3Config;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::control::ControlConfig;
@@ -176,7 +176,7 @@ pub struct MountSettings {
     pub stager: StagerConfig,
     /// `[transform]`: preprocessed mini-epochs.
     #[command(flatten)]
-    pub transform: prefetcher::transform::TransformConfig,
+    pub transform: metfs_prefetcher::transform::TransformConfig,
     /// `[control]`.
     #[command(flatten)]
     pub control: ControlConfig,

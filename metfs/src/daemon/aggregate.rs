@@ -175,7 +175,7 @@ impl Aggregate {
     /// Creates the inbox of epoch `epoch` (empty): the node's exchange may fill it now.
     pub(super) fn open_inbox(slots: &Path, epoch: u64) {
         let dir = inbox_dir(slots, epoch);
-        if let Err(e) = prefetcher::stager::create_private_dir(&dir) {
+        if let Err(e) = metfs_prefetcher::stager::create_private_dir(&dir) {
             tracing::warn!(inbox = %dir.display(), error = %e, "cannot create the exchange's inbox; the epoch comes from the tier");
         }
     }

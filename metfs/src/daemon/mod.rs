@@ -158,7 +158,7 @@ use std::time::Instant;
 use crate::protocol::ProtocolError;
 use metfs_plan::budget::BudgetError;
 use metfs_plan::planner::PlanError;
-use prefetcher::tier::TierError;
+use metfs_tier::TierError;
 use thiserror::Error;
 use tokio::sync::watch;
 
@@ -179,7 +179,7 @@ pub enum DaemonError {
     Tier(#[from] TierError),
     /// The catalog could not be built or saved.
     #[error(transparent)]
-    Catalog(#[from] prefetcher::catalog::CatalogError),
+    Catalog(#[from] metfs_tier::catalog::CatalogError),
     /// The budget cannot hold the dataset's largest sample twice.
     #[error("budget {budget} is too small: `{path}` takes {size}, so the budget must be at least {needed} (two slots of at least that file, plus {reserve} of metadata)")]
     BudgetTooSmall {
@@ -197,10 +197,10 @@ pub enum DaemonError {
     Plan(#[from] PlanError),
     /// The first mini-epoch could not be staged.
     #[error(transparent)]
-    Stage(#[from] prefetcher::stager::StageError),
+    Stage(#[from] metfs_prefetcher::stager::StageError),
     /// The transform's command cannot be run.
     #[error(transparent)]
-    Transform(#[from] prefetcher::transform::TransformError),
+    Transform(#[from] metfs_prefetcher::transform::TransformError),
     /// The dataset has no samples.
     #[error("source {0} has no files to serve")]
     Empty(String),
@@ -326,9 +326,9 @@ pub struct Daemon {
     apply_one: tokio::sync::Mutex<()>,
 }
 
-/// The slot of `(epoch, mini-epoch)`: the stager's [`prefetcher::stager::slot_name`].
+/// The slot of `(epoch, mini-epoch)`: the stager's [`metfs_prefetcher::stager::slot_name`].
 fn slot_name(target: (u64, u32)) -> String {
-    prefetcher::stager::slot_name(target.0, target.1)
+    metfs_prefetcher::stager::slot_name(target.0, target.1)
 }
 
 impl Daemon {

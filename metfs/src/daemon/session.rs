@@ -12,7 +12,7 @@ use crate::protocol::{ErrorCode, Metrics, ProtocolError};
 use crate::view::View;
 use feedback::history::{HistoryStore, MiniEpochRecord, Replay, RunId};
 use feedback::policy::{JobSignals, PassState, RfPolicy};
-use prefetcher::stager::{Progress, StageReport};
+use metfs_prefetcher::stager::{Progress, StageReport};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -7,9 +7,9 @@ use crate::config::MountConfig;
 use crate::daemon::DaemonError;
 use metfs_plan::planner::Strategy;
 use metfs_plan::size::format_bytes;
-use prefetcher::catalog::Catalog;
-use prefetcher::hdf5::Containers;
-use prefetcher::tier::{CapacityTier, PosixTier};
+use metfs_prefetcher::hdf5::Containers;
+use metfs_tier::catalog::Catalog;
+use metfs_tier::{CapacityTier, PosixTier};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,11 +21,11 @@ pub use file::{make_catalog_file, mountable_catalog_file, MadeCatalog};
 /// Opens the capacity tier named by a source URL.
 pub fn open_tier(
     source: &str,
-    s3: &prefetcher::s3::S3Config,
+    s3: &metfs_tier::s3::S3Config,
     timeout_secs: u64,
 ) -> Result<Arc<dyn CapacityTier>, DaemonError> {
     if source.starts_with("s3://") {
-        return Ok(Arc::new(prefetcher::s3::S3Tier::new(source, s3.clone())?));
+        return Ok(Arc::new(metfs_tier::s3::S3Tier::new(source, s3.clone())?));
     }
     if source.contains("://") {
         return Err(DaemonError::Setup(format!(
@@ -76,7 +76,12 @@ pub async fn load_catalog(
         let datasets = cfg.hdf5_datasets.clone();
         let label = cfg.label_dataset.clone();
         let c = tokio::task::spawn_blocking(move || {
-            prefetcher::hdf5::open_containers(&root, &files, datasets.as_deref(), label.as_deref())
+            metfs_prefetcher::hdf5::open_containers(
+                &root,
+                &files,
+                datasets.as_deref(),
+                label.as_deref(),
+            )
         })
         .await
         .expect("HDF5 inspection panicked")
@@ -118,7 +123,7 @@ async fn label_by_hdf5(cat: &mut Catalog, cfg: &MountConfig) -> Result<(), Daemo
     let root = PathBuf::from(&cfg.source);
     let paths: Vec<String> = (0..cat.len() as u32).map(|i| cat.path(i)).collect();
     let labels = tokio::task::spawn_blocking(move || {
-        prefetcher::hdf5::read_scalar_labels(&root, paths.into_iter(), &name)
+        metfs_prefetcher::hdf5::read_scalar_labels(&root, paths.into_iter(), &name)
     })
     .await
     .expect("HDF5 label reading panicked")
@@ -159,7 +164,7 @@ fn read_manifest(manifest: &Path, cfg: &MountConfig) -> Result<Catalog, DaemonEr
             cfg.memory_limit,
         )?;
     }
-    let mut cat = prefetcher::manifest::load_catalog(manifest)
+    let mut cat = metfs_prefetcher::manifest::load_catalog(manifest)
         .map_err(|e| DaemonError::Setup(e.to_string()))?;
     if cfg.label_from_dirs || (needs_labels(cfg.compose) && cat.labels().is_none()) {
         cat.label_by_first_dir();

@@ -10,8 +10,8 @@ use crate::protocol::event::Event;
 use crate::view::View;
 use metfs_plan::planner;
 use metfs_plan::size::format_bytes;
-use prefetcher::pacer::JustInTime;
-use prefetcher::stager::{Progress, SlotSpec, StageReport};
+use metfs_prefetcher::stager::{Progress, SlotSpec, StageReport};
+use metfs_tier::pacer::JustInTime;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -208,7 +208,7 @@ impl Daemon {
     /// its own time, and retrying it flat out would only flood the log and the tier.
     fn staging_failed(
         &self,
-        e: &prefetcher::stager::StageError,
+        e: &metfs_prefetcher::stager::StageError,
         target: (u64, u32),
         failures: u32,
     ) -> Next {

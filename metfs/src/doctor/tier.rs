@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use prefetcher::catalog::Catalog;
-use prefetcher::s3::S3Tier;
-use prefetcher::tier::{CapacityTier, TierError};
+use metfs_tier::catalog::Catalog;
+use metfs_tier::s3::S3Tier;
+use metfs_tier::{CapacityTier, TierError};
 
 use super::{Check, Options};
 use crate::config::MountConfig;
@@ -138,7 +138,7 @@ fn judge_posix(root: &Path, w: &Walk, took: Duration) -> Check {
 }
 
 /// The S3 settings with the doctor's bound: two retries, and no timeout beyond the doctor's.
-fn bounded(cfg: &MountConfig, timeout: Duration) -> prefetcher::s3::S3Config {
+fn bounded(cfg: &MountConfig, timeout: Duration) -> metfs_tier::s3::S3Config {
     let ms = timeout.as_millis().max(1) as u64;
     let mut s3 = cfg.s3.clone();
     s3.retry.max_retries = s3.retry.max_retries.min(2);

@@ -12,7 +12,7 @@ use metfs::daemon::{Daemon, KernelCache};
 use metfs::fs::FsCore;
 use metfs::view::ROOT_INO;
 use metfs_plan::planner::{self, PlanConfig, SampleSet};
-use prefetcher::catalog::Catalog;
+use metfs_tier::catalog::Catalog;
 use tokio::task::JoinHandle;
 
 /// Budget of every test: with ~1.7 MiB of reserve, a slot holds ~1.1 MiB, so the ~5 MiB

@@ -1,4 +1,4 @@
-//! The daemon's fault handling on an injected tier (`prefetcher::tier::testing`): the source is
+//! The daemon's fault handling on an injected tier (`metfs_tier::testing`): the source is
 //! a `MemoryTier` of the generated files, wrapped in a `FaultyTier` that scripts the fault by
 //! fetch number, handed to `Daemon::prepare_with_tier`. Each fault strikes while the successor
 //! of the first mini-epoch stages: a source outage, a full cache, samples that change, a fetch
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use metfs::daemon::Daemon;
 use metfs::protocol::reply::Staging;
 use metfs::protocol::{Choice, Event};
-use prefetcher::tier::testing::{Failure, FaultyTier, Hang, MemoryTier, Op, Rule};
+use metfs_tier::testing::{Failure, FaultyTier, Hang, MemoryTier, Op, Rule};
 
 use crate::common::*;
 
@@ -92,7 +92,7 @@ fn partial_copies(cache: &std::path::Path, source: &BTreeMap<String, Vec<u8>>) -
         .collect();
     let slot = cache
         .join("slots")
-        .join(prefetcher::stager::slot_name(0, 1));
+        .join(metfs_prefetcher::stager::slot_name(0, 1));
     let mut found = Vec::new();
     files(&slot, &mut found);
     for f in found {

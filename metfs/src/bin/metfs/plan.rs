@@ -6,7 +6,7 @@ use clap::Args;
 use metfs::logging;
 use metfs_plan::budget::footprints;
 use metfs_plan::planner::Strategy;
-use prefetcher::transform::TransformConfig;
+use metfs_prefetcher::transform::TransformConfig;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -90,7 +90,7 @@ pub(super) struct FootprintArgs {
 
 impl FootprintArgs {
     /// Each sample's footprint in the budget, by the mount's rule.
-    pub(super) fn footprints(&self, cat: &prefetcher::catalog::Catalog) -> Result<Vec<u64>> {
+    pub(super) fn footprints(&self, cat: &metfs_tier::catalog::Catalog) -> Result<Vec<u64>> {
         let g = self.transform_growth;
         anyhow::ensure!(
             g.is_finite() && g > 0.0,
@@ -110,8 +110,8 @@ pub(super) fn manifest_cmd(
     format: FormatArg,
     labels: bool,
 ) -> Result<()> {
-    use prefetcher::tier::CapacityTier;
-    let tier = prefetcher::tier::PosixTier::new(source)?;
+    use metfs_tier::CapacityTier;
+    let tier = metfs_tier::PosixTier::new(source)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -124,12 +124,12 @@ pub(super) fn manifest_cmd(
         cat.label_by_first_dir();
     }
     let format = match format {
-        FormatArg::Csv => prefetcher::manifest::ManifestFormat::Csv,
-        FormatArg::Jsonl => prefetcher::manifest::ManifestFormat::Jsonl,
+        FormatArg::Csv => metfs_prefetcher::manifest::ManifestFormat::Csv,
+        FormatArg::Jsonl => metfs_prefetcher::manifest::ManifestFormat::Jsonl,
     };
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    prefetcher::manifest::write_manifest(&cat, &mut out, format)?;
+    metfs_prefetcher::manifest::write_manifest(&cat, &mut out, format)?;
     std::io::Write::flush(&mut out)?;
     Ok(())
 }
@@ -178,12 +178,12 @@ pub(super) fn plan_catalog(
     strategy: Strategy,
     label_from_dirs: bool,
     budget: u64,
-) -> Result<(prefetcher::catalog::Catalog, metfs_plan::budget::Budget)> {
+) -> Result<(metfs_tier::catalog::Catalog, metfs_plan::budget::Budget)> {
     let mut cat = match (manifest, source) {
-        (Some(m), None) => prefetcher::manifest::load_catalog(m)?,
+        (Some(m), None) => metfs_prefetcher::manifest::load_catalog(m)?,
         (None, Some(src)) => {
-            use prefetcher::tier::CapacityTier;
-            let tier = prefetcher::tier::PosixTier::new(src)?;
+            use metfs_tier::CapacityTier;
+            let tier = metfs_tier::PosixTier::new(src)?;
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;

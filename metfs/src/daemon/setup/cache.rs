@@ -169,7 +169,7 @@ pub(super) fn open_cache(cfg: &MountConfig) -> Result<(CachePaths, std::fs::File
             tracing::warn!(path = %d.display(), "not a directory (a symlink?) in the cache; replacing it");
             let _ = std::fs::remove_file(d);
         }
-        prefetcher::stager::create_private_dir(d).map_err(|e| DaemonError::Cache {
+        metfs_prefetcher::stager::create_private_dir(d).map_err(|e| DaemonError::Cache {
             path: d.display().to_string(),
             reason: e.to_string(),
         })?;

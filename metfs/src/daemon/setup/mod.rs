@@ -25,12 +25,12 @@ use crate::daemon::{CachePaths, Daemon, DaemonError};
 use crate::fs::{FsCore, FsSettings};
 use metfs_plan::budget::Budget;
 use metfs_plan::size::format_bytes;
-use prefetcher::catalog::Catalog;
-use prefetcher::hdf5::Containers;
-use prefetcher::pacer::Pacer;
-use prefetcher::stager::Stager;
-use prefetcher::tier::CapacityTier;
-use prefetcher::transform::Transformer;
+use metfs_prefetcher::hdf5::Containers;
+use metfs_prefetcher::stager::Stager;
+use metfs_prefetcher::transform::Transformer;
+use metfs_tier::catalog::Catalog;
+use metfs_tier::pacer::Pacer;
+use metfs_tier::CapacityTier;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -79,7 +79,7 @@ impl Daemon {
     }
 
     /// As [`Daemon::prepare`], on `tier` instead of the tier `cfg.source` names: the seam where
-    /// tests hand the daemon an in-memory or fault-injecting tier (`prefetcher::tier::testing`)
+    /// tests hand the daemon an in-memory or fault-injecting tier (`metfs_tier::testing`)
     /// and drive its fault handling without a file system or server to break. `cfg.source`
     /// still goes into the plan's fingerprint and the messages; give it the tier's URL.
     pub async fn prepare_with_tier(

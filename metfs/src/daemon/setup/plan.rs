@@ -10,8 +10,8 @@ use metfs_plan::budget::{footprints, Staged};
 use metfs_plan::planner;
 use metfs_plan::planner::{PlanConfig, PlanError, SampleSet};
 use metfs_plan::size::format_bytes;
-use prefetcher::catalog::Catalog;
-use prefetcher::hdf5::Containers;
+use metfs_prefetcher::hdf5::Containers;
+use metfs_tier::catalog::Catalog;
 use std::sync::Arc;
 
 /// What the plan depends on: a saved position is resumed only under the same.

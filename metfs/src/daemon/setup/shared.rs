@@ -19,8 +19,8 @@ use crate::protocol::{event, NotResumed};
 use crate::view::View;
 use metfs_plan::budget::Budget;
 use metfs_plan::size::format_bytes;
-use prefetcher::catalog::Catalog;
-use prefetcher::stager::Stager;
+use metfs_prefetcher::stager::Stager;
+use metfs_tier::catalog::Catalog;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 

@@ -13,7 +13,7 @@ use crate::daemon::Daemon;
 use crate::protocol::event::Event;
 use crate::protocol::NotResumed;
 use crate::view::View;
-use prefetcher::stager::SlotSpec;
+use metfs_prefetcher::stager::SlotSpec;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;

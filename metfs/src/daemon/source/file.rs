@@ -13,7 +13,7 @@
 //! made with the same labels, and still current (`catalog_is_current`: one stat per directory
 //! for POSIX, one listing for an object store), so a job script can run it every time.
 
-use prefetcher::catalog::{CatalogFile, SourceStamp};
+use metfs_tier::catalog::{CatalogFile, SourceStamp};
 
 use crate::config::MountConfig;
 use crate::daemon::source::{
@@ -21,8 +21,8 @@ use crate::daemon::source::{
 };
 use crate::daemon::DaemonError;
 use metfs_plan::size::format_bytes;
-use prefetcher::catalog::Catalog;
-use prefetcher::tier::CapacityTier;
+use metfs_tier::catalog::Catalog;
+use metfs_tier::CapacityTier;
 use std::path::Path;
 use std::time::Instant;
 
@@ -30,7 +30,7 @@ use std::time::Instant;
 #[derive(Debug, Clone)]
 pub struct MadeCatalog {
     /// The file's header (source, stamp, counts, digest).
-    pub header: prefetcher::catalog::CatalogFileHeader,
+    pub header: metfs_tier::catalog::CatalogFileHeader,
     /// The file was already a current catalog of the source and was kept.
     pub kept: bool,
     /// Why an existing file was not kept, when there was one.
@@ -72,7 +72,7 @@ pub(super) async fn load_catalog_file(
         _ => tier.catalog_stamp_differs(&f.catalog).await?,
     };
     if let Some(what) = stale {
-        return Err(prefetcher::catalog::CatalogError::Stale {
+        return Err(metfs_tier::catalog::CatalogError::Stale {
             path: file.display().to_string(),
             mount_source: tier.url().to_string(),
             what,
@@ -228,7 +228,7 @@ async fn keep_reason(
     tier: &dyn CapacityTier,
     cfg: &MountConfig,
     out: &Path,
-) -> Result<Result<prefetcher::catalog::CatalogFileHeader, String>, DaemonError> {
+) -> Result<Result<metfs_tier::catalog::CatalogFileHeader, String>, DaemonError> {
     let old = match CatalogFile::read(out) {
         Ok(f) => f,
         Err(e) => return Ok(Err(e.to_string())),

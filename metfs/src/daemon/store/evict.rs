@@ -47,7 +47,7 @@ impl Store {
     pub(in crate::daemon) fn remove_slots_except(
         &self,
         keep: impl Fn(&str) -> bool,
-    ) -> Result<Vec<String>, prefetcher::stager::StageError> {
+    ) -> Result<Vec<String>, metfs_prefetcher::stager::StageError> {
         for name in self.stager.present_slots() {
             if !keep(&name) {
                 self.stager.evict_in_background(&name)?;

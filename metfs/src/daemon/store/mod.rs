@@ -18,7 +18,7 @@
 //!
 //! Samples already on the node are never fetched again: [`Store::stage`] offers every slot it
 //! holds (current, staging, draining) to the stager as a donor, which hard-links a sample it
-//! finds there (see `prefetcher::stager`'s `reuse`). A link is one file with two names.
+//! finds there (see `metfs_prefetcher::stager`'s `reuse`). A link is one file with two names.
 //! Admission stays per slot (each slot's footprint, links included, fits `slot_bytes`), so the
 //! budget holds whatever is linked; the bytes the cache holds ([`Store::slot_bytes_except`],
 //! `cache_bytes` in status) count each file once: a linked sample carries the *origin* of its
@@ -54,9 +54,9 @@ use crate::daemon::CachePaths;
 use crate::view::View;
 use metfs_plan::budget::{round_up, Budget};
 use metfs_plan::planner::SampleSet;
-use prefetcher::catalog::Catalog;
-use prefetcher::hdf5::Containers;
-use prefetcher::stager::{Progress, SlotJournal, SlotSpec, StageReport, Stager};
+use metfs_prefetcher::hdf5::Containers;
+use metfs_prefetcher::stager::{Progress, SlotJournal, SlotSpec, StageReport, Stager};
+use metfs_tier::catalog::Catalog;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -287,7 +287,7 @@ impl Store {
         &self,
         spec: &SlotSpec,
         progress: Arc<Progress>,
-    ) -> Result<StageReport, prefetcher::stager::StageError> {
+    ) -> Result<StageReport, metfs_prefetcher::stager::StageError> {
         let mut spec = spec.clone();
         {
             // Only slots holding some sample of this one: each donor's journal is read.
@@ -470,7 +470,7 @@ impl Store {
         (b.last_error.clone(), b.failed_samples.clone())
     }
 
-    /// Seals every complete slot for a quick resume (`prefetcher::stager`'s `seal` module), at
+    /// Seals every complete slot for a quick resume (`metfs_prefetcher::stager`'s `seal` module), at
     /// a clean shutdown. Returns how many were sealed. Container slots are not sealed (their
     /// staging checks every file at each start). On a shared mount the next start keeps only
     /// the slots its save file names and deletes the others with their seals. Blocking.
@@ -524,13 +524,13 @@ impl Store {
             // Its mode and owners are the source file's, as for every other sample: the staged
             // copy's (0400, the daemon's user) would refuse, under `--allow-other`, users the
             // source lets read it.
-            let files: Vec<(String, u64, Option<prefetcher::catalog::Meta>)> = c
+            let files: Vec<(String, u64, Option<metfs_tier::catalog::Meta>)> = c
                 .files()
                 .iter()
                 .filter_map(|f| {
                     std::fs::metadata(dir.join(&f.path)).ok().map(|m| {
-                        let staged = prefetcher::catalog::Meta::from_metadata(&m);
-                        let meta = prefetcher::catalog::Meta {
+                        let staged = metfs_tier::catalog::Meta::from_metadata(&m);
+                        let meta = metfs_tier::catalog::Meta {
                             mtime_ns: staged.mtime_ns,
                             ctime_ns: staged.ctime_ns,
                             ..f.source_meta
@@ -551,7 +551,7 @@ impl Store {
             // Transformed copies: named with the transform's suffix, sized as written; modes
             // and times mirror the source sample.
             let dir = self.stager.slot_path(&name);
-            let files: Vec<(String, u64, Option<prefetcher::catalog::Meta>)> = samples
+            let files: Vec<(String, u64, Option<metfs_tier::catalog::Meta>)> = samples
                 .iter()
                 .filter_map(|&id| {
                     let rel = self.stager.staged_path(id);

@@ -13,8 +13,8 @@
 use std::path::Path;
 use std::time::Instant;
 
-use prefetcher::hdf5::{open_containers, stage_rows};
-use prefetcher::pacer::Pacer;
+use metfs_prefetcher::hdf5::{open_containers, stage_rows};
+use metfs_tier::pacer::Pacer;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -27,8 +27,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::catalog::{BuildError, Catalog, CatalogBuilder, CatalogEntry};
 use metfs_plan::budget::{footprint, Staged};
+use metfs_tier::catalog::{BuildError, Catalog, CatalogBuilder, CatalogEntry};
 
 /// Errors of the manifest module. `file` is the manifest path as given; `line` is 1-based.
 #[derive(Debug, Error)]

@@ -3,7 +3,7 @@
 //! A slot is a directory `SLOTS/<name>/` (the daemon's names: [`slot_name`]) holding the
 //! mini-epoch's samples under their relative paths. Each sample is fetched into a new file and
 //! its size verified (the tier verifies its version too, and starts writeback as it writes any
-//! file over [`crate::tier::SMALL_FILE_BYTES`]; a small file's pages are written out by its
+//! file over [`metfs_tier::SMALL_FILE_BYTES`]; a small file's pages are written out by its
 //! batch's `syncfs`, many at once). Fetched files are committed in batches (at most 512 files,
 //! 512 MiB or one second): one `syncfs` makes the batch durable, then it is journaled. Where the
 //! new file is written depends on whether anything may read the slot (`Landing`):
@@ -97,10 +97,10 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::catalog::Catalog;
-use crate::pacer::Pacer;
-use crate::tier::{CapacityTier, SampleRef, TierError};
 use crate::transform::Transformer;
+use metfs_tier::catalog::Catalog;
+use metfs_tier::pacer::Pacer;
+use metfs_tier::{CapacityTier, SampleRef, TierError};
 
 mod containers;
 mod group;
@@ -685,7 +685,7 @@ impl Stager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tier::PosixTier;
+    use metfs_tier::PosixTier;
 
     pub(super) async fn setup(n: usize) -> (tempfile::TempDir, Stager, Arc<Catalog>) {
         let d = tempfile::tempdir().unwrap();
@@ -985,7 +985,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let src = d.path().join("src");
         std::fs::create_dir_all(&src).unwrap();
-        let big = crate::tier::SMALL_FILE_BYTES as usize + 1;
+        let big = metfs_tier::SMALL_FILE_BYTES as usize + 1;
         // Names sort in this order: 40 small files, one large, 3 small, one large.
         for i in 0..45 {
             let len = if i == 40 || i == 44 { big } else { 10 };
@@ -995,7 +995,7 @@ mod tests {
         let ids: Vec<u32> = (0..cat.len() as u32).collect();
         let groups = st.groups(ids.clone());
         let sizes: Vec<usize> = groups.iter().map(|g| g.ids().len()).collect();
-        let g = crate::tier::POSIX_GROUP_FILES;
+        let g = metfs_tier::POSIX_GROUP_FILES;
         assert_eq!(sizes, vec![g, g, 40 - 2 * g, 1, 3, 1]);
         let flat: Vec<u32> = groups.iter().flat_map(|g| g.ids().to_vec()).collect();
         assert_eq!(flat, ids);
@@ -1305,7 +1305,7 @@ mod tests {
         fn group_files(&self) -> usize {
             self.1
         }
-        async fn list(&self) -> Result<crate::tier::Listing, TierError> {
+        async fn list(&self) -> Result<metfs_tier::Listing, TierError> {
             self.0.list().await
         }
         async fn catalog_is_current(&self, c: &Catalog) -> Result<bool, TierError> {

@@ -1,5 +1,5 @@
+use super::ffi::space::runs;
 use super::inspect::digits;
-use super::source::runs;
 
 #[test]
 fn runs_coalesce_neighbours() {

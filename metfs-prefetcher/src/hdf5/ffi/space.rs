@@ -126,3 +126,20 @@ pub(in crate::hdf5) fn select_all(space: hid_t) {
     // SAFETY: takes an id by value; the library checks it.
     locked(|| unsafe { h5s::H5Sselect_all(space) });
 }
+
+/// Runs of consecutive values in ascending `rows`: (first, length).
+pub(in crate::hdf5) fn runs(rows: &[u64]) -> impl Iterator<Item = (u64, u64)> + '_ {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if i >= rows.len() {
+            return None;
+        }
+        let start = rows[i];
+        let mut len = 1;
+        while i + (len as usize) < rows.len() && rows[i + len as usize] == start + len {
+            len += 1;
+        }
+        i += len as usize;
+        Some((start, len))
+    })
+}

@@ -478,7 +478,7 @@ impl Stager {
                             file.set_permissions(std::fs::Permissions::from_mode(0o400))
                                 .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
                             let size = sample.size;
-                            let crc = if size <= crate::tier::SMALL_FILE_BYTES {
+                            let crc = if size <= metfs_tier::SMALL_FILE_BYTES {
                                 // A small copy's few pages, just written and read from memory:
                                 // cheaper here than handed to a blocking thread and back.
                                 crc_of_copy(&file, size)

@@ -55,7 +55,7 @@ pub fn open_containers(
     let mut out = Vec::with_capacity(sorted.len());
     let mut first = vec![0u64];
     for rel in sorted {
-        crate::catalog::validate_rel_path(rel).map_err(|reason| Hdf5Error::BadPath {
+        metfs_tier::catalog::validate_rel_path(rel).map_err(|reason| Hdf5Error::BadPath {
             file: rel.clone(),
             reason: reason.into(),
         })?;
@@ -346,7 +346,7 @@ pub(super) fn inspect(
         labels,
         len: md.len(),
         mtime_ns: mtime_ns(&md),
-        source_meta: crate::catalog::Meta::from_metadata(&md),
+        source_meta: metfs_tier::catalog::Meta::from_metadata(&md),
     })
 }
 

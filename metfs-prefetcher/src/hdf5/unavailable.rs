@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::{Containers, Hdf5Error, Result};
-use crate::pacer::Pacer;
+use metfs_tier::pacer::Pacer;
 
 fn not_built<T>(what: &str) -> Result<T> {
     Err(Hdf5Error::NotBuilt { what: what.into() })

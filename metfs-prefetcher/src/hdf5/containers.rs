@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::catalog::{BuildError, Catalog, CatalogBuilder};
+use metfs_tier::catalog::{BuildError, Catalog, CatalogBuilder};
 
 // ---------------------------------------------------------------------------------------------
 // Container inspection.
@@ -62,7 +62,7 @@ pub struct ContainerFile {
     /// The source file's permission bits, owner and group when inspected: a staged container
     /// is the daemon's own file, but the mount shows it as the source does (without write
     /// bits), so that `--allow-other` lets in exactly the users the source lets in.
-    pub source_meta: crate::catalog::Meta,
+    pub source_meta: metfs_tier::catalog::Meta,
 }
 
 /// Container files of a dataset, inspected and validated. Plain data (no open HDF5 handles):

@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use metfs_tier::catalog::Catalog;
+use metfs_tier::pacer::Pacer;
+use metfs_tier::s3::{S3Config, S3RetryConfig, S3Tier, Secret};
+use metfs_tier::{CapacityTier, SampleRef, TierError};
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStoreExt, PutPayload};
-use prefetcher::catalog::Catalog;
-use prefetcher::pacer::Pacer;
-use prefetcher::s3::{S3Config, S3RetryConfig, S3Tier, Secret};
-use prefetcher::tier::{CapacityTier, SampleRef, TierError};
 use rand::{RngCore, SeedableRng};
 
 const BUCKET: &str = "metfs";
@@ -261,7 +261,7 @@ for k in sys.argv[5:]:
     );
 }
 
-fn sample(e: &prefetcher::catalog::CatalogEntry) -> SampleRef {
+fn sample(e: &metfs_tier::catalog::CatalogEntry) -> SampleRef {
     SampleRef {
         path: e.path.clone(),
         size: e.size,

@@ -26,7 +26,7 @@
 
 use super::stage::create_copy;
 use super::*;
-use crate::tier::{GroupMember, OpenCopy, SMALL_FILE_BYTES};
+use metfs_tier::{GroupMember, OpenCopy, SMALL_FILE_BYTES};
 use std::sync::atomic::AtomicUsize;
 
 /// Copies made and kept open for their group's blocking thread, in the whole process (several

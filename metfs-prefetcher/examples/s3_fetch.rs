@@ -26,14 +26,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use metfs_prefetcher::stager::{Progress, SlotSpec, Stager, StagerConfig};
+use metfs_tier::catalog::Catalog;
+use metfs_tier::pacer::Pacer;
+use metfs_tier::s3::{S3Config, S3Tier};
+use metfs_tier::CapacityTier;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjPath;
 use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload};
-use prefetcher::catalog::Catalog;
-use prefetcher::pacer::Pacer;
-use prefetcher::s3::{S3Config, S3Tier};
-use prefetcher::stager::{Progress, SlotSpec, Stager, StagerConfig};
-use prefetcher::tier::CapacityTier;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -11,8 +11,10 @@ use std::process::Command;
 use std::sync::Once;
 
 use metfs_plan::planner::{plan_epoch, PlanConfig, SampleSet, Strategy};
-use prefetcher::hdf5::{open_containers, read_scalar_labels, stage_rows, Containers, Hdf5Error};
-use prefetcher::pacer::Pacer;
+use metfs_prefetcher::hdf5::{
+    open_containers, read_scalar_labels, stage_rows, Containers, Hdf5Error,
+};
+use metfs_tier::pacer::Pacer;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use prefetcher::catalog::Catalog;
-use prefetcher::pacer::Pacer;
-use prefetcher::stager::{SlotSpec, StageError, Stager, StagerConfig};
-use prefetcher::tier::testing::{sample_files, Failure, FaultyTier, MemoryTier, Op, Rule};
-use prefetcher::tier::{CapacityTier, TierError};
+use metfs_prefetcher::stager::{SlotSpec, StageError, Stager, StagerConfig};
+use metfs_tier::catalog::Catalog;
+use metfs_tier::pacer::Pacer;
+use metfs_tier::testing::{sample_files, Failure, FaultyTier, MemoryTier, Op, Rule};
+use metfs_tier::{CapacityTier, TierError};
 
 /// The stager sorts the injected failures as it sorts the real tiers' ones.
 #[tokio::test]

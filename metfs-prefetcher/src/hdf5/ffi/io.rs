@@ -11,10 +11,9 @@ use hdf5_sys::h5i::hid_t;
 use hdf5_sys::h5p::H5P_DEFAULT;
 use hdf5_sys::h5s::H5S_ALL;
 
-use super::space::{extent_points, select_all, select_hyperslab, simple_space};
+use super::space::{extent_points, runs, select_all, select_hyperslab, simple_space};
 use super::types::{is_variable_str, type_size, type_traits};
 use super::{dataset_space, locked, Cx};
-use crate::hdf5::source::runs;
 use crate::hdf5::Result;
 
 mod sealed {

@@ -4,7 +4,7 @@ use hdf5_sys::h5i::hid_t;
 
 use super::containers::DatasetInfo;
 use super::ffi::io::{bytes_mut, read, will_need, Obj};
-use super::ffi::space::{select_all, select_hyperslab, simple_space};
+use super::ffi::space::{runs, select_all, select_hyperslab, simple_space};
 use super::ffi::{chunk_range, dataset_offset, Cx};
 use super::*;
 
@@ -249,21 +249,4 @@ pub(super) fn hint_rows(
     for (o, l) in merged {
         will_need(fd, o, l);
     }
-}
-
-/// Runs of consecutive values in ascending `rows`: (first, length).
-pub(super) fn runs(rows: &[u64]) -> impl Iterator<Item = (u64, u64)> + '_ {
-    let mut i = 0;
-    std::iter::from_fn(move || {
-        if i >= rows.len() {
-            return None;
-        }
-        let start = rows[i];
-        let mut len = 1;
-        while i + (len as usize) < rows.len() && rows[i + len as usize] == start + len {
-            len += 1;
-        }
-        i += len as usize;
-        Some((start, len))
-    })
 }

@@ -22,7 +22,7 @@ use super::ffi::{
 };
 use super::source::{hint_rows, placement, Fds, Source};
 use super::*;
-use crate::pacer::Pacer;
+use metfs_tier::pacer::Pacer;
 
 // ---------------------------------------------------------------------------------------------
 // Staging.
@@ -313,7 +313,7 @@ pub(super) fn copy_dataset_rows(
         out_row += len;
         // Start writing this block back now rather than all of it at the caller's fsync,
         // so reads and writes overlap; this does not wait for the disk.
-        crate::tier::start_writeback(&fds.out, 0, 0);
+        metfs_tier::start_writeback(&fds.out, 0, 0);
     }
     Ok(())
 }
