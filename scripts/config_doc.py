@@ -9,7 +9,7 @@ The page's tables come from `metfs config --defaults`, which prints every settin
 `metfs mount` as commented TOML: its help, its flag and environment variable, and its default
 (a commented key has none fixed; its help then names the derived default as `[default: ...]`,
 or ends in `Required`). Nothing in the tables is written by hand: a setting's help is edited
-where the setting is declared (`metfs/src/config/`, the policy's in `feedback/`), and this
+where the setting is declared (`metfs/src/config/`, the policy's in `metfs-feedback/`), and this
 script is run again. The prose around the tables is `INTRO` below. `tests/test_docs.py`
 regenerates the page and fails when it differs from the committed one.
 

@@ -7,7 +7,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     // The socket answers non-UTF-8 lines itself before parsing (control.rs).
     if let Ok(line) = std::str::from_utf8(data) {
-        match metfs::protocol::parse_request(line) {
+        match metfs_protocol::parse_request(line) {
             Ok(req) => {
                 let _ = format!("{req:?}");
             }

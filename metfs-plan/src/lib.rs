@@ -15,7 +15,7 @@
 //! * [`model`]: the paper's analytical model (stall-free rf, the tier's bandwidth, Eq. 1).
 //! * [`size`]: `512MiB`-style byte sizes and `SIZE/s` rates.
 //!
-//! **Invariant:** pure. No I/O, no clock, no async runtime, no randomness but `planrng`'s
+//! **Invariant:** pure. No I/O, no clock, no async runtime, no randomness but `metfs-planrng`'s
 //! seeded streams: the same inputs give the same plan on every node, in a restarted daemon and
 //! in `metfs plan`. The catalog is read through [`CatalogSamples`], which `metfs-tier`'s
 //! `Catalog` implements, so this crate never builds a tier.

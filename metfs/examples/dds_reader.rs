@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use metfs::dds::{dataset, Claim, DdsUrl, EtcdOptions, Queue, Worker, WorkerConfig};
+use metfs_dds::{dataset, Claim, DdsUrl, EtcdOptions, Queue, Worker, WorkerConfig};
 use metfs_plan::budget::Staged;
 use metfs_plan::planner::{plan_epoch, PlanConfig, Strategy};
 use metfs_tier::catalog::Catalog;

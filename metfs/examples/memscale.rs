@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use metfs::view::View;
+use metfs_fs::view::View;
 use metfs_plan::budget::Staged;
 use metfs_plan::planner::{plan_epoch, PlanConfig, SampleSet, Strategy};
 use metfs_tier::catalog::{Catalog, CatalogBuilder, Meta};

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 
-use crate::protocol::{read_reply, Envelope, ErrorCode, FilesForm, FilesView, Request};
+use metfs_protocol::{read_reply, Envelope, ErrorCode, FilesForm, FilesView, Request};
 
 /// Errors of the CLI client.
 #[derive(Debug, Error)]
@@ -34,14 +34,14 @@ pub enum ClientError {
     Malformed { path: String, line: String },
 }
 
-/// Sends one request and reads the reply as `T` (the op's answer in [`crate::protocol`]).
+/// Sends one request and reads the reply as `T` (the op's answer in [`metfs_protocol`]).
 /// A reply of another protocol version, or one that does not fit `T`, is `Malformed` with the
 /// reason; a failed request is `Daemon` with the daemon's code and message.
 pub fn request<T: DeserializeOwned>(socket: &Path, req: &Request) -> Result<T, ClientError> {
     exchange(socket, req).map(|(reply, _)| reply)
 }
 
-/// The current view's files, asked for packed ([`crate::protocol::PackedList`]) so that a large view costs no
+/// The current view's files, asked for packed ([`metfs_protocol::PackedList`]) so that a large view costs no
 /// JSON string per file; `files` is filled from the bytes after the reply's line.
 pub fn files(socket: &Path, job: Option<String>) -> Result<FilesView, ClientError> {
     let req = Request::Files {

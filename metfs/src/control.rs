@@ -20,8 +20,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::fs::ViewLease;
-use crate::protocol::{
+use metfs_fs::fs::ViewLease;
+use metfs_protocol::{
     parse_request, Answer, Decision, ErrorCode, Left, ProtocolError, Released, Reply, Request,
     ShuttingDown, MAX_LINE_BYTES, VERSION as PROTOCOL_VERSION,
 };
@@ -29,7 +29,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::daemon::Daemon;
-use feedback::policy::JobSignals;
+use metfs_feedback::policy::JobSignals;
 
 /// Binds the control socket with mode 0600, replacing a stale socket file.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {

@@ -1,7 +1,7 @@
 //! The run's event log: `RUN_DIR/events.jsonl`, one JSON object per line, read by
 //! `metfs report`.
 //!
-//! Each line is one [`Record`] of the protocol ([`crate::protocol::event`]: `start`, `pass_end`,
+//! Each line is one [`Record`] of the protocol ([`metfs_protocol::event`]: `start`, `pass_end`,
 //! `decision`, `staged`, `stage_failed`, `switch`, `stall_rf`, `tier`, the cumulative tier bytes
 //! every few seconds while staging, and `job_not_resumed`, a shared mount's saved job whose place
 //! a restart could not resume), with `v`, `t` (Unix seconds) and `event`. The file rotates to
@@ -28,8 +28,8 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::protocol::{Event, Record, Version};
 use crate::rotate::Rotating;
+use metfs_protocol::{Event, Record, Version};
 
 /// Size at which `events.jsonl` rotates.
 pub const ROTATE_BYTES: u64 = 512 << 10;
@@ -234,7 +234,7 @@ impl Drop for EventLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::event::{Start, Tier};
+    use metfs_protocol::event::{Start, Tier};
     use serde_json::Value;
 
     fn start() -> Event {

@@ -6,7 +6,7 @@
 //! the two files never exceed the reserve.
 //!
 //! Writing a log line never fails and never panics. The log shares its disk with the slots, and
-//! a full disk is a condition the daemon rides out (see DESIGN.md), so a line that cannot be
+//! a full disk is a condition the daemon rides out (ARCHITECTURE.md, Faults), so a line that cannot be
 //! written is dropped and counted; the next line that can be written is preceded by a note with
 //! the count. `tracing-subscriber`'s own report of a failed write goes to stderr with
 //! `eprintln!`, which panics when stderr (the same log file, for the background daemon) is full

@@ -30,7 +30,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
 
-use crate::protocol::{Staging, Status};
+use metfs_protocol::{Staging, Status};
 
 /// Prometheus metric types used here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,7 +240,7 @@ pub fn render(status: &Status) -> String {
     out
 }
 
-/// Writes `text` to `path` atomically (`durable`): into a temporary file in the same directory
+/// Writes `text` to `path` atomically (`metfs-durable`): into a temporary file in the same directory
 /// (named `.<file name>.<random>.tmp`, which the textfile collector's `*.prom` pattern skips),
 /// then renamed over `path`, so readers see the old file or the new one, never a part. The file
 /// is made readable by everyone (0644), as node_exporter usually runs as another user. No
@@ -248,7 +248,7 @@ pub fn render(status: &Status) -> String {
 /// replaces it.
 pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
     // A snapshot rewritten every few seconds: whole for the collector, not crash-proof.
-    durable::write_with(path, durable::Durability::Atomic, |f| {
+    metfs_durable::write_with(path, metfs_durable::Durability::Atomic, |f| {
         use std::os::unix::fs::PermissionsExt;
         f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
         f.write_all(text.as_bytes())
@@ -475,7 +475,7 @@ mod tests {
     /// (a renamed field fails here and in the schema test, not silently in the docs).
     #[test]
     fn every_metric_names_a_status_field_of_the_schema() {
-        let schema = crate::protocol::schema();
+        let schema = metfs_protocol::schema();
         let status = &schema["$defs"]["StatusReply"]["properties"];
         let staging = serde_json::to_string(&schema["$defs"]["Staging"]).unwrap();
         for m in METRICS {

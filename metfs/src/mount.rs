@@ -87,10 +87,10 @@ pub fn register(r: &Registered) -> std::io::Result<()> {
     std::fs::create_dir_all(&dir)?;
     let f = registry_file(&r.mountpoint);
     // Rebuilt at every mount, so readers need it whole but not crash-proof.
-    durable::write(
+    metfs_durable::write(
         &f,
         &serde_json::to_vec(r).unwrap(),
-        durable::Durability::Atomic,
+        metfs_durable::Durability::Atomic,
     )
     .map_err(|e| std::io::Error::new(e.io_error().kind(), e.to_string()))
 }
@@ -351,9 +351,9 @@ pub fn umount(mountpoint: &Path, timeout: Duration) -> Result<(), MountError> {
     }
     if let Some(r) = &reg {
         if pid_alive(r.pid) {
-            let _ = crate::client::request::<crate::protocol::ShuttingDown>(
+            let _ = crate::client::request::<metfs_protocol::ShuttingDown>(
                 &r.socket,
-                &crate::protocol::Request::Shutdown,
+                &metfs_protocol::Request::Shutdown,
             );
             let t = Instant::now();
             while pid_alive(r.pid) && t.elapsed() < timeout {

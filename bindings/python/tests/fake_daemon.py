@@ -1,6 +1,6 @@
 """An in-process stand-in for the metfs control socket, for unit tests of the client.
 
-It speaks the protocol of DESIGN.md (newline-delimited JSON) with a fixed-rf policy over a
+It speaks the control protocol (newline-delimited JSON, docs/protocol.schema.json) with a fixed-rf policy over a
 made-up dataset, and lets tests inject faults: dropped connections, staging that is not ready,
 error responses. ``files`` with ``direct`` answers a ``direct_root`` and takes a lease for the
 connection, as the real daemon does (``release`` ends it, and so does the connection's end);

@@ -8,7 +8,7 @@
 //! `P = nm × nodes` of them, numbered `m × nodes + r` (mini-epoch `m`, node `r`). Every node
 //! computes the assignment of *all* samples to shares, from the same inputs and the same
 //! random stream, and keeps its own; that is why the shares of different nodes are disjoint
-//! and cover the epoch without any communication. Randomness comes only from `planrng`:
+//! and cover the epoch without any communication. Randomness comes only from `metfs-planrng`:
 //! ChaCha8 keyed by a fixed SplitMix64 mix of `(seed, epoch)`, consumed by that crate's own
 //! Fisher–Yates and Lemire bounded draws, so no change in `rand`'s algorithms can change a plan
 //! (a test pins the digest of a small plan).

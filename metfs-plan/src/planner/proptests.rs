@@ -8,7 +8,7 @@ use proptest::strategy::Strategy as _;
 use super::balance::{balance, Scratch};
 use super::tests::{all_nodes, cfg, check, set, with_copies};
 use super::*;
-use planrng::splitmix64;
+use metfs_planrng::splitmix64;
 
 fn arb_sizes(n: usize) -> impl proptest::strategy::Strategy<Value = Vec<u64>> {
     prop_oneof![

@@ -1,11 +1,11 @@
-//! The plan's only source of randomness: `planrng`'s ChaCha8 stream of `(seed, epoch)`, in the
+//! The plan's only source of randomness: `metfs-planrng`'s ChaCha8 stream of `(seed, epoch)`, in the
 //! single-node planner's domain (so a plan depends on ChaCha8's specified output alone).
 
-pub(super) use planrng::PlanRng;
+pub(super) use metfs_planrng::PlanRng;
 
 /// The single-node planner's domain. Changing it changes every plan, and a saved position
 /// would then resume in another order.
-const DOMAIN: planrng::Domain = planrng::Domain {
+const DOMAIN: metfs_planrng::Domain = metfs_planrng::Domain {
     seed: 0x6A09_E667_F3BC_C909,
     epoch: 0xBB67_AE85_84CA_A73B,
 };

@@ -636,7 +636,7 @@ fn the_cost_of_saving_every_place() {
             let taken = t.elapsed();
             let json = serde_json::to_vec(&places).unwrap();
             let encoded = t.elapsed();
-            durable::write(&path, &json, durable::Durability::File).unwrap();
+            metfs_durable::write(&path, &json, metfs_durable::Durability::File).unwrap();
             times.push((t.elapsed(), taken, encoded));
             bytes = json.len();
         }

@@ -29,7 +29,7 @@
 //! deletes it); nothing here opens a file of a complete slot for writing or truncates one, and
 //! a file an incomplete slot finds at a copy's path is unlinked, never opened (it may be a link
 //! to another slot's copy). So whoever holds a copy (an open descriptor through the mount, or a
-//! client reading the slot directly under a lease, see `metfs::fs::ViewLease`) reads the bytes
+//! client reading the slot directly under a lease, see `metfs_fs::fs::ViewLease`) reads the bytes
 //! that were journaled, whole, and a hard-linked copy shared by two slots cannot change under
 //! either.
 //!

@@ -298,9 +298,11 @@ impl Stager {
         }
         let seal = self.current_seal(name).map_err(cache_err(&path))?;
         let body = serde_json::to_vec(&seal).expect("a seal serialises");
-        durable::write(&path, &body, durable::Durability::File).map_err(|e| StageError::Cache {
-            path: path.display().to_string(),
-            source: std::io::Error::new(e.io_error().kind(), e.to_string()),
+        metfs_durable::write(&path, &body, metfs_durable::Durability::File).map_err(|e| {
+            StageError::Cache {
+                path: path.display().to_string(),
+                source: std::io::Error::new(e.io_error().kind(), e.to_string()),
+            }
         })?;
         Ok(true)
     }

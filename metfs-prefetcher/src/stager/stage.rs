@@ -2,7 +2,7 @@
 //! concurrency under a stall watch, commit durable batches, journal them.
 //!
 //! Staged files are written and renamed here (and in `containers` and `reuse`), not through the
-//! `durable` crate that replaces metfs's other files: a batch is made durable by one `syncfs`
+//! `metfs-durable` crate that replaces metfs's other files: a batch is made durable by one `syncfs`
 //! before it is journaled, and one fsync per file would cost what that saves.
 
 use super::*;

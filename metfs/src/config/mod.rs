@@ -23,7 +23,7 @@ pub mod share;
 
 use std::path::PathBuf;
 
-use feedback::config::PolicyConfig;
+use metfs_feedback::config::PolicyConfig;
 use metfs_plan::planner::{ClusterCopies, Strategy};
 use metfs_prefetcher::stager::StagerConfig;
 use metfs_tier::s3::S3Config;
@@ -493,7 +493,7 @@ mod tests {
             &["--hdf5-datasets", "a, b", "--label-dataset", "123"],
         )
         .unwrap();
-        assert_eq!(c.policy.kind, feedback::config::PolicyKind::Score);
+        assert_eq!(c.policy.kind, metfs_feedback::config::PolicyKind::Score);
         assert_eq!(c.policy.score_metrics.len(), 2);
         assert_eq!(c.policy.score_weights, Some(vec![1.0, 0.5]));
         assert_eq!(c.policy.score_wait, 5);
@@ -506,7 +506,7 @@ mod tests {
         assert_eq!(c.prefetch_rate_max, Some(1 << 30));
         // The policy's key is also accepted as `kind`; a number-like string stays a string.
         let c = resolve("kind = 'bollinger'\n", &[("METFS_JOB", "123")], &[]).unwrap();
-        assert_eq!(c.policy.kind, feedback::config::PolicyKind::Bollinger);
+        assert_eq!(c.policy.kind, metfs_feedback::config::PolicyKind::Bollinger);
         assert_eq!(c.job, "123");
         let c = MountConfig::from_toml(
             "source = '/a'\ncache = '/c'\nbudget = 4096\nprefetch_rate = '100MiB/s'\n",

@@ -15,7 +15,7 @@ use super::aggregate::AggregateConfig;
 use super::resolve::Check;
 use super::share::ShareConfig;
 use super::{ConfigError, MountSettings};
-use crate::dds::{DdsConfig, DdsUrl};
+use metfs_dds::{DdsConfig, DdsUrl};
 use metfs_plan::planner::MAX_JOBS;
 
 /// What a mount serves and where its mini-epochs come from.

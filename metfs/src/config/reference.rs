@@ -286,7 +286,7 @@ mod tests {
     #[test]
     fn sections_default_to_their_own_defaults() {
         let d = MountSettings::default();
-        assert_eq!(d.policy, feedback::config::PolicyConfig::default());
+        assert_eq!(d.policy, metfs_feedback::config::PolicyConfig::default());
         assert_eq!(d.stager, metfs_prefetcher::stager::StagerConfig::default());
         assert_eq!(d.control, crate::config::ControlConfig::default());
         assert_eq!(d.s3, metfs_tier::s3::S3Config::default());

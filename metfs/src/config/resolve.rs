@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use feedback::config::{PolicyConfig, PolicyKind};
+use metfs_feedback::config::{PolicyConfig, PolicyKind};
 
 use super::mode::Mode;
 use super::{ConfigError, Layers, MountConfig, MountSettings};
@@ -127,7 +127,7 @@ fn policy(s: &MountSettings, layers: &Layers, check: &Check) -> Result<PolicyCon
         policy.rf_max = policy.rf_max.max(policy.rf);
     }
     policy.validate().map_err(|e| match e {
-        feedback::config::ConfigError::Invalid { key, reason } => {
+        metfs_feedback::config::ConfigError::Invalid { key, reason } => {
             check.invalid(if key == "kind" { "rf_policy" } else { key }, reason)
         }
         other => check.invalid("rf_policy", other.to_string()),

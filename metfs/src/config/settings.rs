@@ -4,7 +4,7 @@
 //! an environment variable (serde, layered by [`super::Layers`]): `--mini-epochs` is the key
 //! `mini_epochs` and `METFS_MINI_EPOCHS`. The field's doc comment is its `--help` text, and its
 //! default is written once, in its `#[arg]` attribute or, for the nested sections, in their
-//! `Default` impls (the policy in `feedback`, the stager and S3 settings in `prefetcher`, the
+//! `Default` impls (the policy in `metfs-feedback`, the stager's in `metfs-prefetcher`, S3's in `metfs-tier`, the
 //! control socket's in [`super::control`]); the flags show it, and [`MountSettings::default`]
 //! is read back from the flags so that the file and the command line cannot disagree. A
 //! default that depends on other settings or on the node (`socket` under `cache`, the rank from
@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use clap::{ArgAction, Args, CommandFactory, FromArgMatches};
-use feedback::config::PolicyConfig;
+use metfs_feedback::config::PolicyConfig;
 use metfs_plan::planner::{ClusterCopies, Strategy};
 use metfs_plan::size::{parse_rate, parse_size};
 use metfs_prefetcher::stager::StagerConfig;
@@ -185,7 +185,7 @@ pub struct MountSettings {
     pub s3: S3Config,
     /// `[dds]`: dynamic sharding on an etcd queue.
     #[command(flatten)]
-    pub dds: crate::dds::DdsConfig,
+    pub dds: metfs_dds::DdsConfig,
     /// `[share]`: several jobs on one store.
     #[command(flatten)]
     pub share: super::share::ShareConfig,

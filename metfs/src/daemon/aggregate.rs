@@ -5,7 +5,7 @@
 //! # One mini-epoch per epoch per node
 //!
 //! Epoch `e` is one mini-epoch on each node: its share `S(e, i)` of a uniformly random
-//! partition of the dataset (the `shuffle` crate's planner, a pure function of the catalog,
+//! partition of the dataset (the `metfs-shuffle` crate's planner, a pure function of the catalog,
 //! the node count, the seed and the epoch, so every node computes every node's share). Its
 //! slot holds the node's cache `C(e, i)`: the share plus the extras, samples outside the
 //! share kept with probability `aggregate.extra` as the slot's bytes allow. The view shows
@@ -35,7 +35,7 @@
 //!
 //! With `--shuffle-code uberShuffle` every rank computes the whole coded plan of every epoch,
 //! one entry per 4 KiB block that moves. The mount estimates that plan from the catalog
-//! before any epoch (`shuffle::coded::estimate`) and refuses, with the estimate, past 128
+//! before any epoch (`metfs_shuffle::coded::estimate`) and refuses, with the estimate, past 128
 //! nodes, 10M blocks or an estimated minute of planning, suggesting `uncoded`
 //! (docs/BENCHMARKS.md, "Many nodes: coded shuffling's tables").
 //!
@@ -52,7 +52,7 @@ use crate::config::MountConfig;
 use crate::daemon::store::Store;
 use crate::daemon::{Daemon, DaemonError};
 use metfs_plan::size::format_bytes;
-use shuffle::{layout, Layout};
+use metfs_shuffle::{layout, Layout};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -75,7 +75,7 @@ pub(super) struct ExchangeWait {
 
 /// A node's plan in aggregate mode (module docs).
 pub(super) struct Aggregate {
-    pub(super) settings: shuffle::AggregateConfig,
+    pub(super) settings: metfs_shuffle::AggregateConfig,
     pub(super) rank: u32,
     pub(super) code: ShuffleCode,
     pub(super) timeout: Duration,
@@ -97,7 +97,7 @@ impl Aggregate {
         footprints: Vec<u64>,
         slot_bytes: u64,
     ) -> Result<Self, DaemonError> {
-        let settings = shuffle::AggregateConfig {
+        let settings = metfs_shuffle::AggregateConfig {
             nodes: cfg.nodes,
             seed: cfg.seed,
             budget: slot_bytes,
@@ -229,21 +229,21 @@ impl Aggregate {
 }
 
 /// Refuses `--shuffle-code uberShuffle` where its plan would be too large to compute every
-/// epoch on every node (`shuffle::coded::estimate`: more nodes than a coding table names, or
+/// epoch on every node (`metfs_shuffle::coded::estimate`: more nodes than a coding table names, or
 /// more points than its limit), with the estimate, before any epoch is planned. The
 /// footprints stand in for the catalog's bytes (a transform's footprint is an upper bound).
 fn coded_within_limits(
     footprints: &[u64],
-    settings: &shuffle::AggregateConfig,
-) -> Result<(), shuffle::coded::EstimateError> {
-    let e = shuffle::coded::estimate(
+    settings: &metfs_shuffle::AggregateConfig,
+) -> Result<(), metfs_shuffle::coded::EstimateError> {
+    let e = metfs_shuffle::coded::estimate(
         footprints,
         settings.nodes,
         settings.extra,
         settings.budget,
         metfs_exchange::coded::BLOCK,
     )?;
-    shuffle::coded::estimate::check(e).map(|_| ())
+    metfs_shuffle::coded::estimate::check(e).map(|_| ())
 }
 
 impl Daemon {
@@ -266,7 +266,7 @@ impl Daemon {
         };
         let path = self.paths.root.join(SPEC_FILE);
         let text = serde_json::to_vec_pretty(&spec).expect("the spec serializes");
-        durable::write(&path, &text, durable::Durability::Atomic)
+        metfs_durable::write(&path, &text, metfs_durable::Durability::Atomic)
             .map_err(|e| DaemonError::Setup(format!("cannot write {}: {e}", path.display())))
     }
 }
@@ -275,10 +275,10 @@ impl Daemon {
 mod tests {
     use super::*;
 
-    fn settings(nodes: u32, per_node: usize) -> (Vec<u64>, shuffle::AggregateConfig) {
+    fn settings(nodes: u32, per_node: usize) -> (Vec<u64>, metfs_shuffle::AggregateConfig) {
         let sizes = vec![110 * 1024; nodes as usize * per_node];
         let total: u64 = sizes.iter().sum();
-        let settings = shuffle::AggregateConfig {
+        let settings = metfs_shuffle::AggregateConfig {
             nodes,
             seed: 1,
             budget: 3 * total / u64::from(nodes),

@@ -2,7 +2,7 @@
 //!
 //! Three seams, each a type of its own:
 //!
-//! * **Store** ([`Store`], `store.rs`): the staged samples of the node and their byte budget.
+//! * **Store** ([`Store`], `store/`): the staged samples of the node and their byte budget.
 //!   It owns the cache directory's slots (written by the stager), the catalog and each
 //!   sample's footprint, the [`Budget`], and the book of slot bytes and draining slots. Only
 //!   the store stages into or deletes from the cache.
@@ -50,8 +50,8 @@
 //! fingerprint resumes at the same position and reuses every slot the journal shows as staged.
 //!
 //! Kernel. The daemon reaches the kernel's caches only through [`KernelCache`] (`kernel.rs`),
-//! implemented over the FUSE session in `crate::fuse` and by a recorder in tests; nothing in
-//! this folder imports `fuser` or `crate::fuse`. After the mount and after each switch it also
+//! implemented over the FUSE session in `metfs_fs::fuse` and by a recorder in tests; nothing in
+//! this folder imports `fuser` or `metfs_fs::fuse`. After the mount and after each switch it also
 //! lists the new view through the mount (`prime.rs`), the one way to have the kernel hold a
 //! view's entries before readers open its files.
 //!
@@ -108,7 +108,7 @@
 //! 20. `QueueFeed::retry_at`: when etcd is asked again after a failure.
 //! 21. `QueueFeed::pending_done`: the batches to mark DONE.
 //! 22. `QueueFeed::snapshot`: the worker's state for `status`.
-//! 23. The dds worker's `last_error` (`crate::dds`): its last etcd error.
+//! 23. The dds worker's `last_error` (`metfs_dds`): its last etcd error.
 //! 24. The stager's `Progress::last_retry_error`: a staging's last retried tier error.
 //! 25. `Pacer::turn` (tokio, the stager's): fetches waiting for the rate take turns; held
 //!     across the wait.
@@ -155,15 +155,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::protocol::ProtocolError;
 use metfs_plan::budget::BudgetError;
 use metfs_plan::planner::PlanError;
+use metfs_protocol::ProtocolError;
 use metfs_tier::TierError;
 use thiserror::Error;
 use tokio::sync::watch;
 
 use crate::config::{ActiveReadPath, MountConfig, ReadPath};
-use crate::fs::FsCore;
+use metfs_fs::fs::FsCore;
 
 /// Errors that stop a mount.
 #[derive(Debug, Error)]
@@ -212,7 +212,7 @@ pub enum DaemonError {
     Setup(String),
     /// The shard queue (`--dds`) cannot be joined.
     #[error("dynamic sharding: {0}")]
-    Dds(#[from] crate::dds::DdsError),
+    Dds(#[from] metfs_dds::DdsError),
 }
 
 /// Files metfs keeps in the cache directory.

@@ -26,9 +26,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::share::ShareEvict;
-use crate::dds::{Batch, ShardDone};
-use crate::protocol::reply::{AggregateStatus, DdsStatus, ExchangeStatus};
-use crate::protocol::{JobStatus, NotResumed, ProtocolError};
+use metfs_dds::{Batch, ShardDone};
+use metfs_protocol::reply::{AggregateStatus, DdsStatus, ExchangeStatus};
+use metfs_protocol::{JobStatus, NotResumed, ProtocolError};
 
 use super::aggregate::{inbox_of_epoch, Aggregate};
 use super::queue::QueueFeed;

@@ -1,5 +1,5 @@
 //! The queue feed (`metfs mount --dds`): the session's mini-epochs are the batches its node's
-//! [`Worker`] claims from the shard queue in etcd (`crate::dds`), not slices of its own plan.
+//! [`Worker`] claims from the shard queue in etcd (`metfs_dds`), not slices of its own plan.
 //!
 //! * **Positions.** From a queue, a session's mini-epoch is a sequence number of this daemon
 //!   (0 for the first batch, then 1, 2, ...) and its epoch is the batch's. The successor is
@@ -24,9 +24,9 @@ use std::sync::atomic::AtomicBool;
 
 use crate::daemon::session::DEFAULT_SESSION;
 use crate::daemon::Daemon;
-use crate::dds::{Batch, Claim, DdsError, ShardDone, Worker};
-use crate::protocol::reply::DdsStatus;
+use metfs_dds::{Batch, Claim, DdsError, ShardDone, Worker};
 use metfs_plan::size::format_bytes;
+use metfs_protocol::reply::DdsStatus;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
@@ -250,7 +250,7 @@ mod tests {
             lengths: vec![1],
             samples: vec![7],
             bytes: 4096,
-            holder: crate::dds::Holder {
+            holder: metfs_dds::Holder {
                 node: "n".into(),
                 inc: 1,
             },

@@ -18,7 +18,7 @@
 use crate::daemon::queue::QueueState;
 use crate::daemon::store::Store;
 use crate::daemon::{aggregate, slot_name, successor};
-use crate::dds::Batch;
+use metfs_dds::Batch;
 use metfs_plan::planner;
 use metfs_plan::planner::{EpochPlan, PlanConfig};
 use std::collections::BTreeMap;

@@ -8,11 +8,11 @@ use crate::daemon::fingerprint::{Fingerprint, SavedFingerprint};
 use crate::daemon::schedule::Schedule;
 use crate::daemon::state::SavedState;
 use crate::daemon::store::Store;
-use crate::protocol::{ErrorCode, Metrics, ProtocolError};
-use crate::view::View;
-use feedback::history::{HistoryStore, MiniEpochRecord, Replay, RunId};
-use feedback::policy::{JobSignals, PassState, RfPolicy};
+use metfs_feedback::history::{HistoryStore, MiniEpochRecord, Replay, RunId};
+use metfs_feedback::policy::{JobSignals, PassState, RfPolicy};
+use metfs_fs::view::View;
 use metfs_prefetcher::stager::{Progress, StageReport};
+use metfs_protocol::{ErrorCode, Metrics, ProtocolError};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -84,7 +84,7 @@ pub(super) struct Left {
     /// It was the empty view a job of a shared mount joined with: nothing to record.
     pub(super) from_lobby: bool,
     /// Its queue batch, if it still needs its DONE mark.
-    pub(super) batch: Option<crate::dds::Batch>,
+    pub(super) batch: Option<metfs_dds::Batch>,
     pub(super) epoch: u64,
     pub(super) mini_epoch: u32,
     pub(super) sequence: u64,
@@ -338,7 +338,7 @@ impl Session {
         metrics: &Metrics,
         signals: JobSignals,
         stall_free_rf: Option<u32>,
-    ) -> Result<feedback::policy::PolicyDecision, feedback::policy::PolicyError> {
+    ) -> Result<metfs_feedback::policy::PolicyDecision, metfs_feedback::policy::PolicyError> {
         let state = PassState {
             next_ready: Some(self.next_ready()),
             stall_free_rf,
@@ -352,7 +352,7 @@ impl Session {
     pub(super) fn pass_ended(
         &mut self,
         metrics: &Metrics,
-        decision: &feedback::policy::PolicyDecision,
+        decision: &metfs_feedback::policy::PolicyDecision,
         secs: f64,
     ) {
         self.end_pass();

@@ -3,7 +3,7 @@
 
 use crate::daemon::fingerprint::SavedFingerprint;
 use crate::daemon::DaemonError;
-use feedback::history::RunId;
+use metfs_feedback::history::RunId;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 

@@ -5,13 +5,13 @@
 use crate::config::ReadPath;
 use crate::daemon::session::{session_ref, Next, Session, Sessions};
 use crate::daemon::Daemon;
-use crate::fs::ViewLease;
-use crate::protocol::event::Event;
-use crate::protocol::{
+use metfs_fs::fs::ViewLease;
+use metfs_fs::view::View;
+use metfs_plan::budget::round_up;
+use metfs_protocol::event::Event;
+use metfs_protocol::{
     event, Draining, ErrorCode, FilesForm, FilesView, Hello, ProtocolError, Staging, Status,
 };
-use crate::view::View;
-use metfs_plan::budget::round_up;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -347,7 +347,7 @@ impl Daemon {
     /// The `hello` object.
     pub fn hello(&self, job: Option<String>) -> Hello {
         Hello {
-            protocol: crate::protocol::VERSION,
+            protocol: metfs_protocol::VERSION,
             version: env!("CARGO_PKG_VERSION").to_string(),
             mountpoint: self.mountpoint().display().to_string(),
             job,

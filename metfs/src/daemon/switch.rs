@@ -6,12 +6,12 @@ use crate::daemon::session::{session_mut, session_ref, Next, Session, DEFAULT_SE
 use crate::daemon::setup::{build_policy, learned_replay, start_recording};
 use crate::daemon::staging::pass_start;
 use crate::daemon::Daemon;
-use crate::fs::FsCore;
-use crate::protocol::event::Event;
-use crate::protocol::{event, Choice, Decision, ErrorCode, Metrics, ProtocolError};
-use crate::view::View;
-use feedback::config::PolicyKind;
-use feedback::policy::{JobSignals, Verdict};
+use metfs_feedback::config::PolicyKind;
+use metfs_feedback::policy::{JobSignals, Verdict};
+use metfs_fs::fs::FsCore;
+use metfs_fs::view::View;
+use metfs_protocol::event::Event;
+use metfs_protocol::{event, Choice, Decision, ErrorCode, Metrics, ProtocolError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -168,9 +168,9 @@ impl Daemon {
             };
             let _ = tokio::task::spawn_blocking(move || {
                 for name in names {
-                    let _ = n.inval_entry(crate::view::ROOT_INO, &name);
+                    let _ = n.inval_entry(metfs_fs::view::ROOT_INO, &name);
                 }
-                let _ = n.inval_inode(crate::view::ROOT_INO);
+                let _ = n.inval_inode(metfs_fs::view::ROOT_INO);
             })
             .await;
         }
@@ -330,7 +330,7 @@ impl Daemon {
         signals: JobSignals,
         block: bool,
     ) -> Result<Decision, ProtocolError> {
-        let bad = |e: feedback::policy::PolicyError| {
+        let bad = |e: metfs_feedback::policy::PolicyError| {
             ProtocolError::new(ErrorCode::BadMetrics, e.to_string())
         };
         signals.check(&metrics).map_err(bad)?;

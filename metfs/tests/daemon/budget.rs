@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use metfs::protocol::Choice;
+use metfs_protocol::Choice;
 
 use crate::common::*;
 

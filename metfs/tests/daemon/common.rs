@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use metfs::config::MountConfig;
 use metfs::daemon::{Daemon, KernelCache};
-use metfs::fs::FsCore;
-use metfs::view::ROOT_INO;
+use metfs_fs::fs::FsCore;
+use metfs_fs::view::ROOT_INO;
 use metfs_plan::planner::{self, PlanConfig, SampleSet};
 use metfs_tier::catalog::Catalog;
 use tokio::task::JoinHandle;

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metfs::daemon::Daemon;
-use metfs::protocol::reply::Staging;
-use metfs::protocol::{Choice, Event};
+use metfs_protocol::reply::Staging;
+use metfs_protocol::{Choice, Event};
 use metfs_tier::testing::{Failure, FaultyTier, Hang, MemoryTier, Op, Rule};
 
 use crate::common::*;
@@ -59,7 +59,7 @@ impl Faulty {
 }
 
 /// Waits (bounded) until the successor's staging has failed, and returns the status then.
-async fn wait_failed(d: &Daemon) -> metfs::protocol::reply::Status {
+async fn wait_failed(d: &Daemon) -> metfs_protocol::reply::Status {
     wait_for("the successor's staging to fail", || {
         matches!(d.status().staging, Staging::Failed { .. })
     })
@@ -260,7 +260,7 @@ async fn a_full_cache_fails_the_slot_drops_no_sample_and_staging_resumes() {
     let failed: Vec<_> = log
         .lines()
         .filter_map(|l| {
-            match serde_json::from_str::<metfs::protocol::Record>(l)
+            match serde_json::from_str::<metfs_protocol::Record>(l)
                 .ok()?
                 .event
             {

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use metfs::protocol::Choice;
-use metfs::view::ROOT_INO;
+use metfs_fs::view::ROOT_INO;
+use metfs_protocol::Choice;
 
 use crate::common::*;
 
@@ -28,7 +28,7 @@ async fn a_real_mount_shows_the_view_and_switches() {
     let mp = tempfile::tempdir().unwrap();
     let r = start(t.cfg.clone()).await;
     let d = r.daemon.clone();
-    let adapter = metfs::fuse::FuseAdapter::new(d.fs(), d.active_read_path());
+    let adapter = metfs_fs::fuse::FuseAdapter::new(d.fs(), d.active_read_path());
     let mut fcfg = fuser::Config::default();
     fcfg.mount_options = vec![
         fuser::MountOption::FSName("metfs".into()),
@@ -37,7 +37,7 @@ async fn a_real_mount_shows_the_view_and_switches() {
     let mpath = mp.path().to_path_buf();
     let (session, notifier) = tokio::task::spawn_blocking(move || {
         let s = fuser::Session::new(adapter, &mpath, &fcfg)?;
-        let notifier = metfs::fuse::KernelNotifier::new(&s);
+        let notifier = metfs_fs::fuse::KernelNotifier::new(&s);
         s.spawn().map(|s| (s, notifier))
     })
     .await

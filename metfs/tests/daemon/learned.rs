@@ -21,7 +21,7 @@ async fn learned_replays_a_schedule_recorded_under_another_seed() {
     r.stop().await;
     let mut cfg = t.cfg.clone();
     cfg.seed = 8;
-    cfg.policy.kind = feedback::config::PolicyKind::Learned;
+    cfg.policy.kind = metfs_feedback::config::PolicyKind::Learned;
     let r = start(cfg).await;
     let d = r.daemon.clone();
     let st = serde_json::to_value(d.status()).unwrap();
@@ -71,7 +71,7 @@ async fn learned_replays_the_run_that_ended_best_and_says_why() {
     let learned = |metric: &str| {
         let mut cfg = t.cfg.clone();
         cfg.reset = true;
-        cfg.policy.kind = feedback::config::PolicyKind::Learned;
+        cfg.policy.kind = metfs_feedback::config::PolicyKind::Learned;
         cfg.policy.learned_metric = Some(metric.parse().unwrap());
         cfg
     };

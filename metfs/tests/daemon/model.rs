@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metfs::daemon::Daemon;
-use metfs::fs::FsCore;
-use metfs::view::ROOT_INO;
+use metfs_fs::fs::FsCore;
+use metfs_fs::view::ROOT_INO;
 use proptest::prelude::*;
 
 use crate::common::*;

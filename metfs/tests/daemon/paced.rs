@@ -2,12 +2,12 @@
 //! run's progress and held-out losses, and a signal out of range is refused, naming the field,
 //! with the session as it was.
 
-use feedback::policy::JobSignals;
-use metfs::protocol::{Choice, ErrorCode};
+use metfs_feedback::policy::JobSignals;
+use metfs_protocol::{Choice, ErrorCode};
 
 use crate::common::*;
 
-fn metrics(pairs: &[(&str, f64)]) -> feedback::Metrics {
+fn metrics(pairs: &[(&str, f64)]) -> metfs_feedback::Metrics {
     pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
 }
 
@@ -15,7 +15,7 @@ fn metrics(pairs: &[(&str, f64)]) -> feedback::Metrics {
 async fn paced_sees_the_signals_and_bad_ones_change_nothing() {
     let t = setup(4);
     let mut cfg = t.cfg.clone();
-    cfg.policy.kind = feedback::config::PolicyKind::Paced;
+    cfg.policy.kind = metfs_feedback::config::PolicyKind::Paced;
     cfg.policy.paced_cap_start = 2;
     cfg.policy.paced_cap_end = 6;
     let r = start(cfg).await;

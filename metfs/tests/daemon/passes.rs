@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use metfs::protocol::Choice;
+use metfs_protocol::Choice;
 
 use crate::common::*;
 
@@ -207,10 +207,10 @@ async fn a_slow_tier_raises_a_fixed_rf_unless_pass_end_blocks() {
         "the event log wrote"
     );
     let log = std::fs::read_to_string(t.cache.join("run").join("events.jsonl")).unwrap();
-    let events: Vec<metfs::protocol::Event> = log
+    let events: Vec<metfs_protocol::Event> = log
         .lines()
         .map(|l| {
-            serde_json::from_str::<metfs::protocol::Record>(l)
+            serde_json::from_str::<metfs_protocol::Record>(l)
                 .unwrap()
                 .event
         })
@@ -218,7 +218,7 @@ async fn a_slow_tier_raises_a_fixed_rf_unless_pass_end_blocks() {
     let stalls: Vec<_> = events
         .iter()
         .filter_map(|e| match e {
-            metfs::protocol::Event::StallRf(s) => Some(s.clone()),
+            metfs_protocol::Event::StallRf(s) => Some(s.clone()),
             _ => None,
         })
         .collect();
@@ -240,7 +240,7 @@ async fn a_slow_tier_raises_a_fixed_rf_unless_pass_end_blocks() {
     let prev_rfs: Vec<u32> = events
         .iter()
         .filter_map(|e| match e {
-            metfs::protocol::Event::Switch(s) => Some(s.prev_rf),
+            metfs_protocol::Event::Switch(s) => Some(s.prev_rf),
             _ => None,
         })
         .collect();

@@ -3,8 +3,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use metfs::protocol::Choice;
-use metfs::view::ROOT_INO;
+use metfs_fs::view::ROOT_INO;
+use metfs_protocol::Choice;
 
 use crate::common::*;
 

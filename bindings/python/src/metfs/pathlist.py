@@ -4,7 +4,7 @@ A view of 500,000 files as a Python ``list[str]`` costs ~35 MB of string objects
 ``DataLoader`` worker forked from the process that holds it slowly copies those pages as the
 strings' reference counts change. :class:`PathList` keeps the daemon's packed bytes as they
 arrived (``count + 1`` little-endian u64 offsets, then the names back to back: see
-``PackedList`` in ``protocol/src/reply.rs``) and builds a ``str`` only when one is asked
+``PackedList`` in ``metfs-protocol/src/reply.rs``) and builds a ``str`` only when one is asked
 for. Its memory is two flat buffers whose pages a forked worker only reads, so worker memory
 does not grow with the number of samples read; pickling (spawned workers) sends the buffer
 once.

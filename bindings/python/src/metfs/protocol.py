@@ -2,7 +2,7 @@
 
 The daemon speaks newline-delimited JSON over a Unix socket: one request object per line with an
 ``"op"`` field, one reply object per line with an ``"ok"`` field. The messages are defined
-once, in the daemon (``protocol/src``, the ``metfs-protocol`` crate), and described by the JSON
+once, in the daemon (``metfs-protocol/src``, the ``metfs-protocol`` crate), and described by the JSON
 schema ``docs/protocol.schema.json`` generated from it. Here each request is a ``TypedDict``
 (``HelloRequest``, ..., ``ShutdownRequest``) made by one function (:func:`hello_request`, ...),
 every one of which adds the job's name the same way: when the request has a ``job`` field and

@@ -60,8 +60,8 @@ pub(super) struct EtcdArgs {
 }
 
 impl EtcdArgs {
-    fn options(&self) -> metfs::dds::EtcdOptions {
-        metfs::dds::EtcdOptions {
+    fn options(&self) -> metfs_dds::EtcdOptions {
+        metfs_dds::EtcdOptions {
             cacert: self.etcd_cacert.clone(),
             cert: self.etcd_cert.clone(),
             key: self.etcd_key.clone(),
@@ -94,7 +94,7 @@ pub(super) struct DdsInitArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Shards per slot: more gives finer load balancing, at more etcd round trips.
-    #[arg(long, default_value_t = metfs::dds::dataset::SHARDS_PER_SLOT)]
+    #[arg(long, default_value_t = metfs_dds::dataset::SHARDS_PER_SLOT)]
     shards_per_slot: u32,
     /// Label samples by their first directory level.
     #[arg(long)]
@@ -105,8 +105,8 @@ pub(super) struct DdsInitArgs {
 
 /// The record `metfs dds init` makes a queue with: shards cut from each sample's footprint
 /// under the mount's transform, as a mount with `--dds` cuts them.
-fn init_meta(a: &DdsInitArgs) -> Result<metfs::dds::QueueMeta> {
-    use metfs::dds::dataset;
+fn init_meta(a: &DdsInitArgs) -> Result<metfs_dds::QueueMeta> {
+    use metfs_dds::dataset;
     let budget = metfs_plan::size::parse_size(&a.budget).context("--budget")?;
     let (cat, b) = plan_catalog(
         a.manifest.as_deref(),
@@ -127,7 +127,7 @@ fn init_meta(a: &DdsInitArgs) -> Result<metfs::dds::QueueMeta> {
 }
 
 pub(super) fn dds_cmd(cmd: DdsCmd) -> Result<()> {
-    use metfs::dds::{DdsUrl, Queue};
+    use metfs_dds::{DdsUrl, Queue};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -174,7 +174,7 @@ pub(super) fn dds_cmd(cmd: DdsCmd) -> Result<()> {
     Ok(())
 }
 
-fn print_dds_status(st: &metfs::dds::QueueStatus) {
+fn print_dds_status(st: &metfs_dds::QueueStatus) {
     let m = &st.meta;
     println!(
         "queue {}: dataset {} ({} samples), seed {}, {}, {} shards of at most {}",
@@ -221,7 +221,7 @@ mod tests {
     use super::*;
     use crate::{Cli, Cmd};
     use clap::Parser;
-    use metfs::dds::dataset::{queue_meta, samples, SHARDS_PER_SLOT};
+    use metfs_dds::dataset::{queue_meta, samples, SHARDS_PER_SLOT};
     use metfs_plan::budget::{footprints, Staged};
 
     fn init_args(manifest: &std::path::Path, extra: &[&str]) -> DdsInitArgs {

@@ -13,8 +13,8 @@ use anyhow::{anyhow, Result};
 use clap::{Args, CommandFactory, FromArgMatches, Subcommand};
 
 use metfs::config::{reference, Layers, MountConfig, MountSettings};
-use metfs::protocol::{Decision, FilesView, Reply, Request, Staging, Status};
-use metfs::{client, mount, report};
+use metfs::{client, mount};
+use metfs_protocol::{Decision, FilesView, Reply, Request, Staging, Status};
 
 mod catalog;
 mod dds;
@@ -271,17 +271,17 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
         Cmd::Dds(cmd) => dds_cmd(cmd),
         Cmd::Report { run_dir, out, json } => {
             let out = out.unwrap_or_else(|| run_dir.join("report"));
-            let s = report::report(&run_dir, &out)?;
+            let s = metfs_report::report(&run_dir, &out)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {
-                print!("{}", report::summary_text(&s));
+                print!("{}", metfs_report::summary_text(&s));
                 println!("plots and summary in {}", out.display());
             }
             Ok(())
         }
         Cmd::Plot { curves, out } => {
-            report::plot_curves(&curves, &out)?;
+            metfs_report::plot_curves(&curves, &out)?;
             println!("{}", out.display());
             Ok(())
         }

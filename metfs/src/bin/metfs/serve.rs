@@ -5,7 +5,8 @@ use super::{layers, message};
 use anyhow::{Context, Result};
 use clap::Args;
 use metfs::config::{MountConfig, MountSettings, ReadPath};
-use metfs::{control, daemon, fuse, logging, mount};
+use metfs::{control, daemon, logging, mount};
+use metfs_fs::fuse;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -94,7 +95,7 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>) -> Result<()> {
     // Staging and the read paths keep many files open; an ordinary user's session starts
     // with a soft limit of 1,024 descriptors.
-    metfs::fs::raise_fd_limit();
+    metfs_fs::fs::raise_fd_limit();
     let setup = async {
         mount::check_mountpoint(&mountpoint)?;
         mount::check_fuse_device()?;

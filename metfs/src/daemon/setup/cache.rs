@@ -40,11 +40,11 @@ fn lock_cache(paths: &CachePaths) -> Result<std::fs::File, DaemonError> {
 pub(in crate::daemon) fn write_saved_state(
     path: &Path,
     saved: &SavedState,
-) -> Result<(), durable::DurableError> {
-    durable::write(
+) -> Result<(), metfs_durable::DurableError> {
+    metfs_durable::write(
         path,
         &serde_json::to_vec(saved).unwrap(),
-        durable::Durability::File,
+        metfs_durable::Durability::File,
     )
 }
 
@@ -177,7 +177,7 @@ pub(super) fn open_cache(cfg: &MountConfig) -> Result<(CachePaths, std::fs::File
     // Temporaries of a daemon killed while it replaced these files (under the lock, no
     // other daemon writes them).
     for f in [&paths.state, &paths.share, &paths.catalog] {
-        if let Err(e) = durable::remove_leftovers(f) {
+        if let Err(e) = metfs_durable::remove_leftovers(f) {
             tracing::warn!(path = %f.display(), error = %e, "cannot remove leftover temporary files");
         }
     }

@@ -19,14 +19,14 @@ use crate::daemon::staging::{progress_bar, AUTO_TRICKLE};
 use crate::daemon::state::SavedState;
 use crate::daemon::store::Store;
 use crate::daemon::{aggregate, slot_name, successor, CachePaths, Daemon, DaemonError};
-use crate::fs::FsCore;
-use crate::protocol::event;
-use crate::protocol::event::Event;
-use crate::view::View;
+use metfs_fs::fs::FsCore;
+use metfs_fs::view::View;
 use metfs_plan::planner;
 use metfs_plan::planner::PlanConfig;
 use metfs_plan::size::format_bytes;
 use metfs_prefetcher::stager::{Progress, SlotSpec, StageReport};
+use metfs_protocol::event;
+use metfs_protocol::event::Event;
 use metfs_tier::catalog::Catalog;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -203,7 +203,7 @@ async fn stage_first_view(
 /// The session's schedule at its start: the queue's first batch as sequence 0, the aggregate
 /// plan, or the plan of the starting epoch.
 fn first_schedule(
-    first_batch: Option<&crate::dds::Batch>,
+    first_batch: Option<&metfs_dds::Batch>,
     aggregate: Option<&Arc<aggregate::Aggregate>>,
     store: &Store,
     plan_cfg: PlanConfig,
@@ -228,7 +228,7 @@ fn first_schedule(
 
 /// Where the session starts: the saved position, or a queue's first batch (sequence 0 of this
 /// incarnation), or the start of epoch 0.
-fn start_of(saved: Option<&SavedState>, first_batch: Option<&crate::dds::Batch>) -> Start {
+fn start_of(saved: Option<&SavedState>, first_batch: Option<&metfs_dds::Batch>) -> Start {
     let (epoch, mini_epoch, generation, sequence) = match (saved, first_batch) {
         (Some(s), _) => {
             tracing::info!(
@@ -333,12 +333,12 @@ pub(super) async fn join_queue(
     catalog: &Catalog,
     footprints: &[u64],
     slot_bytes: u64,
-) -> Result<Option<(QueueFeed, crate::dds::Batch)>, DaemonError> {
+) -> Result<Option<(QueueFeed, metfs_dds::Batch)>, DaemonError> {
     Ok(match cfg.mode.dds() {
         Some(DdsMode { url, settings: dds }) => {
-            let q = crate::dds::Queue::connect(url, &dds.etcd_options()).await?;
-            let samples = crate::dds::dataset::samples(catalog, footprints.to_vec());
-            let meta = crate::dds::dataset::queue_meta(
+            let q = metfs_dds::Queue::connect(url, &dds.etcd_options()).await?;
+            let samples = metfs_dds::dataset::samples(catalog, footprints.to_vec());
+            let meta = metfs_dds::dataset::queue_meta(
                 catalog,
                 &samples,
                 cfg.compose,
@@ -348,11 +348,11 @@ pub(super) async fn join_queue(
             )?;
             let (meta, made) = q.init(&meta).await?;
             let node = dds.node(cfg.node_rank);
-            let mut worker = crate::dds::Worker::join(
+            let mut worker = metfs_dds::Worker::join(
                 q,
                 meta,
                 Arc::new(samples),
-                crate::dds::WorkerConfig {
+                metfs_dds::WorkerConfig {
                     node: node.clone(),
                     lease_ttl: dds.lease_ttl(),
                     depth: 2,

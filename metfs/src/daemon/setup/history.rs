@@ -4,9 +4,9 @@
 use crate::config::MountConfig;
 use crate::daemon::session::History;
 use crate::daemon::DaemonError;
-use feedback::config::{PolicyConfig, PolicyKind};
-use feedback::history::{HistoryStore, Replay, RunId};
-use feedback::policy::RfPolicy;
+use metfs_feedback::config::{PolicyConfig, PolicyKind};
+use metfs_feedback::history::{HistoryStore, Replay, RunId};
+use metfs_feedback::policy::RfPolicy;
 use std::sync::{Arc, Mutex};
 
 pub(in crate::daemon) fn open_history_store(cfg: &MountConfig) -> Option<HistoryStore> {
@@ -100,6 +100,6 @@ pub(in crate::daemon) fn build_policy(
             "learned rf schedule"
         );
     }
-    feedback::config::build_policy(&cfg.policy, schedule)
+    metfs_feedback::config::build_policy(&cfg.policy, schedule)
         .map_err(|e| DaemonError::Setup(format!("rf policy: {e}")))
 }

@@ -22,7 +22,7 @@ use crate::daemon::session::Sessions;
 use crate::daemon::source::{load_catalog, needs_labels, open_tier};
 use crate::daemon::store::Store;
 use crate::daemon::{CachePaths, Daemon, DaemonError};
-use crate::fs::{FsCore, FsSettings};
+use metfs_fs::fs::{FsCore, FsSettings};
 use metfs_plan::budget::Budget;
 use metfs_plan::size::format_bytes;
 use metfs_prefetcher::hdf5::Containers;
@@ -55,7 +55,7 @@ use plan::{fingerprint_for, plan_dataset};
 /// How the mount fetches again a copy of a sealed slot that its first open found damaged: the
 /// stager's repair, run to completion on the daemon's runtime from the FUSE thread that asked
 /// (a runtime thread, in tests that call the core directly, gives its place up meanwhile).
-pub(super) fn copy_repair(stager: &Stager) -> crate::fs::CopyRepair {
+pub(super) fn copy_repair(stager: &Stager) -> metfs_fs::fs::CopyRepair {
     let stager = stager.clone();
     let rt = tokio::runtime::Handle::current();
     Arc::new(move |slot: &str, sample: u32| {

@@ -103,7 +103,7 @@ pub(super) fn plan_dataset(
         }
         Err(e) => return Err(e.into()),
     };
-    // Aggregate-cache mode: one mini-epoch per epoch, from the `shuffle` planner.
+    // Aggregate-cache mode: one mini-epoch per epoch, from the `metfs-shuffle` planner.
     let aggregate = match cfg.mode.aggregate() {
         Some(a) => Some(Arc::new(aggregate::Aggregate::new(
             cfg,

@@ -13,13 +13,13 @@ use crate::daemon::share::state::{SavedShare, ShareSettings, SHARE_STATE_VERSION
 use crate::daemon::share::Shared;
 use crate::daemon::store::Store;
 use crate::daemon::{aggregate, share, CachePaths, Daemon, DaemonError};
-use crate::fs::FsCore;
-use crate::protocol::event::Event;
-use crate::protocol::{event, NotResumed};
-use crate::view::View;
+use metfs_fs::fs::FsCore;
+use metfs_fs::view::View;
 use metfs_plan::budget::Budget;
 use metfs_plan::size::format_bytes;
 use metfs_prefetcher::stager::Stager;
+use metfs_protocol::event::Event;
+use metfs_protocol::{event, NotResumed};
 use metfs_tier::catalog::Catalog;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -51,7 +51,7 @@ impl Daemon {
         let seed = if restarts == 0 {
             cfg.seed
         } else {
-            planrng::splitmix64(&mut (cfg.seed ^ restarts.rotate_left(32)))
+            metfs_planrng::splitmix64(&mut (cfg.seed ^ restarts.rotate_left(32)))
         };
         let mut shared = Shared::new(share.clone(), &budget, footprints.clone(), seed);
         shared.settings = settings;

@@ -8,8 +8,8 @@ use crate::daemon::session::{Session, Sessions};
 use crate::daemon::share::{Shared, JOIN_WINDOW};
 use crate::daemon::store::Store;
 use crate::daemon::Daemon;
-use crate::protocol::JobStatus;
 use metfs_plan::refcnt::cohort::Next as CohortNext;
+use metfs_protocol::JobStatus;
 
 impl Daemon {
     /// Prepares the next view of every job that has none: drawn by the cohort, handed to the

@@ -11,11 +11,11 @@ use crate::daemon::session::{History, Next, Session, Start};
 use crate::daemon::setup::{build_policy, learned_replay, start_recording};
 use crate::daemon::share::{bad, check_job_name, dataset_key, mix, JobMeta, JOIN_WINDOW};
 use crate::daemon::Daemon;
-use crate::protocol::JobShare;
-use crate::protocol::{ErrorCode, Hello, ProtocolError, Subset};
-use crate::view::View;
-use feedback::policy::RfPolicy;
+use metfs_feedback::policy::RfPolicy;
+use metfs_fs::view::View;
 use metfs_plan::size::format_bytes;
+use metfs_protocol::JobShare;
+use metfs_protocol::{ErrorCode, Hello, ProtocolError, Subset};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -400,8 +400,8 @@ impl Daemon {
         if let Some(n) = kernel {
             let job = name.to_string();
             let _ = tokio::task::spawn_blocking(move || {
-                let _ = n.inval_entry(crate::view::ROOT_INO, &job);
-                let _ = n.inval_inode(crate::view::ROOT_INO);
+                let _ = n.inval_entry(metfs_fs::view::ROOT_INO, &job);
+                let _ = n.inval_inode(metfs_fs::view::ROOT_INO);
             })
             .await;
         }

@@ -72,11 +72,11 @@ use std::sync::OnceLock;
 
 use crate::config::share::ShareConfig;
 use crate::daemon::state::next_generation;
-use crate::protocol::Subset;
-use crate::protocol::{ErrorCode, NotResumed, ProtocolError};
-use feedback::history::HistoryStore;
+use metfs_feedback::history::HistoryStore;
 use metfs_plan::budget::Budget;
 use metfs_plan::refcnt::cohort::Cohort;
+use metfs_protocol::Subset;
+use metfs_protocol::{ErrorCode, NotResumed, ProtocolError};
 use state::ShareSettings;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -229,7 +229,7 @@ fn bad(message: String) -> ProtocolError {
 
 /// A 64-bit mix (one SplitMix64 step from `x`), for the `fraction` subset's draw.
 fn mix(mut x: u64) -> u64 {
-    planrng::splitmix64(&mut x)
+    metfs_planrng::splitmix64(&mut x)
 }
 
 impl Shared {

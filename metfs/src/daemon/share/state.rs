@@ -1,16 +1,16 @@
 //! A shared mount's save file (`CACHE/share.json`): each job's place, so that a restarted
 //! shared daemon resumes every job that joins again with its name and token (the `share`
-//! module's doc says what a restart keeps). Written atomically with `durable`; read back as
+//! module's doc says what a restart keeps). Written atomically with `metfs-durable`; read back as
 //! untrusted input and checked field by field ([`SavedShare::from_json`]); a file that fails
 //! stops the mount with an error naming it, the field and `--reset`.
 
 use crate::daemon::share::check_job_name;
 use crate::daemon::state::{GENERATION_LIMIT, POSITION_LIMIT};
 use crate::daemon::{slot_name, DaemonError};
-use crate::protocol::Subset;
-use feedback::history::RunId;
-use feedback::policy::PolicyState;
+use metfs_feedback::history::RunId;
+use metfs_feedback::policy::PolicyState;
 use metfs_plan::refcnt::cohort::MemberState;
+use metfs_protocol::Subset;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -257,11 +257,11 @@ pub(in crate::daemon) fn load_share_state(
 pub(super) fn write_share_state(
     path: &Path,
     saved: &SavedShare,
-) -> Result<(), durable::DurableError> {
-    durable::write(
+) -> Result<(), metfs_durable::DurableError> {
+    metfs_durable::write(
         path,
         &serde_json::to_vec(saved).expect("the save file serializes"),
-        durable::Durability::File,
+        metfs_durable::Durability::File,
     )
 }
 
@@ -430,7 +430,7 @@ mod tests {
     }
 
     /// The cost of a save per pass at the sizes the tests use (larger datasets: the ignored
-    /// `refcnt::cohort::tests::the_cost_of_saving_every_place` in `prefetcher`, and
+    /// `refcnt::cohort::tests::the_cost_of_saving_every_place` in `metfs-plan`, and
     /// docs/RELIABILITY.md).
     #[test]
     fn a_save_per_pass_costs_little_at_test_sizes() {

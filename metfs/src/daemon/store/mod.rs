@@ -51,7 +51,7 @@ use std::collections::BTreeSet;
 use metfs_plan::budget::BLOCK;
 
 use crate::daemon::CachePaths;
-use crate::view::View;
+use metfs_fs::view::View;
 use metfs_plan::budget::{round_up, Budget};
 use metfs_plan::planner::SampleSet;
 use metfs_prefetcher::hdf5::Containers;
