@@ -237,22 +237,12 @@ pub fn stall_free_rf(eb1: f64, b2: f64) -> Option<u32> {
     (b2 > 0.0).then(|| (eb1 / b2).ceil().max(1.0) as u32)
 }
 
-/// Evaluates the model. Errors on unusable inputs (zero or non-finite rates, rf 0, an empty
-/// schedule, a t_i that is negative, all t_i zero, or an nm whose mini-epochs exceed half the
-/// budget).
-pub fn model(inputs: &ModelInputs) -> Result<ModelOutput, ModelError> {
-    let eb1 = positive_finite("required bandwidth EB1", inputs.required_bytes_per_s)?;
-    let b2 = positive_finite("tier bandwidth B2", inputs.tier_bytes_per_s)?;
+/// nm: the given mini-epoch count, checked to fit each mini-epoch in half the budget, or the
+/// smallest count that does.
+fn mini_epochs_of(inputs: &ModelInputs) -> Result<u32, ModelError> {
     let d = inputs.dataset_bytes;
-    if d == 0 {
-        return Err(ModelError::InvalidInput {
-            name: "dataset size",
-            problem: "must be positive",
-            value: "0".into(),
-        });
-    }
     let half = inputs.budget_bytes / 2;
-    let nm = match inputs.mini_epochs {
+    Ok(match inputs.mini_epochs {
         Some(0) => {
             return Err(ModelError::InvalidInput {
                 name: "mini-epochs",
@@ -291,7 +281,24 @@ pub fn model(inputs: &ModelInputs) -> Result<ModelOutput, ModelError> {
                 max: u32::MAX,
             })?
         }
-    };
+    })
+}
+
+/// Evaluates the model. Errors on unusable inputs (zero or non-finite rates, rf 0, an empty
+/// schedule, a t_i that is negative, all t_i zero, or an nm whose mini-epochs exceed half the
+/// budget).
+pub fn model(inputs: &ModelInputs) -> Result<ModelOutput, ModelError> {
+    let eb1 = positive_finite("required bandwidth EB1", inputs.required_bytes_per_s)?;
+    let b2 = positive_finite("tier bandwidth B2", inputs.tier_bytes_per_s)?;
+    let d = inputs.dataset_bytes;
+    if d == 0 {
+        return Err(ModelError::InvalidInput {
+            name: "dataset size",
+            problem: "must be positive",
+            value: "0".into(),
+        });
+    }
+    let nm = mini_epochs_of(inputs)?;
     let mini_epoch_bytes = d.div_ceil(u64::from(nm));
     let m = mini_epoch_bytes as f64;
     let stall_free_rf_exact = eb1 / b2;

@@ -163,37 +163,50 @@ pub(super) fn balance(
         for block in full.chunks_mut(ku) {
             rng.shuffle(block);
         }
-        sc.bsum.clear();
-        sc.bsum.resize(ku, 0);
-        for (i, &id) in full.iter().enumerate() {
-            sc.bsum[i % ku] += sizes[id as usize];
-        }
-        sc.border.clear();
-        sc.border.extend(0..k);
-        sc.border.sort_unstable_by(|&a, &b| {
-            sc.bsum[b as usize]
-                .cmp(&sc.bsum[a as usize])
-                .then(a.cmp(&b))
-        });
-        sc.corder.clear();
-        sc.corder.extend(0..k);
-        sc.corder.sort_unstable_by(|&a, &b| {
-            (sc.loads[a as usize], sc.tie[a as usize])
-                .cmp(&(sc.loads[b as usize], sc.tie[b as usize]))
-        });
-        sc.bcolor.clear();
-        sc.bcolor.resize(ku, 0);
-        for (&b, &c) in sc.border.iter().zip(&sc.corder) {
-            sc.bcolor[b as usize] = c;
-        }
-        for (i, &id) in full.iter().enumerate() {
-            out(id, sc.bcolor[i % ku]);
-        }
-        for (b, &c) in sc.bcolor.iter().enumerate() {
-            sc.loads[c as usize] += sc.bsum[b];
-        }
+        colour_bundles(k, full, sizes, sc, &mut out);
     }
     sc.order = order;
+}
+
+/// Colours one class's full rounds, `full` already cut into `k` size-stratified bundles
+/// (position `i` is in bundle `i % k`): the heaviest bundle goes to the lightest-loaded colour
+/// (ties by the shuffled colour order), and the loads grow by what each colour got.
+fn colour_bundles(
+    k: u32,
+    full: &[u32],
+    sizes: &[u64],
+    sc: &mut Scratch,
+    out: &mut impl FnMut(u32, u32),
+) {
+    let ku = k as usize;
+    sc.bsum.clear();
+    sc.bsum.resize(ku, 0);
+    for (i, &id) in full.iter().enumerate() {
+        sc.bsum[i % ku] += sizes[id as usize];
+    }
+    sc.border.clear();
+    sc.border.extend(0..k);
+    sc.border.sort_unstable_by(|&a, &b| {
+        sc.bsum[b as usize]
+            .cmp(&sc.bsum[a as usize])
+            .then(a.cmp(&b))
+    });
+    sc.corder.clear();
+    sc.corder.extend(0..k);
+    sc.corder.sort_unstable_by(|&a, &b| {
+        (sc.loads[a as usize], sc.tie[a as usize]).cmp(&(sc.loads[b as usize], sc.tie[b as usize]))
+    });
+    sc.bcolor.clear();
+    sc.bcolor.resize(ku, 0);
+    for (&b, &c) in sc.border.iter().zip(&sc.corder) {
+        sc.bcolor[b as usize] = c;
+    }
+    for (i, &id) in full.iter().enumerate() {
+        out(id, sc.bcolor[i % ku]);
+    }
+    for (b, &c) in sc.bcolor.iter().enumerate() {
+        sc.loads[c as usize] += sc.bsum[b];
+    }
 }
 
 /// Properly edge-colours the remainder multigraph (sweeps of `k` consecutive entries of

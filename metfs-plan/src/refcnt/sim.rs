@@ -77,6 +77,31 @@ struct Run {
     done: bool,
 }
 
+/// One round of draws for the runs `want`: together from the shared sampler (dependent
+/// sampling), or each from its own. Returns (run, sample) pairs.
+fn draw_round(
+    dependent: bool,
+    runs: &mut [Run],
+    shared: &mut DependentSampler,
+    want: &[usize],
+) -> Result<Vec<(usize, u32)>, SimError> {
+    let mut picks = Vec::new();
+    if dependent {
+        let idx: Vec<usize> = want.iter().map(|&j| runs[j].idx).collect();
+        for (i, e) in shared.draw(&idx)? {
+            let j = want[idx.iter().position(|&x| x == i).expect("drawn for it")];
+            picks.push((j, e));
+        }
+    } else {
+        for &j in want {
+            let r = &mut runs[j];
+            let own = r.own.as_mut().expect("independent runs own a sampler");
+            picks.extend(own.draw(&[r.idx])?.into_iter().map(|(_, e)| (j, e)));
+        }
+    }
+    Ok(picks)
+}
+
 /// Runs one simulation to the end.
 pub fn simulate(cfg: &SimConfig) -> Result<SimResult, SimError> {
     if let Some(job) = cfg.jobs.iter().position(|j| j.period == 0) {
@@ -134,21 +159,7 @@ pub fn simulate(cfg: &SimConfig) -> Result<SimResult, SimError> {
             if want.is_empty() {
                 break;
             }
-            let mut picks = Vec::new();
-            if cfg.dependent {
-                let idx: Vec<usize> = want.iter().map(|&j| runs[j].idx).collect();
-                for (i, e) in shared.draw(&idx)? {
-                    let j = want[idx.iter().position(|&x| x == i).expect("drawn for it")];
-                    picks.push((j, e));
-                }
-            } else {
-                for &j in &want {
-                    let r = &mut runs[j];
-                    let own = r.own.as_mut().expect("independent runs own a sampler");
-                    picks.extend(own.draw(&[r.idx])?.into_iter().map(|(_, e)| (j, e)));
-                }
-            }
-            for (j, e) in picks {
+            for (j, e) in draw_round(cfg.dependent, &mut runs, &mut shared, &want)? {
                 runs[j].queue.push_back(e);
                 ledger.pin(j as JobId, &[(e, 1)])?;
                 if !ledger.stage(e, 1)?.hit {

@@ -187,10 +187,58 @@ pub(super) fn inspect(
         .iter()
         .map(|n| probe(n))
         .collect::<Result<_>>()?;
-    let first_dim = |p: &Probe| p.dims.as_ref().and_then(|d| d.first().copied());
 
     // The label dataset, when given, fixes N.
-    let label_n = match label {
+    let label_n = label_rows(rel, label, &probes)?;
+    let (chosen, n) = row_datasets(rel, names, label, label_n, &probes, &tree.groups)?;
+
+    let mut infos = Vec::with_capacity(chosen.len());
+    for name in &chosen {
+        infos.push(dataset_info(cx, file.0, name, n)?);
+    }
+    let row_bytes = infos.iter().map(|d| d.row_bytes).sum();
+
+    // Side datasets and what is left out.
+    let (side, side_bytes, left_out) =
+        side_datasets(cx, file.0, &probes, &chosen, n, tree.skipped)?;
+
+    let labels = match label {
+        None => None,
+        Some(l) => Some(read_label_dataset(
+            cx,
+            file.0,
+            l,
+            n,
+            label_ids,
+            label_names,
+        )?),
+    };
+
+    Ok(ContainerFile {
+        path: rel.to_string(),
+        rows: n,
+        datasets: infos,
+        row_bytes,
+        groups: tree.groups,
+        side,
+        side_bytes,
+        left_out,
+        width: digits(n.saturating_sub(1)),
+        labels,
+        len: md.len(),
+        mtime_ns: mtime_ns(&md),
+        source_meta: metfs_tier::catalog::Meta::from_metadata(&md),
+    })
+}
+
+/// A probed dataset's first dimension: its rows, if it has any.
+fn first_dim(p: &Probe) -> Option<u64> {
+    p.dims.as_ref().and_then(|d| d.first().copied())
+}
+
+/// Rows the label dataset `label` gives (it must be 1-D), when one is named.
+fn label_rows(rel: &str, label: Option<&str>, probes: &[Probe]) -> Result<Option<u64>> {
+    Ok(match label {
         None => None,
         Some(l) => {
             let bad = |reason: String| Hdf5Error::LabelDataset {
@@ -208,9 +256,22 @@ pub(super) fn inspect(
                 None => return Err(bad("empty (null dataspace)".into())),
             }
         }
-    };
+    })
+}
 
-    let (chosen, n): (Vec<String>, u64) = match names {
+/// The row datasets and their row count N: the `names` given, all with the same first
+/// dimension (the label's, when there is one); without names, every dataset whose first
+/// dimension is N, N being the label's or else the most common first dimension (the larger
+/// on a tie).
+fn row_datasets(
+    rel: &str,
+    names: Option<&[String]>,
+    label: Option<&str>,
+    label_n: Option<u64>,
+    probes: &[Probe],
+    groups: &[String],
+) -> Result<(Vec<String>, u64)> {
+    Ok(match names {
         Some(names) => {
             if names.is_empty() {
                 return Err(Hdf5Error::NoDatasets {
@@ -226,7 +287,7 @@ pub(super) fn inspect(
                     reason: reason.to_string(),
                 };
                 let Some(p) = probes.iter().find(|p| &p.name == name) else {
-                    let what = if tree.groups.contains(name) {
+                    let what = if groups.contains(name) {
                         "is a group, not a dataset"
                     } else {
                         "not found"
@@ -285,19 +346,23 @@ pub(super) fn inspect(
                 .collect();
             (chosen, n)
         }
-    };
+    })
+}
 
-    let mut infos = Vec::with_capacity(chosen.len());
-    for name in &chosen {
-        infos.push(dataset_info(cx, file.0, name, n)?);
-    }
-    let row_bytes = infos.iter().map(|d| d.row_bytes).sum();
-
-    // Side datasets and what is left out.
+/// The datasets copied whole into every staged file (side datasets: small, of a supported
+/// type, not rows), their bytes, and what is left out and why (`skipped` by the walk first).
+fn side_datasets(
+    cx: Cx,
+    file: hid_t,
+    probes: &[Probe],
+    chosen: &[String],
+    n: u64,
+    skipped: Vec<String>,
+) -> Result<(Vec<String>, u64, Vec<String>)> {
     let mut side = Vec::new();
     let mut side_bytes = 0;
-    let mut left_out = tree.skipped;
-    for p in &probes {
+    let mut left_out = skipped;
+    for p in probes {
         if chosen.contains(&p.name) {
             continue;
         }
@@ -305,7 +370,7 @@ pub(super) fn inspect(
             left_out.push(format!("{} (has {n} rows but was not named)", p.name));
             continue;
         }
-        let d = open_dataset(cx, file.0, &p.name, H5P_DEFAULT)?;
+        let d = open_dataset(cx, file, &p.name, H5P_DEFAULT)?;
         let t = dataset_type(cx, d.0)?;
         let bytes = dataset_storage_size(d.0);
         if let (Some(why), _) = type_traits(t.0) {
@@ -320,34 +385,7 @@ pub(super) fn inspect(
             side_bytes += bytes;
         }
     }
-
-    let labels = match label {
-        None => None,
-        Some(l) => Some(read_label_dataset(
-            cx,
-            file.0,
-            l,
-            n,
-            label_ids,
-            label_names,
-        )?),
-    };
-
-    Ok(ContainerFile {
-        path: rel.to_string(),
-        rows: n,
-        datasets: infos,
-        row_bytes,
-        groups: tree.groups,
-        side,
-        side_bytes,
-        left_out,
-        width: digits(n.saturating_sub(1)),
-        labels,
-        len: md.len(),
-        mtime_ns: mtime_ns(&md),
-        source_meta: metfs_tier::catalog::Meta::from_metadata(&md),
-    })
+    Ok((side, side_bytes, left_out))
 }
 
 /// Inspects one row dataset (`n` rows) and checks it can be staged.

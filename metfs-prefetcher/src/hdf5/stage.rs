@@ -18,7 +18,7 @@ use super::ffi::{
     copy_object, copy_plist, create_dataset, create_file, create_group_like,
     dapl_without_chunk_cache, dataset_create_plist, dataset_space, dataset_type, filters, flush,
     has_external, layout, new_dcpl, open_dataset, open_file, open_group, remove_filter, set_chunk,
-    set_fill_time_never, Cx,
+    set_fill_time_never, Cx, Hid,
 };
 use super::source::{hint_rows, placement, Fds, Source};
 use super::*;
@@ -164,7 +164,6 @@ pub(super) fn copy_dataset_rows(
     fds: &Fds,
 ) -> Result<()> {
     let name = ds.name.as_str();
-    let filtered = !ds.filters.is_empty();
     // No source chunk cache. Uncompressed chunks are then read piecewise, only the selected
     // rows' bytes; compressed ones are read in whole-chunk spans (below), so each chunk is
     // decompressed once without a cache. With a cache, libhdf5 1.10.8 held memory in
@@ -178,48 +177,7 @@ pub(super) fn copy_dataset_rows(
     let src_max = max_dims(cx, fspace.0, rank)?;
     let nout = rows.len() as u64;
 
-    // Output creation properties: the source's (filters with their parameters, fill value,
-    // chunk shape), with the chunk's first dimension capped at the row count.
-    let sdcpl = dataset_create_plist(cx, d.0)?;
-    let fresh = has_external(sdcpl.0)
-        || !matches!(
-            layout(sdcpl.0),
-            H5D_layout_t::H5D_CHUNKED | H5D_layout_t::H5D_CONTIGUOUS | H5D_layout_t::H5D_COMPACT
-        );
-    let dcpl = if fresh {
-        // Virtual or external storage refers to other files: stage plain contiguous data.
-        new_dcpl(cx)?
-    } else {
-        copy_plist(cx, sdcpl.0)?
-    };
-    let mut out_chunk0 = 1u64;
-    let mut maxdims = src_max.clone();
-    maxdims[0] = nout;
-    if let (Some(chunk), false) = (&ds.chunk, fresh) {
-        let mut oc = chunk.clone();
-        oc[0] = oc[0].min(nout.max(1));
-        out_chunk0 = oc[0];
-        if nout == 0 || src_max[0] == H5S_UNLIMITED {
-            maxdims[0] = H5S_UNLIMITED;
-        }
-        set_chunk(ocx, name, dcpl.0, &oc)?;
-        for f in &ds.dropped_filters {
-            tracing::debug!(file = cx.file, dataset = name, filter = %f, "filter cannot encode; staged without it");
-        }
-        if !ds.dropped_filters.is_empty() {
-            for (id, _, _, enc) in filters(cx, sdcpl.0)? {
-                if !enc {
-                    remove_filter(dcpl.0, id);
-                }
-            }
-        }
-    } else {
-        maxdims[1..].copy_from_slice(&ds.trailing);
-    }
-    if !ds.vlen {
-        // Every element gets written: filling storage first would write it twice.
-        set_fill_time_never(dcpl.0);
-    }
+    let (dcpl, out_chunk0, maxdims) = output_plist(cx, ocx, d.0, ds, &src_max, nout)?;
     let mut odims = vec![nout];
     odims.extend_from_slice(&ds.trailing);
     let ospace = simple_space(ocx, &odims, Some(&maxdims))?;
@@ -242,10 +200,20 @@ pub(super) fn copy_dataset_rows(
     let src_rows = space_dims(cx, fspace.0)?
         .and_then(|d| d.first().copied())
         .unwrap_or(0);
-    let mut start = vec![0; rank];
-    let count = vec![1; rank];
-    let mut block = vec![0; rank];
-    block[1..].copy_from_slice(&ds.trailing);
+    let src = Source {
+        cx,
+        d: d.0,
+        t: t.0,
+        fspace: fspace.0,
+        ds,
+        rows: src_rows,
+        mem_row,
+    };
+    let dest = Dest {
+        ocx,
+        od: od.0,
+        ospace: ospace.0,
+    };
     let placement = placement(d.0, ds);
     let blocks: Vec<&[u64]> = rows.chunks(block_rows.max(1)).collect();
     if let Some(b) = blocks.first() {
@@ -272,43 +240,7 @@ pub(super) fn copy_dataset_rows(
             // Read, written and reclaimed in one place: the buffer holds library pointers.
             vlen_copy.copy_vlen(cx, ocx, part, out_row, buf)?;
         } else {
-            let mut mdims = vec![len];
-            mdims.extend_from_slice(&ds.trailing);
-            let mspace = simple_space(cx, &mdims, None)?;
-            let src = Source {
-                cx,
-                d: d.0,
-                t: t.0,
-                fspace: fspace.0,
-                ds,
-                rows: src_rows,
-                mem_row,
-            };
-            match (filtered, &ds.chunk) {
-                (true, Some(c)) => src.read_spans(part, c[0].max(1), buf, &mut scratch)?,
-                _ => src.read_runs(part, mspace.0, buf)?,
-            }
-            // The write takes the whole buffer.
-            select_all(mspace.0);
-            start[0] = out_row;
-            block[0] = len;
-            select_hyperslab(
-                ocx,
-                || format!("select rows of `{name}`"),
-                ospace.0,
-                &start,
-                &count,
-                Some(&block),
-            )?;
-            write(
-                ocx,
-                || format!("write rows of `{name}`"),
-                od.0,
-                Some(mspace.0),
-                Some(ospace.0),
-                t.0,
-                buf,
-            )?;
+            src.copy_block(&dest, part, out_row, buf, &mut scratch)?;
         }
         out_row += len;
         // Start writing this block back now rather than all of it at the caller's fsync,
@@ -316,6 +248,119 @@ pub(super) fn copy_dataset_rows(
         metfs_tier::start_writeback(&fds.out, 0, 0);
     }
     Ok(())
+}
+
+/// The output dataset's creation properties: the source's (filters with their parameters,
+/// fill value, chunk shape), with the chunk's first dimension capped at the row count `nout`;
+/// plain contiguous data for a source stored in other files. Returns them with the output's
+/// rows per chunk and its maximum dimensions.
+fn output_plist(
+    cx: Cx,
+    ocx: Cx,
+    d: hid_t,
+    ds: &DatasetInfo,
+    src_max: &[u64],
+    nout: u64,
+) -> Result<(Hid, u64, Vec<u64>)> {
+    let name = ds.name.as_str();
+    let sdcpl = dataset_create_plist(cx, d)?;
+    let fresh = has_external(sdcpl.0)
+        || !matches!(
+            layout(sdcpl.0),
+            H5D_layout_t::H5D_CHUNKED | H5D_layout_t::H5D_CONTIGUOUS | H5D_layout_t::H5D_COMPACT
+        );
+    let dcpl = if fresh {
+        // Virtual or external storage refers to other files: stage plain contiguous data.
+        new_dcpl(cx)?
+    } else {
+        copy_plist(cx, sdcpl.0)?
+    };
+    let mut out_chunk0 = 1u64;
+    let mut maxdims = src_max.to_vec();
+    maxdims[0] = nout;
+    if let (Some(chunk), false) = (&ds.chunk, fresh) {
+        let mut oc = chunk.clone();
+        oc[0] = oc[0].min(nout.max(1));
+        out_chunk0 = oc[0];
+        if nout == 0 || src_max[0] == H5S_UNLIMITED {
+            maxdims[0] = H5S_UNLIMITED;
+        }
+        set_chunk(ocx, name, dcpl.0, &oc)?;
+        for f in &ds.dropped_filters {
+            tracing::debug!(file = cx.file, dataset = name, filter = %f, "filter cannot encode; staged without it");
+        }
+        if !ds.dropped_filters.is_empty() {
+            for (id, _, _, enc) in filters(cx, sdcpl.0)? {
+                if !enc {
+                    remove_filter(dcpl.0, id);
+                }
+            }
+        }
+    } else {
+        maxdims[1..].copy_from_slice(&ds.trailing);
+    }
+    if !ds.vlen {
+        // Every element gets written: filling storage first would write it twice.
+        set_fill_time_never(dcpl.0);
+    }
+    Ok((dcpl, out_chunk0, maxdims))
+}
+
+/// Where a block of rows is written: the output file's dataset and its dataspace.
+struct Dest<'a> {
+    ocx: Cx<'a>,
+    od: hid_t,
+    ospace: hid_t,
+}
+
+impl Source<'_> {
+    /// Copies the rows `part` of a fixed-size dataset through `buf` into `dest` from output
+    /// row `out_row` on (compressed chunks read in whole-chunk spans, through `scratch`).
+    fn copy_block(
+        &self,
+        dest: &Dest,
+        part: &[u64],
+        out_row: u64,
+        buf: &mut [u64],
+        scratch: &mut Vec<u64>,
+    ) -> Result<()> {
+        let name = self.ds.name.as_str();
+        let len = part.len() as u64;
+        let rank = self.ds.trailing.len() + 1;
+        let mut start = vec![0; rank];
+        start[0] = out_row;
+        let count = vec![1; rank];
+        let mut block = vec![0; rank];
+        block[0] = len;
+        block[1..].copy_from_slice(&self.ds.trailing);
+        let mut mdims = vec![len];
+        mdims.extend_from_slice(&self.ds.trailing);
+        let mspace = simple_space(self.cx, &mdims, None)?;
+        match (!self.ds.filters.is_empty(), &self.ds.chunk) {
+            (true, Some(c)) => self.read_spans(part, c[0].max(1), buf, scratch)?,
+            _ => self.read_runs(part, mspace.0, buf)?,
+        }
+        // The write takes the whole buffer.
+        select_all(mspace.0);
+        select_hyperslab(
+            dest.ocx,
+            || format!("select rows of `{name}`"),
+            dest.ospace,
+            &start,
+            &count,
+            Some(&block),
+        )?;
+        write(
+            dest.ocx,
+            || format!("write rows of `{name}`"),
+            dest.od,
+            Some(mspace.0),
+            Some(dest.ospace),
+            self.t,
+            buf,
+        )?;
+        Ok(())
+    }
 }
 
 /// Writes `metfs_index`: the source row of each output row.

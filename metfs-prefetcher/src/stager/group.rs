@@ -330,6 +330,31 @@ impl Stager {
                 return out;
             }
         };
+        if !self.take_copies(
+            members, results, &copies, progress, landing, &mut out, &mut alone,
+        ) {
+            return out;
+        }
+        drop(copies);
+        self.stage_alone(slot_name, dir, alone, made_dirs, progress, landing, out)
+            .await
+    }
+
+    /// Takes a group's copies: a complete one (its CRC read back when the tier gave none) is
+    /// kept, counted and added to `out`; another is discarded and its sample left to
+    /// [`Stager::stage_one`] (`alone`). Returns `false` when the cache failed: the slot's
+    /// failure is then the last outcome in `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn take_copies(
+        &self,
+        members: Vec<Member>,
+        results: Vec<Result<metfs_tier::Copied, TierError>>,
+        copies: &Copies,
+        progress: &Progress,
+        landing: Landing,
+        out: &mut Vec<(u32, Result<Fetched, Miss>)>,
+        alone: &mut Vec<u32>,
+    ) -> bool {
         for (i, (m, r)) in members.into_iter().zip(results).enumerate() {
             let copy = match r {
                 Ok(c) if c.bytes == m.size => c,
@@ -345,7 +370,7 @@ impl Stager {
                     Ok(crc) => crc,
                     Err(e) => {
                         out.push((m.id, Err(Miss::Slot(cache_err(&m.tmp)(e)))));
-                        return out;
+                        return false;
                     }
                 },
             };
@@ -362,9 +387,7 @@ impl Stager {
                 }),
             ));
         }
-        drop(copies);
-        self.stage_alone(slot_name, dir, alone, made_dirs, progress, landing, out)
-            .await
+        true
     }
 
     /// Stages each of `alone` with [`Stager::stage_one`] after the outcomes in `out`; stops

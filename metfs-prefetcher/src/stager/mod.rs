@@ -102,6 +102,7 @@ use metfs_tier::catalog::Catalog;
 use metfs_tier::pacer::Pacer;
 use metfs_tier::{CapacityTier, SampleRef, TierError};
 
+mod commit;
 mod containers;
 mod group;
 mod journal;

@@ -133,3 +133,49 @@ impl Stager {
         ok
     }
 }
+
+impl Stager {
+    /// Takes what `todo` asks for from the node's other slots into `dir` (module docs),
+    /// journals and counts it, and returns the samples still to fetch.
+    pub(super) async fn reuse_into(
+        &self,
+        slot: &SlotSpec,
+        dir: &Path,
+        todo: Vec<u32>,
+        journal: &mut JournalWriter,
+        report: &mut StageReport,
+        progress: &Progress,
+    ) -> Result<Vec<u32>, StageError> {
+        let jpath = self.journal(&slot.name).path().to_path_buf();
+        let (st, spec, d) = (self.clone(), slot.clone(), dir.to_path_buf());
+        let t = tokio::task::spawn_blocking(move || st.take_from_donors(&spec, &d, todo))
+            .await
+            .expect("reuse task panicked");
+        let mut lines = JournalBatch::with_capacity(t.taken.len());
+        for (id, crc, donor, linked) in t.taken {
+            let size = self.catalog.size(id);
+            lines.staged(id, crc);
+            report.reused += 1;
+            report.bytes_reused += size;
+            progress.files_done.fetch_add(1, Ordering::Relaxed);
+            for c in [
+                &progress.bytes_done,
+                &progress.bytes_settled,
+                &progress.bytes_reused,
+            ] {
+                c.fetch_add(size, Ordering::Relaxed);
+            }
+            if linked {
+                progress.bytes_linked.fetch_add(size, Ordering::Relaxed);
+                report.linked.entry(donor).or_default().push(id);
+            }
+        }
+        self.reused_bytes
+            .fetch_add(report.bytes_reused, Ordering::Relaxed);
+        journal.write(&lines).map_err(cache_err(&jpath))?;
+        if report.reused > 0 {
+            tracing::info!(slot = %slot.name, samples = report.reused, bytes = report.bytes_reused, "samples taken from the node's store instead of the tier");
+        }
+        Ok(t.todo)
+    }
+}

@@ -5,6 +5,7 @@
 //! `metfs-durable` crate that replaces metfs's other files: a batch is made durable by one `syncfs`
 //! before it is journaled, and one fsync per file would cost what that saves.
 
+use super::commit::{commit_batches, Committed};
 use super::*;
 
 impl Stager {
@@ -40,39 +41,8 @@ impl Stager {
         progress.start(slot.samples.len() as u64, total_bytes);
 
         let mut report = StageReport::default();
-        let sealed = self.take_sealed(&slot.name);
-        let kept = if sealed && journal_state.complete && self.transform.is_none() {
-            // Kept without reading them; each is checked at its first open instead.
-            let crcs: Vec<(u32, u32)> = slot
-                .samples
-                .iter()
-                .filter_map(|&id| Some((id, *journal_state.staged.get(&id)?)))
-                .collect();
-            let kept: HashSet<u32> = crcs.iter().map(|e| e.0).collect();
-            tracing::info!(slot = %slot.name, copies = kept.len(), "resumed from its seal; each copy is checked at its first open");
-            self.register_checks(&slot.name, crcs);
-            kept
-        } else {
-            // Staged afresh: every journaled copy is read now, so none is left to check later.
-            self.checks.lock().unwrap().remove(&slot.name);
-            self.verify_journaled(&dir, &slot.samples, &journal_state.staged)
-                .await
-        };
-        let mut todo = Vec::new();
-        for &id in &slot.samples {
-            if kept.contains(&id) {
-                report.resumed += 1;
-                progress.files_done.fetch_add(1, Ordering::Relaxed);
-                progress
-                    .bytes_done
-                    .fetch_add(self.catalog.size(id), Ordering::Relaxed);
-                progress
-                    .bytes_settled
-                    .fetch_add(self.catalog.size(id), Ordering::Relaxed);
-            } else {
-                todo.push(id);
-            }
-        }
+        let kept = self.resume_kept(slot, &dir, &journal_state).await;
+        let mut todo = self.count_kept(slot, &kept, &mut report, &progress);
         if journal_state.complete && todo.is_empty() {
             report.elapsed = start.elapsed();
             return Ok(report);
@@ -83,36 +53,9 @@ impl Stager {
         // What the node already holds is never fetched again: samples in another slot are
         // linked (or copied) from it first, and journaled like fetched ones.
         if !slot.reuse_from.is_empty() && !todo.is_empty() && self.transform.is_none() {
-            let (st, spec, d) = (self.clone(), slot.clone(), dir.clone());
-            let t = tokio::task::spawn_blocking(move || st.take_from_donors(&spec, &d, todo))
-                .await
-                .expect("reuse task panicked");
-            let mut lines = JournalBatch::with_capacity(t.taken.len());
-            for (id, crc, donor, linked) in t.taken {
-                let size = self.catalog.size(id);
-                lines.staged(id, crc);
-                report.reused += 1;
-                report.bytes_reused += size;
-                progress.files_done.fetch_add(1, Ordering::Relaxed);
-                for c in [
-                    &progress.bytes_done,
-                    &progress.bytes_settled,
-                    &progress.bytes_reused,
-                ] {
-                    c.fetch_add(size, Ordering::Relaxed);
-                }
-                if linked {
-                    progress.bytes_linked.fetch_add(size, Ordering::Relaxed);
-                    report.linked.entry(donor).or_default().push(id);
-                }
-            }
-            self.reused_bytes
-                .fetch_add(report.bytes_reused, Ordering::Relaxed);
-            journal.write(&lines).map_err(cache_err(&jpath))?;
-            todo = t.todo;
-            if report.reused > 0 {
-                tracing::info!(slot = %slot.name, samples = report.reused, bytes = report.bytes_reused, "samples taken from the node's store instead of the tier");
-            }
+            todo = self
+                .reuse_into(slot, &dir, todo, &mut journal, &mut report, &progress)
+                .await?;
         }
         // Fetched files are made durable a batch at a time with one syncfs, then journaled
         // (and renamed into the slot, those written in tmp/): a journaled copy is always
@@ -153,6 +96,120 @@ impl Stager {
             })
             .buffer_unordered(self.cfg.concurrency.max(1))
             .flat_map(futures::stream::iter);
+        let (batch, committer_gone, slot_error) = self
+            .drain_fetches(&mut stream, &tx, &mut report, &progress)
+            .await;
+        drop(stream);
+        if !committer_gone && !batch.is_empty() {
+            let _ = tx.send(batch).await;
+        }
+        drop(tx);
+        let committed = committer.await.expect("commit task panicked");
+        if let Some(e) = slot_error {
+            // Copies of dropped fetches (an abandoned blocking copy may still write to its
+            // file, which then only lives until it closes it).
+            let _ = self.clean_tmp_matching(&format!("{}-", slot.name));
+            tracing::warn!(slot = %slot.name, error = %e, "staging stopped; the slot keeps what it committed");
+            return Err(e);
+        }
+        self.finish_slot(slot, committed?, &mut report)?;
+        report.elapsed = start.elapsed();
+        Ok(report)
+    }
+
+    /// Ends a staging that fetched all it could: counts what the committer committed, and
+    /// journals the samples left out (so a resumed run reports them without refetching) and
+    /// the slot's `complete` line.
+    fn finish_slot(
+        &self,
+        slot: &SlotSpec,
+        (fetched, bytes, mut journal, too_long): Committed,
+        report: &mut StageReport,
+    ) -> Result<(), StageError> {
+        let jpath = self.journal(&slot.name).path().to_path_buf();
+        let transient = self.transient.load(Ordering::Relaxed);
+        if transient > 0 {
+            tracing::warn!(slot = %slot.name, retries = transient, "the tier recovered: every sample met by its errors was fetched on a retry");
+        }
+        report.fetched += fetched;
+        report.bytes_fetched += bytes;
+        report.failed.extend(too_long);
+        report.failed.sort();
+        let mut failed = JournalBatch::with_capacity(report.failed.len());
+        for (id, _) in &report.failed {
+            failed.failed(*id);
+        }
+        journal.write(&failed).map_err(cache_err(&jpath))?;
+        journal.complete().map_err(cache_err(&jpath))?;
+        Ok(())
+    }
+
+    /// Counts the samples of `slot` in `kept` as resumed; returns the others, to stage.
+    fn count_kept(
+        &self,
+        slot: &SlotSpec,
+        kept: &HashSet<u32>,
+        report: &mut StageReport,
+        progress: &Progress,
+    ) -> Vec<u32> {
+        let mut todo = Vec::new();
+        for &id in &slot.samples {
+            if kept.contains(&id) {
+                report.resumed += 1;
+                progress.files_done.fetch_add(1, Ordering::Relaxed);
+                progress
+                    .bytes_done
+                    .fetch_add(self.catalog.size(id), Ordering::Relaxed);
+                progress
+                    .bytes_settled
+                    .fetch_add(self.catalog.size(id), Ordering::Relaxed);
+            } else {
+                todo.push(id);
+            }
+        }
+        todo
+    }
+
+    /// The copies of `slot` already in `dir` that staging keeps: after a clean shutdown's seal,
+    /// every journaled one, unread (each is checked at its first open instead); otherwise those
+    /// whose size and CRC still match the journal, read now.
+    async fn resume_kept(
+        &self,
+        slot: &SlotSpec,
+        dir: &Path,
+        journal_state: &JournalState,
+    ) -> HashSet<u32> {
+        let sealed = self.take_sealed(&slot.name);
+        if sealed && journal_state.complete && self.transform.is_none() {
+            let crcs: Vec<(u32, u32)> = slot
+                .samples
+                .iter()
+                .filter_map(|&id| Some((id, *journal_state.staged.get(&id)?)))
+                .collect();
+            let kept: HashSet<u32> = crcs.iter().map(|e| e.0).collect();
+            tracing::info!(slot = %slot.name, copies = kept.len(), "resumed from its seal; each copy is checked at its first open");
+            self.register_checks(&slot.name, crcs);
+            kept
+        } else {
+            // Staged afresh: every journaled copy is read now, so none is left to check later.
+            self.checks.lock().unwrap().remove(&slot.name);
+            self.verify_journaled(dir, &slot.samples, &journal_state.staged)
+                .await
+        }
+    }
+
+    /// Takes the fetches of `stream` as they finish, sending full batches to the committer
+    /// (`tx`) and noting samples left out in `report`. Returns the batch not sent yet, whether
+    /// the committer is gone (its error is reported by the caller), and the error that stops
+    /// the slot, if one did (fetches still running are then dropped; what is fetched is still
+    /// committed).
+    async fn drain_fetches(
+        &self,
+        stream: &mut (impl futures::Stream<Item = (u32, Result<Fetched, Miss>)> + Unpin),
+        tx: &tokio::sync::mpsc::Sender<Vec<Fetched>>,
+        report: &mut StageReport,
+        progress: &Progress,
+    ) -> (Vec<Fetched>, bool, Option<StageError>) {
         let mut batch: Vec<Fetched> = Vec::new();
         let mut batch_bytes = 0u64;
         let mut batch_start = Instant::now();
@@ -191,37 +248,7 @@ impl Stager {
                 }
             }
         }
-        drop(stream);
-        if !committer_gone && !batch.is_empty() {
-            let _ = tx.send(batch).await;
-        }
-        drop(tx);
-        let committed = committer.await.expect("commit task panicked");
-        if let Some(e) = slot_error {
-            // Copies of dropped fetches (an abandoned blocking copy may still write to its
-            // file, which then only lives until it closes it).
-            let _ = self.clean_tmp_matching(&format!("{}-", slot.name));
-            tracing::warn!(slot = %slot.name, error = %e, "staging stopped; the slot keeps what it committed");
-            return Err(e);
-        }
-        let (fetched, bytes, mut journal, too_long) = committed?;
-        let transient = self.transient.load(Ordering::Relaxed);
-        if transient > 0 {
-            tracing::warn!(slot = %slot.name, retries = transient, "the tier recovered: every sample met by its errors was fetched on a retry");
-        }
-        report.fetched += fetched;
-        report.bytes_fetched += bytes;
-        report.failed.extend(too_long);
-        report.failed.sort();
-        // Failed samples are recorded so a resumed run reports them without refetching.
-        let mut failed = JournalBatch::with_capacity(report.failed.len());
-        for (id, _) in &report.failed {
-            failed.failed(*id);
-        }
-        journal.write(&failed).map_err(cache_err(&jpath))?;
-        journal.complete().map_err(cache_err(&jpath))?;
-        report.elapsed = start.elapsed();
-        Ok(report)
+        (batch, committer_gone, slot_error)
     }
 
     /// The journaled samples of `samples` whose copy in `dir` still has the catalogued size and
@@ -420,6 +447,50 @@ impl Stager {
         progress.bytes_settled.fetch_add(size, Ordering::Relaxed);
     }
 
+    /// Makes a complete copy of `size` source bytes at `tmp` what the slot keeps: transformed
+    /// (when a transform is set) and read-only, with its CRC-32. Returns its path, bytes and
+    /// CRC.
+    async fn finish_copy(
+        &self,
+        file: Arc<std::fs::File>,
+        tmp: PathBuf,
+        rel: &str,
+        size: u64,
+    ) -> Result<(PathBuf, u64, u32), Miss> {
+        Ok(match &self.transform {
+            Some(t) => {
+                drop(file);
+                let (tmp, bytes) = self.transform_one(t, rel, tmp).await?;
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o400))
+                    .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
+                let t2 = tmp.clone();
+                let crc = tokio::task::spawn_blocking(move || crc_of_file(&t2))
+                    .await
+                    .expect("checksum task panicked")
+                    .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
+                (tmp, bytes, crc)
+            }
+            None => {
+                // Through the descriptor written: no second open, no path lookup.
+                file.set_permissions(std::fs::Permissions::from_mode(0o400))
+                    .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
+                let crc = if size <= metfs_tier::SMALL_FILE_BYTES {
+                    // A small copy's few pages, just written and read from memory:
+                    // cheaper here than handed to a blocking thread and back.
+                    crc_of_copy(&file, size)
+                } else {
+                    let f = file.clone();
+                    tokio::task::spawn_blocking(move || crc_of_copy(&f, size))
+                        .await
+                        .expect("checksum task panicked")
+                }
+                .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
+                drop(file);
+                (tmp, size, crc)
+            }
+        })
+    }
+
     pub(super) async fn stage_one(
         &self,
         slot_name: &str,
@@ -460,39 +531,7 @@ impl Stager {
                             sample.size
                         )));
                     }
-                    let (tmp, bytes, crc) = match &self.transform {
-                        Some(t) => {
-                            drop(file);
-                            let (tmp, bytes) = self.transform_one(t, &rel, tmp).await?;
-                            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o400))
-                                .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
-                            let t2 = tmp.clone();
-                            let crc = tokio::task::spawn_blocking(move || crc_of_file(&t2))
-                                .await
-                                .expect("checksum task panicked")
-                                .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
-                            (tmp, bytes, crc)
-                        }
-                        None => {
-                            // Through the descriptor written: no second open, no path lookup.
-                            file.set_permissions(std::fs::Permissions::from_mode(0o400))
-                                .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
-                            let size = sample.size;
-                            let crc = if size <= metfs_tier::SMALL_FILE_BYTES {
-                                // A small copy's few pages, just written and read from memory:
-                                // cheaper here than handed to a blocking thread and back.
-                                crc_of_copy(&file, size)
-                            } else {
-                                let f = file.clone();
-                                tokio::task::spawn_blocking(move || crc_of_copy(&f, size))
-                                    .await
-                                    .expect("checksum task panicked")
-                            }
-                            .map_err(|e| Miss::Slot(cache_err(&tmp)(e)))?;
-                            drop(file);
-                            (tmp, size, crc)
-                        }
-                    };
+                    let (tmp, bytes, crc) = self.finish_copy(file, tmp, &rel, sample.size).await?;
                     self.count_fetched(progress, sample.size);
                     unfinished.finished();
                     return Ok(Fetched {
@@ -623,64 +662,6 @@ pub(super) fn is_samples_own(e: &TierError) -> bool {
         ),
         _ => false,
     }
-}
-
-/// What `commit_batches` returns: files and bytes committed, the journal, and samples whose
-/// slot path the cache's file system refused as too long.
-type Committed = (u64, u64, JournalWriter, Vec<(u32, String)>);
-
-/// Commits batches of fetched files until the channel closes: makes each durable (one `syncfs`
-/// of the cache file system, or nothing with `fsync = false`), renames its files into the slot
-/// and journals them. Blocking.
-pub(super) fn commit_batches(
-    mut rx: tokio::sync::mpsc::Receiver<Vec<Fetched>>,
-    mut journal: JournalWriter,
-    jpath: &Path,
-    tmp_dir: &Path,
-    fsync: bool,
-    progress: &Progress,
-) -> Result<Committed, StageError> {
-    let (mut files, mut bytes) = (0u64, 0u64);
-    let mut too_long = Vec::new();
-    let dir = std::fs::File::open(tmp_dir).map_err(cache_err(tmp_dir))?;
-    while let Some(batch) = rx.blocking_recv() {
-        if fsync {
-            use std::os::fd::AsRawFd;
-            // SAFETY: syncfs on a directory fd we own.
-            if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-                return Err(cache_err(tmp_dir)(std::io::Error::last_os_error()));
-            }
-        }
-        // The batch is journaled once durable and before its renames, so that every copy in
-        // the slot is journaled: a crash in the middle of the renames keeps those done (resume
-        // checks each journaled copy), and what it left in tmp/ is journaled but missing, so
-        // fetched again. The other order lost a whole renamed batch to such a crash.
-        let mut lines = JournalBatch::with_capacity(batch.len());
-        for f in &batch {
-            lines.staged(f.id, f.crc);
-        }
-        journal.write(&lines).map_err(cache_err(jpath))?;
-        for f in batch {
-            // A copy written in place is where it belongs already.
-            match f.tmp.as_ref().map(|tmp| std::fs::rename(tmp, &f.dst)) {
-                None | Some(Ok(())) => {}
-                Some(Err(e)) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
-                    // Journaled above; its `failed` line at the end of the slot withdraws it.
-                    if let Some(tmp) = &f.tmp {
-                        let _ = std::fs::remove_file(tmp);
-                    }
-                    too_long.push((f.id, format!("{}: {e}", f.dst.display())));
-                    continue;
-                }
-                Some(Err(e)) => return Err(cache_err(&f.dst)(e)),
-            }
-            progress.files_done.fetch_add(1, Ordering::Relaxed);
-            progress.bytes_done.fetch_add(f.bytes, Ordering::Relaxed);
-            files += 1;
-            bytes += f.bytes;
-        }
-    }
-    Ok((files, bytes, journal, too_long))
 }
 
 /// A copy being written, deleted if its fetch ends without handing it over (an error, or the

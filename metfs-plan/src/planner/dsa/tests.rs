@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use proptest::prelude::{prop, prop_assert, prop_assert_eq, proptest};
 use statrs::distribution::{ChiSquared, ContinuousCDF};
 
+use super::column::{select_in_word, SUPER};
 use super::*;
 
 /// Pearson's statistic of `counts` against equal expectations over `cells` cells.

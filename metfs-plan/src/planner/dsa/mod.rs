@@ -87,12 +87,18 @@
 //! two jobs drew in one round is in the same mini-epoch of both. Jobs whose datasets end
 //! earlier simply have fewer mini-epochs.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use thiserror::Error;
 
 use super::rng::PlanRng;
 use super::MiniEpoch;
+use column::{select_in_line, Column, BLOCK};
+
+mod column;
+mod tree;
+
+pub use tree::SamplingTree;
 
 /// The most jobs one sampler holds (and the tests draw with): twice the 128 datasets of paper
 /// 004's cost test. A shared mount's `share.jobs` is bounded by it.
@@ -153,160 +159,6 @@ const ALL: u16 = 0;
 const GONE: u16 = u16::MAX;
 /// The rank of a job that is not in the order.
 const NO_RANK: u32 = u32::MAX;
-
-/// Words per block of a [`Column`]: 512 bits, one cache line.
-const BLOCK: usize = 8;
-/// Blocks per super-block of a [`Column`].
-const SUPER: usize = 64;
-
-/// One job's samples not drawn yet: a bitmap over local indices with its count per block and
-/// per super-block, so that the `r`-th of them is found by reading two short arrays and one
-/// cache line of the bitmap; a bit per sample of the sampler whatever the job's share.
-#[derive(Debug)]
-struct Column {
-    bits: Vec<u64>,
-    blocks: Vec<u16>,
-    supers: Vec<u32>,
-    len: u64,
-}
-
-impl Column {
-    /// The column of `locals`, all distinct.
-    fn of(locals: &[u32]) -> Self {
-        let top = locals.iter().max().map_or(0, |&l| l as usize / 64 + 1);
-        let mut bits = vec![0u64; top];
-        for &l in locals {
-            bits[l as usize / 64] |= 1 << (l % 64);
-        }
-        let blocks: Vec<u16> = bits
-            .chunks(BLOCK)
-            .map(|b| b.iter().map(|w| w.count_ones() as u16).sum())
-            .collect();
-        let supers = blocks
-            .chunks(SUPER)
-            .map(|s| s.iter().map(|&b| u32::from(b)).sum())
-            .collect();
-        Self {
-            bits,
-            blocks,
-            supers,
-            len: locals.len() as u64,
-        }
-    }
-
-    fn contains(&self, l: u32) -> bool {
-        self.bits
-            .get(l as usize / 64)
-            .is_some_and(|w| w >> (l % 64) & 1 != 0)
-    }
-
-    fn remove(&mut self, l: u32) {
-        let w = l as usize / 64;
-        debug_assert!(self.contains(l));
-        self.bits[w] &= !(1 << (l % 64));
-        self.blocks[w / BLOCK] -= 1;
-        self.supers[w / BLOCK / SUPER] -= 1;
-        self.len -= 1;
-    }
-
-    /// The `r`-th sample (0-based, ascending), `r < len`.
-    fn select(&self, r: u64) -> u32 {
-        let (b, r) = self.locate(r);
-        self.select_in_block(b, r)
-    }
-
-    /// The block holding the `r`-th sample and its rank there, from the counts alone (small,
-    /// and mostly in cache).
-    fn locate(&self, mut r: u64) -> (usize, u32) {
-        let mut s = 0;
-        while r >= u64::from(self.supers[s]) {
-            r -= u64::from(self.supers[s]);
-            s += 1;
-        }
-        let mut b = s * SUPER;
-        while r >= u64::from(self.blocks[b]) {
-            r -= u64::from(self.blocks[b]);
-            b += 1;
-        }
-        (b, r as u32)
-    }
-
-    /// Block `b`'s words, zeros past the bitmap's end.
-    fn block(&self, b: usize) -> [u64; BLOCK] {
-        let mut line = [0; BLOCK];
-        let words = &self.bits[b * BLOCK..self.bits.len().min((b + 1) * BLOCK)];
-        line[..words.len()].copy_from_slice(words);
-        line
-    }
-
-    /// The `r`-th sample of block `b`.
-    fn select_in_block(&self, b: usize, r: u32) -> u32 {
-        select_in_line(&self.block(b), b, r)
-    }
-
-    /// Its samples, ascending.
-    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.bits.iter().enumerate().flat_map(|(i, &w)| {
-            let mut w = w;
-            std::iter::from_fn(move || {
-                (w != 0).then(|| {
-                    let bit = w.trailing_zeros();
-                    w &= w - 1;
-                    (i * 64) as u32 + bit
-                })
-            })
-        })
-    }
-}
-
-/// The `r`-th sample of block `b`, whose words are `line`. Nothing branches on the words.
-fn select_in_line(line: &[u64; BLOCK], b: usize, mut r: u32) -> u32 {
-    let (mut at, mut found) = (0, false);
-    for &w in line {
-        let ones = w.count_ones();
-        let past = !found & (r >= ones);
-        r -= if past { ones } else { 0 };
-        at += usize::from(past);
-        found |= !past;
-    }
-    ((b * BLOCK + at) * 64) as u32 + select_in_word(line[at], r)
-}
-
-const BYTES: u64 = 0x0101_0101_0101_0101;
-
-/// The position of the `r`-th set bit of `w` (`r` below its count): the byte by the running
-/// counts of its bytes, all eight compared at once, then a table.
-fn select_in_word(w: u64, r: u32) -> u32 {
-    let s = w - ((w >> 1) & 0x5555_5555_5555_5555);
-    let s = (s & 0x3333_3333_3333_3333) + ((s >> 2) & 0x3333_3333_3333_3333);
-    let counts = (s + (s >> 4)) & 0x0F0F_0F0F_0F0F_0F0F;
-    // Byte i: set bits in bytes 0..=i (at most 64, so a byte's top bit stays clear).
-    let running = counts.wrapping_mul(BYTES);
-    let high = 0x8080_8080_8080_8080u64;
-    let at_most_r = (((u64::from(r) * BYTES) | high) - running) & high;
-    let byte = ((at_most_r >> 7).wrapping_mul(BYTES) >> 56) as u32;
-    let before = ((running << 8) >> (8 * byte)) as u32 & 0xFF;
-    let bits = (w >> (8 * byte)) as usize & 0xFF;
-    8 * byte + u32::from(SELECT_IN_BYTE[bits][(r - before) as usize])
-}
-
-/// `SELECT_IN_BYTE[b][k]`: the position of the `k`-th set bit of byte `b`.
-static SELECT_IN_BYTE: [[u8; 8]; 256] = {
-    let mut table = [[0u8; 8]; 256];
-    let mut b = 0;
-    while b < 256 {
-        let (mut k, mut bit) = (0, 0);
-        while bit < 8 {
-            if b >> bit & 1 == 1 {
-                table[b][k] = bit as u8;
-                k += 1;
-            }
-            bit += 1;
-        }
-        b += 1;
-    }
-    table
-};
 
 /// What the sampler keeps of one local sample, together so that a draw reads it at once.
 #[derive(Debug, Clone, Copy)]
@@ -471,28 +323,9 @@ impl DependentSampler {
                 return Err(DsaError::RepeatedJob { job: j });
             }
         }
-        // When every job draws in every round the order stays sorted: checked in O(jobs),
-        // which keeps a round's cost linear in its jobs.
-        let key = |j: usize| (self.remaining(j), j);
-        let same = jobs.len() == self.order.len()
-            && jobs.iter().all(|&j| self.rank[j] != NO_RANK)
-            && self.order.windows(2).all(|w| key(w[0]) < key(w[1]));
-        let order = if same {
-            self.order.clone()
-        } else {
-            let mut order = jobs.to_vec();
-            order.sort_unstable_by_key(|&j| key(j));
-            self.sync(&order);
-            order
-        };
+        let order = self.round_order(jobs);
         let n = order.len();
-        // sup[u] = |⋂ R_j| over order[u..]: the samples of level u or below.
-        let mut sup = Vec::with_capacity(n);
-        let mut below = self.groups[ALL as usize].len() as u64;
-        for &j in &order {
-            sup.push(below);
-            below += self.groups[group_of(j) as usize].len() as u64;
-        }
+        let sup = self.suffix_sizes(&order);
         // Draws are applied only after every job has decided: the sets the loops see (S, I and
         // each |R_j|) are those at the start of the round. Each entry: the sample and the
         // range of `order` that took it.
@@ -574,7 +407,42 @@ impl DependentSampler {
             taken.push((l, here, u));
             prev = Some(here);
         }
-        let mut picks = Vec::with_capacity(n);
+        Ok(self.apply(&order, taken))
+    }
+
+    /// The round's jobs sorted by samples left (ties by index), the sampler's order kept in
+    /// step. When every job draws in every round the order stays sorted: checked in O(jobs),
+    /// which keeps a round's cost linear in its jobs.
+    fn round_order(&mut self, jobs: &[usize]) -> Vec<usize> {
+        let key = |j: usize| (self.remaining(j), j);
+        let same = jobs.len() == self.order.len()
+            && jobs.iter().all(|&j| self.rank[j] != NO_RANK)
+            && self.order.windows(2).all(|w| key(w[0]) < key(w[1]));
+        if same {
+            self.order.clone()
+        } else {
+            let mut order = jobs.to_vec();
+            order.sort_unstable_by_key(|&j| key(j));
+            self.sync(&order);
+            order
+        }
+    }
+
+    /// `sup[u]` = |⋂ R_j| over `order[u..]`: the samples of level `u` or below.
+    fn suffix_sizes(&self, order: &[usize]) -> Vec<u64> {
+        let mut sup = Vec::with_capacity(order.len());
+        let mut below = self.groups[ALL as usize].len() as u64;
+        for &j in order {
+            sup.push(below);
+            below += self.groups[group_of(j) as usize].len() as u64;
+        }
+        sup
+    }
+
+    /// Applies a round's draws, all decided first: each entry of `taken` is a sample and the
+    /// range of `order` that took it. Returns each job's pick.
+    fn apply(&mut self, order: &[usize], taken: Vec<(u32, usize, usize)>) -> Vec<(usize, u32)> {
+        let mut picks = Vec::with_capacity(order.len());
         for &(l, from, to) in &taken {
             let id = self.samples[l as usize].id;
             picks.extend(order[from..to].iter().map(|&j| (j, id)));
@@ -582,7 +450,7 @@ impl DependentSampler {
         for (l, from, to) in taken {
             self.take(l, &order[from..to]);
         }
-        Ok(picks)
+        picks
     }
 
     fn needs(&self, l: u32, job: usize) -> bool {
@@ -931,70 +799,5 @@ pub fn dependent_views(
     Ok(views)
 }
 
-/// The dependent sampling tree of Definition 1 over datasets sorted by size (ascending, ties
-/// by index): the root is the intersection of all, its right child the rest of the smallest
-/// dataset, its left child the tree of the others with the root removed; one dataset is a
-/// single vertex. Stored as its left spine (`spine[0]` the root, `spine[n−1]` the lone vertex
-/// at the bottom) and the right leaves (`leaves[i]` hangs off `spine[i]`, for the `i`-th
-/// smallest dataset). The vertices on the path from the root to job `order[i]`'s leaf
-/// partition its dataset; the spine's vertices are disjoint (leaves are not: a sample of
-/// `D_1 ∩ D_2` outside `D_3` is in the leaves of both); the height is `n − 1`.
-///
-/// The sampler keeps the spine and not the leaves: `spine[k]` is its group of the samples of
-/// level `k` (needed by the jobs `order[k..]`, not by all of `order[k−1..]`), which is how
-/// each loop's intersection is a prefix sum of group sizes; a leaf is drawn from by rejection
-/// from the job's own samples.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SamplingTree {
-    /// Job indices, smallest dataset first.
-    pub order: Vec<usize>,
-    /// The left spine, root first; sorted sample ids.
-    pub spine: Vec<Vec<u32>>,
-    /// The right leaves: `leaves[i]` is the child of `spine[i]`; sorted sample ids.
-    pub leaves: Vec<Vec<u32>>,
-}
-
-impl SamplingTree {
-    /// Builds the tree by the recursion of Definition 1.
-    pub fn build(datasets: &[&[u32]]) -> Self {
-        let mut order: Vec<usize> = (0..datasets.len()).collect();
-        order.sort_by_key(|&j| (datasets[j].len(), j));
-        let mut rest: Vec<BTreeSet<u32>> = order
-            .iter()
-            .map(|&j| datasets[j].iter().copied().collect())
-            .collect();
-        let (mut spine, mut leaves) = (Vec::new(), Vec::new());
-        let mut k = 0;
-        while k < rest.len() {
-            if k + 1 == rest.len() {
-                spine.push(rest[k].iter().copied().collect());
-                break;
-            }
-            let root: BTreeSet<u32> = rest[k]
-                .iter()
-                .copied()
-                .filter(|s| rest[k + 1..].iter().all(|d| d.contains(s)))
-                .collect();
-            leaves.push(rest[k].difference(&root).copied().collect());
-            spine.push(root.iter().copied().collect());
-            for d in &mut rest[k + 1..] {
-                d.retain(|s| !root.contains(s));
-            }
-            k += 1;
-        }
-        Self {
-            order,
-            spine,
-            leaves,
-        }
-    }
-
-    /// Edges from the root to the deepest vertex.
-    pub fn height(&self) -> usize {
-        self.spine.len().saturating_sub(1)
-    }
-}
-
 #[cfg(test)]
-#[path = "dsa_tests.rs"]
 mod tests;
