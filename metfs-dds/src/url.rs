@@ -101,6 +101,11 @@ impl EtcdOptions {
     /// The default request timeout: long enough for an fsync on a loaded disk, short enough
     /// that an unreachable etcd is reported promptly.
     pub const TIMEOUT: Duration = Duration::from_secs(5);
+    /// How often an idle connection is pinged to find a dead etcd. etcd refuses pings closer
+    /// than its `--grpc-keepalive-min-time` (5 s by default): past a few, it sends GOAWAY
+    /// (`too_many_pings`) and every stream on the connection, the queue's watch included, ends
+    /// with an h2 protocol error. 10 s, gRPC's own floor for clients, stays clear of it.
+    pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
 }
 
 fn read(path: &PathBuf) -> Result<Vec<u8>, DdsError> {
@@ -121,7 +126,7 @@ pub async fn connect(url: &DdsUrl, opts: &EtcdOptions) -> Result<Client, DdsErro
     let mut co = ConnectOptions::new()
         .with_timeout(timeout)
         .with_connect_timeout(timeout)
-        .with_keep_alive(Duration::from_secs(2), timeout);
+        .with_keep_alive(EtcdOptions::KEEP_ALIVE, timeout);
     let tls = url.tls || opts.cacert.is_some() || opts.cert.is_some();
     if tls {
         let mut t = TlsOptions::new();
