@@ -71,6 +71,7 @@ pub mod group;
 pub mod hf;
 pub mod litdata;
 pub mod mds;
+pub mod select;
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -22,6 +22,7 @@
 
 pub mod budget;
 pub mod digest;
+pub mod groups;
 pub mod model;
 pub mod planner;
 pub mod refcnt;

@@ -1,0 +1,358 @@
+//! Sample groups: the unit the planner deals when a sample is several files.
+//!
+//! A catalog holds files; a *sample* is one or more of them that always travel together (an
+//! image and its mask, a shard and its index file). [`SampleGroups`] maps the two: the planner
+//! plans over samples ([`SampleGroups::sample_set`]: a sample's footprint is the sum of its
+//! files', its label and cluster its first file's), and [`SampleGroups::expand`] turns a plan
+//! of samples back into the plan of files every other part of metfs stages, shows and counts.
+//! Files in every view (*always* files) are added to every mini-epoch there; files that are
+//! neither (excluded, a format's index) appear in no plan.
+//!
+//! # Invariants
+//!
+//! * Every catalog file is a member of at most one sample, or an always file, or neither; a
+//!   sample has at least one file. [`SampleGroups::new`] refuses anything else.
+//! * A mini-epoch of the expanded plan holds every file of each of its samples and every
+//!   always file, in ascending file id (the order staging walks the source), and its `bytes`
+//!   are the footprints of those files: so a view that holds one file of a sample holds all of
+//!   them, and the budget sees what is staged.
+//! * The mapping is the same on every node for the same catalog and settings (it is built from
+//!   the catalog's order alone).
+
+use crate::planner::{EpochPlan, MiniEpoch, SampleSet};
+
+/// Marks a file that is no sample's.
+const NONE: u32 = u32::MAX;
+
+/// Samples as groups of catalog files (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SampleGroups {
+    /// Members of sample `s`: `members[offsets[s]..offsets[s + 1]]`, ascending file ids.
+    offsets: Vec<u32>,
+    members: Vec<u32>,
+    /// Per file: its sample, or [`NONE`].
+    sample_of: Vec<u32>,
+    /// Files in every mini-epoch, ascending.
+    always: Vec<u32>,
+    /// Per sample: the sum of its files' footprints.
+    sizes: Vec<u64>,
+    labels: Option<Vec<u32>>,
+    clusters: Option<Vec<u32>>,
+    always_bytes: u64,
+}
+
+/// Samples and always files that do not describe a catalog.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum GroupError {
+    /// A file id past the catalog's end.
+    #[error("file id {id} is past the catalog's {files} files")]
+    OutOfRange { id: u32, files: usize },
+    /// A file in two samples, or a sample and the always files.
+    #[error("file id {id} is in two samples, or in a sample and in every view")]
+    Twice { id: u32 },
+    /// A sample of no file.
+    #[error("sample {sample} has no file")]
+    Empty { sample: usize },
+    /// No sample at all.
+    #[error("no file is a sample")]
+    NoSamples,
+}
+
+impl SampleGroups {
+    /// Groups of the catalog whose files have `footprints` (and, when it has them, `labels`
+    /// and `clusters`): `samples`, each a list of file ids, and the `always` files.
+    pub fn new(
+        footprints: &[u64],
+        labels: Option<&[u32]>,
+        clusters: Option<&[u32]>,
+        samples: Vec<Vec<u32>>,
+        mut always: Vec<u32>,
+    ) -> Result<Self, GroupError> {
+        let files = footprints.len();
+        if samples.is_empty() {
+            return Err(GroupError::NoSamples);
+        }
+        let mut sample_of = vec![NONE; files];
+        let mut offsets = Vec::with_capacity(samples.len() + 1);
+        let mut members = Vec::with_capacity(files);
+        let mut sizes = Vec::with_capacity(samples.len());
+        let check = |id: u32, sample_of: &[u32]| {
+            if id as usize >= files {
+                Err(GroupError::OutOfRange { id, files })
+            } else if sample_of[id as usize] != NONE {
+                Err(GroupError::Twice { id })
+            } else {
+                Ok(())
+            }
+        };
+        offsets.push(0);
+        for (s, mut m) in samples.into_iter().enumerate() {
+            if m.is_empty() {
+                return Err(GroupError::Empty { sample: s });
+            }
+            m.sort_unstable();
+            let mut bytes = 0u64;
+            for &id in &m {
+                check(id, &sample_of)?;
+                sample_of[id as usize] = s as u32;
+                bytes = bytes.saturating_add(footprints[id as usize]);
+            }
+            members.extend_from_slice(&m);
+            offsets.push(members.len() as u32);
+            sizes.push(bytes);
+        }
+        always.sort_unstable();
+        always.dedup();
+        let mut always_bytes = 0u64;
+        for &id in &always {
+            check(id, &sample_of)?;
+            always_bytes = always_bytes.saturating_add(footprints[id as usize]);
+        }
+        let first = |col: &[u32]| -> Vec<u32> {
+            offsets[..offsets.len() - 1]
+                .iter()
+                .map(|&o| col[members[o as usize] as usize])
+                .collect()
+        };
+        Ok(Self {
+            labels: labels.map(first),
+            clusters: clusters.map(first),
+            offsets,
+            members,
+            sample_of,
+            always,
+            sizes,
+            always_bytes,
+        })
+    }
+
+    /// How many samples.
+    pub fn len(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// Whether there is no sample (never, once built).
+    pub fn is_empty(&self) -> bool {
+        self.sizes.is_empty()
+    }
+
+    /// The files of sample `s`, ascending.
+    pub fn members(&self, s: u32) -> &[u32] {
+        let (a, b) = (self.offsets[s as usize], self.offsets[s as usize + 1]);
+        &self.members[a as usize..b as usize]
+    }
+
+    /// The sample file `id` belongs to, if any.
+    pub fn sample_of(&self, id: u32) -> Option<u32> {
+        self.sample_of
+            .get(id as usize)
+            .copied()
+            .filter(|&s| s != NONE)
+    }
+
+    /// The files in every view, ascending.
+    pub fn always(&self) -> &[u32] {
+        &self.always
+    }
+
+    /// The footprint of the always files together.
+    pub fn always_bytes(&self) -> u64 {
+        self.always_bytes
+    }
+
+    /// The samples as the planner sees them.
+    pub fn sample_set(&self) -> SampleSet<'_> {
+        SampleSet {
+            sizes: &self.sizes,
+            labels: self.labels.as_deref(),
+            clusters: self.clusters.as_deref(),
+        }
+    }
+
+    /// The plan of files of `plan`, a plan of samples: each mini-epoch's samples replaced by
+    /// their files and the always files, its bytes by theirs (see the module docs).
+    pub fn expand(&self, plan: EpochPlan, footprints: &[u64]) -> EpochPlan {
+        let files = |samples: &[u32]| -> Vec<u32> {
+            let mut out: Vec<u32> = samples
+                .iter()
+                .flat_map(|&s| self.members(s).iter().copied())
+                .chain(self.always.iter().copied())
+                .collect();
+            out.sort_unstable();
+            out
+        };
+        let bytes = |ids: &[u32]| ids.iter().map(|&i| footprints[i as usize]).sum::<u64>();
+        let copied = files(&plan.copied)
+            .into_iter()
+            .filter(|id| self.sample_of(*id).is_some())
+            .collect::<Vec<u32>>();
+        EpochPlan {
+            epoch: plan.epoch,
+            mini_epochs: plan
+                .mini_epochs
+                .into_iter()
+                .map(|me| {
+                    let samples = files(&me.samples);
+                    let copied_bytes = if me.copied_bytes == 0 {
+                        0
+                    } else {
+                        me.samples
+                            .iter()
+                            .filter(|s| plan.copied.binary_search(s).is_ok())
+                            .flat_map(|&s| self.members(s))
+                            .map(|&i| footprints[i as usize])
+                            .sum()
+                    };
+                    MiniEpoch {
+                        bytes: bytes(&samples),
+                        samples,
+                        copied_bytes,
+                    }
+                })
+                .collect(),
+            copied,
+        }
+    }
+
+    /// `ids` (files of one view) less every sample of which some file is in `failed` or
+    /// missing from `ids`; returns the kept files and the samples left out, each with its
+    /// files. Always files and files of no sample are kept as they are.
+    pub fn whole(&self, ids: &[u32], failed: &dyn Fn(u32) -> bool) -> (Vec<u32>, Vec<u32>) {
+        let mut present: Vec<u32> = ids.to_vec();
+        present.sort_unstable();
+        present.dedup();
+        let mut dropped: Vec<u32> = present
+            .iter()
+            .filter_map(|&id| self.sample_of(id))
+            .filter(|&s| {
+                self.members(s)
+                    .iter()
+                    .any(|&m| failed(m) || present.binary_search(&m).is_err())
+            })
+            .collect();
+        dropped.sort_unstable();
+        dropped.dedup();
+        let kept = present
+            .into_iter()
+            .filter(|&id| {
+                !failed(id)
+                    && self
+                        .sample_of(id)
+                        .is_none_or(|s| dropped.binary_search(&s).is_err())
+            })
+            .collect();
+        (kept, dropped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::{plan_epoch, PlanConfig, Strategy};
+
+    fn cfg(slot: u64) -> PlanConfig {
+        PlanConfig {
+            strategy: Strategy::Random,
+            seed: 7,
+            slot_bytes: slot,
+            mini_epochs: None,
+            node_rank: 0,
+            nodes: 1,
+            cluster_copies: Default::default(),
+        }
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_grouping() {
+        let f = [1, 1, 1];
+        let g = |s: Vec<Vec<u32>>, a: Vec<u32>| SampleGroups::new(&f, None, None, s, a);
+        assert_eq!(
+            g(vec![vec![0, 3]], vec![]),
+            Err(GroupError::OutOfRange { id: 3, files: 3 })
+        );
+        assert_eq!(
+            g(vec![vec![0], vec![0]], vec![]),
+            Err(GroupError::Twice { id: 0 })
+        );
+        assert_eq!(g(vec![vec![0]], vec![0]), Err(GroupError::Twice { id: 0 }));
+        assert_eq!(
+            g(vec![vec![0], vec![]], vec![]),
+            Err(GroupError::Empty { sample: 1 })
+        );
+        assert_eq!(g(vec![], vec![0]), Err(GroupError::NoSamples));
+    }
+
+    #[test]
+    fn labels_are_the_first_files() {
+        let g = SampleGroups::new(
+            &[1, 2, 3, 4],
+            Some(&[5, 6, 7, 8]),
+            None,
+            vec![vec![3, 1], vec![0]],
+            vec![2],
+        )
+        .unwrap();
+        assert_eq!(g.sample_set().labels, Some(&[6, 5][..]));
+        assert_eq!(g.sample_set().sizes, &[6, 1]);
+        assert_eq!(g.always_bytes(), 3);
+        assert_eq!(g.sample_of(2), None);
+    }
+
+    #[test]
+    fn whole_leaves_out_a_sample_with_a_failed_file() {
+        let g =
+            SampleGroups::new(&[1; 6], None, None, vec![vec![0, 1], vec![2, 3]], vec![5]).unwrap();
+        let (kept, dropped) = g.whole(&[0, 1, 2, 3, 5], &|id| id == 3);
+        assert_eq!((kept, dropped), (vec![0, 1, 5], vec![1]));
+        let (kept, dropped) = g.whole(&[0, 2, 3], &|_| false);
+        assert_eq!((kept, dropped), (vec![2, 3], vec![0]));
+    }
+
+    proptest::proptest! {
+        /// An expanded epoch holds each sample's files together, once, and the always files in
+        /// every mini-epoch; its bytes are its files'.
+        #[test]
+        fn expand_keeps_groups_whole(
+            sizes in proptest::collection::vec(1u64..50, 2..60),
+            cut in proptest::collection::vec(proptest::bool::ANY, 60),
+            always_n in 0usize..3,
+            epoch in 0u64..4,
+        ) {
+            let n = sizes.len();
+            let always: Vec<u32> = (0..always_n.min(n - 1)).map(|i| (n - 1 - i) as u32).collect();
+            let mut samples: Vec<Vec<u32>> = vec![];
+            for id in 0..(n - always.len()) as u32 {
+                if samples.is_empty() || cut[id as usize] {
+                    samples.push(vec![id]);
+                } else {
+                    samples.last_mut().unwrap().push(id);
+                }
+            }
+            let g = SampleGroups::new(&sizes, None, None, samples, always.clone()).unwrap();
+            let largest = g.sample_set().sizes.iter().max().copied().unwrap();
+            let c = cfg(largest * 3);
+            let plan = plan_epoch(&g.sample_set(), &c, epoch).unwrap();
+            let files = g.expand(plan, &sizes);
+            let mut seen = vec![0u32; n];
+            for me in &files.mini_epochs {
+                proptest::prop_assert!(me.samples.windows(2).all(|w| w[0] < w[1]));
+                proptest::prop_assert_eq!(me.bytes, me.samples.iter().map(|&i| sizes[i as usize]).sum::<u64>());
+                for a in &always {
+                    proptest::prop_assert!(me.samples.contains(a));
+                }
+                for &id in &me.samples {
+                    seen[id as usize] += 1;
+                    if let Some(s) = g.sample_of(id) {
+                        for m in g.members(s) {
+                            proptest::prop_assert!(me.samples.contains(m));
+                        }
+                    }
+                }
+            }
+            for id in 0..n as u32 {
+                let want = if always.contains(&id) { files.mini_epochs.len() as u32 } else { 1 };
+                proptest::prop_assert_eq!(seen[id as usize], want);
+            }
+        }
+    }
+}
