@@ -3,7 +3,7 @@
 //! A catalog holds files; a *sample* is one or more of them that always travel together (an
 //! image and its mask, a shard and its index file). [`SampleGroups`] maps the two: the planner
 //! plans over samples ([`SampleGroups::sample_set`]: a sample's footprint is the sum of its
-//! files', its label and cluster its first file's), and [`SampleGroups::expand`] turns a plan
+//! files', its label and cluster those of its first file as given), and [`SampleGroups::expand`] turns a plan
 //! of samples back into the plan of files every other part of metfs stages, shows and counts.
 //! Files in every view (*always* files) are added to every mini-epoch there; files that are
 //! neither (excluded, a format's index) appear in no plan.
@@ -73,6 +73,9 @@ impl SampleGroups {
             return Err(GroupError::NoSamples);
         }
         let mut sample_of = vec![NONE; files];
+        // A sample's label and cluster are its first file's as given (a template's first part,
+        // the image of an image and its mask), not its lowest id's.
+        let mut leads = Vec::with_capacity(samples.len());
         let mut offsets = Vec::with_capacity(samples.len() + 1);
         let mut members = Vec::with_capacity(files);
         let mut sizes = Vec::with_capacity(samples.len());
@@ -90,6 +93,7 @@ impl SampleGroups {
             if m.is_empty() {
                 return Err(GroupError::Empty { sample: s });
             }
+            leads.push(m[0]);
             m.sort_unstable();
             let mut bytes = 0u64;
             for &id in &m {
@@ -108,12 +112,7 @@ impl SampleGroups {
             check(id, &sample_of)?;
             always_bytes = always_bytes.saturating_add(footprints[id as usize]);
         }
-        let first = |col: &[u32]| -> Vec<u32> {
-            offsets[..offsets.len() - 1]
-                .iter()
-                .map(|&o| col[members[o as usize] as usize])
-                .collect()
-        };
+        let first = |col: &[u32]| -> Vec<u32> { leads.iter().map(|&id| col[id as usize]).collect() };
         Ok(Self {
             labels: labels.map(first),
             clusters: clusters.map(first),
@@ -292,7 +291,7 @@ mod tests {
             vec![2],
         )
         .unwrap();
-        assert_eq!(g.sample_set().labels, Some(&[6, 5][..]));
+        assert_eq!(g.sample_set().labels, Some(&[8, 5][..]));
         assert_eq!(g.sample_set().sizes, &[6, 1]);
         assert_eq!(g.always_bytes(), 3);
         assert_eq!(g.sample_of(2), None);

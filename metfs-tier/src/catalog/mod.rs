@@ -498,6 +498,36 @@ impl Catalog {
     pub fn set_dir_stamps(&mut self, stamps: Vec<DirStamp>) {
         self.dir_stamps = stamps;
     }
+    /// The catalog of the samples `keep` says yes to, with their labels, clusters and what
+    /// `stat` showed, in the same order, and this catalog's directory stamps (a source's
+    /// `--include` and `--exclude` applied after listing, so the listing saved for the next
+    /// mount is the whole source's).
+    pub fn subset(&self, keep: impl Fn(u32) -> bool) -> Result<Catalog, CatalogError> {
+        let mut b = CatalogBuilder::with_capacity(self.len());
+        let to_err = |e: BuildError| CatalogError::from_build(&self.source, e);
+        for id in (0..self.len() as u32).filter(|&id| keep(id)) {
+            let label = self
+                .labels
+                .as_ref()
+                .map(|l| self.label_name(l[id as usize]));
+            let cluster = self
+                .clusters
+                .as_ref()
+                .map(|c| self.cluster_name(c[id as usize]));
+            b.push(
+                &self.path(id),
+                self.size(id),
+                self.version(id),
+                label,
+                cluster,
+            )
+            .map_err(to_err)?;
+            b.push_meta(self.meta(id));
+        }
+        let mut cat = b.finish(&self.source).map_err(to_err)?;
+        cat.dir_stamps = self.dir_stamps.clone();
+        Ok(cat)
+    }
     /// Sample id of `path`, by binary search over the sorted paths.
     pub fn find(&self, path: &str) -> Option<u32> {
         let (mut lo, mut hi) = (0usize, self.len());

@@ -18,6 +18,7 @@ mod layers;
 mod mode;
 pub mod reference;
 mod resolve;
+mod samples;
 mod settings;
 pub mod share;
 
@@ -32,6 +33,7 @@ use thiserror::Error;
 pub use control::ControlConfig;
 pub use layers::{Layers, Origin};
 pub use mode::{DdsMode, Mode};
+pub use samples::{FormatChoice, SampleConfig};
 // The read path lives with the FUSE adapter that serves it (crate `metfs-fs`).
 pub use metfs_fs::read_path::{mem_total, ActiveReadPath, ReadPath, CACHED_MAX_MEAN_SAMPLE};
 pub use settings::{setting_args, MountSettings, PrefetchRate, Rate, Size, REQUIRED};
@@ -119,6 +121,9 @@ pub struct MountConfig {
     /// Label samples by their first directory level (ImageFolder layout). Default: only when
     /// composition needs labels and the manifest has none.
     pub label_from_dirs: bool,
+    /// What a sample is: the dataset's format, sample groups, files in every view, and which
+    /// files are part of the dataset (see [`SampleConfig`] for each default).
+    pub samples: SampleConfig,
     /// Read path. Default `auto`: `cached` when samples average under 1 MiB and a slot fits in
     /// half of the node's memory, `passthrough` otherwise (see [`ReadPath`]).
     pub read_path: ReadPath,

@@ -54,6 +54,7 @@ pub(super) fn resolve(layers: &Layers) -> Result<MountConfig, ConfigError> {
     check_counts(&s, &check)?;
     check_transform(&s, &check)?;
     let mode = Mode::resolve(&s, &check)?;
+    let samples = super::samples::resolve(&s, &mode, &check)?;
     let catalog = catalog(&s, &check)?;
     check_hdf5_built(&s, &check)?;
     Ok(MountConfig {
@@ -87,6 +88,7 @@ pub(super) fn resolve(layers: &Layers) -> Result<MountConfig, ConfigError> {
         manifest: s.manifest,
         catalog,
         label_from_dirs: s.label_from_dirs,
+        samples,
         read_path: s.read_path,
         fuse_threads: s.fuse_threads,
         prime_entries: s.prime_entries,

@@ -90,6 +90,34 @@ pub struct MountSettings {
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
         default_missing_value = "true", default_value_t = false)]
     pub label_from_dirs: bool,
+    /// The dataset's format: auto (detected at mount), files (every file a sample), or
+    /// hf-dataset, hf-dataset-dict, mds, litdata, webdataset, tfrecord: the view is then a
+    /// directory the format's own loader opens, its index rewritten to the view's shards
+    /// (docs/FORMATS.md).
+    #[arg(long, default_value_t)]
+    pub format: super::FormatChoice,
+    /// Files that make one sample, staged and shown together: `stem` (one directory's files
+    /// with one name up to the first `.`) or a template of parallel trees such as
+    /// `images/{}.png,masks/{}.png` (a sample missing a file is left out and reported)
+    /// [default: (none): each file is a sample].
+    #[arg(long)]
+    pub group_by: Option<String>,
+    /// Glob of files shown in every view (a class list, an annotation file), staged once and
+    /// never dealt; repeat or separate with commas. A pattern without `/` matches a file name
+    /// anywhere [default: (none)].
+    #[arg(long, value_delimiter = ',')]
+    #[serde(deserialize_with = "de_names")]
+    pub always: Option<Vec<String>>,
+    /// Glob of the files that are part of the dataset; repeat or separate with commas
+    /// [default: (none): every file].
+    #[arg(long, value_delimiter = ',')]
+    #[serde(deserialize_with = "de_names")]
+    pub include: Option<Vec<String>>,
+    /// Glob of files that are not part of the dataset (`.DS_Store`, `*.md5`), even where
+    /// include matches; repeat or separate with commas [default: (none)].
+    #[arg(long, value_delimiter = ',')]
+    #[serde(deserialize_with = "de_names")]
+    pub exclude: Option<Vec<String>>,
     /// Per-sample HDF5 files: label each by this scalar dataset or root attribute
     /// [default: (none)].
     #[arg(long)]

@@ -48,6 +48,10 @@ pub struct Fingerprint {
     /// over instead of serving the old one's output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transform: Option<String>,
+    /// What a sample is (`format`, `group_by`, `always`, `include`, `exclude`), when set: other
+    /// groups deal other mini-epochs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<String>,
     /// How mini-epochs are scheduled.
     pub plan: PlanKind,
 }
@@ -129,6 +133,7 @@ mod tests {
             nodes: 2,
             catalog: "00112233aabbccdd".into(),
             transform: None,
+            samples: None,
             plan: PlanKind::Static,
         }
     }

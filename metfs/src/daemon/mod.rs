@@ -211,6 +211,8 @@ pub enum DaemonError {
     #[error("{0}")]
     Setup(String),
     /// The shard queue (`--dds`) cannot be joined.
+    #[error(transparent)]
+    Samples(#[from] samples::SamplesError),
     #[error("dynamic sharding: {0}")]
     Dds(#[from] metfs_dds::DdsError),
 }
@@ -256,6 +258,7 @@ pub mod memory;
 mod mode;
 mod prime;
 mod queue;
+pub mod samples;
 mod schedule;
 mod session;
 mod setup;

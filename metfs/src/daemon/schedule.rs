@@ -19,7 +19,6 @@ use crate::daemon::queue::QueueState;
 use crate::daemon::store::Store;
 use crate::daemon::{aggregate, slot_name, successor};
 use metfs_dds::Batch;
-use metfs_plan::planner;
 use metfs_plan::planner::{EpochPlan, PlanConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -67,7 +66,8 @@ impl Plans {
         // The plan was validated for this catalog and config at startup; the planner is a pure
         // function, so a later epoch cannot fail where epoch 0 succeeded.
         let p = Arc::new(
-            planner::plan_epoch(&store.sample_set(), &self.cfg, epoch)
+            store
+                .plan_epoch(&self.cfg, epoch)
                 .expect("the planner accepted these inputs at startup"),
         );
         self.remember(epoch, p.clone());

@@ -6,7 +6,6 @@ use crate::config::PrefetchRate;
 use crate::daemon::session::{Next, Session, Sessions};
 use crate::daemon::{aggregate, Daemon};
 use metfs_fs::view::View;
-use metfs_plan::planner;
 use metfs_plan::size::format_bytes;
 use metfs_prefetcher::stager::{Progress, SlotSpec, StageReport};
 use metfs_protocol::event;
@@ -289,7 +288,7 @@ impl Daemon {
             let view = me.store.view_for(&members, target, generation, &slot);
             let view = Arc::new(if nested { view.nested() } else { view });
             let after = after.and_then(|(epoch, cfg)| {
-                let p = planner::plan_epoch(&me.store.sample_set(), &cfg, epoch).ok()?;
+                let p = me.store.plan_epoch(&cfg, epoch).ok()?;
                 Some((epoch, Arc::new(p)))
             });
             (view, after)

@@ -21,7 +21,6 @@ use crate::daemon::store::Store;
 use crate::daemon::{aggregate, slot_name, successor, CachePaths, Daemon, DaemonError};
 use metfs_fs::fs::FsCore;
 use metfs_fs::view::View;
-use metfs_plan::planner;
 use metfs_plan::planner::PlanConfig;
 use metfs_plan::size::format_bytes;
 use metfs_prefetcher::stager::{Progress, SlotSpec, StageReport};
@@ -66,6 +65,7 @@ impl Daemon {
             plan_cfg,
             nm,
             aggregate,
+            samples: _,
         } = planned;
         let queue = join_queue(&cfg, &store.catalog, &footprints, budget.slot_bytes).await?;
         let start = start_of(saved.as_ref(), queue.as_ref().map(|(_, b)| b));
@@ -220,7 +220,7 @@ fn first_schedule(
         },
         (None, Some(a)) => Schedule::Aggregate(a.clone()),
         (None, None) => {
-            let plan = planner::plan_epoch(&store.sample_set(), &plan_cfg, epoch)?;
+            let plan = store.plan_epoch(&plan_cfg, epoch)?;
             Schedule::Plan(Plans::new(plan_cfg, nm, Some((epoch, Arc::new(plan)))))
         }
     })

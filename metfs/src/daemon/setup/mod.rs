@@ -16,8 +16,9 @@
 //! fresh plan's position is saved before its first mini-epoch is staged (a daemon killed while
 //! staging it resumes the slot instead of discarding it).
 
-use crate::config::{ActiveReadPath, MountConfig, PrefetchRate, ReadPath};
+use crate::config::{ActiveReadPath, Mode, MountConfig, PrefetchRate, ReadPath};
 use crate::daemon::mode::ModeState;
+use crate::daemon::samples;
 use crate::daemon::session::Sessions;
 use crate::daemon::source::{load_catalog, needs_labels, open_tier};
 use crate::daemon::store::Store;
@@ -108,7 +109,13 @@ impl Daemon {
         // The listing's or manifest's transients are freed: give their pages back before the
         // first staging makes its own.
         let _ = tokio::task::spawn_blocking(crate::daemon::memory::release_freed_heap).await;
-        let planned = plan_dataset(&cfg, &catalog, catalog_bytes, containers.as_ref())?;
+        let catalog = samples::select(&cfg, catalog)?;
+        let layout = match containers {
+            Some(_) => None,
+            None if cfg.transform.command.is_some() || !matches!(cfg.mode, Mode::Plain) => None,
+            None => samples::detect(&cfg.samples, &catalog, &*tier, &paths.tmp).await?,
+        };
+        let planned = plan_dataset(&cfg, &catalog, catalog_bytes, containers.as_ref(), layout)?;
         let catalog = Arc::new(catalog);
         let stager = new_stager(&cfg, tier.clone(), catalog.clone(), &paths)?;
         let tier_url = tier.url().to_string();
@@ -125,7 +132,8 @@ impl Daemon {
                 containers,
                 planned.budget,
                 stager,
-            );
+            )
+            .with_samples(planned.samples.clone());
             let first = First {
                 cfg,
                 paths,

@@ -4,6 +4,7 @@
 use crate::config::Mode;
 use crate::config::MountConfig;
 use crate::daemon::fingerprint::{Fingerprint, PlanKind};
+use crate::daemon::samples::Samples;
 use crate::daemon::{aggregate, DaemonError};
 use metfs_plan::budget::Budget;
 use metfs_plan::budget::{footprints, Staged};
@@ -32,6 +33,7 @@ pub(super) fn fingerprint_for(
         nodes: cfg.nodes,
         catalog: format!("{:016x}", aggregate::catalog_digest(catalog)),
         transform: (!transform.is_empty()).then_some(transform),
+        samples: cfg.samples.fingerprint(),
         plan: match &cfg.mode {
             Mode::Dds(_) => PlanKind::Dds,
             Mode::Aggregate(a) => PlanKind::Aggregate { extra: a.extra },
@@ -49,6 +51,8 @@ pub(super) struct Planned {
     /// Mini-epochs per epoch (1 in aggregate mode).
     pub(super) nm: u32,
     pub(super) aggregate: Option<Arc<aggregate::Aggregate>>,
+    /// The samples when files are not each one (groups, always files, a format).
+    pub(super) samples: Option<Arc<Samples>>,
 }
 
 /// The budget split, each sample's footprint and the number of mini-epochs; a sample larger
@@ -58,6 +62,7 @@ pub(super) fn plan_dataset(
     catalog: &Catalog,
     catalog_bytes: u64,
     containers: Option<&Arc<Containers>>,
+    layout: Option<metfs_formats::Layout>,
 ) -> Result<Planned, DaemonError> {
     // A container slot holds one HDF5 file per container: rows are packed, so they are not
     // rounded to blocks, and each file carries headers and chunk indexes (1 MiB allowed).
@@ -76,30 +81,48 @@ pub(super) fn plan_dataset(
         cfg.transform.staged()
     };
     let footprints = footprints(catalog.sizes(), staged);
+    let samples = Samples::new(cfg, catalog, &footprints, layout)?.map(Arc::new);
     let plan_cfg = PlanConfig {
         strategy: cfg.compose,
         seed: cfg.seed,
-        slot_bytes: budget.slot_bytes,
+        slot_bytes: slot_bytes_for_samples(cfg, &budget, samples.as_deref(), catalog)?,
         mini_epochs: cfg.mini_epochs,
         node_rank: cfg.node_rank,
         nodes: cfg.nodes,
         cluster_copies: cfg.cluster_copies,
     };
-    let set = SampleSet {
-        sizes: &footprints,
-        labels: catalog.labels(),
-        clusters: catalog.clusters(),
+    let set = match &samples {
+        Some(s) => s.groups().sample_set(),
+        None => SampleSet {
+            sizes: &footprints,
+            labels: catalog.labels(),
+            clusters: catalog.clusters(),
+        },
     };
     let nm = match planner::mini_epoch_count(&set, &plan_cfg) {
         Ok(n) => n,
         Err(PlanError::SampleTooLarge { sample, size, .. }) => {
+            let path = match &samples {
+                Some(s) if s.groups().members(sample).len() > 1 => format!(
+                    "{} (a sample of {} files)",
+                    catalog.path(s.groups().members(sample)[0]),
+                    s.groups().members(sample).len()
+                ),
+                Some(s) => catalog.path(s.groups().members(sample)[0]),
+                None => catalog.path(sample),
+            };
+            let always = samples.as_ref().map_or(0, |s| s.groups().always_bytes());
             return Err(DaemonError::BudgetTooSmall {
                 budget: format_bytes(cfg.budget),
-                path: catalog.path(sample),
+                path,
                 size: format_bytes(size),
-                needed: format_bytes(size.saturating_mul(2).saturating_add(budget.reserve)),
+                needed: format_bytes(
+                    size.saturating_add(always)
+                        .saturating_mul(2)
+                        .saturating_add(budget.reserve),
+                ),
                 reserve: format_bytes(budget.reserve),
-            })
+            });
         }
         Err(e) => return Err(e.into()),
     };
@@ -120,5 +143,39 @@ pub(super) fn plan_dataset(
         plan_cfg,
         nm,
         aggregate,
+        samples,
     })
+}
+
+/// The bytes the planner may deal into one slot: the slot less the files every view holds
+/// (each slot holds them, as hard links of one copy). Always files of more than half the
+/// budget, or that leave no room in a slot, are an error naming them.
+fn slot_bytes_for_samples(
+    cfg: &MountConfig,
+    budget: &Budget,
+    samples: Option<&Samples>,
+    catalog: &Catalog,
+) -> Result<u64, DaemonError> {
+    let Some(s) = samples else {
+        return Ok(budget.slot_bytes);
+    };
+    let always = s.groups().always_bytes();
+    if always > 0 && (always > cfg.budget / 2 || always >= budget.slot_bytes) {
+        let files: Vec<String> = s
+            .groups()
+            .always()
+            .iter()
+            .take(3)
+            .map(|&id| catalog.path(id))
+            .collect();
+        return Err(DaemonError::Setup(format!(
+            "always: the files in every view ({}{}) take {}, more than a slot of budget {} holds with room for a sample ({} per slot)",
+            files.join(", "),
+            if s.groups().always().len() > 3 { ", ..." } else { "" },
+            format_bytes(always),
+            format_bytes(cfg.budget),
+            format_bytes(budget.slot_bytes),
+        )));
+    }
+    Ok(budget.slot_bytes - always)
 }

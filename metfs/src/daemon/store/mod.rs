@@ -50,10 +50,11 @@ use std::collections::BTreeSet;
 
 use metfs_plan::budget::BLOCK;
 
+use crate::daemon::samples::Samples;
 use crate::daemon::CachePaths;
 use metfs_fs::view::View;
 use metfs_plan::budget::{round_up, Budget};
-use metfs_plan::planner::SampleSet;
+use metfs_plan::planner::{self as planner, EpochPlan, PlanConfig, PlanError, SampleSet};
 use metfs_prefetcher::hdf5::Containers;
 use metfs_prefetcher::stager::{Progress, SlotJournal, SlotSpec, StageReport, Stager};
 use metfs_tier::catalog::Catalog;
@@ -93,6 +94,8 @@ pub struct Store {
     pub(super) room_on_demand: bool,
     /// Woken when held slots are released.
     released: tokio::sync::Notify,
+    /// The samples, when files are not each one (groups, always files, a format's indexes).
+    pub(super) samples: Option<Arc<Samples>>,
 }
 
 /// Samples left out that `status` lists (`failed_samples`).
@@ -259,15 +262,33 @@ impl Store {
             max_held: MAX_HELD,
             room_on_demand: false,
             released: tokio::sync::Notify::new(),
+            samples: None,
         }
     }
 
-    /// The samples as the planner sees them.
-    pub(super) fn sample_set(&self) -> SampleSet<'_> {
-        SampleSet {
-            sizes: &self.footprints,
-            labels: self.catalog.labels(),
-            clusters: self.catalog.clusters(),
+    /// This store with `samples` as its samples (`None`: each file is one).
+    pub(super) fn with_samples(mut self, samples: Option<Arc<Samples>>) -> Self {
+        self.samples = samples;
+        self
+    }
+
+    /// The plan of files of `epoch`: the planner's over the samples, expanded to their files
+    /// and the always files where samples are groups ([`SampleGroups::expand`]).
+    pub(super) fn plan_epoch(&self, cfg: &PlanConfig, epoch: u64) -> Result<EpochPlan, PlanError> {
+        match &self.samples {
+            Some(s) => {
+                let plan = planner::plan_epoch(&s.groups().sample_set(), cfg, epoch)?;
+                Ok(s.groups().expand(plan, &self.footprints))
+            }
+            None => planner::plan_epoch(
+                &SampleSet {
+                    sizes: &self.footprints,
+                    labels: self.catalog.labels(),
+                    clusters: self.catalog.clusters(),
+                },
+                cfg,
+                epoch,
+            ),
         }
     }
 
@@ -542,11 +563,17 @@ impl Store {
             return View::from_files(&files, generation, target.0, target.1, &name, &dir);
         }
         let failed = SlotJournal::of(&self.paths.slots, &name).failures();
-        let samples: Vec<u32> = members
-            .iter()
-            .copied()
-            .filter(|s| !failed.contains(s))
-            .collect();
+        let samples: Vec<u32> = match &self.samples {
+            Some(s) => s.whole(&self.catalog, members, &|id| failed.contains(&id)),
+            None => members
+                .iter()
+                .copied()
+                .filter(|s| !failed.contains(s))
+                .collect(),
+        };
+        if let Some(view) = self.format_view(&samples, target, generation, &name) {
+            return view;
+        }
         if self.stager.transform().is_some() {
             // Transformed copies: named with the transform's suffix, sized as written; modes
             // and times mirror the source sample.
@@ -572,6 +599,68 @@ impl Store {
         )
         .with_copy_checks(self.stager.copy_checks(&name))
     }
+
+    /// The view of `samples` of a dataset whose format has an index: the slot's copies and the
+    /// index rewritten to exactly their shards, written into the slot beside them (replacing a
+    /// rename's target atomically, so an open handle keeps the bytes it opened). `None` without
+    /// such a format. A view whose index cannot be written shows the copies alone, and says why.
+    fn format_view(
+        &self,
+        samples: &[u32],
+        target: (u64, u32),
+        generation: u64,
+        name: &str,
+    ) -> Option<View> {
+        let s = self.samples.as_ref()?;
+        s.format()?;
+        let dir = self.stager.slot_path(name);
+        let indexes = match s.indexes(&self.catalog, samples) {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::error!(slot = %name, error = %e, "the view's index cannot be rewritten; its loader will not open it");
+                Vec::new()
+            }
+        };
+        if indexes.is_empty() {
+            return None;
+        }
+        let mut files: Vec<(String, u64, Option<metfs_tier::catalog::Meta>)> = samples
+            .iter()
+            .map(|&id| {
+                (
+                    self.catalog.path(id),
+                    self.catalog.size(id),
+                    self.catalog.meta(id),
+                )
+            })
+            .collect();
+        for (path, bytes) in &indexes {
+            if let Err(e) = write_index(&dir, path, bytes) {
+                tracing::error!(slot = %name, file = %path, error = %e, "cannot write the view's index");
+                continue;
+            }
+            let meta = self.catalog.find(path).and_then(|id| self.catalog.meta(id));
+            files.push((path.clone(), bytes.len() as u64, meta));
+        }
+        Some(View::from_files(
+            &files, generation, target.0, target.1, name, &dir,
+        ))
+    }
+}
+
+/// Writes a view's index file `rel` under the slot `dir` unless it holds those bytes already
+/// (a view built again over the same slot): a temporary name, then a rename.
+fn write_index(dir: &std::path::Path, rel: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let at = dir.join(rel);
+    if std::fs::read(&at).is_ok_and(|b| b == bytes) {
+        return Ok(());
+    }
+    if let Some(parent) = at.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let tmp = at.with_extension("metfs-index.tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, &at)
 }
 
 #[cfg(test)]

@@ -1,0 +1,214 @@
+//! What a sample is: the settings `format`, `group_by`, `always`, `include` and `exclude`,
+//! resolved once into a [`SampleConfig`] (`metfs_formats` owns their meaning; the daemon's
+//! `samples` module applies them to a catalog).
+//!
+//! They shape the plan of a plain mount only: the other modes plan elsewhere too (`metfs dds
+//! init`, the aggregate exchange, a shared store's other jobs), which see every file as a
+//! sample, so a setting here with another mode, a transform or HDF5 container mode is refused
+//! at mount; with those, `format = auto` detects nothing.
+
+use std::fmt;
+use std::str::FromStr;
+
+use metfs_formats::select::{GroupBy, Patterns};
+use metfs_formats::Format;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::resolve::Check;
+use super::settings::MountSettings;
+use super::ConfigError;
+use super::Mode;
+
+/// How the dataset's format is chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FormatChoice {
+    /// Detected from the listing (and the index files' bytes) at mount; no format found
+    /// means every file is a sample.
+    #[default]
+    Auto,
+    /// Every file is a sample; index files are dealt like any other (the behaviour before
+    /// formats were known).
+    Files,
+    /// This format; a listing that is not one is an error naming the file it lacks.
+    Is(Format),
+}
+
+impl FromStr for FormatChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "" | "auto" => Ok(FormatChoice::Auto),
+            "files" | "none" => Ok(FormatChoice::Files),
+            name => Format::from_name(name)
+                .map(FormatChoice::Is)
+                .ok_or_else(|| {
+                    let names: Vec<&str> = Format::ALL.iter().map(|f| f.name()).collect();
+                    format!(
+                        "unknown format '{name}'; one of auto, files, {}",
+                        names.join(", ")
+                    )
+                }),
+        }
+    }
+}
+
+impl fmt::Display for FormatChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FormatChoice::Auto => f.write_str("auto"),
+            FormatChoice::Files => f.write_str("files"),
+            FormatChoice::Is(x) => f.write_str(x.name()),
+        }
+    }
+}
+
+impl Serialize for FormatChoice {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for FormatChoice {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// What a sample is, resolved (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub struct SampleConfig {
+    /// The dataset's format. Default `auto`: a Hugging Face, MDS, litdata, WebDataset or
+    /// TFRecord directory is recognised and its loader reads a view unmodified; any other
+    /// listing is files as before, at the cost of one pass over the names.
+    pub format: FormatChoice,
+    /// How files make one sample. Default none: each file is one (a format's shards group
+    /// themselves).
+    pub group_by: Option<GroupBy>,
+    /// Files shown in every view, staged once per mount, never dealt. Default none.
+    pub always: Patterns,
+    /// Only files matching one of these are part of the dataset. Default none: every file.
+    pub include: Patterns,
+    /// Files matching one of these are not part of the dataset, even where `include` matches.
+    /// Default none.
+    pub exclude: Patterns,
+}
+
+impl SampleConfig {
+    /// Whether the user set anything beyond the default (`format = auto` alone is not).
+    pub fn is_set(&self) -> bool {
+        self.format != FormatChoice::Auto
+            || self.group_by.is_some()
+            || !self.always.is_empty()
+            || !self.include.is_empty()
+            || !self.exclude.is_empty()
+    }
+
+    /// Whether format detection runs at mount.
+    pub fn detects(&self) -> bool {
+        self.format == FormatChoice::Auto
+    }
+
+    /// The settings as one line, for the plan's fingerprint: a saved position is resumed only
+    /// under the same samples. `None` at the defaults, so older saved positions still match.
+    pub fn fingerprint(&self) -> Option<String> {
+        if !self.is_set() {
+            return None;
+        }
+        let list = |p: &Patterns| p.sources().collect::<Vec<_>>().join("\u{1f}");
+        Some(format!(
+            "format={};group_by={:?};always={};include={};exclude={}",
+            self.format,
+            self.group_by,
+            list(&self.always),
+            list(&self.include),
+            list(&self.exclude)
+        ))
+    }
+}
+
+/// The settings of `s` resolved; an error names the setting.
+pub(super) fn resolve(
+    s: &MountSettings,
+    mode: &Mode,
+    check: &Check,
+) -> Result<SampleConfig, ConfigError> {
+    let patterns = |key: &str, v: &Option<Vec<String>>| {
+        let v: Vec<&str> = v
+            .iter()
+            .flatten()
+            .map(|x| x.trim())
+            .filter(|x| !x.is_empty())
+            .collect();
+        Patterns::new(key, &v).map_err(|e| check.invalid(key, e.to_string()))
+    };
+    let group_by = match s.group_by.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(g) => Some(GroupBy::parse(g).map_err(|e| check.invalid("group_by", e.to_string()))?),
+    };
+    let cfg = SampleConfig {
+        format: s.format,
+        group_by,
+        always: patterns("always", &s.always)?,
+        include: patterns("include", &s.include)?,
+        exclude: patterns("exclude", &s.exclude)?,
+    };
+    if cfg.is_set() {
+        let other = if !matches!(mode, Mode::Plain) {
+            Some(format!("a {} mount", mode.name()))
+        } else if s.hdf5_container {
+            Some("HDF5 container mode".to_string())
+        } else if s.transform.command.is_some() {
+            Some("a transform".to_string())
+        } else {
+            None
+        };
+        if let Some(other) = other {
+            let key = cfg.first_set_key();
+            return Err(check.invalid(
+                key,
+                format!("not with {other}: sample groups, formats and file selection shape a plain mount's plan only"),
+            ));
+        }
+    }
+    Ok(cfg)
+}
+
+impl SampleConfig {
+    /// The first setting that is not at its default, for messages.
+    fn first_set_key(&self) -> &'static str {
+        if self.format != FormatChoice::Auto {
+            "format"
+        } else if self.group_by.is_some() {
+            "group_by"
+        } else if !self.always.is_empty() {
+            "always"
+        } else if !self.include.is_empty() {
+            "include"
+        } else {
+            "exclude"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_choice_round_trips() {
+        for s in [
+            "auto",
+            "files",
+            "hf-dataset",
+            "mds",
+            "litdata",
+            "webdataset",
+        ] {
+            assert_eq!(s.parse::<FormatChoice>().unwrap().to_string(), s);
+        }
+        let e = "parquet".parse::<FormatChoice>().unwrap_err();
+        assert!(e.contains("unknown format 'parquet'"), "{e}");
+    }
+}

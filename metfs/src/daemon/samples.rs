@@ -1,0 +1,350 @@
+//! What a sample is, applied to a mount's catalog: the files that are part of the dataset
+//! (`include`, `exclude`), its format (detected or set), the sample groups, the files in every
+//! view, and per view the format's rewritten index files.
+//!
+//! The rules themselves belong to `metfs_formats` (which files are which, how an index is
+//! rewritten) and `metfs_plan::groups` (samples as groups of files); this module reads what
+//! they need from the tier once, at mount, and holds the result for the store:
+//!
+//! 1. [`select`]: `include` and `exclude` make the catalog the daemon plans, stages and shows
+//!    (the listing saved in the cache stays the whole source's).
+//! 2. [`detect`]: the format's index files read from the tier into memory (through the cache's
+//!    temporary directory, deleted at once) and the listing classified: a [`Layout`].
+//! 3. [`Samples::new`]: the groups (a format's shards, or `group_by`'s), the always files (the
+//!    format's and `always`'s), and the files of neither: a format's index files, and files
+//!    outside the format that `always` does not name (reported by count at mount).
+//!
+//! # Invariants
+//!
+//! * A mount without any of these settings and without a detected format has no [`Samples`]:
+//!   every file is a sample, exactly as before, at no cost per file.
+//! * A view holds a sample's files all or none ([`Samples::whole`]); with a format it holds the
+//!   rewritten index of exactly its shards ([`Samples::indexes`]), written into its slot when
+//!   the view is built, so a handle on an older view's index keeps reading that view's.
+//! * Every error names the setting or the file, at mount, before anything is staged.
+
+use crate::config::{FormatChoice, MountConfig, SampleConfig};
+use metfs_formats::{Format, Layout};
+use metfs_plan::groups::{GroupError, SampleGroups};
+use metfs_tier::catalog::{Catalog, CatalogError};
+use metfs_tier::pacer::Pacer;
+use metfs_tier::{CapacityTier, SampleRef, TierError};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The largest index file read at mount (an MDS index of a million shards is ~300 MB; one of
+/// this size is already a dataset to split into streams).
+const MAX_INDEX_BYTES: u64 = 64 << 20;
+
+/// What went wrong applying the sample settings.
+#[derive(Debug, thiserror::Error)]
+pub enum SamplesError {
+    /// A pattern that matches no file of the source.
+    #[error("{setting} '{pattern}' matches no file of {source_url}")]
+    Unmatched {
+        setting: &'static str,
+        pattern: String,
+        source_url: String,
+    },
+    /// `include` and `exclude` leave no file.
+    #[error("include and exclude leave no file of {0}")]
+    NothingLeft(String),
+    /// An index file too large to read at mount.
+    #[error("{file}: {size} bytes, more than the {MAX_INDEX_BYTES} an index file may have")]
+    IndexTooLarge { file: String, size: u64 },
+    /// Reading an index file from the tier.
+    #[error("reading {file} from the source: {source}")]
+    Read {
+        file: String,
+        #[source]
+        source: TierError,
+    },
+    /// A local file operation on the cache.
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The dataset is not the format the setting or its names say.
+    #[error("format {setting}: {source}")]
+    Format {
+        setting: String,
+        #[source]
+        source: metfs_formats::Error,
+    },
+    /// Every file is an always file or no sample's.
+    #[error(
+        "no file of {0} is left to deal into mini-epochs (every file is in every view or in none)"
+    )]
+    NoSamples(String),
+    /// Groups that do not describe the catalog (a bug, never a user's input).
+    #[error("sample groups: {0}")]
+    Groups(#[from] GroupError),
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+}
+
+/// The catalog of the files `cfg.samples` makes part of the dataset: `catalog` itself when
+/// neither `include` nor `exclude` is set. A pattern that matches nothing is an error.
+pub(super) fn select(cfg: &MountConfig, catalog: Catalog) -> Result<Catalog, SamplesError> {
+    let s = &cfg.samples;
+    if s.include.is_empty() && s.exclude.is_empty() && s.always.is_empty() {
+        return Ok(catalog);
+    }
+    let paths: Vec<String> = (0..catalog.len() as u32)
+        .map(|id| catalog.path(id))
+        .collect();
+    for (setting, p) in [
+        ("include", &s.include),
+        ("exclude", &s.exclude),
+        ("always", &s.always),
+    ] {
+        if let Some(pattern) = p.unmatched(&paths).into_iter().next() {
+            return Err(SamplesError::Unmatched {
+                setting,
+                pattern,
+                source_url: cfg.source.clone(),
+            });
+        }
+    }
+    if s.include.is_empty() && s.exclude.is_empty() {
+        return Ok(catalog);
+    }
+    let keep = |id: u32| {
+        let p = &paths[id as usize];
+        (s.include.is_empty() || s.include.matches(p)) && !s.exclude.matches(p)
+    };
+    let kept = catalog.subset(keep)?;
+    if kept.is_empty() {
+        return Err(SamplesError::NothingLeft(cfg.source.clone()));
+    }
+    tracing::info!(
+        files = kept.len(),
+        left_out = catalog.len() - kept.len(),
+        "include and exclude applied"
+    );
+    Ok(kept)
+}
+
+/// The format's layout of `catalog`: `None` when the setting is `files`, or `auto` found none.
+pub(super) async fn detect(
+    cfg: &SampleConfig,
+    catalog: &Catalog,
+    tier: &dyn CapacityTier,
+    tmp: &Path,
+) -> Result<Option<Layout>, SamplesError> {
+    let want = match cfg.format {
+        FormatChoice::Files => return Ok(None),
+        FormatChoice::Auto => None,
+        FormatChoice::Is(f) => Some(f),
+    };
+    let paths: Vec<String> = (0..catalog.len() as u32)
+        .map(|id| catalog.path(id))
+        .collect();
+    if want.is_none() && metfs_formats::guess(&paths).is_none() {
+        return Ok(None);
+    }
+    let mut indexes = BTreeMap::new();
+    for file in metfs_formats::wanted(&paths) {
+        let id = catalog.find(&file).expect("wanted names listed files");
+        indexes.insert(file.clone(), read_small(catalog, id, tier, tmp).await?);
+    }
+    let setting = cfg.format.to_string();
+    let err = |source| SamplesError::Format {
+        setting: setting.clone(),
+        source,
+    };
+    let layout = match want {
+        Some(f) => metfs_formats::layout(f, &paths, &indexes, &Default::default()).map_err(err)?,
+        None => match metfs_formats::detect(&paths, &indexes, &Default::default()).map_err(err)? {
+            Some(l) => l,
+            None => return Ok(None),
+        },
+    };
+    tracing::info!(
+        format = %layout.format(),
+        shards = layout.shards().len(),
+        always = layout.always().len(),
+        index_files = layout.index_files().len(),
+        "dataset format"
+    );
+    Ok(Some(layout))
+}
+
+/// The bytes of catalog file `id`, fetched through a temporary file under `tmp`.
+async fn read_small(
+    catalog: &Catalog,
+    id: u32,
+    tier: &dyn CapacityTier,
+    tmp: &Path,
+) -> Result<Vec<u8>, SamplesError> {
+    let file = catalog.path(id);
+    let size = catalog.size(id);
+    if size > MAX_INDEX_BYTES {
+        return Err(SamplesError::IndexTooLarge { file, size });
+    }
+    let at = tmp.join(format!("index-{id}.tmp"));
+    let io = |source| SamplesError::Io {
+        path: at.display().to_string(),
+        source,
+    };
+    let dest = Arc::new(std::fs::File::create(&at).map_err(io)?);
+    let sample = SampleRef {
+        path: file.clone(),
+        size,
+        version: catalog.version(id).to_string(),
+        durable: false,
+    };
+    let fetched = tier.fetch(&sample, dest, &Pacer::with_rate(None)).await;
+    let bytes = std::fs::read(&at);
+    let _ = std::fs::remove_file(&at);
+    fetched.map_err(|source| SamplesError::Read { file, source })?;
+    bytes.map_err(io)
+}
+
+/// The samples of a mount whose files are not each one sample (see the module docs).
+#[derive(Debug)]
+pub struct Samples {
+    groups: SampleGroups,
+    layout: Option<Layout>,
+    /// Samples left out because files are missing: (the files present, the files missing).
+    incomplete: Vec<(Vec<String>, Vec<String>)>,
+}
+
+impl Samples {
+    /// The samples of `catalog` (files with `footprints`) under `cfg` and `layout`; `None` when
+    /// every file is a sample of its own.
+    pub(super) fn new(
+        cfg: &MountConfig,
+        catalog: &Catalog,
+        footprints: &[u64],
+        layout: Option<Layout>,
+    ) -> Result<Option<Samples>, SamplesError> {
+        let s = &cfg.samples;
+        if layout.is_none() && s.group_by.is_none() && s.always.is_empty() {
+            return Ok(None);
+        }
+        let paths: Vec<String> = (0..catalog.len() as u32)
+            .map(|id| catalog.path(id))
+            .collect();
+        let id_of = |p: &str| catalog.find(p).expect("the layout names listed files");
+        let mut always: Vec<u32> = (0..catalog.len() as u32)
+            .filter(|&id| s.always.matches(&paths[id as usize]))
+            .collect();
+        let mut incomplete = Vec::new();
+        let samples: Vec<Vec<u32>> = if let Some(l) = &layout {
+            always.extend(l.always().iter().map(|p| id_of(p)));
+            let other = l.other().iter().filter(|p| !s.always.matches(p)).count();
+            if other > 0 {
+                tracing::warn!(
+                    files = other,
+                    format = %l.format(),
+                    "files outside the format are in no view (name them with --always to show them)"
+                );
+            }
+            l.shards()
+                .iter()
+                .map(|sh| sh.files.iter().map(|f| id_of(f)).collect())
+                .collect()
+        } else {
+            let rest: Vec<u32> = (0..catalog.len() as u32)
+                .filter(|id| always.binary_search(id).is_err())
+                .collect();
+            let names: Vec<&str> = rest.iter().map(|&id| paths[id as usize].as_str()).collect();
+            match &s.group_by {
+                Some(rule) => {
+                    let g = rule.group(&names);
+                    for (present, missing) in g.incomplete {
+                        let present: Vec<String> =
+                            present.iter().map(|&i| names[i].to_string()).collect();
+                        incomplete.push((present, missing));
+                    }
+                    g.groups
+                        .into_iter()
+                        .map(|grp| grp.into_iter().map(|i| rest[i]).collect())
+                        .collect()
+                }
+                None => rest.into_iter().map(|id| vec![id]).collect(),
+            }
+        };
+        always.sort_unstable();
+        always.dedup();
+        if samples.is_empty() {
+            return Err(SamplesError::NoSamples(cfg.source.clone()));
+        }
+        for (present, missing) in incomplete.iter().take(10) {
+            tracing::warn!(present = %present.join(", "), missing = %missing.join(", "), "sample left out: a file of its group is missing");
+        }
+        let groups = SampleGroups::new(
+            footprints,
+            catalog.labels(),
+            catalog.clusters(),
+            samples,
+            always,
+        )?;
+        Ok(Some(Samples {
+            groups,
+            layout,
+            incomplete,
+        }))
+    }
+
+    /// The groups.
+    pub fn groups(&self) -> &SampleGroups {
+        &self.groups
+    }
+
+    /// The format, when the dataset is one.
+    pub fn format(&self) -> Option<Format> {
+        self.layout.as_ref().map(Layout::format)
+    }
+
+    /// The samples left out at mount because a file of theirs is missing, as `"present
+    /// files: missing <files>"` lines.
+    pub fn incomplete(&self) -> Vec<String> {
+        self.incomplete
+            .iter()
+            .map(|(present, missing)| {
+                format!("{}: missing {}", present.join(", "), missing.join(", "))
+            })
+            .collect()
+    }
+
+    /// The files of `ids` that a view may show: whole samples only (see
+    /// [`SampleGroups::whole`]); the samples left out are logged.
+    pub fn whole(&self, catalog: &Catalog, ids: &[u32], failed: &dyn Fn(u32) -> bool) -> Vec<u32> {
+        let (kept, dropped) = self.groups.whole(ids, failed);
+        if !dropped.is_empty() {
+            let first = self.groups.members(dropped[0]);
+            tracing::warn!(
+                samples = dropped.len(),
+                first = %catalog.path(first[0]),
+                "samples left out of the view whole: a file of theirs was not staged"
+            );
+        }
+        kept
+    }
+
+    /// The rewritten index files of the view of `ids` (files of `catalog`): (path, bytes).
+    /// None without a format whose index is rewritten.
+    pub fn indexes(
+        &self,
+        catalog: &Catalog,
+        ids: &[u32],
+    ) -> Result<Vec<(String, Vec<u8>)>, metfs_formats::Error> {
+        let Some(layout) = &self.layout else {
+            return Ok(Vec::new());
+        };
+        if layout.index_files().is_empty() {
+            return Ok(Vec::new());
+        }
+        let names: Vec<String> = ids
+            .iter()
+            .filter(|&&id| self.groups.sample_of(id).is_some())
+            .map(|&id| catalog.path(id))
+            .collect();
+        Ok(layout.view(&names)?.indexes)
+    }
+}
