@@ -301,13 +301,17 @@ impl Samples {
         self.layout.as_ref().map(Layout::format)
     }
 
-    /// The samples left out at mount because a file of theirs is missing, as `"present
-    /// files: missing <files>"` lines.
-    pub fn incomplete(&self) -> Vec<String> {
+    /// The samples left out at mount because a file of theirs is missing: (a file present,
+    /// why: the files missing).
+    pub fn incomplete(&self) -> Vec<(String, String)> {
         self.incomplete
             .iter()
             .map(|(present, missing)| {
-                format!("{}: missing {}", present.join(", "), missing.join(", "))
+                let why = format!(
+                    "its sample is left out whole: missing {}",
+                    missing.join(", ")
+                );
+                (present.join(", "), why)
             })
             .collect()
     }

@@ -266,8 +266,17 @@ impl Store {
         }
     }
 
-    /// This store with `samples` as its samples (`None`: each file is one).
+    /// This store with `samples` as its samples (`None`: each file is one); the samples left
+    /// out for a missing file are listed among `status`'s failed samples.
     pub(super) fn with_samples(mut self, samples: Option<Arc<Samples>>) -> Self {
+        if let Some(s) = &samples {
+            let b = self.book.get_mut().unwrap();
+            for (path, why) in s.incomplete() {
+                b.note_failed(&path, why);
+            }
+            // Not an error of staging: the listing is what it is.
+            b.last_error = None;
+        }
         self.samples = samples;
         self
     }

@@ -1,0 +1,404 @@
+"""Datasets as users store them, through a real mount (issue 53): samples of several files,
+files in every view, file selection, and the sharded formats read by their own loaders.
+
+Each test mounts a real source with `metfs mount`, walks several epochs of mini-epochs (rf 1,
+`pass_end` after each), and checks every view against the source: a sample's files all or
+none, bytes equal, every sample exactly once per epoch. The formats' loaders are the real
+libraries (`datasets`, `litdata`, `webdataset`; MosaicML Streaming in its own environment, as
+`test_formats_index` makes it), opening the mountpoint itself, unmodified.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from test_formats_index import STREAMING_PINS, payload, streaming_python
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bindings" / "python" / "src"))
+
+import metfs  # noqa: E402
+
+SAMPLES = 96
+assert STREAMING_PINS  # the MDS test's environment is test_formats_index's
+
+
+def advance(m: Any) -> None:
+    """Ends the pass (rf 1) once the next mini-epoch is staged: the view switches."""
+    m.wait_next_ready()
+    r = m.pass_end()
+    assert r["decision"] == "advance", r
+
+
+def epochs(m: Any, n: int):
+    """Yields (epoch, status) at each of the first `n` epochs' mini-epochs, advancing between."""
+    nm = m.status()["mini_epochs"]
+    for k in range(n * nm):
+        st = m.status()
+        yield st["epoch"], st
+        if k + 1 < n * nm:
+            advance(m)
+
+
+def source_bytes(src: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(src)): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+
+
+# Image and mask pairs
+
+
+def make_pairs(src: Path, n: int, classes: int) -> dict[str, int]:
+    """`images/N.png` and `masks/N.png` (distinct bytes, varying sizes), a class list, and a
+    manifest labelling each pair by its image's class. Returns {stem: class}."""
+    label = {}
+    rows = []
+    for i in range(n):
+        stem = f"{i:04d}"
+        label[stem] = i % classes
+        for tree, size in (("images", 6000 + 37 * i), ("masks", 1500 + 11 * i)):
+            p = src / tree / f"{stem}.png"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            data = hashlib.sha256(f"{tree}{i}".encode()).digest() * (size // 32)
+            p.write_bytes(data)
+            rows.append((f"{tree}/{stem}.png", len(data), f"c{i % classes}"))
+    (src / "classes.txt").write_text("".join(f"c{c}\n" for c in range(classes)))
+    rows.append(("classes.txt", (src / "classes.txt").stat().st_size, "meta"))
+    with open(src.parent / "manifest.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "size", "label"])
+        w.writerows(rows)
+    return label
+
+
+class PairDataset:
+    """A PyTorch map-style dataset of (image bytes, mask bytes) over a list of paths, as a
+    segmentation loader would build it from the view's files."""
+
+    def __init__(self, paths: list[str]) -> None:
+        by = collections.defaultdict(dict)
+        for p in paths:
+            tree, name = p.split("/")[-2:]
+            if tree in ("images", "masks"):
+                by[name][tree] = p
+        self.items = sorted(by.items())
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[str, bytes, bytes]:
+        name, pair = self.items[i]
+        # A missing mask is a KeyError here: the loader of a real job would crash the same way.
+        return name, Path(pair["images"]).read_bytes(), Path(pair["masks"]).read_bytes()
+
+
+def test_image_and_mask_travel_together_through_the_mount_and_direct_paths(mounts, tmp_path):
+    import torch.utils.data
+
+    src = tmp_path / "seg"
+    label = make_pairs(src, 120, classes=4)
+    want = source_bytes(src)
+    m = mounts(
+        src,
+        "3MiB",
+        "--rf",
+        "1",
+        compose="stratified",
+        manifest=tmp_path / "manifest.csv",
+        group_by="images/{}.png,masks/{}.png",
+        always="classes.txt",
+    )
+    m.mount()
+    nm = m.status()["mini_epochs"]
+    assert nm >= 3, m.status()
+    client = metfs.Client(m.socket, direct=True)
+    switches = 0
+    per_epoch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for epoch, _ in epochs(m, max(2, -(-21 // nm))):
+        rel = m.files()["files"]
+        assert "classes.txt" in rel
+        stems = {p.split("/")[-1][:-4] for p in rel if p.startswith("images/")}
+        assert stems == {p.split("/")[-1][:-4] for p in rel if p.startswith("masks/")}, rel
+        # Stratified by the image's class: each class within one of its share.
+        counts = collections.Counter(label[s] for s in stems)
+        for c in range(4):
+            assert abs(counts[c] - 30 / nm) < 1 + 1e-9, (counts, nm)
+        # Through the mount and through the direct paths, with a PyTorch DataLoader.
+        for paths in ([str(m.mountpoint / r) for r in rel], client.files().paths):
+            loader = torch.utils.data.DataLoader(
+                PairDataset(list(paths)), batch_size=None, num_workers=0
+            )
+            for name, image, mask in loader:
+                assert image == want[f"images/{name}"] and mask == want[f"masks/{name}"], name
+        assert (m.mountpoint / "classes.txt").read_bytes() == want["classes.txt"]
+        per_epoch[epoch].update(stems)
+        switches += 1
+    client.release()
+    assert switches >= 21
+    for epoch, seen in per_epoch.items():
+        if len(seen) and epoch < max(per_epoch):
+            assert seen == collections.Counter({s: 1 for s in label}), epoch
+
+
+def test_a_sample_missing_a_file_is_left_out_whole_and_named(mounts, tmp_path):
+    src = tmp_path / "seg"
+    make_pairs(src, 40, classes=2)
+    (src / "masks/0007.png").unlink()
+    (src / "images/0011.png").unlink()
+    m = mounts(src, "3MiB", "--rf", "1", group_by="images/{}.png,masks/{}.png")
+    m.mount()
+    seen = set()
+    for _ in epochs(m, 1):
+        seen |= set(m.files()["files"])
+    assert "images/0007.png" not in seen and "masks/0011.png" not in seen
+    assert {"images/0006.png", "masks/0006.png"} <= seen
+    st = m.status()
+    # Records ({path, reason}) or "path: reason" lines, as the protocol's version gives them.
+    listed = "\n".join(
+        f"{f['path']}: {f['reason']}" if isinstance(f, dict) else f for f in st["failed_samples"]
+    )
+    assert "images/0007.png: its sample is left out whole: missing masks/0007.png" in listed
+    assert "masks/0011.png: its sample is left out whole: missing images/0011.png" in listed
+
+
+def test_stem_groups_and_always_files_are_staged_once(mounts, tmp_path):
+    src = tmp_path / "src"
+    for i in range(60):
+        (src / "d").mkdir(parents=True, exist_ok=True)
+        (src / f"d/{i}.jpg").write_bytes(payload(i) * 100)
+        (src / f"d/{i}.json").write_text(json.dumps({"id": i}))
+    (src / "annotations.json").write_bytes(b"A" * 60000)
+    (src / ".DS_Store").write_bytes(b"junk")
+    (src / "d/SHA256SUMS.md5").write_bytes(b"junk")
+    want = source_bytes(src)
+    m = mounts(
+        src,
+        "2MiB",
+        "--rf",
+        "1",
+        group_by="stem",
+        always="annotations.json",
+        exclude=[".DS_Store", "*.md5"],
+    )
+    m.mount()
+    nm = m.status()["mini_epochs"]
+    assert nm >= 3
+    seen = collections.Counter()
+    for _ in epochs(m, 1):
+        rel = m.files()["files"]
+        assert "annotations.json" in rel
+        assert not any(r.endswith((".DS_Store", ".md5")) for r in rel), rel
+        jpgs = {r[:-4] for r in rel if r.endswith(".jpg")}
+        assert jpgs == {r[:-5] for r in rel if r.endswith(".json") and r.startswith("d/")}
+        for r in rel:
+            assert (m.mountpoint / r).read_bytes() == want[r]
+        seen.update(r for r in rel if r.startswith("d/"))
+    dealt = {r for r in want if r.startswith("d/") and not r.endswith(".md5")}
+    assert seen == collections.Counter({r: 1 for r in dealt})
+    # The always file is fetched once per mount, not once per mini-epoch: what the tier gave
+    # is every sample of the epoch, the next epoch's first mini-epoch (staged while the last
+    # one is read), and the always file once.
+    m.wait_next_ready()
+    read = m.status()["tier_bytes_read"]
+    advance(m)
+    first_next = [r for r in m.files()["files"] if r != "annotations.json"]
+    # Samples of that first mini-epoch still held on the node are linked, not fetched: so at
+    # most these bytes, and at least every sample once; fetched once per mini-epoch, the
+    # always file alone would be nm times its size.
+    epoch_bytes = sum(len(want[r]) for r in dealt)
+    expected = epoch_bytes + sum(len(want[r]) for r in first_next)
+    assert epoch_bytes + 60000 <= read <= expected + 60000, (read, expected, nm)
+    m.wait_next_ready()
+    st = m.status()
+    slots = [m.slot_dir(), m.slot_dir(st["epoch"], st["mini_epoch"] + 1)]
+    inodes = {(p / "annotations.json").stat().st_ino for p in slots}
+    assert len(inodes) == 1, "one copy, linked into every slot"
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"exclude": "*.nope"}, "exclude '*.nope' matches no file"),
+        ({"always": "big.bin"}, "always: the files in every view (big.bin)"),
+        ({"group_by": "images/{}.png"}, "group_by 'images/{}.png': a template needs two parts"),
+        ({"include": "[a-"}, "include '[a-': not a glob"),
+        ({"format": "mds"}, "index.json: not in the listing"),
+        ({"format": "parquet"}, "unknown format 'parquet'"),
+        ({"group_by": "stem", "compose": "random", "transform": "cat"}, "not with a transform"),
+    ],
+)
+def test_bad_sample_settings_are_refused_at_mount_naming_them(mounts, tmp_path, settings, message):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(8):
+        (src / f"{i}.bin").write_bytes(payload(i) * 10)
+    (src / "big.bin").write_bytes(b"x" * (3 << 20))
+    m = mounts(src, "4MiB", **settings)
+    r = m.mount(check=False)
+    assert r.returncode != 0
+    assert message in r.stderr, r.stderr
+    slots = m.cache / "slots"
+    assert not slots.exists() or not any(slots.iterdir()), "staged before refusing"
+
+
+def test_a_corrupt_index_is_refused_naming_the_file(mounts, tmp_path):
+    import datasets
+
+    src = tmp_path / "hf"
+    datasets.Dataset.from_dict({"id": list(range(40))}).save_to_disk(str(src), num_shards=4)
+    (src / "state.json").write_text('{"_data_files": [')
+    m = mounts(src, "4MiB")
+    r = m.mount(check=False)
+    assert r.returncode != 0
+    assert "state.json: does not parse as JSON" in r.stderr, r.stderr
+
+
+# The formats, read by their own loaders from the mountpoint
+
+
+def test_load_from_disk_reads_each_view_and_an_epoch_is_every_row_once(mounts, tmp_path):
+    import datasets
+
+    src = tmp_path / "hf"
+    ds = datasets.Dataset.from_dict(
+        {"id": list(range(SAMPLES * 4)), "data": [payload(i) * 40 for i in range(SAMPLES * 4)]}
+    )
+    ds.save_to_disk(str(src), num_shards=16)
+    m = mounts(src, "2MiB", "--rf", "1")
+    m.mount()
+    assert "format=hf-dataset" in m.log()
+    nm = m.status()["mini_epochs"]
+    assert nm >= 3, m.status()
+    rows: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    fingerprints = set()
+    for epoch, _ in epochs(m, 2):
+        view = datasets.load_from_disk(str(m.mountpoint))
+        for i, data in zip(view["id"], view["data"], strict=True):
+            assert data == payload(i) * 40, i
+            rows[epoch][i] += 1
+        fingerprints.add(view._fingerprint)
+        assert {"state.json", "dataset_info.json"} <= set(m.files()["files"])
+    for epoch in (0, 1):
+        assert rows[epoch] == collections.Counter(range(SAMPLES * 4)), epoch
+    assert len(fingerprints) > 1, "each view is its own dataset to the cache"
+
+
+def test_litdata_streaming_dataset_reads_each_view(mounts, tmp_path):
+    import litdata
+    from litdata.streaming.writer import BinaryWriter
+
+    src = tmp_path / "lit"
+    w = BinaryWriter(str(src), chunk_size=6)
+    for i in range(SAMPLES):
+        w[i] = {"id": i, "data": payload(i) * 60}
+    w.done()
+    w.merge()
+    m = mounts(src, "2MiB", "--rf", "1")
+    m.mount()
+    assert "format=litdata" in m.log()
+    seen = collections.Counter()
+    for _ in epochs(m, 1):
+        ds = litdata.StreamingDataset(input_dir=str(m.mountpoint), cache_dir=str(tmp_path / "lc"))
+        # As litdata's documentation loads: its loader's workers map the chunks, and end with
+        # the epoch, so the view they read can be let go (the loader's process itself keeps
+        # every chunk it maps for its life: the old view's slot could never be freed).
+        loader = litdata.StreamingDataLoader(ds, batch_size=1, num_workers=1)
+        n = 0
+        for batch in loader:
+            i = int(batch["id"][0])
+            assert bytes(batch["data"][0]) == payload(i) * 60, i
+            seen[i] += 1
+            n += 1
+        assert n == len(ds)
+        del loader, ds
+    assert seen == collections.Counter(range(SAMPLES))
+
+
+def test_webdataset_shards_travel_with_their_index_files(mounts, tmp_path):
+    import webdataset as wds
+
+    src = tmp_path / "wds"
+    (src / "shards").mkdir(parents=True)
+    with wds.ShardWriter(str(src / "shards/part-%04d.tar"), maxcount=8, verbose=0) as sink:
+        for i in range(SAMPLES):
+            sink.write({"__key__": f"s{i:05d}", "id.txt": str(i), "data.bin": payload(i) * 30})
+    for t in (src / "shards").glob("*.tar"):
+        t.with_suffix(".idx").write_text(t.name + "\n")
+    m = mounts(src, "2MiB", "--rf", "1")
+    m.mount()
+    assert "format=webdataset" in m.log()
+    seen = collections.Counter()
+    for _ in epochs(m, 1):
+        rel = m.files()["files"]
+        tars = [r for r in rel if r.endswith(".tar")]
+        assert tars and {r[:-4] for r in tars} == {r[:-4] for r in rel if r.endswith(".idx")}
+        for s in wds.WebDataset([str(m.mountpoint / t) for t in tars], shardshuffle=False):
+            assert s["data.bin"] == payload(int(s["id.txt"])) * 30
+            seen[int(s["id.txt"])] += 1
+    assert seen == collections.Counter(range(SAMPLES))
+
+
+MDS_CHILD = r"""
+import hashlib, json, sys
+from streaming import MDSWriter, StreamingDataset
+from streaming.base.util import clean_stale_shared_memory
+
+# Writes the source, says so, then reads the mountpoint each time a line arrives on stdin
+# (one process: importing streaming takes seconds).
+src, n, mnt = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+clean_stale_shared_memory()
+with MDSWriter(out=src, columns={"id": "int", "data": "bytes"}, size_limit=1 << 14) as w:
+    for i in range(n):
+        w.write({"id": i, "data": hashlib.sha256(str(i).encode()).digest() * (1 + i % 5) * 100})
+print("written", flush=True)
+for _ in sys.stdin:
+    ds = StreamingDataset(local=mnt, remote=None, shuffle=False, batch_size=1)
+    rows = [[int(s["id"]), hashlib.sha256(s["data"]).hexdigest()] for s in ds]
+    print(json.dumps({"len": len(ds), "rows": rows}), flush=True)
+    del ds
+    clean_stale_shared_memory()
+"""
+
+
+def test_mds_streaming_dataset_reads_each_view(mounts, tmp_path):
+    python = streaming_python()
+    src = tmp_path / "mds"
+    m = mounts(src, "2MiB", "--rf", "1")
+    child = subprocess.Popen(
+        [str(python), "-c", MDS_CHILD, str(src), str(SAMPLES), str(m.mountpoint)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONWARNINGS="ignore"),
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert child.stdout.readline() == "written\n", child.stderr.read() if child.stderr else ""
+        m.mount()
+        assert "format=mds" in m.log()
+        seen = collections.Counter()
+        for _ in epochs(m, 1):
+            child.stdin.write("read\n")
+            child.stdin.flush()
+            line = child.stdout.readline()
+            assert line, child.stderr.read() if child.stderr else ""
+            res = json.loads(line)
+            assert res["len"] == len(res["rows"])
+            for i, digest in res["rows"]:
+                want = hashlib.sha256(str(i).encode()).digest() * (1 + i % 5) * 100
+                assert digest == hashlib.sha256(want).hexdigest(), i
+                seen[i] += 1
+        assert seen == collections.Counter(range(SAMPLES))
+    finally:
+        child.kill()
+        child.wait()
