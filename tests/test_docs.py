@@ -79,6 +79,7 @@ USER_DOCS = [
             "AGGREGATE.md",
             "DYNAMIC_SHARDING.md",
             "TRANSFORM.md",
+            "FORMATS.md",
             "DEVELOPMENT.md",
         )
     ),
