@@ -83,12 +83,21 @@ def check(ok: bool, what: str) -> None:
         print(f"CHECK FAILED: {what}", flush=True)
 
 
-def make_tier(root: Path, files: int, lo: int, hi: int, per_dir: int, links: int = 0) -> None:
+def make_tier(
+    root: Path, files: int, lo: int, hi: int, per_dir: int, links: int = 0, pairs: bool = False
+) -> None:
     """`files` files of `lo`-`hi` random bytes under `root`; with `links`, the files are hard
     links to that many distinct files kept beside the tier (a catalog of 10M files on a disk that
-    cannot hold 10M files' blocks twice: the stager still copies each one)."""
+    cannot hold 10M files' blocks twice: the stager still copies each one). With `pairs`, files
+    `2k` and `2k + 1` share a stem (`f0000012.a.bin`, `f0000012.b.bin`): samples of two files
+    for `--group-by stem`."""
     stamp = root / ".complete"
-    want = f"{files} {lo} {hi} {per_dir}" + (f" links {links}" if links else "") + "\n"
+    want = (
+        f"{files} {lo} {hi} {per_dir}"
+        + (f" links {links}" if links else "")
+        + (" pairs" if pairs else "")
+        + "\n"
+    )
     if stamp.exists() and stamp.read_text() == want:
         return
     shutil.rmtree(root, ignore_errors=True)
@@ -106,12 +115,13 @@ def make_tier(root: Path, files: int, lo: int, hi: int, per_dir: int, links: int
         d = root / f"d{i // per_dir:05d}"
         if i % per_dir == 0:
             d.mkdir(parents=True)
+        name = f"f{i // 2:07d}.{'ab'[i % 2]}.bin" if pairs else f"f{i:07d}.bin"
         if links:
-            os.link(base / f"b{i % links:07d}.bin", d / f"f{i:07d}.bin")
+            os.link(base / f"b{i % links:07d}.bin", d / name)
             continue
         size = rng.randint(lo, hi)
         off = rng.randrange(4096)
-        with open(d / f"f{i:07d}.bin", "wb") as f:
+        with open(d / name, "wb") as f:
             f.write(blob[off : off + size])
     os.sync()
     stamp.write_text(want)
@@ -317,6 +327,12 @@ def main() -> int:
         help="make the tier's files hard links to this many distinct files (a tier of 10M files "
         "in a few GB of directories; each is still staged as a copy of its own)",
     )
+    ap.add_argument(
+        "--pairs",
+        action="store_true",
+        help="samples of two files: a tier of name pairs (f0000012.a.bin, f0000012.b.bin) "
+        "mounted with --group-by stem, to set beside the same run without it",
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--sample", type=int, default=30_000, help="files read in the read rows")
     ap.add_argument("--workers", type=int, default=16)
@@ -341,9 +357,15 @@ def main() -> int:
     if "METFS_BIN" not in os.environ or "METFS_READBENCH" not in os.environ:
         benchlib.build(examples=["readbench"])
     WORK.mkdir(parents=True, exist_ok=True)
-    tier = WORK / (f"tier-{a.files}-{lo}-{hi}" + (f"-links{a.links}" if a.links else ""))
-    make_tier(tier, a.files, lo, hi, 1000, a.links)
+    tier = WORK / (
+        f"tier-{a.files}-{lo}-{hi}"
+        + (f"-links{a.links}" if a.links else "")
+        + ("-pairs" if a.pairs else "")
+    )
+    make_tier(tier, a.files, lo, hi, 1000, a.links, a.pairs)
     m = scale_mount(tier, a.files, footprint, a.mini_epochs)
+    if a.pairs:
+        m.settings["group_by"] = "stem"
     m.close()
     if m.cache.exists():
         # Deleted before anything is timed: a million files deleted in the background (as this
@@ -356,6 +378,7 @@ def main() -> int:
     print(
         f"\n{a.files:,} files of {lo}-{hi} B in directories of 1,000; {a.mini_epochs} mini-epochs "
         f"of {a.files // a.mini_epochs:,}; medians of {a.reps}; {os.cpu_count()} cores"
+        + ("; samples of two files (--group-by stem)" if a.pairs else "")
         + ("" if root else "; not root: cold rows are not cold"),
         flush=True,
     )
