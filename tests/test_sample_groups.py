@@ -292,6 +292,38 @@ def test_load_from_disk_reads_each_view_and_an_epoch_is_every_row_once(mounts, t
     assert len(fingerprints) > 1, "each view is its own dataset to the cache"
 
 
+def test_a_dataset_dict_deals_train_and_shows_test_whole(mounts, tmp_path):
+    import datasets
+
+    src = tmp_path / "hfd"
+    n = SAMPLES * 4
+
+    def split(base: int, k: int) -> datasets.Dataset:
+        return datasets.Dataset.from_dict(
+            {"id": list(range(base, base + k)), "data": [payload(i) * 10 for i in range(k)]}
+        )
+
+    datasets.DatasetDict({"train": split(0, n), "test": split(10_000, 64)}).save_to_disk(
+        str(src), num_shards={"train": 16, "test": 2}
+    )
+    # A split with fewer arrow files than mini-epochs cannot be in every view: refused, naming
+    # it and the fix.
+    m = mounts(src, "2MiB", "--rf", "1", name="refused", compose="stratified")
+    r = m.mount(check=False)
+    assert r.returncode != 0 and "test has 2 arrow files for" in r.stderr, r.stderr
+    assert "--always 'test/*'" in r.stderr
+    m = mounts(src, "2MiB", "--rf", "1", compose="stratified", always="test/*")
+    m.mount()
+    rows = collections.Counter()
+    for _ in epochs(m, 1):
+        view = datasets.load_from_disk(str(m.mountpoint))
+        assert sorted(view["test"]["id"]) == list(range(10_000, 10_064))
+        for i, data in zip(view["train"]["id"], view["train"]["data"], strict=True):
+            assert data == payload(i) * 10, i
+            rows[i] += 1
+    assert rows == collections.Counter(range(n))
+
+
 def test_litdata_streaming_dataset_reads_each_view(mounts, tmp_path):
     import litdata
     from litdata.streaming.writer import BinaryWriter

@@ -79,6 +79,13 @@ pub enum SamplesError {
         "no file of {0} is left to deal into mini-epochs (every file is in every view or in none)"
     )]
     NoSamples(String),
+    /// A `DatasetDict` split that some view would hold no shard of.
+    #[error("format hf-dataset-dict: {split} {reason}; show it whole in every view with --always '{split}/*'{compose}")]
+    SplitNotInEveryView {
+        split: String,
+        reason: String,
+        compose: &'static str,
+    },
     /// Groups that do not describe the catalog (a bug, never a user's input).
     #[error("sample groups: {0}")]
     Groups(#[from] GroupError),
@@ -156,9 +163,19 @@ pub(super) async fn detect(
         setting: setting.clone(),
         source,
     };
+    // A `DatasetDict` split whose `state.json` `always` names (`--always 'test/*'`) is shown
+    // whole in every view; the others are dealt.
+    let options = metfs_formats::Options {
+        always_splits: indexes
+            .keys()
+            .filter_map(|f| f.strip_suffix("/state.json"))
+            .filter(|split| cfg.always.matches(&format!("{split}/state.json")))
+            .map(str::to_string)
+            .collect(),
+    };
     let layout = match want {
-        Some(f) => metfs_formats::layout(f, &paths, &indexes, &Default::default()).map_err(err)?,
-        None => match metfs_formats::detect(&paths, &indexes, &Default::default()).map_err(err)? {
+        Some(f) => metfs_formats::layout(f, &paths, &indexes, &options).map_err(err)?,
+        None => match metfs_formats::detect(&paths, &indexes, &options).map_err(err)? {
             Some(l) => l,
             None => return Ok(None),
         },
@@ -289,6 +306,54 @@ impl Samples {
             layout,
             incomplete,
         }))
+    }
+
+    /// Refuses a `DatasetDict` some view of which would hold no shard of a dealt split (its
+    /// loader refuses a split of no file): each dealt split needs a shard per mini-epoch, and
+    /// with two dealt splits or more, stratified composition by split (the first directory),
+    /// which gives each mini-epoch its share of every split.
+    pub(super) fn check_splits(
+        &self,
+        mini_epochs: u32,
+        stratified: bool,
+    ) -> Result<(), SamplesError> {
+        let Some(layout) = &self.layout else {
+            return Ok(());
+        };
+        if layout.format() != Format::HfDatasetDict {
+            return Ok(());
+        }
+        let splits: Vec<&str> = layout
+            .index_files()
+            .into_iter()
+            .filter_map(|f| f.strip_suffix("/state.json"))
+            .collect();
+        for split in &splits {
+            let shards = layout
+                .shards()
+                .iter()
+                .filter(|sh| sh.name.starts_with(&format!("{split}/")))
+                .count();
+            let (reason, compose) = if (shards as u64) < u64::from(mini_epochs) {
+                (
+                    format!("has {shards} arrow files for {mini_epochs} mini-epochs"),
+                    "",
+                )
+            } else if splits.len() > 1 && !stratified {
+                (
+                    "is dealt beside other splits without stratified composition".to_string(),
+                    ", or deal every split with --compose stratified",
+                )
+            } else {
+                continue;
+            };
+            return Err(SamplesError::SplitNotInEveryView {
+                split: split.to_string(),
+                reason,
+                compose,
+            });
+        }
+        Ok(())
     }
 
     /// The groups.

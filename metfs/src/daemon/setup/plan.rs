@@ -126,6 +126,9 @@ pub(super) fn plan_dataset(
         }
         Err(e) => return Err(e.into()),
     };
+    if let Some(s) = &samples {
+        s.check_splits(nm, cfg.compose == metfs_plan::planner::Strategy::Stratified)?;
+    }
     // Aggregate-cache mode: one mini-epoch per epoch, from the `metfs-shuffle` planner.
     let aggregate = match cfg.mode.aggregate() {
         Some(a) => Some(Arc::new(aggregate::Aggregate::new(
