@@ -170,6 +170,37 @@ def test_a_sample_missing_a_file_is_left_out_whole_and_named(mounts, tmp_path):
     assert "masks/0011.png: its sample is left out whole: missing images/0011.png" in listed
 
 
+def test_a_manifest_group_column_makes_explicit_groups(mounts, tmp_path):
+    src = tmp_path / "seg"
+    make_pairs(src, 40, classes=2)
+    rows = list(csv.reader(open(tmp_path / "manifest.csv")))
+    with open(tmp_path / "grouped.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*rows[0], "group"])
+        for r in rows[1:]:
+            # An image and its mask share their number; the class list is no group's.
+            w.writerow([*r, r[0].split("/")[-1][:-4] if "/" in r[0] else ""])
+    m = mounts(src, "2MiB", "--rf", "1", manifest=tmp_path / "grouped.csv")
+    m.mount()
+    assert m.status()["mini_epochs"] >= 2
+    seen = collections.Counter()
+    for _ in epochs(m, 1):
+        rel = m.files()["files"]
+        stems = {p.split("/")[-1] for p in rel if p.startswith("images/")}
+        assert stems == {p.split("/")[-1] for p in rel if p.startswith("masks/")}, rel
+        seen.update(rel)
+    assert seen == collections.Counter({r[0]: 1 for r in rows[1:]})
+    both = mounts(
+        src,
+        "2MiB",
+        name="both",
+        manifest=tmp_path / "grouped.csv",
+        group_by="images/{}.png,masks/{}.png",
+    )
+    r = both.mount(check=False)
+    assert r.returncode != 0 and "the manifest groups the files itself" in r.stderr, r.stderr
+
+
 def test_stem_groups_and_always_files_are_staged_once(mounts, tmp_path):
     src = tmp_path / "src"
     for i in range(60):

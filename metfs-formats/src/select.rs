@@ -170,6 +170,19 @@ impl GroupBy {
     }
 }
 
+impl std::fmt::Display for GroupBy {
+    /// As the setting is written (`stem`, `images/{}.png,masks/{}.png`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GroupBy::Stem => f.write_str("stem"),
+            GroupBy::Template(parts) => {
+                let parts: Vec<String> = parts.iter().map(|(b, a)| format!("{b}{{}}{a}")).collect();
+                f.write_str(&parts.join(","))
+            }
+        }
+    }
+}
+
 /// What grouping made of a listing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Grouping {
@@ -279,6 +292,7 @@ mod tests {
     fn group_by_parses() {
         assert_eq!(GroupBy::parse("stem").unwrap(), GroupBy::Stem);
         let t = GroupBy::parse("images/{}.png, masks/{}.png").unwrap();
+        assert_eq!(t.to_string(), "images/{}.png,masks/{}.png");
         assert_eq!(
             t,
             GroupBy::Template(vec![

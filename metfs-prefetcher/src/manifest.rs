@@ -7,7 +7,8 @@
 //! * **CSV** with a header row, parsed by the `csv` crate, so quoted paths may hold commas,
 //!   quotes, spaces and any UTF-8. Columns are found by name (case-insensitive, any order,
 //!   unknown columns ignored): `path` and `size` are required; `label`, `cluster` and one of
-//!   `etag` / `mtime` / `version` (all three become [`CatalogEntry::version`]) are optional.
+//!   `etag` / `mtime` / `version` (all three become [`CatalogEntry::version`]) are optional, and
+//!   so is `group`: files with one group value are one sample ([`read_groups`]).
 //! * **JSON lines**: one object per line with the same keys; `size` is a number (or a string of
 //!   digits), `label` / `cluster` / `mtime` may be strings or numbers. Blank lines are skipped.
 //!
@@ -151,6 +152,8 @@ struct Record<'a> {
     version: &'a str,
     label: Option<&'a str>,
     cluster: Option<&'a str>,
+    /// The sample the file belongs to, when the manifest groups files (`group`).
+    group: Option<&'a str>,
 }
 
 /// Reads every record of `path`, calling `sink` for each in file order.
@@ -250,6 +253,7 @@ fn parse_csv(
     let size_col = col("size").ok_or_else(|| missing("size"))?;
     let label_col = col("label");
     let cluster_col = col("cluster");
+    let group_col = col("group");
     let version_col = col("etag")
         .or_else(|| col("version"))
         .or_else(|| col("mtime"));
@@ -267,6 +271,7 @@ fn parse_csv(
             version: version_col.map_or("", |c| &rec[c]),
             label: opt(label_col),
             cluster: opt(cluster_col),
+            group: opt(group_col),
         })?;
     }
     Ok(())
@@ -313,6 +318,8 @@ struct JsonRecord<'a> {
     #[serde(borrow, default)]
     cluster: Option<JsonScalar<'a>>,
     #[serde(borrow, default)]
+    group: Option<JsonScalar<'a>>,
+    #[serde(borrow, default)]
     etag: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     version: Option<JsonScalar<'a>>,
@@ -327,6 +334,7 @@ fn parse_jsonl(
 ) -> Result<(), ManifestError> {
     let mut buf = String::new();
     let (mut label_s, mut cluster_s, mut version_s) = (String::new(), String::new(), String::new());
+    let mut group_s = String::new();
     let mut line = 0u64;
     loop {
         buf.clear();
@@ -374,6 +382,7 @@ fn parse_jsonl(
         };
         let label = rec.label.as_ref().map(|l| l.as_str_in(&mut label_s));
         let cluster = rec.cluster.as_ref().map(|c| c.as_str_in(&mut cluster_s));
+        let group = rec.group.as_ref().map(|g| g.as_str_in(&mut group_s));
         sink(Record {
             line,
             path,
@@ -381,6 +390,7 @@ fn parse_jsonl(
             version,
             label: label.filter(|l| !l.is_empty()),
             cluster: cluster.filter(|c| !c.is_empty()),
+            group: group.filter(|g| !g.is_empty()),
         })?;
     }
 }
@@ -474,6 +484,20 @@ pub fn load_catalog(path: &Path) -> Result<Catalog, ManifestError> {
     builder
         .finish(&file)
         .map_err(|e| build_error(&file, &lines, e))
+}
+
+/// The manifest's explicit sample groups: `(path, group)` of each file whose `group` column
+/// (or key) is set, in file order. Files of one group are one sample; a manifest without the
+/// column has none. The other columns are checked as [`load_catalog`] checks them.
+pub fn read_groups(path: &Path) -> Result<Vec<(String, String)>, ManifestError> {
+    let mut out = Vec::new();
+    parse(path, |r| {
+        if let Some(g) = r.group {
+            out.push((r.path.to_string(), g.to_string()));
+        }
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 /// Reads a manifest into entries in file order, with every check [`load_catalog`] makes
@@ -803,6 +827,34 @@ mod tests {
         assert_eq!(paths, ["a/1", "a/2", "m/3", "z/1"]);
         assert_eq!(cat.labels().unwrap(), &[0, 0, 1, 2]);
         assert_eq!(cat.label_names(), &["aa", "mm", "zz"]);
+    }
+
+    #[test]
+    fn groups_are_read_from_either_format() {
+        let d = tempfile::tempdir().unwrap();
+        let csv = write(
+            &d,
+            "m.csv",
+            "path,size,group\nimages/1.png,3,1\nmasks/1.png,2,1\nclasses.txt,4,\n",
+        );
+        assert_eq!(
+            read_groups(&csv).unwrap(),
+            vec![
+                ("images/1.png".to_string(), "1".to_string()),
+                ("masks/1.png".to_string(), "1".to_string())
+            ]
+        );
+        let jl = write(
+            &d,
+            "m.jsonl",
+            "{\"path\": \"a\", \"size\": 1, \"group\": 7}\n{\"path\": \"b\", \"size\": 1}\n",
+        );
+        assert_eq!(
+            read_groups(&jl).unwrap(),
+            vec![("a".to_string(), "7".to_string())]
+        );
+        let plain = write(&d, "p.csv", "path,size\na,1\n");
+        assert!(read_groups(&plain).unwrap().is_empty());
     }
 
     #[test]

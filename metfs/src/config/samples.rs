@@ -117,10 +117,14 @@ impl SampleConfig {
             return None;
         }
         let list = |p: &Patterns| p.sources().collect::<Vec<_>>().join("\u{1f}");
+        let group_by = self
+            .group_by
+            .as_ref()
+            .map_or(String::new(), |g| g.to_string());
         Some(format!(
-            "format={};group_by={:?};always={};include={};exclude={}",
+            "format={};group_by={};always={};include={};exclude={}",
             self.format,
-            self.group_by,
+            group_by,
             list(&self.always),
             list(&self.include),
             list(&self.exclude)

@@ -91,6 +91,11 @@ pub enum SamplesError {
     Groups(#[from] GroupError),
     #[error(transparent)]
     Catalog(#[from] CatalogError),
+    /// The manifest's `group` column beside `group_by`.
+    #[error("group_by '{0}': the manifest groups the files itself (its `group` column); give one or the other")]
+    TwoGroupings(String),
+    #[error(transparent)]
+    Manifest(#[from] metfs_prefetcher::manifest::ManifestError),
 }
 
 /// The catalog of the files `cfg.samples` makes part of the dataset: `catalog` itself when
@@ -240,7 +245,14 @@ impl Samples {
         layout: Option<Layout>,
     ) -> Result<Option<Samples>, SamplesError> {
         let s = &cfg.samples;
-        if layout.is_none() && s.group_by.is_none() && s.always.is_empty() {
+        let explicit = match &cfg.manifest {
+            Some(m) => metfs_prefetcher::manifest::read_groups(m)?,
+            None => Vec::new(),
+        };
+        if let (Some(g), false) = (&s.group_by, explicit.is_empty()) {
+            return Err(SamplesError::TwoGroupings(g.to_string()));
+        }
+        if layout.is_none() && s.group_by.is_none() && s.always.is_empty() && explicit.is_empty() {
             return Ok(None);
         }
         let paths: Vec<String> = (0..catalog.len() as u32)
@@ -271,6 +283,7 @@ impl Samples {
                 .collect();
             let names: Vec<&str> = rest.iter().map(|&id| paths[id as usize].as_str()).collect();
             match &s.group_by {
+                None if !explicit.is_empty() => by_manifest(catalog, &rest, &explicit),
                 Some(rule) => {
                     let g = rule.group(&names);
                     for (present, missing) in g.incomplete {
@@ -416,4 +429,31 @@ impl Samples {
             .collect();
         Ok(layout.view(&names)?.indexes)
     }
+}
+
+/// The samples of `rest` (file ids, ascending) by the manifest's `group` column: the files of
+/// one group value are one sample, in the order of the group's first file; a file with no
+/// group (or not in `rest`: an always file, or left out by `include`/`exclude`) is its own.
+fn by_manifest(catalog: &Catalog, rest: &[u32], explicit: &[(String, String)]) -> Vec<Vec<u32>> {
+    let mut group_of: std::collections::HashMap<u32, &str> = std::collections::HashMap::new();
+    for (path, group) in explicit {
+        if let Some(id) = catalog.find(path) {
+            group_of.insert(id, group.as_str());
+        }
+    }
+    let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut out: Vec<Vec<u32>> = Vec::new();
+    for &id in rest {
+        match group_of.get(&id) {
+            Some(g) => match index.get(g) {
+                Some(&i) => out[i].push(id),
+                None => {
+                    index.insert(g, out.len());
+                    out.push(vec![id]);
+                }
+            },
+            None => out.push(vec![id]),
+        }
+    }
+    out
 }
