@@ -201,7 +201,7 @@ def test_a_manifest_group_column_makes_explicit_groups(mounts, tmp_path):
     assert r.returncode != 0 and "the manifest groups the files itself" in r.stderr, r.stderr
 
 
-def test_stem_groups_and_always_files_are_staged_once(mounts, tmp_path):
+def test_stem_groups_and_always_files_are_staged_once(mounts, make_tier, tmp_path):
     src = tmp_path / "src"
     for i in range(60):
         (src / "d").mkdir(parents=True, exist_ok=True)
@@ -212,7 +212,7 @@ def test_stem_groups_and_always_files_are_staged_once(mounts, tmp_path):
     (src / "d/SHA256SUMS.md5").write_bytes(b"junk")
     want = source_bytes(src)
     m = mounts(
-        src,
+        make_tier(src),
         "2MiB",
         "--rf",
         "1",
@@ -296,7 +296,7 @@ def test_a_corrupt_index_is_refused_naming_the_file(mounts, tmp_path):
 # The formats, read by their own loaders from the mountpoint
 
 
-def test_load_from_disk_reads_each_view_and_an_epoch_is_every_row_once(mounts, tmp_path):
+def test_load_from_disk_reads_each_view_and_an_epoch_is_every_row_once(mounts, make_tier, tmp_path):
     import datasets
 
     src = tmp_path / "hf"
@@ -304,7 +304,8 @@ def test_load_from_disk_reads_each_view_and_an_epoch_is_every_row_once(mounts, t
         {"id": list(range(SAMPLES * 4)), "data": [payload(i) * 40 for i in range(SAMPLES * 4)]}
     )
     ds.save_to_disk(str(src), num_shards=16)
-    m = mounts(src, "2MiB", "--rf", "1")
+    # From a POSIX directory and from S3 (the index files read through the tier at mount).
+    m = mounts(make_tier(src), "2MiB", "--rf", "1")
     m.mount()
     assert "format=hf-dataset" in m.log()
     nm = m.status()["mini_epochs"]

@@ -152,6 +152,9 @@ pub(super) async fn detect(
         FormatChoice::Auto => None,
         FormatChoice::Is(f) => Some(f),
     };
+    if want.is_none() && !may_be_a_format(catalog) {
+        return Ok(None);
+    }
     let paths: Vec<String> = (0..catalog.len() as u32)
         .map(|id| catalog.path(id))
         .collect();
@@ -193,6 +196,35 @@ pub(super) async fn detect(
         "dataset format"
     );
     Ok(Some(layout))
+}
+
+/// Whether `catalog` may be one of the formats, without a string per file: an index file at
+/// the root (four lookups), or every file below the root named as an unindexed format's shard
+/// or companion (a scan that stops at the first other name, the first file of most datasets).
+/// A mount of a million images pays next to nothing for `--format auto`.
+fn may_be_a_format(catalog: &Catalog) -> bool {
+    if [
+        "state.json",
+        "dataset_info.json",
+        "dataset_dict.json",
+        "index.json",
+    ]
+    .iter()
+    .any(|f| catalog.find(f).is_some())
+    {
+        return true;
+    }
+    let suffixes: Vec<&str> = metfs_formats::group::RULES
+        .iter()
+        .flat_map(|r| r.shard_suffixes.iter().chain(r.companion_suffixes))
+        .copied()
+        .collect();
+    (0..catalog.len() as u32)
+        .filter(|&id| !catalog.dir_path(catalog.dir_index(id)).is_empty())
+        .all(|id| {
+            let name = catalog.name(id);
+            suffixes.iter().any(|s| name.ends_with(s))
+        })
 }
 
 /// The bytes of catalog file `id`, fetched through a temporary file under `tmp`.
