@@ -524,7 +524,7 @@ def test_manifest_with_every_entry_missing_is_refused(mounts, tmp_path):
     assert sorted(m.files()["files"]) == present
     assert "3 of the first mini-epoch's 8 samples" in m.log(), m.log()
     failed = m.status()["failed_samples"]  # the next epoch's staging adds its own 3
-    assert failed and all(f.startswith("gone/f") for f in failed), failed
+    assert failed and all(f["path"].startswith("gone/f") for f in failed), failed
 
 
 def test_socket_cap_keeps_descriptors_for_reads(mounts, dataset, tmp_path):

@@ -94,12 +94,12 @@ def test_the_view_shows_transformed_samples_and_leaves_out_failures(mounts, tmp_
     # Both are left out of every mini-epoch holding them; the successor of the epoch's last
     # mini-epoch (epoch 1's first, the same samples under `sequential`) may already be
     # staging, so each can be counted once more by now.
-    left_out = {line.split(": ", 1)[0] for line in st["failed_samples"]}
+    left_out = {f["path"] for f in st["failed_samples"]}
     assert left_out == {"c0/crash.bin", "c0/bad.bin"}, st["failed_samples"]
     assert 2 <= st["transform_failed"] <= 4, st
-    failed = "\n".join(st["failed_samples"])
-    assert "c0/crash.bin" in failed and "exited" in failed, failed
-    assert "c0/bad.bin" in failed and "ValueError: not an image" in failed, failed
+    why = {f["path"]: f["reason"] for f in st["failed_samples"]}
+    assert "exited" in why["c0/crash.bin"], why
+    assert "ValueError: not an image" in why["c0/bad.bin"], why
     # The transformed names are the files; the source names are not in the view. stat
     # mirrors the source's times, with the transformed size.
     rel = m.files()["files"][0]
@@ -163,9 +163,10 @@ def test_a_hanging_transform_is_killed_and_the_view_still_switches(mounts, tmp_p
     assert len(seen) == len(files) - 1
     st = m.status()
     assert st["transform_failed"] == 1, st
-    assert any("c0/hang.bin" in f and "timed out after 5 s" in f for f in st["failed_samples"]), st[
-        "failed_samples"
-    ]
+    assert any(
+        f["path"] == "c0/hang.bin" and "timed out after 5 s" in f["reason"]
+        for f in st["failed_samples"]
+    ), st["failed_samples"]
 
 
 def test_a_transform_that_does_not_exist_is_named(mounts, tmp_path, metfs):

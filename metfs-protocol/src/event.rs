@@ -8,7 +8,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Choice, NotResumed, Version};
+use super::{Choice, NotResumed, PolicyKind, Version};
 use metfs_feedback::policy::Verdict;
 
 /// One line of the event log.
@@ -64,8 +64,8 @@ pub struct Start {
     pub mini_epochs: u32,
     /// Bytes in the first view.
     pub view_bytes: u64,
-    /// The rf policy's name.
-    pub rf_policy: String,
+    /// The rf policy.
+    pub rf_policy: PolicyKind,
     /// The cache budget.
     pub budget_bytes: u64,
     /// This node's rank.

@@ -1,6 +1,7 @@
 //! What crosses the control socket and the event log, defined once: requests ([`request`]),
-//! replies ([`reply`]: [`Hello`], [`Status`], [`FilesView`], [`Decision`], errors) and event
-//! records ([`event`]: [`Record`], [`Event`]).
+//! replies ([`reply`]: [`Hello`], [`Status`], [`FilesView`], [`Decision`], errors), event
+//! records ([`event`]: [`Record`], [`Event`]) and the closed sets of values they carry
+//! ([`values`]: the read path, the composition, the rf policy, ...).
 //!
 //! The daemon writes these types and every Rust reader (`metfs status`, the CLI client,
 //! `metfs report`, the metrics file) reads them; nothing builds or picks apart these messages
@@ -33,6 +34,7 @@
 pub mod event;
 pub mod reply;
 pub mod request;
+pub mod values;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -47,6 +49,7 @@ pub use request::{
     parse_metrics, parse_request, ErrorCode, FilesForm, Metrics, ProtocolError, Request, Subset,
     MAX_LINE_BYTES,
 };
+pub use values::{Compose, FailedSample, PolicyKind, ReadPath, ShardDone, ShuffleCode};
 
 /// The protocol's major version, spoken by this build: the `"v"` of every message.
 pub const VERSION: u32 = 1;

@@ -10,6 +10,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::values::{Compose, FailedSample, PolicyKind, ReadPath, ShardDone, ShuffleCode};
+
 /// The answer to `hello`: the daemon's protocol and identity.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Hello {
@@ -74,8 +76,8 @@ pub struct JobStatus {
     pub mini_epoch: Option<u32>,
     /// Passes completed over its current view.
     pub pass: u32,
-    /// Its rf policy's name and the passes per view it expects.
-    pub rf_policy: String,
+    /// Its rf policy and the passes per view it expects.
+    pub rf_policy: PolicyKind,
     pub rf: f64,
     /// Bonus passes it was given (its next view was not staged, or it ran ahead).
     pub bonus_passes: u64,
@@ -105,8 +107,8 @@ pub struct AggregateStatus {
     pub nodes: u32,
     /// Probability of keeping a sample outside the share.
     pub extra: f64,
-    /// How samples cross between nodes (`uncoded`, `uberShuffle`).
-    pub code: String,
+    /// How samples cross between nodes.
+    pub code: ShuffleCode,
     /// The last staging's wait for the exchange; `null` before the first after epoch 0.
     pub last_exchange: Option<ExchangeStatus>,
 }
@@ -132,8 +134,8 @@ pub struct DdsStatus {
     pub node: String,
     /// This daemon's incarnation of the node (a restart is a new one).
     pub incarnation: u64,
-    /// When a view's shards are marked DONE: `after-pass` or `after-rf`.
-    pub shard_done: String,
+    /// When a view's shards are marked DONE.
+    pub shard_done: ShardDone,
     /// The epoch this worker claims from.
     pub epoch: u64,
     /// Shards per epoch.
@@ -173,8 +175,9 @@ pub struct Status {
     pub pass: u32,
     /// The passes per mini-epoch the policy expects (fractional for adaptive policies).
     pub rf: f64,
-    /// The rf policy's name (`fixed`, `score`, `bollinger`, `learned`).
-    pub rf_policy: String,
+    /// The rf policy of the job whose position this is; `null` on a shared mount asked
+    /// without a job (each job has its own, in `jobs`).
+    pub rf_policy: Option<PolicyKind>,
     /// The job (the rf history's key) whose position this is.
     pub job: String,
     /// With `rf_policy` `learned`: the earlier run of the rf history it replays and why (the
@@ -276,12 +279,13 @@ pub struct Status {
     pub open_handles: u64,
     /// Reads use kernel FUSE passthrough.
     pub passthrough: bool,
-    /// The read path in use (`cached`, `passthrough`, `pread`).
-    pub read_path: String,
+    /// The read path in use.
+    pub read_path: ReadPath,
     /// The last error worth reporting.
     pub last_error: Option<String>,
-    /// Samples that recently failed to stage (`path: reason`, the last 100).
-    pub failed_samples: Vec<String>,
+    /// Samples that recently failed to stage, each once with its latest reason (the last
+    /// 100).
+    pub failed_samples: Vec<FailedSample>,
     /// Samples the transform (`--transform`) failed on since the daemon started, each left
     /// out of its mini-epoch; `null` without a transform.
     #[serde(default)]
@@ -312,7 +316,7 @@ pub struct Status {
     /// Nodes in the job.
     pub nodes: u32,
     /// The composition strategy.
-    pub compose: String,
+    pub compose: Compose,
     /// Seconds since the daemon started.
     pub uptime_s: f64,
     /// The daemon's process id.

@@ -16,7 +16,7 @@ use thiserror::Error;
 
 pub use metfs_feedback::Metrics;
 
-use super::{ErrorBody, ErrorReply, Version, VERSION};
+use super::{ErrorBody, ErrorReply, PolicyKind, Version, VERSION};
 
 /// Longest request line the daemon accepts, in bytes. A `pass_end` with a few dozen metrics is
 /// well under 4 KiB; 1 MiB leaves room for any honest client and bounds a hostile one.
@@ -252,7 +252,7 @@ pub enum Request {
         /// Shared mount: the job's rf policy (`fixed`, `score`, `bollinger`), instead of the
         /// mount's.
         #[serde(skip_serializing_if = "Option::is_none")]
-        rf_policy: Option<String>,
+        rf_policy: Option<PolicyKind>,
         /// Shared mount: the job's rf (the fixed rf, or the adaptive policies' start).
         #[serde(skip_serializing_if = "Option::is_none")]
         rf: Option<u32>,
@@ -384,6 +384,22 @@ fn opt_string(obj: &Map<String, Value>, name: &str) -> Result<Option<String>, Pr
             ErrorCode::BadRequest,
             format!("field `{name}` must be a non-empty string of at most 256 bytes, got {other}"),
         )),
+    }
+}
+
+/// An optional rf policy `name`, spelled as `--rf-policy` spells it.
+fn opt_policy(obj: &Map<String, Value>, name: &str) -> Result<Option<PolicyKind>, ProtocolError> {
+    match field(obj, name) {
+        None => Ok(None),
+        Some(v) => PolicyKind::deserialize(v).map(Some).map_err(|_| {
+            ProtocolError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "field `{name}` must be one of fixed, score, bollinger, learned, paced; got {}",
+                    v.to_string().chars().take(64).collect::<String>()
+                ),
+            )
+        }),
     }
 }
 
@@ -519,7 +535,7 @@ pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
             },
             job: opt_string(&obj, "job")?,
             subset: parse_subset(&obj)?,
-            rf_policy: opt_string(&obj, "rf_policy")?,
+            rf_policy: opt_policy(&obj, "rf_policy")?,
             rf: opt_u32(&obj, "rf")?,
             token: opt_string(&obj, "token")?,
         },
@@ -599,6 +615,33 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    /// `hello`'s rf policy is one of the policies, spelled as `--rf-policy` spells it; any
+    /// other value is refused naming the field.
+    #[test]
+    fn an_unknown_rf_policy_is_refused_naming_the_field() {
+        let r = parse_request(r#"{"op":"hello","job":"j","rf_policy":"paced"}"#).unwrap();
+        assert!(
+            matches!(
+                r,
+                Request::Hello {
+                    rf_policy: Some(PolicyKind::Paced),
+                    ..
+                }
+            ),
+            "{r:?}"
+        );
+        for bad in [r#""lstm""#, "3", r#""""#, r#""Fixed""#] {
+            let line = format!(r#"{{"op":"hello","rf_policy":{bad}}}"#);
+            let e = parse_request(&line).unwrap_err();
+            assert_eq!(e.code, ErrorCode::BadRequest, "{line}");
+            assert!(
+                e.message.contains("`rf_policy`") && e.message.contains("fixed, score"),
+                "{line}: {}",
+                e.message
+            );
+        }
     }
 
     #[test]
@@ -756,7 +799,7 @@ mod tests {
                     fraction: None,
                     seed: None,
                 }),
-                rf_policy: Some("score".into()),
+                rf_policy: Some(PolicyKind::Score),
                 rf: Some(4),
                 token: Some("00ff".into()),
             },

@@ -289,7 +289,7 @@ pub(super) fn summarise(
         dataset_bytes: s.map(|s| s.dataset_bytes),
         dataset_files: s.map(|s| s.dataset_files),
         mini_epochs_per_epoch: s.map(|s| s.mini_epochs),
-        rf_policy: s.map(|s| s.rf_policy.clone()),
+        rf_policy: s.map(|s| s.rf_policy.to_string()),
         budget_bytes: s.map(|s| s.budget_bytes),
         node_rank: s.map(|s| s.node_rank),
         nodes: s.map(|s| s.nodes),

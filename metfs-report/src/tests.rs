@@ -31,7 +31,7 @@ fn start(t: f64, mini_epochs: u32, view_bytes: u64) -> Value {
             dataset_files: 4096,
             mini_epochs,
             view_bytes,
-            rf_policy: "score".into(),
+            rf_policy: metfs_protocol::PolicyKind::Score,
             budget_bytes: 600 * MIB,
             node_rank: 0,
             nodes: 1,

@@ -243,7 +243,7 @@ mod tests {
             dataset_files: 1,
             mini_epochs: 3,
             view_bytes: 5,
-            rf_policy: "fixed".into(),
+            rf_policy: metfs_protocol::PolicyKind::Fixed,
             budget_bytes: 100,
             node_rank: 0,
             nodes: 1,

@@ -226,10 +226,13 @@ pub fn render(status: &Status) -> String {
     }
     // The label-only `metfs_info` metric carries these status strings as labels.
     let info = [
-        ("rf_policy", status.rf_policy.clone()),
-        ("compose", status.compose.clone()),
+        (
+            "rf_policy",
+            status.rf_policy.map_or(String::new(), |k| k.to_string()),
+        ),
+        ("compose", status.compose.to_string()),
         ("job", status.job.clone()),
-        ("read_path", status.read_path.clone()),
+        ("read_path", status.read_path.to_string()),
     ];
     let _ = writeln!(
         out,
@@ -281,7 +284,8 @@ mod tests {
                         "last_retry_error": null},
             "kept_slots": 0, "draining_slots": 0, "draining": [], "open_handles": 12, "passthrough": true,
             "daemon_opens": 9, "daemon_lookups": 4, "primed_entries": 20, "primed_generation": 1,
-            "last_error": "tier: 503\nretrying", "failed_samples": ["a", "b"],
+            "last_error": "tier: 503\nretrying",
+            "failed_samples": [{"path": "a", "reason": "gone"}, {"path": "b", "reason": "io"}],
             "source": "s3://bucket/prefix", "mountpoint": "/mnt/m\\e\"t", "socket": "/tmp/s",
             "node_rank": 1, "nodes": 4, "compose": "random", "uptime_s": 99.5, "pid": 42,
             "some_future_field": {"x": 1}

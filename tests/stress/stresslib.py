@@ -187,8 +187,11 @@ class Ledger:
         epochs = {e for e, _ in self.views}
         return sorted(e for e in epochs if all((e, k) in self.views for k in range(nm)))
 
-    def check(self, nm: int, failed: list[str], require_epochs: int = 1) -> dict[str, Any]:
-        """Asserts exactly-once coverage of every complete epoch. Returns counts for the results."""
+    def check(
+        self, nm: int, failed: list[dict[str, str]], require_epochs: int = 1
+    ) -> dict[str, Any]:
+        """Asserts exactly-once coverage of every complete epoch (``failed``: ``status``'s
+        ``failed_samples``, each ``{"path", "reason"}``). Returns counts for the results."""
         done = self.complete_epochs(nm)
         assert len(done) >= require_epochs, (
             f"only epochs {done} were seen whole; views: {sorted(self.views)}"
@@ -207,7 +210,8 @@ class Ledger:
                     seen[f] = seen.get(f, 0) + 1
             dups = sorted(f for f, c in seen.items() if c > 1)
             missing = sorted(self.all - set(seen))
-            silent = [f for f in missing if not any(f in r for r in failed)]
+            reported = {r["path"] for r in failed}
+            silent = [f for f in missing if f not in reported]
             out["silently_dropped"] += len(silent)
             out["duplicates"] += len(dups)
             assert not dups, (

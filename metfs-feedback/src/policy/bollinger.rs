@@ -16,6 +16,7 @@ use super::{
     BandSide, PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, RfTracker, Scope,
     Verdict, WeightedScore,
 };
+use crate::config::PolicyKind;
 use crate::Metrics;
 
 /// Bollinger-band adaptive rf (paper section III.C.2).
@@ -152,8 +153,8 @@ impl Bollinger {
 }
 
 impl RfPolicy for Bollinger {
-    fn name(&self) -> &'static str {
-        "bollinger"
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Bollinger
     }
     fn on_pass_end(
         &mut self,

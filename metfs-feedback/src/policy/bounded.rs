@@ -5,6 +5,7 @@
 use serde_json::{json, Value};
 
 use super::{PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, Verdict};
+use crate::config::PolicyKind;
 use crate::Metrics;
 
 /// Enforces `rf_min <= passes per mini-epoch <= rf_max` around any policy.
@@ -42,8 +43,8 @@ impl Bounded {
 }
 
 impl RfPolicy for Bounded {
-    fn name(&self) -> &'static str {
-        self.inner.name()
+    fn kind(&self) -> PolicyKind {
+        self.inner.kind()
     }
     fn on_pass_end(
         &mut self,

@@ -4,6 +4,7 @@
 use serde_json::json;
 
 use super::{PassState, PolicyDecision, PolicyError, RfPolicy, Verdict};
+use crate::config::PolicyKind;
 use crate::Metrics;
 
 /// The paper's baseline: exactly `rf` passes per mini-epoch.
@@ -26,8 +27,8 @@ impl Fixed {
 }
 
 impl RfPolicy for Fixed {
-    fn name(&self) -> &'static str {
-        "fixed"
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Fixed
     }
     fn on_pass_end(
         &mut self,

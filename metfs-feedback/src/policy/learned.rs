@@ -14,6 +14,7 @@ use super::{
     MetricTerm, PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, Verdict,
     WeightedScore,
 };
+use crate::config::PolicyKind;
 use crate::Metrics;
 
 /// The metric that ranks earlier runs for `learned`, and which way is better.
@@ -168,8 +169,8 @@ impl Learned {
 }
 
 impl RfPolicy for Learned {
-    fn name(&self) -> &'static str {
-        "learned"
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Learned
     }
     fn on_pass_end(
         &mut self,

@@ -49,6 +49,7 @@ use serde_json::Value;
 use statrs::statistics::Statistics;
 use thiserror::Error;
 
+use crate::config::PolicyKind;
 use crate::Metrics;
 
 mod bollinger;
@@ -224,8 +225,12 @@ pub struct PolicyDecision {
 
 /// The seam between the daemon and a repeating-factor policy.
 pub trait RfPolicy: Send {
-    /// Short name (`fixed`, `score`, `bollinger`, `learned`).
-    fn name(&self) -> &'static str;
+    /// Which policy this is (a wrapper such as [`Bounded`] answers its inner policy's).
+    fn kind(&self) -> PolicyKind;
+    /// Short name (`fixed`, `score`, `bollinger`, `learned`, `paced`): the kind's spelling.
+    fn name(&self) -> &'static str {
+        self.kind().as_str()
+    }
     /// Decides after a pass. `state.passes` counts the pass that just ended.
     fn on_pass_end(
         &mut self,

@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, RfTracker, Verdict};
+use crate::config::PolicyKind;
 use crate::Metrics;
 
 /// Weight of the newest observation in the smoothed gains: about the last three mini-epochs
@@ -207,8 +208,8 @@ impl Paced {
 }
 
 impl RfPolicy for Paced {
-    fn name(&self) -> &'static str {
-        "paced"
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Paced
     }
 
     fn on_pass_end(

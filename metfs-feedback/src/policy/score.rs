@@ -8,6 +8,7 @@ use super::{
     PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, RfTracker, Scope, Verdict,
     WeightedScore,
 };
+use crate::config::PolicyKind;
 use crate::Metrics;
 
 /// Score-based adaptive rf (paper Fig. 6).
@@ -79,8 +80,8 @@ impl Score {
 }
 
 impl RfPolicy for Score {
-    fn name(&self) -> &'static str {
-        "score"
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Score
     }
     fn on_pass_end(
         &mut self,

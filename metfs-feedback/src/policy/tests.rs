@@ -549,8 +549,8 @@ fn learned_rf_is_bounded() {
 struct Scripted(Vec<bool>, usize);
 
 impl RfPolicy for Scripted {
-    fn name(&self) -> &'static str {
-        "scripted"
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Fixed
     }
     fn on_pass_end(&mut self, _: &Metrics, _: &PassState) -> Result<PolicyDecision, PolicyError> {
         let advance = self.0[self.1 % self.0.len()];

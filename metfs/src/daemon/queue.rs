@@ -110,7 +110,7 @@ impl QueueFeed {
             url: self.url.clone(),
             node: w.holder().node.clone(),
             incarnation: w.holder().inc,
-            shard_done: self.shard_done.to_string(),
+            shard_done: super::status::wire_shard_done(self.shard_done),
             epoch: w.epoch(),
             shards: w.meta().shards,
             claimed_shards: st.claimed_shards,

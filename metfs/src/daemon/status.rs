@@ -2,15 +2,18 @@
 //! [`Status`], [`FilesView`] and [`Hello`]), the metrics file, and the shutdown that persists
 //! the position.
 
+use crate::config::aggregate::ShuffleCode;
 use crate::config::ReadPath;
 use crate::daemon::session::{session_ref, Next, Session, Sessions};
 use crate::daemon::Daemon;
+use metfs_dds::ShardDone;
 use metfs_fs::fs::ViewLease;
 use metfs_fs::view::View;
 use metfs_plan::budget::round_up;
+use metfs_plan::planner::Strategy;
 use metfs_protocol::event::Event;
 use metfs_protocol::{
-    event, Draining, ErrorCode, FilesForm, FilesView, Hello, ProtocolError, Staging, Status,
+    event, values, Draining, ErrorCode, FilesForm, FilesView, Hello, ProtocolError, Staging, Status,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -104,7 +107,7 @@ impl Daemon {
             mini_epochs: s.map_or(0, |s| s.schedule().mini_epochs()),
             pass: s.map_or(0, |s| s.passes()),
             rf: s.map_or(0.0, |s| s.policy().expected_rf()),
-            rf_policy: s.map_or(String::new(), |s| s.policy().name().to_string()),
+            rf_policy: s.map(|s| s.policy().kind()),
             job: s.map_or(String::new(), |s| s.job().to_string()),
             replay: s.and_then(|s| s.history()).and_then(|h| h.replay.clone()),
             advance_wanted: s.is_some_and(|s| s.advance_wanted()),
@@ -147,7 +150,7 @@ impl Daemon {
             draining: self.draining_detail(),
             open_handles: self.fs.open_handles() as u64,
             passthrough: self.read_path_now() == ReadPath::Passthrough,
-            read_path: self.read_path_now().name().to_string(),
+            read_path: wire_read_path(self.read_path_now()),
             last_error,
             failed_samples,
             transform_failed: self.store.stager.transform().map(|t| t.failed()),
@@ -160,7 +163,7 @@ impl Daemon {
             socket: self.cfg.socket.display().to_string(),
             node_rank: self.cfg.node_rank,
             nodes: self.cfg.nodes,
-            compose: self.cfg.compose.to_string(),
+            compose: wire_compose(self.cfg.compose),
             uptime_s: self.started.elapsed().as_secs_f64(),
             pid: std::process::id(),
         }
@@ -492,5 +495,49 @@ fn staging_status(next: Option<&Next>, draining_slots: usize) -> Staging {
             failures: *failures,
             retry_in_secs: pause.saturating_sub(at.elapsed()).as_secs_f64(),
         },
+    }
+}
+
+// The daemon's enums as the protocol spells them: their crates do not depend on
+// `metfs-protocol`, so the conversions are here, each a match that a new variant fails.
+
+/// The read path in use, as `status` reports it.
+pub(super) fn wire_read_path(p: ReadPath) -> values::ReadPath {
+    match p {
+        ReadPath::Cached => values::ReadPath::Cached,
+        ReadPath::Passthrough => values::ReadPath::Passthrough,
+        ReadPath::Pread => values::ReadPath::Pread,
+        // The path in use is resolved at mount (`ActiveReadPath`); were it not, the daemon
+        // would read through `pread`.
+        ReadPath::Auto => {
+            debug_assert!(false, "the read path in use is never `auto`");
+            values::ReadPath::Pread
+        }
+    }
+}
+
+/// The composition strategy, as `status` reports it.
+pub(super) fn wire_compose(s: Strategy) -> values::Compose {
+    match s {
+        Strategy::Sequential => values::Compose::Sequential,
+        Strategy::Random => values::Compose::Random,
+        Strategy::Stratified => values::Compose::Stratified,
+        Strategy::Clustered => values::Compose::Clustered,
+    }
+}
+
+/// When a queue's shards are marked done, as `status.dds` reports it.
+pub(super) fn wire_shard_done(d: ShardDone) -> values::ShardDone {
+    match d {
+        ShardDone::AfterPass => values::ShardDone::AfterPass,
+        ShardDone::AfterRf => values::ShardDone::AfterRf,
+    }
+}
+
+/// How samples cross between nodes, as `status.aggregate` reports it.
+pub(super) fn wire_shuffle_code(c: ShuffleCode) -> values::ShuffleCode {
+    match c {
+        ShuffleCode::Uncoded => values::ShuffleCode::Uncoded,
+        ShuffleCode::UberShuffle => values::ShuffleCode::UberShuffle,
     }
 }

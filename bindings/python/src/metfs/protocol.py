@@ -25,15 +25,20 @@ __all__ = [
     "PROTOCOL_VERSION",
     "AdvanceRequest",
     "ApplyRequest",
+    "Compose",
     "DecisionKind",
     "FilesForm",
     "FilesRequest",
     "HelloRequest",
     "LeaveRequest",
     "PassEndRequest",
+    "PolicyKind",
+    "ReadPath",
     "ReleaseRequest",
     "ReplayWhy",
     "Request",
+    "ShardDone",
+    "ShuffleCode",
     "ShutdownRequest",
     "StatusRequest",
     "Subset",
@@ -60,6 +65,21 @@ FilesForm: TypeAlias = Literal["list", "packed"]
 
 #: Why ``learned`` replays the run it replays (``status``'s ``replay.why``).
 ReplayWhy: TypeAlias = Literal["best", "latest", "furthest"]
+
+#: An rf policy (``hello``'s and ``status``'s ``rf_policy``), spelled as ``--rf-policy``.
+PolicyKind: TypeAlias = Literal["fixed", "score", "bollinger", "learned", "paced"]
+
+#: The read path in use (``status``'s ``read_path``).
+ReadPath: TypeAlias = Literal["cached", "passthrough", "pread"]
+
+#: The composition strategy (``status``'s ``compose``).
+Compose: TypeAlias = Literal["sequential", "random", "stratified", "clustered"]
+
+#: When a queue's shards are marked done (``status``'s ``dds.shard_done``).
+ShardDone: TypeAlias = Literal["after-pass", "after-rf"]
+
+#: How samples cross between nodes (``status``'s ``aggregate.code``).
+ShuffleCode: TypeAlias = Literal["uncoded", "uberShuffle"]
 
 
 def check_version(message: Mapping[str, Any], what: str) -> None:
@@ -94,7 +114,7 @@ class HelloRequest(TypedDict):
     version: NotRequired[int]
     job: NotRequired[str]
     subset: NotRequired[Subset]
-    rf_policy: NotRequired[str]
+    rf_policy: NotRequired[PolicyKind]
     rf: NotRequired[int]
     token: NotRequired[str]
 
@@ -183,7 +203,7 @@ def hello_request(
     job: str | None = None,
     *,
     subset: Subset | None = None,
-    rf_policy: str | None = None,
+    rf_policy: PolicyKind | None = None,
     rf: int | None = None,
     token: str | None = None,
 ) -> HelloRequest:

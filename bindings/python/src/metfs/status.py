@@ -15,6 +15,7 @@ every key for required.
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NotRequired, TypeAlias, TypedDict
 
+from .protocol import Compose, PolicyKind, ReadPath, ShardDone, ShuffleCode
 from .replies import NotResumed, Replay, read_reply
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "DdsStatus",
     "Draining",
     "ExchangeStatus",
+    "FailedSample",
     "JobStatus",
     "Staging",
     "StagingDraining",
@@ -121,7 +123,7 @@ JobStatus = TypedDict(
         "epoch": int,
         "mini_epoch": int | None,
         "pass": int,
-        "rf_policy": str,
+        "rf_policy": PolicyKind,
         "rf": float,
         "bonus_passes": int,
         "generation": int,
@@ -146,7 +148,7 @@ class DdsStatus(TypedDict):
     url: str
     node: str
     incarnation: int
-    shard_done: str
+    shard_done: ShardDone
     epoch: int
     shards: int
     claimed_shards: int
@@ -160,6 +162,14 @@ class DdsStatus(TypedDict):
     etcd_secs: float
     finished: bool
     last_error: str | None
+
+
+class FailedSample(TypedDict):
+    """A sample left out of its mini-epoch (``status``'s ``failed_samples``): its ``path``,
+    relative to the source, and the ``reason`` (the latest, when it failed more than once)."""
+
+    path: str
+    reason: str
 
 
 class ExchangeStatus(TypedDict):
@@ -179,7 +189,7 @@ class AggregateStatus(TypedDict):
     rank: int
     nodes: int
     extra: float
-    code: str
+    code: ShuffleCode
     last_exchange: ExchangeStatus | None
 
 
@@ -190,8 +200,8 @@ class Status:
     ``passes_done`` is the protocol's ``pass``: passes completed over the current mini-epoch.
     ``rf`` is the passes per mini-epoch the policy expects (a float: adaptive policies give a
     fractional estimate). ``policy`` is the protocol's ``rf_policy`` (``fixed``, ``score``,
-    ``bollinger``, ``learned``, ...). Every field the daemon sent is also in ``raw``, and
-    ``status["name"]`` reads it from there.
+    ``bollinger``, ``learned``, ``paced``; ``None`` on a shared mount asked without a job).
+    Every field the daemon sent is also in ``raw``, and ``status["name"]`` reads it from there.
 
     ``effective_rf`` is the passes a mini-epoch actually got, averaged over those completed
     since the daemon started: with a non-blocking ``pass_end``, passes answered ``wait`` while
@@ -216,7 +226,8 @@ class Status:
     next_ready: bool
     #: The job (the rf history's key) whose position this is.
     job: str
-    policy: str
+    #: ``None`` on a shared mount asked without a job (each job's is in ``jobs``).
+    policy: PolicyKind | None
     #: The policy wants to advance and the job waits for the next mini-epoch.
     advance_wanted: bool
     #: ``ceil(EB1 / B2)``, the rf at which staging keeps up, once both are measured.
@@ -245,8 +256,8 @@ class Status:
     #: The composition strategy and the read path in use (``cached``, ``passthrough``,
     #: ``pread``); whether reads use kernel FUSE passthrough; the cap on staging bandwidth
     #: (``None``: unlimited).
-    compose: str
-    read_path: str
+    compose: Compose
+    read_path: ReadPath
     passthrough: bool
     prefetch_rate: int | None
 
@@ -283,8 +294,8 @@ class Status:
     draining: list[Draining]
     draining_slots: int
     kept_slots: int
-    #: Samples that recently failed to stage (``path: reason``, the last 100).
-    failed_samples: list[str]
+    #: Samples that recently failed to stage, each once with its latest reason (the last 100).
+    failed_samples: list[FailedSample]
     #: Samples the transform failed on (``None`` without a transform); samples trimmed out of
     #: kept slots to make room.
     transform_failed: int | None = None

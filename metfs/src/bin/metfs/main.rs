@@ -378,7 +378,13 @@ fn print_status(st: &Status) {
     let b = metfs_plan::size::format_bytes;
     println!(
         "epoch {} mini-epoch {}/{}  pass {} (rf {} {})  generation {}",
-        st.epoch, st.mini_epoch, st.mini_epochs, st.pass, st.rf, st.rf_policy, st.generation
+        st.epoch,
+        st.mini_epoch,
+        st.mini_epochs,
+        st.pass,
+        st.rf,
+        st.rf_policy.map_or("", |k| k.as_str()),
+        st.generation
     );
     if let Some(r) = &st.replay {
         println!("replaying {r}");

@@ -149,7 +149,7 @@ impl Daemon {
             dataset_files: self.store.catalog.len() as u64,
             mini_epochs: nm,
             view_bytes: self.fs.current().bytes(),
-            rf_policy: self.cfg.policy.kind.to_string(),
+            rf_policy: self.cfg.policy.kind,
             budget_bytes: self.store.budget.budget,
             node_rank: self.cfg.node_rank,
             nodes: self.cfg.nodes,

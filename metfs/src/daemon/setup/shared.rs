@@ -95,7 +95,7 @@ impl Daemon {
             dataset_files: daemon.store.catalog.len() as u64,
             mini_epochs: 0,
             view_bytes: 0,
-            rf_policy: daemon.cfg.policy.kind.to_string(),
+            rf_policy: daemon.cfg.policy.kind,
             budget_bytes: daemon.store.budget.budget,
             node_rank: daemon.cfg.node_rank,
             nodes: daemon.cfg.nodes,

@@ -124,7 +124,7 @@ impl Shared {
                     epoch: s.epoch(),
                     mini_epoch: (!s.schedule().before_first_view()).then_some(s.mini_epoch()),
                     pass: s.passes(),
-                    rf_policy: s.policy().name().to_string(),
+                    rf_policy: s.policy().kind(),
                     rf: s.policy().expected_rf(),
                     bonus_passes: s.bonus_passes(),
                     generation: s.generation(),

@@ -15,7 +15,7 @@ use metfs_feedback::policy::RfPolicy;
 use metfs_fs::view::View;
 use metfs_plan::size::format_bytes;
 use metfs_protocol::JobShare;
-use metfs_protocol::{ErrorCode, Hello, ProtocolError, Subset};
+use metfs_protocol::{ErrorCode, Hello, PolicyKind, ProtocolError, Subset};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -103,7 +103,7 @@ impl Daemon {
         &self,
         job: Option<String>,
         subset: Option<Subset>,
-        rf_policy: Option<String>,
+        rf_policy: Option<PolicyKind>,
         rf: Option<u32>,
         token: Option<String>,
     ) -> Result<Hello, ProtocolError> {
@@ -124,7 +124,7 @@ impl Daemon {
         &self,
         job: Option<String>,
         subset: Option<Subset>,
-        rf_policy: Option<String>,
+        rf_policy: Option<PolicyKind>,
         rf: Option<u32>,
         token: Option<String>,
     ) -> Result<Hello, ProtocolError> {
@@ -241,12 +241,12 @@ impl Daemon {
         &self,
         name: &str,
         subset: Option<&Subset>,
-        rf_policy: Option<String>,
+        rf_policy: Option<PolicyKind>,
         rf: Option<u32>,
     ) -> Result<String, ProtocolError> {
         let sh = self.mode.shared().expect("a shared mount");
         let dataset = self.subset_samples(name, subset)?;
-        let cfg = self.job_config(name, rf_policy.as_deref(), rf)?;
+        let cfg = self.job_config(rf_policy, rf);
         let mut ss = self.sessions.lock().unwrap();
         if ss.contains_key(name) {
             return Err(bad(format!(
@@ -448,21 +448,14 @@ impl Daemon {
     }
 
     /// The mount's configuration with a job's own rf policy and rf from its `hello`.
-    pub(super) fn job_config(
-        &self,
-        name: &str,
-        rf_policy: Option<&str>,
-        rf: Option<u32>,
-    ) -> Result<MountConfig, ProtocolError> {
+    pub(super) fn job_config(&self, rf_policy: Option<PolicyKind>, rf: Option<u32>) -> MountConfig {
         let mut cfg = self.cfg.clone();
         if let Some(p) = rf_policy {
-            cfg.policy.kind = p
-                .parse()
-                .map_err(|e| bad(format!("job {name:?}: rf_policy {p:?}: {e}")))?;
+            cfg.policy.kind = p;
         }
         if let Some(rf) = rf {
             cfg.policy.rf = rf;
         }
-        Ok(cfg)
+        cfg
     }
 }

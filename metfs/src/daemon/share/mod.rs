@@ -76,7 +76,7 @@ use metfs_feedback::history::HistoryStore;
 use metfs_plan::budget::Budget;
 use metfs_plan::refcnt::cohort::Cohort;
 use metfs_protocol::Subset;
-use metfs_protocol::{ErrorCode, NotResumed, ProtocolError};
+use metfs_protocol::{ErrorCode, NotResumed, PolicyKind, ProtocolError};
 use state::ShareSettings;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -129,7 +129,7 @@ pub(super) struct JobMeta {
     samples: u64,
     /// What its `hello` asked for, saved so that a restart makes the same dataset and policy.
     subset: Option<Subset>,
-    rf_policy: Option<String>,
+    rf_policy: Option<PolicyKind>,
     rf: Option<u32>,
     /// Its dataset's key (see [`dataset_key`]).
     dataset: String,

@@ -47,7 +47,7 @@ impl Daemon {
                     name: s.name().to_string(),
                     token: meta.token.clone(),
                     subset: meta.subset.clone(),
-                    rf_policy: meta.rf_policy.clone(),
+                    rf_policy: meta.rf_policy,
                     rf: meta.rf,
                     dataset: meta.dataset.clone(),
                     epoch: s.epoch(),
@@ -189,9 +189,7 @@ impl Daemon {
         if dataset_key(&self.cfg.source, &dataset) != j.dataset {
             return Err("its subset no longer gives the dataset it read".into());
         }
-        let cfg = self
-            .job_config(name, j.rf_policy.as_deref(), j.rf)
-            .map_err(|e| e.message)?;
+        let cfg = self.job_config(j.rf_policy, j.rf);
         let (replay, schedule) = match &sh.history {
             Some(store) => {
                 learned_replay(&cfg.policy, &store.lock().unwrap(), &j.dataset, name, j.run)?
@@ -261,7 +259,7 @@ impl Daemon {
                 held_back: false,
                 samples: dataset.len() as u64,
                 subset: j.subset.clone(),
-                rf_policy: j.rf_policy.clone(),
+                rf_policy: j.rf_policy,
                 rf: j.rf,
                 dataset: j.dataset.clone(),
             },

@@ -10,7 +10,7 @@ use crate::daemon::{slot_name, DaemonError};
 use metfs_feedback::history::RunId;
 use metfs_feedback::policy::PolicyState;
 use metfs_plan::refcnt::cohort::MemberState;
-use metfs_protocol::Subset;
+use metfs_protocol::{PolicyKind, Subset};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -66,7 +66,7 @@ pub struct SavedJob {
     pub subset: Option<Subset>,
     /// `hello`'s rf policy and rf, if it chose them.
     #[serde(default)]
-    pub rf_policy: Option<String>,
+    pub rf_policy: Option<PolicyKind>,
     #[serde(default)]
     pub rf: Option<u32>,
     /// Its dataset's key (source, count and digest of its samples), as in the rf history.

@@ -56,6 +56,7 @@ use metfs_plan::budget::{round_up, Budget};
 use metfs_plan::planner::{self as planner, EpochPlan, PlanConfig, PlanError, SampleSet};
 use metfs_prefetcher::hdf5::Containers;
 use metfs_prefetcher::stager::{Progress, SlotSpec, StageReport, Stager};
+use metfs_protocol::FailedSample;
 use metfs_tier::catalog::Catalog;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -116,7 +117,7 @@ struct Book {
     evicting: std::collections::BTreeSet<u64>,
     last_error: Option<String>,
     /// The last [`FAILED_LISTED`] samples left out of a slot, each once, with why.
-    failed_samples: Vec<String>,
+    failed_samples: Vec<FailedSample>,
     /// The samples of each slot that are hard links, with the slot whose fetch made the file
     /// (their *origin*): every name of one sample with one origin is one file on disk.
     origins: BTreeMap<String, Origins>,
@@ -136,9 +137,11 @@ impl Book {
     /// staging (deleted from the tier, unreadable) was listed once per attempt before, and
     /// pushed every other sample out of the list.
     fn note_failed(&mut self, path: &str, why: String) {
-        let prefix = format!("{path}: ");
-        self.failed_samples.retain(|f| !f.starts_with(&prefix));
-        self.failed_samples.push(format!("{prefix}{why}"));
+        self.failed_samples.retain(|f| f.path != path);
+        self.failed_samples.push(FailedSample {
+            path: path.to_string(),
+            reason: why.clone(),
+        });
         if self.failed_samples.len() > FAILED_LISTED {
             let cut = self.failed_samples.len() - FAILED_LISTED;
             self.failed_samples.drain(..cut);
@@ -495,7 +498,7 @@ impl Store {
     }
 
     /// The last error, and the samples recently left out.
-    pub(super) fn errors(&self) -> (Option<String>, Vec<String>) {
+    pub(super) fn errors(&self) -> (Option<String>, Vec<FailedSample>) {
         let b = self.book.lock().unwrap();
         (b.last_error.clone(), b.failed_samples.clone())
     }
@@ -569,22 +572,25 @@ mod tests {
         b.note_failed("d/a", "gone".into());
         b.note_failed("d/ab", "changed".into());
         b.note_failed("d/a", "gone again".into());
-        assert_eq!(b.failed_samples, ["d/ab: changed", "d/a: gone again"]);
+        let listed = |b: &Book| -> Vec<String> {
+            b.failed_samples
+                .iter()
+                .map(|f| format!("{}: {}", f.path, f.reason))
+                .collect()
+        };
+        assert_eq!(listed(&b), ["d/ab: changed", "d/a: gone again"]);
         assert_eq!(b.last_error.as_deref(), Some("gone again"));
         for i in 0..150 {
             b.note_failed(&format!("x/{i}"), "io".into());
             b.note_failed("d/a", "gone".into());
         }
         assert_eq!(b.failed_samples.len(), FAILED_LISTED);
-        assert_eq!(b.failed_samples.last().unwrap(), "d/a: gone");
+        assert_eq!(listed(&b).last().unwrap(), "d/a: gone");
         assert_eq!(
-            b.failed_samples
-                .iter()
-                .filter(|f| f.starts_with("d/a: "))
-                .count(),
+            b.failed_samples.iter().filter(|f| f.path == "d/a").count(),
             1
         );
-        assert_eq!(b.failed_samples[0], "x/51: io");
+        assert_eq!(listed(&b)[0], "x/51: io");
     }
 
     /// The flat count agrees with the plain set of (sample, origin) pairs, links to live and
