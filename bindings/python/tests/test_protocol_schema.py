@@ -350,6 +350,10 @@ def test_a_reply_missing_or_mistyping_a_field_is_refused() -> None:
         ({**full, "staging": {"state": "staging"}}, "malformed `staging`"),
         ({**full, "draining": [{"generation": 1}]}, "`draining[0].slot`"),
         ({**full, "jobs": [{"name": "a"}]}, "`jobs[0].epoch`"),
+        ({**full, "failed_samples": ["a/b: gone"]}, "malformed `failed_samples[0]`"),
+        ({**full, "failed_samples": [{"path": "a/b"}]}, "`failed_samples[0].reason`"),
+        ({**full, "read_path": "auto"}, "malformed `read_path`"),
+        ({**full, "rf_policy": "lstm"}, "malformed `rf_policy`"),
     ]:
         with pytest.raises(metfs.MetfsError) as e:
             metfs.Status.from_response(broken)
@@ -358,6 +362,10 @@ def test_a_reply_missing_or_mistyping_a_field_is_refused() -> None:
     older = {k: v for k, v in full.items() if k not in ("effective_rf", "daemon_bytes_spliced")}
     st = metfs.Status.from_response(older)
     assert st.effective_rf is None and st.daemon_bytes_spliced == 0
+    # Each failed sample is a record of its path and why.
+    failed = [{"path": "a/b", "reason": "gone"}]
+    st = metfs.Status.from_response({**full, "failed_samples": failed})
+    assert st.failed_samples == failed and st.failed_samples[0]["reason"] == "gone"
     # Integers are numbers; fields this client does not know are kept, in `raw`.
     st = metfs.Status.from_response({**full, "rf": 3, "newer_field": 1})
     assert st.rf == 3.0 and isinstance(st.rf, float) and st["newer_field"] == 1
