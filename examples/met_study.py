@@ -188,7 +188,7 @@ def met_passes(
     out.tier_bytes = end.tier_bytes_read or 0
     for d in loop.decisions:
         out.decisions[d.decision] = out.decisions.get(d.decision, 0) + 1
-        out.replayed += d.reason.get("source") == "history"
+        out.replayed += d.reason is not None and d.reason.get("source") == "history"
     return out
 
 

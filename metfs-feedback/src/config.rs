@@ -54,24 +54,7 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Which policy decides (also the protocol's `rf_policy`).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum PolicyKind {
-    /// Exactly `rf` passes per mini-epoch.
-    #[default]
-    Fixed,
-    /// Score-based adaptive rf (paper Fig. 6).
-    Score,
-    /// Bollinger-band adaptive rf (paper III.C.2).
-    Bollinger,
-    /// Replay of a recorded rf schedule, then `learned_fallback`.
-    Learned,
-    /// Staging-aware, progress-capped, held-out-driven adaptive rf (`policy::Paced`).
-    Paced,
-}
+pub use crate::policy::PolicyKind;
 
 /// The policies `learned` may fall back to (not `learned` itself).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -244,7 +244,7 @@ fn builds_bounded_policies() {
     // First pass of the next mini-epoch: no improvement, wait 1, but rf_min holds.
     let d = p.on_pass_end(&m, &at(1, 1)).unwrap();
     assert_eq!(d.verdict, Verdict::Repeat);
-    assert_eq!(d.reason["bound"], "rf_min");
+    assert_eq!(d.reason.to_json()["bound"], "rf_min");
 
     let p = build_policy(&with(|c| c.kind = PolicyKind::Bollinger), None).unwrap();
     assert_eq!((p.name(), p.expected_rf()), ("bollinger", 6.0));
@@ -292,14 +292,14 @@ fn learned_uses_the_schedule_then_the_named_fallback() {
     }
     let d = p.on_pass_end(&m, &at(2, 3)).unwrap();
     assert_eq!(
-        (d.verdict, d.reason["source"].clone()),
+        (d.verdict, d.reason.to_json()["source"].clone()),
         (Verdict::Advance, "fallback".into())
     );
 
     // No history yet: the default fallback (score) decides from the first mini-epoch.
     let mut p = build_policy(&with(|c| c.kind = PolicyKind::Learned), None).unwrap();
     let d = p.on_pass_end(&metrics(1.0, 0.5, 0.5), &at(0, 1)).unwrap();
-    assert_eq!(d.reason["fallback"]["policy"], "score");
+    assert_eq!(d.reason.to_json()["fallback"]["policy"], "score");
     // A schedule is ignored by other kinds.
     let p = build_policy(&PolicyConfig::default(), Some(vec![9])).unwrap();
     assert_eq!(p.expected_rf(), 4.0);
@@ -331,7 +331,7 @@ fn the_papers_variants_are_settings() {
     let m = |x: f64| -> Metrics { [("val_accuracy".to_string(), x)].into_iter().collect() };
     for i in 1..20 {
         let d = p.on_pass_end(&m(0.5), &at(0, i)).unwrap();
-        assert_eq!(d.reason["filling"], true);
+        assert_eq!(d.reason.to_json()["filling"], true);
     }
     let d = p.on_pass_end(&m(0.9), &at(0, 20)).unwrap();
     assert_eq!(d.verdict, Verdict::Advance, "{}", d.reason);
@@ -354,7 +354,7 @@ fn the_papers_variants_are_settings() {
     let mut p = build_policy(&c, None).unwrap();
     let v = |x: f64| -> Metrics { [("val_loss".to_string(), x)].into_iter().collect() };
     let d = p.on_pass_end(&v(0.7), &at(0, 1)).unwrap();
-    assert_eq!(d.reason["best_scope"], "per_mini_epoch");
+    assert_eq!(d.reason.to_json()["best_scope"], "per_mini_epoch");
     for (key, text) in [
         ("bollinger_std", "bollinger_std = \"biased\""),
         ("bollinger_current", "bollinger_current = \"maybe\""),
@@ -385,7 +385,7 @@ fn paced_is_selectable_but_not_the_default() {
     };
     let d = p.on_pass_end(&Metrics::new(), &s).unwrap();
     assert_eq!(
-        (d.verdict, d.reason["cap"].clone()),
+        (d.verdict, d.reason.to_json()["cap"].clone()),
         (Verdict::Advance, 16.into())
     );
 }

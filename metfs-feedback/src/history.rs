@@ -228,7 +228,7 @@ impl MiniEpochRecord {
             self.wanted_rf = Some(self.rf);
         }
         self.verdict = Some(decision.verdict);
-        self.reason = decision.reason.clone();
+        self.reason = decision.reason.to_json();
         self.ended_unix_ms = now_unix_ms();
     }
 

@@ -1,13 +1,23 @@
 //! Tests of the rf history: records, runs, pruning, and `learned`'s choice of run.
 
 use super::*;
+use crate::policy::{Bounds, Reason, Scope};
 use proptest::prelude::*;
 use serde_json::json;
 
 fn decision(verdict: Verdict, score: Option<f64>) -> PolicyDecision {
     PolicyDecision {
         verdict,
-        reason: json!({"policy": "score", "current": score}),
+        reason: Reason::Score {
+            best: score.unwrap_or(0.0),
+            current: score.unwrap_or(0.0),
+            improved: false,
+            wait: 0,
+            wait_th: 1,
+            best_scope: Scope::Run,
+            passes: 1,
+            bounds: Bounds::default(),
+        },
         score,
     }
 }

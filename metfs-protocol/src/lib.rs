@@ -49,7 +49,7 @@ pub use request::{
     parse_metrics, parse_request, ErrorCode, FilesForm, Metrics, ProtocolError, Request, Subset,
     MAX_LINE_BYTES,
 };
-pub use values::{Compose, FailedSample, PolicyKind, ReadPath, ShardDone, ShuffleCode};
+pub use values::{Compose, FailedSample, PolicyKind, ReadPath, Reason, ShardDone, ShuffleCode};
 
 /// The protocol's major version, spoken by this build: the `"v"` of every message.
 pub const VERSION: u32 = 1;

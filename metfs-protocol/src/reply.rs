@@ -8,9 +8,8 @@
 use metfs_feedback::history::Replay;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use crate::values::{Compose, FailedSample, PolicyKind, ReadPath, ShardDone, ShuffleCode};
+use crate::values::{Compose, FailedSample, PolicyKind, ReadPath, Reason, ShardDone, ShuffleCode};
 
 /// The answer to `hello`: the daemon's protocol and identity.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -572,10 +571,10 @@ pub struct Decision {
     pub rf: f64,
     /// The next mini-epoch is fully staged.
     pub next_ready: bool,
-    /// Why the policy decided so, naming the policy (`{"policy": "score", ...}`); only
+    /// Why the policy decided so, by the policy (`{"policy": "score", ...}`); only
     /// `pass_end` has one (a forced advance or an apply has no policy decision).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<Value>,
+    pub reason: Option<Reason>,
 }
 
 /// The answer to `leave`.

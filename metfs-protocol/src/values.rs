@@ -4,12 +4,14 @@
 //!
 //! The daemon's own enums live in crates that do not depend on this one (`metfs-fs`,
 //! `metfs-plan`, `metfs-dds`, `metfs-exchange`); the daemon converts them where it builds a
-//! reply. The rf policy is `metfs-feedback`'s [`PolicyKind`], re-exported here.
+//! reply. The rf policy is `metfs-feedback`'s [`PolicyKind`], and a policy's reason its
+//! [`Reason`] (one shape per policy), both re-exported here.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use metfs_feedback::config::PolicyKind;
+pub use metfs_feedback::policy::{Bound, Bounds, HeldOut, LearnedSource, PacedWhy, Reason};
 
 /// How reads of staged files reach the kernel: the read path in use (`auto` resolved, and
 /// `pread` after a fall-back from a refused passthrough).

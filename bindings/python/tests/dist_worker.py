@@ -66,7 +66,7 @@ def main() -> int:
                 except metfs.MetfsError:
                     pass
         report["decisions"] = [d.decision for d in run.decisions]
-        report["not_ready"] = [d.reason.get("not_ready_ranks") for d in run.decisions]
+        report["not_ready"] = [d.not_ready_ranks for d in run.decisions]
         report["done"] = run.done
     except metfs.MetfsError as e:
         report["error"] = e.message

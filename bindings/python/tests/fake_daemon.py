@@ -176,7 +176,7 @@ class FakeDaemon:
             "pass": self.passes,
             "rf": self.rf,
             "next_ready": self.next_ready,
-            "reason": {"policy": "fixed", "rf": self.rf},
+            "reason": {"policy": "fixed", "rf": self.rf, "passes": self.passes},
         }
 
     def _advance(self) -> None:

@@ -92,7 +92,7 @@ def test_pass_end_converts_metrics(fake: FakeDaemon) -> None:
             }
         )
     assert d.decision == "repeat" and not d.advanced and d.passes_done == 1
-    assert d.reason == {"policy": "fixed", "rf": 2}
+    assert d.reason == {"policy": "fixed", "rf": 2, "passes": 1}
     sent = fake.requests[-1]
     assert sent["op"] == "pass_end" and sent["job"] == "j" and sent["block"] is False
     assert sent["metrics"] == {"loss": 0.25, "acc": 0.5, "n": 3.0, "arr": 1.5, "t1": 2.0}

@@ -64,7 +64,8 @@ def test_learned_replays_the_run_that_ended_best(
         metrics = {"loss": 1.0, "accuracy": 0.5, "val_accuracy": 0.5, "val_loss": 0.3}
         for p in range(1, 4):
             d = c.pass_end(metrics, block=True)
-            assert d.reason.get("source") == "history" and d.advanced == (p == 3), d.raw
+            assert d.reason is not None and d.reason["policy"] == "learned", d.raw
+            assert d.reason["source"] == "history" and d.advanced == (p == 3), d.raw
     cli = subprocess.run(
         [m.bin, "status", "--socket", m.socket],
         capture_output=True,

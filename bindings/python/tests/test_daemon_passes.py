@@ -135,7 +135,7 @@ def test_pass_end_without_block_repeats_or_waits(real_mount: Callable[..., RealM
     with metfs.Client(m.socket) as c:
         d = c.pass_end({"loss": 0.5})
         assert d.decision == "repeat" and d.passes_done == 1 and d.position == (0, 0)
-        assert d.reason.get("policy") == "fixed", d.raw
+        assert d.reason is not None and d.reason["policy"] == "fixed", d.raw
         g = c.status().generation
         d = c.pass_end({"loss": 0.4})
         assert d.decision in ("advance", "wait"), d.raw

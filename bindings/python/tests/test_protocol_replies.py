@@ -156,7 +156,7 @@ def test_every_field_the_client_reads_is_in_the_real_replies(
     assert replies["release"]["released"] == direct.generation
     first: Decision = parsed["pass_end"][0]
     assert (first.decision, first.passes_done, first.rf) == ("repeat", 1, 2.0)
-    assert first.reason.get("policy") == "fixed"
+    assert first.reason is not None and first.reason["policy"] == "fixed"
     second: Decision = parsed["pass_end block"][0]
     assert second.advanced and second.position == (0, 1) and second.passes_done == 0
     assert parsed["advance"][0].position == (0, 2)

@@ -197,10 +197,26 @@ def py_fields(cls: Any) -> dict[str, tuple[Any, bool, Any]]:
     return out
 
 
+#: The (class, schema object) pairs being compared: a recursive type (a ``learned`` reason's
+#: ``fallback`` is a reason) is compared once.
+_COMPARING: set[tuple[int, int]] = set()
+
+
 def compare_object(cls: Any, node: dict[str, Any], where: str, request: bool) -> list[str]:
     """A dataclass or ``TypedDict`` against an object of the schema, field by field."""
     if not (is_typeddict(cls) or dataclasses.is_dataclass(cls)):
         return [f"{where}: an object in the schema, {cls} in Python"]
+    key = (id(cls), id(node))
+    if key in _COMPARING:
+        return []
+    _COMPARING.add(key)
+    try:
+        return _compare_fields(cls, node, where, request)
+    finally:
+        _COMPARING.discard(key)
+
+
+def _compare_fields(cls: Any, node: dict[str, Any], where: str, request: bool) -> list[str]:
     props = {k: v for k, v in node["properties"].items() if k not in ENVELOPE}
     wire_only: frozenset[str] = getattr(cls, "WIRE_ONLY", frozenset())
     required = set(node.get("required", ()))
@@ -429,3 +445,40 @@ def test_every_request_carries_the_version_and_the_job(fake: FakeDaemon) -> None
         assert req["v"] == PROTOCOL_VERSION, req
         assert req["job"] == "j", req
         check.validate(req)
+
+
+def test_each_policys_reason_is_the_schemas_and_reads_back() -> None:
+    """A reason of each shape is valid against the schema and reads back as sent; one of an
+    unknown policy, or missing a field its policy always sends, is refused."""
+    fixed = {"policy": "fixed", "rf": 2, "passes": 1}
+    reasons: list[dict[str, Any]] = [
+        fixed,
+        {**fixed, "bound": "rf_max", "rf_min": 1, "rf_max": 2},
+        {"policy": "score", "best": 0.5, "current": 0.75, "improved": False, "wait": 1,
+         "wait_th": 2, "best_scope": "run", "passes": 3},
+        {"policy": "bollinger", "filling": True, "have": 2, "current": 1.0, "window": 5,
+         "k": 2.0, "window_scope": "per_mini_epoch", "passes": 2},
+        {"policy": "bollinger", "ma": 1.0, "std": 0.5, "lower": 0.0, "upper": 2.0,
+         "current": 1.5, "window": 5, "k": 2.0, "window_scope": "run", "side": "below",
+         "spread": "sample", "current_point": "excluded", "passes": 4},
+        {"policy": "learned", "source": "history", "sequence": 0, "rf": 3, "passes": 1,
+         "schedule_len": 4},
+        {"policy": "learned", "source": "fallback", "sequence": 5, "schedule_len": 4,
+         "fallback": fixed},
+        {"policy": "paced", "why": "held_out", "cap": 4, "progress": 0.5, "next_ready": True,
+         "stall_free_rf": None, "passes": 2,
+         "held_out": {"rule": "val_loss", "gain": 0.1, "need": None, "fresh_gain": 0.2}},
+        {"policy": "paced", "why": "cap", "cap": 2, "progress": None, "next_ready": None,
+         "stall_free_rf": 1, "held_out": None, "passes": 2},
+    ]  # fmt: skip
+    check = validator("Reason")
+    position = {"ok": True, "decision": "repeat", "generation": 1, "epoch": 0, "mini_epoch": 0,
+                "mini_epochs": 2, "pass": 1, "rf": 2.0, "next_ready": False}  # fmt: skip
+    for reason in reasons:
+        check.validate(reason)
+        assert Decision.from_response({**position, "reason": reason}, "pass_end").reason == reason
+    assert Decision.from_response(position, "advance").reason is None
+    for bad in [{"policy": "lstm"}, {"policy": "fixed", "rf": 2}, {**fixed, "bound": "rf"}]:
+        with pytest.raises(metfs.MetfsError, match="reason") as e:
+            Decision.from_response({**position, "reason": bad}, "pass_end")
+        assert e.value.code == "bad_response"

@@ -9,14 +9,14 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use statrs::statistics::Statistics;
 
 use super::{
-    BandSide, PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, RfTracker, Scope,
-    Verdict, WeightedScore,
+    BandSide, Bounds, PassState, PolicyDecision, PolicyError, PolicyState, Reason, RfPolicy,
+    RfTracker, Scope, Verdict, WeightedScore,
 };
-use crate::config::PolicyKind;
+
+use super::PolicyKind;
 use crate::Metrics;
 
 /// Bollinger-band adaptive rf (paper section III.C.2).
@@ -166,16 +166,23 @@ impl RfPolicy for Bollinger {
         let (verdict, reason) = match self.band_for(current) {
             None => (
                 Verdict::Repeat,
-                json!({
-                    "policy": "bollinger",
-                    "filling": true,
-                    "have": self.recent.len(),
-                    "window": self.window,
-                    "k": self.k,
-                    "current": current,
-                    "window_scope": self.scope.as_str(),
-                    "passes": state.passes,
-                }),
+                Reason::Bollinger {
+                    filling: true,
+                    have: Some(self.recent.len() as u64),
+                    ma: None,
+                    std: None,
+                    lower: None,
+                    upper: None,
+                    current,
+                    window: self.window as u64,
+                    k: self.k,
+                    window_scope: self.scope,
+                    side: None,
+                    spread: None,
+                    current_point: None,
+                    passes: state.passes,
+                    bounds: Bounds::default(),
+                },
             ),
             Some((ma, std, lower, upper)) => (
                 if self.side.leaves(current, lower, upper) {
@@ -183,21 +190,23 @@ impl RfPolicy for Bollinger {
                 } else {
                     Verdict::Repeat
                 },
-                json!({
-                    "policy": "bollinger",
-                    "ma": ma,
-                    "std": std,
-                    "lower": lower,
-                    "upper": upper,
-                    "current": current,
-                    "window": self.window,
-                    "k": self.k,
-                    "window_scope": self.scope.as_str(),
-                    "side": self.side.as_str(),
-                    "spread": self.spread.as_str(),
-                    "current_point": self.current_point.as_str(),
-                    "passes": state.passes,
-                }),
+                Reason::Bollinger {
+                    filling: false,
+                    have: None,
+                    ma: Some(ma),
+                    std: Some(std),
+                    lower: Some(lower),
+                    upper: Some(upper),
+                    current,
+                    window: self.window as u64,
+                    k: self.k,
+                    window_scope: self.scope,
+                    side: Some(self.side),
+                    spread: Some(self.spread),
+                    current_point: Some(self.current_point),
+                    passes: state.passes,
+                    bounds: Bounds::default(),
+                },
             ),
         };
         if self.recent.len() == self.window {
@@ -248,7 +257,9 @@ impl BandSide {
 }
 
 /// Which standard deviation the band's width is taken from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Spread {
     /// The sample standard deviation (divisor `N - 1`): the default, see [`Bollinger`].
@@ -259,7 +270,9 @@ pub enum Spread {
 }
 
 /// Whether the band is computed with the score it judges.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum CurrentPoint {
     /// Over the `N` scores before this pass: the default, see [`Bollinger`].

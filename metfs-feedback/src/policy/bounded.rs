@@ -2,10 +2,11 @@
 //! any policy. Every policy the daemon runs is wrapped in one (by
 //! [`crate::config::build_policy`]); the inner policy keeps seeing every pass.
 
-use serde_json::{json, Value};
+use super::{
+    Bound, Bounds, PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, Verdict,
+};
 
-use super::{PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, Verdict};
-use crate::config::PolicyKind;
+use super::PolicyKind;
 use crate::Metrics;
 
 /// Enforces `rf_min <= passes per mini-epoch <= rf_max` around any policy.
@@ -57,17 +58,19 @@ impl RfPolicy for Bounded {
         let mut d = self.inner.on_pass_end(metrics, state)?;
         let bound = if state.passes < self.rf_min && d.verdict == Verdict::Advance {
             d.verdict = Verdict::Repeat;
-            Some("rf_min")
+            Some(Bound::RfMin)
         } else if state.passes >= self.rf_max && d.verdict == Verdict::Repeat {
             d.verdict = Verdict::Advance;
-            Some("rf_max")
+            Some(Bound::RfMax)
         } else {
             None
         };
-        if let (Some(b), Value::Object(o)) = (bound, &mut d.reason) {
-            o.insert("bound".into(), json!(b));
-            o.insert("rf_min".into(), json!(self.rf_min));
-            o.insert("rf_max".into(), json!(self.rf_max));
+        if let Some(b) = bound {
+            *d.reason.bounds_mut() = Bounds {
+                bound: Some(b),
+                rf_min: Some(self.rf_min),
+                rf_max: Some(self.rf_max),
+            };
         }
         Ok(d)
     }

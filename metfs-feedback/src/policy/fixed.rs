@@ -1,10 +1,9 @@
 //! [`Fixed`]: the paper's baseline, exactly `rf` passes per mini-epoch. It needs no metrics,
 //! which makes it the default and the policy of a job that sends none.
 
-use serde_json::json;
+use super::{Bounds, PassState, PolicyDecision, PolicyError, Reason, RfPolicy, Verdict};
 
-use super::{PassState, PolicyDecision, PolicyError, RfPolicy, Verdict};
-use crate::config::PolicyKind;
+use super::PolicyKind;
 use crate::Metrics;
 
 /// The paper's baseline: exactly `rf` passes per mini-epoch.
@@ -42,7 +41,11 @@ impl RfPolicy for Fixed {
         };
         Ok(PolicyDecision {
             verdict,
-            reason: json!({"policy": "fixed", "rf": self.rf, "passes": state.passes}),
+            reason: Reason::Fixed {
+                rf: self.rf,
+                passes: state.passes,
+                bounds: Bounds::default(),
+            },
             score: None,
         })
     }

@@ -8,13 +8,13 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use super::{
-    MetricTerm, PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, Verdict,
-    WeightedScore,
+    Bounds, LearnedSource, MetricTerm, PassState, PolicyDecision, PolicyError, PolicyState, Reason,
+    RfPolicy, Verdict, WeightedScore,
 };
-use crate::config::PolicyKind;
+
+use super::PolicyKind;
 use crate::Metrics;
 
 /// The metric that ranks earlier runs for `learned`, and which way is better.
@@ -187,25 +187,28 @@ impl RfPolicy for Learned {
                 } else {
                     Verdict::Repeat
                 },
-                reason: json!({
-                    "policy": "learned",
-                    "source": "history",
-                    "sequence": state.sequence,
-                    "rf": rf,
-                    "passes": state.passes,
-                    "schedule_len": len,
-                }),
+                reason: Reason::Learned {
+                    source: LearnedSource::History,
+                    sequence: state.sequence,
+                    rf: Some(rf),
+                    passes: Some(state.passes),
+                    schedule_len: len as u64,
+                    fallback: None,
+                    bounds: Bounds::default(),
+                },
                 score: fb.score,
             },
             None => PolicyDecision {
                 verdict: fb.verdict,
-                reason: json!({
-                    "policy": "learned",
-                    "source": "fallback",
-                    "sequence": state.sequence,
-                    "schedule_len": len,
-                    "fallback": fb.reason,
-                }),
+                reason: Reason::Learned {
+                    source: LearnedSource::Fallback,
+                    sequence: state.sequence,
+                    rf: None,
+                    passes: None,
+                    schedule_len: len as u64,
+                    fallback: Some(Box::new(fb.reason)),
+                    bounds: Bounds::default(),
+                },
                 score: fb.score,
             },
         })

@@ -34,7 +34,8 @@
 //! * [`RfPolicy::on_advance`] is the only place per-mini-epoch state is reset.
 //!
 //! Layout: this module holds the seam ([`RfPolicy`], [`Verdict`], [`PassState`],
-//! [`PolicyDecision`]), the error and [`Scope`]; `metric` holds the score ([`MetricTerm`],
+//! [`PolicyDecision`], [`PolicyKind`]), the error and [`Scope`]; `reason` holds each policy's
+//! [`Reason`]; `metric` holds the score ([`MetricTerm`],
 //! [`WeightedScore`]); each policy has its own file (`fixed`, `score`, `bollinger`, `learned`,
 //! `paced`, `bounded`) and takes its parameters as constructor arguments. The policies never import
 //! [`crate::config`]: the dependency points one way, from the config that builds policies to
@@ -45,11 +46,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use statrs::statistics::Statistics;
 use thiserror::Error;
 
-use crate::config::PolicyKind;
 use crate::Metrics;
 
 mod bollinger;
@@ -58,6 +57,7 @@ mod fixed;
 mod learned;
 mod metric;
 mod paced;
+mod reason;
 mod saved;
 mod score;
 
@@ -67,6 +67,7 @@ pub use fixed::Fixed;
 pub use learned::{Learned, ReplayMetric};
 pub use metric::{default_terms, MetricTerm, WeightedScore, DEFAULT_TERMS};
 pub use paced::{Paced, PacedParams, PacedState, SMOOTHING};
+pub use reason::{Bound, Bounds, HeldOut, LearnedSource, PacedWhy, Reason};
 pub use saved::PolicyState;
 pub use score::Score;
 
@@ -217,8 +218,8 @@ impl JobSignals {
 pub struct PolicyDecision {
     /// Repeat or advance.
     pub verdict: Verdict,
-    /// Why, as a JSON object that names the policy (`{"policy": "score", "best": .., ..}`).
-    pub reason: Value,
+    /// Why, naming the policy (`{"policy": "score", "best": .., ..}` as JSON).
+    pub reason: Reason,
     /// The score this pass got, for policies that compute one (recorded in the rf history).
     pub score: Option<f64>,
 }
@@ -254,8 +255,30 @@ pub trait RfPolicy: Send {
     }
 }
 
+/// Which policy decides (the config's `rf_policy`, also the protocol's); its spelling,
+/// `as_str` and parsing are in [`crate::config`].
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Exactly `rf` passes per mini-epoch.
+    #[default]
+    Fixed,
+    /// Score-based adaptive rf (paper Fig. 6).
+    Score,
+    /// Bollinger-band adaptive rf (paper III.C.2).
+    Bollinger,
+    /// Replay of a recorded rf schedule, then `learned_fallback`.
+    Learned,
+    /// Staging-aware, progress-capped, held-out-driven adaptive rf (`policy::Paced`).
+    Paced,
+}
+
 /// Whether a statistic lives for the whole run or restarts with every mini-epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
     /// Kept across mini-epochs for the whole run (the paper's Fig. 6 keeps `best` this way).
@@ -302,7 +325,9 @@ impl FromStr for Scope {
 /// leaving above a sudden setback. Both readings are kept: `below` (the default, what the
 /// project measured first) and `either`. A score that is better *higher* (an accuracy given
 /// weight +1) breaks out upwards: `above`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum BandSide {
     /// Advance when the score falls below `MA - K * std`.

@@ -33,10 +33,13 @@
 //! decisions (smoothed gains, last held-out values, the target) is saved and restored.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 
-use super::{PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, RfTracker, Verdict};
-use crate::config::PolicyKind;
+use super::{
+    Bounds, HeldOut, PacedWhy, PassState, PolicyDecision, PolicyError, PolicyState, Reason,
+    RfPolicy, RfTracker, Verdict,
+};
+
+use super::PolicyKind;
 use crate::Metrics;
 
 /// Weight of the newest observation in the smoothed gains: about the last three mini-epochs
@@ -171,7 +174,7 @@ impl Paced {
     }
 
     /// The held-out rule between the floor and the cap: repeat, and why.
-    fn held_out(&self, state: &PassState, gain: Option<f64>) -> (bool, Value) {
+    fn held_out(&self, state: &PassState, gain: Option<f64>) -> (bool, HeldOut) {
         let l = &self.learned;
         let need = |fresh: Option<f64>| fresh.map(|f| self.params.gain_fraction * f.max(0.0));
         if state.val_loss.is_some() {
@@ -189,7 +192,11 @@ impl Paced {
             };
             return (
                 repeat,
-                json!({"rule": "val_loss", "gain": expect, "need": need, "fresh_gain": l.fresh_gain}),
+                HeldOut::ValLoss {
+                    gain: expect,
+                    need,
+                    fresh_gain: l.fresh_gain,
+                },
             );
         }
         if l.last_fresh.is_some() {
@@ -200,10 +207,13 @@ impl Paced {
             };
             return (
                 state.passes < target,
-                json!({"rule": "fresh_loss", "target": target, "fresh_per_pass": l.fresh_per_pass}),
+                HeldOut::FreshLoss {
+                    target,
+                    fresh_per_pass: l.fresh_per_pass,
+                },
             );
         }
-        (true, json!({"rule": "schedule"}))
+        (true, HeldOut::Schedule)
     }
 }
 
@@ -224,11 +234,11 @@ impl RfPolicy for Paced {
         let staged = state.next_ready;
         let floor = state.stall_free_rf.unwrap_or(1);
         let (verdict, why, detail) = if staged == Some(false) {
-            (Verdict::Repeat, "staging", Value::Null)
+            (Verdict::Repeat, PacedWhy::Staging, None)
         } else if staged.is_none() && state.passes < floor {
-            (Verdict::Repeat, "stall_free", Value::Null)
+            (Verdict::Repeat, PacedWhy::StallFree, None)
         } else if state.passes >= cap {
-            (Verdict::Advance, "cap", Value::Null)
+            (Verdict::Advance, PacedWhy::Cap, None)
         } else {
             let (repeat, detail) = self.held_out(state, gain);
             let v = if repeat {
@@ -236,20 +246,20 @@ impl RfPolicy for Paced {
             } else {
                 Verdict::Advance
             };
-            (v, "held_out", detail)
+            (v, PacedWhy::HeldOut, Some(detail))
         };
         Ok(PolicyDecision {
             verdict,
-            reason: json!({
-                "policy": "paced",
-                "why": why,
-                "cap": cap,
-                "progress": state.progress,
-                "next_ready": staged,
-                "stall_free_rf": state.stall_free_rf,
-                "held_out": detail,
-                "passes": state.passes,
-            }),
+            reason: Reason::Paced {
+                why,
+                cap,
+                progress: state.progress,
+                next_ready: staged,
+                stall_free_rf: state.stall_free_rf,
+                held_out: detail,
+                passes: state.passes,
+                bounds: Bounds::default(),
+            },
             score: state.val_loss.or(state.fresh_loss),
         })
     }

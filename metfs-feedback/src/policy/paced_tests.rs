@@ -3,6 +3,7 @@
 use super::*;
 use crate::policy::Bounded;
 use proptest::prelude::*;
+use serde_json::Value;
 
 fn params(cap_start: u32, cap_end: u32, gain_fraction: f64) -> PacedParams {
     PacedParams {
@@ -55,7 +56,10 @@ fn no_fresh_data_no_advance() {
         ..PassState::new(5, 0)
     };
     let d = p.on_pass_end(&Metrics::new(), &s).unwrap();
-    assert_eq!((d.verdict, d.reason["why"].clone()), (R, "staging".into()));
+    assert_eq!(
+        (d.verdict, d.reason.to_json()["why"].clone()),
+        (R, "staging".into())
+    );
     // Unknown readiness: the stall-free rf is the floor.
     let s = PassState {
         stall_free_rf: Some(3),
@@ -63,7 +67,7 @@ fn no_fresh_data_no_advance() {
     };
     let d = p.on_pass_end(&Metrics::new(), &s).unwrap();
     assert_eq!(
-        (d.verdict, d.reason["why"].clone()),
+        (d.verdict, d.reason.to_json()["why"].clone()),
         (R, "stall_free".into())
     );
     let s = PassState {
@@ -94,12 +98,15 @@ fn the_cap_grows_with_progress() {
     };
     assert_eq!(decide(&mut p, at(1, 0.0)), R);
     let d = p.on_pass_end(&Metrics::new(), &at(2, 0.0)).unwrap();
-    assert_eq!((d.verdict, d.reason["why"].clone()), (A, "cap".into()));
-    assert_eq!(d.reason["held_out"], Value::Null);
+    assert_eq!(
+        (d.verdict, d.reason.to_json()["why"].clone()),
+        (A, "cap".into())
+    );
+    assert_eq!(d.reason.to_json()["held_out"], Value::Null);
     assert_eq!(decide(&mut p, at(5, 0.5)), R);
     assert_eq!(decide(&mut p, at(6, 0.5)), A);
     let d = p.on_pass_end(&Metrics::new(), &at(1, 0.0)).unwrap();
-    assert_eq!(d.reason["held_out"]["rule"], "schedule");
+    assert_eq!(d.reason.to_json()["held_out"]["rule"], "schedule");
 }
 
 #[test]
@@ -111,7 +118,7 @@ fn val_loss_repeats_while_a_repeat_gains_enough_of_a_fresh_pass() {
     // repeat of mini-epoch 0 gained 0.1 < 0.5 * 0.25: no repeat is worth trying.
     let d = p.on_pass_end(&Metrics::new(), &with_val(1, 0.6)).unwrap();
     assert_eq!(d.verdict, A, "{}", d.reason);
-    assert_eq!(d.reason["held_out"]["rule"], "val_loss");
+    assert_eq!(d.reason.to_json()["held_out"]["rule"], "val_loss");
     assert!((p.learned().fresh_gain.unwrap() - 0.25).abs() < 1e-9);
     p.on_advance();
     // Mini-epoch 2: a fresh pass gains little (0.6 -> 0.55), so the smoothed fresh gain falls

@@ -2,13 +2,12 @@
 //! `wait_th` consecutive passes whose score is not strictly below the best; `wait` restarts
 //! at every advance, and whether `best` does too is its [`Scope`].
 
-use serde_json::json;
-
 use super::{
-    PassState, PolicyDecision, PolicyError, PolicyState, RfPolicy, RfTracker, Scope, Verdict,
-    WeightedScore,
+    Bounds, PassState, PolicyDecision, PolicyError, PolicyState, Reason, RfPolicy, RfTracker,
+    Scope, Verdict, WeightedScore,
 };
-use crate::config::PolicyKind;
+
+use super::PolicyKind;
 use crate::Metrics;
 
 /// Score-based adaptive rf (paper Fig. 6).
@@ -104,16 +103,16 @@ impl RfPolicy for Score {
         };
         Ok(PolicyDecision {
             verdict,
-            reason: json!({
-                "policy": "score",
-                "best": self.best,
-                "current": current,
-                "improved": improved,
-                "wait": self.wait,
-                "wait_th": self.wait_th,
-                "best_scope": self.scope.as_str(),
-                "passes": state.passes,
-            }),
+            reason: Reason::Score {
+                best: self.best,
+                current,
+                improved,
+                wait: self.wait,
+                wait_th: self.wait_th,
+                best_scope: self.scope,
+                passes: state.passes,
+                bounds: Bounds::default(),
+            },
             score: Some(current),
         })
     }

@@ -2,7 +2,7 @@
 
 use super::*;
 use proptest::prelude::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 fn st(passes: u32) -> PassState {
     PassState::new(passes, 0)
@@ -28,7 +28,7 @@ fn feed(p: &mut dyn RfPolicy, seq: u64, scores: &[f64]) -> Vec<(Verdict, Value)>
         .enumerate()
         .map(|(i, &s)| {
             let d = p.on_pass_end(&loss(s), &at(seq, i as u32 + 1)).unwrap();
-            (d.verdict, d.reason)
+            (d.verdict, d.reason.to_json())
         })
         .collect()
 }
@@ -56,13 +56,13 @@ fn bounds_hold() {
     let mut b = Bounded::new(Box::new(Fixed::new(1).unwrap()), 2, 3).unwrap();
     let d = b.on_pass_end(&m, &st(1)).unwrap();
     assert_eq!(d.verdict, Verdict::Repeat);
-    assert_eq!(d.reason["bound"], "rf_min");
+    assert_eq!(d.reason.to_json()["bound"], "rf_min");
     assert_eq!(b.on_pass_end(&m, &st(2)).unwrap().verdict, Verdict::Advance);
     let mut b = Bounded::new(Box::new(Fixed::new(10).unwrap()), 1, 3).unwrap();
     assert_eq!(b.on_pass_end(&m, &st(2)).unwrap().verdict, Verdict::Repeat);
     let d = b.on_pass_end(&m, &st(3)).unwrap();
     assert_eq!(d.verdict, Verdict::Advance);
-    assert_eq!(d.reason["bound"], "rf_max");
+    assert_eq!(d.reason.to_json()["bound"], "rf_max");
     assert_eq!(b.expected_rf(), 3.0);
     assert!(Bounded::new(Box::new(Fixed::new(1).unwrap()), 3, 2).is_err());
 }
@@ -204,7 +204,10 @@ fn score_improvement_resets_wait() {
     assert_eq!(waits, [0, 1, 2, 0, 1, 2, 3]);
     // Called again while the daemon waits for staging: still advance, wait keeps counting.
     let d = p.on_pass_end(&loss(6.0), &st(8)).unwrap();
-    assert_eq!((d.verdict, d.reason["wait"].clone()), (A, json!(4)));
+    assert_eq!(
+        (d.verdict, d.reason.to_json()["wait"].clone()),
+        (A, json!(4))
+    );
     // An improvement while waiting changes the policy's mind (the daemon has latched).
     let d = p.on_pass_end(&loss(3.0), &st(9)).unwrap();
     assert_eq!((d.verdict, d.score), (R, Some(3.0)));
@@ -284,10 +287,10 @@ fn bollinger_fills_then_compares_against_the_previous_window() {
     // inside the sample-std band: repeat.
     let d = p.on_pass_end(&loss(0.68), &st(6)).unwrap();
     assert_eq!(d.verdict, R);
-    assert!((d.reason["lower"].as_f64().unwrap() - lower).abs() < 1e-15);
-    assert_eq!(d.reason["current"], 0.68);
+    assert!((d.reason.to_json()["lower"].as_f64().unwrap() - lower).abs() < 1e-15);
+    assert_eq!(d.reason.to_json()["current"], 0.68);
     for key in ["ma", "std", "lower", "upper", "current", "window", "k"] {
-        assert!(d.reason.get(key).is_some(), "{key}: {}", d.reason);
+        assert!(d.reason.to_json().get(key).is_some(), "{key}: {}", d.reason);
     }
     // 0.68 joined the window and 1.0 left it; the band is recomputed from those five.
     let w = [0.9, 0.8, 0.85, 0.75, 0.68];
@@ -319,7 +322,10 @@ fn bollinger_current_score_is_not_in_its_own_band() {
         "equal to the band's lower edge is not below it"
     );
     assert_eq!(
-        (d.reason["std"].as_f64(), d.reason["lower"].as_f64()),
+        (
+            d.reason.to_json()["std"].as_f64(),
+            d.reason.to_json()["lower"].as_f64()
+        ),
         (Some(0.0), Some(1.0))
     );
     let d = p.on_pass_end(&loss(0.99), &st(7)).unwrap();
@@ -342,12 +348,18 @@ fn bollinger_either_side_also_leaves_above_the_band() {
         .clone()
         .on_pass_end(&loss(upper + 1e-9), &st(6))
         .unwrap();
-    assert_eq!((d.verdict, d.reason["side"].as_str()), (R, Some("below")));
+    assert_eq!(
+        (d.verdict, d.reason.to_json()["side"].as_str()),
+        (R, Some("below"))
+    );
     let d = either
         .clone()
         .on_pass_end(&loss(upper + 1e-9), &st(6))
         .unwrap();
-    assert_eq!((d.verdict, d.reason["side"].as_str()), (A, Some("either")));
+    assert_eq!(
+        (d.verdict, d.reason.to_json()["side"].as_str()),
+        (A, Some("either"))
+    );
     // On the edge and inside, both repeat; below the band, both advance.
     for (score, want) in [(upper, R), (0.9, R), (lower, R), (lower - 1e-9, A)] {
         assert_eq!(
@@ -538,10 +550,16 @@ fn learned_rf_is_bounded() {
     let l = Learned::new(vec![200, 1], Box::new(Fixed::new(4).unwrap())).unwrap();
     let mut b = Bounded::new(Box::new(l), 2, 128).unwrap();
     let d = b.on_pass_end(&loss(1.0), &at(0, 128)).unwrap();
-    assert_eq!((d.verdict, d.reason["bound"].clone()), (A, json!("rf_max")));
+    assert_eq!(
+        (d.verdict, d.reason.to_json()["bound"].clone()),
+        (A, json!("rf_max"))
+    );
     b.on_advance();
     let d = b.on_pass_end(&loss(1.0), &at(1, 1)).unwrap();
-    assert_eq!((d.verdict, d.reason["bound"].clone()), (R, json!("rf_min")));
+    assert_eq!(
+        (d.verdict, d.reason.to_json()["bound"].clone()),
+        (R, json!("rf_min"))
+    );
     assert_eq!(b.on_pass_end(&loss(1.0), &at(1, 2)).unwrap().verdict, A);
 }
 
@@ -557,7 +575,11 @@ impl RfPolicy for Scripted {
         self.1 += 1;
         Ok(PolicyDecision {
             verdict: if advance { A } else { R },
-            reason: json!({"policy": "scripted"}),
+            reason: Reason::Fixed {
+                rf: 0,
+                passes: 0,
+                bounds: Bounds::default(),
+            },
             score: None,
         })
     }
@@ -609,7 +631,7 @@ proptest! {
             x -= step;
             passes += 1;
             let d = b.on_pass_end(&loss(x), &at(seq, passes)).unwrap();
-            prop_assert_eq!(d.reason["wait"].as_u64(), Some(0));
+            prop_assert_eq!(d.reason.to_json()["wait"].as_u64(), Some(0));
             if passes < rf_max {
                 prop_assert_eq!(d.verdict, R);
             } else {
@@ -633,11 +655,11 @@ proptest! {
             let d = p.on_pass_end(&loss(s), &st(i as u32 + 1)).unwrap();
             if i < window {
                 prop_assert_eq!(d.verdict, R);
-                prop_assert_eq!(&d.reason["filling"], &json!(true));
+                prop_assert_eq!(&d.reason.to_json()["filling"], &json!(true));
             } else {
                 let (ma, std) = longhand(&scores[i - window..i]);
                 let lower = ma - k * std;
-                let got = d.reason["lower"].as_f64().unwrap();
+                let got = d.reason.to_json()["lower"].as_f64().unwrap();
                 prop_assert!((got - lower).abs() <= 1e-9 * (1.0 + lower.abs()));
                 // Away from the edge, the verdict is the longhand one.
                 if (s - lower).abs() > 1e-9 * (1.0 + lower.abs()) {

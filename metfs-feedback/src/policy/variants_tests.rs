@@ -48,11 +48,11 @@ fn population_std_narrows_the_band() {
     feed(&mut p, &[1.0, 0.9, 0.8, 0.85, 0.75]);
     let d = p.on_pass_end(&metric("loss", 0.68), &st(6)).unwrap();
     assert_eq!(
-        (d.verdict, d.reason["spread"].as_str()),
+        (d.verdict, d.reason.to_json()["spread"].as_str()),
         (A, Some("population"))
     );
     let (ma, std) = population(&[1.0, 0.9, 0.8, 0.85, 0.75]);
-    assert!((d.reason["lower"].as_f64().unwrap() - (ma - 2.0 * std)).abs() < 1e-12);
+    assert!((d.reason.to_json()["lower"].as_f64().unwrap() - (ma - 2.0 * std)).abs() < 1e-12);
 }
 
 #[test]
@@ -68,12 +68,12 @@ fn the_current_point_can_sit_in_its_own_band() {
     // A clear drop is a breakout even with itself in the band (z up to 19/sqrt(20) = 4.25).
     let d = p.on_pass_end(&metric("loss", 0.5), &st(20)).unwrap();
     assert_eq!(d.verdict, A, "{}", d.reason);
-    assert_eq!(d.reason["current_point"], "included");
+    assert_eq!(d.reason.to_json()["current_point"], "included");
     let mut window = flat.clone();
     window.push(0.5);
     let (ma, std) = population(&window);
-    assert!((d.reason["ma"].as_f64().unwrap() - ma).abs() < 1e-12);
-    assert!((d.reason["std"].as_f64().unwrap() - std).abs() < 1e-12);
+    assert!((d.reason.to_json()["ma"].as_f64().unwrap() - ma).abs() < 1e-12);
+    assert!((d.reason.to_json()["std"].as_f64().unwrap() - std).abs() < 1e-12);
     // Per-mini-epoch scope: the window empties, and the next mini-epoch refills for 19 passes.
     p.on_advance();
     assert_eq!(feed(&mut p, &flat), [R; 19]);
@@ -101,7 +101,10 @@ fn above_leaves_when_a_higher_is_better_score_breaks_out_upwards() {
     let d = p
         .on_pass_end(&metric("val_accuracy", upper + 0.01), &st(6))
         .unwrap();
-    assert_eq!((d.verdict, d.reason["side"].as_str()), (A, Some("above")));
+    assert_eq!(
+        (d.verdict, d.reason.to_json()["side"].as_str()),
+        (A, Some("above"))
+    );
 }
 
 #[test]
@@ -140,8 +143,8 @@ proptest! {
             let d = p.on_pass_end(&metric("loss", x), &st(i as u32 + 1)).unwrap();
             if i + 1 >= n {
                 let (ma, std) = population(&xs[i + 1 - n..=i]);
-                prop_assert!((d.reason["ma"].as_f64().unwrap() - ma).abs() < 1e-9);
-                prop_assert!((d.reason["std"].as_f64().unwrap() - std).abs() < 1e-9);
+                prop_assert!((d.reason.to_json()["ma"].as_f64().unwrap() - ma).abs() < 1e-9);
+                prop_assert!((d.reason.to_json()["std"].as_f64().unwrap() - std).abs() < 1e-9);
                 prop_assert_eq!(d.verdict == A, x < ma - 1.5 * std);
             } else {
                 prop_assert_eq!(d.verdict, R);

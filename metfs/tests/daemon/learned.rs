@@ -41,7 +41,10 @@ async fn learned_replays_a_schedule_recorded_under_another_seed() {
         .map(|(k, v)| (k.to_string(), v))
         .into();
     let first = d.pass_end(None, metrics, false).await.unwrap();
-    let reason = first.reason.expect("a policy decision has a reason");
+    let reason = first
+        .reason
+        .expect("a policy decision has a reason")
+        .to_json();
     assert_eq!(reason["source"], "history", "{reason}");
     assert_eq!(reason["rf"], 3, "{reason}");
     r.stop().await;

@@ -73,7 +73,7 @@ async fn paced_sees_the_signals_and_bad_ones_change_nothing() {
         )
         .await
         .unwrap();
-    let reason = first.reason.clone().unwrap();
+    let reason = first.reason.clone().unwrap().to_json();
     assert_eq!(first.decision, Choice::Repeat, "{reason}");
     assert_eq!(
         (&reason["policy"], &reason["cap"], &reason["next_ready"]),
@@ -94,6 +94,6 @@ async fn paced_sees_the_signals_and_bad_ones_change_nothing() {
         .await
         .unwrap();
     assert_eq!(second.decision, Choice::Advance, "{:?}", second.reason);
-    assert_eq!(second.reason.unwrap()["why"], "cap");
+    assert_eq!(second.reason.unwrap().to_json()["why"], "cap");
     r.stop().await;
 }

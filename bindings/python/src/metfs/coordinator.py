@@ -141,8 +141,8 @@ class TorchDistributedCoordinator(Coordinator):
     So no rank ever trains on a different mini-epoch index than another. With dynamic sharding
     (``metfs mount --dds``) the index is each node's batch sequence number and the nodes'
     epochs may differ by one at an epoch's end (each batch is the node's own claim). The readiness of all
-    ranks (step 1) is known before the leader decides and is reported in every decision's
-    ``reason`` (``all_ready``, ``not_ready_ranks``); but protocol 1's ``pass_end`` has no way to
+    ranks (step 1) is known before the leader decides and is reported in every decision
+    (``all_ready``, ``not_ready_ranks``); but protocol 1's ``pass_end`` has no way to
     tell the leader's daemon "do not advance", so when the leader's next mini-epoch is staged
     and another node's is not, the leader advances and that node's ``apply`` waits for its
     staging (a stall on that node only, never a disagreement).
@@ -316,9 +316,9 @@ class TorchDistributedCoordinator(Coordinator):
             raise MetfsError(failed, f"metfs failed during pass end: {payload['error']}")
         decided = Decision.from_response(payload["raw"], "pass_end")
         not_ready = [i["rank"] for i in infos if not i.get("ready")]
-        reason = dict(decided.reason, all_ready=not not_ready, not_ready_ranks=not_ready)
+        decided = dataclasses.replace(decided, all_ready=not not_ready, not_ready_ranks=not_ready)
         outcome: dict[str, Any] = {"rank": self.rank, "host": self.host}
-        mine = dataclasses.replace(decided, reason=reason)
+        mine = decided
         if not self.is_leader:
             generation = st.generation
             if decided.advanced or not self._same((st.epoch, st.mini_epoch), decided.position):
@@ -327,7 +327,7 @@ class TorchDistributedCoordinator(Coordinator):
             mine = dataclasses.replace(
                 decided,
                 generation=generation,
-                reason=dict(reason, leader_generation=decided.generation),
+                leader_generation=decided.generation,
             )
         if decided.advanced:
             # Every rank knows the decision, so every rank joins this check.

@@ -35,6 +35,7 @@ from typing import (
 
 from .errors import MetfsError
 from .protocol import DecisionKind, ReplayWhy
+from .reasons import Reason
 
 __all__ = [
     "Decision",
@@ -298,8 +299,13 @@ class Decision:
     mini-epoch is not staged yet: train another pass over the same view). The position fields
     are those *after* the decision; ``passes_done`` is the protocol's ``pass``, ``rf`` the
     passes per mini-epoch the policy expects, ``next_ready`` whether the next mini-epoch is
-    staged. ``reason`` says why the policy decided so, naming it (``{"policy": "score", ...}``);
-    only ``pass_end`` has one.
+    staged. ``reason`` says why the policy decided so (:data:`metfs.reasons.Reason`, one shape
+    per policy, told apart by ``policy``); only ``pass_end`` has one (``None`` otherwise).
+
+    In a multi-rank job (:mod:`metfs.coordinator`) the coordinator also says whether every
+    rank's next mini-epoch was staged when the leader decided (``all_ready``, and the
+    ``not_ready_ranks``), and, on a follower, the leader's view's generation
+    (``leader_generation``); ``None`` without a coordinator.
     """
 
     decision: DecisionKind
@@ -310,11 +316,18 @@ class Decision:
     rf: float
     mini_epochs: int
     next_ready: bool
-    reason: dict[str, Any] = field(default_factory=dict)
+    reason: Reason | None = None
+    all_ready: bool | None = None
+    not_ready_ranks: list[int] | None = None
+    leader_generation: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     #: Fields named differently from the protocol: attribute -> protocol field.
     PROTOCOL_NAMES: ClassVar[dict[str, str]] = {"passes_done": "pass"}
+    #: Fields the client fills in (the coordinator), not read from the reply.
+    DERIVED: ClassVar[frozenset[str]] = frozenset(
+        {"all_ready", "not_ready_ranks", "leader_generation"}
+    )
 
     @classmethod
     def from_response(cls, obj: dict[str, Any], op: str) -> "Decision":
