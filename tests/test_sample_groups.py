@@ -162,10 +162,7 @@ def test_a_sample_missing_a_file_is_left_out_whole_and_named(mounts, tmp_path):
     assert "images/0007.png" not in seen and "masks/0011.png" not in seen
     assert {"images/0006.png", "masks/0006.png"} <= seen
     st = m.status()
-    # Records ({path, reason}) or "path: reason" lines, as the protocol's version gives them.
-    listed = "\n".join(
-        f"{f['path']}: {f['reason']}" if isinstance(f, dict) else f for f in st["failed_samples"]
-    )
+    listed = "\n".join(f"{f['path']}: {f['reason']}" for f in st["failed_samples"])
     assert "images/0007.png: its sample is left out whole: missing masks/0007.png" in listed
     assert "masks/0011.png: its sample is left out whole: missing images/0011.png" in listed
 
