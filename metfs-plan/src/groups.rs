@@ -112,7 +112,8 @@ impl SampleGroups {
             check(id, &sample_of)?;
             always_bytes = always_bytes.saturating_add(footprints[id as usize]);
         }
-        let first = |col: &[u32]| -> Vec<u32> { leads.iter().map(|&id| col[id as usize]).collect() };
+        let first =
+            |col: &[u32]| -> Vec<u32> { leads.iter().map(|&id| col[id as usize]).collect() };
         Ok(Self {
             labels: labels.map(first),
             clusters: clusters.map(first),
