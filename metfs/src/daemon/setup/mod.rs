@@ -116,6 +116,10 @@ impl Daemon {
             None => samples::detect(&cfg.samples, &catalog, &*tier, &paths.tmp).await?,
         };
         let planned = plan_dataset(&cfg, &catalog, catalog_bytes, containers.as_ref(), layout)?;
+        if planned.samples.is_some() {
+            // Grouping named every file once: give those pages back too.
+            let _ = tokio::task::spawn_blocking(crate::daemon::memory::release_freed_heap).await;
+        }
         let catalog = Arc::new(catalog);
         let stager = new_stager(&cfg, tier.clone(), catalog.clone(), &paths)?;
         let tier_url = tier.url().to_string();
