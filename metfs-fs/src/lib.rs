@@ -18,5 +18,6 @@
 pub mod fs;
 pub mod fuse;
 pub mod kernel;
+pub mod lock_order;
 pub mod read_path;
 pub mod view;

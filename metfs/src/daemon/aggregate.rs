@@ -51,11 +51,12 @@ use crate::config::aggregate::{AggregateConfig, ShuffleCode};
 use crate::config::MountConfig;
 use crate::daemon::store::Store;
 use crate::daemon::{Daemon, DaemonError};
+use metfs_fs::lock_order::{Level, OrderedMutex};
 use metfs_plan::size::format_bytes;
 use metfs_shuffle::{layout, Layout};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 // The names, the spec and the digest the daemon and its exchange agree on live with the
@@ -81,9 +82,9 @@ pub(super) struct Aggregate {
     pub(super) timeout: Duration,
     sizes: Vec<u64>,
     /// Layouts of the last few epochs (the planner is pure; these are a cache).
-    layouts: Mutex<BTreeMap<u64, Arc<Layout>>>,
+    layouts: OrderedMutex<BTreeMap<u64, Arc<Layout>>>,
     /// The last wait for an exchange, for `status`.
-    pub(super) last_wait: Mutex<Option<ExchangeWait>>,
+    pub(super) last_wait: OrderedMutex<Option<ExchangeWait>>,
 }
 
 impl Aggregate {
@@ -138,8 +139,8 @@ impl Aggregate {
             code: mode.code,
             timeout: Duration::from_secs(mode.timeout_secs),
             sizes: footprints,
-            layouts: Mutex::new(BTreeMap::from([(0, Arc::new(first))])),
-            last_wait: Mutex::new(None),
+            layouts: OrderedMutex::new(Level::Layouts, BTreeMap::from([(0, Arc::new(first))])),
+            last_wait: OrderedMutex::new(Level::LastWait, None),
         })
     }
 

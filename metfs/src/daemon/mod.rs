@@ -78,7 +78,9 @@
 //! # Lock order
 //!
 //! Every lock the daemon takes, outermost first. A lock may only be taken while holding locks
-//! earlier in this list (or none), never while holding a later one.
+//! earlier in this list (or none), never while holding a later one. Items 2 to 11 are
+//! `metfs_fs::lock_order::OrderedMutex`es at their `Level`: a debug build (every test) panics at
+//! the first lock taken out of this order, naming both.
 //!
 //! 1. `QueueFeed::worker` (tokio, `--dds`): the node's etcd worker; only the staging loop takes
 //!    it (`serve_queue`), across its round trips.
@@ -150,6 +152,7 @@
 //! workers), which runs under none of these; the `changed` watch channel; and the control
 //! socket's connection semaphore, taken with `try_acquire`, never waited for.
 
+use metfs_fs::lock_order::OrderedMutex;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -294,7 +297,7 @@ pub struct Daemon {
     /// The staged samples and their budget.
     store: Store,
     /// Every session, by name (today the one [`DEFAULT_SESSION`]).
-    sessions: Mutex<Sessions>,
+    sessions: OrderedMutex<Sessions>,
     fs: Arc<FsCore>,
     /// The read path chosen at mount (`auto` resolved).
     read_path: ReadPath,
@@ -309,7 +312,7 @@ pub struct Daemon {
     tier_url: String,
     started: Instant,
     /// A weak handle on the daemon itself, for background tasks started from `&self`.
-    me: Mutex<std::sync::Weak<Daemon>>,
+    me: OrderedMutex<std::sync::Weak<Daemon>>,
     /// Entries listed through the mount for the kernel (`prime.rs`).
     primed: AtomicU64,
     /// The last generation whose listing for the kernel finished (0: none yet).
@@ -319,7 +322,7 @@ pub struct Daemon {
     mode: ModeState,
     /// Held while a session's position and rf history are written: each write snapshots
     /// the session under this lock, so writes never land out of order.
-    persisting: Mutex<()>,
+    persisting: OrderedMutex<()>,
     /// The run's event log.
     pub events: crate::events::EventLog,
     /// Fired when the daemon should unmount and exit.

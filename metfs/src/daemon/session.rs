@@ -10,12 +10,13 @@ use crate::daemon::state::SavedState;
 use crate::daemon::store::Store;
 use metfs_feedback::history::{HistoryStore, MiniEpochRecord, Replay, RunId};
 use metfs_feedback::policy::{JobSignals, PassState, RfPolicy};
+use metfs_fs::lock_order::OrderedMutex;
 use metfs_fs::view::View;
 use metfs_prefetcher::stager::{Progress, StageReport};
 use metfs_protocol::{ErrorCode, Metrics, ProtocolError};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The name of the session a plain mount serves (the one every request reaches today).
@@ -120,7 +121,7 @@ pub(super) type Sessions = BTreeMap<String, Session>;
 /// store is the daemon's one copy of the history file, shared by the jobs of a shared mount
 /// (each records its own run), so that no job's write drops another's records.
 pub(super) struct History {
-    pub(super) store: Arc<Mutex<HistoryStore>>,
+    pub(super) store: Arc<OrderedMutex<HistoryStore>>,
     pub(super) dataset: String,
     pub(super) run: RunId,
     /// The earlier run a `learned` policy replays and why (`status` reports it).

@@ -7,7 +7,8 @@ use crate::daemon::DaemonError;
 use metfs_feedback::config::{PolicyConfig, PolicyKind};
 use metfs_feedback::history::{HistoryStore, Replay, RunId};
 use metfs_feedback::policy::RfPolicy;
-use std::sync::{Arc, Mutex};
+use metfs_fs::lock_order::{Level, OrderedMutex};
+use std::sync::Arc;
 
 pub(in crate::daemon) fn open_history_store(cfg: &MountConfig) -> Option<HistoryStore> {
     if let Some(dir) = cfg.history.parent() {
@@ -81,7 +82,7 @@ pub(in crate::daemon) fn open_history(
     tracing::info!(history = %cfg.history.display(), run = %run, resumed, job, "recording rf history");
     Ok((
         Some(History {
-            store: Arc::new(Mutex::new(store)),
+            store: Arc::new(OrderedMutex::new(Level::History, store)),
             dataset: dataset.to_string(),
             run,
             replay,

@@ -24,6 +24,7 @@ use crate::daemon::source::{load_catalog, needs_labels, open_tier};
 use crate::daemon::store::Store;
 use crate::daemon::{CachePaths, Daemon, DaemonError};
 use metfs_fs::fs::{FsCore, FsSettings};
+use metfs_fs::lock_order::{Level, OrderedMutex};
 use metfs_plan::budget::Budget;
 use metfs_plan::size::format_bytes;
 use metfs_prefetcher::hdf5::Containers;
@@ -258,14 +259,14 @@ impl Daemon {
         let (changed, _) = watch::channel(0u64);
         let daemon = Arc::new(Daemon {
             tier_url: p.tier_url,
-            me: Mutex::new(std::sync::Weak::new()),
+            me: OrderedMutex::new(Level::Me, std::sync::Weak::new()),
             primed: AtomicU64::new(0),
             primed_generation: AtomicU64::new(0),
-            persisting: Mutex::new(()),
+            persisting: OrderedMutex::new(Level::Persisting, ()),
             mode: p.mode,
             paths: p.paths,
             store: p.store,
-            sessions: Mutex::new(p.sessions),
+            sessions: OrderedMutex::new(Level::Sessions, p.sessions),
             fs: p.fs,
             read_path: p.read_path,
             active_read_path: Arc::new(ActiveReadPath::new(p.read_path)),

@@ -14,6 +14,7 @@ use crate::daemon::share::Shared;
 use crate::daemon::store::Store;
 use crate::daemon::{aggregate, share, CachePaths, Daemon, DaemonError};
 use metfs_fs::fs::FsCore;
+use metfs_fs::lock_order::{Level, OrderedMutex};
 use metfs_fs::view::View;
 use metfs_plan::budget::Budget;
 use metfs_plan::size::format_bytes;
@@ -22,7 +23,7 @@ use metfs_protocol::event::Event;
 use metfs_protocol::{event, NotResumed};
 use metfs_tier::catalog::Catalog;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Retired slots a shared mount keeps on the node per job share, at most. Jobs over one
 /// dataset take their common samples in the same round, so their slots are links of the same
@@ -56,7 +57,8 @@ impl Daemon {
         let mut shared = Shared::new(share.clone(), &budget, footprints.clone(), seed);
         shared.settings = settings;
         shared.restarts = restarts;
-        shared.history = open_history_store(&cfg).map(|s| Arc::new(Mutex::new(s)));
+        shared.history =
+            open_history_store(&cfg).map(|s| Arc::new(OrderedMutex::new(Level::History, s)));
         let read_path = resolve_read_path(&cfg, &catalog, &budget, false);
         if cfg.prefetch_rate == PrefetchRate::Auto {
             // Several jobs pace one stager: each staging runs at full speed (the stall-free

@@ -67,6 +67,7 @@
 //! and the resumption of its jobs at start; `cohort` the views the cohort draws, the pace
 //! (`holds_back`) and the jobs' status; `state` the save file (`share.json`) itself.
 
+use metfs_fs::lock_order::{Level, OrderedMutex};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::OnceLock;
 
@@ -80,7 +81,7 @@ use metfs_protocol::{ErrorCode, NotResumed, PolicyKind, ProtocolError};
 use state::ShareSettings;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod cohort;
@@ -94,8 +95,8 @@ pub(super) use resume::not_resumed;
 pub(super) struct Shared {
     pub(super) cfg: ShareConfig,
     /// Every job's views, shares and references (lock after the sessions', before the store's).
-    pub(super) cohort: Mutex<Cohort>,
-    pub(super) jobs: Mutex<BTreeMap<String, JobMeta>>,
+    pub(super) cohort: OrderedMutex<Cohort>,
+    pub(super) jobs: OrderedMutex<BTreeMap<String, JobMeta>>,
     /// The last generation handed out: generations are unique across jobs, since inode
     /// numbers carry them.
     generation: AtomicU64,
@@ -103,9 +104,9 @@ pub(super) struct Shared {
     pub(super) view_bytes: u64,
     /// The mount's rf history file, one copy for every job: each job records its own run under
     /// its name and its dataset (`None` if the file cannot be used).
-    pub(super) history: Option<Arc<Mutex<HistoryStore>>>,
+    pub(super) history: Option<Arc<OrderedMutex<HistoryStore>>>,
     /// When the last job joined: first views are drawn only [`JOIN_WINDOW`] after it.
-    last_join: Mutex<Option<Instant>>,
+    last_join: OrderedMutex<Option<Instant>>,
     /// What the views depend on, saved with the jobs' places (`share.json`).
     pub(super) settings: ShareSettings,
     /// Restarts of this shared mount so far (saved).
@@ -152,13 +153,16 @@ impl Shared {
             // The store is the daemon's (`Store::room_for`, by the ledger's reference counts),
             // and whatever `share.pace` it holds a job back itself (`holds_back`): the cohort
             // only draws, pins and counts.
-            cohort: Mutex::new(Cohort::external(2 * budget.slot_bytes, footprints, seed)),
-            jobs: Mutex::default(),
+            cohort: OrderedMutex::new(
+                Level::Cohort,
+                Cohort::external(2 * budget.slot_bytes, footprints, seed),
+            ),
+            jobs: OrderedMutex::new(Level::Jobs, BTreeMap::new()),
             // Generation 1 is the root's (empty) view.
             generation: AtomicU64::new(1),
             view_bytes,
             history: None,
-            last_join: Mutex::new(None),
+            last_join: OrderedMutex::new(Level::LastJoin, None),
             settings: ShareSettings {
                 source: String::new(),
                 catalog: String::new(),

@@ -46,6 +46,7 @@
 //! never while waiting for anything; the daemon may hold its sessions' lock when it calls
 //! them (sessions lock, then store lock; never the other way).
 
+use metfs_fs::lock_order::{Level, OrderedMutex};
 use std::collections::BTreeSet;
 
 use metfs_plan::budget::BLOCK;
@@ -59,7 +60,7 @@ use metfs_prefetcher::stager::{Progress, SlotSpec, StageReport, Stager};
 use metfs_protocol::FailedSample;
 use metfs_tier::catalog::Catalog;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 mod evict;
 mod origins;
@@ -86,7 +87,7 @@ pub struct Store {
     pub(super) containers: Option<Arc<Containers>>,
     pub(super) budget: Budget,
     pub(super) stager: Stager,
-    book: Mutex<Book>,
+    book: OrderedMutex<Book>,
     /// Most retired slots kept as donors at once.
     pub(super) max_held: usize,
     /// A shared mount: a retired slot is kept whatever its bytes, and each staging makes its
@@ -261,7 +262,7 @@ impl Store {
             containers,
             budget,
             stager,
-            book: Mutex::default(),
+            book: OrderedMutex::new(Level::Book, Book::default()),
             max_held: MAX_HELD,
             room_on_demand: false,
             released: tokio::sync::Notify::new(),
