@@ -38,6 +38,11 @@ pub enum Event {
     Staged(Staged),
     /// Staging a mini-epoch failed; it is resumed after a pause.
     StageFailed(StageFailed),
+    /// Samples the tier could not give in time were left out of a mini-epoch, carried into a
+    /// later one.
+    Deferred(Deferred),
+    /// Deferred samples a later mini-epoch's staging gave.
+    Recovered(Recovered),
     /// The view advanced to the next mini-epoch.
     Switch(Switch),
     /// The mini-epoch the view just left got more passes than its policy's rf: bonus passes
@@ -141,6 +146,34 @@ pub struct StageFailed {
     pub failures: u32,
     /// Seconds until staging resumes.
     pub retry_in_secs: u64,
+}
+
+/// `deferred`: a deferring staging left samples out, carried into a later mini-epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Deferred {
+    /// The mini-epoch staged without them: its epoch.
+    pub epoch: u64,
+    /// The mini-epoch.
+    pub mini_epoch: u32,
+    /// How many.
+    pub samples: u64,
+    /// The first ten, by path.
+    pub paths: Vec<String>,
+    /// The tier's error for the first.
+    pub error: String,
+}
+
+/// `recovered`: deferred samples a staging gave.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Recovered {
+    /// The mini-epoch they were staged in: its epoch.
+    pub epoch: u64,
+    /// The mini-epoch.
+    pub mini_epoch: u32,
+    /// How many.
+    pub samples: u64,
+    /// The first ten, by path.
+    pub paths: Vec<String>,
 }
 
 /// `switch`: the view advanced.

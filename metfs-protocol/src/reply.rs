@@ -285,6 +285,16 @@ pub struct Status {
     /// Samples that recently failed to stage, each once with its latest reason (the last
     /// 100).
     pub failed_samples: Vec<FailedSample>,
+    /// Samples the tier could not give within `stager.defer_after_secs`, carried now into a
+    /// later mini-epoch (docs/RELIABILITY.md, "Faults that last").
+    #[serde(default)]
+    pub deferred_samples: u64,
+    /// Deferrals since the daemon started (a sample deferred twice counts twice).
+    #[serde(default)]
+    pub deferrals: u64,
+    /// Deferred samples a later staging gave.
+    #[serde(default)]
+    pub recovered_samples: u64,
     /// Samples the transform (`--transform`) failed on since the daemon started, each left
     /// out of its mini-epoch; `null` without a transform.
     #[serde(default)]

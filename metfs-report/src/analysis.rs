@@ -126,7 +126,11 @@ pub(super) fn analyse(log: EventLog) -> Analysis {
             }
             Event::StallRf(_) => stalled += 1,
             // Kinds the report does not use.
-            Event::StageFailed(_) | Event::JobNotResumed(_) | Event::Other => {}
+            Event::StageFailed(_)
+            | Event::Deferred(_)
+            | Event::Recovered(_)
+            | Event::JobNotResumed(_)
+            | Event::Other => {}
         }
     }
     let (tier_source, tier_bytes_read) = if !tier.is_empty() {

@@ -255,6 +255,7 @@ impl CachePaths {
 }
 
 pub mod aggregate;
+mod deferred;
 mod fingerprint;
 mod kernel;
 pub mod memory;

@@ -4,6 +4,7 @@
 //! by name; a mount has the one [`DEFAULT_SESSION`] today, and no code path assumes it is the
 //! only one: every operation names the session it acts on.
 
+use crate::daemon::deferred::Deferred;
 use crate::daemon::fingerprint::{Fingerprint, SavedFingerprint};
 use crate::daemon::schedule::Schedule;
 use crate::daemon::state::SavedState;
@@ -78,6 +79,8 @@ pub(super) struct Session {
     meter: Meter,
     /// The view this session reads now: the one the filesystem core serves for it.
     view: Arc<View>,
+    /// Samples the tier could not give in time, carried into later mini-epochs.
+    deferred: Deferred,
 }
 
 /// The mini-epoch a switch left ([`Session::switch_to`]).
@@ -232,6 +235,7 @@ impl Session {
             history,
             job,
             meter: Meter::new(),
+            deferred: Deferred::default(),
             view,
         }
     }
@@ -494,14 +498,41 @@ impl Session {
         self.schedule.successor(self.position())
     }
 
-    /// The samples of mini-epoch `target` and their footprint.
+    /// The samples of mini-epoch `target` and their footprint, with the deferred samples that
+    /// fit in its slot.
     pub(super) fn members(&mut self, store: &Store, target: (u64, u32)) -> (Vec<u32>, u64) {
-        self.schedule.members(store, target)
+        let (mut samples, mut bytes) = self.schedule.members(store, target);
+        let slot = store.budget().slot_bytes;
+        self.deferred
+            .add_to(target, &mut samples, &mut bytes, slot, |id| {
+                store.footprint(&[id])
+            });
+        (samples, bytes)
     }
 
-    /// The samples the view of mini-epoch `target` shows.
+    /// The samples the view of mini-epoch `target` shows (the deferred ones staged with it
+    /// included).
     pub(super) fn view_members(&mut self, store: &Store, target: (u64, u32)) -> Vec<u32> {
-        self.schedule.view_members(store, target)
+        let mut members = self.schedule.view_members(store, target);
+        let added = self.deferred.added_to(target);
+        if !added.is_empty() {
+            members.extend_from_slice(added);
+            members.sort_unstable();
+            members.dedup();
+        }
+        members
+    }
+
+    /// The deferred samples: what a staging of `members` left out as `deferred`, carried on,
+    /// and the carried ones it gave, returned.
+    pub(super) fn deferred_staged(&mut self, members: &[u32], deferred: &[u32]) -> Vec<u32> {
+        self.deferred.staged(members, deferred)
+    }
+
+    /// Samples carried now, deferrals so far, carried samples recovered.
+    pub(super) fn deferred_counts(&self) -> (u64, u64, u64) {
+        let (d, r) = self.deferred.totals();
+        (self.deferred.carried(), d, r)
     }
 
     /// The slot of mini-epoch `target`.

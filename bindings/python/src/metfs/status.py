@@ -296,6 +296,11 @@ class Status:
     kept_slots: int
     #: Samples that recently failed to stage, each once with its latest reason (the last 100).
     failed_samples: list[FailedSample]
+    #: Samples the tier could not give within ``stager.defer_after_secs``, carried now into a
+    #: later mini-epoch; deferrals so far; deferred samples a later staging gave.
+    deferred_samples: int = 0
+    deferrals: int = 0
+    recovered_samples: int = 0
     #: Samples the transform failed on (``None`` without a transform); samples trimmed out of
     #: kept slots to make room.
     transform_failed: int | None = None

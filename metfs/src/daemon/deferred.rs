@@ -1,0 +1,155 @@
+//! Deferred samples: what the tier could not give for longer than the defer bound, carried
+//! into a later mini-epoch instead of holding the view back.
+//!
+//! A staging whose target has failed for `stager.defer_after_secs` runs *deferring*: a sample
+//! whose transient errors outlast `stager.retry_secs` is left out of that slot as deferred
+//! (the stager's `StageReport::deferred`) and the slot completes, so the view moves on. The
+//! session's [`Deferred`] then carries those samples into the mini-epoch after, where they are
+//! staged and shown with its own samples; one the tier gives there is *recovered*; one it still
+//! cannot give is carried on again, across the end of the epoch if need be.
+//!
+//! # Invariants
+//!
+//! * A carried sample is added to one mini-epoch's members at a time, and only while it fits:
+//!   the mini-epoch's bytes with the carried ones stay within the slot's bytes; the rest waits
+//!   for the next one. So the budget holds whatever is carried.
+//! * A sample is carried at most once at a time (a set), and counted as deferred once per
+//!   deferral and as recovered once, when a staging gives it (carried into that mini-epoch, or
+//!   in its plan anyway).
+//! * Nothing here is saved: a restarted daemon stages the plan's mini-epochs as planned, and a
+//!   sample still carried at the restart is read again at its place in the next epoch.
+
+use std::collections::BTreeSet;
+
+/// A session's deferred samples (see the module docs).
+#[derive(Debug, Default)]
+pub(super) struct Deferred {
+    /// Samples waiting for a mini-epoch to be staged in, by id.
+    carried: BTreeSet<u32>,
+    /// The mini-epoch they were last added to, and which of them.
+    added: Option<((u64, u32), Vec<u32>)>,
+    /// Deferrals so far (a sample deferred twice counts twice).
+    deferred_total: u64,
+    /// Carried samples a later staging gave.
+    recovered_total: u64,
+}
+
+impl Deferred {
+    /// Adds to the members of `target` (a mini-epoch of `bytes` bytes in a slot of
+    /// `slot_bytes`) the carried samples that fit, smallest first; returns them.
+    pub(super) fn add_to(
+        &mut self,
+        target: (u64, u32),
+        members: &mut Vec<u32>,
+        bytes: &mut u64,
+        slot_bytes: u64,
+        footprint: impl Fn(u32) -> u64,
+    ) -> Vec<u32> {
+        if self.carried.is_empty() {
+            return Vec::new();
+        }
+        let mut by_size: Vec<u32> = self
+            .carried
+            .iter()
+            .copied()
+            .filter(|id| members.binary_search(id).is_err())
+            .collect();
+        by_size.sort_by_key(|&id| footprint(id));
+        let mut added = Vec::new();
+        for id in by_size {
+            let f = footprint(id);
+            if bytes.saturating_add(f) > slot_bytes {
+                break;
+            }
+            *bytes += f;
+            added.push(id);
+        }
+        members.extend(&added);
+        members.sort_unstable();
+        self.added = Some((target, added.clone()));
+        added
+    }
+
+    /// The carried samples [`Deferred::add_to`] gave `target`, for its view.
+    pub(super) fn added_to(&self, target: (u64, u32)) -> &[u32] {
+        match &self.added {
+            Some((t, ids)) if *t == target => ids,
+            _ => &[],
+        }
+    }
+
+    /// A staging of `members` (a mini-epoch's samples, ascending, carried ones included) gave
+    /// all but `deferred`: the carried samples among the others are recovered (whether added
+    /// to it or in its plan anyway), and `deferred` are carried. Returns the recovered ones.
+    pub(super) fn staged(&mut self, members: &[u32], deferred: &[u32]) -> Vec<u32> {
+        let again: BTreeSet<u32> = deferred.iter().copied().collect();
+        let recovered: Vec<u32> = self
+            .carried
+            .iter()
+            .copied()
+            .filter(|id| !again.contains(id) && members.binary_search(id).is_ok())
+            .collect();
+        for id in &recovered {
+            self.carried.remove(id);
+        }
+        self.recovered_total += recovered.len() as u64;
+        self.deferred_total += again.len() as u64;
+        self.carried.extend(again);
+        recovered
+    }
+
+    /// How many samples are carried now.
+    pub(super) fn carried(&self) -> u64 {
+        self.carried.len() as u64
+    }
+
+    /// Deferrals so far, and carried samples recovered.
+    pub(super) fn totals(&self) -> (u64, u64) {
+        (self.deferred_total, self.recovered_total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deferred_sample_is_carried_until_a_staging_gives_it() {
+        let mut d = Deferred::default();
+        assert!(d.staged(&[5, 7, 9], &[7, 9]).is_empty());
+        assert_eq!(d.carried(), 2);
+        // The next mini-epoch has room for one of them only (sizes 10 and 30; 25 free).
+        let (mut m, mut bytes) = (vec![1, 2], 75);
+        let added = d.add_to((0, 1), &mut m, &mut bytes, 100, |id| {
+            if id == 7 {
+                10
+            } else {
+                30
+            }
+        });
+        assert_eq!((added, m, bytes), (vec![7], vec![1, 2, 7], 85));
+        assert_eq!(d.added_to((0, 1)), &[7]);
+        assert!(d.added_to((0, 2)).is_empty());
+        // 7 came; 9 waits on.
+        assert_eq!(d.staged(&[1, 2, 7], &[]), vec![7]);
+        assert_eq!(d.carried(), 1);
+        let (mut m, mut bytes) = (vec![3], 10);
+        let added = d.add_to((1, 0), &mut m, &mut bytes, 100, |_| 30);
+        assert_eq!(added, vec![9]);
+        // Deferred again: still carried, counted twice, recovered never.
+        assert!(d.staged(&[3, 9], &[9]).is_empty());
+        assert_eq!((d.carried(), d.totals()), (1, (3, 1)));
+    }
+
+    #[test]
+    fn a_carried_sample_already_in_the_mini_epoch_is_not_added_twice() {
+        let mut d = Deferred::default();
+        d.staged(&[4], &[4]);
+        let (mut m, mut b) = (vec![4, 5], 20);
+        assert!(d.add_to((1, 0), &mut m, &mut b, 100, |_| 10).is_empty());
+        assert_eq!((m.clone(), b), (vec![4, 5], 20));
+        // Staged there as planned: recovered.
+        assert_eq!(d.staged(&m, &[]), vec![4]);
+        assert_eq!(d.carried(), 0);
+    }
+}
