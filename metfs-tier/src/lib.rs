@@ -49,6 +49,7 @@ use crate::catalog::{
 };
 use crate::pacer::Pacer;
 
+pub mod backoff;
 pub mod catalog;
 pub mod pacer;
 pub mod s3;

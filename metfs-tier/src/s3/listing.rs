@@ -3,13 +3,14 @@
 //! classified into a catalog entry or a skipped key with its reason, one page at a time.
 
 use std::ops::ControlFlow;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use object_store::client::{HttpErrorKind, HttpRequestBody};
 use object_store::path::Path as ObjPath;
 use object_store::signer::{SignedUrlOptions, Signer};
 use serde::Deserialize;
 
+use crate::backoff::Backoff;
 use crate::catalog::{validate_rel_path, Catalog, CatalogEntry, Meta};
 use crate::TierError;
 
@@ -258,37 +259,36 @@ impl S3Tier {
         Attempt::Done(Page { objects, next })
     }
 
-    /// One listing page, retried like every other request (see [`S3RetryConfig`]).
+    /// One listing page, retried like every other request (see [`S3RetryConfig`]): with
+    /// `object_store`'s decorrelated jitter, giving up after `max_retries` retries or once
+    /// `retry_timeout_ms` has passed since the first attempt.
     pub(super) async fn list_page(&self, token: Option<&str>) -> Result<Page, TierError> {
         let policy = &self.cfg.retry;
-        let start = Instant::now();
-        let init = policy.init_backoff_ms as f64 / 1000.0;
-        let mut wait = init;
-        let mut retries = 0;
+        let mut backoff = Backoff::decorrelated(
+            Duration::from_millis(policy.init_backoff_ms),
+            policy.backoff_base,
+            Duration::from_millis(policy.max_backoff_ms),
+        )
+        .max_retries(policy.max_retries)
+        .give_up_after(Duration::from_millis(policy.retry_timeout_ms));
         loop {
             match self.list_attempt(token).await {
                 Attempt::Done(page) => return Ok(page),
                 Attempt::Fatal(e) => return Err(e),
                 Attempt::Transient(reason) => {
-                    if retries >= policy.max_retries
-                        || start.elapsed() > Duration::from_millis(policy.retry_timeout_ms)
-                    {
+                    let Some(sleep) = backoff.next_wait() else {
                         return Err(TierError::Unreachable {
                             url: self.url.clone(),
                             reason: format!(
-                                "listing failed after {retries} retries in {:.1} s: {reason}",
-                                start.elapsed().as_secs_f64()
+                                "listing failed after {} retries in {:.1} s: {reason}",
+                                backoff.retries(),
+                                backoff.elapsed().as_secs_f64()
                             ),
                         });
-                    }
-                    retries += 1;
-                    // The same decorrelated jitter as object_store's requests.
-                    let sleep = Duration::from_secs_f64(wait);
+                    };
+                    let retries = backoff.retries();
                     tracing::debug!(tier = %self.url, %reason, retries, ?sleep, "retrying listing page");
                     tokio::time::sleep(sleep).await;
-                    let high = (wait * policy.backoff_base).max(init);
-                    wait = (init + rand::random::<f64>() * (high - init))
-                        .min(policy.max_backoff_ms as f64 / 1000.0);
                 }
             }
         }
