@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::*;
+use super::{Hdf5Error, Result};
 use metfs_tier::catalog::{BuildError, Catalog, CatalogBuilder};
 
 // ---------------------------------------------------------------------------------------------

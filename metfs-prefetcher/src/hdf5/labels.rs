@@ -16,7 +16,7 @@ use super::ffi::types::{
 use super::ffi::{
     cstring, dataset_space, dataset_type, is_dataset, link_exists, open_dataset, open_file, Cx,
 };
-use super::*;
+use super::{Hdf5Error, Result};
 
 /// Reads the `n` values of file type `t` that `obj` selects and renders each as a label:
 /// integers and floats in decimal, strings as text, enum values (h5py booleans included) by

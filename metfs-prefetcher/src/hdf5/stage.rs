@@ -21,7 +21,7 @@ use super::ffi::{
     set_fill_time_never, Cx, Hid,
 };
 use super::source::{hint_rows, placement, Fds, Source};
-use super::*;
+use super::{BLOCK_BYTES, Hdf5Error, INDEX_DATASET, Result};
 use metfs_tier::pacer::Pacer;
 
 // ---------------------------------------------------------------------------------------------

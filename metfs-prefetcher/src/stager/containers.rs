@@ -1,7 +1,13 @@
 //! Staging a slot in HDF5 container mode: the mini-epoch's rows of each container, journaled
 //! per container file.
 
-use super::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use metfs_tier::TierError;
+use super::{JournalBatch, Progress, SlotSpec, StageError, StageReport, Stager, cache_err, crc_of_file, create_private_dir};
 
 impl Stager {
     /// Stages a container-mode slot: for each container file with rows in `slot`, one HDF5 file
@@ -105,8 +111,8 @@ impl Stager {
         rows: Vec<u64>,
     ) -> Result<Result<(PathBuf, u64, u32), String>, StageError> {
         use crate::hdf5::Hdf5Error;
-        let mut delay = Duration::from_millis(200);
-        let first = Instant::now();
+        // Unlike a file's, `retry_secs` counts from the container's first attempt.
+        let mut backoff = self.tier_backoff();
         loop {
             let seq = self.attempt_seq.fetch_add(1, Ordering::Relaxed);
             let tmp = self.tmp_dir.join(format!("{}-c{fi}.{seq}", slot.name));
@@ -160,7 +166,7 @@ impl Stager {
             if !matches!(e, Hdf5Error::Io { .. } | Hdf5Error::Library { .. }) {
                 return Ok(Err(text));
             }
-            if first.elapsed() >= Duration::from_secs(self.cfg.retry_secs) {
+            let Some(delay) = backoff.next_wait() else {
                 return Err(StageError::Tier {
                     slot: slot.name.clone(),
                     source: TierError::Unreachable {
@@ -168,10 +174,9 @@ impl Stager {
                         reason: text,
                     },
                 });
-            }
+            };
             tracing::warn!(error = %text, "staging a container failed; retrying with backoff");
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(5));
         }
     }
 }

@@ -21,7 +21,10 @@
 //! ignored, which costs a refetch of one sample at most. Entries without a CRC (written before
 //! journals had one) are ignored too: their copies cannot be checked, so they are fetched again.
 
-use super::*;
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 
 /// What a slot's journal says.
 #[derive(Debug, Default)]

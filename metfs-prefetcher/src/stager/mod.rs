@@ -86,21 +86,20 @@
 //! source was, whatever the source's modes (the view shows the source's modes, not these).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::transform::Transformer;
+use metfs_tier::backoff::Backoff;
 use metfs_tier::catalog::Catalog;
 use metfs_tier::pacer::Pacer;
-use metfs_tier::{CapacityTier, SampleRef, TierError};
+use metfs_tier::{CapacityTier, TierError};
 
 mod commit;
 mod containers;
@@ -681,11 +680,20 @@ impl Stager {
         out.sort();
         out
     }
+
+    /// The backoff of the tier's transient errors: 0.2 s doubling to at most 5 s, giving up
+    /// once [`StagerConfig::retry_secs`] has passed since it was made.
+    pub(super) fn tier_backoff(&self) -> Backoff {
+        Backoff::doubling(Duration::from_millis(200), Duration::from_secs(5))
+            .give_up_after(Duration::from_secs(self.cfg.retry_secs))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use metfs_tier::SampleRef;
+    use std::os::unix::fs::PermissionsExt;
     use metfs_tier::PosixTier;
 
     pub(super) async fn setup(n: usize) -> (tempfile::TempDir, Stager, Arc<Catalog>) {

@@ -28,7 +28,11 @@
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::AtomicUsize;
 
-use super::*;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use serde::{Deserialize, Serialize};
+use super::{JournalBatch, Landing, Miss, Progress, StageError, Stager, cache_err, crc_of_open_file};
 
 /// The seal format's version: a seal of another version is ignored (the full check runs).
 const SEAL_VERSION: u32 = 1;
@@ -436,6 +440,11 @@ impl Stager {
 mod tests {
     use super::super::tests::{all, assert_slot_equals_source, setup};
     use super::*;
+    use crate::stager::EVICTED;
+    use metfs_tier::catalog::Catalog;
+    use metfs_tier::pacer::Pacer;
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
 
     /// The same cache as `st`'s, as a new daemon would open it: nothing carried in memory.
     fn restart(st: &Stager) -> Stager {

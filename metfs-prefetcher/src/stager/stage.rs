@@ -6,7 +6,20 @@
 //! before it is journaled, and one fsync per file would cost what that saves.
 
 use super::commit::{commit_batches, Committed};
-use super::*;
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use futures::StreamExt;
+
+use crate::transform::Transformer;
+use metfs_tier::backoff::Backoff;
+use metfs_tier::{SampleRef, TierError};
+use super::{JournalBatch, JournalState, SlotJournal};
+use super::{BATCH_AGE, BATCH_BYTES, BATCH_FILES, Fetched, Landing, Miss, NAME_MAX, PATH_MAX, Progress, SlotSpec, StageError, StageReport, Stager, cache_err, crc_of_copy, crc_of_file, create_private_dir};
 
 impl Stager {
     /// Creates `slot`'s directory and the temporary directory; returns the slot's directory
@@ -501,8 +514,8 @@ impl Stager {
         landing: Landing,
     ) -> Result<Fetched, Miss> {
         let (rel, dst, sample) = self.prepare_one(dir, id, made_dirs)?;
-        let mut delay = Duration::from_millis(200);
-        let mut first_failure: Option<Instant> = None;
+        // Made at the first transient failure: `retry_secs` counts from there.
+        let mut backoff: Option<Backoff> = None;
         let mut attempt = 0u32;
         loop {
             attempt += 1;
@@ -571,14 +584,14 @@ impl Stager {
                     return Err(Miss::Sample(e.to_string()));
                 }
                 e => {
-                    let since = *first_failure.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= Duration::from_secs(self.cfg.retry_secs) {
+                    let backoff = backoff.get_or_insert_with(|| self.tier_backoff());
+                    let Some(delay) = backoff.next_wait() else {
                         tracing::warn!(sample = %rel, error = %e, attempt, "the tier kept failing; the slot fails and is staged again later");
                         return Err(Miss::Slot(StageError::Tier {
                             slot: slot_name.to_string(),
                             source: e,
                         }));
-                    }
+                    };
                     progress.retries.fetch_add(1, Ordering::Relaxed);
                     *progress.last_retry_error.lock().unwrap() = Some(e.to_string());
                     if self.transient.fetch_add(1, Ordering::Relaxed) == 0 {
@@ -587,7 +600,6 @@ impl Stager {
                         tracing::debug!(sample = %rel, error = %e, attempt, "retrying fetch");
                     }
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
         }

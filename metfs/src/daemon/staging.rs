@@ -10,6 +10,7 @@ use metfs_plan::size::format_bytes;
 use metfs_prefetcher::stager::{Progress, SlotSpec, StageReport};
 use metfs_protocol::event;
 use metfs_protocol::event::Event;
+use metfs_tier::backoff::doubled;
 use metfs_tier::pacer::JustInTime;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -211,7 +212,11 @@ impl Daemon {
         target: (u64, u32),
         failures: u32,
     ) -> Next {
-        let pause = Duration::from_secs(2u64 << (failures - 1).min(5)).min(Duration::from_secs(60));
+        let pause = doubled(
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+            failures - 1,
+        );
         let cause = if e.is_out_of_space() {
             "the cache is out of space; free space on its file system"
         } else {
