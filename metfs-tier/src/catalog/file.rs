@@ -32,7 +32,12 @@
 //!   a mount compares cheaply; for an object store every sample's ETag; for a manifest its
 //!   length, mtime and CRC-32.
 
-use super::*;
+use std::io::{Read, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Catalog, CatalogError};
 
 /// First bytes of a catalog file.
 pub const FILE_MAGIC: &[u8; 8] = b"METFSCAT";
@@ -294,6 +299,7 @@ fn parse_header(buf: &[u8], name: &str) -> Result<CatalogFileHeader, CatalogErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::catalog::CatalogEntry;
 
     fn sample() -> CatalogFile {
         let mut c = Catalog::from_entries(

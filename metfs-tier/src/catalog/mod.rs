@@ -35,8 +35,6 @@
 //! tier (see `file.rs` for the layout and its checks).
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;

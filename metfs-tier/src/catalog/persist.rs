@@ -1,7 +1,10 @@
 //! `catalog.bin`: the catalog saved in the cache, and loaded back with every offset, id and
 //! path checked, so a damaged file is refused instead of trusted.
 
-use super::*;
+use std::io::{Read, Write};
+use std::path::Path;
+
+use super::{validate_rel_path, Catalog, CatalogError};
 
 pub(super) const MAGIC: &[u8; 8] = b"METFSCA2";
 
