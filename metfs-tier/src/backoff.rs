@@ -152,12 +152,20 @@ mod tests {
     fn doubled_is_the_daemons_pause() {
         // 2 s, 4 s, ... at most 60 s, as `2 << (failures - 1).min(5)` capped at 60.
         for failures in 1u32..=100 {
-            let old = Duration::from_secs(2u64 << (failures - 1).min(5)).min(Duration::from_secs(60));
-            let new = doubled(Duration::from_secs(2), Duration::from_secs(60), failures - 1);
+            let old =
+                Duration::from_secs(2u64 << (failures - 1).min(5)).min(Duration::from_secs(60));
+            let new = doubled(
+                Duration::from_secs(2),
+                Duration::from_secs(60),
+                failures - 1,
+            );
             assert_eq!(old, new, "failures {failures}");
         }
         // No overflow however many.
-        assert_eq!(doubled(Duration::MAX, Duration::MAX, u32::MAX), Duration::MAX);
+        assert_eq!(
+            doubled(Duration::MAX, Duration::MAX, u32::MAX),
+            Duration::MAX
+        );
     }
 
     #[test]

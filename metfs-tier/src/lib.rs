@@ -55,6 +55,6 @@ pub mod testing;
 pub use error::TierError;
 pub use posix::{posix_version, PosixTier, POSIX_GROUP_FILES};
 pub use seam::{
-    start_writeback, CapacityTier, Catalogued, Copied, FinishCopy, GroupMember, Listing,
-    OpenCopy, SampleRef, SMALL_FILE_BYTES,
+    start_writeback, CapacityTier, Catalogued, Copied, FinishCopy, GroupMember, Listing, OpenCopy,
+    SampleRef, SMALL_FILE_BYTES,
 };

@@ -1,8 +1,8 @@
 //! Building a catalog: samples pushed in any order, checked (paths, duplicates, a file where a
 //! directory is needed), sorted, and interned into the compact [`Catalog`].
 
+use super::{validate_rel_path, Catalog, Meta, MetaColumns, Owner, StrArena};
 use std::collections::HashMap;
-use super::{Catalog, Meta, MetaColumns, Owner, StrArena, validate_rel_path};
 
 pub(super) fn intern(map: &mut HashMap<String, u32>, names: &mut Vec<String>, s: &str) -> u32 {
     if let Some(&id) = map.get(s) {

@@ -16,9 +16,11 @@ struct Walked {
 }
 
 impl PosixTier {
-
     /// The listing, entry by entry.
-    pub(super) fn list_blocking(&self, progress: &std::sync::atomic::AtomicU64) -> Result<Listing, TierError> {
+    pub(super) fn list_blocking(
+        &self,
+        progress: &std::sync::atomic::AtomicU64,
+    ) -> Result<Listing, TierError> {
         let mut entries = Vec::new();
         let Walked {
             dir_stamps,

@@ -64,6 +64,130 @@ pub(super) fn truthy(v: &str) -> bool {
     )
 }
 
+/// Refuses settings no tier can work with: a zero size, count or timeout, or half a pair of
+/// credentials.
+fn check_settings(cfg: &S3Config) -> Result<(), String> {
+    if cfg.part_size == 0 || cfg.max_parallel_parts == 0 || cfg.max_requests == 0 {
+        return Err("part_size, max_parallel_parts and max_requests must be at least 1".into());
+    }
+    if cfg.connect_timeout_ms == 0 || cfg.request_timeout_ms == 0 {
+        return Err("timeouts must be positive".into());
+    }
+    if cfg.access_key_id.is_some() != cfg.secret_access_key.is_some() {
+        return Err("access_key_id and secret_access_key must be given together".into());
+    }
+    Ok(())
+}
+
+/// The HTTP client's options from `cfg`: timeouts, the pool, metfs's user agent.
+fn client_options(cfg: &S3Config) -> ClientOptions {
+    ClientOptions::new()
+        .with_connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
+        .with_timeout(Duration::from_millis(cfg.request_timeout_ms))
+        .with_pool_max_idle_per_host(cfg.max_requests)
+        .with_pool_idle_timeout(Duration::from_millis(cfg.pool_idle_timeout_ms))
+        .with_user_agent(object_store::HeaderValue::from_static(concat!(
+            "metfs/",
+            env!("CARGO_PKG_VERSION")
+        )))
+}
+
+/// The `AWS_*` variables of `env`: the HTTP client's go into `opts`, the S3 client's are
+/// returned (less the bucket, which the URL names, and the environment's credentials when
+/// `explicit_creds`); anonymous access is refused.
+fn split_env(
+    env: impl IntoIterator<Item = (String, String)>,
+    explicit_creds: bool,
+    opts: &mut ClientOptions,
+) -> Result<Vec<(AmazonS3ConfigKey, String)>, String> {
+    let mut env_keys = Vec::new();
+    for (name, value) in env {
+        if !name.starts_with("AWS_") {
+            continue;
+        }
+        let Ok(key) = name.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() else {
+            continue;
+        };
+        match key {
+            // The URL names the bucket.
+            AmazonS3ConfigKey::Bucket => continue,
+            // Explicit credentials replace the environment's as a whole: mixing an explicit
+            // key with an ambient session token would only produce signature errors.
+            AmazonS3ConfigKey::AccessKeyId
+            | AmazonS3ConfigKey::SecretAccessKey
+            | AmazonS3ConfigKey::Token
+                if explicit_creds =>
+            {
+                continue
+            }
+            AmazonS3ConfigKey::SkipSignature if truthy(&value) => {
+                return Err("anonymous access (AWS_SKIP_SIGNATURE) is not supported: \
+                                    the listing is signed; give credentials"
+                    .into());
+            }
+            AmazonS3ConfigKey::Client(ck) => *opts = opts.clone().with_config(ck, value),
+            key => env_keys.push((key, value)),
+        }
+    }
+    Ok(env_keys)
+}
+
+/// The S3 client's builder: the environment's settings, then `cfg`'s over them.
+fn s3_builder(
+    cfg: &S3Config,
+    bucket: &str,
+    env_keys: Vec<(AmazonS3ConfigKey, String)>,
+    opts: &ClientOptions,
+) -> AmazonS3Builder {
+    let mut builder = AmazonS3Builder::new();
+    for (key, value) in env_keys {
+        builder = builder.with_config(key, value);
+    }
+    builder = builder
+        .with_bucket_name(bucket)
+        .with_retry(cfg.retry.to_object_store())
+        .with_client_options(opts.clone());
+    if let Some(e) = &cfg.endpoint {
+        // The S3-specific endpoint variable would otherwise win over the explicit one.
+        builder = builder
+            .with_endpoint(e)
+            .with_config(AmazonS3ConfigKey::S3Endpoint, e);
+    }
+    if let Some(r) = &cfg.region {
+        builder = builder.with_region(r);
+    }
+    if let Some(v) = cfg.virtual_hosted_style {
+        builder = builder.with_virtual_hosted_style_request(v);
+    }
+    if let (Some(k), Some(s)) = (&cfg.access_key_id, &cfg.secret_access_key) {
+        builder = builder
+            .with_access_key_id(k)
+            .with_secret_access_key(s.expose());
+        if let Some(t) = &cfg.session_token {
+            builder = builder.with_token(t.expose());
+        }
+    }
+    builder
+}
+
+/// Refuses an endpoint URL that carries credentials, or is plain HTTP unless allowed.
+fn check_endpoint(ep: &str, allow_http: bool) -> Result<(), String> {
+    if ep.contains('@') {
+        return Err(
+            "the endpoint URL must not carry credentials; use AWS_ACCESS_KEY_ID / \
+             AWS_SECRET_ACCESS_KEY"
+                .into(),
+        );
+    }
+    if ep.starts_with("http://") && !allow_http {
+        return Err(format!(
+            "endpoint {ep} is plain HTTP: set allow_http = true (or AWS_ALLOW_HTTP=true) \
+             to allow unencrypted requests"
+        ));
+    }
+    Ok(())
+}
+
 impl S3Tier {
     /// Opens `url` (`s3://BUCKET` or `s3://BUCKET/PREFIX`) with `cfg`, falling back to the
     /// process environment for what `cfg` leaves unset. No request is sent: a wrong bucket or
@@ -89,93 +213,14 @@ impl S3Tier {
             url: url.clone(),
             reason,
         };
-        if cfg.part_size == 0 || cfg.max_parallel_parts == 0 || cfg.max_requests == 0 {
-            return Err(bad(
-                "part_size, max_parallel_parts and max_requests must be at least 1".into(),
-            ));
-        }
-        if cfg.connect_timeout_ms == 0 || cfg.request_timeout_ms == 0 {
-            return Err(bad("timeouts must be positive".into()));
-        }
+        check_settings(&cfg).map_err(bad)?;
         let explicit_creds = cfg.access_key_id.is_some() || cfg.secret_access_key.is_some();
-        if cfg.access_key_id.is_some() != cfg.secret_access_key.is_some() {
-            return Err(bad(
-                "access_key_id and secret_access_key must be given together".into(),
-            ));
-        }
-
-        let mut opts = ClientOptions::new()
-            .with_connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
-            .with_timeout(Duration::from_millis(cfg.request_timeout_ms))
-            .with_pool_max_idle_per_host(cfg.max_requests)
-            .with_pool_idle_timeout(Duration::from_millis(cfg.pool_idle_timeout_ms))
-            .with_user_agent(object_store::HeaderValue::from_static(concat!(
-                "metfs/",
-                env!("CARGO_PKG_VERSION")
-            )));
-        let mut builder = AmazonS3Builder::new();
-        let mut env_keys = Vec::new();
-        for (name, value) in env {
-            if !name.starts_with("AWS_") {
-                continue;
-            }
-            let Ok(key) = name.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() else {
-                continue;
-            };
-            match key {
-                // The URL names the bucket.
-                AmazonS3ConfigKey::Bucket => continue,
-                // Explicit credentials replace the environment's as a whole: mixing an explicit
-                // key with an ambient session token would only produce signature errors.
-                AmazonS3ConfigKey::AccessKeyId
-                | AmazonS3ConfigKey::SecretAccessKey
-                | AmazonS3ConfigKey::Token
-                    if explicit_creds =>
-                {
-                    continue
-                }
-                AmazonS3ConfigKey::SkipSignature if truthy(&value) => {
-                    return Err(bad(
-                        "anonymous access (AWS_SKIP_SIGNATURE) is not supported: \
-                                    the listing is signed; give credentials"
-                            .into(),
-                    ));
-                }
-                AmazonS3ConfigKey::Client(ck) => opts = opts.with_config(ck, value),
-                key => env_keys.push((key, value)),
-            }
-        }
-        for (key, value) in env_keys {
-            builder = builder.with_config(key, value);
-        }
+        let mut opts = client_options(&cfg);
+        let env_keys = split_env(env, explicit_creds, &mut opts).map_err(bad)?;
         if let Some(h) = cfg.allow_http {
             opts = opts.with_allow_http(h);
         }
-        builder = builder
-            .with_bucket_name(&bucket)
-            .with_retry(cfg.retry.to_object_store())
-            .with_client_options(opts.clone());
-        if let Some(e) = &cfg.endpoint {
-            // The S3-specific endpoint variable would otherwise win over the explicit one.
-            builder = builder
-                .with_endpoint(e)
-                .with_config(AmazonS3ConfigKey::S3Endpoint, e);
-        }
-        if let Some(r) = &cfg.region {
-            builder = builder.with_region(r);
-        }
-        if let Some(v) = cfg.virtual_hosted_style {
-            builder = builder.with_virtual_hosted_style_request(v);
-        }
-        if let (Some(k), Some(s)) = (&cfg.access_key_id, &cfg.secret_access_key) {
-            builder = builder
-                .with_access_key_id(k)
-                .with_secret_access_key(s.expose());
-            if let Some(t) = &cfg.session_token {
-                builder = builder.with_token(t.expose());
-            }
-        }
-
+        let builder = s3_builder(&cfg, &bucket, env_keys, &opts);
         let mut redact = Vec::new();
         for key in [AmazonS3ConfigKey::SecretAccessKey, AmazonS3ConfigKey::Token] {
             if let Some(v) = builder.get_config_value(&key) {
@@ -195,19 +240,7 @@ impl S3Tier {
             .get_config_value(&ClientConfigKey::AllowHttp)
             .is_some_and(|v| truthy(&v));
         if let Some(ep) = &endpoint {
-            if ep.contains('@') {
-                return Err(bad(
-                    "the endpoint URL must not carry credentials; use AWS_ACCESS_KEY_ID / \
-                     AWS_SECRET_ACCESS_KEY"
-                        .into(),
-                ));
-            }
-            if ep.starts_with("http://") && !allow_http {
-                return Err(bad(format!(
-                    "endpoint {ep} is plain HTTP: set allow_http = true (or AWS_ALLOW_HTTP=true) \
-                     to allow unencrypted requests"
-                )));
-            }
+            check_endpoint(ep, allow_http).map_err(bad)?;
         }
         let store = builder
             .build()

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::StreamExt;
 use object_store::path::Path as ObjPath;
-use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+use object_store::{GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt};
 
 use crate::pacer::Pacer;
 use crate::{SampleRef, TierError};
@@ -54,16 +54,7 @@ impl S3Tier {
             Err(e) => return Err(self.store_error(Some(&sample.path), e)),
         };
         let found_etag = res.meta.e_tag.clone();
-        let changed = |found: String| TierError::Changed {
-            url: self.url.clone(),
-            path: sample.path.clone(),
-            expected: format!(
-                "{} bytes, ETag {}",
-                sample.size,
-                if_match.as_deref().unwrap_or("(any)")
-            ),
-            found,
-        };
+        let changed = |found: String| self.piece_changed(sample, if_match.as_deref(), found);
         if res.meta.size != sample.size {
             return Err(changed(format!(
                 "{} bytes, ETag {}",
@@ -91,6 +82,40 @@ impl S3Tier {
                 )),
             });
         }
+        self.write_body(res, want, dest, sample, if_match.as_deref())
+            .await?;
+        Ok(found_etag)
+    }
+
+    /// [`TierError::Changed`] for a piece of `sample` asked for with `if_match`.
+    fn piece_changed(
+        &self,
+        sample: &SampleRef,
+        if_match: Option<&str>,
+        found: String,
+    ) -> TierError {
+        TierError::Changed {
+            url: self.url.clone(),
+            path: sample.path.clone(),
+            expected: format!(
+                "{} bytes, ETag {}",
+                sample.size,
+                if_match.unwrap_or("(any)")
+            ),
+            found,
+        }
+    }
+
+    /// Streams the body of `res`, bytes `want` of `sample`, into `dest` at their offsets;
+    /// fails when it is longer or shorter than that.
+    async fn write_body(
+        &self,
+        res: GetResult,
+        want: Range<u64>,
+        dest: &Arc<std::fs::File>,
+        sample: &SampleRef,
+        if_match: Option<&str>,
+    ) -> Result<(), TierError> {
         let mut stream = res.into_stream();
         let mut off = want.start;
         // Frames are kept as they arrive (reference-counted, not copied) and written together
@@ -100,7 +125,11 @@ impl S3Tier {
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| self.store_error(Some(&sample.path), e))?;
             if off + batch_len + chunk.len() as u64 > want.end {
-                return Err(changed(format!("more than {} bytes", want.end)));
+                return Err(self.piece_changed(
+                    sample,
+                    if_match,
+                    format!("more than {} bytes", want.end),
+                ));
             }
             batch_len += chunk.len() as u64;
             batch.push(chunk);
@@ -125,7 +154,7 @@ impl S3Tier {
                 ),
             });
         }
-        Ok(found_etag)
+        Ok(())
     }
 
     /// The error for a failed `If-Match`: what the object is now, or that it is gone.

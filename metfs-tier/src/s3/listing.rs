@@ -132,6 +132,16 @@ impl S3Tier {
 
     /// One attempt at one listing page.
     pub(super) async fn list_attempt(&self, token: Option<&str>) -> Attempt<Page> {
+        match self.list_response(token).await {
+            Attempt::Done((status, body)) => self.parse_page(status, &body),
+            Attempt::Fatal(e) => Attempt::Fatal(e),
+            Attempt::Transient(reason) => Attempt::Transient(reason),
+        }
+    }
+
+    /// The listing request for the page after `token`, signed and sent: the status and the
+    /// body of its answer.
+    async fn list_response(&self, token: Option<&str>) -> Attempt<(u16, bytes::Bytes)> {
         let mut query: Vec<(&str, String)> =
             vec![("list-type", "2".into()), ("encoding-type", "url".into())];
         if !self.prefix.is_empty() {
@@ -191,7 +201,12 @@ impl S3Tier {
                 ))
             }
         };
-        let text = String::from_utf8_lossy(&body);
+        Attempt::Done((status, body))
+    }
+
+    /// The page in a listing answer of HTTP `status`, or what went wrong.
+    fn parse_page(&self, status: u16, body: &[u8]) -> Attempt<Page> {
+        let text = String::from_utf8_lossy(body);
         if !(200..300).contains(&status) {
             if status >= 500 || status == 429 || status == 408 {
                 return Attempt::Transient(format!(
