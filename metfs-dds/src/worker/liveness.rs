@@ -2,7 +2,19 @@
 //! registration under a lease, the lease's renewal, the watch that requeues a dead holder's
 //! shards at once, and the sweep that finds shards orphaned while nobody was watching.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
+};
+
+use crate::keys::{Holder, Keys, Kind};
+use crate::queue::{parse, Queue};
+use crate::{etcd, DdsError};
+
+use super::{holder_bytes, timed, Shared, WorkerConfig};
 
 /// Grants a lease and registers a new incarnation of `cfg.node` under it, waiting out a
 /// previous incarnation's lease. Nothing renews the new lease until registration succeeds, so

@@ -1,0 +1,390 @@
+//! Claiming shards: one consistent read of the queue's head, the shards that fit picked
+//! (never-claimed ones, then given-back ones), taken in one transaction, read again after a
+//! random wait when another worker won the race; a claim whose answer was lost taken up; and
+//! whether a queue with nothing to claim is finished.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use metfs_plan::planner::EpochOrder;
+
+use crate::keys::{Kind, NodeStats};
+use crate::queue::parse;
+use crate::{etcd, now_ms, DdsError};
+
+use super::{holder_bytes, timed, Batch, Claim, Worker, MAX_OPS};
+
+impl Worker {
+    /// Claims the next shards of the queue that fit in `max_bytes` together (see the module
+    /// docs for the order). Refused while the worker holds `depth` batches.
+    pub async fn claim(&mut self, max_bytes: u64) -> Result<Claim, DdsError> {
+        if self.held.len() >= self.cfg.depth {
+            return Err(DdsError::StillHolding {
+                node: self.holder.node.clone(),
+                held: self.held.len(),
+            });
+        }
+        let r = self.claim_inner(max_bytes).await;
+        self.after(&r);
+        r
+    }
+
+    /// [`Worker::claim`], its outcome not yet recorded.
+    async fn claim_inner(&mut self, max_bytes: u64) -> Result<Claim, DdsError> {
+        self.ensure_lease().await?;
+        if self.claim_uncertain {
+            if let Some(b) = self.adopt().await? {
+                return Ok(Claim::Batch(b));
+            }
+        }
+        let shards = self.meta.shards;
+        let mut lost = 0;
+        loop {
+            // One consistent read of the head of the given-back shards and of the cursor.
+            let (todo, cur) = self.snapshot().await?;
+            let epoch = match todo.first() {
+                Some(&(e, _, _)) if e < self.epoch => e,
+                _ => self.epoch,
+            };
+            if self.cfg.last_epoch.is_some_and(|l| epoch > l) {
+                return self.finished_or_wait(todo.is_empty()).await;
+            }
+            let order = self.order(epoch)?;
+            // An older epoch's never-claimed shards are all taken: the worker moved past it
+            // only once its cursor reached the end.
+            let (cursor, cursor_rev) = if epoch == self.epoch {
+                cur
+            } else {
+                (shards, 0)
+            };
+            let Pick { fresh, back, bytes } =
+                pick(&order, (cursor, shards), &todo, epoch, max_bytes);
+            if fresh.is_empty() && back.is_empty() {
+                let next = if cursor < shards {
+                    Some(cursor)
+                } else {
+                    todo.iter().find(|t| t.0 == epoch).map(|t| t.2)
+                };
+                if let Some(k) = next {
+                    return Err(DdsError::ShardTooLarge {
+                        epoch,
+                        shard: k,
+                        bytes: order.bytes[k as usize],
+                        max: max_bytes,
+                    });
+                }
+                // Nothing left to claim in this epoch: move on to the next.
+                self.epoch = self.epoch.max(epoch + 1);
+                continue;
+            }
+            let all: Vec<u32> = fresh
+                .iter()
+                .copied()
+                .chain(back.iter().map(|b| b.2))
+                .collect();
+            let samples: u64 = all.iter().map(|&k| order.shard(k).length).sum();
+            let mut stats = self.stats.clone();
+            stats.claimed_shards += all.len() as u64;
+            stats.claimed_samples += samples;
+            if stats.first_claim_ms == 0 {
+                stats.first_claim_ms = now_ms();
+            }
+            let txn = self.claim_txn(epoch, (cursor, cursor_rev), (&fresh, &back), &all, &stats);
+            // If the answer is lost, the claim may have been made: the next claim looks first.
+            self.claim_uncertain = true;
+            let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
+                .await
+                .map_err(etcd("claim"))?;
+            self.claim_uncertain = false;
+            if !r.succeeded() {
+                // Another worker took some of these shards first: read the head again, after a
+                // random wait, so that the losers of one round do not all crowd the next.
+                lost += 1;
+                tokio::time::sleep(race_backoff(lost)).await;
+                continue;
+            }
+            self.stats = stats;
+            self.held.push_back((epoch, all.clone()));
+            return Ok(Claim::Batch(
+                self.batch_of(&order, epoch, all, bytes, samples),
+            ));
+        }
+    }
+
+    /// The transaction that claims `fresh` (moving the cursor of `epoch` on from `cursor`, at
+    /// its revision) and takes `back` out of TODO: every shard in `all` DOING under this
+    /// worker, its claim under the lease, and the node's totals `stats`.
+    fn claim_txn(
+        &self,
+        epoch: u64,
+        (cursor, cursor_rev): (u32, i64),
+        (fresh, back): (&[u32], &[(u64, String, u32)]),
+        all: &[u32],
+        stats: &NodeStats,
+    ) -> Txn {
+        let keys = &self.queue.keys;
+        let ckey = keys.cursor(epoch);
+        let lease = self.shared.lease.load(Ordering::Acquire);
+        let hv = holder_bytes(&self.holder);
+        let mut cmp = Vec::new();
+        let mut then = Vec::new();
+        if !fresh.is_empty() {
+            cmp.push(Compare::mod_revision(
+                ckey.clone(),
+                CompareOp::Equal,
+                cursor_rev,
+            ));
+            let next = cursor + fresh.len() as u32;
+            then.push(TxnOp::put(ckey.clone(), next.to_string(), None));
+        }
+        for (_, key, _) in back {
+            cmp.push(Compare::version(key.clone(), CompareOp::Greater, 0));
+            then.push(TxnOp::delete(key.clone(), None));
+        }
+        for &k in all {
+            then.push(TxnOp::put(keys.doing(epoch, k), hv.clone(), None));
+            then.push(TxnOp::put(
+                keys.claim(epoch, k),
+                hv.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            ));
+        }
+        then.push(TxnOp::put(
+            keys.stats(&self.holder.node),
+            serde_json::to_vec(stats).expect("serializable"),
+            None,
+        ));
+        Txn::new().when(cmp).and_then(then)
+    }
+
+    /// The batch of shards `all` of `epoch` (`bytes` and `samples` in all), with their samples
+    /// in order.
+    fn batch_of(
+        &self,
+        order: &EpochOrder,
+        epoch: u64,
+        all: Vec<u32>,
+        bytes: u64,
+        samples: u64,
+    ) -> Batch {
+        let mut ids = Vec::with_capacity(samples as usize);
+        let mut lengths = Vec::with_capacity(all.len());
+        for &k in &all {
+            let s = order.samples(k);
+            lengths.push(s.len() as u32);
+            ids.extend_from_slice(s);
+        }
+        Batch {
+            epoch,
+            shards: all,
+            lengths,
+            samples: ids,
+            bytes,
+            holder: self.holder.clone(),
+        }
+    }
+
+    /// Takes up the shards of a claim whose answer was lost (etcd went away mid-request): they
+    /// are DOING under this worker's name and would otherwise stay so until its lease ends.
+    async fn adopt(&mut self) -> Result<Option<Batch>, DdsError> {
+        let keys = self.queue.keys.clone();
+        let r = timed(
+            &self.shared,
+            self.queue
+                .client
+                .kv_client()
+                .get(keys.claim_all(), Some(GetOptions::new().with_prefix())),
+        )
+        .await
+        .map_err(etcd("read of the claims"))?;
+        self.claim_uncertain = false;
+        let hv = holder_bytes(&self.holder);
+        let mut mine: Vec<(u64, u32)> = r
+            .kvs()
+            .iter()
+            .filter(|kv| kv.value() == hv.as_slice())
+            .filter_map(|kv| keys.parse_shard(kv.key()).map(|(_, e, k)| (e, k)))
+            .filter(|(e, k)| !self.held.iter().any(|(he, hs)| he == e && hs.contains(k)))
+            .collect();
+        let Some(&(epoch, _)) = mine.first() else {
+            return Ok(None);
+        };
+        // A claim is one transaction of one epoch.
+        mine.retain(|(e, _)| *e == epoch);
+        let order = self.order(epoch)?;
+        let shards: Vec<u32> = mine.iter().map(|(_, k)| *k).collect();
+        let mut ids = Vec::new();
+        let mut lengths = Vec::new();
+        let mut bytes = 0;
+        for &k in &shards {
+            let s = order.samples(k);
+            lengths.push(s.len() as u32);
+            ids.extend_from_slice(s);
+            bytes += order.bytes[k as usize];
+        }
+        let samples = ids.len() as u64;
+        self.stats.claimed_shards += shards.len() as u64;
+        self.stats.claimed_samples += samples;
+        self.held.push_back((epoch, shards.clone()));
+        tracing::info!(epoch, ?shards, "dds: took up a claim whose answer was lost");
+        Ok(Some(Batch {
+            epoch,
+            shards,
+            lengths,
+            samples: ids,
+            bytes,
+            holder: self.holder.clone(),
+        }))
+    }
+
+    /// The head of the given-back shards, oldest epoch first, as (epoch, key, shard), and the
+    /// cursor of the worker's epoch with its revision, in one round trip.
+    async fn snapshot(&self) -> Result<(Vec<(u64, String, u32)>, (u32, i64)), DdsError> {
+        let keys = &self.queue.keys;
+        let opts = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Key, SortOrder::Ascend)
+            .with_limit(256);
+        let ckey = keys.cursor(self.epoch);
+        let txn = Txn::new().and_then([
+            TxnOp::get(keys.todo_all(), Some(opts)),
+            TxnOp::get(ckey.clone(), None),
+        ]);
+        let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
+            .await
+            .map_err(etcd("read of the queue"))?;
+        let mut gets = r.op_responses().into_iter().filter_map(|o| match o {
+            etcd_client::TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        });
+        let (Some(todo), Some(cursor)) = (gets.next(), gets.next()) else {
+            return Err(DdsError::BadRecord {
+                key: ckey,
+                reason: "etcd answered the read with fewer results than asked".into(),
+            });
+        };
+        let todo = todo
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let (kind, e, k) = keys.parse_shard(kv.key())?;
+                (kind == Kind::Todo).then(|| (e, String::from_utf8_lossy(kv.key()).into_owned(), k))
+            })
+            .collect();
+        let cur = match cursor.kvs().first() {
+            Some(kv) => (
+                parse::<u32>(ckey.as_bytes(), kv.value())?,
+                kv.mod_revision(),
+            ),
+            None => (0, 0),
+        };
+        Ok((todo, cur))
+    }
+
+    /// `Finished` when no shard up to the last epoch is DOING or TODO, else `Wait`. Both are
+    /// read in one transaction (one revision): read apart, a shard given back between the two
+    /// reads (DOING to TODO) would be in neither, and a worker would finish while it is left.
+    /// `no_todo` is what the caller's own earlier read saw; a TODO shard there means `Wait`.
+    async fn finished_or_wait(&self, no_todo: bool) -> Result<Claim, DdsError> {
+        if !no_todo {
+            return Ok(Claim::Wait);
+        }
+        let last = self.cfg.last_epoch.unwrap_or(u64::MAX);
+        let keys = &self.queue.keys;
+        let opts = || GetOptions::new().with_prefix().with_keys_only();
+        let txn = Txn::new().and_then([
+            TxnOp::get(keys.doing_all(), Some(opts())),
+            TxnOp::get(keys.todo_all(), Some(opts())),
+        ]);
+        let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
+            .await
+            .map_err(etcd("read of the queue"))?;
+        let left = r.op_responses().into_iter().any(|o| match o {
+            etcd_client::TxnOpResponse::Get(g) => g.kvs().iter().any(|kv| {
+                keys.parse_shard(kv.key()).is_some_and(|(kind, e, _)| {
+                    matches!(kind, Kind::Doing | Kind::Todo) && e <= last
+                })
+            }),
+            _ => false,
+        });
+        Ok(if left { Claim::Wait } else { Claim::Finished })
+    }
+}
+
+/// Shards picked for one claim: never-claimed ones (from the cursor on), given-back ones (as
+/// (epoch, TODO key, shard)), and their bytes together.
+struct Pick {
+    fresh: Vec<u32>,
+    back: Vec<(u64, String, u32)>,
+    bytes: u64,
+}
+
+/// The head of `epoch`'s shards that fits in `max_bytes` and one transaction: never-claimed
+/// shards from `cursor` up to `shards`, then the given-back ones in `todo`.
+fn pick(
+    order: &EpochOrder,
+    (cursor, shards): (u32, u32),
+    todo: &[(u64, String, u32)],
+    epoch: u64,
+    max_bytes: u64,
+) -> Pick {
+    // Pick the head that fits: never-claimed shards, then given-back ones.
+    let (mut bytes, mut ops) = (0u64, 2usize);
+    let mut fresh = Vec::new();
+    let mut full = false;
+    for k in cursor..shards {
+        let b = order.bytes[k as usize];
+        if bytes + b > max_bytes || ops + 2 > MAX_OPS {
+            full = true;
+            break;
+        }
+        bytes += b;
+        ops += 2;
+        fresh.push(k);
+    }
+    let mut back = Vec::new();
+    if !full {
+        for (e, key, k) in todo.iter().filter(|t| t.0 == epoch) {
+            let b = order.bytes[*k as usize];
+            if bytes + b > max_bytes || ops + 3 > MAX_OPS {
+                break;
+            }
+            bytes += b;
+            ops += 3;
+            back.push((*e, key.clone(), *k));
+        }
+    }
+    Pick { fresh, back, bytes }
+}
+
+/// The wait before a claim that lost `lost` races in a row reads the head again: uniform in
+/// [0, 2^min(lost, 6)) ms, so at most 64 ms. Without it every loser of a round retried at once
+/// and the next round was as crowded: transactions per claim grew with the job's size (60 at
+/// 256 simulated nodes, 645 at 1,024; `benches/nodes.py`).
+fn race_backoff(lost: u32) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let cap_us = 1000u64 << lost.min(6);
+    // A fresh SipHash key per call (std's RandomState): random enough to spread retries, and no
+    // generator to carry.
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    Duration::from_micros(r % cap_us)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn race_backoff_stays_under_its_cap_and_varies() {
+        for lost in 1..10 {
+            let cap = Duration::from_millis(1 << lost.min(6));
+            let waits: Vec<_> = (0..64).map(|_| super::race_backoff(lost)).collect();
+            assert!(waits.iter().all(|w| *w < cap), "{lost}: {waits:?}");
+            assert!(waits.iter().any(|w| *w != waits[0]), "{lost}: {waits:?}");
+        }
+    }
+}
