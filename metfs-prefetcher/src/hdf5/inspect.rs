@@ -16,7 +16,7 @@ use super::ffi::{
     high_level_file, layout, open_dataset, open_file, Cx,
 };
 use super::labels::read_label_dataset;
-use super::{Hdf5Error, INDEX_DATASET, Result, SIDE_LIMIT};
+use super::{Hdf5Error, Result, INDEX_DATASET, SIDE_LIMIT};
 
 /// Inspects the container files `files` (paths relative to `root`, a POSIX source) and checks
 /// that they can be staged; see the module docs for how row datasets are chosen. `datasets`

@@ -6,7 +6,7 @@ use super::containers::DatasetInfo;
 use super::ffi::io::{bytes_mut, read, will_need, Obj};
 use super::ffi::space::{runs, select_all, select_hyperslab, simple_space};
 use super::ffi::{chunk_range, dataset_offset, Cx};
-use super::{BLOCK_BYTES, Result};
+use super::{Result, BLOCK_BYTES};
 
 /// One source row dataset, open for reading rows into a block buffer.
 pub(super) struct Source<'a> {

@@ -21,7 +21,7 @@ use super::ffi::{
     set_fill_time_never, Cx, Hid,
 };
 use super::source::{hint_rows, placement, Fds, Source};
-use super::{BLOCK_BYTES, Hdf5Error, INDEX_DATASET, Result};
+use super::{Hdf5Error, Result, BLOCK_BYTES, INDEX_DATASET};
 use metfs_tier::pacer::Pacer;
 
 // ---------------------------------------------------------------------------------------------

@@ -1,13 +1,16 @@
 //! Staging a slot in HDF5 container mode: the mini-epoch's rows of each container, journaled
 //! per container file.
 
+use super::{
+    cache_err, crc_of_file, create_private_dir, JournalBatch, Progress, SlotSpec, StageError,
+    StageReport, Stager,
+};
+use metfs_tier::TierError;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-use metfs_tier::TierError;
-use super::{JournalBatch, Progress, SlotSpec, StageError, StageReport, Stager, cache_err, crc_of_file, create_private_dir};
 
 impl Stager {
     /// Stages a container-mode slot: for each container file with rows in `slot`, one HDF5 file

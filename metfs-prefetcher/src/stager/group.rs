@@ -25,15 +25,15 @@
 //! [`TierError::Timeout`], as a stalled single fetch does (`Stager::stall_watched`).
 
 use super::stage::create_copy;
+use super::{cache_err, crc_of_file, Fetched, Landing, Miss, Progress, StageError, Stager};
+use metfs_tier::TierError;
+use metfs_tier::{GroupMember, OpenCopy, SMALL_FILE_BYTES};
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use metfs_tier::TierError;
-use super::{Fetched, Landing, Miss, Progress, StageError, Stager, cache_err, crc_of_file};
-use metfs_tier::{GroupMember, OpenCopy, SMALL_FILE_BYTES};
-use std::sync::atomic::AtomicUsize;
 
 /// Copies made and kept open for their group's blocking thread, in the whole process (several
 /// stagers run at once in shared mode).

@@ -692,9 +692,9 @@ impl Stager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use metfs_tier::PosixTier;
     use metfs_tier::SampleRef;
     use std::os::unix::fs::PermissionsExt;
-    use metfs_tier::PosixTier;
 
     pub(super) async fn setup(n: usize) -> (tempfile::TempDir, Stager, Arc<Catalog>) {
         let d = tempfile::tempdir().unwrap();

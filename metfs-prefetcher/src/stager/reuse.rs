@@ -20,11 +20,14 @@
 //! stays, owned by the new slot alone, when the donor is evicted. [`StageReport::linked`] lists
 //! the linked samples per donor so that a caller counting the cache's bytes counts them once.
 
+use super::{
+    cache_err, crc_of_file, create_private_dir, JournalBatch, JournalWriter, Progress, SlotSpec,
+    StageError, StageReport, Stager,
+};
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use super::{JournalBatch, JournalWriter, Progress, SlotSpec, StageError, StageReport, Stager, cache_err, crc_of_file, create_private_dir};
 
 /// What [`Stager::take_from_donors`] did.
 pub(super) struct Taken {

@@ -28,11 +28,13 @@
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::AtomicUsize;
 
+use super::{
+    cache_err, crc_of_open_file, JournalBatch, Landing, Miss, Progress, StageError, Stager,
+};
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use serde::{Deserialize, Serialize};
-use super::{JournalBatch, Landing, Miss, Progress, StageError, Stager, cache_err, crc_of_open_file};
 
 /// The seal format's version: a seal of another version is ignored (the full check runs).
 const SEAL_VERSION: u32 = 1;

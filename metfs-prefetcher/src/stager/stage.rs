@@ -6,6 +6,7 @@
 //! before it is journaled, and one fsync per file would cost what that saves.
 
 use super::commit::{commit_batches, Committed};
+use futures::StreamExt;
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -13,13 +14,16 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use futures::StreamExt;
 
+use super::{
+    cache_err, crc_of_copy, crc_of_file, create_private_dir, Fetched, Landing, Miss, Progress,
+    SlotSpec, StageError, StageReport, Stager, BATCH_AGE, BATCH_BYTES, BATCH_FILES, NAME_MAX,
+    PATH_MAX,
+};
+use super::{JournalBatch, JournalState, SlotJournal};
 use crate::transform::Transformer;
 use metfs_tier::backoff::Backoff;
 use metfs_tier::{SampleRef, TierError};
-use super::{JournalBatch, JournalState, SlotJournal};
-use super::{BATCH_AGE, BATCH_BYTES, BATCH_FILES, Fetched, Landing, Miss, NAME_MAX, PATH_MAX, Progress, SlotSpec, StageError, StageReport, Stager, cache_err, crc_of_copy, crc_of_file, create_private_dir};
 
 impl Stager {
     /// Creates `slot`'s directory and the temporary directory; returns the slot's directory
