@@ -108,6 +108,7 @@ mod journal;
 mod reuse;
 mod seal;
 mod stage;
+mod watch;
 
 pub use journal::*;
 pub use seal::{CopyChecks, CopyState};
