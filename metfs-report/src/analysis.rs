@@ -55,17 +55,6 @@ pub(super) fn analyse(log: EventLog) -> Analysis {
     } else {
         (0.0, 0.0)
     };
-    let mut starts = 0;
-    let mut last_start = None;
-    let mut passes: Vec<Pass> = Vec::new();
-    let mut switches: Vec<(Option<u64>, u32, Option<u32>)> = Vec::new();
-    let mut tier: Vec<(f64, f64)> = Vec::new();
-    let (mut tier_offset, mut tier_last) = (0u64, 0u64);
-    let (mut staged, mut staged_fetched, mut staged_secs) = (0u64, 0u64, 0.0f64);
-    let mut staged_points: Vec<(f64, f64)> = Vec::new();
-    let mut stalled = 0u64;
-    // The time the current pass began, when known: the previous pass_end or start.
-    let mut pass_origin: Option<f64> = None;
     let first_is_start = matches!(log.events.first().map(|e| &e.ev), Some(Event::Start(_)));
     if !first_is_start && !log.events.is_empty() {
         warnings.push(
@@ -73,20 +62,80 @@ pub(super) fn analyse(log: EventLog) -> Analysis {
                 .into(),
         );
     }
+    let mut x = Tally::default();
     for Timed { t, ev } in log.events {
+        x.add(t, ev);
+    }
+    let (tier_source, tier_bytes_read) = if !x.tier.is_empty() {
+        ("tier events", x.tier_offset + x.tier_last)
+    } else if x.staged > 0 {
+        ("staged events", x.staged_fetched)
+    } else {
+        ("none", 0)
+    };
+    let mut tier = x.tier;
+    if tier.is_empty() {
+        // Staging intervals are the best picture of tier traffic without `tier` events.
+        tier = x.staged_points;
+        tier.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    let rows = completed_mini_epochs(&x.passes, &x.switches);
+    Analysis {
+        t0,
+        t_end,
+        starts: x.starts,
+        last_start: x.last_start,
+        passes: x.passes,
+        rows,
+        tier,
+        tier_source,
+        tier_bytes_read,
+        staged: x.staged,
+        staged_fetched: x.staged_fetched,
+        staged_secs: x.staged_secs,
+        stalled: x.stalled,
+        warnings,
+    }
+}
+
+/// What the walk over the events gathers, in the order they were logged.
+#[derive(Default)]
+struct Tally {
+    starts: u64,
+    last_start: Option<Start>,
+    passes: Vec<Pass>,
+    switches: Vec<(Option<u64>, u32, Option<u32>)>,
+    /// (t, cumulative tier bytes), restarts folded in.
+    tier: Vec<(f64, f64)>,
+    tier_offset: u64,
+    tier_last: u64,
+    staged: u64,
+    staged_fetched: u64,
+    staged_secs: f64,
+    staged_points: Vec<(f64, f64)>,
+    stalled: u64,
+    /// The time the current pass began, when known: the previous pass_end or start.
+    pass_origin: Option<f64>,
+}
+
+impl Tally {
+    /// Counts event `ev`, logged at `t`.
+    fn add(&mut self, t: f64, ev: Event) {
         match ev {
             Event::Start(s) => {
-                starts += 1;
-                last_start = Some(s);
+                self.starts += 1;
+                self.last_start = Some(s);
                 // A restarted daemon counts tier bytes from 0 again.
-                tier_offset += tier_last;
-                tier_last = 0;
-                pass_origin = Some(t);
+                self.tier_offset += self.tier_last;
+                self.tier_last = 0;
+                self.pass_origin = Some(t);
             }
             Event::PassEnd(p) => {
-                let secs = p.secs.or_else(|| pass_origin.map(|o| (t - o).max(0.0)));
-                pass_origin = Some(t);
-                passes.push(Pass {
+                let secs = p
+                    .secs
+                    .or_else(|| self.pass_origin.map(|o| (t - o).max(0.0)));
+                self.pass_origin = Some(t);
+                self.passes.push(Pass {
                     t,
                     sequence: Some(p.sequence),
                     epoch: Some(p.epoch),
@@ -99,32 +148,35 @@ pub(super) fn analyse(log: EventLog) -> Analysis {
             }
             Event::Decision(d) => {
                 // The answer to the pass end just before it.
-                if let Some(last) = passes.last_mut() {
+                if let Some(last) = self.passes.last_mut() {
                     if last.decision.is_none() {
                         last.decision = Some(d.decision);
                     }
                 }
             }
             Event::Staged(s) => {
-                staged += 1;
+                self.staged += 1;
                 let fetched = s.bytes_fetched;
-                staged_fetched += fetched;
+                self.staged_fetched += fetched;
                 if let Some(secs) = Some(s.secs).filter(|s| s.is_finite() && *s > 0.0) {
-                    staged_secs += secs;
-                    let before = staged_points.last().map_or(0.0, |p| p.1);
-                    staged_points.push((t - secs, before));
-                    staged_points.push((t, before + fetched as f64));
+                    self.staged_secs += secs;
+                    let before = self.staged_points.last().map_or(0.0, |p| p.1);
+                    self.staged_points.push((t - secs, before));
+                    self.staged_points.push((t, before + fetched as f64));
                 }
             }
-            Event::Switch(s) => switches.push((Some(s.sequence), s.prev_rf, s.prev_wanted_rf)),
+            Event::Switch(s) => self
+                .switches
+                .push((Some(s.sequence), s.prev_rf, s.prev_wanted_rf)),
             Event::Tier(x) => {
-                if x.tier_bytes_read < tier_last {
-                    tier_offset += tier_last;
+                if x.tier_bytes_read < self.tier_last {
+                    self.tier_offset += self.tier_last;
                 }
-                tier_last = x.tier_bytes_read;
-                tier.push((t, (tier_offset + tier_last) as f64));
+                self.tier_last = x.tier_bytes_read;
+                self.tier
+                    .push((t, (self.tier_offset + self.tier_last) as f64));
             }
-            Event::StallRf(_) => stalled += 1,
+            Event::StallRf(_) => self.stalled += 1,
             // Kinds the report does not use.
             Event::StageFailed(_)
             | Event::Deferred(_)
@@ -132,35 +184,6 @@ pub(super) fn analyse(log: EventLog) -> Analysis {
             | Event::JobNotResumed(_)
             | Event::Other => {}
         }
-    }
-    let (tier_source, tier_bytes_read) = if !tier.is_empty() {
-        ("tier events", tier_offset + tier_last)
-    } else if staged > 0 {
-        ("staged events", staged_fetched)
-    } else {
-        ("none", 0)
-    };
-    if tier.is_empty() {
-        // Staging intervals are the best picture of tier traffic without `tier` events.
-        tier = staged_points;
-        tier.sort_by(|a, b| a.0.total_cmp(&b.0));
-    }
-    let rows = completed_mini_epochs(&passes, &switches);
-    Analysis {
-        t0,
-        t_end,
-        starts,
-        last_start,
-        passes,
-        rows,
-        tier,
-        tier_source,
-        tier_bytes_read,
-        staged,
-        staged_fetched,
-        staged_secs,
-        stalled,
-        warnings,
     }
 }
 

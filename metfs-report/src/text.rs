@@ -17,7 +17,31 @@ pub(super) fn rate(v: Option<f64>) -> String {
 /// The human-readable summary (`summary.txt`).
 pub fn summary_text(s: &ReportSummary) -> String {
     let mut o = String::new();
-    let opt = |v: Option<String>| v.unwrap_or_else(|| "n/a".into());
+    write_run(&mut o, s);
+    write_rf(&mut o, s);
+    write_traffic(&mut o, s);
+    for w in &s.warnings {
+        let _ = writeln!(o, "warning:                {w}");
+    }
+    let _ = writeln!(
+        o,
+        "files:                  {}",
+        s.files
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    o
+}
+
+/// `v`, or "n/a".
+fn opt(v: Option<String>) -> String {
+    v.unwrap_or_else(|| "n/a".into())
+}
+
+/// The run: its events, duration, dataset, node and passes.
+fn write_run(o: &mut String, s: &ReportSummary) {
     let _ = writeln!(o, "metfs run report: {}", s.run_dir.display());
     let _ = writeln!(
         o,
@@ -51,6 +75,10 @@ pub fn summary_text(s: &ReportSummary) -> String {
         "mini-epochs completed:  {} ({} passes, {} bonus passes waiting for staging)",
         s.mini_epochs_completed, s.passes, s.bonus_passes
     );
+}
+
+/// The effective replication factor, and the one the policy wanted.
+fn write_rf(o: &mut String, s: &ReportSummary) {
     match &s.rf {
         Some(r) => {
             let _ = writeln!(
@@ -71,6 +99,10 @@ pub fn summary_text(s: &ReportSummary) -> String {
     if let Some(w) = s.wanted_rf_mean {
         let _ = writeln!(o, "rf the policy wanted:   mean {w:.2}");
     }
+}
+
+/// The bytes read from the tier and through the mount, and the rates B2, EB1 and EB2.
+fn write_traffic(o: &mut String, s: &ReportSummary) {
     let _ = writeln!(
         o,
         "tier bytes read:        {} (from {})",
@@ -118,17 +150,4 @@ pub fn summary_text(s: &ReportSummary) -> String {
         "stall-free rf:          {}",
         opt(s.stall_free_rf.map(|v| format!("{v} (ceil(EB1 / B2))")))
     );
-    for w in &s.warnings {
-        let _ = writeln!(o, "warning:                {w}");
-    }
-    let _ = writeln!(
-        o,
-        "files:                  {}",
-        s.files
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    o
 }
