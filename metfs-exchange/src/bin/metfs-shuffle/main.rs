@@ -157,26 +157,7 @@ fn run(world: &SimpleCommunicator) -> Result<()> {
     // Every rank reaches the agreement below, even one that cannot open its node, so that no
     // rank waits forever for it.
     let opened = (!is_extra).then(|| Node::open(&cache));
-    let mut mine = [0u64; WORDS];
-    mine[8] = modes;
-    match &opened {
-        Some(Ok(n)) => {
-            mine[0] = 1;
-            mine[1] = u64::from(n.spec.rank);
-            mine[2..8].copy_from_slice(&n.agreement());
-        }
-        Some(Err(_)) => {}
-        None => mine[0] = 2,
-    }
-    let mut all = vec![0u64; WORDS * size as usize];
-    world.all_gather_into(&mine[..], &mut all[..]);
-    if let Some((r, _)) = all
-        .chunks(WORDS)
-        .enumerate()
-        .find(|(_, rec)| rec[8] != modes)
-    {
-        bail!("rank {r} was started with another --sender or --broadcast than this rank: start every rank with the same flags");
-    }
+    let all = agree(world, opened.as_ref(), modes)?;
     if size < 2 || (extra_mode && size < 3) {
         bail!("{size} ranks: aggregate mode needs at least two nodes, and --sender extra one rank more than nodes");
     }
@@ -213,71 +194,15 @@ fn run(world: &SimpleCommunicator) -> Result<()> {
     };
     // The extra rank learns the plan's inputs from rank 0: its spec and its catalog.
     let node = if extra_mode {
-        let (spec, catalog) = match &node {
-            Some(n) if rank == 0 => (
-                serde_json::to_vec(&n.spec)?,
-                std::fs::read(&n.spec.catalog)
-                    .with_context(|| format!("reading {}", n.spec.catalog.display()))?,
-            ),
-            _ => (Vec::new(), Vec::new()),
-        };
-        let spec = broadcast_bytes(world, spec);
-        let catalog = broadcast_bytes(world, catalog);
-        let made = match node {
-            Some(n) => Ok(n),
-            None => (|| {
-                let tier = match &args.tier {
-                    Some(t) => t.clone(),
-                    None => {
-                        let spec: ExchangeSpec = serde_json::from_slice(&spec)?;
-                        if spec.source.contains("://") {
-                            bail!("the daemons' source is {}: the extra rank reads a POSIX tier only; use --sender peers", spec.source);
-                        }
-                        PathBuf::from(spec.source)
-                    }
-                };
-                Ok(Node::extra(&spec, &catalog, &tier)?.with_modes(args.sender, args.broadcast))
-            })(),
-        };
-        // Every rank learns whether the extra rank is ready before anyone waits for it.
-        let ready = u8::from(made.is_ok());
-        let mut all_ready = 0u8;
-        world.all_reduce_into(&ready, &mut all_ready, SystemOperation::min());
-        let node = made.context("the extra rank")?;
-        if all_ready == 0 {
-            bail!("rank {nodes}, the extra rank, could not start (see its message); no exchange");
-        }
-        node
+        extra_mode_node(world, &args, node, nodes)?
     } else {
         node.expect("every rank is a node in peers mode")
     };
     tracing::info!(rank, nodes, sender = ?args.sender, broadcast = ?args.broadcast, code = %node.spec.code, "ranks agree; waiting for the daemons' first inbox");
     // The epoch to fill first: every daemon must be at the same one.
-    let mut epoch = if node.is_extra() {
-        u64::MAX
-    } else {
-        loop {
-            if let Some(e) = first_open_inbox(&node)? {
-                break e;
-            }
-            if !alive(node.spec.pid) {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    let Some(mut epoch) = first_epoch(world, &node, nodes)? else {
+        return Ok(());
     };
-    let mut epochs = vec![0u64; size as usize];
-    world.all_gather_into(&epoch, &mut epochs[..]);
-    if node.is_extra() {
-        epoch = epochs[0];
-    }
-    if let Some((r, e)) = epochs[..nodes as usize]
-        .iter()
-        .enumerate()
-        .find(|(_, &e)| e != epoch)
-    {
-        bail!("rank {r}'s daemon is staging epoch {e}, this one epoch {epoch}: mount every node afresh (or with the same saved position)");
-    }
     let chunk = args.chunk_mib.max(1) << 20;
     let mut done = 0u64;
     loop {
@@ -307,6 +232,113 @@ fn run(world: &SimpleCommunicator) -> Result<()> {
             return Ok(());
         }
     }
+}
+
+/// Gathers every rank's words for the agreement (see [`WORDS`]) and checks that all were
+/// started with this rank's `--sender` and `--broadcast` (`modes`).
+fn agree(
+    world: &SimpleCommunicator,
+    opened: Option<&Result<Node, ExchangeError>>,
+    modes: u64,
+) -> Result<Vec<u64>> {
+    let mut mine = [0u64; WORDS];
+    mine[8] = modes;
+    match opened {
+        Some(Ok(n)) => {
+            mine[0] = 1;
+            mine[1] = u64::from(n.spec.rank);
+            mine[2..8].copy_from_slice(&n.agreement());
+        }
+        Some(Err(_)) => {}
+        None => mine[0] = 2,
+    }
+    let mut all = vec![0u64; WORDS * world.size() as usize];
+    world.all_gather_into(&mine[..], &mut all[..]);
+    if let Some((r, _)) = all
+        .chunks(WORDS)
+        .enumerate()
+        .find(|(_, rec)| rec[8] != modes)
+    {
+        bail!("rank {r} was started with another --sender or --broadcast than this rank: start every rank with the same flags");
+    }
+    Ok(all)
+}
+
+/// With `--sender extra`, every rank's node: rank 0's spec and catalog go to every rank, the
+/// extra rank (which has no `node`) makes its node from them, and every rank learns whether
+/// it could before anyone waits for it.
+fn extra_mode_node(
+    world: &SimpleCommunicator,
+    args: &Args,
+    node: Option<Node>,
+    nodes: u32,
+) -> Result<Node> {
+    let (spec, catalog) = match &node {
+        Some(n) if world.rank() == 0 => (
+            serde_json::to_vec(&n.spec)?,
+            std::fs::read(&n.spec.catalog)
+                .with_context(|| format!("reading {}", n.spec.catalog.display()))?,
+        ),
+        _ => (Vec::new(), Vec::new()),
+    };
+    let spec = broadcast_bytes(world, spec);
+    let catalog = broadcast_bytes(world, catalog);
+    let made = match node {
+        Some(n) => Ok(n),
+        None => (|| {
+            let tier = match &args.tier {
+                Some(t) => t.clone(),
+                None => {
+                    let spec: ExchangeSpec = serde_json::from_slice(&spec)?;
+                    if spec.source.contains("://") {
+                        bail!("the daemons' source is {}: the extra rank reads a POSIX tier only; use --sender peers", spec.source);
+                    }
+                    PathBuf::from(spec.source)
+                }
+            };
+            Ok(Node::extra(&spec, &catalog, &tier)?.with_modes(args.sender, args.broadcast))
+        })(),
+    };
+    // Every rank learns whether the extra rank is ready before anyone waits for it.
+    let ready = u8::from(made.is_ok());
+    let mut all_ready = 0u8;
+    world.all_reduce_into(&ready, &mut all_ready, SystemOperation::min());
+    let node = made.context("the extra rank")?;
+    if all_ready == 0 {
+        bail!("rank {nodes}, the extra rank, could not start (see its message); no exchange");
+    }
+    Ok(node)
+}
+
+/// The epoch every daemon stages first (the extra rank takes rank 0's), once each has opened
+/// an inbox; `None` when this node's daemon is gone.
+fn first_epoch(world: &SimpleCommunicator, node: &Node, nodes: u32) -> Result<Option<u64>> {
+    let mut epoch = if node.is_extra() {
+        u64::MAX
+    } else {
+        loop {
+            if let Some(e) = first_open_inbox(node)? {
+                break e;
+            }
+            if !alive(node.spec.pid) {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let mut epochs = vec![0u64; world.size() as usize];
+    world.all_gather_into(&epoch, &mut epochs[..]);
+    if node.is_extra() {
+        epoch = epochs[0];
+    }
+    if let Some((r, e)) = epochs[..nodes as usize]
+        .iter()
+        .enumerate()
+        .find(|(_, &e)| e != epoch)
+    {
+        bail!("rank {r}'s daemon is staging epoch {e}, this one epoch {epoch}: mount every node afresh (or with the same saved position)");
+    }
+    Ok(Some(epoch))
 }
 
 /// Rank 0's `bytes`, on every rank.
@@ -368,61 +400,14 @@ fn exchange(
                 &mut got,
             )?;
         }
-        Some(cp) => {
-            report.code = ShuffleCode::UberShuffle;
-            report.plan_secs = cp.secs;
-            if let Some(inbox) = inbox.as_mut() {
-                inbox.expect_decoded(cp.decoded_for(rank));
-            }
-            let mut enc = Encoder::new(node, cp);
-            if corrupt {
-                enc = enc.corrupt_first();
-            }
-            let mut side = Coded {
-                enc: &mut enc,
-                dec: Decoder::new(node, cp),
-                inbox: inbox.as_mut(),
-                got: &mut got,
-            };
-            rounds(
-                world,
-                &mut report,
-                chunk,
-                node.broadcast == Broadcast::Ring,
-                &mut side,
-            )?;
-            let dec = side.dec;
-            report.packets = enc.packets;
-            report.packet_bytes = enc.packet_bytes;
-            report.frames += enc.frames + dec.forwarded;
-            report.payload_bytes += enc.frame_bytes + dec.forwarded_bytes;
-            report.forwarded = dec.forwarded;
-            report.forwarded_bytes = dec.forwarded_bytes;
-            report.tier_bytes += enc.tier_bytes();
-            report.decoded_blocks = dec.blocks;
-            let incomplete = if node.is_extra() { 0 } else { dec.incomplete() };
-            if incomplete > 0 {
-                tracing::warn!(
-                    epoch,
-                    incomplete,
-                    "samples whose blocks did not all arrive; the tier serves them"
-                );
-            }
-            // What the coded plan does not cover goes uncoded; every rank knows whether
-            // anything does.
-            if cp.has_uncoded() {
-                let out = Outbox::new(node, epoch, cp.uncoded_outgoing(rank));
-                send_uncoded(
-                    world,
-                    node,
-                    &mut report,
-                    chunk,
-                    out,
-                    inbox.as_mut(),
-                    &mut got,
-                )?;
-            }
-        }
+        Some(cp) => send_coded(
+            world,
+            node,
+            cp,
+            (&mut report, chunk, corrupt),
+            inbox.as_mut(),
+            &mut got,
+        )?,
     }
     report.received_samples = got.samples;
     report.received_bytes = got.bytes;
@@ -445,6 +430,66 @@ fn exchange(
         if node.is_extra() { "sent" } else { "inbox complete" }
     );
     Ok(report)
+}
+
+/// One epoch's coded exchange of `cp`: rounds of packets (and ring parts), then what the plan
+/// leaves uncoded; `report` counts it, `got` what `inbox` accepted.
+fn send_coded(
+    world: &SimpleCommunicator,
+    node: &Node,
+    cp: &CodedPlan,
+    (report, chunk, corrupt): (&mut ExchangeReport, usize, bool),
+    mut inbox: Option<&mut Inbox>,
+    got: &mut Accepted,
+) -> Result<()> {
+    let epoch = cp.epoch;
+    let rank = node.spec.rank;
+    report.code = ShuffleCode::UberShuffle;
+    report.plan_secs = cp.secs;
+    if let Some(inbox) = inbox.as_deref_mut() {
+        inbox.expect_decoded(cp.decoded_for(rank));
+    }
+    let mut enc = Encoder::new(node, cp);
+    if corrupt {
+        enc = enc.corrupt_first();
+    }
+    let mut side = Coded {
+        enc: &mut enc,
+        dec: Decoder::new(node, cp),
+        inbox: inbox.as_deref_mut(),
+        got: &mut *got,
+    };
+    rounds(
+        world,
+        report,
+        chunk,
+        node.broadcast == Broadcast::Ring,
+        &mut side,
+    )?;
+    let dec = side.dec;
+    report.packets = enc.packets;
+    report.packet_bytes = enc.packet_bytes;
+    report.frames += enc.frames + dec.forwarded;
+    report.payload_bytes += enc.frame_bytes + dec.forwarded_bytes;
+    report.forwarded = dec.forwarded;
+    report.forwarded_bytes = dec.forwarded_bytes;
+    report.tier_bytes += enc.tier_bytes();
+    report.decoded_blocks = dec.blocks;
+    let incomplete = if node.is_extra() { 0 } else { dec.incomplete() };
+    if incomplete > 0 {
+        tracing::warn!(
+            epoch,
+            incomplete,
+            "samples whose blocks did not all arrive; the tier serves them"
+        );
+    }
+    // What the coded plan does not cover goes uncoded; every rank knows whether
+    // anything does.
+    if cp.has_uncoded() {
+        let out = Outbox::new(node, epoch, cp.uncoded_outgoing(rank));
+        send_uncoded(world, node, report, chunk, out, inbox, got)?;
+    }
+    Ok(())
 }
 
 /// The coded plan of `epoch`, the same on every rank (they compare digests), or `None` when
