@@ -34,6 +34,7 @@ async fn the_stager_treats_injected_failures_as_real_ones() {
         name: "s".into(),
         samples: (0..cat.len() as u32).collect(),
         reuse_from: Vec::new(),
+        defer: false,
     };
     // A full cache fails the slot at once, as out of space, and leaves no partial copy.
     let full = tier.fail_fetches(3.., Failure::CacheFull);

@@ -180,6 +180,15 @@ pub struct StagerConfig {
     #[cfg_attr(feature = "clap", arg(id = "stager.timeout_secs", long = "stager-timeout-secs",
         default_value_t = StagerConfig::default().timeout_secs))]
     pub timeout_secs: u64,
+    /// Seconds the next mini-epoch may keep failing on the tier before it is staged
+    /// *deferring*: a sample whose transient errors then outlast `retry_secs` is left out and
+    /// carried into a later mini-epoch, and the view moves on (docs/RELIABILITY.md, "Faults
+    /// that last"). 300 s is five times what the stress test's outages last and well above a
+    /// file system's failover, so only a fault that lasts defers; the first mini-epoch of a
+    /// mount is always staged deferring (the job waits for it). At least `retry_secs`.
+    #[cfg_attr(feature = "clap", arg(id = "stager.defer_after_secs", long = "stager-defer-after-secs",
+        default_value_t = StagerConfig::default().defer_after_secs))]
+    pub defer_after_secs: u64,
     /// Make each batch of staged files durable (one `syncfs` of the cache's file system, see
     /// the module docs) before renaming them into the slot. Turning this off is only safe on a
     /// cache that does not outlive the node (e.g. `/dev/shm`).
@@ -195,6 +204,7 @@ impl Default for StagerConfig {
             concurrency: 32,
             retry_secs: 60,
             timeout_secs: 60,
+            defer_after_secs: 300,
             fsync: true,
         }
     }
@@ -210,6 +220,9 @@ pub struct SlotSpec {
     /// Other slots of this stager (same catalog) whose journaled copies may be taken instead of
     /// fetching: the node's own store is read before the tier (see the module docs).
     pub reuse_from: Vec<String>,
+    /// Staged *deferring*: a sample whose transient errors outlast `retry_secs` is left out as
+    /// deferred ([`StageReport::deferred`]) instead of failing the slot.
+    pub defer: bool,
 }
 
 /// Live counters of one staging run, readable while it runs.
@@ -283,8 +296,11 @@ pub struct StageReport {
     /// while both slots exist they take space once. Samples copied (a file system refusing the
     /// link) are not listed.
     pub linked: BTreeMap<String, Vec<u32>>,
-    /// Samples left out, with why.
+    /// Samples left out, with why (the deferred ones included).
     pub failed: Vec<(u32, String)>,
+    /// Samples left out because the tier kept failing on them in a deferring staging
+    /// ([`SlotSpec::defer`]): the caller carries them into a later mini-epoch.
+    pub deferred: Vec<u32>,
     /// Wall time.
     pub elapsed: Duration,
 }
@@ -327,6 +343,9 @@ enum Miss {
     Sample(String),
     /// The tier's or the node's: the slot fails as a whole.
     Slot(StageError),
+    /// The tier's, for longer than `retry_secs`, in a deferring staging: the sample is left
+    /// out as deferred, with the tier's error.
+    Deferred(String),
 }
 
 /// Name prefix, in `tmp/`, of a slot directory being deleted in the background.
@@ -464,6 +483,46 @@ pub struct Stager {
     /// Slot directories being deleted in the background ([`Stager::evict_in_background`]):
     /// staging fetches nothing while any is, so the cache never holds more than the budget.
     evicting: Arc<AtomicU64>,
+    /// Slots being staged deferring ([`SlotSpec::defer`]) now: a fetch knows its slot by name.
+    deferring: Arc<Mutex<HashSet<String>>>,
+}
+
+/// Takes a slot out of [`Stager`]'s deferring set when its staging ends, however it ends.
+struct DeferringSlot {
+    set: Arc<Mutex<HashSet<String>>>,
+    name: Option<String>,
+}
+
+impl Drop for DeferringSlot {
+    fn drop(&mut self) {
+        if let Some(n) = self.name.take() {
+            self.set.lock().unwrap().remove(&n);
+        }
+    }
+}
+
+impl Stager {
+    /// Marks `slot` as staged deferring while the returned guard lives (when it asks to be).
+    fn deferring_while(&self, slot: &SlotSpec) -> DeferringSlot {
+        let name = slot.defer.then(|| slot.name.clone());
+        if let Some(n) = &name {
+            self.deferring.lock().unwrap().insert(n.clone());
+        }
+        DeferringSlot {
+            set: self.deferring.clone(),
+            name,
+        }
+    }
+
+    /// The stager's settings.
+    pub fn config(&self) -> &StagerConfig {
+        &self.cfg
+    }
+
+    /// Whether slot `name` is being staged deferring.
+    fn is_deferring(&self, name: &str) -> bool {
+        self.deferring.lock().unwrap().contains(name)
+    }
 }
 
 fn cache_err(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
@@ -499,6 +558,7 @@ impl Stager {
             sealed: Arc::default(),
             checks: Arc::default(),
             evicting: Arc::default(),
+            deferring: Arc::default(),
         }
     }
 
@@ -878,6 +938,7 @@ mod tests {
             name: "b".into(),
             samples: (0..8).collect(),
             reuse_from: vec!["a".into()],
+            defer: false,
         };
         let r = st.stage(&b, progress.clone()).await.unwrap();
         assert_eq!((r.fetched, r.reused, r.resumed), (0, 8, 0));
@@ -917,6 +978,7 @@ mod tests {
             name: "c".into(),
             samples: (6..12).collect(),
             reuse_from: vec!["a".into(), "b".into()],
+            defer: false,
         };
         let r = st.stage(&c, Arc::default()).await.unwrap();
         assert_eq!((r.fetched, r.reused), (4, 2));
@@ -944,6 +1006,7 @@ mod tests {
             name: "b".into(),
             samples: (0..6).collect(),
             reuse_from: vec!["a".into()],
+            defer: false,
         };
         let r = st.stage(&b, Arc::default()).await.unwrap();
         assert_eq!((r.fetched, r.reused), (2, 4));
@@ -966,6 +1029,7 @@ mod tests {
             name: "b".into(),
             samples: (0..4).collect(),
             reuse_from: vec!["a".into()],
+            defer: false,
         };
         let r = st.stage(&b, Arc::default()).await.unwrap();
         assert_eq!((r.fetched, r.reused), (1, 3));

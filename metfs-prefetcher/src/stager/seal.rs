@@ -383,7 +383,8 @@ impl Stager {
         {
             Ok(f) => f,
             Err(Miss::Slot(e)) => return Err(e),
-            Err(Miss::Sample(why)) => {
+            // A repair is never staged deferring; the arm keeps the match whole.
+            Err(Miss::Sample(why)) | Err(Miss::Deferred(why)) => {
                 return Err(StageError::Damaged {
                     path: dir.join(self.catalog.path(id)).display().to_string(),
                     reason: format!("it cannot be fetched again: {why}"),

@@ -48,6 +48,7 @@ impl Stager {
         progress: Arc<Progress>,
     ) -> Result<StageReport, StageError> {
         let start = Instant::now();
+        let _deferring = self.deferring_while(slot);
         let (dir, slot_journal) = self.prepare_slot(slot)?;
         let jpath = slot_journal.path().to_path_buf();
         // Copies of an earlier, failed attempt at this slot.
@@ -257,6 +258,15 @@ impl Stager {
                         .bytes_settled
                         .fetch_add(self.catalog.size(id), Ordering::Relaxed);
                     report.failed.push((id, msg));
+                }
+                Err(Miss::Deferred(msg)) => {
+                    progress
+                        .bytes_settled
+                        .fetch_add(self.catalog.size(id), Ordering::Relaxed);
+                    report
+                        .failed
+                        .push((id, format!("deferred to a later mini-epoch: {msg}")));
+                    report.deferred.push(id);
                 }
                 Err(Miss::Slot(e)) => {
                     // Fetches still running are dropped; what is fetched is still committed.
@@ -525,6 +535,10 @@ impl Stager {
                 e => {
                     let backoff = backoff.get_or_insert_with(|| self.tier_backoff());
                     let Some(delay) = backoff.next_wait() else {
+                        if self.is_deferring(slot_name) {
+                            tracing::warn!(sample = %rel, error = %e, attempt, "the tier kept failing; the sample is deferred to a later mini-epoch");
+                            return Err(Miss::Deferred(e.to_string()));
+                        }
                         tracing::warn!(sample = %rel, error = %e, attempt, "the tier kept failing; the slot fails and is staged again later");
                         return Err(Miss::Slot(StageError::Tier {
                             slot: slot_name.to_string(),

@@ -149,10 +149,20 @@ fn check_counts(s: &MountSettings, check: &Check) -> Result<(), ConfigError> {
         ),
         ("stager.concurrency", s.stager.concurrency == 0),
     ];
-    match at_least_one.iter().find(|(_, zero)| *zero) {
-        Some((key, _)) => Err(check.invalid(key, "must be at least 1")),
-        None => Ok(()),
+    if let Some((key, _)) = at_least_one.iter().find(|(_, zero)| *zero) {
+        return Err(check.invalid(key, "must be at least 1"));
     }
+    let st = &s.stager;
+    if st.defer_after_secs == 0 || st.defer_after_secs < st.retry_secs {
+        return Err(check.invalid(
+            "stager.defer_after_secs",
+            format!(
+                "{} s: at least stager.retry_secs ({} s), or a sample would be deferred before its retries end",
+                st.defer_after_secs, st.retry_secs
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `[transform]`: its command parses, its suffix is a name's, its counts and growth positive.

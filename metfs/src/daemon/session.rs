@@ -48,6 +48,9 @@ pub(super) enum Next {
         at: Instant,
         /// Failures in a row of this target.
         failures: u32,
+        /// When the first of them happened: past `stager.defer_after_secs`, the next try
+        /// defers what the tier still cannot give.
+        since: Instant,
         /// How long after `at` it is staged again.
         pause: Duration,
     },

@@ -3,6 +3,7 @@
 
 use super::store::{self, Room, Stop};
 use crate::config::PrefetchRate;
+use crate::daemon::mode::ModeState;
 use crate::daemon::session::{Next, Session, Sessions};
 use crate::daemon::{aggregate, Daemon};
 use metfs_fs::view::View;
@@ -34,20 +35,21 @@ struct StagingJob {
     bytes: u64,
 }
 
-/// Failures in a row of the last target that failed: the pause before its next try grows
-/// with them.
+/// Failures in a row of the last target that failed, and when the first was: the pause
+/// before its next try grows with them, and past the defer bound the next try defers.
 #[derive(Default)]
-struct Retries(Option<((u64, u32), u32)>);
+struct Retries(Option<((u64, u32), u32, Instant)>);
 
 impl Retries {
-    /// Counts a failure of `target`; returns the failures in a row, this one included.
-    fn fail(&mut self, target: (u64, u32)) -> u32 {
-        let failures = match self.0 {
-            Some((t, n)) if t == target => n + 1,
-            _ => 1,
+    /// Counts a failure of `target`; returns the failures in a row, this one included, and
+    /// when the first of them happened.
+    fn fail(&mut self, target: (u64, u32)) -> (u32, Instant) {
+        let (failures, since) = match self.0 {
+            Some((t, n, since)) if t == target => (n + 1, since),
+            _ => (1, Instant::now()),
         };
-        self.0 = Some((target, failures));
-        failures
+        self.0 = Some((target, failures, since));
+        (failures, since)
     }
 
     fn succeeded(&mut self) {
@@ -151,6 +153,7 @@ impl Daemon {
                 // In aggregate mode the wait for the exchange is part of filling the slot.
                 let waited = exchange.map_or(0.0, |w| w.secs);
                 self.staged(&spec, target, bytes, &report, waited);
+                self.carry_deferred(&name, &spec, target, &report);
                 Next::Ready {
                     target,
                     slot: spec.name.clone(),
@@ -158,7 +161,10 @@ impl Daemon {
                     view: self.clone().prebuild_view(&name, target).await,
                 }
             }
-            Err(e) => self.staging_failed(&e, target, retries.fail(target)),
+            Err(e) => {
+                let (failures, since) = retries.fail(target);
+                self.staging_failed(&e, target, failures, since)
+            }
         };
         self.hand_over(&name, &spec.name, next).await;
         // A staging's per-file transients are freed by now (the view's build included).
@@ -202,6 +208,50 @@ impl Daemon {
         }));
     }
 
+    /// Hands session `name` what the staging of `spec` deferred (carried into the next
+    /// mini-epochs) and recovered (given at last), with an event for each.
+    fn carry_deferred(
+        &self,
+        name: &str,
+        spec: &SlotSpec,
+        target: (u64, u32),
+        report: &StageReport,
+    ) {
+        let deferred = self.store.whole_samples(&report.deferred);
+        let recovered = match self.sessions.lock().unwrap().get_mut(name) {
+            Some(s) => s.deferred_staged(&spec.samples, &deferred),
+            None => return,
+        };
+        let catalog = &self.store.catalog;
+        let paths = |ids: &[u32]| ids.iter().take(10).map(|&id| catalog.path(id)).collect();
+        if !deferred.is_empty() {
+            let error = report
+                .failed
+                .iter()
+                .find(|(id, _)| *id == deferred[0])
+                .map_or(String::new(), |(_, why)| why.clone());
+            tracing::warn!(session = %name, samples = deferred.len(), first = %catalog.path(deferred[0]), "samples deferred to a later mini-epoch: the tier kept failing on them");
+            self.events.emit(Event::Deferred(event::Deferred {
+                epoch: target.0,
+                mini_epoch: target.1,
+                samples: deferred.len() as u64,
+                paths: paths(&deferred),
+                error,
+            }));
+        }
+        if !recovered.is_empty() {
+            tracing::info!(session = %name, samples = recovered.len(), "deferred samples recovered");
+            self.store
+                .forget_failed(recovered.iter().map(|&id| catalog.path(id)));
+            self.events.emit(Event::Recovered(event::Recovered {
+                epoch: target.0,
+                mini_epoch: target.1,
+                samples: recovered.len() as u64,
+                paths: paths(&recovered),
+            }));
+        }
+    }
+
     /// A failed staging of `target`, the `failures`-th in a row: logged, recorded, and paused.
     /// The slot keeps what it committed and is resumed after a pause that grows with each
     /// failure in a row (2 s, 4 s, ... at most 60 s): a full disk or a source outage passes in
@@ -211,6 +261,7 @@ impl Daemon {
         e: &metfs_prefetcher::stager::StageError,
         target: (u64, u32),
         failures: u32,
+        since: Instant,
     ) -> Next {
         let pause = doubled(
             Duration::from_secs(2),
@@ -244,6 +295,7 @@ impl Daemon {
             error: e.to_string(),
             at: Instant::now(),
             failures,
+            since,
             pause,
         }
     }
@@ -327,6 +379,11 @@ impl Daemon {
         if busy {
             return None;
         }
+        // A target the tier has failed for the defer bound is staged deferring (plain mounts:
+        // the other modes' mini-epochs are shared with other nodes or jobs).
+        let defer = matches!(self.mode, ModeState::Plain)
+            && matches!(s.next(), Next::Failed { target: t, since, .. }
+                if *t == target && since.elapsed().as_secs() >= self.store.stager.config().defer_after_secs);
         let (samples, bytes) = s.members(&self.store, target);
         // Where the mode asks (a shared mount), the files on the node and this slot must fit
         // the budget, held slots let go to make room (the staging waits for their deletion).
@@ -351,6 +408,7 @@ impl Daemon {
             name: slot,
             samples,
             reuse_from,
+            defer,
         };
         Some(StagingJob {
             session: s.name().to_string(),

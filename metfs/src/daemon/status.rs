@@ -491,6 +491,7 @@ fn staging_status(next: Option<&Next>, draining_slots: usize) -> Staging {
             at,
             failures,
             pause,
+            ..
         } => Staging::Failed {
             epoch: target.0,
             mini_epoch: target.1,

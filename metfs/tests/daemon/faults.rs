@@ -399,3 +399,158 @@ async fn a_hanging_fetch_blocks_neither_pass_end_nor_status() {
     drop(d);
     r.stop().await;
 }
+
+/// A fault that lasts (a dead OST: two samples of the successor answer `EIO` until it is
+/// repaired): past `defer_after_secs` the successor is staged deferring, completes without
+/// them and the view moves on; `status` counts and names them. Once the tier gives them again
+/// they come in a later mini-epoch, whole and with their bytes, counted as recovered and off
+/// the failed list; every sample of the epoch is read once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samples_a_lasting_fault_holds_are_deferred_and_come_later() {
+    let f = faulty(1, "retry_secs = 1\ndefer_after_secs = 2");
+    let (d, lock, plan) = f.prepare().await;
+    let dead: Vec<String> = plan[1].iter().take(2).cloned().collect();
+    let faults: Vec<_> = dead
+        .iter()
+        .map(|p| {
+            f.tier.add(
+                Rule::fetches(..)
+                    .of_path(p.clone())
+                    .fail(Failure::Io(libc::EIO)),
+            )
+        })
+        .collect();
+    let r = run(d.clone(), lock);
+    let t = Instant::now();
+    wait_next_ready(&d).await;
+    let st = d.status();
+    assert_eq!(st.deferred_samples, 2, "{:?}", st.failed_samples);
+    assert!(
+        t.elapsed() >= Duration::from_secs(2),
+        "deferred before the bound"
+    );
+    for p in &dead {
+        assert!(
+            st.failed_samples
+                .iter()
+                .any(|s| &s.path == p && s.reason.starts_with("deferred to a later mini-epoch")),
+            "{p} not listed as deferred: {:?}",
+            st.failed_samples
+        );
+    }
+    assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
+    let view = read_view(&d.fs());
+    let want: BTreeSet<String> = plan[1]
+        .difference(&dead.iter().cloned().collect())
+        .cloned()
+        .collect();
+    assert_eq!(keys(&view), want, "the successor without the dead samples");
+    check_bytes(&view, &f.t.source);
+
+    // Repaired: the carried samples arrive with a later mini-epoch. Every view to the end of
+    // epoch 0 (and, if they were carried past it, until they came) is read.
+    for id in faults {
+        f.tier.end(id);
+    }
+    let mut epoch0: BTreeMap<String, u32> = BTreeMap::new();
+    for p in plan[0].iter().chain(&want) {
+        *epoch0.entry(p.clone()).or_default() += 1;
+    }
+    let mut dead_seen: BTreeMap<String, u32> = BTreeMap::new();
+    for _ in 0..plan.len() + 3 {
+        let st = d.status();
+        if st.epoch >= 1 && st.recovered_samples == 2 {
+            break;
+        }
+        wait_next_ready(&d).await;
+        assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
+        let view = read_view(&d.fs());
+        check_bytes(&view, &f.t.source);
+        let epoch = status_u64(&d, "epoch");
+        for p in keys(&view) {
+            if dead.contains(&p) {
+                *dead_seen.entry(p.clone()).or_default() += 1;
+            }
+            if epoch == 0 && !dead.contains(&p) {
+                *epoch0.entry(p).or_default() += 1;
+            }
+        }
+    }
+    let st = d.status();
+    assert_eq!(
+        (st.deferred_samples, st.deferrals, st.recovered_samples),
+        (0, 2, 2)
+    );
+    assert!(
+        st.failed_samples.iter().all(|s| !dead.contains(&s.path)),
+        "recovered samples are off the failed list: {:?}",
+        st.failed_samples
+    );
+    let others: BTreeSet<String> = plan
+        .iter()
+        .flatten()
+        .filter(|p| !dead.contains(p))
+        .cloned()
+        .collect();
+    assert_eq!(
+        epoch0.keys().cloned().collect::<BTreeSet<_>>(),
+        others,
+        "epoch 0 read whole"
+    );
+    assert!(
+        epoch0.values().all(|&n| n == 1),
+        "read more than once: {epoch0:?}"
+    );
+    for p in &dead {
+        assert!(
+            dead_seen.get(p).is_some_and(|&n| n >= 1),
+            "{p} came back: {dead_seen:?}"
+        );
+    }
+    drop(d);
+    r.stop().await;
+}
+
+/// The same fault at mount: the first mini-epoch is staged deferring, so the mount succeeds
+/// without the dead sample after `retry_secs`, and `status` names it as deferred.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_defers_what_a_lasting_fault_holds() {
+    let f = faulty(1, "retry_secs = 1\ndefer_after_secs = 2");
+    // The first mini-epoch's samples are the plan's; which one is dead is found by a dry
+    // mount, whose catalog and plan the second one repeats (same seed, same source).
+    let dead = {
+        let probe = faulty(1, "retry_secs = 1\ndefer_after_secs = 2");
+        let (d, _lock, plan) = probe.prepare().await;
+        drop(d);
+        plan[0].iter().next().unwrap().clone()
+    };
+    let fault = f.tier.add(
+        Rule::fetches(..)
+            .of_path(dead.clone())
+            .fail(Failure::Io(libc::EIO)),
+    );
+    let (d, lock) = Daemon::prepare_with_tier(f.t.cfg.clone(), false, f.tier.clone())
+        .await
+        .expect("the mount succeeds without the dead sample");
+    let st = d.status();
+    assert_eq!(st.deferred_samples, 1);
+    assert!(
+        st.failed_samples.iter().any(|s| s.path == dead),
+        "{:?}",
+        st.failed_samples
+    );
+    let view = read_view(&d.fs());
+    assert!(!view.contains_key(&dead));
+    check_bytes(&view, &f.t.source);
+    f.tier.end(fault);
+    let r = run(d.clone(), lock);
+    wait_next_ready(&d).await;
+    assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
+    wait_for("the dead sample's recovery", || {
+        d.status().recovered_samples == 1
+    })
+    .await
+    .unwrap();
+    drop(d);
+    r.stop().await;
+}

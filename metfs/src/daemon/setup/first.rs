@@ -4,7 +4,7 @@
 //! the mount goes live.
 
 use crate::config::DdsMode;
-use crate::config::{MountConfig, PrefetchRate};
+use crate::config::{Mode, MountConfig, PrefetchRate};
 use crate::daemon::fingerprint::{Fingerprint, SavedFingerprint};
 use crate::daemon::mode::ModeState;
 use crate::daemon::queue::{QueueFeed, QueueState};
@@ -93,7 +93,7 @@ impl Daemon {
             nm,
             start.epoch,
         )?;
-        let view = stage_first_view(
+        let (view, first_members, deferred) = stage_first_view(
             &cfg,
             &store,
             &mut schedule,
@@ -105,7 +105,7 @@ impl Daemon {
         let read_path = resolve_read_path(&cfg, &store.catalog, &budget, true);
         let fs = Arc::new(FsCore::new(view.clone(), fs_settings(&cfg, read_path)));
         fs.set_copy_repair(copy_repair(&store.stager));
-        let session = Session::new(
+        let mut session = Session::new(
             DEFAULT_SESSION.to_string(),
             job,
             schedule,
@@ -118,6 +118,8 @@ impl Daemon {
             history,
             view,
         );
+        // What the first staging deferred is carried into the next mini-epochs.
+        session.deferred_staged(&first_members, &deferred);
         let mode = match (queue, aggregate) {
             (Some((feed, _)), _) => ModeState::Queue(Box::new(feed)),
             (None, Some(a)) => ModeState::Aggregate(a),
@@ -161,7 +163,9 @@ impl Daemon {
 }
 
 /// Stages the session's first mini-epoch (at `start`) through [`Store::stage`], reusing the
-/// successor's slot of a `resumed` run, and returns its view at the start's generation.
+/// successor's slot of a `resumed` run, and returns its view at the start's generation, its
+/// members, and the samples it deferred (a plain mount's first staging defers: the job is
+/// waiting for it).
 async fn stage_first_view(
     cfg: &MountConfig,
     store: &Store,
@@ -169,7 +173,7 @@ async fn stage_first_view(
     resumed: bool,
     start: &Start,
     show_progress: bool,
-) -> Result<Arc<View>, DaemonError> {
+) -> Result<(Arc<View>, Vec<u32>, Vec<u32>), DaemonError> {
     let cur = (start.epoch, start.mini_epoch);
     let (members, members_bytes) = schedule.members(store, cur);
     let spec = SlotSpec {
@@ -180,6 +184,7 @@ async fn stage_first_view(
             (true, Some(succ)) => vec![slot_name(succ)],
             _ => Vec::new(),
         },
+        defer: matches!(cfg.mode, Mode::Plain),
     };
     tracing::info!(
         mini_epochs = schedule.mini_epochs(),
@@ -191,13 +196,14 @@ async fn stage_first_view(
         "staging the first mini-epoch"
     );
     store.begin_slot(&spec.name, &members);
-    stage_first(cfg, store, &spec, show_progress).await?;
-    Ok(Arc::new(store.view_for(
+    let deferred = stage_first(cfg, store, &spec, show_progress).await?;
+    let view = Arc::new(store.view_for(
         &schedule.view_members(store, cur),
         cur,
         start.generation,
         &spec.name,
-    )))
+    ));
+    Ok((view, members, deferred))
 }
 
 /// The session's schedule at its start: the queue's first batch as sequence 0, the aggregate
@@ -296,7 +302,7 @@ async fn stage_first(
     store: &Store,
     spec: &SlotSpec,
     show_progress: bool,
-) -> Result<(), DaemonError> {
+) -> Result<Vec<u32>, DaemonError> {
     let t = Instant::now();
     let progress: Arc<Progress> = Arc::default();
     let bar = show_progress.then(|| progress_bar(progress.clone()));
@@ -324,7 +330,7 @@ async fn stage_first(
             .iter()
             .map(|(id, why)| (store.catalog.path(*id), why.clone())),
     );
-    Ok(())
+    Ok(store.whole_samples(&report.deferred))
 }
 /// With a queue (`--dds`): joins it as a new incarnation of this node and claims the first
 /// batch; `None` without one.

@@ -280,6 +280,8 @@ impl Daemon {
             name: slot.clone(),
             samples: samples.to_vec(),
             reuse_from: Vec::new(),
+            // A shared mount's views follow its cohort's plan: nothing is carried.
+            defer: false,
         };
         let report = self
             .store

@@ -305,6 +305,24 @@ impl Store {
         }
     }
 
+    /// `ids` with every file of their samples (where samples are groups: a deferred file takes
+    /// its sample's other files with it), ascending.
+    pub(super) fn whole_samples(&self, ids: &[u32]) -> Vec<u32> {
+        let mut out: Vec<u32> = match &self.samples {
+            Some(s) => ids
+                .iter()
+                .flat_map(|&id| match s.groups().sample_of(id) {
+                    Some(k) => s.groups().members(k).to_vec(),
+                    None => vec![id],
+                })
+                .collect(),
+            None => ids.to_vec(),
+        };
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
     /// The footprint of `samples` in a slot.
     pub(super) fn footprint(&self, samples: &[u32]) -> u64 {
         samples.iter().map(|&x| self.footprints[x as usize]).sum()
@@ -495,6 +513,15 @@ impl Store {
         let mut b = self.book.lock().unwrap();
         for (path, why) in failed {
             b.note_failed(&path, why);
+        }
+    }
+
+    /// Takes `paths` off the failed samples `status` lists: deferred samples a later staging
+    /// gave.
+    pub(super) fn forget_failed(&self, paths: impl IntoIterator<Item = String>) {
+        let mut b = self.book.lock().unwrap();
+        for p in paths {
+            b.failed_samples.retain(|f| f.path != p);
         }
     }
 
