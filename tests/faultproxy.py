@@ -3,7 +3,7 @@
 
     tests/faultproxy.py --target 127.0.0.1:3900 [--port 0] [--seed 1] \
         [--slowdown 0.1] [--reset 0.1] [--reset-within 262144] \
-        [--max-seconds 600] [--stats FILE]
+        [--max-seconds 600] [--stats FILE] [--dead-keys FILE]
 
 It accepts connections on 127.0.0.1:PORT (0 picks a free port), prints
 `listening 127.0.0.1:PORT` on stdout once it accepts, and relays each connection to TARGET. The
@@ -17,6 +17,12 @@ For each request, a random draw decides:
   a random number of response bytes in [0, RESET_WITHIN), which usually cuts a response body
   in the middle;
 * otherwise the request and its response pass through untouched.
+
+With --dead-keys FILE (a fault that lasts: a dead replica, a throttled prefix), every `GET`
+whose path ends in one of FILE's lines (object keys, one per line, as they appear in the
+request path) is answered `503 Slow Down` for as long as FILE holds that line; the file is
+read again at each request, so emptying or deleting it ends the fault. Such answers count as
+`dead_key_503s`, and take no random draw.
 
 Draws come from a generator seeded with (SEED, connection number), so a given seed makes the same
 decisions for the same sequence of connections. The proxy exits after MAX_SECONDS (so a forgotten
@@ -62,11 +68,12 @@ class Stats:
             "resets": 0,
             "list_pages": 0,
             "listings": 0,
+            "dead_key_503s": 0,
         }
 
     def bump(self, key):
         self.counts[key] += 1
-        if key in ("slowdowns", "resets", "list_pages", "listings"):
+        if key in ("slowdowns", "resets", "list_pages", "listings", "dead_key_503s"):
             self.write()
 
     def write(self):
@@ -108,6 +115,18 @@ class Proxy:
         self.conn_no = 0
         host, _, port = args.target.rpartition(":")
         self.target = (host, int(port))
+
+    def dead(self, line):
+        """Whether the request `line` is a GET of a key --dead-keys names now."""
+        if not self.args.dead_keys or not line.startswith(b"GET "):
+            return False
+        try:
+            with open(self.args.dead_keys, "rb") as f:
+                keys = [k.strip() for k in f.read().splitlines() if k.strip()]
+        except FileNotFoundError:
+            return False
+        path = line.split(b" ")[1].split(b"?")[0]
+        return any(path.endswith(b"/" + k) for k in keys)
 
     async def handle(self, client_r, client_w):
         self.conn_no += 1
@@ -166,6 +185,14 @@ class Proxy:
                     self.stats.bump("list_pages")
                     if b"continuation-token" not in line:
                         self.stats.bump("listings")
+                if self.dead(line):
+                    down.cancel()
+                    server_w.close()
+                    client_w.write(SLOWDOWN)
+                    await client_w.drain()
+                    client_w.close()
+                    self.stats.bump("dead_key_503s")
+                    return
                 draw = rng.random()
                 if draw < self.args.slowdown:
                     down.cancel()
@@ -258,4 +285,5 @@ if __name__ == "__main__":
     )
     p.add_argument("--max-seconds", type=float, default=600, help="exit after this long")
     p.add_argument("--stats", help="write fault counters (JSON) to this file")
+    p.add_argument("--dead-keys", help="answer 503 to GETs of the keys this file lists")
     asyncio.run(main(p.parse_args()))

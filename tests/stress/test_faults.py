@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 from conftest import ROOT, Mount, Tier, free_port, is_mounted, make_tree
@@ -260,3 +261,103 @@ def test_cache_disk_full_drops_no_sample(mounts, tmp_path):
         except (OSError, ValueError):
             pass
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_s3_dead_keys_are_deferred_not_waited_on(mounts, garage, tmp_path):
+    """A fault that lasts: eight objects answer 503 (a dead replica) for two switches' worth
+    of staging, through the proxy. Past the defer bound the views keep advancing without them;
+    `status` counts and names them; once the objects answer again each comes back in a later
+    view with its bytes; every other sample of epoch 0 is read exactly once; the budget holds."""
+    local = tmp_path / "local"
+    make_tree(local, n=150, seed=43, max_size=32 * 1024)
+    hashes, _ = sha256_tree(local)
+    prefix = f"sd{abs(hash(str(tmp_path))) % 10**8}"
+    garage.upload(local, prefix)
+    # ASCII names, spread over the dataset; the request path carries them percent-encoded.
+    plain = sorted(k for k in hashes if k.isascii())
+    dead = plain[3::13][:8]
+    assert len(dead) == 8, plain
+    dead_file = tmp_path / "dead-keys"
+    dead_file.write_text("".join(f"{urllib.parse.quote(k)}\n" for k in dead))
+    stats = tmp_path / "proxy.json"
+    port = free_port()
+    target = garage.endpoint.split("//", 1)[1]
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "faultproxy.py"),
+            *("--target", target, "--port", str(port), "--slowdown", "0", "--reset", "0"),
+            *("--max-seconds", "600", "--stats", str(stats), "--dead-keys", str(dead_file)),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proxy.stdout.readline().startswith("listening")
+        args = ["--endpoint", f"http://127.0.0.1:{port}", "--region", "garage", "--allow-http"]
+        # The S3 client's own retries of one request, short: the test's bounds are the
+        # stager's (a second of retries, deferring after two of failures).
+        config = tmp_path / "s3-retries.toml"
+        config.write_text("[s3.retry]\nmax_retries = 2\nretry_timeout_ms = 1000\n")
+        m = mounts(
+            Tier("s3", f"s3://metfs/{prefix}", args, garage.env),
+            str(BUDGET),
+            *("--rf", "1", "--mini-epochs", "4", "--config", str(config)),
+            *("--stager-retry-secs", "1", "--stager-defer-after-secs", "2"),
+        )
+        seen: dict[str, int] = {}
+        came_back: dict[str, int] = {}
+        deferred_max, switches, t_repaired = 0, 0, None
+        with BudgetSampler(m.cache, BUDGET) as budget:
+            m.mount()
+            while True:
+                f = m.files()
+                check_view(m, hashes)
+                st = m.status()
+                deferred_max = max(deferred_max, st["deferred_samples"])
+                for rel in f["files"]:
+                    if rel in dead:
+                        came_back[rel] = came_back.get(rel, 0) + 1
+                    elif f["epoch"] == 0:
+                        seen[rel] = seen.get(rel, 0) + 1
+                if switches == 2 and t_repaired is None:
+                    dead_file.write_text("")  # repaired
+                    t_repaired = time.monotonic()
+                # A sample deferred again while still dead counts as a deferral twice and as
+                # recovered once: done when nothing is carried after the repair.
+                if f["epoch"] >= 1 and t_repaired is not None and st["deferred_samples"] == 0:
+                    break
+                assert switches < 12, (
+                    "the dead keys never came back: "
+                    f"{ {k: st[k] for k in ('deferred_samples', 'deferrals', 'recovered_samples')} } "
+                    f"{came_back} {st['failed_samples'][:10]}"
+                )
+                wait_ready(m)
+                advance_wait(m)
+                switches += 1
+            st = m.status()
+        counts = json.loads(stats.read_text())
+        result = {
+            "proxy": counts,
+            "dead_keys": len(dead),
+            "deferred_max": deferred_max,
+            "deferrals": st["deferrals"],
+            "recovered": st["recovered_samples"],
+            "still_deferred": st["deferred_samples"],
+            "switches": switches,
+            "wrong_bytes": 0,
+            **budget.summary(),
+        }
+        write_result("fault-dead-keys", result)
+        assert counts["dead_key_503s"] > 0, counts
+        assert st["deferred_samples"] == 0, st
+        assert st["deferrals"] >= st["recovered_samples"] >= 1, st
+        others = {k for k in hashes if k not in dead}
+        assert set(seen) == others and all(n == 1 for n in seen.values()), "epoch 0 read once"
+        deferred = {d for d in dead if came_back.get(d)}
+        assert len(deferred) == len(dead), f"every dead key came back: {came_back}"
+        assert not any(f["path"] in dead for f in st["failed_samples"]), st["failed_samples"]
+        budget.check()
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        proxy.wait(timeout=10)
