@@ -39,6 +39,9 @@ pub(super) struct Analysis {
     pub(super) staged_secs: f64,
     /// `stall_rf` events: mini-epochs whose rf bonus passes raised.
     pub(super) stalled: u64,
+    /// Samples deferred and recovered (`deferred`, `recovered` events).
+    pub(super) deferred: u64,
+    pub(super) recovered: u64,
     pub(super) warnings: Vec<String>,
 }
 
@@ -94,6 +97,8 @@ pub(super) fn analyse(log: EventLog) -> Analysis {
         staged_fetched: x.staged_fetched,
         staged_secs: x.staged_secs,
         stalled: x.stalled,
+        deferred: x.deferred,
+        recovered: x.recovered,
         warnings,
     }
 }
@@ -114,6 +119,8 @@ struct Tally {
     staged_secs: f64,
     staged_points: Vec<(f64, f64)>,
     stalled: u64,
+    deferred: u64,
+    recovered: u64,
     /// The time the current pass began, when known: the previous pass_end or start.
     pass_origin: Option<f64>,
 }
@@ -177,12 +184,10 @@ impl Tally {
                     .push((t, (self.tier_offset + self.tier_last) as f64));
             }
             Event::StallRf(_) => self.stalled += 1,
+            Event::Deferred(d) => self.deferred += d.samples,
+            Event::Recovered(r) => self.recovered += r.samples,
             // Kinds the report does not use.
-            Event::StageFailed(_)
-            | Event::Deferred(_)
-            | Event::Recovered(_)
-            | Event::JobNotResumed(_)
-            | Event::Other => {}
+            Event::StageFailed(_) | Event::JobNotResumed(_) | Event::Other => {}
         }
     }
 }
@@ -330,6 +335,8 @@ pub(super) fn summarise(
             .count() as u64,
         rf: rf_stats(&a.rows),
         stalled_mini_epochs: a.stalled,
+        deferred_samples: a.deferred,
+        recovered_samples: a.recovered,
         wanted_rf_mean: (!wanted.is_empty())
             .then(|| wanted.iter().sum::<f64>() / wanted.len() as f64),
         tier_bytes_read: a.tier_bytes_read,

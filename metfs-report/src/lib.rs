@@ -219,6 +219,12 @@ pub struct ReportSummary {
     /// Mini-epochs whose rf bonus passes raised above the policy's (`stall_rf` events; 0 in
     /// logs written before the daemon logged them, where the rows' `bonus_passes` tell).
     pub stalled_mini_epochs: u64,
+    /// Samples a fault that lasts kept out of their mini-epoch (`deferred` events; one deferred
+    /// twice counts twice), and deferred samples a later staging gave (`recovered` events).
+    #[serde(default)]
+    pub deferred_samples: u64,
+    #[serde(default)]
+    pub recovered_samples: u64,
     /// Mean of the rf the policy wanted, over mini-epochs where it wanted to advance.
     pub wanted_rf_mean: Option<f64>,
     /// Bytes read from the capacity tier.

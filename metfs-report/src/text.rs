@@ -96,6 +96,13 @@ fn write_rf(o: &mut String, s: &ReportSummary) {
             let _ = writeln!(o, "effective rf:           n/a (no completed mini-epoch)");
         }
     }
+    if s.deferred_samples > 0 || s.recovered_samples > 0 {
+        let _ = writeln!(
+            o,
+            "deferred samples:       {} deferred to a later mini-epoch, {} recovered",
+            s.deferred_samples, s.recovered_samples
+        );
+    }
     if let Some(w) = s.wanted_rf_mean {
         let _ = writeln!(o, "rf the policy wanted:   mean {w:.2}");
     }

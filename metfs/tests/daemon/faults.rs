@@ -507,6 +507,18 @@ async fn samples_a_lasting_fault_holds_are_deferred_and_come_later() {
             "{p} came back: {dead_seen:?}"
         );
     }
+    // The event log says it, and `metfs report` counts it.
+    let log = std::fs::read_to_string(f.t.cfg.run_dir.join("events.jsonl")).unwrap();
+    assert!(
+        log.contains("\"deferred\"") && log.contains("\"recovered\""),
+        "{log}"
+    );
+    let out = tempfile::tempdir().unwrap();
+    let summary = metfs_report::report(&f.t.cfg.run_dir, out.path()).unwrap();
+    assert_eq!(
+        (summary.deferred_samples, summary.recovered_samples),
+        (2, 2)
+    );
     drop(d);
     r.stop().await;
 }
