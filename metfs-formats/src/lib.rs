@@ -312,84 +312,12 @@ pub fn layout<S: AsRef<str>>(
     options: &Options,
 ) -> Result<Layout, Error> {
     let list: BTreeSet<&str> = files.iter().map(AsRef::as_ref).collect();
-    let need = |file: &str| {
-        if list.contains(file) {
-            Ok(())
-        } else {
-            Err(Error::NoIndex {
-                file: file.into(),
-                format,
-            })
-        }
-    };
-    let mut parts = Vec::new();
-    let mut always = Vec::new();
-    let mut grouped = Vec::new();
-    let main;
-    match format {
-        Format::HfDataset => {
-            need(hf::STATE)?;
-            main = hf::STATE.to_string();
-            let state = hf::State::parse(hf::STATE, parse(hf::STATE, indexes)?, &list)?;
-            always.push(hf::info_of(&state, &list)?);
-            parts.push(Index::Hf(state));
-        }
-        Format::HfDatasetDict => {
-            need(hf::DICT)?;
-            main = hf::DICT.to_string();
-            let splits = hf::splits(hf::DICT, &parse(hf::DICT, indexes)?)?;
-            for s in &options.always_splits {
-                if !splits.contains(s) {
-                    return Err(hf::Error::UnknownSplit {
-                        file: hf::DICT.into(),
-                        split: s.clone(),
-                        splits: splits.join(", "),
-                    }
-                    .into());
-                }
-            }
-            always.push(hf::DICT.to_string());
-            for split in &splits {
-                let path = format!("{split}/{}", hf::STATE);
-                if !list.contains(path.as_str()) {
-                    return Err(hf::Error::MissingFile {
-                        file: hf::DICT.into(),
-                        missing: path,
-                    }
-                    .into());
-                }
-                let state = hf::State::parse(&path, parse(&path, indexes)?, &list)?;
-                always.push(hf::info_of(&state, &list)?);
-                if options.always_splits.contains(split) {
-                    always.push(path);
-                    always.extend(state.shards().iter().flat_map(|s| s.files.iter().cloned()));
-                } else {
-                    parts.push(Index::Hf(state));
-                }
-            }
-        }
-        Format::Mds | Format::Litdata => {
-            need("index.json")?;
-            main = "index.json".to_string();
-            let value = parse("index.json", indexes)?;
-            parts.push(if format == Format::Mds {
-                Index::Mds(mds::Index::parse("index.json", value, &list)?)
-            } else {
-                Index::Litdata(litdata::Index::parse("index.json", value, &list)?)
-            });
-        }
-        Format::WebDataset | Format::TfRecord => {
-            let rule = group::Rule::of(format).expect("an unindexed format has a rule");
-            main = format!("the {format} shards");
-            grouped = group::group(rule, &list);
-            if grouped.is_empty() {
-                return Err(Error::NoShards {
-                    format,
-                    suffixes: rule.shard_suffixes.join(" "),
-                });
-            }
-        }
-    }
+    let Classified {
+        main,
+        parts,
+        always,
+        grouped,
+    } = classify(format, &list, indexes, options)?;
     let mut shards = Vec::new();
     let mut first = Vec::new();
     for p in &parts {
@@ -422,6 +350,108 @@ pub fn layout<S: AsRef<str>>(
         other,
         by_name,
         first,
+    })
+}
+
+/// A listing's files sorted by format: the file that names the shards (for messages), the
+/// parsed indexes, the always files and the unindexed formats' groups.
+struct Classified {
+    main: String,
+    parts: Vec<Index>,
+    always: Vec<String>,
+    grouped: Vec<Shard>,
+}
+
+/// [`layout`]'s first step: the format's index files parsed and its files classified.
+fn classify(
+    format: Format,
+    list: &BTreeSet<&str>,
+    indexes: &BTreeMap<String, Vec<u8>>,
+    options: &Options,
+) -> Result<Classified, Error> {
+    let need = |file: &str| {
+        if list.contains(file) {
+            Ok(())
+        } else {
+            Err(Error::NoIndex {
+                file: file.into(),
+                format,
+            })
+        }
+    };
+    let mut parts = Vec::new();
+    let mut always = Vec::new();
+    let mut grouped = Vec::new();
+    let main;
+    match format {
+        Format::HfDataset => {
+            need(hf::STATE)?;
+            main = hf::STATE.to_string();
+            let state = hf::State::parse(hf::STATE, parse(hf::STATE, indexes)?, list)?;
+            always.push(hf::info_of(&state, list)?);
+            parts.push(Index::Hf(state));
+        }
+        Format::HfDatasetDict => {
+            need(hf::DICT)?;
+            main = hf::DICT.to_string();
+            let splits = hf::splits(hf::DICT, &parse(hf::DICT, indexes)?)?;
+            for s in &options.always_splits {
+                if !splits.contains(s) {
+                    return Err(hf::Error::UnknownSplit {
+                        file: hf::DICT.into(),
+                        split: s.clone(),
+                        splits: splits.join(", "),
+                    }
+                    .into());
+                }
+            }
+            always.push(hf::DICT.to_string());
+            for split in &splits {
+                let path = format!("{split}/{}", hf::STATE);
+                if !list.contains(path.as_str()) {
+                    return Err(hf::Error::MissingFile {
+                        file: hf::DICT.into(),
+                        missing: path,
+                    }
+                    .into());
+                }
+                let state = hf::State::parse(&path, parse(&path, indexes)?, list)?;
+                always.push(hf::info_of(&state, list)?);
+                if options.always_splits.contains(split) {
+                    always.push(path);
+                    always.extend(state.shards().iter().flat_map(|s| s.files.iter().cloned()));
+                } else {
+                    parts.push(Index::Hf(state));
+                }
+            }
+        }
+        Format::Mds | Format::Litdata => {
+            need("index.json")?;
+            main = "index.json".to_string();
+            let value = parse("index.json", indexes)?;
+            parts.push(if format == Format::Mds {
+                Index::Mds(mds::Index::parse("index.json", value, list)?)
+            } else {
+                Index::Litdata(litdata::Index::parse("index.json", value, list)?)
+            });
+        }
+        Format::WebDataset | Format::TfRecord => {
+            let rule = group::Rule::of(format).expect("an unindexed format has a rule");
+            main = format!("the {format} shards");
+            grouped = group::group(rule, list);
+            if grouped.is_empty() {
+                return Err(Error::NoShards {
+                    format,
+                    suffixes: rule.shard_suffixes.join(" "),
+                });
+            }
+        }
+    }
+    Ok(Classified {
+        main,
+        parts,
+        always,
+        grouped,
     })
 }
 

@@ -154,6 +154,87 @@ impl<'a> Tree<'a> {
     }
 }
 
+/// A view's nodes numbered (see [`number`]).
+struct Numbered {
+    parents: Vec<u32>,
+    items: Vec<u32>,
+    is_dir: Vec<u64>,
+    dirs: Vec<DirRecord>,
+    dir_names: String,
+}
+
+/// [`View::build`]'s second step: the `nodes` nodes of `tree` (directories of `cat`'s
+/// samples, with their metadata `meta_of`) numbered, each directory's children consecutive.
+fn number(
+    cat: &Catalog,
+    mut tree: Vec<Building<'_>>,
+    meta_of: &[Option<Meta>],
+    nodes: usize,
+) -> Numbered {
+    // Number the nodes breadth first: the root is node 0, and each directory's children,
+    // its subdirectories and files merged by name, get the next consecutive indices when
+    // the directory is reached. A name is never both (the catalog refuses it).
+    let mut parents = Vec::with_capacity(nodes);
+    let mut items = Vec::with_capacity(nodes);
+    let mut is_dir = vec![0u64; nodes.div_ceil(64)];
+    let mut dirs = Vec::with_capacity(tree.len());
+    let mut dir_names = String::new();
+    let record = |dirs: &mut Vec<DirRecord>, names: &mut String, name: &str, meta| {
+        let start = names.len() as u32;
+        names.push_str(name);
+        dirs.push(DirRecord {
+            name: start..names.len() as u32,
+            first: 0,
+            len: 0,
+            meta,
+        });
+        dirs.len() as u32 - 1
+    };
+    let root = record(&mut dirs, &mut dir_names, "", meta_of[0]);
+    parents.push(0u32);
+    items.push(root);
+    is_dir[0] |= 1;
+    // Node index and tree index of each directory, in the order they were numbered.
+    let mut queue: std::collections::VecDeque<(u32, u32)> = [(0u32, 0u32)].into();
+    while let Some((node, t)) = queue.pop_front() {
+        let first = parents.len() as u32;
+        let b = &tree[t as usize];
+        let (mut s, mut f) = (0, 0);
+        while s < b.subdirs.len() || f < b.files.len() {
+            let take_dir = match (b.subdirs.get(s), b.files.get(f)) {
+                (Some(&d), Some(&id)) => tree[d as usize].name < cat.name(id),
+                (Some(_), None) => true,
+                _ => false,
+            };
+            let idx = parents.len() as u32;
+            parents.push(node);
+            if take_dir {
+                let d = b.subdirs[s];
+                s += 1;
+                let name = tree[d as usize].name;
+                items.push(record(&mut dirs, &mut dir_names, name, meta_of[d as usize]));
+                is_dir[(idx / 64) as usize] |= 1 << (idx % 64);
+                queue.push_back((idx, d));
+            } else {
+                items.push(b.files[f]);
+                f += 1;
+            }
+        }
+        let r = items[node as usize] as usize;
+        dirs[r].first = first;
+        dirs[r].len = parents.len() as u32 - first;
+        // The files are numbered; drop the directory's list now rather than at the end.
+        tree[t as usize].files = Vec::new();
+    }
+    Numbered {
+        parents,
+        items,
+        is_dir,
+        dirs,
+        dir_names,
+    }
+}
+
 impl View {
     /// Builds the view of `samples` of `catalog` staged in `slot_dir`. `samples` need not be
     /// sorted.
@@ -214,62 +295,14 @@ impl View {
             tree[i].subdirs = subdirs;
         }
 
-        // Number the nodes breadth first: the root is node 0, and each directory's children,
-        // its subdirectories and files merged by name, get the next consecutive indices when
-        // the directory is reached. A name is never both (the catalog refuses it).
         let nodes = sorted.len() + tree.len();
-        let mut parents = Vec::with_capacity(nodes);
-        let mut items = Vec::with_capacity(nodes);
-        let mut is_dir = vec![0u64; nodes.div_ceil(64)];
-        let mut dirs = Vec::with_capacity(tree.len());
-        let mut dir_names = String::new();
-        let record = |dirs: &mut Vec<DirRecord>, names: &mut String, name: &str, meta| {
-            let start = names.len() as u32;
-            names.push_str(name);
-            dirs.push(DirRecord {
-                name: start..names.len() as u32,
-                first: 0,
-                len: 0,
-                meta,
-            });
-            dirs.len() as u32 - 1
-        };
-        let root = record(&mut dirs, &mut dir_names, "", meta_of[0]);
-        parents.push(0u32);
-        items.push(root);
-        is_dir[0] |= 1;
-        // Node index and tree index of each directory, in the order they were numbered.
-        let mut queue: std::collections::VecDeque<(u32, u32)> = [(0u32, 0u32)].into();
-        while let Some((node, t)) = queue.pop_front() {
-            let first = parents.len() as u32;
-            let b = &tree[t as usize];
-            let (mut s, mut f) = (0, 0);
-            while s < b.subdirs.len() || f < b.files.len() {
-                let take_dir = match (b.subdirs.get(s), b.files.get(f)) {
-                    (Some(&d), Some(&id)) => tree[d as usize].name < cat.name(id),
-                    (Some(_), None) => true,
-                    _ => false,
-                };
-                let idx = parents.len() as u32;
-                parents.push(node);
-                if take_dir {
-                    let d = b.subdirs[s];
-                    s += 1;
-                    let name = tree[d as usize].name;
-                    items.push(record(&mut dirs, &mut dir_names, name, meta_of[d as usize]));
-                    is_dir[(idx / 64) as usize] |= 1 << (idx % 64);
-                    queue.push_back((idx, d));
-                } else {
-                    items.push(b.files[f]);
-                    f += 1;
-                }
-            }
-            let r = items[node as usize] as usize;
-            dirs[r].first = first;
-            dirs[r].len = parents.len() as u32 - first;
-            // The files are numbered; drop the directory's list now rather than at the end.
-            tree[t as usize].files = Vec::new();
-        }
+        let Numbered {
+            parents,
+            items,
+            is_dir,
+            dirs,
+            dir_names,
+        } = number(cat, tree, &meta_of, nodes);
         let refs = (0..nodes).map(|_| AtomicU32::new(0)).collect();
         let touched = (0..nodes.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
         View {

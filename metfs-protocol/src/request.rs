@@ -483,8 +483,8 @@ pub fn parse_metrics(value: Option<&Value>) -> Result<Metrics, ProtocolError> {
     Ok(out)
 }
 
-/// Parses one request line.
-pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
+/// A request line as a JSON object of this protocol's version.
+fn request_object(line: &str) -> Result<serde_json::Map<String, Value>, ProtocolError> {
     let value: Value = serde_json::from_str(line).map_err(|e| {
         ProtocolError::new(
             ErrorCode::BadJson,
@@ -505,21 +505,28 @@ pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
             ));
         }
     }
-    let op = match obj.get("op") {
-        Some(Value::String(s)) => s.as_str(),
-        Some(other) => {
-            return Err(ProtocolError::new(
-                ErrorCode::UnknownOp,
-                format!("`op` must be a string, got {other}"),
-            ))
-        }
-        None => {
-            return Err(ProtocolError::new(
-                ErrorCode::UnknownOp,
-                "request has no `op` field",
-            ))
-        }
-    };
+    Ok(obj)
+}
+
+/// A request's `op`.
+fn op_of(obj: &serde_json::Map<String, Value>) -> Result<&str, ProtocolError> {
+    match obj.get("op") {
+        Some(Value::String(s)) => Ok(s.as_str()),
+        Some(other) => Err(ProtocolError::new(
+            ErrorCode::UnknownOp,
+            format!("`op` must be a string, got {other}"),
+        )),
+        None => Err(ProtocolError::new(
+            ErrorCode::UnknownOp,
+            "request has no `op` field",
+        )),
+    }
+}
+
+/// Parses one request line.
+pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
+    let obj = request_object(line)?;
+    let op = op_of(&obj)?;
     Ok(match op {
         "hello" => Request::Hello {
             version: match field(&obj, "version") {

@@ -13,7 +13,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{
     cache_err, crc_of_copy, crc_of_file, create_private_dir, Fetched, Landing, Miss, Progress,
@@ -514,46 +514,65 @@ impl Stager {
             };
             drop(file);
             let _ = std::fs::remove_file(&tmp);
-            match e {
-                TierError::Local { source, .. } => {
-                    // The cache's problem (full, over quota, failing): the node's condition.
-                    return Err(Miss::Slot(cache_err(&tmp)(source)));
-                }
-                // A fetch that hung is not retried here: on a POSIX source its thread may stay
-                // stuck in the kernel, and retrying at once would pile up stuck threads. The
-                // slot fails, and the daemon's growing pause spaces the next attempts.
-                TierError::Auth { .. } | TierError::Timeout { .. } => {
+            let delay =
+                self.retry_or_miss(e, &rel, &tmp, slot_name, attempt, &mut backoff, progress)?;
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// What a failed fetch of `rel` leads to: the wait before its next attempt, or why the
+    /// sample (or its whole slot) is given up. `backoff` is made at the first transient
+    /// failure, so `retry_secs` counts from there.
+    #[allow(clippy::too_many_arguments)]
+    fn retry_or_miss(
+        &self,
+        e: TierError,
+        rel: &str,
+        tmp: &Path,
+        slot_name: &str,
+        attempt: u32,
+        backoff: &mut Option<Backoff>,
+        progress: &Progress,
+    ) -> Result<Duration, Miss> {
+        match e {
+            TierError::Local { source, .. } => {
+                // The cache's problem (full, over quota, failing): the node's condition.
+                Err(Miss::Slot(cache_err(tmp)(source)))
+            }
+            // A fetch that hung is not retried here: on a POSIX source its thread may stay
+            // stuck in the kernel, and retrying at once would pile up stuck threads. The
+            // slot fails, and the daemon's growing pause spaces the next attempts.
+            TierError::Auth { .. } | TierError::Timeout { .. } => {
+                Err(Miss::Slot(StageError::Tier {
+                    slot: slot_name.to_string(),
+                    source: e,
+                }))
+            }
+            e if is_samples_own(&e) => {
+                tracing::warn!(sample = %rel, error = %e, "sample left out of the slot");
+                Err(Miss::Sample(e.to_string()))
+            }
+            e => {
+                let backoff = backoff.get_or_insert_with(|| self.tier_backoff());
+                let Some(delay) = backoff.next_wait() else {
+                    if self.is_deferring(slot_name) {
+                        tracing::warn!(sample = %rel, error = %e, attempt, "the tier kept failing; the sample is deferred to a later mini-epoch");
+                        return Err(Miss::Deferred(e.to_string()));
+                    }
+                    tracing::warn!(sample = %rel, error = %e, attempt, "the tier kept failing; the slot fails and is staged again later");
                     return Err(Miss::Slot(StageError::Tier {
                         slot: slot_name.to_string(),
                         source: e,
-                    }))
+                    }));
+                };
+                progress.retries.fetch_add(1, Ordering::Relaxed);
+                *progress.last_retry_error.lock().unwrap() = Some(e.to_string());
+                if self.transient.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!(sample = %rel, error = %e, "transient tier error; retrying with backoff (further ones are logged at debug level)");
+                } else {
+                    tracing::debug!(sample = %rel, error = %e, attempt, "retrying fetch");
                 }
-                e if is_samples_own(&e) => {
-                    tracing::warn!(sample = %rel, error = %e, "sample left out of the slot");
-                    return Err(Miss::Sample(e.to_string()));
-                }
-                e => {
-                    let backoff = backoff.get_or_insert_with(|| self.tier_backoff());
-                    let Some(delay) = backoff.next_wait() else {
-                        if self.is_deferring(slot_name) {
-                            tracing::warn!(sample = %rel, error = %e, attempt, "the tier kept failing; the sample is deferred to a later mini-epoch");
-                            return Err(Miss::Deferred(e.to_string()));
-                        }
-                        tracing::warn!(sample = %rel, error = %e, attempt, "the tier kept failing; the slot fails and is staged again later");
-                        return Err(Miss::Slot(StageError::Tier {
-                            slot: slot_name.to_string(),
-                            source: e,
-                        }));
-                    };
-                    progress.retries.fetch_add(1, Ordering::Relaxed);
-                    *progress.last_retry_error.lock().unwrap() = Some(e.to_string());
-                    if self.transient.fetch_add(1, Ordering::Relaxed) == 0 {
-                        tracing::warn!(sample = %rel, error = %e, "transient tier error; retrying with backoff (further ones are logged at debug level)");
-                    } else {
-                        tracing::debug!(sample = %rel, error = %e, attempt, "retrying fetch");
-                    }
-                    tokio::time::sleep(delay).await;
-                }
+                Ok(delay)
             }
         }
     }

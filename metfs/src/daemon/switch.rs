@@ -2,7 +2,7 @@
 //! kernel invalidation after a switch, and the stall-free rf.
 
 use crate::config::ReadPath;
-use crate::daemon::session::{session_mut, session_ref, Next, Session, DEFAULT_SESSION};
+use crate::daemon::session::{session_mut, session_ref, Left, Next, Session, DEFAULT_SESSION};
 use crate::daemon::setup::{build_policy, learned_replay, start_recording};
 use crate::daemon::staging::pass_start;
 use crate::daemon::Daemon;
@@ -64,25 +64,7 @@ impl Daemon {
             // Of the view being left: measured before the meter counts it.
             let stall_free_rf = self.stall_free_rf(s);
             let left = s.switch_to(succ, view.clone());
-            if left.bonus > 0 && left.passes > 0 {
-                self.events.emit(Event::StallRf(event::StallRf {
-                    epoch: left.epoch,
-                    mini_epoch: left.mini_epoch,
-                    sequence: left.sequence,
-                    policy_rf: left.passes.saturating_sub(left.bonus),
-                    effective_rf: left.passes,
-                    bonus_passes: left.bonus,
-                    stall_free_rf,
-                }));
-            }
-            self.events.emit(Event::Switch(event::Switch {
-                epoch: succ.0,
-                mini_epoch: succ.1,
-                generation: s.generation(),
-                sequence: s.sequence(),
-                prev_rf: left.record.rf,
-                prev_wanted_rf: left.record.wanted_rf,
-            }));
+            self.emit_switch(s, succ, &left, stall_free_rf);
             let from_lobby = left.from_lobby;
             let recorded = s.history().filter(|_| !from_lobby).map(|h| {
                 h.store
@@ -118,6 +100,30 @@ impl Daemon {
             "switch timing (under the sessions' lock; until the kernel's entries are dropped)"
         );
         true
+    }
+
+    /// The log's events of a switch of session `s` to `succ`, leaving `left`: `stall_rf` when
+    /// bonus passes raised its rf, then `switch`.
+    fn emit_switch(&self, s: &Session, succ: (u64, u32), left: &Left, stall_free_rf: Option<u32>) {
+        if left.bonus > 0 && left.passes > 0 {
+            self.events.emit(Event::StallRf(event::StallRf {
+                epoch: left.epoch,
+                mini_epoch: left.mini_epoch,
+                sequence: left.sequence,
+                policy_rf: left.passes.saturating_sub(left.bonus),
+                effective_rf: left.passes,
+                bonus_passes: left.bonus,
+                stall_free_rf,
+            }));
+        }
+        self.events.emit(Event::Switch(event::Switch {
+            epoch: succ.0,
+            mini_epoch: succ.1,
+            generation: s.generation(),
+            sequence: s.sequence(),
+            prev_rf: left.record.rf,
+            prev_wanted_rf: left.record.wanted_rf,
+        }));
     }
 
     /// The view of session `s`'s successor `succ` in `slot`: the one built when its staging

@@ -331,23 +331,26 @@ fn run(cli: Cli, sub: &clap::ArgMatches) -> Result<()> {
             println!("{}", serde_json::to_string(&Reply::new(d))?);
             Ok(())
         }
-        Cmd::Files { sock, json, job } => {
-            let view: FilesView = client::files(&sock.socket, job)?;
-            if json {
-                println!("{}", serde_json::to_string(&Reply::new(view))?);
-            } else {
-                // One buffered writer: `println!` takes the stdout lock and may write once per
-                // line, which is most of the time for a view of 500,000 files.
-                use std::io::Write;
-                let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-                for f in &view.files {
-                    writeln!(out, "{f}")?;
-                }
-                out.flush()?;
-            }
-            Ok(())
-        }
+        Cmd::Files { sock, json, job } => files_cmd(&sock.socket, json, job),
     }
+}
+
+/// `metfs files`: the view's files, one per line, or its JSON reply.
+fn files_cmd(socket: &std::path::Path, json: bool, job: Option<String>) -> Result<()> {
+    let view: FilesView = client::files(socket, job)?;
+    if json {
+        println!("{}", serde_json::to_string(&Reply::new(view))?);
+    } else {
+        // One buffered writer: `println!` takes the stdout lock and may write once per
+        // line, which is most of the time for a view of 500,000 files.
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        for f in &view.files {
+            writeln!(out, "{f}")?;
+        }
+        out.flush()?;
+    }
+    Ok(())
 }
 
 /// A `--metric NAME=VALUE`: a non-empty name and a finite number. NaN and infinities are
@@ -436,6 +439,21 @@ fn print_status(st: &Status) {
         b(st.tier_bytes_read),
         st.read_path
     );
+    if st.deferred_samples > 0 || st.deferrals > 0 {
+        println!(
+            "deferred: {} sample(s) carried to a later mini-epoch, {} deferral(s), {} recovered",
+            st.deferred_samples, st.deferrals, st.recovered_samples
+        );
+    }
+    print_modes(st);
+    if let Some(e) = &st.last_error {
+        println!("last error: {e}");
+    }
+}
+
+/// `metfs status`'s lines of a queue node or a shared store.
+fn print_modes(st: &Status) {
+    let b = metfs_plan::size::format_bytes;
     if let Some(d) = &st.dds {
         println!(
             "queue: {} as node {} (incarnation {}), epoch {}: {} shards / {} samples claimed, {} / {} done, {} lost, {:.1} samples/s{}",
@@ -476,8 +494,5 @@ fn print_status(st: &Status) {
                 j.idle_secs
             );
         }
-    }
-    if let Some(e) = &st.last_error {
-        println!("last error: {e}");
     }
 }
