@@ -13,6 +13,7 @@
 //! declaration.
 
 pub mod aggregate;
+mod check;
 mod control;
 mod layers;
 mod mode;

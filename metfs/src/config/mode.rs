@@ -12,7 +12,7 @@
 //! rows, a transform in aggregate mode).
 
 use super::aggregate::AggregateConfig;
-use super::resolve::Check;
+use super::check::Check;
 use super::share::ShareConfig;
 use super::{ConfigError, MountSettings};
 use metfs_dds::{DdsConfig, DdsUrl};

@@ -10,24 +10,9 @@ use std::path::PathBuf;
 
 use metfs_feedback::config::{PolicyConfig, PolicyKind};
 
+use super::check::Check;
 use super::mode::Mode;
 use super::{ConfigError, Layers, MountConfig, MountSettings};
-
-/// Turns a bad value into an error naming its setting and its origin.
-pub(super) struct Check<'a> {
-    layers: &'a Layers,
-}
-
-impl Check<'_> {
-    /// The error for setting `key`'s value.
-    pub(super) fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
-        ConfigError::Invalid {
-            key: key.to_string(),
-            origin: self.layers.origin(key),
-            message: message.into(),
-        }
-    }
-}
 
 fn missing(key: &'static str) -> ConfigError {
     ConfigError::Missing {
@@ -44,7 +29,7 @@ fn env_u32(name: &str) -> Option<u32> {
 /// [`MountConfig::resolve`]'s work (see the module doc).
 pub(super) fn resolve(layers: &Layers) -> Result<MountConfig, ConfigError> {
     let s = layers.settings()?;
-    let check = Check { layers };
+    let check = Check::new(layers);
     let source = s.source.clone().ok_or_else(|| missing("source"))?;
     let cache = s.cache.clone().ok_or_else(|| missing("cache"))?;
     let cache = std::path::absolute(&cache).unwrap_or(cache);

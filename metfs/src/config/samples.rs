@@ -14,7 +14,7 @@ use metfs_formats::select::{GroupBy, Patterns};
 use metfs_formats::Format;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::resolve::Check;
+use super::check::Check;
 use super::settings::MountSettings;
 use super::ConfigError;
 use super::Mode;

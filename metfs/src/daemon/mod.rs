@@ -273,6 +273,7 @@ mod state;
 mod status;
 mod store;
 mod switch;
+mod wire;
 
 pub use fingerprint::{Fingerprint, PlanKind, SavedFingerprint};
 pub use kernel::KernelCache;

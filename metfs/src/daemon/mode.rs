@@ -261,7 +261,7 @@ fn aggregate_status(a: &Aggregate) -> AggregateStatus {
         rank: a.rank,
         nodes: a.settings.nodes,
         extra: a.settings.extra,
-        code: super::status::wire_shuffle_code(a.code),
+        code: super::wire::wire_shuffle_code(a.code),
         last_exchange: a.last_wait.lock().unwrap().map(|w| ExchangeStatus {
             epoch: w.epoch,
             complete: w.complete,

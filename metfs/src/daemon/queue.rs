@@ -14,12 +14,11 @@
 //!   the successor when there is none, for at most one slot's bytes. `pass_end` and the switch
 //!   only hand batches over ([`QueueFeed::mark_done`]), so no request waits for etcd.
 //! * **DONE.** With `after-pass` (the default) at the end of the view's first pass, with
-//!   `after-rf` when the view retires. A batch is handed over once ([`QueueState::mark`]).
+//!   `after-rf` when the view retires. A batch is handed over once ([`crate::daemon::schedule::QueueState::mark`]).
 //! * **etcd away.** The view keeps serving (bonus passes), DONE marks wait in order and are
 //!   sent again, claims are retried every two seconds, and `status` shows the worker's last
 //!   error until a round trip succeeds.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::AtomicBool;
 
 use crate::daemon::session::DEFAULT_SESSION;
@@ -27,37 +26,9 @@ use crate::daemon::Daemon;
 use metfs_dds::{Batch, Claim, DdsError, ShardDone, Worker};
 use metfs_plan::size::format_bytes;
 use metfs_protocol::reply::DdsStatus;
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-/// A session's batches when it reads from a queue.
-#[derive(Debug, Default)]
-pub(super) struct QueueState {
-    /// Batches by sequence number: the current view's and the claimed successor's.
-    pub(super) batches: BTreeMap<u32, Batch>,
-    /// Sequences whose batch was handed over to be marked DONE.
-    pub(super) marked: BTreeSet<u32>,
-}
-
-impl QueueState {
-    /// The batch of sequence `seq`, to be marked DONE now, unless it was already.
-    pub(super) fn mark(&mut self, seq: u32) -> Option<Batch> {
-        let b = self.batches.get(&seq)?.clone();
-        self.marked.insert(seq).then_some(b)
-    }
-
-    /// Forgets the batch of the retired sequence `seq`; returns it if it still needs its DONE
-    /// mark (`after-rf`, or a view retired before its first pass ended).
-    pub(super) fn retire(&mut self, seq: u32) -> Option<Batch> {
-        let b = self.batches.remove(&seq)?;
-        let first = self.marked.insert(seq);
-        // Only the view and its successor are ever live: older marks are not needed again.
-        self.marked.retain(|&s| s >= seq);
-        first.then_some(b)
-    }
-}
 
 /// A daemon's worker on its queue, and what the staging loop has still to send.
 pub(super) struct QueueFeed {
@@ -110,7 +81,7 @@ impl QueueFeed {
             url: self.url.clone(),
             node: w.holder().node.clone(),
             incarnation: w.holder().inc,
-            shard_done: super::status::wire_shard_done(self.shard_done),
+            shard_done: super::wire::wire_shard_done(self.shard_done),
             epoch: w.epoch(),
             shards: w.meta().shards,
             claimed_shards: st.claimed_shards,
@@ -236,39 +207,5 @@ impl Daemon {
                 Some(RETRY)
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn batch(epoch: u64) -> Batch {
-        Batch {
-            epoch,
-            shards: vec![1],
-            lengths: vec![1],
-            samples: vec![7],
-            bytes: 4096,
-            holder: metfs_dds::Holder {
-                node: "n".into(),
-                inc: 1,
-            },
-        }
-    }
-
-    #[test]
-    fn a_batch_is_handed_over_once() {
-        let mut q = QueueState::default();
-        q.batches.insert(0, batch(0));
-        q.batches.insert(1, batch(0));
-        // after-pass: marked at the first pass, not again when it retires.
-        assert!(q.mark(0).is_some());
-        assert!(q.mark(0).is_none());
-        assert!(q.retire(0).is_none());
-        // after-rf: marked when it retires.
-        assert_eq!(q.retire(1).map(|b| b.epoch), Some(0));
-        assert!(q.batches.is_empty());
-        assert!(q.mark(2).is_none(), "nothing claimed under 2");
     }
 }

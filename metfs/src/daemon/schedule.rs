@@ -15,13 +15,39 @@
 //! **Invariant:** code outside this module and the modes' own modules asks the schedule and
 //! never tests which mode runs; a position that does not exist is `None`, never a sentinel.
 
-use crate::daemon::queue::QueueState;
 use crate::daemon::store::Store;
 use crate::daemon::{aggregate, slot_name, successor};
 use metfs_dds::Batch;
 use metfs_plan::planner::{EpochPlan, PlanConfig};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+/// A session's batches when it reads from a queue.
+#[derive(Debug, Default)]
+pub(super) struct QueueState {
+    /// Batches by sequence number: the current view's and the claimed successor's.
+    pub(super) batches: BTreeMap<u32, Batch>,
+    /// Sequences whose batch was handed over to be marked DONE.
+    pub(super) marked: BTreeSet<u32>,
+}
+
+impl QueueState {
+    /// The batch of sequence `seq`, to be marked DONE now, unless it was already.
+    pub(super) fn mark(&mut self, seq: u32) -> Option<Batch> {
+        let b = self.batches.get(&seq)?.clone();
+        self.marked.insert(seq).then_some(b)
+    }
+
+    /// Forgets the batch of the retired sequence `seq`; returns it if it still needs its DONE
+    /// mark (`after-rf`, or a view retired before its first pass ended).
+    pub(super) fn retire(&mut self, seq: u32) -> Option<Batch> {
+        let b = self.batches.remove(&seq)?;
+        let first = self.marked.insert(seq);
+        // Only the view and its successor are ever live: older marks are not needed again.
+        self.marked.retain(|&s| s >= seq);
+        first.then_some(b)
+    }
+}
 
 /// Where a session's mini-epochs come from (module docs).
 pub(super) enum Schedule {
@@ -385,5 +411,39 @@ mod tests {
         assert_eq!(s.successor((3, 7)), None);
         assert!(s.by_sequence());
         assert_eq!(s.mini_epochs(), 4);
+    }
+}
+
+#[cfg(test)]
+mod queue_state_tests {
+    use super::*;
+
+    fn batch(epoch: u64) -> Batch {
+        Batch {
+            epoch,
+            shards: vec![1],
+            lengths: vec![1],
+            samples: vec![7],
+            bytes: 4096,
+            holder: metfs_dds::Holder {
+                node: "n".into(),
+                inc: 1,
+            },
+        }
+    }
+
+    #[test]
+    fn a_batch_is_handed_over_once() {
+        let mut q = QueueState::default();
+        q.batches.insert(0, batch(0));
+        q.batches.insert(1, batch(0));
+        // after-pass: marked at the first pass, not again when it retires.
+        assert!(q.mark(0).is_some());
+        assert!(q.mark(0).is_none());
+        assert!(q.retire(0).is_none());
+        // after-rf: marked when it retires.
+        assert_eq!(q.retire(1).map(|b| b.epoch), Some(0));
+        assert!(q.batches.is_empty());
+        assert!(q.mark(2).is_none(), "nothing claimed under 2");
     }
 }

@@ -2,18 +2,16 @@
 //! [`Status`], [`FilesView`] and [`Hello`]), the metrics file, and the shutdown that persists
 //! the position.
 
-use crate::config::aggregate::ShuffleCode;
 use crate::config::ReadPath;
 use crate::daemon::session::{session_ref, Next, Session, Sessions};
+use crate::daemon::wire::{wire_compose, wire_read_path};
 use crate::daemon::Daemon;
-use metfs_dds::ShardDone;
 use metfs_fs::fs::ViewLease;
 use metfs_fs::view::View;
 use metfs_plan::budget::round_up;
-use metfs_plan::planner::Strategy;
 use metfs_protocol::event::Event;
 use metfs_protocol::{
-    event, values, Draining, ErrorCode, FilesForm, FilesView, Hello, ProtocolError, Staging, Status,
+    event, Draining, ErrorCode, FilesForm, FilesView, Hello, ProtocolError, Staging, Status,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -504,44 +502,3 @@ fn staging_status(next: Option<&Next>, draining_slots: usize) -> Staging {
 
 // The daemon's enums as the protocol spells them: their crates do not depend on
 // `metfs-protocol`, so the conversions are here, each a match that a new variant fails.
-
-/// The read path in use, as `status` reports it.
-pub(super) fn wire_read_path(p: ReadPath) -> values::ReadPath {
-    match p {
-        ReadPath::Cached => values::ReadPath::Cached,
-        ReadPath::Passthrough => values::ReadPath::Passthrough,
-        ReadPath::Pread => values::ReadPath::Pread,
-        // The path in use is resolved at mount (`ActiveReadPath`); were it not, the daemon
-        // would read through `pread`.
-        ReadPath::Auto => {
-            debug_assert!(false, "the read path in use is never `auto`");
-            values::ReadPath::Pread
-        }
-    }
-}
-
-/// The composition strategy, as `status` reports it.
-pub(super) fn wire_compose(s: Strategy) -> values::Compose {
-    match s {
-        Strategy::Sequential => values::Compose::Sequential,
-        Strategy::Random => values::Compose::Random,
-        Strategy::Stratified => values::Compose::Stratified,
-        Strategy::Clustered => values::Compose::Clustered,
-    }
-}
-
-/// When a queue's shards are marked done, as `status.dds` reports it.
-pub(super) fn wire_shard_done(d: ShardDone) -> values::ShardDone {
-    match d {
-        ShardDone::AfterPass => values::ShardDone::AfterPass,
-        ShardDone::AfterRf => values::ShardDone::AfterRf,
-    }
-}
-
-/// How samples cross between nodes, as `status.aggregate` reports it.
-pub(super) fn wire_shuffle_code(c: ShuffleCode) -> values::ShuffleCode {
-    match c {
-        ShuffleCode::Uncoded => values::ShuffleCode::Uncoded,
-        ShuffleCode::UberShuffle => values::ShuffleCode::UberShuffle,
-    }
-}
