@@ -278,6 +278,19 @@ def test_bad_sample_settings_are_refused_at_mount_naming_them(mounts, tmp_path, 
     assert not slots.exists() or not any(slots.iterdir()), "staged before refusing"
 
 
+def test_an_always_pattern_naming_a_shard_is_refused(mounts, tmp_path):
+    import datasets
+
+    src = tmp_path / "hf"
+    datasets.Dataset.from_dict({"id": list(range(40))}).save_to_disk(str(src), num_shards=4)
+    m = mounts(src, "4MiB", always="data-00001-of-00004.arrow")
+    r = m.mount(check=False)
+    assert r.returncode != 0
+    assert "always: data-00001-of-00004.arrow is a shard of the hf-dataset dataset" in r.stderr
+    slots = m.cache / "slots"
+    assert not slots.exists() or not any(slots.iterdir()), "staged before refusing"
+
+
 def test_a_corrupt_index_is_refused_naming_the_file(mounts, tmp_path):
     import datasets
 

@@ -79,6 +79,9 @@ pub enum SamplesError {
         "no file of {0} is left to deal into mini-epochs (every file is in every view or in none)"
     )]
     NoSamples(String),
+    /// An `always` pattern that names a shard of the dataset's format.
+    #[error("always: {file} is a shard of the {format} dataset, dealt to mini-epochs; a shard cannot be in every view")]
+    AlwaysShard { file: String, format: Format },
     /// A `DatasetDict` split that some view would hold no shard of.
     #[error("format hf-dataset-dict: {split} {reason}; show it whole in every view with --always '{split}/*'{compose}")]
     SplitNotInEveryView {
@@ -296,6 +299,15 @@ impl Samples {
             .collect();
         let mut incomplete = Vec::new();
         let samples: Vec<Vec<u32>> = if let Some(l) = &layout {
+            if let Some(&id) = always
+                .iter()
+                .find(|&&id| l.shard_of(&paths[id as usize]).is_some())
+            {
+                return Err(SamplesError::AlwaysShard {
+                    file: paths[id as usize].clone(),
+                    format: l.format(),
+                });
+            }
             always.extend(l.always().iter().map(|p| id_of(p)));
             let other = l.other().iter().filter(|p| !s.always.matches(p)).count();
             if other > 0 {
