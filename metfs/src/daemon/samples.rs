@@ -101,6 +101,14 @@ pub enum SamplesError {
     Manifest(#[from] metfs_prefetcher::manifest::ManifestError),
 }
 
+/// Every file's path, by catalog id: built at most once per catalog at mount, and handed on
+/// from [`detect`] to [`Samples::new`].
+fn all_paths(catalog: &Catalog) -> Vec<String> {
+    (0..catalog.len() as u32)
+        .map(|id| catalog.path(id))
+        .collect()
+}
+
 /// The catalog of the files `cfg.samples` makes part of the dataset: `catalog` itself when
 /// neither `include` nor `exclude` is set. A pattern that matches nothing is an error.
 pub(super) fn select(cfg: &MountConfig, catalog: Catalog) -> Result<Catalog, SamplesError> {
@@ -108,9 +116,7 @@ pub(super) fn select(cfg: &MountConfig, catalog: Catalog) -> Result<Catalog, Sam
     if s.include.is_empty() && s.exclude.is_empty() && s.always.is_empty() {
         return Ok(catalog);
     }
-    let paths: Vec<String> = (0..catalog.len() as u32)
-        .map(|id| catalog.path(id))
-        .collect();
+    let paths = all_paths(&catalog);
     for (setting, p) in [
         ("include", &s.include),
         ("exclude", &s.exclude),
@@ -143,26 +149,36 @@ pub(super) fn select(cfg: &MountConfig, catalog: Catalog) -> Result<Catalog, Sam
     Ok(kept)
 }
 
-/// The format's layout of `catalog`: `None` when the setting is `files`, or `auto` found none.
+/// What [`detect`] found: the format's layout (`None` when the setting is `files`, or `auto`
+/// found none), and the catalog's paths when it listed them, for [`Samples::new`].
+#[derive(Default)]
+pub(super) struct Detected {
+    pub(super) layout: Option<Layout>,
+    pub(super) paths: Option<Vec<String>>,
+}
+
+/// The format's layout of `catalog` (see [`Detected`]).
 pub(super) async fn detect(
     cfg: &SampleConfig,
     catalog: &Catalog,
     tier: &dyn CapacityTier,
     tmp: &Path,
-) -> Result<Option<Layout>, SamplesError> {
+) -> Result<Detected, SamplesError> {
+    let none = |paths| Detected {
+        layout: None,
+        paths,
+    };
     let want = match cfg.format {
-        FormatChoice::Files => return Ok(None),
+        FormatChoice::Files => return Ok(none(None)),
         FormatChoice::Auto => None,
         FormatChoice::Is(f) => Some(f),
     };
     if want.is_none() && !may_be_a_format(catalog) {
-        return Ok(None);
+        return Ok(none(None));
     }
-    let paths: Vec<String> = (0..catalog.len() as u32)
-        .map(|id| catalog.path(id))
-        .collect();
+    let paths = all_paths(catalog);
     if want.is_none() && metfs_formats::guess(&paths).is_none() {
-        return Ok(None);
+        return Ok(none(Some(paths)));
     }
     let mut indexes = BTreeMap::new();
     for file in metfs_formats::wanted(&paths) {
@@ -188,7 +204,7 @@ pub(super) async fn detect(
         Some(f) => metfs_formats::layout(f, &paths, &indexes, &options).map_err(err)?,
         None => match metfs_formats::detect(&paths, &indexes, &options).map_err(err)? {
             Some(l) => l,
-            None => return Ok(None),
+            None => return Ok(none(Some(paths))),
         },
     };
     tracing::info!(
@@ -198,7 +214,10 @@ pub(super) async fn detect(
         index_files = layout.index_files().len(),
         "dataset format"
     );
-    Ok(Some(layout))
+    Ok(Detected {
+        layout: Some(layout),
+        paths: Some(paths),
+    })
 }
 
 /// Whether `catalog` may be one of the formats, without a string per file: an index file at
@@ -271,14 +290,15 @@ pub struct Samples {
 }
 
 impl Samples {
-    /// The samples of `catalog` (files with `footprints`) under `cfg` and `layout`; `None` when
-    /// every file is a sample of its own.
+    /// The samples of `catalog` (files with `footprints`) under `cfg` and what [`detect`]
+    /// found; `None` when every file is a sample of its own.
     pub(super) fn new(
         cfg: &MountConfig,
         catalog: &Catalog,
         footprints: &[u64],
-        layout: Option<Layout>,
+        detected: Detected,
     ) -> Result<Option<Samples>, SamplesError> {
+        let Detected { layout, paths } = detected;
         let s = &cfg.samples;
         let explicit = match &cfg.manifest {
             Some(m) => metfs_prefetcher::manifest::read_groups(m)?,
@@ -290,9 +310,7 @@ impl Samples {
         if layout.is_none() && s.group_by.is_none() && s.always.is_empty() && explicit.is_empty() {
             return Ok(None);
         }
-        let paths: Vec<String> = (0..catalog.len() as u32)
-            .map(|id| catalog.path(id))
-            .collect();
+        let paths = paths.unwrap_or_else(|| all_paths(catalog));
         let id_of = |p: &str| catalog.find(p).expect("the layout names listed files");
         let mut always: Vec<u32> = (0..catalog.len() as u32)
             .filter(|&id| s.always.matches(&paths[id as usize]))

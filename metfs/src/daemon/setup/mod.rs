@@ -111,12 +111,14 @@ impl Daemon {
         // first staging makes its own.
         let _ = tokio::task::spawn_blocking(crate::daemon::memory::release_freed_heap).await;
         let catalog = samples::select(&cfg, catalog)?;
-        let layout = match containers {
-            Some(_) => None,
-            None if cfg.transform.command.is_some() || !matches!(cfg.mode, Mode::Plain) => None,
+        let detected = match containers {
+            Some(_) => samples::Detected::default(),
+            None if cfg.transform.command.is_some() || !matches!(cfg.mode, Mode::Plain) => {
+                samples::Detected::default()
+            }
             None => samples::detect(&cfg.samples, &catalog, &*tier, &paths.tmp).await?,
         };
-        let planned = plan_dataset(&cfg, &catalog, catalog_bytes, containers.as_ref(), layout)?;
+        let planned = plan_dataset(&cfg, &catalog, catalog_bytes, containers.as_ref(), detected)?;
         if planned.samples.is_some() {
             // Grouping named every file once: give those pages back too.
             let _ = tokio::task::spawn_blocking(crate::daemon::memory::release_freed_heap).await;

@@ -4,7 +4,7 @@
 use crate::config::Mode;
 use crate::config::MountConfig;
 use crate::daemon::fingerprint::{Fingerprint, PlanKind};
-use crate::daemon::samples::Samples;
+use crate::daemon::samples::{Detected, Samples};
 use crate::daemon::{aggregate, DaemonError};
 use metfs_plan::budget::Budget;
 use metfs_plan::budget::{footprints, Staged};
@@ -62,7 +62,7 @@ pub(super) fn plan_dataset(
     catalog: &Catalog,
     catalog_bytes: u64,
     containers: Option<&Arc<Containers>>,
-    layout: Option<metfs_formats::Layout>,
+    detected: Detected,
 ) -> Result<Planned, DaemonError> {
     // A container slot holds one HDF5 file per container: rows are packed, so they are not
     // rounded to blocks, and each file carries headers and chunk indexes (1 MiB allowed).
@@ -81,7 +81,7 @@ pub(super) fn plan_dataset(
         cfg.transform.staged()
     };
     let footprints = footprints(catalog.sizes(), staged);
-    let samples = Samples::new(cfg, catalog, &footprints, layout)?.map(Arc::new);
+    let samples = Samples::new(cfg, catalog, &footprints, detected)?.map(Arc::new);
     let plan_cfg = PlanConfig {
         strategy: cfg.compose,
         seed: cfg.seed,
