@@ -287,15 +287,32 @@ def test_kill9_during_staging_then_mount_resumes(mounts, tmp_path):
     assert view and all(files[k] == v for k, v in view.items())
 
 
+def caches_dropped() -> int:
+    """How many times the kernel's entries and inodes have been dropped on this machine
+    (`drop_slab` in /proc/vmstat: `echo 2|3 > /proc/sys/vm/drop_caches`, which the cold-read
+    benchmarks run by the test command on another worker do)."""
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name == "drop_slab":
+            return int(value)
+    return 0
+
+
 @pytest.mark.parametrize("prime", [True, False])
 def test_a_new_view_is_listed_for_the_kernel_so_opens_need_no_lookup(mounts, dataset, prime):
     """After the mount and after each switch the daemon lists the view through the mount
     (`prime_entries`), so that the kernel holds every entry before a reader opens a file: opening
-    every file of the view then costs the daemon no lookup. Off, every open of a new file does."""
+    every file of the view then costs the daemon no lookup. Off, every open of a new file does.
+
+    A view during which something dropped the machine's caches (a benchmark's cold read on the
+    other worker drops every entry the kernel holds) proves nothing either way: it is not
+    counted, and the next view is measured instead."""
     src, files = dataset
     m = mounts(src, "6MiB", "--rf", "1", f"--prime-entries={str(prime).lower()}")
     m.mount()
-    for _ in range(2):  # the mount's view, then the view after a switch
+    measured = 0
+    for _ in range(8):  # the mount's view, then views after switches
+        dropped = caches_dropped()
         st = m.status()
         if prime:
             generation = st["generation"]
@@ -312,13 +329,18 @@ def test_a_new_view_is_listed_for_the_kernel_so_opens_need_no_lookup(mounts, dat
         for rel in view:
             assert (m.mountpoint / rel).read_bytes() == files[rel]
         looked_up = m.status()["daemon_lookups"] - before
-        if prime:
-            assert looked_up == 0, f"{looked_up} lookups for {len(view)} files of a listed view"
-        else:
-            assert looked_up >= len(view), f"{looked_up} lookups for {len(view)} files"
-            assert m.status()["primed_generation"] == 0
+        if caches_dropped() == dropped:
+            measured += 1
+            if prime:
+                assert looked_up == 0, f"{looked_up} lookups for {len(view)} files of a listed view"
+            else:
+                assert looked_up >= len(view), f"{looked_up} lookups for {len(view)} files"
+                assert m.status()["primed_generation"] == 0
+        if measured == 2:
+            break
         m.wait_next_ready()
         m.rpc({"op": "advance", "wait": True})
+    assert measured == 2, "the machine's caches were dropped during every view"
 
 
 def test_cli_status_pass_end_advance(mounts, dataset, metfs):
