@@ -104,6 +104,12 @@ class Run:
     passes: int
     rfs: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    #: The commit the run was made at (`git describe --always --dirty`), so that a table that
+    #: mixes runs of several sessions (`--json` resumes) says which code each ran.
+    commit: str = ""
+    #: The machine's 1-minute load average when the run ended: non-blocking `pass_end` gives
+    #: bonus passes while staging, so a loaded machine changes how many passes a run makes.
+    load: float = 0.0
 
     @property
     def mean_rf(self) -> float:
@@ -475,7 +481,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--only", default=None, help="configurations to run, comma-separated")
     ap.add_argument("--metfs", default=None, help="the metfs binary (else $METFS_BIN)")
     ap.add_argument("--work", default=None, help="where datasets and mounts go")
-    ap.add_argument("--json", default=None, help="write every run here")
+    ap.add_argument(
+        "--json",
+        default=None,
+        help="every run is written here as it ends; runs already in the file (same workload, "
+        "configuration and seed) are kept and not run again, so a long run can be resumed",
+    )
     ap.add_argument("--png", default=None, help="draw the front here (metfs plot)")
     return ap.parse_args(argv)
 
@@ -498,20 +509,62 @@ def setup(cfg: argparse.Namespace, work: Path) -> tuple[list[Workload], list[str
     return [made[w]() for w in cfg.workloads.split(",")], configs, seeds
 
 
+def commit() -> str:
+    """The checkout's commit, `-dirty` when it has changes."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def load_runs(path: Path | None) -> list[Run]:
+    """The runs of an earlier, possibly interrupted, invocation with the same `--json`; none
+    where the file does not exist. A file that is not such a list is an error naming it."""
+    if path is None or not path.exists():
+        return []
+    try:
+        return [Run(**r) for r in json.loads(path.read_text())]
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"rf_front: {path} is not a list of this benchmark's runs: {e}") from e
+
+
+def save_runs(path: Path | None, runs: list[Run]) -> None:
+    """Writes every run so far, atomically (a run killed mid-write leaves the last file)."""
+    if path is None:
+        return
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps([asdict(r) for r in runs], indent=1))
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(argv)
     unwind_on_signals()
     binary = metfs_binary(cfg.metfs)
     t0 = time.monotonic()
+    out = Path(cfg.json) if cfg.json else None
+    runs = load_runs(out)
+    if runs:
+        print(f"resuming: {len(runs)} runs already in {out}", flush=True)
+    at = commit()
     with tempfile.TemporaryDirectory(prefix="rf_front-", dir=cfg.work) as tmp:
         work = Path(tmp)
         workloads, configs, seeds = setup(cfg, work)
-        runs: list[Run] = []
         for w in workloads:
             for seed in seeds:
                 for c in configs:
+                    if any((r.workload, r.config, r.seed) == (w.name, c, seed) for r in runs):
+                        continue
                     r = one_run(binary, w, c, seed, str(work))
+                    r.commit, r.load = at, os.getloadavg()[0]
                     runs.append(r)
+                    save_runs(out, runs)
                     print(
                         f"run {w.name} {c} seed {seed}: accuracy {100 * r.accuracy:.2f} %, "
                         f"{r.tier_bytes / (1 << 20):.1f} tier MiB, mean rf {r.mean_rf:.2f}, "
@@ -519,14 +572,18 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
     names = [w.name for w in workloads]
+    runs = [r for r in runs if r.workload in names and r.config in configs and r.seed in seeds]
     lines: list[str] = []
     for w in names:
         lines += ["", *table(runs, w, configs), "", *ratio_lines(runs, w, configs)]
         lines += fig11_lines(runs, w)
+    commits = Counter(r.commit for r in runs)
+    lines += [
+        "",
+        "runs by commit: " + ", ".join(f"{c or 'unrecorded'} {n}" for c, n in commits.items()),
+    ]
     print("\n".join(lines))
     print(f"\n{len(runs)} runs in {time.monotonic() - t0:.0f} s")
-    if cfg.json:
-        Path(cfg.json).write_text(json.dumps([asdict(r) for r in runs], indent=1))
     if cfg.png:
         plot(binary, runs, names, cfg.png)
     return 0

@@ -24,9 +24,24 @@ def test_rf_front_quick(tmp_path: Path) -> None:
     work = tempfile.mkdtemp(prefix="rff-", dir="/tmp")
     try:
         r = run_quick(work, out, png, env)
+        check(r, out, png)
+        # Again with the same file: every run is in it, so none runs again, and the table is the
+        # same runs' (an interrupted full run resumes this way).
+        first = json.loads(out.read_text())
+        again = run_quick(work, out, png, env)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        assert "resuming: 3 runs already in" in again.stdout, again.stdout[-3000:]
+        assert "run glyphs " not in again.stdout, "a run in the file was made again"
+        assert json.loads(out.read_text()) == first
+        assert "| paced | " in again.stdout
+        assert all(x["commit"] for x in first), first
+        # A file that is not this benchmark's runs is refused naming it, and left as it was.
+        out.write_text('{"not": "runs"}')
+        bad = run_quick(work, out, png, env)
+        assert bad.returncode != 0 and str(out) in bad.stderr, bad.stderr[-3000:]
+        assert out.read_text() == '{"not": "runs"}'
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    check(r, out, png)
 
 
 def run_quick(
