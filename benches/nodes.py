@@ -91,9 +91,10 @@ def counts(text: str, noun: str, unit: str) -> list[int]:
 # -- the queue ----------------------------------------------------------------------------------
 
 
-def run_queue(exe: Path, work: Path, n: int, a: argparse.Namespace) -> dict[str, Any]:
-    """One simulated job of `n` nodes against a fresh etcd; the simulator's JSON."""
-    d = work / f"etcd-{n}"
+def run_queue(exe: Path, work: Path, n: int, stripes: int, a: argparse.Namespace) -> dict[str, Any]:
+    """One simulated job of `n` nodes on a queue of `stripes` stripes (0: the default a mount
+    makes) against a fresh etcd; the simulator's JSON."""
+    d = work / f"etcd-{n}-{stripes}"
     d.mkdir()
     etcd = Etcd(d, *free_ports(2))
     etcd.start()
@@ -117,6 +118,8 @@ def run_queue(exe: Path, work: Path, n: int, a: argparse.Namespace) -> dict[str,
             str(etcd.proc.pid),
             "--max-run-s",
             str(a.max_run_s),
+            "--stripes",
+            str(stripes),
         ]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
     finally:
@@ -134,11 +137,11 @@ def requeue_worst(r: dict[str, Any]) -> float | None:
 
 def queue_table(rows: list[dict[str, Any]]) -> None:
     print(
-        "| workers | killed | shards/epoch | run s | etcd req/s | watch msgs/s | etcd CPU (cores) "
+        "| workers | stripes | killed | shards/epoch | run s | etcd req/s | watch msgs/s | etcd CPU (cores) "
         "| simulator CPU (cores) | join p50 s | claim p50 ms | claim p99 ms | etcd txns per claim "
         "| kill to requeue s (worst) | every shard done exactly once |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         e = r["etcd"]
         claims = r["claim_ms"]["n"]
@@ -161,7 +164,7 @@ def queue_table(rows: list[dict[str, Any]]) -> None:
                 f"none twice; stopped at {r['max_run_s']} s with {r['done_shards']} of {total} done"
             )
         print(
-            f"| {r['workers']} | {kills} | {r['shards_per_epoch']} | {r['run_s']:.1f} "
+            f"| {r['workers']} | {r['stripes']} | {kills} | {r['shards_per_epoch']} | {r['run_s']:.1f} "
             f"| {e['requests_per_s']:.0f} | {e['watch_msgs_per_s']:.0f} | {e['cpu_cores']:.2f} "
             f"| {r['sim_cpu_cores']:.2f} | {join} | {r['claim_ms']['p50']:.1f} | {r['claim_ms']['p99']:.1f} "
             f"| {txns / max(claims, 1):.1f} "
@@ -170,9 +173,18 @@ def queue_table(rows: list[dict[str, Any]]) -> None:
 
 
 def goal_lines(rows: list[dict[str, Any]]) -> None:
+    """The goals at the largest worker count, on the last queue layout run there (the default
+    stripes unless told otherwise), with the one-cursor queue beside it where it ran."""
     r = rows[-1]
     n = r["workers"]
     p99 = r["claim_ms"]["p99"]
+    one = [x for x in rows if x["workers"] == n and x["stripes"] == 1 and x is not r]
+    if one:
+        base = one[0]["claim_ms"]["p99"]
+        print(
+            f"at {n} workers, claim p99 with {r['stripes']} stripes {p99:.1f} ms against "
+            f"{base:.1f} ms with one cursor per epoch: {p99 / max(base, 1e-9):.3f}x"
+        )
     waiting = r["claims_waiting_at_stop"]
     # Claims still unanswered when a job was stopped are not in the percentiles: say so.
     more = (
@@ -344,6 +356,13 @@ def main() -> None:
         default=[64],
         help="ranks of the broadcast",
     )
+    ap.add_argument(
+        "--stripes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 0],
+        help="queue layouts to run at each worker count: stripes of the never-claimed shards, "
+        "1 for one cursor per epoch (the queue before stripes), 0 for the default a mount makes",
+    )
     ap.add_argument("--pass-ms", type=int, default=10_000, help="a pass, ± 25 %%")
     ap.add_argument("--rf", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=2)
@@ -357,11 +376,15 @@ def main() -> None:
     )
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per worker count")
     ap.add_argument(
-        "--quick", action="store_true", help="8 and 32 workers, 1 s passes, 2 s lease; 8 ranks"
+        "--quick",
+        action="store_true",
+        help="8 and 32 workers, 1 and 4 stripes, 1 s passes, 2 s lease; 8 ranks",
     )
     a = ap.parse_args()
     if a.quick:
         a.workers, a.ranks, a.pass_ms, a.lease_secs, a.advances = [8, 32], [8], 1000, 2, 6
+        # A queue that small has one stripe by default: 4 exercises the striped claims too.
+        a.stripes = [1, 4]
     for name in ("pass_ms", "rf", "epochs", "advances"):
         if getattr(a, name) <= 0:
             ap.error(f"--{name.replace('_', '-')}: {getattr(a, name)}: must be at least 1")
@@ -380,12 +403,14 @@ def main() -> None:
         work = Path(t)
         rows = []
         for n in a.workers:
-            r = run_queue(exe, work, n, a)
-            print(json.dumps(r), flush=True)
-            if not r["invariant"]["ok"]:
-                print(f"CHECK FAILED: at {n} workers: " + "; ".join(r["invariant"]["problems"]))
-                failed = True
-            rows.append(r)
+            for stripes in a.stripes:
+                r = run_queue(exe, work, n, stripes, a)
+                print(json.dumps(r), flush=True)
+                if not r["invariant"]["ok"]:
+                    problems = "; ".join(r["invariant"]["problems"])
+                    print(f"CHECK FAILED: at {n} workers, {r['stripes']} stripes: {problems}")
+                    failed = True
+                rows.append(r)
         print()
         print("## the shard queue in etcd")
         print()

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
-use metfs_dds::keys::{Keys, Kind, LAYOUT_VERSION};
+use metfs_dds::keys::{default_stripes, Keys, Kind, LAYOUT_VERSION};
 use metfs_dds::{
     Batch, Claim, DdsUrl, EtcdOptions, Holder, OwnedSamples, Queue, QueueMeta, Worker, WorkerConfig,
 };
@@ -89,6 +89,10 @@ struct Args {
     start_spread_ms: u64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Stripes of the queue's never-claimed shards, each with its own cursor (0: the default of
+    /// a queue a mount makes, one per 256 shards; 1: one cursor per epoch, as before stripes).
+    #[arg(long, default_value_t = 0)]
+    stripes: u32,
 }
 
 /// Shards per slot: a node claims a slot's bytes, about four shards (`--shards-per-slot`'s
@@ -477,6 +481,11 @@ async fn main() {
         shards,
         shard_bytes: SAMPLES_PER_SHARD as u64 * SAMPLE_BYTES,
         samples: samples.sizes.len() as u64,
+        stripes: if a.stripes == 0 {
+            default_stripes(shards)
+        } else {
+            a.stripes
+        },
     };
     let slot = SHARDS_PER_SLOT as u64 * meta.shard_bytes;
     let q = Queue::connect(&url, &opts)
@@ -738,6 +747,7 @@ async fn main() {
         "workers": n,
         "epochs": a.epochs,
         "shards_per_epoch": meta.shards,
+        "stripes": meta.stripes,
         "pass_ms": a.pass_ms,
         "rf": a.rf,
         "lease_secs": a.lease_secs,

@@ -53,5 +53,6 @@ pub fn queue_meta(
         shards,
         shard_bytes,
         samples: cat.len() as u64,
+        stripes: crate::keys::default_stripes(shards),
     })
 }

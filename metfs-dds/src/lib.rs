@@ -8,18 +8,21 @@
 //! (epoch, offset, length) into it. Shards move TODO → DOING → DONE:
 //!
 //! * **claim** (TODO → DOING): one transaction takes the head of the queue (never-claimed
-//!   shards in index order, then shards given back, oldest first) and records the claiming
-//!   worker, node name and incarnation, under the worker's lease. Two workers racing for the
-//!   same shards compare the same keys, so exactly one transaction succeeds. A worker claims
+//!   shards of one stripe in its order, then shards given back, oldest first) and records the
+//!   claiming worker, node name and incarnation, under the worker's lease. Two workers racing
+//!   for the same shards compare the same keys, so exactly one transaction succeeds; workers
+//!   that take from different stripes ([`keys::Stripes`]) compare different cursors and do not
+//!   race at all. A worker claims
 //!   only when it holds fewer than `depth` batches (the view it serves and the slot it stages),
 //!   and only as many shards as fit the byte size of its next slot: a slow node comes back
 //!   for work less often and so takes less of the epoch (the paper's load balancing).
 //! * **done** (DOING → DONE): one transaction that succeeds only while the claim is still the
 //!   worker's own.
 //! * **requeue** (DOING → TODO, at the tail): the claim key lives under the worker's lease, so
-//!   when a node dies its claims vanish after the lease TTL. Every live worker watches the
-//!   queue and gives such shards back at once; a worker that joins also sweeps for them, so
-//!   they are requeued even when every node died.
+//!   when a node dies its claims vanish after the lease TTL, together with its registration.
+//!   Every live worker watches the registrations' deletions and gives the dead node's shards
+//!   back at once, found from its `held/` records; a worker that joins also sweeps the whole
+//!   queue for them, so they are requeued even when every node died.
 //!
 //! Delivery is at least once: an epoch is complete when every shard is DONE, and each shard is
 //! DONE exactly once. The samples that can be read twice are those of shards a worker held

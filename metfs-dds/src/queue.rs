@@ -182,12 +182,22 @@ impl Queue {
         })?;
         let k = &self.keys;
         let mut epochs: BTreeMap<u64, EpochStatus> = BTreeMap::new();
+        // Never-claimed shards: of every stripe of each epoch with a cursor (a stripe without
+        // one is at 0).
+        let mut cursors: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+        let stripes = meta.stripes();
         for (key, v) in self.range(k.cursors(), false).await? {
-            if let Some(e) = k.parse_cursor(&key) {
-                let c: u64 = parse(&key, &v)?;
-                let st = entry(&mut epochs, e);
-                st.todo += u64::from(meta.shards).saturating_sub(c);
+            if let Some((e, s)) = k.parse_cursor(&key) {
+                let c = cursors
+                    .entry(e)
+                    .or_insert_with(|| vec![0; stripes.count() as usize]);
+                if let Some(at) = c.get_mut(s as usize) {
+                    *at = parse(&key, &v)?;
+                }
             }
+        }
+        for (e, c) in &cursors {
+            entry(&mut epochs, *e).todo += stripes.fresh_left(c);
         }
         let mut doing_by: BTreeMap<String, u64> = BTreeMap::new();
         for prefix in [k.todo_all(), k.doing_all(), k.done_all()] {

@@ -201,6 +201,7 @@ fn meta(s: &OwnedSamples, shards: u32, seed: u64) -> QueueMeta {
         shards,
         shard_bytes: 1 << 20,
         samples: s.sizes.len() as u64,
+        stripes: 1,
     }
 }
 
@@ -301,10 +302,36 @@ async fn claims_are_exclusive_under_concurrency() {
     let Some(etcd) = Etcd::start("claims_are_exclusive_under_concurrency") else {
         return;
     };
+    exclusive_under_concurrency(&etcd, "excl", 1, 4).await;
+}
+
+/// With the never-claimed shards dealt into stripes, each with its own cursor, nodes that
+/// claim from different stripes never race, and still: every shard once, every epoch done, and
+/// each node's fresh shards of one stripe in the stripe's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_of_a_striped_queue_are_exclusive_under_concurrency() {
+    let Some(etcd) = Etcd::start("claims_of_a_striped_queue_are_exclusive_under_concurrency")
+    else {
+        return;
+    };
+    exclusive_under_concurrency(&etcd, "striped", 5, 8).await;
+}
+
+/// `workers` nodes drain two epochs of an 80-shard queue of `stripes` stripes concurrently.
+async fn exclusive_under_concurrency(etcd: &Etcd, prefix: &str, stripes: u32, workers: usize) {
     let s = samples(2_000);
-    let (q, m) = queue(&etcd, "excl", &meta(&s, 80, 1)).await;
+    let (q, m) = queue(
+        etcd,
+        prefix,
+        &QueueMeta {
+            stripes,
+            ..meta(&s, 80, 1)
+        },
+    )
+    .await;
+    assert_eq!(m.stripes, stripes);
     let mut tasks = Vec::new();
-    for i in 0..4 {
+    for i in 0..workers {
         let w = Worker::join(q.clone(), m.clone(), s.clone(), cfg(&format!("n{i}"), 5, 1))
             .await
             .unwrap();
@@ -315,6 +342,17 @@ async fn claims_are_exclusive_under_concurrency() {
     for (i, t) in tasks.into_iter().enumerate() {
         let (batches, _w) = t.await.unwrap();
         assert!(!batches.is_empty(), "worker {i} got no work");
+        // A node's successive claims from one stripe follow the stripe's order.
+        let mut last: BTreeMap<(u64, u32), u32> = BTreeMap::new();
+        for b in &batches {
+            for &k in &b.shards {
+                let key = (b.epoch, k % stripes);
+                if let Some(&l) = last.get(&key) {
+                    assert!(l < k, "{l} then {k} in {key:?}");
+                }
+                last.insert(key, k);
+            }
+        }
         for b in batches {
             assert!(b.bytes <= 3 * 2_600);
             for k in b.shards {

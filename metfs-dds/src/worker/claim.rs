@@ -1,7 +1,12 @@
-//! Claiming shards: one consistent read of the queue's head, the shards that fit picked
-//! (never-claimed ones, then given-back ones), taken in one transaction, read again after a
-//! random wait when another worker won the race; a claim whose answer was lost taken up; and
-//! whether a queue with nothing to claim is finished.
+//! Claiming shards: one consistent read of the queue's head (the given-back shards and every
+//! stripe's cursor), the shards that fit picked (never-claimed ones of one stripe, then
+//! given-back ones), taken in one transaction, read again after a random wait when another
+//! worker won the race; a claim whose answer was lost taken up; and whether a queue with
+//! nothing to claim is finished.
+//!
+//! A worker takes fresh shards from the stripe its node name hashes to, or the next one with
+//! shards left; after each lost race it moves on by a step that depends on the name too, so
+//! the losers of one round spread over the stripes instead of meeting again.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -9,7 +14,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use metfs_plan::planner::EpochOrder;
 
-use crate::keys::{Kind, NodeStats};
+use crate::keys::{Kind, NodeStats, Stripes};
 use crate::queue::parse;
 use crate::{etcd, now_ms, DdsError};
 
@@ -38,11 +43,11 @@ impl Worker {
                 return Ok(Claim::Batch(b));
             }
         }
-        let shards = self.meta.shards;
+        let stripes = self.meta.stripes();
         let mut lost = 0;
         loop {
-            // One consistent read of the head of the given-back shards and of the cursor.
-            let (todo, cur) = self.snapshot().await?;
+            // One consistent read of the head of the given-back shards and of the cursors.
+            let (todo, cursors) = self.snapshot().await?;
             let epoch = match todo.first() {
                 Some(&(e, _, _)) if e < self.epoch => e,
                 _ => self.epoch,
@@ -52,19 +57,18 @@ impl Worker {
             }
             let order = self.order(epoch)?;
             // An older epoch's never-claimed shards are all taken: the worker moved past it
-            // only once its cursor reached the end.
-            let (cursor, cursor_rev) = if epoch == self.epoch {
-                cur
+            // only once every stripe's cursor reached its end.
+            let fresh_from = if epoch == self.epoch {
+                self.stripe_to_claim(&stripes, &cursors, lost)
             } else {
-                (shards, 0)
+                None
             };
             let Pick { fresh, back, bytes } =
-                pick(&order, (cursor, shards), &todo, epoch, max_bytes);
+                pick(&order, &stripes, fresh_from, &todo, epoch, max_bytes);
             if fresh.is_empty() && back.is_empty() {
-                let next = if cursor < shards {
-                    Some(cursor)
-                } else {
-                    todo.iter().find(|t| t.0 == epoch).map(|t| t.2)
+                let next = match fresh_from {
+                    Some(f) => Some(stripes.shard(f.stripe, f.at)),
+                    None => todo.iter().find(|t| t.0 == epoch).map(|t| t.2),
                 };
                 if let Some(k) = next {
                     return Err(DdsError::ShardTooLarge {
@@ -90,7 +94,7 @@ impl Worker {
             if stats.first_claim_ms == 0 {
                 stats.first_claim_ms = now_ms();
             }
-            let txn = self.claim_txn(epoch, (cursor, cursor_rev), (&fresh, &back), &all, &stats);
+            let txn = self.claim_txn(epoch, fresh_from, (&fresh, &back), &all, &stats);
             // If the answer is lost, the claim may have been made: the next claim looks first.
             self.claim_uncertain = true;
             let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
@@ -112,31 +116,47 @@ impl Worker {
         }
     }
 
-    /// The transaction that claims `fresh` (moving the cursor of `epoch` on from `cursor`, at
+    /// The stripe this worker takes fresh shards from after `lost` lost races, given every
+    /// stripe's cursor: the one its node name hashes to, moved on by a step of its own per lost
+    /// race, or the next after it with shards left; `None` when every stripe is used up.
+    fn stripe_to_claim(
+        &self,
+        stripes: &Stripes,
+        cursors: &[(u32, i64)],
+        lost: u32,
+    ) -> Option<FreshFrom> {
+        let n = stripes.count();
+        let h = name_hash(&self.holder.node);
+        // An odd step: with a power-of-two stripe count it visits every stripe.
+        let step = (h >> 32) | 1;
+        let first = (h.wrapping_add(step.wrapping_mul(u64::from(lost))) % u64::from(n)) as u32;
+        (0..n).map(|i| (first + i) % n).find_map(|s| {
+            let (at, rev) = cursors.get(s as usize).copied().unwrap_or((0, 0));
+            (at < stripes.len(s)).then_some(FreshFrom { stripe: s, at, rev })
+        })
+    }
+
+    /// The transaction that claims `fresh` (moving the cursor of its stripe on, compared at
     /// its revision) and takes `back` out of TODO: every shard in `all` DOING under this
-    /// worker, its claim under the lease, and the node's totals `stats`.
+    /// worker, its claim under the lease, its `held/` record, and the node's totals `stats`.
     fn claim_txn(
         &self,
         epoch: u64,
-        (cursor, cursor_rev): (u32, i64),
+        fresh_from: Option<FreshFrom>,
         (fresh, back): (&[u32], &[(u64, String, u32)]),
         all: &[u32],
         stats: &NodeStats,
     ) -> Txn {
         let keys = &self.queue.keys;
-        let ckey = keys.cursor(epoch);
         let lease = self.shared.lease.load(Ordering::Acquire);
         let hv = holder_bytes(&self.holder);
         let mut cmp = Vec::new();
         let mut then = Vec::new();
-        if !fresh.is_empty() {
-            cmp.push(Compare::mod_revision(
-                ckey.clone(),
-                CompareOp::Equal,
-                cursor_rev,
-            ));
-            let next = cursor + fresh.len() as u32;
-            then.push(TxnOp::put(ckey.clone(), next.to_string(), None));
+        if let (Some(f), false) = (fresh_from, fresh.is_empty()) {
+            let ckey = keys.cursor(epoch, f.stripe);
+            cmp.push(Compare::mod_revision(ckey.clone(), CompareOp::Equal, f.rev));
+            let next = f.at + fresh.len() as u32;
+            then.push(TxnOp::put(ckey, next.to_string(), None));
         }
         for (_, key, _) in back {
             cmp.push(Compare::version(key.clone(), CompareOp::Greater, 0));
@@ -149,6 +169,7 @@ impl Worker {
                 hv.clone(),
                 Some(PutOptions::new().with_lease(lease)),
             ));
+            then.push(TxnOp::put(keys.held(&self.holder.node, epoch, k), "", None));
         }
         then.push(TxnOp::put(
             keys.stats(&self.holder.node),
@@ -239,18 +260,19 @@ impl Worker {
     }
 
     /// The head of the given-back shards, oldest epoch first, as (epoch, key, shard), and the
-    /// cursor of the worker's epoch with its revision, in one round trip.
-    async fn snapshot(&self) -> Result<(Vec<(u64, String, u32)>, (u32, i64)), DdsError> {
+    /// cursor of every stripe of the worker's epoch with its revision (`(0, 0)` for a stripe
+    /// not yet claimed from), in one round trip.
+    async fn snapshot(&self) -> Result<(Vec<(u64, String, u32)>, Vec<(u32, i64)>), DdsError> {
         let keys = &self.queue.keys;
         let opts = GetOptions::new()
             .with_prefix()
             .with_keys_only()
             .with_sort(SortTarget::Key, SortOrder::Ascend)
             .with_limit(256);
-        let ckey = keys.cursor(self.epoch);
+        let cprefix = keys.cursors_of(self.epoch);
         let txn = Txn::new().and_then([
             TxnOp::get(keys.todo_all(), Some(opts)),
-            TxnOp::get(ckey.clone(), None),
+            TxnOp::get(cprefix.clone(), Some(GetOptions::new().with_prefix())),
         ]);
         let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
             .await
@@ -261,7 +283,7 @@ impl Worker {
         });
         let (Some(todo), Some(cursor)) = (gets.next(), gets.next()) else {
             return Err(DdsError::BadRecord {
-                key: ckey,
+                key: cprefix,
                 reason: "etcd answered the read with fewer results than asked".into(),
             });
         };
@@ -273,14 +295,15 @@ impl Worker {
                 (kind == Kind::Todo).then(|| (e, String::from_utf8_lossy(kv.key()).into_owned(), k))
             })
             .collect();
-        let cur = match cursor.kvs().first() {
-            Some(kv) => (
-                parse::<u32>(ckey.as_bytes(), kv.value())?,
-                kv.mod_revision(),
-            ),
-            None => (0, 0),
-        };
-        Ok((todo, cur))
+        let mut cursors = vec![(0, 0); self.meta.stripes().count() as usize];
+        for kv in cursor.kvs() {
+            if let Some((_, s)) = keys.parse_cursor(kv.key()) {
+                if let Some(c) = cursors.get_mut(s as usize) {
+                    *c = (parse::<u32>(kv.key(), kv.value())?, kv.mod_revision());
+                }
+            }
+        }
+        Ok((todo, cursors))
     }
 
     /// `Finished` when no shard up to the last epoch is DOING or TODO, else `Wait`. Both are
@@ -313,50 +336,74 @@ impl Worker {
     }
 }
 
-/// Shards picked for one claim: never-claimed ones (from the cursor on), given-back ones (as
-/// (epoch, TODO key, shard)), and their bytes together.
+/// Shards picked for one claim: never-claimed ones (of one stripe, from its cursor on),
+/// given-back ones (as (epoch, TODO key, shard)), and their bytes together.
 struct Pick {
     fresh: Vec<u32>,
     back: Vec<(u64, String, u32)>,
     bytes: u64,
 }
 
+/// Where a claim takes never-claimed shards from: a stripe, its cursor and the cursor's
+/// revision (0: no cursor key yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FreshFrom {
+    stripe: u32,
+    at: u32,
+    rev: i64,
+}
+
 /// The head of `epoch`'s shards that fits in `max_bytes` and one transaction: never-claimed
-/// shards from `cursor` up to `shards`, then the given-back ones in `todo`.
+/// shards of the stripe `fresh_from`, from its cursor on, then the given-back ones in `todo`.
 fn pick(
     order: &EpochOrder,
-    (cursor, shards): (u32, u32),
+    stripes: &Stripes,
+    fresh_from: Option<FreshFrom>,
     todo: &[(u64, String, u32)],
     epoch: u64,
     max_bytes: u64,
 ) -> Pick {
-    // Pick the head that fits: never-claimed shards, then given-back ones.
+    // The cursor's put and the totals'; each fresh shard puts DOING, its claim and `held/`,
+    // each given-back one deletes its TODO key too.
     let (mut bytes, mut ops) = (0u64, 2usize);
     let mut fresh = Vec::new();
     let mut full = false;
-    for k in cursor..shards {
-        let b = order.bytes[k as usize];
-        if bytes + b > max_bytes || ops + 2 > MAX_OPS {
-            full = true;
-            break;
+    if let Some(f) = fresh_from {
+        for pos in f.at..stripes.len(f.stripe) {
+            let k = stripes.shard(f.stripe, pos);
+            let b = order.bytes[k as usize];
+            if bytes + b > max_bytes || ops + 3 > MAX_OPS {
+                full = true;
+                break;
+            }
+            bytes += b;
+            ops += 3;
+            fresh.push(k);
         }
-        bytes += b;
-        ops += 2;
-        fresh.push(k);
     }
     let mut back = Vec::new();
     if !full {
         for (e, key, k) in todo.iter().filter(|t| t.0 == epoch) {
             let b = order.bytes[*k as usize];
-            if bytes + b > max_bytes || ops + 3 > MAX_OPS {
+            if bytes + b > max_bytes || ops + 4 > MAX_OPS {
                 break;
             }
             bytes += b;
-            ops += 3;
+            ops += 4;
             back.push((*e, key.clone(), *k));
         }
     }
     Pick { fresh, back, bytes }
+}
+
+/// A hash of a node name that is the same on every node and run (FNV-1a), for its preferred
+/// stripe.
+fn name_hash(node: &str) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in node.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 /// The wait before a claim that lost `lost` races in a row reads the head again: uniform in

@@ -23,7 +23,7 @@ impl Worker {
         let keys = self.queue.keys.clone();
         let hv = holder_bytes(&batch.holder);
         // A batch that fits one transaction (the usual case) updates the totals in it too.
-        let single = batch.shards.len() * 3 < MAX_OPS;
+        let single = batch.shards.len() * 4 < MAX_OPS;
         let all_done = self.totals(
             batch,
             &DoneReport {
@@ -33,10 +33,10 @@ impl Worker {
         );
         let mut report = DoneReport::default();
         let mut settled_one_by_one = false;
-        for chunk in batch.shards.chunks(MAX_OPS / 3) {
+        for chunk in batch.shards.chunks(MAX_OPS / 4) {
             let (cmp, then): (Vec<_>, Vec<_>) = chunk
                 .iter()
-                .map(|&k| done_ops(&keys, batch.epoch, k, &hv))
+                .map(|&k| done_ops(&keys, &batch.holder.node, (batch.epoch, k), &hv))
                 .unzip();
             let mut then: Vec<TxnOp> = then.into_iter().flatten().collect();
             if single {
@@ -97,7 +97,7 @@ impl Worker {
         let hv = holder_bytes(&batch.holder);
         let e = batch.epoch;
         for &k in chunk {
-            let (c, t) = done_ops(keys, e, k, &hv);
+            let (c, t) = done_ops(keys, &batch.holder.node, (e, k), &hv);
             let txn = Txn::new()
                 .when([c])
                 .and_then(t)
@@ -144,14 +144,15 @@ impl Worker {
     }
 }
 
-/// Shard `k` of epoch `e` moved to DONE, if its claim is still `hv`'s: the comparison, and the
-/// claim and DOING deleted, DONE put.
-fn done_ops(keys: &Keys, e: u64, k: u32, hv: &[u8]) -> (Compare, [TxnOp; 3]) {
+/// Shard `k` of epoch `e` moved to DONE, if its claim is still `hv`'s (of `node`): the
+/// comparison, and the claim, DOING and `held/` deleted, DONE put.
+fn done_ops(keys: &Keys, node: &str, (e, k): (u64, u32), hv: &[u8]) -> (Compare, [TxnOp; 4]) {
     (
         Compare::value(keys.claim(e, k), CompareOp::Equal, hv.to_vec()),
         [
             TxnOp::delete(keys.claim(e, k), None),
             TxnOp::delete(keys.doing(e, k), None),
+            TxnOp::delete(keys.held(node, e, k), None),
             TxnOp::put(keys.done(e, k), hv.to_vec(), None),
         ],
     )

@@ -2,14 +2,15 @@
 //!
 //! A [`Worker`] holds a lease (renewed by a background task every third of its TTL) under which
 //! it registers as `workers/NODE` with a new incarnation and puts its claims. A second task
-//! watches the queue: a claim deleted by etcd (its holder's lease expired) is given back to
-//! TODO at the tail at once, and any change wakes a worker waiting for work. After the watch is
+//! watches the queue's registrations and given-back shards: when a node's registration is
+//! deleted (its lease expired, or it left) its shards are given back to TODO at the tail at
+//! once, and a shard given back wakes a worker waiting for work. After the watch is
 //! (re)established the task sweeps the whole queue once, so a shard orphaned while nobody was
 //! watching (every node dead, or this one cut off) is given back too.
 //!
 //! Claims follow the queue order: a worker takes the given-back shards of an older epoch first
 //! (an epoch completes before the next one grows), else the never-claimed shards of its
-//! current epoch in index order, then that epoch's given-back shards; one batch never mixes
+//! current epoch from its stripe in the stripe's order, then that epoch's given-back shards; one batch never mixes
 //! epochs, since a sample appears once per epoch and a view shows each path once. When its
 //! epoch has nothing left to claim the worker moves to the next one, while other nodes may
 //! still be finishing the last shards of the old one.
@@ -22,7 +23,7 @@
 //! claim in that state is found on the next claim (claims under this worker's name that it
 //! does not know of) and returned as the batch; a done retried after it finds the shard DONE
 //! by this very claim and counts it done. Each claim is two round trips (one consistent read of
-//! the queue head and the cursor, one transaction) and each done one.
+//! the queue head and the epoch's cursors, one transaction) and each done one.
 //!
 //! This module holds the worker's types, its joining and its lease; `claim` the claims,
 //! `done` the marking done, `liveness` the lease's keep-alive, the registration and the watch.
@@ -43,7 +44,7 @@ use crate::{etcd, DdsError};
 mod claim;
 mod done;
 mod liveness;
-use liveness::{keep_alive, register, start_epoch, sweep, watch_queue};
+use liveness::{keep_alive, register, requeue_node, start_epoch, watch_queue};
 
 /// The samples a worker cuts shards from (owned, since the worker outlives any borrow).
 #[derive(Debug, Clone, Default)]
@@ -234,7 +235,7 @@ impl Worker {
                     Some(kv) => parse(stats_key.as_bytes(), kv.value())?,
                     None => NodeStats::default(),
                 };
-                let epoch = start_epoch(&queue, &shared, meta.shards).await?;
+                let epoch = start_epoch(&queue, &shared, &meta).await?;
                 Ok::<_, DdsError>((stats, epoch))
             }
             .await;
@@ -376,7 +377,7 @@ impl Worker {
             .await
             .map_err(etcd("lease revoke"))?;
         // Give the shards back now rather than when another worker's watch notices.
-        sweep(&self.queue, &self.shared).await;
+        requeue_node(&self.queue, &self.holder.node).await;
         Ok(())
     }
 }
