@@ -378,13 +378,14 @@ def main() -> None:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="8 and 32 workers, 1 and 4 stripes, 1 s passes, 2 s lease; 8 ranks",
+        help="8 and 32 workers, 1 and 16 stripes, 1 s passes, 2 s lease; 8 ranks",
     )
     a = ap.parse_args()
     if a.quick:
         a.workers, a.ranks, a.pass_ms, a.lease_secs, a.advances = [8, 32], [8], 1000, 2, 6
-        # A queue that small has one stripe by default: 4 exercises the striped claims too.
-        a.stripes = [1, 4]
+        # A queue that small has one stripe by default: 16 exercises the striped claims too
+        # (more stripes than a node reads at first).
+        a.stripes = [1, 16]
     for name in ("pass_ms", "rf", "epochs", "advances"):
         if getattr(a, name) <= 0:
             ap.error(f"--{name.replace('_', '-')}: {getattr(a, name)}: must be at least 1")

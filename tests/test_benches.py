@@ -161,10 +161,10 @@ CASES = {
             "| workers | stripes | killed | shards/epoch | run s | etcd req/s | watch msgs/s ",
             # One cursor per epoch beside the striped queue, at each size.
             "| 8 | 1 | 1 | 96 | ",
-            "| 8 | 4 | 1 | 96 | ",
+            "| 8 | 16 | 1 | 96 | ",
             "| 32 | 1 | 1 | 384 | ",
-            "| 32 | 4 | 1 | 384 | ",
-            "at 32 workers, claim p99 with 4 stripes ",
+            "| 32 | 16 | 1 | 384 | ",
+            "at 32 workers, claim p99 with 16 stripes ",
             " ms with one cursor per epoch: ",
             # The invariant held at both sizes (a violation prints CHECK FAILED and exits 1).
             "| yes (2 x 96) |",

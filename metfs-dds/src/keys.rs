@@ -51,7 +51,7 @@ pub struct QueueMeta {
     /// Samples in the dataset.
     pub samples: u64,
     /// Stripes the never-claimed shards of an epoch are dealt into, each with its own cursor
-    /// (see the module doc); at least 1.
+    /// (see the module doc); 1 to [`MAX_STRIPES`].
     pub stripes: u32,
 }
 
@@ -75,7 +75,7 @@ impl Stripes {
     pub fn new(shards: u32, count: u32) -> Self {
         Self {
             shards,
-            count: count.clamp(1, shards.max(1)),
+            count: count.clamp(1, shards.clamp(1, MAX_STRIPES)),
         }
     }
     /// How many stripes there are.
@@ -109,13 +109,21 @@ impl Stripes {
     }
 }
 
-/// The stripe count of a new queue of `shards`: one per 256 shards, between 1 and 64. A job
-/// makes several shards per node and epoch, so this is about one stripe per 30 to 60 nodes:
-/// few enough claims on each cursor that they rarely meet, and small queues (tests, a few
-/// nodes) keep one stripe and take shards in exact index order.
+/// The stripe count of a new queue of `shards`: one cursor for a queue under 256 shards (tests,
+/// a few nodes: shards are taken in exact index order), else one stripe per 16 shards (about
+/// four claims' worth), at most [`MAX_STRIPES`]. A job makes several shards per node and epoch,
+/// so that is about one stripe per node: claims rarely meet on a cursor even when every node
+/// comes back for work at the same moment (the start of a job, the end of a pass).
 pub fn default_stripes(shards: u32) -> u32 {
-    (shards / 256).clamp(1, 64)
+    if shards < 256 {
+        1
+    } else {
+        (shards / 16).min(MAX_STRIPES)
+    }
 }
+
+/// Most stripes a queue has (their keys have four digits).
+pub const MAX_STRIPES: u32 = 1024;
 
 /// A worker: a node's daemon in one incarnation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -311,8 +319,9 @@ mod tests {
     fn default_stripes_grow_with_the_queue_and_stay_bounded() {
         assert_eq!(default_stripes(0), 1);
         assert_eq!(default_stripes(255), 1);
-        assert_eq!(default_stripes(12_288), 48);
-        assert_eq!(default_stripes(1 << 30), 64);
+        assert_eq!(default_stripes(256), 16);
+        assert_eq!(default_stripes(12_288), 768);
+        assert_eq!(default_stripes(1 << 30), MAX_STRIPES);
         assert_eq!(Stripes::new(3, 8).count(), 3, "no empty stripes");
     }
 

@@ -45,9 +45,16 @@ impl Worker {
         }
         let stripes = self.meta.stripes();
         let mut lost = 0;
+        let mut wide = false;
         loop {
-            // One consistent read of the head of the given-back shards and of the cursors.
-            let (todo, cursors) = self.snapshot().await?;
+            // One consistent read of the head of the given-back shards and of the cursors of
+            // this node's window of stripes (of every stripe once the window is used up).
+            let window = if wide {
+                Window::all(&stripes)
+            } else {
+                Window::of(&stripes, &self.holder.node)
+            };
+            let (todo, cursors) = self.snapshot(window).await?;
             let epoch = match todo.first() {
                 Some(&(e, _, _)) if e < self.epoch => e,
                 _ => self.epoch,
@@ -59,10 +66,15 @@ impl Worker {
             // An older epoch's never-claimed shards are all taken: the worker moved past it
             // only once every stripe's cursor reached its end.
             let fresh_from = if epoch == self.epoch {
-                self.stripe_to_claim(&stripes, &cursors, lost)
+                self.stripe_to_claim(&stripes, window, &cursors, lost)
             } else {
                 None
             };
+            if fresh_from.is_none() && epoch == self.epoch && !window.is_all(&stripes) {
+                // This node's stripes are used up; others may not be.
+                wide = true;
+                continue;
+            }
             let Pick { fresh, back, bytes } =
                 pick(&order, &stripes, fresh_from, &todo, epoch, max_bytes);
             if fresh.is_empty() && back.is_empty() {
@@ -80,6 +92,7 @@ impl Worker {
                 }
                 // Nothing left to claim in this epoch: move on to the next.
                 self.epoch = self.epoch.max(epoch + 1);
+                wide = false;
                 continue;
             }
             let all: Vec<u32> = fresh
@@ -116,24 +129,32 @@ impl Worker {
         }
     }
 
-    /// The stripe this worker takes fresh shards from after `lost` lost races, given every
-    /// stripe's cursor: the one its node name hashes to, moved on by a step of its own per lost
-    /// race, or the next after it with shards left; `None` when every stripe is used up.
+    /// The stripe of `window` this worker takes fresh shards from after `lost` lost races,
+    /// given the window's cursors: one of the window's stripes with shards left, picked by a
+    /// hash of the node's name and `lost` (so the same on every try of one round, and spread
+    /// over what is left: near the end of an epoch, when few stripes have shards, the nodes
+    /// that come for them spread evenly instead of meeting on the first one after a used-up
+    /// run); `None` when every stripe of the window is used up.
     fn stripe_to_claim(
         &self,
         stripes: &Stripes,
+        window: Window,
         cursors: &[(u32, i64)],
         lost: u32,
     ) -> Option<FreshFrom> {
-        let n = stripes.count();
-        let h = name_hash(&self.holder.node);
-        // An odd step: with a power-of-two stripe count it visits every stripe.
-        let step = (h >> 32) | 1;
-        let first = (h.wrapping_add(step.wrapping_mul(u64::from(lost))) % u64::from(n)) as u32;
-        (0..n).map(|i| (first + i) % n).find_map(|s| {
-            let (at, rev) = cursors.get(s as usize).copied().unwrap_or((0, 0));
-            (at < stripes.len(s)).then_some(FreshFrom { stripe: s, at, rev })
-        })
+        let left: Vec<FreshFrom> = (0..window.len)
+            .filter_map(|i| {
+                let s = window.first + i;
+                let (at, rev) = cursors.get(i as usize).copied().unwrap_or((0, 0));
+                (at < stripes.len(s)).then_some(FreshFrom { stripe: s, at, rev })
+            })
+            .collect();
+        if left.is_empty() {
+            return None;
+        }
+        let h = name_hash(&self.holder.node).rotate_left(17);
+        let r = h ^ u64::from(lost).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        Some(left[(mix(r) % left.len() as u64) as usize])
     }
 
     /// The transaction that claims `fresh` (moving the cursor of its stripe on, compared at
@@ -260,19 +281,23 @@ impl Worker {
     }
 
     /// The head of the given-back shards, oldest epoch first, as (epoch, key, shard), and the
-    /// cursor of every stripe of the worker's epoch with its revision (`(0, 0)` for a stripe
-    /// not yet claimed from), in one round trip.
-    async fn snapshot(&self) -> Result<(Vec<(u64, String, u32)>, Vec<(u32, i64)>), DdsError> {
+    /// cursor of every stripe of `window` in the worker's epoch with its revision (`(0, 0)` for
+    /// a stripe not yet claimed from), in one round trip.
+    async fn snapshot(
+        &self,
+        window: Window,
+    ) -> Result<(Vec<(u64, String, u32)>, Vec<(u32, i64)>), DdsError> {
         let keys = &self.queue.keys;
         let opts = GetOptions::new()
             .with_prefix()
             .with_keys_only()
             .with_sort(SortTarget::Key, SortOrder::Ascend)
             .with_limit(256);
-        let cprefix = keys.cursors_of(self.epoch);
+        let from = keys.cursor(self.epoch, window.first);
+        let to = keys.cursor(self.epoch, window.first + window.len);
         let txn = Txn::new().and_then([
             TxnOp::get(keys.todo_all(), Some(opts)),
-            TxnOp::get(cprefix.clone(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(from.clone(), Some(GetOptions::new().with_range(to))),
         ]);
         let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
             .await
@@ -283,7 +308,7 @@ impl Worker {
         });
         let (Some(todo), Some(cursor)) = (gets.next(), gets.next()) else {
             return Err(DdsError::BadRecord {
-                key: cprefix,
+                key: from,
                 reason: "etcd answered the read with fewer results than asked".into(),
             });
         };
@@ -295,10 +320,13 @@ impl Worker {
                 (kind == Kind::Todo).then(|| (e, String::from_utf8_lossy(kv.key()).into_owned(), k))
             })
             .collect();
-        let mut cursors = vec![(0, 0); self.meta.stripes().count() as usize];
+        let mut cursors = vec![(0, 0); window.len as usize];
         for kv in cursor.kvs() {
             if let Some((_, s)) = keys.parse_cursor(kv.key()) {
-                if let Some(c) = cursors.get_mut(s as usize) {
+                if let Some(c) = s
+                    .checked_sub(window.first)
+                    .and_then(|i| cursors.get_mut(i as usize))
+                {
                     *c = (parse::<u32>(kv.key(), kv.value())?, kv.mod_revision());
                 }
             }
@@ -395,6 +423,47 @@ fn pick(
     }
     Pick { fresh, back, bytes }
 }
+
+/// A 64-bit finaliser (splitmix64's): spreads nearby inputs over the whole range.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The stripes a claim reads the cursors of: `len` from `first`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Window {
+    first: u32,
+    len: u32,
+}
+
+impl Window {
+    /// Stripes one node reads first: [`WINDOW`] consecutive ones at a place its name hashes
+    /// to. A claim reads a few cursors, not all of a queue's (up to 1,024), yet has a choice
+    /// when it loses a race.
+    fn of(stripes: &Stripes, node: &str) -> Self {
+        let len = WINDOW.min(stripes.count());
+        let places = u64::from(stripes.count() - len + 1);
+        Self {
+            first: (name_hash(node) % places) as u32,
+            len,
+        }
+    }
+    /// Every stripe.
+    fn all(stripes: &Stripes) -> Self {
+        Self {
+            first: 0,
+            len: stripes.count(),
+        }
+    }
+    fn is_all(&self, stripes: &Stripes) -> bool {
+        self.first == 0 && self.len == stripes.count()
+    }
+}
+
+/// Stripes in a node's window.
+const WINDOW: u32 = 8;
 
 /// A hash of a node name that is the same on every node and run (FNV-1a), for its preferred
 /// stripe.

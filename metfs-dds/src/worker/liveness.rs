@@ -303,8 +303,9 @@ pub(super) async fn keep_alive(client: Client, lease: i64, ttl: Duration, shared
 /// at 1,024 simulated nodes for a few hundred writes (`benches/nodes.py`). The node's
 /// registration and its claims share its lease, so etcd deletes them in one revision; the
 /// `held/` records, outside the lease, then say which shards were its. Each watcher waits a
-/// random 0-200 ms before reading them, so that of a thousand nodes a few give the shards back
-/// and the rest find nothing left to do.
+/// random time of up to 2 ms per live node before reading them ([`reaction_spread`]), so
+/// that of a thousand nodes a few give the shards back and the rest find nothing left to do,
+/// while in a job of a few nodes the shards come back within milliseconds.
 pub(super) async fn watch_queue(queue: Queue, shared: Arc<Shared>) {
     let keys = queue.keys.clone();
     loop {
@@ -344,7 +345,7 @@ pub(super) async fn watch_queue(queue: Queue, shared: Arc<Shared>) {
                                     };
                                     let (queue, shared, node) = (queue.clone(), shared.clone(), node.to_string());
                                     tokio::spawn(async move {
-                                        tokio::time::sleep(jitter(Duration::from_millis(200))).await;
+                                        tokio::time::sleep(jitter(reaction_spread(&queue).await)).await;
                                         if requeue_node(&queue, &node).await > 0 {
                                             shared.wake.notify_one();
                                         }
@@ -372,6 +373,22 @@ pub(super) async fn watch_queue(queue: Queue, shared: Arc<Shared>) {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// How long the live nodes spread their reactions to a death over: 2 ms per registered node
+/// (a count-only read), at least 2 ms and at most 2 s.
+async fn reaction_spread(queue: &Queue) -> Duration {
+    let opts = GetOptions::new().with_prefix().with_count_only();
+    let n = match queue
+        .client
+        .kv_client()
+        .get(queue.keys.workers(), Some(opts))
+        .await
+    {
+        Ok(r) => r.count().max(1) as u64,
+        Err(_) => 1,
+    };
+    Duration::from_millis((2 * n).min(2000))
 }
 
 /// A random wait in `[0, max)`.
