@@ -36,6 +36,13 @@ if [ -z "${METFS_BIN:-}" ]; then
   cargo build -q -p metfs
   export METFS_BIN="$PWD/target/debug/metfs"
 fi
+# The test tools beside the binary, brought up to date when it is this clone's build (else
+# tests/stress/stresslib.py's `example_bin` builds one that is missing): faultfs, a POSIX tier
+# whose files answer EIO.
+case "$(dirname "$METFS_BIN")" in
+  "$PWD/target/debug") cargo build -q -p metfs-fs --example faultfs ;;
+  "$PWD/target/release") cargo build -q --release -p metfs-fs --example faultfs ;;
+esac
 rm -rf "$out"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -81,6 +88,14 @@ if "kill9" in res:
     print(f"\nkill -9: {r['trials']} trials {r['phases']}; remount median {r['remount_s_median']} s, max {r['remount_s_max']} s; "
           f"tier bytes fetched after the kills {r['tier_bytes_refetched']:,} of {r['tier_bytes_left_at_kills']:,} left to stage; "
           f"budget max {mib(r['budget_max_bytes'])} of {mib(r['budget_bytes'])} MiB, {r['budget_samples_over']} of {r['budget_samples']:,} samples over")
+for k in ("fault-dead-keys", "fault-dead-files"):
+    if k in res:
+        r = res[k]
+        back = f", back {r['recovery_to_return_s_max']} s after the repair at most" if "recovery_to_return_s_max" in r else ""
+        print(f"{k}: {r.get('dead_keys', r.get('dead_files'))} dead, {r['deferrals']} deferrals, at most "
+              f"{r['deferred_max']} carried, {r['recovered']} recovered, {r['still_deferred']} still carried{back}; "
+              f"{r['switches']} switches, wrong bytes {r['wrong_bytes']}, budget max {mib(r['budget_max_bytes'])} MiB, "
+              f"{r['budget_samples_over']} of {r['budget_samples']:,} samples over")
 for k in ("fault-outage", "fault-s3", "fault-disk-full"):
     if k in res:
         r = res[k]

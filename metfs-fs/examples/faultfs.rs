@@ -40,9 +40,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyOpen, ReplyStatfs, Request,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
+    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, Request,
 };
 
 /// How long the kernel may keep entries and attributes: the source never changes under a
@@ -402,8 +402,9 @@ impl Filesystem for FaultFs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let c = std::ffi::CString::new(self.src.as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid C string and a zeroed struct that statvfs fills in.
+        // SAFETY: statvfs is plain data, for which all zeroes is a valid value.
         let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid C string and a struct of the right type that statvfs fills in.
         if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
             return reply.error(errno(&std::io::Error::last_os_error()));
         }

@@ -19,14 +19,32 @@ import hashlib
 import json
 import os
 import statistics
+import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from conftest import Mount
+from conftest import ROOT, Mount, metfs_bin
 
 STRESS_DIR = Path(__file__).resolve().parent
+
+
+def example_bin(package: str, name: str) -> Path:
+    """A Cargo example of `package` beside the binary under test (`METFS_BIN`'s directory,
+    `examples/NAME`). The test command's `cargo build --workspace --all-targets` and
+    scripts/stress.sh build it; a run without it builds it here, in that directory's profile."""
+    bin_dir = Path(metfs_bin()).parent
+    exe = bin_dir / "examples" / name
+    if not exe.exists():
+        cmd = ["cargo", "build", "-q", "-p", package, "--example", name]
+        if bin_dir.name == "release":
+            cmd.append("--release")
+        subprocess.run(cmd, cwd=ROOT, check=True)
+    assert exe.exists(), (
+        f"{exe} is not built (METFS_BIN={metfs_bin()}): cargo build -p {package} --example {name}"
+    )
+    return exe
 
 
 def env_int(name: str, default: int) -> int:
