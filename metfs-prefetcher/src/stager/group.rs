@@ -396,8 +396,16 @@ impl Stager {
         true
     }
 
-    /// Stages each of `alone` with [`Stager::stage_one`] after the outcomes in `out`; stops
-    /// at the first failure of the slot as a whole.
+    /// Stages each of `alone` with [`Stager::stage_one`] after the outcomes in `out`, all at
+    /// once (at most `concurrency`); stops at the first failure of the slot as a whole, the
+    /// others' fetches dropped with their partial copies.
+    ///
+    /// At once, not one after the other: each of them met an error of the tier in the group,
+    /// and `stage_one` retries such a sample for up to `retry_secs`. One after the other, a
+    /// group holding several dead files (an OST down) took `retry_secs` per file before the
+    /// slot could complete without them: eight such files and the default 60 s held a
+    /// mini-epoch's staging for eight minutes (`tests/stress/test_faults.py`, the POSIX dead
+    /// files).
     #[allow(clippy::too_many_arguments)]
     async fn stage_alone(
         &self,
@@ -409,10 +417,16 @@ impl Stager {
         landing: Landing,
         mut out: Vec<(u32, Result<Fetched, Miss>)>,
     ) -> Vec<(u32, Result<Fetched, Miss>)> {
-        for id in alone {
-            let r = self
-                .stage_one(slot_name, dir, id, made_dirs, progress, landing)
-                .await;
+        use futures::StreamExt;
+        let mut each = futures::stream::iter(alone)
+            .map(|id| async move {
+                let r = self
+                    .stage_one(slot_name, dir, id, made_dirs, progress, landing)
+                    .await;
+                (id, r)
+            })
+            .buffer_unordered(self.cfg.concurrency.max(1));
+        while let Some((id, r)) = each.next().await {
             let slot_failed = matches!(r, Err(Miss::Slot(_)));
             out.push((id, r));
             if slot_failed {
