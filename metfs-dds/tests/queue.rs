@@ -562,8 +562,26 @@ async fn a_job_resumed_on_fewer_workers_completes_the_epoch_exactly_once() {
     else {
         return;
     };
+    resumed_on_fewer_workers(&etcd, false).await;
+}
+
+/// The same, the new nodes joining after every dead node's lease ran out: nobody was watching
+/// when their shards' claims vanished, so the first node to join finds them (its sweep).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_resumed_after_every_node_died_completes_the_epoch_exactly_once() {
+    let Some(etcd) =
+        Etcd::start("a_job_resumed_after_every_node_died_completes_the_epoch_exactly_once")
+    else {
+        return;
+    };
+    resumed_on_fewer_workers(&etcd, true).await;
+}
+
+/// Three nodes work on an epoch and die holding a batch each; two other nodes (after the dead
+/// nodes' leases ran out if `late`) finish it.
+async fn resumed_on_fewer_workers(etcd: &Etcd, late: bool) {
     let s = samples(1_200);
-    let (q, m) = queue(&etcd, "resume", &meta(&s, 60, 5)).await;
+    let (q, m) = queue(etcd, "resume", &meta(&s, 60, 5)).await;
     // Three nodes for about half the epoch; each dies holding one more batch.
     let mut first = BTreeSet::new();
     for i in 0..3 {
@@ -577,6 +595,24 @@ async fn a_job_resumed_on_fewer_workers_completes_the_epoch_exactly_once() {
     }
     let st = q.status().await.unwrap();
     assert!(st.epochs[0].done > 0 && st.epochs[0].done < 60, "{st:?}");
+    if late {
+        // The leases (2 s) and etcd's check of them (every 500 ms) run out.
+        let t0 = Instant::now();
+        while !q
+            .status()
+            .await
+            .unwrap()
+            .nodes
+            .iter()
+            .all(|n| n.live.is_none())
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the leases never ran out"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     // Two other nodes finish the epoch: the dead nodes' DOING shards come back, nothing DONE
     // is repeated and nothing TODO is skipped.
     let mut tasks = Vec::new();

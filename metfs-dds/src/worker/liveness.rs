@@ -306,8 +306,9 @@ pub(super) async fn keep_alive(client: Client, lease: i64, ttl: Duration, shared
 /// random time of up to 2 ms per live node before reading them ([`reaction_spread`]), so
 /// that of a thousand nodes a few give the shards back and the rest find nothing left to do,
 /// while in a job of a few nodes the shards come back within milliseconds.
-pub(super) async fn watch_queue(queue: Queue, shared: Arc<Shared>) {
+pub(super) async fn watch_queue(queue: Queue, shared: Arc<Shared>, me: String) {
     let keys = queue.keys.clone();
+    let mut first = true;
     loop {
         let mut wc = queue.client.watch_client();
         let deaths = wc
@@ -332,8 +333,15 @@ pub(super) async fn watch_queue(queue: Queue, shared: Arc<Shared>) {
             .await;
         match (deaths, backs) {
             (Ok((_w1, mut deaths)), Ok((_w2, mut backs))) => {
-                // Anything orphaned while nobody watched.
-                sweep(&queue, &shared).await;
+                // Anything orphaned while nobody watched: after a watch of this node's ended
+                // (it may have missed deaths), or at its first when no other node is
+                // registered (every node may have died). A node that joins a live job skips it:
+                // the live nodes watched, or swept when their own watches began, and a sweep
+                // reads every DOING shard, which a thousand nodes joining at once cannot all do.
+                if !first || others_registered(&queue, &me).await != Some(true) {
+                    sweep(&queue, &shared).await;
+                }
+                first = false;
                 shared.wake.notify_one();
                 loop {
                     tokio::select! {
@@ -373,6 +381,23 @@ pub(super) async fn watch_queue(queue: Queue, shared: Arc<Shared>) {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// Whether a node other than `me` is registered on the queue (`None`: etcd did not say). The
+/// watch may begin before or after `me` registers, so its own registration is not counted.
+async fn others_registered(queue: &Queue, me: &str) -> Option<bool> {
+    let opts = GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_limit(2);
+    let r = queue
+        .client
+        .kv_client()
+        .get(queue.keys.workers(), Some(opts))
+        .await
+        .ok()?;
+    let mine = queue.keys.worker(me);
+    Some(r.kvs().iter().any(|kv| kv.key() != mine.as_bytes()))
 }
 
 /// How long the live nodes spread their reactions to a death over: 2 ms per registered node

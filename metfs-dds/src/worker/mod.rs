@@ -214,7 +214,7 @@ impl Worker {
         let keys = queue.keys.clone();
         // The watch runs before this node is registered: a node waiting out its previous
         // incarnation's lease still gives back the shards of nodes that died meanwhile.
-        let watch = tokio::spawn(watch_queue(queue.clone(), shared.clone()));
+        let watch = tokio::spawn(watch_queue(queue.clone(), shared.clone(), cfg.node.clone()));
         let joined = async {
             let (lease, inc) = register(&queue, &shared, &cfg).await?;
             let keepalive = tokio::spawn(keep_alive(
