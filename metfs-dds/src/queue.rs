@@ -63,8 +63,8 @@ fn entry(epochs: &mut BTreeMap<u64, EpochStatus>, epoch: u64) -> &mut EpochStatu
 
 pub(super) fn describe(m: &QueueMeta) -> String {
     format!(
-        "dataset {} with seed {} ({}, {} shards of at most {} bytes)",
-        m.fingerprint, m.seed, m.strategy, m.shards, m.shard_bytes
+        "dataset {} with seed {} ({}, {} shards of at most {} bytes, queue layout {})",
+        m.fingerprint, m.seed, m.strategy, m.shards, m.shard_bytes, m.version
     )
 }
 

@@ -654,6 +654,22 @@ async fn a_queue_of_another_dataset_or_seed_is_refused_naming_both() {
     let e = q.init(&meta(&other, 10, 6)).await.unwrap_err().to_string();
     assert!(e.contains("test-100") && e.contains("test-101"), "{e}");
     assert!(e.contains("etcd://127.0.0.1"), "{e}");
+    // A queue made by a metfs of another key layout (one cursor per epoch, layout 1) too.
+    let (q1, _) = queue(
+        &etcd,
+        "old-layout",
+        &QueueMeta {
+            version: 1,
+            ..meta(&s, 10, 6)
+        },
+    )
+    .await;
+    let e = q1.init(&meta(&s, 10, 6)).await.unwrap_err().to_string();
+    let now = metfs_dds::keys::LAYOUT_VERSION;
+    assert!(
+        e.contains("queue layout 1") && e.contains(&format!("queue layout {now}")),
+        "{e}"
+    );
     // The same dataset and seed join the existing queue, whose shard count wins.
     let (m, made) = q.init(&meta(&s, 20, 6)).await.unwrap();
     assert!(!made);
