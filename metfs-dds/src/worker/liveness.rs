@@ -353,7 +353,7 @@ pub(super) async fn watch_queue(queue: Queue, shared: Arc<Shared>, me: String) {
                                     };
                                     let (queue, shared, node) = (queue.clone(), shared.clone(), node.to_string());
                                     tokio::spawn(async move {
-                                        tokio::time::sleep(jitter(reaction_spread(&queue).await)).await;
+                                        tokio::time::sleep(jitter(reaction_spread(&queue, &shared).await)).await;
                                         if requeue_node(&queue, &node).await > 0 {
                                             shared.wake.notify_one();
                                         }
@@ -400,18 +400,30 @@ async fn others_registered(queue: &Queue, me: &str) -> Option<bool> {
     Some(r.kvs().iter().any(|kv| kv.key() != mine.as_bytes()))
 }
 
-/// How long the live nodes spread their reactions to a death over: 2 ms per registered node
-/// (a count-only read), at least 2 ms and at most 2 s.
-async fn reaction_spread(queue: &Queue) -> Duration {
-    let opts = GetOptions::new().with_prefix().with_count_only();
-    let n = match queue
-        .client
-        .kv_client()
-        .get(queue.keys.workers(), Some(opts))
-        .await
-    {
-        Ok(r) => r.count().max(1) as u64,
-        Err(_) => 1,
+/// How long the live nodes spread their reactions to a death over: 2 ms per registered node,
+/// at least 2 ms and at most 2 s. The nodes are counted (a count-only read) at this node's
+/// first reaction and again when the count is a minute old, not at every death: a death is
+/// seen by every node at once, and a thousand counts of a thousand keys at that moment were
+/// a load etcd felt.
+async fn reaction_spread(queue: &Queue, shared: &Shared) -> Duration {
+    const FRESH: Duration = Duration::from_secs(60);
+    let known = *shared.nodes.lock().unwrap_or_else(|p| p.into_inner());
+    let n = match known {
+        Some((n, at)) if at.elapsed() < FRESH => n,
+        _ => {
+            let opts = GetOptions::new().with_prefix().with_count_only();
+            let n = match queue
+                .client
+                .kv_client()
+                .get(queue.keys.workers(), Some(opts))
+                .await
+            {
+                Ok(r) => r.count().max(1) as u64,
+                Err(_) => known.map_or(1, |(n, _)| n),
+            };
+            *shared.nodes.lock().unwrap_or_else(|p| p.into_inner()) = Some((n, Instant::now()));
+            n
+        }
     };
     Duration::from_millis((2 * n).min(2000))
 }

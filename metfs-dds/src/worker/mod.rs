@@ -119,6 +119,9 @@ struct Shared {
     lease: AtomicI64,
     lease_lost: AtomicBool,
     wake: Notify,
+    /// The number of registered nodes when last counted, and when: how widely this node
+    /// spreads its reaction to a death (`liveness::reaction_spread`).
+    nodes: Mutex<Option<(u64, Instant)>>,
     last_error: Mutex<Option<String>>,
     round_trips: AtomicU64,
     etcd_nanos: AtomicU64,
