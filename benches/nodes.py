@@ -94,8 +94,8 @@ def counts(text: str, noun: str, unit: str) -> list[int]:
 def run_queue(exe: Path, work: Path, n: int, stripes: int, a: argparse.Namespace) -> dict[str, Any]:
     """One simulated job of `n` nodes on a queue of `stripes` stripes (0: the default a mount
     makes) against a fresh etcd; the simulator's JSON."""
-    d = work / f"etcd-{n}-{stripes}"
-    d.mkdir()
+    # A directory of its own per run: a layout may be given twice (repeated runs).
+    d = Path(tempfile.mkdtemp(prefix=f"etcd-{n}-{stripes}-", dir=work))
     etcd = Etcd(d, *free_ports(2))
     etcd.start()
     assert etcd.proc is not None
