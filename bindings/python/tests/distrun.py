@@ -45,8 +45,11 @@ def run_ranks(
                 q.kill()
             pytest.fail("a rank hung")
     reports = []
-    for out, log in zip(outs, logs):
-        assert os.path.exists(out), f"rank wrote no report:\n{log[-3000:]}"
+    for rank, (out, log, p) in enumerate(zip(outs, logs, procs)):
+        # The exit status says how a rank that wrote nothing ended (negative: the signal).
+        assert os.path.exists(out), (
+            f"rank {rank} wrote no report (exit status {p.returncode}):\n{log[-3000:]}"
+        )
         with open(out) as f:
             reports.append(json.load(f))
     return reports
