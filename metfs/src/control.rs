@@ -198,7 +198,7 @@ async fn connection(
                         let mut bytes = serde_json::to_vec(&out).unwrap();
                         bytes.push(b'\n');
                         wr.write_all(&bytes).await?;
-                        daemon.begin_shutdown();
+                        daemon.life().begin_shutdown();
                         return Ok(());
                     }
                     payload = after;
@@ -281,7 +281,7 @@ async fn handle(
 ) -> Result<(Answer, Option<Vec<u8>>), ProtocolError> {
     // Saving the position and unmounting take a while (an fsync on a busy disk: seconds);
     // meanwhile a job must learn at once that this daemon is going, not train on.
-    if daemon.is_shutting_down() && !matches!(req, Request::Shutdown) {
+    if daemon.life().is_shutting_down() && !matches!(req, Request::Shutdown) {
         return Err(ProtocolError::new(
             ErrorCode::ShuttingDown,
             "the metfs daemon is shutting down",
@@ -295,7 +295,7 @@ async fn handle(
             direct,
         } => {
             let (view, packed) = if direct {
-                conn.may_read_cache(&daemon.mountpoint())?;
+                conn.may_read_cache(&daemon.surface().mountpoint())?;
                 daemon
                     .files_direct_for(job.as_deref(), known_generation, form, &mut conn.lease)
                     .await?

@@ -154,19 +154,15 @@
 
 use metfs_fs::lock_order::OrderedMutex;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::Arc;
 
 use metfs_plan::budget::BudgetError;
 use metfs_plan::planner::PlanError;
 use metfs_protocol::ProtocolError;
 use metfs_tier::TierError;
 use thiserror::Error;
-use tokio::sync::watch;
 
-use crate::config::{ActiveReadPath, MountConfig, ReadPath};
-use metfs_fs::fs::FsCore;
+use crate::config::MountConfig;
 
 /// Errors that stop a mount.
 #[derive(Debug, Error)]
@@ -258,8 +254,10 @@ pub mod aggregate;
 mod deferred;
 mod fingerprint;
 mod kernel;
+mod lifecycle;
 pub mod memory;
 mod mode;
+mod pacing;
 mod prime;
 mod queue;
 pub mod samples;
@@ -272,12 +270,15 @@ mod staging;
 mod state;
 mod status;
 mod store;
+mod surface;
 mod switch;
 mod wire;
 
 pub use fingerprint::{Fingerprint, PlanKind, SavedFingerprint};
 pub use kernel::KernelCache;
+pub use lifecycle::Lifecycle;
 use mode::ModeState;
+pub use pacing::{AUTO_TRICKLE, PACING_MARGIN};
 use session::Sessions;
 pub use session::DEFAULT_SESSION;
 use setup::write_saved_state;
@@ -285,9 +286,9 @@ pub use setup::{check_cache_dir, check_places};
 pub use share::check_job_name;
 pub use share::state::{SavedJob, SavedShare, ShareSettings, SHARE_STATE_VERSION};
 pub use source::{make_catalog_file, mountable_catalog_file, open_tier, MadeCatalog};
-pub use staging::{AUTO_TRICKLE, PACING_MARGIN};
 pub use state::{next_generation, SavedState, GENERATION_LIMIT, POSITION_LIMIT};
 pub use store::Store;
+pub use surface::Surface;
 
 /// A running daemon's shared core: the [`Store`], the [`Session`]s by name, and the
 /// filesystem core that serves their views.
@@ -300,35 +301,23 @@ pub struct Daemon {
     store: Store,
     /// Every session, by name (today the one [`DEFAULT_SESSION`]).
     sessions: OrderedMutex<Sessions>,
-    fs: Arc<FsCore>,
-    /// The read path chosen at mount (`auto` resolved).
-    read_path: ReadPath,
-    /// The read path in use: `read_path` until the kernel refuses it, then `pread`.
-    active_read_path: Arc<ActiveReadPath>,
-    /// Set once by [`Daemon::begin_shutdown`]; waiters are woken through `changed`.
-    shutting_down: std::sync::atomic::AtomicBool,
-    changed: watch::Sender<u64>,
-    /// The kernel's caches of the mount, once mounted.
-    kernel: Mutex<Option<Arc<dyn KernelCache>>>,
-    mountpoint: Mutex<PathBuf>,
+    /// The mount as readers and the kernel see it: the core, the read path, the kernel.
+    surface: Arc<Surface>,
+    /// Start, shutdown and the change signal.
+    life: Lifecycle,
     tier_url: String,
-    started: Instant,
     /// A weak handle on the daemon itself, for background tasks started from `&self`.
     me: OrderedMutex<std::sync::Weak<Daemon>>,
-    /// Entries listed through the mount for the kernel (`prime.rs`).
-    primed: AtomicU64,
-    /// The last generation whose listing for the kernel finished (0: none yet).
-    primed_generation: AtomicU64,
     /// The mode's state (`mode.rs`): the queue's worker, the jobs and their cohort, or the
     /// aggregate plan; asked, never tested, by generic code.
     mode: ModeState,
+    /// How the staging rate follows the sessions.
+    pacing: pacing::Pacing,
     /// Held while a session's position and rf history are written: each write snapshots
     /// the session under this lock, so writes never land out of order.
     persisting: OrderedMutex<()>,
     /// The run's event log.
     pub events: crate::events::EventLog,
-    /// Fired when the daemon should unmount and exit.
-    pub shutdown: tokio::sync::Notify,
     /// Held by one `apply` at a time: the ranks of one node each apply the leader's decision,
     /// and two that both found the view one step short of it would otherwise both advance it.
     apply_one: tokio::sync::Mutex<()>,
@@ -340,14 +329,19 @@ fn slot_name(target: (u64, u32)) -> String {
 }
 
 impl Daemon {
-    /// The filesystem core, for the FUSE adapter.
-    pub fn fs(&self) -> Arc<FsCore> {
-        self.fs.clone()
-    }
-
     /// The store of staged samples.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The mount as readers and the kernel see it.
+    pub fn surface(&self) -> &Arc<Surface> {
+        &self.surface
+    }
+
+    /// Start, shutdown and the change signal.
+    pub fn life(&self) -> &Lifecycle {
+        &self.life
     }
 
     /// The session a request acts on: the job it names on a shared mount, else the default
@@ -359,40 +353,6 @@ impl Daemon {
     /// The names of the sessions.
     pub fn session_names(&self) -> Vec<String> {
         self.sessions.lock().unwrap().keys().cloned().collect()
-    }
-
-    /// The read path in use, shared with the FUSE adapter (which falls back to `pread` if the
-    /// kernel does not support the chosen path).
-    pub fn active_read_path(&self) -> Arc<ActiveReadPath> {
-        self.active_read_path.clone()
-    }
-
-    /// The read path chosen at mount.
-    pub fn read_path(&self) -> ReadPath {
-        self.read_path
-    }
-
-    /// The read path in use now.
-    fn read_path_now(&self) -> ReadPath {
-        self.active_read_path.get()
-    }
-
-    /// Records the mountpoint and the kernel's caches (what a switch invalidates) once
-    /// mounted.
-    pub fn mounted(&self, mountpoint: &Path, kernel: impl KernelCache + 'static) {
-        *self.mountpoint.lock().unwrap() = mountpoint.to_path_buf();
-        *self.kernel.lock().unwrap() = Some(Arc::new(kernel));
-    }
-
-    /// The mountpoint.
-    pub fn mountpoint(&self) -> PathBuf {
-        self.mountpoint.lock().unwrap().clone()
-    }
-
-    /// Whether a shutdown has begun (a `shutdown` request, SIGTERM, an unmount): from then on
-    /// the control socket answers every request `shutting_down`.
-    pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::SeqCst)
     }
 
     /// Saves the position of session `name` in its state file.
@@ -438,10 +398,6 @@ impl Daemon {
             }
             _ => self.save_session(name, history),
         }
-    }
-
-    fn bump(&self) {
-        self.changed.send_modify(|v| *v += 1);
     }
 }
 

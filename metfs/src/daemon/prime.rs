@@ -37,7 +37,6 @@
 
 use crate::daemon::Daemon;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// How many entries of one directory are listed between two checks that the view is still
@@ -70,7 +69,7 @@ impl Daemon {
         else {
             return;
         };
-        let mountpoint = self.mountpoint();
+        let mountpoint = self.surface.mountpoint();
         if mountpoint.as_os_str().is_empty() {
             return;
         }
@@ -86,7 +85,7 @@ impl Daemon {
             .spawn(move || {
                 let still = || {
                     me.upgrade().is_some_and(|d| {
-                        !d.is_shutting_down()
+                        !d.life.is_shutting_down()
                             && d.sessions
                                 .lock()
                                 .unwrap()
@@ -97,10 +96,8 @@ impl Daemon {
                 let t0 = Instant::now();
                 let walk = list_in_child(&root, &still);
                 if let Some(d) = me.upgrade() {
-                    d.primed.fetch_add(walk.entries, Ordering::Relaxed);
-                    if walk.finished {
-                        d.primed_generation.store(generation, Ordering::Relaxed);
-                    }
+                    d.surface
+                        .note_primed(walk.entries, walk.finished.then_some(generation));
                 }
                 tracing::debug!(
                     session = %name,

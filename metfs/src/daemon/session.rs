@@ -14,7 +14,7 @@ use metfs_feedback::policy::{JobSignals, PassState, RfPolicy};
 use metfs_fs::lock_order::OrderedMutex;
 use metfs_fs::view::View;
 use metfs_prefetcher::stager::{Progress, StageReport};
-use metfs_protocol::{ErrorCode, Metrics, ProtocolError};
+use metfs_protocol::{Choice, Decision, ErrorCode, Metrics, ProtocolError};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -382,17 +382,52 @@ impl Session {
         self.meter.blocked_secs += secs;
     }
 
-    /// Whether to warn that the fixed rf is below stall-free rf `sf`: once, then only when
-    /// it has doubled (the estimate moves with every pass).
-    pub(super) fn warn_stall_free(&mut self, sf: u32) -> bool {
+    /// EB1: bytes the job reads per second, from the view's size and the pass durations.
+    pub(super) fn eb1(&self) -> Option<f64> {
+        let mean = self.meter.mean_pass()?;
+        (mean > 0.0).then(|| self.view.bytes() as f64 / mean)
+    }
+
+    /// The stall-free rf once EB1 and B2 are measured (the model's
+    /// [`metfs_plan::model::stall_free_rf`], the one definition).
+    pub(super) fn stall_free_rf(&self) -> Option<u32> {
+        metfs_plan::model::stall_free_rf(self.eb1()?, self.meter.b2()?)
+    }
+
+    /// Warns when a fixed `rf` is below the stall-free rf: the job will wait for staging.
+    /// Once, then again only when the stall-free rf has doubled: the estimate moves with every
+    /// pass, and a warning per pass (seen: hundreds a second with short passes) buries the log.
+    pub(super) fn check_stall_free(&mut self, fixed_rf: Option<u32>) {
+        let (Some(sf), Some(rf)) = (self.stall_free_rf(), fixed_rf) else {
+            return;
+        };
         let due = self
             .meter
             .warned_rf
             .is_none_or(|w| sf >= w.saturating_mul(2));
-        if due {
+        if rf < sf && due {
             self.meter.warned_rf = Some(sf);
+            tracing::warn!(
+                rf,
+                stall_free_rf = sf,
+                "the fixed rf is below the stall-free rf ceil(EB1/B2): the job will wait for staging (bonus passes); raise --rf or the tier bandwidth"
+            );
         }
-        due
+    }
+
+    /// The answer to `pass_end`, `advance` and `apply`: `choice` and the position after it.
+    pub(super) fn decision(&self, choice: Choice) -> Decision {
+        Decision {
+            decision: choice,
+            generation: self.generation,
+            epoch: self.epoch,
+            mini_epoch: self.mini_epoch,
+            mini_epochs: self.schedule.mini_epochs(),
+            pass: self.passes,
+            rf: self.policy.expected_rf(),
+            next_ready: self.next_ready(),
+            reason: None,
+        }
     }
 
     /// Takes job key `job` for its rf history, recording as `run` (replaying `replay`) and,

@@ -2,9 +2,8 @@
 //! slot failures, evicts drained slots, and paces the tier (fixed cap or auto pacing).
 
 use super::store::{self, Room, Stop};
-use crate::config::PrefetchRate;
 use crate::daemon::mode::ModeState;
-use crate::daemon::session::{Next, Session, Sessions};
+use crate::daemon::session::{Next, Session};
 use crate::daemon::{aggregate, Daemon};
 use metfs_fs::view::View;
 use metfs_plan::size::format_bytes;
@@ -12,18 +11,9 @@ use metfs_prefetcher::stager::{Progress, SlotSpec, StageReport};
 use metfs_protocol::event;
 use metfs_protocol::event::Event;
 use metfs_tier::backoff::doubled;
-use metfs_tier::pacer::JustInTime;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Staging rate of `prefetch_rate = auto` before the first pass has been timed.
-pub const AUTO_TRICKLE: u64 = 256 << 10;
-/// Share of the current mini-epoch's expected duration that just-in-time pacing keeps as slack:
-/// staging aims to finish when 95% of it has passed, and so runs at 1/0.95 = 1.05x the average
-/// rate the mini-epoch needs. With rf >= 4 that is at least a fifth of a pass to absorb a slow
-/// pass before it turns into a `wait`, and staging that falls behind anyway runs at the cap.
-pub const PACING_MARGIN: f64 = 0.05;
 
 /// A slot to stage for a session's successor.
 struct StagingJob {
@@ -60,10 +50,10 @@ impl Retries {
 impl Daemon {
     /// Stages the sessions' successors forever, one at a time; run as a task.
     pub async fn stager_loop(self: Arc<Self>) {
-        let mut rx = self.changed.subscribe();
+        let mut rx = self.life.subscribe();
         let mut retries = Retries::default();
         loop {
-            if self.is_shutting_down() {
+            if self.life.is_shutting_down() {
                 return;
             }
             // With a queue: DONE marks, and the successor's claim (outside every lock).
@@ -94,7 +84,7 @@ impl Daemon {
         let job = ss.values_mut().find_map(|s| self.begin_staging(s))?;
         // The rate left from the previous staging (possibly the cap, if it ran late) must not
         // carry over into this one until the next tick.
-        self.pace(&ss);
+        self.pacing.retune(self.store.stager.pacer(), &ss);
         Some(job)
     }
 
@@ -132,7 +122,7 @@ impl Daemon {
         );
         let exchange = match self.mode.exchange_for(target) {
             Some(a) => {
-                let stop = || self.is_shutting_down();
+                let stop = || self.life.is_shutting_down();
                 Some(
                     a.wait_for_exchange(&self.paths.slots, target.0, &stop, &self.store)
                         .await,
@@ -140,7 +130,7 @@ impl Daemon {
             }
             None => None,
         };
-        if exchange.is_some() && self.is_shutting_down() {
+        if exchange.is_some() && self.life.is_shutting_down() {
             return;
         }
         let result = self.store.stage(&spec, progress).await;
@@ -318,7 +308,7 @@ impl Daemon {
         if gone {
             self.drop_slot(slot).await;
         }
-        self.bump();
+        self.life.bump();
     }
 
     /// Builds the view of session `name`'s staged successor `target` for the generation a
@@ -432,7 +422,7 @@ impl Daemon {
                 "trimmed held slots"
             );
             me.store.trimmed(&trim, ok);
-            me.bump();
+            me.life.bump();
         };
         let me = self.me.lock().unwrap().upgrade();
         match (me, tokio::runtime::Handle::try_current()) {
@@ -457,83 +447,15 @@ impl Daemon {
     /// Deletes a retired view's slot once nothing reads the view ([`Store::evict_retired`]).
     pub(super) async fn evict_view(&self, gen: u64) {
         let me = self.me.lock().unwrap().clone();
-        let stop: Stop = Arc::new(move || me.upgrade().is_some_and(|d| d.is_shutting_down()));
+        let stop: Stop = Arc::new(move || me.upgrade().is_some_and(|d| d.life.is_shutting_down()));
         // Nothing reads the view any more (its last handle, lease and kernel reference are
         // gone): its cached descriptors and backing ids go now, not when the slot is deleted,
         // so that a sample trimmed from the slot while it is held frees its blocks when it is
         // unlinked. Checked again as the view is forgotten: a lease taken since it was found
         // drained keeps it, and that lease's end asks again.
-        let retire = || self.fs.retire_drained(gen);
+        let retire = || self.surface.core().retire_drained(gen);
         if self.store.evict_retired(gen, retire, stop).await {
-            self.bump();
-        }
-    }
-}
-
-/// When session `s`'s running pass began: the later of the previous pass end (or the mount)
-/// and the first lookup in its current view. A job that spends a minute loading its model
-/// before its first read does not make its first pass look a minute longer.
-pub(super) fn pass_start(s: &Session) -> Instant {
-    match s.view().first_touch() {
-        Some(t) if t > s.meter().pass_started => t,
-        _ => s.meter().pass_started,
-    }
-}
-
-/// The expected pass duration of session `s`: the mean of the timed passes, or before any
-/// pass has ended, an estimate from how far the first pass has come (the share of the view's
-/// files looked up so far), once it has run for a moment over a few percent of the files.
-pub(super) fn pass_estimate(s: &Session) -> Option<f64> {
-    if let Some(p) = s.meter().mean_pass() {
-        return Some(p);
-    }
-    let view = &s.view();
-    let since = view.first_touch()?.elapsed().as_secs_f64();
-    let share = view.touched_files() as f64 / view.file_count().max(1) as f64;
-    (since >= 0.2 && share >= 0.02).then(|| since / share)
-}
-
-impl Daemon {
-    /// The just-in-time staging rate ([`JustInTime`]): what finishes the successor
-    /// `PACING_MARGIN` of the current mini-epoch's expected duration before it is expected to
-    /// end, capped by `prefetch_rate_max`. A trickle until the pass duration can be estimated;
-    /// the cap (or unlimited) when staging is late.
-    pub(super) fn auto_rate(&self, s: &Session) -> Option<u64> {
-        let cap = self.cfg.prefetch_rate_max;
-        let Next::Staging { progress, .. } = s.next() else {
-            return cap;
-        };
-        let Some(pass_secs) = pass_estimate(s) else {
-            // No deadline to pace to yet; trickle rather than burst at the cap.
-            return Some(AUTO_TRICKLE);
-        };
-        let jit = JustInTime {
-            // Bytes move into a slot a batch at a time; pacing follows them file by file.
-            bytes_left: progress.bytes_to_fetch(),
-            pass_secs,
-            expected_rf: s.policy().expected_rf(),
-            passes_done: s.passes() as f64,
-            pass_elapsed: pass_start(s).elapsed().as_secs_f64(),
-            margin: PACING_MARGIN,
-            cap,
-        };
-        let rate = jit.rate();
-        tracing::trace!(?jit, ?rate, "just-in-time pacing");
-        rate
-    }
-
-    /// Sets the staging rate when pacing is just in time: paced to the session whose
-    /// successor is being staged (the stager stages one slot at a time).
-    pub(super) fn pace(&self, ss: &Sessions) {
-        if self.cfg.prefetch_rate != PrefetchRate::Auto {
-            return;
-        }
-        let staging = ss
-            .values()
-            .find(|s| s.staging_slot().is_some())
-            .or_else(|| ss.values().next());
-        if let Some(s) = staging {
-            self.store.stager.pacer().set_rate(self.auto_rate(s));
+            self.life.bump();
         }
     }
 }

@@ -4,15 +4,14 @@
 
 use crate::config::ReadPath;
 use crate::daemon::session::{session_ref, Next, Session, Sessions};
+use crate::daemon::surface::files_answer;
 use crate::daemon::wire::{wire_compose, wire_read_path};
 use crate::daemon::Daemon;
 use metfs_fs::fs::ViewLease;
 use metfs_fs::view::View;
 use metfs_plan::budget::round_up;
 use metfs_protocol::event::Event;
-use metfs_protocol::{
-    event, Draining, ErrorCode, FilesForm, FilesView, Hello, ProtocolError, Staging, Status,
-};
+use metfs_protocol::{event, ErrorCode, FilesForm, FilesView, ProtocolError, Staging, Status};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +27,8 @@ impl Daemon {
         loop {
             tick.tick().await;
             n += 1;
-            self.pace(&self.sessions.lock().unwrap());
+            self.pacing
+                .retune(self.store.stager.pacer(), &self.sessions.lock().unwrap());
             if n.is_multiple_of(8) {
                 let tier = self.store.stager.tier_bytes_read();
                 if tier != last_tier {
@@ -89,7 +89,7 @@ impl Daemon {
         let view = match s {
             Some(s) => s.view(),
             None => {
-                empty = self.fs.current();
+                empty = self.surface.core().current();
                 &empty
             }
         };
@@ -117,12 +117,12 @@ impl Daemon {
             reserve_bytes: budget.reserve,
             tier_bytes_read: self.store.stager.tier_bytes_read(),
             reused_bytes: self.store.stager.reused_bytes(),
-            daemon_bytes_read: self.fs.bytes_read.load(Ordering::Relaxed),
-            daemon_bytes_spliced: self.fs.bytes_spliced.load(Ordering::Relaxed),
-            daemon_opens: self.fs.opens.load(Ordering::Relaxed),
-            daemon_lookups: self.fs.lookups.load(Ordering::Relaxed),
-            primed_entries: self.primed.load(Ordering::Relaxed),
-            primed_generation: self.primed_generation.load(Ordering::Relaxed),
+            daemon_bytes_read: self.surface.core().bytes_read.load(Ordering::Relaxed),
+            daemon_bytes_spliced: self.surface.core().bytes_spliced.load(Ordering::Relaxed),
+            daemon_opens: self.surface.core().opens.load(Ordering::Relaxed),
+            daemon_lookups: self.surface.core().lookups.load(Ordering::Relaxed),
+            primed_entries: self.surface.primed().0,
+            primed_generation: self.surface.primed().1,
             view_files: view.file_count() as u64,
             view_bytes: view.bytes(),
             dataset_files: self.store.catalog.len() as u64,
@@ -138,17 +138,17 @@ impl Daemon {
             pass_seconds_mean: s.and_then(|s| s.meter().mean_pass()),
             b2_bytes_per_s: s.and_then(|s| s.meter().b2()),
             b2_recent_bytes_per_s: s.and_then(|s| s.meter().last_b2),
-            eb1_bytes_per_s: s.and_then(|s| self.eb1(s)),
-            stall_free_rf: s.and_then(|s| self.stall_free_rf(s)),
+            eb1_bytes_per_s: s.and_then(|s| s.eb1()),
+            stall_free_rf: s.and_then(|s| s.stall_free_rf()),
             prefetch_rate: self.store.stager.pacer().rate(),
             staging,
             kept_slots: self.store.kept_count() as u64,
             trimmed_samples: self.store.trimmed_count(),
             draining_slots: draining_slots as u64,
-            draining: self.draining_detail(),
-            open_handles: self.fs.open_handles() as u64,
-            passthrough: self.read_path_now() == ReadPath::Passthrough,
-            read_path: wire_read_path(self.read_path_now()),
+            draining: self.surface.draining_detail(),
+            open_handles: self.surface.core().open_handles() as u64,
+            passthrough: self.surface.read_path_now() == ReadPath::Passthrough,
+            read_path: wire_read_path(self.surface.read_path_now()),
             last_error,
             failed_samples,
             deferred_samples: s.map_or(0, |s| s.deferred_counts().0),
@@ -160,12 +160,12 @@ impl Daemon {
             not_resumed: mode.not_resumed,
             aggregate: mode.aggregate,
             source: self.tier_url.clone(),
-            mountpoint: self.mountpoint().display().to_string(),
+            mountpoint: self.surface.mountpoint().display().to_string(),
             socket: self.cfg.socket.display().to_string(),
             node_rank: self.cfg.node_rank,
             nodes: self.cfg.nodes,
             compose: wire_compose(self.cfg.compose),
-            uptime_s: self.started.elapsed().as_secs_f64(),
+            uptime_s: self.life.started().elapsed().as_secs_f64(),
             pid: std::process::id(),
         }
     }
@@ -198,39 +198,6 @@ impl Daemon {
         staged_slots + round_up(staging_bytes_done) + meta
     }
 
-    /// What holds each retired view that is not evicted yet: open handles, the kernel's
-    /// lookups (entries and inodes it still caches, on the cached read path) and a few of the
-    /// paths it holds, so that a view that does not drain can be diagnosed from `status`.
-    pub(super) fn draining_detail(&self) -> Vec<Draining> {
-        self.fs
-            .retained_views()
-            .iter()
-            .map(|v| {
-                let held: Vec<String> = v
-                    .referenced_nodes()
-                    .into_iter()
-                    .take(5)
-                    .map(|i| v.rel_path(i))
-                    .collect();
-                Draining {
-                    generation: v.generation,
-                    slot: v.slot.clone(),
-                    open_handles: v.open_handles() as u64,
-                    leases: v.leases() as u64,
-                    kernel_refs: v.kernel_refs(),
-                    kernel_held: held,
-                }
-            })
-            .collect()
-    }
-
-    /// The `files` object: the files of the view the mount's root shows, and with
-    /// [`FilesForm::Packed`] the bytes that follow its line.
-    pub fn files(&self, known: Option<u64>, form: FilesForm) -> (FilesView, Option<Vec<u8>>) {
-        let (view, epoch, mini_epoch, mountpoint) = self.current_view();
-        files_answer(&view, epoch, mini_epoch, mountpoint, known, form)
-    }
-
     /// The `files` object a request asks for: of job `job`'s view on a shared mount (which
     /// must name it), else of the view the mount's root shows.
     pub fn files_for(
@@ -241,7 +208,7 @@ impl Daemon {
     ) -> Result<(FilesView, Option<Vec<u8>>), ProtocolError> {
         match self.mode.files_session(job)? {
             Some(name) => self.files_of(&name, known, form),
-            None => Ok(self.files(known, form)),
+            None => Ok(self.surface.files(known, form)),
         }
     }
 
@@ -257,14 +224,6 @@ impl Daemon {
         self.files_direct(name.as_deref(), known, form, held).await
     }
 
-    /// The view the mount's root shows, its position and where it is mounted.
-    fn current_view(&self) -> (Arc<View>, u64, u32, String) {
-        let view = self.fs.current();
-        let mountpoint = self.mountpoint().display().to_string();
-        let (epoch, mini_epoch) = (view.epoch, view.mini_epoch);
-        (view, epoch, mini_epoch, mountpoint)
-    }
-
     /// Job `name`'s view on a shared mount, its position and where it is shown (`MNT/<job>`).
     /// Read under the sessions' lock and returned without it: a walk of a large view must not
     /// hold up every other request of every job.
@@ -274,7 +233,7 @@ impl Daemon {
             let s = session_ref(&ss, name)?;
             (s.view().clone(), s.epoch(), s.mini_epoch())
         };
-        let mountpoint = self.mountpoint().join(name).display().to_string();
+        let mountpoint = self.surface.mountpoint().join(name).display().to_string();
         Ok((view, epoch, mini_epoch, mountpoint))
     }
 
@@ -307,12 +266,12 @@ impl Daemon {
         loop {
             let (view, epoch, mini_epoch, mountpoint) = match job {
                 Some(name) => self.job_view(name)?,
-                None => self.current_view(),
+                None => self.surface.current_view(),
             };
             // `None`: switched away and evicted since it was read; the next read finds the
             // view that replaced it. The same view refused twice is not shown at all (a job
             // of a shared mount still waiting for its first view): no lease to give.
-            let Some(lease) = self.fs.lease(&view) else {
+            let Some(lease) = self.surface.core().lease(&view) else {
                 if refused == Some(view.generation) {
                     return Err(ProtocolError::new(
                         ErrorCode::BadRequest,
@@ -326,7 +285,7 @@ impl Daemon {
                 tokio::task::yield_now().await;
                 continue;
             };
-            let fs = self.fs.clone();
+            let fs = self.surface.fs();
             let checked = view.clone();
             tokio::task::spawn_blocking(move || fs.check_copies(&checked))
                 .await
@@ -348,26 +307,6 @@ impl Daemon {
         }
     }
 
-    /// The `hello` object.
-    pub fn hello(&self, job: Option<String>) -> Hello {
-        Hello {
-            protocol: metfs_protocol::VERSION,
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            mountpoint: self.mountpoint().display().to_string(),
-            job,
-            share: None,
-            not_resumed: None,
-        }
-    }
-
-    /// Starts shutting down: blocked callers are released with `shutting_down`.
-    pub fn begin_shutdown(&self) {
-        self.shutting_down.store(true, Ordering::SeqCst);
-        self.bump();
-        self.shutdown.notify_waiters();
-        self.shutdown.notify_one();
-    }
-
     /// Saves every session's position and rf history (at shutdown).
     pub fn persist(&self) {
         for name in self.session_names() {
@@ -386,44 +325,6 @@ impl Daemon {
                 }
             }
             self.save_session(&name, true);
-        }
-    }
-}
-
-/// A `files` answer over `view`: no list when the client already holds this generation's, else
-/// the list in the form asked for.
-fn files_answer(
-    view: &View,
-    epoch: u64,
-    mini_epoch: u32,
-    mountpoint: String,
-    known: Option<u64>,
-    form: FilesForm,
-) -> (FilesView, Option<Vec<u8>>) {
-    let mut answer = FilesView {
-        generation: view.generation,
-        epoch,
-        mini_epoch,
-        mountpoint,
-        files: Vec::new(),
-        count: view.file_count() as u64,
-        unchanged: false,
-        packed: None,
-        direct_root: None,
-    };
-    if known == Some(view.generation) {
-        answer.unchanged = true;
-        return (answer, None);
-    }
-    match form {
-        FilesForm::List => {
-            answer.files = view.file_paths();
-            (answer, None)
-        }
-        FilesForm::Packed => {
-            let (header, bytes) = view.packed_paths();
-            answer.packed = Some(header);
-            (answer, Some(bytes))
         }
     }
 }

@@ -2,10 +2,11 @@
 //! kernel invalidation after a switch, and the stall-free rf.
 
 use crate::config::ReadPath;
+use crate::daemon::pacing::pass_start;
 use crate::daemon::session::{session_mut, session_ref, Left, Next, Session, DEFAULT_SESSION};
 use crate::daemon::setup::{build_policy, learned_replay, start_recording};
-use crate::daemon::staging::pass_start;
 use crate::daemon::Daemon;
+use crate::events::EventLog;
 use metfs_feedback::config::PolicyKind;
 use metfs_feedback::policy::{JobSignals, Verdict};
 use metfs_fs::fs::FsCore;
@@ -13,7 +14,7 @@ use metfs_fs::view::View;
 use metfs_protocol::event::Event;
 use metfs_protocol::{event, Choice, Decision, ErrorCode, Metrics, ProtocolError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 impl Daemon {
     /// Switches session `name`'s view to its successor if it is staged. Returns whether it
@@ -48,9 +49,9 @@ impl Daemon {
             let view = self.successor_view(s, succ, &slot, prebuilt);
             debug_assert_eq!(view.slot, slot);
             let old = if s.schedule().nested_views() {
-                self.fs.switch_job(name, view.clone())
+                self.surface.core().switch_job(name, view.clone())
             } else {
-                Some(self.fs.switch(view.clone()))
+                Some(self.surface.core().switch(view.clone()))
             };
             // What the retired slot may be kept for: the mini-epoch after the new one (not
             // known yet from a queue); on a shared mount, what the other jobs have drawn.
@@ -62,9 +63,9 @@ impl Daemon {
                 self.store.retire_slot(old.generation, &old.slot, &after);
             }
             // Of the view being left: measured before the meter counts it.
-            let stall_free_rf = self.stall_free_rf(s);
+            let stall_free_rf = s.stall_free_rf();
             let left = s.switch_to(succ, view.clone());
-            self.emit_switch(s, succ, &left, stall_free_rf);
+            emit_switch(&self.events, s, succ, &left, stall_free_rf);
             let from_lobby = left.from_lobby;
             let recorded = s.history().filter(|_| !from_lobby).map(|h| {
                 h.store
@@ -100,30 +101,6 @@ impl Daemon {
             "switch timing (under the sessions' lock; until the kernel's entries are dropped)"
         );
         true
-    }
-
-    /// The log's events of a switch of session `s` to `succ`, leaving `left`: `stall_rf` when
-    /// bonus passes raised its rf, then `switch`.
-    fn emit_switch(&self, s: &Session, succ: (u64, u32), left: &Left, stall_free_rf: Option<u32>) {
-        if left.bonus > 0 && left.passes > 0 {
-            self.events.emit(Event::StallRf(event::StallRf {
-                epoch: left.epoch,
-                mini_epoch: left.mini_epoch,
-                sequence: left.sequence,
-                policy_rf: left.passes.saturating_sub(left.bonus),
-                effective_rf: left.passes,
-                bonus_passes: left.bonus,
-                stall_free_rf,
-            }));
-        }
-        self.events.emit(Event::Switch(event::Switch {
-            epoch: succ.0,
-            mini_epoch: succ.1,
-            generation: s.generation(),
-            sequence: s.sequence(),
-            prev_rf: left.record.rf,
-            prev_wanted_rf: left.record.wanted_rf,
-        }));
     }
 
     /// The view of session `s`'s successor `succ` in `slot`: the one built when its staging
@@ -163,31 +140,22 @@ impl Daemon {
         // Drop the kernel's cached entries of the old view before anyone hears of the switch.
         // Every entry the old view gave out as current was delivered before `switch` returned
         // (the core's reply gate), so this reaches all of them.
-        let kernel = self.kernel.lock().unwrap().clone();
-        if let Some(n) = kernel {
-            // On a shared mount the job's directory is the one entry to drop: every path into
-            // the old view goes through it.
-            let names = match (&old, nested) {
-                (_, true) => vec![name.to_string()],
-                (Some(old), false) => old.root_names(),
-                (None, false) => Vec::new(),
-            };
-            let _ = tokio::task::spawn_blocking(move || {
-                for name in names {
-                    let _ = n.inval_entry(metfs_fs::view::ROOT_INO, &name);
-                }
-                let _ = n.inval_inode(metfs_fs::view::ROOT_INO);
-            })
-            .await;
-        }
+        // On a shared mount the job's directory is the one entry to drop: every path into
+        // the old view goes through it.
+        let names = match (&old, nested) {
+            (_, true) => vec![name.to_string()],
+            (Some(old), false) => old.root_names(),
+            (None, false) => Vec::new(),
+        };
+        self.surface.forget_root_entries(names).await;
         // The kernel knows none of the new view's files yet: list them for it (`prime.rs`).
         self.prime(name);
         let me = self.me.lock().unwrap().upgrade();
         let Some(old) = old else {
-            self.bump();
+            self.life.bump();
             return;
         };
-        if self.fs.is_drained(&old) {
+        if self.surface.core().is_drained(&old) {
             // Deleting a large slot takes a while; the caller must not wait for it. The stager
             // waits (the slot stays in `draining` until its files are gone), so the budget holds.
             if let Some(me) = me {
@@ -196,81 +164,10 @@ impl Daemon {
             } else {
                 self.evict_view(old.generation).await;
             }
-        } else if self.read_path_now() == ReadPath::Cached {
-            if let Some(me) = me {
-                tokio::spawn(me.release_kernel_refs(old.generation));
-            }
+        } else if self.surface.read_path_now() == ReadPath::Cached {
+            tokio::spawn(self.surface.clone().release_kernel_refs(old.generation));
         }
-        self.bump();
-    }
-
-    /// Lets the kernel forget a retired view's inodes (the cached read path, where they pin
-    /// the view). Invalidating the root's entries at the switch drops every unused entry below
-    /// them, but an entry in use then (a file open below a directory) stays, and so do entries
-    /// replied after the switch with a zero TTL (lookups through an old directory, listings of
-    /// a directory opened before the switch): expired, they still sit in the dentry cache,
-    /// holding the view, until memory runs short. So every inode of the view the kernel still
-    /// holds is pruned, deepest first (`FUSE_NOTIFY_PRUNE`: only that inode's unused entries go,
-    /// never the current view's entry of the same name); those in use go once released.
-    /// Repeated with a growing pause (at most a second) while the view is retained. Kernels
-    /// without prune get the entries invalidated by name instead, except root entries whose
-    /// name the current view also has (that would drop the current view's cached subtree).
-    pub(super) async fn release_kernel_refs(self: Arc<Self>, generation: u64) {
-        let mut pause = Duration::from_millis(20);
-        let mut prune = true;
-        loop {
-            // Forgets of the entries dropped at the switch arrive in the meantime.
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(1));
-            let Some(view) = self.fs.retained(generation) else {
-                return;
-            };
-            let kernel = self.kernel.lock().unwrap().clone();
-            let Some(n) = kernel else { return };
-            let nodes = view.referenced_nodes();
-            if nodes.is_empty() {
-                continue;
-            }
-            let current = self.fs.current();
-            let try_prune = prune;
-            prune = tokio::task::spawn_blocking(move || {
-                if try_prune {
-                    let inos: Vec<u64> = nodes.iter().map(|&i| view.ino(i)).collect();
-                    match n.prune(&inos) {
-                        Ok(()) => return true,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "kernel has no prune; invalidating by name")
-                        }
-                    }
-                }
-                for i in nodes {
-                    let (parent, name) = (view.parent(i), view.name(i));
-                    if parent == 0 && !view.is_nested() && current.lookup(0, name).is_ok() {
-                        continue;
-                    }
-                    let _ = n.inval_entry(view.ino(parent), name);
-                }
-                false
-            })
-            .await
-            .unwrap_or(try_prune);
-        }
-    }
-
-    /// The answer to `pass_end`, `advance` and `apply`: the decision and the position after
-    /// it.
-    pub(super) fn position(&self, s: &Session, decision: Choice) -> Decision {
-        Decision {
-            decision,
-            generation: s.generation(),
-            epoch: s.epoch(),
-            mini_epoch: s.mini_epoch(),
-            mini_epochs: s.schedule().mini_epochs(),
-            pass: s.passes(),
-            rf: s.policy().expected_rf(),
-            next_ready: s.next_ready(),
-            reason: None,
-        }
+        self.life.bump();
     }
 
     /// Waits until session `name`'s successor is staged (or the daemon shuts down) and
@@ -286,13 +183,13 @@ impl Daemon {
 
     pub(super) async fn switch_blocking_inner(&self, name: &str) -> Result<(), ProtocolError> {
         loop {
-            let mut rx = self.changed.subscribe();
+            let mut rx = self.life.subscribe();
             // A job blocked for staging is not idle (a shared mount drops idle jobs).
             self.mode.touch(name);
             if self.try_switch(name).await {
                 return Ok(());
             }
-            if self.is_shutting_down() {
+            if self.life.is_shutting_down() {
                 return Err(ProtocolError::new(
                     ErrorCode::ShuttingDown,
                     "the daemon is shutting down",
@@ -346,7 +243,7 @@ impl Daemon {
             if let Some(j) = job.filter(|_| !s.schedule().in_shared_store()) {
                 self.adopt_job(s, j)?;
             }
-            let stall_free = self.stall_free_rf(s);
+            let stall_free = s.stall_free_rf();
             let d = s.decide(&metrics, signals, stall_free).map_err(bad)?;
             let secs = pass_start(s).elapsed().as_secs_f64();
             s.pass_ended(&metrics, &d, secs);
@@ -360,12 +257,14 @@ impl Daemon {
                 view_bytes: s.view().bytes(),
                 secs: Some(secs),
             }));
-            self.check_stall_free(s);
+            s.check_stall_free(
+                (self.cfg.policy.kind == PolicyKind::Fixed).then_some(self.cfg.policy.rf),
+            );
             // After a first pass on the cached path the view's data lives in the mount's page
             // cache, and the slot files' pages are a second copy (dropped below unless the
             // view is retired now: opening every file of a view costs a core for a while,
             // which a switch must not compete with).
-            let first = (s.passes() == 1 && self.read_path_now() == ReadPath::Cached)
+            let first = (s.passes() == 1 && self.surface.read_path_now() == ReadPath::Cached)
                 .then(|| s.view().clone());
             if d.verdict == Verdict::Advance {
                 s.want_advance();
@@ -376,7 +275,7 @@ impl Daemon {
         };
         if handed {
             // The staging loop sends the DONE mark.
-            self.bump();
+            self.life.bump();
         }
         let decision = if !want {
             Choice::Repeat
@@ -403,40 +302,10 @@ impl Daemon {
         // pacing would read its own stalls as slow passes and stage slower still.
         let mut ss = self.sessions.lock().unwrap();
         session_mut(&mut ss, name)?.restart_pass_clock();
-        self.pace(&ss);
-        let mut out = self.position(session_ref(&ss, name)?, decision);
+        self.pacing.retune(self.store.stager.pacer(), &ss);
+        let mut out = session_ref(&ss, name)?.decision(decision);
         out.reason = Some(reason);
         Ok(out)
-    }
-
-    /// EB1: bytes the job reads per second, from the view's size and the pass durations.
-    pub(super) fn eb1(&self, s: &Session) -> Option<f64> {
-        let mean = s.meter().mean_pass()?;
-        (mean > 0.0).then(|| s.view().bytes() as f64 / mean)
-    }
-
-    /// The stall-free rf of session `s` once EB1 and B2 are measured (the model's
-    /// [`metfs_plan::model::stall_free_rf`], the one definition).
-    pub(super) fn stall_free_rf(&self, s: &Session) -> Option<u32> {
-        metfs_plan::model::stall_free_rf(self.eb1(s)?, s.meter().b2()?)
-    }
-
-    pub(super) fn check_stall_free(&self, s: &mut Session) {
-        let Some(sf) = self.stall_free_rf(s) else {
-            return;
-        };
-        if self.cfg.policy.kind == PolicyKind::Fixed
-            && self.cfg.policy.rf < sf
-            // Once, then again only when it has doubled: the estimate moves with every pass,
-            // and a warning per pass (seen: hundreds a second with short passes) buries the log.
-            && s.warn_stall_free(sf)
-        {
-            tracing::warn!(
-                rf = self.cfg.policy.rf,
-                stall_free_rf = sf,
-                "the fixed rf is below the stall-free rf ceil(EB1/B2): the job will wait for staging (bonus passes); raise --rf or the tier bandwidth"
-            );
-        }
     }
 
     /// Takes the client's job key for the session's rf history. Before anything is recorded
@@ -509,7 +378,7 @@ impl Daemon {
             Choice::Wait
         };
         let ss = self.sessions.lock().unwrap();
-        Ok(self.position(session_ref(&ss, name)?, decision))
+        Ok(session_ref(&ss, name)?.decision(decision))
     }
 
     /// Handles `apply` for the default session.
@@ -546,7 +415,7 @@ impl Daemon {
                 let mut ss = self.sessions.lock().unwrap();
                 let s = session_mut(&mut ss, name)?;
                 s.end_pass();
-                Ok(self.position(s, Choice::Repeat))
+                Ok(s.decision(Choice::Repeat))
             } else if mini_epoch == cur.1.wrapping_add(1) {
                 self.advance_in(name, wait).await
             } else {
@@ -564,7 +433,7 @@ impl Daemon {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;
             s.end_pass();
-            return Ok(self.position(s, Choice::Repeat));
+            return Ok(s.decision(Choice::Repeat));
         }
         match succ {
             Some(t) if t == (epoch, mini_epoch) => self.advance_in(name, wait).await,
@@ -583,4 +452,34 @@ impl Daemon {
             )),
         }
     }
+}
+
+/// The log's events of a switch of session `s` to `succ`, leaving `left`: `stall_rf` when
+/// bonus passes raised its rf, then `switch`.
+fn emit_switch(
+    events: &EventLog,
+    s: &Session,
+    succ: (u64, u32),
+    left: &Left,
+    stall_free_rf: Option<u32>,
+) {
+    if left.bonus > 0 && left.passes > 0 {
+        events.emit(Event::StallRf(event::StallRf {
+            epoch: left.epoch,
+            mini_epoch: left.mini_epoch,
+            sequence: left.sequence,
+            policy_rf: left.passes.saturating_sub(left.bonus),
+            effective_rf: left.passes,
+            bonus_passes: left.bonus,
+            stall_free_rf,
+        }));
+    }
+    events.emit(Event::Switch(event::Switch {
+        epoch: succ.0,
+        mini_epoch: succ.1,
+        generation: s.generation(),
+        sequence: s.sequence(),
+        prev_rf: left.record.rf,
+        prev_wanted_rf: left.record.wanted_rf,
+    }));
 }

@@ -28,7 +28,7 @@ async fn the_cache_never_exceeds_the_budget_across_switches() {
     let nm = status_u64(&d, "mini_epochs");
     for _ in 0..nm + 1 {
         // Reading opens backing files, as a job does: their slot drains when they close.
-        check_bytes(&read_view(&d.fs()), &t.source);
+        check_bytes(&read_view(&d.surface().fs()), &t.source);
         d.advance(true).await.unwrap();
         wait_next_ready(&d).await;
         peak.fetch_max(allocated(&t.cache), Ordering::Relaxed);
@@ -59,7 +59,7 @@ async fn a_dataset_that_fits_one_slot_is_read_from_the_tier_once() {
         // Current and successor hold the same samples: the successor's are links.
         assert_cache_bytes_count_links_once(&d, &t.cache);
         assert_eq!(d.advance(true).await.unwrap().decision, Choice::Advance);
-        check_bytes(&read_view(&d.fs()), &t.source);
+        check_bytes(&read_view(&d.surface().fs()), &t.source);
     }
     wait_next_ready(&d).await;
     assert_eq!(status_u64(&d, "epoch"), 3);
@@ -88,7 +88,7 @@ async fn a_dataset_that_fits_one_slot_is_read_from_the_tier_once() {
     assert_eq!(status_u64(&d, "reused_bytes"), dataset);
     assert_cache_bytes_count_links_once(&d, &t.cache);
     assert_eq!(d.advance(true).await.unwrap().decision, Choice::Advance);
-    check_bytes(&read_view(&d.fs()), &t.source);
+    check_bytes(&read_view(&d.surface().fs()), &t.source);
     // The old slot is gone now: its links are the new slot's alone, still counted.
     for _ in 0..300 {
         if d.status().draining_slots == 0 {
@@ -127,7 +127,7 @@ async fn a_dataset_that_fits_the_budget_but_not_one_slot_is_read_from_the_tier_o
     for _ in 0..6 {
         wait_next_ready(&d).await;
         assert_cache_bytes_count_links_once(&d, &t.cache);
-        check_bytes(&read_view(&d.fs()), &t.source);
+        check_bytes(&read_view(&d.surface().fs()), &t.source);
         assert_eq!(d.advance(true).await.unwrap().decision, Choice::Advance);
     }
     wait_next_ready(&d).await;

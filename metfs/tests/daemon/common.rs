@@ -106,7 +106,7 @@ pub(crate) async fn start(cfg: MountConfig) -> Running {
 /// Starts a prepared daemon's background tasks, as [`start`] does after `prepare`.
 pub(crate) fn run(daemon: Arc<Daemon>, lock: std::fs::File) -> Running {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    daemon.fs().set_drained_sender(tx);
+    daemon.surface().fs().set_drained_sender(tx);
     let tasks = vec![
         tokio::spawn(daemon.clone().stager_loop()),
         tokio::spawn(daemon.clone().drain_loop(rx)),
@@ -123,7 +123,7 @@ impl Running {
     /// Shuts down as `metfs` does on SIGTERM, then ends the tasks as the process exit would,
     /// and releases the cache lock.
     pub(crate) async fn stop(self) {
-        self.daemon.begin_shutdown();
+        self.daemon.life().begin_shutdown();
         self.daemon.persist();
         let d = self.daemon.clone();
         let _ = tokio::task::spawn_blocking(move || d.store().seal_slots()).await;

@@ -182,7 +182,7 @@ async fn an_outage_during_staging_keeps_the_view_and_staging_resumes_after_it() 
 
     // The current view keeps serving; the job is told to wait, not advanced.
     assert_eq!(prompt_pass_end(&d).await, Choice::Wait);
-    let view = read_view(&d.fs());
+    let view = read_view(&d.surface().fs());
     assert_eq!(keys(&view), plan[0]);
     check_bytes(&view, &f.t.source);
     assert_eq!(status_u64(&d, "generation"), 1);
@@ -191,7 +191,7 @@ async fn an_outage_during_staging_keeps_the_view_and_staging_resumes_after_it() 
     wait_next_ready(&d).await;
     assert!(d.status().failed_samples.is_empty());
     assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
-    let view = read_view(&d.fs());
+    let view = read_view(&d.surface().fs());
     assert_eq!(
         keys(&view),
         plan[1],
@@ -235,7 +235,7 @@ async fn a_full_cache_fails_the_slot_drops_no_sample_and_staging_resumes() {
     let left = partial_copies(&f.t.cache, &f.t.source);
     assert!(left.is_empty(), "{left:?}");
     assert_eq!(prompt_pass_end(&d).await, Choice::Wait);
-    let view = read_view(&d.fs());
+    let view = read_view(&d.surface().fs());
     assert_eq!(keys(&view), plan[0]);
     check_bytes(&view, &f.t.source);
 
@@ -243,7 +243,7 @@ async fn a_full_cache_fails_the_slot_drops_no_sample_and_staging_resumes() {
     wait_next_ready(&d).await;
     assert!(d.status().failed_samples.is_empty());
     assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
-    let view = read_view(&d.fs());
+    let view = read_view(&d.surface().fs());
     assert_eq!(
         keys(&view),
         plan[1],
@@ -334,7 +334,7 @@ async fn a_sample_that_changes_while_staged_is_left_out_and_named() {
     assert!(left.is_empty(), "the mixed copy is gone: {left:?}");
 
     assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
-    let view = read_view(&d.fs());
+    let view = read_view(&d.surface().fs());
     let mut want = plan[1].clone();
     want.remove(&before);
     want.remove(&during);
@@ -391,7 +391,7 @@ async fn a_hanging_fetch_blocks_neither_pass_end_nor_status() {
 
     wait_next_ready(&d).await;
     assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
-    let view = read_view(&d.fs());
+    let view = read_view(&d.surface().fs());
     assert_eq!(keys(&view), plan[1]);
     check_bytes(&view, &f.t.source);
     fetched_once(&f.tier, &plan[1]);
@@ -439,7 +439,7 @@ async fn samples_a_lasting_fault_holds_are_deferred_and_come_later() {
         );
     }
     assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
-    let view = read_view(&d.fs());
+    let view = read_view(&d.surface().fs());
     let want: BTreeSet<String> = plan[1]
         .difference(&dead.iter().cloned().collect())
         .cloned()
@@ -464,7 +464,7 @@ async fn samples_a_lasting_fault_holds_are_deferred_and_come_later() {
         }
         wait_next_ready(&d).await;
         assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
-        let view = read_view(&d.fs());
+        let view = read_view(&d.surface().fs());
         check_bytes(&view, &f.t.source);
         let epoch = status_u64(&d, "epoch");
         for p in keys(&view) {
@@ -551,7 +551,7 @@ async fn a_mount_defers_what_a_lasting_fault_holds() {
         "{:?}",
         st.failed_samples
     );
-    let view = read_view(&d.fs());
+    let view = read_view(&d.surface().fs());
     assert!(!view.contains_key(&dead));
     check_bytes(&view, &f.t.source);
     f.tier.end(fault);

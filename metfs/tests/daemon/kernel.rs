@@ -28,7 +28,8 @@ async fn a_real_mount_shows_the_view_and_switches() {
     let mp = tempfile::tempdir().unwrap();
     let r = start(t.cfg.clone()).await;
     let d = r.daemon.clone();
-    let adapter = metfs_fs::fuse::FuseAdapter::new(d.fs(), d.active_read_path());
+    let adapter =
+        metfs_fs::fuse::FuseAdapter::new(d.surface().fs(), d.surface().active_read_path());
     let mut fcfg = fuser::Config::default();
     fcfg.mount_options = vec![
         fuser::MountOption::FSName("metfs".into()),
@@ -43,7 +44,7 @@ async fn a_real_mount_shows_the_view_and_switches() {
     .await
     .unwrap()
     .expect("mount");
-    d.mounted(mp.path(), notifier);
+    d.surface().mounted(mp.path(), notifier);
 
     let read_mount = |root: PathBuf| {
         tokio::task::spawn_blocking(move || {
@@ -93,8 +94,8 @@ async fn a_switch_invalidates_the_old_roots_entries_before_it_answers() {
     let d = r.daemon.clone();
     let kernel = Recorder::default();
     let mp = tempfile::tempdir().unwrap();
-    d.mounted(mp.path(), kernel.clone());
-    let old_names = d.fs().current().root_names();
+    d.surface().mounted(mp.path(), kernel.clone());
+    let old_names = d.surface().fs().current().root_names();
     assert!(!old_names.is_empty());
     assert!(kernel.calls().is_empty(), "nothing is sent before a switch");
     let reply = d.advance(true).await.unwrap();
@@ -125,9 +126,9 @@ async fn a_retired_view_held_by_the_kernel_is_pruned_until_it_drains() {
             ..Default::default()
         };
         let mp = tempfile::tempdir().unwrap();
-        d.mounted(mp.path(), kernel.clone());
+        d.surface().mounted(mp.path(), kernel.clone());
         // The kernel looks up a directory and a file in it, and keeps both.
-        let fs = d.fs();
+        let fs = d.surface().fs();
         let old = fs.current();
         // `cats` and `dogs` hold files only (`birds` holds directories).
         let dir_name = ["cats", "dogs"]

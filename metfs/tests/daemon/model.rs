@@ -136,7 +136,7 @@ fn check(
         on_disk <= BUDGET,
         "step {step} ({op:?}): the cache takes {on_disk} bytes, over the budget {BUDGET}"
     );
-    let fs = d.fs();
+    let fs = d.surface().fs();
     let shown = views(&fs);
     let status = d.status();
     let jobs = status.jobs.clone().unwrap_or_default();
@@ -250,7 +250,7 @@ async fn run_case(ops: Vec<Op>, evict: &str) -> Result<(), TestCaseError> {
     check_epochs(&t, &model)?;
     for m in model.values_mut() {
         for (fh, _) in m.held.drain(..) {
-            d.fs().release(fh);
+            d.surface().fs().release(fh);
         }
     }
     r.stop().await;
@@ -269,7 +269,7 @@ async fn apply(
     op: &Op,
 ) -> Result<(), TestCaseError> {
     {
-        let fs = d.fs();
+        let fs = d.surface().fs();
         match op {
             Op::PassEnd(j, ready) if model.contains_key(j) => {
                 let n = name(*j);

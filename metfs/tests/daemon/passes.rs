@@ -14,7 +14,7 @@ async fn first_view_holds_exactly_the_planned_files_with_source_bytes() {
     let d = &r.daemon;
     let plan = planned(&t.cfg, d, 0);
     assert!(plan.len() >= 3, "the test wants several mini-epochs");
-    let view = read_view(&d.fs());
+    let view = read_view(&d.surface().fs());
     assert_eq!(keys(&view), plan[0], "files of mini-epoch 0");
     check_bytes(&view, &t.source);
     let st = d.status();
@@ -104,7 +104,7 @@ async fn pass_end_and_advance_walk_an_epoch_serving_every_sample_once() {
         *served.entry(p.clone()).or_default() += 1;
     }
     for k in 1..nm {
-        let view = read_view(&d.fs());
+        let view = read_view(&d.surface().fs());
         assert_eq!(keys(&view), plan[k], "files of mini-epoch {k}");
         check_bytes(&view, &t.source);
         for p in view.keys() {
@@ -126,7 +126,7 @@ async fn pass_end_and_advance_walk_an_epoch_serving_every_sample_once() {
     let twice: Vec<_> = served.iter().filter(|(_, &n)| n != 1).collect();
     assert!(twice.is_empty(), "served more than once: {twice:?}");
     // Epoch 1 starts with its own (recomposed) first mini-epoch.
-    let view = read_view(&d.fs());
+    let view = read_view(&d.surface().fs());
     assert_eq!(keys(&view), planned(&t.cfg, &d, 1)[0]);
     check_bytes(&view, &t.source);
     r.stop().await;

@@ -88,7 +88,7 @@ async fn a_new_daemon_on_the_same_cache_resumes_without_refetching() {
     // The successor of the new position, staged too, must survive the restart.
     wait_next_ready(&d).await;
     let before = d.status();
-    let view_before = read_view(&d.fs());
+    let view_before = read_view(&d.surface().fs());
     assert!(status_u64(&d, "tier_bytes_read") > 0);
     drop(d);
     r.stop().await;
@@ -102,7 +102,7 @@ async fn a_new_daemon_on_the_same_cache_resumes_without_refetching() {
         "the position after the restart"
     );
     assert_eq!(after.tier_bytes_read, 0, "the current slot was refetched");
-    let view_after = read_view(&d.fs());
+    let view_after = read_view(&d.surface().fs());
     assert!(view_after == view_before, "the resumed view differs");
     check_bytes(&view_after, &t.source);
     // The successor is resumed from its journal, not fetched again, and the switch to it works.
@@ -115,7 +115,7 @@ async fn a_new_daemon_on_the_same_cache_resumes_without_refetching() {
     let reply = d.advance(true).await.unwrap();
     assert_eq!(reply.decision, Choice::Advance);
     assert_eq!(reply.generation, before.generation + 1);
-    check_bytes(&read_view(&d.fs()), &t.source);
+    check_bytes(&read_view(&d.surface().fs()), &t.source);
     drop(d);
     r.stop().await;
 }
@@ -139,13 +139,13 @@ async fn a_slot_deletion_due_at_the_shutdown_is_left_to_the_next_start() {
         status_u64(&d, "epoch"),
         status_u64(&d, "mini_epoch")
     );
-    let fs = d.fs();
+    let fs = d.surface().fs();
     let name = fs.current().root_names()[0].clone();
     let held = fs.lookup(ROOT_INO, &name).unwrap();
     assert_eq!(d.advance(true).await.unwrap().decision, Choice::Advance);
     let before = d.status();
     assert_eq!(before.draining_slots, 1, "the old view is held");
-    d.begin_shutdown();
+    d.life().begin_shutdown();
     fs.forget(held.ino, 1);
     // The deletion starts (the journal goes first) and stops at once.
     wait_for("the retired slot's journal deleted", || {
@@ -167,7 +167,7 @@ async fn a_slot_deletion_due_at_the_shutdown_is_left_to_the_next_start() {
         (before.epoch, before.mini_epoch, before.generation),
         "the position after the restart"
     );
-    check_bytes(&read_view(&d.fs()), &t.source);
+    check_bytes(&read_view(&d.surface().fs()), &t.source);
     // The successor's staging needs the stale slot's room: it fetches once that is free.
     wait_next_ready(&d).await;
     assert!(!slots.join(&slot).exists(), "the stale slot is still there");
@@ -179,7 +179,7 @@ async fn a_slot_deletion_due_at_the_shutdown_is_left_to_the_next_start() {
         "the cache takes {used} bytes, over {BUDGET}"
     );
     assert_eq!(d.advance(true).await.unwrap().decision, Choice::Advance);
-    check_bytes(&read_view(&d.fs()), &t.source);
+    check_bytes(&read_view(&d.surface().fs()), &t.source);
     drop(d);
     r.stop().await;
 }
@@ -194,7 +194,7 @@ async fn a_sealed_resume_checks_copies_at_first_open_and_fetches_a_damaged_one_a
     let t = setup(1);
     let r = start(t.cfg.clone()).await;
     wait_next_ready(&r.daemon).await;
-    let slot = r.daemon.fs().current().slot.clone();
+    let slot = r.daemon.surface().fs().current().slot.clone();
     r.stop().await;
     let dir = t.cache.join("slots").join(&slot);
     assert!(t.cache.join("slots").join(format!("{slot}.seal")).exists());
@@ -216,7 +216,7 @@ async fn a_sealed_resume_checks_copies_at_first_open_and_fetches_a_damaged_one_a
         0,
         "a copy was fetched at start"
     );
-    let view = read_view(&d.fs());
+    let view = read_view(&d.surface().fs());
     check_bytes(&view, &t.source);
     assert_eq!(
         status_u64(&d, "tier_bytes_read"),

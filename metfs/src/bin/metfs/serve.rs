@@ -106,10 +106,10 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
             .context("preparing the mount")?;
         let listener = control::bind(&daemon.cfg.socket)
             .with_context(|| format!("control socket {}", daemon.cfg.socket.display()))?;
-        let fs = daemon.fs();
+        let fs = daemon.surface().fs();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         fs.set_drained_sender(tx);
-        let mut adapter = fuse::FuseAdapter::new(fs, daemon.active_read_path());
+        let mut adapter = fuse::FuseAdapter::new(fs, daemon.surface().active_read_path());
         let ended = Arc::new(tokio::sync::Notify::new());
         let on_end = ended.clone();
         adapter.on_session_end(move || on_end.notify_one());
@@ -144,7 +144,7 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
         })
         .await?
         .with_context(|| format!("mounting FUSE on {}", mountpoint.display()))?;
-        daemon.mounted(&mountpoint, notifier);
+        daemon.surface().mounted(&mountpoint, notifier);
         daemon.prime_all();
         mount::register(&mount::Registered {
             mountpoint: mountpoint.clone(),
@@ -170,7 +170,7 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
     tracing::info!(
         mountpoint = %mountpoint.display(),
         socket = %daemon.cfg.socket.display(),
-        read_path = match daemon.read_path() {
+        read_path = match daemon.surface().read_path() {
             ReadPath::Passthrough => "passthrough (falls back to pread if the kernel refuses)",
             other => other.name(),
         },
@@ -180,7 +180,7 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut unmounted = false;
     tokio::select! {
-        _ = daemon.shutdown.notified() => {}
+        _ = daemon.life().shutdown_requested() => {}
         _ = term.recv() => tracing::info!("SIGTERM"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
         _ = ended.notified() => {
@@ -201,7 +201,7 @@ async fn shutdown(
     unmounted: bool,
 ) {
     tracing::info!("shutting down; the cache is kept for a later mount");
-    daemon.begin_shutdown();
+    daemon.life().begin_shutdown();
     daemon.persist();
     let d = daemon.clone();
     let _ = tokio::task::spawn_blocking(move || d.store().seal_slots()).await;

@@ -7,6 +7,7 @@ use crate::config::DdsMode;
 use crate::config::{Mode, MountConfig, PrefetchRate};
 use crate::daemon::fingerprint::{Fingerprint, SavedFingerprint};
 use crate::daemon::mode::ModeState;
+use crate::daemon::pacing::AUTO_TRICKLE;
 use crate::daemon::queue::QueueFeed;
 use crate::daemon::schedule::QueueState;
 use crate::daemon::schedule::{Plans, Schedule};
@@ -16,7 +17,7 @@ use crate::daemon::setup::{
     build_policy, copy_repair, fs_settings, open_history, resolve_read_path, write_saved_state,
     Parts,
 };
-use crate::daemon::staging::{progress_bar, AUTO_TRICKLE};
+use crate::daemon::staging::progress_bar;
 use crate::daemon::state::SavedState;
 use crate::daemon::store::Store;
 use crate::daemon::{aggregate, slot_name, successor, CachePaths, Daemon, DaemonError};
@@ -151,7 +152,7 @@ impl Daemon {
             dataset_bytes: self.store.catalog.total_bytes(),
             dataset_files: self.store.catalog.len() as u64,
             mini_epochs: nm,
-            view_bytes: self.fs.current().bytes(),
+            view_bytes: self.surface.core().current().bytes(),
             rf_policy: self.cfg.policy.kind,
             budget_bytes: self.store.budget.budget,
             node_rank: self.cfg.node_rank,

@@ -16,13 +16,14 @@
 //! fresh plan's position is saved before its first mini-epoch is staged (a daemon killed while
 //! staging it resumes the slot instead of discarding it).
 
-use crate::config::{ActiveReadPath, Mode, MountConfig, PrefetchRate, ReadPath};
+use crate::config::{Mode, MountConfig, PrefetchRate, ReadPath};
 use crate::daemon::mode::ModeState;
+use crate::daemon::pacing::Pacing;
 use crate::daemon::samples;
 use crate::daemon::session::Sessions;
 use crate::daemon::source::{load_catalog, needs_labels, open_tier};
 use crate::daemon::store::Store;
-use crate::daemon::{CachePaths, Daemon, DaemonError};
+use crate::daemon::{CachePaths, Daemon, DaemonError, Lifecycle, Surface};
 use metfs_fs::fs::{FsCore, FsSettings};
 use metfs_fs::lock_order::{Level, OrderedMutex};
 use metfs_plan::budget::Budget;
@@ -33,11 +34,7 @@ use metfs_prefetcher::transform::Transformer;
 use metfs_tier::catalog::Catalog;
 use metfs_tier::pacer::Pacer;
 use metfs_tier::CapacityTier;
-use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
-use tokio::sync::watch;
+use std::sync::Arc;
 
 mod cache;
 mod first;
@@ -258,27 +255,18 @@ struct Parts {
 
 impl Daemon {
     fn assemble(p: Parts) -> Arc<Daemon> {
-        let (changed, _) = watch::channel(0u64);
         let daemon = Arc::new(Daemon {
             tier_url: p.tier_url,
             me: OrderedMutex::new(Level::Me, std::sync::Weak::new()),
-            primed: AtomicU64::new(0),
-            primed_generation: AtomicU64::new(0),
             persisting: OrderedMutex::new(Level::Persisting, ()),
             mode: p.mode,
             paths: p.paths,
             store: p.store,
             sessions: OrderedMutex::new(Level::Sessions, p.sessions),
-            fs: p.fs,
-            read_path: p.read_path,
-            active_read_path: Arc::new(ActiveReadPath::new(p.read_path)),
-            shutting_down: Default::default(),
+            surface: Arc::new(Surface::new(p.fs, p.read_path)),
+            life: Lifecycle::default(),
+            pacing: Pacing::new(p.cfg.prefetch_rate, p.cfg.prefetch_rate_max),
             events: crate::events::EventLog::open(&p.cfg.run_dir),
-            changed,
-            kernel: Mutex::new(None),
-            mountpoint: Mutex::new(PathBuf::new()),
-            started: Instant::now(),
-            shutdown: tokio::sync::Notify::new(),
             apply_one: tokio::sync::Mutex::new(()),
             cfg: p.cfg,
         });

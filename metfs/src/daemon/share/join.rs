@@ -115,7 +115,7 @@ impl Daemon {
                 "`subset`, `rf_policy` and `rf` in `hello` are for shared mounts (metfs mount --share); this mount serves one job with the mount's settings".into(),
             ));
         }
-        Ok(self.hello(job))
+        Ok(self.surface.hello(job))
     }
 
     /// A job joins a shared mount (`hello` with its name): see the module doc. Answers once
@@ -135,7 +135,7 @@ impl Daemon {
             ));
         };
         check_job_name(&name)?;
-        if self.is_shutting_down() {
+        if self.life.is_shutting_down() {
             return Err(ProtocolError::new(
                 ErrorCode::ShuttingDown,
                 "the daemon is shutting down",
@@ -158,15 +158,15 @@ impl Daemon {
         // Its first view: drawn once no job has joined for the window, staged by the staging
         // loop, then shown here.
         tokio::time::sleep(JOIN_WINDOW).await;
-        self.bump();
-        let mut rx = self.changed.subscribe();
+        self.life.bump();
+        let mut rx = self.life.subscribe();
         loop {
             // Waiting for its first view is not being idle.
             self.mode.touch(&name);
-            if self.fs.job_view(&name).is_some() || self.try_switch(&name).await {
+            if self.surface.core().job_view(&name).is_some() || self.try_switch(&name).await {
                 break;
             }
-            if self.is_shutting_down() {
+            if self.life.is_shutting_down() {
                 return Err(ProtocolError::new(
                     ErrorCode::ShuttingDown,
                     "the daemon is shutting down",
@@ -180,9 +180,9 @@ impl Daemon {
             let _ = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await;
         }
         let samples = sh.jobs.lock().unwrap().get(&name).map_or(0, |m| m.samples);
-        let mut hello = self.hello(Some(name.clone()));
+        let mut hello = self.surface.hello(Some(name.clone()));
         hello.share = Some(JobShare {
-            path: self.mountpoint().join(&name).display().to_string(),
+            path: self.surface.mountpoint().join(&name).display().to_string(),
             share_bytes: 2 * sh.view_bytes,
             view_bytes: sh.view_bytes,
             samples,
@@ -201,7 +201,8 @@ impl Daemon {
     fn job_token(&self, generation: u64) -> String {
         format!(
             "{:016x}",
-            mix(u64::from(std::process::id()) ^ mix(self.started.elapsed().as_nanos() as u64))
+            mix(u64::from(std::process::id())
+                ^ mix(self.life.started().elapsed().as_nanos() as u64))
                 ^ mix(generation)
         )
     }
@@ -319,7 +320,7 @@ impl Daemon {
             share = %format_bytes(2 * sh.view_bytes),
             "job joined the shared store"
         );
-        self.bump();
+        self.life.bump();
         Ok(token)
     }
 
@@ -370,18 +371,16 @@ impl Daemon {
             tracing::warn!(job = name, error = %e, "cannot record the rf history");
         }
         drop(order);
-        if let Some(old) = self.fs.remove_job(name) {
+        if let Some(old) = self.surface.core().remove_job(name) {
             self.store.retire_slot(old.generation, &old.slot, &[]);
             // As after a switch: the slot may be held as a donor, and its deletion waits for
             // that; nobody waits for the deletion.
             let me = self.me.lock().unwrap().upgrade();
-            if let (true, Some(me)) = (self.fs.is_drained(&old), me) {
+            if let (true, Some(me)) = (self.surface.core().is_drained(&old), me) {
                 let gen = old.generation;
                 tokio::spawn(async move { me.evict_view(gen).await });
-            } else if self.read_path_now() == ReadPath::Cached {
-                if let Some(me) = self.me.lock().unwrap().upgrade() {
-                    tokio::spawn(me.release_kernel_refs(old.generation));
-                }
+            } else if self.surface.read_path_now() == ReadPath::Cached {
+                tokio::spawn(self.surface.clone().release_kernel_refs(old.generation));
             }
         }
         if let Some(slot) = next_slot {
@@ -396,15 +395,9 @@ impl Daemon {
                 self.drop_slot(&slot).await;
             }
         }
-        let kernel = self.kernel.lock().unwrap().clone();
-        if let Some(n) = kernel {
-            let job = name.to_string();
-            let _ = tokio::task::spawn_blocking(move || {
-                let _ = n.inval_entry(metfs_fs::view::ROOT_INO, &job);
-                let _ = n.inval_inode(metfs_fs::view::ROOT_INO);
-            })
+        self.surface
+            .forget_root_entries(vec![name.to_string()])
             .await;
-        }
         tracing::info!(job = name, slot = ?current_slot, "job left the shared store");
         // The job leaves the save file too: a restart does not bring it back.
         match self.me.lock().unwrap().upgrade() {
@@ -413,7 +406,7 @@ impl Daemon {
             }
             None => self.write_share(),
         }
-        self.bump();
+        self.life.bump();
         Ok(())
     }
 

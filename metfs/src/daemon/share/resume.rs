@@ -231,7 +231,7 @@ impl Daemon {
             },
         );
         let mut ss = self.sessions.lock().unwrap();
-        self.fs.switch_job(name, view.clone());
+        self.surface.core().switch_job(name, view.clone());
         ss.insert(
             name.to_string(),
             Session::new(
