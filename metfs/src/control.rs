@@ -297,10 +297,10 @@ async fn handle(
             let (view, packed) = if direct {
                 conn.may_read_cache(&daemon.surface().mountpoint())?;
                 daemon
-                    .files_direct_for(job.as_deref(), known_generation, form, &mut conn.lease)
+                    .files_direct(job.as_deref(), known_generation, form, &mut conn.lease)
                     .await?
             } else {
-                daemon.files_for(job.as_deref(), known_generation, form)?
+                daemon.files(job.as_deref(), known_generation, form)?
             };
             return Ok((Answer::Files(Reply::new(view)), packed));
         }
@@ -336,15 +336,11 @@ async fn handle(
                 progress,
                 fresh_loss,
             };
-            decision(
-                daemon
-                    .pass_end_with(&name, job, metrics, signals, block)
-                    .await,
-            )
+            decision(daemon.pass_end(&name, job, metrics, signals, block).await)
         }
         Request::Advance { wait, job } => {
             let name = daemon.session_for(job.as_deref())?;
-            decision(daemon.advance_in(&name, wait).await)
+            decision(daemon.advance(&name, wait).await)
         }
         Request::Apply {
             epoch,
@@ -353,7 +349,7 @@ async fn handle(
             job,
         } => {
             let name = daemon.session_for(job.as_deref())?;
-            decision(daemon.apply_in(&name, epoch, mini_epoch, wait).await)
+            decision(daemon.apply(&name, epoch, mini_epoch, wait).await)
         }
         Request::Shutdown => Ok(Answer::ShuttingDown(Reply::new(ShuttingDown {
             shutting_down: true,

@@ -212,6 +212,23 @@ impl MountConfig {
             (compose, _) => format!("{compose:?}"),
         }
     }
+
+    /// This configuration with a shared mount's job's own rf policy and rf (from its `hello`
+    /// or its saved place), where it gives them.
+    pub fn with_job_policy(
+        &self,
+        rf_policy: Option<metfs_feedback::config::PolicyKind>,
+        rf: Option<u32>,
+    ) -> MountConfig {
+        let mut cfg = self.clone();
+        if let Some(p) = rf_policy {
+            cfg.policy.kind = p;
+        }
+        if let Some(rf) = rf {
+            cfg.policy.rf = rf;
+        }
+        cfg
+    }
 }
 
 #[cfg(test)]

@@ -199,55 +199,35 @@ impl Daemon {
     }
 
     /// The `files` object a request asks for: of job `job`'s view on a shared mount (which
-    /// must name it), else of the view the mount's root shows.
-    pub fn files_for(
+    /// must name it), else of the view the mount's root shows; with [`FilesForm::Packed`] the
+    /// bytes that follow its line.
+    pub fn files(
         &self,
         job: Option<&str>,
         known: Option<u64>,
         form: FilesForm,
     ) -> Result<(FilesView, Option<Vec<u8>>), ProtocolError> {
-        match self.mode.files_session(job)? {
-            Some(name) => self.files_of(&name, known, form),
-            None => Ok(self.surface.files(known, form)),
-        }
-    }
-
-    /// As [`Daemon::files_for`] with `direct` ([`Daemon::files_direct`]).
-    pub async fn files_direct_for(
-        &self,
-        job: Option<&str>,
-        known: Option<u64>,
-        form: FilesForm,
-        held: &mut Option<ViewLease>,
-    ) -> Result<(FilesView, Option<Vec<u8>>), ProtocolError> {
-        let name = self.mode.files_session(job)?;
-        self.files_direct(name.as_deref(), known, form, held).await
-    }
-
-    /// Job `name`'s view on a shared mount, its position and where it is shown (`MNT/<job>`).
-    /// Read under the sessions' lock and returned without it: a walk of a large view must not
-    /// hold up every other request of every job.
-    fn job_view(&self, name: &str) -> Result<(Arc<View>, u64, u32, String), ProtocolError> {
-        let (view, epoch, mini_epoch) = {
-            let ss = self.sessions.lock().unwrap();
-            let s = session_ref(&ss, name)?;
-            (s.view().clone(), s.epoch(), s.mini_epoch())
-        };
-        let mountpoint = self.surface.mountpoint().join(name).display().to_string();
-        Ok((view, epoch, mini_epoch, mountpoint))
-    }
-
-    /// The `files` object of job `name` on a shared mount: its view, under `MNT/<job>`.
-    pub fn files_of(
-        &self,
-        name: &str,
-        known: Option<u64>,
-        form: FilesForm,
-    ) -> Result<(FilesView, Option<Vec<u8>>), ProtocolError> {
-        let (view, epoch, mini_epoch, mountpoint) = self.job_view(name)?;
+        let (view, epoch, mini_epoch, mountpoint) = self.view_of(job)?;
         Ok(files_answer(
             &view, epoch, mini_epoch, mountpoint, known, form,
         ))
+    }
+
+    /// The view a `files` request of `job` reads, its position and where it is shown: job
+    /// `job`'s under `MNT/<job>` on a shared mount, else the one the mount's root shows. Read
+    /// under the sessions' lock and returned without it: a walk of a large view must not hold
+    /// up every other request of every job.
+    fn view_of(&self, job: Option<&str>) -> Result<(Arc<View>, u64, u32, String), ProtocolError> {
+        let Some(name) = self.mode.files_session(job)? else {
+            return Ok(self.surface.current_view());
+        };
+        let (view, epoch, mini_epoch) = {
+            let ss = self.sessions.lock().unwrap();
+            let s = session_ref(&ss, &name)?;
+            (s.view().clone(), s.epoch(), s.mini_epoch())
+        };
+        let mountpoint = self.surface.mountpoint().join(&name).display().to_string();
+        Ok((view, epoch, mini_epoch, mountpoint))
     }
 
     /// The `files` object with `direct` (of job `job` on a shared mount): the view's files and
@@ -264,10 +244,7 @@ impl Daemon {
     ) -> Result<(FilesView, Option<Vec<u8>>), ProtocolError> {
         let mut refused: Option<u64> = None;
         loop {
-            let (view, epoch, mini_epoch, mountpoint) = match job {
-                Some(name) => self.job_view(name)?,
-                None => self.surface.current_view(),
-            };
+            let (view, epoch, mini_epoch, mountpoint) = self.view_of(job)?;
             // `None`: switched away and evicted since it was read; the next read finds the
             // view that replaced it. The same view refused twice is not shown at all (a job
             // of a shared mount still waiting for its first view): no lease to give.

@@ -113,13 +113,6 @@ impl Surface {
         (view, epoch, mini_epoch, mountpoint)
     }
 
-    /// The `files` object: the files of the view the mount's root shows, and with
-    /// [`FilesForm::Packed`] the bytes that follow its line.
-    pub fn files(&self, known: Option<u64>, form: FilesForm) -> (FilesView, Option<Vec<u8>>) {
-        let (view, epoch, mini_epoch, mountpoint) = self.current_view();
-        files_answer(&view, epoch, mini_epoch, mountpoint, known, form)
-    }
-
     /// Counts a listing for the kernel: `entries` listed, and `generation` wholly if
     /// `finished`.
     pub(super) fn note_primed(&self, entries: u64, finished: Option<u64>) {

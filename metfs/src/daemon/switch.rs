@@ -3,7 +3,7 @@
 
 use crate::config::ReadPath;
 use crate::daemon::pacing::pass_start;
-use crate::daemon::session::{session_mut, session_ref, Left, Next, Session, DEFAULT_SESSION};
+use crate::daemon::session::{session_mut, session_ref, Left, Next, Session};
 use crate::daemon::setup::{build_policy, learned_replay, start_recording};
 use crate::daemon::Daemon;
 use crate::events::EventLog;
@@ -200,32 +200,10 @@ impl Daemon {
         }
     }
 
-    /// Handles `pass_end` for the default session.
-    pub async fn pass_end(
-        &self,
-        job: Option<String>,
-        metrics: Metrics,
-        block: bool,
-    ) -> Result<Decision, ProtocolError> {
-        self.pass_end_in(DEFAULT_SESSION, job, metrics, block).await
-    }
-
-    /// Handles `pass_end` for session `name`, with no signals beside the metrics.
-    pub async fn pass_end_in(
-        &self,
-        name: &str,
-        job: Option<String>,
-        metrics: Metrics,
-        block: bool,
-    ) -> Result<Decision, ProtocolError> {
-        self.pass_end_with(name, job, metrics, JobSignals::default(), block)
-            .await
-    }
-
     /// Handles `pass_end` for session `name`: the policy decides from the metrics, the job's
     /// `signals` (progress, fresh-data loss), whether the successor is staged and the
     /// stall-free rf. Signals out of range are refused before anything changes.
-    pub async fn pass_end_with(
+    pub async fn pass_end(
         &self,
         name: &str,
         job: Option<String>,
@@ -359,15 +337,10 @@ impl Daemon {
         Ok(())
     }
 
-    /// Handles `advance` for the default session.
-    pub async fn advance(&self, wait: bool) -> Result<Decision, ProtocolError> {
-        self.advance_in(DEFAULT_SESSION, wait).await
-    }
-
     /// Handles `advance` for session `name`: switches now if the successor is staged;
     /// otherwise blocks (`wait`) or answers `wait` and advances at the next pass end that
     /// finds it staged.
-    pub async fn advance_in(&self, name: &str, wait: bool) -> Result<Decision, ProtocolError> {
+    pub async fn advance(&self, name: &str, wait: bool) -> Result<Decision, ProtocolError> {
         session_mut(&mut self.sessions.lock().unwrap(), name)?.want_advance();
         let decision = if self.try_switch(name).await {
             Choice::Advance
@@ -381,21 +354,10 @@ impl Daemon {
         Ok(session_ref(&ss, name)?.decision(decision))
     }
 
-    /// Handles `apply` for the default session.
-    pub async fn apply(
-        &self,
-        epoch: u64,
-        mini_epoch: u32,
-        wait: bool,
-    ) -> Result<Decision, ProtocolError> {
-        self.apply_in(DEFAULT_SESSION, epoch, mini_epoch, wait)
-            .await
-    }
-
     /// Handles `apply` for session `name`: a follower moves to exactly (epoch, mini_epoch).
     /// Applies run one at a time, each reading the position only once the one before has
     /// moved it: the second of a node's ranks to apply a decision finds the view there already.
-    pub async fn apply_in(
+    pub async fn apply(
         &self,
         name: &str,
         epoch: u64,
@@ -417,7 +379,7 @@ impl Daemon {
                 s.end_pass();
                 Ok(s.decision(Choice::Repeat))
             } else if mini_epoch == cur.1.wrapping_add(1) {
-                self.advance_in(name, wait).await
+                self.advance(name, wait).await
             } else {
                 Err(ProtocolError::new(
                     ErrorCode::BadRequest,
@@ -436,7 +398,7 @@ impl Daemon {
             return Ok(s.decision(Choice::Repeat));
         }
         match succ {
-            Some(t) if t == (epoch, mini_epoch) => self.advance_in(name, wait).await,
+            Some(t) if t == (epoch, mini_epoch) => self.advance(name, wait).await,
             // A plan's successor is always known.
             _ => Err(ProtocolError::new(
                 ErrorCode::BadRequest,

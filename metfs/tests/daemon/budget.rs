@@ -7,6 +7,7 @@ use std::time::Duration;
 use metfs_protocol::Choice;
 
 use crate::common::*;
+use metfs::daemon::DEFAULT_SESSION;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cache_never_exceeds_the_budget_across_switches() {
@@ -29,7 +30,7 @@ async fn the_cache_never_exceeds_the_budget_across_switches() {
     for _ in 0..nm + 1 {
         // Reading opens backing files, as a job does: their slot drains when they close.
         check_bytes(&read_view(&d.surface().fs()), &t.source);
-        d.advance(true).await.unwrap();
+        d.advance(DEFAULT_SESSION, true).await.unwrap();
         wait_next_ready(&d).await;
         peak.fetch_max(allocated(&t.cache), Ordering::Relaxed);
     }
@@ -58,7 +59,10 @@ async fn a_dataset_that_fits_one_slot_is_read_from_the_tier_once() {
         wait_next_ready(&d).await;
         // Current and successor hold the same samples: the successor's are links.
         assert_cache_bytes_count_links_once(&d, &t.cache);
-        assert_eq!(d.advance(true).await.unwrap().decision, Choice::Advance);
+        assert_eq!(
+            d.advance(DEFAULT_SESSION, true).await.unwrap().decision,
+            Choice::Advance
+        );
         check_bytes(&read_view(&d.surface().fs()), &t.source);
     }
     wait_next_ready(&d).await;
@@ -87,7 +91,10 @@ async fn a_dataset_that_fits_one_slot_is_read_from_the_tier_once() {
     );
     assert_eq!(status_u64(&d, "reused_bytes"), dataset);
     assert_cache_bytes_count_links_once(&d, &t.cache);
-    assert_eq!(d.advance(true).await.unwrap().decision, Choice::Advance);
+    assert_eq!(
+        d.advance(DEFAULT_SESSION, true).await.unwrap().decision,
+        Choice::Advance
+    );
     check_bytes(&read_view(&d.surface().fs()), &t.source);
     // The old slot is gone now: its links are the new slot's alone, still counted.
     for _ in 0..300 {
@@ -128,7 +135,10 @@ async fn a_dataset_that_fits_the_budget_but_not_one_slot_is_read_from_the_tier_o
         wait_next_ready(&d).await;
         assert_cache_bytes_count_links_once(&d, &t.cache);
         check_bytes(&read_view(&d.surface().fs()), &t.source);
-        assert_eq!(d.advance(true).await.unwrap().decision, Choice::Advance);
+        assert_eq!(
+            d.advance(DEFAULT_SESSION, true).await.unwrap().decision,
+            Choice::Advance
+        );
     }
     wait_next_ready(&d).await;
     stop.store(true, Ordering::Relaxed);

@@ -16,6 +16,7 @@ use metfs_protocol::{Choice, Event};
 use metfs_tier::testing::{Failure, FaultyTier, Hang, MemoryTier, Op, Rule};
 
 use crate::common::*;
+use metfs::daemon::DEFAULT_SESSION;
 
 /// The source's URL: a scheme, so that nothing takes it for a directory.
 const URL: &str = "memory://faults";
@@ -108,7 +109,13 @@ fn partial_copies(cache: &std::path::Path, source: &BTreeMap<String, Vec<u8>>) -
 async fn prompt_pass_end(d: &Daemon) -> Choice {
     tokio::time::timeout(
         Duration::from_secs(2),
-        d.pass_end(None, Default::default(), false),
+        d.pass_end(
+            DEFAULT_SESSION,
+            None,
+            Default::default(),
+            Default::default(),
+            false,
+        ),
     )
     .await
     .expect("pass_end answered within 2 s")
@@ -371,7 +378,7 @@ async fn a_hanging_fetch_blocks_neither_pass_end_nor_status() {
         .unwrap();
     assert!(!st.next_ready);
     assert_eq!(prompt_pass_end(&d).await, Choice::Wait);
-    let reply = tokio::time::timeout(Duration::from_secs(2), d.advance(false))
+    let reply = tokio::time::timeout(Duration::from_secs(2), d.advance(DEFAULT_SESSION, false))
         .await
         .expect("a non-blocking advance answered within 2 s")
         .unwrap();

@@ -7,6 +7,7 @@ use metfs_fs::view::ROOT_INO;
 use metfs_protocol::Choice;
 
 use crate::common::*;
+use metfs::daemon::DEFAULT_SESSION;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_mount_shows_the_view_and_switches() {
@@ -68,7 +69,7 @@ async fn a_real_mount_shows_the_view_and_switches() {
     let view = read_mount(mp.path().to_path_buf()).await.unwrap();
     assert_eq!(keys(&view), plan[0], "files through the mount");
     check_bytes(&view, &t.source);
-    d.advance(true).await.unwrap();
+    d.advance(DEFAULT_SESSION, true).await.unwrap();
     let view = read_mount(mp.path().to_path_buf()).await.unwrap();
     assert_eq!(
         keys(&view),
@@ -98,7 +99,7 @@ async fn a_switch_invalidates_the_old_roots_entries_before_it_answers() {
     let old_names = d.surface().fs().current().root_names();
     assert!(!old_names.is_empty());
     assert!(kernel.calls().is_empty(), "nothing is sent before a switch");
-    let reply = d.advance(true).await.unwrap();
+    let reply = d.advance(DEFAULT_SESSION, true).await.unwrap();
     assert_eq!(reply.decision, Choice::Advance);
     let mut want: Vec<Notified> = old_names
         .into_iter()
@@ -150,7 +151,7 @@ async fn a_retired_view_held_by_the_kernel_is_pruned_until_it_drains() {
         let file_name = file_name.expect("a file in the directory");
         let file = fs.lookup(dir.ino, &file_name).unwrap();
         assert!(!file.is_dir);
-        d.advance(true).await.unwrap();
+        d.advance(DEFAULT_SESSION, true).await.unwrap();
         assert_eq!(status_u64(&d, "draining_slots"), 1, "the old view is held");
         let pruned = |calls: &[Notified]| {
             calls

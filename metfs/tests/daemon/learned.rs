@@ -3,6 +3,7 @@
 use metfs::daemon::Daemon;
 
 use crate::common::*;
+use metfs::daemon::DEFAULT_SESSION;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn learned_replays_a_schedule_recorded_under_another_seed() {
@@ -15,7 +16,15 @@ async fn learned_replays_a_schedule_recorded_under_another_seed() {
     for _ in 0..2 {
         wait_next_ready(&d).await;
         for _ in 0..3 {
-            d.pass_end(None, Default::default(), false).await.unwrap();
+            d.pass_end(
+                DEFAULT_SESSION,
+                None,
+                Default::default(),
+                Default::default(),
+                false,
+            )
+            .await
+            .unwrap();
         }
     }
     r.stop().await;
@@ -40,7 +49,10 @@ async fn learned_replays_a_schedule_recorded_under_another_seed() {
     let metrics = [("loss", 1.0), ("accuracy", 0.5), ("val_accuracy", 0.5)]
         .map(|(k, v)| (k.to_string(), v))
         .into();
-    let first = d.pass_end(None, metrics, false).await.unwrap();
+    let first = d
+        .pass_end(DEFAULT_SESSION, None, metrics, Default::default(), false)
+        .await
+        .unwrap();
     let reason = first
         .reason
         .expect("a policy decision has a reason")
@@ -66,7 +78,9 @@ async fn learned_replays_the_run_that_ended_best_and_says_why() {
             wait_next_ready(&d).await;
             for _ in 0..rf {
                 let sent = [("val_loss".to_string(), val_loss)].into();
-                d.pass_end(None, sent, false).await.unwrap();
+                d.pass_end(DEFAULT_SESSION, None, sent, Default::default(), false)
+                    .await
+                    .unwrap();
             }
         }
         r.stop().await;

@@ -288,9 +288,15 @@ async fn apply(
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                 }
-                d.pass_end_in(&n, Some(n.clone()), Default::default(), false)
-                    .await
-                    .map_err(|e| TestCaseError::fail(format!("pass_end of {n}: {e:?}")))?;
+                d.pass_end(
+                    &n,
+                    Some(n.clone()),
+                    Default::default(),
+                    Default::default(),
+                    false,
+                )
+                .await
+                .map_err(|e| TestCaseError::fail(format!("pass_end of {n}: {e:?}")))?;
             }
             Op::Hold(j) if model.contains_key(j) => {
                 let n = name(*j);

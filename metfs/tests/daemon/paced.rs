@@ -46,7 +46,7 @@ async fn paced_sees_the_signals_and_bad_ones_change_nothing() {
         ),
     ] {
         let e = d
-            .pass_end_with("default", None, m, signals, false)
+            .pass_end("default", None, m, signals, false)
             .await
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::BadMetrics, "{e}");
@@ -64,7 +64,7 @@ async fn paced_sees_the_signals_and_bad_ones_change_nothing() {
         fresh_loss: Some(2.0),
     };
     let first = d
-        .pass_end_with(
+        .pass_end(
             "default",
             None,
             metrics(&[("val_loss", 1.0)]),
@@ -81,7 +81,7 @@ async fn paced_sees_the_signals_and_bad_ones_change_nothing() {
         "{reason}"
     );
     let second = d
-        .pass_end_with(
+        .pass_end(
             "default",
             None,
             metrics(&[("val_loss", 0.9)]),

@@ -6,6 +6,7 @@ use std::time::Duration;
 use metfs_protocol::Choice;
 
 use crate::common::*;
+use metfs::daemon::DEFAULT_SESSION;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_view_holds_exactly_the_planned_files_with_source_bytes() {
@@ -45,7 +46,13 @@ async fn a_run_directory_whose_writes_block_does_not_delay_pass_end() {
     for i in 0..6 {
         let reply = tokio::time::timeout(
             Duration::from_secs(60),
-            d.pass_end(None, Default::default(), true),
+            d.pass_end(
+                DEFAULT_SESSION,
+                None,
+                Default::default(),
+                Default::default(),
+                true,
+            ),
         )
         .await
         .unwrap_or_else(|_| panic!("pass_end {i} did not answer with the run directory blocked"))
@@ -88,10 +95,28 @@ async fn pass_end_and_advance_walk_an_epoch_serving_every_sample_once() {
     // rf = 2: the first pass end repeats, the second advances once the successor is staged.
     wait_next_ready(&d).await;
     let g0 = status_u64(&d, "generation");
-    let first = d.pass_end(None, Default::default(), false).await.unwrap();
+    let first = d
+        .pass_end(
+            DEFAULT_SESSION,
+            None,
+            Default::default(),
+            Default::default(),
+            false,
+        )
+        .await
+        .unwrap();
     assert_eq!(first.decision, Choice::Repeat, "{first:?}");
     assert_eq!(first.generation, g0);
-    let second = d.pass_end(None, Default::default(), false).await.unwrap();
+    let second = d
+        .pass_end(
+            DEFAULT_SESSION,
+            None,
+            Default::default(),
+            Default::default(),
+            false,
+        )
+        .await
+        .unwrap();
     assert_eq!(second.decision, Choice::Advance, "{second:?}");
     assert_eq!(second.generation, g0 + 1);
     assert_eq!(second.mini_epoch, 1);
@@ -112,7 +137,7 @@ async fn pass_end_and_advance_walk_an_epoch_serving_every_sample_once() {
         }
         seen_plan[k] = keys(&view);
         let g = status_u64(&d, "generation");
-        let reply = d.advance(true).await.unwrap();
+        let reply = d.advance(DEFAULT_SESSION, true).await.unwrap();
         assert_eq!(reply.decision, Choice::Advance, "{reply:?}");
         assert_eq!(reply.generation, g + 1);
         let want = if k + 1 < nm { (0, k + 1) } else { (1, 0) };
@@ -145,7 +170,17 @@ async fn a_slow_tier_raises_a_fixed_rf_unless_pass_end_blocks() {
     let d = r.daemon.clone();
     let pass = |block: bool| {
         let d = d.clone();
-        async move { d.pass_end(None, Default::default(), block).await.unwrap() }
+        async move {
+            d.pass_end(
+                DEFAULT_SESSION,
+                None,
+                Default::default(),
+                Default::default(),
+                block,
+            )
+            .await
+            .unwrap()
+        }
     };
 
     // Mini-epoch 0: its successor is staged before the first pass, so rf 2 exactly.
@@ -262,16 +297,22 @@ async fn requests_name_their_session_and_an_unknown_one_is_refused() {
     assert_eq!(d.status_of(DEFAULT_SESSION).unwrap().generation, 1);
     for e in [
         d.status_of("trial-7").unwrap_err(),
-        d.advance_in("trial-7", false).await.unwrap_err(),
-        d.pass_end_in("trial-7", None, Default::default(), false)
-            .await
-            .unwrap_err(),
-        d.apply_in("trial-7", 0, 1, false).await.unwrap_err(),
+        d.advance("trial-7", false).await.unwrap_err(),
+        d.pass_end(
+            "trial-7",
+            None,
+            Default::default(),
+            Default::default(),
+            false,
+        )
+        .await
+        .unwrap_err(),
+        d.apply("trial-7", 0, 1, false).await.unwrap_err(),
     ] {
         assert!(e.to_string().contains("`trial-7`"), "{e}");
     }
     assert_eq!(status_u64(&d, "generation"), 1);
-    let reply = d.advance_in(DEFAULT_SESSION, true).await.unwrap();
+    let reply = d.advance(DEFAULT_SESSION, true).await.unwrap();
     assert_eq!(reply.decision, Choice::Advance);
     assert_eq!(status_u64(&d, "generation"), 2);
     drop(d);
@@ -296,7 +337,9 @@ async fn concurrent_applies_of_one_decision_move_the_view_once() {
         let applies: Vec<_> = (0..3)
             .map(|_| {
                 let d = d.clone();
-                tokio::spawn(async move { d.apply(target.0, target.1, true).await })
+                tokio::spawn(
+                    async move { d.apply(DEFAULT_SESSION, target.0, target.1, true).await },
+                )
             })
             .collect();
         for a in applies {

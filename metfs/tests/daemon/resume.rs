@@ -7,6 +7,7 @@ use metfs_fs::view::ROOT_INO;
 use metfs_protocol::Choice;
 
 use crate::common::*;
+use metfs::daemon::DEFAULT_SESSION;
 
 /// A `|` in the source path (the fingerprint was once a `|`-joined string split by position):
 /// the mount resumes, and its rf history's dataset key is the same on another seed, which the
@@ -18,7 +19,7 @@ async fn a_source_path_with_bars_resumes_and_keeps_its_history_key() {
     assert!(source.ends_with("data|v2|x"), "{source}");
     let r = start(t.cfg.clone()).await;
     let d = r.daemon.clone();
-    d.advance(true).await.unwrap();
+    d.advance(DEFAULT_SESSION, true).await.unwrap();
     // With the successor staged before the stop, the restarted daemon has nothing to fetch, so
     // any tier read is a refetch; otherwise its stager may take up the successor before
     // `status` (it did on a loaded machine).
@@ -84,7 +85,7 @@ async fn a_new_daemon_on_the_same_cache_resumes_without_refetching() {
     let t = setup(1);
     let r = start(t.cfg.clone()).await;
     let d = r.daemon.clone();
-    d.advance(true).await.unwrap();
+    d.advance(DEFAULT_SESSION, true).await.unwrap();
     // The successor of the new position, staged too, must survive the restart.
     wait_next_ready(&d).await;
     let before = d.status();
@@ -112,7 +113,7 @@ async fn a_new_daemon_on_the_same_cache_resumes_without_refetching() {
         0,
         "the successor was refetched"
     );
-    let reply = d.advance(true).await.unwrap();
+    let reply = d.advance(DEFAULT_SESSION, true).await.unwrap();
     assert_eq!(reply.decision, Choice::Advance);
     assert_eq!(reply.generation, before.generation + 1);
     check_bytes(&read_view(&d.surface().fs()), &t.source);
@@ -142,7 +143,10 @@ async fn a_slot_deletion_due_at_the_shutdown_is_left_to_the_next_start() {
     let fs = d.surface().fs();
     let name = fs.current().root_names()[0].clone();
     let held = fs.lookup(ROOT_INO, &name).unwrap();
-    assert_eq!(d.advance(true).await.unwrap().decision, Choice::Advance);
+    assert_eq!(
+        d.advance(DEFAULT_SESSION, true).await.unwrap().decision,
+        Choice::Advance
+    );
     let before = d.status();
     assert_eq!(before.draining_slots, 1, "the old view is held");
     d.life().begin_shutdown();
@@ -178,7 +182,10 @@ async fn a_slot_deletion_due_at_the_shutdown_is_left_to_the_next_start() {
         used <= BUDGET,
         "the cache takes {used} bytes, over {BUDGET}"
     );
-    assert_eq!(d.advance(true).await.unwrap().decision, Choice::Advance);
+    assert_eq!(
+        d.advance(DEFAULT_SESSION, true).await.unwrap().decision,
+        Choice::Advance
+    );
     check_bytes(&read_view(&d.surface().fs()), &t.source);
     drop(d);
     r.stop().await;

@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use crate::config::{MountConfig, ReadPath};
+use crate::config::ReadPath;
 use crate::daemon::schedule::{job_slots, Drawn, Schedule};
 use crate::daemon::session::{History, Next, Session, Start};
 use crate::daemon::setup::{build_policy, learned_replay, start_recording};
@@ -16,87 +16,12 @@ use metfs_fs::view::View;
 use metfs_plan::size::format_bytes;
 use metfs_protocol::JobShare;
 use metfs_protocol::{ErrorCode, Hello, PolicyKind, ProtocolError, Subset};
+use metfs_tier::catalog::Catalog;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl Daemon {
-    /// The samples of `subset` (all of the source without one), each checked.
-    pub(super) fn subset_samples(
-        &self,
-        job: &str,
-        subset: Option<&Subset>,
-    ) -> Result<Vec<u32>, ProtocolError> {
-        let catalog = &self.store.catalog;
-        let n = catalog.len() as u32;
-        let Some(subset) = subset else {
-            return Ok((0..n).collect());
-        };
-        let mut ids: Vec<u32> = if let Some(path) = &subset.manifest {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                bad(format!(
-                    "job {job:?}: subset manifest {path}: cannot read it: {e}"
-                ))
-            })?;
-            let mut ids = Vec::new();
-            for (i, line) in text.lines().enumerate() {
-                let line = line.trim();
-                if line.is_empty() || line.starts_with('#') {
-                    continue;
-                }
-                let rel = line.trim_start_matches("./");
-                match catalog.find(rel) {
-                    Some(id) => ids.push(id),
-                    None => {
-                        return Err(bad(format!(
-                            "job {job:?}: subset manifest {path}, line {}: `{rel}` is not a sample of the source {}",
-                            i + 1,
-                            self.cfg.source
-                        )))
-                    }
-                }
-            }
-            ids
-        } else if let Some(labels) = &subset.labels {
-            let names = catalog.label_names();
-            let per_sample = catalog.labels().unwrap_or(&[]);
-            let mut wanted = HashSet::new();
-            for l in labels {
-                match names.iter().position(|x| x == l) {
-                    Some(i) => {
-                        wanted.insert(i as u32);
-                    }
-                    None => {
-                        return Err(bad(format!(
-                            "job {job:?}: subset label {l:?} is not a label of the source (labels are its first-level directories: {})",
-                            names.iter().take(20).cloned().collect::<Vec<_>>().join(", ")
-                        )))
-                    }
-                }
-            }
-            (0..n)
-                .filter(|&id| {
-                    per_sample
-                        .get(id as usize)
-                        .is_some_and(|l| wanted.contains(l))
-                })
-                .collect()
-        } else {
-            let f = subset.fraction.unwrap_or(1.0);
-            let seed = subset.seed.unwrap_or(0);
-            let k = ((f * n as f64).round() as u32).clamp(1, n);
-            let mut all: Vec<u32> = (0..n).collect();
-            all.sort_unstable_by_key(|&id| mix(seed ^ mix(u64::from(id))));
-            all.truncate(k as usize);
-            all
-        };
-        ids.sort_unstable();
-        ids.dedup();
-        if ids.is_empty() {
-            return Err(bad(format!("job {job:?}: its subset holds no sample")));
-        }
-        Ok(ids)
-    }
-
     /// Answers `hello`: on a shared mount the job joins ([`Daemon::join`]); a mount of one job
     /// greets it, refusing what only a shared mount takes (a subset, an rf policy of its own).
     pub async fn greet(
@@ -196,47 +121,6 @@ impl Daemon {
         Ok(hello)
     }
 
-    /// A new job's token. Not a secret (the socket is the user's own): it tells a
-    /// reconnection from another process under the same name.
-    fn job_token(&self, generation: u64) -> String {
-        format!(
-            "{:016x}",
-            mix(u64::from(std::process::id())
-                ^ mix(self.life.started().elapsed().as_nanos() as u64))
-                ^ mix(generation)
-        )
-    }
-
-    /// A joining job's session: its first view (sequence 0) not drawn yet, an empty view
-    /// under `MNT/<name>` meanwhile.
-    fn job_session(
-        &self,
-        name: &str,
-        generation: u64,
-        policy: Box<dyn RfPolicy>,
-        history: Option<History>,
-    ) -> Session {
-        let placeholder =
-            Arc::new(View::from_files(&[], generation, 0, 0, "", &self.paths.slots).nested());
-        Session::new(
-            name.to_string(),
-            name.to_string(),
-            // Its first view is drawn with the jobs joining with it.
-            Schedule::Job(Drawn::new(job_slots(name, generation))),
-            None,
-            Start {
-                epoch: 0,
-                mini_epoch: 0,
-                passes: 0,
-                generation,
-                sequence: 0,
-            },
-            policy,
-            history,
-            placeholder,
-        )
-    }
-
     /// Takes `name` into the cohort and makes its session; returns its token.
     fn admit(
         &self,
@@ -246,8 +130,8 @@ impl Daemon {
         rf: Option<u32>,
     ) -> Result<String, ProtocolError> {
         let sh = self.mode.shared().expect("a shared mount");
-        let dataset = self.subset_samples(name, subset)?;
-        let cfg = self.job_config(rf_policy, rf);
+        let dataset = subset_samples(&self.store.catalog, &self.cfg.source, name, subset)?;
+        let cfg = self.cfg.with_job_policy(rf_policy, rf);
         let mut ss = self.sessions.lock().unwrap();
         if ss.contains_key(name) {
             return Err(bad(format!(
@@ -296,8 +180,8 @@ impl Daemon {
             replay,
         });
         let generation = sh.take_generation();
-        let token = self.job_token(generation);
-        let session = self.job_session(name, generation, policy, history);
+        let token = job_token(self.life.started(), generation);
+        let session = job_session(&self.paths.slots, name, generation, policy, history);
         ss.insert(name.to_string(), session);
         *sh.last_join.lock().unwrap() = Some(Instant::now());
         sh.jobs.lock().unwrap().insert(
@@ -439,16 +323,122 @@ impl Daemon {
             });
         }
     }
+}
 
-    /// The mount's configuration with a job's own rf policy and rf from its `hello`.
-    pub(super) fn job_config(&self, rf_policy: Option<PolicyKind>, rf: Option<u32>) -> MountConfig {
-        let mut cfg = self.cfg.clone();
-        if let Some(p) = rf_policy {
-            cfg.policy.kind = p;
+/// A new job's token. Not a secret (the socket is the user's own): it tells a
+/// reconnection from another process under the same name.
+fn job_token(started: Instant, generation: u64) -> String {
+    format!(
+        "{:016x}",
+        mix(u64::from(std::process::id()) ^ mix(started.elapsed().as_nanos() as u64))
+            ^ mix(generation)
+    )
+}
+
+/// A joining job's session: its first view (sequence 0) not drawn yet, an empty view
+/// under `MNT/<name>` meanwhile.
+fn job_session(
+    slots: &Path,
+    name: &str,
+    generation: u64,
+    policy: Box<dyn RfPolicy>,
+    history: Option<History>,
+) -> Session {
+    let placeholder = Arc::new(View::from_files(&[], generation, 0, 0, "", slots).nested());
+    Session::new(
+        name.to_string(),
+        name.to_string(),
+        // Its first view is drawn with the jobs joining with it.
+        Schedule::Job(Drawn::new(job_slots(name, generation))),
+        None,
+        Start {
+            epoch: 0,
+            mini_epoch: 0,
+            passes: 0,
+            generation,
+            sequence: 0,
+        },
+        policy,
+        history,
+        placeholder,
+    )
+}
+
+/// The samples of `subset` of `catalog` (all of it without one), each checked: a manifest's
+/// paths, labels or a seeded fraction. Errors name job `job` and the part of its subset at
+/// fault.
+pub(super) fn subset_samples(
+    catalog: &Catalog,
+    source: &str,
+    job: &str,
+    subset: Option<&Subset>,
+) -> Result<Vec<u32>, ProtocolError> {
+    let n = catalog.len() as u32;
+    let Some(subset) = subset else {
+        return Ok((0..n).collect());
+    };
+    let mut ids: Vec<u32> = if let Some(path) = &subset.manifest {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            bad(format!(
+                "job {job:?}: subset manifest {path}: cannot read it: {e}"
+            ))
+        })?;
+        let mut ids = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let rel = line.trim_start_matches("./");
+            match catalog.find(rel) {
+                Some(id) => ids.push(id),
+                None => {
+                    return Err(bad(format!(
+                        "job {job:?}: subset manifest {path}, line {}: `{rel}` is not a sample of the source {}",
+                        i + 1,
+                        source
+                    )))
+                }
+            }
         }
-        if let Some(rf) = rf {
-            cfg.policy.rf = rf;
+        ids
+    } else if let Some(labels) = &subset.labels {
+        let names = catalog.label_names();
+        let per_sample = catalog.labels().unwrap_or(&[]);
+        let mut wanted = HashSet::new();
+        for l in labels {
+            match names.iter().position(|x| x == l) {
+                Some(i) => {
+                    wanted.insert(i as u32);
+                }
+                None => {
+                    return Err(bad(format!(
+                        "job {job:?}: subset label {l:?} is not a label of the source (labels are its first-level directories: {})",
+                        names.iter().take(20).cloned().collect::<Vec<_>>().join(", ")
+                    )))
+                }
+            }
         }
-        cfg
+        (0..n)
+            .filter(|&id| {
+                per_sample
+                    .get(id as usize)
+                    .is_some_and(|l| wanted.contains(l))
+            })
+            .collect()
+    } else {
+        let f = subset.fraction.unwrap_or(1.0);
+        let seed = subset.seed.unwrap_or(0);
+        let k = ((f * n as f64).round() as u32).clamp(1, n);
+        let mut all: Vec<u32> = (0..n).collect();
+        all.sort_unstable_by_key(|&id| mix(seed ^ mix(u64::from(id))));
+        all.truncate(k as usize);
+        all
+    };
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() {
+        return Err(bad(format!("job {job:?}: its subset holds no sample")));
     }
+    Ok(ids)
 }

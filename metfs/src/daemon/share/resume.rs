@@ -7,6 +7,7 @@ use super::state::write_share_state;
 use crate::daemon::schedule::{Drawn, DrawnView, Schedule};
 use crate::daemon::session::{History, Session, Sessions, Start};
 use crate::daemon::setup::{build_policy, learned_replay, start_recording};
+use crate::daemon::share::join::subset_samples;
 use crate::daemon::share::state::{SavedJob, SavedShare, SHARE_STATE_VERSION};
 use crate::daemon::share::{dataset_key, JobMeta, Shared};
 use crate::daemon::Daemon;
@@ -183,13 +184,17 @@ impl Daemon {
     async fn resume_job(&self, j: &SavedJob) -> Result<u64, String> {
         let sh = self.mode.shared().expect("a shared mount");
         let name = j.name.as_str();
-        let dataset = self
-            .subset_samples(name, j.subset.as_ref())
-            .map_err(|e| e.message)?;
+        let dataset = subset_samples(
+            &self.store.catalog,
+            &self.cfg.source,
+            name,
+            j.subset.as_ref(),
+        )
+        .map_err(|e| e.message)?;
         if dataset_key(&self.cfg.source, &dataset) != j.dataset {
             return Err("its subset no longer gives the dataset it read".into());
         }
-        let cfg = self.job_config(j.rf_policy, j.rf);
+        let cfg = self.cfg.with_job_policy(j.rf_policy, j.rf);
         let (replay, schedule) = match &sh.history {
             Some(store) => {
                 learned_replay(&cfg.policy, &store.lock().unwrap(), &j.dataset, name, j.run)?
