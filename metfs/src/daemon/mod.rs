@@ -344,6 +344,21 @@ impl Daemon {
         &self.life
     }
 
+    /// Starts the daemon's background tasks: the staging loop, the eviction of views whose
+    /// last handle closed (their generations arrive on `drained`, from the core) and the
+    /// periodic work (pacing, tier events, metrics, idle jobs). They run until aborted or the
+    /// runtime ends; a shutdown stops the staging loop.
+    pub fn start_tasks(
+        self: &Arc<Self>,
+        drained: tokio::sync::mpsc::UnboundedReceiver<u64>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        vec![
+            tokio::spawn(staging::StagingLoop::new(self.clone()).run()),
+            tokio::spawn(self.clone().drain_loop(drained)),
+            tokio::spawn(self.clone().monitor_loop()),
+        ]
+    }
+
     /// The session a request acts on: the job it names on a shared mount, else the default
     /// one ([`ModeState::session_for`]).
     pub(crate) fn session_for(&self, job: Option<&str>) -> Result<String, ProtocolError> {

@@ -1,5 +1,12 @@
-//! The staging loop: stages the successor into its slot as the budget allows, backs off on
-//! slot failures, evicts drained slots, and paces the tier (fixed cap or auto pacing).
+//! The staging loop ([`StagingLoop`], a task of its own): stages each session's successor into
+//! its slot as the budget allows, one at a time, backs off on slot failures, carries deferred
+//! samples, builds the successor's view ahead of its switch, and evicts drained slots. Pacing
+//! the tier is `pacing.rs`'s.
+//!
+//! Invariants: one staging runs at a time (the stager stages one slot at a time, and the
+//! budget counts one slot being staged per session); a session's `Next` leaves `Staging` only
+//! through [`StagingLoop`]'s hand-over; nothing of a new slot is written while a retired slot
+//! still takes space, unless the mode checks each staging's own room (a shared mount).
 
 use super::store::{self, Room, Stop};
 use crate::daemon::mode::ModeState;
@@ -47,21 +54,37 @@ impl Retries {
     }
 }
 
-impl Daemon {
+/// The staging loop: a task of its own that stages each session's successor in turn, one
+/// at a time, and hands the outcome to the session. It owns the count of failures in a row
+/// (the pause before a retry grows with it); everything else it reads and writes is the
+/// daemon's, under the daemon's locks.
+pub(super) struct StagingLoop {
+    d: Arc<Daemon>,
+    retries: Retries,
+}
+
+impl StagingLoop {
+    /// The loop of daemon `d`, nothing failed yet.
+    pub(super) fn new(d: Arc<Daemon>) -> Self {
+        Self {
+            d,
+            retries: Retries::default(),
+        }
+    }
+
     /// Stages the sessions' successors forever, one at a time; run as a task.
-    pub async fn stager_loop(self: Arc<Self>) {
-        let mut rx = self.life.subscribe();
-        let mut retries = Retries::default();
+    pub(super) async fn run(mut self) {
+        let mut rx = self.d.life.subscribe();
         loop {
-            if self.life.is_shutting_down() {
+            if self.d.life.is_shutting_down() {
                 return;
             }
             // With a queue: DONE marks, and the successor's claim (outside every lock).
-            let queue_pause = self.serve_queue().await;
+            let queue_pause = self.d.serve_queue().await;
             // On a shared mount: the jobs' next views, drawn together.
-            self.serve_cohort();
+            self.d.serve_cohort();
             match self.next_staging() {
-                Some(job) => self.run_staging(job, &mut retries).await,
+                Some(job) => self.run_staging(job).await,
                 None => {
                     // A failed slot is retried after its pause even if nothing else changes.
                     let wake = self.retry_due().min(queue_pause.unwrap_or(Duration::MAX));
@@ -74,23 +97,24 @@ impl Daemon {
 
     /// The first session's successor to stage now, marked staging (`begin_staging`).
     fn next_staging(&self) -> Option<StagingJob> {
-        let mut ss = self.sessions.lock().unwrap();
+        let mut ss = self.d.sessions.lock().unwrap();
         // No byte of a new slot while a retired one still takes space (the budget). (On a
         // shared mount each staging checks its own room instead: one job's frozen reader must
         // not stop the others.)
-        if !self.mode.stages_while_draining() && self.store.is_draining() {
+        if !self.d.mode.stages_while_draining() && self.d.store.is_draining() {
             return None;
         }
         let job = ss.values_mut().find_map(|s| self.begin_staging(s))?;
         // The rate left from the previous staging (possibly the cap, if it ran late) must not
         // carry over into this one until the next tick.
-        self.pacing.retune(self.store.stager.pacer(), &ss);
+        self.d.pacing.retune(self.d.store.stager.pacer(), &ss);
         Some(job)
     }
 
     /// How long until the first failed slot is due again (at most 5 s).
     fn retry_due(&self) -> Duration {
-        self.sessions
+        self.d
+            .sessions
             .lock()
             .unwrap()
             .values()
@@ -104,7 +128,7 @@ impl Daemon {
 
     /// Stages `job` (after the exchange's inbox is filled, in aggregate mode) and hands the
     /// result to its session: its successor ready, or failed until a pause has passed.
-    async fn run_staging(self: &Arc<Self>, job: StagingJob, retries: &mut Retries) {
+    async fn run_staging(&mut self, job: StagingJob) {
         let StagingJob {
             session: name,
             target,
@@ -120,26 +144,26 @@ impl Daemon {
             bytes = %format_bytes(bytes),
             "staging the next mini-epoch"
         );
-        let exchange = match self.mode.exchange_for(target) {
+        let exchange = match self.d.mode.exchange_for(target) {
             Some(a) => {
-                let stop = || self.life.is_shutting_down();
+                let stop = || self.d.life.is_shutting_down();
                 Some(
-                    a.wait_for_exchange(&self.paths.slots, target.0, &stop, &self.store)
+                    a.wait_for_exchange(&self.d.paths.slots, target.0, &stop, &self.d.store)
                         .await,
                 )
             }
             None => None,
         };
-        if exchange.is_some() && self.life.is_shutting_down() {
+        if exchange.is_some() && self.d.life.is_shutting_down() {
             return;
         }
-        let result = self.store.stage(&spec, progress).await;
+        let result = self.d.store.stage(&spec, progress).await;
         if exchange.is_some() && result.is_ok() {
-            aggregate::Aggregate::close_inbox(&self.paths.slots, target.0);
+            aggregate::Aggregate::close_inbox(&self.d.paths.slots, target.0);
         }
         let next = match result {
             Ok(report) => {
-                retries.succeeded();
+                self.retries.succeeded();
                 // In aggregate mode the wait for the exchange is part of filling the slot.
                 let waited = exchange.map_or(0.0, |w| w.secs);
                 self.staged(&spec, target, bytes, &report, waited);
@@ -148,11 +172,11 @@ impl Daemon {
                     target,
                     slot: spec.name.clone(),
                     report,
-                    view: self.clone().prebuild_view(&name, target).await,
+                    view: self.prebuild_view(&name, target).await,
                 }
             }
             Err(e) => {
-                let (failures, since) = retries.fail(target);
+                let (failures, since) = self.retries.fail(target);
                 self.staging_failed(&e, target, failures, since)
             }
         };
@@ -181,14 +205,14 @@ impl Daemon {
             secs = report.elapsed.as_secs_f64(),
             "next mini-epoch staged"
         );
-        let catalog = &self.store.catalog;
-        self.store.note_failed(
+        let catalog = &self.d.store.catalog;
+        self.d.store.note_failed(
             report
                 .failed
                 .iter()
                 .map(|(id, why)| (catalog.path(*id), why.clone())),
         );
-        self.events.emit(Event::Staged(event::Staged {
+        self.d.events.emit(Event::Staged(event::Staged {
             epoch: target.0,
             mini_epoch: target.1,
             bytes,
@@ -207,12 +231,12 @@ impl Daemon {
         target: (u64, u32),
         report: &StageReport,
     ) {
-        let deferred = self.store.whole_samples(&report.deferred);
-        let recovered = match self.sessions.lock().unwrap().get_mut(name) {
+        let deferred = self.d.store.whole_samples(&report.deferred);
+        let recovered = match self.d.sessions.lock().unwrap().get_mut(name) {
             Some(s) => s.deferred_staged(&spec.samples, &deferred),
             None => return,
         };
-        let catalog = &self.store.catalog;
+        let catalog = &self.d.store.catalog;
         let paths = |ids: &[u32]| ids.iter().take(10).map(|&id| catalog.path(id)).collect();
         if !deferred.is_empty() {
             let error = report
@@ -221,7 +245,7 @@ impl Daemon {
                 .find(|(id, _)| *id == deferred[0])
                 .map_or(String::new(), |(_, why)| why.clone());
             tracing::warn!(session = %name, samples = deferred.len(), first = %catalog.path(deferred[0]), "samples deferred to a later mini-epoch: the tier kept failing on them");
-            self.events.emit(Event::Deferred(event::Deferred {
+            self.d.events.emit(Event::Deferred(event::Deferred {
                 epoch: target.0,
                 mini_epoch: target.1,
                 samples: deferred.len() as u64,
@@ -231,9 +255,10 @@ impl Daemon {
         }
         if !recovered.is_empty() {
             tracing::info!(session = %name, samples = recovered.len(), "deferred samples recovered");
-            self.store
+            self.d
+                .store
                 .forget_failed(recovered.iter().map(|&id| catalog.path(id)));
-            self.events.emit(Event::Recovered(event::Recovered {
+            self.d.events.emit(Event::Recovered(event::Recovered {
                 epoch: target.0,
                 mini_epoch: target.1,
                 samples: recovered.len() as u64,
@@ -271,7 +296,7 @@ impl Daemon {
             retry_in_secs = pause.as_secs(),
             "staging the next mini-epoch failed: {cause}; the current view keeps serving (bonus passes) and staging resumes after the pause"
         );
-        self.events.emit(Event::StageFailed(event::StageFailed {
+        self.d.events.emit(Event::StageFailed(event::StageFailed {
             epoch: target.0,
             mini_epoch: target.1,
             error: e.to_string(),
@@ -279,7 +304,7 @@ impl Daemon {
             failures,
             retry_in_secs: pause.as_secs(),
         }));
-        self.store.note_error(e.to_string());
+        self.d.store.note_error(e.to_string());
         Next::Failed {
             target,
             error: e.to_string(),
@@ -293,7 +318,7 @@ impl Daemon {
     /// Hands the outcome of staging `slot` to session `name`, counting a staged slot in its
     /// meter; a session gone meanwhile (its job left the shared mount) has its slot deleted.
     async fn hand_over(&self, name: &str, slot: &str, next: Next) {
-        let (gone, staged) = match self.sessions.lock().unwrap().get_mut(name) {
+        let (gone, staged) = match self.d.sessions.lock().unwrap().get_mut(name) {
             Some(s) => {
                 let staged = s.schedule().in_shared_store() && matches!(next, Next::Ready { .. });
                 s.staging_ended(next);
@@ -303,34 +328,34 @@ impl Daemon {
         };
         if staged {
             // A restart keeps a staged next view only if the save file names it.
-            self.save_session_soon(name, false);
+            self.d.save_session_soon(name, false);
         }
         if gone {
-            self.drop_slot(slot).await;
+            self.d.drop_slot(slot).await;
         }
-        self.life.bump();
+        self.d.life.bump();
     }
 
     /// Builds the view of session `name`'s staged successor `target` for the generation a
     /// switch would give it now, off the async threads: building a 20,000-file view reads the
     /// slot's journal and takes milliseconds the switch should not.
-    async fn prebuild_view(self: Arc<Self>, name: &str, target: (u64, u32)) -> Option<Arc<View>> {
+    async fn prebuild_view(&self, name: &str, target: (u64, u32)) -> Option<Arc<View>> {
         let (members, generation, after, slot, nested) = {
-            let mut ss = self.sessions.lock().unwrap();
+            let mut ss = self.d.sessions.lock().unwrap();
             let s = ss.get_mut(name)?;
             // The switch also looks one mini-epoch further (what the retired slot may keep):
             // that epoch's plan is made here too, unless it is already known.
             let after = s.schedule().plan_wanted(target);
-            let generation = self.mode.generation_after(s.generation());
+            let generation = self.d.mode.generation_after(s.generation());
             (
-                s.view_members(&self.store, target),
+                s.view_members(&self.d.store, target),
                 generation,
                 after,
                 s.slot_of(target),
                 s.schedule().nested_views(),
             )
         };
-        let me = self.clone();
+        let me = self.d.clone();
         let (view, after) = tokio::task::spawn_blocking(move || {
             let view = me.store.view_for(&members, target, generation, &slot);
             let view = Arc::new(if nested { view.nested() } else { view });
@@ -343,7 +368,7 @@ impl Daemon {
         .await
         .ok()?;
         if let Some((epoch, plan)) = after {
-            if let Some(s) = self.sessions.lock().unwrap().get_mut(name) {
+            if let Some(s) = self.d.sessions.lock().unwrap().get_mut(name) {
                 s.schedule_mut().remember_plan(epoch, plan);
             }
         }
@@ -371,13 +396,13 @@ impl Daemon {
         }
         // A target the tier has failed for the defer bound is staged deferring (plain mounts:
         // the other modes' mini-epochs are shared with other nodes or jobs).
-        let defer = matches!(self.mode, ModeState::Plain)
+        let defer = matches!(self.d.mode, ModeState::Plain)
             && matches!(s.next(), Next::Failed { target: t, since, .. }
-                if *t == target && since.elapsed().as_secs() >= self.store.stager.config().defer_after_secs);
-        let (samples, bytes) = s.members(&self.store, target);
+                if *t == target && since.elapsed().as_secs() >= self.d.store.stager.config().defer_after_secs);
+        let (samples, bytes) = s.members(&self.d.store, target);
         // Where the mode asks (a shared mount), the files on the node and this slot must fit
         // the budget, held slots let go to make room (the staging waits for their deletion).
-        match self.mode.room(&self.store, &samples) {
+        match self.d.mode.room(&self.d.store, &samples) {
             Room::Fits => {}
             Room::Wait => return None,
             Room::Trim(t) => {
@@ -390,10 +415,10 @@ impl Daemon {
         // Known before the stager starts, so the first rate is paced to it.
         progress.bytes_total.store(bytes, Ordering::Relaxed);
         s.staging_started(target, slot.clone(), progress.clone());
-        self.store.begin_slot(&slot, &samples);
+        self.d.store.begin_slot(&slot, &samples);
         // The store adds its slots as donors (`Store::stage`); the mode may add its own (in
         // aggregate mode the inbox the exchange fills, opened now that its bytes are counted).
-        let reuse_from = self.mode.before_staging(&self.paths.slots, target);
+        let reuse_from = self.d.mode.before_staging(&self.d.paths.slots, target);
         let spec = SlotSpec {
             name: slot,
             samples,
@@ -412,7 +437,8 @@ impl Daemon {
     /// Deletes the files of samples trimmed from held slots on a blocking thread, then tells
     /// the store and wakes the staging loop (the staging that asked for the room retries).
     fn trim_soon(&self, trim: store::Trim) {
-        let run = |me: &Daemon, trim: store::Trim| {
+        let d = self.d.clone();
+        tokio::task::spawn_blocking(move || {
             let t0 = Instant::now();
             let ok = trim.run();
             tracing::debug!(
@@ -421,20 +447,18 @@ impl Daemon {
                 ok,
                 "trimmed held slots"
             );
-            me.store.trimmed(&trim, ok);
-            me.life.bump();
-        };
-        let me = self.me.lock().unwrap().upgrade();
-        match (me, tokio::runtime::Handle::try_current()) {
-            (Some(me), Ok(rt)) => {
-                rt.spawn_blocking(move || run(&me, trim));
-            }
-            _ => run(self, trim),
-        }
+            d.store.trimmed(&trim, ok);
+            d.life.bump();
+        });
     }
+}
 
+impl Daemon {
     /// Evicts retired views whose last handle closed; run as a task.
-    pub async fn drain_loop(self: Arc<Self>, mut rx: tokio::sync::mpsc::UnboundedReceiver<u64>) {
+    pub(super) async fn drain_loop(
+        self: Arc<Self>,
+        mut rx: tokio::sync::mpsc::UnboundedReceiver<u64>,
+    ) {
         while let Some(gen) = rx.recv().await {
             // Each on its own task: the eviction of a slot held as a donor waits until it is
             // let go, which must not delay the eviction of another slot behind it (staging

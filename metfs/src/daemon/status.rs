@@ -18,7 +18,7 @@ use std::time::Duration;
 
 impl Daemon {
     /// Runs periodic work: just-in-time pacing, tier-bandwidth events, the metrics file.
-    pub async fn monitor_loop(self: Arc<Self>) {
+    pub(super) async fn monitor_loop(self: Arc<Self>) {
         // Pacing is retuned four times a second: rate changes cost nothing (see `Pacer`), and
         // the first pass's estimate then takes effect within a quarter of a second.
         let mut tick = tokio::time::interval(Duration::from_millis(250));

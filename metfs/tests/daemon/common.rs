@@ -107,11 +107,7 @@ pub(crate) async fn start(cfg: MountConfig) -> Running {
 pub(crate) fn run(daemon: Arc<Daemon>, lock: std::fs::File) -> Running {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     daemon.surface().fs().set_drained_sender(tx);
-    let tasks = vec![
-        tokio::spawn(daemon.clone().stager_loop()),
-        tokio::spawn(daemon.clone().drain_loop(rx)),
-        tokio::spawn(daemon.clone().monitor_loop()),
-    ];
+    let tasks = daemon.start_tasks(rx);
     Running {
         daemon,
         lock,

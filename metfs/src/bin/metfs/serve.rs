@@ -154,9 +154,7 @@ async fn run_daemon(cfg: MountConfig, mountpoint: PathBuf, ready_fd: Option<i32>
         })
         .context("writing the mount registry")?;
         tokio::spawn(control::serve(listener, daemon.clone()));
-        tokio::spawn(daemon.clone().stager_loop());
-        tokio::spawn(daemon.clone().drain_loop(rx));
-        tokio::spawn(daemon.clone().monitor_loop());
+        daemon.start_tasks(rx);
         anyhow::Ok((daemon, session, lock, ended))
     };
     let (daemon, session, _lock, ended) = match setup.await {
