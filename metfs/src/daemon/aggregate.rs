@@ -50,10 +50,11 @@
 use crate::config::aggregate::{AggregateConfig, ShuffleCode};
 use crate::config::MountConfig;
 use crate::daemon::store::Store;
-use crate::daemon::{Daemon, DaemonError};
+use crate::daemon::{CachePaths, DaemonError};
 use metfs_fs::lock_order::{Level, OrderedMutex};
 use metfs_plan::size::format_bytes;
 use metfs_shuffle::{layout, Layout};
+use metfs_tier::catalog::Catalog;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -247,9 +248,15 @@ fn coded_within_limits(
     metfs_shuffle::coded::estimate::check(e).map(|_| ())
 }
 
-impl Daemon {
+impl Aggregate {
     /// Writes `CACHE/aggregate.json` for the node's `metfs-shuffle`.
-    pub(super) fn write_exchange_spec(&self, a: &Aggregate) -> Result<(), DaemonError> {
+    pub(super) fn write_exchange_spec(
+        &self,
+        catalog: &Catalog,
+        cfg: &MountConfig,
+        paths: &CachePaths,
+    ) -> Result<(), DaemonError> {
+        let a = self;
         let spec = ExchangeSpec {
             v: SPEC_VERSION,
             rank: a.rank,
@@ -258,14 +265,14 @@ impl Daemon {
             budget: a.settings.budget,
             extra: a.settings.extra,
             code: a.code,
-            catalog_digest: format!("{:016x}", catalog_digest(&self.store.catalog)),
-            source: self.cfg.source.clone(),
-            slots: self.paths.slots.clone(),
-            catalog: self.paths.catalog.clone(),
-            socket: self.cfg.socket.clone(),
+            catalog_digest: format!("{:016x}", catalog_digest(catalog)),
+            source: cfg.source.clone(),
+            slots: paths.slots.clone(),
+            catalog: paths.catalog.clone(),
+            socket: cfg.socket.clone(),
             pid: std::process::id(),
         };
-        let path = self.paths.root.join(SPEC_FILE);
+        let path = paths.root.join(SPEC_FILE);
         let text = serde_json::to_vec_pretty(&spec).expect("the spec serializes");
         metfs_durable::write(&path, &text, metfs_durable::Durability::Atomic)
             .map_err(|e| DaemonError::Setup(format!("cannot write {}: {e}", path.display())))

@@ -365,16 +365,6 @@ impl Daemon {
         self.mode.session_for(job)
     }
 
-    /// The names of the sessions.
-    pub fn session_names(&self) -> Vec<String> {
-        self.sessions.lock().unwrap().keys().cloned().collect()
-    }
-
-    /// Saves the position of session `name` in its state file.
-    fn save_state(&self, name: &str) {
-        self.save_session(name, false);
-    }
-
     /// Writes session `name`'s position, and its rf history too if `history`, as they are
     /// when the write starts (see `persisting`).
     fn save_session(&self, name: &str, history: bool) {

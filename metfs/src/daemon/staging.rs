@@ -331,7 +331,7 @@ impl StagingLoop {
             self.d.save_session_soon(name, false);
         }
         if gone {
-            self.d.drop_slot(slot).await;
+            self.d.store.drop_slot(slot).await;
         }
         self.d.life.bump();
     }

@@ -286,7 +286,8 @@ impl Daemon {
 
     /// Saves every session's position and rf history (at shutdown).
     pub fn persist(&self) {
-        for name in self.session_names() {
+        let names: Vec<String> = self.sessions.lock().unwrap().keys().cloned().collect();
+        for name in names {
             {
                 let mut ss = self.sessions.lock().unwrap();
                 let Some(s) = ss.get_mut(&name) else {

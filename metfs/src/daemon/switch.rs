@@ -1,7 +1,7 @@
 //! The view switch and the feedback that drives it: `pass_end`, `advance`, `apply`, the
 //! kernel invalidation after a switch, and the stall-free rf.
 
-use crate::config::ReadPath;
+use crate::config::{MountConfig, ReadPath};
 use crate::daemon::pacing::pass_start;
 use crate::daemon::session::{session_mut, session_ref, Left, Next, Session};
 use crate::daemon::setup::{build_policy, learned_replay, start_recording};
@@ -174,30 +174,28 @@ impl Daemon {
     /// switches.
     pub(super) async fn switch_blocking(&self, name: &str) -> Result<(), ProtocolError> {
         let t = Instant::now();
-        let r = self.switch_blocking_inner(name).await;
-        if let Some(s) = self.sessions.lock().unwrap().get_mut(name) {
-            s.blocked_for(t.elapsed().as_secs_f64());
-        }
-        r
-    }
-
-    pub(super) async fn switch_blocking_inner(&self, name: &str) -> Result<(), ProtocolError> {
-        loop {
+        let r = loop {
             let mut rx = self.life.subscribe();
             // A job blocked for staging is not idle (a shared mount drops idle jobs).
             self.mode.touch(name);
             if self.try_switch(name).await {
-                return Ok(());
+                break Ok(());
             }
             if self.life.is_shutting_down() {
-                return Err(ProtocolError::new(
+                break Err(ProtocolError::new(
                     ErrorCode::ShuttingDown,
                     "the daemon is shutting down",
                 ));
             }
-            session_ref(&self.sessions.lock().unwrap(), name)?;
+            if let Err(e) = session_ref(&self.sessions.lock().unwrap(), name) {
+                break Err(e);
+            }
             let _ = rx.changed().await;
+        };
+        if let Some(s) = self.sessions.lock().unwrap().get_mut(name) {
+            s.blocked_for(t.elapsed().as_secs_f64());
         }
+        r
     }
 
     /// Handles `pass_end` for session `name`: the policy decides from the metrics, the job's
@@ -219,7 +217,7 @@ impl Daemon {
             let mut ss = self.sessions.lock().unwrap();
             let s = session_mut(&mut ss, name)?;
             if let Some(j) = job.filter(|_| !s.schedule().in_shared_store()) {
-                self.adopt_job(s, j)?;
+                adopt_job(&self.cfg, s, j)?;
             }
             let stall_free = s.stall_free_rf();
             let d = s.decide(&metrics, signals, stall_free).map_err(bad)?;
@@ -284,57 +282,6 @@ impl Daemon {
         let mut out = session_ref(&ss, name)?.decision(decision);
         out.reason = Some(reason);
         Ok(out)
-    }
-
-    /// Takes the client's job key for the session's rf history. Before anything is recorded
-    /// the run is re-keyed (and a learned policy reloads that job's schedule); later a
-    /// different key is an error, since one run has one key.
-    pub(super) fn adopt_job(&self, s: &mut Session, job: String) -> Result<(), ProtocolError> {
-        if job == s.job() {
-            return Ok(());
-        }
-        let fresh = s.passes() == 0 && s.record().scores.is_empty();
-        let untouched = fresh
-            && s.history().is_none_or(|h| {
-                h.store
-                    .lock()
-                    .unwrap()
-                    .run(h.run)
-                    .is_none_or(|r| r.mini_epochs.is_empty())
-            });
-        if !untouched {
-            return Err(ProtocolError::new(
-                ErrorCode::BadRequest,
-                format!(
-                    "job `{job}`: this mount already records job `{}`; one mount serves one job key",
-                    s.job()
-                ),
-            ));
-        }
-        let mut schedule = None;
-        let mut run = None;
-        if let Some(h) = s.history() {
-            let mut store = h.store.lock().unwrap();
-            let (replay, sched) = learned_replay(&self.cfg.policy, &store, &h.dataset, &job, None)
-                .map_err(|e| {
-                    ProtocolError::new(ErrorCode::BadRequest, format!("job `{job}`: {e}"))
-                })?
-                .unzip();
-            let id = start_recording(&mut store, &h.dataset, &job, None, replay.clone()).0;
-            run = Some((id, replay));
-            schedule = sched;
-        }
-        let policy = if self.cfg.policy.kind == PolicyKind::Learned {
-            Some(
-                build_policy(&self.cfg, schedule)
-                    .map_err(|e| ProtocolError::new(ErrorCode::Internal, e.to_string()))?,
-            )
-        } else {
-            None
-        };
-        tracing::info!(job = %job, "job key for the rf history");
-        s.rekey(job, run, policy);
-        Ok(())
     }
 
     /// Handles `advance` for session `name`: switches now if the successor is staged;
@@ -444,4 +391,53 @@ fn emit_switch(
         prev_rf: left.record.rf,
         prev_wanted_rf: left.record.wanted_rf,
     }));
+}
+
+/// Takes the client's job key for the session's rf history. Before anything is recorded
+/// the run is re-keyed (and a learned policy reloads that job's schedule); later a
+/// different key is an error, since one run has one key.
+fn adopt_job(cfg: &MountConfig, s: &mut Session, job: String) -> Result<(), ProtocolError> {
+    if job == s.job() {
+        return Ok(());
+    }
+    let fresh = s.passes() == 0 && s.record().scores.is_empty();
+    let untouched = fresh
+        && s.history().is_none_or(|h| {
+            h.store
+                .lock()
+                .unwrap()
+                .run(h.run)
+                .is_none_or(|r| r.mini_epochs.is_empty())
+        });
+    if !untouched {
+        return Err(ProtocolError::new(
+            ErrorCode::BadRequest,
+            format!(
+                "job `{job}`: this mount already records job `{}`; one mount serves one job key",
+                s.job()
+            ),
+        ));
+    }
+    let mut schedule = None;
+    let mut run = None;
+    if let Some(h) = s.history() {
+        let mut store = h.store.lock().unwrap();
+        let (replay, sched) = learned_replay(&cfg.policy, &store, &h.dataset, &job, None)
+            .map_err(|e| ProtocolError::new(ErrorCode::BadRequest, format!("job `{job}`: {e}")))?
+            .unzip();
+        let id = start_recording(&mut store, &h.dataset, &job, None, replay.clone()).0;
+        run = Some((id, replay));
+        schedule = sched;
+    }
+    let policy = if cfg.policy.kind == PolicyKind::Learned {
+        Some(
+            build_policy(cfg, schedule)
+                .map_err(|e| ProtocolError::new(ErrorCode::Internal, e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    tracing::info!(job = %job, "job key for the rf history");
+    s.rekey(job, run, policy);
+    Ok(())
 }

@@ -137,7 +137,7 @@ impl Daemon {
             read_path,
             cfg,
         });
-        daemon.save_state(DEFAULT_SESSION);
+        daemon.save_session(DEFAULT_SESSION, false);
         daemon.announce_start(nm, cur)?;
         Ok(daemon)
     }
@@ -146,7 +146,7 @@ impl Daemon {
     /// `start` event.
     fn announce_start(&self, nm: u32, cur: (u64, u32)) -> Result<(), DaemonError> {
         if let Some(a) = self.mode.aggregate() {
-            self.write_exchange_spec(a)?;
+            a.write_exchange_spec(&self.store.catalog, &self.cfg, &self.paths)?;
         }
         self.events.emit(Event::Start(event::Start {
             dataset_bytes: self.store.catalog.total_bytes(),

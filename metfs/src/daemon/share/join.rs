@@ -276,7 +276,7 @@ impl Daemon {
             if let Some(me) = me {
                 tokio::spawn(async move { me.evict_view(gen).await });
             } else {
-                self.drop_slot(&slot).await;
+                self.store.drop_slot(&slot).await;
             }
         }
         self.surface
@@ -292,11 +292,6 @@ impl Daemon {
         }
         self.life.bump();
         Ok(())
-    }
-
-    /// Deletes a slot staged for a job that left before showing it.
-    pub(in crate::daemon) async fn drop_slot(&self, slot: &str) {
-        self.store.drop_slot(slot).await;
     }
 
     /// Drops the jobs silent for longer than `share.idle_secs`; run by the monitor.

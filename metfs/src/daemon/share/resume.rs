@@ -10,7 +10,7 @@ use crate::daemon::setup::{build_policy, learned_replay, start_recording};
 use crate::daemon::share::join::subset_samples;
 use crate::daemon::share::state::{SavedJob, SavedShare, SHARE_STATE_VERSION};
 use crate::daemon::share::{dataset_key, JobMeta, Shared};
-use crate::daemon::Daemon;
+use crate::daemon::{Daemon, Store};
 use metfs_fs::view::View;
 use metfs_prefetcher::stager::SlotSpec;
 use metfs_protocol::event::Event;
@@ -31,47 +31,6 @@ pub(in crate::daemon) fn not_resumed(j: &SavedJob, reason: impl ToString) -> Not
 }
 
 impl Daemon {
-    /// Every job's place now, for the save file: taken under the sessions' lock, so that
-    /// each job's position, policy and cohort place are of one moment. Jobs still waiting
-    /// for their first view are left out (a restart has nothing of theirs to keep).
-    fn share_snapshot(&self, sh: &Shared, ss: &Sessions) -> SavedShare {
-        let cohort = sh.cohort.lock().unwrap();
-        let jobs = sh.jobs.lock().unwrap();
-        let saved = ss
-            .values()
-            .filter(|s| s.schedule().drawn().is_some_and(Drawn::shown))
-            .filter_map(|s| {
-                let meta = jobs.get(s.name())?;
-                let place = cohort.saved(s.name())?;
-                place.current.as_ref()?;
-                Some(SavedJob {
-                    name: s.name().to_string(),
-                    token: meta.token.clone(),
-                    subset: meta.subset.clone(),
-                    rf_policy: meta.rf_policy,
-                    rf: meta.rf,
-                    dataset: meta.dataset.clone(),
-                    epoch: s.epoch(),
-                    mini_epoch: s.mini_epoch(),
-                    sequence: s.sequence(),
-                    generation: s.generation(),
-                    passes: s.passes(),
-                    run: s.history().map(|h| h.run),
-                    policy: s.policy().state(),
-                    slots: s.schedule().drawn().map(|d| d.slots().to_string()),
-                    cohort: place,
-                })
-            })
-            .collect();
-        SavedShare {
-            version: SHARE_STATE_VERSION,
-            settings: sh.settings.clone(),
-            generation: sh.generation.load(Ordering::SeqCst),
-            restarts: sh.restarts,
-            jobs: saved,
-        }
-    }
-
     /// Writes the save file (`share.json`) of a shared mount. Blocking (the caller is a
     /// blocking thread or the shutdown).
     pub(in crate::daemon) fn write_share(&self) {
@@ -96,7 +55,7 @@ impl Daemon {
     /// As [`Daemon::write_share`], with `persisting` held by the caller.
     pub(in crate::daemon) fn write_share_locked(&self) {
         let Some(sh) = self.mode.shared() else { return };
-        let saved = self.share_snapshot(sh, &self.sessions.lock().unwrap());
+        let saved = sh.snapshot(&self.sessions.lock().unwrap());
         if let Err(e) = write_share_state(&self.paths.share, &saved) {
             tracing::error!(error = %e, path = %self.paths.share.display(), "cannot save the jobs' places");
         }
@@ -212,7 +171,7 @@ impl Daemon {
             .rejoin(name, &dataset, sh.view_bytes, j.cohort.clone())
             .map_err(|e| e.to_string())?;
         let cur = j.cohort.current.clone().expect("checked when read");
-        let (view, fetched) = self.restage_kept(j, &cur.samples).await?;
+        let (view, fetched) = restage_kept(&self.store, j, &cur.samples).await?;
         let history = sh.history.as_ref().map(|store| History {
             store: store.clone(),
             run: start_recording(
@@ -271,41 +230,83 @@ impl Daemon {
         );
         Ok(fetched)
     }
+}
 
-    /// Job `j`'s kept slot, checked as a plain mount's resume checks its slot (the journal's
-    /// copies, unread if the slot's seal holds; only what is missing or damaged fetched
-    /// again), and its view at the saved generation; returns the view and the samples fetched.
-    async fn restage_kept(
-        &self,
-        j: &SavedJob,
-        samples: &[u32],
-    ) -> Result<(Arc<View>, u64), String> {
-        let slot = j.slot();
-        let spec = SlotSpec {
-            name: slot.clone(),
-            samples: samples.to_vec(),
-            reuse_from: Vec::new(),
-            // A shared mount's views follow its cohort's plan: nothing is carried.
-            defer: false,
-        };
-        let report = self
-            .store
-            .stage(&spec, Arc::default())
-            .await
-            .map_err(|e| format!("its kept slot {slot}: {e}"))?;
-        let catalog = &self.store.catalog;
-        self.store.note_failed(
-            report
-                .failed
-                .iter()
-                .map(|(id, why)| (catalog.path(*id), why.clone())),
-        );
-        let target = (j.epoch, j.mini_epoch);
-        let view = Arc::new(
-            self.store
-                .view_for(samples, target, j.generation, &slot)
-                .nested(),
-        );
-        Ok((view, report.fetched as u64))
+impl Shared {
+    /// Every job's place now, for the save file: taken under the sessions' lock, so that
+    /// each job's position, policy and cohort place are of one moment. Jobs still waiting
+    /// for their first view are left out (a restart has nothing of theirs to keep).
+    pub(super) fn snapshot(&self, ss: &Sessions) -> SavedShare {
+        let cohort = self.cohort.lock().unwrap();
+        let jobs = self.jobs.lock().unwrap();
+        let saved = ss
+            .values()
+            .filter(|s| s.schedule().drawn().is_some_and(Drawn::shown))
+            .filter_map(|s| {
+                let meta = jobs.get(s.name())?;
+                let place = cohort.saved(s.name())?;
+                place.current.as_ref()?;
+                Some(SavedJob {
+                    name: s.name().to_string(),
+                    token: meta.token.clone(),
+                    subset: meta.subset.clone(),
+                    rf_policy: meta.rf_policy,
+                    rf: meta.rf,
+                    dataset: meta.dataset.clone(),
+                    epoch: s.epoch(),
+                    mini_epoch: s.mini_epoch(),
+                    sequence: s.sequence(),
+                    generation: s.generation(),
+                    passes: s.passes(),
+                    run: s.history().map(|h| h.run),
+                    policy: s.policy().state(),
+                    slots: s.schedule().drawn().map(|d| d.slots().to_string()),
+                    cohort: place,
+                })
+            })
+            .collect();
+        SavedShare {
+            version: SHARE_STATE_VERSION,
+            settings: self.settings.clone(),
+            generation: self.generation.load(Ordering::SeqCst),
+            restarts: self.restarts,
+            jobs: saved,
+        }
     }
+}
+
+/// Job `j`'s kept slot, checked as a plain mount's resume checks its slot (the journal's
+/// copies, unread if the slot's seal holds; only what is missing or damaged fetched
+/// again), and its view at the saved generation; returns the view and the samples fetched.
+async fn restage_kept(
+    store: &Store,
+    j: &SavedJob,
+    samples: &[u32],
+) -> Result<(Arc<View>, u64), String> {
+    let slot = j.slot();
+    let spec = SlotSpec {
+        name: slot.clone(),
+        samples: samples.to_vec(),
+        reuse_from: Vec::new(),
+        // A shared mount's views follow its cohort's plan: nothing is carried.
+        defer: false,
+    };
+    let report = store
+        .stage(&spec, Arc::default())
+        .await
+        .map_err(|e| format!("its kept slot {slot}: {e}"))?;
+    let catalog = &store.catalog;
+    store.note_failed(
+        report
+            .failed
+            .iter()
+            .map(|(id, why)| (catalog.path(*id), why.clone())),
+    );
+    let target = (j.epoch, j.mini_epoch);
+    let view = Arc::new(
+        store
+            .view_for(samples, target, j.generation, &slot)
+            .nested(),
+    );
+    Ok((view, report.fetched as u64))
 }
