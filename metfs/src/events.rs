@@ -22,6 +22,7 @@
 //!
 //! Invariant: lines reach the file in the order of their `emit` calls.
 
+use metfs_fs::lock_order::{Level, OrderedMutex};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -49,10 +50,10 @@ type Line = (u64, Vec<u8>);
 pub struct EventLog {
     path: PathBuf,
     /// The writer's queue and the number of lines sent into it; `None` once closed.
-    queue: Mutex<Option<(SyncSender<Line>, u64)>>,
+    queue: OrderedMutex<Option<(SyncSender<Line>, u64)>>,
     shared: Arc<Progress>,
     /// Signalled by the writer thread when it has written everything and ended.
-    done: Mutex<Option<Receiver<()>>>,
+    done: OrderedMutex<Option<Receiver<()>>>,
 }
 
 /// What the writer has done, shared with emitters.
@@ -133,9 +134,9 @@ impl EventLog {
         };
         Self {
             path,
-            queue: Mutex::new(queue),
+            queue: OrderedMutex::new(Level::EventQueue, queue),
             shared,
-            done: Mutex::new(Some(done_rx)),
+            done: OrderedMutex::new(Level::EventDone, Some(done_rx)),
         }
     }
 

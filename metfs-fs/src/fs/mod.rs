@@ -49,7 +49,9 @@
 //! `reply_gate` → `root_listings` → `views` → `handles` → the backing-id cache's turn of a
 //! key (held while an id is registered) → `live_backing` → the caches' own locks (`cache`) →
 //! `drained`. metfs's daemon takes the core's locks under its own, in the order its `daemon`
-//! module documents.
+//! module documents. Each named lock is an ordered lock at its `lock_order::Level`, so a debug
+//! build panics at the first one taken out of this order; the cache's turns and shards are
+//! generic over their keys and stay outside the check.
 
 mod cache;
 mod dir;
@@ -63,11 +65,12 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::fs::File;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use thiserror::Error;
 
+use crate::lock_order::{Level, OrderedMutex, OrderedRwLock};
 use crate::view::{Miss, NodeKind, View, ROOT_INO};
 use cache::BoundedCache;
 pub use lease::ViewLease;
@@ -216,13 +219,13 @@ pub struct FsSettings {
 
 /// The filesystem core. See the module docs.
 pub struct FsCore {
-    views: RwLock<Views>,
+    views: OrderedRwLock<Views>,
     /// Held shared while an entry is resolved and replied, exclusively while the view switches.
-    reply_gate: RwLock<()>,
-    handles: Mutex<HashMap<u64, Handle>>,
+    reply_gate: OrderedRwLock<()>,
+    handles: OrderedMutex<HashMap<u64, Handle>>,
     /// On a shared mount: listings of the root, by handle (the jobs and their views when the
     /// listing was opened).
-    root_listings: Mutex<HashMap<u64, JobViews>>,
+    root_listings: OrderedMutex<HashMap<u64, JobViews>>,
     next_fh: AtomicU64,
     /// Open backing files by (generation, node).
     files: BoundedCache<(u64, u32), Arc<File>>,
@@ -231,8 +234,8 @@ pub struct FsCore {
     backing: BoundedCache<(u64, u32), Pinned>,
     /// Every backing id registered and not yet dropped (held by the cache or a handle), so an
     /// id evicted from the cache while open is reused, never registered twice.
-    live_backing: Mutex<HashMap<(u64, u32), std::sync::Weak<dyn Any + Send + Sync>>>,
-    drained: Mutex<Option<tokio::sync::mpsc::UnboundedSender<u64>>>,
+    live_backing: OrderedMutex<HashMap<(u64, u32), std::sync::Weak<dyn Any + Send + Sync>>>,
+    drained: OrderedMutex<Option<tokio::sync::mpsc::UnboundedSender<u64>>>,
     /// Bytes the daemon read for the kernel (pread path, cached-path misses).
     pub bytes_read: AtomicU64,
     /// Of `bytes_read`, those answered by splice from the slot file (see `fuse`).
@@ -294,20 +297,23 @@ impl FsCore {
         let max_open_files = settings.max_open_files.min(fd_share);
         let max_backing_ids = settings.max_backing_ids;
         Self {
-            views: RwLock::new(Views {
-                current: initial,
-                jobs: None,
-                retained: HashMap::new(),
-            }),
-            root_listings: Mutex::new(HashMap::new()),
-            reply_gate: RwLock::new(()),
-            handles: Mutex::new(HashMap::new()),
+            views: OrderedRwLock::new(
+                Level::Views,
+                Views {
+                    current: initial,
+                    jobs: None,
+                    retained: HashMap::new(),
+                },
+            ),
+            root_listings: OrderedMutex::new(Level::RootListings, HashMap::new()),
+            reply_gate: OrderedRwLock::new(Level::ReplyGate, ()),
+            handles: OrderedMutex::new(Level::Handles, HashMap::new()),
             next_fh: AtomicU64::new(1),
             files: BoundedCache::new(max_open_files),
             backing: BoundedCache::new(max_backing_ids),
-            live_backing: Mutex::new(HashMap::new()),
+            live_backing: OrderedMutex::new(Level::LiveBacking, HashMap::new()),
             settings,
-            drained: Mutex::new(None),
+            drained: OrderedMutex::new(Level::Drained, None),
             bytes_read: AtomicU64::new(0),
             bytes_spliced: AtomicU64::new(0),
             opens: AtomicU64::new(0),
@@ -359,7 +365,7 @@ impl FsCore {
 
     /// Hold this from resolving a lookup (or a READDIRPLUS batch) until its reply is sent, so
     /// that no entry of a view is delivered as current after the view was switched away.
-    pub fn reply_gate(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+    pub fn reply_gate(&self) -> crate::lock_order::OrderedReadGuard<'_, ()> {
         self.reply_gate.read().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -78,9 +78,13 @@
 //! # Lock order
 //!
 //! Every lock the daemon takes, outermost first. A lock may only be taken while holding locks
-//! earlier in this list (or none), never while holding a later one. Items 2 to 11 are
-//! `metfs_fs::lock_order::OrderedMutex`es at their `Level`: a debug build (every test) panics at
-//! the first lock taken out of this order, naming both.
+//! earlier in this list (or none), never while holding a later one. Every item but 1, 16, 18,
+//! 23 to 26, 28 and 32 is a `metfs_fs::lock_order::OrderedMutex` or `OrderedRwLock` at its
+//! `Level`: a debug build (every test) panics at the first lock taken out of this order, naming
+//! both. Those left out are the two tokio mutexes held across awaits (1, 25), locks of crates
+//! below `metfs-fs` (23, 24, 26: `metfs-dds`, the stager, the pacer) or generic over their
+//! keys (16, 18: the `cache` module), the condition variable's mutex (28, which a `Condvar`
+//! needs bare) and the log writer (32, `tracing`'s).
 //!
 //! 1. `QueueFeed::worker` (tokio, `--dds`): the node's etcd worker; only the staging loop takes
 //!    it (`serve_queue`), across its round trips.
@@ -118,8 +122,8 @@
 //! 27. `EventLog::queue`: the event log's queue to its writer.
 //! 28. The event log's `written` (with the condition variable `wrote`): lines written so far.
 //! 29. `EventLog::done`: the writer's end, taken at close.
-//! 30. `Daemon::kernel`: the kernel's caches, once mounted.
-//! 31. `Daemon::mountpoint`: the mountpoint.
+//! 30. `Surface::kernel`: the kernel's caches, once mounted.
+//! 31. `Surface::mountpoint`: the mountpoint.
 //! 32. The log file's writer (`crate::logging`): every `tracing` line takes it, under whatever
 //!     locks its caller holds.
 //!

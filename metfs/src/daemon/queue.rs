@@ -24,10 +24,10 @@ use std::sync::atomic::AtomicBool;
 use crate::daemon::session::DEFAULT_SESSION;
 use crate::daemon::Daemon;
 use metfs_dds::{Batch, Claim, DdsError, ShardDone, Worker};
+use metfs_fs::lock_order::{Level, OrderedMutex};
 use metfs_plan::size::format_bytes;
 use metfs_protocol::reply::DdsStatus;
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A daemon's worker on its queue, and what the staging loop has still to send.
@@ -37,14 +37,14 @@ pub(super) struct QueueFeed {
     pub(super) shard_done: ShardDone,
     worker: tokio::sync::Mutex<Worker>,
     /// Batches to mark DONE, oldest first.
-    pending_done: Mutex<Vec<Batch>>,
+    pending_done: OrderedMutex<Vec<Batch>>,
     /// Every shard of every epoch is DONE: nothing more to claim.
     finished: AtomicBool,
     /// What `status` shows, refreshed after each round of [`Daemon::serve_queue`].
-    snapshot: Mutex<DdsStatus>,
+    snapshot: OrderedMutex<DdsStatus>,
     /// After a failed round trip, etcd is not asked again before this (the staging loop also
     /// wakes for every `pass_end`).
-    retry_at: Mutex<Option<Instant>>,
+    retry_at: OrderedMutex<Option<Instant>>,
 }
 
 impl QueueFeed {
@@ -53,10 +53,10 @@ impl QueueFeed {
             url,
             shard_done,
             worker: tokio::sync::Mutex::new(worker),
-            pending_done: Mutex::default(),
+            pending_done: OrderedMutex::new(Level::PendingDone, Vec::new()),
             finished: AtomicBool::new(false),
-            snapshot: Mutex::default(),
-            retry_at: Mutex::default(),
+            snapshot: OrderedMutex::new(Level::QueueSnapshot, DdsStatus::default()),
+            retry_at: OrderedMutex::new(Level::RetryAt, None),
         };
         if let Ok(w) = feed.worker.try_lock() {
             feed.refresh(&w);

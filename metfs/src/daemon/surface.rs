@@ -15,10 +15,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use metfs_fs::fs::FsCore;
+use metfs_fs::lock_order::{Level, OrderedMutex};
 use metfs_fs::view::View;
 use metfs_protocol::{Draining, FilesForm, FilesView, Hello};
 
@@ -33,8 +34,8 @@ pub struct Surface {
     /// The read path in use: `read_path` until the kernel refuses it, then `pread`.
     active: Arc<ActiveReadPath>,
     /// The kernel's caches of the mount, once mounted.
-    kernel: Mutex<Option<Arc<dyn KernelCache>>>,
-    mountpoint: Mutex<PathBuf>,
+    kernel: OrderedMutex<Option<Arc<dyn KernelCache>>>,
+    mountpoint: OrderedMutex<PathBuf>,
     /// Entries listed through the mount for the kernel (`prime.rs`).
     primed: AtomicU64,
     /// The last generation whose listing for the kernel finished (0: none yet).
@@ -48,8 +49,8 @@ impl Surface {
             fs,
             read_path,
             active: Arc::new(ActiveReadPath::new(read_path)),
-            kernel: Mutex::new(None),
-            mountpoint: Mutex::new(PathBuf::new()),
+            kernel: OrderedMutex::new(Level::Kernel, None),
+            mountpoint: OrderedMutex::new(Level::Mountpoint, PathBuf::new()),
             primed: AtomicU64::new(0),
             primed_generation: AtomicU64::new(0),
         }
