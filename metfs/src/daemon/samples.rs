@@ -115,8 +115,8 @@ pub enum SamplesError {
     },
     /// A format's index file to read without a source to read it from (`metfs dds init`
     /// with a manifest alone).
-    #[error("{file}: the {format} format's index files are read from the source; give --source too, or --format files")]
-    NoSource { file: String, format: String },
+    #[error("{file}: a dataset format's index file, read from the source to know the format's samples; give --source too, or --format files")]
+    NoSource { file: String },
     /// Files in every view that leave no room in a slot.
     #[error("always: the files in every view ({files}) take {bytes}, more than a slot of budget {budget} holds with room for a sample ({slot} per slot)")]
     AlwaysTooLarge {
@@ -232,11 +232,7 @@ pub(super) async fn detect(
     for file in metfs_formats::wanted(&paths) {
         let id = catalog.find(&file).expect("wanted names listed files");
         let Some(tier) = tier else {
-            let format = want.or_else(|| metfs_formats::guess(&paths));
-            return Err(SamplesError::NoSource {
-                file,
-                format: format.map_or("detected".into(), |f| f.name().to_string()),
-            });
+            return Err(SamplesError::NoSource { file });
         };
         indexes.insert(file.clone(), read_small(catalog, id, tier, tmp).await?);
     }
@@ -674,3 +670,6 @@ pub fn queue_samples(
     };
     (owned, record)
 }
+
+#[cfg(test)]
+mod tests;
