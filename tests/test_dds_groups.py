@@ -90,7 +90,9 @@ class ViewReader(threading.Thread):
                 self.error = e
 
 
-def group_mounts(mounts: Any, src: Path, etcd: Etcd, prefix: str, n: int) -> list[Mount]:
+def group_mounts(
+    mounts: Any, src: Path, etcd: Etcd, prefix: str, n: int, **settings: Any
+) -> list[Mount]:
     return [
         mounts(
             src,
@@ -107,6 +109,7 @@ def group_mounts(mounts: Any, src: Path, etcd: Etcd, prefix: str, n: int) -> lis
             "2",
             name=f"n{i}",
             **GROUPS,
+            **settings,
         )
         for i in range(n)
     ]
@@ -197,3 +200,47 @@ def test_init_refuses_a_group_by_that_groups_nothing(
     assert "group_by 'img/{}.png,msk/{}.png' groups no two files" in r.stderr, r.stderr
     r = run(metfs, "dds", "status", etcd.url("bad"), ok=False)
     assert "no queue at" in r.stderr, "nothing made"
+
+
+def test_a_pair_whose_mask_cannot_be_staged_is_left_out_whole(
+    mounts: Any, etcd: Etcd, tmp_path: Path, metfs: str
+) -> None:
+    """The manifest (of `metfs dds init` and the mount alike) gives one mask a size the source
+    does not have: its staging fails, and the pair is in no view while every other pair is
+    read once."""
+    src = tmp_path / "seg"
+    digests = make_pairs(src)
+    del digests["images/stray.png"]
+    (src / "images/stray.png").unlink()
+    manifest = tmp_path / "manifest.csv"
+    rows = ["path,size"]
+    for rel in sorted(digests):
+        size = (src / rel).stat().st_size
+        rows.append(f"{rel},{size + 1 if rel == 'masks/007.png' else size}")
+    manifest.write_text("\n".join(rows) + "\n")
+    url = etcd.url("bad-mask")
+    init(
+        metfs,
+        url,
+        src,
+        "--manifest",
+        str(manifest),
+        "--group-by",
+        TEMPLATE,
+        "--always",
+        "classes.txt",
+    )
+    [m] = group_mounts(mounts, src, etcd, "bad-mask", 1, manifest=manifest)
+    m.mount()
+    reader = ViewReader(m)
+    reader.start()
+    wait_epoch_done(etcd, "bad-mask", 0, 120)
+    reader.stop.set()
+    reader.join(timeout=30)
+    assert reader.error is None, reader.error
+    assert not any("007.png" in f for files in reader.views for f in files), "pair 7 shown"
+    read = sorted(p for e, p, _ in reader.reads if e == 0 and p != "classes.txt")
+    want = sorted(p for p in digests if p != "classes.txt" and "007.png" not in p)
+    assert read == want, (len(read), len(want))
+    failed = {f["path"]: f["reason"] for f in m.status()["failed_samples"]}
+    assert "masks/007.png" in failed, failed
