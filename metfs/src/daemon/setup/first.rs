@@ -63,20 +63,13 @@ impl Daemon {
         } = f;
         let Planned {
             budget,
-            footprints,
+            footprints: _,
             plan_cfg,
             nm,
             aggregate,
             samples,
         } = planned;
-        let queue = join_queue(
-            &cfg,
-            &store,
-            &footprints,
-            samples.as_deref(),
-            plan_cfg.slot_bytes,
-        )
-        .await?;
+        let queue = join_queue(&cfg, &store, samples.as_deref(), plan_cfg.slot_bytes).await?;
         let start = start_of(saved.as_ref(), queue.as_ref().map(|(_, b)| b));
         let cur = (start.epoch, start.mini_epoch);
         remove_stale_slots(&store, saved.is_some(), cur, successor(cur, nm))?;
@@ -348,7 +341,6 @@ async fn stage_first(
 pub(super) async fn join_queue(
     cfg: &MountConfig,
     store: &Store,
-    footprints: &[u64],
     samples: Option<&Samples>,
     dealt: u64,
 ) -> Result<Option<(QueueFeed, metfs_dds::Batch)>, DaemonError> {
@@ -356,7 +348,7 @@ pub(super) async fn join_queue(
         return Ok(None);
     };
     let q = metfs_dds::Queue::connect(url, &dds.etcd_options()).await?;
-    let (owned, record) = queue_samples(&cfg.samples, &store.catalog, footprints, samples);
+    let (owned, record) = queue_samples(&cfg.samples, &store.catalog, &store.footprints, samples);
     let meta = metfs_dds::dataset::queue_meta(
         &store.catalog,
         &owned,
