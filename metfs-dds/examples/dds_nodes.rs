@@ -486,6 +486,7 @@ async fn main() {
         } else {
             a.stripes
         },
+        sample_settings: None,
     };
     let slot = SHARDS_PER_SLOT as u64 * meta.shard_bytes;
     let q = Queue::connect(&url, &opts)

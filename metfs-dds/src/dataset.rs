@@ -1,6 +1,11 @@
 //! What a queue is made for, from a catalog: the dataset fingerprint every node computes alike,
 //! the samples shards are cut from (cache footprints, so a batch of shards fits a slot), and
 //! the queue record with its shard count.
+//!
+//! A sample here is whatever the caller deals: a file, or a sample group of several files
+//! (the mount's `samples` module builds those, with each group's footprint the sum of its
+//! files'). The record then names the sample settings, so that every node deals the same
+//! samples.
 
 use metfs_plan::digest::{catalog_digest, CatalogDigest};
 use metfs_plan::planner::{shard_count, Strategy};
@@ -33,10 +38,12 @@ pub fn samples(cat: &Catalog, footprints: Vec<u64>) -> OwnedSamples {
 pub const SHARDS_PER_SLOT: u32 = 4;
 
 /// The record of a new queue for this dataset: shards of at most `slot_bytes /
-/// shards_per_slot` (or the largest sample, if larger).
+/// shards_per_slot` (or the largest sample, if larger), of `samples` (one entry per sample,
+/// a file or a group) cut under `sample_settings` (`None`: every file is a sample).
 pub fn queue_meta(
     cat: &Catalog,
     samples: &OwnedSamples,
+    sample_settings: Option<String>,
     strategy: Strategy,
     seed: u64,
     slot_bytes: u64,
@@ -52,7 +59,8 @@ pub fn queue_meta(
         strategy,
         shards,
         shard_bytes,
-        samples: cat.len() as u64,
+        samples: samples.sizes.len() as u64,
         stripes: crate::keys::default_stripes(shards),
+        sample_settings,
     })
 }

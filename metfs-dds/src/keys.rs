@@ -2,7 +2,8 @@
 //! etcd's byte order is numeric order (the oldest epoch and the head of the tail sort first).
 //!
 //! ```text
-//! PREFIX/meta                      QueueMeta: dataset fingerprint, seed, strategy, shard count
+//! PREFIX/meta                      QueueMeta: dataset fingerprint, seed, strategy, shard count,
+//!                                  sample settings
 //! PREFIX/inc/NODE                  last incarnation of NODE (kept)
 //! PREFIX/workers/NODE              Holder of the live incarnation, under its lease
 //! PREFIX/stats/NODE                NodeStats (kept)
@@ -36,7 +37,7 @@ use metfs_plan::planner::Strategy;
 /// `held/` index.
 pub const LAYOUT_VERSION: u32 = 2;
 
-/// What a queue was made for; a mount of another dataset or seed is refused.
+/// What a queue was made for; a mount of another dataset, seed or sample settings is refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueMeta {
     pub version: u32,
@@ -48,11 +49,17 @@ pub struct QueueMeta {
     pub shards: u32,
     /// Most bytes in one shard.
     pub shard_bytes: u64,
-    /// Samples in the dataset.
+    /// Samples in the dataset (sample groups where files are grouped).
     pub samples: u64,
     /// Stripes the never-claimed shards of an epoch are dealt into, each with its own cursor
     /// (see the module doc); 1 to [`MAX_STRIPES`].
     pub stripes: u32,
+    /// The sample settings the shards were cut under, as the mount describes them (format,
+    /// `group_by`, the manifest's group column, `always`, `include`, `exclude`): a mount of
+    /// other settings deals other samples and is refused. `None`: every file of the source is
+    /// a sample, as in every queue made before sample groups (whose record has no such key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_settings: Option<String>,
 }
 
 impl QueueMeta {

@@ -33,8 +33,10 @@
 //!
 //! Only in etcd ([`keys`] has the layout): etcd persists it, so the queue survives the death
 //! of any metfs process, and a restart of etcd on its data directory keeps it. A queue records
-//! the dataset fingerprint, seed, strategy and shard count it was made for and refuses a
-//! worker of another dataset or seed, naming both.
+//! the dataset fingerprint, seed, strategy, shard count and sample settings it was made for
+//! and refuses a worker of another dataset, seed or sample settings, naming both. A sample is
+//! a file or a sample group (an image and its mask): the queue deals sample ids, and the mount
+//! turns them into files.
 //!
 //! # Modules
 //!
@@ -87,6 +89,14 @@ pub enum DdsError {
     /// The queue was made for another dataset, seed or composition.
     #[error("the queue at {url} was made for {queue}, but this node has {ours}; use another prefix, or `metfs dds reset {url}` to start over")]
     Mismatch {
+        url: String,
+        queue: String,
+        ours: String,
+    },
+    /// The queue deals other samples than this node would: it was made under other sample
+    /// settings (`group_by`, `always`, `include`, `exclude`, the format).
+    #[error("the queue at {url} was made with {queue}, but this node has {ours}; mount with the queue's sample settings, use another prefix, or `metfs dds reset {url}` to start over")]
+    SamplesMismatch {
         url: String,
         queue: String,
         ours: String,

@@ -63,9 +63,48 @@ fn entry(epochs: &mut BTreeMap<u64, EpochStatus>, epoch: u64) -> &mut EpochStatu
 
 pub(super) fn describe(m: &QueueMeta) -> String {
     format!(
-        "dataset {} with seed {} ({}, {} shards of at most {} bytes, queue layout {})",
-        m.fingerprint, m.seed, m.strategy, m.shards, m.shard_bytes, m.version
+        "dataset {} with seed {} ({}, {} shards of at most {} bytes, queue layout {}; {})",
+        m.fingerprint,
+        m.seed,
+        m.strategy,
+        m.shards,
+        m.shard_bytes,
+        m.version,
+        describe_samples(m)
     )
+}
+
+/// The samples a queue deals, for messages.
+pub(super) fn describe_samples(m: &QueueMeta) -> String {
+    match &m.sample_settings {
+        Some(s) => format!("samples by {s}"),
+        None => "every file a sample".to_string(),
+    }
+}
+
+/// [`Queue::check`] for the queue at `url`: its sample settings first (a mount of other
+/// settings has another catalog or sample count too, and the settings are what to fix).
+fn refuse_other(url: &str, stored: &QueueMeta, ours: &QueueMeta) -> Result<(), DdsError> {
+    if stored.sample_settings != ours.sample_settings {
+        return Err(DdsError::SamplesMismatch {
+            url: url.to_string(),
+            queue: describe_samples(stored),
+            ours: describe_samples(ours),
+        });
+    }
+    if stored.fingerprint != ours.fingerprint
+        || stored.seed != ours.seed
+        || stored.strategy != ours.strategy
+        || stored.samples != ours.samples
+        || stored.version != ours.version
+    {
+        return Err(DdsError::Mismatch {
+            url: url.to_string(),
+            queue: describe(stored),
+            ours: describe(ours),
+        });
+    }
+    Ok(())
 }
 
 pub(super) fn parse<T: serde::de::DeserializeOwned>(key: &[u8], v: &[u8]) -> Result<T, DdsError> {
@@ -137,21 +176,10 @@ impl Queue {
         Ok((stored, false))
     }
 
-    /// Refuses a queue made for another dataset, seed or composition, naming both.
+    /// Refuses a queue made for other sample settings, or another dataset, seed or
+    /// composition, naming both.
     pub fn check(&self, stored: &QueueMeta, ours: &QueueMeta) -> Result<(), DdsError> {
-        if stored.fingerprint != ours.fingerprint
-            || stored.seed != ours.seed
-            || stored.strategy != ours.strategy
-            || stored.samples != ours.samples
-            || stored.version != ours.version
-        {
-            return Err(DdsError::Mismatch {
-                url: self.url.to_string(),
-                queue: describe(stored),
-                ours: describe(ours),
-            });
-        }
-        Ok(())
+        refuse_other(&self.url.to_string(), stored, ours)
     }
 
     async fn range(
@@ -293,5 +321,76 @@ impl Queue {
             .await
             .map_err(etcd("deletion of the queue"))?;
         Ok(r.deleted())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metfs_plan::planner::Strategy;
+
+    fn meta(sample_settings: Option<&str>) -> QueueMeta {
+        QueueMeta {
+            version: crate::keys::LAYOUT_VERSION,
+            fingerprint: "240:1000:00ff".into(),
+            seed: 3,
+            strategy: Strategy::Random,
+            shards: 12,
+            shard_bytes: 1 << 20,
+            samples: 120,
+            stripes: 1,
+            sample_settings: sample_settings.map(str::to_string),
+        }
+    }
+
+    /// A mount whose sample settings differ from the queue's is refused naming both, whether
+    /// the queue has settings and the mount none or the other way round.
+    #[test]
+    fn other_sample_settings_are_refused_naming_both() {
+        let url = "etcd://127.0.0.1:2379/q";
+        let grouped = meta(Some("group_by 'images/{}.png,masks/{}.png'"));
+        let e = refuse_other(url, &grouped, &meta(None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("made with samples by group_by 'images/{}.png,masks/{}.png'")
+                && e.contains("this node has every file a sample")
+                && e.contains(url),
+            "{e}"
+        );
+        let e = refuse_other(url, &meta(None), &meta(Some("group_by 'stem'")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("made with every file a sample") && e.contains("group_by 'stem'"),
+            "{e}"
+        );
+        refuse_other(url, &grouped, &grouped.clone()).unwrap();
+        // Another dataset under the same settings is the dataset refusal, naming the samples.
+        let other = QueueMeta {
+            fingerprint: "9:9:9".into(),
+            ..grouped.clone()
+        };
+        let e = refuse_other(url, &grouped, &other).unwrap_err().to_string();
+        assert!(
+            e.contains("was made for dataset 240:1000:00ff") && e.contains("samples by group_by"),
+            "{e}"
+        );
+    }
+
+    /// A queue record written before sample settings existed has none: every file a sample.
+    #[test]
+    fn a_record_without_sample_settings_deals_files() {
+        let mut old = serde_json::to_value(meta(None)).unwrap();
+        assert!(
+            old.get("sample_settings").is_none(),
+            "not written when none"
+        );
+        old.as_object_mut().unwrap().remove("sample_settings");
+        let m: QueueMeta = serde_json::from_value(old).unwrap();
+        assert_eq!(m, meta(None));
+        let grouped = serde_json::to_string(&meta(Some("group_by 'stem'"))).unwrap();
+        let back: QueueMeta = serde_json::from_str(&grouped).unwrap();
+        assert_eq!(back.sample_settings.as_deref(), Some("group_by 'stem'"));
     }
 }

@@ -202,6 +202,7 @@ fn meta(s: &OwnedSamples, shards: u32, seed: u64) -> QueueMeta {
         shard_bytes: 1 << 20,
         samples: s.sizes.len() as u64,
         stripes: 1,
+        sample_settings: None,
     }
 }
 

@@ -12,10 +12,10 @@
 //!
 //! * Every catalog file is a member of at most one sample, or an always file, or neither; a
 //!   sample has at least one file. [`SampleGroups::new`] refuses anything else.
-//! * A mini-epoch of the expanded plan holds every file of each of its samples and every
-//!   always file, in ascending file id (the order staging walks the source), and its `bytes`
-//!   are the footprints of those files: so a view that holds one file of a sample holds all of
-//!   them, and the budget sees what is staged.
+//! * A mini-epoch of the expanded plan (or of a queue's batch, [`SampleGroups::files`]) holds
+//!   every file of each of its samples and every always file, in ascending file id (the order
+//!   staging walks the source), and its `bytes` are the footprints of those files: so a view
+//!   that holds one file of a sample holds all of them, and the budget sees what is staged.
 //! * The mapping is the same on every node for the same catalog and settings (it is built from
 //!   the catalog's order alone).
 
@@ -169,18 +169,22 @@ impl SampleGroups {
         }
     }
 
+    /// The files of a mini-epoch of `samples`: every file of each and the always files,
+    /// ascending (a plan's mini-epoch, or a batch of shards claimed from a queue).
+    pub fn files(&self, samples: &[u32]) -> Vec<u32> {
+        let mut out: Vec<u32> = samples
+            .iter()
+            .flat_map(|&s| self.members(s).iter().copied())
+            .chain(self.always.iter().copied())
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// The plan of files of `plan`, a plan of samples: each mini-epoch's samples replaced by
     /// their files and the always files, its bytes by theirs (see the module docs).
     pub fn expand(&self, plan: EpochPlan, footprints: &[u64]) -> EpochPlan {
-        let files = |samples: &[u32]| -> Vec<u32> {
-            let mut out: Vec<u32> = samples
-                .iter()
-                .flat_map(|&s| self.members(s).iter().copied())
-                .chain(self.always.iter().copied())
-                .collect();
-            out.sort_unstable();
-            out
-        };
+        let files = |samples: &[u32]| self.files(samples);
         let bytes = |ids: &[u32]| ids.iter().map(|&i| footprints[i as usize]).sum::<u64>();
         let copied = files(&plan.copied)
             .into_iter()
@@ -306,6 +310,22 @@ mod tests {
         assert_eq!((kept, dropped), (vec![0, 1, 5], vec![1]));
         let (kept, dropped) = g.whole(&[0, 2, 3], &|_| false);
         assert_eq!((kept, dropped), (vec![2, 3], vec![0]));
+    }
+
+    /// A batch of samples (a queue's claim) is every file of each and the always files.
+    #[test]
+    fn files_of_samples_hold_every_member_and_the_always_files() {
+        let g = SampleGroups::new(
+            &[1; 7],
+            None,
+            None,
+            vec![vec![4, 0], vec![1, 5], vec![2]],
+            vec![6],
+        )
+        .unwrap();
+        assert_eq!(g.files(&[2, 0]), vec![0, 2, 4, 6]);
+        assert_eq!(g.files(&[1]), vec![1, 5, 6]);
+        assert_eq!(g.files(&[]), vec![6]);
     }
 
     proptest::proptest! {

@@ -228,6 +228,7 @@ async fn main() {
     let meta = dataset::queue_meta(
         &cat,
         &samples,
+        None,
         a.strategy,
         a.seed,
         a.slot,

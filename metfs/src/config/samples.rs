@@ -2,10 +2,14 @@
 //! resolved once into a [`SampleConfig`] (`metfs_formats` owns their meaning; the daemon's
 //! `samples` module applies them to a catalog).
 //!
-//! They shape the plan of a plain mount only: the other modes plan elsewhere too (`metfs dds
-//! init`, the aggregate exchange, a shared store's other jobs), which see every file as a
-//! sample, so a setting here with another mode, a transform or HDF5 container mode is refused
-//! at mount; with those, `format = auto` detects nothing.
+//! They shape the plan of a plain mount and the queue of a dynamic-sharding one (`--dds`):
+//! `metfs dds init` takes the same settings, resolved here by the same checks
+//! ([`SampleConfig::from_flags`]), and the queue records them ([`SampleConfig::record`]), so a
+//! mount whose samples differ from the queue's is refused naming both. An aggregate or shared
+//! mount plans elsewhere too (the exchange, a shared store's other jobs), seeing every file
+//! as a sample, and a transform or HDF5 container mode stages other things than files: a
+//! setting here with one of those is refused at mount, and with those `format = auto` detects
+//! nothing.
 
 use std::fmt;
 use std::str::FromStr;
@@ -16,8 +20,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::check::Check;
 use super::settings::MountSettings;
-use super::ConfigError;
 use super::Mode;
+use super::{ConfigError, Layers};
 
 /// How the dataset's format is chosen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -130,6 +134,50 @@ impl SampleConfig {
             list(&self.exclude)
         ))
     }
+
+    /// What a dynamic-sharding queue records of the samples it deals: the dataset's `format`
+    /// (the one detected or set), `group_by` or the manifest's group column (`manifest_groups`),
+    /// `always`, `include` and `exclude`, as one line a user can read in a refusal. `None`
+    /// when every file of the source is a sample, which is what a queue made before sample
+    /// groups means.
+    pub fn record(&self, format: Option<Format>, manifest_groups: bool) -> Option<String> {
+        let mut parts = Vec::new();
+        if let Some(f) = format {
+            parts.push(format!("format {}", f.name()));
+        }
+        if let Some(g) = &self.group_by {
+            parts.push(format!("group_by '{g}'"));
+        }
+        if manifest_groups {
+            parts.push("the manifest's group column".to_string());
+        }
+        for (key, p) in [
+            ("always", &self.always),
+            ("include", &self.include),
+            ("exclude", &self.exclude),
+        ] {
+            if !p.is_empty() {
+                parts.push(format!(
+                    "{key} '{}'",
+                    p.sources().collect::<Vec<_>>().join(",")
+                ));
+            }
+        }
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+
+    /// The sample settings of a command other than a mount (`metfs dds init`), given as the
+    /// mount's flags: `parsed` holds them (and a transform's command, refused beside them as a
+    /// mount refuses it), `given(id)` says which the command line had. Resolved by the
+    /// mount's own checks, so a bad value is the same error naming the same flag.
+    pub fn from_flags(
+        parsed: &MountSettings,
+        given: impl Fn(&str) -> bool,
+    ) -> Result<Self, ConfigError> {
+        let layers = Layers::new().flags(parsed, given)?;
+        let s = layers.settings()?;
+        resolve(&s, &Mode::Plain, &Check::new(&layers))
+    }
 }
 
 /// The settings of `s` resolved; an error names the setting.
@@ -159,7 +207,7 @@ pub(super) fn resolve(
         exclude: patterns("exclude", &s.exclude)?,
     };
     if cfg.is_set() {
-        let other = if !matches!(mode, Mode::Plain) {
+        let other = if !matches!(mode, Mode::Plain | Mode::Dds(_)) {
             Some(format!("a {} mount", mode.name()))
         } else if s.hdf5_container {
             Some("HDF5 container mode".to_string())
@@ -172,7 +220,7 @@ pub(super) fn resolve(
             let key = cfg.first_set_key();
             return Err(check.invalid(
                 key,
-                format!("not with {other}: sample groups, formats and file selection shape a plain mount's plan only"),
+                format!("not with {other}: sample groups, formats and file selection shape the plan of a plain or --dds mount only"),
             ));
         }
     }
@@ -214,5 +262,87 @@ mod tests {
         }
         let e = "parquet".parse::<FormatChoice>().unwrap_err();
         assert!(e.contains("unknown format 'parquet'"), "{e}");
+    }
+
+    fn mount(extra: &str) -> Result<crate::config::MountConfig, ConfigError> {
+        let text = format!("source = \"/data\"\ncache = \"/cache\"\nbudget = \"1GiB\"\n{extra}");
+        crate::config::MountConfig::from_toml(&text, "test.toml")
+    }
+
+    /// A dds mount takes the sample settings; aggregate and shared mounts still refuse them,
+    /// naming the setting and the mode.
+    #[test]
+    fn dds_mounts_take_sample_settings_and_aggregate_and_shared_refuse_them() {
+        let groups = "group_by = \"images/{}.png,masks/{}.png\"\nalways = [\"classes.txt\"]\n";
+        let c = mount(&format!(
+            "{groups}[dds]\nurl = \"etcd://127.0.0.1:2379/q\"\n"
+        ))
+        .unwrap();
+        assert!(c.mode.dds().is_some() && c.samples.group_by.is_some());
+        for (table, name) in [("aggregate", "aggregate"), ("share", "share")] {
+            let e = mount(&format!("{groups}[{table}]\nenabled = true\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("`group_by`") && e.contains(&format!("not with a {name} mount")),
+                "{e}"
+            );
+        }
+    }
+
+    /// `metfs dds init`'s flags resolve by the mount's checks: a bad value is the same error
+    /// naming the flag, and a transform is refused beside them.
+    #[test]
+    fn from_flags_resolves_as_a_mount_does() {
+        let given = |ids: &'static [&'static str]| move |id: &str| ids.contains(&id);
+        let parsed = MountSettings {
+            group_by: Some("images/{}.png,masks/{}.png".into()),
+            exclude: Some(vec![".DS_Store".into()]),
+            ..MountSettings::default()
+        };
+        let c = SampleConfig::from_flags(&parsed, given(&["group_by", "exclude"])).unwrap();
+        assert_eq!(
+            c.record(None, false).as_deref(),
+            Some("group_by 'images/{}.png,masks/{}.png', exclude '.DS_Store'")
+        );
+        let bad = MountSettings {
+            group_by: Some("images/{}.png".into()),
+            ..MountSettings::default()
+        };
+        let e = SampleConfig::from_flags(&bad, given(&["group_by"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--group-by") && e.contains("a template needs two parts"),
+            "{e}"
+        );
+        let mut transformed = parsed.clone();
+        transformed.transform.command = Some("prep".into());
+        let e = SampleConfig::from_flags(
+            &transformed,
+            given(&["group_by", "exclude", "transform.command"]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not with a transform"), "{e}");
+    }
+
+    /// The record names the samples' settings; none when every file is a sample.
+    #[test]
+    fn the_record_names_what_shapes_the_samples() {
+        assert_eq!(SampleConfig::default().record(None, false), None);
+        let files = SampleConfig {
+            format: FormatChoice::Files,
+            ..SampleConfig::default()
+        };
+        assert_eq!(files.record(None, false), None, "files are samples");
+        let c = SampleConfig {
+            always: Patterns::new("always", &["classes.txt", "*.json"]).unwrap(),
+            ..SampleConfig::default()
+        };
+        assert_eq!(
+            c.record(Some(Format::Mds), true).as_deref(),
+            Some("format mds, the manifest's group column, always 'classes.txt,*.json'")
+        );
     }
 }

@@ -15,6 +15,11 @@
 //!   only hand batches over ([`QueueFeed::mark_done`]), so no request waits for etcd.
 //! * **DONE.** With `after-pass` (the default) at the end of the view's first pass, with
 //!   `after-rf` when the view retires. A batch is handed over once ([`crate::daemon::schedule::QueueState::mark`]).
+//! * **Samples of several files.** Where files are grouped (`group_by`, a format's shards, the
+//!   manifest's group column) the queue deals groups; a claimed batch becomes the files of its
+//!   groups and the files in every view ([`files_of_batch`]) before the schedule sees it, so
+//!   a view holds whole groups (the store leaves out a group a file of which failed) and its
+//!   budget counts every file. Claims take at most a slot less the files in every view.
 //! * **etcd away.** The view keeps serving (bonus passes), DONE marks wait in order and are
 //!   sent again, claims are retried every two seconds, and `status` shows the worker's last
 //!   error until a round trip succeeds.
@@ -22,6 +27,7 @@
 use std::sync::atomic::AtomicBool;
 
 use crate::daemon::session::DEFAULT_SESSION;
+use crate::daemon::store::Store;
 use crate::daemon::Daemon;
 use metfs_dds::{Batch, Claim, DdsError, ShardDone, Worker};
 use metfs_fs::lock_order::{Level, OrderedMutex};
@@ -35,6 +41,8 @@ pub(super) struct QueueFeed {
     /// The queue's address, for `status`.
     pub(super) url: String,
     pub(super) shard_done: ShardDone,
+    /// Most bytes of samples one claim takes: a slot less the files in every view.
+    claim_bytes: u64,
     worker: tokio::sync::Mutex<Worker>,
     /// Batches to mark DONE, oldest first.
     pending_done: OrderedMutex<Vec<Batch>>,
@@ -48,10 +56,16 @@ pub(super) struct QueueFeed {
 }
 
 impl QueueFeed {
-    pub(super) fn new(url: String, shard_done: ShardDone, worker: Worker) -> Self {
+    pub(super) fn new(
+        url: String,
+        shard_done: ShardDone,
+        worker: Worker,
+        claim_bytes: u64,
+    ) -> Self {
         let feed = Self {
             url,
             shard_done,
+            claim_bytes,
             worker: tokio::sync::Mutex::new(worker),
             pending_done: OrderedMutex::new(Level::PendingDone, Vec::new()),
             finished: AtomicBool::new(false),
@@ -111,6 +125,19 @@ impl QueueFeed {
             }
         }
     }
+}
+
+/// `batch`, claimed from the queue, as the session's schedule holds it: where samples are
+/// groups, its `samples` (sample ids, as the queue deals them) become the files of those
+/// samples and the files in every view ([`metfs_plan::groups::SampleGroups::files`]), and its
+/// `bytes` their footprint. Its shards and their lengths (in samples) stay the queue's, for
+/// its DONE marks and the node's counts.
+pub(super) fn files_of_batch(store: &Store, mut batch: Batch) -> Batch {
+    if let Some(s) = &store.samples {
+        batch.samples = s.groups().files(&batch.samples);
+        batch.bytes = store.footprint(&batch.samples);
+    }
+    batch
 }
 
 /// Pause before the next try after etcd failed.
@@ -173,12 +200,14 @@ impl Daemon {
         if !wanted {
             return None;
         }
-        match w.claim(self.store.budget.slot_bytes).await {
+        match w.claim(feed.claim_bytes).await {
             Ok(Claim::Batch(b)) => {
+                let b = files_of_batch(&self.store, b);
                 tracing::info!(
                     epoch = b.epoch,
                     shards = b.shards.len(),
-                    samples = b.samples.len(),
+                    samples = b.lengths.iter().map(|&n| u64::from(n)).sum::<u64>(),
+                    files = b.samples.len(),
                     bytes = %format_bytes(b.bytes),
                     "dds: claimed the next mini-epoch"
                 );

@@ -22,10 +22,18 @@
 //!   rewritten index of exactly its shards ([`Samples::indexes`]), written into its slot when
 //!   the view is built, so a handle on an older view's index keeps reading that view's.
 //! * Every error names the setting or the file, at mount, before anything is staged.
+//! * A dynamic-sharding queue deals the same samples on every node and in `metfs dds init`:
+//!   both come here ([`apply`] is the mount's steps for a command without a mount), the
+//!   queue's samples are the groups ([`queue_samples`]: a group's footprint is the sum of its
+//!   files' [`metfs_plan::budget::footprint`]s) and its record names the settings, so a mount
+//!   of other settings is refused.
 
 use crate::config::{FormatChoice, MountConfig, SampleConfig};
+use metfs_dds::OwnedSamples;
 use metfs_formats::{Format, Layout};
+use metfs_plan::budget::{footprints, Staged};
 use metfs_plan::groups::{GroupError, SampleGroups};
+use metfs_plan::size::format_bytes;
 use metfs_tier::catalog::{Catalog, CatalogError};
 use metfs_tier::pacer::Pacer;
 use metfs_tier::{CapacityTier, SampleRef, TierError};
@@ -99,6 +107,45 @@ pub enum SamplesError {
     TwoGroupings(String),
     #[error(transparent)]
     Manifest(#[from] metfs_prefetcher::manifest::ManifestError),
+    /// A `group_by` under which no two files make one sample.
+    #[error("group_by '{group_by}' groups no two files of {source_url}: every file would be a sample of its own (are the template's paths relative to the source's root?)")]
+    GroupsNothing {
+        group_by: String,
+        source_url: String,
+    },
+    /// A format's index file to read without a source to read it from (`metfs dds init`
+    /// with a manifest alone).
+    #[error("{file}: a dataset format's index file, read from the source to know the format's samples; give --source too, or --format files")]
+    NoSource { file: String },
+    /// Files in every view that leave no room in a slot.
+    #[error("always: the files in every view ({files}) take {bytes}, more than a slot of budget {budget} holds with room for a sample ({slot} per slot)")]
+    AlwaysTooLarge {
+        files: String,
+        bytes: String,
+        budget: String,
+        slot: String,
+    },
+}
+
+/// What the sample settings are applied with: the settings, the manifest whose `group`
+/// column may group files, and the source (named in errors). A mount's come from its
+/// configuration ([`SampleSource::of`]); `metfs dds init` gives its own flags.
+#[derive(Clone, Copy)]
+pub struct SampleSource<'a> {
+    pub settings: &'a SampleConfig,
+    pub manifest: Option<&'a Path>,
+    pub source: &'a str,
+}
+
+impl<'a> SampleSource<'a> {
+    /// A mount's.
+    pub fn of(cfg: &'a MountConfig) -> Self {
+        Self {
+            settings: &cfg.samples,
+            manifest: cfg.manifest.as_deref(),
+            source: &cfg.source,
+        }
+    }
 }
 
 /// Every file's path, by catalog id: built at most once per catalog at mount, and handed on
@@ -109,10 +156,10 @@ fn all_paths(catalog: &Catalog) -> Vec<String> {
         .collect()
 }
 
-/// The catalog of the files `cfg.samples` makes part of the dataset: `catalog` itself when
+/// The catalog of the files `on.settings` makes part of the dataset: `catalog` itself when
 /// neither `include` nor `exclude` is set. A pattern that matches nothing is an error.
-pub(super) fn select(cfg: &MountConfig, catalog: Catalog) -> Result<Catalog, SamplesError> {
-    let s = &cfg.samples;
+pub(super) fn select(on: &SampleSource<'_>, catalog: Catalog) -> Result<Catalog, SamplesError> {
+    let s = on.settings;
     if s.include.is_empty() && s.exclude.is_empty() && s.always.is_empty() {
         return Ok(catalog);
     }
@@ -126,7 +173,7 @@ pub(super) fn select(cfg: &MountConfig, catalog: Catalog) -> Result<Catalog, Sam
             return Err(SamplesError::Unmatched {
                 setting,
                 pattern,
-                source_url: cfg.source.clone(),
+                source_url: on.source.to_string(),
             });
         }
     }
@@ -139,7 +186,7 @@ pub(super) fn select(cfg: &MountConfig, catalog: Catalog) -> Result<Catalog, Sam
     };
     let kept = catalog.subset(keep)?;
     if kept.is_empty() {
-        return Err(SamplesError::NothingLeft(cfg.source.clone()));
+        return Err(SamplesError::NothingLeft(on.source.to_string()));
     }
     tracing::info!(
         files = kept.len(),
@@ -157,11 +204,12 @@ pub(super) struct Detected {
     pub(super) paths: Option<Vec<String>>,
 }
 
-/// The format's layout of `catalog` (see [`Detected`]).
+/// The format's layout of `catalog` (see [`Detected`]), its index files read from `tier`
+/// (none: an error naming the file, should the format have any).
 pub(super) async fn detect(
     cfg: &SampleConfig,
     catalog: &Catalog,
-    tier: &dyn CapacityTier,
+    tier: Option<&dyn CapacityTier>,
     tmp: &Path,
 ) -> Result<Detected, SamplesError> {
     let none = |paths| Detected {
@@ -183,6 +231,9 @@ pub(super) async fn detect(
     let mut indexes = BTreeMap::new();
     for file in metfs_formats::wanted(&paths) {
         let id = catalog.find(&file).expect("wanted names listed files");
+        let Some(tier) = tier else {
+            return Err(SamplesError::NoSource { file });
+        };
         indexes.insert(file.clone(), read_small(catalog, id, tier, tmp).await?);
     }
     let setting = cfg.format.to_string();
@@ -285,22 +336,24 @@ async fn read_small(
 pub struct Samples {
     groups: SampleGroups,
     layout: Option<Layout>,
+    /// Whether the manifest's `group` column made the groups.
+    by_manifest: bool,
     /// Samples left out because files are missing: (the files present, the files missing).
     incomplete: Vec<(Vec<String>, Vec<String>)>,
 }
 
 impl Samples {
-    /// The samples of `catalog` (files with `footprints`) under `cfg` and what [`detect`]
+    /// The samples of `catalog` (files with `footprints`) under `on` and what [`detect`]
     /// found; `None` when every file is a sample of its own.
     pub(super) fn new(
-        cfg: &MountConfig,
+        on: &SampleSource<'_>,
         catalog: &Catalog,
         footprints: &[u64],
         detected: Detected,
     ) -> Result<Option<Samples>, SamplesError> {
         let Detected { layout, paths } = detected;
-        let s = &cfg.samples;
-        let explicit = match &cfg.manifest {
+        let s = on.settings;
+        let explicit = match on.manifest {
             Some(m) => metfs_prefetcher::manifest::read_groups(m)?,
             None => Vec::new(),
         };
@@ -348,6 +401,12 @@ impl Samples {
                 None if !explicit.is_empty() => by_manifest(catalog, &rest, &explicit),
                 Some(rule) => {
                     let g = rule.group(&names);
+                    if g.incomplete.is_empty() && g.groups.iter().all(|grp| grp.len() < 2) {
+                        return Err(SamplesError::GroupsNothing {
+                            group_by: rule.to_string(),
+                            source_url: on.source.to_string(),
+                        });
+                    }
                     for (present, missing) in g.incomplete {
                         let present: Vec<String> =
                             present.iter().map(|&i| names[i].to_string()).collect();
@@ -364,8 +423,9 @@ impl Samples {
         always.sort_unstable();
         always.dedup();
         if samples.is_empty() {
-            return Err(SamplesError::NoSamples(cfg.source.clone()));
+            return Err(SamplesError::NoSamples(on.source.to_string()));
         }
+        let by_manifest = layout.is_none() && s.group_by.is_none() && !explicit.is_empty();
         for (present, missing) in incomplete.iter().take(10) {
             tracing::warn!(present = %present.join(", "), missing = %missing.join(", "), "sample left out: a file of its group is missing");
         }
@@ -379,6 +439,7 @@ impl Samples {
         Ok(Some(Samples {
             groups,
             layout,
+            by_manifest,
             incomplete,
         }))
     }
@@ -519,3 +580,96 @@ fn by_manifest(catalog: &Catalog, rest: &[u32], explicit: &[(String, String)]) -
     }
     out
 }
+
+/// The bytes the planner (or a queue's claim) may deal into one slot of `slot_bytes` under a
+/// budget of `budget`: the slot less the files every view holds (each slot holds them, as
+/// hard links of one copy). Always files of more than half the budget, or that leave no room
+/// in a slot, are an error naming them.
+pub fn dealt_slot_bytes(
+    samples: Option<&Samples>,
+    catalog: &Catalog,
+    budget: u64,
+    slot_bytes: u64,
+) -> Result<u64, SamplesError> {
+    let Some(s) = samples else {
+        return Ok(slot_bytes);
+    };
+    let always = s.groups().always_bytes();
+    if always > 0 && (always > budget / 2 || always >= slot_bytes) {
+        let list = s.groups().always();
+        let mut files: Vec<String> = list.iter().take(3).map(|&id| catalog.path(id)).collect();
+        if list.len() > 3 {
+            files.push("...".into());
+        }
+        return Err(SamplesError::AlwaysTooLarge {
+            files: files.join(", "),
+            bytes: format_bytes(always),
+            budget: format_bytes(budget),
+            slot: format_bytes(slot_bytes),
+        });
+    }
+    Ok(slot_bytes - always)
+}
+
+/// A dataset's samples as a mount makes them, for a command without a mount
+/// (`metfs dds init`): see [`apply`].
+pub struct Applied {
+    /// The files that are part of the dataset (`include`, `exclude`).
+    pub catalog: Catalog,
+    /// Each file's footprint in the budget.
+    pub footprints: Vec<u64>,
+    /// The samples, when files are not each one.
+    pub samples: Option<Samples>,
+}
+
+/// `catalog` under `on`, by a mount's steps in a mount's order: [`select`], [`detect`] (the
+/// format's index files read from `tier` through the directory `tmp`), each file's footprint
+/// as staged by `staged` ([`metfs_plan::budget::footprints`], the one rule), [`Samples::new`].
+pub async fn apply(
+    on: &SampleSource<'_>,
+    catalog: Catalog,
+    tier: Option<&dyn CapacityTier>,
+    tmp: &Path,
+    staged: Staged,
+) -> Result<Applied, SamplesError> {
+    let catalog = select(on, catalog)?;
+    let detected = detect(on.settings, &catalog, tier, tmp).await?;
+    let footprints = footprints(catalog.sizes(), staged);
+    let samples = Samples::new(on, &catalog, &footprints, detected)?;
+    Ok(Applied {
+        catalog,
+        footprints,
+        samples,
+    })
+}
+
+/// What a dynamic-sharding queue deals of `catalog` (files of `footprints`): one entry per
+/// sample, a group's footprint the sum of its files' and its label and cluster its first
+/// file's (the groups' own [`SampleGroups::sample_set`]), or each file where files are
+/// samples; and the record of the settings that made them ([`SampleConfig::record`]).
+pub fn queue_samples(
+    settings: &SampleConfig,
+    catalog: &Catalog,
+    footprints: &[u64],
+    samples: Option<&Samples>,
+) -> (OwnedSamples, Option<String>) {
+    let record = settings.record(
+        samples.and_then(Samples::format),
+        samples.is_some_and(|s| s.by_manifest),
+    );
+    let owned = match samples {
+        Some(s) => {
+            let set = s.groups().sample_set();
+            OwnedSamples {
+                sizes: set.sizes.to_vec(),
+                labels: set.labels.map(<[u32]>::to_vec),
+                clusters: set.clusters.map(<[u32]>::to_vec),
+            }
+        }
+        None => metfs_dds::dataset::samples(catalog, footprints.to_vec()),
+    };
+    (owned, record)
+}
+
+#[cfg(test)]
+mod tests;

@@ -89,8 +89,8 @@ pub(super) struct FootprintArgs {
 }
 
 impl FootprintArgs {
-    /// Each sample's footprint in the budget, by the mount's rule.
-    pub(super) fn footprints(&self, cat: &metfs_tier::catalog::Catalog) -> Result<Vec<u64>> {
+    /// How the mount stages each sample: copied, or transformed at its growth.
+    pub(super) fn staged(&self) -> Result<metfs_plan::budget::Staged> {
         let g = self.transform_growth;
         anyhow::ensure!(
             g.is_finite() && g > 0.0,
@@ -101,7 +101,17 @@ impl FootprintArgs {
             growth: g,
             ..TransformConfig::default()
         };
-        Ok(footprints(cat.sizes(), transform.staged()))
+        Ok(transform.staged())
+    }
+
+    /// Each sample's footprint in the budget, by the mount's rule.
+    pub(super) fn footprints(&self, cat: &metfs_tier::catalog::Catalog) -> Result<Vec<u64>> {
+        Ok(footprints(cat.sizes(), self.staged()?))
+    }
+
+    /// The mount's transform command, if any.
+    pub(super) fn transform(&self) -> Option<&str> {
+        self.transform.as_deref()
     }
 }
 

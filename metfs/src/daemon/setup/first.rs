@@ -8,7 +8,8 @@ use crate::config::{Mode, MountConfig, PrefetchRate};
 use crate::daemon::fingerprint::{Fingerprint, SavedFingerprint};
 use crate::daemon::mode::ModeState;
 use crate::daemon::pacing::AUTO_TRICKLE;
-use crate::daemon::queue::QueueFeed;
+use crate::daemon::queue::{files_of_batch, QueueFeed};
+use crate::daemon::samples::{queue_samples, Samples};
 use crate::daemon::schedule::QueueState;
 use crate::daemon::schedule::{Plans, Schedule};
 use crate::daemon::session::{History, Persist, Session, Start, DEFAULT_SESSION};
@@ -28,7 +29,6 @@ use metfs_plan::size::format_bytes;
 use metfs_prefetcher::stager::{Progress, SlotSpec, StageReport};
 use metfs_protocol::event;
 use metfs_protocol::event::Event;
-use metfs_tier::catalog::Catalog;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -63,13 +63,13 @@ impl Daemon {
         } = f;
         let Planned {
             budget,
-            footprints,
+            footprints: _,
             plan_cfg,
             nm,
             aggregate,
-            samples: _,
+            samples,
         } = planned;
-        let queue = join_queue(&cfg, &store.catalog, &footprints, budget.slot_bytes).await?;
+        let queue = join_queue(&cfg, &store, samples.as_deref(), plan_cfg.slot_bytes).await?;
         let start = start_of(saved.as_ref(), queue.as_ref().map(|(_, b)| b));
         let cur = (start.epoch, start.mini_epoch);
         remove_stale_slots(&store, saved.is_some(), cur, successor(cur, nm))?;
@@ -335,55 +335,57 @@ async fn stage_first(
     Ok(store.whole_samples(&report.deferred))
 }
 /// With a queue (`--dds`): joins it as a new incarnation of this node and claims the first
-/// batch; `None` without one.
+/// batch (as the schedule holds it: [`files_of_batch`]); `None` without one. The queue deals
+/// `samples` (groups, where files are grouped; the record names their settings), and a claim
+/// takes at most `dealt` bytes of them (a slot less the files in every view).
 pub(super) async fn join_queue(
     cfg: &MountConfig,
-    catalog: &Catalog,
-    footprints: &[u64],
-    slot_bytes: u64,
+    store: &Store,
+    samples: Option<&Samples>,
+    dealt: u64,
 ) -> Result<Option<(QueueFeed, metfs_dds::Batch)>, DaemonError> {
-    Ok(match cfg.mode.dds() {
-        Some(DdsMode { url, settings: dds }) => {
-            let q = metfs_dds::Queue::connect(url, &dds.etcd_options()).await?;
-            let samples = metfs_dds::dataset::samples(catalog, footprints.to_vec());
-            let meta = metfs_dds::dataset::queue_meta(
-                catalog,
-                &samples,
-                cfg.compose,
-                cfg.seed,
-                slot_bytes,
-                dds.shards_per_slot,
-            )?;
-            let (meta, made) = q.init(&meta).await?;
-            let node = dds.node(cfg.node_rank);
-            let mut worker = metfs_dds::Worker::join(
-                q,
-                meta,
-                Arc::new(samples),
-                metfs_dds::WorkerConfig {
-                    node: node.clone(),
-                    lease_ttl: dds.lease_ttl(),
-                    depth: 2,
-                    last_epoch: None,
-                },
-            )
-            .await?;
-            tracing::info!(
-                queue = %url,
-                node,
-                incarnation = worker.holder().inc,
-                made,
-                shard_done = %dds.shard_done,
-                "dds: joined the shard queue"
-            );
-            let first = QueueFeed::first_batch(&mut worker, slot_bytes).await?;
-            Some((
-                QueueFeed::new(url.to_string(), dds.shard_done, worker),
-                first,
-            ))
-        }
-        None => None,
-    })
+    let Some(DdsMode { url, settings: dds }) = cfg.mode.dds() else {
+        return Ok(None);
+    };
+    let q = metfs_dds::Queue::connect(url, &dds.etcd_options()).await?;
+    let (owned, record) = queue_samples(&cfg.samples, &store.catalog, &store.footprints, samples);
+    let meta = metfs_dds::dataset::queue_meta(
+        &store.catalog,
+        &owned,
+        record,
+        cfg.compose,
+        cfg.seed,
+        dealt,
+        dds.shards_per_slot,
+    )?;
+    let (meta, made) = q.init(&meta).await?;
+    let node = dds.node(cfg.node_rank);
+    let mut worker = metfs_dds::Worker::join(
+        q,
+        meta,
+        Arc::new(owned),
+        metfs_dds::WorkerConfig {
+            node: node.clone(),
+            lease_ttl: dds.lease_ttl(),
+            depth: 2,
+            last_epoch: None,
+        },
+    )
+    .await?;
+    tracing::info!(
+        queue = %url,
+        node,
+        incarnation = worker.holder().inc,
+        made,
+        samples = worker.meta().sample_settings.as_deref().unwrap_or("files"),
+        shard_done = %dds.shard_done,
+        "dds: joined the shard queue"
+    );
+    let first = QueueFeed::first_batch(&mut worker, dealt).await?;
+    Ok(Some((
+        QueueFeed::new(url.to_string(), dds.shard_done, worker, dealt),
+        files_of_batch(store, first),
+    )))
 }
 
 /// Samples of the first mini-epoch left out are reported; a first mini-epoch with none staged

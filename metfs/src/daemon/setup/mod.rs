@@ -107,13 +107,15 @@ impl Daemon {
         // The listing's or manifest's transients are freed: give their pages back before the
         // first staging makes its own.
         let _ = tokio::task::spawn_blocking(crate::daemon::memory::release_freed_heap).await;
-        let catalog = samples::select(&cfg, catalog)?;
+        let catalog = samples::select(&samples::SampleSource::of(&cfg), catalog)?;
         let detected = match containers {
             Some(_) => samples::Detected::default(),
-            None if cfg.transform.command.is_some() || !matches!(cfg.mode, Mode::Plain) => {
+            None if cfg.transform.command.is_some()
+                || !matches!(cfg.mode, Mode::Plain | Mode::Dds(_)) =>
+            {
                 samples::Detected::default()
             }
-            None => samples::detect(&cfg.samples, &catalog, &*tier, &paths.tmp).await?,
+            None => samples::detect(&cfg.samples, &catalog, Some(&*tier), &paths.tmp).await?,
         };
         let planned = plan_dataset(&cfg, &catalog, catalog_bytes, containers.as_ref(), detected)?;
         if planned.samples.is_some() {

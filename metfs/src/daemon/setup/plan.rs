@@ -4,7 +4,7 @@
 use crate::config::Mode;
 use crate::config::MountConfig;
 use crate::daemon::fingerprint::{Fingerprint, PlanKind};
-use crate::daemon::samples::{Detected, Samples};
+use crate::daemon::samples::{dealt_slot_bytes, Detected, SampleSource, Samples};
 use crate::daemon::{aggregate, DaemonError};
 use metfs_plan::budget::Budget;
 use metfs_plan::budget::{footprints, Staged};
@@ -47,6 +47,8 @@ pub(super) struct Planned {
     pub(super) budget: Budget,
     /// Per sample: the bytes it may take in a slot (a transform's output at its most).
     pub(super) footprints: Vec<u64>,
+    /// The plan's settings; its `slot_bytes` are what may be dealt into a slot (less the
+    /// files in every view), which also bounds a queue's claims.
     pub(super) plan_cfg: PlanConfig,
     /// Mini-epochs per epoch (1 in aggregate mode).
     pub(super) nm: u32,
@@ -81,11 +83,12 @@ pub(super) fn plan_dataset(
         cfg.transform.staged()
     };
     let footprints = footprints(catalog.sizes(), staged);
-    let samples = Samples::new(cfg, catalog, &footprints, detected)?.map(Arc::new);
+    let samples =
+        Samples::new(&SampleSource::of(cfg), catalog, &footprints, detected)?.map(Arc::new);
     let plan_cfg = PlanConfig {
         strategy: cfg.compose,
         seed: cfg.seed,
-        slot_bytes: slot_bytes_for_samples(cfg, &budget, samples.as_deref(), catalog)?,
+        slot_bytes: dealt_slot_bytes(samples.as_deref(), catalog, cfg.budget, budget.slot_bytes)?,
         mini_epochs: cfg.mini_epochs,
         node_rank: cfg.node_rank,
         nodes: cfg.nodes,
@@ -148,37 +151,4 @@ pub(super) fn plan_dataset(
         aggregate,
         samples,
     })
-}
-
-/// The bytes the planner may deal into one slot: the slot less the files every view holds
-/// (each slot holds them, as hard links of one copy). Always files of more than half the
-/// budget, or that leave no room in a slot, are an error naming them.
-fn slot_bytes_for_samples(
-    cfg: &MountConfig,
-    budget: &Budget,
-    samples: Option<&Samples>,
-    catalog: &Catalog,
-) -> Result<u64, DaemonError> {
-    let Some(s) = samples else {
-        return Ok(budget.slot_bytes);
-    };
-    let always = s.groups().always_bytes();
-    if always > 0 && (always > cfg.budget / 2 || always >= budget.slot_bytes) {
-        let files: Vec<String> = s
-            .groups()
-            .always()
-            .iter()
-            .take(3)
-            .map(|&id| catalog.path(id))
-            .collect();
-        return Err(DaemonError::Setup(format!(
-            "always: the files in every view ({}{}) take {}, more than a slot of budget {} holds with room for a sample ({} per slot)",
-            files.join(", "),
-            if s.groups().always().len() > 3 { ", ..." } else { "" },
-            format_bytes(always),
-            format_bytes(cfg.budget),
-            format_bytes(budget.slot_bytes),
-        )));
-    }
-    Ok(budget.slot_bytes - always)
 }
