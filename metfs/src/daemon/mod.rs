@@ -67,13 +67,24 @@
 //! and `status` never test which mode runs; a session's `Schedule` answers the per-session
 //! questions.
 //!
-//! Layout: `store`, `session`, `schedule`, `mode`, `kernel`, `source` (tier and catalog),
-//! `share` (jobs, their cohort, their restarts), `setup` (checks, lock, policy, resume, first
-//! staging), `staging` (the staging loop, eviction, pacing), `switch` (`pass_end`, `advance`,
-//! the switch and kernel invalidation), `status` (status, files, metrics, shutdown), `queue`
-//! (with `--dds`, mini-epochs claimed from a shard queue in etcd), `aggregate` (the aggregate
-//! plan and the exchange's inbox), `state` (`state.json`, the generation's range),
-//! `share::state` (`share.json`, a shared mount's jobs' places).
+//! Parts. The [`Daemon`] composes parts that own their state behind private fields, and runs
+//! only what spans them (`pass_end`, `advance`, `apply`, the switch, `status`, `files`, a job's
+//! `hello` and `leave`, the durable writes): the [`Store`]; the sessions; the [`Surface`] (the
+//! core, the read path, the mountpoint, the kernel's caches); the [`Lifecycle`] (start,
+//! shutdown, the change signal); the pacing of the tier (`pacing.rs`); the mode's state, whose
+//! own types hold what only that mode does (`share::Shared`: a job's join, leave and restart,
+//! the cohort's draws; `queue::QueueFeed`: the rounds with etcd; `aggregate::Aggregate`: the
+//! exchange's spec and inbox), each handed the daemon's parts it needs; and the staging loop
+//! (`staging::StagingLoop`), a task of its own, started with the drain and monitor loops by
+//! [`Daemon::start_tasks`].
+//!
+//! Layout: `store`, `session`, `schedule`, `mode`, `surface`, `lifecycle`, `pacing`, `kernel`,
+//! `source` (tier and catalog), `share` (jobs, their cohort, their restarts), `setup` (checks,
+//! lock, policy, resume, first staging), `staging` (the staging loop, eviction), `switch`
+//! (`pass_end`, `advance`, the switch and kernel invalidation), `status` (status, files,
+//! metrics, shutdown), `queue` (with `--dds`, mini-epochs claimed from a shard queue in etcd),
+//! `aggregate` (the aggregate plan and the exchange's inbox), `state` (`state.json`, the
+//! generation's range), `share::state` (`share.json`, a shared mount's jobs' places).
 //!
 //! # Lock order
 //!
@@ -87,7 +98,7 @@
 //! needs bare) and the log writer (32, `tracing`'s).
 //!
 //! 1. `QueueFeed::worker` (tokio, `--dds`): the node's etcd worker; only the staging loop takes
-//!    it (`serve_queue`), across its round trips.
+//!    it (`QueueFeed::serve`), across its round trips.
 //! 2. `Daemon::persisting`: the order of the position, rf-history and `share.json` writes;
 //!    held across those writes (`save_session`, `leave_as`, `write_share`), each snapshot
 //!    taken under it.

@@ -8,7 +8,7 @@
 //!   staging. A restarted daemon is a new incarnation: it keeps no slot or position of the
 //!   one before (their shards went back to the queue with its lease) and starts from its
 //!   next claim.
-//! * **One talker.** Only the staging loop talks to etcd, through [`Daemon::serve_queue`]
+//! * **One talker.** Only the staging loop talks to etcd, through [`QueueFeed::serve`]
 //!   at the top of each round: first it marks DONE the batches handed over (a claim is
 //!   refused while the worker holds two batches, the view and the successor), then it claims
 //!   the successor when there is none, for at most one slot's bytes. `pass_end` and the switch
@@ -26,9 +26,9 @@
 
 use std::sync::atomic::AtomicBool;
 
+use crate::daemon::session::Sessions;
 use crate::daemon::session::DEFAULT_SESSION;
 use crate::daemon::store::Store;
-use crate::daemon::Daemon;
 use metfs_dds::{Batch, Claim, DdsError, ShardDone, Worker};
 use metfs_fs::lock_order::{Level, OrderedMutex};
 use metfs_plan::size::format_bytes;
@@ -48,7 +48,7 @@ pub(super) struct QueueFeed {
     pending_done: OrderedMutex<Vec<Batch>>,
     /// Every shard of every epoch is DONE: nothing more to claim.
     finished: AtomicBool,
-    /// What `status` shows, refreshed after each round of [`Daemon::serve_queue`].
+    /// What `status` shows, refreshed after each round of [`QueueFeed::serve`].
     snapshot: OrderedMutex<DdsStatus>,
     /// After a failed round trip, etcd is not asked again before this (the staging loop also
     /// wakes for every `pass_end`).
@@ -143,13 +143,18 @@ pub(super) fn files_of_batch(store: &Store, mut batch: Batch) -> Batch {
 /// Pause before the next try after etcd failed.
 const RETRY: Duration = Duration::from_secs(2);
 
-impl Daemon {
+impl QueueFeed {
     /// One round of the queue feed (see the module doc): sends the DONE marks handed over,
-    /// then claims the default session's successor if it has none. Returns how long the
+    /// then claims the default session's successor (of `sessions`) if it has none; etcd's
+    /// failures are noted in `store`. Returns how long the
     /// staging loop may sleep before the next round if nothing else wakes it (`None`: no
     /// queue, or nothing to wait for).
-    pub(super) async fn serve_queue(&self) -> Option<Duration> {
-        let feed = self.mode.queue()?;
+    pub(super) async fn serve(
+        &self,
+        sessions: &OrderedMutex<Sessions>,
+        store: &Store,
+    ) -> Option<Duration> {
+        let feed = self;
         if let Some(at) = *feed.retry_at.lock().unwrap() {
             let left = at.saturating_duration_since(Instant::now());
             if !left.is_zero() {
@@ -157,13 +162,20 @@ impl Daemon {
             }
         }
         let mut w = feed.worker.lock().await;
-        let pause = self.serve_queue_round(feed, &mut w).await;
+        let pause = self.round(&mut w, sessions, store).await;
         *feed.retry_at.lock().unwrap() = (pause == Some(RETRY)).then(|| Instant::now() + RETRY);
         feed.refresh(&w);
         pause
     }
 
-    async fn serve_queue_round(&self, feed: &QueueFeed, w: &mut Worker) -> Option<Duration> {
+    /// One round with the worker `w` held: the DONE marks, then the claim.
+    async fn round(
+        &self,
+        w: &mut Worker,
+        sessions: &OrderedMutex<Sessions>,
+        store: &Store,
+    ) -> Option<Duration> {
+        let feed = self;
         let pending = std::mem::take(&mut *feed.pending_done.lock().unwrap());
         let mut left = pending.into_iter();
         while let Some(b) = left.next() {
@@ -179,7 +191,7 @@ impl Daemon {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "dds: cannot mark shards done; retrying");
-                    self.store.note_error(format!("dds: {e}"));
+                    store.note_error(format!("dds: {e}"));
                     let mut back = vec![b];
                     back.extend(left);
                     let mut p = feed.pending_done.lock().unwrap();
@@ -193,7 +205,7 @@ impl Daemon {
             return None;
         }
         let wanted = {
-            let ss = self.sessions.lock().unwrap();
+            let ss = sessions.lock().unwrap();
             ss.get(DEFAULT_SESSION)
                 .is_some_and(|s| s.successor().is_none() && s.schedule().by_sequence())
         };
@@ -202,7 +214,7 @@ impl Daemon {
         }
         match w.claim(feed.claim_bytes).await {
             Ok(Claim::Batch(b)) => {
-                let b = files_of_batch(&self.store, b);
+                let b = files_of_batch(store, b);
                 tracing::info!(
                     epoch = b.epoch,
                     shards = b.shards.len(),
@@ -211,7 +223,7 @@ impl Daemon {
                     bytes = %format_bytes(b.bytes),
                     "dds: claimed the next mini-epoch"
                 );
-                let mut ss = self.sessions.lock().unwrap();
+                let mut ss = sessions.lock().unwrap();
                 if let Some(s) = ss.get_mut(DEFAULT_SESSION) {
                     let seq = s.mini_epoch().wrapping_add(1);
                     if let Some(q) = s.schedule_mut().queue_mut() {
@@ -232,7 +244,7 @@ impl Daemon {
             Err(DdsError::StillHolding { .. }) => Some(Duration::from_millis(200)),
             Err(e) => {
                 tracing::warn!(error = %e, "dds: cannot claim the next mini-epoch; the view keeps serving, retrying");
-                self.store.note_error(format!("dds: {e}"));
+                store.note_error(format!("dds: {e}"));
                 Some(RETRY)
             }
         }

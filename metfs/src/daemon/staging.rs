@@ -80,9 +80,14 @@ impl StagingLoop {
                 return;
             }
             // With a queue: DONE marks, and the successor's claim (outside every lock).
-            let queue_pause = self.d.serve_queue().await;
+            let queue_pause = match self.d.mode.queue() {
+                Some(feed) => feed.serve(&self.d.sessions, &self.d.store).await,
+                None => None,
+            };
             // On a shared mount: the jobs' next views, drawn together.
-            self.d.serve_cohort();
+            if let Some(sh) = self.d.mode.shared() {
+                sh.serve_cohort(&mut self.d.sessions.lock().unwrap(), &self.d.store);
+            }
             match self.next_staging() {
                 Some(job) => self.run_staging(job).await,
                 None => {

@@ -42,7 +42,9 @@ impl Daemon {
                 self.write_metrics();
             }
             if n.is_multiple_of(4) {
-                self.reap_idle();
+                if let Some(sh) = self.mode.shared() {
+                    sh.reap_idle(&self);
+                }
             }
         }
     }

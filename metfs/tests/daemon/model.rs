@@ -118,7 +118,7 @@ fn read_all(fs: &FsCore, fh: u64) -> Vec<u8> {
 }
 
 async fn join(d: &Daemon, j: usize) {
-    d.join(Some(name(j)), None, None, None, None)
+    d.greet(Some(name(j)), None, None, None, None)
         .await
         .unwrap_or_else(|e| panic!("{} cannot join: {e:?}", name(j)));
 }

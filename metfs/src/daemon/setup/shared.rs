@@ -104,10 +104,11 @@ impl Daemon {
             epoch: 0,
             mini_epoch: 0,
         }));
+        let sh = daemon.mode.shared().expect("a shared mount has its jobs");
         if let Some(saved) = saved {
-            refused.extend(daemon.resume_jobs(saved).await);
+            refused.extend(sh.resume_jobs(&daemon, saved).await);
         }
-        daemon.note_not_resumed(refused);
+        sh.note_not_resumed(&daemon, refused);
         Ok(daemon)
     }
 }

@@ -7,21 +7,19 @@ use crate::daemon::schedule::DrawnView;
 use crate::daemon::session::{Session, Sessions};
 use crate::daemon::share::{Shared, JOIN_WINDOW};
 use crate::daemon::store::Store;
-use crate::daemon::Daemon;
 use metfs_plan::refcnt::cohort::Next as CohortNext;
 use metfs_protocol::JobStatus;
 
-impl Daemon {
+impl Shared {
     /// Prepares the next view of every job that has none: drawn by the cohort, handed to the
-    /// job's schedule as its successor. Run by the staging loop.
-    pub(in crate::daemon) fn serve_cohort(&self) {
-        let Some(sh) = self.mode.shared() else { return };
-        let window_open = sh
+    /// job's schedule as its successor (of sessions `ss`; a failed draw is noted in `store`). Run
+    /// by the staging loop, under the sessions' lock.
+    pub(in crate::daemon) fn serve_cohort(&self, ss: &mut Sessions, store: &Store) {
+        let window_open = self
             .last_join
             .lock()
             .unwrap()
             .is_some_and(|t| t.elapsed() < JOIN_WINDOW);
-        let mut ss = self.sessions.lock().unwrap();
         // The map's key is the session's name.
         for (name, s) in ss.iter_mut() {
             let seq = s.mini_epoch();
@@ -35,7 +33,7 @@ impl Daemon {
             if drawn.has_successor(seq) {
                 continue;
             }
-            let mut cohort = sh.cohort.lock().unwrap();
+            let mut cohort = self.cohort.lock().unwrap();
             match cohort.prepare(name) {
                 Ok(CohortNext::Stage { .. }) | Ok(CohortNext::Prepared) => {
                     let Some(v) = cohort.next_view(name) else {
@@ -53,14 +51,11 @@ impl Daemon {
                 Ok(CohortNext::Wait) => {}
                 Err(e) => {
                     tracing::error!(job = %name, error = %e, "cannot draw the job's next view");
-                    self.store.note_error(format!("job {name}: {e}"));
+                    store.note_error(format!("job {name}: {e}"));
                 }
             }
         }
     }
-}
-
-impl Shared {
     /// Moves job `name` to its next view in the cohort, at its switch; returns what the other
     /// jobs have drawn ahead, which the slot it leaves may be kept for.
     pub(in crate::daemon) fn advance_job(&self, name: &str) -> Vec<u32> {

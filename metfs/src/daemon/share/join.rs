@@ -1,5 +1,5 @@
 //! A job's arrival and departure on a shared mount: the samples of its subset, its `hello`
-//! ([`Daemon::join`]) and admission into the cohort with a session of its own, its `leave`, the
+//! ([`Shared::join`]) and admission into the cohort with a session of its own, its `leave`, the
 //! deletion of a slot it never showed, and the dropping of jobs silent for
 //! `share.idle_secs`.
 
@@ -9,7 +9,7 @@ use crate::config::ReadPath;
 use crate::daemon::schedule::{job_slots, Drawn, Schedule};
 use crate::daemon::session::{History, Next, Session, Start};
 use crate::daemon::setup::{build_policy, learned_replay, start_recording};
-use crate::daemon::share::{bad, check_job_name, dataset_key, mix, JobMeta, JOIN_WINDOW};
+use crate::daemon::share::{bad, check_job_name, dataset_key, mix, JobMeta, Shared, JOIN_WINDOW};
 use crate::daemon::Daemon;
 use metfs_feedback::policy::RfPolicy;
 use metfs_fs::view::View;
@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl Daemon {
-    /// Answers `hello`: on a shared mount the job joins ([`Daemon::join`]); a mount of one job
+    /// Answers `hello`: on a shared mount the job joins ([`Shared::join`]); a mount of one job
     /// greets it, refusing what only a shared mount takes (a subset, an rf policy of its own).
     pub async fn greet(
         &self,
@@ -32,8 +32,8 @@ impl Daemon {
         rf: Option<u32>,
         token: Option<String>,
     ) -> Result<Hello, ProtocolError> {
-        if self.mode.shared().is_some() {
-            return self.join(job, subset, rf_policy, rf, token).await;
+        if let Some(sh) = self.mode.shared() {
+            return sh.join(self, job, subset, rf_policy, rf, token).await;
         }
         if subset.is_some() || rf_policy.is_some() || rf.is_some() {
             return Err(bad(
@@ -43,34 +43,50 @@ impl Daemon {
         Ok(self.surface.hello(job))
     }
 
+    /// Job `name` leaves: its session, views and share go; the slots only it held are deleted
+    /// once drained. Its rf history run is recorded as finished.
+    pub async fn leave(&self, name: &str) -> Result<(), ProtocolError> {
+        let sh = self.mode.shared().ok_or_else(|| {
+            bad("`leave` is for shared mounts (--share); this mount serves one job".into())
+        })?;
+        sh.leave_as(self, name, true).await
+    }
+}
+
+impl Shared {
     /// A job joins a shared mount (`hello` with its name): see the module doc. Answers once
     /// its first view is shown.
-    pub async fn join(
+    pub(in crate::daemon) async fn join(
         &self,
+        d: &Daemon,
         job: Option<String>,
         subset: Option<Subset>,
         rf_policy: Option<PolicyKind>,
         rf: Option<u32>,
         token: Option<String>,
     ) -> Result<Hello, ProtocolError> {
-        let sh = self.mode.shared().expect("a shared mount");
         let Some(name) = job else {
             return Err(bad(
                 "this mount is shared between jobs (--share): `hello` must name the job (`job`, or METFS_JOB in the Python client)".into(),
             ));
         };
         check_job_name(&name)?;
-        if self.life.is_shutting_down() {
+        if d.life.is_shutting_down() {
             return Err(ProtocolError::new(
                 ErrorCode::ShuttingDown,
                 "the daemon is shutting down",
             ));
         }
-        let present = sh.jobs.lock().unwrap().get(&name).map(|m| m.token.clone());
+        let present = self
+            .jobs
+            .lock()
+            .unwrap()
+            .get(&name)
+            .map(|m| m.token.clone());
         let resumed = present.is_some();
         let token = match present {
             Some(t) if token.as_deref() == Some(t.as_str()) => {
-                self.session_for(Some(&name))?;
+                d.session_for(Some(&name))?;
                 t
             }
             Some(_) => {
@@ -78,45 +94,50 @@ impl Daemon {
                     "a job named {name:?} is already on this shared mount; give each job its own name (METFS_JOB), or leave the other one first"
                 )))
             }
-            None => self.admit(&name, subset.as_ref(), rf_policy, rf)?,
+            None => self.admit(d, &name, subset.as_ref(), rf_policy, rf)?,
         };
         // Its first view: drawn once no job has joined for the window, staged by the staging
         // loop, then shown here.
         tokio::time::sleep(JOIN_WINDOW).await;
-        self.life.bump();
-        let mut rx = self.life.subscribe();
+        d.life.bump();
+        let mut rx = d.life.subscribe();
         loop {
             // Waiting for its first view is not being idle.
-            self.mode.touch(&name);
-            if self.surface.core().job_view(&name).is_some() || self.try_switch(&name).await {
+            d.mode.touch(&name);
+            if d.surface.core().job_view(&name).is_some() || d.try_switch(&name).await {
                 break;
             }
-            if self.life.is_shutting_down() {
+            if d.life.is_shutting_down() {
                 return Err(ProtocolError::new(
                     ErrorCode::ShuttingDown,
                     "the daemon is shutting down",
                 ));
             }
-            if !self.sessions.lock().unwrap().contains_key(&name) {
+            if !d.sessions.lock().unwrap().contains_key(&name) {
                 return Err(bad(format!(
                     "job {name:?} left before its first view was staged"
                 )));
             }
             let _ = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await;
         }
-        let samples = sh.jobs.lock().unwrap().get(&name).map_or(0, |m| m.samples);
-        let mut hello = self.surface.hello(Some(name.clone()));
+        let samples = self
+            .jobs
+            .lock()
+            .unwrap()
+            .get(&name)
+            .map_or(0, |m| m.samples);
+        let mut hello = d.surface.hello(Some(name.clone()));
         hello.share = Some(JobShare {
-            path: self.surface.mountpoint().join(&name).display().to_string(),
-            share_bytes: 2 * sh.view_bytes,
-            view_bytes: sh.view_bytes,
+            path: d.surface.mountpoint().join(&name).display().to_string(),
+            share_bytes: 2 * self.view_bytes,
+            view_bytes: self.view_bytes,
             samples,
             token,
         });
         // A job whose saved place this start could not resume is told why, once: it starts
         // over at epoch 0, and would otherwise take that for its own position.
         if !resumed {
-            hello.not_resumed = sh.tell_not_resumed(&name);
+            hello.not_resumed = self.tell_not_resumed(&name);
         }
         Ok(hello)
     }
@@ -124,15 +145,15 @@ impl Daemon {
     /// Takes `name` into the cohort and makes its session; returns its token.
     fn admit(
         &self,
+        d: &Daemon,
         name: &str,
         subset: Option<&Subset>,
         rf_policy: Option<PolicyKind>,
         rf: Option<u32>,
     ) -> Result<String, ProtocolError> {
-        let sh = self.mode.shared().expect("a shared mount");
-        let dataset = subset_samples(&self.store.catalog, &self.cfg.source, name, subset)?;
-        let cfg = self.cfg.with_job_policy(rf_policy, rf);
-        let mut ss = self.sessions.lock().unwrap();
+        let dataset = subset_samples(&d.store.catalog, &d.cfg.source, name, subset)?;
+        let cfg = d.cfg.with_job_policy(rf_policy, rf);
+        let mut ss = d.sessions.lock().unwrap();
         if ss.contains_key(name) {
             return Err(bad(format!(
                 "a job named {name:?} is already on this shared mount; give each job its own name (METFS_JOB)"
@@ -140,8 +161,8 @@ impl Daemon {
         }
         // The job's rf history: its own run, keyed by its name and its dataset (a subset is
         // another dataset), so `learned` replays what this job did on this data before.
-        let dataset_key = dataset_key(&self.cfg.source, &dataset);
-        let (replay, schedule) = match &sh.history {
+        let dataset_key = dataset_key(&d.cfg.source, &dataset);
+        let (replay, schedule) = match &self.history {
             Some(store) => learned_replay(
                 &cfg.policy,
                 &store.lock().unwrap(),
@@ -154,19 +175,19 @@ impl Daemon {
         }
         .unzip();
         let policy = build_policy(&cfg, schedule).map_err(|e| bad(format!("job {name:?}: {e}")))?;
-        sh.cohort
+        self.cohort
             .lock()
             .unwrap()
-            .join(name, &dataset, sh.view_bytes)
+            .join(name, &dataset, self.view_bytes)
             .map_err(|e| {
                 bad(format!(
                     "job {name:?} cannot join: {e} (the budget is shared by at most {} jobs, `share.jobs`; each takes {} when it joins)",
-                    sh.cfg.jobs,
-                    format_bytes(2 * sh.view_bytes)
+                    self.cfg.jobs,
+                    format_bytes(2 * self.view_bytes)
                 ))
             })?;
         // Started only once the join is sure, so that a refused join leaves no empty run.
-        let history = sh.history.as_ref().map(|store| History {
+        let history = self.history.as_ref().map(|store| History {
             store: store.clone(),
             run: start_recording(
                 &mut store.lock().unwrap(),
@@ -179,12 +200,12 @@ impl Daemon {
             dataset: dataset_key.clone(),
             replay,
         });
-        let generation = sh.take_generation();
-        let token = job_token(self.life.started(), generation);
-        let session = job_session(&self.paths.slots, name, generation, policy, history);
+        let generation = self.take_generation();
+        let token = job_token(d.life.started(), generation);
+        let session = job_session(&d.paths.slots, name, generation, policy, history);
         ss.insert(name.to_string(), session);
-        *sh.last_join.lock().unwrap() = Some(Instant::now());
-        sh.jobs.lock().unwrap().insert(
+        *self.last_join.lock().unwrap() = Some(Instant::now());
+        self.jobs.lock().unwrap().insert(
             name.to_string(),
             JobMeta {
                 token: token.clone(),
@@ -201,29 +222,26 @@ impl Daemon {
         tracing::info!(
             job = name,
             samples = dataset.len(),
-            share = %format_bytes(2 * sh.view_bytes),
+            share = %format_bytes(2 * self.view_bytes),
             "job joined the shared store"
         );
-        self.life.bump();
+        d.life.bump();
         Ok(token)
     }
 
-    /// Job `name` leaves: its session, views and share go; the slots only it held are deleted
-    /// once drained. Its rf history run is recorded as finished.
-    pub async fn leave(&self, name: &str) -> Result<(), ProtocolError> {
-        self.leave_as(name, true).await
-    }
-
-    /// As [`Daemon::leave`]; a job dropped for its silence (`finished` false) keeps its run
-    /// unfinished in the rf history, as a killed single-job mount's.
-    async fn leave_as(&self, name: &str, finished: bool) -> Result<(), ProtocolError> {
-        let sh = self.mode.shared().ok_or_else(|| {
-            bad("`leave` is for shared mounts (--share); this mount serves one job".into())
-        })?;
+    /// Job `name` leaves daemon `d` (as [`Daemon::leave`]); a job dropped for its silence
+    /// (`finished` false) keeps its run unfinished in the rf history, as a killed single-job
+    /// mount's.
+    pub(in crate::daemon) async fn leave_as(
+        &self,
+        d: &Daemon,
+        name: &str,
+        finished: bool,
+    ) -> Result<(), ProtocolError> {
         // Held from the snapshot of the rf history to its write (as `save_session`).
-        let order = self.persisting.lock().unwrap_or_else(|e| e.into_inner());
+        let order = d.persisting.lock().unwrap_or_else(|e| e.into_inner());
         let (next_slot, current_slot, history) = {
-            let mut ss = self.sessions.lock().unwrap();
+            let mut ss = d.sessions.lock().unwrap();
             let s = ss
                 .remove(name)
                 .ok_or_else(|| bad(format!("job {name:?} is not on this shared mount")))?;
@@ -237,10 +255,10 @@ impl Daemon {
                 }
                 store.encode()
             });
-            if let Err(e) = sh.cohort.lock().unwrap().leave(name) {
+            if let Err(e) = self.cohort.lock().unwrap().leave(name) {
                 tracing::warn!(job = name, error = %e, "the cohort did not know the job");
             }
-            sh.jobs.lock().unwrap().remove(name);
+            self.jobs.lock().unwrap().remove(name);
             let next_slot = match s.next() {
                 Next::Ready { slot, .. } => Some(slot.clone()),
                 _ => None,
@@ -255,50 +273,47 @@ impl Daemon {
             tracing::warn!(job = name, error = %e, "cannot record the rf history");
         }
         drop(order);
-        if let Some(old) = self.surface.core().remove_job(name) {
-            self.store.retire_slot(old.generation, &old.slot, &[]);
+        if let Some(old) = d.surface.core().remove_job(name) {
+            d.store.retire_slot(old.generation, &old.slot, &[]);
             // As after a switch: the slot may be held as a donor, and its deletion waits for
             // that; nobody waits for the deletion.
-            let me = self.me.lock().unwrap().upgrade();
-            if let (true, Some(me)) = (self.surface.core().is_drained(&old), me) {
+            let me = d.me.lock().unwrap().upgrade();
+            if let (true, Some(me)) = (d.surface.core().is_drained(&old), me) {
                 let gen = old.generation;
                 tokio::spawn(async move { me.evict_view(gen).await });
-            } else if self.surface.read_path_now() == ReadPath::Cached {
-                tokio::spawn(self.surface.clone().release_kernel_refs(old.generation));
+            } else if d.surface.read_path_now() == ReadPath::Cached {
+                tokio::spawn(d.surface.clone().release_kernel_refs(old.generation));
             }
         }
         if let Some(slot) = next_slot {
             // Never shown, but the jobs that drew the same samples may still link from it:
             // retired like a view, it is kept as a donor while the room allows.
-            let gen = sh.take_generation();
-            self.store.retire_slot(gen, &slot, &[]);
-            let me = self.me.lock().unwrap().upgrade();
+            let gen = self.take_generation();
+            d.store.retire_slot(gen, &slot, &[]);
+            let me = d.me.lock().unwrap().upgrade();
             if let Some(me) = me {
                 tokio::spawn(async move { me.evict_view(gen).await });
             } else {
-                self.store.drop_slot(&slot).await;
+                d.store.drop_slot(&slot).await;
             }
         }
-        self.surface
-            .forget_root_entries(vec![name.to_string()])
-            .await;
+        d.surface.forget_root_entries(vec![name.to_string()]).await;
         tracing::info!(job = name, slot = ?current_slot, "job left the shared store");
         // The job leaves the save file too: a restart does not bring it back.
-        match self.me.lock().unwrap().upgrade() {
+        match d.me.lock().unwrap().upgrade() {
             Some(me) => {
                 tokio::task::spawn_blocking(move || me.write_share());
             }
-            None => self.write_share(),
+            None => d.write_share(),
         }
-        self.life.bump();
+        d.life.bump();
         Ok(())
     }
 
     /// Drops the jobs silent for longer than `share.idle_secs`; run by the monitor.
-    pub(in crate::daemon) fn reap_idle(self: &Arc<Self>) {
-        let Some(sh) = self.mode.shared() else { return };
-        let idle = Duration::from_secs(sh.cfg.idle_secs);
-        let gone: Vec<String> = sh
+    pub(in crate::daemon) fn reap_idle(&self, d: &Arc<Daemon>) {
+        let idle = Duration::from_secs(self.cfg.idle_secs);
+        let gone: Vec<String> = self
             .jobs
             .lock()
             .unwrap()
@@ -309,12 +324,14 @@ impl Daemon {
         for name in gone {
             tracing::warn!(
                 job = %name,
-                idle_secs = sh.cfg.idle_secs,
+                idle_secs = self.cfg.idle_secs,
                 "dropping a job that sent no request for share.idle_secs: its share and views are released"
             );
-            let me = self.clone();
+            let d = d.clone();
             tokio::spawn(async move {
-                let _ = me.leave_as(&name, false).await;
+                if let Some(sh) = d.mode.shared() {
+                    let _ = sh.leave_as(&d, &name, false).await;
+                }
             });
         }
     }

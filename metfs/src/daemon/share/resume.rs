@@ -60,65 +60,67 @@ impl Daemon {
             tracing::error!(error = %e, path = %self.paths.share.display(), "cannot save the jobs' places");
         }
     }
+}
 
+impl Shared {
     /// At start: resumes every job of the save file (`share.json`) from its kept slots. Each
     /// waits for its `hello` with its name and token, and is dropped as a silent job would be
     /// if none comes within `share.idle_secs`. A job that cannot be resumed (its subset no
     /// longer gives its dataset, its kept slot cannot be staged, its place does not check) is
-    /// let go and returned with the reason ([`Daemon::note_not_resumed`]); it starts over
+    /// let go and returned with the reason ([`Shared::note_not_resumed`]); it starts over
     /// when it joins again.
-    pub(in crate::daemon) async fn resume_jobs(&self, saved: SavedShare) -> Vec<NotResumed> {
+    pub(in crate::daemon) async fn resume_jobs(
+        &self,
+        d: &Daemon,
+        saved: SavedShare,
+    ) -> Vec<NotResumed> {
         let mut refused = Vec::new();
-        let Some(sh) = self.mode.shared() else {
-            return refused;
-        };
         let top = saved
             .jobs
             .iter()
             .map(|j| j.generation)
             .fold(saved.generation, u64::max);
-        sh.generation.store(top, Ordering::SeqCst);
+        self.generation.store(top, Ordering::SeqCst);
         // Every kept slot is in the book before any is checked, so that each is a donor of the
         // others (a sample two jobs share is one file).
-        let present: HashSet<String> = self.store.stager.present_slots().into_iter().collect();
+        let present: HashSet<String> = d.store.stager.present_slots().into_iter().collect();
         for j in &saved.jobs {
             let cur = j.cohort.current.as_ref().expect("checked when read");
-            self.store.begin_slot(&j.slot(), &cur.samples);
+            d.store.begin_slot(&j.slot(), &cur.samples);
             if let (Some(next), Some(slot)) = (&j.cohort.next, j.next_slot()) {
                 if present.contains(&slot) {
-                    self.store.begin_slot(&slot, &next.samples);
+                    d.store.begin_slot(&slot, &next.samples);
                 }
             }
         }
         for j in &saved.jobs {
-            match self.resume_job(j).await {
+            match self.resume_job(d, j).await {
                 Ok(fetched) => tracing::info!(
                     job = %j.name,
                     epoch = j.epoch,
                     mini_epoch = j.mini_epoch,
                     generation = j.generation,
                     fetched,
-                    idle_secs = sh.cfg.idle_secs,
+                    idle_secs = self.cfg.idle_secs,
                     "job resumed from its kept slots; it is dropped unless its hello (name and token) comes within share.idle_secs"
                 ),
                 Err(e) => {
-                    let _ = sh.cohort.lock().unwrap().leave(&j.name);
+                    let _ = self.cohort.lock().unwrap().leave(&j.name);
                     for slot in [Some(j.slot()), j.next_slot()].into_iter().flatten() {
-                        self.store.discard(&slot);
+                        d.store.discard(&slot);
                     }
                     refused.push(not_resumed(j, e));
                 }
             }
         }
-        self.write_share();
+        d.write_share();
         refused
     }
 
     /// Records the saved jobs this start did not resume: each is logged, recorded as a
     /// `job_not_resumed` event, listed in `status`, and told why in its next `hello`, so that
     /// a job that starts over at epoch 0 never takes that for its saved position.
-    pub(in crate::daemon) fn note_not_resumed(&self, refused: Vec<NotResumed>) {
-        let Some(sh) = self.mode.shared() else { return };
+    pub(in crate::daemon) fn note_not_resumed(&self, d: &Daemon, refused: Vec<NotResumed>) {
         for n in &refused {
             tracing::warn!(
                 job = %n.job,
@@ -128,9 +130,9 @@ impl Daemon {
                 error = %n.reason,
                 "cannot resume the job; it starts over when it joins again, and its hello says why"
             );
-            self.events.emit(Event::JobNotResumed(n.clone()));
+            d.events.emit(Event::JobNotResumed(n.clone()));
         }
-        let _ = sh.not_resumed.set(
+        let _ = self.not_resumed.set(
             refused
                 .into_iter()
                 .map(|n| (n, std::sync::atomic::AtomicBool::new(false)))
@@ -138,23 +140,17 @@ impl Daemon {
         );
     }
 
-    /// Resumes one saved job (see [`Daemon::resume_jobs`]); returns how many samples of its
+    /// Resumes one saved job (see [`Shared::resume_jobs`]); returns how many samples of its
     /// current view were fetched from the tier (none when its kept slot was whole).
-    async fn resume_job(&self, j: &SavedJob) -> Result<u64, String> {
-        let sh = self.mode.shared().expect("a shared mount");
+    async fn resume_job(&self, d: &Daemon, j: &SavedJob) -> Result<u64, String> {
         let name = j.name.as_str();
-        let dataset = subset_samples(
-            &self.store.catalog,
-            &self.cfg.source,
-            name,
-            j.subset.as_ref(),
-        )
-        .map_err(|e| e.message)?;
-        if dataset_key(&self.cfg.source, &dataset) != j.dataset {
+        let dataset = subset_samples(&d.store.catalog, &d.cfg.source, name, j.subset.as_ref())
+            .map_err(|e| e.message)?;
+        if dataset_key(&d.cfg.source, &dataset) != j.dataset {
             return Err("its subset no longer gives the dataset it read".into());
         }
-        let cfg = self.cfg.with_job_policy(j.rf_policy, j.rf);
-        let (replay, schedule) = match &sh.history {
+        let cfg = d.cfg.with_job_policy(j.rf_policy, j.rf);
+        let (replay, schedule) = match &self.history {
             Some(store) => {
                 learned_replay(&cfg.policy, &store.lock().unwrap(), &j.dataset, name, j.run)?
             }
@@ -165,14 +161,14 @@ impl Daemon {
         if let Err(e) = policy.restore(&j.policy) {
             tracing::warn!(job = name, error = %e, "the job's saved rf policy state does not fit its policy; the policy starts afresh");
         }
-        sh.cohort
+        self.cohort
             .lock()
             .unwrap()
-            .rejoin(name, &dataset, sh.view_bytes, j.cohort.clone())
+            .rejoin(name, &dataset, self.view_bytes, j.cohort.clone())
             .map_err(|e| e.to_string())?;
         let cur = j.cohort.current.clone().expect("checked when read");
-        let (view, fetched) = restage_kept(&self.store, j, &cur.samples).await?;
-        let history = sh.history.as_ref().map(|store| History {
+        let (view, fetched) = restage_kept(&d.store, j, &cur.samples).await?;
+        let history = self.history.as_ref().map(|store| History {
             store: store.clone(),
             run: start_recording(
                 &mut store.lock().unwrap(),
@@ -194,8 +190,8 @@ impl Daemon {
                 bytes: cur.bytes,
             },
         );
-        let mut ss = self.sessions.lock().unwrap();
-        self.surface.core().switch_job(name, view.clone());
+        let mut ss = d.sessions.lock().unwrap();
+        d.surface.core().switch_job(name, view.clone());
         ss.insert(
             name.to_string(),
             Session::new(
@@ -215,7 +211,7 @@ impl Daemon {
                 view,
             ),
         );
-        sh.jobs.lock().unwrap().insert(
+        self.jobs.lock().unwrap().insert(
             name.to_string(),
             JobMeta {
                 token: j.token.clone(),
@@ -230,9 +226,7 @@ impl Daemon {
         );
         Ok(fetched)
     }
-}
 
-impl Shared {
     /// Every job's place now, for the save file: taken under the sessions' lock, so that
     /// each job's position, policy and cohort place are of one moment. Jobs still waiting
     /// for their first view are left out (a restart has nothing of theirs to keep).
