@@ -279,6 +279,29 @@ impl Keys {
         Some((e.parse().ok()?, s.parse().ok()?))
     }
 
+    /// Each epoch's stripe cursors, from a listing of `cursors/` (`(key, value)` pairs): a
+    /// stripe without a cursor is at 0. Keys that are not cursors are skipped; a cursor whose
+    /// value does not parse is an error naming its key.
+    pub fn cursors_by_epoch<'a>(
+        &self,
+        stripes: &Stripes,
+        listing: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    ) -> Result<std::collections::BTreeMap<u64, Vec<u32>>, crate::DdsError> {
+        let mut cursors: std::collections::BTreeMap<u64, Vec<u32>> = Default::default();
+        for (key, value) in listing {
+            let Some((e, s)) = self.parse_cursor(key) else {
+                continue;
+            };
+            let c = cursors
+                .entry(e)
+                .or_insert_with(|| vec![0; stripes.count() as usize]);
+            if let Some(at) = c.get_mut(s as usize) {
+                *at = crate::queue::parse(key, value)?;
+            }
+        }
+        Ok(cursors)
+    }
+
     /// The node of a `workers/` or `stats/` key.
     pub fn parse_node<'a>(&self, key: &'a [u8], under: &str) -> Option<&'a str> {
         std::str::from_utf8(key).ok()?.strip_prefix(under)

@@ -212,18 +212,14 @@ impl Queue {
         let mut epochs: BTreeMap<u64, EpochStatus> = BTreeMap::new();
         // Never-claimed shards: of every stripe of each epoch with a cursor (a stripe without
         // one is at 0).
-        let mut cursors: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
         let stripes = meta.stripes();
-        for (key, v) in self.range(k.cursors(), false).await? {
-            if let Some((e, s)) = k.parse_cursor(&key) {
-                let c = cursors
-                    .entry(e)
-                    .or_insert_with(|| vec![0; stripes.count() as usize]);
-                if let Some(at) = c.get_mut(s as usize) {
-                    *at = parse(&key, &v)?;
-                }
-            }
-        }
+        let listing = self.range(k.cursors(), false).await?;
+        let cursors = k.cursors_by_epoch(
+            &stripes,
+            listing
+                .iter()
+                .map(|(key, v)| (key.as_slice(), v.as_slice())),
+        )?;
         for (e, c) in &cursors {
             entry(&mut epochs, *e).todo += stripes.fresh_left(c);
         }

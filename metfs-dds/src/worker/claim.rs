@@ -488,14 +488,7 @@ fn name_hash(node: &str) -> u64 {
 /// and the next round was as crowded: transactions per claim grew with the job's size (60 at
 /// 256 simulated nodes, 645 at 1,024; `benches/nodes.py`).
 fn race_backoff(lost: u32) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let cap_us = 1000u64 << lost.min(6);
-    // A fresh SipHash key per call (std's RandomState): random enough to spread retries, and no
-    // generator to carry.
-    let r = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    Duration::from_micros(r % cap_us)
+    super::random_wait(Duration::from_millis(1 << lost.min(6)))
 }
 
 #[cfg(test)]

@@ -140,18 +140,8 @@ pub(super) async fn start_epoch(
     .await
     .map_err(etcd("read of the queue cursors"))?;
     let stripes = meta.stripes();
-    let mut cursors: std::collections::BTreeMap<u64, Vec<u32>> = Default::default();
-    for kv in r.kvs() {
-        let Some((e, s)) = keys.parse_cursor(kv.key()) else {
-            continue;
-        };
-        let c = cursors
-            .entry(e)
-            .or_insert_with(|| vec![0; stripes.count() as usize]);
-        if let Some(at) = c.get_mut(s as usize) {
-            *at = parse(kv.key(), kv.value())?;
-        }
-    }
+    let cursors =
+        keys.cursors_by_epoch(&stripes, r.kvs().iter().map(|kv| (kv.key(), kv.value())))?;
     let open = cursors
         .iter()
         .find(|(_, c)| stripes.fresh_left(c) > 0)
@@ -353,7 +343,7 @@ pub(super) async fn watch_queue(queue: Queue, shared: Arc<Shared>, me: String) {
                                     };
                                     let (queue, shared, node) = (queue.clone(), shared.clone(), node.to_string());
                                     tokio::spawn(async move {
-                                        tokio::time::sleep(jitter(reaction_spread(&queue, &shared).await)).await;
+                                        tokio::time::sleep(super::random_wait(reaction_spread(&queue, &shared).await)).await;
                                         if requeue_node(&queue, &node).await > 0 {
                                             shared.wake.notify_one();
                                         }
@@ -426,13 +416,4 @@ async fn reaction_spread(queue: &Queue, shared: &Shared) -> Duration {
         }
     };
     Duration::from_millis((2 * n).min(2000))
-}
-
-/// A random wait in `[0, max)`.
-fn jitter(max: Duration) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let r = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    Duration::from_nanos(r % (max.as_nanos().max(1) as u64))
 }

@@ -384,3 +384,14 @@ impl Worker {
         Ok(())
     }
 }
+
+/// A random wait in `[0, max)`: the one source of the worker's spread (a lost claim race's
+/// backoff, a death's reaction). A fresh SipHash key per call (std's `RandomState`) is random
+/// enough to spread nodes apart, with no generator to carry.
+fn random_wait(max: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    Duration::from_nanos(r % (max.as_nanos().max(1) as u64))
+}
