@@ -296,7 +296,7 @@ impl Keys {
                 .entry(e)
                 .or_insert_with(|| vec![0; stripes.count() as usize]);
             if let Some(at) = c.get_mut(s as usize) {
-                *at = crate::queue::parse(key, value)?;
+                *at = parse(key, value)?;
             }
         }
         Ok(cursors)
@@ -315,6 +315,18 @@ pub enum Kind {
     Doing,
     Claim,
     Done,
+}
+
+/// The record stored at `key` (JSON, as every value of the queue is written): a value that does
+/// not parse is an error naming its key.
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(
+    key: &[u8],
+    v: &[u8],
+) -> Result<T, crate::DdsError> {
+    serde_json::from_slice(v).map_err(|e| crate::DdsError::BadRecord {
+        key: String::from_utf8_lossy(key).into_owned(),
+        reason: e.to_string(),
+    })
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use etcd_client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use serde::Serialize;
 
-use super::keys::{Holder, Keys, Kind, NodeStats, QueueMeta};
+use super::keys::{parse, Holder, Keys, Kind, NodeStats, QueueMeta};
 use super::{etcd, DdsError, DdsUrl, EtcdOptions};
 
 /// A connection to one queue.
@@ -105,13 +105,6 @@ fn refuse_other(url: &str, stored: &QueueMeta, ours: &QueueMeta) -> Result<(), D
         });
     }
     Ok(())
-}
-
-pub(super) fn parse<T: serde::de::DeserializeOwned>(key: &[u8], v: &[u8]) -> Result<T, DdsError> {
-    serde_json::from_slice(v).map_err(|e| DdsError::BadRecord {
-        key: String::from_utf8_lossy(key).into_owned(),
-        reason: e.to_string(),
-    })
 }
 
 impl Queue {

@@ -14,8 +14,8 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use metfs_plan::planner::EpochOrder;
 
+use crate::keys::parse;
 use crate::keys::{Kind, NodeStats, Stripes};
-use crate::queue::parse;
 use crate::{etcd, now_ms, DdsError};
 
 use super::{holder_bytes, timed, Batch, Claim, Worker, MAX_OPS};

@@ -11,8 +11,9 @@ use etcd_client::{
     WatchOptions,
 };
 
+use crate::keys::parse;
 use crate::keys::{Holder, Keys, QueueMeta};
-use crate::queue::{parse, Queue};
+use crate::queue::Queue;
 use crate::{etcd, DdsError};
 
 use super::{holder_bytes, timed, Shared, WorkerConfig};

@@ -37,8 +37,9 @@ use metfs_plan::planner::{epoch_order, EpochOrder, SampleSet, ShardSpec};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::keys::parse;
 use crate::keys::{Holder, NodeStats, QueueMeta};
-use crate::queue::{parse, Queue};
+use crate::queue::Queue;
 use crate::{etcd, DdsError};
 
 mod claim;
