@@ -14,6 +14,9 @@
 //! | a switch's generation ([`ModeState::generation_after`]) | the session's next | same | same | unique across jobs |
 //! | after a pass ([`ModeState::pass_ended`]) | nothing | DONE marks (`after-pass`) | nothing | the save file, durably |
 //! | a retired view's batch ([`ModeState::retired`]) | none | DONE mark | none | none |
+//! | defer samples the tier keeps failing? ([`ModeState::defers`]) | yes | no | no | no |
+//! | before the staging loop's round ([`ModeState::before_round`]) | nothing | DONE marks, the next claim | nothing | the cohort's draws |
+//! | the monitor's tick ([`ModeState::tick`]) | nothing | nothing | nothing | idle jobs dropped |
 //!
 //! A session's [`super::schedule::Schedule`] answers the per-session questions (its
 //! successor, members, slot names); this type answers those of the daemon as a whole (the
@@ -24,6 +27,8 @@
 
 use std::path::Path;
 use std::sync::Arc;
+
+use metfs_fs::lock_order::OrderedMutex;
 
 use crate::config::share::ShareEvict;
 use metfs_dds::{Batch, ShardDone};
@@ -119,6 +124,40 @@ impl ModeState {
             ModeState::Shared(_) => None,
             _ => Some(DEFAULT_SESSION),
         }
+    }
+
+    /// The mode's own round before the staging loop looks for a successor to stage: with a
+    /// queue, the DONE marks and the next claim ([`QueueFeed::serve`]); on a shared mount,
+    /// the jobs' next views drawn by the cohort ([`Shared::serve_cohort`]). Returns how long
+    /// the loop may sleep if nothing else wakes it (`None`: nothing to wait for).
+    pub(super) async fn before_round(
+        &self,
+        sessions: &OrderedMutex<Sessions>,
+        store: &Store,
+    ) -> Option<std::time::Duration> {
+        match self {
+            ModeState::Queue(feed) => feed.serve(sessions, store).await,
+            ModeState::Shared(sh) => {
+                sh.serve_cohort(&mut sessions.lock().unwrap(), store);
+                None
+            }
+            ModeState::Plain | ModeState::Aggregate(_) => None,
+        }
+    }
+
+    /// The mode's share of the monitor's periodic work: on a shared mount, dropping the jobs
+    /// silent for `share.idle_secs` ([`Shared::reap_idle`]).
+    pub(super) fn tick(&self, d: &Arc<super::Daemon>) {
+        if let ModeState::Shared(sh) = self {
+            sh.reap_idle(d);
+        }
+    }
+
+    /// Whether a staging that the tier kept failing may leave the failing samples out and
+    /// carry them to a later mini-epoch (defer). Plain mounts only: the other modes'
+    /// mini-epochs are shared with other nodes or jobs, which expect every sample.
+    pub(super) fn defers(&self) -> bool {
+        matches!(self, ModeState::Plain)
     }
 
     /// Counts as a sign of life of job `name` (a request, or waiting for staging for it).

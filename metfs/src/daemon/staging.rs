@@ -9,7 +9,6 @@
 //! still takes space, unless the mode checks each staging's own room (a shared mount).
 
 use super::store::{self, Room, Stop};
-use crate::daemon::mode::ModeState;
 use crate::daemon::session::{Next, Session};
 use crate::daemon::{aggregate, Daemon};
 use metfs_fs::view::View;
@@ -79,20 +78,18 @@ impl StagingLoop {
             if self.d.life.is_shutting_down() {
                 return;
             }
-            // With a queue: DONE marks, and the successor's claim (outside every lock).
-            let queue_pause = match self.d.mode.queue() {
-                Some(feed) => feed.serve(&self.d.sessions, &self.d.store).await,
-                None => None,
-            };
-            // On a shared mount: the jobs' next views, drawn together.
-            if let Some(sh) = self.d.mode.shared() {
-                sh.serve_cohort(&mut self.d.sessions.lock().unwrap(), &self.d.store);
-            }
+            // The mode's round (a queue's DONE marks and claim, outside every lock; a cohort's
+            // draws); it may ask to be woken sooner.
+            let mode_pause = self
+                .d
+                .mode
+                .before_round(&self.d.sessions, &self.d.store)
+                .await;
             match self.next_staging() {
                 Some(job) => self.run_staging(job).await,
                 None => {
                     // A failed slot is retried after its pause even if nothing else changes.
-                    let wake = self.retry_due().min(queue_pause.unwrap_or(Duration::MAX));
+                    let wake = self.retry_due().min(mode_pause.unwrap_or(Duration::MAX));
                     let wake = wake.max(Duration::from_millis(50));
                     let _ = tokio::time::timeout(wake, rx.changed()).await;
                 }
@@ -399,9 +396,9 @@ impl StagingLoop {
         if busy {
             return None;
         }
-        // A target the tier has failed for the defer bound is staged deferring (plain mounts:
-        // the other modes' mini-epochs are shared with other nodes or jobs).
-        let defer = matches!(self.d.mode, ModeState::Plain)
+        // A target the tier has failed for the defer bound is staged deferring, where the mode
+        // defers.
+        let defer = self.d.mode.defers()
             && matches!(s.next(), Next::Failed { target: t, since, .. }
                 if *t == target && since.elapsed().as_secs() >= self.d.store.stager.config().defer_after_secs);
         let (samples, bytes) = s.members(&self.d.store, target);

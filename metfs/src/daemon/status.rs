@@ -42,9 +42,7 @@ impl Daemon {
                 self.write_metrics();
             }
             if n.is_multiple_of(4) {
-                if let Some(sh) = self.mode.shared() {
-                    sh.reap_idle(&self);
-                }
+                self.mode.tick(&self);
             }
         }
     }
