@@ -155,6 +155,30 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def free_port_pair() -> int:
+    """A loopback port `p` with `p + 1` free too, both just now: etcd started by the node
+    service listens for clients on `p` and for peers on `p + 1`, and fails at start when the
+    second is taken (a free port's neighbour often is: another test's server, an outgoing
+    connection)."""
+    for _ in range(100):
+        first = socket.socket()
+        second = socket.socket()
+        try:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            if port >= 65535:
+                continue
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+        finally:
+            first.close()
+            second.close()
+    raise RuntimeError("no two neighbouring loopback ports free in 100 tries")
+
+
 @dataclass
 class Garage:
     dir: Path

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import free_port, free_ports
+from conftest import free_port, free_port_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy" / "slurm"
@@ -388,7 +388,7 @@ def test_pytorch_job_with_dynamic_sharding_on_the_jobs_own_etcd(
         METFS_DDS="auto",
         METFS_BUDGET="2MiB",
         METFS_ARGS="--rf 2 --compose random --seed 3",
-        METFS_ETCD_PORT=str(free_port()),
+        METFS_ETCD_PORT=str(free_port_pair()),
         TRAIN_ARGS=f"--epochs 2 --batch-size 4 --log-dir {work.logs}",
     )
     job = cluster.sbatch(DEPLOY / "train-pytorch.sbatch", env, work.dir / "job.out")
@@ -439,7 +439,9 @@ def test_adjust_bs_three_ranks_per_node_a_capped_node_gets_smaller_batches(
     even split until AntDT's trigger finds n2 a straggler over the 1 s window, then all ranks
     adopt smaller batches for n2 at the same pass, and only after the cap."""
     t0 = time.monotonic()
-    etcd_port, master_port = free_ports(2)
+    # etcd takes etcd_port and etcd_port + 1; the master's port is neither.
+    etcd_port = free_port_pair()
+    master_port = next(p for p in iter(free_port, None) if p not in (etcd_port, etcd_port + 1))
     batch, passes, slow_from = 24, 24, 8
     train_args = (
         f"--global-batch {batch} --passes {passes} --steps 4 --rate 200 "

@@ -167,6 +167,11 @@ etcd_port() {
   printf '%s' "${METFS_ETCD_PORT:-$((40000 + 2 * (${SLURM_JOB_ID:-0} % 10000)))}"
 }
 
+# The job's etcd data directory on this node (its log is the same path with `.log`).
+etcd_dir() {
+  expand "${METFS_ETCD_DIR:-$(dirname "$CACHE")/etcd-%j}"
+}
+
 # METFS_DDS=auto: the address of the job's etcd, once it answers (the mount reads METFS_DDS
 # as its --dds).
 resolve_dds() {
@@ -178,7 +183,16 @@ resolve_dds() {
     if out=$("$METFS_BIN" dds status "$url" --etcd-timeout 2 2>&1) || [[ "$out" == *"no queue at"* ]]; then
       break
     fi
-    [ "$SECONDS" -lt "$end" ] || fail "the job's etcd at $url does not answer after 60 s: $out"
+    if [ "$SECONDS" -ge "$end" ]; then
+      # On the node that runs it, etcd's own log says why it is not up (a port taken, a data
+      # directory it cannot use).
+      local log
+      log="$(etcd_dir).log"
+      if [ -r "$log" ]; then
+        out+="; the last lines of $log: $(tail -n 3 "$log" | tr '\n' ' ')"
+      fi
+      fail "the job's etcd at $url does not answer after 60 s: $out"
+    fi
     sleep 0.5
   done
   export METFS_DDS=$url
@@ -189,7 +203,7 @@ cmd_etcd() {
   command -v etcd >/dev/null 2>&1 || fail "etcd not found on this node (Debian: etcd-server); or set METFS_DDS to a site etcd's address"
   local addr=${METFS_ETCD_ADDR:-127.0.0.1} port dir name
   port=$(etcd_port)
-  dir=$(expand "${METFS_ETCD_DIR:-$(dirname "$CACHE")/etcd-%j}")
+  dir=$(etcd_dir)
   name="metfs-job-${SLURM_JOB_ID:-0}"
   mkdir -p -m 0700 "$dir" || fail "etcd data directory $dir: cannot create it"
   say "etcd for the job's shard queue at $addr:$port (data $dir)"

@@ -65,6 +65,9 @@ impl SlotJournal {
             return out;
         };
         let mut last_complete = false;
+        // A sample's last entry decides: a sample left out, then staged by a later staging of
+        // the slot (a deferred sample given at a resume), is staged, not failed.
+        let mut failed: std::collections::HashSet<u32> = Default::default();
         // Lines as bytes: a line that is not UTF-8 (a torn write) is a line like any other,
         // ignored as an entry, so that the last line is the same one `is_complete` sees.
         for line in std::io::BufReader::new(f)
@@ -82,7 +85,9 @@ impl SlotJournal {
             if let Some(id) = line.strip_prefix("failed ") {
                 if let Ok(id) = id.parse() {
                     out.staged.remove(&id);
-                    out.failed.push(id);
+                    if failed.insert(id) {
+                        out.failed.push(id);
+                    }
                 }
             } else if let Some(rest) = line.strip_prefix("file ") {
                 let mut it = rest.split_whitespace();
@@ -97,6 +102,9 @@ impl SlotJournal {
                 }
             } else if let Some((id, crc)) = line.split_once(' ') {
                 if let (Ok(id), Ok(crc)) = (id.parse::<u32>(), u32::from_str_radix(crc, 16)) {
+                    if failed.remove(&id) {
+                        out.failed.retain(|&f| f != id);
+                    }
                     out.staged.insert(id, crc);
                 }
             }
@@ -246,6 +254,23 @@ mod tests {
         let s = j.read();
         assert_eq!(s.staged, HashMap::from([(1, 0xabcd)]));
         assert_eq!(s.failed, vec![2]);
+        assert!(s.complete);
+    }
+
+    /// The last entry of a sample decides: left out by one staging of the slot and given by a
+    /// later one (a deferred sample fetched at a resume), it is staged, and listed once.
+    #[test]
+    fn a_sample_staged_after_it_failed_is_staged() {
+        let d = tempfile::tempdir().unwrap();
+        let j = SlotJournal::of(d.path(), "s");
+        std::fs::write(
+            j.path(),
+            "1 0000abcd\nfailed 2\nfailed 3\ncomplete\nfailed 3\n2 0000abce\ncomplete\n",
+        )
+        .unwrap();
+        let s = j.read();
+        assert_eq!(s.staged, HashMap::from([(1, 0xabcd), (2, 0xabce)]));
+        assert_eq!(s.failed, vec![3]);
         assert!(s.complete);
     }
 

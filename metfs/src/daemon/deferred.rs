@@ -16,14 +16,19 @@
 //! * A sample is carried at most once at a time (a set), and counted as deferred once per
 //!   deferral and as recovered once, when a staging gives it (carried into that mini-epoch, or
 //!   in its plan anyway).
-//! * Nothing here is saved: a restarted daemon stages the plan's mini-epochs as planned, and a
-//!   sample still carried at the restart is read again at its place in the next epoch.
+//! * What is carried is saved with the position (`state.json`'s `deferred`, written at each
+//!   switch): a restarted daemon carries the same samples on, and shows the current
+//!   mini-epoch with the carried samples its slot was staged with. So a sample carried when
+//!   the daemon stops still reaches the job in the same epoch once the tier gives it. A saved
+//!   carry naming a sample the catalog does not have is refused as a corrupt `state.json`.
 
 use std::collections::BTreeSet;
 
-/// A session's deferred samples (see the module docs).
-#[derive(Debug, Default)]
-pub(super) struct Deferred {
+use serde::{Deserialize, Serialize};
+
+/// A session's deferred samples (see the module docs); saved as they are.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Deferred {
     /// Samples waiting for a mini-epoch to be staged in, by id.
     carried: BTreeSet<u32>,
     /// The mini-epoch they were last added to, and which of them.
@@ -107,6 +112,24 @@ impl Deferred {
     pub(super) fn totals(&self) -> (u64, u64) {
         (self.deferred_total, self.recovered_total)
     }
+
+    /// What to save with the position: `None` while nothing was ever deferred, so that the
+    /// saved position of a run without lasting faults is what it always was.
+    pub(super) fn saved(&self) -> Option<Deferred> {
+        (*self != Deferred::default()).then(|| self.clone())
+    }
+
+    /// Checks a saved carry against a catalog of `samples` samples: every id it names must be
+    /// one. The error names the first that is not.
+    pub(super) fn check(&self, samples: u32) -> Result<(), String> {
+        let added = self.added.iter().flat_map(|(_, ids)| ids);
+        match self.carried.iter().chain(added).find(|&&id| id >= samples) {
+            Some(id) => Err(format!(
+                "deferred: sample {id} is not in the catalog ({samples} samples)"
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -139,6 +162,22 @@ mod tests {
         // Deferred again: still carried, counted twice, recovered never.
         assert!(d.staged(&[3, 9], &[9]).is_empty());
         assert_eq!((d.carried(), d.totals()), (1, (3, 1)));
+    }
+
+    #[test]
+    fn a_saved_carry_loads_back_equal_and_is_checked_against_the_catalog() {
+        let mut d = Deferred::default();
+        assert_eq!(d.saved(), None, "nothing deferred, nothing saved");
+        d.staged(&[5, 7, 9], &[7, 9]);
+        let (mut m, mut b) = (vec![1], 0);
+        d.add_to((0, 2), &mut m, &mut b, 100, |_| 10);
+        let text = serde_json::to_string(&d.saved().unwrap()).unwrap();
+        let back: Deferred = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, d);
+        assert_eq!(back.added_to((0, 2)), &[7, 9]);
+        assert!(back.check(10).is_ok());
+        let e = back.check(9).unwrap_err();
+        assert!(e.contains("sample 9") && e.contains("9 samples"), "{e}");
     }
 
     #[test]

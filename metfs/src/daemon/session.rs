@@ -561,6 +561,12 @@ impl Session {
         members
     }
 
+    /// Carries on what a saved position carried (at a resume, before the first staging's
+    /// outcome is handed to [`Session::deferred_staged`]).
+    pub(super) fn resume_deferred(&mut self, carried: Deferred) {
+        self.deferred = carried;
+    }
+
     /// The deferred samples: what a staging of `members` left out as `deferred`, carried on,
     /// and the carried ones it gave, returned.
     pub(super) fn deferred_staged(&mut self, members: &[u32], deferred: &[u32]) -> Vec<u32> {
@@ -603,6 +609,7 @@ impl Session {
             sequence: self.sequence,
             run: self.history.as_ref().map(|h| h.run),
             job: Some(self.job.clone()),
+            deferred: self.deferred.saved(),
         };
         Some((state, persist.file.clone()))
     }

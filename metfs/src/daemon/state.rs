@@ -1,6 +1,7 @@
 //! The saved position (`state.json`): parsed and checked field by field on load, written
 //! atomically.
 
+use crate::daemon::deferred::Deferred;
 use crate::daemon::fingerprint::SavedFingerprint;
 use crate::daemon::DaemonError;
 use metfs_feedback::history::RunId;
@@ -51,6 +52,10 @@ pub struct SavedState {
     /// The job key of the rf history.
     #[serde(default)]
     pub job: Option<String>,
+    /// The samples a lasting fault deferred and the session carries on (`deferred.rs`); absent
+    /// while none ever was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deferred: Option<Deferred>,
 }
 
 impl SavedState {

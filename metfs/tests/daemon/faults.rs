@@ -530,6 +530,131 @@ async fn samples_a_lasting_fault_holds_are_deferred_and_come_later() {
     r.stop().await;
 }
 
+/// A sample carried when the daemon stops is carried on by the next one on the same cache: it
+/// comes in the same epoch once the tier gives it, every other sample of the epoch is read once,
+/// and the counts go on from where they were (not counted again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samples_carried_at_a_restart_still_come_in_their_epoch() {
+    let f = faulty(1, "retry_secs = 1\ndefer_after_secs = 2");
+    let (d, lock, plan) = f.prepare().await;
+    // The two smallest of mini-epoch 1: carried, they find room in a later mini-epoch of the
+    // epoch (a carried sample waits for a mini-epoch with room for it).
+    let mut by_size: Vec<&String> = plan[1].iter().collect();
+    by_size.sort_by_key(|p| f.t.source[p.as_str()].len());
+    let dead: BTreeSet<String> = by_size.into_iter().take(2).cloned().collect();
+    let faults: Vec<_> = dead
+        .iter()
+        .map(|p| {
+            f.tier.add(
+                Rule::fetches(..)
+                    .of_path(p.clone())
+                    .fail(Failure::Io(libc::EIO)),
+            )
+        })
+        .collect();
+    assert!(
+        plan.len() >= 4,
+        "the test wants a restart two mini-epochs on"
+    );
+    let r = run(d.clone(), lock);
+    let mut epoch0: BTreeMap<String, u32> = BTreeMap::new();
+    for p in &plan[0] {
+        *epoch0.entry(p.clone()).or_default() += 1;
+    }
+    // Mini-epochs 1 and 2 come without them: deferred, carried into 2, deferred again.
+    for _ in 0..2 {
+        wait_next_ready(&d).await;
+        assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
+        let view = read_view(&d.surface().fs());
+        assert!(keys(&view).is_disjoint(&dead));
+        for p in keys(&view) {
+            *epoch0.entry(p).or_default() += 1;
+        }
+    }
+    assert_eq!(d.status().deferred_samples, 2);
+    drop(d);
+    r.stop().await;
+    let saved = std::fs::read_to_string(f.t.cfg.cache.join("state.json")).unwrap();
+    assert!(
+        saved.contains("\"deferred\""),
+        "the carry is saved: {saved}"
+    );
+
+    // Repaired, and the same cache mounted again.
+    for id in faults {
+        f.tier.end(id);
+    }
+    let (d, lock) = Daemon::prepare_with_tier(f.t.cfg.clone(), false, f.tier.clone())
+        .await
+        .expect("resume");
+    let st = d.status();
+    assert_eq!(
+        (st.epoch, st.mini_epoch),
+        (0, 2),
+        "resumed where it stopped"
+    );
+    let mut came: BTreeSet<String> = keys(&read_view(&d.surface().fs()))
+        .intersection(&dead)
+        .cloned()
+        .collect();
+    let r = run(d.clone(), lock);
+    loop {
+        wait_next_ready(&d).await;
+        assert_eq!(prompt_pass_end(&d).await, Choice::Advance);
+        if status_u64(&d, "epoch") >= 1 {
+            break;
+        }
+        let view = read_view(&d.surface().fs());
+        check_bytes(&view, &f.t.source);
+        for p in keys(&view) {
+            if dead.contains(&p) {
+                came.insert(p);
+            } else {
+                *epoch0.entry(p).or_default() += 1;
+            }
+        }
+    }
+    assert_eq!(came, dead, "the carried samples came in epoch 0");
+    assert!(
+        epoch0.values().all(|&n| n == 1),
+        "read more than once: {epoch0:?}"
+    );
+    let st = d.status();
+    assert_eq!((st.deferred_samples, st.recovered_samples), (0, 2));
+    assert!(st.deferrals >= 2, "{}", st.deferrals);
+    drop(d);
+    r.stop().await;
+}
+
+/// A saved carry that names a sample the catalog does not have is a corrupt position: the mount
+/// is refused naming `state.json` and the sample, nothing is staged over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_carry_outside_the_catalog_is_refused() {
+    let f = faulty(1, "retry_secs = 1\ndefer_after_secs = 2");
+    let (d, lock, _) = f.prepare().await;
+    let r = run(d.clone(), lock);
+    drop(d);
+    r.stop().await;
+    let path = f.t.cfg.cache.join("state.json");
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    state["deferred"] = serde_json::json!({
+        "carried": [4_000_000_000u32],
+        "added": null,
+        "deferred_total": 1,
+        "recovered_total": 0
+    });
+    std::fs::write(&path, state.to_string()).unwrap();
+    let e = match Daemon::prepare_with_tier(f.t.cfg.clone(), false, f.tier.clone()).await {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a carry outside the catalog was accepted"),
+    };
+    assert!(
+        e.contains("state.json") && e.contains("sample 4000000000"),
+        "{e}"
+    );
+}
+
 /// The same fault at mount: the first mini-epoch is staged deferring, so the mount succeeds
 /// without the dead sample after `retry_secs`, and `status` names it as deferred.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,7 @@
 
 use crate::config::DdsMode;
 use crate::config::{Mode, MountConfig, PrefetchRate};
+use crate::daemon::deferred::Deferred;
 use crate::daemon::fingerprint::{Fingerprint, SavedFingerprint};
 use crate::daemon::mode::ModeState;
 use crate::daemon::pacing::AUTO_TRICKLE;
@@ -95,11 +96,12 @@ impl Daemon {
             nm,
             start.epoch,
         )?;
+        let carried = saved_carry(saved.as_ref(), &paths, store.catalog.len() as u32)?;
         let (view, first_members, deferred) = stage_first_view(
             &cfg,
             &store,
             &mut schedule,
-            saved.is_some(),
+            carried.as_ref(),
             &start,
             show_progress,
         )
@@ -120,7 +122,11 @@ impl Daemon {
             history,
             view,
         );
-        // What the first staging deferred is carried into the next mini-epochs.
+        // What the saved position carried is carried on; what the first staging deferred is
+        // carried into the next mini-epochs.
+        if let Some(c) = carried {
+            session.resume_deferred(c);
+        }
         session.deferred_staged(&first_members, &deferred);
         let mode = match (queue, aggregate) {
             (Some((feed, _)), _) => ModeState::Queue(Box::new(feed)),
@@ -172,12 +178,24 @@ async fn stage_first_view(
     cfg: &MountConfig,
     store: &Store,
     schedule: &mut Schedule,
-    resumed: bool,
+    resumed: Option<&Deferred>,
     start: &Start,
     show_progress: bool,
 ) -> Result<(Arc<View>, Vec<u32>, Vec<u32>), DaemonError> {
     let cur = (start.epoch, start.mini_epoch);
-    let (members, members_bytes) = schedule.members(store, cur);
+    // A resumed mini-epoch's slot was staged with the carried samples added to it then.
+    let added = resumed.map_or(Vec::new(), |c| c.added_to(cur).to_vec());
+    let (mut members, mut members_bytes) = schedule.members(store, cur);
+    let mut view_members = schedule.view_members(store, cur);
+    if !added.is_empty() {
+        members_bytes += store.footprint(&added);
+        for list in [&mut members, &mut view_members] {
+            list.extend_from_slice(&added);
+            list.sort_unstable();
+            list.dedup();
+        }
+    }
+    let resumed = resumed.is_some();
     let spec = SlotSpec {
         name: slot_name(cur),
         samples: members.clone(),
@@ -199,13 +217,29 @@ async fn stage_first_view(
     );
     store.begin_slot(&spec.name, &members);
     let deferred = stage_first(cfg, store, &spec, show_progress).await?;
-    let view = Arc::new(store.view_for(
-        &schedule.view_members(store, cur),
-        cur,
-        start.generation,
-        &spec.name,
-    ));
+    let view = Arc::new(store.view_for(&view_members, cur, start.generation, &spec.name));
     Ok((view, members, deferred))
+}
+
+/// The carry of a resumed position (empty where it carried nothing); `None` without one, a
+/// fresh start. A carry naming a sample outside the catalog of `samples` is a corrupt
+/// `state.json`, refused as such.
+fn saved_carry(
+    saved: Option<&SavedState>,
+    paths: &CachePaths,
+    samples: u32,
+) -> Result<Option<Deferred>, DaemonError> {
+    let Some(s) = saved else {
+        return Ok(None);
+    };
+    let carried = s.deferred.clone().unwrap_or_default();
+    carried
+        .check(samples)
+        .map_err(|reason| DaemonError::CorruptState {
+            path: paths.state.display().to_string(),
+            reason,
+        })?;
+    Ok(Some(carried))
 }
 
 /// The session's schedule at its start: the queue's first batch as sequence 0, the aggregate
@@ -290,6 +324,7 @@ fn save_first_position(
         sequence: start.sequence,
         run: history.as_ref().map(|h| h.run),
         job: Some(job.to_string()),
+        deferred: None,
     };
     if let Err(e) = write_saved_state(&paths.state, &first) {
         tracing::error!(error = %e, path = %paths.state.display(), "cannot save the position");
