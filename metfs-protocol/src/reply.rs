@@ -398,6 +398,11 @@ pub enum Staging {
         failures: u32,
         /// Seconds until staging resumes.
         retry_in_secs: f64,
+        /// Whether that next try defers: the failure will by then have outlasted
+        /// `stager.defer_after_secs`, so the samples the tier keeps failing on are left out
+        /// and carried to a later mini-epoch, and the slot completes (plain mounts only).
+        #[serde(default)]
+        defers: bool,
     },
 }
 

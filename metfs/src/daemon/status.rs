@@ -94,7 +94,11 @@ impl Daemon {
             }
         };
         let draining_slots = self.store.draining_count();
-        let staging = staging_status(s.map(|s| s.next()), draining_slots);
+        let defer_after = self
+            .mode
+            .defers()
+            .then(|| Duration::from_secs(self.store.stager.config().defer_after_secs));
+        let staging = staging_status(s.map(|s| s.next()), draining_slots, defer_after);
         let cache_bytes = self.cache_bytes(ss);
         let (last_error, failed_samples) = self.store.errors();
         let budget = self.store.budget;
@@ -307,8 +311,14 @@ impl Daemon {
     }
 }
 
-/// `status`'s account of a session's staging (`next`; none without a session).
-fn staging_status(next: Option<&Next>, draining_slots: usize) -> Staging {
+/// `status`'s account of a session's staging (`next`; none without a session). A failed
+/// staging's next try defers when the failure will then have lasted `defer_after` (`None`:
+/// the mode never defers), as the staging loop decides at that try.
+fn staging_status(
+    next: Option<&Next>,
+    draining_slots: usize,
+    defer_after: Option<Duration>,
+) -> Staging {
     match next.unwrap_or(&Next::Idle) {
         Next::Idle if draining_slots == 0 => Staging::Idle,
         Next::Idle => Staging::Draining,
@@ -368,13 +378,14 @@ fn staging_status(next: Option<&Next>, draining_slots: usize) -> Staging {
             at,
             failures,
             pause,
-            ..
+            since,
         } => Staging::Failed {
             epoch: target.0,
             mini_epoch: target.1,
             error: error.clone(),
             failures: *failures,
             retry_in_secs: pause.saturating_sub(at.elapsed()).as_secs_f64(),
+            defers: defer_after.is_some_and(|d| at.saturating_duration_since(*since) + *pause >= d),
         },
     }
 }

@@ -174,13 +174,17 @@ async fn an_outage_during_staging_keeps_the_view_and_staging_resumes_after_it() 
     );
     let st = d.status();
     let Staging::Failed {
-        error, failures, ..
+        error,
+        failures,
+        defers,
+        ..
     } = &st.staging
     else {
         unreachable!()
     };
     assert!(error.contains("unreachable"), "{error}");
     assert_eq!(*failures, 1);
+    assert!(!defers, "the next try is long before the defer bound");
     assert!(!st.next_ready);
     assert!(
         st.failed_samples.is_empty(),
@@ -429,6 +433,14 @@ async fn samples_a_lasting_fault_holds_are_deferred_and_come_later() {
         .collect();
     let r = run(d.clone(), lock);
     let t = Instant::now();
+    // Failed once (retries for 1 s), paused 2 s: the next try is past the 2 s bound, and
+    // `status` says it will defer.
+    let st = wait_failed(&d).await;
+    assert!(
+        matches!(st.staging, Staging::Failed { defers: true, .. }),
+        "{:?}",
+        st.staging
+    );
     wait_next_ready(&d).await;
     let st = d.status();
     assert_eq!(st.deferred_samples, 2, "{:?}", st.failed_samples);

@@ -85,7 +85,8 @@ class StagingReady(TypedDict):
 
 class StagingFailed(TypedDict):
     """Staging of ``(epoch, mini_epoch)`` failed (``error``, ``failures`` in a row); it resumes
-    in ``retry_in_secs``."""
+    in ``retry_in_secs``, and with ``defers`` that try leaves out, as deferred, the samples the
+    tier keeps failing on (the failure has outlasted ``stager.defer_after_secs``)."""
 
     state: Literal["failed"]
     epoch: int
@@ -93,6 +94,7 @@ class StagingFailed(TypedDict):
     error: str
     failures: int
     retry_in_secs: float
+    defers: NotRequired[bool]
 
 
 #: ``status``'s ``staging``: what the stager does, by ``state``.

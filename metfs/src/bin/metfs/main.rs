@@ -424,7 +424,10 @@ fn print_status(st: &Status) {
         Staging::Draining => "draining",
         Staging::Staging { .. } => "staging",
         Staging::Ready { .. } => "ready",
-        Staging::Failed { .. } => "failed",
+        Staging::Failed { defers: false, .. } => "failed",
+        Staging::Failed { defers: true, .. } => {
+            "failed; the next try defers the samples the tier keeps failing on"
+        }
     };
     println!(
         "view: {} files, {}   next: {next}{}",
