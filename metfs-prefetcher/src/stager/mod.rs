@@ -19,6 +19,11 @@
 //!   renamed in once durable, so it never holds a copy being written. A crash leaves at worst
 //!   orphan temporary files, which [`Stager::clean_tmp`] removes at start.
 //!
+//! A sample of at least `partial::RESUME_MIN_BYTES` (8 MiB) is written in `TMP/` whatever the
+//! slot, as a partial copy that a later attempt (a retry, the slot staged again after a
+//! failure, a restart after `kill -9`) continues from its length where the tier serves a range,
+//! reading only the rest (`partial` module).
+//!
 //! Batches are committed on a thread of their own while the next ones download, so durability
 //! costs the download no time unless the disk is slower than the tier.
 //!
@@ -629,8 +634,11 @@ impl Stager {
             Err(e) => return Err(err(e)),
         }
         create_private_dir(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
-        // Partial copies of large samples wait for their slot's next staging (`partial`).
-        self.clean_tmp_matching("", &partial::is_partial_name)
+        // Partial copies of large samples wait for their slot's next staging (`partial`), as
+        // long as the slot is there.
+        self.clean_tmp_matching("", &|n| {
+            partial::slot_of(n).is_some_and(|s| self.slot_path(s).is_dir())
+        })
     }
 
     /// Removes the entries of `tmp/` whose names start with `prefix`, never following symlinks.

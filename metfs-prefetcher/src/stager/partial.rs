@@ -145,7 +145,13 @@ pub(super) fn partial_id(name: &str, slot_name: &str) -> Option<u32> {
 
 /// Whether `name` in `TMP/` is a partial copy or a sidecar, of any slot.
 pub(super) fn is_partial_name(name: &str) -> bool {
-    name.ends_with(PART) || name.ends_with(&format!("{PART}{SIDECAR}"))
+    slot_of(name).is_some()
+}
+
+/// The slot of a partial copy's (or its sidecar's) name in `TMP/`; `None` for any other name.
+pub(super) fn slot_of(name: &str) -> Option<&str> {
+    let (slot, _) = name.rsplit_once('-')?;
+    partial_id(name, slot).map(|_| slot)
 }
 
 /// What a partial copy of `sample` records of its source in its sidecar.

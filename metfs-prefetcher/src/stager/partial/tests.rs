@@ -23,6 +23,10 @@ fn names_of_partials_are_told_from_other_temporary_files() {
     assert_eq!(partial_id("e000001-m00003-17.part", "e000001-m00002"), None);
     assert_eq!(partial_id("e000001-m00002-x.part", "e000001-m00002"), None);
     assert!(is_partial_name("a-1.part") && is_partial_name("a-1.part.src"));
+    assert_eq!(
+        slot_of("e000001-m00002-17.part.src"),
+        Some("e000001-m00002")
+    );
     assert!(!is_partial_name("a-1.7") && !is_partial_name("a-1.7.t"));
 }
 
@@ -299,5 +303,15 @@ async fn an_evicted_slot_takes_its_partials_with_it() {
     let (st, _) = stager(d.path(), Cut::new(&src, 0, true), 60).await;
     assert_eq!(tmp_entries(d.path()).len(), 2, "a start keeps partials");
     st.evict("e000000-m00000").unwrap();
+    assert!(tmp_entries(d.path()).is_empty());
+}
+
+#[tokio::test]
+async fn a_start_removes_the_partials_of_a_slot_that_is_gone() {
+    let d = tempfile::tempdir().unwrap();
+    let src = source(d.path());
+    fail_mid_copy(d.path(), &src).await;
+    std::fs::remove_dir_all(d.path().join("cache/slots/e000000-m00000")).unwrap();
+    stager(d.path(), Cut::new(&src, 0, true), 60).await;
     assert!(tmp_entries(d.path()).is_empty());
 }
