@@ -111,6 +111,9 @@ def test_a_copy_whose_source_changed_is_fetched_again_from_0(mounts, tmp_path):
     os.replace(src / "big0.bin.new", src / "big0.bin")
     files = {"big0.bin": new, "big1.bin": (src / "big1.bin").read_bytes()}
     log, fetched = remount(m)
+    # The new catalog makes a new plan, whose start removes the old slots with their partial
+    # copies; where a partial outlives that, its sidecar names the old version and the copy
+    # starts again at 0 (the stager's `a_partial_of_another_version_is_fetched_again_from_0`).
     assert "big0.bin" not in continued_from(log), log[-3000:]
     assert fetched >= BIG, fetched
     assert read_view(m.mountpoint) == files
