@@ -68,7 +68,7 @@ def remount(m) -> tuple[str, int]:
     log = (m.cache / "metfs.log").read_text()[log_len:]
     staged = [ln for ln in log.splitlines() if "mini-epoch staged" in ln and "next" not in ln]
     assert staged, log[-2000:]
-    fetched = re.search(r"bytes_fetched=(\d+)", staged[-1])
+    fetched = re.search(r"tier_bytes=(\d+)", staged[-1])
     assert fetched, staged[-1]
     return log, int(fetched.group(1))
 
