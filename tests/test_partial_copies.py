@@ -12,7 +12,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from conftest import is_mounted, read_view, wait_for
+from conftest import Tier, is_mounted, read_view, wait_for
 
 BIG = 64 << 20
 RATE = "16MiB/s"
@@ -41,9 +41,10 @@ def partials(cache: Path) -> dict[str, int]:
     return out
 
 
-def kill_mid_copy(m) -> dict[str, int]:
+def kill_mid_copy(m, in_order: bool = True) -> dict[str, int]:
     """Starts the mount paced at RATE, kills it with SIGKILL once its first staging has written
-    24 MiB of the two copies, and returns the partial copies it left."""
+    24 MiB of the two copies, and returns the partial copies it left (shorter than the sample
+    where the tier writes `in_order`; parallel ranged GETs may have written the last bytes)."""
     first = m.spawn(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for(
         lambda: sum(partials(m.cache).values()) >= 24 << 20,
@@ -54,7 +55,8 @@ def kill_mid_copy(m) -> dict[str, int]:
     first.communicate(timeout=60)
     assert not is_mounted(m.mountpoint), "the first mount never returned"
     left = partials(m.cache)
-    assert left and all(0 < n < BIG for n in left.values()), left
+    assert left and all(0 < n <= BIG for n in left.values()), left
+    assert not in_order or all(n < BIG for n in left.values()), left
     for name in left:
         assert (m.cache / "tmp" / f"{name}.src").exists(), name
     return left
@@ -77,7 +79,7 @@ def continued_from(log: str) -> dict[str, int]:
     """The samples whose copies the log says were continued, with the offset."""
     return {
         s: int(n)
-        for s, n in re.findall(r"continuing an interrupted copy.*?sample=(\S+) from=(\d+)", log)
+        for s, n in re.findall(r"continued an interrupted copy.*?sample=(\S+) from=(\d+)", log)
     }
 
 
@@ -116,5 +118,27 @@ def test_a_copy_whose_source_changed_is_fetched_again_from_0(mounts, tmp_path):
     # starts again at 0 (the stager's `a_partial_of_another_version_is_fetched_again_from_0`).
     assert "big0.bin" not in continued_from(log), log[-3000:]
     assert fetched >= BIG, fetched
+    assert read_view(m.mountpoint) == files
+    assert not list((m.cache / "tmp").glob("*.part*"))
+
+
+def test_s3_copies_cut_by_a_kill_are_fetched_again_whole(mounts, garage, tmp_path):
+    """The S3 tier does not continue a copy (its parallel ranged GETs leave no prefix): the
+    partials are refetched whole, through the same paths."""
+    local = tmp_path / "local"
+    files = big_source(local)
+    prefix = f"big{abs(hash(str(tmp_path))) % 10**8}"
+    garage.upload(local, prefix)
+    tier = Tier(
+        "s3",
+        f"s3://metfs/{prefix}",
+        ["--endpoint", garage.endpoint, "--region", "garage", "--allow-http"],
+        garage.env,
+    )
+    m = mounts(tier, "512MiB", "--rf", "1", "--compose", "sequential", "--prefetch-rate", RATE)
+    kill_mid_copy(m, in_order=False)
+    log, fetched = remount(m)
+    assert not continued_from(log), log[-3000:]
+    assert fetched == 2 * BIG, fetched
     assert read_view(m.mountpoint) == files
     assert not list((m.cache / "tmp").glob("*.part*"))

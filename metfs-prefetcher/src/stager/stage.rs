@@ -483,9 +483,6 @@ impl Stager {
             // A fetch dropped before it returns (its slot failed) takes its partial copy with
             // it, wherever it was written.
             let mut unfinished = Unfinished(Some(tmp.clone()), resumable);
-            if from > 0 {
-                tracing::info!(sample = %rel, from, "continuing an interrupted copy");
-            }
             let res = self.fetch_watched(&sample, file.clone(), from).await;
             let e = match res {
                 Ok((start, n)) if start + n == sample.size => {

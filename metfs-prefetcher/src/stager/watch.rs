@@ -43,8 +43,10 @@ impl Stager {
                     .tier
                     .fetch_from(sample, file.clone(), from, &self.pacer);
                 if let Some(n) = rest.await? {
+                    tracing::info!(sample = %sample.path, from, "continued an interrupted copy");
                     return Ok((from, n));
                 }
+                tracing::debug!(sample = %sample.path, from, "the tier cannot continue a copy; fetching it whole");
                 file.set_len(0).map_err(|source| TierError::Local {
                     path: sample.path.clone(),
                     source,
