@@ -24,8 +24,10 @@
 //!   it is left. A fetch dropped (its slot failed) or timed out (its blocking copy may still
 //!   write), or one that failed for the sample's own reason or the cache's, takes the partial
 //!   and its sidecar with it.
-//! * Partials outlive a staging only as this slot's: a staging keeps those of the samples it
-//!   still has to fetch, and an eviction of the slot removes them.
+//! * Partials outlive a staging only as this slot's, and only while it is not complete: a
+//!   staging keeps those of the samples it still has to fetch and removes the rest, one that
+//!   completes and an eviction of the slot remove them all, and a start removes those of a
+//!   slot that is gone.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -33,8 +35,8 @@ use std::sync::OnceLock;
 
 use metfs_tier::{SampleRef, TierError};
 
-use super::stage::is_samples_own;
-use super::Stager;
+use super::stage::{create_copy, is_samples_own};
+use super::{cache_err, Landing, Miss, Stager};
 
 /// Smallest sample whose interrupted copy is continued: a smaller one costs little to fetch
 /// again, and its sidecar would cost a create and an unlink per copy.
@@ -57,6 +59,39 @@ impl Stager {
     /// Whether `sample`'s copy is written as a partial that a later attempt may continue.
     pub(super) fn resumable(&self, sample: &SampleRef) -> bool {
         sample.size >= RESUME_MIN_BYTES && !sample.version.is_empty()
+    }
+
+    /// The file an attempt at sample `id` writes, and how many bytes of it are there already:
+    /// a large sample's partial copy (`partial`), continued where it is of this very sample,
+    /// or a new file where `landing` puts it.
+    pub(super) fn open_attempt(
+        &self,
+        slot_name: &str,
+        id: u32,
+        dst: &Path,
+        sample: &SampleRef,
+        landing: Landing,
+    ) -> Result<(PathBuf, std::fs::File, u64), Miss> {
+        let (tmp, r) = if self.resumable(sample) {
+            let tmp = self.tmp_dir.join(format!("{slot_name}-{id}"));
+            match self.open_partial(slot_name, id, sample) {
+                Ok(Partial { path, file, from }) => return Ok((path, file, from)),
+                Err(e) => (tmp, Err(e)),
+            }
+        } else {
+            let tmp = self.landing_path(slot_name, id, dst, landing);
+            let r = create_copy(&tmp, landing);
+            (tmp, r)
+        };
+        match r {
+            Ok(f) => Ok((tmp, f, 0)),
+            Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => Err(Miss::Sample(format!(
+                "`{}`: creating {}: {e}",
+                sample.path,
+                tmp.display()
+            ))),
+            Err(e) => Err(Miss::Slot(cache_err(&tmp)(e))),
+        }
     }
 
     /// Opens the partial copy of sample `id` of `slot_name` for an attempt: the one left by an

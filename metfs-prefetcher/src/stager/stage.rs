@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::partial::{is_partial_name, keeps_partial, partial_id, remove_partial, Partial};
+use super::partial::{is_partial_name, keeps_partial, partial_id, remove_partial};
 use super::{
     cache_err, crc_of_copy, crc_of_file, create_private_dir, Fetched, Landing, Miss, Progress,
     SlotSpec, StageError, StageReport, Stager, BATCH_AGE, BATCH_BYTES, BATCH_FILES, NAME_MAX,
@@ -137,6 +137,8 @@ impl Stager {
             return Err(e);
         }
         self.finish_slot(slot, committed?, &mut report)?;
+        // What is left is of samples left out or linked from another slot: of no more use.
+        self.remove_partials_of(&slot.name);
         report.elapsed = start.elapsed();
         Ok(report)
     }
@@ -527,39 +529,6 @@ impl Stager {
             let delay =
                 self.retry_or_miss(e, &rel, &tmp, slot_name, attempt, &mut backoff, progress)?;
             tokio::time::sleep(delay).await;
-        }
-    }
-
-    /// The file an attempt at sample `id` writes, and how many bytes of it are there already:
-    /// a large sample's partial copy (`partial`), continued where it is of this very sample,
-    /// or a new file where `landing` puts it.
-    fn open_attempt(
-        &self,
-        slot_name: &str,
-        id: u32,
-        dst: &Path,
-        sample: &SampleRef,
-        landing: Landing,
-    ) -> Result<(PathBuf, std::fs::File, u64), Miss> {
-        let (tmp, r) = if self.resumable(sample) {
-            let tmp = self.tmp_dir.join(format!("{slot_name}-{id}"));
-            match self.open_partial(slot_name, id, sample) {
-                Ok(Partial { path, file, from }) => return Ok((path, file, from)),
-                Err(e) => (tmp, Err(e)),
-            }
-        } else {
-            let tmp = self.landing_path(slot_name, id, dst, landing);
-            let r = create_copy(&tmp, landing);
-            (tmp, r)
-        };
-        match r {
-            Ok(f) => Ok((tmp, f, 0)),
-            Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => Err(Miss::Sample(format!(
-                "`{}`: creating {}: {e}",
-                sample.path,
-                tmp.display()
-            ))),
-            Err(e) => Err(Miss::Slot(cache_err(&tmp)(e))),
         }
     }
 
