@@ -116,6 +116,24 @@ pub trait CapacityTier: Send + Sync + 'static {
         pacer: &Pacer,
     ) -> Result<u64, TierError>;
 
+    /// Continues a copy of `sample` whose first `from` bytes `dest` already holds: copies bytes
+    /// `from..size` into `dest` at their own offsets, pacing with `pacer`, writing them in order
+    /// (so that a copy cut short again holds a prefix of the sample as long as the file). Returns
+    /// `Some(bytes written)` (`size - from`), checked as [`CapacityTier::fetch`] checks a whole
+    /// copy (a sample changed since cataloguing is [`TierError::Changed`]); `None`, having
+    /// written nothing, where the tier cannot serve a range or not in order, and the caller
+    /// then fetches the whole sample. The default is `None`. Whether `dest`'s prefix is of the
+    /// catalogued version is the caller's to know.
+    async fn fetch_from(
+        &self,
+        _sample: &SampleRef,
+        _dest: Arc<std::fs::File>,
+        _from: u64,
+        _pacer: &Pacer,
+    ) -> Result<Option<u64>, TierError> {
+        Ok(None)
+    }
+
     /// How many small samples (at most [`SMALL_FILE_BYTES`] each) the stager should hand to
     /// one [`CapacityTier::fetch_group`] call. 1, the default, means one [`CapacityTier::fetch`]
     /// per sample: a tier whose fetches wait on the network gains nothing from grouping them.

@@ -644,6 +644,30 @@ impl CapacityTier for FaultyTier {
             Err(f) => Err(self.error(f, &sample.path)),
         }
     }
+
+    /// The inner tier's, behind the same scripted faults as [`CapacityTier::fetch`] (a full
+    /// cache fails it before any byte is written).
+    async fn fetch_from(
+        &self,
+        sample: &SampleRef,
+        dest: Arc<std::fs::File>,
+        from: u64,
+        pacer: &Pacer,
+    ) -> Result<Option<u64>, TierError> {
+        self.intercept(Op::Fetch, Some(&sample.path))
+            .await
+            .map_err(|f| self.error(f, &sample.path))?;
+        let r = self.inner.fetch_from(sample, dest, from, pacer).await;
+        if matches!(r, Ok(Some(_))) {
+            *self
+                .fetched
+                .lock()
+                .unwrap()
+                .entry(sample.path.clone())
+                .or_default() += 1;
+        }
+        r
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use super::journal::{JournalBatch, JournalWriter};
 use super::{cache_err, Fetched, Progress, StageError};
 
-/// What `commit_batches` returns: files and bytes committed, the journal, and samples whose
+/// What `commit_batches` returns: files committed and the bytes of them read from the tier, the journal, and samples whose
 /// slot path the cache's file system refused as too long.
 pub(super) type Committed = (u64, u64, JournalWriter, Vec<(u32, String)>);
 
@@ -60,7 +60,7 @@ pub(super) fn commit_batches(
             progress.files_done.fetch_add(1, Ordering::Relaxed);
             progress.bytes_done.fetch_add(f.bytes, Ordering::Relaxed);
             files += 1;
-            bytes += f.bytes;
+            bytes += f.read;
         }
     }
     Ok((files, bytes, journal, too_long))

@@ -28,7 +28,7 @@ impl Stager {
         let start = Instant::now();
         let (dir, slot_journal) = self.prepare_slot(slot)?;
         let jpath = slot_journal.path().to_path_buf();
-        self.clean_tmp_matching(&format!("{}-", slot.name))?;
+        self.clean_tmp_matching(&format!("{}-", slot.name), &|_| false)?;
         // Container index -> (size, CRC-32) of its staged file. Entries without a CRC (older
         // journals) cannot be checked and are staged again.
         let done = slot_journal.read().files;

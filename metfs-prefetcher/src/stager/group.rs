@@ -380,7 +380,7 @@ impl Stager {
                     }
                 },
             };
-            self.count_fetched(progress, m.size);
+            self.count_fetched(progress, m.size, m.size);
             copies.keep(i);
             out.push((
                 m.id,
@@ -389,6 +389,7 @@ impl Stager {
                     tmp: (landing == Landing::Tmp).then_some(m.tmp),
                     dst: m.dst,
                     bytes: m.size,
+                    read: m.size,
                     crc,
                 }),
             ));

@@ -19,6 +19,11 @@
 //!   renamed in once durable, so it never holds a copy being written. A crash leaves at worst
 //!   orphan temporary files, which [`Stager::clean_tmp`] removes at start.
 //!
+//! A sample of at least `partial::RESUME_MIN_BYTES` (8 MiB) is written in `TMP/` whatever the
+//! slot, as a partial copy that a later attempt (a retry, the slot staged again after a
+//! failure, a restart after `kill -9`) continues from its length where the tier serves a range,
+//! reading only the rest (`partial` module).
+//!
 //! Batches are committed on a thread of their own while the next ones download, so durability
 //! costs the download no time unless the disk is slower than the tier.
 //!
@@ -105,6 +110,7 @@ mod commit;
 mod containers;
 mod group;
 mod journal;
+mod partial;
 mod reuse;
 mod seal;
 mod stage;
@@ -321,6 +327,8 @@ struct Fetched {
     tmp: Option<PathBuf>,
     dst: PathBuf,
     bytes: u64,
+    /// Of `bytes`, those read from the tier for this copy (fewer for a continued partial).
+    read: u64,
     /// CRC-32 of the copy, journaled so that a resume can check the content.
     crc: u32,
 }
@@ -626,14 +634,24 @@ impl Stager {
             Err(e) => return Err(err(e)),
         }
         create_private_dir(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
-        self.clean_tmp_matching("")
+        // Partial copies of large samples wait for their slot's next staging (`partial`), as
+        // long as the slot is there.
+        self.clean_tmp_matching("", &|n| {
+            partial::slot_of(n).is_some_and(|s| self.slot_path(s).is_dir())
+        })
     }
 
     /// Removes the entries of `tmp/` whose names start with `prefix`, never following symlinks.
-    fn clean_tmp_matching(&self, prefix: &str) -> Result<(), StageError> {
+    fn clean_tmp_matching(
+        &self,
+        prefix: &str,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<(), StageError> {
         for ent in std::fs::read_dir(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))? {
             let ent = ent.map_err(cache_err(&self.tmp_dir))?;
-            if !ent.file_name().to_string_lossy().starts_with(prefix) {
+            let name = ent.file_name();
+            let name = name.to_string_lossy();
+            if !name.starts_with(prefix) || keep(&name) {
                 continue;
             }
             // `file_type` of a directory entry is the entry's own type (lstat), never its
@@ -671,6 +689,7 @@ impl Stager {
         self.forget_seal(name);
         // Journal first: a half-deleted slot must never look complete.
         self.journal(name).remove().map_err(cache_err(&p))?;
+        self.remove_partials_of(name);
         match remove_tree_unless(&p, stop) {
             Ok(done) => Ok(done),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
@@ -688,6 +707,7 @@ impl Stager {
         let p = self.slot_path(name);
         self.forget_seal(name);
         self.journal(name).remove().map_err(cache_err(&p))?;
+        self.remove_partials_of(name);
         create_private_dir(&self.tmp_dir).map_err(cache_err(&self.tmp_dir))?;
         let seq = self.attempt_seq.fetch_add(1, Ordering::Relaxed);
         let trash = self.tmp_dir.join(format!("{EVICTED}{name}.{seq}"));

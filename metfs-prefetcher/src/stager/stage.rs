@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::partial::{is_partial_name, keeps_partial, partial_id, remove_partial};
 use super::{
     cache_err, crc_of_copy, crc_of_file, create_private_dir, Fetched, Landing, Miss, Progress,
     SlotSpec, StageError, StageReport, Stager, BATCH_AGE, BATCH_BYTES, BATCH_FILES, NAME_MAX,
@@ -51,8 +52,6 @@ impl Stager {
         let _deferring = self.deferring_while(slot);
         let (dir, slot_journal) = self.prepare_slot(slot)?;
         let jpath = slot_journal.path().to_path_buf();
-        // Copies of an earlier, failed attempt at this slot.
-        self.clean_tmp_matching(&format!("{}-", slot.name))?;
         let journal_state = slot_journal.read();
         self.transient.store(0, Ordering::Relaxed);
         let total_bytes: u64 = slot.samples.iter().map(|&s| self.catalog.size(s)).sum();
@@ -61,6 +60,12 @@ impl Stager {
         let mut report = StageReport::default();
         let kept = self.resume_kept(slot, &dir, &journal_state).await;
         let mut todo = self.count_kept(slot, &kept, &mut report, &progress);
+        // Copies of an earlier, failed attempt at this slot, but for the partial copies of
+        // samples still to fetch, which are continued (`partial`).
+        let unfetched: HashSet<u32> = todo.iter().copied().collect();
+        self.clean_tmp_matching(&format!("{}-", slot.name), &|n| {
+            partial_id(n, &slot.name).is_some_and(|id| unfetched.contains(&id))
+        })?;
         if journal_state.complete && todo.is_empty() {
             report.elapsed = start.elapsed();
             return Ok(report);
@@ -126,11 +131,14 @@ impl Stager {
         if let Some(e) = slot_error {
             // Copies of dropped fetches (an abandoned blocking copy may still write to its
             // file, which then only lives until it closes it).
-            let _ = self.clean_tmp_matching(&format!("{}-", slot.name));
+            // Partial copies left by a fetch that returned are kept for the next attempt.
+            let _ = self.clean_tmp_matching(&format!("{}-", slot.name), &is_partial_name);
             tracing::warn!(slot = %slot.name, error = %e, "staging stopped; the slot keeps what it committed");
             return Err(e);
         }
         self.finish_slot(slot, committed?, &mut report)?;
+        // What is left is of samples left out or linked from another slot: of no more use.
+        self.remove_partials_of(&slot.name);
         report.elapsed = start.elapsed();
         Ok(report)
     }
@@ -402,10 +410,11 @@ impl Stager {
         }
     }
 
-    /// Counts a copy of `size` bytes fetched from the tier.
-    pub(super) fn count_fetched(&self, progress: &Progress, size: u64) {
-        self.tier_bytes.fetch_add(size, Ordering::Relaxed);
-        progress.bytes_fetched.fetch_add(size, Ordering::Relaxed);
+    /// Counts a copy of `size` bytes fetched, `read` of them from the tier (the rest were a
+    /// continued partial's).
+    pub(super) fn count_fetched(&self, progress: &Progress, size: u64, read: u64) {
+        self.tier_bytes.fetch_add(read, Ordering::Relaxed);
+        progress.bytes_fetched.fetch_add(read, Ordering::Relaxed);
         progress.bytes_settled.fetch_add(size, Ordering::Relaxed);
     }
 
@@ -453,6 +462,8 @@ impl Stager {
         })
     }
 
+    /// Stages sample `id` alone: fetched (a large one's partial copy continued where an earlier
+    /// attempt left one, `partial`), checked and finished, its tier errors retried with backoff.
     pub(super) async fn stage_one(
         &self,
         slot_name: &str,
@@ -463,28 +474,20 @@ impl Stager {
         landing: Landing,
     ) -> Result<Fetched, Miss> {
         let (rel, dst, sample) = self.prepare_one(dir, id, made_dirs)?;
+        let resumable = self.resumable(&sample);
         // Made at the first transient failure: `retry_secs` counts from there.
         let mut backoff: Option<Backoff> = None;
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let tmp = self.landing_path(slot_name, id, &dst, landing);
-            let file = match create_copy(&tmp, landing) {
-                Ok(f) => Arc::new(f),
-                Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
-                    return Err(Miss::Sample(format!(
-                        "`{rel}`: creating {}: {e}",
-                        tmp.display()
-                    )))
-                }
-                Err(e) => return Err(Miss::Slot(cache_err(&tmp)(e))),
-            };
+            let (tmp, file, from) = self.open_attempt(slot_name, id, &dst, &sample, landing)?;
+            let file = Arc::new(file);
             // A fetch dropped before it returns (its slot failed) takes its partial copy with
             // it, wherever it was written.
-            let mut unfinished = Unfinished(Some(tmp.clone()));
-            let res = self.fetch_watched(&sample, file.clone()).await;
+            let mut unfinished = Unfinished(Some(tmp.clone()), resumable);
+            let res = self.fetch_watched(&sample, file.clone(), from).await;
             let e = match res {
-                Ok(n) if n == sample.size => {
+                Ok((start, n)) if start + n == sample.size => {
                     let len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
                     if len != sample.size {
                         // The copy goes with `unfinished`.
@@ -493,27 +496,36 @@ impl Stager {
                             sample.size
                         )));
                     }
+                    if resumable {
+                        // Complete: never continued again (see `partial`).
+                        let _ = std::fs::remove_file(super::partial::sidecar_of(&tmp));
+                    }
                     let (tmp, bytes, crc) = self.finish_copy(file, tmp, &rel, sample.size).await?;
-                    self.count_fetched(progress, sample.size);
+                    self.count_fetched(progress, sample.size, n);
                     unfinished.finished();
                     return Ok(Fetched {
                         id,
-                        tmp: (landing == Landing::Tmp).then_some(tmp),
+                        tmp: (landing == Landing::Tmp || resumable).then_some(tmp),
                         dst,
                         bytes,
+                        read: n,
                         crc,
                     });
                 }
-                Ok(n) => TierError::Changed {
+                Ok((start, n)) => TierError::Changed {
                     url: self.tier.url().to_string(),
                     path: rel.clone(),
                     expected: format!("{} bytes", sample.size),
-                    found: format!("{n} bytes"),
+                    found: format!("{} bytes", start + n),
                 },
                 Err(e) => e,
             };
             drop(file);
-            let _ = std::fs::remove_file(&tmp);
+            if resumable && keeps_partial(&e) {
+                unfinished.finished();
+            } else {
+                drop(unfinished);
+            }
             let delay =
                 self.retry_or_miss(e, &rel, &tmp, slot_name, attempt, &mut backoff, progress)?;
             tokio::time::sleep(delay).await;
@@ -649,8 +661,8 @@ pub(super) fn is_samples_own(e: &TierError) -> bool {
 }
 
 /// A copy being written, deleted if its fetch ends without handing it over (an error, or the
-/// fetch's future dropped).
-struct Unfinished(Option<PathBuf>);
+/// fetch's future dropped), with its sidecar when it is a partial copy (`partial`).
+struct Unfinished(Option<PathBuf>, bool);
 
 impl Unfinished {
     fn finished(&mut self) {
@@ -661,7 +673,11 @@ impl Unfinished {
 impl Drop for Unfinished {
     fn drop(&mut self) {
         if let Some(p) = self.0.take() {
-            let _ = std::fs::remove_file(p);
+            if self.1 {
+                remove_partial(&p);
+            } else {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
 }

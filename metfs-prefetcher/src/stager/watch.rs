@@ -23,17 +23,38 @@ impl Stager {
         Duration::from_secs(self.cfg.timeout_secs.max(1)) + paced
     }
 
-    /// Fetches `sample` into `file`, failing with [`TierError::Timeout`] when the copy makes
-    /// no progress (neither its size nor its allocated blocks grow; parallel ranged writes
-    /// fill holes below the size) for [`Stager::stall_limit`].
+    /// Fetches `sample` into `file` (which holds its first `from` bytes: the rest is fetched
+    /// where the tier serves a range, the whole sample again, `file` emptied first, where it
+    /// does not), failing with [`TierError::Timeout`] when the copy makes no progress (neither
+    /// its size nor its allocated blocks grow; parallel ranged writes fill holes below the
+    /// size) for [`Stager::stall_limit`]. Returns where the fetch began and how many bytes it
+    /// read from the tier.
     pub(super) async fn fetch_watched(
         &self,
         sample: &SampleRef,
         file: Arc<std::fs::File>,
-    ) -> Result<u64, TierError> {
+        from: u64,
+    ) -> Result<(u64, u64), TierError> {
         use std::os::unix::fs::MetadataExt;
         let mark = || file.metadata().map(|m| (m.len(), m.blocks())).ok();
-        let fut = self.tier.fetch(sample, file.clone(), &self.pacer);
+        let fut = async {
+            if from > 0 {
+                let rest = self
+                    .tier
+                    .fetch_from(sample, file.clone(), from, &self.pacer);
+                if let Some(n) = rest.await? {
+                    tracing::info!(sample = %sample.path, from, "continued an interrupted copy");
+                    return Ok((from, n));
+                }
+                tracing::debug!(sample = %sample.path, from, "the tier cannot continue a copy; fetching it whole");
+                file.set_len(0).map_err(|source| TierError::Local {
+                    path: sample.path.clone(),
+                    source,
+                })?;
+            }
+            let n = self.tier.fetch(sample, file.clone(), &self.pacer).await?;
+            Ok((0, n))
+        };
         self.stall_watched(fut, mark, || sample.path.clone())
             .await
             .and_then(|r| r)

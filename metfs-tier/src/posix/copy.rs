@@ -1,7 +1,8 @@
 //! Copying one sample out of a POSIX source: opened without leaving the root, its type,
 //! size and version checked before and after, copied paced by `copy_file_range` (a large
 //! file) or through a buffer (a small one, hashed as it passes), its writeback started as it
-//! goes.
+//! goes. A copy is written in order from its first byte (or from where an interrupted one
+//! stopped, `CapacityTier::fetch_from`), so a copy cut short holds a prefix of the sample.
 
 use crate::error::local;
 use crate::pacer::Pacer;
@@ -24,7 +25,7 @@ impl PosixTier {
         let mut crc = None;
         // `fetch_blocking` returns only a complete copy of the catalogued size (a short one is
         // `TierError::Changed`), so what reaches `finish` is complete, as the trait asks.
-        let bytes = self.fetch_blocking(&m.sample, &dest, pacer, Some(&mut crc))?;
+        let bytes = self.fetch_blocking(&m.sample, &dest, 0, pacer, Some(&mut crc))?;
         (m.finish)(&dest).map_err(|e| local(path, e))?;
         Ok(Copied {
             bytes,
@@ -32,21 +33,27 @@ impl PosixTier {
         })
     }
 
-    /// Copies `sample` into `dest`. With `crc`, the bytes are hashed as they are written,
-    /// which only a copy through a buffer can do: `crc` is then `Some` on return, and `None`
-    /// when the copy took `copy_file_range` (a large file).
+    /// Copies bytes `from..` of `sample` into `dest` at their own offsets, in order; returns how
+    /// many (`size - from`). With `crc`, the bytes are hashed as they are written, which only a
+    /// whole copy through a buffer can do: `crc` is then `Some` on return, and `None` when the
+    /// copy took `copy_file_range` (a large file) or began past byte 0.
     pub(super) fn fetch_blocking(
         &self,
         sample: &SampleRef,
         dest: &std::fs::File,
+        from: u64,
         pacer: &Pacer,
         mut crc: Option<&mut Option<crc32fast::Hasher>>,
     ) -> Result<u64, TierError> {
         let src = self.open_regular(sample)?;
+        let from = from.min(sample.size);
         let mut at = Cursor {
-            off_in: 0,
-            off_out: 0,
-            hasher: crc.as_ref().map(|_| crc32fast::Hasher::new()),
+            off_in: from as i64,
+            off_out: from as i64,
+            hasher: crc
+                .as_ref()
+                .filter(|_| from == 0)
+                .map(|_| crc32fast::Hasher::new()),
             buf: Vec::new(),
         };
         self.copy_paced(sample, &src, dest, pacer, &mut at)?;
@@ -65,7 +72,7 @@ impl PosixTier {
         if let Some(out) = crc.as_mut() {
             **out = at.hasher;
         }
-        Ok(at.off_out as u64)
+        Ok(at.off_out as u64 - from)
     }
 
     /// Opens `sample`, refusing anything but a regular file of its catalogued size and

@@ -342,9 +342,26 @@ impl CapacityTier for PosixTier {
         let me = self.clone();
         let sample = sample.clone();
         let pacer = pacer.clone();
-        tokio::task::spawn_blocking(move || me.fetch_blocking(&sample, &dest, &pacer, None))
+        tokio::task::spawn_blocking(move || me.fetch_blocking(&sample, &dest, 0, &pacer, None))
             .await
             .expect("fetch task panicked")
+    }
+
+    /// A `pread` (or `copy_file_range`) from `from` on: the POSIX tier serves any range.
+    async fn fetch_from(
+        &self,
+        sample: &SampleRef,
+        dest: Arc<std::fs::File>,
+        from: u64,
+        pacer: &Pacer,
+    ) -> Result<Option<u64>, TierError> {
+        let me = self.clone();
+        let sample = sample.clone();
+        let pacer = pacer.clone();
+        tokio::task::spawn_blocking(move || me.fetch_blocking(&sample, &dest, from, &pacer, None))
+            .await
+            .expect("fetch task panicked")
+            .map(Some)
     }
 
     fn group_files(&self) -> usize {

@@ -156,6 +156,52 @@ async fn fetch_copies_and_verifies() {
     ));
 }
 
+/// `fetch_from` copies only the rest, at its own offsets, through a buffer (a small file) and
+/// by `copy_file_range` (a large one); a sample changed since cataloguing is refused.
+#[tokio::test]
+async fn fetch_from_copies_the_rest_at_its_offsets() {
+    let (d, t) = setup();
+    let big: Vec<u8> = (0..3 * SMALL_FILE_BYTES as usize + 123)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    std::fs::write(t.root().join("big"), &big).unwrap();
+    let l = t.list().await.unwrap();
+    for (path, want) in [("a/b/x.bin", vec![7u8; 10_000]), ("big", big.clone())] {
+        let e = l.entries.iter().find(|e| e.path == path).unwrap();
+        let s = SampleRef {
+            path: e.path.clone(),
+            size: e.size,
+            version: e.version.clone(),
+            durable: true,
+        };
+        let dst = d.path().join("out");
+        let from = want.len() as u64 / 3;
+        // The prefix as an interrupted copy left it.
+        std::fs::write(&dst, &want[..from as usize]).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&dst).unwrap();
+        let n = t
+            .fetch_from(&s, Arc::new(f), from, &Pacer::unlimited())
+            .await
+            .unwrap();
+        assert_eq!(n, Some(e.size - from), "{path}");
+        assert_eq!(std::fs::read(&dst).unwrap(), want, "{path}");
+    }
+    let e = l.entries.iter().find(|e| e.path == "big").unwrap();
+    let s = SampleRef {
+        path: e.path.clone(),
+        size: e.size,
+        version: e.version.clone(),
+        durable: false,
+    };
+    std::fs::write(t.root().join("big"), vec![1u8; big.len() + 1]).unwrap();
+    let f = Arc::new(std::fs::File::create(d.path().join("out2")).unwrap());
+    let err = t
+        .fetch_from(&s, f, 10, &Pacer::unlimited())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, TierError::Changed { .. }), "{err}");
+}
+
 /// The one-call open beneath the root refuses every way out (relative and absolute
 /// symlinks, symlinked directories), and the slow path it falls back to still serves
 /// what stays inside, an absolute symlink included.

@@ -357,6 +357,7 @@ async fn stage_first(
         fetched = report.fetched,
         resumed = report.resumed,
         failed = report.failed.len(),
+        tier_bytes = report.bytes_fetched,
         secs = t.elapsed().as_secs_f64(),
         "mini-epoch staged"
     );
