@@ -24,7 +24,7 @@
 //! call copies nothing for [`Stager::stall_limit`] fails the slot with
 //! [`TierError::Timeout`], as a stalled single fetch does (`Stager::stall_watched`).
 
-use super::stage::create_copy;
+use super::copy::create_copy;
 use super::{cache_err, crc_of_file, Fetched, Landing, Miss, Progress, StageError, Stager};
 use metfs_tier::TierError;
 use metfs_tier::{GroupMember, OpenCopy, SMALL_FILE_BYTES};

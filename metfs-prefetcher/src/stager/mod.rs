@@ -108,6 +108,7 @@ use metfs_tier::{CapacityTier, TierError};
 
 mod commit;
 mod containers;
+mod copy;
 mod group;
 mod journal;
 mod partial;

@@ -35,7 +35,7 @@ use std::sync::OnceLock;
 
 use metfs_tier::{SampleRef, TierError};
 
-use super::stage::{create_copy, is_samples_own};
+use super::copy::{create_copy, is_samples_own};
 use super::{cache_err, Landing, Miss, Stager};
 
 /// Smallest sample whose interrupted copy is continued: a smaller one costs little to fetch

@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::copy::is_samples_own;
 use super::partial::{is_partial_name, keeps_partial, partial_id, remove_partial};
 use super::{
     cache_err, crc_of_copy, crc_of_file, create_private_dir, Fetched, Landing, Miss, Progress,
@@ -637,29 +638,6 @@ impl Stager {
     }
 }
 
-/// Whether a tier error is about the sample itself (it is gone, changed, unservable), as
-/// opposed to the tier being unavailable for now.
-pub(super) fn is_samples_own(e: &TierError) -> bool {
-    match e {
-        TierError::NotFound { .. }
-        | TierError::Changed { .. }
-        | TierError::Escapes { .. }
-        | TierError::NotRegular { .. } => true,
-        // Refused access, a symlink loop, a directory or a too-long name in the sample's place
-        // stay so however often it is retried. Anything else (EIO, ESTALE, ENOTCONN, errors
-        // without an errno such as an S3 connection reset) may pass.
-        TierError::Io { source, .. } => matches!(
-            source.raw_os_error(),
-            Some(libc::EACCES)
-                | Some(libc::EPERM)
-                | Some(libc::ELOOP)
-                | Some(libc::EISDIR)
-                | Some(libc::ENAMETOOLONG)
-        ),
-        _ => false,
-    }
-}
-
 /// A copy being written, deleted if its fetch ends without handing it over (an error, or the
 /// fetch's future dropped), with its sidecar when it is a partial copy (`partial`).
 struct Unfinished(Option<PathBuf>, bool);
@@ -679,33 +657,6 @@ impl Drop for Unfinished {
                 let _ = std::fs::remove_file(p);
             }
         }
-    }
-}
-
-/// Creates the file a fetch writes `path`: owner-only while written, read-only once complete
-/// (see the module docs), and readable, since the copy's CRC is read back through it. A file
-/// already at a slot path ([`Landing::InPlace`]) is what an interrupted attempt left (never
-/// journaled, or found wanting by the resume check) or a link to another slot's copy: it is
-/// unlinked, never opened, so no other slot's copy is ever written through it.
-pub(super) fn create_copy(path: &Path, landing: Landing) -> std::io::Result<std::fs::File> {
-    let create = || {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-    };
-    match create() {
-        Err(e) if landing == Landing::InPlace && e.kind() == std::io::ErrorKind::AlreadyExists => {
-            match std::fs::remove_file(path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-            create()
-        }
-        r => r,
     }
 }
 
