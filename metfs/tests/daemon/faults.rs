@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use metfs::daemon::Daemon;
 use metfs_protocol::reply::Staging;
 use metfs_protocol::{Choice, Event};
-use metfs_tier::testing::{Failure, FaultyTier, Hang, MemoryTier, Op, Rule};
+use metfs_tier::testing::{Failure, FaultId, FaultyTier, Hang, MemoryTier, Op, Rule};
 
 use crate::common::*;
 use metfs::daemon::DEFAULT_SESSION;
@@ -42,6 +42,20 @@ fn faulty(rf: u32, stager: &str) -> Faulty {
 }
 
 impl Faulty {
+    /// Makes every fetch of `paths` fail with `EIO` (a dead OST) until each returned rule ends.
+    fn dead<'a>(&self, paths: impl IntoIterator<Item = &'a String>) -> Vec<FaultId> {
+        paths
+            .into_iter()
+            .map(|p| {
+                self.tier.add(
+                    Rule::fetches(..)
+                        .of_path(p.clone())
+                        .fail(Failure::Io(libc::EIO)),
+                )
+            })
+            .collect()
+    }
+
     /// The daemon prepared on the faulty tier (the first mini-epoch staged, no fault yet), its
     /// cache lock, and the plan of epoch 0.
     async fn prepare(&self) -> (Arc<Daemon>, std::fs::File, Vec<BTreeSet<String>>) {
@@ -421,16 +435,7 @@ async fn samples_a_lasting_fault_holds_are_deferred_and_come_later() {
     let f = faulty(1, "retry_secs = 1\ndefer_after_secs = 2");
     let (d, lock, plan) = f.prepare().await;
     let dead: Vec<String> = plan[1].iter().take(2).cloned().collect();
-    let faults: Vec<_> = dead
-        .iter()
-        .map(|p| {
-            f.tier.add(
-                Rule::fetches(..)
-                    .of_path(p.clone())
-                    .fail(Failure::Io(libc::EIO)),
-            )
-        })
-        .collect();
+    let faults = f.dead(&dead);
     let r = run(d.clone(), lock);
     let t = Instant::now();
     // Failed once (retries for 1 s), paused 2 s: the next try is past the 2 s bound, and
@@ -554,16 +559,7 @@ async fn samples_carried_at_a_restart_still_come_in_their_epoch() {
     let mut by_size: Vec<&String> = plan[1].iter().collect();
     by_size.sort_by_key(|p| f.t.source[p.as_str()].len());
     let dead: BTreeSet<String> = by_size.into_iter().take(2).cloned().collect();
-    let faults: Vec<_> = dead
-        .iter()
-        .map(|p| {
-            f.tier.add(
-                Rule::fetches(..)
-                    .of_path(p.clone())
-                    .fail(Failure::Io(libc::EIO)),
-            )
-        })
-        .collect();
+    let faults = f.dead(&dead);
     assert!(
         plan.len() >= 4,
         "the test wants a restart two mini-epochs on"
