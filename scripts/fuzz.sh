@@ -98,6 +98,11 @@ FLAGS=(-s none -a)
 cargo +"$tc" fuzz build "${FLAGS[@]}"
 
 work="$PWD/target/fuzz"
+# The targets that parse a file write their input to a scratch file: in a directory of this
+# run's own, in memory when /dev/shm is there, removed however the run ends.
+METFS_FUZZ_SCRATCH=$(mktemp -d /dev/shm/metfs-fuzz.XXXXXX 2>/dev/null || mktemp -d)
+export METFS_FUZZ_SCRATCH
+trap 'rm -rf "$METFS_FUZZ_SCRATCH"' EXIT
 summary=()
 failed=0
 for t in "${targets[@]}"; do

@@ -15,6 +15,7 @@ environment's packages (torch) through a `.pth` file and shadows only what strea
 other versions.
 """
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -22,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -279,12 +281,10 @@ def test_webdataset_views_read_with_webdataset(view_index: Path, tmp_path: Path)
 STREAMING_CHILD = r"""
 import hashlib, json, sys
 from streaming import MDSWriter, StreamingDataset
-from streaming.base.util import clean_stale_shared_memory
 
 # Writes the source, says so, then reads each view directory named on stdin (a JSON list):
 # one process, since importing streaming takes seconds.
 src, n = sys.argv[1], int(sys.argv[2])
-clean_stale_shared_memory()
 with MDSWriter(out=src, columns={"id": "int", "data": "bytes"}, size_limit=1 << 10) as w:
     for i in range(n):
         w.write({"id": i, "data": hashlib.sha256(str(i).encode()).digest() * (1 + i % 5)})
@@ -295,7 +295,6 @@ for path in json.loads(sys.stdin.readline()):
     rows = [[int(s["id"]), s["data"].hex()] for s in ds]
     views.append({"len": len(ds), "rows": rows})
     del ds
-    clean_stale_shared_memory()
 print(json.dumps(views))
 """
 
@@ -334,9 +333,38 @@ def streaming_python() -> Path:
     return python
 
 
+@contextlib.contextmanager
+def streaming_turn() -> Iterator[None]:
+    """Held while a process of this machine's tests uses MosaicML Streaming.
+
+    Streaming's datasets name their shared memory machine-wide (/dev/shm/NNNNNN_locals, ...):
+    two processes that create datasets at once can both pick the same prefix (FileExistsError),
+    and its `clean_stale_shared_memory` unlinks every process's, or dies on an empty one that
+    a killed process left. The tests take turns (the two pytest workers would otherwise
+    collide) and do not clean: a dataset releases its own memory when it is deleted."""
+    with open("/var/tmp/metfs-streaming-turn.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def child_said(child: subprocess.Popen, want: str) -> None:
+    """Asserts the child's next line is `want`, else shows what it wrote to stderr."""
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    if line != want:
+        child.kill()
+        _, err = child.communicate()
+        pytest.fail(f"the streaming child wrote {line!r}, not {want!r}; stderr:\n{err[-3000:]}")
+
+
 def test_mds_views_load_with_streaming_dataset(view_index: Path, tmp_path: Path) -> None:
     python = streaming_python()
     src = tmp_path / "src"
+    with streaming_turn():
+        mds_views_load(python, view_index, src, tmp_path)
+
+
+def mds_views_load(python: Path, view_index: Path, src: Path, tmp_path: Path) -> None:
     child = subprocess.Popen(
         [str(python), "-c", STREAMING_CHILD, str(src), str(SAMPLES)],
         stdin=subprocess.PIPE,
@@ -346,7 +374,7 @@ def test_mds_views_load_with_streaming_dataset(view_index: Path, tmp_path: Path)
         env=dict(os.environ, PYTHONWARNINGS="ignore"),
     )
     try:
-        assert child.stdout is not None and child.stdout.readline() == "written\n"
+        child_said(child, "written\n")
         lay = layout(view_index, src)
         assert lay["format"] == "mds" and lay["index"] == ["index.json"]
         names = [s["name"] for s in lay["shards"]]

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from test_formats_index import STREAMING_PINS, payload, streaming_python
+from test_formats_index import STREAMING_PINS, child_said, payload, streaming_python, streaming_turn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bindings" / "python" / "src"))
@@ -424,12 +424,10 @@ def test_webdataset_shards_travel_with_their_index_files(mounts, tmp_path):
 MDS_CHILD = r"""
 import hashlib, json, sys
 from streaming import MDSWriter, StreamingDataset
-from streaming.base.util import clean_stale_shared_memory
 
 # Writes the source, says so, then reads the mountpoint each time a line arrives on stdin
 # (one process: importing streaming takes seconds).
 src, n, mnt = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-clean_stale_shared_memory()
 with MDSWriter(out=src, columns={"id": "int", "data": "bytes"}, size_limit=1 << 14) as w:
     for i in range(n):
         w.write({"id": i, "data": hashlib.sha256(str(i).encode()).digest() * (1 + i % 5) * 100})
@@ -439,7 +437,6 @@ for _ in sys.stdin:
     rows = [[int(s["id"]), hashlib.sha256(s["data"]).hexdigest()] for s in ds]
     print(json.dumps({"len": len(ds), "rows": rows}), flush=True)
     del ds
-    clean_stale_shared_memory()
 """
 
 
@@ -447,32 +444,33 @@ def test_mds_streaming_dataset_reads_each_view(mounts, tmp_path):
     python = streaming_python()
     src = tmp_path / "mds"
     m = mounts(src, "2MiB", "--rf", "1")
-    child = subprocess.Popen(
-        [str(python), "-c", MDS_CHILD, str(src), str(SAMPLES), str(m.mountpoint)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONWARNINGS="ignore"),
-    )
-    assert child.stdin is not None and child.stdout is not None
-    try:
-        assert child.stdout.readline() == "written\n", child.stderr.read() if child.stderr else ""
-        m.mount()
-        assert "format=mds" in m.log()
-        seen = collections.Counter()
-        for _ in epochs(m, 1):
-            child.stdin.write("read\n")
-            child.stdin.flush()
-            line = child.stdout.readline()
-            assert line, child.stderr.read() if child.stderr else ""
-            res = json.loads(line)
-            assert res["len"] == len(res["rows"])
-            for i, digest in res["rows"]:
-                want = hashlib.sha256(str(i).encode()).digest() * (1 + i % 5) * 100
-                assert digest == hashlib.sha256(want).hexdigest(), i
-                seen[i] += 1
-        assert seen == collections.Counter(range(SAMPLES))
-    finally:
-        child.kill()
-        child.wait()
+    with streaming_turn():
+        child = subprocess.Popen(
+            [str(python), "-c", MDS_CHILD, str(src), str(SAMPLES), str(m.mountpoint)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONWARNINGS="ignore"),
+        )
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            child_said(child, "written\n")
+            m.mount()
+            assert "format=mds" in m.log()
+            seen = collections.Counter()
+            for _ in epochs(m, 1):
+                child.stdin.write("read\n")
+                child.stdin.flush()
+                line = child.stdout.readline()
+                assert line, child.stderr.read() if child.stderr else ""
+                res = json.loads(line)
+                assert res["len"] == len(res["rows"])
+                for i, digest in res["rows"]:
+                    want = hashlib.sha256(str(i).encode()).digest() * (1 + i % 5) * 100
+                    assert digest == hashlib.sha256(want).hexdigest(), i
+                    seen[i] += 1
+            assert seen == collections.Counter(range(SAMPLES))
+        finally:
+            child.kill()
+            child.wait()
