@@ -56,5 +56,5 @@ pub use error::TierError;
 pub use posix::{posix_version, PosixTier, POSIX_GROUP_FILES};
 pub use seam::{
     start_writeback, CapacityTier, Catalogued, Copied, FinishCopy, GroupMember, Listing, OpenCopy,
-    SampleRef, SMALL_FILE_BYTES,
+    SampleRef, Written, SMALL_FILE_BYTES,
 };

@@ -30,6 +30,31 @@ pub fn start_writeback(file: &std::fs::File, off: u64, len: u64) {
     }
 }
 
+/// How much of a copy is known to be written: every byte before [`Written::get`] is in the
+/// destination. A tier raises it as a copy's prefix grows ([`CapacityTier::fetch_from`]); one
+/// that writes pieces in parallel raises it as the pieces before it are done, so it may trail
+/// what the file holds, never lead it. A caller that keeps an interrupted copy continues it
+/// from here, not from the file's length (which a later piece may have extended past a hole).
+#[derive(Debug, Default)]
+pub struct Written(std::sync::atomic::AtomicU64);
+
+impl Written {
+    /// A copy whose first `from` bytes are in place.
+    pub fn new(from: u64) -> Self {
+        Self(std::sync::atomic::AtomicU64::new(from))
+    }
+
+    /// Records that the first `to` bytes are written (never lowers it).
+    pub fn raise(&self, to: u64) {
+        self.0.fetch_max(to, std::sync::atomic::Ordering::Release);
+    }
+
+    /// How many leading bytes are written.
+    pub fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 /// Largest file the POSIX tier copies through a buffer and leaves to the stager's batched
 /// `syncfs` without starting its writeback itself, and whose copy's CRC the stager reads on
 /// the staging task rather than on a blocking thread.
@@ -116,20 +141,23 @@ pub trait CapacityTier: Send + Sync + 'static {
         pacer: &Pacer,
     ) -> Result<u64, TierError>;
 
-    /// Continues a copy of `sample` whose first `from` bytes `dest` already holds: copies bytes
-    /// `from..size` into `dest` at their own offsets, pacing with `pacer`, writing them in order
-    /// (so that a copy cut short again holds a prefix of the sample as long as the file). Returns
+    /// Continues a copy of `sample` whose first `from` bytes `dest` already holds (0: none of
+    /// it): copies bytes `from..size` into `dest` at their own offsets, pacing with `pacer`,
+    /// and raises `written` as the copy's prefix grows, so that a copy cut short again (an
+    /// error, the fetch dropped, the process killed) is continued from there. The bytes may be
+    /// written in any order: `written` says how far they are all in place. Returns
     /// `Some(bytes written)` (`size - from`), checked as [`CapacityTier::fetch`] checks a whole
     /// copy (a sample changed since cataloguing is [`TierError::Changed`]); `None`, having
-    /// written nothing, where the tier cannot serve a range or not in order, and the caller
-    /// then fetches the whole sample. The default is `None`. Whether `dest`'s prefix is of the
-    /// catalogued version is the caller's to know.
+    /// written nothing, where the tier cannot serve a range or pin the version it continues
+    /// (the caller then fetches the whole sample). The default is `None`. Whether `dest`'s
+    /// prefix is of the catalogued version is the caller's to know.
     async fn fetch_from(
         &self,
         _sample: &SampleRef,
         _dest: Arc<std::fs::File>,
         _from: u64,
         _pacer: &Pacer,
+        _written: Arc<Written>,
     ) -> Result<Option<u64>, TierError> {
         Ok(None)
     }

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{start_writeback, CapacityTier, Listing, SampleRef, TierError};
+use super::{start_writeback, CapacityTier, Listing, SampleRef, TierError, Written};
 use crate::catalog::{validate_rel_path, Catalog, CatalogEntry};
 use crate::pacer::Pacer;
 
@@ -653,11 +653,15 @@ impl CapacityTier for FaultyTier {
         dest: Arc<std::fs::File>,
         from: u64,
         pacer: &Pacer,
+        written: Arc<Written>,
     ) -> Result<Option<u64>, TierError> {
         self.intercept(Op::Fetch, Some(&sample.path))
             .await
             .map_err(|f| self.error(f, &sample.path))?;
-        let r = self.inner.fetch_from(sample, dest, from, pacer).await;
+        let r = self
+            .inner
+            .fetch_from(sample, dest, from, pacer, written)
+            .await;
         if matches!(r, Ok(Some(_))) {
             *self
                 .fetched

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::copy::is_samples_own;
-use super::partial::{is_partial_name, keeps_partial, partial_id, remove_partial};
+use super::partial::{is_partial_name, keeps_partial, partial_id, remove_partial, Attempt};
 use super::{
     cache_err, crc_of_copy, crc_of_file, create_private_dir, Fetched, Landing, Miss, Progress,
     SlotSpec, StageError, StageReport, Stager, BATCH_AGE, BATCH_BYTES, BATCH_FILES, NAME_MAX,
@@ -25,7 +25,7 @@ use super::{
 use super::{JournalBatch, JournalState, SlotJournal};
 use crate::transform::Transformer;
 use metfs_tier::backoff::Backoff;
-use metfs_tier::{SampleRef, TierError};
+use metfs_tier::{SampleRef, TierError, Written};
 
 impl Stager {
     /// Creates `slot`'s directory and the temporary directory; returns the slot's directory
@@ -481,12 +481,20 @@ impl Stager {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let (tmp, file, from) = self.open_attempt(slot_name, id, &dst, &sample, landing)?;
+            let Attempt {
+                path: tmp,
+                file,
+                from,
+                mut mark,
+            } = self.open_attempt(slot_name, id, &dst, &sample, landing)?;
             let file = Arc::new(file);
+            let written = Arc::new(Written::new(from));
             // A fetch dropped before it returns (its slot failed) takes its partial copy with
             // it, wherever it was written.
             let mut unfinished = Unfinished(Some(tmp.clone()), resumable);
-            let res = self.fetch_watched(&sample, file.clone(), from).await;
+            let res = self
+                .fetch_watched(&sample, file.clone(), from, &written, mark.as_mut())
+                .await;
             let e = match res {
                 Ok((start, n)) if start + n == sample.size => {
                     let len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
@@ -523,6 +531,9 @@ impl Stager {
             };
             drop(file);
             if resumable && keeps_partial(&e) {
+                if let Some(m) = mark.as_mut() {
+                    m.record(&written);
+                }
                 unfinished.finished();
             } else {
                 drop(unfinished);

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use metfs_tier::{SampleRef, TierError};
+use metfs_tier::{SampleRef, TierError, Written};
+
+use super::partial::Mark;
 
 use super::Stager;
 
@@ -23,39 +25,55 @@ impl Stager {
         Duration::from_secs(self.cfg.timeout_secs.max(1)) + paced
     }
 
-    /// Fetches `sample` into `file` (which holds its first `from` bytes: the rest is fetched
-    /// where the tier serves a range, the whole sample again, `file` emptied first, where it
-    /// does not), failing with [`TierError::Timeout`] when the copy makes no progress (neither
-    /// its size nor its allocated blocks grow; parallel ranged writes fill holes below the
-    /// size) for [`Stager::stall_limit`]. Returns where the fetch began and how many bytes it
-    /// read from the tier.
+    /// Fetches `sample` into `file`, failing with [`TierError::Timeout`] when the copy makes no
+    /// progress (neither its size nor its allocated blocks grow; parallel ranged writes fill
+    /// holes below the size) for [`Stager::stall_limit`]. Returns where the fetch began and how
+    /// many bytes it read from the tier.
+    ///
+    /// A partial copy (`mark`, whose file holds the sample's first `from` bytes) is continued
+    /// with [`metfs_tier::CapacityTier::fetch_from`], its first attempt too (from 0), so that
+    /// the tier reports how far it is written (`written`), which goes into the mark at each
+    /// look of the watch. Where the tier serves no range, the whole sample is fetched again,
+    /// `file` emptied first.
     pub(super) async fn fetch_watched(
         &self,
         sample: &SampleRef,
         file: Arc<std::fs::File>,
         from: u64,
+        written: &Arc<Written>,
+        mut mark: Option<&mut Mark>,
     ) -> Result<(u64, u64), TierError> {
         use std::os::unix::fs::MetadataExt;
-        let mark = || file.metadata().map(|m| (m.len(), m.blocks())).ok();
+        let resumable = mark.is_some();
+        let look = || {
+            if let Some(m) = mark.as_deref_mut() {
+                m.record(written);
+            }
+            file.metadata().map(|m| (m.len(), m.blocks())).ok()
+        };
         let fut = async {
-            if from > 0 {
-                let rest = self
-                    .tier
-                    .fetch_from(sample, file.clone(), from, &self.pacer);
+            if resumable {
+                let rest =
+                    self.tier
+                        .fetch_from(sample, file.clone(), from, &self.pacer, written.clone());
                 if let Some(n) = rest.await? {
-                    tracing::info!(sample = %sample.path, from, "continued an interrupted copy");
+                    if from > 0 {
+                        tracing::info!(sample = %sample.path, from, "continued an interrupted copy");
+                    }
                     return Ok((from, n));
                 }
-                tracing::debug!(sample = %sample.path, from, "the tier cannot continue a copy; fetching it whole");
-                file.set_len(0).map_err(|source| TierError::Local {
-                    path: sample.path.clone(),
-                    source,
-                })?;
+                if from > 0 {
+                    tracing::debug!(sample = %sample.path, from, "the tier cannot continue a copy; fetching it whole");
+                    file.set_len(0).map_err(|source| TierError::Local {
+                        path: sample.path.clone(),
+                        source,
+                    })?;
+                }
             }
             let n = self.tier.fetch(sample, file.clone(), &self.pacer).await?;
             Ok((0, n))
         };
-        self.stall_watched(fut, mark, || sample.path.clone())
+        self.stall_watched(fut, look, || sample.path.clone())
             .await
             .and_then(|r| r)
     }

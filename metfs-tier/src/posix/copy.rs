@@ -6,7 +6,9 @@
 
 use crate::error::local;
 use crate::pacer::Pacer;
-use crate::{start_writeback, Copied, GroupMember, SampleRef, TierError, SMALL_FILE_BYTES};
+use crate::{
+    start_writeback, Copied, GroupMember, SampleRef, TierError, Written, SMALL_FILE_BYTES,
+};
 
 use super::{posix_version, PosixTier};
 
@@ -25,7 +27,7 @@ impl PosixTier {
         let mut crc = None;
         // `fetch_blocking` returns only a complete copy of the catalogued size (a short one is
         // `TierError::Changed`), so what reaches `finish` is complete, as the trait asks.
-        let bytes = self.fetch_blocking(&m.sample, &dest, 0, pacer, Some(&mut crc))?;
+        let bytes = self.fetch_blocking(&m.sample, &dest, 0, pacer, Some(&mut crc), None)?;
         (m.finish)(&dest).map_err(|e| local(path, e))?;
         Ok(Copied {
             bytes,
@@ -44,6 +46,7 @@ impl PosixTier {
         from: u64,
         pacer: &Pacer,
         mut crc: Option<&mut Option<crc32fast::Hasher>>,
+        written: Option<&Written>,
     ) -> Result<u64, TierError> {
         let src = self.open_regular(sample)?;
         let from = from.min(sample.size);
@@ -55,6 +58,7 @@ impl PosixTier {
                 .filter(|_| from == 0)
                 .map(|_| crc32fast::Hasher::new()),
             buf: Vec::new(),
+            written,
         };
         self.copy_paced(sample, &src, dest, pacer, &mut at)?;
         self.check_unchanged(
@@ -167,6 +171,9 @@ impl PosixTier {
             if n == 0 {
                 break; // source shrank; the caller's check reports it
             }
+            if let Some(w) = at.written {
+                w.raise(at.off_out as u64);
+            }
             // A small file's few pages are left to the batch's `syncfs`, which writes many
             // of them out together; one writeback request per file costs a system call and
             // an I/O of its own.
@@ -192,6 +199,7 @@ impl PosixTier {
             off_out,
             hasher,
             buf,
+            ..
         } = at;
         let mut copy = |buf: &mut [u8]| -> Result<u64, TierError> {
             let r = src
@@ -222,11 +230,13 @@ impl PosixTier {
 /// Where a copy stands: the offsets in the source and in the copy, the CRC-32 of what passed
 /// through a buffer (`None` when not asked for, or once a chunk took `copy_file_range`), and
 /// the buffer of chunks too large for the thread's own.
-struct Cursor {
+struct Cursor<'w> {
     off_in: i64,
     off_out: i64,
     hasher: Option<crc32fast::Hasher>,
     buf: Vec<u8>,
+    /// Raised as the copy's (in-order) prefix grows, where the caller asked.
+    written: Option<&'w Written>,
 }
 
 /// One `copy_file_range` of up to `want` bytes at `at`'s offsets, which it advances.

@@ -11,7 +11,9 @@ use async_trait::async_trait;
 
 use crate::catalog::{validate_rel_path, Catalog};
 use crate::pacer::Pacer;
-use crate::{CapacityTier, Catalogued, Copied, GroupMember, Listing, SampleRef, TierError};
+use crate::{
+    CapacityTier, Catalogued, Copied, GroupMember, Listing, SampleRef, TierError, Written,
+};
 
 mod copy;
 #[cfg(test)]
@@ -342,26 +344,32 @@ impl CapacityTier for PosixTier {
         let me = self.clone();
         let sample = sample.clone();
         let pacer = pacer.clone();
-        tokio::task::spawn_blocking(move || me.fetch_blocking(&sample, &dest, 0, &pacer, None))
-            .await
-            .expect("fetch task panicked")
+        tokio::task::spawn_blocking(move || {
+            me.fetch_blocking(&sample, &dest, 0, &pacer, None, None)
+        })
+        .await
+        .expect("fetch task panicked")
     }
 
-    /// A `pread` (or `copy_file_range`) from `from` on: the POSIX tier serves any range.
+    /// A `pread` (or `copy_file_range`) from `from` on: the POSIX tier serves any range, and
+    /// writes in order, raising `written` after each chunk.
     async fn fetch_from(
         &self,
         sample: &SampleRef,
         dest: Arc<std::fs::File>,
         from: u64,
         pacer: &Pacer,
+        written: Arc<Written>,
     ) -> Result<Option<u64>, TierError> {
         let me = self.clone();
         let sample = sample.clone();
         let pacer = pacer.clone();
-        tokio::task::spawn_blocking(move || me.fetch_blocking(&sample, &dest, from, &pacer, None))
-            .await
-            .expect("fetch task panicked")
-            .map(Some)
+        tokio::task::spawn_blocking(move || {
+            me.fetch_blocking(&sample, &dest, from, &pacer, None, Some(&written))
+        })
+        .await
+        .expect("fetch task panicked")
+        .map(Some)
     }
 
     fn group_files(&self) -> usize {

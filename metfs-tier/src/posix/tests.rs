@@ -179,12 +179,15 @@ async fn fetch_from_copies_the_rest_at_its_offsets() {
         // The prefix as an interrupted copy left it.
         std::fs::write(&dst, &want[..from as usize]).unwrap();
         let f = std::fs::OpenOptions::new().write(true).open(&dst).unwrap();
+        let written = Arc::new(crate::Written::new(from));
         let n = t
-            .fetch_from(&s, Arc::new(f), from, &Pacer::unlimited())
+            .fetch_from(&s, Arc::new(f), from, &Pacer::unlimited(), written.clone())
             .await
             .unwrap();
         assert_eq!(n, Some(e.size - from), "{path}");
         assert_eq!(std::fs::read(&dst).unwrap(), want, "{path}");
+        // The copy reports its prefix as it goes; done, all of it.
+        assert_eq!(written.get(), e.size, "{path}");
     }
     let e = l.entries.iter().find(|e| e.path == "big").unwrap();
     let s = SampleRef {
@@ -196,7 +199,7 @@ async fn fetch_from_copies_the_rest_at_its_offsets() {
     std::fs::write(t.root().join("big"), vec![1u8; big.len() + 1]).unwrap();
     let f = Arc::new(std::fs::File::create(d.path().join("out2")).unwrap());
     let err = t
-        .fetch_from(&s, f, 10, &Pacer::unlimited())
+        .fetch_from(&s, f, 10, &Pacer::unlimited(), Default::default())
         .await
         .unwrap_err();
     assert!(matches!(err, TierError::Changed { .. }), "{err}");

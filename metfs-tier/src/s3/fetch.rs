@@ -11,7 +11,7 @@ use object_store::path::Path as ObjPath;
 use object_store::{GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt};
 
 use crate::pacer::Pacer;
-use crate::{SampleRef, TierError};
+use crate::{SampleRef, TierError, Written};
 
 use super::S3Tier;
 
@@ -21,6 +21,53 @@ use super::S3Tier;
 pub const WRITE_BATCH: usize = 512 << 10;
 
 impl S3Tier {
+    /// The size of one ranged GET: a part, or the pacer's chunk where that is smaller (so that
+    /// a paced fetch asks for no more than it may read at once).
+    pub(super) fn piece_bytes(&self, pacer: &Pacer) -> u64 {
+        self.cfg.part_size.min(pacer.chunk_bytes()).max(1)
+    }
+
+    /// Fetches the consecutive pieces `ranges` with up to `max_parallel_parts` GETs at once,
+    /// each pinned to `etag`. Pieces finish in any order; `written` is raised to the end of
+    /// the longest run of finished pieces from the first, so it never counts a hole.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn fetch_pieces(
+        &self,
+        loc: &ObjPath,
+        sample: &SampleRef,
+        ranges: impl Iterator<Item = Range<u64>>,
+        etag: Option<String>,
+        dest: &Arc<std::fs::File>,
+        pacer: &Pacer,
+        written: Option<&Written>,
+    ) -> Result<(), TierError> {
+        let mut ranges = ranges.peekable();
+        let mut prefix = ranges.peek().map_or(0, |r| r.start);
+        // Finished pieces past the prefix: start -> end.
+        let mut ahead = std::collections::BTreeMap::new();
+        let mut done = futures::stream::iter(ranges)
+            .map(|r| {
+                let etag = etag.clone();
+                async move {
+                    self.fetch_piece(loc, sample, Some(r.clone()), etag, dest, pacer)
+                        .await
+                        .map(|_| r)
+                }
+            })
+            .buffer_unordered(self.cfg.max_parallel_parts);
+        while let Some(r) = done.next().await {
+            let r = r?;
+            ahead.insert(r.start, r.end);
+            while let Some(end) = ahead.remove(&prefix) {
+                prefix = end;
+            }
+            if let Some(w) = written {
+                w.raise(prefix);
+            }
+        }
+        Ok(())
+    }
+
     /// Fetches one piece (`range`, or the whole object) into `dest`, conditioned on `if_match`.
     /// Returns the ETag the server reported.
     pub(super) async fn fetch_piece(

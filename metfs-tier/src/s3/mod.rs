@@ -32,6 +32,12 @@
 //! bounds the connections (the HTTP pool keeps that many idle ones per host) and the memory in
 //! flight (permits × [`WRITE_BATCH`] × 2).
 //!
+//! A copy cut short is continued (`fetch_from`) with ranged GETs of the rest. Pieces finish in
+//! any order, so the copy's length says nothing; the caller's [`Written`] is raised to the end
+//! of the run of finished pieces from the first, which is what a continuation starts from.
+//! An object without a catalogued ETag is not continued (nothing would pin the rest to the
+//! version of the bytes already there).
+//!
 //! # Invariants
 //!
 //! * Every GET carries `If-Match: <catalogued ETag>`, and the response's ETag and total size are
@@ -62,18 +68,17 @@
 //! mapping of server and transport failures to [`TierError`] with the secret scrubber.
 
 use std::collections::HashSet;
-use std::ops::ControlFlow;
+use std::ops::{ControlFlow, Range};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use futures::{StreamExt, TryStreamExt};
 use object_store::aws::AmazonS3;
 use object_store::client::HttpClient;
 use tokio::sync::Semaphore;
 
 use crate::catalog::Catalog;
 use crate::pacer::Pacer;
-use crate::{CapacityTier, Listing, SampleRef, TierError};
+use crate::{CapacityTier, Listing, SampleRef, TierError, Written};
 
 mod client;
 mod config;
@@ -235,32 +240,59 @@ impl CapacityTier for S3Tier {
         pacer: &Pacer,
     ) -> Result<u64, TierError> {
         let loc = self.locate(&sample.path)?;
-        let piece = self.cfg.part_size.min(pacer.chunk_bytes()).max(1);
+        let piece = self.piece_bytes(pacer);
         let expected = (!sample.version.is_empty()).then(|| sample.version.clone());
         if sample.size <= piece {
             self.fetch_piece(&loc, sample, None, expected, &dest, pacer)
                 .await?;
             return Ok(sample.size);
         }
-        let mut ranges =
-            (0..sample.size.div_ceil(piece)).map(|i| i * piece..((i + 1) * piece).min(sample.size));
+        let mut ranges = pieces(0..sample.size, piece);
         let etag = match expected {
-            Some(e) => Some(e),
+            Some(e) => e,
             None => {
                 // No catalogued version: the first part's ETag pins the others, so the parts
                 // cannot come from two versions of the object.
                 let first = ranges.next().expect("a large object has parts");
                 self.fetch_piece(&loc, sample, Some(first), None, &dest, pacer)
                     .await?
+                    .unwrap_or_default()
             }
         };
-        futures::stream::iter(ranges)
-            .map(|r| self.fetch_piece(&loc, sample, Some(r), etag.clone(), &dest, pacer))
-            .buffer_unordered(self.cfg.max_parallel_parts)
-            .try_for_each(|_| async { Ok(()) })
+        let etag = (!etag.is_empty()).then_some(etag);
+        self.fetch_pieces(&loc, sample, ranges, etag, &dest, pacer, None)
             .await?;
         Ok(sample.size)
     }
+
+    /// Ranged GETs of the rest, pinned to the catalogued ETag (`If-Match`): a sample without
+    /// one is not continued, since the bytes already there could be of another version.
+    async fn fetch_from(
+        &self,
+        sample: &SampleRef,
+        dest: Arc<std::fs::File>,
+        from: u64,
+        pacer: &Pacer,
+        written: Arc<Written>,
+    ) -> Result<Option<u64>, TierError> {
+        if sample.version.is_empty() {
+            return Ok(None);
+        }
+        let loc = self.locate(&sample.path)?;
+        let from = from.min(sample.size);
+        let ranges = pieces(from..sample.size, self.piece_bytes(pacer));
+        let etag = Some(sample.version.clone());
+        self.fetch_pieces(&loc, sample, ranges, etag, &dest, pacer, Some(&written))
+            .await?;
+        Ok(Some(sample.size - from))
+    }
+}
+
+/// `range` cut into consecutive pieces of `piece` bytes (the last one shorter).
+fn pieces(range: Range<u64>, piece: u64) -> impl Iterator<Item = Range<u64>> {
+    let Range { start, end } = range;
+    (0..(end - start).div_ceil(piece))
+        .map(move |i| start + i * piece..(start + (i + 1) * piece).min(end))
 }
 
 #[cfg(test)]
