@@ -347,3 +347,74 @@ def test_resume_on_fewer_nodes_through_mounts(etcd: Etcd, tmp_path: Path) -> Non
     assert all(p in killed for p, c in count.items() if c > 1)
     holders = {d["node"] for d in done_shards(etcd, "resume", 0)}
     assert {"b0", "b1"} <= holders, holders
+
+
+def test_files_a_lasting_fault_holds_are_deferred_by_their_node(
+    mounts: Any, etcd: Etcd, tmp_path: Path
+) -> None:
+    """A fault that lasts under dynamic sharding (a Lustre OST down): four files of the source
+    answer EIO through `faultfs`, a real FUSE file system under the source path. Past the defer
+    bound each node's views keep advancing without the dead files of its claims, and `status`
+    counts them; once the fault ends, each comes whole in a later mini-epoch of the node that
+    carried it. Every other sample of epoch 0 is read exactly once, no read fails or differs,
+    and the nodes count each dead file recovered once."""
+    from stresslib import FaultFs
+
+    src = tmp_path / "tier"
+    digests = make_dataset(src, 120)
+    dead = sorted(digests)[5::29][:4]
+    assert len(dead) == 4, dead
+    control = tmp_path / "dead-files"
+    control.write_text("".join(f"{k}\n" for k in dead))
+    totals = ("deferred_samples", "deferrals", "recovered_samples")
+
+    def summed() -> dict[str, int]:
+        sts = [m.status() for m in ms]
+        return {k: sum(int(st[k]) for st in sts) for k in totals}
+
+    with FaultFs(src, tmp_path / "ost", control, tmp_path / "faultfs.json") as ffs:
+        ms = dds_mounts(
+            mounts,
+            ffs.mnt,
+            etcd,
+            "defer",
+            2,
+            *("--stager-retry-secs", "1", "--stager-defer-after-secs", "2"),
+        )
+        readers = [Reader(m) for m in ms]
+        try:
+            for m in ms:
+                m.mount()
+            for r in readers:
+                r.start()
+            deadline = time.monotonic() + 120
+            while summed()["deferrals"] < len(dead):
+                assert time.monotonic() < deadline, f"not every dead file deferred: {summed()}"
+                assert all(r.error is None for r in readers), [r.error for r in readers]
+                time.sleep(0.2)
+            wait_epoch_done(etcd, "defer", 0, 90)
+            carried = summed()
+            control.write_text("")  # repaired
+            deadline = time.monotonic() + 120
+            while (now := summed())["recovered_samples"] < len(dead):
+                assert time.monotonic() < deadline, f"the dead files never came back: {now}"
+                time.sleep(0.2)
+        finally:
+            for r in readers:
+                r.stop.set()
+            for r in readers:
+                r.join(timeout=30)
+            for m in ms:
+                m.close()
+        counts = ffs.counts()
+    for r in readers:
+        assert r.error is None, r.error
+    reads = [x for r in readers for x in r.reads]
+    assert all(digests[p] == h for _, p, h in reads), "a read differs from the source"
+    epoch0 = sorted(p for e, p, _ in reads if e == 0 and p not in dead)
+    assert epoch0 == sorted(set(digests) - set(dead)), "each other sample once in epoch 0"
+    for p in dead:
+        assert any(q == p for _, q, _ in reads), f"{p} never came back"
+    assert carried["deferred_samples"] == len(dead), carried
+    assert now["deferred_samples"] == 0 and now["recovered_samples"] == len(dead), now
+    assert counts.get("eio_opens", 0) + counts.get("eio_reads", 0) > 0, counts

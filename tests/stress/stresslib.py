@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import ROOT, Mount, metfs_bin
+from conftest import ROOT, Mount, is_mounted, metfs_bin
 
 STRESS_DIR = Path(__file__).resolve().parent
 
@@ -312,3 +312,48 @@ def write_result(name: str, result: dict[str, Any]) -> None:
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
     (d / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True, default=str))
+
+
+class FaultFs:
+    """`faultfs` (metfs-fs/examples/faultfs.rs) serving `src` read-only at `mnt`: open and
+    read of each path listed in `control` answer EIO until the file no longer lists it. Used as
+    a context manager; the mount is live on entry (the tool's `mounted` line), and on exit it
+    is unmounted and the tool must have ended cleanly. Whatever mounted `mnt` as its source must
+    be closed first."""
+
+    def __init__(self, src: Path, mnt: Path, control: Path, stats: Path) -> None:
+        self.args = [str(example_bin("metfs-fs", "faultfs")), str(src), str(mnt), str(control)]
+        self.args += ["--stats", str(stats)]
+        self.mnt = mnt
+        self.stats = stats
+
+    def __enter__(self) -> FaultFs:
+        self.mnt.mkdir()
+        self.proc = subprocess.Popen(
+            self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        # The line comes once the kernel's INIT is answered; a failed mount ends the tool, and
+        # the read returns "" at once.
+        line = self.proc.stdout.readline()
+        if line.strip() != "mounted":
+            self.proc.kill()
+            raise AssertionError(f"faultfs did not mount: {line!r} {self.proc.stderr.read()}")
+        assert is_mounted(self.mnt)
+        return self
+
+    def counts(self) -> dict[str, int]:
+        return json.loads(self.stats.read_text()) if self.stats.exists() else {}
+
+    def __exit__(self, *exc: object) -> None:
+        r = subprocess.run(["umount", str(self.mnt)], capture_output=True, text=True)
+        if r.returncode != 0:
+            subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+        try:
+            rc = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            rc = None
+        if exc[0] is None:
+            assert r.returncode == 0, f"faultfs's mount was busy at the end: {r.stderr}"
+            assert rc == 0, f"faultfs ended with {rc}: {self.proc.stderr.read()}"

@@ -26,9 +26,9 @@ from stresslib import (
     READERS,
     STRESS_DIR,
     BudgetSampler,
+    FaultFs,
     Ledger,
     advance_wait,
-    example_bin,
     median,
     p_max,
     sha256_tree,
@@ -369,51 +369,6 @@ def test_s3_dead_keys_are_deferred_not_waited_on(mounts, garage, tmp_path):
     finally:
         proxy.send_signal(signal.SIGTERM)
         proxy.wait(timeout=10)
-
-
-class FaultFs:
-    """`faultfs` (metfs-fs/examples/faultfs.rs) serving `src` read-only at `mnt`: open and
-    read of each path listed in `control` answer EIO until the file no longer lists it. Used as
-    a context manager; the mount is live on entry (the tool's `mounted` line), and on exit it
-    is unmounted and the tool must have ended cleanly. Whatever mounted `mnt` as its source must
-    be closed first."""
-
-    def __init__(self, src: Path, mnt: Path, control: Path, stats: Path) -> None:
-        self.args = [str(example_bin("metfs-fs", "faultfs")), str(src), str(mnt), str(control)]
-        self.args += ["--stats", str(stats)]
-        self.mnt = mnt
-        self.stats = stats
-
-    def __enter__(self) -> FaultFs:
-        self.mnt.mkdir()
-        self.proc = subprocess.Popen(
-            self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        # The line comes once the kernel's INIT is answered; a failed mount ends the tool, and
-        # the read returns "" at once.
-        line = self.proc.stdout.readline()
-        if line.strip() != "mounted":
-            self.proc.kill()
-            raise AssertionError(f"faultfs did not mount: {line!r} {self.proc.stderr.read()}")
-        assert is_mounted(self.mnt)
-        return self
-
-    def counts(self) -> dict[str, int]:
-        return json.loads(self.stats.read_text()) if self.stats.exists() else {}
-
-    def __exit__(self, *exc: object) -> None:
-        r = subprocess.run(["umount", str(self.mnt)], capture_output=True, text=True)
-        if r.returncode != 0:
-            subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
-        try:
-            rc = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            rc = None
-        if exc[0] is None:
-            assert r.returncode == 0, f"faultfs's mount was busy at the end: {r.stderr}"
-            assert rc == 0, f"faultfs ended with {rc}: {self.proc.stderr.read()}"
 
 
 def start_process_readers(mnt: Path, hashes: dict[str, str], tmp: Path, n: int) -> list:

@@ -108,6 +108,11 @@ impl Deferred {
         self.carried.len() as u64
     }
 
+    /// The samples carried now, by id.
+    pub(super) fn carried_ids(&self) -> Vec<u32> {
+        self.carried.iter().copied().collect()
+    }
+
     /// Deferrals so far, and carried samples recovered.
     pub(super) fn totals(&self) -> (u64, u64) {
         (self.deferred_total, self.recovered_total)

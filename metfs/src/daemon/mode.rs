@@ -154,10 +154,10 @@ impl ModeState {
     }
 
     /// Whether a staging that the tier kept failing may leave the failing samples out and
-    /// carry them to a later mini-epoch (defer). Plain mounts only: the other modes'
-    /// mini-epochs are shared with other nodes or jobs, which expect every sample.
+    /// carry them to a later mini-epoch (defer): the modes of [`crate::config::Mode::defers`],
+    /// plain and the queue's.
     pub(super) fn defers(&self) -> bool {
-        matches!(self, ModeState::Plain)
+        matches!(self, ModeState::Plain | ModeState::Queue(_))
     }
 
     /// Counts as a sign of life of job `name` (a request, or waiting for staging for it).

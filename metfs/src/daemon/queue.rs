@@ -20,6 +20,13 @@
 //!   groups and the files in every view ([`files_of_batch`]) before the schedule sees it, so
 //!   a view holds whole groups (the store leaves out a group a file of which failed) and its
 //!   budget counts every file. Claims take at most a slot less the files in every view.
+//! * **Deferred samples.** A claimed batch whose samples the tier keeps failing past
+//!   `defer_after_secs` is staged without them, as on a plain mount; they are the node's to
+//!   carry into its next claimed mini-epoch, which claims that much less (at most half a
+//!   claim less). The batch is marked DONE as any other: its shards are read, less what is
+//!   carried, and a carried sample reaches the job when the tier gives it. A node that is
+//!   killed while it carries samples loses them for that epoch (a new incarnation keeps no
+//!   position; the lease returns only shards not yet DONE).
 //! * **etcd away.** The view keeps serving (bonus passes), DONE marks wait in order and are
 //!   sent again, claims are retried every two seconds, and `status` shows the worker's last
 //!   error until a round trip succeeds.
@@ -140,6 +147,14 @@ pub(super) fn files_of_batch(store: &Store, mut batch: Batch) -> Batch {
     batch
 }
 
+/// How many bytes of samples to claim when the session carries `carried` bytes of deferred
+/// samples: what is left of a claim's `full` for them to join the mini-epoch, but at least
+/// half of it, so that a long fault's carry never stops the node claiming (what does not fit
+/// waits for a later mini-epoch).
+fn claim_size(full: u64, carried: u64) -> u64 {
+    full.saturating_sub(carried).max(full / 2)
+}
+
 /// Pause before the next try after etcd failed.
 const RETRY: Duration = Duration::from_secs(2);
 
@@ -204,15 +219,19 @@ impl QueueFeed {
         if feed.finished.load(Ordering::Relaxed) {
             return None;
         }
-        let wanted = {
+        let (wanted, carried) = {
             let ss = sessions.lock().unwrap();
-            ss.get(DEFAULT_SESSION)
-                .is_some_and(|s| s.successor().is_none() && s.schedule().by_sequence())
+            ss.get(DEFAULT_SESSION).map_or((false, 0), |s| {
+                (
+                    s.successor().is_none() && s.schedule().by_sequence(),
+                    s.carried_bytes(store),
+                )
+            })
         };
         if !wanted {
             return None;
         }
-        match w.claim(feed.claim_bytes).await {
+        match w.claim(claim_size(feed.claim_bytes, carried)).await {
             Ok(Claim::Batch(b)) => {
                 let b = files_of_batch(store, b);
                 tracing::info!(
@@ -248,5 +267,18 @@ impl QueueFeed {
                 Some(RETRY)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::claim_size;
+
+    #[test]
+    fn a_carry_shrinks_the_claim_to_at_most_half() {
+        assert_eq!(claim_size(1000, 0), 1000);
+        assert_eq!(claim_size(1000, 300), 700);
+        assert_eq!(claim_size(1000, 600), 500, "at least half a claim");
+        assert_eq!(claim_size(1000, u64::MAX), 500);
     }
 }

@@ -573,6 +573,11 @@ impl Session {
         self.deferred.staged(members, deferred)
     }
 
+    /// The footprint of the samples carried now (what a mini-epoch must leave room for).
+    pub(super) fn carried_bytes(&self, store: &Store) -> u64 {
+        store.footprint(&self.deferred.carried_ids())
+    }
+
     /// Samples carried now, deferrals so far, carried samples recovered.
     pub(super) fn deferred_counts(&self) -> (u64, u64, u64) {
         let (d, r) = self.deferred.totals();

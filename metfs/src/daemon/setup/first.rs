@@ -4,7 +4,7 @@
 //! the mount goes live.
 
 use crate::config::DdsMode;
-use crate::config::{Mode, MountConfig, PrefetchRate};
+use crate::config::{MountConfig, PrefetchRate};
 use crate::daemon::deferred::Deferred;
 use crate::daemon::fingerprint::{Fingerprint, SavedFingerprint};
 use crate::daemon::mode::ModeState;
@@ -204,7 +204,7 @@ async fn stage_first_view(
             (true, Some(succ)) => vec![slot_name(succ)],
             _ => Vec::new(),
         },
-        defer: matches!(cfg.mode, Mode::Plain),
+        defer: cfg.mode.defers(),
     };
     tracing::info!(
         mini_epochs = schedule.mini_epochs(),
