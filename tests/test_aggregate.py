@@ -573,6 +573,69 @@ def test_a_tier_outage_during_epoch_0_is_ridden_out_and_the_views_stay_exact(
     assert first < tier < first + missing * (20 << 10), (tier, first, missing)
 
 
+def test_files_a_lasting_fault_holds_are_deferred_by_their_node(
+    mounts: Callable[..., Mount], tmp_path: Path, dataset: Any
+) -> None:
+    """A fault that lasts (a Lustre OST down) at the mount: four files answer EIO through
+    `faultfs`, a real FUSE file system under the source path. Each node's first staging defers
+    the dead files of its share, so every mount succeeds and epoch 0's views are the dataset
+    less them. Once repaired, each comes whole in the next epoch's view of the node that
+    carried it (besides its place in that epoch's shares); the exchange sends it as missing
+    (its sender never held it) and the receiver takes it from the tier. Every view is exact,
+    and the nodes count each dead file deferred and recovered once."""
+    sys.path.insert(0, str(Path(__file__).parent / "stress"))
+    from stresslib import FaultFs
+
+    src, digests, dpath = dataset
+    dead = sorted(digests)[5::59][:4]
+    assert len(dead) == 4, dead
+    control = tmp_path / "dead-files"
+    control.write_text("".join(f"{k}\n" for k in dead))
+    with FaultFs(src, tmp_path / "ost", control, tmp_path / "faultfs.json") as ffs:
+        c = Cluster(
+            mounts,
+            tmp_path,
+            ffs.mnt,
+            args=("--stager-retry-secs", "1", "--stager-defer-after-secs", "2"),
+        )
+        try:
+            c.mount()
+            carried = [m.status()["deferred_samples"] for m in c.nodes]
+            control.write_text("")  # repaired
+            ex = mpirun(tmp_path, "--epochs", "2")
+            res = c.train(dpath, 2)
+            out, err = ex.communicate(timeout=120)
+            st = [m.status() for m in c.nodes]
+        finally:
+            for m in c.nodes:
+                m.close()
+        counts = ffs.counts()
+    assert ex.returncode == 0, err[-3000:]
+    assert sum(carried) == len(dead), carried
+    assert all(not r["bad"] for r in res), [r["bad"][:3] for r in res]
+    views = {e: [set(f) for r in res for ep, f in r["views"] if ep == e] for e in (0, 1)}
+    assert all(len(v) == NODES for v in views.values()), views.keys()
+    assert set().union(*views[0]) == set(digests) - set(dead)
+    assert sum(map(len, views[0])) == len(digests) - len(dead), "epoch 0 is the rest once"
+    # Epoch 1: every node's share, and on the nodes that carried them, the dead files.
+    assert set().union(*views[1]) == set(digests)
+    for r, c0 in zip(res, carried, strict=True):
+        e0 = next(set(f) for ep, f in r["views"] if ep == 0)
+        e1 = next(set(f) for ep, f in r["views"] if ep == 1)
+        mine = {p for p in dead if p not in e0 and p in e1}
+        assert len(mine) >= c0 or c0 == 0, (r["views"], c0)
+    assert sum(s["deferred_samples"] for s in st) == 0, [s["deferred_samples"] for s in st]
+    assert sum(s["recovered_samples"] for s in st) == len(dead), st
+    assert not any(s["failed_samples"] for s in st), [s["failed_samples"] for s in st]
+    rep = reports(out)
+    # Epoch 1's exchange: a dead file whose epoch-0 owner never held it travels as missing
+    # (counted as refused by its receiver, which took it from the tier); epoch 2's is whole.
+    assert all(r["rejected"] == r["missing"] for r in rep), rep
+    assert 0 < sum(r["missing"] for r in rep if r["epoch"] == 1) <= len(dead), rep
+    assert all(r["missing"] == 0 for r in rep if r["epoch"] == 2), rep
+    assert counts.get("eio_opens", 0) + counts.get("eio_reads", 0) > 0, counts
+
+
 def test_mismatched_seed_is_refused_by_every_rank(
     mounts: Callable[..., Mount], tmp_path: Path, dataset: Any
 ) -> None:

@@ -400,7 +400,7 @@ pub enum Staging {
         retry_in_secs: f64,
         /// Whether that next try defers: the failure will by then have outlasted
         /// `stager.defer_after_secs`, so the samples the tier keeps failing on are left out
-        /// and carried to a later mini-epoch, and the slot completes (plain and `--dds` mounts).
+        /// and carried to a later mini-epoch, and the slot completes (every mode but a shared store).
         #[serde(default)]
         defers: bool,
     },

@@ -42,12 +42,13 @@ pub struct DdsMode {
 
 impl Mode {
     /// Whether a staging the tier keeps failing may leave the failing samples out and carry
-    /// them to a later mini-epoch (defer, `stager.defer_after_secs`): a plain mount's, and a
-    /// dynamic-sharding node's (its samples are its claim's, carried into its next claim). A
-    /// shared store's and the aggregate's mini-epochs are drawn for other jobs or nodes too,
-    /// which expect every sample.
+    /// them to a later mini-epoch (defer, `stager.defer_after_secs`): a plain mount's, a
+    /// dynamic-sharding node's (its samples are its claim's, carried into its next claim) and
+    /// an aggregate node's (its share's, carried into its next epoch; a peer that asks the
+    /// exchange for one is sent it as missing and takes it from the tier). A shared store's
+    /// mini-epochs are drawn for several jobs at once, which expect every sample.
     pub fn defers(&self) -> bool {
-        matches!(self, Mode::Plain | Mode::Dds(_))
+        !matches!(self, Mode::Shared(_))
     }
 
     /// The mode's name, as its flag says it (for logs and messages).

@@ -31,6 +31,11 @@
 //! fetched from the tier: a node's failure costs the others one slower epoch, never a sample.
 //! After the staging the inbox is removed (its files live on as the slot's links).
 //!
+//! A fault that lasts defers as on a plain mount (docs/RELIABILITY.md, "Faults that last"):
+//! deferred samples of the share are carried into the node's next epoch, shown there besides
+//! that epoch's share; deferred extras are left out. A peer that expects one of them from this
+//! node is sent it as missing (the sender cannot read it) and takes it from the tier.
+//!
 //! # How far coding goes
 //!
 //! With `--shuffle-code uberShuffle` every rank computes the whole coded plan of every epoch,

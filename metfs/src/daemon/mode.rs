@@ -155,9 +155,9 @@ impl ModeState {
 
     /// Whether a staging that the tier kept failing may leave the failing samples out and
     /// carry them to a later mini-epoch (defer): the modes of [`crate::config::Mode::defers`],
-    /// plain and the queue's.
+    /// all but a shared store.
     pub(super) fn defers(&self) -> bool {
-        matches!(self, ModeState::Plain | ModeState::Queue(_))
+        !matches!(self, ModeState::Shared(_))
     }
 
     /// Counts as a sign of life of job `name` (a request, or waiting for staging for it).

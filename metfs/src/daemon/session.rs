@@ -20,6 +20,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// What a staging's deferred samples came to ([`Session::deferred_staged`]).
+pub(super) struct Carry {
+    /// Deferred samples of the view, carried into the next mini-epochs.
+    pub(super) carried: Vec<u32>,
+    /// Carried samples the staging gave.
+    pub(super) recovered: Vec<u32>,
+    /// Deferred samples the view was not to show, left out for good.
+    pub(super) extras: Vec<u32>,
+}
+
 /// The name of the session a plain mount serves (the one every request reaches today).
 pub const DEFAULT_SESSION: &str = "default";
 
@@ -567,10 +577,27 @@ impl Session {
         self.deferred = carried;
     }
 
-    /// The deferred samples: what a staging of `members` left out as `deferred`, carried on,
-    /// and the carried ones it gave, returned.
-    pub(super) fn deferred_staged(&mut self, members: &[u32], deferred: &[u32]) -> Vec<u32> {
-        self.deferred.staged(members, deferred)
+    /// The deferred samples after a staging of mini-epoch `target` (its slot's `members`)
+    /// that left out `deferred`: those its view was to show are carried on; the others (an
+    /// aggregate node's extras, kept only for the exchange) are left out for good; the
+    /// carried ones it gave are recovered.
+    pub(super) fn deferred_staged(
+        &mut self,
+        store: &Store,
+        target: (u64, u32),
+        members: &[u32],
+        deferred: &[u32],
+    ) -> Carry {
+        let shown: std::collections::HashSet<u32> =
+            self.view_members(store, target).into_iter().collect();
+        let (carried, extras): (Vec<u32>, Vec<u32>) =
+            deferred.iter().partition(|id| shown.contains(id));
+        let recovered = self.deferred.staged(members, &carried);
+        Carry {
+            carried,
+            recovered,
+            extras,
+        }
     }
 
     /// The footprint of the samples carried now (what a mini-epoch must leave room for).

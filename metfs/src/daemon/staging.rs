@@ -9,7 +9,7 @@
 //! still takes space, unless the mode checks each staging's own room (a shared mount).
 
 use super::store::{self, Room, Stop};
-use crate::daemon::session::{Next, Session};
+use crate::daemon::session::{Carry, Next, Session};
 use crate::daemon::{aggregate, Daemon};
 use metfs_fs::view::View;
 use metfs_plan::size::format_bytes;
@@ -234,11 +234,16 @@ impl StagingLoop {
         report: &StageReport,
     ) {
         let deferred = self.d.store.whole_samples(&report.deferred);
-        let recovered = match self.d.sessions.lock().unwrap().get_mut(name) {
-            Some(s) => s.deferred_staged(&spec.samples, &deferred),
+        let Carry {
+            carried: deferred,
+            recovered,
+            extras,
+        } = match self.d.sessions.lock().unwrap().get_mut(name) {
+            Some(s) => s.deferred_staged(&self.d.store, target, &spec.samples, &deferred),
             None => return,
         };
         let catalog = &self.d.store.catalog;
+        self.d.store.left_out_extras(&extras);
         let paths = |ids: &[u32]| ids.iter().take(10).map(|&id| catalog.path(id)).collect();
         if !deferred.is_empty() {
             let error = report

@@ -127,7 +127,8 @@ impl Daemon {
         if let Some(c) = carried {
             session.resume_deferred(c);
         }
-        session.deferred_staged(&first_members, &deferred);
+        let carry = session.deferred_staged(&store, cur, &first_members, &deferred);
+        store.left_out_extras(&carry.extras);
         let mode = match (queue, aggregate) {
             (Some((feed, _)), _) => ModeState::Queue(Box::new(feed)),
             (None, Some(a)) => ModeState::Aggregate(a),

@@ -516,6 +516,21 @@ impl Store {
         }
     }
 
+    /// Deferred samples no view was to show (an aggregate node's extras): not carried, so
+    /// not listed as deferred either; a peer that asks the exchange for one takes it from the
+    /// tier.
+    pub(super) fn left_out_extras(&self, extras: &[u32]) {
+        if extras.is_empty() {
+            return;
+        }
+        tracing::info!(
+            samples = extras.len(),
+            first = %self.catalog.path(extras[0]),
+            "extras the tier kept failing on are left out of the cache (a peer that asks for one takes it from the tier)"
+        );
+        self.forget_failed(extras.iter().map(|&id| self.catalog.path(id)));
+    }
+
     /// Takes `paths` off the failed samples `status` lists: deferred samples a later staging
     /// gave.
     pub(super) fn forget_failed(&self, paths: impl IntoIterator<Item = String>) {
