@@ -303,6 +303,34 @@ def test_a_corrupt_index_is_refused_naming_the_file(mounts, tmp_path):
     assert "state.json: does not parse as JSON" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("mode", ["share", "transform"])
+def test_a_dataset_format_is_refused_where_files_are_dealt_one_by_one(mounts, tmp_path, mode):
+    """A shared mount and a transform deal files one by one: a Hugging Face dataset (saved by
+    `datasets` itself) would lose its index in every view but one. Refused at mount, naming the
+    format, its index file and what to do; `--format files` deals its files as asked (on the
+    shared mount; a transform's files are the transform tests')."""
+    import datasets
+
+    src = tmp_path / "hf"
+    datasets.Dataset.from_dict({"id": list(range(40))}).save_to_disk(str(src), num_shards=4)
+    how = ["--share", "--share-jobs", "2"] if mode == "share" else ["--transform", "cat"]
+    m = mounts(src, "4MiB", *how)
+    r = m.mount(check=False)
+    assert r.returncode != 0
+    said = "a share mount" if mode == "share" else "a transform"
+    assert (
+        "looks like a hf-dataset dataset (state.json)" in r.stderr
+        and f"{said} deals files one by one" in r.stderr
+        and "--format files" in r.stderr
+    ), r.stderr
+    slots = m.cache / "slots"
+    assert not slots.exists() or not any(slots.iterdir()), "staged before refusing"
+    if mode == "share":
+        m = mounts(src, "4MiB", *how, "--format", "files", name="files")
+        m.mount()
+        assert m.status()["dataset_files"] == len([p for p in src.rglob("*") if p.is_file()])
+
+
 # The formats, read by their own loaders from the mountpoint
 
 

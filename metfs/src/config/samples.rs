@@ -109,6 +109,17 @@ impl SampleConfig {
             || !self.exclude.is_empty()
     }
 
+    /// Whether the settings shape the plan beyond one sample per file: `format = files` alone
+    /// does not (it is how every mode deals files, and what a shared, aggregate or transform
+    /// mount of a dataset in a format is told to give).
+    fn shapes_the_plan(&self) -> bool {
+        !matches!(self.format, FormatChoice::Auto | FormatChoice::Files)
+            || self.group_by.is_some()
+            || !self.always.is_empty()
+            || !self.include.is_empty()
+            || !self.exclude.is_empty()
+    }
+
     /// Whether format detection runs at mount.
     pub fn detects(&self) -> bool {
         self.format == FormatChoice::Auto
@@ -206,7 +217,7 @@ pub(super) fn resolve(
         include: patterns("include", &s.include)?,
         exclude: patterns("exclude", &s.exclude)?,
     };
-    if cfg.is_set() {
+    if cfg.shapes_the_plan() {
         let other = if !matches!(mode, Mode::Plain | Mode::Dds(_)) {
             Some(format!("a {} mount", mode.name()))
         } else if s.hdf5_container {
@@ -230,7 +241,7 @@ pub(super) fn resolve(
 impl SampleConfig {
     /// The first setting that is not at its default, for messages.
     fn first_set_key(&self) -> &'static str {
-        if self.format != FormatChoice::Auto {
+        if !matches!(self.format, FormatChoice::Auto | FormatChoice::Files) {
             "format"
         } else if self.group_by.is_some() {
             "group_by"
@@ -287,6 +298,13 @@ mod tests {
                 e.contains("`group_by`") && e.contains(&format!("not with a {name} mount")),
                 "{e}"
             );
+            // `format = files` is how they deal files anyway: taken.
+            let c = mount(&format!("format = \"files\"\n[{table}]\nenabled = true\n")).unwrap();
+            assert_eq!(c.samples.format, FormatChoice::Files);
+            let e = mount(&format!("format = \"mds\"\n[{table}]\nenabled = true\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("`format`"), "{e}");
         }
     }
 

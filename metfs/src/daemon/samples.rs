@@ -117,6 +117,14 @@ pub enum SamplesError {
     /// with a manifest alone).
     #[error("{file}: a dataset format's index file, read from the source to know the format's samples; give --source too, or --format files")]
     NoSource { file: String },
+    /// A source in a dataset format whose loader reads an index (or pairs a shard with its
+    /// index file), on a mount that deals files one by one: its views would break silently.
+    #[error("the source looks like a {format} dataset ({evidence}), whose loader needs each view's index rewritten or its shards kept with their index files; {mode} deals files one by one. Mount it plain or with --dds to have format-aware views, or give --format files to deal its files as they are")]
+    FormatNotDealt {
+        format: Format,
+        evidence: String,
+        mode: String,
+    },
     /// Files in every view that leave no room in a slot.
     #[error("always: the files in every view ({files}) take {bytes}, more than a slot of budget {budget} holds with room for a sample ({slot} per slot)")]
     AlwaysTooLarge {
@@ -275,6 +283,43 @@ pub(super) async fn detect(
 /// the root (four lookups), or every file below the root named as an unindexed format's shard
 /// or companion (a scan that stops at the first other name, the first file of most datasets).
 /// A mount of a million images pays next to nothing for `--format auto`.
+/// Refuses a source that looks like a dataset format (from its names alone, nothing read) on
+/// a mount that deals files one by one (`mode`: "a shared mount", ...), unless the format
+/// setting says to deal files (`--format files`): such a mount would show each view an index
+/// naming shards it does not hold, or a shard without its index file.
+pub(super) fn refuse_format_not_dealt(
+    cfg: &SampleConfig,
+    catalog: &Catalog,
+    mode: &str,
+) -> Result<(), SamplesError> {
+    if cfg.format == FormatChoice::Files || !may_be_a_format(catalog) {
+        return Ok(());
+    }
+    let paths = all_paths(catalog);
+    let Some(format) = metfs_formats::guess(&paths) else {
+        return Ok(());
+    };
+    // The index file that tells the format: one the loader reads, else a shard's companion.
+    let companion = |p: &&String| {
+        metfs_formats::group::RULES
+            .iter()
+            .any(|r| r.companion_suffixes.iter().any(|x| p.ends_with(x)))
+    };
+    let evidence = match metfs_formats::wanted(&paths).into_iter().next() {
+        Some(f) => f,
+        // Shards without index files are samples of their own, dealt as files.
+        None => match paths.iter().find(companion) {
+            Some(f) => f.clone(),
+            None => return Ok(()),
+        },
+    };
+    Err(SamplesError::FormatNotDealt {
+        format,
+        evidence,
+        mode: mode.to_string(),
+    })
+}
+
 fn may_be_a_format(catalog: &Catalog) -> bool {
     if [
         "state.json",

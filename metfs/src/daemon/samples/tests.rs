@@ -136,3 +136,61 @@ async fn the_manifest_groups_and_an_index_needs_a_source() {
         "{e}"
     );
 }
+
+/// A catalog of a directory holding `files` (a few bytes each).
+async fn catalog_of(files: &[&str]) -> (tempfile::TempDir, Catalog) {
+    let dir = tempfile::tempdir().unwrap();
+    for f in files {
+        let p = dir.path().join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b"x").unwrap();
+    }
+    let c = PosixTier::new(dir.path()).unwrap().catalog().await.unwrap();
+    (dir, c.catalog)
+}
+
+/// A mount that deals files one by one refuses a source in a format whose loader needs its
+/// index (naming the format, the file that tells it and the mode), and takes it with
+/// `--format files`; a source of plain files, or shards without index files, is taken.
+#[tokio::test]
+async fn a_format_is_refused_where_files_are_dealt_one_by_one() {
+    let refused = [
+        (
+            &[
+                "state.json",
+                "dataset_info.json",
+                "data-00000-of-00002.arrow",
+            ][..],
+            "state.json",
+        ),
+        (
+            &["index.json", "shard.00000.mds", "shard.00001.mds"][..],
+            "index.json",
+        ),
+        (
+            &["a-000.tar", "a-000.idx", "a-001.tar", "a-001.idx"][..],
+            "a-000.idx",
+        ),
+    ];
+    for (files, evidence) in refused {
+        let (_d, cat) = catalog_of(files).await;
+        let e = refuse_format_not_dealt(&SampleConfig::default(), &cat, "a share mount")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("({evidence})"))
+                && e.contains("a share mount deals files one by one")
+                && e.contains("--format files"),
+            "{e}"
+        );
+        let files_cfg = SampleConfig {
+            format: FormatChoice::Files,
+            ..SampleConfig::default()
+        };
+        refuse_format_not_dealt(&files_cfg, &cat, "a share mount").unwrap();
+    }
+    for files in [&["a/1.png", "a/2.png"][..], &["a-000.tar", "a-001.tar"][..]] {
+        let (_d, cat) = catalog_of(files).await;
+        refuse_format_not_dealt(&SampleConfig::default(), &cat, "a share mount").unwrap();
+    }
+}

@@ -108,14 +108,22 @@ impl Daemon {
         // first staging makes its own.
         let _ = tokio::task::spawn_blocking(crate::daemon::memory::release_freed_heap).await;
         let catalog = samples::select(&samples::SampleSource::of(&cfg), catalog)?;
-        let detected = match containers {
-            Some(_) => samples::Detected::default(),
-            None if cfg.transform.command.is_some()
-                || !matches!(cfg.mode, Mode::Plain | Mode::Dds(_)) =>
-            {
+        let deals_files = if cfg.transform.command.is_some() {
+            Some("a transform".to_string())
+        } else if !matches!(cfg.mode, Mode::Plain | Mode::Dds(_)) {
+            Some(format!("a {} mount", cfg.mode.name()))
+        } else {
+            None
+        };
+        let detected = match (&containers, deals_files) {
+            (Some(_), _) => samples::Detected::default(),
+            (None, Some(what)) => {
+                samples::refuse_format_not_dealt(&cfg.samples, &catalog, &what)?;
                 samples::Detected::default()
             }
-            None => samples::detect(&cfg.samples, &catalog, Some(&*tier), &paths.tmp).await?,
+            (None, None) => {
+                samples::detect(&cfg.samples, &catalog, Some(&*tier), &paths.tmp).await?
+            }
         };
         let planned = plan_dataset(&cfg, &catalog, catalog_bytes, containers.as_ref(), detected)?;
         if planned.samples.is_some() {
