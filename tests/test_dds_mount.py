@@ -418,3 +418,14 @@ def test_files_a_lasting_fault_holds_are_deferred_by_their_node(
     assert carried["deferred_samples"] == len(dead), carried
     assert now["deferred_samples"] == 0 and now["recovered_samples"] == len(dead), now
     assert counts.get("eio_opens", 0) + counts.get("eio_reads", 0) > 0, counts
+    # Stratified batches: each deferral and recovery says which class it moved, and how far.
+    events = [json.loads(line) for m in ms for line in (m.cache / "run" / "events.jsonl").open()]
+    shifts = {
+        kind: [e.get("class_shift") for e in events if e["event"] == kind]
+        for kind in ("deferred", "recovered")
+    }
+    classes = {p.split("/")[0] for p in dead}
+    assert any(c and c["class"] in classes and c["samples"] < 0 for c in shifts["deferred"]), shifts
+    assert any(c and c["class"] in classes and c["samples"] > 0 for c in shifts["recovered"]), (
+        shifts
+    )

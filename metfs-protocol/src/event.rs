@@ -161,6 +161,24 @@ pub struct Deferred {
     pub paths: Vec<String>,
     /// The tier's error for the first.
     pub error: String,
+    /// How far the carried samples moved the mini-epoch's composition, where it is stratified
+    /// or clustered; absent otherwise, or where no class moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_shift: Option<ClassShift>,
+}
+
+/// How far deferral moved one mini-epoch's mix of classes (or clusters) from its plan: the
+/// class whose count moved most, by how many samples (more: carried in; fewer: left out). A
+/// stratified plan holds each class within one sample of its share in every mini-epoch; a
+/// shift of `s` samples puts that class at most `s` past its bound.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ClassShift {
+    /// The class (or cluster) by name.
+    pub class: String,
+    /// The samples of it the view holds beyond (positive) or short of (negative) its plan.
+    pub samples: i64,
+    /// The classes whose count moved at all.
+    pub classes_moved: u64,
 }
 
 /// `recovered`: deferred samples a staging gave.
@@ -174,6 +192,10 @@ pub struct Recovered {
     pub samples: u64,
     /// The first ten, by path.
     pub paths: Vec<String>,
+    /// How far the carried samples moved the mini-epoch's composition (see
+    /// [`Deferred::class_shift`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_shift: Option<ClassShift>,
 }
 
 /// `switch`: the view advanced.

@@ -21,9 +21,16 @@
 //!   mini-epoch with the carried samples its slot was staged with. So a sample carried when
 //!   the daemon stops still reaches the job in the same epoch once the tier gives it. A saved
 //!   carry naming a sample the catalog does not have is refused as a corrupt `state.json`.
+//! * A stratified (or clustered) plan holds each class (cluster) within one sample of its
+//!   share in every mini-epoch; carrying samples moves a mini-epoch off that bound. The move
+//!   is told, not hidden: each `deferred` and `recovered` event says which class moved most
+//!   and by how many samples ([`class_shift`]), and the log says it too.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+use metfs_plan::planner::Strategy;
+use metfs_protocol::event::ClassShift;
+use metfs_tier::catalog::Catalog;
 use serde::{Deserialize, Serialize};
 
 /// A session's deferred samples (see the module docs); saved as they are.
@@ -137,6 +144,41 @@ impl Deferred {
     }
 }
 
+/// How far a staging of one mini-epoch moved its composition from the plan under `strategy`:
+/// `added` are carried samples staged into it, `deferred` its samples left out (a carried
+/// sample deferred again is in both, and moves nothing). `None` for a composition without
+/// classes, or where no class moved.
+pub(super) fn class_shift(
+    strategy: Strategy,
+    catalog: &Catalog,
+    added: &[u32],
+    deferred: &[u32],
+) -> Option<ClassShift> {
+    let (classes, name): (&[u32], &dyn Fn(u32) -> String) = match strategy {
+        Strategy::Stratified => (catalog.labels()?, &|c| catalog.label_name(c).to_string()),
+        Strategy::Clustered => (catalog.clusters()?, &|c| {
+            catalog.cluster_name(c).to_string()
+        }),
+        Strategy::Sequential | Strategy::Random => return None,
+    };
+    let mut moved: BTreeMap<u32, i64> = BTreeMap::new();
+    for &id in added {
+        *moved.entry(classes[id as usize]).or_default() += 1;
+    }
+    for &id in deferred {
+        *moved.entry(classes[id as usize]).or_default() -= 1;
+    }
+    moved.retain(|_, n| *n != 0);
+    let (&class, &samples) = moved
+        .iter()
+        .max_by_key(|(&c, n)| (n.abs(), std::cmp::Reverse(c)))?;
+    Some(ClassShift {
+        class: name(class),
+        samples,
+        classes_moved: moved.len() as u64,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,5 +237,42 @@ mod tests {
         // Staged there as planned: recovered.
         assert_eq!(d.staged(&m, &[]), vec![4]);
         assert_eq!(d.carried(), 0);
+    }
+
+    /// Samples carried into a stratified mini-epoch and left out of it move its classes off
+    /// the plan; the class that moved most is named with its signed count, a carried sample
+    /// deferred again moves nothing, and a composition without classes has no shift.
+    #[test]
+    fn the_class_a_carry_moved_most_is_named_with_how_far() {
+        use metfs_tier::catalog::CatalogEntry;
+        let entries =
+            (0..8).map(|i| CatalogEntry::new(format!("{}/{i}.bin", ["cat", "dog"][i % 2]), 1));
+        let mut cat = Catalog::from_entries("s", entries).unwrap();
+        cat.label_by_first_dir();
+        let class = |id: u32| {
+            cat.label_name(cat.labels().unwrap()[id as usize])
+                .to_string()
+        };
+        let (cats, dogs): (Vec<u32>, Vec<u32>) = (0..8).partition(|&id| class(id) == "cat");
+        // Two cats carried in, one dog left out.
+        let s = class_shift(Strategy::Stratified, &cat, &cats[..2], &dogs[..1]).unwrap();
+        assert_eq!(
+            (s.class.as_str(), s.samples, s.classes_moved),
+            ("cat", 2, 2)
+        );
+        // One cat carried in and deferred again, two dogs left out.
+        let s = class_shift(
+            Strategy::Stratified,
+            &cat,
+            &cats[..1],
+            &[cats[0], dogs[0], dogs[1]],
+        )
+        .unwrap();
+        assert_eq!(
+            (s.class.as_str(), s.samples, s.classes_moved),
+            ("dog", -2, 1)
+        );
+        assert!(class_shift(Strategy::Stratified, &cat, &cats[..1], &cats[..1]).is_none());
+        assert!(class_shift(Strategy::Random, &cat, &cats[..2], &[]).is_none());
     }
 }

@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 /// What a staging's deferred samples came to ([`Session::deferred_staged`]).
 pub(super) struct Carry {
+    /// Carried samples the staging was given to stage (recovered, or deferred again).
+    pub(super) added: Vec<u32>,
     /// Deferred samples of the view, carried into the next mini-epochs.
     pub(super) carried: Vec<u32>,
     /// Carried samples the staging gave.
@@ -594,6 +596,7 @@ impl Session {
             deferred.iter().partition(|id| shown.contains(id));
         let recovered = self.deferred.staged(members, &carried);
         Carry {
+            added: self.deferred.added_to(target).to_vec(),
             carried,
             recovered,
             extras,

@@ -10,7 +10,7 @@
 
 use super::store::{self, Room, Stop};
 use crate::daemon::session::{Carry, Next, Session};
-use crate::daemon::{aggregate, Daemon};
+use crate::daemon::{aggregate, deferred, Daemon};
 use metfs_fs::view::View;
 use metfs_plan::size::format_bytes;
 use metfs_prefetcher::stager::{Progress, SlotSpec, StageReport};
@@ -235,6 +235,7 @@ impl StagingLoop {
     ) {
         let deferred = self.d.store.whole_samples(&report.deferred);
         let Carry {
+            added,
             carried: deferred,
             recovered,
             extras,
@@ -244,6 +245,10 @@ impl StagingLoop {
         };
         let catalog = &self.d.store.catalog;
         self.d.store.left_out_extras(&extras);
+        let class_shift = deferred::class_shift(self.d.cfg.compose, catalog, &added, &deferred);
+        if let Some(c) = &class_shift {
+            tracing::warn!(session = %name, epoch = target.0, mini_epoch = target.1, class = %c.class, samples = c.samples, classes_moved = c.classes_moved, "carried samples moved this mini-epoch's composition off its plan (samples of the class beyond its share; negative: short of it)");
+        }
         let paths = |ids: &[u32]| ids.iter().take(10).map(|&id| catalog.path(id)).collect();
         if !deferred.is_empty() {
             let error = report
@@ -258,6 +263,7 @@ impl StagingLoop {
                 samples: deferred.len() as u64,
                 paths: paths(&deferred),
                 error,
+                class_shift: class_shift.clone(),
             }));
         }
         if !recovered.is_empty() {
@@ -270,6 +276,7 @@ impl StagingLoop {
                 mini_epoch: target.1,
                 samples: recovered.len() as u64,
                 paths: paths(&recovered),
+                class_shift,
             }));
         }
     }
