@@ -350,3 +350,19 @@ pub(crate) async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) -> Resu
     }
     Err(format!("{what}: not within 10 s"))
 }
+
+/// The default session's pass end with no metrics or signals: what a job that reports nothing
+/// sends (`block`: wait for the successor rather than take a bonus pass).
+pub(crate) async fn bare_pass_end(
+    d: &Daemon,
+    block: bool,
+) -> Result<metfs_protocol::Decision, metfs_protocol::ProtocolError> {
+    d.pass_end(
+        metfs::daemon::DEFAULT_SESSION,
+        None,
+        Default::default(),
+        Default::default(),
+        block,
+    )
+    .await
+}

@@ -121,20 +121,11 @@ fn partial_copies(cache: &std::path::Path, source: &BTreeMap<String, Vec<u8>>) -
 
 /// A `pass_end` that must answer promptly whatever the tier is doing.
 async fn prompt_pass_end(d: &Daemon) -> Choice {
-    tokio::time::timeout(
-        Duration::from_secs(2),
-        d.pass_end(
-            DEFAULT_SESSION,
-            None,
-            Default::default(),
-            Default::default(),
-            false,
-        ),
-    )
-    .await
-    .expect("pass_end answered within 2 s")
-    .unwrap()
-    .decision
+    tokio::time::timeout(Duration::from_secs(2), bare_pass_end(d, false))
+        .await
+        .expect("pass_end answered within 2 s")
+        .unwrap()
+        .decision
 }
 
 /// Asserts that every sample of `paths` was fetched from the tier exactly once.

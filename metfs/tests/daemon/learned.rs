@@ -16,15 +16,7 @@ async fn learned_replays_a_schedule_recorded_under_another_seed() {
     for _ in 0..2 {
         wait_next_ready(&d).await;
         for _ in 0..3 {
-            d.pass_end(
-                DEFAULT_SESSION,
-                None,
-                Default::default(),
-                Default::default(),
-                false,
-            )
-            .await
-            .unwrap();
+            bare_pass_end(&d, false).await.unwrap();
         }
     }
     r.stop().await;

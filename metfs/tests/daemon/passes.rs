@@ -44,19 +44,12 @@ async fn a_run_directory_whose_writes_block_does_not_delay_pass_end() {
     let d = r.daemon.clone();
     wait_next_ready(&d).await;
     for i in 0..6 {
-        let reply = tokio::time::timeout(
-            Duration::from_secs(60),
-            d.pass_end(
-                DEFAULT_SESSION,
-                None,
-                Default::default(),
-                Default::default(),
-                true,
-            ),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("pass_end {i} did not answer with the run directory blocked"))
-        .unwrap();
+        let reply = tokio::time::timeout(Duration::from_secs(60), bare_pass_end(&d, true))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("pass_end {i} did not answer with the run directory blocked")
+            })
+            .unwrap();
         assert!(
             reply.decision == Choice::Repeat || reply.decision == Choice::Advance,
             "{reply:?}"
@@ -95,28 +88,10 @@ async fn pass_end_and_advance_walk_an_epoch_serving_every_sample_once() {
     // rf = 2: the first pass end repeats, the second advances once the successor is staged.
     wait_next_ready(&d).await;
     let g0 = status_u64(&d, "generation");
-    let first = d
-        .pass_end(
-            DEFAULT_SESSION,
-            None,
-            Default::default(),
-            Default::default(),
-            false,
-        )
-        .await
-        .unwrap();
+    let first = bare_pass_end(&d, false).await.unwrap();
     assert_eq!(first.decision, Choice::Repeat, "{first:?}");
     assert_eq!(first.generation, g0);
-    let second = d
-        .pass_end(
-            DEFAULT_SESSION,
-            None,
-            Default::default(),
-            Default::default(),
-            false,
-        )
-        .await
-        .unwrap();
+    let second = bare_pass_end(&d, false).await.unwrap();
     assert_eq!(second.decision, Choice::Advance, "{second:?}");
     assert_eq!(second.generation, g0 + 1);
     assert_eq!(second.mini_epoch, 1);
@@ -170,17 +145,7 @@ async fn a_slow_tier_raises_a_fixed_rf_unless_pass_end_blocks() {
     let d = r.daemon.clone();
     let pass = |block: bool| {
         let d = d.clone();
-        async move {
-            d.pass_end(
-                DEFAULT_SESSION,
-                None,
-                Default::default(),
-                Default::default(),
-                block,
-            )
-            .await
-            .unwrap()
-        }
+        async move { bare_pass_end(&d, block).await.unwrap() }
     };
 
     // Mini-epoch 0: its successor is staged before the first pass, so rf 2 exactly.
