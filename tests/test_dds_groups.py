@@ -8,13 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from conftest import Etcd, Mount
-from test_dds_mount import done_shards, shards, wait_epoch_done
+from conftest import Etcd
+from test_dds_mount import Reader, dds_mounts, done_shards, shards, wait_epoch_done
 
 PAIRS = 80
 TEMPLATE = "images/{}.png,masks/{}.png"
@@ -60,61 +58,6 @@ def init(metfs: str, url: str, src: Path, *extra: str, ok: bool = True) -> Any:
     )
 
 
-class ViewReader(threading.Thread):
-    """Reads every file of each view its mount shows once (the first pass) and ends passes
-    until told to stop; records each view's files and every (epoch, path, sha256) read."""
-
-    def __init__(self, m: Mount) -> None:
-        super().__init__(daemon=True)
-        self.m = m
-        self.views: list[list[str]] = []
-        self.reads: list[tuple[int, str, str]] = []
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            seen: set[int] = set()
-            while not self.stop.is_set():
-                v = self.m.files()
-                if v["generation"] not in seen:
-                    seen.add(v["generation"])
-                    self.views.append(list(v["files"]))
-                    for rel in v["files"]:
-                        data = (self.m.mountpoint / rel).read_bytes()
-                        self.reads.append((v["epoch"], rel, hashlib.sha256(data).hexdigest()))
-                if self.m.pass_end()["decision"] != "advance":
-                    time.sleep(0.02)
-        except (OSError, AssertionError, ConnectionError, json.JSONDecodeError) as e:
-            if not self.stop.is_set():
-                self.error = e
-
-
-def group_mounts(
-    mounts: Any, src: Path, etcd: Etcd, prefix: str, n: int, **settings: Any
-) -> list[Mount]:
-    return [
-        mounts(
-            src,
-            "2MiB",
-            "--dds",
-            etcd.url(prefix),
-            "--node-name",
-            f"n{i}",
-            "--rf",
-            "1",
-            "--compose",
-            "stratified",
-            "--dds-lease-ttl-secs",
-            "2",
-            name=f"n{i}",
-            **GROUPS,
-            **settings,
-        )
-        for i in range(n)
-    ]
-
-
 def test_two_nodes_drain_an_epoch_of_image_and_mask_pairs(
     mounts: Any, etcd: Etcd, tmp_path: Path, metfs: str
 ) -> None:
@@ -127,10 +70,10 @@ def test_two_nodes_drain_an_epoch_of_image_and_mask_pairs(
     assert meta["samples"] == PAIRS, meta
     assert meta["sample_settings"] == f"group_by '{TEMPLATE}', always 'classes.txt'", meta
     assert meta["shards"] >= 4, meta
-    ms = group_mounts(mounts, src, etcd, "seg", 2)
+    ms = dds_mounts(mounts, src, etcd, "seg", 2, **GROUPS)
     for m in ms:
         m.mount()
-    readers = [ViewReader(m) for m in ms]
+    readers = [Reader(m) for m in ms]
     for r in readers:
         r.start()
     wait_epoch_done(etcd, "seg", 0, 120)
@@ -230,9 +173,9 @@ def test_a_pair_whose_mask_cannot_be_staged_is_left_out_whole(
         "--always",
         "classes.txt",
     )
-    [m] = group_mounts(mounts, src, etcd, "bad-mask", 1, manifest=manifest)
+    [m] = dds_mounts(mounts, src, etcd, "bad-mask", 1, manifest=manifest, **GROUPS)
     m.mount()
-    reader = ViewReader(m)
+    reader = Reader(m)
     reader.start()
     wait_epoch_done(etcd, "bad-mask", 0, 120)
     reader.stop.set()

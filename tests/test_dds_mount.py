@@ -38,11 +38,13 @@ def make_dataset(root: Path, n: int) -> dict[str, str]:
 
 class Reader(threading.Thread):
     """Reads every file of its node's view once per view (the first pass), checks nothing
-    itself, records (epoch, path, sha256), and ends passes until told to stop."""
+    itself, records each view's files and every (epoch, path, sha256) read, and ends passes
+    until told to stop."""
 
     def __init__(self, m: Mount) -> None:
         super().__init__(daemon=True)
         self.m = m
+        self.views: list[list[str]] = []
         self.reads: list[tuple[int, str, str]] = []
         self.stop = threading.Event()
         self.error: BaseException | None = None
@@ -54,6 +56,7 @@ class Reader(threading.Thread):
                 v = self.m.files()
                 if v["generation"] not in seen:
                     seen.add(v["generation"])
+                    self.views.append(list(v["files"]))
                     for rel in v["files"]:
                         data = (self.m.mountpoint / rel).read_bytes()
                         self.reads.append((v["epoch"], rel, hashlib.sha256(data).hexdigest()))
@@ -82,7 +85,11 @@ def wait_epoch_done(etcd: Etcd, prefix: str, epoch: int, timeout: float) -> None
         time.sleep(0.1)
 
 
-def dds_mounts(mounts: Any, src: Path, etcd: Etcd, prefix: str, n: int, *extra: str) -> list[Mount]:
+def dds_mounts(
+    mounts: Any, src: Path, etcd: Etcd, prefix: str, n: int, *extra: str, **settings: Any
+) -> list[Mount]:
+    """`n` nodes `n0`... of the queue at `prefix`, stratified, rf 1, a lease of 2 s; `extra`
+    flags and `settings` (the fixture's keyword settings) added."""
     return [
         mounts(
             src,
@@ -99,6 +106,7 @@ def dds_mounts(mounts: Any, src: Path, etcd: Etcd, prefix: str, n: int, *extra: 
             "2",
             *extra,
             name=f"n{i}",
+            **settings,
         )
         for i in range(n)
     ]
