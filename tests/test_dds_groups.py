@@ -5,9 +5,11 @@ with a reader that checks every view it is shown and records what it reads throu
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +189,44 @@ def test_a_pair_whose_mask_cannot_be_staged_is_left_out_whole(
     assert read == want, (len(read), len(want))
     failed = {f["path"]: f["reason"] for f in m.status()["failed_samples"]}
     assert "masks/007.png" in failed, failed
+
+
+def test_two_nodes_read_a_hugging_face_dataset_with_its_own_loader(
+    mounts: Any, etcd: Etcd, tmp_path: Path
+) -> None:
+    """A Hugging Face `datasets` directory (16 arrow shards) under dynamic sharding: the mounts
+    detect the format and the queue deals its shards; every view of each node opens with
+    `datasets.load_from_disk(MNT)` unmodified and yields its shards' rows with the source's
+    bytes, and over epoch 0 the two nodes' views yield every row exactly once."""
+    import datasets
+    from test_formats_index import payload
+
+    src = tmp_path / "hf"
+    rows = 640
+    data = {"id": list(range(rows)), "data": [payload(i) * 40 for i in range(rows)]}
+    datasets.Dataset.from_dict(data).save_to_disk(str(src), num_shards=16)
+    ms = dds_mounts(mounts, src, etcd, "hf", 2)
+    for m in ms:
+        m.mount()
+        assert "format=hf-dataset" in m.log()
+    seen: list[set[int]] = [set() for _ in ms]
+    read: collections.Counter[int] = collections.Counter()
+    views = 0
+    deadline = time.monotonic() + 120
+    while len(done_shards(etcd, "hf", 0)) < shards(etcd, "hf"):
+        assert time.monotonic() < deadline, "epoch 0 not done"
+        for m, mine in zip(ms, seen, strict=True):
+            v = m.files()
+            if v["epoch"] == 0 and v["generation"] not in mine:
+                mine.add(v["generation"])
+                assert {"state.json", "dataset_info.json"} <= set(v["files"]), v["files"]
+                view = datasets.load_from_disk(str(m.mountpoint))
+                for i, d in zip(view["id"], view["data"], strict=True):
+                    assert d == payload(i) * 40, i
+                    read[i] += 1
+                views += 1
+            m.pass_end()
+        time.sleep(0.02)
+    assert read == collections.Counter(range(rows)), sorted(set(range(rows)) - set(read))
+    assert all(seen), "both nodes took part"
+    assert views >= 3, views
