@@ -106,10 +106,12 @@ def _passes(
     rng: random.Random,
     times: list[float],
 ) -> None:
-    """`n` pass ends, each by a job drawn at random; `reached` keeps each one's last answer."""
+    """`n` pass ends (at least one per job, so that each has an answer to resume at), the
+    others by jobs drawn at random, in a random order; `reached` keeps each one's last answer."""
     names = sorted(clients)
-    for _ in range(n):
-        name = rng.choice(names)
+    order = names + [rng.choice(names) for _ in range(max(0, n - len(names)))]
+    rng.shuffle(order)
+    for name in order:
         t = time.perf_counter()
         d = clients[name].pass_end({"loss": rng.random()})
         times.append(time.perf_counter() - t)
