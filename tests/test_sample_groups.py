@@ -305,14 +305,18 @@ def test_a_corrupt_index_is_refused_naming_the_file(mounts, tmp_path):
 
 @pytest.mark.parametrize("mode", ["share", "transform"])
 def test_a_dataset_format_is_refused_where_files_are_dealt_one_by_one(mounts, tmp_path, mode):
-    """A shared mount and a transform deal files one by one: a Hugging Face dataset (saved by
-    `datasets` itself) would lose its index in every view but one. Refused at mount, naming the
-    format, its index file and what to do; `--format files` deals its files as asked (on the
-    shared mount; a transform's files are the transform tests')."""
-    import datasets
-
+    """A shared mount and a transform deal files one by one: a Hugging Face dataset would lose
+    its index in every view but one. Refused at mount (from the names, before anything is read
+    or staged), naming the format, its index file and what to do; `--format files` deals its
+    files as asked (on the shared mount; a transform's files are the transform tests'). The
+    names are those `save_to_disk` writes, so the test needs no `datasets` (it also runs as an
+    ordinary user)."""
     src = tmp_path / "hf"
-    datasets.Dataset.from_dict({"id": list(range(40))}).save_to_disk(str(src), num_shards=4)
+    src.mkdir()
+    (src / "dataset_info.json").write_text("{}")
+    (src / "state.json").write_text('{"_data_files": []}')
+    for k in range(4):
+        (src / f"data-{k:05d}-of-00004.arrow").write_bytes(payload(k) * 100)
     how = ["--share", "--share-jobs", "2"] if mode == "share" else ["--transform", "cat"]
     m = mounts(src, "4MiB", *how)
     r = m.mount(check=False)

@@ -580,3 +580,94 @@ def test_a_saved_job_that_does_not_come_back_is_dropped_and_a_corrupt_save_file_
     m.args += ["--reset"]
     m.mount()
     assert m.status()["jobs"] == []
+
+
+@pytest.mark.parametrize("read_path", ["pread", "cached", "passthrough"])
+def test_a_frozen_reader_is_capped_and_its_newest_views_keep_their_bytes(
+    mounts: Callable[..., Mount], tmp_path: Path, read_path: str
+) -> None:
+    """A reader of job `a` keeps a file of each of its views open while the job moves on (a
+    frozen reader). Under `share.held_open_cap` 0.5 (one view's bytes) one held retired view
+    is allowed; once it holds two, the oldest is taken back within seconds: it no longer pins
+    its slot (`status` stops listing it as draining), a read through the old descriptor (its
+    cached pages dropped) fails, the newer held view still reads the source's bytes, and
+    `status` and an event say what the job held and what was taken back. Through passthrough
+    the kernel reads the slot files itself: nothing is taken back, and the event says how many
+    bytes past the cap could not be, once."""
+    import errno
+
+    src = tmp_path / "src"
+    digests = make_dataset(src, 400)
+    m = mounts(
+        src, "4MiB", "--share", "--share-jobs", "2", "--rf", "1", "--read-path", read_path, name="s"
+    )
+    m.mount()
+    c = _client(m, "a")
+    root = m.mountpoint / "a"
+    wait_for(lambda: bool(c.files().files), 60, "job a's first view")
+
+    def hold() -> tuple[Any, str, int]:
+        v = c.files()
+        rel = v.files[0]
+        f = open(root / rel, "rb")  # noqa: SIM115 (held open across the switches)
+        assert hashlib.sha256(f.read()).hexdigest() == digests[rel]
+        return f, rel, v.generation
+
+    def job() -> dict[str, Any]:
+        return next(j for j in m.status()["jobs"] if j["name"] == "a")
+
+    def capped() -> list[dict[str, Any]]:
+        events = (json.loads(line) for line in (m.cache / "run" / "events.jsonl").open())
+        return [e for e in events if e["event"] == "held_open_capped"]
+
+    old, old_rel, g_old = hold()
+    c.advance(wait=True)
+    new, new_rel, g_new = hold()
+    time.sleep(1.5)  # one look of the monitor: one held view is within the cap
+    assert job()["revoked_bytes"] == 0, job()
+    c.advance(wait=True)
+    cap = job()["share_bytes"] // 2
+    if read_path == "passthrough":
+        wait_for(lambda: bool(capped()), 30, "the job reported past its cap")
+        time.sleep(2.5)  # more looks of the monitor: reported once, not at each
+        ev = capped()
+        assert len(ev) == 1 and ev[0]["generations"] == [] and ev[0]["unrevocable_bytes"] > 0, ev
+        assert job()["revoked_bytes"] == 0 and job()["held_open_bytes"] > cap, job()
+        old.seek(0)
+        assert hashlib.sha256(old.read()).hexdigest() == digests[old_rel]
+    else:
+        wait_for(lambda: job()["revoked_bytes"] > 0, 30, "the oldest held view taken back")
+        assert 0 < job()["held_open_bytes"] <= cap, (job(), cap)
+        wait_for(
+            lambda: g_old not in {d["generation"] for d in m.status()["draining"]},
+            30,
+            "the view taken back to stop pinning its slot",
+        )
+        # Its pages dropped, a read of the old descriptor reaches the daemon, which refuses it.
+        os.posix_fadvise(old.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        with pytest.raises(OSError) as e:
+            os.pread(old.fileno(), 4096, 0)
+        assert e.value.errno in (errno.EIO, errno.ESTALE), e.value
+        ev = capped()
+        assert ev and ev[0]["job"] == "a" and ev[0]["generations"] == [g_old], ev
+        assert ev[0]["held_bytes"] > ev[0]["cap_bytes"] == cap, ev
+        assert g_new not in ev[0]["generations"]
+    new.seek(0)
+    assert hashlib.sha256(new.read()).hexdigest() == digests[new_rel]
+    old.close()
+    new.close()
+    c.leave()
+
+
+def test_a_held_open_cap_larger_than_the_share_is_refused(
+    mounts: Callable[..., Mount], tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    make_dataset(src, 20)
+    for bad in ("1.5", "0"):
+        m = mounts(src, "4MiB", "--share", "--share-held-open-cap", bad, name=f"cap{bad}")
+        r = m.mount(check=False)
+        assert r.returncode != 0
+        assert "share.held_open_cap" in r.stderr and "a fraction of a job's share" in r.stderr, (
+            r.stderr
+        )

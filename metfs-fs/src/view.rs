@@ -89,6 +89,9 @@ pub struct View {
     /// Clients holding a lease on this view's slot files, read directly rather than through
     /// the mount (`files` with `direct`): each pins the slot as an open handle does.
     leases: AtomicUsize,
+    /// Taken back from its readers ([`crate::fs::FsCore::revoke`]): its data is unreachable
+    /// through the mount, so handles and kernel references no longer hold its slot.
+    revoked: std::sync::atomic::AtomicBool,
     /// Per node: the kernel's lookup count (entries replied minus entries forgotten).
     refs: Box<[AtomicU32]>,
     /// Sum of `refs`: the kernel holds an inode of this view while it is above zero.
@@ -322,6 +325,7 @@ impl View {
             bytes,
             open_handles: AtomicUsize::new(0),
             leases: AtomicUsize::new(0),
+            revoked: std::sync::atomic::AtomicBool::new(false),
             refs,
             kernel_refs: AtomicU64::new(0),
             file_refs: AtomicU64::new(0),
@@ -646,6 +650,14 @@ impl View {
     /// Leases held on this view.
     pub fn leases(&self) -> usize {
         self.leases.load(Ordering::Acquire)
+    }
+    /// Whether the view was taken back from its readers.
+    pub fn revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
+    }
+    /// Marks the view taken back (see [`View::revoked`]).
+    pub(crate) fn revoke(&self) {
+        self.revoked.store(true, Ordering::Release);
     }
 }
 

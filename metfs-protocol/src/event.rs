@@ -52,6 +52,9 @@ pub enum Event {
     Tier(Tier),
     /// A shared mount's restart could not resume a saved job's place: it starts over.
     JobNotResumed(NotResumed),
+    /// A job's readers held more of its retired views than `share.held_open_cap` allows: the
+    /// oldest were taken back.
+    HeldOpenCapped(HeldOpenCapped),
     /// A kind this build does not know; skipped by readers.
     #[serde(other)]
     #[schemars(skip)]
@@ -196,6 +199,25 @@ pub struct Recovered {
     /// [`Deferred::class_shift`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class_shift: Option<ClassShift>,
+}
+
+/// `held_open_capped`: a job's readers (a frozen reader keeping old files open) held more of
+/// its retired views than its cap; the oldest were taken back, so their slots can go (a read
+/// of them answers EIO from now on).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HeldOpenCapped {
+    /// The job.
+    pub job: String,
+    /// Bytes of its retired views its readers held, before.
+    pub held_bytes: u64,
+    /// Its cap (`share.held_open_cap` of its share).
+    pub cap_bytes: u64,
+    /// The views taken back, by generation (oldest first), and their bytes.
+    pub generations: Vec<u64>,
+    pub revoked_bytes: u64,
+    /// Bytes of held views the daemon cannot take back (read through passthrough opens or
+    /// leased direct paths, which the kernel or the reader holds itself).
+    pub unrevocable_bytes: u64,
 }
 
 /// `switch`: the view advanced.

@@ -95,6 +95,13 @@ pub struct JobStatus {
     pub held_back: bool,
     /// Seconds since its last request; it is dropped after `share.idle_secs`.
     pub idle_secs: f64,
+    /// Bytes of its retired views its readers still hold (a frozen reader), at the last look;
+    /// at most its `share.held_open_cap` once the oldest are taken back.
+    #[serde(default)]
+    pub held_open_bytes: u64,
+    /// Bytes of its retired views taken back from its readers so far.
+    #[serde(default)]
+    pub revoked_bytes: u64,
 }
 
 /// A node in aggregate-cache mode (`metfs mount --aggregate`), in `status`.

@@ -187,7 +187,10 @@ impl Tally {
             Event::Deferred(d) => self.deferred += d.samples,
             Event::Recovered(r) => self.recovered += r.samples,
             // Kinds the report does not use.
-            Event::StageFailed(_) | Event::JobNotResumed(_) | Event::Other => {}
+            Event::StageFailed(_)
+            | Event::JobNotResumed(_)
+            | Event::HeldOpenCapped(_)
+            | Event::Other => {}
         }
     }
 }

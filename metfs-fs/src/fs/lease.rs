@@ -12,7 +12,7 @@ impl FsCore {
         let v = self.views.read().unwrap();
         let known =
             v.current_of(view.generation).is_some() || v.retained.contains_key(&view.generation);
-        if !known {
+        if !known || view.revoked() {
             return None;
         }
         view.lease_taken();

@@ -93,6 +93,9 @@ pub enum FsError {
     /// Unknown file handle.
     #[error("bad file handle")]
     BadHandle,
+    /// A file of a retired view taken back from its readers ([`FsCore::revoke`]).
+    #[error("the view was taken back: its reader held it past its job's cap")]
+    Revoked,
     /// I/O error on the backing file.
     #[error("I/O error on a backing file")]
     Io(i32),
@@ -107,6 +110,7 @@ impl FsError {
             FsError::NotDir => libc::ENOTDIR,
             FsError::IsDir => libc::EISDIR,
             FsError::BadHandle => libc::EBADF,
+            FsError::Revoked => libc::EIO,
             FsError::Io(e) => e,
         }
     }
@@ -190,6 +194,8 @@ struct Views {
     /// `MNT/<job>`; the root lists the jobs.
     jobs: Option<std::collections::BTreeMap<String, Arc<View>>>,
     retained: HashMap<u64, Arc<View>>,
+    /// On a shared mount: the job each retained view was shown to, by generation.
+    owners: HashMap<u64, String>,
 }
 
 impl Views {
@@ -303,6 +309,7 @@ impl FsCore {
                     current: initial,
                     jobs: None,
                     retained: HashMap::new(),
+                    owners: HashMap::new(),
                 },
             ),
             root_listings: OrderedMutex::new(Level::RootListings, HashMap::new()),

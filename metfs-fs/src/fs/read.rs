@@ -21,7 +21,7 @@ impl FsCore {
         }
         let key = (view.generation, idx);
         let file = self.backing_file(&view, idx)?;
-        let fh = self.new_handle(view, idx, Some(file.clone()), None);
+        let fh = self.new_handle(view, idx, Some(file.clone()), None)?;
         Ok(Opened { fh, file, key })
     }
 
@@ -68,7 +68,7 @@ impl FsCore {
                 }
             }
         };
-        let fh = self.new_handle(view, idx, None, Some(id.clone()));
+        let fh = self.new_handle(view, idx, None, Some(id.clone()))?;
         Ok(Ok((fh, id)))
     }
 
@@ -79,12 +79,18 @@ impl FsCore {
         idx: u32,
         file: Option<Arc<File>>,
         pinned: Option<Pinned>,
-    ) -> u64 {
+    ) -> Result<u64, FsError> {
+        let mut handles = self.handles.lock().unwrap();
+        // Checked under the handles' lock, which `revoke` holds as it marks the view: no handle
+        // of a view taken back is made after it strips the others.
+        if view.revoked() {
+            return Err(FsError::Revoked);
+        }
         view.touch(idx);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         view.handle_opened();
         self.opens.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().unwrap().insert(
+        handles.insert(
             fh,
             Handle {
                 view,
@@ -93,7 +99,7 @@ impl FsCore {
                 _pinned: pinned,
             },
         );
-        fh
+        Ok(fh)
     }
 
     /// The slot file of node `idx`, from the cache of open backing files. A copy its slot's
@@ -185,10 +191,16 @@ impl FsCore {
         let (file, len) = if fh != 0 {
             let handles = self.handles.lock().unwrap();
             let h = handles.get(&fh).ok_or(FsError::BadHandle)?;
+            if h.view.revoked() {
+                return Err(FsError::Revoked);
+            }
             let file = h.file.clone().ok_or(FsError::BadHandle)?;
             (file, h.view.file_size(h.idx))
         } else {
             let (view, idx) = self.view_of(ino)?;
+            if view.revoked() {
+                return Err(FsError::Revoked);
+            }
             let NodeKind::File { size, .. } = view.kind(idx) else {
                 return Err(FsError::IsDir);
             };

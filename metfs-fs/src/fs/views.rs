@@ -29,6 +29,7 @@ impl FsCore {
         let old = v.jobs.as_mut()?.insert(name.to_string(), next);
         if let Some(old) = &old {
             v.retained.insert(old.generation, old.clone());
+            v.owners.insert(old.generation, name.to_string());
         }
         old
     }
@@ -40,6 +41,7 @@ impl FsCore {
         let mut v = self.views.write().unwrap();
         let old = v.jobs.as_mut()?.remove(name)?;
         v.retained.insert(old.generation, old.clone());
+        v.owners.insert(old.generation, name.to_string());
         Some(old)
     }
 
@@ -63,6 +65,7 @@ impl FsCore {
                 return false;
             }
             v.retained.remove(&generation);
+            v.owners.remove(&generation);
         }
         self.drop_cached(generation);
         true
@@ -84,11 +87,67 @@ impl FsCore {
         !self.is_current(view) && self.unheld(view)
     }
 
-    /// No handle, lease or (when tracked) kernel reference to a file holds `view`.
+    /// No handle, lease or (when tracked) kernel reference to a file holds `view`. A view
+    /// taken back ([`FsCore::revoke`]) is held by nothing: its handles and kernel references
+    /// reach no data, and it took no lease.
     fn unheld(&self, view: &View) -> bool {
-        view.open_handles() == 0
-            && view.leases() == 0
-            && (!self.settings.track_kernel_refs || view.file_refs() == 0)
+        view.revoked()
+            || view.open_handles() == 0
+                && view.leases() == 0
+                && (!self.settings.track_kernel_refs || view.file_refs() == 0)
+    }
+
+    /// The retired views of job `name` still held by a reader (a handle, a lease or a kernel
+    /// reference), oldest first.
+    pub fn held_views_of(&self, name: &str) -> Vec<Arc<View>> {
+        let v = self.views.read().unwrap();
+        let mut out: Vec<Arc<View>> = v
+            .owners
+            .iter()
+            .filter(|(_, job)| job.as_str() == name)
+            .filter_map(|(g, _)| v.retained.get(g))
+            .filter(|view| !self.unheld(view))
+            .cloned()
+            .collect();
+        out.sort_by_key(|view| view.generation);
+        out
+    }
+
+    /// Takes retired view `generation` back from its readers, so that its slot may go while
+    /// they still hold it: from now on a read of it answers EIO, the daemon's descriptors of
+    /// its files are closed, and its handles and kernel references no longer hold it (it is
+    /// sent on the drained channel). Refused (`false`) for a view that is current or not
+    /// retained, and for one read where the daemon cannot take it back: under a lease (its
+    /// files opened directly) or a passthrough open (the kernel reads the slot file itself).
+    /// Marked under the views' write lock (no lease is taken meanwhile) and the handles' lock
+    /// (no handle is made meanwhile).
+    pub fn revoke(&self, generation: u64) -> bool {
+        let view = {
+            let v = self.views.write().unwrap();
+            let Some(view) = v.retained.get(&generation).cloned() else {
+                return false;
+            };
+            if v.current_of(generation).is_some() || view.leases() > 0 {
+                return false;
+            }
+            let mut handles = self.handles.lock().unwrap();
+            let mine = |h: &&mut super::Handle| h.view.generation == generation;
+            if handles
+                .values_mut()
+                .filter(mine)
+                .any(|h| h._pinned.is_some())
+            {
+                return false;
+            }
+            view.revoke();
+            for h in handles.values_mut().filter(mine) {
+                h.file = None;
+            }
+            view
+        };
+        self.drop_cached(generation);
+        self.notify_if_drained(&view);
+        true
     }
 
     /// Sends `view`'s generation on the `drained` channel if it has drained (a handle's
@@ -216,5 +275,64 @@ mod tests {
         assert_eq!(core.lookup(dir.ino, "f"), Err(FsError::Stale));
         core.forget(dir.ino, 493);
         assert!(rx.try_recv().is_err());
+    }
+
+    /// A job's retired view held by a reader is listed as held; taken back, its handle's reads
+    /// answer EIO, it counts as drained (sent on the channel), it takes no new handle or
+    /// lease, and it is gone from the held list, while a newer view the job's reader holds
+    /// keeps reading. A view under a lease is not taken back.
+    #[test]
+    fn a_view_taken_back_reads_eio_and_holds_its_slot_no_longer() {
+        let (d, c) = setup();
+        let nested = |g, slot| {
+            Arc::new(
+                Arc::into_inner(view(&d, &c, &[0, 1], g, 0, slot))
+                    .unwrap()
+                    .nested(),
+            )
+        };
+        let core = Arc::new(FsCore::new_shared(view(&d, &c, &[], 1, 0, ""), settings()));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        core.set_drained_sender(tx);
+        let open_f = |core: &FsCore| {
+            let job = core.lookup(ROOT_INO, "a").unwrap();
+            let dir = core.lookup(job.ino, "d").unwrap();
+            let f = core.lookup(dir.ino, "f").unwrap();
+            core.open(f.ino).unwrap().fh
+        };
+        core.switch_job("a", nested(2, "s1"));
+        let old_fh = open_f(&core);
+        core.switch_job("a", nested(3, "s2"));
+        let new_fh = open_f(&core);
+        core.switch_job("a", nested(4, "s1"));
+        let held: Vec<u64> = core
+            .held_views_of("a")
+            .iter()
+            .map(|v| v.generation)
+            .collect();
+        assert_eq!(held, [2, 3]);
+        let old = core.retained(2).unwrap();
+        assert!(!core.is_drained(&old));
+        assert!(core.revoke(2));
+        assert_eq!(core.read(old_fh, 0, 10).unwrap_err(), FsError::Revoked);
+        assert_eq!(FsError::Revoked.errno(), libc::EIO);
+        assert_eq!(core.read(new_fh, 0, 4).unwrap(), vec![2u8; 4]);
+        assert_eq!(rx.try_recv().unwrap(), 2);
+        assert!(core.is_drained(&old));
+        assert!(core.lease(&old).is_none(), "no lease on a view taken back");
+        let held: Vec<u64> = core
+            .held_views_of("a")
+            .iter()
+            .map(|v| v.generation)
+            .collect();
+        assert_eq!(held, [3]);
+        assert!(core.retire_drained(2));
+        core.release(old_fh);
+        // Under a lease a view is not taken back; the current view never is.
+        let leased = core.retained(3).unwrap();
+        let lease = core.lease(&leased).unwrap();
+        assert!(!core.revoke(3));
+        drop(lease);
+        assert!(!core.revoke(4));
     }
 }

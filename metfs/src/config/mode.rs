@@ -140,6 +140,13 @@ fn check_share(s: &MountSettings, check: &Check) -> Result<(), ConfigError> {
     if s.share.idle_secs == 0 {
         return Err(check.invalid("share.idle_secs", "must be at least 1"));
     }
+    let cap = s.share.held_open_cap;
+    if !(cap > 0.0 && cap <= 1.0) {
+        return Err(check.invalid(
+            "share.held_open_cap",
+            format!("{cap} must be above 0 and at most 1: a fraction of a job's share (more than the share would let one frozen reader hold what the other jobs need)"),
+        ));
+    }
     Ok(())
 }
 

@@ -77,6 +77,14 @@ pub struct ShareConfig {
     #[arg(id = "share.idle_secs", long = "share-idle-secs",
         default_value_t = ShareConfig::default().idle_secs)]
     pub idle_secs: u64,
+    /// Most of a job's share its readers may hold in retired views (a frozen reader keeping
+    /// old files open), as a fraction, above 0 and at most 1. Past it the job's oldest held
+    /// views are taken back (their reads answer EIO, their slots go) within a second, the
+    /// newest kept, and the job is reported. 0.5 lets a reader hold one retired view whole (a
+    /// view is half a share) while the job reads the next.
+    #[arg(id = "share.held_open_cap", long = "share-held-open-cap",
+        default_value_t = ShareConfig::default().held_open_cap)]
+    pub held_open_cap: f64,
 }
 
 impl Default for ShareConfig {
@@ -87,6 +95,7 @@ impl Default for ShareConfig {
             pace: SharePace::Wait,
             evict: ShareEvict::Refcnt,
             idle_secs: 900,
+            held_open_cap: 0.5,
         }
     }
 }

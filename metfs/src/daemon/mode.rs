@@ -150,6 +150,7 @@ impl ModeState {
     pub(super) fn tick(&self, d: &Arc<super::Daemon>) {
         if let ModeState::Shared(sh) = self {
             sh.reap_idle(d);
+            sh.cap_held_open(d);
         }
     }
 

@@ -117,7 +117,8 @@ class Draining(TypedDict):
 #: mount), position (``mini_epoch`` ``None`` while it waits for its first view; ``pass``),
 #: rf policy and rf, bonus passes, its view's generation, files and bytes, the samples of its
 #: dataset, the bytes it may pin, whether its next view is staged, whether it was held back
-#: for a slower job, and the seconds since its last request.
+#: for a slower job, the seconds since its last request, and the bytes of its retired views
+#: its readers still hold and those taken back from them (``share.held_open_cap``).
 JobStatus = TypedDict(
     "JobStatus",
     {
@@ -136,6 +137,8 @@ JobStatus = TypedDict(
         "next_ready": bool,
         "held_back": bool,
         "idle_secs": float,
+        "held_open_bytes": NotRequired[int],
+        "revoked_bytes": NotRequired[int],
     },
 )
 

@@ -130,6 +130,8 @@ impl Shared {
                     next_ready: s.next_ready(),
                     held_back: meta.is_some_and(|m| m.held_back),
                     idle_secs: meta.map_or(0.0, |m| m.last_seen.elapsed().as_secs_f64()),
+                    held_open_bytes: meta.map_or(0, |m| m.held_open.bytes),
+                    revoked_bytes: meta.map_or(0, |m| m.held_open.revoked),
                 }
             })
             .collect()

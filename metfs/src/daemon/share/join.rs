@@ -211,6 +211,7 @@ impl Shared {
                 token: token.clone(),
                 last_seen: Instant::now(),
                 held_back: false,
+                held_open: Default::default(),
                 samples: dataset.len() as u64,
                 subset: subset.cloned(),
                 rf_policy,

@@ -85,6 +85,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod cohort;
+mod held;
 mod join;
 mod resume;
 pub(super) mod state;
@@ -127,6 +128,8 @@ pub(super) struct JobMeta {
     token: String,
     last_seen: Instant,
     pub(super) held_back: bool,
+    /// What its readers hold of its retired views ([`held`]).
+    held_open: held::HeldOpen,
     samples: u64,
     /// What its `hello` asked for, saved so that a restart makes the same dataset and policy.
     subset: Option<Subset>,

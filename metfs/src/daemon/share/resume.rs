@@ -217,6 +217,7 @@ impl Shared {
                 token: j.token.clone(),
                 last_seen: Instant::now(),
                 held_back: false,
+                held_open: Default::default(),
                 samples: dataset.len() as u64,
                 subset: j.subset.clone(),
                 rf_policy: j.rf_policy,
