@@ -650,6 +650,8 @@ def test_a_frozen_reader_is_capped_and_its_newest_views_keep_their_bytes(
         assert e.value.errno in (errno.EIO, errno.ESTALE), e.value
         ev = capped()
         assert ev and ev[0]["job"] == "a" and ev[0]["generations"] == [g_old], ev
+        # The reader (this process) is named where it opened the file through the daemon.
+        assert ev[0]["pids"] == ([] if read_path == "cached" else [os.getpid()]), ev
         assert ev[0]["held_bytes"] > ev[0]["cap_bytes"] == cap, ev
         assert g_new not in ev[0]["generations"]
     new.seek(0)

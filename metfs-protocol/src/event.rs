@@ -218,6 +218,10 @@ pub struct HeldOpenCapped {
     /// Bytes of held views the daemon cannot take back (read through passthrough opens or
     /// leased direct paths, which the kernel or the reader holds itself).
     pub unrevocable_bytes: u64,
+    /// The processes holding those views, where the kernel named them at their opens (not
+    /// on the cached path, where it sends no `open`).
+    #[serde(default)]
+    pub pids: Vec<u32>,
 }
 
 /// `switch`: the view advanced.

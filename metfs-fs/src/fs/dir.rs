@@ -63,6 +63,8 @@ impl FsCore {
             Handle {
                 view,
                 idx,
+                // A listing reaches no data: who holds it is not asked.
+                pid: 0,
                 file: None,
                 _pinned: None,
             },

@@ -181,6 +181,8 @@ struct Handle {
     view: Arc<View>,
     /// The node opened.
     idx: u32,
+    /// The process that opened it, as the kernel said (0: not known).
+    pid: u32,
     file: Option<Arc<File>>,
     /// Passthrough backing id, kept registered while the handle lives (never read: holding it
     /// is the point).
@@ -436,7 +438,7 @@ mod tests {
         let g = core.lookup(ROOT_INO, "g").unwrap();
         assert_eq!(core.lookup(g.ino, "x").unwrap_err().errno(), libc::ENOTDIR);
         let d_ino = core.lookup(ROOT_INO, "d").unwrap().ino;
-        assert_eq!(core.open(d_ino).unwrap_err().errno(), libc::EISDIR);
+        assert_eq!(core.open(d_ino, 0).unwrap_err().errno(), libc::EISDIR);
         assert_eq!(core.read(999, 0, 1).unwrap_err().errno(), libc::EBADF);
         assert_eq!(
             core.getattr(99 << 32 | 1).unwrap_err().errno(),

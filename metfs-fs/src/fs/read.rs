@@ -13,19 +13,20 @@ use metfs_prefetcher::stager::CopyState;
 use super::{CopyRepair, FsCore, FsError, Handle, NodeKind, Opened, Pinned, ReadSource, View};
 
 impl FsCore {
-    /// Opens file `ino` read-only; the handle pins its view.
-    pub fn open(&self, ino: u64) -> Result<Opened, FsError> {
+    /// Opens file `ino` read-only for process `pid` (0: not known); the handle pins its view.
+    pub fn open(&self, ino: u64, pid: u32) -> Result<Opened, FsError> {
         let (view, idx) = self.view_of(ino)?;
         if view.kind(idx) == NodeKind::Dir {
             return Err(FsError::IsDir);
         }
         let key = (view.generation, idx);
         let file = self.backing_file(&view, idx)?;
-        let fh = self.new_handle(view, idx, Some(file.clone()), None)?;
+        let fh = self.new_handle(view, idx, pid, Some(file.clone()), None)?;
         Ok(Opened { fh, file, key })
     }
 
-    /// Opens file `ino` for passthrough with the one backing id of (view, file), registering
+    /// Opens file `ino` for passthrough, for process `pid` (0: not known), with the one
+    /// backing id of (view, file), registering
     /// it with `register` on first use. The kernel allows one backing file per inode while any
     /// passthrough open of it lives, and fails an open naming another with EIO; so concurrent
     /// first opens must share one id: registration runs once per key (later callers wait for
@@ -36,6 +37,7 @@ impl FsCore {
     pub fn open_passthrough<E>(
         &self,
         ino: u64,
+        pid: u32,
         register: impl FnOnce(&File) -> Result<Pinned, E>,
     ) -> Result<Result<(u64, Pinned), E>, FsError> {
         let (view, idx) = self.view_of(ino)?;
@@ -68,7 +70,7 @@ impl FsCore {
                 }
             }
         };
-        let fh = self.new_handle(view, idx, None, Some(id.clone()))?;
+        let fh = self.new_handle(view, idx, pid, None, Some(id.clone()))?;
         Ok(Ok((fh, id)))
     }
 
@@ -77,6 +79,7 @@ impl FsCore {
         &self,
         view: Arc<View>,
         idx: u32,
+        pid: u32,
         file: Option<Arc<File>>,
         pinned: Option<Pinned>,
     ) -> Result<u64, FsError> {
@@ -95,6 +98,7 @@ impl FsCore {
             Handle {
                 view,
                 idx,
+                pid,
                 file,
                 _pinned: pinned,
             },
@@ -316,14 +320,14 @@ mod tests {
         assert!(dir.is_dir);
         let f = core.lookup(dir.ino, "f").unwrap();
         assert_eq!(f.size, 100);
-        let h = core.open(f.ino).unwrap();
+        let h = core.open(f.ino, 0).unwrap();
         let v2 = view(&d, &c, &[0, 1], 2, 1, "s2");
         core.switch(v2);
         // New lookups see the new view ...
         let dir2 = core.lookup(ROOT_INO, "d").unwrap();
         assert_eq!(dir2.generation, 2);
         let f2 = core.lookup(dir2.ino, "f").unwrap();
-        let h2 = core.open(f2.ino).unwrap();
+        let h2 = core.open(f2.ino, 0).unwrap();
         assert_eq!(core.read(h2.fh, 0, 4096).unwrap(), vec![2u8; 100]);
         // ... while the old handle reads the old bytes, and old inodes still resolve.
         assert_eq!(core.read(h.fh, 0, 4096).unwrap(), vec![1u8; 100]);
@@ -349,7 +353,7 @@ mod tests {
                 let (core, registered) = (core.clone(), registered.clone());
                 std::thread::spawn(move || {
                     let (fh, id) = core
-                        .open_passthrough(g.ino, |_| {
+                        .open_passthrough(g.ino, 0, |_| {
                             registered.fetch_add(1, Ordering::SeqCst);
                             std::thread::sleep(std::time::Duration::from_millis(20));
                             Ok::<Pinned, std::io::Error>(Arc::new(7u32))

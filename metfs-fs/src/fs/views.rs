@@ -113,6 +113,22 @@ impl FsCore {
         out
     }
 
+    /// The processes holding handles on view `generation`, as the kernel named them at their
+    /// opens (none on the cached path, where the kernel sends no `open`), without repeats.
+    pub fn holders(&self, generation: u64) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .handles
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|h| h.view.generation == generation && h.pid != 0)
+            .map(|h| h.pid)
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
     /// Takes retired view `generation` back from its readers, so that its slot may go while
     /// they still hold it: from now on a read of it answers EIO, the daemon's descriptors of
     /// its files are closed, and its handles and kernel references no longer hold it (it is
@@ -298,7 +314,7 @@ mod tests {
             let job = core.lookup(ROOT_INO, "a").unwrap();
             let dir = core.lookup(job.ino, "d").unwrap();
             let f = core.lookup(dir.ino, "f").unwrap();
-            core.open(f.ino).unwrap().fh
+            core.open(f.ino, 4242).unwrap().fh
         };
         core.switch_job("a", nested(2, "s1"));
         let old_fh = open_f(&core);
@@ -311,6 +327,7 @@ mod tests {
             .map(|v| v.generation)
             .collect();
         assert_eq!(held, [2, 3]);
+        assert_eq!(core.holders(2), [4242]);
         let old = core.retained(2).unwrap();
         assert!(!core.is_drained(&old));
         assert!(core.revoke(2));

@@ -321,7 +321,7 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
             return reply.error(Errno::from_i32(libc::EROFS));
         }
@@ -331,7 +331,7 @@ impl Filesystem for FuseAdapter {
             return reply.error(Errno::ENOSYS);
         }
         if path == ReadPath::Passthrough {
-            let opened = self.core.open_passthrough(ino.0, |file| {
+            let opened = self.core.open_passthrough(ino.0, req.pid(), |file| {
                 reply
                     .open_backing(file)
                     .map(|id| Arc::new(id) as crate::fs::Pinned)
@@ -354,7 +354,7 @@ impl Filesystem for FuseAdapter {
                 Err(e) => return reply.error(errno(e)),
             }
         }
-        let opened = match self.core.open(ino.0) {
+        let opened = match self.core.open(ino.0, req.pid()) {
             Ok(o) => o,
             Err(e) => return reply.error(errno(e)),
         };

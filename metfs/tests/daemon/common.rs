@@ -174,7 +174,7 @@ pub(crate) fn walk(fs: &FsCore, dir: u64, prefix: &str, out: &mut BTreeMap<Strin
         if attr.is_dir {
             walk(fs, attr.ino, &format!("{rel}/"), out);
         } else {
-            let opened = fs.open(attr.ino).unwrap();
+            let opened = fs.open(attr.ino, 0).unwrap();
             let mut bytes = Vec::new();
             loop {
                 let chunk = fs.read(opened.fh, bytes.len() as u64, 128 << 10).unwrap();

@@ -99,7 +99,7 @@ fn open_in(fs: &FsCore, job: &str, rel: &str) -> u64 {
         ino = attr.ino;
         looked_up.push(ino);
     }
-    let fh = fs.open(ino).expect("open").fh;
+    let fh = fs.open(ino, 0).expect("open").fh;
     for ino in looked_up {
         fs.forget(ino, 1);
     }

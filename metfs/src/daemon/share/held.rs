@@ -7,8 +7,10 @@
 //! second the monitor sums, per job, the bytes of its retired views a reader still holds, and
 //! past the cap takes the oldest back ([`metfs_fs::fs::FsCore::revoke`]) until the job holds
 //! at most the cap, the newest kept: their reads answer EIO from then on, and their slots go as
-//! drained slots go. Each time, the job is reported: a `held_open_capped` event, a warning in
-//! the log, and its `status` (`held_open_bytes`, `revoked_bytes`).
+//! drained slots go. Each time, the job is reported: a `held_open_capped` event and a warning
+//! in the log, both naming the holding processes where the kernel named them at their opens
+//! (not on the cached path, which has no opens), and its `status` (`held_open_bytes`,
+//! `revoked_bytes`).
 //!
 //! # Invariants
 //!
@@ -53,10 +55,12 @@ impl Shared {
             let before: u64 = views.iter().map(|v| v.bytes()).sum();
             let mut held = before;
             let (mut generations, mut revoked, mut unrevocable) = (Vec::new(), 0, 0);
+            let mut pids = Vec::new();
             for v in &views {
                 if held <= cap {
                     break;
                 }
+                pids.extend(fs.holders(v.generation));
                 if fs.revoke(v.generation) {
                     held -= v.bytes();
                     revoked += v.bytes();
@@ -77,8 +81,11 @@ impl Shared {
             if generations.is_empty() && (unrevocable == 0 || told) {
                 continue;
             }
+            pids.sort_unstable();
+            pids.dedup();
             tracing::warn!(
                 job = %name,
+                pids = ?pids,
                 held_bytes = before,
                 cap_bytes = cap,
                 views = ?generations,
@@ -93,6 +100,7 @@ impl Shared {
                 generations,
                 revoked_bytes: revoked,
                 unrevocable_bytes: unrevocable,
+                pids,
             }));
         }
     }
