@@ -119,7 +119,7 @@ pub enum SamplesError {
     NoSource { file: String },
     /// A source in a dataset format whose loader reads an index (or pairs a shard with its
     /// index file), on a mount that deals files one by one: its views would break silently.
-    #[error("the source looks like a {format} dataset ({evidence}), whose loader needs each view's index rewritten or its shards kept with their index files; {mode} deals files one by one. Mount it plain or with --dds to have format-aware views, or give --format files to deal its files as they are")]
+    #[error("the source looks like a {format} dataset ({evidence}), whose loader needs each view's index rewritten or its shards kept with their index files; {mode} deals files one by one. Mount it plain, with --dds or with --share to have format-aware views, or give --format files to deal its files as they are")]
     FormatNotDealt {
         format: Format,
         evidence: String,
@@ -284,7 +284,7 @@ pub(super) async fn detect(
 /// or companion (a scan that stops at the first other name, the first file of most datasets).
 /// A mount of a million images pays next to nothing for `--format auto`.
 /// Refuses a source that looks like a dataset format (from its names alone, nothing read) on
-/// a mount that deals files one by one (`mode`: "a shared mount", ...), unless the format
+/// a mount that deals files one by one (`mode`: "an aggregate mount", "a transform"), unless the format
 /// setting says to deal files (`--format files`): such a mount would show each view an index
 /// naming shards it does not hold, or a shard without its index file.
 pub(super) fn refuse_format_not_dealt(

@@ -85,10 +85,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod cohort;
+mod ids;
 mod join;
 mod resume;
 pub(super) mod state;
 
+pub(super) use ids::CohortIds;
 pub(super) use resume::not_resumed;
 
 /// The jobs of a shared mount and their sampler.
@@ -102,6 +104,11 @@ pub(super) struct Shared {
     generation: AtomicU64,
     /// Most bytes of one view of a job (half a share).
     pub(super) view_bytes: u64,
+    /// What the cohort's ids are (groups of files, or files) and their files.
+    pub(super) ids: CohortIds,
+    /// Most bytes of samples the cohort deals into one view: `view_bytes` less the always
+    /// files every view holds besides them.
+    pub(super) dealt_bytes: u64,
     /// The mount's rf history file, one copy for every job: each job records its own run under
     /// its name and its dataset (`None` if the file cannot be used).
     pub(super) history: Option<Arc<OrderedMutex<HistoryStore>>>,
@@ -147,20 +154,31 @@ fn dataset_key(source: &str, dataset: &[u32]) -> String {
 }
 
 impl Shared {
-    pub(super) fn new(cfg: ShareConfig, budget: &Budget, footprints: Vec<u64>, seed: u64) -> Self {
+    /// The jobs of a mount of `budget` over files of `footprints`, whose cohort draws the
+    /// samples of `ids` (each sample's footprint its files').
+    pub(super) fn new(
+        cfg: ShareConfig,
+        budget: &Budget,
+        footprints: &[u64],
+        ids: CohortIds,
+        seed: u64,
+    ) -> Self {
         let view_bytes = budget.slot_bytes / u64::from(cfg.jobs.max(1));
+        let sizes = ids.sizes(footprints);
         Self {
             // The store is the daemon's (`Store::room_for`, by the ledger's reference counts),
             // and whatever `share.pace` it holds a job back itself (`holds_back`): the cohort
             // only draws, pins and counts.
             cohort: OrderedMutex::new(
                 Level::Cohort,
-                Cohort::external(2 * budget.slot_bytes, footprints, seed),
+                Cohort::external(2 * budget.slot_bytes, sizes, seed),
             ),
             jobs: OrderedMutex::new(Level::Jobs, BTreeMap::new()),
             // Generation 1 is the root's (empty) view.
             generation: AtomicU64::new(1),
             view_bytes,
+            dealt_bytes: view_bytes,
+            ids,
             history: None,
             last_join: OrderedMutex::new(Level::LastJoin, None),
             settings: ShareSettings {
@@ -170,6 +188,7 @@ impl Shared {
                 jobs: cfg.jobs,
                 seed,
                 transform: None,
+                samples: None,
             },
             restarts: 0,
             not_resumed: OnceLock::new(),

@@ -35,6 +35,10 @@ pub struct ShareSettings {
     /// The transform's identity, if any.
     #[serde(default)]
     pub transform: Option<String>,
+    /// The sample settings and the detected format, if any (`None`: every file is a sample):
+    /// the cohort's ids are samples of these, so a save of others means other samples.
+    #[serde(default)]
+    pub samples: Option<String>,
 }
 
 /// The settings that differ between `old` and `new`, named as the mount's options.
@@ -46,6 +50,10 @@ pub fn changed_settings(old: &ShareSettings, new: &ShareSettings) -> String {
         ("share.jobs", old.jobs != new.jobs),
         ("seed", old.seed != new.seed),
         ("transform", old.transform != new.transform),
+        (
+            "sample settings (format, group_by, always, include, exclude)",
+            old.samples != new.samples,
+        ),
     ]
     .into_iter()
     .filter_map(|(name, differs)| differs.then_some(name))
@@ -314,6 +322,7 @@ mod tests {
                 jobs: 4,
                 seed: 0,
                 transform: None,
+                samples: None,
             },
             generation: 20,
             restarts: 0,
