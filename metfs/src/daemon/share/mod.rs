@@ -14,6 +14,17 @@
 //!   Algorithm 1, `metfs_plan::planner::dsa`) draws every job's views together, so jobs over
 //!   overlapping datasets take their shared samples in the same round while each job's own
 //!   order stays uniformly random.
+//! * **Samples, not files.** The cohort draws samples as the sample settings make them
+//!   (`--group-by`, `--always`, `--include`, `--exclude`, `--format` or the detected format:
+//!   an image and its mask, a format's shard with its companions), each of its files'
+//!   footprint; without them each file is a sample, as before. [`CohortIds`] (`ids`) is the
+//!   one place that turns the cohort's ids into files: a job's views, its staging, its kept
+//!   slots and what the others drew ahead are files, each view holds whole samples and the
+//!   always files (one staged copy, hard-linked into every slot), a format's view has its
+//!   index rewritten to exactly its shards (`Store::view_for`), and the store's reference
+//!   counts and a job's subset (a manifest names files: a sample is in if any of its files
+//!   is) are asked of the cohort by sample. The cohort deals at most a view less the always
+//!   files, so every view fits its half share.
 //! * **One store.** A job's view is staged into a slot of its own (`<job>.e…-m…`), and every
 //!   sample some slot of the store already holds is hard-linked from it, not fetched
 //!   (`Store::stage` offers every slot as a donor): a sample two jobs read in the same round is
@@ -62,7 +73,8 @@
 //!   a `job_not_resumed` record.
 //!
 //! Layout: this file holds [`Shared`], [`JobMeta`], the job name's check and the small helpers
-//! (a request's session, a job's sign of life); `join` a job's `hello`, subset and admission,
+//! (a request's session, a job's sign of life); `ids` the cohort's ids and their files;
+//! `join` a job's `hello`, subset and admission,
 //! its `leave` and the dropping of silent jobs; `resume` the save file's snapshot and write,
 //! and the resumption of its jobs at start; `cohort` the views the cohort draws, the pace
 //! (`holds_back`) and the jobs' status; `state` the save file (`share.json`) itself.

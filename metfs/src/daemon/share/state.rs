@@ -397,6 +397,23 @@ mod tests {
         assert!(reason(text.as_bytes()).contains("not a shared mount's save file"));
     }
 
+    /// A save of other sample settings is of other samples: the change is named; a save
+    /// written before the settings were recorded reads as none (every file a sample).
+    #[test]
+    fn other_sample_settings_are_a_change_of_settings() {
+        let old = file(vec![]).settings;
+        let mut new = old.clone();
+        new.samples = Some("format=auto;group_by=stem;always=;include=;exclude=".into());
+        assert_eq!(
+            changed_settings(&old, &new),
+            "sample settings (format, group_by, always, include, exclude)"
+        );
+        let mut bytes = serde_json::to_value(file(vec![job("a")])).unwrap();
+        bytes["settings"].as_object_mut().unwrap().remove("samples");
+        let read = SavedShare::from_json(&serde_json::to_vec(&bytes).unwrap()).unwrap();
+        assert_eq!(read.settings, old);
+    }
+
     /// What a save at every `pass_end` costs: the places of four jobs over `samples` samples
     /// (each a few views along, so every place has views, undrawn samples and owed reads),
     /// taken from the cohort and written atomically as the daemon does. Median of `reps`.
