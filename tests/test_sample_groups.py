@@ -540,6 +540,56 @@ def test_shared_jobs_load_each_view_of_a_hugging_face_dataset(mounts, tmp_path):
             assert per_epoch[epoch] == collections.Counter(range(rows)), (name, epoch)
 
 
+def test_a_dataset_dict_on_a_shared_mount_deals_one_split(mounts, tmp_path):
+    """A shared mount's views are drawn without regard to splits: two dealt splits are refused
+    at mount, naming the fix; with the test split whole in every view, each job's view loads,
+    its train rows those of its own arrow files."""
+    import datasets
+
+    from test_share import _client
+
+    src = tmp_path / "hfd"
+
+    def split(base: int, k: int) -> datasets.Dataset:
+        return datasets.Dataset.from_dict(
+            {"id": list(range(base, base + k)), "data": [payload(i) * 10 for i in range(k)]}
+        )
+
+    datasets.DatasetDict({"train": split(0, 320), "test": split(10_000, 64)}).save_to_disk(
+        str(src), num_shards={"train": 8, "test": 2}
+    )
+    share = ("--share", "--share-jobs", "2", "--rf", "1")
+    m = mounts(src, "3MiB", *share, name="refused")
+    r = m.mount(check=False)
+    assert r.returncode != 0 and "is dealt beside other splits on a shared mount" in r.stderr
+    assert "--always 'train/*'" in r.stderr or "--always 'test/*'" in r.stderr, r.stderr
+    m = mounts(src, "3MiB", *share, always="test/*")
+    m.mount()
+    c = _client(m, "a")
+    rows: collections.Counter = collections.Counter()
+    views = 0
+    while True:
+        root = m.mountpoint / "a"
+        st = next(j for j in m.status()["jobs"] if j["name"] == "a")
+        if st["epoch"] > 0:
+            break
+        view = datasets.load_from_disk(str(root))
+        assert sorted(view["test"]["id"]) == list(range(10_000, 10_064))
+        own = [
+            i
+            for p in sorted(root.glob("train/*.arrow"))
+            for i in datasets.Dataset.from_file(str(p))["id"]
+        ]
+        assert sorted(view["train"]["id"]) == sorted(own) and own
+        rows.update(own)
+        views += 1
+        while c.pass_end({"loss": 1.0}).decision != "advance":
+            time.sleep(0.05)
+    assert rows == collections.Counter(range(320)) and views >= 2, views
+    c.leave()
+    c.close()
+
+
 # The formats, read by their own loaders from the mountpoint
 
 
