@@ -56,10 +56,10 @@ impl CohortIds {
     }
 
     /// Each cohort id's footprint, of files whose footprints are `footprints`.
-    pub(in crate::daemon) fn sizes(&self, footprints: &[u64]) -> Vec<u64> {
+    pub(in crate::daemon) fn sizes<'a>(&'a self, footprints: &'a [u64]) -> &'a [u64] {
         match &self.samples {
-            Some(s) => s.groups().sample_set().sizes.to_vec(),
-            None => footprints.to_vec(),
+            Some(s) => s.groups().sample_set().sizes,
+            None => footprints,
         }
     }
 
@@ -208,7 +208,7 @@ mod tests {
         let (_dir, catalog, footprints, ids) = pairs(4).await;
         assert!(ids.grouped());
         assert_eq!(ids.count(&catalog), 4);
-        assert_eq!(ids.sizes(&footprints), vec![3 * 4096; 4]);
+        assert_eq!(ids.sizes(&footprints), [3 * 4096; 4]);
         assert_eq!(
             ids.dealt(&catalog, 1 << 20, 100_000).unwrap(),
             100_000 - 4096
@@ -227,7 +227,7 @@ mod tests {
         assert_eq!(ids.of_files(&[pair[0], classes]), vec![k]);
         assert_eq!(ids.of_files(&pair), vec![k]);
         // The cohort's counts are of pairs; the store asks by file.
-        let mut cohort = Cohort::external(1 << 20, ids.sizes(&footprints), 1);
+        let mut cohort = Cohort::external(1 << 20, ids.sizes(&footprints).to_vec(), 1);
         cohort.join("a", &[k], 100_000).unwrap();
         assert_eq!(ids.refcount_of_file(cohort.ledger(), pair[1]), 1);
         let other = ids.of_file(id(&catalog, "images/0.png")).unwrap();

@@ -176,7 +176,7 @@ impl Shared {
         seed: u64,
     ) -> Self {
         let view_bytes = budget.slot_bytes / u64::from(cfg.jobs.max(1));
-        let sizes = ids.sizes(footprints);
+        let sizes = ids.sizes(footprints).to_vec();
         Self {
             // The store is the daemon's (`Store::room_for`, by the ledger's reference counts),
             // and whatever `share.pace` it holds a job back itself (`holds_back`): the cohort
