@@ -218,8 +218,8 @@ pub(super) fn resolve(
         exclude: patterns("exclude", &s.exclude)?,
     };
     if cfg.shapes_the_plan() {
-        let other = if !matches!(mode, Mode::Plain | Mode::Dds(_) | Mode::Shared(_)) {
-            Some(format!("a {} mount", mode.name()))
+        let other = if matches!(mode, Mode::Aggregate(_)) {
+            Some("an aggregate mount".to_string())
         } else if s.hdf5_container {
             Some("HDF5 container mode".to_string())
         } else if s.transform.command.is_some() {
@@ -299,7 +299,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("`group_by`") && e.contains("not with a aggregate mount"),
+            e.contains("`group_by`") && e.contains("not with an aggregate mount"),
             "{e}"
         );
         // `format = files` is how it deals files anyway: taken.
