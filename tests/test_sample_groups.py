@@ -15,8 +15,10 @@ import csv
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -303,25 +305,28 @@ def test_a_corrupt_index_is_refused_naming_the_file(mounts, tmp_path):
     assert "state.json: does not parse as JSON" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("mode", ["share", "transform"])
+@pytest.mark.parametrize("mode", ["transform", "aggregate"])
 def test_a_dataset_format_is_refused_where_files_are_dealt_one_by_one(mounts, tmp_path, mode):
-    """A shared mount and a transform deal files one by one: a Hugging Face dataset would lose
-    its index in every view but one. Refused at mount (from the names, before anything is read
-    or staged), naming the format, its index file and what to do; `--format files` deals its
-    files as asked (on the shared mount; a transform's files are the transform tests'). The
-    names are those `save_to_disk` writes, so the test needs no `datasets` (it also runs as an
-    ordinary user)."""
+    """A transform and an aggregate mount deal files one by one: a Hugging Face dataset would
+    lose its index in every view but one. Refused at mount (from the names, before anything is
+    read or staged), naming the format, its index file and what to do. A shared mount deals the
+    format's shards (the shared-mount tests below), and takes `--format files` to deal its files
+    as asked. The names are those `save_to_disk` writes, so the test needs no `datasets` (it
+    also runs as an ordinary user)."""
     src = tmp_path / "hf"
     src.mkdir()
     (src / "dataset_info.json").write_text("{}")
     (src / "state.json").write_text('{"_data_files": []}')
     for k in range(4):
         (src / f"data-{k:05d}-of-00004.arrow").write_bytes(payload(k) * 100)
-    how = ["--share", "--share-jobs", "2"] if mode == "share" else ["--transform", "cat"]
+    how = {
+        "transform": ["--transform", "cat"],
+        "aggregate": ["--aggregate", "--nodes", "2", "--node-rank", "0"],
+    }[mode]
     m = mounts(src, "4MiB", *how)
     r = m.mount(check=False)
     assert r.returncode != 0
-    said = "a share mount" if mode == "share" else "a transform"
+    said = "a transform" if mode == "transform" else "an aggregate mount"
     assert (
         "looks like a hf-dataset dataset (state.json)" in r.stderr
         and f"{said} deals files one by one" in r.stderr
@@ -329,10 +334,271 @@ def test_a_dataset_format_is_refused_where_files_are_dealt_one_by_one(mounts, tm
     ), r.stderr
     slots = m.cache / "slots"
     assert not slots.exists() or not any(slots.iterdir()), "staged before refusing"
-    if mode == "share":
-        m = mounts(src, "4MiB", *how, "--format", "files", name="files")
+    if mode == "transform":
+        m = mounts(src, "4MiB", "--share", "--share-jobs", "2", "--format", "files", name="f")
         m.mount()
         assert m.status()["dataset_files"] == len([p for p in src.rglob("*") if p.is_file()])
+
+
+# Shared mounts: each job's views hold whole samples, the always files and the format's index
+
+# One job of a shared mount (as `test_share`'s): joins, trains `epochs` epochs at rf 1 with
+# metfs.passes, and at each view records its files, checks every byte against the source's
+# digests (but a Hugging Face dataset's `state.json`, rewritten for each view) and, for such a
+# dataset (`hf`), loads the view with `load_from_disk` and records its rows beside the rows of
+# the view's own arrow files; then leaves.
+JOB = r"""
+import hashlib, json, sys, metfs
+sock, job, digests, out, epochs, hf = sys.argv[1:7]
+digests = json.load(open(digests))
+c = metfs.Client(sock, job=job, rf_policy="fixed", rf=1)
+res = {"views": [], "bad": [], "rows": [], "share": c.info.share}
+for p in metfs.passes(c, epochs=int(epochs)):
+    if p.pass_in_mini_epoch == 0:
+        res["views"].append([p.epoch, p.mini_epoch, list(p.files)])
+        if hf == "1":
+            import datasets
+            view = datasets.load_from_disk(p.mountpoint)
+            own = [
+                i
+                for path, rel in zip(p.paths, p.files)
+                if rel.endswith(".arrow")
+                for i in datasets.Dataset.from_file(path)["id"]
+            ]
+            res["rows"].append([p.epoch, sorted(view["id"]), sorted(own)])
+    for path, rel in zip(p.paths, p.files):
+        if hf == "1" and rel == "state.json":
+            continue  # the view's own index, rewritten to its shards
+        with open(path, "rb") as f:
+            if hashlib.sha256(f.read()).hexdigest() != digests[rel]:
+                res["bad"].append(rel)
+    p.report(loss=1.0)
+res["status"] = c.status().raw
+c.leave()
+json.dump(res, open(out, "w"))
+"""
+
+
+def run_jobs(m: Any, tmp: Path, src: Path, names: list[str], epochs: int, hf: bool = False):
+    """Runs one JOB per name on shared mount `m` of `src` together; returns their results, and
+    every inode of each file of the cache's slots seen while they ran: {name: {inode}}."""
+    digests = tmp / "digests.json"
+    digests.write_text(
+        json.dumps({r: hashlib.sha256(b).hexdigest() for r, b in source_bytes(src).items()})
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python" / "src"))
+    procs = {
+        n: subprocess.Popen(
+            [sys.executable, "-c", JOB, m.socket, n, str(digests), str(tmp / f"job-{n}.json")]
+            + [str(epochs), "1" if hf else "0"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in names
+    }
+    inodes: dict[str, set[int]] = collections.defaultdict(set)
+    while any(p.poll() is None for p in procs.values()):
+        for f in (m.cache / "slots").glob("*/*"):
+            try:
+                inodes[f.name].add(f.stat().st_ino)
+            except OSError:
+                pass  # deleted meanwhile
+        time.sleep(0.02)
+    results = {}
+    for n, p in procs.items():
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, f"job {n} failed: {err[-3000:]}\nlog:\n{m.log()}"
+        results[n] = json.loads((tmp / f"job-{n}.json").read_text())
+        assert not results[n]["bad"], f"bytes differ from the source: {results[n]['bad'][:5]}"
+    return results, inodes
+
+
+def test_shared_jobs_read_whole_pairs_and_the_always_file_staged_once(mounts, tmp_path):
+    src = tmp_path / "seg"
+    make_pairs(src, 40, classes=4)
+    (src / "classes.txt").write_bytes(b"c\n" * 100_000)  # 200 kB, in every view
+    want = source_bytes(src)
+    pairs = {r for r in want if r != "classes.txt"}
+    m = mounts(
+        src,
+        "3MiB",
+        "--share",
+        "--share-jobs",
+        "2",
+        group_by="images/{}.png,masks/{}.png",
+        always="classes.txt",
+    )
+    m.mount()
+    results, inodes = run_jobs(m, tmp_path, src, ["a", "b"], epochs=2)
+    for name, res in results.items():
+        assert res["share"]["samples"] == 40, res["share"]
+        by_epoch = collections.defaultdict(list)
+        for epoch, _, files in res["views"]:
+            assert "classes.txt" in files, (name, files)
+            images = {f.split("/")[1] for f in files if f.startswith("images/")}
+            masks = {f.split("/")[1] for f in files if f.startswith("masks/")}
+            assert images == masks and images, (name, files)
+            by_epoch[epoch].extend(f for f in files if f != "classes.txt")
+        views = len(res["views"])
+        assert views >= 2 * 3, f"job {name}: {views} views in two epochs"
+        for epoch in (0, 1):
+            got = by_epoch[epoch]
+            assert len(got) == len(set(got)) and set(got) == pairs, (name, epoch)
+    # One copy of the always file on the node at any time, hard-linked into every job's slots.
+    assert len(inodes["classes.txt"]) == 1, inodes["classes.txt"]
+    # The budget holds the whole dataset, so the tier served each pair once (the jobs that drew
+    # it share one copy, and its later views link it from the slots kept) and the always file
+    # once: fetched per view, it alone would be each view's 200 kB again.
+    st = m.status()
+    once = sum(len(want[f]) for f in pairs) + len(want["classes.txt"])
+    assert st["budget_bytes"] > 2 * once, st
+    assert once <= st["tier_bytes_read"] < once + len(want["classes.txt"]), (
+        st["tier_bytes_read"],
+        once,
+    )
+
+
+def test_a_shared_job_resumes_its_pairs_after_a_kill_9(mounts, tmp_path):
+    """The save file holds the cohort's samples; a restart stages the kept slots' files again
+    from them: the job resumes at its view, whole pairs and the always file, nothing fetched."""
+    from test_share import _all_next_ready, _client
+
+    src = tmp_path / "seg"
+    make_pairs(src, 40, classes=4)
+    want = source_bytes(src)
+    m = mounts(
+        src,
+        "3MiB",
+        "--share",
+        "--share-jobs",
+        "2",
+        "--share-idle-secs",
+        "3600",
+        "--rf",
+        "1",
+        group_by="images/{}.png,masks/{}.png",
+        always="classes.txt",
+        name="r",
+    )
+    m.mount()
+
+    def view() -> list[str]:
+        root = m.mountpoint / "a"
+        files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+        for rel in files:
+            assert (root / rel).read_bytes() == want[rel], rel
+        images = {f.split("/")[1] for f in files if f.startswith("images/")}
+        assert "classes.txt" in files and images
+        assert images == {f.split("/")[1] for f in files if f.startswith("masks/")}, files
+        return files
+
+    def job() -> dict[str, Any]:
+        return next(j for j in m.status()["jobs"] if j["name"] == "a")
+
+    c = _client(m, "a")
+    for _ in range(2):
+        view()
+        while c.pass_end({"loss": 1.0}).decision != "advance":
+            time.sleep(0.05)
+    last = view()
+    _all_next_ready(m, ["a"])
+    before = job()
+    token = c.info.share["token"]
+    c.close()
+    os.kill(m.pid(), signal.SIGKILL)
+    time.sleep(0.5)
+    m.mount()
+    assert "job resumed from its kept slots" in (m.cache / "metfs.log").read_text(errors="replace")
+    c = _client(m, "a", token)
+    after = job()
+    for k in ("epoch", "mini_epoch", "generation", "samples", "files", "view_bytes"):
+        assert after[k] == before[k], (k, before, after)
+    assert view() == last
+    _all_next_ready(m, ["a"])
+    assert m.status()["tier_bytes_read"] == 0, "the kept slots held every file"
+    while c.pass_end({"loss": 1.0}).decision != "advance":
+        time.sleep(0.05)
+    view()
+    c.leave()
+    c.close()
+
+
+def test_shared_jobs_load_each_view_of_a_hugging_face_dataset(mounts, tmp_path):
+    import datasets
+
+    src = tmp_path / "hf"
+    rows = 320
+    ds = datasets.Dataset.from_dict(
+        {"id": list(range(rows)), "data": [payload(i) * 40 for i in range(rows)]}
+    )
+    ds.save_to_disk(str(src), num_shards=8)
+    m = mounts(src, "3MiB", "--share", "--share-jobs", "2")
+    m.mount()
+    assert "format=hf-dataset" in m.log()
+    results, _ = run_jobs(m, tmp_path, src, ["a", "b"], epochs=2, hf=True)
+    for name, res in results.items():
+        assert res["share"]["samples"] == 8, res["share"]
+        assert len(res["views"]) >= 4, f"job {name}: {len(res['views'])} views in two epochs"
+        per_epoch = collections.defaultdict(collections.Counter)
+        for (epoch, loaded, own), (_, _, files) in zip(res["rows"], res["views"], strict=True):
+            # The view's index names exactly its own shards: its rows, no other view's.
+            assert loaded == own and loaded, (name, epoch, files)
+            assert {"state.json", "dataset_info.json"} <= set(files), files
+            per_epoch[epoch].update(loaded)
+        for epoch in (0, 1):
+            assert per_epoch[epoch] == collections.Counter(range(rows)), (name, epoch)
+
+
+def test_a_dataset_dict_on_a_shared_mount_deals_one_split(mounts, tmp_path):
+    """A shared mount's views are drawn without regard to splits: two dealt splits are refused
+    at mount, naming the fix; with the test split whole in every view, each job's view loads,
+    its train rows those of its own arrow files."""
+    import datasets
+
+    from test_share import _client
+
+    src = tmp_path / "hfd"
+
+    def split(base: int, k: int) -> datasets.Dataset:
+        return datasets.Dataset.from_dict(
+            {"id": list(range(base, base + k)), "data": [payload(i) * 10 for i in range(k)]}
+        )
+
+    datasets.DatasetDict({"train": split(0, 320), "test": split(10_000, 64)}).save_to_disk(
+        str(src), num_shards={"train": 8, "test": 2}
+    )
+    share = ("--share", "--share-jobs", "2", "--rf", "1")
+    m = mounts(src, "3MiB", *share, name="refused")
+    r = m.mount(check=False)
+    assert r.returncode != 0 and "is dealt beside other splits on a shared mount" in r.stderr
+    assert "--always 'train/*'" in r.stderr or "--always 'test/*'" in r.stderr, r.stderr
+    m = mounts(src, "3MiB", *share, always="test/*")
+    m.mount()
+    c = _client(m, "a")
+    rows: collections.Counter = collections.Counter()
+    views = 0
+    while True:
+        root = m.mountpoint / "a"
+        st = next(j for j in m.status()["jobs"] if j["name"] == "a")
+        if st["epoch"] > 0:
+            break
+        view = datasets.load_from_disk(str(root))
+        assert sorted(view["test"]["id"]) == list(range(10_000, 10_064))
+        own = [
+            i
+            for p in sorted(root.glob("train/*.arrow"))
+            for i in datasets.Dataset.from_file(str(p))["id"]
+        ]
+        assert sorted(view["train"]["id"]) == sorted(own) and own
+        rows.update(own)
+        views += 1
+        while c.pass_end({"loss": 1.0}).decision != "advance":
+            time.sleep(0.05)
+    assert rows == collections.Counter(range(320)) and views >= 2, views
+    c.leave()
+    c.close()
 
 
 # The formats, read by their own loaders from the mountpoint

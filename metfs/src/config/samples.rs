@@ -2,14 +2,14 @@
 //! resolved once into a [`SampleConfig`] (`metfs_formats` owns their meaning; the daemon's
 //! `samples` module applies them to a catalog).
 //!
-//! They shape the plan of a plain mount and the queue of a dynamic-sharding one (`--dds`):
-//! `metfs dds init` takes the same settings, resolved here by the same checks
-//! ([`SampleConfig::from_flags`]), and the queue records them ([`SampleConfig::record`]), so a
-//! mount whose samples differ from the queue's is refused naming both. An aggregate or shared
-//! mount plans elsewhere too (the exchange, a shared store's other jobs), seeing every file
-//! as a sample, and a transform or HDF5 container mode stages other things than files: a
-//! setting here with one of those is refused at mount, and with those `format = auto` detects
-//! nothing.
+//! They shape the plan of a plain mount, the queue of a dynamic-sharding one (`--dds`) and the
+//! cohort of a shared one (`--share`, whose jobs draw samples): `metfs dds init` takes the
+//! same settings, resolved here by the same checks ([`SampleConfig::from_flags`]), and the
+//! queue records them ([`SampleConfig::record`]), so a mount whose samples differ from the
+//! queue's is refused naming both. An aggregate mount plans elsewhere too (the exchange),
+//! seeing every file as a sample, and a transform or HDF5 container mode stages other things
+//! than files: a setting here with one of those is refused at mount, and with those
+//! `format = auto` detects nothing.
 
 use std::fmt;
 use std::str::FromStr;
@@ -110,8 +110,8 @@ impl SampleConfig {
     }
 
     /// Whether the settings shape the plan beyond one sample per file: `format = files` alone
-    /// does not (it is how every mode deals files, and what a shared, aggregate or transform
-    /// mount of a dataset in a format is told to give).
+    /// does not (it is how every mode deals files, and what an aggregate or transform mount of
+    /// a dataset in a format is told to give).
     fn shapes_the_plan(&self) -> bool {
         !matches!(self.format, FormatChoice::Auto | FormatChoice::Files)
             || self.group_by.is_some()
@@ -218,8 +218,8 @@ pub(super) fn resolve(
         exclude: patterns("exclude", &s.exclude)?,
     };
     if cfg.shapes_the_plan() {
-        let other = if !matches!(mode, Mode::Plain | Mode::Dds(_)) {
-            Some(format!("a {} mount", mode.name()))
+        let other = if matches!(mode, Mode::Aggregate(_)) {
+            Some("an aggregate mount".to_string())
         } else if s.hdf5_container {
             Some("HDF5 container mode".to_string())
         } else if s.transform.command.is_some() {
@@ -231,7 +231,7 @@ pub(super) fn resolve(
             let key = cfg.first_set_key();
             return Err(check.invalid(
                 key,
-                format!("not with {other}: sample groups, formats and file selection shape the plan of a plain or --dds mount only"),
+                format!("not with {other}: sample groups, formats and file selection shape the plan of a plain, --dds or --share mount only"),
             ));
         }
     }
@@ -280,32 +280,35 @@ mod tests {
         crate::config::MountConfig::from_toml(&text, "test.toml")
     }
 
-    /// A dds mount takes the sample settings; aggregate and shared mounts still refuse them,
+    /// Dds and shared mounts take the sample settings; an aggregate mount still refuses them,
     /// naming the setting and the mode.
     #[test]
-    fn dds_mounts_take_sample_settings_and_aggregate_and_shared_refuse_them() {
+    fn dds_and_shared_mounts_take_sample_settings_and_aggregate_refuses_them() {
         let groups = "group_by = \"images/{}.png,masks/{}.png\"\nalways = [\"classes.txt\"]\n";
         let c = mount(&format!(
             "{groups}[dds]\nurl = \"etcd://127.0.0.1:2379/q\"\n"
         ))
         .unwrap();
         assert!(c.mode.dds().is_some() && c.samples.group_by.is_some());
-        for (table, name) in [("aggregate", "aggregate"), ("share", "share")] {
-            let e = mount(&format!("{groups}[{table}]\nenabled = true\n"))
-                .unwrap_err()
-                .to_string();
-            assert!(
-                e.contains("`group_by`") && e.contains(&format!("not with a {name} mount")),
-                "{e}"
-            );
-            // `format = files` is how they deal files anyway: taken.
-            let c = mount(&format!("format = \"files\"\n[{table}]\nenabled = true\n")).unwrap();
-            assert_eq!(c.samples.format, FormatChoice::Files);
-            let e = mount(&format!("format = \"mds\"\n[{table}]\nenabled = true\n"))
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains("`format`"), "{e}");
-        }
+        // A shared mount's cohort draws the samples: every setting is taken.
+        let c = mount(&format!("{groups}[share]\nenabled = true\n")).unwrap();
+        assert!(c.mode.shared().is_some() && c.samples.group_by.is_some());
+        let c = mount("format = \"mds\"\n[share]\nenabled = true\n").unwrap();
+        assert_eq!(c.samples.format, FormatChoice::Is(Format::Mds));
+        let e = mount(&format!("{groups}[aggregate]\nenabled = true\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`group_by`") && e.contains("not with an aggregate mount"),
+            "{e}"
+        );
+        // `format = files` is how it deals files anyway: taken.
+        let c = mount("format = \"files\"\n[aggregate]\nenabled = true\n").unwrap();
+        assert_eq!(c.samples.format, FormatChoice::Files);
+        let e = mount("format = \"mds\"\n[aggregate]\nenabled = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`format`"), "{e}");
     }
 
     /// `metfs dds init`'s flags resolve by the mount's checks: a bad value is the same error

@@ -185,7 +185,10 @@ impl ModeState {
         };
         let cohort = sh.cohort.lock().unwrap();
         match sh.cfg.evict {
-            ShareEvict::Refcnt => store.room_for(samples, |x| cohort.ledger().refcount(x)),
+            // The store's ids are files, the ledger's the cohort's samples.
+            ShareEvict::Refcnt => {
+                store.room_for(samples, |x| sh.ids.refcount_of_file(cohort.ledger(), x))
+            }
             // All equal: the oldest goes first.
             ShareEvict::Lru => store.room_for(samples, |_| 0),
         }

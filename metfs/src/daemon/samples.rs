@@ -119,7 +119,7 @@ pub enum SamplesError {
     NoSource { file: String },
     /// A source in a dataset format whose loader reads an index (or pairs a shard with its
     /// index file), on a mount that deals files one by one: its views would break silently.
-    #[error("the source looks like a {format} dataset ({evidence}), whose loader needs each view's index rewritten or its shards kept with their index files; {mode} deals files one by one. Mount it plain or with --dds to have format-aware views, or give --format files to deal its files as they are")]
+    #[error("the source looks like a {format} dataset ({evidence}), whose loader needs each view's index rewritten or its shards kept with their index files; {mode} deals files one by one. Mount it plain, with --dds or with --share to have format-aware views, or give --format files to deal its files as they are")]
     FormatNotDealt {
         format: Format,
         evidence: String,
@@ -284,7 +284,7 @@ pub(super) async fn detect(
 /// or companion (a scan that stops at the first other name, the first file of most datasets).
 /// A mount of a million images pays next to nothing for `--format auto`.
 /// Refuses a source that looks like a dataset format (from its names alone, nothing read) on
-/// a mount that deals files one by one (`mode`: "a shared mount", ...), unless the format
+/// a mount that deals files one by one (`mode`: "an aggregate mount", "a transform"), unless the format
 /// setting says to deal files (`--format files`): such a mount would show each view an index
 /// naming shards it does not hold, or a shard without its index file.
 pub(super) fn refuse_format_not_dealt(
@@ -490,14 +490,11 @@ impl Samples {
     }
 
     /// Refuses a `DatasetDict` some view of which would hold no shard of a dealt split (its
-    /// loader refuses a split of no file): each dealt split needs a shard per mini-epoch, and
-    /// with two dealt splits or more, stratified composition by split (the first directory),
-    /// which gives each mini-epoch its share of every split.
-    pub(super) fn check_splits(
-        &self,
-        mini_epochs: u32,
-        stratified: bool,
-    ) -> Result<(), SamplesError> {
+    /// loader refuses a split of no file). A plan of mini-epochs needs a shard of each dealt
+    /// split per mini-epoch, and with two dealt splits or more, stratified composition by split
+    /// (the first directory), which gives each mini-epoch its share of every split. A shared
+    /// mount's cohort draws views of any samples, so it deals one split at most.
+    pub(super) fn check_splits(&self, dealing: Dealing) -> Result<(), SamplesError> {
         let Some(layout) = &self.layout else {
             return Ok(());
         };
@@ -515,18 +512,22 @@ impl Samples {
                 .iter()
                 .filter(|sh| sh.name.starts_with(&format!("{split}/")))
                 .count();
-            let (reason, compose) = if (shards as u64) < u64::from(mini_epochs) {
-                (
+            let (reason, compose) = match dealing {
+                Dealing::Planned { mini_epochs, .. } if (shards as u64) < u64::from(mini_epochs) => (
                     format!("has {shards} arrow files for {mini_epochs} mini-epochs"),
                     "",
-                )
-            } else if splits.len() > 1 && !stratified {
-                (
+                ),
+                Dealing::Planned {
+                    stratified: false, ..
+                } if splits.len() > 1 => (
                     "is dealt beside other splits without stratified composition".to_string(),
                     ", or deal every split with --compose stratified",
-                )
-            } else {
-                continue;
+                ),
+                Dealing::Drawn if splits.len() > 1 => (
+                    "is dealt beside other splits on a shared mount, whose views are drawn without regard to splits".to_string(),
+                    "",
+                ),
+                _ => continue,
             };
             return Err(SamplesError::SplitNotInEveryView {
                 split: split.to_string(),
@@ -597,6 +598,15 @@ impl Samples {
             .collect();
         Ok(layout.view(&names)?.indexes)
     }
+}
+
+/// How a mount deals samples into views, for [`Samples::check_splits`].
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Dealing {
+    /// By a plan of `mini_epochs` per epoch, each of every split's share if `stratified`.
+    Planned { mini_epochs: u32, stratified: bool },
+    /// By a shared mount's cohort: views of samples drawn at random, any number of them.
+    Drawn,
 }
 
 /// The samples of `rest` (file ids, ascending) by the manifest's `group` column: the files of

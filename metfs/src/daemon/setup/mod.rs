@@ -110,8 +110,8 @@ impl Daemon {
         let catalog = samples::select(&samples::SampleSource::of(&cfg), catalog)?;
         let deals_files = if cfg.transform.command.is_some() {
             Some("a transform".to_string())
-        } else if !matches!(cfg.mode, Mode::Plain | Mode::Dds(_)) {
-            Some(format!("a {} mount", cfg.mode.name()))
+        } else if matches!(cfg.mode, Mode::Aggregate(_)) {
+            Some("an aggregate mount".to_string())
         } else {
             None
         };

@@ -4,7 +4,7 @@
 use crate::config::Mode;
 use crate::config::MountConfig;
 use crate::daemon::fingerprint::{Fingerprint, PlanKind};
-use crate::daemon::samples::{dealt_slot_bytes, Detected, SampleSource, Samples};
+use crate::daemon::samples::{dealt_slot_bytes, Dealing, Detected, SampleSource, Samples};
 use crate::daemon::{aggregate, DaemonError};
 use metfs_plan::budget::Budget;
 use metfs_plan::budget::{footprints, Staged};
@@ -130,7 +130,13 @@ pub(super) fn plan_dataset(
         Err(e) => return Err(e.into()),
     };
     if let Some(s) = &samples {
-        s.check_splits(nm, cfg.compose == metfs_plan::planner::Strategy::Stratified)?;
+        s.check_splits(match cfg.mode {
+            Mode::Shared(_) => Dealing::Drawn,
+            _ => Dealing::Planned {
+                mini_epochs: nm,
+                stratified: cfg.compose == metfs_plan::planner::Strategy::Stratified,
+            },
+        })?;
     }
     // Aggregate-cache mode: one mini-epoch per epoch, from the `metfs-shuffle` planner.
     let aggregate = match cfg.mode.aggregate() {

@@ -5,12 +5,13 @@
 use crate::config::share::ShareConfig;
 use crate::config::{MountConfig, PrefetchRate};
 use crate::daemon::mode::ModeState;
+use crate::daemon::samples::Samples;
 use crate::daemon::setup::plan::Planned;
 use crate::daemon::setup::{
     copy_repair, fs_settings, open_history_store, resolve_read_path, Parts,
 };
 use crate::daemon::share::state::{SavedShare, ShareSettings, SHARE_STATE_VERSION};
-use crate::daemon::share::Shared;
+use crate::daemon::share::{CohortIds, Shared};
 use crate::daemon::store::Store;
 use crate::daemon::{aggregate, share, CachePaths, Daemon, DaemonError};
 use metfs_fs::fs::FsCore;
@@ -42,11 +43,15 @@ impl Daemon {
         stager: Stager,
     ) -> Result<Arc<Daemon>, DaemonError> {
         let Planned {
-            budget, footprints, ..
+            budget,
+            footprints,
+            samples,
+            ..
         } = planned;
-        let settings = share_settings(&cfg, share.jobs, &catalog, &budget);
+        let settings = share_settings(&cfg, share.jobs, &catalog, &budget, samples.as_deref());
         let (saved, mut refused) = saved_share(&cfg, &paths, &settings)?;
-        check_share_fits(&cfg, share.jobs, &catalog, &footprints, &budget)?;
+        let ids = CohortIds::new(samples.clone());
+        let dealt_bytes = check_share_fits(&cfg, share.jobs, &catalog, &footprints, &ids, &budget)?;
         let restarts = saved.as_ref().map_or(0, |s| s.restarts + 1);
         // After a restart the sampler draws from a stream of its own (`Cohort`'s doc).
         let seed = if restarts == 0 {
@@ -54,8 +59,9 @@ impl Daemon {
         } else {
             metfs_planrng::splitmix64(&mut (cfg.seed ^ restarts.rotate_left(32)))
         };
-        let mut shared = Shared::new(share.clone(), &budget, footprints.clone(), seed);
+        let mut shared = Shared::new(share.clone(), &budget, &footprints, ids, seed);
         shared.settings = settings;
+        shared.dealt_bytes = dealt_bytes;
         shared.restarts = restarts;
         shared.history =
             open_history_store(&cfg).map(|s| Arc::new(OrderedMutex::new(Level::History, s)));
@@ -66,7 +72,10 @@ impl Daemon {
             stager.pacer().set_rate(None);
         }
         let view_bytes = budget.slot_bytes / u64::from(share.jobs);
-        let mut store = Store::new(paths.clone(), catalog, footprints, None, budget, stager);
+        // With samples, each job's view holds whole samples and the always files, and a
+        // format's view its index rewritten into its slot (`Store::view_for`).
+        let mut store = Store::new(paths.clone(), catalog, footprints, None, budget, stager)
+            .with_samples(samples);
         keep_only_saved_slots(&store, &paths, saved.as_ref())?;
         // The budget bounds what kept slots hold (`Store::room_for`); the count only bounds
         // the book's work and the journals a staging reads.
@@ -119,8 +128,18 @@ fn share_settings(
     jobs: u32,
     catalog: &Catalog,
     budget: &Budget,
+    samples: Option<&Samples>,
 ) -> ShareSettings {
     let transform = cfg.transform.identity();
+    // A format detected at the defaults changes the samples as much as a setting does.
+    let samples = match (cfg.samples.fingerprint(), samples.and_then(Samples::format)) {
+        (set, Some(format)) => Some(format!(
+            "{};detected={}",
+            set.unwrap_or_default(),
+            format.name()
+        )),
+        (set, None) => set,
+    };
     ShareSettings {
         source: cfg.source.to_string(),
         catalog: format!("{:016x}", aggregate::catalog_digest(catalog)),
@@ -128,6 +147,7 @@ fn share_settings(
         jobs,
         seed: cfg.seed,
         transform: (!transform.is_empty()).then_some(transform),
+        samples,
     }
 }
 
@@ -182,27 +202,41 @@ fn keep_only_saved_slots(
     Ok(())
 }
 
-/// Every sample fits a job's view (half its share): the error names the first that does not
-/// and the budget it would need.
+/// Every sample fits a job's view (half its share) beside the always files: the error names
+/// the first that does not (a group by its first file) and the budget it would need; always
+/// files that leave no room in a view are an error naming them. Returns the bytes the cohort
+/// may deal into a view.
 fn check_share_fits(
     cfg: &MountConfig,
     jobs: u32,
     catalog: &Catalog,
     footprints: &[u64],
+    ids: &CohortIds,
     budget: &Budget,
-) -> Result<(), DaemonError> {
+) -> Result<u64, DaemonError> {
     let view_bytes = budget.slot_bytes / u64::from(jobs);
-    match footprints.iter().enumerate().find(|(_, &f)| f > view_bytes) {
-        Some((id, &size)) => Err(DaemonError::BudgetTooSmall {
-            budget: format!("{} shared by {} jobs", format_bytes(cfg.budget), jobs),
-            path: catalog.path(id as u32),
-            size: format_bytes(size),
-            needed: format_bytes(
-                size.saturating_mul(2 * u64::from(jobs))
-                    .saturating_add(budget.reserve),
-            ),
-            reserve: format_bytes(budget.reserve),
-        }),
-        None => Ok(()),
+    let dealt = ids.dealt(catalog, cfg.budget, view_bytes)?;
+    let always = view_bytes - dealt;
+    let sizes = ids.sizes(footprints);
+    match sizes.iter().enumerate().find(|(_, &f)| f > dealt) {
+        Some((id, &size)) => {
+            let files = ids.members([id as u32]);
+            let path = match files.len() {
+                1 => catalog.path(files[0]),
+                n => format!("{} (a sample of {n} files)", catalog.path(files[0])),
+            };
+            Err(DaemonError::BudgetTooSmall {
+                budget: format!("{} shared by {} jobs", format_bytes(cfg.budget), jobs),
+                path,
+                size: format_bytes(size),
+                needed: format_bytes(
+                    size.saturating_add(always)
+                        .saturating_mul(2 * u64::from(jobs))
+                        .saturating_add(budget.reserve),
+                ),
+                reserve: format_bytes(budget.reserve),
+            })
+        }
+        None => Ok(dealt),
     }
 }

@@ -3,7 +3,6 @@
 //! job's status.
 
 use crate::config::share::SharePace;
-use crate::daemon::schedule::DrawnView;
 use crate::daemon::session::{Session, Sessions};
 use crate::daemon::share::{Shared, JOIN_WINDOW};
 use crate::daemon::store::Store;
@@ -39,14 +38,8 @@ impl Shared {
                     let Some(v) = cohort.next_view(name) else {
                         continue;
                     };
-                    drawn.draw_successor(
-                        seq,
-                        DrawnView {
-                            epoch: v.epoch,
-                            samples: v.samples.clone(),
-                            bytes: v.bytes,
-                        },
-                    );
+                    // The schedule, the staging and the view take files.
+                    drawn.draw_successor(seq, self.ids.drawn(store, v));
                 }
                 Ok(CohortNext::Wait) => {}
                 Err(e) => {
@@ -56,14 +49,14 @@ impl Shared {
             }
         }
     }
-    /// Moves job `name` to its next view in the cohort, at its switch; returns what the other
-    /// jobs have drawn ahead, which the slot it leaves may be kept for.
+    /// Moves job `name` to its next view in the cohort, at its switch; returns the files of
+    /// what the other jobs have drawn ahead, which the slot it leaves may be kept for.
     pub(in crate::daemon) fn advance_job(&self, name: &str) -> Vec<u32> {
         let mut cohort = self.cohort.lock().unwrap();
         if let Err(e) = cohort.advance(name) {
             tracing::error!(job = name, error = %e, "the cohort cannot advance the job");
         }
-        cohort.drawn_ahead(name, None).into_iter().collect()
+        self.ids.members(cohort.drawn_ahead(name, None))
     }
 
     /// Whether session `s`'s switch must wait (`share.pace = wait`): its current view holds
@@ -97,7 +90,12 @@ impl Shared {
             .and_then(|d| d.view(s.mini_epoch()))
             .map(|v| v.samples.clone())
             .unwrap_or_default();
-        let needed: Vec<u32> = current.into_iter().filter(|x| ahead.contains(x)).collect();
+        // The view's files against the cohort's samples: a file of a sample drawn ahead (an
+        // always file is in every slot, and no sample's).
+        let needed: Vec<u32> = current
+            .into_iter()
+            .filter(|&x| self.ids.of_file(x).is_some_and(|k| ahead.contains(&k)))
+            .collect();
         // A slot the store would hold as a donor is no help: the next staging may let it go
         // before the slower job has linked from it.
         let held = !needed.is_empty() && !store.elsewhere(&s.view().slot, &needed);

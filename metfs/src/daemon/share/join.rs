@@ -9,7 +9,9 @@ use crate::config::ReadPath;
 use crate::daemon::schedule::{job_slots, Drawn, Schedule};
 use crate::daemon::session::{History, Next, Session, Start};
 use crate::daemon::setup::{build_policy, learned_replay, start_recording};
-use crate::daemon::share::{bad, check_job_name, dataset_key, mix, JobMeta, Shared, JOIN_WINDOW};
+use crate::daemon::share::{
+    bad, check_job_name, dataset_key, mix, CohortIds, JobMeta, Shared, JOIN_WINDOW,
+};
 use crate::daemon::Daemon;
 use metfs_feedback::policy::RfPolicy;
 use metfs_fs::view::View;
@@ -151,7 +153,7 @@ impl Shared {
         rf_policy: Option<PolicyKind>,
         rf: Option<u32>,
     ) -> Result<String, ProtocolError> {
-        let dataset = subset_samples(&d.store.catalog, &d.cfg.source, name, subset)?;
+        let dataset = subset_samples(&d.store.catalog, &self.ids, &d.cfg.source, name, subset)?;
         let cfg = d.cfg.with_job_policy(rf_policy, rf);
         let mut ss = d.sessions.lock().unwrap();
         if ss.contains_key(name) {
@@ -161,7 +163,7 @@ impl Shared {
         }
         // The job's rf history: its own run, keyed by its name and its dataset (a subset is
         // another dataset), so `learned` replays what this job did on this data before.
-        let dataset_key = dataset_key(&d.cfg.source, &dataset);
+        let dataset_key = dataset_key(&d.cfg.source, self.settings.samples.as_deref(), &dataset);
         let (replay, schedule) = match &self.history {
             Some(store) => learned_replay(
                 &cfg.policy,
@@ -178,7 +180,7 @@ impl Shared {
         self.cohort
             .lock()
             .unwrap()
-            .join(name, &dataset, self.view_bytes)
+            .join(name, &dataset, self.dealt_bytes)
             .map_err(|e| {
                 bad(format!(
                     "job {name:?} cannot join: {e} (the budget is shared by at most {} jobs, `share.jobs`; each takes {} when it joins)",
@@ -377,26 +379,31 @@ fn job_session(
     )
 }
 
-/// The samples of `subset` of `catalog` (all of it without one), each checked: a manifest's
-/// paths, labels or a seeded fraction. Errors name job `job` and the part of its subset at
-/// fault.
+/// The samples (cohort ids of `ids`) of `subset` of `catalog` (all of it without one), each
+/// checked: a manifest's paths, labels or a seeded fraction. Errors name job `job` and the
+/// part of its subset at fault.
+///
+/// Where samples are groups of files, a manifest names files, and a group is in the subset if
+/// **any** of its files is ([`CohortIds::of_files`]); labels are each group's (its first
+/// file's), and a fraction is of the groups.
 pub(super) fn subset_samples(
     catalog: &Catalog,
+    ids: &CohortIds,
     source: &str,
     job: &str,
     subset: Option<&Subset>,
 ) -> Result<Vec<u32>, ProtocolError> {
-    let n = catalog.len() as u32;
+    let n = ids.count(catalog);
     let Some(subset) = subset else {
         return Ok((0..n).collect());
     };
-    let mut ids: Vec<u32> = if let Some(path) = &subset.manifest {
+    let mut samples: Vec<u32> = if let Some(path) = &subset.manifest {
         let text = std::fs::read_to_string(path).map_err(|e| {
             bad(format!(
                 "job {job:?}: subset manifest {path}: cannot read it: {e}"
             ))
         })?;
-        let mut ids = Vec::new();
+        let mut files = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -404,7 +411,7 @@ pub(super) fn subset_samples(
             }
             let rel = line.trim_start_matches("./");
             match catalog.find(rel) {
-                Some(id) => ids.push(id),
+                Some(id) => files.push(id),
                 None => {
                     return Err(bad(format!(
                         "job {job:?}: subset manifest {path}, line {}: `{rel}` is not a sample of the source {}",
@@ -414,10 +421,10 @@ pub(super) fn subset_samples(
                 }
             }
         }
-        ids
+        ids.of_files(&files)
     } else if let Some(labels) = &subset.labels {
         let names = catalog.label_names();
-        let per_sample = catalog.labels().unwrap_or(&[]);
+        let per_sample = ids.labels(catalog).unwrap_or(&[]);
         let mut wanted = HashSet::new();
         for l in labels {
             match names.iter().position(|x| x == l) {
@@ -448,10 +455,10 @@ pub(super) fn subset_samples(
         all.truncate(k as usize);
         all
     };
-    ids.sort_unstable();
-    ids.dedup();
-    if ids.is_empty() {
+    samples.sort_unstable();
+    samples.dedup();
+    if samples.is_empty() {
         return Err(bad(format!("job {job:?}: its subset holds no sample")));
     }
-    Ok(ids)
+    Ok(samples)
 }

@@ -14,6 +14,17 @@
 //!   Algorithm 1, `metfs_plan::planner::dsa`) draws every job's views together, so jobs over
 //!   overlapping datasets take their shared samples in the same round while each job's own
 //!   order stays uniformly random.
+//! * **Samples, not files.** The cohort draws samples as the sample settings make them
+//!   (`--group-by`, `--always`, `--include`, `--exclude`, `--format` or the detected format:
+//!   an image and its mask, a format's shard with its companions), each of its files'
+//!   footprint; without them each file is a sample, as before. [`CohortIds`] (`ids`) is the
+//!   one place that turns the cohort's ids into files: a job's views, its staging, its kept
+//!   slots and what the others drew ahead are files, each view holds whole samples and the
+//!   always files (one staged copy, hard-linked into every slot), a format's view has its
+//!   index rewritten to exactly its shards (`Store::view_for`), and the store's reference
+//!   counts and a job's subset (a manifest names files: a sample is in if any of its files
+//!   is) are asked of the cohort by sample. The cohort deals at most a view less the always
+//!   files, so every view fits its half share.
 //! * **One store.** A job's view is staged into a slot of its own (`<job>.e…-m…`), and every
 //!   sample some slot of the store already holds is hard-linked from it, not fetched
 //!   (`Store::stage` offers every slot as a donor): a sample two jobs read in the same round is
@@ -62,7 +73,8 @@
 //!   a `job_not_resumed` record.
 //!
 //! Layout: this file holds [`Shared`], [`JobMeta`], the job name's check and the small helpers
-//! (a request's session, a job's sign of life); `join` a job's `hello`, subset and admission,
+//! (a request's session, a job's sign of life); `ids` the cohort's ids and their files;
+//! `join` a job's `hello`, subset and admission,
 //! its `leave` and the dropping of silent jobs; `resume` the save file's snapshot and write,
 //! and the resumption of its jobs at start; `cohort` the views the cohort draws, the pace
 //! (`holds_back`) and the jobs' status; `state` the save file (`share.json`) itself.
@@ -86,10 +98,12 @@ use std::time::{Duration, Instant};
 
 mod cohort;
 mod held;
+mod ids;
 mod join;
 mod resume;
 pub(super) mod state;
 
+pub(super) use ids::CohortIds;
 pub(super) use resume::not_resumed;
 
 /// The jobs of a shared mount and their sampler.
@@ -103,6 +117,11 @@ pub(super) struct Shared {
     generation: AtomicU64,
     /// Most bytes of one view of a job (half a share).
     pub(super) view_bytes: u64,
+    /// What the cohort's ids are (groups of files, or files) and their files.
+    pub(super) ids: CohortIds,
+    /// Most bytes of samples the cohort deals into one view: `view_bytes` less the always
+    /// files every view holds besides them.
+    pub(super) dealt_bytes: u64,
     /// The mount's rf history file, one copy for every job: each job records its own run under
     /// its name and its dataset (`None` if the file cannot be used).
     pub(super) history: Option<Arc<OrderedMutex<HistoryStore>>>,
@@ -139,31 +158,47 @@ pub(super) struct JobMeta {
     dataset: String,
 }
 
-/// The key of a job's dataset, for the rf history and the save file: the source, the count
-/// and a digest of the samples (a subset is another dataset).
-fn dataset_key(source: &str, dataset: &[u32]) -> String {
+/// The key of a job's dataset, for the rf history and the save file: the source, the sample
+/// settings where files are grouped (`samples`: the same ids are other samples under other
+/// settings), the count and a digest of the samples (a subset is another dataset).
+fn dataset_key(source: &str, samples: Option<&str>, dataset: &[u32]) -> String {
     let mut h = metfs_plan::digest::Fnv1a::new();
     for id in dataset {
         h.write(&id.to_le_bytes());
     }
+    let source = match samples {
+        Some(s) => format!("{source}|{s}"),
+        None => source.to_string(),
+    };
     format!("{source}|share|{}|{:016x}", dataset.len(), h.finish())
 }
 
 impl Shared {
-    pub(super) fn new(cfg: ShareConfig, budget: &Budget, footprints: Vec<u64>, seed: u64) -> Self {
+    /// The jobs of a mount of `budget` over files of `footprints`, whose cohort draws the
+    /// samples of `ids` (each sample's footprint its files').
+    pub(super) fn new(
+        cfg: ShareConfig,
+        budget: &Budget,
+        footprints: &[u64],
+        ids: CohortIds,
+        seed: u64,
+    ) -> Self {
         let view_bytes = budget.slot_bytes / u64::from(cfg.jobs.max(1));
+        let sizes = ids.sizes(footprints).to_vec();
         Self {
             // The store is the daemon's (`Store::room_for`, by the ledger's reference counts),
             // and whatever `share.pace` it holds a job back itself (`holds_back`): the cohort
             // only draws, pins and counts.
             cohort: OrderedMutex::new(
                 Level::Cohort,
-                Cohort::external(2 * budget.slot_bytes, footprints, seed),
+                Cohort::external(2 * budget.slot_bytes, sizes, seed),
             ),
             jobs: OrderedMutex::new(Level::Jobs, BTreeMap::new()),
             // Generation 1 is the root's (empty) view.
             generation: AtomicU64::new(1),
             view_bytes,
+            dealt_bytes: view_bytes,
+            ids,
             history: None,
             last_join: OrderedMutex::new(Level::LastJoin, None),
             settings: ShareSettings {
@@ -173,6 +208,7 @@ impl Shared {
                 jobs: cfg.jobs,
                 seed,
                 transform: None,
+                samples: None,
             },
             restarts: 0,
             not_resumed: OnceLock::new(),

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use super::state::write_share_state;
-use crate::daemon::schedule::{Drawn, DrawnView, Schedule};
+use crate::daemon::schedule::{Drawn, Schedule};
 use crate::daemon::session::{History, Session, Sessions, Start};
 use crate::daemon::setup::{build_policy, learned_replay, start_recording};
 use crate::daemon::share::join::subset_samples;
@@ -84,12 +84,15 @@ impl Shared {
         // Every kept slot is in the book before any is checked, so that each is a donor of the
         // others (a sample two jobs share is one file).
         let present: HashSet<String> = d.store.stager.present_slots().into_iter().collect();
+        // The cohort's places are of samples, the store's slots of files.
         for j in &saved.jobs {
             let cur = j.cohort.current.as_ref().expect("checked when read");
-            d.store.begin_slot(&j.slot(), &cur.samples);
+            d.store
+                .begin_slot(&j.slot(), &self.ids.drawn(&d.store, cur).samples);
             if let (Some(next), Some(slot)) = (&j.cohort.next, j.next_slot()) {
                 if present.contains(&slot) {
-                    d.store.begin_slot(&slot, &next.samples);
+                    d.store
+                        .begin_slot(&slot, &self.ids.drawn(&d.store, next).samples);
                 }
             }
         }
@@ -144,9 +147,15 @@ impl Shared {
     /// current view were fetched from the tier (none when its kept slot was whole).
     async fn resume_job(&self, d: &Daemon, j: &SavedJob) -> Result<u64, String> {
         let name = j.name.as_str();
-        let dataset = subset_samples(&d.store.catalog, &d.cfg.source, name, j.subset.as_ref())
-            .map_err(|e| e.message)?;
-        if dataset_key(&d.cfg.source, &dataset) != j.dataset {
+        let dataset = subset_samples(
+            &d.store.catalog,
+            &self.ids,
+            &d.cfg.source,
+            name,
+            j.subset.as_ref(),
+        )
+        .map_err(|e| e.message)?;
+        if dataset_key(&d.cfg.source, self.settings.samples.as_deref(), &dataset) != j.dataset {
             return Err("its subset no longer gives the dataset it read".into());
         }
         let cfg = d.cfg.with_job_policy(j.rf_policy, j.rf);
@@ -164,9 +173,13 @@ impl Shared {
         self.cohort
             .lock()
             .unwrap()
-            .rejoin(name, &dataset, self.view_bytes, j.cohort.clone())
+            .rejoin(name, &dataset, self.dealt_bytes, j.cohort.clone())
             .map_err(|e| e.to_string())?;
-        let cur = j.cohort.current.clone().expect("checked when read");
+        // Its current view's files (the saved place holds samples).
+        let cur = self.ids.drawn(
+            &d.store,
+            j.cohort.current.as_ref().expect("checked when read"),
+        );
         let (view, fetched) = restage_kept(&d.store, j, &cur.samples).await?;
         let history = self.history.as_ref().map(|store| History {
             store: store.clone(),
@@ -181,15 +194,7 @@ impl Shared {
             dataset: j.dataset.clone(),
             replay,
         });
-        let drawn = Drawn::resumed(
-            j.slots().to_string(),
-            j.mini_epoch,
-            DrawnView {
-                epoch: cur.epoch,
-                samples: cur.samples.clone(),
-                bytes: cur.bytes,
-            },
-        );
+        let drawn = Drawn::resumed(j.slots().to_string(), j.mini_epoch, cur);
         let mut ss = d.sessions.lock().unwrap();
         d.surface.core().switch_job(name, view.clone());
         ss.insert(

@@ -35,6 +35,10 @@ pub struct ShareSettings {
     /// The transform's identity, if any.
     #[serde(default)]
     pub transform: Option<String>,
+    /// The sample settings and the detected format, if any (`None`: every file is a sample):
+    /// the cohort's ids are samples of these, so a save of others means other samples.
+    #[serde(default)]
+    pub samples: Option<String>,
 }
 
 /// The settings that differ between `old` and `new`, named as the mount's options.
@@ -46,6 +50,10 @@ pub fn changed_settings(old: &ShareSettings, new: &ShareSettings) -> String {
         ("share.jobs", old.jobs != new.jobs),
         ("seed", old.seed != new.seed),
         ("transform", old.transform != new.transform),
+        (
+            "sample settings (format, group_by, always, include, exclude)",
+            old.samples != new.samples,
+        ),
     ]
     .into_iter()
     .filter_map(|(name, differs)| differs.then_some(name))
@@ -314,6 +322,7 @@ mod tests {
                 jobs: 4,
                 seed: 0,
                 transform: None,
+                samples: None,
             },
             generation: 20,
             restarts: 0,
@@ -386,6 +395,23 @@ mod tests {
             .unwrap()
             .replace("\"passes\":2", "\"passes\":-2");
         assert!(reason(text.as_bytes()).contains("not a shared mount's save file"));
+    }
+
+    /// A save of other sample settings is of other samples: the change is named; a save
+    /// written before the settings were recorded reads as none (every file a sample).
+    #[test]
+    fn other_sample_settings_are_a_change_of_settings() {
+        let old = file(vec![]).settings;
+        let mut new = old.clone();
+        new.samples = Some("format=auto;group_by=stem;always=;include=;exclude=".into());
+        assert_eq!(
+            changed_settings(&old, &new),
+            "sample settings (format, group_by, always, include, exclude)"
+        );
+        let mut bytes = serde_json::to_value(file(vec![job("a")])).unwrap();
+        bytes["settings"].as_object_mut().unwrap().remove("samples");
+        let read = SavedShare::from_json(&serde_json::to_vec(&bytes).unwrap()).unwrap();
+        assert_eq!(read.settings, old);
     }
 
     /// What a save at every `pass_end` costs: the places of four jobs over `samples` samples
