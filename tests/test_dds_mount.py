@@ -407,6 +407,11 @@ def test_files_a_lasting_fault_holds_are_deferred_by_their_node(
             while (now := summed())["recovered_samples"] < len(dead):
                 assert time.monotonic() < deadline, f"the dead files never came back: {now}"
                 time.sleep(0.2)
+            # Recovered when staged: each is read once its node's view switches to it.
+            while not all(any(p == q for r in readers for _, q, _ in r.reads) for p in dead):
+                assert time.monotonic() < deadline, "a recovered file was never read"
+                assert all(r.error is None for r in readers), [r.error for r in readers]
+                time.sleep(0.2)
         finally:
             for r in readers:
                 r.stop.set()
