@@ -202,4 +202,4 @@ runuser -u "$TEST_USER" -- env -i PATH=/usr/bin:/bin HOME="$USER_DIR" TMPDIR="$U
   PYTHONDONTWRITEBYTECODE=1 METFS_BIN="$METFS_BIN" XDG_DATA_HOME="$USER_DIR/data" METFS_REQUIRE_SERVERS=1 \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider -o tmp_path_retention_policy=failed --basetemp="$USER_DIR/pytest" \
   tests/test_core.py tests/test_fs.py tests/test_sample_groups.py \
-  -k "not s3 and not (test_sample_groups and (image_and_mask or load_from_disk or litdata or webdataset or mds or dataset_dict or corrupt_index or always_pattern))"
+  -k "not s3 and not (test_sample_groups and (image_and_mask or load_from_disk or litdata or webdataset or mds or dataset_dict or corrupt_index or always_pattern or hugging_face))"
