@@ -14,9 +14,9 @@
 //! | a switch's generation ([`ModeState::generation_after`]) | the session's next | same | same | unique across jobs |
 //! | after a pass ([`ModeState::pass_ended`]) | nothing | DONE marks (`after-pass`) | nothing | the save file, durably |
 //! | a retired view's batch ([`ModeState::retired`]) | none | DONE mark | none | none |
-//! | defer samples the tier keeps failing? ([`ModeState::defers`]) | yes | no | no | no |
+//! | defer samples the tier keeps failing? ([`crate::config::Mode::defers`]: the first staging asks before the mode state exists) | yes | yes | yes | no |
 //! | before the staging loop's round ([`ModeState::before_round`]) | nothing | DONE marks, the next claim | nothing | the cohort's draws |
-//! | the monitor's tick ([`ModeState::tick`]) | nothing | nothing | nothing | idle jobs dropped |
+//! | the monitor's tick ([`ModeState::tick`]) | nothing | nothing | nothing | idle jobs dropped, the held-open cap |
 //!
 //! A session's [`super::schedule::Schedule`] answers the per-session questions (its
 //! successor, members, slot names); this type answers those of the daemon as a whole (the
@@ -152,13 +152,6 @@ impl ModeState {
             sh.reap_idle(d);
             sh.cap_held_open(d);
         }
-    }
-
-    /// Whether a staging that the tier kept failing may leave the failing samples out and
-    /// carry them to a later mini-epoch (defer): the modes of [`crate::config::Mode::defers`],
-    /// all but a shared store.
-    pub(super) fn defers(&self) -> bool {
-        !matches!(self, ModeState::Shared(_))
     }
 
     /// Counts as a sign of life of job `name` (a request, or waiting for staging for it).

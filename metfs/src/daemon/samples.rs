@@ -727,4 +727,4 @@ pub fn queue_samples(
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

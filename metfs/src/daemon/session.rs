@@ -590,10 +590,15 @@ impl Session {
         members: &[u32],
         deferred: &[u32],
     ) -> Carry {
-        let shown: std::collections::HashSet<u32> =
-            self.view_members(store, target).into_iter().collect();
-        let (carried, extras): (Vec<u32>, Vec<u32>) =
-            deferred.iter().partition(|id| shown.contains(id));
+        // Nearly every staging defers nothing: the view's members (a set as large as the view)
+        // are asked for only when something was deferred.
+        let (carried, extras): (Vec<u32>, Vec<u32>) = if deferred.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            let shown: std::collections::HashSet<u32> =
+                self.view_members(store, target).into_iter().collect();
+            deferred.iter().partition(|id| shown.contains(id))
+        };
         let recovered = self.deferred.staged(members, &carried);
         Carry {
             added: self.deferred.added_to(target).to_vec(),

@@ -410,7 +410,7 @@ impl StagingLoop {
         }
         // A target the tier has failed for the defer bound is staged deferring, where the mode
         // defers.
-        let defer = self.d.mode.defers()
+        let defer = self.d.cfg.mode.defers()
             && matches!(s.next(), Next::Failed { target: t, since, .. }
                 if *t == target && since.elapsed().as_secs() >= self.d.store.stager.config().defer_after_secs);
         let (samples, bytes) = s.members(&self.d.store, target);

@@ -95,6 +95,7 @@ impl Daemon {
         };
         let draining_slots = self.store.draining_count();
         let defer_after = self
+            .cfg
             .mode
             .defers()
             .then(|| Duration::from_secs(self.store.stager.config().defer_after_secs));

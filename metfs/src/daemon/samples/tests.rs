@@ -6,7 +6,7 @@ use metfs_formats::select::{GroupBy, Patterns};
 use metfs_tier::PosixTier;
 
 /// A source of `pairs` images (5,000 bytes) and masks (1,000 bytes), and a class list.
-fn source(pairs: usize) -> tempfile::TempDir {
+pub(in crate::daemon) fn source(pairs: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for sub in ["images", "masks"] {
         std::fs::create_dir(dir.path().join(sub)).unwrap();

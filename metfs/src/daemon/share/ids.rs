@@ -167,15 +167,7 @@ mod tests {
     /// A source of `pairs` images (5,000 bytes) and masks (1,000 bytes), and a class list,
     /// grouped as pairs with the class list in every view.
     async fn pairs(pairs: usize) -> (tempfile::TempDir, Catalog, Vec<u64>, CohortIds) {
-        let dir = tempfile::tempdir().unwrap();
-        for sub in ["images", "masks"] {
-            std::fs::create_dir(dir.path().join(sub)).unwrap();
-        }
-        for i in 0..pairs {
-            std::fs::write(dir.path().join(format!("images/{i}.png")), [1u8; 5000]).unwrap();
-            std::fs::write(dir.path().join(format!("masks/{i}.png")), [2u8; 1000]).unwrap();
-        }
-        std::fs::write(dir.path().join("classes.txt"), b"bg fg\n").unwrap();
+        let dir = crate::daemon::samples::tests::source(pairs);
         let settings = SampleConfig {
             group_by: Some(GroupBy::parse("images/{}.png,masks/{}.png").unwrap()),
             always: Patterns::new("always", &["classes.txt"]).unwrap(),
