@@ -123,6 +123,7 @@ class Cluster:
         seeds: list[int] | None = None,
         timeout: int = 60,
         args: tuple[str, ...] = (),
+        node_args: list[tuple[str, ...]] | None = None,
     ) -> None:
         self.tmp = tmp
         self.nodes = [
@@ -143,6 +144,7 @@ class Cluster:
                 "--shuffle-timeout-secs",
                 str(timeout),
                 *args,
+                *(node_args[r] if node_args else ()),
                 name=f"n{r}",
                 cache=tmp / f"n{r}" / "cache",
             )
@@ -163,7 +165,9 @@ class Cluster:
         )
         return [m.status()["tier_bytes_read"] for m in self.nodes]
 
-    def train(self, digests: Path, epochs: int, user: str | None = None) -> list[dict[str, Any]]:
+    def train(
+        self, digests: Path, epochs: int, user: str | None = None, trainer: str = TRAINER
+    ) -> list[dict[str, Any]]:
         pythonpath = str(ROOT / "bindings" / "python" / "src")
         env = dict(os.environ, PYTHONPATH=pythonpath)
         # The user's trainer runs the system's Python (this one may be in root's home).
@@ -181,7 +185,7 @@ class Cluster:
             procs.append(
                 (
                     subprocess.Popen(
-                        [*prefix, "-c", TRAINER, m.socket, str(digests), str(out), str(epochs)],
+                        [*prefix, "-c", trainer, m.socket, str(digests), str(out), str(epochs)],
                         env=env,
                         stderr=subprocess.PIPE,
                         text=True,

@@ -305,39 +305,33 @@ def test_a_corrupt_index_is_refused_naming_the_file(mounts, tmp_path):
     assert "state.json: does not parse as JSON" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("mode", ["transform", "aggregate"])
-def test_a_dataset_format_is_refused_where_files_are_dealt_one_by_one(mounts, tmp_path, mode):
-    """A transform and an aggregate mount deal files one by one: a Hugging Face dataset would
-    lose its index in every view but one. Refused at mount (from the names, before anything is
-    read or staged), naming the format, its index file and what to do. A shared mount deals the
-    format's shards (the shared-mount tests below), and takes `--format files` to deal its files
-    as asked. The names are those `save_to_disk` writes, so the test needs no `datasets` (it
-    also runs as an ordinary user)."""
+def test_a_dataset_format_is_refused_where_files_are_dealt_one_by_one(mounts, tmp_path):
+    """A transform deals files one by one: a Hugging Face dataset would lose its index in
+    every view but one. Refused at mount (from the names, before anything is read or staged),
+    naming the format, its index file and what to do. A shared mount deals the format's shards
+    (the shared-mount tests below), and takes `--format files` to deal its files as asked; an
+    aggregate mount deals them too (`test_aggregate_groups`). The names are those
+    `save_to_disk` writes, so the test needs no `datasets` (it also runs as an ordinary
+    user)."""
     src = tmp_path / "hf"
     src.mkdir()
     (src / "dataset_info.json").write_text("{}")
     (src / "state.json").write_text('{"_data_files": []}')
     for k in range(4):
         (src / f"data-{k:05d}-of-00004.arrow").write_bytes(payload(k) * 100)
-    how = {
-        "transform": ["--transform", "cat"],
-        "aggregate": ["--aggregate", "--nodes", "2", "--node-rank", "0"],
-    }[mode]
-    m = mounts(src, "4MiB", *how)
+    m = mounts(src, "4MiB", "--transform", "cat")
     r = m.mount(check=False)
     assert r.returncode != 0
-    said = "a transform" if mode == "transform" else "an aggregate mount"
     assert (
         "looks like a hf-dataset dataset (state.json)" in r.stderr
-        and f"{said} deals files one by one" in r.stderr
+        and "a transform deals files one by one" in r.stderr
         and "--format files" in r.stderr
     ), r.stderr
     slots = m.cache / "slots"
     assert not slots.exists() or not any(slots.iterdir()), "staged before refusing"
-    if mode == "transform":
-        m = mounts(src, "4MiB", "--share", "--share-jobs", "2", "--format", "files", name="f")
-        m.mount()
-        assert m.status()["dataset_files"] == len([p for p in src.rglob("*") if p.is_file()])
+    m = mounts(src, "4MiB", "--share", "--share-jobs", "2", "--format", "files", name="f")
+    m.mount()
+    assert m.status()["dataset_files"] == len([p for p in src.rglob("*") if p.is_file()])
 
 
 # Shared mounts: each job's views hold whole samples, the always files and the format's index

@@ -64,6 +64,7 @@
 
 pub mod coded;
 mod inbox;
+pub mod layouts;
 mod slot;
 pub mod spec;
 pub mod uncoded;
@@ -72,14 +73,16 @@ pub mod uncoded;
 mod tests;
 
 pub use inbox::{Accepted, Inbox};
+pub use layouts::EpochLayouts;
 pub use slot::Held;
-pub use spec::{ExchangeSpec, ShuffleCode, SPEC_FILE, SPEC_VERSION};
+pub use spec::{ExchangeSpec, GroupsRef, ShuffleCode, GROUPS_FILE, SPEC_FILE, SPEC_VERSION};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use metfs_plan::budget::{footprints, Staged};
-use metfs_shuffle::{layout, transition, Layout, Transition};
+use metfs_plan::groups::SampleGroups;
+use metfs_shuffle::{transition, Layout, Transition};
 use metfs_tier::catalog::Catalog;
 use thiserror::Error;
 
@@ -92,6 +95,8 @@ pub enum ExchangeError {
     Spec { path: String, reason: String },
     #[error("catalog {path}: {reason}")]
     Catalog { path: String, reason: String },
+    #[error("sample groups {path}: {reason}")]
+    Groups { path: String, reason: String },
     #[error("planning epoch {epoch}: {source}")]
     Plan {
         epoch: u64,
@@ -214,13 +219,32 @@ pub enum Broadcast {
     Ring,
 }
 
+/// How many words [`Node::agreement`] has.
+pub const AGREEMENT: usize = 7;
+
+/// The groups of `bytes`, checked against the digest `r` names, over files of `sizes`.
+fn read_groups(r: &GroupsRef, bytes: &[u8], sizes: &[u64]) -> Result<SampleGroups, ExchangeError> {
+    let bad = |reason: String| ExchangeError::Groups {
+        path: r.path.display().to_string(),
+        reason,
+    };
+    let digest = format!("{:016x}", layouts::groups_digest(bytes));
+    if digest != r.digest {
+        return Err(bad(format!(
+            "digest {digest}, but the daemon planned with {}: remount",
+            r.digest
+        )));
+    }
+    SampleGroups::decode(bytes, sizes).map_err(|e| bad(e.to_string()))
+}
+
 /// One node of the exchange: its daemon's spec, catalog and footprints; or the extra rank,
 /// which has the spec and catalog of rank 0 and reads the tier instead of a slot.
 pub struct Node {
     pub spec: ExchangeSpec,
     pub catalog: Catalog,
-    settings: metfs_shuffle::AggregateConfig,
-    sizes: Vec<u64>,
+    /// The daemon's planner inputs, groups included.
+    layouts: EpochLayouts,
     /// Who sends ([`Node::with_modes`]).
     pub sender: SenderMode,
     /// How coded packets travel.
@@ -248,14 +272,34 @@ impl Node {
             path: spec.catalog.display().to_string(),
             reason: e.to_string(),
         })?;
-        Self::from_parts(spec, catalog)
+        let groups = match &spec.groups {
+            Some(g) => std::fs::read(&g.path).map_err(|e| ExchangeError::Groups {
+                path: g.path.display().to_string(),
+                reason: e.to_string(),
+            })?,
+            None => Vec::new(),
+        };
+        Self::from_parts(spec, catalog, &groups)
     }
 
-    /// The extra rank (rank `nodes`), from rank 0's spec (`aggregate.json`'s bytes) and
-    /// catalog (`catalog.bin`'s bytes), reading samples from the POSIX directory `tier`
-    /// (the daemons' source). Refuses a spec of another version, a catalog whose digest is
-    /// not the spec's, and a tier that is not a directory.
-    pub fn extra(spec: &[u8], catalog: &[u8], tier: &Path) -> Result<Self, ExchangeError> {
+    /// The groups file's bytes as this node read them (empty without groups): what the extra
+    /// rank is sent.
+    pub fn groups_bytes(&self) -> Vec<u8> {
+        self.layouts
+            .groups()
+            .map_or_else(Vec::new, SampleGroups::encode)
+    }
+
+    /// The extra rank (rank `nodes`), from rank 0's spec (`aggregate.json`'s bytes), catalog
+    /// (`catalog.bin`'s bytes) and groups ([`Node::groups_bytes`]), reading samples from the
+    /// POSIX directory `tier` (the daemons' source). Refuses a spec of another version, a
+    /// catalog or groups whose digest is not the spec's, and a tier that is not a directory.
+    pub fn extra(
+        spec: &[u8],
+        catalog: &[u8],
+        groups: &[u8],
+        tier: &Path,
+    ) -> Result<Self, ExchangeError> {
         let bad = |reason: String| ExchangeError::Spec {
             path: "rank 0's aggregate.json".into(),
             reason,
@@ -277,7 +321,7 @@ impl Node {
                     .into(),
             })?;
         spec.rank = spec.nodes;
-        let mut node = Self::from_parts(spec, catalog)?;
+        let mut node = Self::from_parts(spec, catalog, groups)?;
         node.tier = Some(root);
         node.sender = SenderMode::Extra;
         Ok(node)
@@ -306,7 +350,11 @@ impl Node {
         self.spec.nodes + u32::from(self.sender == SenderMode::Extra)
     }
 
-    fn from_parts(spec: ExchangeSpec, catalog: Catalog) -> Result<Self, ExchangeError> {
+    fn from_parts(
+        spec: ExchangeSpec,
+        catalog: Catalog,
+        groups: &[u8],
+    ) -> Result<Self, ExchangeError> {
         let digest = format!("{:016x}", catalog_digest(&catalog));
         if digest != spec.catalog_digest {
             return Err(ExchangeError::Catalog {
@@ -319,6 +367,10 @@ impl Node {
         }
         // As the daemon: copies' footprints (aggregate mode refuses a transform).
         let sizes = footprints(catalog.sizes(), Staged::Copy);
+        let groups = match &spec.groups {
+            Some(g) => Some(read_groups(g, groups, &sizes)?),
+            None => None,
+        };
         let settings = metfs_shuffle::AggregateConfig {
             nodes: spec.nodes,
             seed: spec.seed,
@@ -328,17 +380,16 @@ impl Node {
         Ok(Self {
             spec,
             catalog,
-            settings,
-            sizes,
+            layouts: EpochLayouts::new(sizes, groups, settings),
             sender: SenderMode::Peers,
             broadcast: Broadcast::Direct,
             tier: None,
         })
     }
 
-    /// What every rank must agree on before exchanging: the planner's settings, the code and
-    /// the catalog. Compared field by field ([`Node::disagreement`]).
-    pub fn agreement(&self) -> [u64; 6] {
+    /// What every rank must agree on before exchanging: the planner's settings, the code, the
+    /// catalog and the sample groups. Compared field by field ([`Node::disagreement`]).
+    pub fn agreement(&self) -> [u64; AGREEMENT] {
         [
             self.spec.seed,
             u64::from(self.spec.nodes),
@@ -346,31 +397,34 @@ impl Node {
             self.spec.extra.to_bits(),
             u64::from_str_radix(&self.spec.catalog_digest, 16).unwrap_or(0),
             self.spec.code as u64,
+            self.layouts.groups_digest(),
         ]
     }
 
     /// The first field where `other` (rank `rank`'s [`Node::agreement`]) differs from this
     /// node's, as a sentence, or `None`.
-    pub fn disagreement(&self, rank: usize, other: &[u64; 6]) -> Option<String> {
-        const NAMES: [&str; 6] = [
+    pub fn disagreement(&self, rank: usize, other: &[u64; AGREEMENT]) -> Option<String> {
+        const NAMES: [&str; AGREEMENT] = [
             "seed",
             "node count",
             "budget per node",
             "extra probability",
             "catalog digest",
             "shuffle code",
+            "sample groups digest",
         ];
         let mine = self.agreement();
-        (0..6).find(|&i| mine[i] != other[i]).map(|i| {
+        (0..AGREEMENT).find(|&i| mine[i] != other[i]).map(|i| {
             format!(
-                "rank {rank}'s {} differs from rank {}'s ({:#x} against {:#x}): every node must mount the same source with the same --seed, --budget, --nodes, --shuffle-extra and --shuffle-code",
+                "rank {rank}'s {} differs from rank {}'s ({:#x} against {:#x}): every node must mount the same source with the same --seed, --budget, --nodes, --shuffle-extra, --shuffle-code and sample settings (--group-by, --always, --include, --exclude, --format)",
                 NAMES[i], self.spec.rank, other[i], mine[i]
             )
         })
     }
 
     fn layout(&self, epoch: u64) -> Result<Layout, ExchangeError> {
-        layout(&self.sizes, &self.settings, epoch)
+        self.layouts
+            .layout(epoch)
             .map_err(|source| ExchangeError::Plan { epoch, source })
     }
 
@@ -382,7 +436,7 @@ impl Node {
         } else {
             Some(self.layout(epoch - 1)?)
         };
-        transition(prev.as_ref(), &next, &self.sizes, dead)
+        transition(prev.as_ref(), &next, self.layouts.sizes(), dead)
             .map_err(|source| ExchangeError::Plan { epoch, source })
     }
 

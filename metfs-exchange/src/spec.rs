@@ -28,8 +28,12 @@ use serde::{Deserialize, Serialize};
 /// The file `metfs-shuffle` reads in the cache directory.
 pub const SPEC_FILE: &str = "aggregate.json";
 
-/// Version of [`ExchangeSpec`]; `metfs-shuffle` refuses another.
-pub const SPEC_VERSION: u32 = 1;
+/// The sample groups' file in the cache directory, when samples are groups
+/// ([`crate::layouts`]).
+pub const GROUPS_FILE: &str = "groups.bin";
+
+/// Version of [`ExchangeSpec`]; `metfs-shuffle` refuses another. 2: the sample groups.
+pub const SPEC_VERSION: u32 = 2;
 
 /// How the samples a node needs cross the network.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,10 +86,23 @@ pub struct ExchangeSpec {
     pub slots: PathBuf,
     /// The saved catalog.
     pub catalog: PathBuf,
+    /// The sample groups the daemon plans over ([`GROUPS_FILE`]), where samples are not each
+    /// one file: planned over alike on every rank ([`crate::layouts::EpochLayouts`]).
+    #[serde(default)]
+    pub groups: Option<GroupsRef>,
     /// The daemon's control socket.
     pub socket: PathBuf,
     /// The daemon's process id: the exchange stops when it is gone.
     pub pid: u32,
+}
+
+/// Where the sample groups are and the digest of their bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupsRef {
+    /// The groups file ([`metfs_plan::groups::SampleGroups::encode`]).
+    pub path: PathBuf,
+    /// [`crate::layouts::groups_digest`] of its bytes, 16 hex digits.
+    pub digest: String,
 }
 
 /// Reads an [`ExchangeSpec`], refusing another version.

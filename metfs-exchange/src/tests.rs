@@ -41,6 +41,7 @@ fn nodes(dir: &Path, n: u32, extra: f64, sizes: &[u64]) -> Vec<Node> {
                 source: "test".into(),
                 slots: slots.clone(),
                 catalog,
+                groups: None,
                 socket: cache.join("metfs.sock"),
                 pid: std::process::id(),
             };
@@ -210,7 +211,11 @@ fn ranks_that_differ_are_named_with_the_setting() {
     // A spec of another version, and a catalog that changed under the daemon.
     let cache = dir.path().join("n1");
     let text = std::fs::read_to_string(cache.join(SPEC_FILE)).unwrap();
-    std::fs::write(cache.join(SPEC_FILE), text.replace("\"v\":1", "\"v\":9")).unwrap();
+    std::fs::write(
+        cache.join(SPEC_FILE),
+        text.replace(&format!("\"v\":{SPEC_VERSION}"), "\"v\":9"),
+    )
+    .unwrap();
     assert!(Node::open(&cache)
         .err()
         .unwrap()
@@ -365,7 +370,7 @@ fn extra_rank(dir: &Path, nodes: &[Node]) -> Node {
     }
     let spec = std::fs::read(n0.spec.slots.parent().unwrap().join(SPEC_FILE)).unwrap();
     let cat = std::fs::read(&n0.spec.catalog).unwrap();
-    Node::extra(&spec, &cat, &tier)
+    Node::extra(&spec, &cat, &[], &tier)
         .unwrap()
         .with_modes(SenderMode::Extra, n0.broadcast)
 }
@@ -807,21 +812,97 @@ fn the_extra_rank_refuses_a_spec_or_catalog_it_cannot_trust() {
     let cat = std::fs::read(&ns[0].spec.catalog).unwrap();
     let tier = dir.path().join("tier");
     std::fs::create_dir_all(&tier).unwrap();
-    let e = Node::extra(&spec, &cat[..cat.len() / 2], &tier)
+    let e = Node::extra(&spec, &cat[..cat.len() / 2], &[], &tier)
         .err()
         .unwrap();
     assert!(e.to_string().contains("rank 0's catalog"), "{e}");
     let other = String::from_utf8(spec.clone())
         .unwrap()
-        .replace("\"v\":1", "\"v\":9");
-    let e = Node::extra(other.as_bytes(), &cat, &tier).err().unwrap();
+        .replace(&format!("\"v\":{SPEC_VERSION}"), "\"v\":9");
+    let e = Node::extra(other.as_bytes(), &cat, &[], &tier)
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("version 9"), "{e}");
-    let e = Node::extra(&spec, &cat, &dir.path().join("nowhere"))
+    let e = Node::extra(&spec, &cat, &[], &dir.path().join("nowhere"))
         .err()
         .unwrap();
     assert!(e.to_string().contains("not a directory"), "{e}");
-    let x = Node::extra(&spec, &cat, &tier).unwrap();
+    let x = Node::extra(&spec, &cat, &[], &tier).unwrap();
     assert!(x.is_extra() && x.spec.rank == 2 && x.sender == SenderMode::Extra);
+}
+
+/// `n` reopened with `bytes` as its groups file and `digest` in its spec.
+fn with_groups(n: &Node, bytes: &[u8], digest: u64) -> Result<Node, ExchangeError> {
+    let cache = n.spec.slots.parent().unwrap();
+    let path = cache.join(GROUPS_FILE);
+    std::fs::write(&path, bytes).unwrap();
+    let mut spec = n.spec.clone();
+    spec.groups = Some(GroupsRef {
+        path,
+        digest: format!("{digest:016x}"),
+    });
+    std::fs::write(cache.join(SPEC_FILE), serde_json::to_vec(&spec).unwrap()).unwrap();
+    Node::open(cache)
+}
+
+/// Nodes whose samples are pairs of files plan alike, move each pair from one place and keep
+/// the always file local; another grouping is named in the agreement, and a groups file that
+/// is not the daemon's is refused, on a node and on the extra rank.
+#[test]
+fn sample_groups_move_whole_and_other_groups_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = vec![5000u64; 12];
+    let ns = nodes(dir.path(), 2, 0.0, &sizes);
+    let fp = footprints(&sizes, Staged::Copy);
+    let pairs = (0..5).map(|s| vec![2 * s, 2 * s + 1]).collect();
+    let bytes = SampleGroups::new(&fp, None, None, pairs, vec![11])
+        .unwrap()
+        .encode();
+    let digest = layouts::groups_digest(&bytes);
+    let g: Vec<Node> = ns
+        .iter()
+        .map(|n| with_groups(n, &bytes, digest).unwrap())
+        .collect();
+    for epoch in 1..4 {
+        let t = g[0].transition(epoch, &[]).unwrap();
+        assert_eq!(t, g[1].transition(epoch, &[]).unwrap());
+        for plan in &t.nodes {
+            assert!(plan.local.contains(&11), "the always file is linked");
+            let moved = |f: u32| plan.peer.iter().find(|p| p.0 == f).map(|p| p.1);
+            for s in 0..5 {
+                assert_eq!(moved(2 * s), moved(2 * s + 1), "pair {s}");
+            }
+            assert!(!plan.local.contains(&10) && moved(10).is_none());
+        }
+        assert!(t.nodes.iter().all(|p| p.tier.is_empty()));
+    }
+    let why = g[0].disagreement(1, &ns[1].agreement()).unwrap();
+    assert!(
+        why.contains("sample groups digest") && why.contains("--group-by"),
+        "{why}"
+    );
+    let cut = &bytes[..bytes.len() - 4];
+    let e = with_groups(&ns[0], cut, digest).err().unwrap().to_string();
+    assert!(e.contains("groups.bin") && e.contains("remount"), "{e}");
+    let e = with_groups(&ns[0], cut, layouts::groups_digest(cut))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("not a groups file"), "{e}");
+    let spec = serde_json::to_vec(&g[1].spec).unwrap();
+    let cat = std::fs::read(&g[1].spec.catalog).unwrap();
+    let tier = dir.path().join("tier");
+    std::fs::create_dir_all(&tier).unwrap();
+    let x = Node::extra(&spec, &cat, &g[1].groups_bytes(), &tier).unwrap();
+    assert_eq!(
+        x.transition(2, &[]).unwrap(),
+        g[0].transition(2, &[]).unwrap()
+    );
+    let e = Node::extra(&spec, &cat, &[], &tier)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("groups") && e.contains("remount"), "{e}");
 }
 
 #[test]

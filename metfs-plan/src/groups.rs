@@ -56,6 +56,9 @@ pub enum GroupError {
     /// No sample at all.
     #[error("no file is a sample")]
     NoSamples,
+    /// Bytes that are not [`SampleGroups::encode`]'s.
+    #[error("not a groups file: {0}")]
+    Corrupt(String),
 }
 
 impl SampleGroups {
@@ -249,10 +252,131 @@ impl SampleGroups {
     }
 }
 
+/// The first bytes of [`SampleGroups::encode`]'s output: the name and version 1.
+const MAGIC: &[u8; 16] = b"metfs-groups v1\n";
+
+impl SampleGroups {
+    /// The samples and always files as bytes another process reads back with
+    /// [`SampleGroups::decode`] (an aggregate mount's exchange plans over the same groups as
+    /// its daemon): the magic, then little-endian `u32`s: the sample count, the always count,
+    /// each sample's file count and files, the always files. Labels and clusters are not kept
+    /// (the exchange's planner does not compose).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out =
+            Vec::with_capacity(16 + 4 * (2 + self.len() + self.members.len() + self.always.len()));
+        out.extend_from_slice(MAGIC);
+        let mut put = |x: u32| out.extend_from_slice(&x.to_le_bytes());
+        put(self.len() as u32);
+        put(self.always.len() as u32);
+        for s in 0..self.len() as u32 {
+            let m = self.members(s);
+            put(m.len() as u32);
+            m.iter().for_each(|&id| put(id));
+        }
+        self.always.iter().for_each(|&id| put(id));
+        out
+    }
+
+    /// The groups [`SampleGroups::encode`] wrote, over files of `footprints`; refuses bytes
+    /// cut short, with bytes past the end, or that do not describe the catalog
+    /// ([`SampleGroups::new`]'s checks).
+    pub fn decode(bytes: &[u8], footprints: &[u64]) -> Result<Self, GroupError> {
+        let body = bytes.strip_prefix(&MAGIC[..]).ok_or_else(|| {
+            GroupError::Corrupt("it does not start with `metfs-groups v1`".into())
+        })?;
+        let mut words = body.chunks(4);
+        let mut next = |what: &str| -> Result<u32, GroupError> {
+            match words.next() {
+                Some(w) if w.len() == 4 => Ok(u32::from_le_bytes(w.try_into().expect("4 bytes"))),
+                _ => Err(GroupError::Corrupt(format!("cut short before {what}"))),
+            }
+        };
+        let samples = next("the sample count")?;
+        let always_n = next("the always count")?;
+        // Every count is checked against the bytes left before anything is allocated by it.
+        let left = |used: usize| (body.len() / 4).saturating_sub(used);
+        if samples as usize > left(2) {
+            return Err(GroupError::Corrupt(format!(
+                "{samples} samples in {} bytes",
+                body.len()
+            )));
+        }
+        let mut list = Vec::with_capacity(samples as usize);
+        let mut used = 2usize;
+        for s in 0..samples {
+            let n = next("a sample's file count")? as usize;
+            used += 1;
+            if n > left(used) {
+                return Err(GroupError::Corrupt(format!(
+                    "sample {s} has {n} files past the end"
+                )));
+            }
+            list.push(
+                (0..n)
+                    .map(|_| next("a sample's files"))
+                    .collect::<Result<Vec<u32>, _>>()?,
+            );
+            used += n;
+        }
+        if always_n as usize != left(used) || body.len() % 4 != 0 {
+            return Err(GroupError::Corrupt(format!(
+                "{always_n} always files, but {} bytes are left",
+                body.len() - 4 * used
+            )));
+        }
+        let always = (0..always_n)
+            .map(|_| next("the always files"))
+            .collect::<Result<Vec<u32>, _>>()?;
+        Self::new(footprints, None, None, list, always)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::planner::{plan_epoch, PlanConfig, Strategy};
+
+    #[test]
+    fn encoded_groups_decode_to_the_same_and_anything_else_is_refused() {
+        let f = [1u64, 2, 3, 4, 5, 6];
+        let g = SampleGroups::new(
+            &f,
+            None,
+            None,
+            vec![vec![4, 0], vec![1], vec![2, 3]],
+            vec![5],
+        )
+        .unwrap();
+        let bytes = g.encode();
+        assert_eq!(SampleGroups::decode(&bytes, &f).unwrap(), g);
+        for cut in [0, 10, 16, 20, bytes.len() - 1] {
+            assert!(
+                matches!(
+                    SampleGroups::decode(&bytes[..cut], &f),
+                    Err(GroupError::Corrupt(_))
+                ),
+                "cut at {cut}"
+            );
+        }
+        let mut longer = bytes.clone();
+        longer.extend_from_slice(&[0; 4]);
+        assert!(matches!(
+            SampleGroups::decode(&longer, &f),
+            Err(GroupError::Corrupt(_))
+        ));
+        // A huge count is refused before it is allocated.
+        let mut huge = bytes.clone();
+        huge[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            SampleGroups::decode(&huge, &f),
+            Err(GroupError::Corrupt(_))
+        ));
+        // Bytes of another catalog: a file past its end.
+        assert_eq!(
+            SampleGroups::decode(&bytes, &f[..4]),
+            Err(GroupError::OutOfRange { id: 4, files: 4 })
+        );
+    }
 
     fn cfg(slot: u64) -> PlanConfig {
         PlanConfig {

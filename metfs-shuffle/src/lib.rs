@@ -25,4 +25,6 @@ pub mod theory;
 pub mod wire;
 
 pub use nodeset::{NodeSet, MAX_NODES};
-pub use plan::{layout, transition, AggregateConfig, Layout, NodePlan, PlanError, Transition};
+pub use plan::{
+    layout, transition, AggregateConfig, Layout, NodePlan, PlanError, Transition, NO_OWNER,
+};

@@ -45,7 +45,8 @@ impl Layout {
         self.total
     }
 
-    /// The node whose share holds `sample`.
+    /// The node whose share holds `sample`: [`NO_OWNER`] for a file every node holds or none
+    /// does, in a layout [`Layout::over_files`] made.
     pub fn owner(&self, sample: u32) -> u32 {
         self.owner[sample as usize]
     }
@@ -78,6 +79,55 @@ impl Layout {
     /// The fraction of the catalog's samples node `node` holds (the paper's `α` for it).
     pub fn alpha(&self, node: u32) -> f64 {
         self.caches[node as usize].len() as f64 / self.owner.len() as f64
+    }
+}
+
+/// The owner of a file no share holds alone (see [`Layout::over_files`]).
+pub const NO_OWNER: u32 = u32::MAX;
+
+impl Layout {
+    /// This layout of *samples*, each of several files, as the layout of the `file_sizes.len()`
+    /// files: sample `s`'s files (`members(s)`) go where it goes, and the `always` files are
+    /// in every node's share and cache (each node holds its own copy: they are never moved,
+    /// and count in every node's bytes). A file of no sample and not always is in no share
+    /// and has [`NO_OWNER`], as the always files do. The budget in [`Layout::config`] is
+    /// `budget`, the slot's whole; the samples were laid out in what the always files leave.
+    pub fn over_files<'a>(
+        &self,
+        file_sizes: &[u64],
+        members: &dyn Fn(u32) -> &'a [u32],
+        always: &[u32],
+        budget: u64,
+    ) -> Layout {
+        let files = |units: &[u32]| {
+            let mut out: Vec<u32> = units
+                .iter()
+                .flat_map(|&s| members(s).iter().copied())
+                .chain(always.iter().copied())
+                .collect();
+            out.sort_unstable();
+            out
+        };
+        let always_bytes: u64 = always.iter().map(|&f| file_sizes[f as usize]).sum();
+        let mut owner = vec![NO_OWNER; file_sizes.len()];
+        for (s, &o) in self.owner.iter().enumerate() {
+            for &f in members(s as u32) {
+                owner[f as usize] = o;
+            }
+        }
+        Layout {
+            epoch: self.epoch,
+            config: AggregateConfig {
+                budget,
+                ..self.config
+            },
+            total: self.total + always_bytes,
+            owner,
+            shares: self.shares.iter().map(|s| files(s)).collect(),
+            caches: self.caches.iter().map(|c| files(c)).collect(),
+            share_bytes: self.share_bytes.iter().map(|b| b + always_bytes).collect(),
+            cache_bytes: self.cache_bytes.iter().map(|b| b + always_bytes).collect(),
+        }
     }
 }
 

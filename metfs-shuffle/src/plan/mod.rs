@@ -44,9 +44,18 @@
 //! So after epoch 0 the tier is read only for samples whose every holder is dead: every
 //! sample is in some share, and its owner holds it. Dead nodes receive nothing.
 //!
+//! # Samples of several files
+//!
+//! Where a sample is several files, the layout is computed over the samples and expanded to
+//! files ([`Layout::over_files`]): a sample's files go where it goes, files in every view are
+//! in every share and cache (so every node holds them, and the transition links them), and
+//! files of no sample are in none. The transition then works on files unchanged, and a
+//! sample's files, held by the same nodes, come from the same source.
+//!
 //! # Invariants (tested)
 //!
-//! * The shares partition `0..N` every epoch; each share and each cache fits the budget.
+//! * The shares partition `0..N` every epoch (less the files in every view, in every share);
+//!   each share and each cache fits the budget.
 //! * Same inputs, same layout (the epoch and seed are the only randomness).
 //! * Each sample of each live node's next cache has exactly one source; a peer source held
 //!   the sample and is alive; no tier reads after epoch 0 unless holders died.
@@ -57,7 +66,7 @@ mod transition;
 #[cfg(test)]
 mod tests;
 
-pub use layout::{layout, Layout};
+pub use layout::{layout, Layout, NO_OWNER};
 pub use transition::{transition, NodePlan, Transition};
 
 use thiserror::Error;

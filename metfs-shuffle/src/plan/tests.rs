@@ -104,6 +104,69 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Samples of several files laid out and expanded to files: a sample's files share their
+    /// node, holders and source; the always files are in every share and cache and, after
+    /// epoch 0, always linked locally; files of no sample are nowhere; the bytes are the files'.
+    #[test]
+    fn files_of_a_sample_travel_together_and_the_always_files_stay(
+        file_sizes in prop::collection::vec(0u64..1000, 3..200),
+        cut in prop::collection::vec(any::<bool>(), 200),
+        n in 2u32..6,
+        seed: u64,
+        epoch in 0u64..100,
+        extra in 0.0f64..=1.0,
+    ) {
+        let files = file_sizes.len() as u32;
+        // The last file is always, the one before it in no sample; runs of the rest are samples.
+        let (always, loose) = (vec![files - 1], files - 2);
+        let mut units: Vec<Vec<u32>> = vec![];
+        for f in 0..loose {
+            if units.is_empty() || cut[f as usize] {
+                units.push(vec![f]);
+            } else {
+                units.last_mut().unwrap().push(f);
+            }
+        }
+        let unit_sizes: Vec<u64> =
+            units.iter().map(|u| u.iter().map(|&f| file_sizes[f as usize]).sum()).collect();
+        let always_bytes = file_sizes[always[0] as usize];
+        let total: u64 = unit_sizes.iter().sum();
+        let largest = unit_sizes.iter().copied().max().unwrap_or(0);
+        let dealt = 2 * total / u64::from(n) + largest + 1;
+        let cfg = config(n, seed, dealt, extra);
+        let members = |s: u32| -> &[u32] { &units[s as usize] };
+        let lay = |e: u64| {
+            layout(&unit_sizes, &cfg, e).unwrap().over_files(&file_sizes, &members, &always, dealt + always_bytes)
+        };
+        let (prev, next) = (lay(epoch), lay(epoch + 1));
+        prop_assert_eq!(next.samples(), files);
+        prop_assert_eq!(next.owner(loose), NO_OWNER);
+        for i in 0..n {
+            prop_assert!(next.share(i).contains(&always[0]) && next.cache(i).contains(&always[0]));
+            prop_assert!(!next.cache(i).contains(&loose));
+            let bytes: u64 = next.cache(i).iter().map(|&f| file_sizes[f as usize]).sum();
+            prop_assert_eq!(bytes, next.cache_bytes(i));
+            prop_assert!(bytes <= next.config().budget);
+            for u in &units {
+                let held: Vec<bool> = u.iter().map(|&f| next.holds(i, f)).collect();
+                prop_assert!(held.iter().all(|&h| h == held[0]), "node {} holds part of {:?}", i, u);
+            }
+        }
+        let t = transition(Some(&prev), &next, &file_sizes, &[]).unwrap();
+        for plan in &t.nodes {
+            prop_assert!(plan.local.contains(&always[0]));
+            prop_assert!(plan.tier.is_empty());
+            for u in &units {
+                let from: Vec<Option<u32>> = u.iter().map(|f| plan.peer.iter().find(|p| p.0 == *f).map(|p| p.1)).collect();
+                prop_assert!(from.iter().all(|x| *x == from[0]), "{:?} comes from {:?}", u, from);
+            }
+        }
+    }
+}
+
 #[test]
 fn epoch_zero_reads_everything_from_the_tier() {
     let sizes = vec![10u64; 100];

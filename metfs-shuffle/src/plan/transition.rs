@@ -144,7 +144,7 @@ fn source(prev: &Layout, node: u32, j: u32, alive: &[bool], sent: &[u64]) -> Opt
         return Some(node);
     }
     let owner = prev.owner(j);
-    if alive[owner as usize] {
+    if alive.get(owner as usize) == Some(&true) {
         return Some(owner);
     }
     (0..prev.nodes())

@@ -39,7 +39,7 @@ pub(super) fn resolve(layers: &Layers) -> Result<MountConfig, ConfigError> {
     check_counts(&s, &check)?;
     check_transform(&s, &check)?;
     let mode = Mode::resolve(&s, &check)?;
-    let samples = super::samples::resolve(&s, &mode, &check)?;
+    let samples = super::samples::resolve(&s, &check)?;
     let catalog = catalog(&s, &check)?;
     check_hdf5_built(&s, &check)?;
     Ok(MountConfig {

@@ -2,14 +2,14 @@
 //! resolved once into a [`SampleConfig`] (`metfs_formats` owns their meaning; the daemon's
 //! `samples` module applies them to a catalog).
 //!
-//! They shape the plan of a plain mount, the queue of a dynamic-sharding one (`--dds`) and the
-//! cohort of a shared one (`--share`, whose jobs draw samples): `metfs dds init` takes the
-//! same settings, resolved here by the same checks ([`SampleConfig::from_flags`]), and the
-//! queue records them ([`SampleConfig::record`]), so a mount whose samples differ from the
-//! queue's is refused naming both. An aggregate mount plans elsewhere too (the exchange),
-//! seeing every file as a sample, and a transform or HDF5 container mode stages other things
-//! than files: a setting here with one of those is refused at mount, and with those
-//! `format = auto` detects nothing.
+//! They shape the plan of a plain mount, the queue of a dynamic-sharding one (`--dds`), the
+//! cohort of a shared one (`--share`, whose jobs draw samples) and the shares of an aggregate
+//! one (`--aggregate`, whose exchange plans over the same groups, `CACHE/groups.bin`):
+//! `metfs dds init` takes the same settings, resolved here by the same checks
+//! ([`SampleConfig::from_flags`]), and the queue records them ([`SampleConfig::record`]), so a
+//! mount whose samples differ from the queue's is refused naming both. A transform or HDF5
+//! container mode stages other things than files: a setting here with one of those is refused
+//! at mount, and with those `format = auto` detects nothing.
 
 use std::fmt;
 use std::str::FromStr;
@@ -20,7 +20,6 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::check::Check;
 use super::settings::MountSettings;
-use super::Mode;
 use super::{ConfigError, Layers};
 
 /// How the dataset's format is chosen.
@@ -187,16 +186,12 @@ impl SampleConfig {
     ) -> Result<Self, ConfigError> {
         let layers = Layers::new().flags(parsed, given)?;
         let s = layers.settings()?;
-        resolve(&s, &Mode::Plain, &Check::new(&layers))
+        resolve(&s, &Check::new(&layers))
     }
 }
 
 /// The settings of `s` resolved; an error names the setting.
-pub(super) fn resolve(
-    s: &MountSettings,
-    mode: &Mode,
-    check: &Check,
-) -> Result<SampleConfig, ConfigError> {
+pub(super) fn resolve(s: &MountSettings, check: &Check) -> Result<SampleConfig, ConfigError> {
     let patterns = |key: &str, v: &Option<Vec<String>>| {
         let v: Vec<&str> = v
             .iter()
@@ -218,9 +213,7 @@ pub(super) fn resolve(
         exclude: patterns("exclude", &s.exclude)?,
     };
     if cfg.shapes_the_plan() {
-        let other = if matches!(mode, Mode::Aggregate(_)) {
-            Some("an aggregate mount".to_string())
-        } else if s.hdf5_container {
+        let other = if s.hdf5_container {
             Some("HDF5 container mode".to_string())
         } else if s.transform.command.is_some() {
             Some("a transform".to_string())
@@ -231,7 +224,7 @@ pub(super) fn resolve(
             let key = cfg.first_set_key();
             return Err(check.invalid(
                 key,
-                format!("not with {other}: sample groups, formats and file selection shape the plan of a plain, --dds or --share mount only"),
+                format!("not with {other}: sample groups, formats and file selection shape the plan of a plain, --dds, --share or --aggregate mount only"),
             ));
         }
     }
@@ -280,10 +273,10 @@ mod tests {
         crate::config::MountConfig::from_toml(&text, "test.toml")
     }
 
-    /// Dds and shared mounts take the sample settings; an aggregate mount still refuses them,
+    /// Dds, shared and aggregate mounts take the sample settings; a transform refuses them,
     /// naming the setting and the mode.
     #[test]
-    fn dds_and_shared_mounts_take_sample_settings_and_aggregate_refuses_them() {
+    fn dds_shared_and_aggregate_mounts_take_sample_settings_and_a_transform_refuses_them() {
         let groups = "group_by = \"images/{}.png,masks/{}.png\"\nalways = [\"classes.txt\"]\n";
         let c = mount(&format!(
             "{groups}[dds]\nurl = \"etcd://127.0.0.1:2379/q\"\n"
@@ -295,20 +288,19 @@ mod tests {
         assert!(c.mode.shared().is_some() && c.samples.group_by.is_some());
         let c = mount("format = \"mds\"\n[share]\nenabled = true\n").unwrap();
         assert_eq!(c.samples.format, FormatChoice::Is(Format::Mds));
-        let e = mount(&format!("{groups}[aggregate]\nenabled = true\n"))
-            .unwrap_err()
-            .to_string();
+        let c = mount(&format!("{groups}[aggregate]\nenabled = true\n")).unwrap();
+        assert!(c.mode.aggregate().is_some() && c.samples.group_by.is_some());
+        let c = mount("format = \"mds\"\n[aggregate]\nenabled = true\n").unwrap();
+        assert_eq!(c.samples.format, FormatChoice::Is(Format::Mds));
+        let e = mount(&format!(
+            "{groups}[transform]\ncommand = \"python3 -m prep\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(
-            e.contains("`group_by`") && e.contains("not with an aggregate mount"),
+            e.contains("`group_by`") && e.contains("not with a transform"),
             "{e}"
         );
-        // `format = files` is how it deals files anyway: taken.
-        let c = mount("format = \"files\"\n[aggregate]\nenabled = true\n").unwrap();
-        assert_eq!(c.samples.format, FormatChoice::Files);
-        let e = mount("format = \"mds\"\n[aggregate]\nenabled = true\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("`format`"), "{e}");
     }
 
     /// `metfs dds init`'s flags resolve by the mount's checks: a bad value is the same error

@@ -36,6 +36,15 @@
 //! that epoch's share; deferred extras are left out. A peer that expects one of them from this
 //! node is sent it as missing (the sender cannot read it) and takes it from the tier.
 //!
+//! # Samples of several files
+//!
+//! With sample groups (`--group-by`, `--always`, a format; `daemon::samples`) the planner
+//! deals samples and the layout is expanded back to files, in one place both sides use
+//! (`metfs_exchange::layouts::EpochLayouts`): a sample's files share a node and cross
+//! together, and the always files are in every node's share (each node stages its own copy
+//! once; they never cross). The groups reach the exchange as `CACHE/groups.bin`, named with
+//! their digest in the spec; ranks whose groups differ refuse to exchange.
+//!
 //! # How far coding goes
 //!
 //! With `--shuffle-code uberShuffle` every rank computes the whole coded plan of every epoch,
@@ -56,9 +65,12 @@ use crate::config::aggregate::{AggregateConfig, ShuffleCode};
 use crate::config::MountConfig;
 use crate::daemon::store::Store;
 use crate::daemon::{CachePaths, DaemonError};
+use metfs_exchange::layouts::{groups_digest, EpochLayouts};
+use metfs_exchange::{GroupsRef, GROUPS_FILE};
 use metfs_fs::lock_order::{Level, OrderedMutex};
+use metfs_plan::groups::SampleGroups;
 use metfs_plan::size::format_bytes;
-use metfs_shuffle::{layout, Layout};
+use metfs_shuffle::Layout;
 use metfs_tier::catalog::Catalog;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -82,11 +94,11 @@ pub(super) struct ExchangeWait {
 
 /// A node's plan in aggregate mode (module docs).
 pub(super) struct Aggregate {
-    pub(super) settings: metfs_shuffle::AggregateConfig,
+    /// The planner's inputs, the same the node's exchange reads ([`EpochLayouts`]).
+    plan: EpochLayouts,
     pub(super) rank: u32,
     pub(super) code: ShuffleCode,
     pub(super) timeout: Duration,
-    sizes: Vec<u64>,
     /// Layouts of the last few epochs (the planner is pure; these are a cache).
     layouts: OrderedMutex<BTreeMap<u64, Arc<Layout>>>,
     /// The last wait for an exchange, for `status`.
@@ -94,14 +106,16 @@ pub(super) struct Aggregate {
 }
 
 impl Aggregate {
-    /// The plan of node `cfg.node_rank` of `cfg.nodes` over samples of `footprints`, each
-    /// epoch's cache at most `slot_bytes`. Refuses, with the numbers, a dataset that does not
-    /// fit the nodes' slots together, or whose shares could overflow a slot in some epoch,
-    /// and `uberShuffle` where its plan would pass the coded exchange's limits.
+    /// The plan of node `cfg.node_rank` of `cfg.nodes` over files of `footprints` (of the
+    /// samples of `groups` where files are grouped), each epoch's cache at most `slot_bytes`.
+    /// Refuses, with the numbers, a dataset that does not fit the nodes' slots together, or
+    /// whose shares could overflow a slot in some epoch, and `uberShuffle` where its plan
+    /// would pass the coded exchange's limits.
     pub(super) fn new(
         cfg: &MountConfig,
         mode: &AggregateConfig,
         footprints: Vec<u64>,
+        groups: Option<SampleGroups>,
         slot_bytes: u64,
     ) -> Result<Self, DaemonError> {
         let settings = metfs_shuffle::AggregateConfig {
@@ -110,44 +124,61 @@ impl Aggregate {
             budget: slot_bytes,
             extra: mode.extra,
         };
+        let plan = EpochLayouts::new(footprints, groups, settings);
+        let (units, dealt) = plan.dealt();
+        let always = slot_bytes - dealt;
+        let unit = if plan.groups().is_some() {
+            "sample (of one or more files)"
+        } else {
+            "sample"
+        };
         let refuse = |e: &dyn std::fmt::Display| {
+            let after = if always > 0 {
+                format!(" and {} of files in every view", format_bytes(always))
+            } else {
+                String::new()
+            };
             DaemonError::Setup(format!(
-                "aggregate mode ({} nodes, {} per node for one epoch after metadata): {e}",
+                "aggregate mode ({} nodes, {} per node for one epoch after metadata{after}): {e}",
                 cfg.nodes,
-                format_bytes(slot_bytes)
+                format_bytes(dealt)
             ))
         };
-        let first = layout(&footprints, &settings, 0).map_err(|e| refuse(&e))?;
+        let first = plan.layout(0).map_err(|e| refuse(&e))?;
         // The random cut gives each share at most one sample more than an even split: with
         // that much room every epoch's share fits, so no later epoch can fail.
-        let total = first.total_bytes();
-        let largest = footprints.iter().copied().max().unwrap_or(0);
+        let total: u64 = units.iter().sum();
+        let largest = units.iter().copied().max().unwrap_or(0);
         let worst = total.div_ceil(u64::from(cfg.nodes.max(1))) + largest;
-        if worst > slot_bytes {
+        if worst > dealt {
             return Err(refuse(&format!(
                 "a node's share of an epoch can reach {} (the dataset's {} over {} nodes, plus \
-                 one sample of up to {}), more than a slot's {}; use more nodes or a budget of \
+                 one {unit} of up to {}), more than a slot's {}; use more nodes or a budget of \
                  at least {} per node",
                 format_bytes(worst),
                 format_bytes(total),
                 cfg.nodes,
                 format_bytes(largest),
-                format_bytes(slot_bytes),
-                format_bytes(cfg.budget + 2 * (worst - slot_bytes)),
+                format_bytes(dealt),
+                format_bytes(cfg.budget + 2 * (worst - dealt)),
             )));
         }
         if mode.code == ShuffleCode::UberShuffle {
-            coded_within_limits(&footprints, &settings).map_err(|e| refuse(&e))?;
+            coded_within_limits(units, &settings).map_err(|e| refuse(&e))?;
         }
         Ok(Self {
-            settings,
+            plan,
             rank: cfg.node_rank,
             code: mode.code,
             timeout: Duration::from_secs(mode.timeout_secs),
-            sizes: footprints,
             layouts: OrderedMutex::new(Level::Layouts, BTreeMap::from([(0, Arc::new(first))])),
             last_wait: OrderedMutex::new(Level::LastWait, None),
         })
+    }
+
+    /// The planner's settings (the budget is the whole slot's).
+    pub(super) fn settings(&self) -> &metfs_shuffle::AggregateConfig {
+        self.plan.settings()
     }
 
     /// Epoch `epoch`'s layout (every node's share and cache).
@@ -158,7 +189,8 @@ impl Aggregate {
         }
         // `new` checked that every epoch's shares fit: the planner cannot refuse a later one.
         let l = Arc::new(
-            layout(&self.sizes, &self.settings, epoch)
+            self.plan
+                .layout(epoch)
                 .expect("aggregate mode checked at mount that every epoch fits"),
         );
         ls.insert(epoch, l.clone());
@@ -238,13 +270,13 @@ impl Aggregate {
 /// Refuses `--shuffle-code uberShuffle` where its plan would be too large to compute every
 /// epoch on every node (`metfs_shuffle::coded::estimate`: more nodes than a coding table names, or
 /// more points than its limit), with the estimate, before any epoch is planned. The
-/// footprints stand in for the catalog's bytes (a transform's footprint is an upper bound).
+/// units' footprints (a file's, or a sample's files') stand in for the catalog's bytes.
 fn coded_within_limits(
-    footprints: &[u64],
+    units: &[u64],
     settings: &metfs_shuffle::AggregateConfig,
 ) -> Result<(), metfs_shuffle::coded::EstimateError> {
     let e = metfs_shuffle::coded::estimate(
-        footprints,
+        units,
         settings.nodes,
         settings.extra,
         settings.budget,
@@ -261,26 +293,42 @@ impl Aggregate {
         cfg: &MountConfig,
         paths: &CachePaths,
     ) -> Result<(), DaemonError> {
-        let a = self;
+        let write = |path: &Path, bytes: &[u8]| {
+            metfs_durable::write(path, bytes, metfs_durable::Durability::Atomic)
+                .map_err(|e| DaemonError::Setup(format!("cannot write {}: {e}", path.display())))
+        };
+        // The groups first: a spec never names a groups file that is not there yet.
+        let groups = match self.plan.groups() {
+            Some(g) => {
+                let path = paths.root.join(GROUPS_FILE);
+                let bytes = g.encode();
+                write(&path, &bytes)?;
+                Some(GroupsRef {
+                    path,
+                    digest: format!("{:016x}", groups_digest(&bytes)),
+                })
+            }
+            None => None,
+        };
+        let a = self.settings();
         let spec = ExchangeSpec {
             v: SPEC_VERSION,
-            rank: a.rank,
-            nodes: a.settings.nodes,
-            seed: a.settings.seed,
-            budget: a.settings.budget,
-            extra: a.settings.extra,
-            code: a.code,
+            rank: self.rank,
+            nodes: a.nodes,
+            seed: a.seed,
+            budget: a.budget,
+            extra: a.extra,
+            code: self.code,
             catalog_digest: format!("{:016x}", catalog_digest(catalog)),
             source: cfg.source.clone(),
             slots: paths.slots.clone(),
             catalog: paths.catalog.clone(),
+            groups,
             socket: cfg.socket.clone(),
             pid: std::process::id(),
         };
-        let path = paths.root.join(SPEC_FILE);
         let text = serde_json::to_vec_pretty(&spec).expect("the spec serializes");
-        metfs_durable::write(&path, &text, metfs_durable::Durability::Atomic)
-            .map_err(|e| DaemonError::Setup(format!("cannot write {}: {e}", path.display())))
+        write(&paths.root.join(SPEC_FILE), &text)
     }
 }
 

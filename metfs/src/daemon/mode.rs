@@ -295,8 +295,8 @@ impl ModeState {
 fn aggregate_status(a: &Aggregate) -> AggregateStatus {
     AggregateStatus {
         rank: a.rank,
-        nodes: a.settings.nodes,
-        extra: a.settings.extra,
+        nodes: a.settings().nodes,
+        extra: a.settings().extra,
         code: super::wire::wire_shuffle_code(a.code),
         last_exchange: a.last_wait.lock().unwrap().map(|w| ExchangeStatus {
             epoch: w.epoch,

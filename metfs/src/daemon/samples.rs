@@ -527,6 +527,14 @@ impl Samples {
                     "is dealt beside other splits on a shared mount, whose views are drawn without regard to splits".to_string(),
                     "",
                 ),
+                Dealing::Partitioned { nodes } if (shards as u64) < u64::from(nodes) => (
+                    format!("has {shards} arrow files for {nodes} nodes' shares"),
+                    "",
+                ),
+                Dealing::Partitioned { .. } if splits.len() > 1 => (
+                    "is dealt beside other splits on an aggregate mount, whose shares are drawn without regard to splits".to_string(),
+                    "",
+                ),
                 _ => continue,
             };
             return Err(SamplesError::SplitNotInEveryView {
@@ -607,6 +615,9 @@ pub(super) enum Dealing {
     Planned { mini_epochs: u32, stratified: bool },
     /// By a shared mount's cohort: views of samples drawn at random, any number of them.
     Drawn,
+    /// By an aggregate mount: each epoch a random partition of the samples into `nodes`
+    /// shares of about equal bytes, one per node's view.
+    Partitioned { nodes: u32 },
 }
 
 /// The samples of `rest` (file ids, ascending) by the manifest's `group` column: the files of

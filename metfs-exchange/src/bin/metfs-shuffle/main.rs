@@ -43,7 +43,7 @@ use metfs_exchange::spec::inbox_of_epoch;
 use metfs_exchange::uncoded::Outbox;
 use metfs_exchange::{
     Accepted, Broadcast, ExchangeError, ExchangeReport, ExchangeSpec, Inbox, Node, SenderMode,
-    ShuffleCode,
+    ShuffleCode, AGREEMENT,
 };
 
 #[derive(Parser)]
@@ -143,7 +143,7 @@ fn first_open_inbox(node: &Node) -> Result<Option<u64>> {
 
 /// Words each rank contributes to the agreement: opened (0: no, 1: a node, 2: the extra
 /// rank), its node rank, [`Node::agreement`], and its `--sender` and `--broadcast`.
-const WORDS: usize = 9;
+const WORDS: usize = 3 + AGREEMENT;
 
 fn run(world: &SimpleCommunicator) -> Result<()> {
     let args = Args::parse();
@@ -183,7 +183,9 @@ fn run(world: &SimpleCommunicator) -> Result<()> {
                 if rec[0] != 1 {
                     bail!("rank {r} could not open its node (see its message); no exchange");
                 }
-                let other: [u64; 6] = rec[2..8].try_into().expect("6 words");
+                let other: [u64; AGREEMENT] = rec[2..2 + AGREEMENT]
+                    .try_into()
+                    .expect("the agreement's words");
                 if let Some(why) = node.disagreement(r, &other) {
                     bail!("{why}");
                 }
@@ -192,7 +194,7 @@ fn run(world: &SimpleCommunicator) -> Result<()> {
         }
         None => None,
     };
-    // The extra rank learns the plan's inputs from rank 0: its spec and its catalog.
+    // The extra rank learns the plan's inputs from rank 0: its spec, catalog and groups.
     let node = if extra_mode {
         extra_mode_node(world, &args, node, nodes)?
     } else {
@@ -242,12 +244,12 @@ fn agree(
     modes: u64,
 ) -> Result<Vec<u64>> {
     let mut mine = [0u64; WORDS];
-    mine[8] = modes;
+    mine[WORDS - 1] = modes;
     match opened {
         Some(Ok(n)) => {
             mine[0] = 1;
             mine[1] = u64::from(n.spec.rank);
-            mine[2..8].copy_from_slice(&n.agreement());
+            mine[2..2 + AGREEMENT].copy_from_slice(&n.agreement());
         }
         Some(Err(_)) => {}
         None => mine[0] = 2,
@@ -257,14 +259,14 @@ fn agree(
     if let Some((r, _)) = all
         .chunks(WORDS)
         .enumerate()
-        .find(|(_, rec)| rec[8] != modes)
+        .find(|(_, rec)| rec[WORDS - 1] != modes)
     {
         bail!("rank {r} was started with another --sender or --broadcast than this rank: start every rank with the same flags");
     }
     Ok(all)
 }
 
-/// With `--sender extra`, every rank's node: rank 0's spec and catalog go to every rank, the
+/// With `--sender extra`, every rank's node: rank 0's spec, catalog and groups go to every rank, the
 /// extra rank (which has no `node`) makes its node from them, and every rank learns whether
 /// it could before anyone waits for it.
 fn extra_mode_node(
@@ -273,16 +275,18 @@ fn extra_mode_node(
     node: Option<Node>,
     nodes: u32,
 ) -> Result<Node> {
-    let (spec, catalog) = match &node {
+    let (spec, catalog, groups) = match &node {
         Some(n) if world.rank() == 0 => (
             serde_json::to_vec(&n.spec)?,
             std::fs::read(&n.spec.catalog)
                 .with_context(|| format!("reading {}", n.spec.catalog.display()))?,
+            n.groups_bytes(),
         ),
-        _ => (Vec::new(), Vec::new()),
+        _ => (Vec::new(), Vec::new(), Vec::new()),
     };
     let spec = broadcast_bytes(world, spec);
     let catalog = broadcast_bytes(world, catalog);
+    let groups = broadcast_bytes(world, groups);
     let made = match node {
         Some(n) => Ok(n),
         None => (|| {
@@ -296,7 +300,8 @@ fn extra_mode_node(
                     PathBuf::from(spec.source)
                 }
             };
-            Ok(Node::extra(&spec, &catalog, &tier)?.with_modes(args.sender, args.broadcast))
+            Ok(Node::extra(&spec, &catalog, &groups, &tier)?
+                .with_modes(args.sender, args.broadcast))
         })(),
     };
     // Every rank learns whether the extra rank is ready before anyone waits for it.
@@ -347,7 +352,10 @@ fn broadcast_bytes(world: &SimpleCommunicator, mut bytes: Vec<u8>) -> Vec<u8> {
     let mut len = bytes.len() as u64;
     root.broadcast_into(&mut len);
     bytes.resize(len as usize, 0);
-    root.broadcast_into(&mut bytes[..]);
+    // Open MPI refuses a broadcast of no bytes (an empty slice's pointer): nothing to send.
+    if len > 0 {
+        root.broadcast_into(&mut bytes[..]);
+    }
     bytes
 }
 

@@ -16,7 +16,7 @@
 //! fresh plan's position is saved before its first mini-epoch is staged (a daemon killed while
 //! staging it resumes the slot instead of discarding it).
 
-use crate::config::{Mode, MountConfig, PrefetchRate, ReadPath};
+use crate::config::{MountConfig, PrefetchRate, ReadPath};
 use crate::daemon::mode::ModeState;
 use crate::daemon::pacing::Pacing;
 use crate::daemon::samples;
@@ -108,13 +108,11 @@ impl Daemon {
         // first staging makes its own.
         let _ = tokio::task::spawn_blocking(crate::daemon::memory::release_freed_heap).await;
         let catalog = samples::select(&samples::SampleSource::of(&cfg), catalog)?;
-        let deals_files = if cfg.transform.command.is_some() {
-            Some("a transform".to_string())
-        } else if matches!(cfg.mode, Mode::Aggregate(_)) {
-            Some("an aggregate mount".to_string())
-        } else {
-            None
-        };
+        let deals_files = cfg
+            .transform
+            .command
+            .is_some()
+            .then(|| "a transform".to_string());
         let detected = match (&containers, deals_files) {
             (Some(_), _) => samples::Detected::default(),
             (None, Some(what)) => {

@@ -132,6 +132,7 @@ pub(super) fn plan_dataset(
     if let Some(s) = &samples {
         s.check_splits(match cfg.mode {
             Mode::Shared(_) => Dealing::Drawn,
+            Mode::Aggregate(_) => Dealing::Partitioned { nodes: cfg.nodes },
             _ => Dealing::Planned {
                 mini_epochs: nm,
                 stratified: cfg.compose == metfs_plan::planner::Strategy::Stratified,
@@ -144,6 +145,7 @@ pub(super) fn plan_dataset(
             cfg,
             a,
             footprints.clone(),
+            samples.as_ref().map(|s| s.groups().clone()),
             budget.slot_bytes,
         )?)),
         None => None,
