@@ -284,7 +284,7 @@ pub(super) async fn detect(
 /// or companion (a scan that stops at the first other name, the first file of most datasets).
 /// A mount of a million images pays next to nothing for `--format auto`.
 /// Refuses a source that looks like a dataset format (from its names alone, nothing read) on
-/// a mount that deals files one by one (`mode`: "an aggregate mount", "a transform"), unless the format
+/// a mount that deals files one by one (`mode`: "a transform"), unless the format
 /// setting says to deal files (`--format files`): such a mount would show each view an index
 /// naming shards it does not hold, or a shard without its index file.
 pub(super) fn refuse_format_not_dealt(

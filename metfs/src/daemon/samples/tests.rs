@@ -174,12 +174,12 @@ async fn a_format_is_refused_where_files_are_dealt_one_by_one() {
     ];
     for (files, evidence) in refused {
         let (_d, cat) = catalog_of(files).await;
-        let e = refuse_format_not_dealt(&SampleConfig::default(), &cat, "an aggregate mount")
+        let e = refuse_format_not_dealt(&SampleConfig::default(), &cat, "a transform")
             .unwrap_err()
             .to_string();
         assert!(
             e.contains(&format!("({evidence})"))
-                && e.contains("an aggregate mount deals files one by one")
+                && e.contains("a transform deals files one by one")
                 && e.contains("--format files"),
             "{e}"
         );
@@ -187,10 +187,10 @@ async fn a_format_is_refused_where_files_are_dealt_one_by_one() {
             format: FormatChoice::Files,
             ..SampleConfig::default()
         };
-        refuse_format_not_dealt(&files_cfg, &cat, "an aggregate mount").unwrap();
+        refuse_format_not_dealt(&files_cfg, &cat, "a transform").unwrap();
     }
     for files in [&["a/1.png", "a/2.png"][..], &["a-000.tar", "a-001.tar"][..]] {
         let (_d, cat) = catalog_of(files).await;
-        refuse_format_not_dealt(&SampleConfig::default(), &cat, "an aggregate mount").unwrap();
+        refuse_format_not_dealt(&SampleConfig::default(), &cat, "a transform").unwrap();
     }
 }
