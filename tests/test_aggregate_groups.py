@@ -144,3 +144,33 @@ def test_nodes_grouping_differently_are_refused_by_every_rank(
     _, err = ex.communicate(timeout=60)
     assert ex.returncode != 0
     assert "sample groups digest differs" in err and "--group-by" in err, err[-2000:]
+
+
+def test_a_dataset_dict_whose_split_some_share_would_lack_is_refused(
+    mounts: Callable[..., Mount], tmp_path: Path
+) -> None:
+    """A share is drawn without regard to splits: two dealt splits, or a split of fewer arrow
+    files than nodes, would leave some node's view without a split its loader needs. Refused
+    at mount, naming the split and what to do; with the second split in every view, mounted."""
+    import datasets
+
+    src = tmp_path / "hfd"
+
+    def split(base: int, k: int) -> datasets.Dataset:
+        return datasets.Dataset.from_dict(
+            {"id": list(range(base, base + k)), "data": [payload(i) for i in range(k)]}
+        )
+
+    datasets.DatasetDict({"train": split(0, 160), "test": split(10_000, 32)}).save_to_disk(
+        str(src), num_shards={"train": 8, "test": 2}
+    )
+    node = ("--aggregate", "--nodes", str(NODES), "--node-rank", "0")
+    r = mounts(src, "5MiB", *node, name="both").mount(check=False)
+    assert r.returncode != 0, r.stderr
+    assert "is dealt beside other splits on an aggregate mount" in r.stderr, r.stderr
+    r = mounts(src, "5MiB", *node, "--always", "train/*", name="few").mount(check=False)
+    assert r.returncode != 0, r.stderr
+    assert "test has 2 arrow files for 4 nodes' shares" in r.stderr, r.stderr
+    m = mounts(src, "5MiB", *node, "--always", "test/*", name="ok")
+    m.mount()
+    assert (m.mountpoint / "test" / "state.json").is_file()
