@@ -147,10 +147,12 @@ pub struct PolicyConfig {
     /// Which policy decides: `fixed`, `score`, `bollinger`, `learned` or `paced` (the key
     /// `rf_policy`; `kind` is accepted too).
     ///
-    /// Default `fixed`: the paper's baseline, and the only policy that needs no metrics from
-    /// the job, so a job without a metrics callback still trains. `paced` is not the default
-    /// until benches/rf_front.py shows it above the fixed-rf front on both workloads
-    /// (docs/EXPERIMENTS.md); the default changes only then.
+    /// Default `fixed`: the paper's baseline, the only policy that needs no metrics from the
+    /// job (a job without a metrics callback still trains), and on the fixed-rf front by
+    /// definition. benches/rf_front.py found no adaptive policy above that front on both of its
+    /// workloads (docs/EXPERIMENTS.md): `score` with `score_metrics = ["val_loss"]` and
+    /// `best_scope = "per_mini_epoch"` was above it on one and on it on the other, `paced` on
+    /// it or below, Bollinger below. So the default stays the simplest policy on the front.
     #[serde(rename = "rf_policy", alias = "kind")]
     #[cfg_attr(
         feature = "clap",
