@@ -155,6 +155,13 @@ class Cluster:
         for m in self.nodes:
             m.mount()
 
+    def refused(self) -> str:
+        """Starts the exchange on the mounted nodes and returns its stderr; it must refuse."""
+        ex = mpirun(self.tmp)
+        _, err = ex.communicate(timeout=60)
+        assert ex.returncode != 0, "the exchange ran"
+        return err
+
     def epoch0_tier_bytes(self) -> list[int]:
         """Each node's tier bytes once its epoch-0 slot is staged: its staging of epoch 1 has
         opened the inbox and waits for the exchange, reading nothing (call before it runs)."""
@@ -646,9 +653,7 @@ def test_mismatched_seed_is_refused_by_every_rank(
     src, _, _ = dataset
     c = Cluster(mounts, tmp_path, src, seeds=[7, 7, 7, 8])
     c.mount()
-    ex = mpirun(tmp_path)
-    _, err = ex.communicate(timeout=60)
-    assert ex.returncode != 0
+    err = c.refused()
     assert "seed differs" in err and "--seed" in err, err[-2000:]
 
 
