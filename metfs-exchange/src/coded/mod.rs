@@ -79,7 +79,7 @@
 //! any other from its predecessor on the packet's ring, each of the cut's length; the packet
 //! is decoded once all its parts are in); the packet's other points are XORed out with
 //! the node's own copies (its slot of epoch `t − 1`). Blocks are put in place in their
-//! sample's buffer; when the last one arrives the sample goes to [`Inbox::accept_decoded`],
+//! sample's buffer; when the last one arrives the sample goes to [`crate::Inbox::accept_decoded`],
 //! which checks its length and CRC as for an uncoded frame and journals it. A sample one of
 //! whose blocks cannot be decoded (an operand this node cannot read, a packet sent as lost,
 //! CRCs that differ between its packets) is dropped whole and left to the tier. The

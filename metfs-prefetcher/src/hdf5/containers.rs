@@ -8,7 +8,7 @@ use metfs_tier::catalog::{BuildError, Catalog, CatalogBuilder};
 // ---------------------------------------------------------------------------------------------
 // Container inspection.
 
-/// One row dataset of a container file, as inspected by [`open_containers`].
+/// One row dataset of a container file, as inspected by [`open_containers`](super::open_containers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DatasetInfo {
     /// Path inside the file, without a leading `/` (`images`, `group/x`).
@@ -33,7 +33,7 @@ pub struct DatasetInfo {
     pub vlen: bool,
 }
 
-/// One container file, as inspected by [`open_containers`].
+/// One container file, as inspected by [`open_containers`](super::open_containers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerFile {
     /// Path relative to the source root; also the catalog directory of its rows.
@@ -142,7 +142,7 @@ impl Containers {
     }
 
     /// Groups a mini-epoch's sample ids by file: `(file index, ascending rows)` for every file
-    /// with at least one row in it, in file order. This is what [`stage_rows`] takes.
+    /// with at least one row in it, in file order. This is what [`stage_rows`](super::stage_rows) takes.
     pub fn rows_by_file(&self, samples: &[u32]) -> Vec<(usize, Vec<u64>)> {
         let mut per: Vec<Vec<u64>> = vec![Vec::new(); self.files.len()];
         for &s in samples {
@@ -162,7 +162,7 @@ impl Containers {
 
     /// Builds the catalog: one sample per row, named `<file>/<row>`, sized
     /// [`Containers::sample_size`], labelled from the label dataset when there is one, with an
-    /// empty version (a container's identity is checked per file by [`stage_rows`]). Sample
+    /// empty version (a container's identity is checked per file by [`stage_rows`](super::stage_rows)). Sample
     /// ids equal [`Containers::sample_id`]. `origin` names the source in errors.
     pub fn catalog(&self, origin: &str) -> Result<Catalog> {
         let mut b = CatalogBuilder::with_capacity(self.samples());

@@ -34,7 +34,7 @@ use metfs_tier::pacer::Pacer;
 ///
 /// Writes `out` only (created or truncated; removed again on error) and does not fsync it: the
 /// caller verifies, fsyncs and renames it into the slot. Fails with
-/// [`Hdf5Error::SourceChanged`] when the container differs from what [`open_containers`] saw,
+/// [`Hdf5Error::SourceChanged`] when the container differs from what [`open_containers`](super::open_containers) saw,
 /// before or after copying. Blocks: run it on a blocking thread.
 pub fn stage_rows(
     c: &Containers,

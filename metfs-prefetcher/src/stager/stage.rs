@@ -42,7 +42,7 @@ impl Stager {
 
     /// Stages `slot`, resuming from its journal. Returns when every sample is in the slot or has
     /// been left out for a reason of its own. Fails, keeping what it committed, when the tier
-    /// stays unavailable for [`StagerConfig::retry_secs`] or the cache cannot be written (full,
+    /// stays unavailable for [`super::StagerConfig::retry_secs`] or the cache cannot be written (full,
     /// over quota); the slot is then not complete and a later call resumes it.
     pub async fn stage(
         &self,

@@ -9,7 +9,7 @@
 //! Sizes accept `512MiB`, `20GiB` or plain bytes, as strings or integers; lists accept arrays
 //! or one comma-separated string. A bool flag takes `=false` to turn off what a file turned on
 //! (`--allow-other=false`). `metfs config --defaults` prints every key with its doc and
-//! default ([`reference`]), and tests hold the README's settings table to the same
+//! default ([`reference`](mod@reference)), and tests hold the README's settings table to the same
 //! declaration.
 
 pub mod aggregate;

@@ -168,6 +168,13 @@
 //! socket's connection semaphore, taken with `try_acquire`, never waited for.
 
 use metfs_fs::lock_order::OrderedMutex;
+// What the module docs link to by name.
+#[cfg(doc)]
+use metfs_fs::{fs::FsCore, view::View};
+#[cfg(doc)]
+use metfs_plan::budget::Budget;
+#[cfg(doc)]
+use session::Session;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
