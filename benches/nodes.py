@@ -3,7 +3,7 @@ queue at 8 to 1,024 nodes against a real etcd, and the decision broadcast of the
 coordinator at 64 ranks over torch.distributed (gloo).
 
 **The queue.** For each worker count N, a fresh etcd (Debian's etcd-server, started as the tests
-start it and waited for by its own health answer) and `metfs-dds/examples/dds_nodes.rs`: N tokio
+start it and waited for by its own health answer) and `metfs-dds/examples/dds_nodes/`: N tokio
 tasks, each a node's daemon reduced to its queue feed, running the daemon's own `Worker` (join
 under a lease renewed in the background, the watch that requeues dead nodes' shards, claim,
 done) with the daemon's pauses. Each node claims a slot (4 shards), claims its successor while
