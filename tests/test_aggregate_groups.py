@@ -21,31 +21,6 @@ from test_sample_groups import make_pairs, payload, source_bytes
 
 PAIRS = ("--group-by", "images/{}.png,masks/{}.png", "--always", "classes.txt")
 
-# One node's trainer as `test_aggregate`'s, and for a Hugging Face dataset the view's rows as
-# `load_from_disk` gives them; a view's `state.json` is its own (rewritten to its shards).
-TRAINER = r"""
-import hashlib, json, sys, metfs
-sock, digests, out, epochs = sys.argv[1:5]
-digests = json.load(open(digests))
-c = metfs.Client(sock)
-res = {"views": [], "bad": [], "rows": []}
-for p in metfs.passes(c, epochs=int(epochs)):
-    if p.pass_in_mini_epoch == 0:
-        res["views"].append([p.epoch, sorted(p.files)])
-        if "state.json" in p.files:
-            import datasets
-            res["rows"].append([p.epoch, sorted(datasets.load_from_disk(p.mountpoint)["id"])])
-    for path, rel in zip(p.paths, p.files):
-        if rel == "state.json":
-            continue
-        with open(path, "rb") as f:
-            if hashlib.sha256(f.read()).hexdigest() != digests[rel]:
-                res["bad"].append(rel)
-    p.report(loss=1.0)
-res["status"] = c.status().raw
-json.dump(res, open(out, "w"))
-"""
-
 
 def digests_of(src: Path, tmp: Path) -> Path:
     path = tmp / "digests.json"
@@ -78,7 +53,7 @@ def test_pairs_stay_whole_across_nodes_and_the_always_file_is_never_moved(
     assert (c.nodes[0].cache / "groups.bin").is_file()
     first = c.epoch0_tier_bytes()
     ex = mpirun(tmp_path, "--epochs", "3")
-    res = c.train(digests_of(src, tmp_path), 3, trainer=TRAINER)
+    res = c.train(digests_of(src, tmp_path), 3)
     out, err = ex.communicate(timeout=120)
     assert ex.returncode == 0, err[-3000:]
     parts = views_by_epoch(res, 3)
@@ -121,7 +96,7 @@ def test_each_nodes_view_of_a_hugging_face_dataset_loads_its_share(
     c.mount()
     assert (c.nodes[0].mountpoint / "state.json").is_file()
     ex = mpirun(tmp_path, "--epochs", "2")
-    res = c.train(digests_of(src, tmp_path), 2, trainer=TRAINER)
+    res = c.train(digests_of(src, tmp_path), 2)
     out, err = ex.communicate(timeout=120)
     assert ex.returncode == 0, err[-3000:]
     views_by_epoch(res, 2)

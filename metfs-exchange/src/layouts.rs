@@ -26,6 +26,9 @@ pub struct EpochLayouts {
     /// Each catalog file's footprint in a slot.
     sizes: Vec<u64>,
     groups: Option<SampleGroups>,
+    /// [`groups_digest`] of the groups' bytes, `0` without groups: computed once, since the
+    /// ranks' agreement compares it with every other rank's.
+    digest: u64,
     /// The settings, `budget` the whole slot's.
     settings: AggregateConfig,
 }
@@ -34,9 +37,11 @@ impl EpochLayouts {
     /// The layouts of files of `sizes` (footprints) under `settings`, of `groups`' samples
     /// where given.
     pub fn new(sizes: Vec<u64>, groups: Option<SampleGroups>, settings: AggregateConfig) -> Self {
+        let digest = groups.as_ref().map_or(0, |g| groups_digest(&g.encode()));
         Self {
             sizes,
             groups,
+            digest,
             settings,
         }
     }
@@ -89,9 +94,7 @@ impl EpochLayouts {
 
     /// The digest of the groups' bytes ([`SampleGroups::encode`]), `0` without groups.
     pub fn groups_digest(&self) -> u64 {
-        self.groups
-            .as_ref()
-            .map_or(0, |g| groups_digest(&g.encode()))
+        self.digest
     }
 }
 

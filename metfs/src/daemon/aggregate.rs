@@ -65,7 +65,7 @@ use crate::config::aggregate::{AggregateConfig, ShuffleCode};
 use crate::config::MountConfig;
 use crate::daemon::store::Store;
 use crate::daemon::{CachePaths, DaemonError};
-use metfs_exchange::layouts::{groups_digest, EpochLayouts};
+use metfs_exchange::layouts::EpochLayouts;
 use metfs_exchange::{GroupsRef, GROUPS_FILE};
 use metfs_fs::lock_order::{Level, OrderedMutex};
 use metfs_plan::groups::SampleGroups;
@@ -164,7 +164,11 @@ impl Aggregate {
             )));
         }
         if mode.code == ShuffleCode::UberShuffle {
-            coded_within_limits(units, &settings).map_err(|e| refuse(&e))?;
+            let dealt_settings = metfs_shuffle::AggregateConfig {
+                budget: dealt,
+                ..settings
+            };
+            coded_within_limits(units, &dealt_settings).map_err(|e| refuse(&e))?;
         }
         Ok(Self {
             plan,
@@ -305,7 +309,7 @@ impl Aggregate {
                 write(&path, &bytes)?;
                 Some(GroupsRef {
                     path,
-                    digest: format!("{:016x}", groups_digest(&bytes)),
+                    digest: format!("{:016x}", self.plan.groups_digest()),
                 })
             }
             None => None,
