@@ -248,8 +248,8 @@ class Mount:
                 raise AssertionError(
                     f"metfs mount exited 0 but {self.mountpoint} is not mounted\n{self.log()}"
                 )
-        if r.returncode == 0:
-            self.mount_ok = True
+        # The last mount's outcome: a refused remount is not judged by its umount.
+        self.mount_ok = r.returncode == 0
         return r
 
     def umount(self, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -284,11 +284,14 @@ class Mount:
         named in `leftovers`)."""
         if not is_mounted(self.mountpoint) and not self.daemon_pids():
             return  # already gone (the test unmounted, or shut the daemon down)
-        try:
-            r = self.umount(check=False)
-            self.umount_result = (r.returncode, r.stdout + r.stderr)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            self.umount_result = (-1, str(e))
+        # Not mounted but a daemon left: a mount that was just refused, whose daemon is still
+        # on its way out. `metfs umount` would rightly answer "not a metfs mount"; wait for it.
+        if is_mounted(self.mountpoint):
+            try:
+                r = self.umount(check=False)
+                self.umount_result = (r.returncode, r.stdout + r.stderr)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                self.umount_result = (-1, str(e))
         end = time.monotonic() + wait
         while time.monotonic() < end and (is_mounted(self.mountpoint) or self.daemon_pids()):
             time.sleep(0.05)

@@ -418,7 +418,7 @@ pub fn spawn_background(args: &[std::ffi::OsString], log: &Path) -> Result<u32, 
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(|e| MountError::Io {
+    let mut child = cmd.spawn().map_err(|e| MountError::Io {
         what: "starting the daemon".into(),
         source: e,
     })?;
@@ -431,6 +431,9 @@ pub fn spawn_background(args: &[std::ffi::OsString], log: &Path) -> Result<u32, 
     if msg == "ready" {
         return Ok(child.id());
     }
+    // A refused mount returns once its daemon is gone: it holds the cache's lock until then,
+    // and a caller that retries at once (a corrected flag) must not find it still held.
+    reap_within(&mut child, std::time::Duration::from_secs(10));
     if msg.is_empty() {
         let tail = std::fs::read_to_string(log)
             .map(|t| {
@@ -452,6 +455,17 @@ pub fn spawn_background(args: &[std::ffi::OsString], log: &Path) -> Result<u32, 
     Err(MountError::Daemon(
         msg.strip_prefix("error: ").unwrap_or(msg).to_string(),
     ))
+}
+
+/// Waits up to `limit` for `child` to exit (it reported a failure and is on its way out).
+fn reap_within(child: &mut std::process::Child, limit: std::time::Duration) {
+    let end = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < end {
+        match child.try_wait() {
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            Ok(Some(_)) | Err(_) => return,
+        }
+    }
 }
 
 /// Marks the ready fd close-on-exec in the daemon: the parent waits for its end of the pipe

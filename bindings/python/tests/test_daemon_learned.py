@@ -86,3 +86,6 @@ def test_learned_replays_the_run_that_ended_best(
     with pytest.raises(RuntimeError) as e:
         _remount(m, {"--learned-metric": "max:top1"})
     assert "learned_metric" in str(e.value) and "`top1`" in str(e.value), str(e.value)
+    # `metfs mount` answers a refusal once its daemon is gone: a corrected retry finds the
+    # cache's lock free.
+    assert not m.mount_.daemon_pids(), m.mount_.daemon_pids()
