@@ -3,6 +3,7 @@
 
     python3 benches/tta.py --png docs/tta.png       # the full run (about 3 hours on 2 cores)
     python3 benches/tta.py --quick --json FILE      # a small case of every metfs side and one peer
+    python3 benches/tta.py --runs runs.jsonl ...    # resumable: finished runs are kept and reused
 
 Issues 34 and 52. The peer benchmark (benches/peers/run.py) measures samples/s; this one measures what a
 user wants from them, **how soon the model reaches the accuracy they need**, with a real PyTorch
@@ -785,6 +786,81 @@ def one(cfg: argparse.Namespace, tier: peers.Tier, side: str, seed: int, keys: l
     return row
 
 
+class RunsFile:
+    """Every finished run, one JSON line each, so that a long benchmark can be resumed (``--runs
+    FILE``): a run already in the file for the same side and seed is not run again.
+
+    The first line is the benchmark's settings; a file written with other settings is refused
+    naming what differs, and a reused run measured against another tier cap is refused too (the
+    cap follows from the local copy's runs, so it changes only when they do).
+    """
+
+    #: The settings that make two runs comparable (the machine and the commit are recorded per
+    #: run instead: each row carries its commit, and the report lists them).
+    KEYS = (
+        "samples",
+        "secs",
+        "epochs",
+        "snap_secs",
+        "val",
+        "test",
+        "cache_frac",
+        "rate_mib",
+        "ratio",
+        "shard_mib",
+    )
+
+    def __init__(self, path: Path | None, cfg: argparse.Namespace) -> None:
+        self.path = path
+        self.settings = {k: getattr(cfg, k) for k in self.KEYS}
+        self.done: dict[tuple[str, int], dict] = {}
+        if path is None:
+            return
+        if not path.exists() or path.stat().st_size == 0:
+            path.write_text(json.dumps({"settings": self.settings}) + "\n")
+            return
+        lines = path.read_text().splitlines()
+        try:
+            head = json.loads(lines[0])["settings"]
+            rows = [json.loads(line) for line in lines[1:] if line.strip()]
+        except (ValueError, KeyError, TypeError) as e:
+            raise SystemExit(
+                f"tta.py: --runs {path}: not a runs file of this benchmark: {e}"
+            ) from e
+        differ = [
+            f"{k} {head.get(k)!r} there, {v!r} here"
+            for k, v in self.settings.items()
+            if head.get(k) != v
+        ]
+        if differ:
+            raise SystemExit(
+                f"tta.py: --runs {path} was written with other settings ({'; '.join(differ)}): "
+                "use another file, or the same settings"
+            )
+        for r in rows:
+            if not r.get("error"):
+                self.done[(r["side"], r["seed"])] = r
+        log(f"--runs {path}: {len(self.done)} finished run(s) reused")
+
+    def run(self, key: tuple[str, int], fresh: Callable[[], dict], rate: float | None) -> dict:
+        """The row of `key`: the file's where it has one, else `fresh()`'s, appended."""
+        row = self.done.get(key)
+        if row is not None:
+            if rate is not None and row.get("rate") not in (None, rate):
+                raise SystemExit(
+                    f"tta.py: --runs {self.path}: {key[0]} seed {key[1]} ran against a tier cap "
+                    f"of {row['rate']} B/s, this run's is {rate} (the local copy's runs changed)"
+                )
+            log(f"{key[0]} seed {key[1]}: reused from {self.path} (commit {row.get('commit')})")
+            return row
+        row = fresh()
+        row.update(commit=commit(), rate=rate)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(row, default=str) + "\n")
+        return row
+
+
 def held(curve: list, t: float) -> float:
     """The accuracy a run holds at time t: its last measurement at or before t."""
     acc = curve[0][1] if curve else float("nan")
@@ -1166,6 +1242,12 @@ def main() -> None:
         help="go on when the tier cannot hold its cap on this machine (default: stop)",
     )
     ap.add_argument("--json", type=Path, help="write every run's numbers here")
+    ap.add_argument(
+        "--runs",
+        type=Path,
+        help="append every finished run here (JSON lines) and reuse the runs already there: "
+        "a long benchmark resumed where it stopped",
+    )
     ap.add_argument("--curves", type=Path, help="write the curves (metfs plot's input) here")
     ap.add_argument("--png", type=Path, help="draw the curves here with metfs plot")
     cfg = ap.parse_args()
@@ -1188,6 +1270,7 @@ def main() -> None:
     if "local" not in sides:
         raise SystemExit("tta.py: --sides must include local (it fixes the targets)")
     seeds = [int(s) for s in cfg.seeds.split(",")]
+    runs = RunsFile(cfg.runs, cfg)
     # The optimiser imports torch._dynamo on first use: another 3 s.
     FORKS.set_forkserver_preload(["__main__", "torch", "torch._dynamo"])
     benchlib.build()
@@ -1221,7 +1304,11 @@ def main() -> None:
             cfg.work, cfg.samples, tier, "streaming" in sides, cfg.shard_mib, cfg.val, cfg.test
         )
         for seed in seeds:
-            rows.append(one(cfg, tier, "local", seed, keys))
+            rows.append(
+                runs.run(
+                    ("local", seed), lambda seed=seed: one(cfg, tier, "local", seed, keys), None
+                )
+            )
         local = {r["seed"]: r for r in rows if r["side"] == "local"}
         budget = cfg.epochs * cfg.samples
         for seed, r in local.items():
@@ -1268,7 +1355,8 @@ def main() -> None:
         for k, seed in enumerate(seeds):
             j = k % max(len(others), 1)
             for side in others[j:] + others[:j]:
-                rows.append(one(cfg, tier, side, seed, keys))
+                run = lambda side=side, seed=seed: one(cfg, tier, side, seed, keys)  # noqa: E731
+                rows.append(runs.run((side, seed), run, tier.rate))
         summary = summarise(rows, sides, targets, cfg.secs, tier.rate)
         out = [
             head,
@@ -1276,9 +1364,16 @@ def main() -> None:
             f"Dataset: {cfg.samples:,} samples of {SAMPLE_BYTES >> 10} KiB ({dataset_bytes / MIB:.0f} MiB); "
             f"cache budget {cfg.cache_mib} MiB ({cfg.cache_frac:.2f} of it) for every side; "
             f"{len(seeds)} seed(s) {seeds}; time budget {cfg.secs:g} s per run; sample budget "
-            f"{cfg.epochs:g} epochs; medians (min–max); commit {commit()}.",
+            f"{cfg.epochs:g} epochs; medians (min–max); report made at commit {commit()}.",
             "",
             table(summary, sides, rows, dataset_bytes, cfg.secs, skipped),
+            "",
+            "Commit each side ran at: "
+            + "; ".join(
+                f"{LABELS[s]} {', '.join(sorted({str(r.get('commit')) for r in rows if r['side'] == s}))}"
+                for s in sides
+            )
+            + ".",
             "",
             "Configuration of each side:",
         ]

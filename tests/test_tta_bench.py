@@ -36,6 +36,8 @@ def test_tta_benchmark_quick(tmp_path: Path) -> None:
             str(out),
             "--curves",
             str(tmp_path / "curves.json"),
+            "--runs",
+            str(tmp_path / "runs.jsonl"),
         ],
         capture_output=True,
         text=True,
@@ -74,6 +76,7 @@ def test_tta_benchmark_quick(tmp_path: Path) -> None:
     assert "Target accuracy per seed" in r.stdout
     assert data["summary"]["direct"]["cap"][0] > 0, data["summary"]["direct"]
     assert "| tier read / cap |" in r.stdout and "Configuration of each side:" in r.stdout
+    assert "Commit each side ran at: local copy (full shuffle) " in r.stdout, r.stdout
     assert "* direct from the tier: boto3 get_object" in r.stdout, r.stdout
     for label in (
         "local copy (full shuffle)",
@@ -87,6 +90,32 @@ def test_tta_benchmark_quick(tmp_path: Path) -> None:
         assert f"| {label} |" in r.stdout, r.stdout
     curves = json.loads((tmp_path / "curves.json").read_text())
     assert len(curves["series"]) == len(sides) and curves["hlines"], curves
+
+    # Resumed: every run of the first is in the runs file and none is run again; the report
+    # is made from them.
+    runs = (tmp_path / "runs.jsonl").read_text().splitlines()
+    assert len(runs) == 1 + len(rows), runs[:1]
+    again = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benches/tta.py"),
+            "--quick",
+            "--no-install",
+            "--sides",
+            "local,direct",
+            "--runs",
+            str(tmp_path / "runs.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    for side in ("local", "direct"):
+        assert f"{side} seed 0: reused from" in again.stderr, again.stderr[-3000:]
+    assert (tmp_path / "runs.jsonl").read_text().splitlines() == runs
+    assert "| direct from the tier |" in again.stdout, again.stdout
 
 
 def test_tta_benchmark_stops_on_a_missing_peer(tmp_path: Path) -> None:
@@ -107,3 +136,22 @@ def test_tta_benchmark_stops_on_a_missing_peer(tmp_path: Path) -> None:
     )
     assert r.returncode != 0
     assert "side s3fs cannot run: s3fs is not installed (--no-install)" in r.stderr, r.stderr
+
+
+def test_tta_benchmark_refuses_runs_of_other_settings(tmp_path: Path) -> None:
+    """Bad input: a runs file written with other settings is refused before anything starts,
+    naming the setting that differs; one that is not a runs file is refused naming the file."""
+    if os.geteuid() != 0:
+        pytest.skip("the time-to-accuracy benchmark needs root")
+    pytest.importorskip("torch")
+    runs = tmp_path / "runs.jsonl"
+    cmd = [sys.executable, str(ROOT / "benches/tta.py"), "--secs", "60", "--runs", str(runs)]
+    runs.write_text(json.dumps({"settings": {"secs": 240.0}}) + "\n")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert f"--runs {runs} was written with other settings (" in r.stderr, r.stderr
+    assert "secs 240.0 there, 60.0 here" in r.stderr, r.stderr
+    runs.write_text("local,0,0.85\n")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert f"--runs {runs}: not a runs file of this benchmark" in r.stderr, r.stderr
