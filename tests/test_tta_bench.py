@@ -83,7 +83,7 @@ def test_tta_benchmark_quick(tmp_path: Path) -> None:
         "metfs fixed rf 1",
         "metfs score",
         "metfs bollinger",
-        "metfs fixed rf 4",
+        "metfs fixed rf 4 (the default)",
         "metfs fixed rf 4, blocking",
         "direct from the tier",
     ):

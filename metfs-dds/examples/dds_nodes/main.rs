@@ -47,6 +47,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 mod check;
+mod kills;
 mod measure;
 use measure::*;
 
@@ -283,9 +284,8 @@ async fn node(s: NodeSetup, a: Arc<Args>, max: u64, log: Shared, seed: u64) {
     }
 }
 
-#[tokio::main]
-async fn main() {
-    let a = Arc::new(Args::parse());
+/// Refuses settings the simulation cannot run (exit status 2, naming them).
+fn check_args(a: &Args) {
     if a.workers == 0 {
         bad("--workers", "0: a job has at least 1 node");
     }
@@ -304,8 +304,23 @@ async fn main() {
             "kill-frac in [0, 1], jitter in [0, 1)",
         );
     }
+}
+
+/// The job's queue, made in etcd, and what every node is given to join it.
+struct Job {
+    url: DdsUrl,
+    opts: EtcdOptions,
+    meta: QueueMeta,
+    samples: Arc<OwnedSamples>,
+    /// Bytes one claim takes: a slot.
+    slot: u64,
+    keys: Keys,
+}
+
+/// Makes the queue of `a.workers` nodes (`--slots-per-epoch` slots of 4 one-sample shards per
+/// node and epoch) at `--url`.
+async fn open_queue(a: &Args) -> Job {
     let url = DdsUrl::parse(&a.url).unwrap_or_else(|e| bad("--url", &e.to_string()));
-    let endpoint = url.endpoints[0].clone();
     let opts = EtcdOptions::default();
     let n = a.workers;
     let shards = SHARDS_PER_SLOT * a.slots_per_epoch * n;
@@ -339,23 +354,21 @@ async fn main() {
         .await
         .unwrap_or_else(|e| bad("--url", &e.to_string()));
     let keys = Keys::new(&url.prefix);
-    let mut observer = metfs_dds::connect(&url, &opts)
-        .await
-        .unwrap_or_else(|e| bad("--url", &e.to_string()));
-    let requeued: Requeues = Arc::default();
-    let watcher = tokio::spawn(watch_todo(observer.clone(), keys.clone(), requeued.clone()));
+    Job {
+        url,
+        opts,
+        meta,
+        samples,
+        slot,
+        keys,
+    }
+}
 
-    // The job starts: each node's daemon comes up at a random moment of the first
-    // --start-spread-ms, connects, joins, claims its first batch and stages it, then serves.
-    let etcd_pid = a.etcd_pid.map(|p| p.to_string());
-    let m0 = metrics(&endpoint).await;
-    let cpu0 = etcd_pid.as_deref().map_or(f64::NAN, cpu_secs);
-    let self0 = cpu_secs("self");
-    let t0 = Instant::now();
-    let logs: Vec<Shared> = (0..n).map(|_| Shared::default()).collect();
+/// Starts every node: each node's daemon comes up at a random moment of the first
+/// `--start-spread-ms`, connects, joins, claims its first batch and stages it, then serves.
+fn spawn_nodes(a: &Arc<Args>, job: &Job, t0: Instant, logs: &[Shared]) -> Vec<kills::Task> {
     let mut starts = rand::rngs::StdRng::seed_from_u64(a.seed ^ 0x7374_6172);
-    let mut tasks: Vec<_> = logs
-        .iter()
+    logs.iter()
         .enumerate()
         .map(|(i, log)| {
             let cfg = WorkerConfig {
@@ -368,71 +381,27 @@ async fn main() {
             let start = Duration::from_millis(starts.random_range(0..a.start_spread_ms.max(1)));
             let t = tokio::spawn(node(
                 NodeSetup {
-                    url: url.clone(),
-                    opts: opts.clone(),
-                    meta: meta.clone(),
-                    samples: samples.clone(),
+                    url: job.url.clone(),
+                    opts: job.opts.clone(),
+                    meta: job.meta.clone(),
+                    samples: job.samples.clone(),
                     cfg,
                     start: t0 + start,
                     holder: holder.clone(),
                 },
                 a.clone(),
-                slot,
+                job.slot,
                 log.clone(),
                 a.seed * 1_000_003 + i as u64,
             ));
             (holder, Some(t))
         })
-        .collect();
+        .collect()
+}
 
-    // The kills: at random moments of the first epoch (once every node is up), each of a node
-    // drawn at that moment among those that hold a batch (a node that holds nothing leaves
-    // nothing to requeue; on an overloaded queue many have none yet).
-    let kills = ((n as f64 * a.kill_frac).round() as u32).max(u32::from(a.kill_frac > 0.0));
-    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed ^ 0x6b69_6c6c);
-    let epoch_ms = a.pass_ms * u64::from(a.rf) * u64::from(a.slots_per_epoch);
-    let from = a.start_spread_ms + a.pass_ms;
-    let mut plan: Vec<u64> = (0..kills)
-        .map(|_| rng.random_range(from..from + epoch_ms))
-        .collect();
-    plan.sort_unstable();
-    let mut killed = Vec::new();
-    for at in plan {
-        tokio::time::sleep_until((t0 + Duration::from_millis(at)).into()).await;
-        let holding: Vec<usize> = (0..n as usize)
-            .filter(|&i| {
-                tasks[i].1.as_ref().is_some_and(|t| !t.is_finished())
-                    && !lock(&logs[i]).claim_ms.is_empty()
-            })
-            .collect();
-        if holding.is_empty() {
-            continue;
-        }
-        let v = holding[rng.random_range(0..holding.len())];
-        let Some(h) = tasks[v].0.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
-            continue;
-        };
-        let Some(t) = tasks[v].1.take() else { continue };
-        // Dropping the task drops its Worker: the lease is no longer renewed, nothing revoked.
-        t.abort();
-        let _ = t.await;
-        killed.push((h, Instant::now(), v));
-    }
-    // What each dead node held: its claims in etcd, once requests in flight have landed.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let claims = scan(&mut observer, keys.claim_all()).await;
-    let held: Vec<Vec<(u64, u32)>> = killed
-        .iter()
-        .map(|(h, _, _)| {
-            claims
-                .iter()
-                .filter(|(_, v, _)| serde_json::from_slice::<Holder>(v).is_ok_and(|x| &x == h))
-                .filter_map(|(k, _, _)| keys.parse_shard(k).map(|(_, e, s)| (e, s)))
-                .collect()
-        })
-        .collect();
-
-    // The job runs until every shard is done, or until --max-run-s.
+/// Waits for every node until the queue is finished, or until `--max-run-s`; true when the
+/// job was stopped early.
+async fn run_nodes(a: &Args, t0: Instant, tasks: &mut [kills::Task]) -> bool {
     let deadline = (a.max_run_s > 0).then(|| t0 + Duration::from_secs(a.max_run_s));
     let mut cut = false;
     for (_, t) in tasks.iter_mut() {
@@ -448,6 +417,87 @@ async fn main() {
             },
         }
     }
+    cut
+}
+
+/// What the nodes saw, all together.
+#[derive(Default)]
+struct Totals {
+    claim_ms: Vec<f64>,
+    done_ms: Vec<f64>,
+    join_ms: Vec<f64>,
+    join_errors: u64,
+    errors: u64,
+    wait_claims: u64,
+    lost: u64,
+    last_error: Option<String>,
+    never_joined: usize,
+    /// How many nodes each (epoch, shard) was reported done to.
+    told: HashMap<(u64, u32), u32>,
+}
+
+fn totals(logs: &[Shared]) -> Totals {
+    let mut t = Totals::default();
+    for l in logs {
+        let l = lock(l);
+        t.claim_ms.extend_from_slice(&l.claim_ms);
+        t.join_ms.extend_from_slice(&l.join_ms);
+        t.join_errors += l.join_errors;
+        t.done_ms.extend_from_slice(&l.done_ms);
+        t.errors += l.errors;
+        t.wait_claims += l.wait_claims;
+        t.lost += l.lost;
+        t.never_joined += usize::from(l.join_ms.is_empty());
+        if l.last_error.is_some() {
+            t.last_error.clone_from(&l.last_error);
+        }
+        for &s in &l.done {
+            *t.told.entry(s).or_default() += 1;
+        }
+    }
+    t
+}
+
+/// etcd's counters and CPU, and this process's CPU, at one moment.
+struct Gauges {
+    metrics: HashMap<String, f64>,
+    etcd_cpu: f64,
+    own_cpu: f64,
+}
+
+async fn gauges(endpoint: &str, etcd_pid: Option<&str>) -> Gauges {
+    Gauges {
+        metrics: metrics(endpoint).await,
+        etcd_cpu: etcd_pid.map_or(f64::NAN, cpu_secs),
+        own_cpu: cpu_secs("self"),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let a = Arc::new(Args::parse());
+    check_args(&a);
+    let job = open_queue(&a).await;
+    let endpoint = job.url.endpoints[0].clone();
+    let mut observer = metfs_dds::connect(&job.url, &job.opts)
+        .await
+        .unwrap_or_else(|e| bad("--url", &e.to_string()));
+    let requeued: Requeues = Arc::default();
+    let watcher = tokio::spawn(watch_todo(
+        observer.clone(),
+        job.keys.clone(),
+        requeued.clone(),
+    ));
+    let etcd_pid = a.etcd_pid.map(|p| p.to_string());
+    let g0 = gauges(&endpoint, etcd_pid.as_deref()).await;
+    let t0 = Instant::now();
+    let logs: Vec<Shared> = (0..a.workers).map(|_| Shared::default()).collect();
+    let mut tasks = spawn_nodes(&a, &job, t0, &logs);
+    let killed = kills::kill_some(&a, t0, &mut tasks, &logs).await;
+    // What each dead node held: its claims in etcd, once requests in flight have landed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = kills::held(&mut observer, &job.keys, &killed).await;
+    let cut = run_nodes(&a, t0, &mut tasks).await;
     let run_s = t0.elapsed().as_secs_f64();
     // Claims still waiting for their answer when the job was stopped.
     let waiting: Vec<f64> = logs
@@ -455,113 +505,52 @@ async fn main() {
         .filter_map(|l| lock(l).claiming)
         .map(|c| c.elapsed().as_secs_f64() * 1000.0)
         .collect();
-    let cpu1 = etcd_pid.as_deref().map_or(f64::NAN, cpu_secs);
-    let self1 = cpu_secs("self");
-    let m1 = metrics(&endpoint).await;
+    let g1 = gauges(&endpoint, etcd_pid.as_deref()).await;
     watcher.abort();
 
     // The invariant.
+    let t = totals(&logs);
     let mut problems: Vec<String> = Vec::new();
-    let mut told: HashMap<(u64, u32), u32> = HashMap::new();
-    let (mut claim_ms, mut done_ms, mut join_ms) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut errors, mut wait_claims, mut lost, mut join_errors) = (0u64, 0u64, 0u64, 0u64);
-    let mut last_error = None;
-    for l in &logs {
-        let l = lock(l);
-        claim_ms.extend_from_slice(&l.claim_ms);
-        join_ms.extend_from_slice(&l.join_ms);
-        join_errors += l.join_errors;
-        done_ms.extend_from_slice(&l.done_ms);
-        errors += l.errors;
-        wait_claims += l.wait_claims;
-        lost += l.lost;
-        if l.last_error.is_some() {
-            last_error.clone_from(&l.last_error);
-        }
-        for &s in &l.done {
-            *told.entry(s).or_default() += 1;
-        }
-    }
-    let never_joined = logs.iter().filter(|l| lock(l).join_ms.is_empty()).count();
-    let twice = told.values().filter(|&&c| c > 1).count();
+    let twice = t.told.values().filter(|&&c| c > 1).count();
     if twice > 0 {
         problems.push(format!(
             "{twice} shards reported done to more than one node"
         ));
     }
-    let done = scan(&mut observer, keys.done_all()).await;
-    // Requeue time of each kill: until the last shard it held is back in TODO. A shard whose
-    // DONE mark was on its way when the node died (it landed after the claims were read, on a
-    // loaded etcd) is DONE by the dead node and never requeued: counted apart.
-    let done_by: HashMap<(u64, u32), Holder> = done
-        .iter()
-        .filter_map(|(k, v, _)| {
-            let (_, e, s) = keys.parse_shard(k)?;
-            Some(((e, s), serde_json::from_slice(v).ok()?))
-        })
-        .collect();
+    let done = scan(&mut observer, job.keys.done_all()).await;
     let seen = requeued.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let requeue: Vec<serde_json::Value> = killed
-        .iter()
-        .zip(&held)
-        .map(|((h, when, _), shards)| {
-            let (landed, back): (Vec<_>, Vec<_>) =
-                shards.iter().partition(|s| done_by.get(s) == Some(h));
-            let times: Vec<Option<f64>> = back
-                .iter()
-                .map(|s| {
-                    seen.get(s)
-                        .and_then(|ts| ts.iter().find(|t| *t >= when))
-                        .map(|t| t.duration_since(*when).as_secs_f64())
-                })
-                .collect();
-            let all = times.iter().all(Option::is_some);
-            let last = times.iter().flatten().copied().fold(f64::NAN, f64::max);
-            let requeue_s = if back.is_empty() || !all {
-                serde_json::Value::Null
-            } else {
-                json!((last * 1000.0).round() / 1000.0)
-            };
-            json!({
-                "node": h.node,
-                "at_s": (when.duration_since(t0).as_secs_f64() * 100.0).round() / 100.0,
-                "held_shards": shards.len(),
-                "done_as_it_died": landed.len(),
-                "requeue_s": requeue_s,
-            })
-        })
-        .collect();
+    let requeue = kills::requeue_times(&job.keys, &killed, &held, &done, &seen, t0);
     let per_epoch = check::done_keys(
         &mut observer,
-        &keys,
+        &job.keys,
         &done,
-        (&meta, &samples),
+        (&job.meta, &job.samples),
         (a.epochs, cut),
         &mut problems,
     )
     .await;
-    let (by_method, watch_sent) = requests(&m0, &m1);
+    let (by_method, watch_sent) = requests(&g0.metrics, &g1.metrics);
     let total: f64 = by_method.values().sum();
-    let etcd_cpu = cpu1 - cpu0;
+    let etcd_cpu = g1.etcd_cpu - g0.etcd_cpu;
     let out = json!({
-        "workers": n,
+        "workers": a.workers,
         "epochs": a.epochs,
-        "shards_per_epoch": meta.shards,
-        "stripes": meta.stripes,
+        "shards_per_epoch": job.meta.shards,
+        "stripes": job.meta.stripes,
         "pass_ms": a.pass_ms,
         "rf": a.rf,
         "lease_secs": a.lease_secs,
         "start_spread_ms": a.start_spread_ms,
-        "join_ms": summary(join_ms),
-        "join_errors": join_errors,
-        "never_joined": never_joined,
+        "join_ms": summary(t.join_ms),
+        "join_errors": t.join_errors,
+        "never_joined": t.never_joined,
         "run_s": (run_s * 1000.0).round() / 1000.0,
-        "claim_ms": summary(claim_ms),
-        "done_ms": summary(done_ms),
-        "wait_claims": wait_claims,
-        "errors": errors,
-        "last_error": last_error,
-        "lost_shards": lost,
+        "claim_ms": summary(t.claim_ms),
+        "done_ms": summary(t.done_ms),
+        "wait_claims": t.wait_claims,
+        "errors": t.errors,
+        "last_error": t.last_error,
+        "lost_shards": t.lost,
         "kills": requeue,
         "etcd": {
             "requests": total,
@@ -571,7 +560,7 @@ async fn main() {
             "cpu_s": (etcd_cpu * 100.0).round() / 100.0,
             "cpu_cores": (etcd_cpu / run_s * 1000.0).round() / 1000.0,
         },
-        "sim_cpu_cores": ((self1 - self0) / run_s * 1000.0).round() / 1000.0,
+        "sim_cpu_cores": ((g1.own_cpu - g0.own_cpu) / run_s * 1000.0).round() / 1000.0,
         "finished": !cut,
         "max_run_s": a.max_run_s,
         "done_shards": done.len(),
