@@ -20,29 +20,31 @@ import pytest
 from conftest import ROOT, metfs_bin
 
 
+def quick(env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
+    """`benches/tta.py --quick --no-install FLAGS`, its output captured."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benches/tta.py"), "--quick", "--no-install", *flags],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+
+
 def test_tta_benchmark_quick(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("the time-to-accuracy benchmark needs root (FUSE mounts, dropping caches)")
     pytest.importorskip("torch")
     out = tmp_path / "rows.json"
     env = dict(os.environ, METFS_BIN=metfs_bin())
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benches/tta.py"),
-            "--quick",
-            "--no-install",
-            "--json",
-            str(out),
-            "--curves",
-            str(tmp_path / "curves.json"),
-            "--runs",
-            str(tmp_path / "runs.jsonl"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
+    r = quick(
+        env,
+        "--json",
+        str(out),
+        "--curves",
+        str(tmp_path / "curves.json"),
+        "--runs",
+        str(tmp_path / "runs.jsonl"),
     )
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -95,22 +97,7 @@ def test_tta_benchmark_quick(tmp_path: Path) -> None:
     # is made from them.
     runs = (tmp_path / "runs.jsonl").read_text().splitlines()
     assert len(runs) == 1 + len(rows), runs[:1]
-    again = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benches/tta.py"),
-            "--quick",
-            "--no-install",
-            "--sides",
-            "local,direct",
-            "--runs",
-            str(tmp_path / "runs.jsonl"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    again = quick(env, "--sides", "local,direct", "--runs", str(tmp_path / "runs.jsonl"))
     assert again.returncode == 0, again.stderr[-3000:]
     for side in ("local", "direct"):
         assert f"{side} seed 0: reused from" in again.stderr, again.stderr[-3000:]
