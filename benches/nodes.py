@@ -138,10 +138,11 @@ def requeue_worst(r: dict[str, Any]) -> float | None:
 def queue_table(rows: list[dict[str, Any]]) -> None:
     print(
         "| workers | stripes | killed | shards/epoch | run s | etcd req/s | watch msgs/s | etcd CPU (cores) "
-        "| simulator CPU (cores) | join p50 s | claim p50 ms | claim p99 ms | etcd txns per claim "
+        "| simulator CPU (cores) | join p50 s | claim p50 ms | claim p99 ms "
+        "| claim p99 ms: first / while a pass runs | etcd txns per claim "
         "| kill to requeue s (worst) | every shard done exactly once |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         e = r["etcd"]
         claims = r["claim_ms"]["n"]
@@ -167,9 +168,18 @@ def queue_table(rows: list[dict[str, Any]]) -> None:
             f"| {r['workers']} | {r['stripes']} | {kills} | {r['shards_per_epoch']} | {r['run_s']:.1f} "
             f"| {e['requests_per_s']:.0f} | {e['watch_msgs_per_s']:.0f} | {e['cpu_cores']:.2f} "
             f"| {r['sim_cpu_cores']:.2f} | {join} | {r['claim_ms']['p50']:.1f} | {r['claim_ms']['p99']:.1f} "
-            f"| {txns / max(claims, 1):.1f} "
+            f"| {phase_p99(r)} | {txns / max(claims, 1):.1f} "
             f"| {requeue} | {once} |"
         )
+
+
+def phase_p99(r: dict[str, Any]) -> str:
+    """Claim p99 of the nodes' first claims (all at the job's start, before any mount is live)
+    and of the rest (a successor claimed while a pass runs), as `first / running`."""
+    first, running = r.get("first_claim_ms"), r.get("running_claim_ms")
+    if not first or not running:
+        return "n/a"
+    return f"{first['p99']:.1f} / {running['p99']:.1f}"
 
 
 def goal_lines(rows: list[dict[str, Any]]) -> None:
@@ -193,6 +203,13 @@ def goal_lines(rows: list[dict[str, Any]]) -> None:
         if waiting["n"]
         else ""
     )
+    if r.get("running_claim_ms"):
+        f, g = r["first_claim_ms"], r["running_claim_ms"]
+        print(
+            f"at {n} workers, claim p99 of the nodes' first claims (all at the job's start) "
+            f"{f['p99']:.1f} ms over {f['n']}, of the claims made while a pass runs "
+            f"{g['p99']:.1f} ms over {g['n']} (p50 {g['p50']:.1f} ms); the goal is judged on all"
+        )
     if p99 <= CLAIM_P99_GOAL_MS and not waiting["n"]:
         print(f"goal at {n} workers: claim p99 <= {CLAIM_P99_GOAL_MS:.0f} ms: {p99:.1f} ms, met")
     else:

@@ -181,6 +181,9 @@ METFS: dict[str, tuple[list[str], bool]] = {
     "metfs-bollinger": (["--rf-policy", "bollinger", "--rf-max", str(RF_MAX)], False),
     "metfs-rf4": (["--rf-policy", "fixed", "--rf", "4"], False),
     "metfs-rf4-block": (["--rf-policy", "fixed", "--rf", "4"], True),
+    # Fixed rf 1, blocking: every sample read fresh, the job waits for staging
+    # (benches/jobs_tier.py).
+    "metfs-rf1-block": (["--rf-policy", "fixed", "--rf", "1"], True),
     # `metfs mount` without rf flags: whatever policy it uses by default (benches/jobs_tier.py).
     "metfs-default": ([], False),
 }
@@ -191,6 +194,7 @@ LABELS = {
     "metfs-bollinger": "metfs bollinger",
     "metfs-rf4": "metfs fixed rf 4 (the default)",
     "metfs-rf4-block": "metfs fixed rf 4, blocking",
+    "metfs-rf1-block": "metfs fixed rf 1, blocking",
     "metfs-default": "metfs default policy",
     "s3fs": "s3fs",
     "rclone": "rclone VFS cache",

@@ -123,6 +123,9 @@ struct NodeLog {
     join_ms: Vec<f64>,
     join_errors: u64,
     claim_ms: Vec<f64>,
+    /// Of `claim_ms`, the node's first claim (made as the job starts, before its mount goes
+    /// live, when every node claims at once).
+    first_claim_ms: Vec<f64>,
     wait_claims: u64,
     done_ms: Vec<f64>,
     errors: u64,
@@ -149,14 +152,20 @@ fn pass_time(rng: &mut rand::rngs::StdRng, a: &Args) -> Duration {
     Duration::from_secs_f64(a.pass_ms as f64 * f.max(0.0) / 1000.0)
 }
 
-async fn claim(w: &mut Worker, max: u64, log: &Shared) -> Result<Claim, ()> {
+/// `first`: the node's first claim, before its mount goes live (counted apart too).
+async fn claim(w: &mut Worker, max: u64, log: &Shared, first: bool) -> Result<Claim, ()> {
     let t = Instant::now();
     lock(log).claiming = Some(t);
     let r = w.claim(max).await;
     lock(log).claiming = None;
     match r {
         Ok(Claim::Batch(b)) => {
-            lock(log).claim_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            let ms = t.elapsed().as_secs_f64() * 1000.0;
+            let mut l = lock(log);
+            l.claim_ms.push(ms);
+            if first {
+                l.first_claim_ms.push(ms);
+            }
             Ok(Claim::Batch(b))
         }
         Ok(c) => {
@@ -239,7 +248,7 @@ async fn node(s: NodeSetup, a: Arc<Args>, max: u64, log: Shared, seed: u64) {
     // The first batch is claimed and staged before the mount goes live; staging a slot takes
     // about as long as a pass over it (the prefetcher reads the next slot during the passes).
     let mut view = loop {
-        match claim(&mut w, max, &log).await {
+        match claim(&mut w, max, &log, true).await {
             Ok(Claim::Batch(b)) => break b,
             Ok(Claim::Wait) => w.wait(WAIT).await,
             Ok(Claim::Finished) => return,
@@ -256,7 +265,7 @@ async fn node(s: NodeSetup, a: Arc<Args>, max: u64, log: Shared, seed: u64) {
                 done(&mut w, &view, &log).await;
                 marked = true;
             }
-            match claim(&mut w, max, &log).await {
+            match claim(&mut w, max, &log, false).await {
                 Ok(Claim::Batch(b)) => break Some(b),
                 Ok(Claim::Finished) => break None,
                 Ok(Claim::Wait) => {
@@ -424,6 +433,9 @@ async fn run_nodes(a: &Args, t0: Instant, tasks: &mut [kills::Task]) -> bool {
 #[derive(Default)]
 struct Totals {
     claim_ms: Vec<f64>,
+    first_claim_ms: Vec<f64>,
+    /// Every claim but the nodes' first: those made while a pass runs.
+    running_claim_ms: Vec<f64>,
     done_ms: Vec<f64>,
     join_ms: Vec<f64>,
     join_errors: u64,
@@ -441,6 +453,10 @@ fn totals(logs: &[Shared]) -> Totals {
     for l in logs {
         let l = lock(l);
         t.claim_ms.extend_from_slice(&l.claim_ms);
+        t.first_claim_ms.extend_from_slice(&l.first_claim_ms);
+        // A node's first claim is the first it made that returned a batch.
+        t.running_claim_ms
+            .extend(l.claim_ms.iter().skip(l.first_claim_ms.len()));
         t.join_ms.extend_from_slice(&l.join_ms);
         t.join_errors += l.join_errors;
         t.done_ms.extend_from_slice(&l.done_ms);
@@ -546,6 +562,8 @@ async fn main() {
         "never_joined": t.never_joined,
         "run_s": (run_s * 1000.0).round() / 1000.0,
         "claim_ms": summary(t.claim_ms),
+        "first_claim_ms": summary(t.first_claim_ms),
+        "running_claim_ms": summary(t.running_claim_ms),
         "done_ms": summary(t.done_ms),
         "wait_claims": t.wait_claims,
         "errors": t.errors,
