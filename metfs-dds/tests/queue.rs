@@ -332,14 +332,19 @@ async fn exclusive_under_concurrency(etcd: &Etcd, prefix: &str, stripes: u32, wo
     )
     .await;
     assert_eq!(m.stripes, stripes);
-    let mut tasks = Vec::new();
+    // Every worker joins before any claims, so that all of them race from the first claim.
+    let mut joined = Vec::new();
     for i in 0..workers {
         let w = Worker::join(q.clone(), m.clone(), s.clone(), cfg(&format!("n{i}"), 5, 1))
             .await
             .unwrap();
-        // A slot holds about 3 shards.
-        tasks.push(tokio::spawn(work(w, 3 * 2_600, None)));
+        joined.push(w);
     }
+    // A slot holds about 3 shards.
+    let tasks: Vec<_> = joined
+        .into_iter()
+        .map(|w| tokio::spawn(work(w, 3 * 2_600, None)))
+        .collect();
     let mut claimed: BTreeMap<(u64, u32), usize> = BTreeMap::new();
     for (i, t) in tasks.into_iter().enumerate() {
         let (batches, _w) = t.await.unwrap();
@@ -410,6 +415,118 @@ async fn a_claim_takes_what_fits_and_only_after_the_previous_batches() {
     w.done(&b2).await.unwrap();
     let e = w.claim(1).await.unwrap_err();
     assert!(matches!(e, DdsError::ShardTooLarge { epoch: 0, .. }), "{e}");
+}
+
+/// A worker that keeps the head of the queue from its last claim claims in one round trip
+/// (a transaction whose `else` branch reads the head again); its first claim reads first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_the_head_the_worker_kept_is_one_round_trip() {
+    let Some(etcd) = Etcd::start("a_claim_on_the_head_the_worker_kept_is_one_round_trip") else {
+        return;
+    };
+    let s = samples(400);
+    let (q, m) = queue(&etcd, "kept", &meta(&s, 20, 2)).await;
+    let mut w = Worker::join(q.clone(), m.clone(), s.clone(), cfg("a", 5, 0))
+        .await
+        .unwrap();
+    let max = *w.order(0).unwrap().bytes.iter().max().unwrap();
+    let mut trips = Vec::new();
+    for _ in 0..4 {
+        let before = w.etcd_time().0;
+        let Claim::Batch(b) = w.claim(max).await.unwrap() else {
+            panic!("no batch")
+        };
+        trips.push(w.etcd_time().0 - before);
+        w.done(&b).await.unwrap();
+    }
+    assert_eq!(trips, [2, 1, 1, 1], "round trips of each claim");
+    // A second worker moves the cursor on: the first one's kept head is stale, its claim fails
+    // and gets the head in the same answer, and it still takes the next shards, once each.
+    let mut other = Worker::join(q.clone(), m.clone(), s.clone(), cfg("b", 5, 0))
+        .await
+        .unwrap();
+    let Claim::Batch(ob) = other.claim(max).await.unwrap() else {
+        panic!("no batch")
+    };
+    let before = w.etcd_time().0;
+    let Claim::Batch(b) = w.claim(max).await.unwrap() else {
+        panic!("no batch")
+    };
+    assert_eq!(
+        w.etcd_time().0 - before,
+        2,
+        "a lost race and the claim after it"
+    );
+    assert_ne!(b.shards, ob.shards);
+    w.done(&b).await.unwrap();
+    other.done(&ob).await.unwrap();
+}
+
+/// A shard given back while a worker claims on a head it kept (an older epoch's, which comes
+/// first) is claimed next: the queue's watch marks the kept head stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_given_back_is_claimed_before_the_kept_heads_fresh_shards() {
+    let Some(etcd) =
+        Etcd::start("a_shard_given_back_is_claimed_before_the_kept_heads_fresh_shards")
+    else {
+        return;
+    };
+    let s = samples(400);
+    let (q, m) = queue(&etcd, "stale", &meta(&s, 8, 2)).await;
+    let mut leaving = Worker::join(q.clone(), m.clone(), s.clone(), cfg("leaving", 5, 1))
+        .await
+        .unwrap();
+    let mut live = Worker::join(q.clone(), m.clone(), s.clone(), cfg("live", 5, 1))
+        .await
+        .unwrap();
+    let max = 100_000;
+    let Claim::Batch(held) = leaving
+        .claim(live.order(0).unwrap().bytes[0])
+        .await
+        .unwrap()
+    else {
+        panic!("no batch")
+    };
+    assert_eq!(held.epoch, 0);
+    // The live worker drains epoch 0's fresh shards and claims from epoch 1, keeping its head.
+    let mut epochs = Vec::new();
+    while epochs.last() != Some(&1) {
+        let Claim::Batch(b) = live.claim(max).await.unwrap() else {
+            panic!("no batch")
+        };
+        epochs.push(b.epoch);
+        live.done(&b).await.unwrap();
+    }
+    // The other node leaves: its epoch-0 shard goes back to TODO.
+    leaving.leave().await.unwrap();
+    let t = Instant::now();
+    let back = loop {
+        // The watch's event may come a moment after the put: until then the kept head (of
+        // epoch 1) is used, and the claim takes epoch 1's next fresh shards.
+        match live.claim(max).await.unwrap() {
+            Claim::Batch(b) if b.epoch == 0 => break b,
+            Claim::Batch(b) => {
+                live.done(&b).await.unwrap();
+            }
+            Claim::Wait => live.wait(Duration::from_millis(100)).await,
+            Claim::Finished => panic!("finished with a shard of epoch 0 given back"),
+        };
+        assert!(t.elapsed() < Duration::from_secs(5), "never claimed");
+    };
+    assert_eq!(back.shards, held.shards);
+    live.done(&back).await.unwrap();
+    loop {
+        match live.claim(max).await.unwrap() {
+            Claim::Batch(b) => {
+                live.done(&b).await.unwrap();
+            }
+            Claim::Wait => live.wait(Duration::from_millis(100)).await,
+            Claim::Finished => break,
+        };
+    }
+    for e in 0..2 {
+        assert_exactly_once(&s, &m, e, &done_shards(&q, e).await);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -358,7 +358,10 @@ pub(super) async fn watch_queue(queue: Queue, shared: Arc<Shared>, me: String) {
                             }
                         },
                         m = backs.message() => match m {
-                            Ok(Some(_)) => shared.wake.notify_one(),
+                            Ok(Some(_)) => {
+                                shared.todo_changed.store(true, Ordering::Release);
+                                shared.wake.notify_one();
+                            }
                             Ok(None) => break,
                             Err(e) => {
                                 shared.error(format!("queue watch: {e}"));

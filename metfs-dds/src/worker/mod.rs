@@ -22,8 +22,10 @@
 //! A request whose answer is lost (etcd killed mid-request) may still have been applied. A
 //! claim in that state is found on the next claim (claims under this worker's name that it
 //! does not know of) and returned as the batch; a done retried after it finds the shard DONE
-//! by this very claim and counts it done. Each claim is two round trips (one consistent read of
-//! the queue head and the epoch's cursors, one transaction) and each done one.
+//! by this very claim and counts it done. A claim is one round trip where the head of the queue
+//! the worker kept from its last claim still holds (a transaction whose `else` branch reads the
+//! head again when it does not), two where it must be read first (the worker's first claim, a
+//! shard given back since, or a conclusion that nothing is left); each done is one.
 //!
 //! This module holds the worker's types, its joining and its lease; `claim` the claims,
 //! `done` the marking done, `liveness` the lease's keep-alive, the registration and the watch.
@@ -126,6 +128,9 @@ struct Shared {
     last_error: Mutex<Option<String>>,
     round_trips: AtomicU64,
     etcd_nanos: AtomicU64,
+    /// A shard was given back (a put under `todo/`) since the worker last read the queue's
+    /// head: the head it kept may miss it.
+    todo_changed: AtomicBool,
 }
 
 impl Shared {
@@ -166,6 +171,8 @@ pub struct Worker {
     stats: NodeStats,
     /// A claim was sent and its answer lost: it may have been made.
     claim_uncertain: bool,
+    /// The head of the queue as this worker last saw it (its last claim's answer).
+    head: Option<claim::Head>,
     keepalive: JoinHandle<()>,
     watch: JoinHandle<()>,
 }
@@ -276,6 +283,7 @@ impl Worker {
             orders: VecDeque::from([first]),
             stats,
             claim_uncertain: false,
+            head: None,
             keepalive,
             watch,
         })

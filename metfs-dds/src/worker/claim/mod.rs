@@ -1,8 +1,9 @@
-//! Claiming shards: one consistent read of the queue's head (the given-back shards and every
-//! stripe's cursor), the shards that fit picked (never-claimed ones of one stripe, then
-//! given-back ones), taken in one transaction, read again after a random wait when another
-//! worker won the race; a claim whose answer was lost taken up; and whether a queue with
-//! nothing to claim is finished.
+//! Claiming shards: the queue's head (the given-back shards and the cursors of a window of
+//! stripes) as the worker last knew it, or read now; the shards that fit picked (never-claimed
+//! ones of one stripe, then given-back ones) and taken in one transaction, whose `else` branch
+//! reads the head again for a worker that lost the race; a claim whose answer was lost taken
+//! up; and whether a queue with nothing to claim is finished. `head` says why a kept head is
+//! safe: the transaction's compares, not the head, decide a claim.
 //!
 //! A worker takes fresh shards from the stripe its node name hashes to, or the next one with
 //! shards left; after each lost race it moves on by a step that depends on the name too, so
@@ -11,14 +12,17 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use metfs_plan::planner::EpochOrder;
 
-use crate::keys::parse;
 use crate::keys::{Kind, NodeStats, Stripes};
 use crate::{etcd, now_ms, DdsError};
 
 use super::{holder_bytes, timed, Batch, Claim, Worker, MAX_OPS};
+
+mod head;
+use head::Back;
+pub(crate) use head::Head;
 
 impl Worker {
     /// Claims the next shards of the queue that fit in `max_bytes` together (see the module
@@ -45,39 +49,56 @@ impl Worker {
         }
         let stripes = self.meta.stripes();
         let mut lost = 0;
-        let mut wide = false;
+        // A worker that went wide stays wide in that epoch: its own stripes stay used up.
+        let mut wide = self
+            .head
+            .as_ref()
+            .is_some_and(|h| h.window.is_all(&stripes));
         loop {
-            // One consistent read of the head of the given-back shards and of the cursors of
-            // this node's window of stripes (of every stripe once the window is used up).
+            // The head of the given-back shards and the cursors of this node's window of
+            // stripes (of every stripe once the window is used up): as this worker last knew
+            // them, or read now.
             let window = if wide {
                 Window::all(&stripes)
             } else {
                 Window::of(&stripes, &self.holder.node)
             };
-            let (todo, cursors) = self.snapshot(window).await?;
+            let (head, read_now) = match self.kept_head(window) {
+                Some(h) => (h, false),
+                None => (self.snapshot(window).await?, true),
+            };
+            let todo = &head.todo;
             let epoch = match todo.first() {
                 Some(&(e, _, _)) if e < self.epoch => e,
                 _ => self.epoch,
             };
             if self.cfg.last_epoch.is_some_and(|l| epoch > l) {
+                if !read_now {
+                    continue;
+                }
                 return self.finished_or_wait(todo.is_empty()).await;
             }
             let order = self.order(epoch)?;
             // An older epoch's never-claimed shards are all taken: the worker moved past it
             // only once every stripe's cursor reached its end.
             let fresh_from = if epoch == self.epoch {
-                self.stripe_to_claim(&stripes, window, &cursors, lost)
+                self.stripe_to_claim(&stripes, window, &head.cursors, lost)
             } else {
                 None
             };
             if fresh_from.is_none() && epoch == self.epoch && !window.is_all(&stripes) {
-                // This node's stripes are used up; others may not be.
+                // This node's stripes are used up (cursors only move on, so a kept head is
+                // right about that); others may not be.
                 wide = true;
                 continue;
             }
             let Pick { fresh, back, bytes } =
-                pick(&order, &stripes, fresh_from, &todo, epoch, max_bytes);
+                pick(&order, &stripes, fresh_from, todo, epoch, max_bytes);
             if fresh.is_empty() && back.is_empty() {
+                if !read_now {
+                    // A kept head may miss shards given back: conclude on a head read now.
+                    continue;
+                }
                 let next = match fresh_from {
                     Some(f) => Some(stripes.shard(f.stripe, f.at)),
                     None => todo.iter().find(|t| t.0 == epoch).map(|t| t.2),
@@ -90,9 +111,14 @@ impl Worker {
                         max: max_bytes,
                     });
                 }
-                // Nothing left to claim in this epoch: move on to the next.
+                // Nothing left to claim in this epoch: move on to the next, whose stripes
+                // nobody may have claimed from yet (a claim that finds otherwise gets the head
+                // in its answer).
                 self.epoch = self.epoch.max(epoch + 1);
                 wide = false;
+                let todo = head.todo.clone();
+                let own = Window::of(&stripes, &self.holder.node);
+                self.head = Some(Head::untouched(self.epoch, own, todo));
                 continue;
             }
             let all: Vec<u32> = fresh
@@ -107,7 +133,9 @@ impl Worker {
             if stats.first_claim_ms == 0 {
                 stats.first_claim_ms = now_ms();
             }
-            let txn = self.claim_txn(epoch, fresh_from, (&fresh, &back), &all, &stats);
+            let txn = self
+                .claim_txn(epoch, fresh_from, (&fresh, &back), &all, &stats)
+                .or_else(head::reads(&self.queue.keys, self.epoch, window));
             // If the answer is lost, the claim may have been made: the next claim looks first.
             self.claim_uncertain = true;
             let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
@@ -115,12 +143,32 @@ impl Worker {
                 .map_err(etcd("claim"))?;
             self.claim_uncertain = false;
             if !r.succeeded() {
-                // Another worker took some of these shards first: read the head again, after a
-                // random wait, so that the losers of one round do not all crowd the next.
+                // Another worker took some of these shards first; the answer holds the head
+                // that beat this claim, good for a retry at once (on the stripe `lost` picks).
+                // After a second loss the worker waits a random time, so that the losers of one
+                // round do not all crowd the next, and reads the head again after it: a head
+                // kept through the wait would be stale, and its retry would lose again to the
+                // workers that claim on fresher ones.
                 lost += 1;
-                tokio::time::sleep(race_backoff(lost)).await;
+                if lost == 1 {
+                    let keys = &self.queue.keys;
+                    self.head = Some(head::parse_head(
+                        keys,
+                        self.epoch,
+                        window,
+                        r.op_responses(),
+                    )?);
+                } else {
+                    tokio::time::sleep(race_backoff(lost)).await;
+                }
                 continue;
             }
+            let mut mine = head;
+            let moved = fresh_from
+                .filter(|_| !fresh.is_empty())
+                .map(|f| (f.stripe, f.at + fresh.len() as u32));
+            mine.after_claim(moved, &back, r.header().map_or(0, |h| h.revision()));
+            self.head = Some(mine);
             self.stats = stats;
             self.held.push_back((epoch, all.clone()));
             return Ok(Claim::Batch(
@@ -164,7 +212,7 @@ impl Worker {
         &self,
         epoch: u64,
         fresh_from: Option<FreshFrom>,
-        (fresh, back): (&[u32], &[(u64, String, u32)]),
+        (fresh, back): (&[u32], &[Back]),
         all: &[u32],
         stats: &NodeStats,
     ) -> Txn {
@@ -280,58 +328,28 @@ impl Worker {
         }))
     }
 
-    /// The head of the given-back shards, oldest epoch first, as (epoch, key, shard), and the
-    /// cursor of every stripe of `window` in the worker's epoch with its revision (`(0, 0)` for
-    /// a stripe not yet claimed from), in one round trip.
-    async fn snapshot(
-        &self,
-        window: Window,
-    ) -> Result<(Vec<(u64, String, u32)>, Vec<(u32, i64)>), DdsError> {
+    /// The head of the queue now: the given-back shards and the cursors of `window` in the
+    /// worker's epoch, in one round trip.
+    async fn snapshot(&self, window: Window) -> Result<Head, DdsError> {
         let keys = &self.queue.keys;
-        let opts = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_sort(SortTarget::Key, SortOrder::Ascend)
-            .with_limit(256);
-        let from = keys.cursor(self.epoch, window.first);
-        let to = keys.cursor(self.epoch, window.first + window.len);
-        let txn = Txn::new().and_then([
-            TxnOp::get(keys.todo_all(), Some(opts)),
-            TxnOp::get(from.clone(), Some(GetOptions::new().with_range(to))),
-        ]);
+        // Whatever was given back before this read is in it.
+        self.shared.todo_changed.store(false, Ordering::Release);
+        let txn = Txn::new().and_then(head::reads(keys, self.epoch, window));
         let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
             .await
             .map_err(etcd("read of the queue"))?;
-        let mut gets = r.op_responses().into_iter().filter_map(|o| match o {
-            etcd_client::TxnOpResponse::Get(g) => Some(g),
-            _ => None,
-        });
-        let (Some(todo), Some(cursor)) = (gets.next(), gets.next()) else {
-            return Err(DdsError::BadRecord {
-                key: from,
-                reason: "etcd answered the read with fewer results than asked".into(),
-            });
-        };
-        let todo = todo
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let (kind, e, k) = keys.parse_shard(kv.key())?;
-                (kind == Kind::Todo).then(|| (e, String::from_utf8_lossy(kv.key()).into_owned(), k))
-            })
-            .collect();
-        let mut cursors = vec![(0, 0); window.len as usize];
-        for kv in cursor.kvs() {
-            if let Some((_, s)) = keys.parse_cursor(kv.key()) {
-                if let Some(c) = s
-                    .checked_sub(window.first)
-                    .and_then(|i| cursors.get_mut(i as usize))
-                {
-                    *c = (parse::<u32>(kv.key(), kv.value())?, kv.mod_revision());
-                }
-            }
+        head::parse_head(keys, self.epoch, window, r.op_responses())
+    }
+
+    /// The head this worker last knew of for `window` in its epoch, unless a shard was given
+    /// back since (then the caller reads it again). Taken: a head is kept only by a claim's
+    /// answer.
+    fn kept_head(&mut self, window: Window) -> Option<Head> {
+        let h = self.head.take()?;
+        if self.shared.todo_changed.load(Ordering::Acquire) {
+            return None;
         }
-        Ok((todo, cursors))
+        (h.epoch == self.epoch && h.window == window).then_some(h)
     }
 
     /// `Finished` when no shard up to the last epoch is DOING or TODO, else `Wait`. Both are
