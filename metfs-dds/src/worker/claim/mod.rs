@@ -55,6 +55,15 @@ impl Worker {
             .as_ref()
             .is_some_and(|h| h.window.is_all(&stripes));
         loop {
+            // Past the last epoch only given-back shards are left to claim: one read of the
+            // first DOING and TODO keys says whether there is one, without the head.
+            if self.cfg.last_epoch.is_some_and(|l| self.epoch > l) {
+                match self.left().await? {
+                    Left::Nothing => return Ok(Claim::Finished),
+                    Left::Doing => return Ok(Claim::Wait),
+                    Left::Todo => {}
+                }
+            }
             // The head of the given-back shards and the cursors of this node's window of
             // stripes (of every stripe once the window is used up): as this worker last knew
             // them, or read now.
@@ -73,10 +82,11 @@ impl Worker {
                 _ => self.epoch,
             };
             if self.cfg.last_epoch.is_some_and(|l| epoch > l) {
-                if !read_now {
-                    continue;
-                }
-                return self.finished_or_wait(todo.is_empty()).await;
+                // Someone took the shard `left` saw given back: wait for the next.
+                return Ok(match self.left().await? {
+                    Left::Nothing => Claim::Finished,
+                    Left::Doing | Left::Todo => Claim::Wait,
+                });
             }
             let order = self.order(epoch)?;
             // An older epoch's never-claimed shards are all taken: the worker moved past it
@@ -352,14 +362,10 @@ impl Worker {
         (h.epoch == self.epoch && h.window == window).then_some(h)
     }
 
-    /// `Finished` when no shard up to the last epoch is DOING or TODO, else `Wait`. Both are
-    /// read in one transaction (one revision): read apart, a shard given back between the two
-    /// reads (DOING to TODO) would be in neither, and a worker would finish while it is left.
-    /// `no_todo` is what the caller's own earlier read saw; a TODO shard there means `Wait`.
-    async fn finished_or_wait(&self, no_todo: bool) -> Result<Claim, DdsError> {
-        if !no_todo {
-            return Ok(Claim::Wait);
-        }
+    /// What is left of the queue up to the last epoch: DOING and TODO are read in one
+    /// transaction (one revision): read apart, a shard given back between the two reads (DOING
+    /// to TODO) would be in neither, and a worker would finish while it is left.
+    async fn left(&self) -> Result<Left, DdsError> {
         let last = self.cfg.last_epoch.unwrap_or(u64::MAX);
         let keys = &self.queue.keys;
         // The first key of each (keys sort by epoch, zero-padded) says whether any shard up to
@@ -378,16 +384,32 @@ impl Worker {
         let r = timed(&self.shared, self.queue.client.kv_client().txn(txn))
             .await
             .map_err(etcd("read of the queue"))?;
-        let left = r.op_responses().into_iter().any(|o| match o {
-            etcd_client::TxnOpResponse::Get(g) => g.kvs().iter().any(|kv| {
-                keys.parse_shard(kv.key()).is_some_and(|(kind, e, _)| {
-                    matches!(kind, Kind::Doing | Kind::Todo) && e <= last
-                })
-            }),
-            _ => false,
-        });
-        Ok(if left { Claim::Wait } else { Claim::Finished })
+        let mut left = Left::Nothing;
+        for o in r.op_responses() {
+            let etcd_client::TxnOpResponse::Get(g) = o else {
+                continue;
+            };
+            for kv in g.kvs() {
+                match keys.parse_shard(kv.key()) {
+                    Some((Kind::Todo, e, _)) if e <= last => return Ok(Left::Todo),
+                    Some((Kind::Doing, e, _)) if e <= last => left = Left::Doing,
+                    _ => {}
+                }
+            }
+        }
+        Ok(left)
     }
+}
+
+/// What is left of a queue up to its last epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Left {
+    /// Every shard is DONE: the job is finished.
+    Nothing,
+    /// Shards are DOING elsewhere and none is TODO: they may come back.
+    Doing,
+    /// A shard is TODO: one to claim.
+    Todo,
 }
 
 /// Shards picked for one claim: never-claimed ones (of one stripe, from its cursor on),
