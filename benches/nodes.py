@@ -96,7 +96,9 @@ def run_queue(exe: Path, work: Path, n: int, stripes: int, a: argparse.Namespace
     makes) against a fresh etcd; the simulator's JSON."""
     # A directory of its own per run: a layout may be given twice (repeated runs).
     d = Path(tempfile.mkdtemp(prefix=f"etcd-{n}-{stripes}-", dir=work))
-    etcd = Etcd(d, *free_ports(2))
+    # Extensive metrics: etcd's own time per transaction, printed beside the nodes' (a tail
+    # etcd does not see is the machine's, not the store's).
+    etcd = Etcd(d, *free_ports(2), metrics="extensive")
     etcd.start()
     assert etcd.proc is not None
     try:
@@ -203,6 +205,16 @@ def goal_lines(rows: list[dict[str, Any]]) -> None:
         if waiting["n"]
         else ""
     )
+    server = r["etcd"].get("server") or {}
+    txn, fsync = server.get("grpc_server_handling"), server.get("etcd_disk_wal_fsync")
+    if txn:
+        print(
+            f"at {n} workers, etcd's own handling of a transaction (its gRPC server's histogram, "
+            f"over {txn['n']:.0f}): p50 <= {txn['p50_le_ms']:g} ms, p99 <= {txn['p99_le_ms']:g} ms"
+            + (f"; its WAL fsync p99 <= {fsync['p99_le_ms']:g} ms" if fsync else "")
+            + f"; the nodes' claim p99 {p99:.1f} ms (a claim is one or two transactions, more "
+            "after a lost race)"
+        )
     if r.get("running_claim_ms"):
         f, g = r["first_claim_ms"], r["running_claim_ms"]
         print(

@@ -576,6 +576,7 @@ async fn main() {
             "by_method": by_method,
             "watch_msgs_per_s": (watch_sent / run_s).round(),
             "cpu_s": (etcd_cpu * 100.0).round() / 100.0,
+            "server": measure::server_latency(&g0.metrics, &g1.metrics),
             "cpu_cores": (etcd_cpu / run_s * 1000.0).round() / 1000.0,
         },
         "sim_cpu_cores": ((g1.own_cpu - g0.own_cpu) / run_s * 1000.0).round() / 1000.0,

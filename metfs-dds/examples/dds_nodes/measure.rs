@@ -23,7 +23,10 @@ pub(crate) async fn metrics(endpoint: &str) -> HashMap<String, f64> {
     }
     let mut body = String::new();
     let _ = s.read_to_string(&mut body).await;
-    for line in body.lines().filter(|l| l.starts_with("grpc_server_msg_")) {
+    let kept = |l: &&str| {
+        l.starts_with("grpc_server_msg_") || SERVER_HISTOGRAMS.iter().any(|(h, _)| l.starts_with(h))
+    };
+    for line in body.lines().filter(kept) {
         if let Some((k, v)) = line.rsplit_once(' ') {
             if let Ok(v) = v.parse::<f64>() {
                 out.insert(k.to_string(), v);
@@ -31,6 +34,68 @@ pub(crate) async fn metrics(endpoint: &str) -> HashMap<String, f64> {
         }
     }
     out
+}
+
+/// etcd's own histograms of how long it took, by name and the label a series must carry:
+/// a transaction's handling in its gRPC server (only with `--metrics extensive`), its WAL's
+/// fsync, and its backend's commit.
+const SERVER_HISTOGRAMS: [(&str, &str); 3] = [
+    ("grpc_server_handling_seconds_bucket", "grpc_method=\"Txn\""),
+    ("etcd_disk_wal_fsync_duration_seconds_bucket", ""),
+    ("etcd_disk_backend_commit_duration_seconds_bucket", ""),
+];
+
+/// etcd's own latencies between two reads of its metrics, as JSON: per histogram of
+/// [`SERVER_HISTOGRAMS`], the count and the upper bounds (ms) of the buckets that hold the
+/// 50th and 99th percentiles (a histogram says no more than its bucket); `null` for one etcd
+/// did not export.
+pub(crate) fn server_latency(
+    before: &HashMap<String, f64>,
+    after: &HashMap<String, f64>,
+) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for (name, label) in SERVER_HISTOGRAMS {
+        // le -> observations up to it (cumulative), summed over the series that match.
+        let mut buckets: BTreeMap<u64, f64> = BTreeMap::new();
+        for (k, v) in after
+            .iter()
+            .filter(|(k, _)| k.starts_with(name) && k.contains(label))
+        {
+            let Some(le) = k.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
+                continue;
+            };
+            let le_us = if le == "+Inf" {
+                u64::MAX
+            } else {
+                le.parse::<f64>()
+                    .map_or(u64::MAX, |x| (x * 1e6).round() as u64)
+            };
+            *buckets.entry(le_us).or_default() += v - before.get(k).copied().unwrap_or(0.0);
+        }
+        let key = name
+            .trim_end_matches("_bucket")
+            .trim_end_matches("_seconds")
+            .trim_end_matches("_duration");
+        let n = buckets.get(&u64::MAX).copied().unwrap_or(0.0);
+        if buckets.is_empty() {
+            out.insert(key.to_string(), serde_json::Value::Null);
+            continue;
+        }
+        let at = |q: f64| {
+            buckets.iter().find(|(_, c)| **c >= q * n).map(|(le, _)| {
+                if *le == u64::MAX {
+                    f64::INFINITY
+                } else {
+                    *le as f64 / 1000.0
+                }
+            })
+        };
+        out.insert(
+            key.to_string(),
+            json!({ "n": n, "p50_le_ms": at(0.5), "p99_le_ms": at(0.99) }),
+        );
+    }
+    serde_json::Value::Object(out)
 }
 
 /// gRPC messages received by etcd per method, and watch messages sent, between two reads.
