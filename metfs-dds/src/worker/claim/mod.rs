@@ -61,7 +61,8 @@ impl Worker {
                 match self.left().await? {
                     Left::Nothing => return Ok(Claim::Finished),
                     Left::Doing => return Ok(Claim::Wait),
-                    Left::Todo => {}
+                    // A given-back shard: claim it on a head read now (a kept one predates it).
+                    Left::Todo => self.head = None,
                 }
             }
             // The head of the given-back shards and the cursors of this node's window of
