@@ -494,6 +494,36 @@ def report(cfg: argparse.Namespace, rows: list[dict], local: dict, head: list[st
     return out
 
 
+def curves(cfg: argparse.Namespace, rows: list[dict]) -> dict:
+    """The picture's series (`metfs plot`'s JSON): every job's test accuracy against the time
+    since its side's first job started, for the first seed, on the default side and the
+    better fixed side of the goal (every side run where neither is)."""
+    seed = min(r["seed"] for r in rows)
+    runs = {r["side"]: r for r in rows if r["seed"] == seed}
+    fixed = [s for s in ("rf1", "rf4", "rf1-block", "rf4-block") if s in runs]
+    best = min(fixed, key=lambda s: runs[s]["last"]) if fixed else None
+    shown = [s for s in ("default", best) if s in runs] or list(runs)
+    series = []
+    for side in shown:
+        for x in runs[side]["jobs"]:
+            pts = [[round(x["start_rel"] + t, 2), round(100 * acc, 2)] for t, acc, *_ in x["curve"]]
+            series.append({"name": f"{LABELS[side]}, job {x['job'] + 1}", "points": pts})
+    target = cfg.targets[seed]
+    return {
+        "title": f"{len(runs[shown[0]]['jobs'])} jobs on one tier, seed {seed}: test accuracy",
+        "x_label": "time since the side's first job started, s",
+        "y_label": "test accuracy, %",
+        "series": series,
+        "hlines": [{"y": round(100 * target, 3), "label": f"target {100 * target:.2f} %"}],
+    }
+
+
+def draw(cfg: argparse.Namespace, rows: list[dict]) -> None:
+    """`--curves` and `--png`, through tta.py's `metfs plot` call."""
+    if rows and (cfg.png or cfg.curves):
+        print(tta.plot(cfg, curves(cfg, rows)), flush=True)
+
+
 def reprint(cfg: argparse.Namespace) -> None:
     """The report of a finished run from its JSON: its header as printed, the tables anew."""
     doc = json.loads(cfg.from_json.read_text())
@@ -509,6 +539,11 @@ def reprint(cfg: argparse.Namespace) -> None:
     report_lines = doc["report"]
     head = report_lines[: report_lines.index("")] if "" in report_lines else []
     print("\n".join(report(cfg, rows, local, head)))
+    if cfg.png or cfg.curves:
+        cfg.metfs = str(benchlib.metfs_bin())
+        with tempfile.TemporaryDirectory(prefix="metfs-jobs-tier.") as t:
+            cfg.work = Path(t)
+            draw(cfg, rows)
 
 
 def main() -> None:
@@ -559,6 +594,10 @@ def main() -> None:
         help="go on when the proxy cannot hold the cap on this machine (default: stop)",
     )
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument(
+        "--curves", type=Path, help="write the picture's series here (metfs plot's JSON)"
+    )
+    ap.add_argument("--png", type=Path, help="draw the jobs' accuracy curves here (metfs plot)")
     ap.add_argument("--json", type=Path, help="write every run's numbers here")
     ap.add_argument(
         "--from-json",
@@ -740,6 +779,7 @@ def main() -> None:
                     "report": head + out,
                 }
                 cfg.json.write_text(json.dumps(doc, default=str))
+        draw(cfg, rows)
     finally:
         for proc in LIVE:
             if proc.is_alive():
