@@ -119,6 +119,8 @@ LABELS = {
 #: The sides run unless --sides says otherwise: issue 52's three (non-blocking, as the callbacks
 #: send pass_end by default).
 DEFAULT_SIDES = ["rf1", "rf4", "default"]
+#: The fixed-rf sides, blocking ones included: the goal's "better fixed rf" is the best of these.
+FIXED_SIDES = ("rf1", "rf4", "rf1-block", "rf4-block")
 #: The goal of issue 52: the default's last-job time at most this times the better fixed rf's.
 GOAL = 0.8
 #: Below this, the jobs' demand at rf 1 while all of them ran does not exceed the cap enough
@@ -452,7 +454,7 @@ def report(cfg: argparse.Namespace, rows: list[dict], local: dict, head: list[st
             "the last started): not judged"
         )
     # The goal.
-    fixed = [s for s in ("rf1", "rf4", "rf1-block", "rf4-block") if s in summary]
+    fixed = [s for s in FIXED_SIDES if s in summary]
     if "default" in summary and fixed:
         best = min(fixed, key=lambda s: summary[s]["last"])
         tb, td = summary[best]["last"], summary["default"]["last"]
@@ -500,7 +502,7 @@ def curves(cfg: argparse.Namespace, rows: list[dict]) -> dict:
     better fixed side of the goal (every side run where neither is)."""
     seed = min(r["seed"] for r in rows)
     runs = {r["side"]: r for r in rows if r["seed"] == seed}
-    fixed = [s for s in ("rf1", "rf4", "rf1-block", "rf4-block") if s in runs]
+    fixed = [s for s in FIXED_SIDES if s in runs]
     best = min(fixed, key=lambda s: runs[s]["last"]) if fixed else None
     shown = [s for s in ("default", best) if s in runs] or list(runs)
     series = []

@@ -515,15 +515,7 @@ async fn a_shard_given_back_is_claimed_before_the_kept_heads_fresh_shards() {
     };
     assert_eq!(back.shards, held.shards);
     live.done(&back).await.unwrap();
-    loop {
-        match live.claim(max).await.unwrap() {
-            Claim::Batch(b) => {
-                live.done(&b).await.unwrap();
-            }
-            Claim::Wait => live.wait(Duration::from_millis(100)).await,
-            Claim::Finished => break,
-        };
-    }
+    work(live, max, None).await;
     for e in 0..2 {
         assert_exactly_once(&s, &m, e, &done_shards(&q, e).await);
     }

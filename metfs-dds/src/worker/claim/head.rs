@@ -58,8 +58,8 @@ impl Head {
         }
     }
 
-    /// The head after this worker's own claim at `revision` took `fresh` shards of `stripe`
-    /// (moving its cursor to `to`) and the given-back shards `back`.
+    /// The head after this worker's own claim at `revision` moved a stripe's cursor
+    /// (`moved`: the stripe and where its cursor is now) and took the given-back shards `back`.
     pub(super) fn after_claim(&mut self, moved: Option<(u32, u32)>, back: &[Back], revision: i64) {
         if let Some((stripe, to)) = moved {
             if let Some(c) = stripe
